@@ -1,0 +1,37 @@
+"""Shared fixtures for the template's tests: pytest-cookies bakes from this repository, wherever pytest runs."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config):
+    config.option.template = str(ROOT)
+
+
+def run(cmd, cwd, timeout=600, check=True, env=None):
+    """Run ``cmd`` (a list) in ``cwd``; on a non-zero exit with ``check``, fail showing its output."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}"
+                    f"\n--- stderr\n{proc.stderr[-6000:]}")
+    return proc
+
+
+@pytest.fixture
+def bake(cookies):
+    """Generate a project with the given answers; returns its path (fails the test if generation fails)."""
+    def _bake(**answers) -> Path:
+        result = cookies.bake(extra_context=answers)
+        assert result.exit_code == 0, f"generation failed: {result.exception}"
+        return Path(result.project_path)
+    return _bake
+
+
+PY = sys.executable

@@ -1,0 +1,120 @@
+"""Generation: every option value renders, leaves no Jinja behind, and keeps only the chosen model's files."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+MODELS = ["waveglow", "tacotron2", "both"]
+LICENSES = ["MIT", "BSD-3-Clause", "Apache-2.0", "Proprietary"]
+COMMON = ["train.py", "model.py", "inference.py", "config.json", "distributed.py", "multiproc.py",
+          "modules/__init__.py", "utils/audio_processing.py", "utils/data_utils.py", "utils/config.py",
+          "utils/checkpoint.py", "scripts/dataset.sh", "scripts/make_demo_corpus.py", "tests",
+          "Dockerfile", "requirements.txt", "README.md", "LICENSE", ".gitignore"]
+ONLY = {
+    "waveglow": ["modules/waveglow.py", "tests/test_waveglow.py"],
+    "tacotron2": ["modules/tacotron2.py", "modules/attention.py", "utils/text/__init__.py",
+                  "utils/text_mel_data.py", "scripts/preprocess.py", "tests/test_tacotron2.py"],
+}
+JINJA = re.compile(r"\{\{|\{%|\{#")
+
+
+def chosen(model):
+    return {"waveglow", "tacotron2"} if model == "both" else {model}
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("license_", LICENSES)
+def test_every_option_generates_a_clean_project(bake, model, license_):
+    project = bake(example_model=model, license=license_, project_name="Voice Lab", author_name="Ada Lovelace")
+    assert project.name == "voice_lab"
+    for rel in COMMON:
+        assert (project / rel).exists(), f"{rel} missing for example_model={model}"
+    for name, files in ONLY.items():
+        for rel in files:
+            assert (project / rel).exists() == (name in chosen(model)), f"{rel} with example_model={model}"
+
+    for path in project.rglob("*"):
+        if path.is_file():
+            text = path.read_text()
+            assert not JINJA.search(text), f"template syntax left in {path.relative_to(project)}"
+            assert ">>> waveglow" not in text and ">>> tacotron2" not in text, f"block marker left in {path}"
+            if path.suffix == ".py":
+                compile(text, str(path), "exec")  # a SyntaxError fails the test
+
+    config = json.loads((project / "config.json").read_text())
+    for name in ("waveglow", "tacotron2"):
+        assert (name in config) == (name in chosen(model))
+        assert (name in config["tiny"]) == (name in chosen(model))
+    model_py = (project / "model.py").read_text()
+    assert ("class WaveGlow(" in model_py) == ("waveglow" in chosen(model))
+    assert ("class Tacotron2(" in model_py) == ("tacotron2" in chosen(model))
+    requirements = (project / "requirements.txt").read_text()
+    assert ("inflect" in requirements) == ("tacotron2" in chosen(model))
+
+    licence = (project / "LICENSE").read_text()
+    assert "Ada Lovelace" in licence
+    expected = {"MIT": "MIT License", "BSD-3-Clause": "BSD 3-Clause License",
+                "Apache-2.0": "Apache License, Version 2.0", "Proprietary": "All rights reserved"}[license_]
+    assert expected in licence
+    assert "Voice Lab" in (project / "README.md").read_text()
+
+
+def test_defaults_generate_with_no_input(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "cookiecutter", "--no-input", str(ROOT), "-o", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    projects = list(tmp_path.iterdir())
+    assert [p.name for p in projects] == ["speech_synthesis"]
+    assert (projects[0] / "model.py").read_text().count("class WaveGlow(") == 1
+
+
+@pytest.mark.parametrize("slug, reason", [
+    ("1voice", "is not a valid Python identifier"),
+    ("my-voice", "is not a valid Python identifier"),
+    ("class", "is a Python keyword"),
+    ("torch", "would shadow the module 'torch'"),
+    ("librosa", "would shadow the module 'librosa'"),
+    ("test", "would shadow the module 'test'"),
+    ("distributed", "would shadow the module 'distributed'"),
+])
+def test_bad_slug_is_refused_with_one_error_line(tmp_path, slug, reason):
+    proc = subprocess.run([sys.executable, "-m", "cookiecutter", "--no-input", str(ROOT), "-o", str(tmp_path),
+                           f"project_slug={slug}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    # cookiecutter adds its own "ERROR: Stopping generation ..." and traceback; ours is the line naming the slug.
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR: project_slug")]
+    assert len(errors) == 1 and errors[0].startswith(f"ERROR: project_slug '{slug}' {reason}"), proc.stderr
+    assert not any(tmp_path.iterdir()), "nothing may be written for a refused answer"
+
+
+@pytest.mark.parametrize("answer, message", [
+    ({"docker_base_image": "not an image"}, "docker_base_image 'not an image' is not an image reference"),
+    ({"project_name": "   "}, "project_name is empty"),
+])
+def test_other_bad_answers_are_refused(tmp_path, answer, message):
+    key, value = next(iter(answer.items()))
+    proc = subprocess.run([sys.executable, "-m", "cookiecutter", "--no-input", str(ROOT), "-o", str(tmp_path),
+                           f"{key}={value}", "project_slug=voice"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert f"ERROR: {message}" in proc.stderr
+
+
+def test_dockerfile_uses_the_chosen_image_and_existing_files(bake):
+    image = "nvcr.io/nvidia/pytorch:24.10-py3"
+    project = bake(docker_base_image=image)
+    lines = [l.strip() for l in (project / "Dockerfile").read_text().splitlines() if l.strip() and not l.startswith("#")]
+    assert lines[0] == f"FROM {image}"
+    copies = [l.split()[1] for l in lines if l.startswith("COPY")]
+    assert "requirements.txt" in copies and "." in copies
+    for src in copies:
+        assert (project / src).exists(), f"Dockerfile copies {src}, which the project lacks"
+    cmd = json.loads(next(l for l in lines if l.startswith("CMD")).removeprefix("CMD"))
+    assert cmd[:2] == ["python", "multiproc.py"] and (project / cmd[2]).exists()
+    assert (project / cmd[cmd.index("--config") + 1]).exists()
+    # The image's CUDA torch must not be replaced by a wheel from the requirements.
+    assert "grep -v '^torch' requirements.txt" in (project / "Dockerfile").read_text()

@@ -1,0 +1,488 @@
+"""Multi-process (data-parallel) training helpers, backed by ``torch.distributed``.
+
+The names follow the NVIDIA multi-GPU training layout (``init_distributed``,
+``apply_gradient_allreduce``, ``reduce_tensor``); the work is done by PyTorch itself:
+process groups by :func:`torch.distributed.init_process_group` (``env://``), gradient
+all-reduce by :class:`torch.nn.parallel.DistributedDataParallel`, collectives by
+:func:`torch.distributed.all_reduce`.
+
+Typical use in a training script started by ``multiproc.py`` (torchrun), ``srun`` or ``mpirun``::
+
+    info = init_distributed()                 # reads the launcher's environment
+    model = apply_gradient_allreduce(MyNet().to(info.device))
+    ...
+    loss_for_logging = reduce_tensor(loss.detach())   # mean over all ranks
+    if info.is_main:
+        torch.save(unwrap_model(model).state_dict(), "checkpoint.pt")
+    cleanup()
+
+Every helper here is safe to call in a plain single process (no launcher, world size 1):
+nothing is initialised and the helpers degrade to identities.
+
+Sources: https://pytorch.org/docs/stable/distributed.html (env:// initialisation, ``device_id``),
+https://pytorch.org/docs/stable/notes/ddp.html (gradient buckets, overlap with backward),
+https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES (SLURM variables),
+https://docs.open-mpi.org/en/main/tuning-apps/environment-var.html (OMPI_COMM_WORLD_* variables).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import os
+import re
+import shutil
+import subprocess
+from typing import Mapping, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+__all__ = [
+    "DistInfo",
+    "detect_launcher_env",
+    "expand_nodelist",
+    "init_distributed",
+    "apply_gradient_allreduce",
+    "unwrap_model",
+    "reduce_tensor",
+    "is_main_process",
+    "get_rank",
+    "get_world_size",
+    "barrier",
+    "cleanup",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MASTER_PORT = 29500
+_SLURM_PORT_BASE = 15000  # SLURM jobs get port 15000 + (job id % 20000): below the ephemeral range
+_REDUCE_OPS = {
+    "mean": dist.ReduceOp.SUM,  # sum, then divide by the world size (AVG is NCCL-only)
+    "sum": dist.ReduceOp.SUM,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the job.
+
+    Attributes:
+        rank: global rank, ``0 <= rank < world_size``.
+        local_rank: rank on this node; the index of the GPU this process uses.
+        world_size: number of processes in the job (1 for a plain single process).
+        device: the device this process computes on (``cuda:<local_rank>`` or ``cpu``).
+        backend: the process group's backend (``"nccl"`` / ``"gloo"``), or ``None`` when no
+            process group was created (single process).
+    """
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: Optional[str]
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the process that logs, validates and saves checkpoints."""
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        """True when a process group exists (world size > 1)."""
+        return self.backend is not None
+
+
+# --------------------------------------------------------------------------------------------
+# Launcher environment
+# --------------------------------------------------------------------------------------------
+
+def _int_var(environ: Mapping[str, str], name: str) -> int:
+    value = environ[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand a SLURM host list the way ``scontrol show hostnames`` does, without SLURM.
+
+    ``"node[01-04,07]"`` -> ``["node01", "node02", "node03", "node04", "node07"]``;
+    ``"gpu[003-005],gpu010"`` -> ``["gpu003", "gpu004", "gpu005", "gpu010"]``. Zero padding is
+    kept (the width of the range's lower bound, as SLURM does); several bracket groups in one
+    name (``"r[1-2]n[1-2]"``) expand to their product.
+
+    Raises:
+        ValueError: the list is empty, brackets are unbalanced, or a range is malformed
+            (``"n[5-3]"``, ``"n[a-b]"``).
+
+    Source: https://slurm.schedmd.com/scontrol.html (``show hostnames``).
+    """
+    text = nodelist.strip()
+    if not text:
+        raise ValueError("SLURM node list is empty")
+    # split on commas that are not inside brackets
+    names, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+            if depth > 1:
+                raise ValueError(f"SLURM node list {nodelist!r} has nested brackets")
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"SLURM node list {nodelist!r} has an unmatched ']'")
+        elif ch == "," and depth == 0:
+            names.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"SLURM node list {nodelist!r} has an unmatched '['")
+    names.append(text[start:])
+
+    hosts: list[str] = []
+    for name in names:
+        if not name:
+            raise ValueError(f"SLURM node list {nodelist!r} has an empty host name")
+        expanded = [""]
+        for literal, group in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", name):
+            choices = [literal]
+            if group:
+                choices = [literal + s for s in _expand_range_group(group, nodelist)]
+            expanded = [prefix + c for prefix in expanded for c in choices]
+        hosts.extend(expanded)
+    return hosts
+
+
+def _expand_range_group(group: str, nodelist: str) -> list[str]:
+    out = []
+    for item in group.split(","):
+        lo, sep, hi = item.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"SLURM node list {nodelist!r} has a bad range {item!r}")
+        if not sep:
+            out.append(lo)
+            continue
+        if int(hi) < int(lo):
+            raise ValueError(f"SLURM node list {nodelist!r} has a decreasing range {item!r}")
+        out.extend(str(n).zfill(len(lo)) for n in range(int(lo), int(hi) + 1))
+    return out
+
+
+def _first_slurm_host(nodelist: str, use_scontrol: bool) -> str:
+    """First host of a SLURM node list, by ``scontrol show hostnames`` if present, else parsed."""
+    scontrol = shutil.which("scontrol") if use_scontrol else None
+    if scontrol:
+        try:
+            done = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True,
+                                  text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            logger.debug("scontrol failed (%s); parsing the node list ourselves", err)
+        else:
+            hosts = done.stdout.split()
+            if done.returncode == 0 and hosts:
+                return hosts[0]
+    return expand_nodelist(nodelist)[0]
+
+
+def detect_launcher_env(environ: Mapping[str, str], use_scontrol: bool = True) -> dict:
+    """Work out rank, local rank, world size and rendezvous address from a launcher's variables.
+
+    Launchers are tried in this order (the first whose variables are present wins, so
+    torchrun started inside an ``srun`` step is seen as torchrun):
+
+    * torchrun / ``multiproc.py``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (defaults to ``RANK``),
+      ``MASTER_ADDR``, ``MASTER_PORT``.
+    * SLURM (``srun``): ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``; the address is the
+      first host of ``SLURM_STEP_NODELIST`` (else ``SLURM_JOB_NODELIST`` / ``SLURM_NODELIST``), the
+      port ``15000 + SLURM_JOB_ID % 20000`` (or 29500 without a job id). ``MASTER_ADDR`` /
+      ``MASTER_PORT`` in the environment override both.
+    * OpenMPI (``mpirun``): ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_LOCAL_RANK``,
+      ``OMPI_COMM_WORLD_SIZE``; ``MASTER_ADDR`` and ``MASTER_PORT`` must be given (``mpirun -x``).
+    * none of them: a plain single process (rank 0 of 1).
+
+    Args:
+        environ: the variables to read, usually ``os.environ``; not modified.
+        use_scontrol: expand the SLURM node list with ``scontrol show hostnames`` when that
+            program is on ``PATH`` (falls back on :func:`expand_nodelist`).
+
+    Returns:
+        ``{"launcher": "torchrun" | "slurm" | "openmpi" | "none", "rank": int, "local_rank": int,
+        "world_size": int, "master_addr": str | None, "master_port": int | None}``; the address and
+        port are ``None`` only for a single process.
+
+    Raises:
+        ValueError: a variable is not an integer, only one of ``RANK`` / ``WORLD_SIZE`` is set,
+            the values are inconsistent (``rank >= world_size``, negative, port out of range), or a
+            multi-process launch lacks ``MASTER_ADDR`` / ``MASTER_PORT``.
+    """
+    env = environ
+    master_addr = env.get("MASTER_ADDR") or None
+    master_port: Optional[int] = _int_var(env, "MASTER_PORT") if env.get("MASTER_PORT") else None
+
+    if "RANK" in env or "WORLD_SIZE" in env:
+        missing = [v for v in ("RANK", "WORLD_SIZE") if v not in env]
+        if missing:
+            raise ValueError(f"{missing[0]} is not set although "
+                             f"{'WORLD_SIZE' if missing[0] == 'RANK' else 'RANK'} is")
+        launcher = "torchrun"
+        rank, world_size = _int_var(env, "RANK"), _int_var(env, "WORLD_SIZE")
+        local_rank = _int_var(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        launcher = "slurm"
+        rank, world_size = _int_var(env, "SLURM_PROCID"), _int_var(env, "SLURM_NTASKS")
+        local_rank = _int_var(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0
+        if master_addr is None and world_size > 1:
+            nodelist = next((env[v] for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
+                                              "SLURM_NODELIST") if env.get(v)), None)
+            if nodelist is None:
+                raise ValueError("SLURM launch: none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, "
+                                 "SLURM_NODELIST is set and MASTER_ADDR is not given")
+            master_addr = _first_slurm_host(nodelist, use_scontrol)
+        if master_port is None:
+            master_port = (_SLURM_PORT_BASE + _int_var(env, "SLURM_JOB_ID") % 20000
+                           if env.get("SLURM_JOB_ID") else DEFAULT_MASTER_PORT)
+    elif "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
+        launcher = "openmpi"
+        rank = _int_var(env, "OMPI_COMM_WORLD_RANK")
+        world_size = _int_var(env, "OMPI_COMM_WORLD_SIZE")
+        local_rank = (_int_var(env, "OMPI_COMM_WORLD_LOCAL_RANK")
+                      if "OMPI_COMM_WORLD_LOCAL_RANK" in env else 0)
+        if world_size > 1 and (master_addr is None or master_port is None):
+            raise ValueError("OpenMPI launch needs MASTER_ADDR and MASTER_PORT in the environment "
+                             "(e.g. mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500 ...)")
+    else:
+        return {"launcher": "none", "rank": 0, "local_rank": 0, "world_size": 1,
+                "master_addr": None, "master_port": None}
+
+    if world_size < 1:
+        raise ValueError(f"{launcher}: world size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"{launcher}: rank {rank} is outside 0..{world_size - 1}")
+    if local_rank < 0:
+        raise ValueError(f"{launcher}: local rank must be >= 0, got {local_rank}")
+    if world_size > 1 and (master_addr is None or master_port is None):
+        raise ValueError(f"{launcher}: world size {world_size} needs MASTER_ADDR and MASTER_PORT")
+    if master_port is not None and not 0 < master_port < 65536:
+        raise ValueError(f"{launcher}: MASTER_PORT must be in 1..65535, got {master_port}")
+    return {"launcher": launcher, "rank": rank, "local_rank": local_rank, "world_size": world_size,
+            "master_addr": master_addr, "master_port": master_port}
+
+
+# --------------------------------------------------------------------------------------------
+# Process group
+# --------------------------------------------------------------------------------------------
+
+def _select_device(local_rank: int) -> torch.device:
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+        raise RuntimeError(f"LOCAL_RANK={local_rank} but only {count} GPU(s) are visible "
+                           f"(CUDA_VISIBLE_DEVICES={visible}); start at most {count} processes "
+                           "per node")
+    # Before init_process_group: otherwise every rank's NCCL/CUDA context lands on GPU 0.
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800) -> DistInfo:
+    """Join the job described by the launcher's environment (see :func:`detect_launcher_env`).
+
+    With world size > 1: picks the device (``cuda:<local_rank>`` after
+    ``torch.cuda.set_device(local_rank)``, or ``cpu``), exports ``RANK``, ``LOCAL_RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` to ``os.environ`` and calls
+    ``torch.distributed.init_process_group(init_method="env://")``, with ``device_id`` for NCCL
+    (binds the communicator to this GPU, so GPU 0 holds no other rank's context).
+    With world size 1 no process group is created (``backend`` of the result is ``None``).
+    Calling it again once a process group exists returns the same description (idempotent).
+
+    Args:
+        backend: ``"nccl"``, ``"gloo"``, ...; default NCCL when CUDA is available, else gloo.
+        timeout_s: seconds a rendezvous or collective may wait before failing (instead of hanging).
+            Under SLURM, start the script with ``srun``: ``python train.py`` run directly in an
+            ``sbatch --ntasks=N`` script sees ``SLURM_NTASKS=N`` and rank 0 waits for ranks
+            that never start, until this timeout.
+
+    Returns:
+        :class:`DistInfo` of this process.
+
+    Raises:
+        ValueError: inconsistent launcher variables (from :func:`detect_launcher_env`), a
+            non-positive ``timeout_s``, or ``backend="nccl"`` without CUDA.
+        RuntimeError: ``LOCAL_RANK`` >= the number of visible GPUs; or torch's own error when the
+            rendezvous fails or times out.
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    env = detect_launcher_env(os.environ)
+    if dist.is_available() and dist.is_initialized():
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if torch.cuda.is_available() else torch.device("cpu"))
+        return DistInfo(dist.get_rank(), env["local_rank"], dist.get_world_size(), device,
+                        dist.get_backend())
+
+    rank, local_rank, world_size = env["rank"], env["local_rank"], env["world_size"]
+    device = _select_device(local_rank)
+    if world_size == 1:
+        logger.debug("single process on %s (launcher: %s)", device, env["launcher"])
+        return DistInfo(rank, local_rank, 1, device, None)
+
+    if not dist.is_available():
+        raise RuntimeError("this PyTorch build has no torch.distributed; cannot run "
+                           f"{world_size} processes")
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    if backend == "nccl" and device.type != "cuda":
+        raise ValueError("backend 'nccl' needs CUDA, which is not available; use 'gloo'")
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
+                      MASTER_ADDR=str(env["master_addr"]), MASTER_PORT=str(env["master_port"]))
+    dist.init_process_group(backend=backend, init_method="env://", rank=rank,
+                            world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s),
+                            device_id=device if backend == "nccl" else None)
+    logger.debug("rank %d/%d (local %d) on %s, backend %s, rendezvous %s:%s via %s", rank,
+                 world_size, local_rank, device, backend, env["master_addr"],
+                 env["master_port"], env["launcher"])
+    return DistInfo(rank, local_rank, world_size, device, backend)
+
+
+def _initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank() -> int:
+    """Global rank of this process; 0 without a process group."""
+    return dist.get_rank() if _initialized() else 0
+
+
+def get_world_size() -> int:
+    """Number of processes in the job; 1 without a process group."""
+    return dist.get_world_size() if _initialized() else 1
+
+
+def is_main_process() -> bool:
+    """True on global rank 0 (and in a single process)."""
+    return get_rank() == 0
+
+
+def barrier() -> None:
+    """Wait until every rank reaches this point (``torch.distributed.barrier``); no-op alone.
+
+    Bounded by the process group's timeout (``init_distributed(timeout_s=...)``).
+    """
+    if _initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def cleanup() -> None:
+    """Destroy the default process group if one exists (``destroy_process_group``); else no-op."""
+    if _initialized():
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------------
+# Model wrapping and reductions
+# --------------------------------------------------------------------------------------------
+
+def apply_gradient_allreduce(model: nn.Module, **ddp_options) -> nn.Module:
+    """Wrap ``model`` in :class:`~torch.nn.parallel.DistributedDataParallel`; identity alone.
+
+    DDP broadcasts rank 0's parameters and buffers at construction, then, during every
+    ``backward()``, all-reduces (averages) the gradients in buckets of about ``bucket_cap_mb``
+    MiB as soon as a bucket's gradients are ready, overlapping communication with the rest of
+    the backward pass. After ``backward()`` each rank holds the gradient of the mean loss over
+    all ranks' batches (for equal per-rank batch sizes and a per-rank mean loss).
+
+    Move the model to ``DistInfo.device`` first. When all parameters are on one CUDA device,
+    ``device_ids``/``output_device`` are set to it; on CPU they are left out.
+
+    Args:
+        model: the module to train (already on its device).
+        **ddp_options: passed to DDP, e.g. ``bucket_cap_mb`` (MiB), ``find_unused_parameters``,
+            ``gradient_as_bucket_view`` (default here ``True``: gradients are views into the
+            buckets, saving one copy of the gradients), ``static_graph``, ``broadcast_buffers``.
+
+    Returns:
+        The DDP-wrapped model, or ``model`` itself without a process group / with world size 1
+        / when it is already wrapped.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module`` (DDP raises its own TypeError for an
+            unknown option).
+
+    Source: https://pytorch.org/docs/stable/notes/ddp.html
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"apply_gradient_allreduce needs an nn.Module, got {type(model).__name__}")
+    if isinstance(model, DistributedDataParallel) or get_world_size() == 1:
+        return model
+    options = {"gradient_as_bucket_view": True, **ddp_options}
+    devices = {p.device for p in model.parameters()}
+    if "device_ids" not in options and len(devices) == 1:
+        (device,) = devices
+        if device.type == "cuda":
+            options["device_ids"] = [device.index]
+            options.setdefault("output_device", device.index)
+    return DistributedDataParallel(model, **options)
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The plain module inside DDP and/or ``torch.compile`` wrappers (for saving, exporting).
+
+    Peels ``DistributedDataParallel.module`` and ``torch.compile``'s ``_orig_mod`` in any order
+    and nesting; a plain module is returned as is.
+    """
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def reduce_tensor(tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+    """All-reduce a detached copy of ``tensor`` over all ranks; ``tensor`` is left unchanged.
+
+    Typical use: the loss or a metric for logging, so that rank 0 reports the job-wide value.
+    Every rank must call it (it is a collective) with the same shape and dtype.
+
+    Args:
+        tensor: any shape; for ``"mean"`` a floating-point dtype. CPU tensors work with NCCL
+            too (copied to the current GPU and back).
+        op: ``"mean"`` (sum / world size), ``"sum"``, ``"max"`` or ``"min"``, element-wise.
+
+    Returns:
+        A new tensor of the same shape, dtype and device. Without a process group: a detached
+        clone (the reduction over one process).
+
+    Raises:
+        ValueError: unknown ``op``.
+        TypeError: ``tensor`` is not a tensor, or ``op="mean"`` on a non-floating dtype (use
+            ``"sum"`` for counts).
+
+    Source: https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_reduce
+    """
+    if op not in _REDUCE_OPS:
+        raise ValueError(f"reduce_tensor: unknown op {op!r}; use one of {sorted(_REDUCE_OPS)}")
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"reduce_tensor needs a torch.Tensor, got {type(tensor).__name__}")
+    if op == "mean" and not (tensor.is_floating_point() or tensor.is_complex()):
+        raise TypeError(f"reduce_tensor: op='mean' needs a floating-point tensor, got "
+                        f"{tensor.dtype}; use op='sum' for counts")
+    result = tensor.detach().clone()
+    if not _initialized() or dist.get_world_size() == 1:
+        return result
+    work = result
+    if dist.get_backend() == "nccl" and result.device.type != "cuda":
+        work = result.to(torch.device("cuda", torch.cuda.current_device()))
+    dist.all_reduce(work, op=_REDUCE_OPS[op])
+    if op == "mean":
+        work /= dist.get_world_size()
+    return work.to(tensor.device) if work is not result else result

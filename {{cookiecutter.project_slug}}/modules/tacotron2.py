@@ -1,0 +1,331 @@
+"""The parts of Tacotron2: pre-net, encoder, attention decoder and post-net.
+
+Architecture of Shen et al., 2018, "Natural TTS synthesis by conditioning WaveNet on mel spectrogram
+predictions" (ICASSP), with the sizes and the training details of NVIDIA's reference implementation
+(pre-net dropout that stays on at inference, dropout on the two decoder LSTM outputs, a post-net whose
+last layer is linear and batch-normalised). The decoder predicts one mel frame per step.
+
+Beyond the reference, padded positions are zeroed between the encoder convolutions and between the
+post-net convolutions (when a mask is given), so in evaluation mode the outputs at real positions do not
+depend on how much padding a batch carries.
+
+The full model (embedding + these parts) is ``model.Tacotron2``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from modules.attention import LocationSensitiveAttention
+from modules.layers import ConvNorm, LinearNorm
+
+
+def get_padding_mask(lengths: torch.Tensor, max_len: Optional[int] = None) -> torch.Tensor:
+    """Boolean mask ``(B, max_len)`` that is ``True`` at padded positions (index >= length).
+
+    Args:
+        lengths: ``(B,)`` integer lengths.
+        max_len: mask width; ``lengths.max()`` when ``None``.
+
+    Raises:
+        ValueError: ``lengths`` is not 1-D, or a length is negative or exceeds ``max_len``.
+    """
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must be 1-D (B,), got shape {tuple(lengths.shape)}")
+    if max_len is None:
+        max_len = int(lengths.max())
+    if bool((lengths < 0).any()) or bool((lengths > max_len).any()):
+        raise ValueError(f"lengths {lengths.tolist()} must lie in [0, {max_len}]")
+    positions = torch.arange(max_len, device=lengths.device)
+    return positions.unsqueeze(0) >= lengths.unsqueeze(1)
+
+
+class Prenet(nn.Module):
+    """Bottleneck for the previous mel frame: ``len(sizes)`` x (linear, ReLU, dropout).
+
+    Dropout (probability :attr:`dropout`, 0.5) is applied in training *and* inference: Shen et al. (2018)
+    found that the noise it adds at synthesis time helps the decoder generalise, and NVIDIA's reference
+    does the same. Set ``prenet.dropout = 0.0`` only for deterministic tests.
+
+    Input ``(..., in_dim)`` -> output ``(..., sizes[-1])``.
+
+    Args:
+        in_dim: input features (``n_mels``).
+        sizes: output size of each layer, e.g. ``(256, 256)``.
+        dropout: drop probability.
+    """
+
+    def __init__(self, in_dim: int, sizes: tuple[int, ...] = (256, 256), dropout: float = 0.5):
+        super().__init__()
+        in_sizes = (in_dim, *sizes[:-1])
+        self.layers = nn.ModuleList([LinearNorm(i, o, bias=False) for i, o in zip(in_sizes, sizes)])
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(..., in_dim) -> (..., sizes[-1])`` with dropout always on."""
+        for linear in self.layers:
+            x = F.dropout(F.relu(linear(x)), p=self.dropout, training=True)
+        return x
+
+
+class Encoder(nn.Module):
+    """Character encoder: ``n_convolutions`` x (conv, batch norm, ReLU, dropout 0.5), then a BiLSTM.
+
+    Input: embedded text ``(B, embedding_dim, L)`` and lengths ``(B,)``; output ``(B, L, embedding_dim)``
+    (each LSTM direction has ``embedding_dim / 2`` units; outputs past a sequence's length are zero).
+
+    Args:
+        embedding_dim: channels of the input and of every layer (512).
+        n_convolutions: number of convolution blocks (3).
+        kernel_size: convolution width in characters (5, odd).
+        dropout: dropout after each convolution block (training only).
+
+    Raises:
+        ValueError: ``embedding_dim`` is odd or ``kernel_size`` is even.
+    """
+
+    def __init__(self, embedding_dim: int = 512, n_convolutions: int = 3, kernel_size: int = 5,
+                 dropout: float = 0.5):
+        super().__init__()
+        if embedding_dim % 2:
+            raise ValueError(f"Encoder: embedding_dim must be even (two LSTM directions), got {embedding_dim}")
+        self.convolutions = nn.ModuleList([
+            nn.Sequential(ConvNorm(embedding_dim, embedding_dim, kernel_size=kernel_size, w_init_gain="relu"),
+                          nn.BatchNorm1d(embedding_dim))
+            for _ in range(n_convolutions)])
+        self.lstm = nn.LSTM(embedding_dim, embedding_dim // 2, num_layers=1, batch_first=True,
+                            bidirectional=True)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Encode ``x`` ``(B, embedding_dim, L)``; ``lengths`` ``(B,)`` (``None``: no padding).
+
+        Returns:
+            ``(B, L, embedding_dim)``.
+
+        Raises:
+            ValueError: ``lengths`` has the wrong shape or a length outside ``[1, L]``.
+        """
+        max_len = x.size(2)
+        keep = None
+        if lengths is not None:
+            if lengths.shape != (x.size(0),):
+                raise ValueError(f"Encoder: lengths must have shape ({x.size(0)},), got {tuple(lengths.shape)}")
+            if bool((lengths < 1).any()):
+                raise ValueError(f"Encoder: every text length must be >= 1, got {lengths.tolist()}")
+            keep = ~get_padding_mask(lengths, max_len).unsqueeze(1)  # (B, 1, L)
+        for conv in self.convolutions:
+            if keep is not None:
+                x = x * keep
+            x = F.dropout(F.relu(conv(x)), self.dropout, self.training)
+        x = x.transpose(1, 2)  # (B, L, C)
+        self.lstm.flatten_parameters()
+        if lengths is None:
+            outputs, _ = self.lstm(x)
+            return outputs
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        outputs, _ = self.lstm(packed)
+        outputs, _ = nn.utils.rnn.pad_packed_sequence(outputs, batch_first=True, total_length=max_len)
+        return outputs
+
+
+class Postnet(nn.Module):
+    """Residual mel refiner: ``n_convolutions`` x (conv, batch norm), tanh + dropout 0.5 except the last.
+
+    Input and output ``(B, n_mels, T)``; the model adds the output to the decoder's mel.
+
+    Args:
+        n_mels: mel channels.
+        embedding_dim: channels of the inner layers (512).
+        kernel_size: convolution width in frames (5, odd).
+        n_convolutions: number of layers (5, at least 2).
+        dropout: dropout after every layer (training only).
+
+    Raises:
+        ValueError: ``n_convolutions < 2``.
+    """
+
+    def __init__(self, n_mels: int, embedding_dim: int = 512, kernel_size: int = 5, n_convolutions: int = 5,
+                 dropout: float = 0.5):
+        super().__init__()
+        if n_convolutions < 2:
+            raise ValueError(f"Postnet: n_convolutions must be >= 2, got {n_convolutions}")
+        channels = [n_mels] + [embedding_dim] * (n_convolutions - 1) + [n_mels]
+        layers = []
+        for i in range(n_convolutions):
+            last = i == n_convolutions - 1
+            layers.append(nn.Sequential(
+                ConvNorm(channels[i], channels[i + 1], kernel_size=kernel_size,
+                         w_init_gain="linear" if last else "tanh"),
+                nn.BatchNorm1d(channels[i + 1])))
+        self.convolutions = nn.ModuleList(layers)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``(B, n_mels, T) -> (B, n_mels, T)``; ``mask`` ``(B, T)`` bool is ``True`` at padded frames,
+        which are zeroed before every layer."""
+        keep = None if mask is None else ~mask.unsqueeze(1)
+        last = len(self.convolutions) - 1
+        for i, conv in enumerate(self.convolutions):
+            if keep is not None:
+                x = x * keep
+            x = conv(x)
+            if i < last:
+                x = torch.tanh(x)
+            x = F.dropout(x, self.dropout, self.training)
+        return x
+
+
+class Decoder(nn.Module):
+    """Autoregressive attention decoder producing one mel frame and one stop-gate logit per step.
+
+    Per step: pre-net on the previous frame; attention LSTM on (pre-net output, previous context);
+    location-sensitive attention gives a new context; decoder LSTM on (attention LSTM output, context);
+    linear projections of (decoder LSTM output, context) give the frame and the gate logit. Dropout
+    ``p_attention_dropout`` / ``p_decoder_dropout`` is applied to the two LSTM outputs in training
+    (NVIDIA's reference; the dropped-out value is also the state carried to the next step).
+
+    Args:
+        n_mels: mel channels per frame.
+        encoder_dim: size of an encoder output vector (512).
+        attention_rnn_dim: attention LSTM units (1024).
+        decoder_rnn_dim: decoder LSTM units (1024).
+        prenet_dim: pre-net layer size (256, two layers).
+        attention_dim, attention_location_n_filters, attention_location_kernel_size: see
+            :class:`modules.attention.LocationSensitiveAttention` (128, 32, 31).
+        max_decoder_steps: frames after which :meth:`inference` gives up (with a warning).
+        gate_threshold: stop probability above which :meth:`inference` stops.
+        p_attention_dropout, p_decoder_dropout: dropout on the LSTM outputs (0.1).
+    """
+
+    def __init__(self, n_mels: int, encoder_dim: int = 512, attention_rnn_dim: int = 1024,
+                 decoder_rnn_dim: int = 1024, prenet_dim: int = 256, attention_dim: int = 128,
+                 attention_location_n_filters: int = 32, attention_location_kernel_size: int = 31,
+                 max_decoder_steps: int = 1000, gate_threshold: float = 0.5, p_attention_dropout: float = 0.1,
+                 p_decoder_dropout: float = 0.1):
+        super().__init__()
+        self.n_mels = n_mels
+        self.encoder_dim = encoder_dim
+        self.attention_rnn_dim = attention_rnn_dim
+        self.decoder_rnn_dim = decoder_rnn_dim
+        self.max_decoder_steps = max_decoder_steps
+        self.gate_threshold = gate_threshold
+        self.p_attention_dropout = p_attention_dropout
+        self.p_decoder_dropout = p_decoder_dropout
+        self.prenet = Prenet(n_mels, (prenet_dim, prenet_dim))
+        self.attention_rnn = nn.LSTMCell(prenet_dim + encoder_dim, attention_rnn_dim)
+        self.attention = LocationSensitiveAttention(attention_rnn_dim, encoder_dim, attention_dim,
+                                                    attention_location_n_filters, attention_location_kernel_size)
+        self.decoder_rnn = nn.LSTMCell(attention_rnn_dim + encoder_dim, decoder_rnn_dim)
+        self.linear_projection = LinearNorm(decoder_rnn_dim + encoder_dim, n_mels)
+        self.gate_layer = LinearNorm(decoder_rnn_dim + encoder_dim, 1, w_init_gain="sigmoid")
+
+    def _initial_state(self, memory: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Zero LSTM states, attention weights and context for a batch of ``memory`` ``(B, L, E)``."""
+        batch, max_len = memory.size(0), memory.size(1)
+        dtype = self.linear_projection.weight.dtype
+
+        def zeros(*shape: int) -> torch.Tensor:
+            return torch.zeros(*shape, device=memory.device, dtype=dtype)
+
+        return {
+            "attention_hidden": zeros(batch, self.attention_rnn_dim),
+            "attention_cell": zeros(batch, self.attention_rnn_dim),
+            "decoder_hidden": zeros(batch, self.decoder_rnn_dim),
+            "decoder_cell": zeros(batch, self.decoder_rnn_dim),
+            "weights": zeros(batch, max_len).float(),
+            "weights_cum": zeros(batch, max_len).float(),
+            "context": zeros(batch, self.encoder_dim),
+        }
+
+    def _step(self, prenet_out: torch.Tensor, state: dict[str, torch.Tensor], memory: torch.Tensor,
+              processed_memory: torch.Tensor, mask: Optional[torch.Tensor]
+              ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """One decoder step: returns frame ``(B, n_mels)``, gate logit ``(B,)`` and the new state."""
+        attention_hidden, attention_cell = self.attention_rnn(
+            torch.cat((prenet_out, state["context"]), dim=-1), (state["attention_hidden"], state["attention_cell"]))
+        attention_hidden = F.dropout(attention_hidden, self.p_attention_dropout, self.training)
+        weights_cat = torch.stack((state["weights"], state["weights_cum"]), dim=1)  # (B, 2, L)
+        context, weights = self.attention(attention_hidden, memory, processed_memory, weights_cat, mask)
+        decoder_hidden, decoder_cell = self.decoder_rnn(
+            torch.cat((attention_hidden, context), dim=-1), (state["decoder_hidden"], state["decoder_cell"]))
+        decoder_hidden = F.dropout(decoder_hidden, self.p_decoder_dropout, self.training)
+        features = torch.cat((decoder_hidden, context), dim=-1)
+        frame = self.linear_projection(features)
+        gate = self.gate_layer(features).squeeze(-1)
+        new_state = {"attention_hidden": attention_hidden, "attention_cell": attention_cell,
+                     "decoder_hidden": decoder_hidden, "decoder_cell": decoder_cell,
+                     "weights": weights, "weights_cum": state["weights_cum"] + weights, "context": context}
+        return frame, gate, new_state
+
+    def forward(self, memory: torch.Tensor, mels: torch.Tensor, memory_mask: Optional[torch.Tensor] = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Teacher-forced decoding: step ``t`` sees the ground-truth frame ``t - 1`` (a zero frame at t=0).
+
+        Args:
+            memory: encoder outputs ``(B, L, encoder_dim)``.
+            mels: target mels ``(B, n_mels, T)``.
+            memory_mask: ``(B, L)`` bool, ``True`` at padded text positions, or ``None``.
+
+        Returns:
+            ``(mel (B, n_mels, T), gate logits (B, T), alignments (B, T, L))``.
+
+        Raises:
+            ValueError: ``mels`` does not have ``n_mels`` channels, or batch sizes differ.
+        """
+        if mels.dim() != 3 or mels.size(1) != self.n_mels:
+            raise ValueError(f"Decoder expects mels of shape (B, {self.n_mels}, T), got {tuple(mels.shape)}")
+        if mels.size(0) != memory.size(0):
+            raise ValueError(f"Decoder: {mels.size(0)} mels for {memory.size(0)} encoded texts")
+        go = mels.new_zeros(mels.size(0), self.n_mels, 1)
+        inputs = torch.cat((go, mels[:, :, :-1]), dim=2).permute(2, 0, 1)  # (T, B, n_mels)
+        inputs = self.prenet(inputs)
+        processed_memory = self.attention.process_memory(memory)
+        state = self._initial_state(memory)
+        frames, gates, alignments = [], [], []
+        for prenet_out in inputs:
+            frame, gate, state = self._step(prenet_out, state, memory, processed_memory, memory_mask)
+            frames.append(frame)
+            gates.append(gate)
+            alignments.append(state["weights"])
+        return torch.stack(frames, dim=2), torch.stack(gates, dim=1), torch.stack(alignments, dim=1)
+
+    @torch.no_grad()
+    def inference(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Free-running decoding: each step is fed the previous predicted frame.
+
+        Stops after the step at which every item's stop probability ``sigmoid(gate)`` exceeded
+        :attr:`gate_threshold`; if that has not happened after :attr:`max_decoder_steps` frames it stops
+        there and emits a ``UserWarning`` (the usual sign of an attention failure or an untrained model).
+        Items of a batch that stopped early keep being decoded until the last one stops; trim them at
+        their first gate crossing.
+
+        Args:
+            memory: encoder outputs ``(B, L, encoder_dim)`` (no padding).
+
+        Returns:
+            ``(mel (B, n_mels, T), gate logits (B, T), alignments (B, T, L))``, ``T`` the steps taken.
+        """
+        processed_memory = self.attention.process_memory(memory)
+        state = self._initial_state(memory)
+        frame = memory.new_zeros(memory.size(0), self.n_mels)
+        stopped = torch.zeros(memory.size(0), dtype=torch.bool, device=memory.device)
+        frames, gates, alignments = [], [], []
+        while True:
+            frame, gate, state = self._step(self.prenet(frame), state, memory, processed_memory, None)
+            frames.append(frame)
+            gates.append(gate)
+            alignments.append(state["weights"])
+            stopped |= torch.sigmoid(gate.float()) > self.gate_threshold
+            if bool(stopped.all()):
+                break
+            if len(frames) >= self.max_decoder_steps:
+                warnings.warn(f"Tacotron2 decoder reached max_decoder_steps={self.max_decoder_steps} before the "
+                              "stop gate fired; the output is cut there", stacklevel=2)
+                break
+        return torch.stack(frames, dim=2), torch.stack(gates, dim=1), torch.stack(alignments, dim=1)

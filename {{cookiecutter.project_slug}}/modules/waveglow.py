@@ -1,0 +1,115 @@
+"""Building blocks of WaveGlow: the invertible 1x1 convolution and the WN coupling network.
+
+Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis"
+(ICASSP 2019), and NVIDIA's reference implementation for layer sizes and initialisation. Written for
+current PyTorch: weight norm through ``torch.nn.utils.parametrizations`` and determinants through
+``torch.linalg``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parametrizations, parametrize
+
+
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32, or float64 if it already is: determinants and inverses need the precision."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+class Invertible1x1Conv(nn.Module):
+    """A learned orthogonal-initialised channel mixing ``z -> W z`` with an exact inverse.
+
+    Args:
+        channels: number of channels ``C`` it mixes.
+
+    ``forward(z)`` takes ``(B, C, T)`` and returns ``(W z, log|det W| * B * T)``, the second term being
+    this layer's contribution to the flow's log-likelihood (Kingma and Dhariwal, Glow, 2018).
+    ``inverse(z)`` applies ``W^-1``. Determinant and inverse are taken in float32 even under autocast.
+    """
+
+    def __init__(self, channels: int):
+        super().__init__()
+        weight, _ = torch.linalg.qr(torch.randn(channels, channels))
+        if torch.linalg.det(weight) < 0:  # a rotation (det +1), so log|det| starts at 0
+            weight[:, 0] = -weight[:, 0]
+        self.weight = nn.Parameter(weight)
+
+    def forward(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, _, steps = z.shape
+        log_det = torch.linalg.slogdet(at_least_fp32(self.weight))[1] * (batch * steps)
+        return F.conv1d(z, self.weight.to(z.dtype).unsqueeze(-1)), log_det
+
+    def inverse(self, z: torch.Tensor) -> torch.Tensor:
+        """Undo :meth:`forward` on ``(B, C, T)``."""
+        w_inv = torch.linalg.inv(at_least_fp32(self.weight))
+        return F.conv1d(z, w_inv.to(z.dtype).unsqueeze(-1))
+
+
+def gated_activation(x: torch.Tensor, channels: int) -> torch.Tensor:
+    """WaveNet's gate: ``tanh(x[:, :C]) * sigmoid(x[:, C:])`` for ``x`` of shape ``(B, 2C, T)``."""
+    return torch.tanh(x[:, :channels]) * torch.sigmoid(x[:, channels:])
+
+
+class WN(nn.Module):
+    """The non-causal WaveNet-like network that predicts an affine coupling's scale and shift.
+
+    Args:
+        in_channels: channels of the half of the audio it conditions on (``n_half``).
+        cond_channels: channels of the upsampled, grouped mel (``n_mels * n_group``).
+        n_layers: dilated layers; layer ``i`` has dilation ``2**i``.
+        channels: residual channels.
+        kernel_size: odd kernel size of the dilated convolutions.
+
+    ``forward(audio, cond)`` takes ``(B, in_channels, T)`` and ``(B, cond_channels, T)`` and returns
+    ``(B, 2 * in_channels, T)``: the first half is the shift ``b``, the second ``log s``.
+    The last convolution starts at zero, so every coupling starts as the identity.
+
+    Raises:
+        ValueError: an even ``kernel_size``.
+    """
+
+    def __init__(self, in_channels: int, cond_channels: int, n_layers: int, channels: int, kernel_size: int):
+        super().__init__()
+        if kernel_size % 2 != 1:
+            raise ValueError(f"WN kernel_size must be odd, got {kernel_size}")
+        self.n_layers = n_layers
+        self.channels = channels
+        self.start = parametrizations.weight_norm(nn.Conv1d(in_channels, channels, 1))
+        self.cond = parametrizations.weight_norm(nn.Conv1d(cond_channels, 2 * channels * n_layers, 1))
+        self.dilated = nn.ModuleList()
+        self.res_skip = nn.ModuleList()
+        for i in range(n_layers):
+            dilation = 2 ** i
+            self.dilated.append(parametrizations.weight_norm(nn.Conv1d(
+                channels, 2 * channels, kernel_size, dilation=dilation, padding=dilation * (kernel_size - 1) // 2)))
+            out = 2 * channels if i < n_layers - 1 else channels  # the last layer has no residual output
+            self.res_skip.append(parametrizations.weight_norm(nn.Conv1d(channels, out, 1)))
+        self.end = nn.Conv1d(channels, 2 * in_channels, 1)
+        nn.init.zeros_(self.end.weight)
+        nn.init.zeros_(self.end.bias)
+
+    def forward(self, audio: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        x = self.start(audio)
+        cond = self.cond(cond)
+        skip = torch.zeros_like(x)
+        c = self.channels
+        for i in range(self.n_layers):
+            acts = gated_activation(self.dilated[i](x) + cond[:, 2 * c * i: 2 * c * (i + 1)], c)
+            res_skip = self.res_skip[i](acts)
+            if i < self.n_layers - 1:
+                x = x + res_skip[:, :c]
+                skip = skip + res_skip[:, c:]
+            else:
+                skip = skip + res_skip
+        return self.end(skip)
+
+
+def remove_weight_norm(module: nn.Module) -> nn.Module:
+    """Fold every weight-norm parametrization of ``module`` into a plain weight (faster inference)."""
+    for sub in module.modules():
+        if parametrize.is_parametrized(sub, "weight"):
+            parametrize.remove_parametrizations(sub, "weight", leave_parametrized=True)
+    return module

@@ -1,0 +1,178 @@
+"""Start one training process per GPU: a thin front over torchrun (``torch.distributed.run``).
+
+Usage::
+
+    python multiproc.py [--nproc-per-node N] [--log-dir logs] [--max-restarts K] train.py [args...]
+    python multiproc.py --nnodes 2 --node-rank R --master-addr HOST [--master-port P] train.py ...
+
+* ``--nproc-per-node`` defaults to the number of visible GPUs (``torch.cuda.device_count()``,
+  which honours ``CUDA_VISIBLE_DEVICES``), or 2 on a machine without CUDA (gloo on CPU).
+* Single node (the default, like ``torchrun --standalone``): rendezvous on 127.0.0.1 on a free port.
+* Global rank 0 prints to this console; every other rank's stdout and stderr go to
+  ``<log-dir>/rank_<r>.stdout.log`` and ``<log-dir>/rank_<r>.stderr.log`` (global rank; the
+  files of a restart ``k`` > 0 are ``rank_<r>.attempt<k>.stdout.log``), and each rank's
+  ``torch.distributed.elastic`` error record (if any) in ``rank_<r>.error.json``.
+* When a rank fails, torchrun stops the others; this prints which rank failed and where its log
+  is, and exits with that rank's exit code (1 if it died from a signal).
+* Everything after the training script is passed to it untouched.
+
+Each process gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``
+in its environment; ``distributed.init_distributed()`` reads them.
+
+The launch itself is torchrun's: the options are parsed by ``torch.distributed.run``'s own
+parser and the job runs under ``torch.distributed.launcher.api.elastic_launch``; the only thing
+replaced is the log layout (a :class:`~torch.distributed.elastic.multiprocessing.LogsSpecs`, the
+hook torchrun offers for that), because torchrun's default puts logs in a randomly named
+sub-directory. Source: https://pytorch.org/docs/stable/elastic/run.html
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+
+import torch
+from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import elastic_launch
+
+
+class RankLogs(LogsSpecs):
+    """Torchrun log layout: global rank 0 on the console, rank r > 0 in ``<log_dir>/rank_<r>.*``."""
+
+    def __init__(self, log_dir: str):
+        super().__init__(log_dir=log_dir)
+        self.paths: dict[int, str] = {}  # global rank -> its latest stderr log
+
+    @property
+    def root_log_dir(self) -> str:
+        return str(self._root_log_dir)
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        """Log paths for each local rank; also sets each worker's ``TORCHELASTIC_ERROR_FILE``."""
+        os.makedirs(self._root_log_dir, exist_ok=True)
+        dest = LogsDest()
+        for local_rank, env in envs.items():
+            rank, attempt = env["RANK"], int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+            stem = os.path.join(self._root_log_dir,
+                                f"rank_{rank}" + (f".attempt{attempt}" if attempt else ""))
+            dest.error_files[local_rank] = env["TORCHELASTIC_ERROR_FILE"] = stem + ".error.json"
+            if rank == "0":  # "" = inherit the launcher's console
+                dest.stdouts[local_rank] = dest.stderrs[local_rank] = ""
+            else:
+                dest.stdouts[local_rank] = stem + ".stdout.log"
+                dest.stderrs[local_rank] = self.paths[int(rank)] = stem + ".stderr.log"
+        return dest
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of usage + message
+        self.exit(2, f"multiproc: ERROR: {message}\n")
+
+
+def _fail(message: str) -> None:
+    print(f"multiproc: ERROR: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse and check multiproc's own options; the script's arguments are kept verbatim."""
+    p = _Parser(prog="multiproc.py", description=__doc__.split("\n")[0])
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None,
+                   help="processes on this node (default: visible GPUs, or 2 without CUDA)")
+    p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
+    p.add_argument("--node-rank", "--node_rank", type=int, default=0, help="this node's rank")
+    p.add_argument("--master-addr", "--master_addr", default=None,
+                   help="host of node 0 (required with --nnodes > 1)")
+    p.add_argument("--master-port", "--master_port", type=int, default=None,
+                   help="rendezvous port (default: a free one; 29500 with --nnodes > 1)")
+    p.add_argument("--standalone", action="store_true",
+                   help="single node on localhost (the default when --nnodes is 1)")
+    p.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
+                   help="restart the whole group up to K times after a failure (default 0)")
+    p.add_argument("--log-dir", "--log_dir", default="logs", help="where ranks > 0 log (logs/)")
+    p.add_argument("script", help="the training script")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments, untouched")
+    args = p.parse_args(argv)
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if args.nproc_per_node is None:
+        args.nproc_per_node = gpus or 2
+    if args.nproc_per_node < 1:
+        _fail(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
+    if gpus and args.nproc_per_node > gpus:
+        _fail(f"--nproc-per-node {args.nproc_per_node} but only {gpus} GPU(s) are visible")
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        _fail(f"--node-rank {args.node_rank} must be in 0..{args.nnodes - 1} "
+              f"(--nnodes {args.nnodes})")
+    if args.standalone and args.nnodes != 1:
+        _fail("--standalone means one node; drop --nnodes")
+    if args.max_restarts < 0:
+        _fail(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.master_port is not None and not 0 < args.master_port < 65536:
+        _fail(f"--master-port must be in 1..65535, got {args.master_port}")
+    if args.nnodes > 1 and not args.master_addr:
+        _fail("--nnodes > 1 needs --master-addr (the host of node 0)")
+    if not os.path.isfile(args.script):
+        _fail(f"training script not found: {args.script}")
+    if args.nnodes == 1:
+        args.master_addr = args.master_addr or "127.0.0.1"
+        args.master_port = args.master_port or _free_port()
+    else:
+        args.master_port = args.master_port or 29500
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the job; returns the exit status (0, the failed rank's exit code, or 128+signal)."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    world = args.nnodes * args.nproc_per_node
+    torchrun_argv = [
+        "--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
+        "--nproc-per-node", str(args.nproc_per_node), "--rdzv-backend", "static",
+        "--master-addr", args.master_addr, "--master-port", str(args.master_port),
+        "--max-restarts", str(args.max_restarts), "--log-dir", args.log_dir,
+        args.script, *args.script_args,
+    ]
+    if args.nproc_per_node > 1:  # what torchrun does anyway, without its warning banner
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    config, entrypoint, cmd_args = torchrun.config_from_args(torchrun.parse_args(torchrun_argv))
+    logs = RankLogs(args.log_dir)
+    config.logs_specs = logs
+
+    where = f"node {args.node_rank} of {args.nnodes}, " if args.nnodes > 1 else ""
+    print(f"multiproc: {where}{args.nproc_per_node} processes (world size {world}), "
+          f"logs of ranks 1.. in {os.path.join(args.log_dir, '')}", flush=True)
+    try:
+        elastic_launch(config=config, entrypoint=entrypoint)(*cmd_args)
+    except ChildFailedError as err:
+        # torchrun also lists the ranks it stopped itself (SIGTERM, then SIGKILL): not causes
+        killed = (-signal.SIGTERM, -signal.SIGKILL)
+        causes = [r for r in sorted(err.failures) if err.failures[r].exitcode not in killed]
+        stopped = [r for r in sorted(err.failures) if r not in causes]
+        for rank in causes or stopped:
+            print(f"multiproc: rank {rank} failed (exit code {err.failures[rank].exitcode}); its "
+                  f"log: {logs.paths.get(rank, 'the console above')}", file=sys.stderr, flush=True)
+        if causes and stopped:
+            print(f"multiproc: stopped the other rank(s): {stopped}", file=sys.stderr, flush=True)
+        exitcode = err.failures[(causes or stopped)[0]].exitcode
+        return exitcode if 0 < exitcode < 256 else 1
+    except SignalException as err:
+        print(f"multiproc: stopped by signal {err.sigval.name}", file=sys.stderr, flush=True)
+        return 128 + int(err.sigval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

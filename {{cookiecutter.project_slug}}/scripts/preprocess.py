@@ -1,0 +1,166 @@
+"""Compute the log-mel of every utterance once and cache it for Tacotron2 training.
+
+    python scripts/preprocess.py --config config.json [--dataset-path DIR] [--workers N] [--overwrite]
+
+Reads the ``audio`` and ``data`` sections of the config, lists the training and validation utterances
+(:func:`utils.data_utils.load_splits`) and writes ``<dataset_path>/<mel_cache_dir>/<id>.pt``: a float32
+tensor ``(n_mels, frames)`` made by :class:`utils.audio_processing.MelSpectrogram`, which
+:class:`utils.text_mel_data.TextMelDataset` then loads instead of decoding the wav each epoch.
+
+* Resumable: mels already in the cache are skipped unless ``--overwrite`` is given.
+* Atomic: each mel is written to a temporary file in the cache folder and renamed into place, so an
+  interrupted run never leaves a half-written ``.pt``.
+* Parallel: a ``multiprocessing`` pool of ``--workers`` processes (default: all CPU cores).
+* The audio settings are recorded in ``<cache>/_audio_config.json``; a cache made with other settings is
+  refused (rerun with ``--overwrite``) here and by the dataset.
+
+An utterance whose wav cannot be read is reported at the end and the exit status is 1; the others are
+still written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from multiprocessing import Pool
+from pathlib import Path
+from typing import Optional, Sequence
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+if str(PROJECT_ROOT) not in sys.path:
+    sys.path.insert(0, str(PROJECT_ROOT))
+
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+import model  # noqa: E402
+from utils.audio_processing import MelSpectrogram  # noqa: E402
+from utils.config import SHARED_SECTIONS, AudioConfig, Config, ConfigError, load_config  # noqa: E402
+from utils.data_utils import DataError, load_splits, load_wav  # noqa: E402
+from utils.text_mel_data import CACHE_SETTINGS_FILE, check_cache_settings, mel_cache_path  # noqa: E402
+
+_worker_mel: Optional[MelSpectrogram] = None
+_worker_rate: int = 0
+
+
+def _init_worker(audio_cfg: AudioConfig, threads: Optional[int]) -> None:
+    """Build the mel transform once per process (pool initializer)."""
+    global _worker_mel, _worker_rate
+    if threads is not None:
+        torch.set_num_threads(threads)
+    _worker_mel = MelSpectrogram.from_config(audio_cfg)
+    _worker_rate = audio_cfg.sampling_rate
+
+
+def _write_mel(job: tuple[str, str, str]) -> tuple[str, Optional[str]]:
+    """Compute and atomically save one mel. Returns ``(id, None)`` or ``(id, error message)``."""
+    utt_id, wav_path, out_path = job
+    out = Path(out_path)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        audio = load_wav(wav_path, _worker_rate)
+        with torch.no_grad():
+            mel = _worker_mel(audio).contiguous()
+        torch.save(mel, tmp)
+        os.replace(tmp, out)
+    except (DataError, ValueError, OSError, RuntimeError) as err:
+        tmp.unlink(missing_ok=True)
+        return utt_id, f"{utt_id}: {err}"
+    return utt_id, None
+
+
+def schemas() -> dict[str, type]:
+    """Config sections this script accepts: the shared ones plus every registered model's section."""
+    return {**SHARED_SECTIONS, **{name: spec.config_cls for name, spec in model.MODELS.items()}}
+
+
+def preprocess(cfg: Config, workers: Optional[int] = None, overwrite: bool = False,
+               progress: bool = True) -> dict[str, int]:
+    """Fill the mel cache of ``cfg`` (see the module docstring).
+
+    Args:
+        cfg: checked config (``audio`` and ``data`` sections are used).
+        workers: processes; ``None``: ``os.cpu_count()``; 1 runs in this process.
+        overwrite: recompute mels that are already cached.
+        progress: show a tqdm bar.
+
+    Returns:
+        ``{"total": n, "written": n, "skipped": n, "failed": n}``.
+
+    Raises:
+        ConfigError: ``data.mel_cache_dir`` is empty or ``workers < 1``.
+        DataError: the corpus cannot be listed, or the cache holds mels made with other audio settings
+            and ``overwrite`` is false.
+    """
+    cache_dir = mel_cache_path(cfg.data)
+    if cache_dir is None:
+        raise ConfigError("data.mel_cache_dir is empty: set the folder (inside dataset_path) to cache mels in")
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
+    train_utts, val_utts = load_splits(cfg.data)
+    utterances = {utt.id: utt for utt in list(train_utts) + list(val_utts)}
+    if not overwrite:
+        check_cache_settings(cache_dir, cfg.audio)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    (cache_dir / CACHE_SETTINGS_FILE).write_text(json.dumps(dataclasses.asdict(cfg.audio), indent=2) + "\n")
+
+    jobs = []
+    for utt in utterances.values():
+        out = cache_dir / f"{utt.id}.pt"
+        if overwrite or not out.is_file():
+            jobs.append((utt.id, str(utt.wav_path), str(out)))
+    counts = {"total": len(utterances), "written": 0, "skipped": len(utterances) - len(jobs), "failed": 0}
+    errors = []
+    bar = tqdm(total=len(jobs), unit="utt", desc=f"mels -> {cache_dir}", disable=not progress)
+    if workers == 1 or len(jobs) <= 1:
+        _init_worker(cfg.audio, None)
+        results = map(_write_mel, jobs)
+        pool = None
+    else:
+        pool = Pool(workers, initializer=_init_worker, initargs=(cfg.audio, 1))
+        results = pool.imap_unordered(_write_mel, jobs, chunksize=4)
+    try:
+        for _, error in results:
+            if error is None:
+                counts["written"] += 1
+            else:
+                counts["failed"] += 1
+                errors.append(error)
+            bar.update()
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.close()
+            pool.join()
+    for error in errors:
+        print(f"ERROR: {error}", file=sys.stderr)
+    return counts
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description="Cache the log-mel of every utterance for Tacotron2 training.")
+    parser.add_argument("--config", required=True, help="config.json (audio and data sections are used)")
+    parser.add_argument("--dataset-path", help="override data.dataset_path")
+    parser.add_argument("--workers", type=int, default=None, help="processes (default: all CPU cores)")
+    parser.add_argument("--overwrite", action="store_true", help="recompute mels that are already cached")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    overrides = [f"data.dataset_path={args.dataset_path}"] if args.dataset_path else []
+    try:
+        cfg = load_config(args.config, schemas(), overrides=overrides)
+        counts = preprocess(cfg, args.workers, args.overwrite, progress=not args.no_progress)
+    except (ConfigError, DataError) as err:
+        print(f"ERROR: {err}", file=sys.stderr)
+        return 1
+    print(f"{counts['total']} utterances: {counts['written']} mels written, {counts['skipped']} already cached, "
+          f"{counts['failed']} failed")
+    return 1 if counts["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Tests of utils/audio_processing.py: mel framing and values, log compression, Griffin-Lim, save_wav."""
+
+import librosa
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from utils.audio_processing import (MelSpectrogram, dynamic_range_compression, dynamic_range_decompression,
+                                    griffin_lim, save_wav)
+from utils.config import AudioConfig
+
+SR = 22050
+
+
+def sine(freq_hz, seconds=1.0, amplitude=0.5, sr=SR):
+    """(T,) float32 sine tensor."""
+    t = torch.arange(int(seconds * sr), dtype=torch.float32) / sr
+    return amplitude * torch.sin(2 * np.pi * freq_hz * t)
+
+
+@pytest.fixture(scope="module")
+def mel_fn():
+    return MelSpectrogram.from_config(AudioConfig())
+
+
+def test_mel_shape_and_frame_count(mel_fn):
+    # NVIDIA framing: pad = (1024 - 256) // 2 = 384, frames = (22050 + 768 - 1024) // 256 + 1 = 86.
+    audio = torch.rand(3, 22050) * 2 - 1
+    mel = mel_fn(audio)
+    assert mel.shape == (3, 80, 86)
+    assert mel.dtype == torch.float32
+    assert mel_fn.num_frames(22050) == 86
+    assert mel_fn(audio[0]).shape == (80, 86)
+    assert mel_fn(torch.zeros(8192)).shape == (80, 32)  # 8192 / 256 frames exactly
+
+
+def test_mel_batch_items_match_single_items(mel_fn):
+    audio = torch.rand(2, 5000) * 2 - 1
+    batch = mel_fn(audio)
+    torch.testing.assert_close(batch[1], mel_fn(audio[1]))
+
+
+def test_mel_matches_an_independent_librosa_computation(mel_fn):
+    audio = (torch.rand(6000) * 2 - 1) * 0.8
+    pad = (1024 - 256) // 2
+    padded = np.pad(audio.numpy(), (pad, pad), mode="reflect")
+    magnitude = np.abs(librosa.stft(padded, n_fft=1024, hop_length=256, win_length=1024, window="hann",
+                                    center=False))
+    basis = librosa.filters.mel(sr=SR, n_fft=1024, n_mels=80, fmin=0.0, fmax=8000.0)
+    expected = np.log(np.maximum(basis @ magnitude, 1e-5))
+    np.testing.assert_allclose(mel_fn(audio).numpy(), expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("freq_hz", [440.0, 1000.0, 3000.0, 7000.0])
+def test_mel_of_a_sine_peaks_at_the_band_centred_on_its_frequency(mel_fn, freq_hz):
+    centres = librosa.mel_frequencies(n_mels=80 + 2, fmin=0.0, fmax=8000.0)[1:-1]
+    expected_band = int(np.abs(centres - freq_hz).argmin())
+    mel = mel_fn(sine(freq_hz))
+    assert int(mel.mean(dim=1).argmax()) == expected_band
+
+
+def test_silence_sits_at_the_log_floor(mel_fn):
+    mel = mel_fn(torch.zeros(4096))
+    torch.testing.assert_close(mel, torch.full_like(mel, float(np.log(1e-5))))
+
+
+def test_mel_rejects_bad_input(mel_fn):
+    with pytest.raises(ValueError, match=r"\(B, T\) or \(T,\)"):
+        mel_fn(torch.zeros(1, 1, 4096))
+    with pytest.raises(ValueError, match="float audio"):
+        mel_fn(torch.zeros(4096, dtype=torch.int16))
+    with pytest.raises(ValueError, match="at least"):
+        mel_fn(torch.zeros(100))
+
+
+def test_mel_rejects_bad_settings():
+    with pytest.raises(ValueError, match="win_length"):
+        MelSpectrogram(SR, n_fft=512, hop_length=256, win_length=1024, n_mels=80, fmin=0, fmax=8000)
+    with pytest.raises(ValueError, match="fmax"):
+        MelSpectrogram(SR, n_fft=1024, hop_length=256, win_length=1024, n_mels=80, fmin=0, fmax=20000)
+
+
+def test_mel_from_config_uses_the_config():
+    cfg = AudioConfig(sampling_rate=16000, n_fft=512, hop_length=128, win_length=400, n_mels=40, fmax=7600.0)
+    mel_fn = MelSpectrogram.from_config(cfg)
+    assert mel_fn.mel_basis.shape == (40, 257)
+    assert mel_fn.window.shape == (400,)
+    assert mel_fn(torch.zeros(16000)).shape == (40, (16000 + 2 * 192 - 512) // 128 + 1)
+
+
+def test_dynamic_range_compression_round_trip_and_floor():
+    x = torch.tensor([1e-7, 1e-5, 0.01, 1.0, 123.0])
+    compressed = dynamic_range_compression(x)
+    torch.testing.assert_close(compressed[2:], torch.log(x[2:]))
+    assert compressed[0] == compressed[1]  # clamped to the 1e-5 floor
+    torch.testing.assert_close(dynamic_range_decompression(compressed)[1:], x[1:])
+    torch.testing.assert_close(dynamic_range_decompression(dynamic_range_compression(x, C=10.0), C=10.0)[1:], x[1:])
+
+
+def test_griffin_lim_restores_the_pitch_of_a_sine(mel_fn):
+    cfg = AudioConfig()
+    mel = mel_fn(sine(1000.0))
+    audio = griffin_lim(mel, cfg, n_iter=16)
+    assert audio.dtype == np.float32 and audio.ndim == 1
+    assert abs(len(audio) - mel.shape[1] * cfg.hop_length) <= cfg.hop_length
+    peak_hz = np.argmax(np.abs(np.fft.rfft(audio))) * SR / len(audio)
+    assert abs(peak_hz - 1000.0) < 30.0
+    # numpy input works as well
+    assert griffin_lim(mel.numpy(), cfg, n_iter=2).shape == audio.shape
+
+
+def test_griffin_lim_rejects_a_mel_of_the_wrong_shape():
+    with pytest.raises(ValueError, match="n_mels=80"):
+        griffin_lim(torch.zeros(40, 10), AudioConfig())
+    with pytest.raises(ValueError, match="n_mels=80"):
+        griffin_lim(torch.zeros(2, 80, 10), AudioConfig())
+
+
+def test_save_wav_writes_16_bit_mono_and_creates_folders(tmp_path):
+    audio = sine(440.0, seconds=0.25)
+    path = save_wav(tmp_path / "a" / "b" / "out.wav", audio, SR)
+    info = sf.info(str(path))
+    assert (info.samplerate, info.channels, info.subtype, info.frames) == (SR, 1, "PCM_16", len(audio))
+    read, _ = sf.read(str(path), dtype="float32")
+    np.testing.assert_allclose(read, audio.numpy(), atol=1.0 / 32768 + 1e-7)
+
+
+def test_save_wav_clips_out_of_range_values(tmp_path):
+    path = save_wav(tmp_path / "loud.wav", np.array([2.0, -3.0, 0.5], dtype=np.float32), SR)
+    read, _ = sf.read(str(path), dtype="float32")
+    assert read[0] == pytest.approx(1.0, abs=1e-4) and read[1] == pytest.approx(-1.0, abs=1e-4)
+    assert read[2] == pytest.approx(0.5, abs=1e-4)
+
+
+@pytest.mark.parametrize("audio, message", [
+    (np.array([0.1, np.nan], dtype=np.float32), "NaN"),
+    (np.zeros(0, dtype=np.float32), "empty"),
+    (np.zeros((2, 100), dtype=np.float32), r"\(T,\)"),
+])
+def test_save_wav_rejects_bad_audio(tmp_path, audio, message):
+    path = tmp_path / "bad.wav"
+    with pytest.raises(ValueError, match=message) as err:
+        save_wav(path, audio, SR)
+    assert str(path) in str(err.value)
+    assert not path.exists()

@@ -1,0 +1,295 @@
+"""Tests of distributed.py: launcher-environment parsing, and real 2-process gloo jobs on CPU.
+
+The multi-process tests start two real Python processes with the variables a launcher would set
+(torchrun, SLURM, OpenMPI) and compare what they computed with a single-process computation.
+"""
+
+import os
+import runpy
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+import distributed as D
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB_TIMEOUT_S = 60
+LAUNCHER_PREFIXES = ("SLURM_", "OMPI_")
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+# Run by each rank: python worker.py <mode> <out_dir>. Also imported by the test (runpy) for
+# make_model / make_data, so the reference and the ranks build exactly the same things.
+WORKER = textwrap.dedent('''
+    import sys
+    import torch
+    from torch import nn
+
+    N_BATCH = 8
+
+    def make_model(seed):
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
+
+    def make_data():
+        g = torch.Generator().manual_seed(1234)
+        return (torch.randn(N_BATCH, 5, generator=g, dtype=torch.float64),
+                torch.randn(N_BATCH, 3, generator=g, dtype=torch.float64))
+
+    def loss_fn(model, x, y):
+        return ((model(x) - y) ** 2).mean()
+
+    def main(mode, out_dir):
+        import distributed as D
+        info = D.init_distributed(timeout_s=60)
+        again = D.init_distributed(timeout_s=60)
+        result = {"info": (info.rank, info.local_rank, info.world_size, str(info.device),
+                           info.backend, info.is_main),
+                  "idempotent": again == info,
+                  "helpers": (D.get_rank(), D.get_world_size(), D.is_main_process())}
+        t = torch.tensor([info.rank + 1.0, 10.0 * (info.rank + 1)])
+        ops = ("mean", "sum", "max", "min")
+        result["reduced"] = {op: D.reduce_tensor(t, op).tolist() for op in ops}
+        result["input_unchanged"] = t.tolist() == [info.rank + 1.0, 10.0 * (info.rank + 1)]
+        result["int_sum"] = D.reduce_tensor(torch.tensor([info.rank + 1]), "sum").tolist()
+        if mode == "full":
+            model = make_model(seed=100 + info.rank)  # ranks differ until DDP broadcasts rank 0's
+            before = [p.detach().clone() for p in model.parameters()]
+            ddp = D.apply_gradient_allreduce(model, bucket_cap_mb=1)
+            result["wrapped"] = type(ddp).__name__
+            result["unwrapped_is_model"] = D.unwrap_model(ddp) is model
+            result["broadcast_changed_params"] = any(
+                not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+            x, y = make_data()
+            half = N_BATCH // info.world_size
+            rows = slice(info.rank * half, (info.rank + 1) * half)
+            loss_fn(ddp, x[rows], y[rows]).backward()
+            result["grads"] = [p.grad.detach().clone() for p in model.parameters()]
+        D.barrier()
+        D.cleanup()
+        result["cleaned_up"] = not torch.distributed.is_initialized()
+        torch.save(result, f"{out_dir}/rank{info.rank}.pt")
+
+    if __name__ == "__main__":
+        main(sys.argv[1], sys.argv[2])
+''')
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def clean_env() -> dict:
+    """os.environ without any launcher variables (so the test machine's own cannot leak in)."""
+    return {k: v for k, v in os.environ.items()
+            if k not in LAUNCHER_VARS and not k.startswith(LAUNCHER_PREFIXES)}
+
+
+def run_two_ranks(tmp_path, rank_env, mode: str) -> list:
+    """Start 2 real processes with the variables ``rank_env(rank, port)`` returns; their results."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = {**clean_env(), **rank_env(rank, port), "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+        procs.append(subprocess.Popen([sys.executable, str(worker), mode, str(tmp_path)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outputs = [p.communicate(timeout=JOB_TIMEOUT_S)[0] for p in procs]
+    finally:
+        for p in procs:  # only reached alive on a timeout: never leave a rank hanging
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for rank, (p, out) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{out}"
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+
+
+def torchrun_env(rank, port):
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+@pytest.fixture(scope="module")
+def torchrun_job(tmp_path_factory):
+    return run_two_ranks(tmp_path_factory.mktemp("torchrun_job"), torchrun_env, "full")
+
+
+# ----------------------------------------------------------------------- real 2-rank jobs
+
+def test_ddp_gradients_equal_single_process_full_batch(torchrun_job, tmp_path):
+    """2 ranks x half the batch through apply_gradient_allreduce == 1 process x whole batch."""
+    (tmp_path / "w.py").write_text(WORKER)
+    w = runpy.run_path(str(tmp_path / "w.py"))
+    model = w["make_model"](seed=100)
+    x, y = w["make_data"]()
+    w["loss_fn"](model, x, y).backward()
+    reference = [p.grad for p in model.parameters()]
+
+    for rank, result in enumerate(torchrun_job):
+        assert result["wrapped"] == "DistributedDataParallel"
+        assert result["unwrapped_is_model"]
+        assert len(result["grads"]) == len(reference)
+        for got, want in zip(result["grads"], reference):
+            assert got.shape == want.shape
+            assert (got - want).abs().max().item() < 1e-6, f"rank {rank}"
+    assert not torchrun_job[0]["broadcast_changed_params"]  # rank 0's weights are the source
+    assert torchrun_job[1]["broadcast_changed_params"]      # rank 1 received them
+
+
+def test_init_distributed_in_two_real_processes(torchrun_job):
+    for rank, result in enumerate(torchrun_job):
+        assert result["info"] == (rank, rank, 2, "cpu", "gloo", rank == 0)
+        assert result["helpers"] == (rank, 2, rank == 0)
+        assert result["idempotent"]
+        assert result["cleaned_up"]
+
+
+def test_reduce_tensor_over_two_ranks(torchrun_job):
+    for result in torchrun_job:
+        assert result["reduced"] == {"mean": [1.5, 15.0], "sum": [3.0, 30.0],
+                                     "max": [2.0, 20.0], "min": [1.0, 10.0]}
+        assert result["input_unchanged"]
+        assert result["int_sum"] == [3]
+
+
+def test_real_init_from_slurm_and_openmpi_variables(tmp_path):
+    """Rank 0 is placed by SLURM's variables, rank 1 by OpenMPI's: both must agree on the job."""
+    def mixed_env(rank, port):
+        if rank == 0:
+            return {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2",
+                    "SLURM_JOB_ID": "4242", "SLURM_NODELIST": "127.0.0.[1]",  # -> 127.0.0.1
+                    "MASTER_PORT": str(port)}
+        return {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                "OMPI_COMM_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    results = run_two_ranks(tmp_path, mixed_env, "init")
+    assert [r["info"] for r in results] == [(0, 0, 2, "cpu", "gloo", True),
+                                            (1, 1, 2, "cpu", "gloo", False)]
+    assert results[0]["reduced"]["sum"] == results[1]["reduced"]["sum"] == [3.0, 30.0]
+
+
+# ----------------------------------------------------------------------- single process
+
+@pytest.fixture
+def no_launcher(monkeypatch):
+    for key in list(os.environ):
+        if key in LAUNCHER_VARS or key.startswith(LAUNCHER_PREFIXES):
+            monkeypatch.delenv(key)
+
+
+def test_single_process_without_launcher(no_launcher):
+    info = D.init_distributed()
+    assert (info.rank, info.local_rank, info.world_size, info.backend) == (0, 0, 1, None)
+    assert info.is_main and not info.is_distributed
+    assert info.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert not torch.distributed.is_initialized()
+    assert (D.get_rank(), D.get_world_size(), D.is_main_process()) == (0, 1, True)
+    D.barrier()
+    D.cleanup()
+    assert "RANK" not in os.environ
+
+
+def test_single_process_helpers_are_identities(no_launcher):
+    t = torch.tensor([1.0, -2.0], requires_grad=True)
+    for op in ("mean", "sum", "max", "min"):
+        out = D.reduce_tensor(t, op)
+        assert torch.equal(out, t.detach()) and out is not t
+        assert not out.requires_grad and out.data_ptr() != t.data_ptr()
+    model = nn.Linear(2, 2)
+    assert D.apply_gradient_allreduce(model) is model
+    assert D.unwrap_model(model) is model
+    assert D.unwrap_model(torch.compile(model)) is model  # compile is lazy: nothing is built here
+
+
+def test_reduce_tensor_rejects_bad_input():
+    with pytest.raises(ValueError, match="unknown op 'avg'"):
+        D.reduce_tensor(torch.ones(2), "avg")
+    with pytest.raises(TypeError, match="floating-point"):
+        D.reduce_tensor(torch.ones(2, dtype=torch.int64), "mean")
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        D.reduce_tensor([1.0, 2.0], "sum")
+
+
+def test_init_distributed_rejects_bad_timeout(no_launcher):
+    with pytest.raises(ValueError, match="timeout_s"):
+        D.init_distributed(timeout_s=0)
+
+
+# ----------------------------------------------------------------------- launcher parsing
+
+def test_detect_torchrun():
+    env = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1",
+           "MASTER_PORT": "29400", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}  # torchrun wins
+    assert D.detect_launcher_env(env) == {"launcher": "torchrun", "rank": 3, "local_rank": 1,
+                                          "world_size": 4, "master_addr": "10.0.0.1",
+                                          "master_port": 29400}
+
+
+def test_detect_slurm_with_nodelist_expansion():
+    env = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "123456",
+           "SLURM_NODELIST": "gpu[003-005],gpu010"}
+    got = D.detect_launcher_env(env, use_scontrol=False)
+    assert got == {"launcher": "slurm", "rank": 5, "local_rank": 1, "world_size": 8,
+                   "master_addr": "gpu003", "master_port": 15000 + 123456 % 20000}
+    # the step's node list wins over the job's; MASTER_ADDR / MASTER_PORT override both
+    env["SLURM_STEP_NODELIST"] = "node[07,01-02]"
+    assert D.detect_launcher_env(env, use_scontrol=False)["master_addr"] == "node07"
+    env.update(MASTER_ADDR="head", MASTER_PORT="31000")
+    got = D.detect_launcher_env(env, use_scontrol=False)
+    assert (got["master_addr"], got["master_port"]) == ("head", 31000)
+
+
+def test_detect_openmpi():
+    env = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+           "OMPI_COMM_WORLD_SIZE": "4", "MASTER_ADDR": "h0", "MASTER_PORT": "29500"}
+    assert D.detect_launcher_env(env) == {"launcher": "openmpi", "rank": 2, "local_rank": 0,
+                                          "world_size": 4, "master_addr": "h0",
+                                          "master_port": 29500}
+    del env["MASTER_ADDR"]
+    with pytest.raises(ValueError, match="OpenMPI launch needs MASTER_ADDR and MASTER_PORT"):
+        D.detect_launcher_env(env)
+
+
+def test_detect_none():
+    assert D.detect_launcher_env({"PATH": "/bin"}) == {
+        "launcher": "none", "rank": 0, "local_rank": 0, "world_size": 1,
+        "master_addr": None, "master_port": None}
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"RANK": "0"}, "WORLD_SIZE is not set"),
+    ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not an integer"),
+    ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "rank 2 is outside"),
+    ({"RANK": "0", "WORLD_SIZE": "2"}, "needs MASTER_ADDR and MASTER_PORT"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "70000"}, "1..65535"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, "SLURM_STEP_NODELIST"),
+])
+def test_detect_rejects_bad_environments(env, message):
+    with pytest.raises(ValueError, match=message):
+        D.detect_launcher_env(env, use_scontrol=False)
+
+
+@pytest.mark.parametrize("nodelist, hosts", [
+    ("node01", ["node01"]),
+    ("node[01-04,07]", ["node01", "node02", "node03", "node04", "node07"]),
+    ("gpu[003-005],gpu010", ["gpu003", "gpu004", "gpu005", "gpu010"]),
+    ("a,b[9-11]", ["a", "b9", "b10", "b11"]),
+    ("r[1-2]n[1,3]", ["r1n1", "r1n3", "r2n1", "r2n3"]),
+])
+def test_expand_nodelist(nodelist, hosts):
+    assert D.expand_nodelist(nodelist) == hosts
+
+
+@pytest.mark.parametrize("nodelist", ["", "node[01-02", "node01]", "n[5-3]", "n[a-b]", "a,,b"])
+def test_expand_nodelist_rejects_malformed(nodelist):
+    with pytest.raises(ValueError, match="SLURM node list"):
+        D.expand_nodelist(nodelist)

@@ -1,0 +1,120 @@
+"""Tests of multiproc.py: real launches of 2 CPU processes (gloo) through torchrun's machinery."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import multiproc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MULTIPROC = os.path.join(ROOT, "multiproc.py")
+TIMEOUT_S = 60
+
+# Each rank: join the job via distributed.py, all-reduce its rank, write what it saw to a file.
+SCRIPT = textwrap.dedent('''
+    import json, os, sys, time
+    import torch
+    import distributed as D
+
+    info = D.init_distributed(timeout_s=30)
+    print(f"hello from rank {info.rank} of {info.world_size}", flush=True)
+    print(f"stderr line of rank {info.rank}", file=sys.stderr, flush=True)
+    if "--fail" in sys.argv:
+        if info.rank == 1:
+            raise SystemExit(3)
+        time.sleep(60)  # rank 0 would wait here; the launcher must stop it
+    total = D.reduce_tensor(torch.tensor([float(info.rank)]), "sum").item()
+    out_dir = sys.argv[1]
+    with open(os.path.join(out_dir, f"rank{info.rank}.json"), "w") as f:
+        json.dump({"world_size_env": os.environ["WORLD_SIZE"], "local_rank": info.local_rank,
+                   "rank_sum": total, "argv": sys.argv[1:]}, f)
+    D.cleanup()
+''')
+
+
+def launch(tmp_path, *args):
+    """Run ``python multiproc.py *args`` in tmp_path; returns (CompletedProcess, seconds)."""
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, MULTIPROC, *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    return done, time.monotonic() - start
+
+
+def test_two_ranks_run_and_rank1_logs_to_files(tmp_path):
+    log_dir = tmp_path / "my_logs"  # does not exist yet: multiproc creates it
+    passthrough = ["--nproc-per-node", "7", "--log-dir", "x", "--flag"]  # the script's, not ours
+    done, _ = launch(tmp_path, "--nproc-per-node", "2", "--log-dir", str(log_dir),
+                     "script.py", str(tmp_path), *passthrough)
+    console = done.stdout + done.stderr
+    assert done.returncode == 0, console
+
+    for rank in range(2):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert seen["world_size_env"] == "2"
+        assert seen["local_rank"] == rank
+        assert seen["rank_sum"] == 1.0  # 0 + 1, all-reduced over the two processes
+        assert seen["argv"] == [str(tmp_path), *passthrough]
+
+    assert f"multiproc: 2 processes (world size 2), logs of ranks 1.. in {log_dir}" in done.stdout
+    assert "hello from rank 0 of 2" in done.stdout
+    assert "of rank 1" not in console and "rank 1 of 2" not in console  # rank 1: files only
+    assert "hello from rank 1 of 2" in (log_dir / "rank_1.stdout.log").read_text()
+    assert "stderr line of rank 1" in (log_dir / "rank_1.stderr.log").read_text()
+    assert not (log_dir / "rank_0.stdout.log").exists()
+
+
+def test_failing_rank_stops_the_job_and_is_named(tmp_path):
+    done, elapsed = launch(tmp_path, "--nproc-per-node", "2", "--log-dir", "logs",
+                           "script.py", str(tmp_path), "--fail")
+    assert done.returncode == 3, done.stdout + done.stderr  # the failed rank's exit code
+    assert elapsed < 30, f"took {elapsed:.1f}s: rank 0 was not stopped promptly"
+    log = os.path.join("logs", "rank_1.stderr.log")
+    assert f"multiproc: rank 1 failed (exit code 3); its log: {log}" in done.stderr
+    assert "multiproc: rank 0 failed" not in done.stderr  # rank 0 was stopped, not a cause
+    assert "stderr line of rank 1" in (tmp_path / log).read_text()
+
+
+def test_missing_script_is_one_line_and_exit_2(tmp_path):
+    done, _ = launch(tmp_path, "--nproc-per-node", "2", "no_such_script.py", "--x")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "multiproc: ERROR: training script not found: no_such_script.py"]
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nproc-per-node", "0", "t.py"], "--nproc-per-node must be >= 1, got 0"),
+    (["--nnodes", "2", "--node-rank", "0", "t.py"], "--nnodes > 1 needs --master-addr"),
+    (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "t.py"], "must be in 0..1"),
+    (["--max-restarts", "-1", "t.py"], "--max-restarts must be >= 0"),
+    (["--bogus", "t.py"], "unrecognized arguments: --bogus"),
+])
+def test_bad_options_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        multiproc.main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("multiproc: ERROR: ") and message in err[0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_more_processes_than_gpus_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        multiproc.main(["--nproc-per-node", str(torch.cuda.device_count() + 1), "t.py"])
+    assert exit_info.value.code == 2
+    assert "GPU(s) are visible" in capsys.readouterr().err

@@ -1,0 +1,116 @@
+"""The text front end: cleaners, number spelling, the symbol table and id conversion."""
+
+import warnings
+
+import pytest
+
+from utils.text import sequence_to_text, text_to_sequence
+from utils.text.cleaners import basic_cleaners, clean_text, english_cleaners, transliteration_cleaners
+from utils.text.numbers import normalize_numbers
+from utils.text.symbols import ARPABET, symbol_to_id, symbols
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("$3.50", "three dollars, fifty cents"),
+    ("$1", "one dollar"),
+    ("$0.01", "one cent"),
+    ("$2.00", "two dollars"),
+    ("$1,250", "one thousand, two hundred fifty dollars"),  # inflect keeps its group comma
+    ("£12", "twelve pounds"),
+    ("1,000,000 people", "one million people"),
+    ("3.14", "three point one four"),
+    ("42", "forty-two"),
+    ("105", "one hundred five"),
+])
+def test_numbers_amounts_and_decimals(text, expected):
+    assert english_cleaners(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("1st", "first"), ("2nd", "second"), ("3rd", "third"), ("4th", "fourth"), ("22nd", "twenty-second"),
+    ("101st", "one hundred first"),
+])
+def test_ordinals(text, expected):
+    assert english_cleaners(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("1984", "nineteen eighty-four"), ("1905", "nineteen oh five"), ("1900", "nineteen hundred"),
+    ("2000", "two thousand"), ("2005", "two thousand five"), ("2019", "twenty nineteen"),
+    ("1000", "one thousand"), ("3000", "three thousand"),
+])
+def test_years_read_like_nvidia(text, expected):
+    assert normalize_numbers(text) == expected
+
+
+def test_abbreviations_expand_case_insensitively():
+    text = ("Mr. and Mrs. Smith met Dr. Jones, Drs. Lee, St. Paul, Jr., Maj. Gen. Rev. Lt. Hon. Sgt. Capt. "
+            "Esq. Ltd. Co. Col. Ft. Worth")
+    assert english_cleaners(text) == (
+        "mister and misess smith met doctor jones, doctors lee, saint paul, junior, major general reverend "
+        "lieutenant honorable sergeant captain esquire limited company colonel fort worth")
+
+
+def test_abbreviation_needs_whole_word_and_full_stop():
+    # "doctor" is not followed by "." after "dr", "first" contains "st" but not as a word.
+    assert english_cleaners("the doctor went first.") == "the doctor went first."
+    assert english_cleaners("Dr Who") == "dr who"
+
+
+def test_full_english_pipeline():
+    text = "  Dr. Smith\tpaid $3.50 on the 2nd of May,\n1984 at Café Ünïcode.  "
+    assert english_cleaners(text).strip() == (
+        "doctor smith paid three dollars, fifty cents on the second of may, nineteen eighty-four at "
+        "cafe unicode.")
+
+
+def test_other_cleaners():
+    assert basic_cleaners("Hello   WORLD\n") == "hello world "
+    assert transliteration_cleaners("Ça  va") == "ca va"
+    with pytest.raises(ValueError, match="unknown text cleaner 'nope'"):
+        clean_text("x", ["nope"])
+
+
+def test_symbol_table_matches_nvidia():
+    assert len(symbols) == 148
+    assert symbols[0] == "_"
+    assert len(ARPABET) == 84 and ARPABET[0] == "@AA" and "@ZH" in ARPABET
+    assert len(set(symbols)) == len(symbols)
+    for char in "-!'(),.:;? " + "abcxyzABCXYZ":
+        assert char in symbol_to_id
+    # NVIDIA's order: pad, "-", punctuation, letters, ARPAbet.
+    assert symbol_to_id["-"] == 1 and symbol_to_id["A"] == 12 and symbol_to_id["a"] == 38
+
+
+def test_text_to_sequence_round_trip():
+    ids = text_to_sequence("Hello, Dr. Who!")
+    assert all(isinstance(i, int) and 0 < i < len(symbols) for i in ids)
+    assert sequence_to_text(ids) == "hello, doctor who!"
+
+
+def test_inline_arpabet():
+    ids = text_to_sequence("Turn {L EH1 F T} now")
+    assert symbol_to_id["@EH1"] in ids
+    assert sequence_to_text(ids) == "turn {L EH1 F T} now"
+
+
+def test_unknown_character_is_dropped_with_a_warning_naming_it():
+    with pytest.warns(UserWarning, match=r"'/'"):
+        ids = text_to_sequence("a/b")
+    assert sequence_to_text(ids) == "ab"
+    with pytest.warns(UserWarning, match="'é'"):
+        ids = text_to_sequence("né", ["basic_cleaners"])
+    assert sequence_to_text(ids) == "n"
+    with pytest.warns(UserWarning, match="@XX"):
+        assert text_to_sequence("{XX}") == []
+
+
+def test_known_text_gives_no_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        text_to_sequence("It cost $5, i.e. 500 cents; fine?")
+
+
+def test_sequence_to_text_rejects_bad_ids():
+    with pytest.raises(ValueError, match="id 500"):
+        sequence_to_text([5, 500])

@@ -1,0 +1,103 @@
+"""WaveGlow: exact invertibility, the likelihood formula, learning, and inference shapes."""
+
+import math
+
+import pytest
+import torch
+
+from model import MODELS, WaveGlow, WaveGlowConfig, WaveGlowLoss
+from modules.waveglow import WN, Invertible1x1Conv
+
+TINY = WaveGlowConfig(n_flows=4, n_group=8, n_early_every=2, n_early_size=2, wn_layers=2, wn_channels=16)
+
+
+def make_model(cfg=TINY, dtype=torch.float64, perturb=True):
+    torch.manual_seed(0)
+    model = WaveGlow(cfg, n_mels=10, hop_length=16, win_length=64).to(dtype)
+    if perturb:  # the zero-initialised last layers make every coupling the identity; leave that state
+        with torch.no_grad():
+            for wn in model.flows:
+                wn.end.weight.normal_(0, 0.05)
+                wn.end.bias.normal_(0, 0.05)
+    return model
+
+
+def make_batch(batch=2, frames=12, dtype=torch.float64):
+    torch.manual_seed(1)
+    return {"mel": torch.randn(batch, 10, frames, dtype=dtype),
+            "audio": 0.5 * torch.randn(batch, frames * 16, dtype=dtype).clamp(-1.9, 1.9) / 2}
+
+
+def test_reverse_inverts_forward():
+    model = make_model()
+    batch = make_batch()
+    z, log_s, log_det = model(batch)
+    assert z.shape == (2, 8, 12 * 16 // 8)
+    assert len(log_s) == len(log_det) == TINY.n_flows
+    restored = model.reverse(batch["mel"], z)
+    assert torch.allclose(restored, batch["audio"], atol=1e-9), (restored - batch["audio"]).abs().max()
+
+
+def test_invertible_conv_inverse_and_log_determinant():
+    torch.manual_seed(0)
+    conv = Invertible1x1Conv(6).double()
+    with torch.no_grad():
+        conv.weight.add_(0.3 * torch.randn(6, 6, dtype=torch.float64))
+    z = torch.randn(3, 6, 5, dtype=torch.float64)
+    y, log_det = conv(z)
+    assert torch.allclose(conv.inverse(y), z, atol=1e-10)
+    expected = 3 * 5 * math.log(abs(torch.linalg.det(conv.weight).item()))
+    assert log_det.item() == pytest.approx(expected, rel=1e-9)
+
+
+def test_wn_rejects_even_kernel():
+    with pytest.raises(ValueError, match="kernel_size must be odd"):
+        WN(4, 10, 2, 8, kernel_size=4)
+
+
+def test_loss_matches_the_gaussian_negative_log_likelihood():
+    model = make_model(perturb=False)  # couplings are the identity at initialisation: log s = 0
+    batch = make_batch()
+    outputs = model(batch)
+    z, log_s, log_det = outputs
+    assert all(torch.count_nonzero(ls) == 0 for ls in log_s)
+    sigma = 0.7
+    expected = ((z ** 2).sum() / (2 * sigma ** 2) - sum(log_det)) / z.numel()
+    assert WaveGlowLoss(sigma)(outputs, batch).item() == pytest.approx(expected.item(), rel=1e-9)
+    # An orthogonal 1x1 conv preserves the norm, so z carries the audio's energy.
+    assert (z ** 2).sum().item() == pytest.approx((batch["audio"] ** 2).sum().item(), rel=1e-6)
+
+
+def test_a_few_adam_steps_lower_the_loss():
+    model = make_model(dtype=torch.float32, perturb=False)
+    batch = make_batch(dtype=torch.float32)
+    criterion = WaveGlowLoss(1.0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(15):
+        loss = criterion(model(batch), batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.05, losses
+
+
+def test_infer_gives_audio_of_frames_times_hop_in_range():
+    model = make_model(dtype=torch.float32)
+    audio = model.infer(torch.randn(1, 10, 9), sigma=0.6)
+    assert audio.shape == (1, 9 * 16)
+    assert audio.abs().max() <= 1.0 and torch.isfinite(audio).all()
+
+
+def test_bad_configs_are_refused():
+    with pytest.raises(ValueError, match="n_group must be even"):
+        WaveGlow(WaveGlowConfig(n_group=7), 10, 16, 64)
+    with pytest.raises(ValueError, match="leave 0 channels"):
+        WaveGlow(WaveGlowConfig(n_flows=12, n_group=8, n_early_every=2, n_early_size=2), 10, 16, 64)
+
+
+def test_registered_with_the_contract():
+    spec = MODELS["waveglow"]
+    assert spec.config_cls is WaveGlowConfig
+    assert spec.count_items({"audio": torch.zeros(3, 100)}) == 300

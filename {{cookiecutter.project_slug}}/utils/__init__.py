@@ -1,0 +1,1 @@
+"""Shared helpers: configuration, audio processing and data loading."""

@@ -1,0 +1,201 @@
+"""Audio features: log-mel spectrograms, their Griffin-Lim inversion, and writing wav files.
+
+The mel recipe follows NVIDIA's Tacotron2/WaveGlow reference (``stft.py`` / ``layers.py``): a magnitude
+STFT with a periodic Hann window, reflect padding of ``(n_fft - hop_length) // 2`` samples on both sides
+and ``center=False``, a Slaney-style mel filterbank from librosa, and ``log(clamp(mel, 1e-5))``
+compression. Mels made here therefore match mels made by NVIDIA's code for the same settings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Union
+
+import librosa
+import numpy as np
+import soundfile as sf
+import torch
+from torch import nn
+
+from utils.config import AudioConfig
+
+ArrayLike = Union[torch.Tensor, np.ndarray]
+
+
+def dynamic_range_compression(x: torch.Tensor, C: float = 1.0, clip_val: float = 1e-5) -> torch.Tensor:
+    """Log-compress a magnitude spectrogram: ``log(clamp(x, min=clip_val) * C)``.
+
+    NVIDIA Tacotron2 reference (``audio_processing.dynamic_range_compression``). Any shape; values of
+    ``x`` are linear magnitudes (>= 0). The floor ``clip_val`` keeps silence at ``log(1e-5) ~ -11.5``.
+    """
+    return torch.log(torch.clamp(x, min=clip_val) * C)
+
+
+def dynamic_range_decompression(x: torch.Tensor, C: float = 1.0) -> torch.Tensor:
+    """Undo :func:`dynamic_range_compression`: ``exp(x) / C`` (values below the floor stay at the floor).
+
+    NVIDIA Tacotron2 reference (``audio_processing.dynamic_range_decompression``). Any shape.
+    """
+    return torch.exp(x) / C
+
+
+class MelSpectrogram(nn.Module):
+    """Waveform -> log-mel spectrogram, framed exactly like NVIDIA's Tacotron2/WaveGlow ``TacotronSTFT``.
+
+    Audio ``(B, T)`` or ``(T,)`` float samples in [-1, 1] becomes ``(B, n_mels, frames)`` or
+    ``(n_mels, frames)``, with ``frames = (T + 2 * pad - n_fft) // hop_length + 1`` and
+    ``pad = (n_fft - hop_length) // 2`` (about ``T / hop_length`` frames).
+
+    Method (NVIDIA reference): reflect-pad by ``pad`` on both sides, ``torch.stft`` with ``center=False``
+    and a periodic Hann window of ``win_length`` samples, magnitude, project onto a Slaney mel filterbank
+    (``librosa.filters.mel``, ``htk=False``, ``norm="slaney"``), then ``log(clamp(mel, 1e-5))``.
+
+    Args:
+        sampling_rate: Hz.
+        n_fft: FFT size in samples.
+        hop_length: frame shift in samples.
+        win_length: analysis window in samples (<= ``n_fft``).
+        n_mels: number of mel bands.
+        fmin: lowest filter edge in Hz.
+        fmax: highest filter edge in Hz (``None``: ``sampling_rate / 2``).
+
+    Raises:
+        ValueError: a setting is not positive, ``win_length > n_fft``, ``hop_length > n_fft`` or the
+            band edges are not ``0 <= fmin < fmax <= sampling_rate / 2``.
+    """
+
+    def __init__(self, sampling_rate: int, n_fft: int, hop_length: int, win_length: int, n_mels: int,
+                 fmin: float = 0.0, fmax: Optional[float] = None):
+        super().__init__()
+        for name, value in (("sampling_rate", sampling_rate), ("n_fft", n_fft), ("hop_length", hop_length),
+                            ("win_length", win_length), ("n_mels", n_mels)):
+            if value <= 0:
+                raise ValueError(f"MelSpectrogram: {name} must be positive, got {value}")
+        if win_length > n_fft:
+            raise ValueError(f"MelSpectrogram: win_length ({win_length}) must not exceed n_fft ({n_fft})")
+        if hop_length > n_fft:
+            raise ValueError(f"MelSpectrogram: hop_length ({hop_length}) must not exceed n_fft ({n_fft})")
+        if fmax is None:
+            fmax = sampling_rate / 2
+        if not 0 <= fmin < fmax <= sampling_rate / 2:
+            raise ValueError(f"MelSpectrogram: need 0 <= fmin < fmax <= sampling_rate/2, got fmin={fmin} Hz, "
+                             f"fmax={fmax} Hz, sampling_rate={sampling_rate} Hz")
+        self.sampling_rate = sampling_rate
+        self.n_fft = n_fft
+        self.hop_length = hop_length
+        self.win_length = win_length
+        self.n_mels = n_mels
+        self.fmin = fmin
+        self.fmax = fmax
+        self.pad = (n_fft - hop_length) // 2
+        mel_basis = librosa.filters.mel(sr=sampling_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)
+        # (n_mels, n_fft // 2 + 1)
+        self.register_buffer("mel_basis", torch.from_numpy(mel_basis).float())
+        self.register_buffer("window", torch.hann_window(win_length))
+
+    @classmethod
+    def from_config(cls, audio_cfg: AudioConfig) -> "MelSpectrogram":
+        """Build from the ``audio`` section of the config (see :class:`utils.config.AudioConfig`)."""
+        return cls(sampling_rate=audio_cfg.sampling_rate, n_fft=audio_cfg.n_fft,
+                   hop_length=audio_cfg.hop_length, win_length=audio_cfg.win_length,
+                   n_mels=audio_cfg.n_mels, fmin=audio_cfg.fmin, fmax=audio_cfg.fmax)
+
+    def num_frames(self, num_samples: int) -> int:
+        """Frames produced for ``num_samples`` samples: ``(T + 2 * pad - n_fft) // hop_length + 1``."""
+        return (num_samples + 2 * self.pad - self.n_fft) // self.hop_length + 1
+
+    def forward(self, audio: torch.Tensor) -> torch.Tensor:
+        """Log-mel of ``audio``: ``(B, T)`` -> ``(B, n_mels, frames)``, ``(T,)`` -> ``(n_mels, frames)``.
+
+        Raises:
+            ValueError: ``audio`` is not 1-D or 2-D, is not floating point, or is too short to frame
+                (fewer than ``max(n_fft - 2 * pad, pad + 1)`` samples).
+        """
+        if audio.dim() not in (1, 2):
+            raise ValueError(f"MelSpectrogram expects audio of shape (B, T) or (T,), got {tuple(audio.shape)}")
+        if not audio.is_floating_point():
+            raise ValueError(f"MelSpectrogram expects float audio in [-1, 1], got dtype {audio.dtype} "
+                             "(divide integer PCM by max_wav_value first)")
+        min_samples = max(self.n_fft - 2 * self.pad, self.pad + 1)
+        if audio.shape[-1] < min_samples:
+            raise ValueError(f"MelSpectrogram: audio has {audio.shape[-1]} samples, at least {min_samples} "
+                             f"are needed for n_fft={self.n_fft}, hop_length={self.hop_length}")
+        squeeze = audio.dim() == 1
+        batch = audio.unsqueeze(0) if squeeze else audio
+        batch = batch.to(self.window.dtype)
+        # F.pad's reflect mode wants a channel axis: (B, 1, T).
+        padded = nn.functional.pad(batch.unsqueeze(1), (self.pad, self.pad), mode="reflect").squeeze(1)
+        spec = torch.stft(padded, n_fft=self.n_fft, hop_length=self.hop_length, win_length=self.win_length,
+                          window=self.window, center=False, return_complex=True)
+        magnitude = spec.abs()  # (B, n_fft // 2 + 1, frames)
+        mel = torch.matmul(self.mel_basis, magnitude)  # (B, n_mels, frames)
+        log_mel = dynamic_range_compression(mel)
+        return log_mel.squeeze(0) if squeeze else log_mel
+
+
+def griffin_lim(log_mel: ArrayLike, audio_cfg: AudioConfig, n_iter: int = 60) -> np.ndarray:
+    """Rough waveform from a log-mel spectrogram, for listening checks without a vocoder.
+
+    Undoes the log compression (``exp``) and inverts the mel filterbank and the STFT with
+    ``librosa.feature.inverse.mel_to_audio`` (magnitude spectrogram, ``power=1.0``, the same Slaney filter
+    settings as :class:`MelSpectrogram`, Griffin-Lim phase reconstruction with ``n_iter`` iterations).
+
+    Args:
+        log_mel: ``(n_mels, frames)`` log-mel, tensor (any device) or numpy array.
+        audio_cfg: the settings the mel was made with.
+        n_iter: Griffin-Lim iterations.
+
+    Returns:
+        float32 numpy array ``(samples,)`` at ``audio_cfg.sampling_rate`` Hz, about
+        ``frames * hop_length`` samples (not clipped).
+
+    Raises:
+        ValueError: ``log_mel`` is not 2-D, its first axis is not ``audio_cfg.n_mels``, it holds NaN/inf,
+            or ``n_iter`` < 1.
+    """
+    if isinstance(log_mel, torch.Tensor):
+        log_mel = log_mel.detach().cpu().float().numpy()
+    log_mel = np.asarray(log_mel, dtype=np.float32)
+    if log_mel.ndim != 2 or log_mel.shape[0] != audio_cfg.n_mels:
+        raise ValueError(f"griffin_lim expects a log-mel of shape (n_mels={audio_cfg.n_mels}, frames), "
+                         f"got {log_mel.shape}")
+    if not np.isfinite(log_mel).all():
+        raise ValueError("griffin_lim: the log-mel holds NaN or infinite values")
+    if n_iter < 1:
+        raise ValueError(f"griffin_lim: n_iter must be >= 1, got {n_iter}")
+    mel = dynamic_range_decompression(torch.from_numpy(log_mel)).numpy()
+    audio = librosa.feature.inverse.mel_to_audio(
+        mel, sr=audio_cfg.sampling_rate, n_fft=audio_cfg.n_fft, hop_length=audio_cfg.hop_length,
+        win_length=audio_cfg.win_length, window="hann", power=1.0, n_iter=n_iter,
+        fmin=audio_cfg.fmin, fmax=audio_cfg.fmax, htk=False)
+    return audio.astype(np.float32)
+
+
+def save_wav(path: Union[str, Path], audio: ArrayLike, sampling_rate: int) -> Path:
+    """Write mono 16-bit PCM wav with soundfile, creating parent folders.
+
+    Args:
+        path: output file.
+        audio: ``(T,)`` float samples in [-1, 1], tensor (any device) or numpy array; values outside
+            are clipped to [-1, 1].
+        sampling_rate: Hz.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ValueError: ``audio`` is not 1-D, is empty, or holds NaN/inf (the message names ``path``).
+    """
+    path = Path(path)
+    if isinstance(audio, torch.Tensor):
+        audio = audio.detach().cpu().float().numpy()
+    audio = np.asarray(audio, dtype=np.float32)
+    if audio.ndim != 1:
+        raise ValueError(f"save_wav {path}: expected mono audio of shape (T,), got {audio.shape}")
+    if audio.size == 0:
+        raise ValueError(f"save_wav {path}: audio is empty")
+    if not np.isfinite(audio).all():
+        raise ValueError(f"save_wav {path}: audio holds NaN or infinite values")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(str(path), np.clip(audio, -1.0, 1.0), sampling_rate, subtype="PCM_16")
+    return path

@@ -1,0 +1,121 @@
+"""Pictures of attention alignments, mel spectrograms and stop gates (PNG files or TensorBoard).
+
+Figures are plain :class:`matplotlib.figure.Figure` objects drawn with the Agg canvas: no GUI backend
+and no pyplot state, so nothing is left open between calls and the functions are safe in DataLoader
+workers or on headless servers. Pass a figure to ``SummaryWriter.add_figure`` or turn it into an array
+with :func:`figure_to_array`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+ArrayLike = Union[torch.Tensor, np.ndarray]
+PathLike = Union[str, Path]
+
+
+def _to_numpy(x: ArrayLike, ndim: int, what: str) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().float().cpu().numpy()
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim != ndim:
+        raise ValueError(f"{what} must be {ndim}-D, got shape {x.shape}")
+    return x
+
+
+def _new_figure(size: tuple[float, float]) -> Figure:
+    figure = Figure(figsize=size)
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _finish(figure: Figure, path: Optional[PathLike]) -> Figure:
+    figure.tight_layout()
+    if path is not None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, format="png")
+    return figure
+
+
+def plot_alignment(alignment: ArrayLike, path: Optional[PathLike] = None, title: Optional[str] = None) -> Figure:
+    """Heat map of attention weights, encoder steps (text) up, decoder steps (frames) across.
+
+    Args:
+        alignment: ``(enc_steps, dec_steps)`` weights (a model's ``(T, L)`` alignment transposed).
+        path: save a PNG there (parent folders are created) when given.
+        title: figure title.
+
+    Returns:
+        The figure.
+
+    Raises:
+        ValueError: ``alignment`` is not 2-D.
+    """
+    data = _to_numpy(alignment, 2, "alignment")
+    figure = _new_figure((6, 4))
+    axes = figure.add_subplot()
+    image = axes.imshow(data, aspect="auto", origin="lower", interpolation="none")
+    figure.colorbar(image, ax=axes)
+    axes.set_xlabel("decoder step")
+    axes.set_ylabel("encoder step")
+    if title:
+        axes.set_title(title)
+    return _finish(figure, path)
+
+
+def plot_spectrogram(mel: ArrayLike, path: Optional[PathLike] = None, title: Optional[str] = None) -> Figure:
+    """Image of a log-mel spectrogram ``(n_mels, frames)``, low bands at the bottom.
+
+    Raises:
+        ValueError: ``mel`` is not 2-D.
+    """
+    data = _to_numpy(mel, 2, "mel spectrogram")
+    figure = _new_figure((8, 3))
+    axes = figure.add_subplot()
+    image = axes.imshow(data, aspect="auto", origin="lower", interpolation="none")
+    figure.colorbar(image, ax=axes)
+    axes.set_xlabel("frame")
+    axes.set_ylabel("mel channel")
+    if title:
+        axes.set_title(title)
+    return _finish(figure, path)
+
+
+def plot_gate(gate_target: ArrayLike, gate_pred: ArrayLike, path: Optional[PathLike] = None,
+              title: Optional[str] = None) -> Figure:
+    """Stop-gate target (0/1) and predicted stop probability ``(frames,)`` over decoder steps.
+
+    Args:
+        gate_target: ``(frames,)`` 0/1 target.
+        gate_pred: ``(frames,)`` predicted probability (apply ``sigmoid`` to logits first).
+
+    Raises:
+        ValueError: either input is not 1-D.
+    """
+    target = _to_numpy(gate_target, 1, "gate_target")
+    pred = _to_numpy(gate_pred, 1, "gate_pred")
+    figure = _new_figure((8, 3))
+    axes = figure.add_subplot()
+    axes.scatter(np.arange(len(target)), target, color="green", marker="+", s=4, label="target")
+    axes.scatter(np.arange(len(pred)), pred, color="red", marker=".", s=4, label="predicted")
+    axes.set_ylim(-0.05, 1.05)
+    axes.set_xlabel("frame")
+    axes.set_ylabel("stop probability")
+    axes.legend(loc="center left")
+    if title:
+        axes.set_title(title)
+    return _finish(figure, path)
+
+
+def figure_to_array(figure: Figure) -> np.ndarray:
+    """Render ``figure`` to an RGB ``uint8`` array ``(H, W, 3)`` (e.g. for ``add_image(..., dataformats="HWC")``)."""
+    canvas = figure.canvas if isinstance(figure.canvas, FigureCanvasAgg) else FigureCanvasAgg(figure)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[:, :, :3].copy()

@@ -1,0 +1,252 @@
+"""Text + mel pairs for Tacotron2: the dataset, its mel cache, and the padding collate function.
+
+Follows NVIDIA's Tacotron2 reference (``data_utils.TextMelLoader`` / ``TextMelCollate``): text is
+cleaned and mapped to symbol ids, the target is the utterance's log-mel, a batch is sorted by text length
+(longest first, as ``pack_padded_sequence`` prefers) and padded, and the stop-gate target is 1 from the
+last real frame on. Mels come from the cache written by ``scripts/preprocess.py``
+(``<dataset_path>/<mel_cache_dir>/<id>.pt``) when it holds the utterance, else they are computed from
+the wav.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pickle
+import warnings
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import soundfile as sf
+import torch
+from torch.utils.data import Dataset
+
+from utils.audio_processing import MelSpectrogram
+from utils.config import AudioConfig, DataConfig
+from utils.data_utils import DataError, Utterance, load_wav
+from utils.text import text_to_sequence
+
+PathLike = Union[str, Path]
+
+CACHE_SETTINGS_FILE = "_audio_config.json"
+"""Name of the file in the mel cache that records the audio settings the mels were made with."""
+
+
+def mel_cache_path(data_cfg: DataConfig) -> Optional[Path]:
+    """``<dataset_path>/<mel_cache_dir>``, or ``None`` when ``mel_cache_dir`` is empty (no cache)."""
+    if not data_cfg.mel_cache_dir:
+        return None
+    return Path(data_cfg.dataset_path) / data_cfg.mel_cache_dir
+
+
+def check_cache_settings(cache_dir: Path, audio_cfg: AudioConfig) -> None:
+    """Raise if ``cache_dir`` records audio settings that differ from ``audio_cfg``.
+
+    ``scripts/preprocess.py`` writes the settings to ``cache_dir / CACHE_SETTINGS_FILE``; a cache without
+    that file (or a missing folder) passes.
+
+    Raises:
+        DataError: the recorded settings differ (the message names the differing keys) or the file is
+            not readable JSON.
+    """
+    settings_file = cache_dir / CACHE_SETTINGS_FILE
+    if not settings_file.is_file():
+        return
+    try:
+        recorded = json.loads(settings_file.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise DataError(f"cannot read mel cache settings {settings_file}: {err}") from None
+    current = dataclasses.asdict(audio_cfg)
+    differing = [f"{key}: cache {recorded.get(key)!r}, config {value!r}"
+                 for key, value in current.items() if recorded.get(key) != value]
+    if differing:
+        raise DataError(f"mel cache {cache_dir} was made with other audio settings ({'; '.join(differing)}); "
+                        "rerun scripts/preprocess.py with --overwrite or change data.mel_cache_dir")
+
+
+class TextMelDataset(Dataset):
+    """Items ``{"text": LongTensor (L,), "mel": FloatTensor (n_mels, T), "id": str}`` for Tacotron2.
+
+    ``text`` holds symbol ids of the cleaned transcript (:func:`utils.text.text_to_sequence`); ``mel`` is
+    the log-mel of the wav (:class:`utils.audio_processing.MelSpectrogram`), read from the mel cache when
+    ``<cache>/<id>.pt`` exists (``torch.load(weights_only=True)``) and computed otherwise.
+
+    Overlong utterances are left out at construction and counted: those whose clip would give more than
+    ``max_mel_frames`` mel frames (computed from the header's length and sample rate with
+    ``soundfile.info``, so no audio is decoded) and those whose cleaned text has more than
+    ``max_text_len`` symbols. The count is :attr:`skipped` (their ids :attr:`skipped_ids`) and a
+    ``UserWarning`` says how many were skipped and why.
+
+    Args:
+        utterances: from :func:`utils.data_utils.load_splits`.
+        audio_cfg: signal settings; ``n_mels`` rows per mel.
+        mel_cache: a :class:`~utils.config.DataConfig` (cache ``<dataset_path>/<mel_cache_dir>``), a
+            folder, or ``None`` (always compute from the wav).
+        text_cleaners: cleaner names for :func:`utils.text.text_to_sequence`.
+        max_mel_frames: skip clips longer than this many frames; ``None``: no limit.
+        max_text_len: skip texts longer than this many symbols; ``None``: no limit (texts are then
+            cleaned lazily, in ``__getitem__``).
+
+    Raises:
+        DataError: an utterance has an empty transcript (the message names its id), a wav header cannot be
+            read, the cache was made with other audio settings, every utterance was skipped, or (in
+            ``__getitem__``) a cached mel is malformed or a text has no symbol left after cleaning.
+        ValueError: ``max_mel_frames`` or ``max_text_len`` < 1.
+    """
+
+    def __init__(self, utterances: Sequence[Utterance], audio_cfg: AudioConfig,
+                 mel_cache: Union[DataConfig, PathLike, None] = None,
+                 text_cleaners: Sequence[str] = ("english_cleaners",), max_mel_frames: Optional[int] = None,
+                 max_text_len: Optional[int] = None):
+        for name, value in (("max_mel_frames", max_mel_frames), ("max_text_len", max_text_len)):
+            if value is not None and value < 1:
+                raise ValueError(f"TextMelDataset: {name} must be >= 1 or None, got {value}")
+        self.audio_cfg = audio_cfg
+        self.text_cleaners = tuple(text_cleaners)
+        self.max_mel_frames = max_mel_frames
+        self.max_text_len = max_text_len
+        self.mel_transform = MelSpectrogram.from_config(audio_cfg)
+        if isinstance(mel_cache, DataConfig):
+            self.cache_dir = mel_cache_path(mel_cache)
+        else:
+            self.cache_dir = None if mel_cache is None else Path(mel_cache)
+        if self.cache_dir is not None:
+            check_cache_settings(self.cache_dir, audio_cfg)
+
+        self.utterances: list[Utterance] = []
+        self._sequences: dict[str, list[int]] = {}
+        self.skipped_ids: list[str] = []
+        too_long_audio = too_long_text = 0
+        for utt in utterances:
+            if not utt.text.strip():
+                raise DataError(f"utterance '{utt.id}' has an empty transcript ({utt.wav_path})")
+            if max_mel_frames is not None and self._estimated_frames(utt) > max_mel_frames:
+                too_long_audio += 1
+                self.skipped_ids.append(utt.id)
+                continue
+            if max_text_len is not None:
+                sequence = self._encode(utt)
+                if len(sequence) > max_text_len:
+                    too_long_text += 1
+                    self.skipped_ids.append(utt.id)
+                    continue
+                self._sequences[utt.id] = sequence
+            self.utterances.append(utt)
+        if self.skipped:
+            reasons = []
+            if too_long_audio:
+                reasons.append(f"{too_long_audio} longer than max_mel_frames={max_mel_frames} mel frames")
+            if too_long_text:
+                reasons.append(f"{too_long_text} with more than max_text_len={max_text_len} symbols")
+            warnings.warn(f"TextMelDataset: skipped {self.skipped} of {len(utterances)} utterances "
+                          f"({'; '.join(reasons)})", stacklevel=2)
+        if not self.utterances:
+            raise DataError(f"TextMelDataset: no utterances left (given {len(utterances)}, skipped {self.skipped})")
+
+    @property
+    def skipped(self) -> int:
+        """Number of utterances left out at construction for being too long."""
+        return len(self.skipped_ids)
+
+    def _estimated_frames(self, utt: Utterance) -> int:
+        """Mel frames the clip will give, from its header: resampled length -> ``MelSpectrogram.num_frames``."""
+        try:
+            info = sf.info(str(utt.wav_path))
+        except (sf.LibsndfileError, RuntimeError) as err:
+            raise DataError(f"cannot read the header of utterance '{utt.id}': {utt.wav_path}: {err}") from None
+        samples = math.ceil(info.frames * self.audio_cfg.sampling_rate / info.samplerate)
+        return self.mel_transform.num_frames(samples)
+
+    def _encode(self, utt: Utterance) -> list[int]:
+        sequence = text_to_sequence(utt.text, self.text_cleaners)
+        if not sequence:
+            raise DataError(f"utterance '{utt.id}': no symbol of the transcript {utt.text!r} is in the symbol table")
+        return sequence
+
+    def load_mel(self, utt: Utterance) -> torch.Tensor:
+        """The log-mel ``(n_mels, T)`` float32 of ``utt``: from the cache if present, else from its wav.
+
+        Raises:
+            DataError: the cached file is not a 2-D float tensor with ``n_mels`` rows, or cannot be loaded.
+        """
+        if self.cache_dir is not None:
+            cached = self.cache_dir / f"{utt.id}.pt"
+            if cached.is_file():
+                try:
+                    mel = torch.load(cached, map_location="cpu", weights_only=True)
+                except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
+                    raise DataError(f"cannot load cached mel of '{utt.id}': {cached}: {err}") from None
+                if (not isinstance(mel, torch.Tensor) or mel.dim() != 2 or not mel.is_floating_point()
+                        or mel.size(0) != self.audio_cfg.n_mels):
+                    got = tuple(mel.shape) if isinstance(mel, torch.Tensor) else type(mel).__name__
+                    raise DataError(f"cached mel of '{utt.id}' ({cached}) should be a float tensor "
+                                    f"({self.audio_cfg.n_mels}, T), got {got}")
+                return mel.float()
+        audio = load_wav(utt.wav_path, self.audio_cfg.sampling_rate)
+        with torch.no_grad():
+            return self.mel_transform(audio)
+
+    def __len__(self) -> int:
+        return len(self.utterances)
+
+    def __getitem__(self, index: int) -> dict:
+        utt = self.utterances[index]
+        sequence = self._sequences.get(utt.id)
+        if sequence is None:
+            sequence = self._encode(utt)
+        return {"text": torch.tensor(sequence, dtype=torch.long), "mel": self.load_mel(utt), "id": utt.id}
+
+
+class TextMelCollate:
+    """Batch :class:`TextMelDataset` items: sort by text length (descending), pad, build gate targets.
+
+    Returns a dict:
+
+    * ``"text"``: ``(B, L_max)`` long, padded with 0 (the ``"_"`` pad symbol);
+    * ``"text_lengths"``: ``(B,)`` long;
+    * ``"mel"``: ``(B, n_mels, T_max)`` float32, padded with zeros;
+    * ``"gate"``: ``(B, T_max)`` float32 stop target: 0 before the last real frame, 1 from it on;
+    * ``"mel_lengths"``: ``(B,)`` long, real frames per item;
+    * ``"ids"``: list of ``B`` utterance ids, in the sorted order.
+
+    Args:
+        pad_to_multiple: ``T_max`` is rounded up to a multiple of this (e.g. ``n_frames_per_step`` or a
+            bucket size that limits the number of distinct shapes).
+
+    Raises:
+        ValueError: ``pad_to_multiple < 1``; (on call) no items, or items whose mels differ in ``n_mels``,
+            or an empty text or mel.
+    """
+
+    def __init__(self, pad_to_multiple: int = 1):
+        if pad_to_multiple < 1:
+            raise ValueError(f"TextMelCollate: pad_to_multiple must be >= 1, got {pad_to_multiple}")
+        self.pad_to_multiple = pad_to_multiple
+
+    def __call__(self, items: Sequence[dict]) -> dict:
+        if not items:
+            raise ValueError("TextMelCollate: empty list of items")
+        n_mels = items[0]["mel"].size(0)
+        for item in items:
+            if item["mel"].dim() != 2 or item["mel"].size(0) != n_mels:
+                raise ValueError(f"TextMelCollate: mel of '{item['id']}' has shape {tuple(item['mel'].shape)}, "
+                                 f"expected ({n_mels}, T)")
+            if item["text"].numel() == 0 or item["mel"].size(1) == 0:
+                raise ValueError(f"TextMelCollate: item '{item['id']}' has an empty text or mel")
+        ordered = sorted(items, key=lambda item: item["text"].numel(), reverse=True)
+        batch = len(ordered)
+        text_lengths = torch.tensor([item["text"].numel() for item in ordered], dtype=torch.long)
+        mel_lengths = torch.tensor([item["mel"].size(1) for item in ordered], dtype=torch.long)
+        max_text = int(text_lengths.max())
+        max_frames = int(mel_lengths.max())
+        max_frames = -(-max_frames // self.pad_to_multiple) * self.pad_to_multiple
+        text = torch.zeros(batch, max_text, dtype=torch.long)
+        mel = torch.zeros(batch, n_mels, max_frames, dtype=torch.float32)
+        gate = torch.zeros(batch, max_frames, dtype=torch.float32)
+        for i, item in enumerate(ordered):
+            text[i, :text_lengths[i]] = item["text"]
+            mel[i, :, :mel_lengths[i]] = item["mel"]
+            gate[i, mel_lengths[i] - 1:] = 1.0
+        return {"text": text, "text_lengths": text_lengths, "mel": mel, "gate": gate,
+                "mel_lengths": mel_lengths, "ids": [item["id"] for item in ordered]}
