@@ -49,6 +49,7 @@ __all__ = [
     "apply_gradient_allreduce",
     "unwrap_model",
     "reduce_tensor",
+    "all_gather_object",
     "is_main_process",
     "get_rank",
     "get_world_size",
@@ -486,3 +487,18 @@ def reduce_tensor(tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
     if op == "mean":
         work /= dist.get_world_size()
     return work.to(tensor.device) if work is not result else result
+
+
+def all_gather_object(obj) -> list:
+    """Every rank's ``obj`` (any picklable value), in rank order, on every rank; ``[obj]`` alone.
+
+    For small, rare exchanges (utterance ids of a bad batch, RNG states for a checkpoint), not for
+    tensors in the hot path. Every rank must call it (it is a collective).
+
+    Source: https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_gather_object
+    """
+    if not _initialized() or dist.get_world_size() == 1:
+        return [obj]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered

@@ -216,7 +216,7 @@ def build_waveglow_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     """Train and validation :class:`AudioMelDataset` (random crops for training, first crop for validation)."""
     train_utts, val_utts = load_splits(cfg.data)
     seg = cfg.waveglow.segment_length
-    return (AudioMelDataset(train_utts, cfg.audio, seg, random_crop=True),
+    return (AudioMelDataset(train_utts, cfg.audio, seg, random_crop=True, seed=cfg.train.seed),
             AudioMelDataset(val_utts, cfg.audio, seg, random_crop=False))
 
 

@@ -62,6 +62,8 @@ class RankLogs(LogsSpecs):
             stem = os.path.join(self._root_log_dir,
                                 f"rank_{rank}" + (f".attempt{attempt}" if attempt else ""))
             dest.error_files[local_rank] = env["TORCHELASTIC_ERROR_FILE"] = stem + ".error.json"
+            if os.path.exists(stem + ".error.json"):  # a stale one would be read as this run's
+                os.remove(stem + ".error.json")
             if rank == "0":  # "" = inherit the launcher's console
                 dest.stdouts[local_rank] = dest.stderrs[local_rank] = ""
             else:
@@ -124,6 +126,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         _fail(f"--master-port must be in 1..65535, got {args.master_port}")
     if args.nnodes > 1 and not args.master_addr:
         _fail("--nnodes > 1 needs --master-addr (the host of node 0)")
+    if os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
+        _fail(f"--log-dir {args.log_dir} exists and is not a directory")
     if not os.path.isfile(args.script):
         _fail(f"training script not found: {args.script}")
     if args.nnodes == 1:
@@ -152,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     config.logs_specs = logs
 
     where = f"node {args.node_rank} of {args.nnodes}, " if args.nnodes > 1 else ""
-    print(f"multiproc: {where}{args.nproc_per_node} processes (world size {world}), "
+    print(f"multiproc: {where}{args.nproc_per_node} process{'es' * (args.nproc_per_node != 1)} "
+          f"(world size {world}), "
           f"logs of ranks 1.. in {os.path.join(args.log_dir, '')}", flush=True)
     try:
         elastic_launch(config=config, entrypoint=entrypoint)(*cmd_args)

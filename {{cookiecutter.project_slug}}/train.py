@@ -6,8 +6,13 @@
 
 The loop knows no model: it takes a :class:`model.ModelSpec` from ``model.MODELS``. Each step reads
 ``grad_accumulation`` micro-batches; DistributedDataParallel all-reduces the gradients (averaged over
-ranks) during the last micro-batch's backward, so every replica takes the same optimizer step. Only
-rank 0 writes: progress bar, TensorBoard, ``metrics.jsonl`` and checkpoints.
+ranks) during the last micro-batch's backward, so every replica takes the same optimizer step. Then one
+small all-reduce per step agrees on the loss, on whether it is finite, and on whether a rank was asked to
+stop (SIGTERM/SIGUSR1). Only rank 0 writes: progress bar, TensorBoard, ``metrics.jsonl``, checkpoints.
+
+A checkpoint holds everything the next step depends on (weights, optimizer, LR schedule, GradScaler,
+step, epoch and position inside it, every rank's RNG states), so ``--resume auto`` continues exactly
+where the run stopped.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import argparse
 import json
 import math
 import random
+import signal
+import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -23,14 +30,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from distributed import apply_gradient_allreduce, cleanup, init_distributed, reduce_tensor, unwrap_model
+from distributed import (all_gather_object, apply_gradient_allreduce, cleanup, init_distributed, reduce_tensor,
+                         unwrap_model)
 from model import MODELS
-from utils.checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
+from utils.checkpoint import (CheckpointError, capture_rng_state, load_checkpoint, load_model_state,
+                              restore_rng_state, save_checkpoint)
 from utils.config import SHARED_SECTIONS, Config, ConfigError, load_config
-from utils.data_utils import DataError
+from utils.data_utils import DataError, ResumableDistributedSampler
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. a non-finite loss with ``train.on_nonfinite=stop``)."""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -49,9 +62,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def config_schemas() -> dict[str, type]:
-    """Section name -> dataclass, for the shared sections and every registered model."""
-    return {**SHARED_SECTIONS, **{name: spec.config_cls for name, spec in MODELS.items()}}
+def load_run_config(args: argparse.Namespace) -> Config:
+    """The config file with ``--tiny``, ``--set``, ``--dataset-path`` and ``--max-steps`` applied."""
+    overrides = list(args.set)
+    if args.dataset_path:
+        overrides.append(f"data.dataset_path={args.dataset_path}")
+    if args.max_steps is not None:
+        overrides.append(f"train.max_steps={args.max_steps}")
+    schemas = {**SHARED_SECTIONS, **{name: spec.config_cls for name, spec in MODELS.items()}}
+    return load_config(args.config, schemas, tiny=args.tiny, overrides=overrides)
 
 
 def setup_precision(precision: str, device: torch.device):
@@ -73,6 +92,20 @@ def setup_precision(precision: str, device: torch.device):
     return autocast, scaler
 
 
+def lr_lambda(cfg: Config):
+    """Multiplier of the base learning rate at a step: linear warm-up, then constant or cosine to 1%."""
+    warmup, total = cfg.train.warmup_steps, cfg.train.max_steps
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if cfg.train.lr_schedule == "cosine":
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+    return factor
+
+
 def to_device(batch: dict, device: torch.device) -> dict:
     """Move every tensor of a batch dict to ``device`` (non-blocking from pinned memory)."""
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
@@ -80,26 +113,56 @@ def to_device(batch: dict, device: torch.device) -> dict:
 
 def make_loader(dataset, spec, cfg: Config, batch_size: int, rank: int, world_size: int, train: bool,
                 device: torch.device) -> DataLoader:
-    """A DataLoader over this rank's shard (DistributedSampler), with workers and pinned memory on CUDA."""
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=train,
-                                 seed=cfg.train.seed, drop_last=train)
+    """A DataLoader over this rank's shard, with workers and pinned memory on CUDA.
+
+    Workers are not persistent: each epoch starts them anew with the dataset's current epoch (random
+    crops are seeded by seed, epoch and index, which is what makes a resumed run exact).
+    """
+    sampler = ResumableDistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=train,
+                                          seed=cfg.train.seed, drop_last=train)
     workers = cfg.data.num_workers
-    generator = torch.Generator().manual_seed(cfg.train.seed + rank)  # per-rank seeds for worker RNG
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                       collate_fn=spec.collate_fn, pin_memory=device.type == "cuda", drop_last=train,
-                      persistent_workers=workers > 0, prefetch_factor=cfg.data.prefetch_factor if workers else None,
-                      generator=generator)
+                      prefetch_factor=cfg.data.prefetch_factor if workers else None)
 
 
 def check_output_dir(path: Path) -> None:
     """Create the output folder and make sure it is writable (before any training time is spent)."""
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write_test"
+        probe = path / f".write_test_{time.time_ns()}"
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
-        raise ConfigError(f"output folder {path} is not writable: {err.strerror}") from None
+        raise ConfigError(f"output folder {path} is not writable: {err.strerror or err}") from None
+
+
+def git_commit() -> str | None:
+    """The project's git commit, when it is a git checkout (provenance for checkpoints)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+class StopRequest:
+    """Remembers a SIGTERM or SIGUSR1 (what SLURM and Kubernetes send before preemption).
+
+    The loop finishes its step, all ranks agree (the flag rides in the per-step all-reduce), rank 0
+    saves a checkpoint, and the run exits cleanly.
+    """
+
+    def __init__(self):
+        self.signal_name: str | None = None
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.signal_name = signal.Signals(signum).name
 
 
 @torch.no_grad()
@@ -122,31 +185,35 @@ def validate(model, criterion, loader, device, autocast, spec, step, writer, out
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    dist = init_distributed()
     try:
-        train(args, dist)
-    except (ConfigError, DataError, CheckpointError) as err:
+        cfg = load_run_config(args)  # before the process group: a bad config fails alone, fast
+    except ConfigError as err:
         print(f"ERROR: {err}", file=sys.stderr)
+        return 1
+    dist = init_distributed(timeout_s=cfg.train.dist_timeout_s)
+    try:
+        train(args, cfg, dist)
+    except (ConfigError, DataError, CheckpointError, TrainingError) as err:
+        print(f"ERROR: rank {dist.rank}: {err}", file=sys.stderr)
+        return 1
+    except torch.distributed.DistBackendError as err:
+        print(f"ERROR: rank {dist.rank}: a collective failed or timed out after {cfg.train.dist_timeout_s:.0f} s "
+              f"(another rank hung or died): {str(err).splitlines()[0]}", file=sys.stderr)
         return 1
     finally:
         cleanup()
     return 0
 
 
-def train(args: argparse.Namespace, dist) -> None:
+def train(args: argparse.Namespace, cfg: Config, dist) -> None:
     rank, world_size, device = dist.rank, dist.world_size, dist.device
     is_main = rank == 0
-    overrides = list(args.set)
-    if args.dataset_path:
-        overrides.append(f"data.dataset_path={args.dataset_path}")
-    if args.max_steps is not None:
-        overrides.append(f"train.max_steps={args.max_steps}")
-    cfg = load_config(args.config, config_schemas(), tiny=args.tiny, overrides=overrides)
     spec = MODELS[args.model]
     model_cfg = cfg.section(args.model)
     output_dir = Path(args.output_dir)
     if is_main:
         check_output_dir(output_dir)
+    stop = StopRequest()
 
     # Same seed everywhere for the weights (DDP also broadcasts rank 0's), then one seed per rank.
     torch.manual_seed(cfg.train.seed)
@@ -160,8 +227,17 @@ def train(args: argparse.Namespace, dist) -> None:
     criterion = spec.build_criterion(cfg)
     optimizer = torch.optim.Adam(model.parameters(), lr=model_cfg.learning_rate,
                                  weight_decay=model_cfg.weight_decay, fused=device.type == "cuda")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
 
-    step, epoch = 0, 0
+    train_set, val_set = spec.build_datasets(cfg)
+    train_loader = make_loader(train_set, spec, cfg, model_cfg.batch_size, rank, world_size, True, device)
+    val_loader = make_loader(val_set, spec, cfg, model_cfg.batch_size, rank, world_size, False, device)
+    if len(train_loader) == 0:
+        raise DataError(f"{len(train_set)} training utterances are too few for batch_size {model_cfg.batch_size} "
+                        f"x {world_size} processes; lower {args.model}.batch_size or add data")
+
+    # --- resume -------------------------------------------------------------------------------
+    step, epoch, batch_in_epoch, skipped_steps = 0, 0, 0, 0
     resume_path = output_dir / "checkpoint_last.pt" if args.resume == "auto" else None
     if args.resume not in ("auto", "none"):
         resume_path = Path(args.resume)
@@ -173,18 +249,19 @@ def train(args: argparse.Namespace, dist) -> None:
             raise CheckpointError(f"{resume_path} holds a '{state.get('model_name')}' model, not '{args.model}'")
         load_model_state(model, state["model"], str(resume_path))
         optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
-        step, epoch = state["step"], state["epoch"]
+        step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        skipped_steps = state.get("skipped_steps", 0)
+        if len(state["rng"]) == world_size:
+            restore_rng_state(state["rng"][rank])
+        elif is_main:
+            print(f"warning: {resume_path} was written by {len(state['rng'])} processes, this run has "
+                  f"{world_size}: random streams restart, so the run will not repeat the original exactly")
         if is_main:
-            print(f"resumed from {resume_path} at step {step}")
+            print(f"resumed from {resume_path} at step {step} (epoch {epoch}, batch {batch_in_epoch})")
 
     model = apply_gradient_allreduce(model)
-    train_set, val_set = spec.build_datasets(cfg)
-    train_loader = make_loader(train_set, spec, cfg, model_cfg.batch_size, rank, world_size, True, device)
-    val_loader = make_loader(val_set, spec, cfg, model_cfg.batch_size, rank, world_size, False, device)
-    if len(train_loader) == 0:
-        raise DataError(f"{len(train_set)} training utterances are too few for batch_size {model_cfg.batch_size} "
-                        f"x {world_size} processes; lower {args.model}.batch_size or add data")
 
     writer = metrics = None
     if is_main:
@@ -197,80 +274,119 @@ def train(args: argparse.Namespace, dist) -> None:
               f"global batch {model_cfg.batch_size * cfg.train.grad_accumulation * world_size}")
 
     def batches():
-        """Endless (epoch, batch) stream; each epoch reshuffles the shards (sampler.set_epoch)."""
-        nonlocal epoch
+        """Endless batch stream; each epoch reshuffles the shards (set_epoch), a resumed one skips ahead."""
+        nonlocal epoch, batch_in_epoch
         while True:
-            train_loader.sampler.set_epoch(epoch)
+            train_loader.sampler.set_epoch(epoch, start=batch_in_epoch * model_cfg.batch_size)
+            if hasattr(train_set, "set_epoch"):
+                train_set.set_epoch(epoch)
             for batch in train_loader:
-                yield epoch, batch
-            epoch += 1
+                batch_in_epoch += 1
+                yield batch
+            epoch, batch_in_epoch = epoch + 1, 0
 
-    def checkpoint():
+    def log_event(kind: str, message: str, ids: list) -> None:
+        """Rank 0: print an anomaly and append it, with the batch's utterance ids, to anomalies.jsonl."""
+        if is_main:
+            progress.write(f"warning: step {step}: {message}; utterances: {', '.join(map(str, ids))}")
+            with open(output_dir / "anomalies.jsonl", "a") as handle:
+                handle.write(json.dumps({"step": step, "kind": kind, "message": message, "ids": ids}) + "\n")
+
+    def checkpoint() -> Path | None:
+        """Every rank hands its RNG state to rank 0, which writes the checkpoint."""
+        rng = all_gather_object(capture_rng_state())
+        if not is_main:
+            return None
         state = {"model": unwrap_model(model).state_dict(), "optimizer": optimizer.state_dict(),
-                 "scaler": scaler.state_dict(), "step": step, "epoch": epoch, "model_name": args.model,
-                 "config": cfg.to_dict(), "torch_version": str(torch.__version__)}
+                 "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "step": step,
+                 "epoch": epoch, "batch_in_epoch": batch_in_epoch, "skipped_steps": skipped_steps, "rng": rng,
+                 "data_seed": cfg.train.seed, "model_name": args.model, "config": cfg.to_dict(),
+                 "torch_version": str(torch.__version__), "git_commit": git_commit()}
         return save_checkpoint(output_dir, state, step, cfg.train.keep_last)
 
     accum = cfg.train.grad_accumulation
     stream = batches()
     progress = tqdm(total=cfg.train.max_steps, initial=step, disable=not is_main, desc="train", unit="step",
                     dynamic_ncols=True)
-    window = {"loss": torch.zeros((), device=device), "items": 0, "steps": 0, "step_time": 0.0, "data_time": 0.0}
+    window = {"loss": 0.0, "good": 0, "items": 0.0, "steps": 0, "step_time": 0.0, "data_time": 0.0}
+    loss_ema, ema_steps = 0.0, 0
     model.train()
     while step < cfg.train.max_steps:
         t_start = time.perf_counter()
-        data_time = 0.0
+        data_time, step_loss, items, ids = 0.0, torch.zeros((), device=device), 0, []
         for micro in range(accum):
             t_data = time.perf_counter()
-            _, batch = next(stream)
+            batch = next(stream)
             data_time += time.perf_counter() - t_data
             batch = to_device(batch, device)
-            last = micro == accum - 1
-            # Skip the gradient all-reduce on all but the last micro-batch of the step.
-            sync = nullcontext() if last or world_size == 1 else model.no_sync()
+            ids += batch.get("ids", [])
+            # DDP all-reduces gradients in the last micro-batch's backward only.
+            sync = nullcontext() if micro == accum - 1 or world_size == 1 else model.no_sync()
             with sync:
                 with autocast():
                     outputs = model(batch)
                     loss = criterion(outputs, batch) / accum
                 scaler.scale(loss).backward()
-            window["loss"] += loss.detach().float()
-            window["items"] += spec.count_items(batch)
-        if cfg.train.grad_clip > 0:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+            step_loss += loss.detach().float()
+            items += spec.count_items(batch)
+        scaler.unscale_(optimizer)  # no-op unless fp16; clipping and the norm need true gradients
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                   cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf)
+        # fp16 overflows in the gradients are the GradScaler's business (it skips and rescales).
+        bad = ~torch.isfinite(step_loss) | (~torch.isfinite(grad_norm) & (not scaler.is_enabled()))
+        agreed = reduce_tensor(torch.stack([step_loss, bad.float(), torch.tensor(
+            float(stop.signal_name is not None), device=device), torch.tensor(float(items), device=device)]),
+            op="sum").tolist()
+        loss_mean, any_bad, stop_asked, items = agreed[0] / world_size, agreed[1] > 0, agreed[2] > 0, agreed[3]
         step += 1
-        if device.type == "cuda" and step % cfg.train.log_interval == 0:
-            torch.cuda.synchronize()
+        if any_bad:
+            all_ids = sum(all_gather_object(ids), [])
+            message = f"non-finite loss or gradient norm (loss {loss_mean}, grad norm {grad_norm.item()})"
+            if cfg.train.on_nonfinite == "stop":
+                last = output_dir / "checkpoint_last.pt"
+                raise TrainingError(f"step {step}: {message}; batch utterances: {', '.join(map(str, all_ids))}; "
+                                    f"last good checkpoint: {last if last.exists() else 'none yet'}")
+            optimizer.zero_grad(set_to_none=True)
+            skipped_steps += 1
+            log_event("nonfinite", f"{message}: step skipped ({skipped_steps} so far)", all_ids)
+        else:
+            if ema_steps >= 20 and cfg.train.spike_factor > 0 and \
+                    loss_mean > loss_ema + (cfg.train.spike_factor - 1) * abs(loss_ema):
+                log_event("spike", f"loss {loss_mean:.4f} is above {cfg.train.spike_factor}x its running mean "
+                                   f"{loss_ema:.4f}", sum(all_gather_object(ids), []))
+            else:
+                loss_ema = loss_mean if ema_steps == 0 else 0.95 * loss_ema + 0.05 * loss_mean
+                ema_steps += 1
+        scaler.step(optimizer)  # after zero_grad (skipped step) there is nothing to apply
+        scaler.update()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
         window["steps"] += 1
+        if not any_bad:
+            window["loss"] += loss_mean
+            window["good"] += 1
+        window["items"] += items
         window["step_time"] += time.perf_counter() - t_start
         window["data_time"] += data_time
         progress.update(1)
 
-        if step % cfg.train.log_interval == 0 or step == cfg.train.max_steps:
-            stats = reduce_tensor(torch.stack([window["loss"] / window["steps"],
-                                               torch.tensor(float(window["items"]), device=device)]), op="sum")
-            loss_mean = stats[0].item() / world_size
+        if is_main and (step % cfg.train.log_interval == 0 or step == cfg.train.max_steps):
             step_time = window["step_time"] / window["steps"]
-            row = {"step": step, "epoch": epoch, "loss": loss_mean, "lr": optimizer.param_groups[0]["lr"],
-                   "items_per_s": stats[1].item() / window["step_time"], "step_time_s": step_time,
-                   "data_time_s": window["data_time"] / window["steps"]}
-            if is_main:
-                if not math.isfinite(loss_mean):
-                    progress.write(f"warning: non-finite loss {loss_mean} at step {step}")
-                if row["data_time_s"] > 0.1 * step_time:
-                    progress.write(f"warning: step {step}: waiting {row['data_time_s']:.3f}s per step for data "
-                                   f"({100 * row['data_time_s'] / step_time:.0f}% of the step); raise "
-                                   "data.num_workers or cache mels (scripts/preprocess.py)")
-                metrics.write(json.dumps(row) + "\n")
-                metrics.flush()
-                for key in ("loss", "lr", "items_per_s", "step_time_s", "data_time_s"):
-                    writer.add_scalar(f"train/{key}", row[key], step)
-                progress.set_postfix(loss=f"{loss_mean:.4f}", items_s=f"{row['items_per_s']:.0f}")
-            window = {"loss": torch.zeros((), device=device), "items": 0, "steps": 0, "step_time": 0.0,
-                      "data_time": 0.0}
+            row = {"step": step, "epoch": epoch, "loss": window["loss"] / window["good"] if window["good"] else math.nan,
+                   "lr": optimizer.param_groups[0]["lr"], "items_per_s": window["items"] / window["step_time"],
+                   "step_time_s": step_time, "data_time_s": window["data_time"] / window["steps"],
+                   "grad_norm": grad_norm.item(), "skipped_steps": skipped_steps}
+            if row["data_time_s"] > 0.1 * step_time:
+                progress.write(f"warning: step {step}: waiting {row['data_time_s']:.3f} s per step for data "
+                               f"({100 * row['data_time_s'] / step_time:.0f}% of the step); raise "
+                               "data.num_workers or cache mels (scripts/preprocess.py)")
+            metrics.write(json.dumps(row) + "\n")
+            metrics.flush()
+            for key in ("loss", "lr", "items_per_s", "step_time_s", "data_time_s", "grad_norm"):
+                writer.add_scalar(f"train/{key}", row[key], step)
+            progress.set_postfix(loss=f"{row['loss']:.4f}", items_s=f"{row['items_per_s']:.0f}")
+        if step % cfg.train.log_interval == 0:
+            window = {"loss": 0.0, "good": 0, "items": 0.0, "steps": 0, "step_time": 0.0, "data_time": 0.0}
 
         if step % cfg.train.val_interval == 0 or step == cfg.train.max_steps:
             val_loss = validate(model, criterion, val_loader, device, autocast, spec, step, writer, output_dir,
@@ -281,15 +397,23 @@ def train(args: argparse.Namespace, dist) -> None:
                     handle.write(json.dumps({"step": step, "epoch": epoch, "val_loss": val_loss}) + "\n")
                 progress.write(f"step {step}: validation loss {val_loss:.4f}")
 
-        if is_main and (step % cfg.train.checkpoint_interval == 0 or step == cfg.train.max_steps):
+        if stop_asked or step % cfg.train.checkpoint_interval == 0 or step == cfg.train.max_steps:
             path = checkpoint()
-            progress.write(f"step {step}: saved {path}")
+            if is_main:
+                progress.write(f"step {step}: saved {path}")
+        if stop_asked:
+            if is_main:
+                progress.write(f"stopped at step {step} on {stop.signal_name or 'another rank’s signal'}; "
+                               f"resume with the same command (--resume auto reads "
+                               f"{output_dir / 'checkpoint_last.pt'})")
+            break
 
     progress.close()
     if is_main:
         metrics.close()
         writer.close()
-        print(f"done: {step} steps; checkpoint {output_dir / 'checkpoint_last.pt'}")
+        if step >= cfg.train.max_steps:
+            print(f"done: {step} steps; checkpoint {output_dir / 'checkpoint_last.pt'}")
 
 
 if __name__ == "__main__":

@@ -234,20 +234,38 @@ def test_dataset_first_segment_when_not_random(tmp_path):
     torch.testing.assert_close(first["mel"], again["mel"])
 
 
-def test_dataset_random_crop_is_a_seeded_slice_of_the_clip(tmp_path):
+def test_dataset_random_crop_is_a_slice_fixed_by_seed_epoch_and_index(tmp_path):
     utts = read_ljspeech(make_ljspeech(tmp_path, 1, lengths=[20000]))
-    dataset = AudioMelDataset(utts, AudioConfig(), SEGMENT, random_crop=True)
+    dataset = AudioMelDataset(utts, AudioConfig(), SEGMENT, random_crop=True, seed=7)
     full = load_wav(utts[0].wav_path, SR)
     starts = []
-    for seed in range(6):
-        torch.manual_seed(seed)
+    for epoch in range(6):
+        dataset.set_epoch(epoch)
+        torch.manual_seed(epoch)  # the global RNG (worker seeds) must not matter
         audio = dataset[0]["audio"]
         start = int(torch.argmin((full - audio[0]).abs()))
         torch.testing.assert_close(audio, full[start:start + SEGMENT])
         starts.append(start)
-    assert len(set(starts)) > 1  # the crop moves
-    torch.manual_seed(3)
-    torch.testing.assert_close(dataset[0]["audio"], full[starts[3]:starts[3] + SEGMENT])  # and is seeded
+    assert len(set(starts)) > 1  # the crop moves from epoch to epoch
+    dataset.set_epoch(3)
+    torch.manual_seed(1000)
+    torch.testing.assert_close(dataset[0]["audio"], full[starts[3]:starts[3] + SEGMENT])  # and is reproducible
+    other = AudioMelDataset(utts, AudioConfig(), SEGMENT, random_crop=True, seed=8)
+    other.set_epoch(3)
+    assert not torch.equal(other[0]["audio"], dataset[0]["audio"])  # the seed matters
+
+
+def test_resumable_sampler_skips_what_was_trained_then_is_whole_again():
+    from utils.data_utils import ResumableDistributedSampler
+    data = list(range(20))
+    full = [list(ResumableDistributedSampler(data, num_replicas=2, rank=r, shuffle=True, seed=3)) for r in (0, 1)]
+    sampler = ResumableDistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=3)
+    sampler.set_epoch(0, start=4)
+    assert len(sampler) == 6
+    assert list(sampler) == full[1][4:]
+    assert list(sampler) == full[1]  # the skip applies to one pass only
+    sampler.set_epoch(1)
+    assert list(sampler) != full[1]  # another epoch, another order
 
 
 def test_dataset_pads_short_clips_with_zeros(tmp_path):

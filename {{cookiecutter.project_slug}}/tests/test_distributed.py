@@ -198,6 +198,25 @@ def test_single_process_without_launcher(no_launcher):
     assert "RANK" not in os.environ
 
 
+def test_world_size_one_from_a_launcher_makes_no_process_group(no_launcher, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")  # e.g. multiproc.py --nproc-per-node 1
+    info = D.init_distributed()
+    assert (info.rank, info.world_size, info.backend) == (0, 1, None)
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_local_rank_beyond_visible_gpus_is_refused(no_launcher, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", str(torch.cuda.device_count()))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with pytest.raises(RuntimeError, match="GPU\\(s\\) are visible"):
+        D.init_distributed()
+
+
 def test_single_process_helpers_are_identities(no_launcher):
     t = torch.tensor([1.0, -2.0], requires_grad=True)
     for op in ("mean", "sum", "max", "min"):

@@ -9,10 +9,12 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import random
 import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)\.pt$")
@@ -119,3 +121,25 @@ def load_model_state(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]
                 parts.append(f"{label}: {', '.join(items[:5])}{more}")
         raise CheckpointError(f"{source} does not fit this model: {'; '.join(parts)}")
     model.load_state_dict(state_dict)
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """This process's random number generator states (Python, NumPy, torch CPU and CUDA) as tensors and
+    primitives, so they load with ``weights_only=True``."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos,
+                                                    has_gauss, cached], "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Put back the generator states of :func:`capture_rng_state`."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])

@@ -67,6 +67,11 @@ class TrainConfig:
     ``precision``: ``fp32`` | ``tf32`` | ``bf16`` | ``fp16`` (fp16 uses a GradScaler).
     ``grad_accumulation``: micro-batches per optimizer step (the effective batch is
     ``batch_size * grad_accumulation * world_size``). ``grad_clip``: max gradient norm, 0 disables.
+    ``lr_schedule``: ``constant`` or ``cosine`` (to 1% at ``max_steps``), after ``warmup_steps`` of linear
+    warm-up. ``on_nonfinite``: what a NaN/inf loss or gradient norm does: ``skip`` the step (counted) or
+    ``stop`` the run. ``spike_factor``: a step loss above ``mean + (factor - 1) * |mean|`` of its running
+    mean is logged with the batch's utterance ids (0 disables). ``dist_timeout_s``: seconds a collective
+    may wait for a hung rank before the run fails.
     """
 
     seed: int = 1234
@@ -74,10 +79,15 @@ class TrainConfig:
     max_steps: int = 500000
     grad_accumulation: int = 1
     grad_clip: float = 0.0
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
     log_interval: int = 10
     val_interval: int = 1000
     checkpoint_interval: int = 1000
     keep_last: int = 5
+    on_nonfinite: str = "skip"
+    spike_factor: float = 3.0
+    dist_timeout_s: float = 600.0
     cudnn_benchmark: bool = True
 
 
@@ -203,9 +213,15 @@ def build_config(raw: Mapping[str, Any], schemas: Mapping[str, type], *, tiny: b
         section, key, value = parse_override(text, schemas)
         values.setdefault(section, {})[key] = value
     sections = {name: cls(**values.get(name, {})) for name, cls in schemas.items()}
-    if sections["train"].precision not in PRECISIONS:
-        raise ConfigError(f"config key 'train.precision' must be one of {', '.join(PRECISIONS)}, "
-                          f"got '{sections['train'].precision}'")
+    train = sections["train"]
+    for key, allowed in (("precision", PRECISIONS), ("lr_schedule", ("constant", "cosine")),
+                         ("on_nonfinite", ("skip", "stop"))):
+        if getattr(train, key) not in allowed:
+            raise ConfigError(f"config key 'train.{key}' must be one of {', '.join(allowed)}, "
+                              f"got '{getattr(train, key)}'")
+    for key in ("max_steps", "grad_accumulation", "log_interval", "val_interval", "checkpoint_interval"):
+        if getattr(train, key) < 1:
+            raise ConfigError(f"config key 'train.{key}' must be >= 1, got {getattr(train, key)}")
     return Config(sections)
 
 

@@ -20,7 +20,7 @@ import librosa
 import numpy as np
 import soundfile as sf
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, DistributedSampler
 
 from utils.audio_processing import MelSpectrogram
 from utils.config import AudioConfig, DataConfig
@@ -226,8 +226,9 @@ class AudioMelDataset(Dataset):
     """Fixed-length audio segments and their log-mels: NVIDIA WaveGlow's ``Mel2Samp`` recipe.
 
     Item ``i`` loads utterance ``i``'s wav (:func:`load_wav`), takes ``segment_length`` samples from it
-    (a random crop drawn with torch's RNG, so DataLoader worker seeding governs it; or the first
-    ``segment_length`` samples when ``random_crop=False``, for a deterministic validation set), pads
+    (a random crop drawn from a generator seeded by ``(seed, epoch, i)``, so a resumed run crops exactly
+    as the uninterrupted one whatever the worker layout; or the first ``segment_length`` samples when
+    ``random_crop=False``, for a deterministic validation set), pads
     clips shorter than that with zeros at the end, and computes the log-mel of the segment with one
     :class:`~utils.audio_processing.MelSpectrogram` built for the dataset.
 
@@ -240,6 +241,7 @@ class AudioMelDataset(Dataset):
         audio_cfg: signal settings (sampling rate, STFT and mel parameters).
         segment_length: samples per item.
         random_crop: random (training) or first-segment (validation) crops.
+        seed: base seed of the crops; :meth:`set_epoch` changes them every epoch.
 
     Raises:
         DataError: ``utterances`` is empty (here) or a wav cannot be loaded (in ``__getitem__``).
@@ -247,13 +249,15 @@ class AudioMelDataset(Dataset):
     """
 
     def __init__(self, utterances: Sequence[Utterance], audio_cfg: AudioConfig, segment_length: int,
-                 random_crop: bool = True):
+                 random_crop: bool = True, seed: int = 0):
         if len(utterances) == 0:
             raise DataError("AudioMelDataset: no utterances given")
         self.utterances = list(utterances)
         self.audio_cfg = audio_cfg
         self.segment_length = segment_length
         self.random_crop = random_crop
+        self.seed = seed
+        self.epoch = 0
         self.mel = MelSpectrogram.from_config(audio_cfg)
         if self.mel.num_frames(segment_length) < 1 or segment_length <= self.mel.pad:
             raise ValueError(f"AudioMelDataset: segment_length={segment_length} samples is too short for "
@@ -262,19 +266,49 @@ class AudioMelDataset(Dataset):
     def __len__(self) -> int:
         return len(self.utterances)
 
+    def set_epoch(self, epoch: int) -> None:
+        """Draw other crops in epoch ``epoch`` (set before the DataLoader's workers start, like the sampler's)."""
+        self.epoch = epoch
+
     def __getitem__(self, index: int) -> dict:
         utt = self.utterances[index]
         audio = load_wav(utt.wav_path, self.audio_cfg.sampling_rate)
         if audio.shape[0] >= self.segment_length:
             start = 0
             if self.random_crop:
-                start = int(torch.randint(0, audio.shape[0] - self.segment_length + 1, (1,)).item())
+                rng = torch.Generator().manual_seed(hash((self.seed, self.epoch, index)) & 0x7FFF_FFFF_FFFF)
+                start = int(torch.randint(0, audio.shape[0] - self.segment_length + 1, (1,), generator=rng).item())
             audio = audio[start:start + self.segment_length]
         else:
             audio = torch.nn.functional.pad(audio, (0, self.segment_length - audio.shape[0]))
         with torch.no_grad():
             mel = self.mel(audio)
         return {"mel": mel, "audio": audio, "id": utt.id}
+
+
+class ResumableDistributedSampler(DistributedSampler):
+    """A :class:`~torch.utils.data.DistributedSampler` that can start an epoch part-way through.
+
+    ``set_epoch(epoch, start=k)`` makes the next pass skip this rank's first ``k`` samples of that epoch's
+    order (the ones a resumed run already trained on); the pass after it is whole again. The order itself
+    is the parent's: shuffled by ``seed + epoch``, split across ranks.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        super().set_epoch(epoch)
+        self.start = start
+
+    def __iter__(self):
+        indices = list(super().__iter__())[self.start:]
+        self.start = 0
+        return iter(indices)
+
+    def __len__(self) -> int:
+        return max(0, self.num_samples - self.start)
 
 
 def collate_audio_mel(items: Sequence[dict]) -> dict:

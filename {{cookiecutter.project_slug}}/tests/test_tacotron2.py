@@ -1,0 +1,335 @@
+"""Tacotron2: model size and shapes, loss and masking, inference stopping, data pipeline, preprocessing."""
+
+import dataclasses
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+import model
+from model import (MODELS, Tacotron2, Tacotron2Config, Tacotron2Loss, build_tacotron2_datasets,
+                   log_tacotron2_validation, tacotron2_count_items)
+from modules.layers import ConvNorm
+from scripts import preprocess
+from utils.audio_processing import MelSpectrogram
+from utils.config import SHARED_SECTIONS, AudioConfig, DataConfig, build_config
+from utils.data_utils import DataError, Utterance, read_ljspeech
+from utils.plotting import figure_to_array, plot_alignment
+from utils.text_mel_data import TextMelCollate, TextMelDataset
+
+N_MELS = 12
+TINY = dict(symbols_embedding_dim=32, encoder_embedding_dim=32, encoder_n_convolutions=2, encoder_kernel_size=5,
+            attention_rnn_dim=48, attention_dim=16, attention_location_n_filters=4,
+            attention_location_kernel_size=7, decoder_rnn_dim=48, prenet_dim=16, postnet_embedding_dim=16,
+            postnet_n_convolutions=3, max_decoder_steps=50)
+AUDIO = AudioConfig(sampling_rate=8000, n_fft=256, hop_length=64, win_length=256, n_mels=N_MELS, fmin=0.0,
+                    fmax=4000.0)
+
+
+def tiny_model(**overrides) -> Tacotron2:
+    torch.manual_seed(0)
+    return Tacotron2(Tacotron2Config(**{**TINY, **overrides}), N_MELS)
+
+
+def make_item(utt_id: str, text_len: int, frames: int, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    # A smooth, learnable target: low-frequency curves per channel.
+    t = torch.linspace(0, 1, frames)
+    phase = torch.rand(N_MELS, 1, generator=g) * 6
+    return {"text": torch.randint(1, 148, (text_len,), generator=g),
+            "mel": torch.sin(3 * t + phase) - 2.0, "id": utt_id}
+
+
+def tiny_batch(pad_to_multiple: int = 1) -> dict:
+    return TextMelCollate(pad_to_multiple)([make_item("short", 6, 14, 1), make_item("long", 9, 20, 2)])
+
+
+def write_corpus(root: Path, durations: dict, sampling_rate: int = 8000) -> Path:
+    """LJSpeech layout: metadata.csv (id|raw|normalized) and wavs/<id>.wav of sine + noise."""
+    (root / "wavs").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    lines = []
+    for i, (utt_id, seconds) in enumerate(durations.items()):
+        t = np.arange(int(seconds * sampling_rate)) / sampling_rate
+        audio = 0.3 * np.sin(2 * np.pi * (200 + 50 * i) * t) + 0.01 * rng.standard_normal(t.size)
+        sf.write(root / "wavs" / f"{utt_id}.wav", audio.astype(np.float32), sampling_rate, subtype="PCM_16")
+        lines.append(f"{utt_id}|Utterance number {i + 1}.|Utterance number {i + 1}.")
+    (root / "metadata.csv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_default_parameter_count_matches_nvidia():
+    net = Tacotron2(Tacotron2Config(), 80)
+    count = sum(p.numel() for p in net.parameters())
+    lstm = lambda i, h: 4 * h * (i + h) + 8 * h  # noqa: E731  (weights + two biases)
+    conv = lambda i, o, k, bias=True: i * o * k + (o if bias else 0)  # noqa: E731
+    expected = (148 * 512                                                          # embedding
+                + 3 * (conv(512, 512, 5) + 2 * 512) + 2 * lstm(512, 256)             # encoder
+                + 80 * 256 + 256 * 256                                               # prenet, no bias
+                + lstm(256 + 512, 1024) + lstm(1024 + 512, 1024)                     # two LSTM cells
+                + 1024 * 128 + 512 * 128 + 128 + conv(2, 32, 31, False) + 32 * 128   # attention
+                + (1536 * 80 + 80) + (1536 + 1)                                      # mel and gate
+                + conv(80, 512, 5) + 1024 + 3 * (conv(512, 512, 5) + 1024)           # postnet
+                + conv(512, 80, 5) + 160)
+    assert count == expected == 28_193_153
+    assert abs(count - 28_193_458) / 28_193_458 < 0.005  # NVIDIA's quoted figure, 28.2 M
+
+
+def test_forward_shapes_and_padding_mask():
+    net = tiny_model()
+    batch = tiny_batch()
+    out = net(batch)
+    assert out["mel"].shape == out["mel_postnet"].shape == (2, N_MELS, 20)
+    assert out["gate"].shape == (2, 20)
+    assert out["alignments"].shape == (2, 20, 9)
+    # Sorted longest text first: item 1 is "short" with 14 frames and 6 symbols.
+    assert batch["ids"] == ["long", "short"]
+    assert torch.all(out["mel"][1, :, 14:] == 0) and torch.all(out["mel_postnet"][1, :, 14:] == 0)
+    assert torch.all(out["gate"][1, 14:] == 1e3)
+    assert torch.allclose(out["alignments"].sum(-1), torch.ones(2, 20), atol=1e-5)
+    assert torch.all(out["alignments"][1, :, 6:] < 1e-6)  # no attention on padded text
+
+
+def test_every_parameter_gets_a_gradient():
+    net = tiny_model()
+    batch = tiny_batch()
+    Tacotron2Loss()(net(batch), batch).backward()
+    missing = [name for name, p in net.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert missing == []  # DDP needs every parameter in every step
+
+
+def test_loss_is_finite_and_decreases_when_overfitting():
+    net = tiny_model()
+    batch = tiny_batch()
+    criterion = Tacotron2Loss()
+    optimizer = torch.optim.Adam(net.parameters(), lr=5e-3)
+    losses = []
+    for _ in range(20):
+        loss = criterion(net(batch), batch)
+        assert torch.isfinite(loss)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert set(criterion.last_terms) == {"mel", "mel_postnet", "gate"}
+    assert np.mean(losses[-3:]) < 0.5 * np.mean(losses[:3]), losses
+
+
+def test_padding_frames_and_symbols_do_not_change_loss():
+    net = tiny_model().eval()
+    net.decoder.prenet.dropout = 0.0  # the pre-net is stochastic even in eval mode
+    criterion = Tacotron2Loss()
+    batch = tiny_batch()
+    padded = tiny_batch(pad_to_multiple=16)  # 20 -> 32 frames
+    padded["text"] = torch.cat([padded["text"], torch.zeros(2, 4, dtype=torch.long)], dim=1)  # 4 extra pads
+    assert padded["mel"].shape[2] == 32
+    with torch.no_grad():
+        out, out_padded = net(batch), net(padded)
+        loss, loss_padded = criterion(out, batch), criterion(out_padded, padded)
+    assert torch.allclose(loss, loss_padded, atol=1e-5)
+    assert torch.allclose(out["mel_postnet"], out_padded["mel_postnet"][:, :, :20], atol=1e-5)
+
+
+def test_loss_ignores_whatever_is_in_padded_frames():
+    batch = tiny_batch()
+    out = tiny_model()(batch)
+    garbage = {k: v.detach().clone() for k, v in out.items()}
+    garbage["mel"][1, :, 14:] = 123.0
+    garbage["mel_postnet"][1, :, 14:] = -50.0
+    garbage["gate"][1, 14:] = -30.0
+    criterion = Tacotron2Loss()
+    assert torch.allclose(criterion(out, batch), criterion(garbage, batch))
+    garbage["mel"][1, :, 13] += 1.0  # the last real frame does count
+    assert criterion(garbage, batch) > criterion(out, batch)
+
+
+def test_bf16_autocast_forward_backward():
+    net = tiny_model()
+    batch = tiny_batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = Tacotron2Loss()(net(batch), batch)
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in net.parameters())
+
+
+def test_inference_stops_when_the_gate_fires():
+    net = tiny_model().eval()
+    with torch.no_grad():
+        net.decoder.gate_layer.bias.fill_(20.0)  # stop probability ~1 from the first frame
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mel, gate, alignments = net.inference(torch.randint(1, 148, (1, 7)))
+    assert mel.shape == (1, N_MELS, 1) and gate.shape == (1, 1) and alignments.shape == (1, 1, 7)
+
+
+def test_inference_warns_and_stops_at_max_decoder_steps():
+    net = tiny_model(max_decoder_steps=5).eval()
+    with torch.no_grad():
+        net.decoder.gate_layer.bias.fill_(-20.0)  # never stops by itself
+    with pytest.warns(UserWarning, match="max_decoder_steps=5"):
+        mel, gate, alignments = net.inference(torch.randint(1, 148, (1, 7)))
+    assert mel.shape == (1, N_MELS, 5) and gate.shape == (1, 5) and alignments.shape == (1, 5, 7)
+    assert torch.isfinite(mel).all()
+
+
+def test_inference_rejects_bad_input():
+    net = tiny_model().eval()
+    with pytest.raises(ValueError, match="symbol ids of shape"):
+        net.inference(torch.randint(1, 148, (7,)))
+    with pytest.raises(ValueError, match="symbol ids of shape"):
+        net.inference(torch.rand(1, 7))
+
+
+def test_bad_configs_raise():
+    with pytest.raises(ValueError, match="n_symbols"):
+        Tacotron2(Tacotron2Config(**{**TINY, "n_symbols": 10}), N_MELS)
+    with pytest.raises(ValueError, match="odd kernel_size"):
+        ConvNorm(4, 4, kernel_size=4)
+
+
+def test_config_section_loads_and_is_checked():
+    schemas = {**SHARED_SECTIONS, "tacotron2": Tacotron2Config}
+    cfg = build_config({"tacotron2": {"batch_size": 4, "text_cleaners": ["basic_cleaners"]}}, schemas)
+    assert cfg.tacotron2.batch_size == 4 and cfg.tacotron2.text_cleaners == ["basic_cleaners"]
+    assert cfg.tacotron2.n_symbols == 148 and cfg.tacotron2.encoder_embedding_dim == 512
+    with pytest.raises(ValueError, match="text_cleaners"):
+        build_config({"tacotron2": {"text_cleaners": "english_cleaners"}}, schemas)
+    spec = MODELS["tacotron2"]
+    assert spec.config_cls is Tacotron2Config
+    for field in ("batch_size", "learning_rate", "weight_decay"):
+        assert field in {f.name for f in dataclasses.fields(Tacotron2Config)}
+
+
+def test_collate_sorts_pads_and_builds_gate_targets():
+    items = [make_item("a", 3, 5, 0), make_item("b", 7, 4, 1), make_item("c", 5, 8, 2)]
+    batch = TextMelCollate()(items)
+    assert batch["ids"] == ["b", "c", "a"]
+    assert batch["text_lengths"].tolist() == [7, 5, 3] and batch["mel_lengths"].tolist() == [4, 8, 5]
+    assert batch["text"].shape == (3, 7) and batch["text"].dtype == torch.long
+    assert torch.equal(batch["text"][2, :3], items[0]["text"]) and torch.all(batch["text"][2, 3:] == 0)
+    assert batch["mel"].shape == (3, N_MELS, 8)
+    assert torch.equal(batch["mel"][0, :, :4], items[1]["mel"]) and torch.all(batch["mel"][0, :, 4:] == 0)
+    assert batch["gate"].tolist() == [[0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 1, 1, 1, 1]]
+    assert tacotron2_count_items(batch) == 17
+    padded = TextMelCollate(pad_to_multiple=5)(items)
+    assert padded["mel"].shape == (3, N_MELS, 10) and padded["gate"][1, 7:].tolist() == [1, 1, 1]
+    with pytest.raises(ValueError, match="empty list"):
+        TextMelCollate()([])
+    with pytest.raises(ValueError, match="pad_to_multiple"):
+        TextMelCollate(0)
+
+
+def test_dataset_computes_mels_skips_overlong_clips_and_counts_them(tmp_path):
+    root = write_corpus(tmp_path / "corpus", {"u1": 0.3, "u2": 0.5, "long1": 2.0, "long2": 1.5})
+    utts = read_ljspeech(root)
+    with pytest.warns(UserWarning, match="skipped 2 of 4 utterances.*max_mel_frames=80"):
+        ds = TextMelDataset(utts, AUDIO, DataConfig(dataset_path=str(root)), max_mel_frames=80)
+    assert ds.skipped == 2 and sorted(ds.skipped_ids) == ["long1", "long2"] and len(ds) == 2
+    item = ds[1]
+    assert item["id"] == "u2" and item["text"].dtype == torch.long and item["text"].dim() == 1
+    expected = MelSpectrogram.from_config(AUDIO)(torch.from_numpy(sf.read(root / "wavs/u2.wav", dtype="float32")[0]))
+    assert item["mel"].shape == expected.shape == (N_MELS, ds.mel_transform.num_frames(4000))
+    assert torch.allclose(item["mel"], expected, atol=1e-4)
+    # The header-based estimate (used for skipping) equals the real frame count.
+    assert ds._estimated_frames(utts[1]) == item["mel"].shape[1]
+
+
+def test_dataset_reads_cached_mels_and_checks_them(tmp_path):
+    root = write_corpus(tmp_path / "corpus", {"u1": 0.3, "u2": 0.3})
+    utts = [Utterance("u1", root / "wavs/u1.wav", "Hello."), Utterance("u2", root / "wavs/u2.wav", "World.")]
+    (root / "mels").mkdir()
+    sentinel = torch.full((N_MELS, 7), 0.25)
+    torch.save(sentinel, root / "mels/u1.pt")
+    torch.save(torch.zeros(3, 7), root / "mels/u2.pt")
+    ds = TextMelDataset(utts, AUDIO, DataConfig(dataset_path=str(root)))
+    assert torch.equal(ds[0]["mel"], sentinel)
+    with pytest.raises(DataError, match="cached mel of 'u2'"):
+        ds[1]
+    ds_no_cache = TextMelDataset(utts, AUDIO, None)
+    assert ds_no_cache[0]["mel"].shape == (N_MELS, ds_no_cache.mel_transform.num_frames(2400))
+
+
+def test_dataset_rejects_empty_transcripts_and_stale_caches(tmp_path):
+    root = write_corpus(tmp_path / "corpus", {"u1": 0.3})
+    with pytest.raises(DataError, match="'u1' has an empty transcript"):
+        TextMelDataset([Utterance("u1", root / "wavs/u1.wav", "  ")], AUDIO)
+    (root / "mels").mkdir()
+    stale = dataclasses.replace(AUDIO, hop_length=32)
+    (root / "mels/_audio_config.json").write_text(json.dumps(dataclasses.asdict(stale)))
+    with pytest.raises(DataError, match="hop_length"):
+        TextMelDataset([Utterance("u1", root / "wavs/u1.wav", "Hi.")], AUDIO, DataConfig(dataset_path=str(root)))
+
+
+def write_config(tmp_path: Path, root: Path) -> Path:
+    config = {"audio": dataclasses.asdict(AUDIO), "data": {"dataset_path": str(root), "val_size": 1},
+              "tacotron2": {**TINY, "max_mel_frames": 200, "batch_size": 2}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_preprocess_writes_mels_then_skips_them(tmp_path, capsys):
+    root = write_corpus(tmp_path / "corpus", {f"u{i}": 0.2 + 0.05 * i for i in range(4)})
+    config = write_config(tmp_path, root)
+    assert preprocess.main(["--config", str(config), "--workers", "2", "--no-progress"]) == 0
+    assert "4 mels written, 0 already cached" in capsys.readouterr().out
+    files = sorted((root / "mels").glob("*.pt"))
+    assert [f.stem for f in files] == ["u0", "u1", "u2", "u3"]
+    assert not list((root / "mels").glob(".*.tmp"))
+    mel = torch.load(files[1], weights_only=True)
+    wav = torch.from_numpy(sf.read(root / "wavs/u1.wav", dtype="float32")[0])
+    assert torch.allclose(mel, MelSpectrogram.from_config(AUDIO)(wav), atol=1e-4)
+    stamps = [f.stat().st_mtime_ns for f in files]
+    assert preprocess.main(["--config", str(config), "--workers", "1", "--no-progress"]) == 0
+    assert "0 mels written, 4 already cached" in capsys.readouterr().out
+    assert [f.stat().st_mtime_ns for f in files] == stamps
+    (root / "mels/u2.pt").unlink()
+    assert preprocess.main(["--config", str(config), "--workers", "1", "--no-progress"]) == 0
+    assert "1 mels written, 3 already cached" in capsys.readouterr().out
+    # Other audio settings are refused without --overwrite.
+    config_data = json.loads(config.read_text())
+    config_data["audio"]["hop_length"] = 32
+    config.write_text(json.dumps(config_data))
+    assert preprocess.main(["--config", str(config), "--no-progress"]) == 1
+    assert "hop_length" in capsys.readouterr().err
+    assert preprocess.main(["--config", str(config), "--workers", "1", "--overwrite", "--no-progress"]) == 0
+    assert "4 mels written" in capsys.readouterr().out
+
+
+def test_spec_datasets_and_validation_pictures(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    root = write_corpus(tmp_path / "corpus", {f"u{i}": 0.2 + 0.05 * i for i in range(4)})
+    schemas = {**SHARED_SECTIONS, "tacotron2": Tacotron2Config}
+    cfg = build_config({"audio": dataclasses.asdict(AUDIO), "data": {"dataset_path": str(root), "val_size": 1},
+                        "tacotron2": TINY}, schemas)
+    spec = MODELS["tacotron2"]
+    train_ds, val_ds = spec.build_datasets(cfg)
+    assert (len(train_ds), len(val_ds)) == (3, 1)
+    batch = spec.collate_fn([train_ds[0], train_ds[2]])
+    net = spec.build_model(cfg).eval()
+    with torch.no_grad():
+        outputs = net(batch)
+    loss = spec.build_criterion(cfg)(outputs, batch)
+    assert torch.isfinite(loss) and spec.count_items(batch) == int(batch["mel_lengths"].sum())
+    log_tacotron2_validation(net, batch, outputs, 7, None, tmp_path / "out")
+    assert (tmp_path / "out/alignment_7.png").stat().st_size > 0
+    with SummaryWriter(tmp_path / "tb") as writer:
+        spec.log_validation(net, batch, outputs, 8, writer, tmp_path / "out")
+    assert (tmp_path / "out/alignment_8.png").is_file() and list((tmp_path / "tb").glob("events.*"))
+
+
+def test_plot_alignment_checks_input(tmp_path):
+    figure = plot_alignment(np.random.rand(5, 9), tmp_path / "a.png", title="t")
+    assert (tmp_path / "a.png").is_file() and figure_to_array(figure).shape[2] == 3
+    with pytest.raises(ValueError, match="alignment must be 2-D"):
+        plot_alignment(np.zeros(4))
+
+
+def test_build_datasets_function_is_exported():
+    assert model.build_tacotron2_datasets is build_tacotron2_datasets
