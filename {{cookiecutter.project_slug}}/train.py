@@ -183,22 +183,30 @@ def validate(model, criterion, loader, device, autocast, spec, step, writer, out
     return (total[0] / total[1].clamp(min=1)).item()
 
 
+def one_line(err: BaseException) -> str:
+    """The error's message on one line; for an error re-raised from a DataLoader worker, the original one."""
+    lines = [line for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+    if any("Original Traceback" in line for line in lines):  # "module.DataError: truncated wav file: ..."
+        return lines[-1].split(": ", 1)[-1]
+    return lines[0]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         cfg = load_run_config(args)  # before the process group: a bad config fails alone, fast
     except ConfigError as err:
-        print(f"ERROR: {err}", file=sys.stderr)
+        print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1
     dist = init_distributed(timeout_s=cfg.train.dist_timeout_s)
     try:
         train(args, cfg, dist)
     except (ConfigError, DataError, CheckpointError, TrainingError) as err:
-        print(f"ERROR: rank {dist.rank}: {err}", file=sys.stderr)
+        print(f"ERROR: rank {dist.rank}: {one_line(err)}", file=sys.stderr)
         return 1
     except torch.distributed.DistBackendError as err:
         print(f"ERROR: rank {dist.rank}: a collective failed or timed out after {cfg.train.dist_timeout_s:.0f} s "
-              f"(another rank hung or died): {str(err).splitlines()[0]}", file=sys.stderr)
+              f"(another rank hung or died): {one_line(err)}", file=sys.stderr)
         return 1
     finally:
         cleanup()
@@ -311,104 +319,106 @@ def train(args: argparse.Namespace, cfg: Config, dist) -> None:
     window = {"loss": 0.0, "good": 0, "items": 0.0, "steps": 0, "step_time": 0.0, "data_time": 0.0}
     loss_ema, ema_steps = 0.0, 0
     model.train()
-    while step < cfg.train.max_steps:
-        t_start = time.perf_counter()
-        data_time, step_loss, items, ids = 0.0, torch.zeros((), device=device), 0, []
-        for micro in range(accum):
-            t_data = time.perf_counter()
-            batch = next(stream)
-            data_time += time.perf_counter() - t_data
-            batch = to_device(batch, device)
-            ids += batch.get("ids", [])
-            # DDP all-reduces gradients in the last micro-batch's backward only.
-            sync = nullcontext() if micro == accum - 1 or world_size == 1 else model.no_sync()
-            with sync:
-                with autocast():
-                    outputs = model(batch)
-                    loss = criterion(outputs, batch) / accum
-                scaler.scale(loss).backward()
-            step_loss += loss.detach().float()
-            items += spec.count_items(batch)
-        scaler.unscale_(optimizer)  # no-op unless fp16; clipping and the norm need true gradients
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                   cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf)
-        # fp16 overflows in the gradients are the GradScaler's business (it skips and rescales).
-        bad = ~torch.isfinite(step_loss) | (~torch.isfinite(grad_norm) & (not scaler.is_enabled()))
-        agreed = reduce_tensor(torch.stack([step_loss, bad.float(), torch.tensor(
-            float(stop.signal_name is not None), device=device), torch.tensor(float(items), device=device)]),
-            op="sum").tolist()
-        loss_mean, any_bad, stop_asked, items = agreed[0] / world_size, agreed[1] > 0, agreed[2] > 0, agreed[3]
-        step += 1
-        if any_bad:
-            all_ids = sum(all_gather_object(ids), [])
-            message = f"non-finite loss or gradient norm (loss {loss_mean}, grad norm {grad_norm.item()})"
-            if cfg.train.on_nonfinite == "stop":
-                last = output_dir / "checkpoint_last.pt"
-                raise TrainingError(f"step {step}: {message}; batch utterances: {', '.join(map(str, all_ids))}; "
-                                    f"last good checkpoint: {last if last.exists() else 'none yet'}")
-            optimizer.zero_grad(set_to_none=True)
-            skipped_steps += 1
-            log_event("nonfinite", f"{message}: step skipped ({skipped_steps} so far)", all_ids)
-        else:
-            if ema_steps >= 20 and cfg.train.spike_factor > 0 and \
-                    loss_mean > loss_ema + (cfg.train.spike_factor - 1) * abs(loss_ema):
-                log_event("spike", f"loss {loss_mean:.4f} is above {cfg.train.spike_factor}x its running mean "
-                                   f"{loss_ema:.4f}", sum(all_gather_object(ids), []))
+    try:
+        while step < cfg.train.max_steps:
+            t_start = time.perf_counter()
+            data_time, step_loss, items, ids = 0.0, torch.zeros((), device=device), 0, []
+            for micro in range(accum):
+                t_data = time.perf_counter()
+                batch = next(stream)
+                data_time += time.perf_counter() - t_data
+                batch = to_device(batch, device)
+                ids += batch.get("ids", [])
+                # DDP all-reduces gradients in the last micro-batch's backward only.
+                sync = nullcontext() if micro == accum - 1 or world_size == 1 else model.no_sync()
+                with sync:
+                    with autocast():
+                        outputs = model(batch)
+                        loss = criterion(outputs, batch) / accum
+                    scaler.scale(loss).backward()
+                step_loss += loss.detach().float()
+                items += spec.count_items(batch)
+            scaler.unscale_(optimizer)  # no-op unless fp16; clipping and the norm need true gradients
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                       cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf)
+            # fp16 overflows in the gradients are the GradScaler's business (it skips and rescales).
+            bad = ~torch.isfinite(step_loss) | (~torch.isfinite(grad_norm) & (not scaler.is_enabled()))
+            agreed = reduce_tensor(torch.stack([step_loss, bad.float(), torch.tensor(
+                float(stop.signal_name is not None), device=device), torch.tensor(float(items), device=device)]),
+                op="sum").tolist()
+            loss_mean, any_bad, stop_asked, items = agreed[0] / world_size, agreed[1] > 0, agreed[2] > 0, agreed[3]
+            step += 1
+            if any_bad:
+                all_ids = sum(all_gather_object(ids), [])
+                message = f"non-finite loss or gradient norm (loss {loss_mean}, grad norm {grad_norm.item()})"
+                if cfg.train.on_nonfinite == "stop":
+                    last = output_dir / "checkpoint_last.pt"
+                    raise TrainingError(f"step {step}: {message}; batch utterances: {', '.join(map(str, all_ids))}; "
+                                        f"last good checkpoint: {last if last.exists() else 'none yet'}")
+                optimizer.zero_grad(set_to_none=True)
+                skipped_steps += 1
+                log_event("nonfinite", f"{message}: step skipped ({skipped_steps} so far)", all_ids)
             else:
-                loss_ema = loss_mean if ema_steps == 0 else 0.95 * loss_ema + 0.05 * loss_mean
-                ema_steps += 1
-        scaler.step(optimizer)  # after zero_grad (skipped step) there is nothing to apply
-        scaler.update()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        window["steps"] += 1
-        if not any_bad:
-            window["loss"] += loss_mean
-            window["good"] += 1
-        window["items"] += items
-        window["step_time"] += time.perf_counter() - t_start
-        window["data_time"] += data_time
-        progress.update(1)
+                if ema_steps >= 20 and cfg.train.spike_factor > 0 and \
+                        loss_mean > loss_ema + (cfg.train.spike_factor - 1) * abs(loss_ema):
+                    log_event("spike", f"loss {loss_mean:.4f} is above {cfg.train.spike_factor}x its running mean "
+                                       f"{loss_ema:.4f}", sum(all_gather_object(ids), []))
+                else:
+                    loss_ema = loss_mean if ema_steps == 0 else 0.95 * loss_ema + 0.05 * loss_mean
+                    ema_steps += 1
+            scaler.step(optimizer)  # after zero_grad (skipped step) there is nothing to apply
+            scaler.update()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            window["steps"] += 1
+            if not any_bad:
+                window["loss"] += loss_mean
+                window["good"] += 1
+            window["items"] += items
+            window["step_time"] += time.perf_counter() - t_start
+            window["data_time"] += data_time
+            progress.update(1)
 
-        if is_main and (step % cfg.train.log_interval == 0 or step == cfg.train.max_steps):
-            step_time = window["step_time"] / window["steps"]
-            row = {"step": step, "epoch": epoch, "loss": window["loss"] / window["good"] if window["good"] else math.nan,
-                   "lr": optimizer.param_groups[0]["lr"], "items_per_s": window["items"] / window["step_time"],
-                   "step_time_s": step_time, "data_time_s": window["data_time"] / window["steps"],
-                   "grad_norm": grad_norm.item(), "skipped_steps": skipped_steps}
-            if row["data_time_s"] > 0.1 * step_time:
-                progress.write(f"warning: step {step}: waiting {row['data_time_s']:.3f} s per step for data "
-                               f"({100 * row['data_time_s'] / step_time:.0f}% of the step); raise "
-                               "data.num_workers or cache mels (scripts/preprocess.py)")
-            metrics.write(json.dumps(row) + "\n")
-            metrics.flush()
-            for key in ("loss", "lr", "items_per_s", "step_time_s", "data_time_s", "grad_norm"):
-                writer.add_scalar(f"train/{key}", row[key], step)
-            progress.set_postfix(loss=f"{row['loss']:.4f}", items_s=f"{row['items_per_s']:.0f}")
-        if step % cfg.train.log_interval == 0:
-            window = {"loss": 0.0, "good": 0, "items": 0.0, "steps": 0, "step_time": 0.0, "data_time": 0.0}
+            if is_main and (step % cfg.train.log_interval == 0 or step == cfg.train.max_steps):
+                step_time = window["step_time"] / window["steps"]
+                row = {"step": step, "epoch": epoch, "loss": window["loss"] / window["good"] if window["good"] else math.nan,
+                       "lr": optimizer.param_groups[0]["lr"], "items_per_s": window["items"] / window["step_time"],
+                       "step_time_s": step_time, "data_time_s": window["data_time"] / window["steps"],
+                       "grad_norm": grad_norm.item(), "skipped_steps": skipped_steps}
+                if row["data_time_s"] > 0.1 * step_time:
+                    progress.write(f"warning: step {step}: waiting {row['data_time_s']:.3f} s per step for data "
+                                   f"({100 * row['data_time_s'] / step_time:.0f}% of the step); raise "
+                                   "data.num_workers or cache mels (scripts/preprocess.py)")
+                metrics.write(json.dumps(row) + "\n")
+                metrics.flush()
+                for key in ("loss", "lr", "items_per_s", "step_time_s", "data_time_s", "grad_norm"):
+                    writer.add_scalar(f"train/{key}", row[key], step)
+                progress.set_postfix(loss=f"{row['loss']:.4f}", items_s=f"{row['items_per_s']:.0f}")
+            if step % cfg.train.log_interval == 0:
+                window = {"loss": 0.0, "good": 0, "items": 0.0, "steps": 0, "step_time": 0.0, "data_time": 0.0}
 
-        if step % cfg.train.val_interval == 0 or step == cfg.train.max_steps:
-            val_loss = validate(model, criterion, val_loader, device, autocast, spec, step, writer, output_dir,
-                                is_main)
-            if is_main:
-                writer.add_scalar("val/loss", val_loss, step)
-                with open(output_dir / "val_metrics.jsonl", "a") as handle:
-                    handle.write(json.dumps({"step": step, "epoch": epoch, "val_loss": val_loss}) + "\n")
-                progress.write(f"step {step}: validation loss {val_loss:.4f}")
+            if step % cfg.train.val_interval == 0 or step == cfg.train.max_steps:
+                val_loss = validate(model, criterion, val_loader, device, autocast, spec, step, writer, output_dir,
+                                    is_main)
+                if is_main:
+                    writer.add_scalar("val/loss", val_loss, step)
+                    with open(output_dir / "val_metrics.jsonl", "a") as handle:
+                        handle.write(json.dumps({"step": step, "epoch": epoch, "val_loss": val_loss}) + "\n")
+                    progress.write(f"step {step}: validation loss {val_loss:.4f}")
 
-        if stop_asked or step % cfg.train.checkpoint_interval == 0 or step == cfg.train.max_steps:
-            path = checkpoint()
-            if is_main:
-                progress.write(f"step {step}: saved {path}")
-        if stop_asked:
-            if is_main:
-                progress.write(f"stopped at step {step} on {stop.signal_name or 'another rank’s signal'}; "
-                               f"resume with the same command (--resume auto reads "
-                               f"{output_dir / 'checkpoint_last.pt'})")
-            break
+            if stop_asked or step % cfg.train.checkpoint_interval == 0 or step == cfg.train.max_steps:
+                path = checkpoint()
+                if is_main:
+                    progress.write(f"step {step}: saved {path}")
+            if stop_asked:
+                if is_main:
+                    progress.write(f"stopped at step {step} on {stop.signal_name or 'another rank’s signal'}; "
+                                   f"resume with the same command (--resume auto reads "
+                                   f"{output_dir / 'checkpoint_last.pt'})")
+                break
 
-    progress.close()
+    finally:
+        progress.close()  # also on an error, so that its ERROR line starts a line of its own
     if is_main:
         metrics.close()
         writer.close()

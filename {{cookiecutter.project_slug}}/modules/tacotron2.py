@@ -326,6 +326,6 @@ class Decoder(nn.Module):
                 break
             if len(frames) >= self.max_decoder_steps:
                 warnings.warn(f"Tacotron2 decoder reached max_decoder_steps={self.max_decoder_steps} before the "
-                              "stop gate fired; the output is cut there", stacklevel=2)
+                              "stop gate fired; the output is cut there")
                 break
         return torch.stack(frames, dim=2), torch.stack(gates, dim=1), torch.stack(alignments, dim=1)

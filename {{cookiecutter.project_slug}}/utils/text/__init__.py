@@ -64,8 +64,9 @@ def text_to_sequence(text: str, cleaner_names: Sequence[str] = ("english_cleaner
         ids += _lookup(["@" + phone for phone in phones.split()], dropped)
     if dropped:
         names = ", ".join(repr(c) for c in dict.fromkeys(dropped))
-        warnings.warn(f"text_to_sequence: dropped symbol(s) not in the symbol table: {names} "
-                      f"(in {text!r})", stacklevel=2)
+        # The message names only the characters (not the text), so Python's once-per-message warning
+        # filter reports each set once instead of once per transcript.
+        warnings.warn(f"text_to_sequence: dropped symbol(s) not in the symbol table: {names}", stacklevel=2)
     return ids
 
 

@@ -1,11 +1,15 @@
 """Spell out numbers in English text before it is turned into symbols.
 
 The rules follow NVIDIA's Tacotron2 reference (``text/numbers.py``, itself from Keith Ito's Tacotron):
-thousands separators are dropped, ``£`` and ``$`` amounts become pounds / dollars and cents, decimals
-are read with "point" followed by each digit (NVIDIA reads the fraction as one number:
-"3.14" -> "three point fourteen"; here it is "three point one four"), ordinals (``1st``, ``22nd``) become ordinal words, and plain integers become
-cardinal words, read as years between 1000 and 3000 ("nineteen eighty-four", "two thousand five").
-Spelling uses the ``inflect`` package.
+thousands separators are dropped, ``£`` and ``$`` amounts become pounds / dollars and cents, ordinals
+(``1st``, ``22nd``) become ordinal words, and plain integers become cardinal words, read as years
+between 1000 and 3000 ("nineteen eighty-four", "two thousand five"). Spelling uses the ``inflect``
+package.
+
+Two deliberate differences from the reference: decimals are read digit by digit after "point"
+("3.14" -> "three point one four"; NVIDIA says "three point fourteen"), and dollar amounts are spelled
+as amounts, not years ("$1,250" -> "one thousand, two hundred fifty dollars"; NVIDIA says "twelve
+fifty dollars").
 """
 
 from __future__ import annotations
