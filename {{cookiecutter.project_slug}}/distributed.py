@@ -27,6 +27,7 @@ https://docs.open-mpi.org/en/main/tuning-apps/environment-var.html (OMPI_COMM_WO
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -55,6 +56,9 @@ __all__ = [
     "get_world_size",
     "barrier",
     "cleanup",
+    "CollectiveError",
+    "CollectiveTimeout",
+    "collective",
 ]
 
 logger = logging.getLogger(__name__)
@@ -67,6 +71,72 @@ _REDUCE_OPS = {
     "max": dist.ReduceOp.MAX,
     "min": dist.ReduceOp.MIN,
 }
+
+
+_timeout_s: Optional[float] = None  # the process group's timeout, for error messages
+
+
+class CollectiveError(dist.DistBackendError):
+    """A collective (all-reduce, all-gather, barrier, rendezvous) failed on this rank.
+
+    A subclass of :class:`torch.distributed.DistBackendError`, so code that catches torch's error catches
+    this one too. Attributes: ``rank`` (this process), ``collective`` (its name), ``timeout_s``.
+    """
+
+    def __init__(self, message: str, rank: int, collective: str, timeout_s: Optional[float]):
+        super().__init__(message)
+        self.rank, self.collective, self.timeout_s = rank, collective, timeout_s
+
+
+class CollectiveTimeout(CollectiveError):
+    """A collective waited longer than the process group's timeout: another rank hung or died.
+
+    gloo raises a bare ``RuntimeError`` ("Timed out waiting 5000ms for recv operation") that names neither
+    the rank nor the operation; this says which rank gave up, on which collective, after how long.
+    """
+
+
+@contextlib.contextmanager
+def collective(name: str, rank: Optional[int] = None):
+    """Turn a failure of the torch.distributed call(s) inside into a :class:`CollectiveError` (or
+    :class:`CollectiveTimeout`) whose one-line message names this rank, the collective and the timeout.
+
+    Use it around collectives that torch runs for you, e.g. DDP's gradient all-reduce::
+
+        with collective("gradient all-reduce (backward)"):
+            loss.backward()
+
+    Only errors of the communication are converted: torch's ``DistError`` family, and the bare
+    ``RuntimeError`` gloo raises (recognised by its text: gloo, NCCL, timed out, connection closed or
+    reset). Anything else (an out-of-memory error in that backward, a shape mismatch) passes unchanged.
+    """
+    try:
+        yield
+    except CollectiveError:
+        raise
+    except RuntimeError as err:
+        if not isinstance(err, dist.DistError) and not _COMMUNICATION_RE.search(str(err)):
+            raise
+        raise _collective_error(name, err, rank) from err
+
+
+_COMMUNICATION_RE = re.compile(r"gloo|nccl|time[d ]?\s?out|connection (?:closed|reset|refused)|broken pipe",
+                               re.IGNORECASE)
+
+
+def _collective_error(name: str, err: RuntimeError, rank: Optional[int]) -> CollectiveError:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+    reason = lines[0]
+    if rank is None:
+        rank = get_rank()
+    world = get_world_size() if _initialized() else None
+    others = f"the other {world - 1} rank(s)" if world else "the other ranks"
+    after = f"{_timeout_s:g} s" if _timeout_s is not None else "the process group's timeout"
+    if re.search(r"time[d ]?\s?out", reason, re.IGNORECASE):
+        return CollectiveTimeout(f"rank {rank}: {name} timed out after {after} waiting for {others}: another rank "
+                                 f"hung or died before reaching it ({reason})", rank, name, _timeout_s)
+    return CollectiveError(f"rank {rank}: {name} failed (another rank may have died): {reason}", rank, name,
+                           _timeout_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,8 +387,9 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800) -> 
     Raises:
         ValueError: inconsistent launcher variables (from :func:`detect_launcher_env`), a
             non-positive ``timeout_s``, or ``backend="nccl"`` without CUDA.
-        RuntimeError: ``LOCAL_RANK`` >= the number of visible GPUs; or torch's own error when the
-            rendezvous fails or times out.
+        RuntimeError: ``LOCAL_RANK`` >= the number of visible GPUs.
+        CollectiveTimeout: the rendezvous timed out (a rank never started); :class:`CollectiveError`
+            when it fails otherwise.
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -343,10 +414,13 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800) -> 
         raise ValueError("backend 'nccl' needs CUDA, which is not available; use 'gloo'")
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
                       MASTER_ADDR=str(env["master_addr"]), MASTER_PORT=str(env["master_port"]))
-    dist.init_process_group(backend=backend, init_method="env://", rank=rank,
-                            world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s),
-                            device_id=device if backend == "nccl" else None)
+    global _timeout_s
+    _timeout_s = timeout_s
+    with collective(f"rendezvous at {env['master_addr']}:{env['master_port']}", rank=rank):
+        dist.init_process_group(backend=backend, init_method="env://", rank=rank,
+                                world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=device if backend == "nccl" else None)
     logger.debug("rank %d/%d (local %d) on %s, backend %s, rendezvous %s:%s via %s", rank,
                  world_size, local_rank, device, backend, env["master_addr"],
                  env["master_port"], env["launcher"])
@@ -375,10 +449,12 @@ def is_main_process() -> bool:
 def barrier() -> None:
     """Wait until every rank reaches this point (``torch.distributed.barrier``); no-op alone.
 
-    Bounded by the process group's timeout (``init_distributed(timeout_s=...)``).
+    Bounded by the process group's timeout (``init_distributed(timeout_s=...)``): past it, raises
+    :class:`CollectiveTimeout` naming this rank.
     """
     if _initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+        with collective("barrier"):
+            dist.barrier()
 
 
 def cleanup() -> None:
@@ -467,6 +543,9 @@ def reduce_tensor(tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         ValueError: unknown ``op``.
         TypeError: ``tensor`` is not a tensor, or ``op="mean"`` on a non-floating dtype (use
             ``"sum"`` for counts).
+        CollectiveTimeout: another rank did not join within the process group's timeout (the
+            message names this rank, the collective and the timeout); :class:`CollectiveError` when
+            the all-reduce fails otherwise (e.g. a peer died).
 
     Source: https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_reduce
     """
@@ -483,7 +562,8 @@ def reduce_tensor(tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
     work = result
     if dist.get_backend() == "nccl" and result.device.type != "cuda":
         work = result.to(torch.device("cuda", torch.cuda.current_device()))
-    dist.all_reduce(work, op=_REDUCE_OPS[op])
+    with collective(f"all_reduce ({op})"):
+        dist.all_reduce(work, op=_REDUCE_OPS[op])
     if op == "mean":
         work /= dist.get_world_size()
     return work.to(tensor.device) if work is not result else result
@@ -493,12 +573,14 @@ def all_gather_object(obj) -> list:
     """Every rank's ``obj`` (any picklable value), in rank order, on every rank; ``[obj]`` alone.
 
     For small, rare exchanges (utterance ids of a bad batch, RNG states for a checkpoint), not for
-    tensors in the hot path. Every rank must call it (it is a collective).
+    tensors in the hot path. Every rank must call it (it is a collective); past the process group's
+    timeout it raises :class:`CollectiveTimeout`, like :func:`reduce_tensor`.
 
     Source: https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_gather_object
     """
     if not _initialized() or dist.get_world_size() == 1:
         return [obj]
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, obj)
+    with collective("all_gather_object"):
+        dist.all_gather_object(gathered, obj)
     return gathered

@@ -44,6 +44,13 @@ class ModelSpec:
         count_items: batch -> number of items (audio samples or mel frames) it holds.
         log_validation: optional rank-0 hook ``(model, batch, outputs, step, writer, output_dir)`` that
             draws pictures of a validation batch (alignments, mels).
+        synthetic_batch: optional ``(cfg, batch_size, generator, **shape) -> batch``: random CPU tensors
+            with the keys, shapes and dtypes of a real training batch (``scripts/benchmark.py``, tests);
+            ``shape`` keywords are model-specific (segment length, text and mel length ranges).
+        optimize_for_training: optional ``(model, cfg, **compile_kwargs) -> model``: switch the model to
+            its fast path in place (what ``train.compile=true`` asks for); the mathematics must stay
+            those of the eager path. ``compile_kwargs`` go to ``torch.compile`` (tests pass
+            ``backend="aot_eager"``).
     """
 
     config_cls: type
@@ -53,6 +60,8 @@ class ModelSpec:
     collate_fn: Optional[Callable[[list], Batch]]
     count_items: Callable[[Batch], int]
     log_validation: Optional[Callable[..., None]] = None
+    synthetic_batch: Optional[Callable[..., Batch]] = None
+    optimize_for_training: Optional[Callable[..., nn.Module]] = None
 
 
 MODELS: dict[str, ModelSpec] = {}
@@ -220,6 +229,66 @@ def build_waveglow_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
             AudioMelDataset(val_utts, cfg.audio, seg, random_crop=False))
 
 
+def synthetic_waveglow_batch(cfg: Config, batch_size: int, generator: torch.Generator,
+                             segment_length: Optional[int] = None) -> Batch:
+    """Random WaveGlow batch with the shapes of NVIDIA's reference benchmark (``shared/bench``).
+
+    ``{"mel": (B, n_mels, segment // hop_length + 1) standard normal, "audio": (B, segment) normal with
+    standard deviation 0.1, "ids": [str] * B}``, float32 on the CPU. (The data pipeline's centred STFT
+    gives one frame fewer; the reference's count is kept so both benchmarks run the same shapes.)
+
+    Args:
+        cfg: the config (``audio.n_mels``, ``audio.hop_length``, ``waveglow.segment_length``,
+            ``waveglow.n_group``).
+        batch_size: items ``B``.
+        generator: the random stream (seeded by the caller).
+        segment_length: samples per item; ``None``: ``waveglow.segment_length``.
+
+    Raises:
+        ValueError: ``batch_size < 1`` or a segment that is not a positive multiple of ``n_group``.
+    """
+    segment = cfg.waveglow.segment_length if segment_length is None else segment_length
+    if batch_size < 1:
+        raise ValueError(f"synthetic_waveglow_batch: batch_size must be >= 1, got {batch_size}")
+    if segment < 1 or segment % cfg.waveglow.n_group:
+        raise ValueError(f"synthetic_waveglow_batch: segment_length {segment} must be a positive multiple of "
+                         f"waveglow.n_group={cfg.waveglow.n_group}")
+    frames = segment // cfg.audio.hop_length + 1
+    mel = torch.randn(batch_size, cfg.audio.n_mels, frames, generator=generator)
+    audio = torch.randn(batch_size, segment, generator=generator) * 0.1
+    return {"mel": mel, "audio": audio, "ids": [f"synthetic_{i}" for i in range(batch_size)]}
+
+
+def optimize_waveglow_for_training(model: nn.Module, cfg: Config, **compile_kwargs) -> nn.Module:
+    """WaveGlow's fast path: ``torch.compile`` of the whole flow, in place (``nn.Module.compile``).
+
+    One graph for the training crop's static shape (``dynamic=False`` by default): Inductor fuses each
+    layer's gate (:func:`modules.waveglow.add_gated_activation`), the residual and skip sums, the
+    weight-norm arithmetic and the affine couplings, and recomputes cheap elementwise results in the
+    backward instead of storing them. Not per WN block: weight norm gives every parametrized convolution
+    a class of its own, so per-block compilation would compile each of the ``n_flows`` blocks separately.
+    The module, its parameters and its state-dict keys stay the same (checkpoints load either way); call
+    it before wrapping the model in DistributedDataParallel. Inductor may sum in another order than eager
+    mode (float32 losses agree to ~1e-7 relative, see ``tests/test_fast_path.py``).
+
+    Args:
+        model: a :class:`WaveGlow`.
+        cfg: the run's config (unused; part of the ``ModelSpec.optimize_for_training`` contract).
+        **compile_kwargs: passed to ``torch.compile``.
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        TypeError: ``model`` is not a :class:`WaveGlow`.
+    """
+    if not isinstance(model, WaveGlow):
+        raise TypeError(f"optimize_waveglow_for_training expects a WaveGlow, got {type(model).__name__}")
+    compile_kwargs.setdefault("dynamic", False)
+    model.compile(**compile_kwargs)
+    return model
+
+
 MODELS["waveglow"] = ModelSpec(
     config_cls=WaveGlowConfig,
     build_model=lambda cfg: WaveGlow(cfg.waveglow, cfg.audio.n_mels, cfg.audio.hop_length, cfg.audio.win_length),
@@ -227,6 +296,8 @@ MODELS["waveglow"] = ModelSpec(
     build_datasets=build_waveglow_datasets,
     collate_fn=collate_audio_mel,
     count_items=lambda batch: batch["audio"].numel(),
+    synthetic_batch=synthetic_waveglow_batch,
+    optimize_for_training=optimize_waveglow_for_training,
 )
 # <<< waveglow
 
@@ -457,6 +528,85 @@ def log_tacotron2_validation(model: nn.Module, batch: Batch, outputs: dict[str, 
                                         torch.sigmoid(outputs["gate"][0, :frames].float())), step)
 
 
+def synthetic_tacotron2_batch(cfg: Config, batch_size: int, generator: torch.Generator,
+                              text_lengths: tuple[int, int] = (60, 160), mel_lengths: tuple[int, int] = (300, 800),
+                              longest_mel: int = 800) -> Batch:
+    """Random padded Tacotron2 batch, laid out as :class:`utils.text_mel_data.TextMelCollate` lays it out.
+
+    Lengths are drawn exactly as NVIDIA's reference benchmark draws them (``shared/bench``; same calls
+    on the same generator, so a generator seeded 0 gives the same lengths and the same mel-frame count):
+    text lengths uniform in ``[text_lengths[0], text_lengths[1])`` sorted descending, mel lengths uniform
+    in ``[mel_lengths[0], mel_lengths[1])`` with the first set to ``longest_mel``. Symbols are uniform in
+    ``[1, n_symbols)``, mels standard normal; padding is zero, the gate target 1 from each last frame on.
+
+    Returns:
+        ``{"text": (B, L) long, "text_lengths": (B,), "mel": (B, n_mels, T), "gate": (B, T),
+        "mel_lengths": (B,), "ids": [str] * B}`` on the CPU, ``L``/``T`` the longest lengths.
+
+    Raises:
+        ValueError: ``batch_size < 1``, an empty or non-positive length range, or ``longest_mel`` below
+            the mel range.
+    """
+    if batch_size < 1:
+        raise ValueError(f"synthetic_tacotron2_batch: batch_size must be >= 1, got {batch_size}")
+    for name, (low, high) in (("text_lengths", text_lengths), ("mel_lengths", mel_lengths)):
+        if not 1 <= low < high:
+            raise ValueError(f"synthetic_tacotron2_batch: {name} must be a range [low, high) with 1 <= low < high, "
+                             f"got ({low}, {high})")
+    if longest_mel < mel_lengths[1] - 1:
+        raise ValueError(f"synthetic_tacotron2_batch: longest_mel={longest_mel} is below the mel length range "
+                         f"{mel_lengths}")
+    text_lens = torch.randint(text_lengths[0], text_lengths[1], (batch_size,), generator=generator)
+    text_lens = text_lens.sort(descending=True).values
+    mel_lens = torch.randint(mel_lengths[0], mel_lengths[1], (batch_size,), generator=generator)
+    mel_lens[0] = longest_mel
+    max_text, max_frames = int(text_lens.max()), int(mel_lens.max())
+    text = torch.randint(1, cfg.tacotron2.n_symbols, (batch_size, max_text), generator=generator)
+    mel = torch.randn(batch_size, cfg.audio.n_mels, max_frames, generator=generator)
+    text = text.masked_fill(get_padding_mask(text_lens, max_text), 0)
+    frame_pad = get_padding_mask(mel_lens, max_frames)
+    mel = mel.masked_fill(frame_pad.unsqueeze(1), 0.0)
+    gate = (torch.arange(max_frames).unsqueeze(0) >= (mel_lens - 1).unsqueeze(1)).float()
+    return {"text": text, "text_lengths": text_lens, "mel": mel, "gate": gate, "mel_lengths": mel_lens,
+            "ids": [f"synthetic_{i}" for i in range(batch_size)]}
+
+
+TACOTRON2_TEXT_BUCKET = 64
+"""Symbols the fast path pads the text axis to a multiple of (LJSpeech's <= 190 symbols: 3 shapes)."""
+
+
+def optimize_tacotron2_for_training(model: nn.Module, cfg: Config, text_bucket: int = TACOTRON2_TEXT_BUCKET,
+                                    **compile_kwargs) -> nn.Module:
+    """Tacotron2's fast path: the decoder step compiled once and reused at every step, in place.
+
+    See :meth:`modules.tacotron2.Decoder.enable_fast_path`: ``torch.compile`` of the per-step function
+    (``fullgraph=True``, static shapes: the text axis padded to a multiple of ``text_bucket`` and masked,
+    which leaves the outputs unchanged), step 0 eager. The encoder, pre-net (one batched call over all
+    frames), post-net and loss stay eager: they run once per batch, the step runs ``T`` (~800) times.
+    Also raises Dynamo's recompile limit to 64 graphs, room for every text bucket in training and
+    validation (whose last batch may be smaller). Parameters and state-dict keys are unchanged.
+
+    Args:
+        model: a :class:`Tacotron2`.
+        cfg: the run's config (unused; part of the ``ModelSpec.optimize_for_training`` contract).
+        text_bucket: symbols the text axis is padded to a multiple of.
+        **compile_kwargs: passed to ``torch.compile``.
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        TypeError: ``model`` is not a :class:`Tacotron2`.
+        ValueError: ``text_bucket < 1``.
+    """
+    if not isinstance(model, Tacotron2):
+        raise TypeError(f"optimize_tacotron2_for_training expects a Tacotron2, got {type(model).__name__}")
+    import torch._dynamo  # noqa: F401  (makes torch._dynamo.config reachable)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    model.decoder.enable_fast_path(text_bucket, **compile_kwargs)
+    return model
+
+
 MODELS["tacotron2"] = ModelSpec(
     config_cls=Tacotron2Config,
     build_model=lambda cfg: Tacotron2(cfg.tacotron2, cfg.audio.n_mels),
@@ -465,5 +615,7 @@ MODELS["tacotron2"] = ModelSpec(
     collate_fn=TextMelCollate(),
     count_items=tacotron2_count_items,
     log_validation=log_tacotron2_validation,
+    synthetic_batch=synthetic_tacotron2_batch,
+    optimize_for_training=optimize_tacotron2_for_training,
 )
 # <<< tacotron2

@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from distributed import (all_gather_object, apply_gradient_allreduce, cleanup, init_distributed, reduce_tensor,
                          unwrap_model)
@@ -40,6 +39,7 @@ from utils.checkpoint import (CheckpointError, capture_rng_state, load_checkpoin
                               restore_rng_state, save_checkpoint)
 from utils.config import SHARED_SECTIONS, Config, ConfigError, load_config
 from utils.data_utils import DataError, ResumableDistributedSampler
+from utils.run_log import LossMonitor, RunLog, StepWindow
 
 
 class TrainingError(RuntimeError):
@@ -270,16 +270,12 @@ def train(args: argparse.Namespace, cfg: Config, dist) -> None:
             print(f"resumed from {resume_path} at step {step} (epoch {epoch}, batch {batch_in_epoch})")
 
     model = apply_gradient_allreduce(model)
-
-    writer = metrics = None
+    log = RunLog(output_dir, enabled=is_main, total_steps=cfg.train.max_steps, initial_step=step)
     if is_main:
-        from torch.utils.tensorboard import SummaryWriter
-        writer = SummaryWriter(str(output_dir / "tensorboard"))
-        metrics = open(output_dir / "metrics.jsonl", "a")
         (output_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-        print(f"training {args.model} on {world_size} process(es), device {device}, precision "
-              f"{cfg.train.precision}; {len(train_set)} train / {len(val_set)} val utterances; "
-              f"global batch {model_cfg.batch_size * cfg.train.grad_accumulation * world_size}")
+        log.print(f"training {args.model} on {world_size} process(es), device {device}, precision "
+                  f"{cfg.train.precision}; {len(train_set)} train / {len(val_set)} val utterances; "
+                  f"global batch {model_cfg.batch_size * cfg.train.grad_accumulation * world_size}")
 
     def batches():
         """Endless batch stream; each epoch reshuffles the shards (set_epoch), a resumed one skips ahead."""
@@ -293,31 +289,20 @@ def train(args: argparse.Namespace, cfg: Config, dist) -> None:
                 yield batch
             epoch, batch_in_epoch = epoch + 1, 0
 
-    def log_event(kind: str, message: str, ids: list) -> None:
-        """Rank 0: print an anomaly and append it, with the batch's utterance ids, to anomalies.jsonl."""
-        if is_main:
-            progress.write(f"warning: step {step}: {message}; utterances: {', '.join(map(str, ids))}")
-            with open(output_dir / "anomalies.jsonl", "a") as handle:
-                handle.write(json.dumps({"step": step, "kind": kind, "message": message, "ids": ids}) + "\n")
-
-    def checkpoint() -> Path | None:
-        """Every rank hands its RNG state to rank 0, which writes the checkpoint."""
+    def checkpoint() -> None:
+        """Every rank hands its RNG states to rank 0, which writes the checkpoint."""
         rng = all_gather_object(capture_rng_state())
-        if not is_main:
-            return None
-        state = {"model": unwrap_model(model).state_dict(), "optimizer": optimizer.state_dict(),
-                 "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "step": step,
-                 "epoch": epoch, "batch_in_epoch": batch_in_epoch, "skipped_steps": skipped_steps, "rng": rng,
-                 "data_seed": cfg.train.seed, "model_name": args.model, "config": cfg.to_dict(),
-                 "torch_version": str(torch.__version__), "git_commit": git_commit()}
-        return save_checkpoint(output_dir, state, step, cfg.train.keep_last)
+        if is_main:
+            state = {"model": unwrap_model(model).state_dict(), "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "step": step,
+                     "epoch": epoch, "batch_in_epoch": batch_in_epoch, "skipped_steps": skipped_steps,
+                     "rng": rng, "data_seed": cfg.train.seed, "model_name": args.model, "config": cfg.to_dict(),
+                     "torch_version": str(torch.__version__), "git_commit": git_commit()}
+            log.print(f"step {step}: saved {save_checkpoint(output_dir, state, step, cfg.train.keep_last)}")
 
-    accum = cfg.train.grad_accumulation
     stream = batches()
-    progress = tqdm(total=cfg.train.max_steps, initial=step, disable=not is_main, desc="train", unit="step",
-                    dynamic_ncols=True)
-    window = {"loss": 0.0, "good": 0, "items": 0.0, "steps": 0, "step_time": 0.0, "data_time": 0.0}
-    loss_ema, ema_steps = 0.0, 0
+    accum = cfg.train.grad_accumulation
+    window, monitor = StepWindow(), LossMonitor(cfg.train.spike_factor)
     model.train()
     try:
         while step < cfg.train.max_steps:
@@ -325,105 +310,66 @@ def train(args: argparse.Namespace, cfg: Config, dist) -> None:
             data_time, step_loss, items, ids = 0.0, torch.zeros((), device=device), 0, []
             for micro in range(accum):
                 t_data = time.perf_counter()
-                batch = next(stream)
+                batch = to_device(next(stream), device)
                 data_time += time.perf_counter() - t_data
-                batch = to_device(batch, device)
                 ids += batch.get("ids", [])
-                # DDP all-reduces gradients in the last micro-batch's backward only.
+                # DDP all-reduces the gradients during the last micro-batch's backward only.
                 sync = nullcontext() if micro == accum - 1 or world_size == 1 else model.no_sync()
                 with sync:
                     with autocast():
-                        outputs = model(batch)
-                        loss = criterion(outputs, batch) / accum
+                        loss = criterion(model(batch), batch) / accum
                     scaler.scale(loss).backward()
                 step_loss += loss.detach().float()
                 items += spec.count_items(batch)
-            scaler.unscale_(optimizer)  # no-op unless fp16; clipping and the norm need true gradients
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                       cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf)
-            # fp16 overflows in the gradients are the GradScaler's business (it skips and rescales).
+            scaler.unscale_(optimizer)  # no-op unless fp16: clipping and the norm need the true gradients
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip or math.inf)
+
+            # One small all-reduce: the loss, "not finite here", "stop asked here", and the items.
+            # fp16 gradient overflows are left to the GradScaler, which skips the step and rescales.
             bad = ~torch.isfinite(step_loss) | (~torch.isfinite(grad_norm) & (not scaler.is_enabled()))
-            agreed = reduce_tensor(torch.stack([step_loss, bad.float(), torch.tensor(
-                float(stop.signal_name is not None), device=device), torch.tensor(float(items), device=device)]),
-                op="sum").tolist()
-            loss_mean, any_bad, stop_asked, items = agreed[0] / world_size, agreed[1] > 0, agreed[2] > 0, agreed[3]
+            flags = [step_loss, bad.float(), torch.tensor(float(stop.signal_name is not None)), torch.tensor(items)]
+            total, n_bad, n_stop, items = reduce_tensor(torch.stack([f.to(device).float() for f in flags]),
+                                                        op="sum").tolist()
+            loss_mean = total / world_size
             step += 1
-            if any_bad:
+            if n_bad:
                 all_ids = sum(all_gather_object(ids), [])
                 message = f"non-finite loss or gradient norm (loss {loss_mean}, grad norm {grad_norm.item()})"
                 if cfg.train.on_nonfinite == "stop":
                     last = output_dir / "checkpoint_last.pt"
-                    raise TrainingError(f"step {step}: {message}; batch utterances: {', '.join(map(str, all_ids))}; "
-                                        f"last good checkpoint: {last if last.exists() else 'none yet'}")
-                optimizer.zero_grad(set_to_none=True)
+                    raise TrainingError(f"step {step}: {message}; batch utterances: {', '.join(map(str, all_ids))}"
+                                        f"; last good checkpoint: {last if last.exists() else 'none yet'}")
+                optimizer.zero_grad(set_to_none=True)  # nothing to apply: the optimizer step below is a no-op
                 skipped_steps += 1
-                log_event("nonfinite", f"{message}: step skipped ({skipped_steps} so far)", all_ids)
-            else:
-                if ema_steps >= 20 and cfg.train.spike_factor > 0 and \
-                        loss_mean > loss_ema + (cfg.train.spike_factor - 1) * abs(loss_ema):
-                    log_event("spike", f"loss {loss_mean:.4f} is above {cfg.train.spike_factor}x its running mean "
-                                       f"{loss_ema:.4f}", sum(all_gather_object(ids), []))
-                else:
-                    loss_ema = loss_mean if ema_steps == 0 else 0.95 * loss_ema + 0.05 * loss_mean
-                    ema_steps += 1
-            scaler.step(optimizer)  # after zero_grad (skipped step) there is nothing to apply
+                log.anomaly(step, "nonfinite", f"{message}: step skipped ({skipped_steps} so far)", all_ids)
+            elif monitor.is_spike(loss_mean):
+                log.anomaly(step, "spike", f"loss {loss_mean:.4f} is above {cfg.train.spike_factor}x its running "
+                                           f"mean {monitor.mean:.4f}", sum(all_gather_object(ids), []))
+            scaler.step(optimizer)
             scaler.update()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            window["steps"] += 1
-            if not any_bad:
-                window["loss"] += loss_mean
-                window["good"] += 1
-            window["items"] += items
-            window["step_time"] += time.perf_counter() - t_start
-            window["data_time"] += data_time
-            progress.update(1)
+            window.add(None if n_bad else loss_mean, items, time.perf_counter() - t_start, data_time)
+            log.step_done()
 
-            if is_main and (step % cfg.train.log_interval == 0 or step == cfg.train.max_steps):
-                step_time = window["step_time"] / window["steps"]
-                row = {"step": step, "epoch": epoch, "loss": window["loss"] / window["good"] if window["good"] else math.nan,
-                       "lr": optimizer.param_groups[0]["lr"], "items_per_s": window["items"] / window["step_time"],
-                       "step_time_s": step_time, "data_time_s": window["data_time"] / window["steps"],
-                       "grad_norm": grad_norm.item(), "skipped_steps": skipped_steps}
-                if row["data_time_s"] > 0.1 * step_time:
-                    progress.write(f"warning: step {step}: waiting {row['data_time_s']:.3f} s per step for data "
-                                   f"({100 * row['data_time_s'] / step_time:.0f}% of the step); raise "
-                                   "data.num_workers or cache mels (scripts/preprocess.py)")
-                metrics.write(json.dumps(row) + "\n")
-                metrics.flush()
-                for key in ("loss", "lr", "items_per_s", "step_time_s", "data_time_s", "grad_norm"):
-                    writer.add_scalar(f"train/{key}", row[key], step)
-                progress.set_postfix(loss=f"{row['loss']:.4f}", items_s=f"{row['items_per_s']:.0f}")
-            if step % cfg.train.log_interval == 0:
-                window = {"loss": 0.0, "good": 0, "items": 0.0, "steps": 0, "step_time": 0.0, "data_time": 0.0}
-
+            if step % cfg.train.log_interval == 0 or step == cfg.train.max_steps:
+                log.metrics(window.row(step=step, epoch=epoch, lr=optimizer.param_groups[0]["lr"],
+                                       grad_norm=grad_norm.item(), skipped_steps=skipped_steps))
+                window = StepWindow()
             if step % cfg.train.val_interval == 0 or step == cfg.train.max_steps:
-                val_loss = validate(model, criterion, val_loader, device, autocast, spec, step, writer, output_dir,
-                                    is_main)
-                if is_main:
-                    writer.add_scalar("val/loss", val_loss, step)
-                    with open(output_dir / "val_metrics.jsonl", "a") as handle:
-                        handle.write(json.dumps({"step": step, "epoch": epoch, "val_loss": val_loss}) + "\n")
-                    progress.write(f"step {step}: validation loss {val_loss:.4f}")
-
-            if stop_asked or step % cfg.train.checkpoint_interval == 0 or step == cfg.train.max_steps:
-                path = checkpoint()
-                if is_main:
-                    progress.write(f"step {step}: saved {path}")
-            if stop_asked:
-                if is_main:
-                    progress.write(f"stopped at step {step} on {stop.signal_name or 'another rank’s signal'}; "
-                                   f"resume with the same command (--resume auto reads "
-                                   f"{output_dir / 'checkpoint_last.pt'})")
-                break
-
+                val_loss = validate(model, criterion, val_loader, device, autocast, spec, step, log.writer,
+                                    output_dir, is_main)
+                log.validation(step, epoch, val_loss)
+            if n_stop or step % cfg.train.checkpoint_interval == 0 or step == cfg.train.max_steps:
+                checkpoint()
+            if n_stop:
+                log.print(f"stopped at step {step} on {stop.signal_name or 'another rank’s signal'}; resume with "
+                          f"the same command (--resume auto reads {output_dir / 'checkpoint_last.pt'})")
+                return
     finally:
-        progress.close()  # also on an error, so that its ERROR line starts a line of its own
+        log.close()  # also on an error, so that its ERROR line starts a line of its own
     if is_main:
-        metrics.close()
-        writer.close()
-        if step >= cfg.train.max_steps:
-            print(f"done: {step} steps; checkpoint {output_dir / 'checkpoint_last.pt'}")
+        print(f"done: {step} steps; checkpoint {output_dir / 'checkpoint_last.pt'}")
 
 
 if __name__ == "__main__":

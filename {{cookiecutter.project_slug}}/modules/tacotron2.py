@@ -45,6 +45,37 @@ def get_padding_mask(lengths: torch.Tensor, max_len: Optional[int] = None) -> to
     return positions.unsqueeze(0) >= lengths.unsqueeze(1)
 
 
+def pad_memory(memory: torch.Tensor, mask: Optional[torch.Tensor], multiple: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad encoder outputs along the text axis to a multiple of ``multiple``, masking the new positions.
+
+    Args:
+        memory: ``(B, L, E)`` encoder outputs.
+        mask: ``(B, L)`` bool, ``True`` at padded positions, or ``None`` (no padding yet).
+        multiple: bucket size in symbols (>= 1).
+
+    Returns:
+        ``(memory (B, L', E), mask (B, L'))`` with ``L'`` the smallest multiple of ``multiple`` >= ``L``;
+        the added positions hold zeros and are ``True`` in the mask. Unchanged when ``L`` is already one.
+
+    Raises:
+        ValueError: ``multiple < 1`` or a mask of another shape than ``(B, L)``.
+    """
+    if multiple < 1:
+        raise ValueError(f"pad_memory: multiple must be >= 1, got {multiple}")
+    batch, length = memory.size(0), memory.size(1)
+    if mask is not None and mask.shape != (batch, length):
+        raise ValueError(f"pad_memory: mask has shape {tuple(mask.shape)}, expected {(batch, length)}")
+    extra = -length % multiple
+    if mask is None:
+        mask = torch.zeros(batch, length, dtype=torch.bool, device=memory.device)
+    if extra == 0:
+        return memory, mask
+    memory = F.pad(memory, (0, 0, 0, extra))
+    mask = F.pad(mask, (0, extra), value=True)
+    return memory, mask
+
+
 class Prenet(nn.Module):
     """Bottleneck for the previous mel frame: ``len(sizes)`` x (linear, ReLU, dropout).
 
@@ -224,6 +255,52 @@ class Decoder(nn.Module):
         self.decoder_rnn = nn.LSTMCell(attention_rnn_dim + encoder_dim, decoder_rnn_dim)
         self.linear_projection = LinearNorm(decoder_rnn_dim + encoder_dim, n_mels)
         self.gate_layer = LinearNorm(decoder_rnn_dim + encoder_dim, 1, w_init_gain="sigmoid")
+        # Fast path (off by default; see enable_fast_path): text-length bucket and the compiled step.
+        self.text_bucket = 1
+        self._compiled_step = None
+
+    def enable_fast_path(self, text_bucket: int = 64, **compile_kwargs) -> None:
+        """Run the teacher-forced loop of :meth:`forward` through a compiled step function.
+
+        The decoder loop is launch-bound on a GPU: at every one of the ``T`` (up to ~800) steps it runs
+        about 30 small kernels forward and twice that backward. ``torch.compile`` of the *step* (not of the
+        loop, which would unroll ``T`` copies) turns a step into a few matrix products plus a handful of
+        fused elementwise kernels, compiled once and reused at every step. To keep that one graph:
+
+        * the memory (encoder outputs, processed memory, mask) is padded along the text axis to a
+          multiple of ``text_bucket`` symbols, so batches of different text lengths share a few static
+          shapes. Padded positions are masked: their attention weight is exactly 0, the location
+          convolution sees the same zeros it would see as padding, so the outputs are unchanged (the
+          alignments are cut back to the batch's text length);
+        * step 0 runs eagerly: its state is the zero initial state (no gradient, float32 under autocast),
+          which would otherwise need a second graph;
+        * the step has no host synchronisation (no ``.item()``, no data-dependent Python branch), which
+          ``fullgraph=True`` enforces at compile time.
+
+        :meth:`inference` (free-running synthesis) stays eager. Dropout inside the compiled step draws
+        from Inductor's random generator: the same distribution, other samples than eager mode.
+
+        Args:
+            text_bucket: pad the text axis to a multiple of this many symbols (>= 1; 1: no padding).
+            **compile_kwargs: passed to ``torch.compile`` (defaults ``fullgraph=True``, ``dynamic=False``;
+                tests pass ``backend="aot_eager"``; ``mode="reduce-overhead"`` adds CUDA graphs).
+
+        Raises:
+            ValueError: ``text_bucket < 1``.
+        """
+        if text_bucket < 1:
+            raise ValueError(f"Decoder.enable_fast_path: text_bucket must be >= 1, got {text_bucket}")
+        compile_kwargs.setdefault("fullgraph", True)
+        compile_kwargs.setdefault("dynamic", False)
+        self.text_bucket = text_bucket
+        # The unbound function, called with the module as first argument: a deep copy of the model then
+        # shares the compiled code but runs on its own parameters.
+        self._compiled_step = torch.compile(type(self)._step, **compile_kwargs)
+
+    def disable_fast_path(self) -> None:
+        """Back to the plain eager loop (no padding, no compiled step)."""
+        self.text_bucket = 1
+        self._compiled_step = None
 
     def _initial_state(self, memory: torch.Tensor) -> dict[str, torch.Tensor]:
         """Zero LSTM states, attention weights and context for a batch of ``memory`` ``(B, L, E)``."""
@@ -285,15 +362,25 @@ class Decoder(nn.Module):
         go = mels.new_zeros(mels.size(0), self.n_mels, 1)
         inputs = torch.cat((go, mels[:, :, :-1]), dim=2).permute(2, 0, 1)  # (T, B, n_mels)
         inputs = self.prenet(inputs)
+        text_len = memory.size(1)
+        if self.text_bucket > 1:
+            memory, memory_mask = pad_memory(memory, memory_mask, self.text_bucket)
         processed_memory = self.attention.process_memory(memory)
         state = self._initial_state(memory)
         frames, gates, alignments = [], [], []
-        for prenet_out in inputs:
-            frame, gate, state = self._step(prenet_out, state, memory, processed_memory, memory_mask)
+        for t, prenet_out in enumerate(inputs):
+            if t == 0 or self._compiled_step is None:
+                frame, gate, state = self._step(prenet_out, state, memory, processed_memory, memory_mask)
+            else:
+                frame, gate, state = self._compiled_step(self, prenet_out, state, memory, processed_memory,
+                                                         memory_mask)
             frames.append(frame)
             gates.append(gate)
             alignments.append(state["weights"])
-        return torch.stack(frames, dim=2), torch.stack(gates, dim=1), torch.stack(alignments, dim=1)
+        alignments = torch.stack(alignments, dim=1)
+        if alignments.size(2) != text_len:
+            alignments = alignments[:, :, :text_len]
+        return torch.stack(frames, dim=2), torch.stack(gates, dim=1), alignments
 
     @torch.no_grad()
     def inference(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -11,8 +11,9 @@ import os
 import pickle
 import random
 import re
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -55,22 +56,60 @@ def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, ke
         output_dir: the run's output folder (must exist).
         state: plain dict of tensors and primitives (see :func:`load_checkpoint`).
         step: optimizer step, used in the file name.
-        keep_last: how many numbered checkpoints to keep (0 keeps all); ``checkpoint_last.pt`` always stays.
+        keep_last: how many numbered checkpoints to keep (0 keeps all), the newest by step; the one just
+            written and ``checkpoint_last.pt`` always stay.
 
     Returns:
         the path of the numbered checkpoint.
+
+    Raises:
+        CheckpointError: ``state`` holds objects that :func:`load_checkpoint` would refuse (nothing is written).
     """
     output_dir = Path(output_dir)
+    remove_stale_temporaries(output_dir)
     buffer = io.BytesIO()
     torch.save(state, buffer)
     data = buffer.getvalue()
     numbered = output_dir / f"checkpoint_{step}.pt"
+    # A file that load_checkpoint would refuse must not replace a good checkpoint_last.pt.
+    unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
+    if unsafe:
+        raise CheckpointError(f"refusing to write {numbered}: the state holds objects that a weights_only=True "
+                              f"load refuses ({', '.join(unsafe)}); store tensors and Python primitives only")
     atomic_write_bytes(numbered, data)
     atomic_write_bytes(output_dir / "checkpoint_last.pt", data)
     if keep_last > 0:
-        for old in list_checkpoints(output_dir)[:-keep_last]:
+        # The newest by step, but never the file just written (an older run's higher steps may be there).
+        others = [path for path in list_checkpoints(output_dir) if path != numbered]
+        for old in others[:max(0, len(others) - (keep_last - 1))]:
             old.unlink()
     return numbered
+
+
+def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
+    """Delete the temporary files of :func:`atomic_write_bytes` left by processes that no longer run.
+
+    A process killed mid-save (SIGKILL, out of memory) leaves ``.checkpoint_*.pt.tmp<pid>`` behind, as
+    large as a checkpoint; without this they would pile up over preemptions. Returns what was removed.
+    """
+    removed = []
+    for path in Path(output_dir).glob(".checkpoint_*.pt.tmp*"):
+        pid = path.name.rpartition(".tmp")[2]
+        if not pid.isdigit() or int(pid) == os.getpid() or _process_exists(int(pid)):
+            continue
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
@@ -91,15 +130,34 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as err:  # depends on the damage
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
-        # torch's weights_only refusal is long; its "WeightsUnpickler error" line names the offending object.
-        reason = next((line for line in lines if "WeightsUnpickler error" in line), lines[0])
-        raise CheckpointError(f"cannot load checkpoint {path} safely: {reason}") from err
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location=map_location, weights_only=True)
+    # Which one depends on the damage: a cut file, a foreign file, a refused global, a corrupted pickle.
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, KeyError, IndexError,
+            AttributeError, TypeError, OverflowError) as err:
+        raise CheckpointError(f"cannot load checkpoint {path} safely: {_load_failure(err)}") from err
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path} is not a checkpoint of this project (no 'model' entry)")
     return state
+
+
+def _load_failure(err: BaseException) -> str:
+    """One line on why ``torch.load`` failed; for a weights_only refusal, the refused global or opcode.
+
+    torch's refusal is a paragraph of advice (including how to allowlist the global, which is not advice to
+    follow for a file of unknown origin); the line that matters reads like "WeightsUnpickler error:
+    Unsupported global: GLOBAL io.open ..." or "Trying to load unsupported GLOBAL posix.system ...".
+    """
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if not lines:
+        return f"{type(err).__name__} while unpickling"
+    if not lines[0].startswith("Weights only load failed"):
+        return lines[0]
+    boilerplate = ("(1)", "(2)", "Check the documentation")
+    detail = " ".join(line for line in lines[1:] if not line.startswith(boilerplate))
+    detail = detail.rpartition("WeightsUnpickler error:")[2].split(" Please use ")[0].strip()
+    return f"refused by weights_only=True, nothing was run: {detail or lines[0]}"
 
 
 def load_model_state(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
@@ -108,6 +166,12 @@ def load_model_state(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]
     Raises:
         CheckpointError: the keys or shapes do not match (e.g. a checkpoint of another model or config).
     """
+    if not isinstance(state_dict, Mapping):
+        raise CheckpointError(f"{source}: its 'model' entry is a {type(state_dict).__name__}, not a state dict")
+    not_tensors = sorted(str(k) for k, v in state_dict.items() if not isinstance(v, torch.Tensor))
+    if not_tensors:
+        raise CheckpointError(f"{source}: the model state holds entries that are not tensors: "
+                              f"{', '.join(not_tensors[:5])}{f' (+{len(not_tensors) - 5} more)' if len(not_tensors) > 5 else ''}")
     own = model.state_dict()
     missing = sorted(set(own) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(own))

@@ -1,0 +1,351 @@
+"""Tests of utils/checkpoint.py: atomic writes, pruning, SIGKILL in the middle of a save, refusal of pickled
+code, damaged files, and strict model loading that names what does not fit."""
+
+import builtins
+import io
+import os
+import pickle
+import queue
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from conftest import ROOT
+from utils.checkpoint import (CheckpointError, atomic_write_bytes, capture_rng_state, list_checkpoints,
+                              load_checkpoint, load_model_state, remove_stale_temporaries, restore_rng_state,
+                              save_checkpoint)
+
+
+def state_of(step: int) -> dict:
+    return {"model": {"w": torch.full((4,), float(step))}, "step": step}
+
+
+def names(folder) -> set:
+    return {p.name for p in folder.iterdir()}
+
+
+def temporaries(folder) -> list:
+    return sorted(folder.glob(".*.tmp*"))
+
+
+# --- atomic writes ----------------------------------------------------------------------------------------
+
+def test_atomic_write_swaps_in_a_new_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"old content")
+    with open(path, "rb") as reader:  # a reader of the old file keeps seeing it whole: the file was replaced,
+        atomic_write_bytes(path, b"new")  # not truncated and rewritten in place
+        assert reader.read() == b"old content"
+    assert path.read_bytes() == b"new"
+    assert names(tmp_path) == {"f.bin"}
+
+
+def test_a_failed_atomic_write_keeps_the_old_file_and_cleans_up(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"old content")
+    with pytest.raises(TypeError):
+        atomic_write_bytes(path, "not bytes")  # fails inside the write, after the temporary was created
+    assert path.read_bytes() == b"old content"
+    assert names(tmp_path) == {"f.bin"}
+
+
+# --- save_checkpoint and keep_last ------------------------------------------------------------------------
+
+def test_save_writes_numbered_and_last_and_they_load(tmp_path):
+    path = save_checkpoint(tmp_path, state_of(7), 7)
+    assert path == tmp_path / "checkpoint_7.pt"
+    assert names(tmp_path) == {"checkpoint_7.pt", "checkpoint_last.pt"}
+    for name in ("checkpoint_7.pt", "checkpoint_last.pt"):
+        loaded = load_checkpoint(tmp_path / name)
+        assert loaded["step"] == 7 and torch.equal(loaded["model"]["w"], torch.full((4,), 7.0))
+
+
+def test_keep_last_keeps_the_newest_numbered_ones_and_last(tmp_path):
+    (tmp_path / "checkpoint_best.pt").write_bytes(b"mine")  # not numbered: never touched
+    (tmp_path / "checkpoint_2.pt.bak").write_bytes(b"mine")
+    (tmp_path / "notes.txt").write_text("mine")
+    for step in (1, 2, 3, 10, 20, 30):
+        save_checkpoint(tmp_path, state_of(step), step, keep_last=3)
+    assert names(tmp_path) == {"checkpoint_10.pt", "checkpoint_20.pt", "checkpoint_30.pt", "checkpoint_last.pt",
+                               "checkpoint_best.pt", "checkpoint_2.pt.bak", "notes.txt"}
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint_10.pt", "checkpoint_20.pt",
+                                                            "checkpoint_30.pt"]  # by step, not by name
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["step"] == 30
+
+
+def test_keep_last_zero_keeps_all(tmp_path):
+    for step in range(1, 6):
+        save_checkpoint(tmp_path, state_of(step), step, keep_last=0)
+    assert len(list_checkpoints(tmp_path)) == 5
+
+
+def test_the_checkpoint_just_written_is_kept_among_higher_older_steps(tmp_path):
+    for step in (50, 60):  # an earlier run's checkpoints
+        save_checkpoint(tmp_path, state_of(step), step, keep_last=2)
+    path = save_checkpoint(tmp_path, state_of(5), 5, keep_last=2)
+    assert path.exists() and load_checkpoint(path)["step"] == 5
+    assert names(tmp_path) == {"checkpoint_5.pt", "checkpoint_60.pt", "checkpoint_last.pt"}
+
+
+def test_a_state_that_could_not_be_loaded_back_is_not_written(tmp_path):
+    save_checkpoint(tmp_path, state_of(1), 1)
+    before = (tmp_path / "checkpoint_last.pt").read_bytes()
+    with pytest.raises(CheckpointError, match=r"refusing to write .*checkpoint_2.pt: .*numpy"):
+        save_checkpoint(tmp_path, {**state_of(2), "loss": np.float64(0.5)}, 2)
+    assert (tmp_path / "checkpoint_last.pt").read_bytes() == before
+    assert names(tmp_path) == {"checkpoint_1.pt", "checkpoint_last.pt"}
+
+
+def test_temporaries_of_dead_processes_are_removed_by_the_next_save(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])  # its pid names a process that has ended
+    dead.wait()
+    alive = os.getppid()
+    (tmp_path / f".checkpoint_last.pt.tmp{dead.pid}").write_bytes(b"x" * 100)
+    (tmp_path / f".checkpoint_9.pt.tmp{alive}").write_bytes(b"x")  # a live writer's: left alone
+    (tmp_path / ".checkpoint_9.pt.tmpXYZ").write_bytes(b"x")  # not ours: left alone
+    assert remove_stale_temporaries(tmp_path) == [tmp_path / f".checkpoint_last.pt.tmp{dead.pid}"]
+    save_checkpoint(tmp_path, state_of(1), 1)
+    assert {p.name for p in temporaries(tmp_path)} == {f".checkpoint_9.pt.tmp{alive}", ".checkpoint_9.pt.tmpXYZ"}
+
+
+# --- SIGKILL in the middle of a save ----------------------------------------------------------------------
+
+# Imports torch once, then for each start step read from stdin forks a writer that saves a ~50 MB state in
+# a loop (announcing each save before and after) until the test SIGKILLs it.
+WRITER = textwrap.dedent('''
+    import os, sys
+    import torch
+    sys.path.insert(0, sys.argv[2])
+    from utils.checkpoint import save_checkpoint
+
+    out = sys.argv[1]
+    for line in sys.stdin:
+        step = int(line)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                payload = torch.empty(12_500_000)  # 50 MB of float32
+                while True:
+                    step += 1
+                    payload.fill_(float(step))
+                    print(f"begin {step}", flush=True)
+                    save_checkpoint(out, {"model": {"w": payload}, "step": step}, step, keep_last=2)
+                    print(f"saved {step}", flush=True)
+            finally:
+                os._exit(1)
+        print(f"pid {pid}", flush=True)
+        os.waitpid(pid, 0)
+        print(f"reaped {pid}", flush=True)
+''')
+
+
+def test_sigkill_in_the_middle_of_saves_leaves_checkpoint_last_loadable(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    proc = subprocess.Popen([sys.executable, str(script), str(out), ROOT], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line.strip()) for line in proc.stdout], daemon=True).start()
+
+    def next_line(timeout=60):
+        try:
+            return lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"the writer said nothing for {timeout} s") from None
+
+    rng = random.Random(20240607)
+    delays, killed_mid_save = [], 0
+    try:
+        for round_ in range(4):
+            proc.stdin.write(f"{round_ * 1000}\n")
+            proc.stdin.flush()
+            seen = [next_line()]
+            assert seen[0].startswith("pid "), seen
+            pid = int(seen[0].split()[1])
+            while not seen[-1].startswith("saved"):  # one whole save first, so there is something to keep
+                seen.append(next_line())
+            delays.append(rng.uniform(0.0, 0.8))
+            time.sleep(delays[-1])
+            os.kill(pid, signal.SIGKILL)
+            while seen[-1] != f"reaped {pid}":
+                seen.append(next_line())
+            saved = max(int(s.split()[1]) for s in seen if s.startswith("saved"))
+            begun = max(int(s.split()[1]) for s in seen if s.startswith("begin"))
+            killed_mid_save += begun > saved
+
+            state = load_checkpoint(out / "checkpoint_last.pt")
+            context = f"round {round_}, killed {delays[-1]:.2f} s after a save; saved {saved}, begun {begun}"
+            assert state["step"] in (saved, begun), context  # the last finished save, or the one in flight
+            assert torch.equal(state["model"]["w"], torch.full((12_500_000,), float(state["step"]))), context
+            for path in list_checkpoints(out):  # numbered ones are written the same way
+                assert load_checkpoint(path)["step"] == int(path.stem.split("_")[1]), context
+            assert len(temporaries(out)) <= 1, f"{context}: {temporaries(out)}"  # older ones were cleaned up
+    finally:
+        proc.kill()
+        proc.wait()
+    assert killed_mid_save >= 1, f"no kill landed inside a save (delays {delays}): the test proved nothing"
+
+
+# --- refusing pickled code --------------------------------------------------------------------------------
+
+class OpensAFile:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return builtins.open, (self.marker, "w")
+
+
+class RunsAShell:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("payload, global_name", [(OpensAFile, "open"), (RunsAShell, "posix.system")])
+@pytest.mark.parametrize("container", ["torch.save", "pickle"])
+def test_a_checkpoint_holding_code_is_refused_and_never_run(tmp_path, payload, global_name, container):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    state = {"model": {"w": torch.zeros(2)}, "step": 1, "extra": payload(marker)}
+    if container == "torch.save":
+        torch.save(state, path)
+    else:
+        path.write_bytes(pickle.dumps(state))
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    message = str(info.value)
+    assert message.startswith(f"cannot load checkpoint {path} safely: refused by weights_only=True, nothing was "
+                              "run: "), message
+    assert "\n" not in message and "allowlist" not in message and "Please use" not in message, message
+    if container == "torch.save":
+        assert f"GLOBAL {global_name}" in message or f".{global_name}" in message, message  # names what was refused
+    assert not marker.exists(), "the payload ran"
+    # The payload is live: an unsafe load does run it (this is what weights_only=True prevents).
+    if container == "torch.save":
+        torch.load(path, weights_only=False)
+    else:
+        pickle.loads(path.read_bytes())
+    assert marker.exists()
+
+
+# --- damaged or foreign files -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def good_bytes(tmp_path_factory):
+    path = tmp_path_factory.mktemp("good") / "good.pt"
+    torch.save({"model": nn.Linear(3, 2).state_dict(), "step": 3, "rng": capture_rng_state()}, path)
+    return path.read_bytes()
+
+
+def test_missing_truncated_and_foreign_files_are_named(tmp_path, good_bytes):
+    with pytest.raises(CheckpointError, match="checkpoint not found: .*nothing.pt"):
+        load_checkpoint(tmp_path / "nothing.pt")
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        load_checkpoint(tmp_path)
+    cases = {"empty.pt": b"", "text.pt": b"hello\n", "random.pt": bytes(random.Random(0).randbytes(4096))}
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("readme.txt", "a zip, but not a checkpoint")
+    cases["other.zip"] = buffer.getvalue()
+    for cut in range(0, len(good_bytes), max(1, len(good_bytes) // 40)):
+        cases[f"cut_{cut}.pt"] = good_bytes[:cut]
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(CheckpointError) as info:
+            load_checkpoint(tmp_path / name)
+        assert str(info.value).startswith(f"cannot load checkpoint {tmp_path / name} safely: "), str(info.value)
+        assert "\n" not in str(info.value)
+    torch.save([1, 2, 3], tmp_path / "list.pt")
+    with pytest.raises(CheckpointError, match="list.pt is not a checkpoint of this project"):
+        load_checkpoint(tmp_path / "list.pt")
+
+
+def test_a_corrupted_pickle_is_a_checkpoint_error_or_loads(tmp_path, good_bytes):
+    """Random byte changes in the pickled part: whatever torch's unpickler raises becomes a CheckpointError."""
+    with zipfile.ZipFile(io.BytesIO(good_bytes)) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    pkl_name = next(name for name in members if name.endswith("data.pkl"))
+    rng = random.Random(7)
+    kinds = set()
+    model = nn.Linear(3, 2)
+    for i in range(250):
+        data = bytearray(members[pkl_name])
+        for _ in range(rng.randint(1, 3)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as archive:
+            for name, content in members.items():
+                archive.writestr(name, bytes(data) if name == pkl_name else content)
+        path = tmp_path / "mutated.pt"
+        path.write_bytes(buffer.getvalue())
+        try:
+            state = load_checkpoint(path)
+            load_model_state(model, state["model"], str(path))
+            kinds.add("loaded")
+        except CheckpointError as err:
+            kinds.add(type(err.__cause__).__name__ if err.__cause__ else "CheckpointError")
+    assert len(kinds) >= 3, kinds  # the mutations did reach several of the unpickler's failure modes
+
+
+# --- load_model_state -------------------------------------------------------------------------------------
+
+def small_net(hidden=4):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, hidden), nn.Tanh(), nn.Linear(hidden, 2))
+
+
+def test_load_model_state_names_missing_unexpected_and_misshapen_keys():
+    model = small_net()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state = small_net(hidden=5).state_dict()  # another config: every tensor of the hidden layer differs
+    state["extra.weight"] = torch.zeros(1)
+    del state["2.bias"]
+    with pytest.raises(CheckpointError) as info:
+        load_model_state(model, state, "other.pt")
+    assert str(info.value) == ("other.pt does not fit this model: missing: 2.bias; unexpected: extra.weight; "
+                               "shape mismatch: 0.bias (5,) vs (4,), 0.weight (5, 3) vs (4, 3), "
+                               "2.weight (2, 5) vs (2, 4)")
+    for key, value in model.state_dict().items():  # nothing was loaded half-way
+        assert torch.equal(value, before[key]), key
+
+
+def test_load_model_state_shortens_long_lists_and_refuses_non_tensors():
+    model = nn.Sequential(*[nn.Linear(2, 2) for _ in range(4)])
+    with pytest.raises(CheckpointError, match=r"missing: 0.bias, 0.weight, 1.bias, 1.weight, 2.bias \(\+3 more\)$"):
+        load_model_state(model, {}, "empty.pt")
+    with pytest.raises(CheckpointError, match="x.pt: the model state holds entries that are not tensors: a, b"):
+        load_model_state(model, {**model.state_dict(), "a": 1, "b": "s"}, "x.pt")
+    with pytest.raises(CheckpointError, match="x.pt: its 'model' entry is a list, not a state dict"):
+        load_model_state(model, [1], "x.pt")
+
+
+def test_load_model_state_loads_a_fitting_state():
+    model, other = small_net(), nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    load_model_state(other, model.state_dict(), "ok.pt")
+    for key, value in model.state_dict().items():
+        assert torch.equal(other.state_dict()[key], value)
+
+
+def test_rng_state_survives_a_weights_only_round_trip(tmp_path):
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    save_checkpoint(tmp_path, {"model": {}, "rng": capture_rng_state()}, 1)
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    restore_rng_state(load_checkpoint(tmp_path / "checkpoint_last.pt")["rng"])
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected

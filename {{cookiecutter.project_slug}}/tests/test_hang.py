@@ -1,0 +1,209 @@
+"""A rank that hangs is ended by the process-group timeout, with a message naming the rank that gave up.
+
+Real jobs of 2 gloo processes through multiproc.py: rank 1 sleeps (or is stopped with SIGSTOP) while
+rank 0 waits in a collective with a 5-10 s timeout. Nothing is mocked.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, synth_corpus
+from model import MODELS
+
+TIMEOUT_S = 5
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+# Rank 1 joins, then hangs (sleeps far past the timeout); rank 0 enters the collective named in argv[1].
+SCRIPT = textwrap.dedent('''
+    import sys, time
+    import torch
+    import distributed as D
+
+    which, timeout_s = sys.argv[1], float(sys.argv[2])
+    info = D.init_distributed(timeout_s=timeout_s)
+    print(f"rank {info.rank} joined", flush=True)
+    if info.rank == 1:
+        time.sleep(120)
+        sys.exit(0)
+    start = time.monotonic()
+    try:
+        if which == "reduce_tensor":
+            D.reduce_tensor(torch.ones(3))
+        elif which == "all_gather_object":
+            D.all_gather_object({"rank": info.rank})
+        else:
+            D.barrier()
+    except D.CollectiveTimeout as err:
+        print(f"ERROR: {err}", file=sys.stderr, flush=True)
+        print(f"waited {time.monotonic() - start:.1f} s", flush=True)
+        sys.exit(1)
+    print("the collective returned", flush=True)
+''')
+
+# A job of 2 that only rank 0 ever joins.
+ALONE = textwrap.dedent('''
+    import sys, time
+    import distributed as D
+
+    start = time.monotonic()
+    try:
+        D.init_distributed(timeout_s=float(sys.argv[1]))
+    except D.CollectiveTimeout as err:
+        print(f"ERROR: {err}", file=sys.stderr, flush=True)
+        print(f"waited {time.monotonic() - start:.1f} s", flush=True)
+        sys.exit(1)
+    print("joined alone", flush=True)
+''')
+
+COLLECTIVES = {"reduce_tensor": "all_reduce (mean)", "all_gather_object": "all_gather_object",
+               "barrier": "barrier"}
+
+
+def clean_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    return {**env, "PYTHONPATH": os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1"}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """Start every hanging job at once (they mostly wait), then collect (returncode, stdout, stderr, seconds)."""
+    tmp = tmp_path_factory.mktemp("hang")
+    (tmp / "script.py").write_text(SCRIPT)
+    (tmp / "alone.py").write_text(ALONE)
+    started = {}
+    for which in COLLECTIVES:
+        cmd = [sys.executable, os.path.join(ROOT, "multiproc.py"), "--nproc-per-node", "2", "--log-dir",
+               str(tmp / f"logs_{which}"), str(tmp / "script.py"), which, str(TIMEOUT_S)]
+        started[which] = (subprocess.Popen(cmd, cwd=tmp, env=clean_env(), stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True, start_new_session=True),
+                          time.monotonic())
+    alone_env = {**clean_env(), "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(free_port())}
+    started["rendezvous"] = (subprocess.Popen([sys.executable, str(tmp / "alone.py"), str(TIMEOUT_S)], cwd=tmp,
+                                              env=alone_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                              text=True, start_new_session=True), time.monotonic())
+    results = {}
+    try:
+        for name, (proc, start) in started.items():
+            out, err = proc.communicate(timeout=120)  # a real hang fails here, after killing the job
+            results[name] = (proc.returncode, out, err, time.monotonic() - start)
+    finally:
+        for proc, _ in started.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return results
+
+
+def waited(stdout: str) -> float:
+    match = re.search(r"waited ([\d.]+) s", stdout)
+    assert match, stdout
+    return float(match.group(1))
+
+
+@pytest.mark.parametrize("which", list(COLLECTIVES))
+def test_a_hung_rank_ends_the_job_with_the_timeout_and_the_rank_named(jobs, which):
+    code, out, err, seconds = jobs[which]
+    console = out + err
+    assert code == 1, console  # rank 0's exit code, passed on by multiproc
+    assert seconds < 40, f"the job took {seconds:.0f} s to end"
+    errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
+    assert len(errors) == 1, console
+    assert errors[0].startswith(f"ERROR: rank 0: {COLLECTIVES[which]} timed out after {TIMEOUT_S} s waiting for "
+                                "the other 1 rank(s): another rank hung or died"), errors[0]
+    assert TIMEOUT_S - 0.5 <= waited(out) < TIMEOUT_S + 10, "ended by the process group's timeout, not sooner"
+    assert "multiproc: rank 0 failed (exit code 1)" in err and "stopped the other rank(s): [1]" in err, console
+    assert "the collective returned" not in out
+
+
+def test_a_rank_that_never_starts_times_out_the_rendezvous(jobs):
+    code, out, err, seconds = jobs["rendezvous"]
+    assert code == 1, out + err
+    errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
+    assert len(errors) == 1 and re.match(rf"ERROR: rank 0: rendezvous at 127\.0\.0\.1:\d+ timed out after "
+                                         rf"{TIMEOUT_S} s", errors[0]), err
+    assert TIMEOUT_S - 0.5 <= waited(out) < TIMEOUT_S + 10
+
+
+# --- the same through train.py ----------------------------------------------------------------------------
+
+def rank_pids(launcher_pid: int) -> dict:
+    """{rank: pid} of the processes the launcher started (read from /proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while being read
+        if ppid == launcher_pid:
+            env = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+            if b"RANK" in env:
+                found[int(env[b"RANK"])] = int(entry.name)
+    return found
+
+
+def reached_step(metrics: Path, step: int) -> bool:
+    """Whether rank 0 has logged ``step`` (complete lines only: the last one may be half written)."""
+    text = metrics.read_text() if metrics.exists() else ""
+    return any(json.loads(line)["step"] >= step for line in text[:text.rfind("\n") + 1].splitlines())
+
+
+@pytest.mark.xfail(strict=True, reason="train.py runs DDP's backward outside distributed.collective(), so gloo's "
+                                       "bare RuntimeError timeout escapes main() as a traceback (see report)")
+def test_train_py_names_the_rank_when_another_one_hangs(tmp_path):
+    model = "waveglow" if "waveglow" in MODELS else next(iter(MODELS))
+    corpus = synth_corpus(tmp_path / "corpus", n=10)
+    out = tmp_path / "out"
+    timeout_s = 10
+    cmd = [sys.executable, "multiproc.py", "--nproc-per-node", "2", "--log-dir", str(out / "logs"), "train.py",
+           "--config", "config.json", "--model", model, "--tiny", "--max-steps", "1000", "--dataset-path",
+           str(corpus), "--output-dir", str(out), "--set", "data.num_workers=0", "--set", "train.log_interval=1",
+           "--set", "train.val_interval=100000", "--set", "train.checkpoint_interval=100000",
+           "--set", f"train.dist_timeout_s={timeout_s}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    stopped = None
+    try:
+        deadline = time.monotonic() + 120
+        while not reached_step(out / "metrics.jsonl", 1):
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not reach step 1"
+            time.sleep(0.2)
+        pids = rank_pids(proc.pid)
+        os.kill(pids[1], signal.SIGSTOP)  # rank 1 hangs: it will never reach the next gradient all-reduce
+        stopped = pids[1]
+        hung_at = time.monotonic()
+        while pids[0] in rank_pids(proc.pid).values() and time.monotonic() < hung_at + timeout_s + 30:
+            time.sleep(0.2)
+        rank0_ended_after = time.monotonic() - hung_at
+        os.kill(stopped, signal.SIGCONT)  # let it take the launcher's SIGTERM
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    console = stdout + stderr
+    assert rank0_ended_after < timeout_s + 25, f"rank 0 was still waiting {rank0_ended_after:.0f} s after the hang"
+    assert proc.returncode != 0
+    errors = [line for line in stderr.splitlines() if line.startswith("ERROR:")]
+    assert len(errors) == 1 and "rank 0" in errors[0] and f"timed out after {timeout_s} s" in errors[0], console
+    assert "Traceback" not in console, console

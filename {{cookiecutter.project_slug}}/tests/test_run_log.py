@@ -1,0 +1,59 @@
+"""The loss-spike rule and the metrics window (pure logic; the loop's use of them is in test_train.py)."""
+
+import json
+import math
+
+import pytest
+
+from utils.run_log import LossMonitor, RunLog, StepWindow
+
+
+def test_spike_is_flagged_after_warmup_and_kept_out_of_the_mean():
+    monitor = LossMonitor(factor=3.0, warmup=5)
+    assert not any(monitor.is_spike(2.0) for _ in range(5))
+    assert monitor.mean == pytest.approx(2.0)
+    assert not monitor.is_spike(5.9)  # below 3 x 2.0
+    mean = monitor.mean
+    assert monitor.is_spike(100.0)
+    assert monitor.mean == mean  # the spike did not move the running mean
+
+
+def test_spike_rule_works_for_negative_losses():
+    monitor = LossMonitor(factor=3.0, warmup=3)
+    for _ in range(3):
+        monitor.is_spike(-1.0)
+    assert not monitor.is_spike(0.9)  # -1 + 2 * |-1| = 1 is the threshold
+    assert monitor.is_spike(1.5)
+
+
+def test_spikes_are_not_flagged_during_warmup_or_when_disabled():
+    assert not LossMonitor(factor=3.0, warmup=20).is_spike(1e9)
+    monitor = LossMonitor(factor=0.0, warmup=0)
+    monitor.is_spike(1.0)
+    assert not monitor.is_spike(1e9)
+
+
+def test_window_averages_finite_steps_and_sums_items():
+    window = StepWindow()
+    window.add(2.0, items=100, step_time=0.5, data_time=0.1)
+    window.add(None, items=100, step_time=0.5, data_time=0.1)  # a skipped step
+    window.add(4.0, items=100, step_time=1.0, data_time=0.1)
+    row = window.row(step=3)
+    assert row["loss"] == 3.0 and row["items_per_s"] == 150.0
+    assert row["step_time_s"] == pytest.approx(2 / 3) and row["data_time_s"] == pytest.approx(0.1)
+    only_skipped = StepWindow()
+    only_skipped.add(None, items=1, step_time=1.0, data_time=0.0)
+    assert math.isnan(only_skipped.row(step=1)["loss"])
+
+
+def test_run_log_writes_on_rank0_only(tmp_path):
+    quiet = RunLog(tmp_path / "r1", enabled=False, total_steps=2, initial_step=0)
+    quiet.anomaly(1, "spike", "x", ["a"])
+    quiet.close()
+    assert not (tmp_path / "r1").exists()
+    log = RunLog(tmp_path, enabled=True, total_steps=2, initial_step=0)
+    log.metrics({"step": 1, "loss": 1.0, "items_per_s": 1.0, "step_time_s": 1.0, "data_time_s": 0.5})
+    log.anomaly(1, "spike", "loss 9 is above", ["LJ001", "LJ002"])
+    log.close()
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["step"] == 1
+    assert json.loads((tmp_path / "anomalies.jsonl").read_text())["ids"] == ["LJ001", "LJ002"]

@@ -1,0 +1,133 @@
+"""What a run writes besides checkpoints: progress bar, ``metrics.jsonl``, TensorBoard, anomalies.
+
+Only rank 0 writes; on every other rank :class:`RunLog` is built with ``enabled=False`` and each method
+does nothing, so the training loop needs no ``if rank == 0`` around its logging.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+SCALARS = ("loss", "lr", "items_per_s", "step_time_s", "data_time_s", "grad_norm")
+
+
+class StepWindow:
+    """Sums over the steps since the last log line; :meth:`row` turns them into one ``metrics.jsonl`` row.
+
+    ``loss`` is averaged over the finite steps only (a skipped step has no loss to average);
+    ``items_per_s`` is items of all ranks over rank 0's wall time of the window.
+    """
+
+    def __init__(self):
+        self.steps = self.good = 0
+        self.loss = self.items = self.step_time = self.data_time = 0.0
+
+    def add(self, loss: float | None, items: float, step_time: float, data_time: float) -> None:
+        """Record one optimizer step (``loss`` None for a skipped step); times in seconds."""
+        self.steps += 1
+        if loss is not None:
+            self.loss += loss
+            self.good += 1
+        self.items += items
+        self.step_time += step_time
+        self.data_time += data_time
+
+    def row(self, **extra: Any) -> dict[str, Any]:
+        """``{loss, items_per_s, step_time_s, data_time_s, **extra}`` for the window (``loss`` NaN if none)."""
+        return {**extra, "loss": self.loss / self.good if self.good else math.nan,
+                "items_per_s": self.items / self.step_time if self.step_time else 0.0,
+                "step_time_s": self.step_time / self.steps, "data_time_s": self.data_time / self.steps}
+
+
+class LossMonitor:
+    """Flags a loss spike: a step loss above ``mean + (factor - 1) * |mean|`` of the running mean.
+
+    For a positive loss this is ``loss > factor * mean``; the ``|mean|`` form also works for losses
+    below zero (WaveGlow's negative log-likelihood). The running mean is an exponential moving average
+    (weight ``1 - decay`` for the newest step) that spikes do not enter; checks start after ``warmup``
+    steps. ``factor <= 0`` disables the check.
+    """
+
+    def __init__(self, factor: float, decay: float = 0.95, warmup: int = 20):
+        self.factor, self.decay, self.warmup = factor, decay, warmup
+        self.mean, self.count = 0.0, 0
+
+    def is_spike(self, loss: float) -> bool:
+        """Check ``loss`` against the running mean, then fold it in unless it is a spike."""
+        if self.factor > 0 and self.count >= self.warmup and loss > self.mean + (self.factor - 1) * abs(self.mean):
+            return True
+        self.mean = loss if self.count == 0 else self.decay * self.mean + (1 - self.decay) * loss
+        self.count += 1
+        return False
+
+
+class RunLog:
+    """Rank 0's writer: progress bar, ``metrics.jsonl``, ``val_metrics.jsonl``, ``anomalies.jsonl``, TensorBoard.
+
+    Args:
+        output_dir: the run's folder (created by the caller).
+        enabled: False on every rank but 0: then nothing is opened or written.
+        total_steps / initial_step: for the progress bar (a resumed run starts part-way).
+    """
+
+    def __init__(self, output_dir: Path, enabled: bool, total_steps: int, initial_step: int):
+        self.output_dir, self.enabled = Path(output_dir), enabled
+        self.progress = tqdm(total=total_steps, initial=initial_step, disable=not enabled, desc="train",
+                             unit="step", dynamic_ncols=True)
+        self.writer = self._metrics = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(str(self.output_dir / "tensorboard"))
+            self._metrics = open(self.output_dir / "metrics.jsonl", "a")
+
+    def print(self, message: str) -> None:
+        """A line on the console that does not break the progress bar."""
+        if self.enabled:
+            self.progress.write(message)
+
+    def step_done(self) -> None:
+        self.progress.update(1)
+
+    def metrics(self, row: dict[str, Any]) -> None:
+        """Append a training row; warn when the data loader takes more than 10% of the step."""
+        if not self.enabled:
+            return
+        if row["data_time_s"] > 0.1 * row["step_time_s"]:
+            self.print(f"warning: step {row['step']}: waiting {row['data_time_s']:.3f} s per step for data "
+                       f"({100 * row['data_time_s'] / row['step_time_s']:.0f}% of the step); raise "
+                       "data.num_workers or cache mels (scripts/preprocess.py)")
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+        for key in SCALARS:
+            if key in row:
+                self.writer.add_scalar(f"train/{key}", row[key], row["step"])
+        self.progress.set_postfix(loss=f"{row['loss']:.4f}", items_s=f"{row['items_per_s']:.0f}")
+
+    def validation(self, step: int, epoch: int, val_loss: float) -> None:
+        if not self.enabled:
+            return
+        self.writer.add_scalar("val/loss", val_loss, step)
+        self._append("val_metrics.jsonl", {"step": step, "epoch": epoch, "val_loss": val_loss})
+        self.print(f"step {step}: validation loss {val_loss:.4f}")
+
+    def anomaly(self, step: int, kind: str, message: str, ids: list) -> None:
+        """A non-finite or spiking step, with the utterance ids of its batch (all ranks)."""
+        if not self.enabled:
+            return
+        self.print(f"warning: step {step}: {message}; utterances: {', '.join(map(str, ids))}")
+        self._append("anomalies.jsonl", {"step": step, "kind": kind, "message": message, "ids": ids})
+
+    def _append(self, name: str, row: dict[str, Any]) -> None:
+        with open(self.output_dir / name, "a") as handle:
+            handle.write(json.dumps(row) + "\n")
+
+    def close(self) -> None:
+        self.progress.close()
+        if self.enabled:
+            self._metrics.close()
+            self.writer.close()
