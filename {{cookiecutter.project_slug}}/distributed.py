@@ -414,17 +414,36 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800) -> 
         raise ValueError("backend 'nccl' needs CUDA, which is not available; use 'gloo'")
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
                       MASTER_ADDR=str(env["master_addr"]), MASTER_PORT=str(env["master_port"]))
+    if backend == "gloo":
+        # Gloo's eager full-mesh connect fails after a torchrun restart (torch 2.13: "connectFullMesh failed
+        # ... Connection refused"); connecting lazily, on the first collective, restarts cleanly.
+        os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")
     global _timeout_s
     _timeout_s = timeout_s
+    timeout = datetime.timedelta(seconds=timeout_s)
     with collective(f"rendezvous at {env['master_addr']}:{env['master_port']}", rank=rank):
-        dist.init_process_group(backend=backend, init_method="env://", rank=rank,
-                                world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s),
-                                device_id=device if backend == "nccl" else None)
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout,
+                                device_id=device if backend == "nccl" else None,
+                                **_rendezvous(env["master_addr"], env["master_port"], world_size, timeout))
     logger.debug("rank %d/%d (local %d) on %s, backend %s, rendezvous %s:%s via %s", rank,
                  world_size, local_rank, device, backend, env["master_addr"],
                  env["master_port"], env["launcher"])
     return DistInfo(rank, local_rank, world_size, device, backend)
+
+
+def _rendezvous(addr: str, port: int, world_size: int, timeout: datetime.timedelta) -> dict:
+    """``init_process_group`` arguments: ``init_method="env://"``, or under torchrun a store of this attempt.
+
+    torchrun's static rendezvous (what ``multiproc.py`` uses) keeps one TCPStore for every restart of
+    the group, and env:// joins it without a prefix: a restarted rank may read the addresses its dead
+    predecessors published there, then fail ("Connection refused") or wait for them until the timeout.
+    A prefix per attempt (``TORCHELASTIC_RESTART_COUNT``) keeps each attempt's keys apart.
+    """
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or restart is None:
+        return {"init_method": "env://"}
+    store = dist.TCPStore(addr, port, world_size, is_master=False, timeout=timeout)
+    return {"store": dist.PrefixStore(f"/attempt_{restart}", store)}
 
 
 def _initialized() -> bool:
