@@ -269,6 +269,11 @@ def train(args: argparse.Namespace, cfg: Config, dist) -> None:
         if is_main:
             print(f"resumed from {resume_path} at step {step} (epoch {epoch}, batch {batch_in_epoch})")
 
+    if cfg.train.compile:  # the model's fast path (torch.compile'd hot loops); same mathematics as eager
+        if spec.optimize_for_training is None:
+            raise ConfigError(f"train.compile=true, but model '{args.model}' has no fast path "
+                              "(ModelSpec.optimize_for_training in model.py)")
+        model = spec.optimize_for_training(model, cfg)
     model = apply_gradient_allreduce(model)
     log = RunLog(output_dir, enabled=is_main, total_steps=cfg.train.max_steps, initial_step=step)
     if is_main:

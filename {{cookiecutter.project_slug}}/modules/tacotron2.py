@@ -259,13 +259,15 @@ class Decoder(nn.Module):
         self.text_bucket = 1
         self._compiled_step = None
 
-    def enable_fast_path(self, text_bucket: int = 64, **compile_kwargs) -> None:
+    def enable_fast_path(self, text_bucket: int = 32, **compile_kwargs) -> None:
         """Run the teacher-forced loop of :meth:`forward` through a compiled step function.
 
-        The decoder loop is launch-bound on a GPU: at every one of the ``T`` (up to ~800) steps it runs
-        about 30 small kernels forward and twice that backward. ``torch.compile`` of the *step* (not of the
-        loop, which would unroll ``T`` copies) turns a step into a few matrix products plus a handful of
-        fused elementwise kernels, compiled once and reused at every step. To keep that one graph:
+        The decoder loop is launch-bound on a GPU: each of the ``T`` (up to ~800) steps makes about 245
+        small operator calls forward and backward together (counted on the CPU), each through Python,
+        the dispatcher and autograd. ``torch.compile`` of the *step* (not of the loop, which would unroll
+        ``T`` copies) turns a step into two calls (forward, backward) of 32 matrix products or
+        convolutions and ~33 fused elementwise kernels, compiled once and reused at every step. To keep
+        that one graph:
 
         * the memory (encoder outputs, processed memory, mask) is padded along the text axis to a
           multiple of ``text_bucket`` symbols, so batches of different text lengths share a few static
@@ -278,7 +280,8 @@ class Decoder(nn.Module):
           ``fullgraph=True`` enforces at compile time.
 
         :meth:`inference` (free-running synthesis) stays eager. Dropout inside the compiled step draws
-        from Inductor's random generator: the same distribution, other samples than eager mode.
+        from Inductor's random generator: the same distribution, other samples than eager mode (unless
+        ``torch._inductor.config.fallback_random`` is set, as ``scripts/benchmark.py --check`` does).
 
         Args:
             text_bucket: pad the text axis to a multiple of this many symbols (>= 1; 1: no padding).

@@ -303,7 +303,7 @@ def bench_case(case: Case, precision: str, args: argparse.Namespace, device: tor
                    else None,
                    items_per_step=items, params_m=round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
                    loss=round(float(last["loss"]), 5), steps=args.steps, warmup=args.warmup)
-    except (torch.OutOfMemoryError, RuntimeError) as err:  # compiler failures are RuntimeErrors too
+    except (torch.cuda.OutOfMemoryError, RuntimeError) as err:  # compiler failures are RuntimeErrors too
         row["error"] = repr(err)[:300]
     finally:
         del model
