@@ -3,12 +3,17 @@
 import keyword
 import re
 import sys
+import unicodedata
 
-SLUG = "{{ cookiecutter.project_slug }}"
-LICENSE = "{{ cookiecutter.license }}"
-EXAMPLE_MODEL = "{{ cookiecutter.example_model }}"
-DOCKER_IMAGE = "{{ cookiecutter.docker_base_image }}"
-PROJECT_NAME = "{{ cookiecutter.project_name }}"
+# Rendered as JSON strings, which are valid Python string literals whatever the answer holds (quotes,
+# backslashes, newlines): an answer must reach the checks below, not break this file.
+SLUG = {{ cookiecutter.project_slug | tojson }}
+LICENSE = {{ cookiecutter.license | tojson }}
+EXAMPLE_MODEL = {{ cookiecutter.example_model | tojson }}
+DOCKER_IMAGE = {{ cookiecutter.docker_base_image | tojson }}
+PROJECT_NAME = {{ cookiecutter.project_name | tojson }}
+AUTHOR_NAME = {{ cookiecutter.author_name | tojson }}
+DESCRIPTION = {{ cookiecutter.description | tojson }}
 
 # Modules the generated project imports or holds: a folder of the same name on sys.path would shadow them.
 SHADOWED = {
@@ -23,10 +28,24 @@ MODELS = ("waveglow", "tacotron2", "both")
 IMAGE_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)+:[\w][\w.-]{0,127}$")
 
 
+def control_character(text: str) -> str:
+    """The first control character of ``text`` (newline, tab, escape...) as ``U+000A``, or an empty string.
+
+    The free-text answers end up on one line of the README, the LICENSE and the Dockerfile, where a newline
+    would start a line of its own (in the Dockerfile, an instruction).
+    """
+    return next((f"U+{ord(c):04X}" for c in text if unicodedata.category(c) == "Cc"), "")
+
+
 def problem() -> str:
     """The first thing wrong with the answers, or an empty string."""
     if not PROJECT_NAME.strip():
         return "project_name is empty"
+    if not AUTHOR_NAME.strip():
+        return "author_name is empty (it is the copyright holder in LICENSE)"
+    for key, text in (("project_name", PROJECT_NAME), ("author_name", AUTHOR_NAME), ("description", DESCRIPTION)):
+        if control_character(text):
+            return f"{key} holds a control character ({control_character(text)}); give one line of plain text"
     if not SLUG.isidentifier() or not SLUG.isascii():
         return f"project_slug '{SLUG}' is not a valid Python identifier (use letters, digits and _, not starting with a digit)"
     if keyword.iskeyword(SLUG) or keyword.issoftkeyword(SLUG):

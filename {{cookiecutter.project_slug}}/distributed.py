@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from typing import Mapping, Optional
 
 import torch
@@ -110,6 +111,7 @@ def collective(name: str, rank: Optional[int] = None):
     ``RuntimeError`` gloo raises (recognised by its text: gloo, NCCL, timed out, connection closed or
     reset). Anything else (an out-of-memory error in that backward, a shape mismatch) passes unchanged.
     """
+    start = time.monotonic()
     try:
         yield
     except CollectiveError:
@@ -117,14 +119,14 @@ def collective(name: str, rank: Optional[int] = None):
     except RuntimeError as err:
         if not isinstance(err, dist.DistError) and not _COMMUNICATION_RE.search(str(err)):
             raise
-        raise _collective_error(name, err, rank) from err
+        raise _collective_error(name, err, rank, time.monotonic() - start) from err
 
 
 _COMMUNICATION_RE = re.compile(r"gloo|nccl|time[d ]?\s?out|connection (?:closed|reset|refused)|broken pipe",
                                re.IGNORECASE)
 
 
-def _collective_error(name: str, err: RuntimeError, rank: Optional[int]) -> CollectiveError:
+def _collective_error(name: str, err: RuntimeError, rank: Optional[int], elapsed: float) -> CollectiveError:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
     reason = lines[0]
     if rank is None:
@@ -132,11 +134,14 @@ def _collective_error(name: str, err: RuntimeError, rank: Optional[int]) -> Coll
     world = get_world_size() if _initialized() else None
     others = f"the other {world - 1} rank(s)" if world else "the other ranks"
     after = f"{_timeout_s:g} s" if _timeout_s is not None else "the process group's timeout"
-    if re.search(r"time[d ]?\s?out", reason, re.IGNORECASE):
-        return CollectiveTimeout(f"rank {rank}: {name} timed out after {after} waiting for {others}: another rank "
-                                 f"hung or died before reaching it ({reason})", rank, name, _timeout_s)
-    return CollectiveError(f"rank {rank}: {name} failed (another rank may have died): {reason}", rank, name,
-                           _timeout_s)
+    # "timed out" in gloo's text is not always the group's timeout: a refused connect says it too, at once.
+    waited_out = _timeout_s is None or elapsed >= 0.8 * _timeout_s
+    if waited_out and re.search(r"time[d ]?\s?out", reason, re.IGNORECASE):
+        return CollectiveTimeout(f"rank {rank}: {name} timed out after {elapsed:.0f} s waiting for {others} "
+                                 f"(process-group timeout {after}): another rank hung or died before reaching it "
+                                 f"({reason})", rank, name, _timeout_s)
+    return CollectiveError(f"rank {rank}: {name} failed after {elapsed:.1f} s (another rank may have died): "
+                           f"{reason}", rank, name, _timeout_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -414,10 +419,6 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800) -> 
         raise ValueError("backend 'nccl' needs CUDA, which is not available; use 'gloo'")
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
                       MASTER_ADDR=str(env["master_addr"]), MASTER_PORT=str(env["master_port"]))
-    if backend == "gloo":
-        # Gloo's eager full-mesh connect fails after a torchrun restart (torch 2.13: "connectFullMesh failed
-        # ... Connection refused"); connecting lazily, on the first collective, restarts cleanly.
-        os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")
     global _timeout_s
     _timeout_s = timeout_s
     timeout = datetime.timedelta(seconds=timeout_s)

@@ -14,6 +14,7 @@ Wavs are 16-bit PCM at the configured sampling rate.
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from utils.audio_processing import MelSpectrogram, griffin_lim, save_wav
 from utils.checkpoint import CheckpointError, load_checkpoint, load_model_state
 from utils.config import SHARED_SECTIONS, Config, ConfigError, config_from_dict
 from utils.data_utils import DataError, load_wav
+from utils.run_log import one_line
 
 
 def load_model(path: str | Path, device: torch.device) -> tuple[str, torch.nn.Module, Config]:
@@ -43,7 +45,10 @@ def load_model(path: str | Path, device: torch.device) -> tuple[str, torch.nn.Mo
                               f"(known: {', '.join(MODELS)})")
     schemas = {**SHARED_SECTIONS, **{n: spec.config_cls for n, spec in MODELS.items()}}
     cfg = config_from_dict(state["config"], schemas)
-    model = MODELS[name].build_model(cfg)
+    try:
+        model = MODELS[name].build_model(cfg)
+    except ValueError as err:
+        raise CheckpointError(f"{path}: its {name} config does not build a model: {one_line(err)}") from None
     load_model_state(model, state["model"], str(path))
     return name, model.to(device).eval(), cfg
 
@@ -63,6 +68,9 @@ def read_mel(args, cfg: Config) -> torch.Tensor:
         mel = torch.load(args.mel, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise DataError(f"--mel {args.mel}: no such file") from None
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, KeyError, IndexError, TypeError,
+            AttributeError) as err:
+        raise DataError(f"--mel {args.mel}: not a tensor saved with torch.save ({type(err).__name__})") from None
     if not torch.is_tensor(mel) or mel.dim() not in (2, 3) or (mel.dim() == 3 and mel.shape[0] != 1):
         raise DataError(f"--mel {args.mel}: expected a tensor of shape (n_mels, frames) or (1, n_mels, frames)")
     mel = mel.reshape(mel.shape[-2], mel.shape[-1]).float()
@@ -136,7 +144,7 @@ def main(argv=None) -> int:
         else:
             raise ConfigError(f"inference.py does not know how to run a '{name}' model; add it in main()")
     except (ConfigError, DataError, CheckpointError, OSError) as err:
-        print(f"ERROR: {err}", file=sys.stderr)
+        print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1
     return 0
 

@@ -35,6 +35,7 @@ import socket
 import sys
 
 import torch
+from torch.distributed import DistError
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -139,7 +140,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the job; returns the exit status (0, the failed rank's exit code, or 128+signal)."""
+    """Run the job; returns the exit status (0, the failed rank's exit code, 128+signal, or 1 when the
+    rendezvous itself fails, e.g. ``--master-port`` already in use)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     world = args.nnodes * args.nproc_per_node
     torchrun_argv = [
@@ -176,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     except SignalException as err:
         print(f"multiproc: stopped by signal {err.sigval.name}", file=sys.stderr, flush=True)
         return 128 + int(err.sigval)
+    except DistError as err:  # the launcher's own rendezvous store: port taken, master unreachable, timeout
+        reason = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        print(f"multiproc: ERROR: rendezvous on {args.master_addr}:{args.master_port} failed: {reason}",
+              file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

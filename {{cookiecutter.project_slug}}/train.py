@@ -18,6 +18,7 @@ where the run stopped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
@@ -32,14 +33,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from distributed import (all_gather_object, apply_gradient_allreduce, cleanup, init_distributed, reduce_tensor,
-                         unwrap_model)
+from distributed import (CollectiveError, all_gather_object, apply_gradient_allreduce, cleanup, collective,
+                         init_distributed, reduce_tensor, unwrap_model)
 from model import MODELS
-from utils.checkpoint import (CheckpointError, capture_rng_state, load_checkpoint, load_model_state,
-                              restore_rng_state, save_checkpoint)
+from utils.checkpoint import (CheckpointError, atomic_write_bytes, capture_rng_state, load_checkpoint,
+                              load_model_state, restore_rng_state, save_checkpoint)
 from utils.config import SHARED_SECTIONS, Config, ConfigError, load_config
 from utils.data_utils import DataError, ResumableDistributedSampler
-from utils.run_log import LossMonitor, RunLog, StepWindow
+from utils.run_log import LossMonitor, RunLog, StepWindow, one_line
 
 
 class TrainingError(RuntimeError):
@@ -183,12 +184,15 @@ def validate(model, criterion, loader, device, autocast, spec, step, writer, out
     return (total[0] / total[1].clamp(min=1)).item()
 
 
-def one_line(err: BaseException) -> str:
-    """The error's message on one line; for an error re-raised from a DataLoader worker, the original one."""
-    lines = [line for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
-    if any("Original Traceback" in line for line in lines):  # "module.DataError: truncated wav file: ..."
-        return lines[-1].split(": ", 1)[-1]
-    return lines[0]
+@contextlib.contextmanager
+def model_config_errors(model_name: str):
+    """A plain ValueError from building the model or its datasets is a bad value in the model's config section."""
+    try:
+        yield
+    except (ConfigError, DataError):
+        raise
+    except ValueError as err:
+        raise ConfigError(f"{model_name} config: {one_line(err)}") from None
 
 
 def main(argv=None) -> int:
@@ -198,9 +202,16 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1
-    dist = init_distributed(timeout_s=cfg.train.dist_timeout_s)
+    try:
+        dist = init_distributed(timeout_s=cfg.train.dist_timeout_s)
+    except (ValueError, RuntimeError) as err:  # launcher variables, a GPU that is not there, the rendezvous
+        print(f"ERROR: {one_line(err)}", file=sys.stderr)
+        return 1
     try:
         train(args, cfg, dist)
+    except CollectiveError as err:  # its message names the rank, the collective and the timeout
+        print(f"ERROR: {one_line(err)}", file=sys.stderr)
+        return 1
     except (ConfigError, DataError, CheckpointError, TrainingError) as err:
         print(f"ERROR: rank {dist.rank}: {one_line(err)}", file=sys.stderr)
         return 1
@@ -225,7 +236,8 @@ def train(args: argparse.Namespace, cfg: Config, dist) -> None:
 
     # Same seed everywhere for the weights (DDP also broadcasts rank 0's), then one seed per rank.
     torch.manual_seed(cfg.train.seed)
-    model = spec.build_model(cfg).to(device)
+    with model_config_errors(args.model):
+        model = spec.build_model(cfg).to(device)
     seed = cfg.train.seed + rank
     random.seed(seed)
     np.random.seed(seed)
@@ -237,7 +249,8 @@ def train(args: argparse.Namespace, cfg: Config, dist) -> None:
                                  weight_decay=model_cfg.weight_decay, fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
 
-    train_set, val_set = spec.build_datasets(cfg)
+    with model_config_errors(args.model):
+        train_set, val_set = spec.build_datasets(cfg)
     train_loader = make_loader(train_set, spec, cfg, model_cfg.batch_size, rank, world_size, True, device)
     val_loader = make_loader(val_set, spec, cfg, model_cfg.batch_size, rank, world_size, False, device)
     if len(train_loader) == 0:
@@ -247,6 +260,9 @@ def train(args: argparse.Namespace, cfg: Config, dist) -> None:
     # --- resume -------------------------------------------------------------------------------
     step, epoch, batch_in_epoch, skipped_steps = 0, 0, 0, 0
     resume_path = output_dir / "checkpoint_last.pt" if args.resume == "auto" else None
+    if args.resume == "none" and (output_dir / "checkpoint_last.pt").exists():
+        raise ConfigError(f"{output_dir} already holds checkpoint_last.pt, which --resume none would overwrite; "
+                          "continue it with --resume auto, or start afresh in another --output-dir")
     if args.resume not in ("auto", "none"):
         resume_path = Path(args.resume)
         if not resume_path.is_file():
@@ -256,6 +272,11 @@ def train(args: argparse.Namespace, cfg: Config, dist) -> None:
         if state.get("model_name") != args.model:
             raise CheckpointError(f"{resume_path} holds a '{state.get('model_name')}' model, not '{args.model}'")
         load_model_state(model, state["model"], str(resume_path))
+        missing = [k for k in ("optimizer", "scheduler", "scaler", "step", "epoch", "batch_in_epoch", "rng")
+                   if k not in state]
+        if missing:
+            raise CheckpointError(f"{resume_path} is not a training checkpoint of train.py (it has no "
+                                  f"{', '.join(missing)}); --resume needs one written by train.py")
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
@@ -277,7 +298,7 @@ def train(args: argparse.Namespace, cfg: Config, dist) -> None:
     model = apply_gradient_allreduce(model)
     log = RunLog(output_dir, enabled=is_main, total_steps=cfg.train.max_steps, initial_step=step)
     if is_main:
-        (output_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        atomic_write_bytes(output_dir / "config.json", json.dumps(cfg.to_dict(), indent=2).encode())
         log.print(f"training {args.model} on {world_size} process(es), device {device}, precision "
                   f"{cfg.train.precision}; {len(train_set)} train / {len(val_set)} val utterances; "
                   f"global batch {model_cfg.batch_size * cfg.train.grad_accumulation * world_size}")
@@ -323,7 +344,8 @@ def train(args: argparse.Namespace, cfg: Config, dist) -> None:
                 with sync:
                     with autocast():
                         loss = criterion(model(batch), batch) / accum
-                    scaler.scale(loss).backward()
+                    with collective("gradient all-reduce (DDP backward)"):
+                        scaler.scale(loss).backward()
                 step_loss += loss.detach().float()
                 items += spec.count_items(batch)
             scaler.unscale_(optimizer)  # no-op unless fp16: clipping and the norm need the true gradients

@@ -212,7 +212,8 @@ def test_range_errors_name_where_the_value_came_from():
     raw = {"train": {"keep_last": -1}, "tiny": {"train": {"keep_last": -2}}}
     with pytest.raises(ConfigError, match=r"^c.json: config key 'train.keep_last' must be >= 0, got -1$"):
         build(raw, source="c.json")
-    with pytest.raises(ConfigError, match=r"^c.json \(tiny block\): config key 'train.keep_last' must be >= 0, got -2$"):
+    with pytest.raises(ConfigError,
+                       match=r"^c.json \(tiny block\): config key 'train.keep_last' must be >= 0, got -2$"):
         build(raw, source="c.json", tiny=True)
     fixed = build(raw, source="c.json", tiny=True, overrides=["train.keep_last=3"])  # a --set may repair it
     assert fixed.train.keep_last == 3

@@ -5,8 +5,10 @@
 described by the model's dataclass in ``model.py``. An optional ``tiny`` object holds overrides with the
 same shape (``{"train": {...}, "waveglow": {...}}``) that ``--tiny`` applies, for smoke runs on a CPU.
 
-Every key is checked against its dataclass: an unknown section or key, or a value of the wrong type, is a
-:class:`ConfigError` whose message names it. Keys left out take the dataclass default.
+Every key is checked against its dataclass: an unknown section or key, a value of the wrong type, or one
+outside its bounds or choices (e.g. ``train.keep_last >= 0``, ``train.precision`` in fp32/tf32/bf16/fp16) is a
+:class:`ConfigError` whose one-line message names the key and where the value came from (the file, its tiny
+block, or the ``--set``). Keys left out take the dataclass default.
 """
 
 from __future__ import annotations
@@ -243,7 +245,7 @@ def build_config(raw: Mapping[str, Any], schemas: Mapping[str, type], *, tiny: b
         values.setdefault(section, {})[key] = value
         origins = origins.add({section: {key: value}}, 2, f"--set {text}")
     sections = _check_ranges(values, schemas, origins)
-    if tiny_values is not None and not tiny:  # a tiny block that would fail is reported now, not on the first --tiny run
+    if tiny_values is not None and not tiny:  # a broken tiny block is reported now, not on the first --tiny run
         _check_ranges(tiny_values, schemas, tiny_origins)
     return Config(sections)
 

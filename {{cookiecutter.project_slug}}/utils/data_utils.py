@@ -48,7 +48,10 @@ def _read_lines(path: Path, what: str) -> list[tuple[int, str]]:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as err:
         raise DataError(f"{path} is not UTF-8 text ({err})") from None
-    lines = [(number, line.rstrip("\r\n")) for number, line in enumerate(text.splitlines(), start=1)]
+    except OSError as err:  # no permission, a folder named like the file, an I/O error
+        raise DataError(f"cannot read {what} {path}: {err.strerror or err}") from None
+    # Lines end at "\n" only (str.splitlines would also split a transcript at U+2028, U+0085, ...).
+    lines = [(number, line.rstrip("\r")) for number, line in enumerate(text.split("\n"), start=1)]
     lines = [(number, line) for number, line in lines if line.strip()]
     if not lines:
         raise DataError(f"{what} is empty: {path}")
@@ -206,11 +209,13 @@ def load_wav(path: PathLike, sampling_rate: int) -> torch.Tensor:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"wav file not found: {path}")
-    _check_wav_not_truncated(path)
     try:
+        _check_wav_not_truncated(path)
         audio, file_rate = sf.read(str(path), dtype="float32", always_2d=True)  # (T, channels)
     except (sf.LibsndfileError, RuntimeError) as err:
         raise DataError(f"cannot read audio file {path}: {err}") from None
+    except OSError as err:  # no permission, an I/O error of the disk or network file system
+        raise DataError(f"cannot read audio file {path}: {err.strerror or err}") from None
     if audio.shape[0] == 0:
         raise DataError(f"audio file has no samples: {path}")
     if not np.isfinite(audio).all():

@@ -131,3 +131,11 @@ class RunLog:
         if self.enabled:
             self._metrics.close()
             self.writer.close()
+
+
+def one_line(err: BaseException) -> str:
+    """The error's message on one line; for an error re-raised from a DataLoader worker, the original one."""
+    lines = [line for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+    if any("Original Traceback" in line for line in lines):  # "module.DataError: truncated wav file: ..."
+        return lines[-1].split(": ", 1)[-1]
+    return lines[0]

@@ -14,11 +14,17 @@ fifty dollars").
 
 from __future__ import annotations
 
+import functools
 import re
 
-import inflect
 
-_engine = inflect.engine()
+@functools.lru_cache(maxsize=None)
+def _engine():
+    """inflect's engine, built on first use (importing and building it takes seconds)."""
+    import inflect
+
+    return inflect.engine()
+
 
 _COMMA_NUMBER = re.compile(r"([0-9][0-9,]+[0-9])")
 _POUNDS = re.compile(r"£([0-9,]*[0-9]+)")
@@ -30,7 +36,7 @@ _NUMBER = re.compile(r"[0-9]+")
 
 def _words(number: int) -> str:
     """Cardinal words for a non-negative integer, with no "and" ("one hundred five")."""
-    return _engine.number_to_words(number, andword="")
+    return _engine().number_to_words(number, andword="")
 
 
 def _spell_integer(number: int) -> str:
@@ -43,7 +49,7 @@ def _spell_integer(number: int) -> str:
         if number % 100 == 0:
             return _words(number // 100) + " hundred"
         # Read in pairs of digits: 1984 -> "nineteen eighty-four", 1905 -> "nineteen oh five".
-        return _engine.number_to_words(number, andword="", zero="oh", group=2).replace(", ", " ")
+        return _engine().number_to_words(number, andword="", zero="oh", group=2).replace(", ", " ")
     return _words(number)
 
 
@@ -76,7 +82,7 @@ def _expand_decimal(match: re.Match) -> str:
 
 
 def _expand_ordinal(match: re.Match) -> str:
-    return _engine.number_to_words(match.group(0), andword="")
+    return _engine().number_to_words(match.group(0), andword="")
 
 
 def _expand_number(match: re.Match) -> str:

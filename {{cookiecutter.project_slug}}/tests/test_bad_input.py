@@ -1,0 +1,543 @@
+"""Bad input through the real command lines of train.py and inference.py: one ``ERROR:`` line that names the
+culprit, a non-zero exit, and nothing already written lost.
+
+Most cases call ``train.main(argv)`` / ``inference.main(argv)`` in this process (the code ``python train.py``
+runs, without paying the interpreter start-up each time); a few run ``python train.py`` / ``python
+inference.py`` as real processes to check the exit status, the whole of stderr and a DataLoader worker's
+error. Each case checks that exactly one line starts with ``ERROR:``, that no traceback was printed, and
+where there was something to lose, that every file of the output folder is byte-for-byte what it was.
+"""
+
+import builtins
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+import inference
+import train
+from conftest import ROOT, synth_corpus
+from model import MODELS
+
+MODEL = "waveglow" if "waveglow" in MODELS else next(iter(MODELS))
+CONFIG = os.path.join(ROOT, "config.json")
+# The tiny config, with a smaller STFT and mel count: WaveGlow's upsampler shrinks from 6.5 M to 0.4 M weights,
+# its checkpoints from 80 MB to 6 MB. Nothing here is about the model's size.
+BASE = ["--config", CONFIG, "--model", MODEL, "--tiny", "--max-steps", "2", "--set", "data.num_workers=0",
+        "--set", "audio.n_fft=256", "--set", "audio.win_length=256", "--set", "audio.n_mels=40"]
+# A corpus of 5: the last one validates, the other 4 are every training batch of the tiny configs.
+N_UTTERANCES = 5
+
+
+# --- helpers ----------------------------------------------------------------------------------------------
+
+def run_train(capsys, *argv):
+    """``train.main`` in this process; returns (exit code, stdout, stderr). Restores the signal handlers."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        code = train.main([*BASE, *argv])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def the_error(code, err, out=""):
+    """The one ``ERROR:`` line of a failed run (asserting there is exactly one and no traceback)."""
+    assert code != 0, f"exit code {code}\n{out}\n{err}"
+    errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
+    assert len(errors) == 1, err
+    assert "Traceback" not in err + out, err
+    return errors[0]
+
+
+def snapshot(folder: Path) -> dict:
+    """Every file under ``folder`` -> sha256 of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def rewrite_wav(path: Path, sampling_rate: int, channels: int) -> None:
+    """Replace a 22.05 kHz mono wav by the same sound at another rate and/or in stereo."""
+    import librosa
+    audio, rate = sf.read(path, dtype="float32")
+    if sampling_rate != rate:
+        audio = librosa.resample(audio, orig_sr=rate, target_sr=sampling_rate)
+    if channels == 2:
+        audio = np.stack([audio, 0.5 * audio], axis=1)
+    sf.write(path, audio, sampling_rate, subtype="PCM_16")
+
+
+def wav_of(corpus: Path, index: int) -> Path:
+    return corpus / "wavs" / f"SYN-{index:04d}.wav"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return synth_corpus(tmp_path_factory.mktemp("corpus"), n=N_UTTERANCES)
+
+
+@pytest.fixture
+def own_corpus(corpus, tmp_path):
+    """A copy of the corpus that a test may damage."""
+    return Path(shutil.copytree(corpus, tmp_path / "corpus"))
+
+
+@pytest.fixture
+def precious(tmp_path):
+    """An output folder holding an earlier run's files (their content is never read by a run that fails
+    before resuming)."""
+    out = tmp_path / "precious"
+    (out / "tensorboard").mkdir(parents=True)
+    (out / "checkpoint_last.pt").write_bytes(os.urandom(4096))
+    (out / "checkpoint_7.pt").write_bytes(os.urandom(4096))
+    (out / "metrics.jsonl").write_text('{"step": 7, "loss": 1.0}\n')
+    (out / "config.json").write_text("{}")
+    (out / "tensorboard" / "events.out.tfevents.1").write_bytes(b"events")
+    return out
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A real 2-step run whose corpus mixes 16 kHz, 44.1 kHz and stereo wavs (resampled and down-mixed on
+    the fly): it must succeed. Returns (output folder, snapshot of it)."""
+    root = tmp_path_factory.mktemp("finished")
+    corpus = synth_corpus(root / "corpus", n=N_UTTERANCES)
+    for index, (rate, channels) in {1: (16000, 1), 2: (22050, 2), 3: (44100, 2), 5: (16000, 2)}.items():
+        rewrite_wav(wav_of(corpus, index), rate, channels)
+    assert sf.info(str(wav_of(corpus, 2))).channels == 2 and sf.info(str(wav_of(corpus, 1))).samplerate == 16000
+    out = root / "out"
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        code = train.main([*BASE, "--dataset-path", str(corpus), "--output-dir", str(out)])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert code == 0
+    return out, snapshot(out)
+
+
+def linked_copy(folder: Path, dest: Path) -> Path:
+    """A copy of ``folder``; checkpoints are hard links (instant; they are only ever replaced, which breaks the
+    link, never rewritten in place), the other files real copies (train.py rewrites config.json in place)."""
+    def copy(src, dst):
+        return os.link(src, dst) if src.endswith(".pt") else shutil.copy2(src, dst)
+    return Path(shutil.copytree(folder, dest, copy_function=copy))
+
+
+# --- the good-but-unusual input: other sampling rates and stereo ------------------------------------------
+
+def test_other_sampling_rates_and_stereo_are_resampled_and_mixed_down(finished):
+    out, files = finished
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 2 and np.isfinite(rows[-1]["loss"])
+    assert {"checkpoint_last.pt", "checkpoint_2.pt", "metrics.jsonl"} <= set(files)
+
+
+# --- config -----------------------------------------------------------------------------------------------
+
+def write_config(tmp_path, edit) -> str:
+    config = json.loads(Path(CONFIG).read_text())
+    edit(config)
+    path = tmp_path / "my_config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["train"].update(max_step=5),
+     "unknown key 'train.max_step' (keys of 'train': seed, precision, max_steps"),
+    (lambda c: c["train"].update(max_steps="many"), "config key 'train.max_steps' must be int, got str 'many'"),
+    (lambda c: c["train"].update(cudnn_benchmark="yes"),
+     "config key 'train.cudnn_benchmark' must be bool, got str 'yes'"),
+    (lambda c: c.update(trian={}), "unknown section 'trian'"),
+    (lambda c: c["tiny"]["train"].update(precision="fp64"),
+     "(tiny block): config key 'train.precision' must be one of fp32, tf32, bf16, fp16, got 'fp64'"),
+])
+def test_a_bad_config_file_names_the_file_and_the_key(capsys, tmp_path, precious, corpus, edit, message):
+    before = snapshot(precious)
+    config = write_config(tmp_path, edit)
+    code, out, err = run_train(capsys, "--config", config, "--dataset-path", str(corpus),
+                               "--output-dir", str(precious))
+    line = the_error(code, err, out)
+    assert line.startswith(f"ERROR: {config}") and message in line, line
+    assert snapshot(precious) == before
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("train.max_stepz=3", "--set train.max_stepz=3: unknown key 'train.max_stepz' (keys of 'train': seed,"),
+    ("nosection.key=3", "--set nosection.key=3: unknown section 'nosection' (known: audio, data, train,"),
+    ("train.max_steps=abc", "--set train.max_steps=abc: config key 'train.max_steps' must be int, got str 'abc'"),
+    ("data.num_workers=1.5", "config key 'data.num_workers' must be int, got float 1.5"),
+    ("train.keep_last=-1", "--set train.keep_last=-1: config key 'train.keep_last' must be >= 0, got -1"),
+    ("train.dist_timeout_s=0", "config key 'train.dist_timeout_s' must be > 0, got 0.0"),
+    ("train.on_nonfinite=ignore", "config key 'train.on_nonfinite' must be one of skip, stop, got 'ignore'"),
+    (f"{MODEL}.batch_size=0", f"config key '{MODEL}.batch_size' must be >= 1, got 0"),
+    ("train.max_steps", "--set expects section.key=value, got 'train.max_steps'"),
+])
+def test_a_bad_set_is_named(capsys, precious, corpus, setting, message):
+    before = snapshot(precious)
+    code, out, err = run_train(capsys, "--set", setting, "--dataset-path", str(corpus), "--output-dir", str(precious))
+    line = the_error(code, err, out)
+    assert message in line, line
+    assert snapshot(precious) == before
+
+
+def test_a_missing_config_file_is_named(capsys, tmp_path):
+    code, out, err = run_train(capsys, "--config", str(tmp_path / "nope.json"))
+    assert the_error(code, err, out) == f"ERROR: config file not found: {tmp_path / 'nope.json'}"
+
+
+BAD_MODEL_VALUE = {"waveglow": ("waveglow.n_group=7", "n_group"),
+                   "tacotron2": ('tacotron2.text_cleaners=["no_such_cleaner"]', "no_such_cleaner")}
+
+
+def test_a_bad_model_specific_value_is_one_line(capsys, corpus, tmp_path):
+    setting, name = BAD_MODEL_VALUE[MODEL]
+    code, out, err = run_train(capsys, "--set", setting, "--dataset-path", str(corpus), "--output-dir",
+                               str(tmp_path / "out"))
+    assert name in the_error(code, err, out)
+
+
+def test_a_bad_launcher_environment_is_one_line(capsys, corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "0")  # without WORLD_SIZE
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    code, out, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out"))
+    assert "WORLD_SIZE is not set although RANK is" in the_error(code, err, out)
+
+
+# --- data -------------------------------------------------------------------------------------------------
+
+def test_a_missing_dataset_folder_is_named(capsys, tmp_path, precious):
+    before = snapshot(precious)
+    code, out, err = run_train(capsys, "--dataset-path", str(tmp_path / "no_corpus"), "--output-dir", str(precious))
+    assert the_error(code, err, out) == f"ERROR: rank 0: dataset folder not found: {tmp_path / 'no_corpus'}"
+    assert snapshot(precious) == before
+
+
+def test_an_empty_dataset_folder_names_the_missing_metadata(capsys, tmp_path, precious):
+    empty = tmp_path / "empty_corpus"
+    empty.mkdir()
+    before = snapshot(precious)
+    code, out, err = run_train(capsys, "--dataset-path", str(empty), "--output-dir", str(precious))
+    assert the_error(code, err, out) == f"ERROR: rank 0: metadata file not found: {empty / 'metadata.csv'}"
+    (empty / "metadata.csv").write_text("\n\n")
+    code, out, err = run_train(capsys, "--dataset-path", str(empty), "--output-dir", str(precious))
+    assert the_error(code, err, out) == f"ERROR: rank 0: metadata file is empty: {empty / 'metadata.csv'}"
+    assert snapshot(precious) == before
+
+
+def test_a_row_whose_wav_is_missing_names_the_utterance_and_path(capsys, own_corpus, precious):
+    wav_of(own_corpus, 3).unlink()
+    before = snapshot(precious)
+    code, out, err = run_train(capsys, "--dataset-path", str(own_corpus), "--output-dir", str(precious))
+    assert the_error(code, err, out) == (f"ERROR: rank 0: {own_corpus / 'metadata.csv'}:3: wav of utterance "
+                                         f"'SYN-0003' not found: {wav_of(own_corpus, 3)}")
+    assert snapshot(precious) == before
+
+
+@pytest.mark.parametrize("row", ["SYN-0002||", "SYN-0002|   |  "])
+def test_an_empty_transcript_names_the_utterance(capsys, own_corpus, precious, row):
+    lines = (own_corpus / "metadata.csv").read_text().splitlines()
+    lines[1] = row
+    (own_corpus / "metadata.csv").write_text("\n".join(lines) + "\n")
+    before = snapshot(precious)
+    code, out, err = run_train(capsys, "--dataset-path", str(own_corpus), "--output-dir", str(precious))
+    assert the_error(code, err, out) == (f"ERROR: rank 0: {own_corpus / 'metadata.csv'}:2: utterance 'SYN-0002' "
+                                         "has no text")
+    assert snapshot(precious) == before
+
+
+def test_unicode_line_separators_inside_a_transcript_do_not_split_the_row(capsys, own_corpus, tmp_path):
+    """Rows end at a newline only: U+2028 or U+0085 inside a transcript stay part of it."""
+    lines = (own_corpus / "metadata.csv").read_text().splitlines()
+    lines[0] = "SYN-0001|Line\u2028separator and next\x85line.|Line separator and next line."
+    lines[1] = lines[1] + "\r"  # a Windows line end on one row
+    (own_corpus / "metadata.csv").write_text("\n".join(lines) + "\n")
+    from utils.data_utils import read_ljspeech
+    utterances = read_ljspeech(own_corpus)
+    assert [u.id for u in utterances] == [f"SYN-{i:04d}" for i in range(1, N_UTTERANCES + 1)]
+    assert utterances[0].text == "Line separator and next line." and not utterances[1].text.endswith("\r")
+
+
+def test_an_unreadable_wav_is_named_when_it_is_loaded(capsys, own_corpus, tmp_path):
+    wav_of(own_corpus, 2).write_bytes(b"RIFF, but not really a wav file at all" * 20)
+    code, out, err = run_train(capsys, "--dataset-path", str(own_corpus), "--output-dir", str(tmp_path / "out"))
+    line = the_error(code, err, out)
+    assert str(wav_of(own_corpus, 2)) in line and ("cannot read" in line or "header" in line), line
+    assert not (tmp_path / "out" / "checkpoint_last.pt").exists()
+
+
+def test_a_truncated_wav_in_a_worker_is_named_and_an_earlier_run_is_kept(real_runs, finished):
+    """A real process, resuming the finished run with a DataLoader worker, meets a wav cut short at step 3."""
+    (code, out, err), (bad, output) = real_runs["truncated"]
+    line = the_error(code, err, out)
+    assert code == 1
+    assert line.startswith(f"ERROR: rank 0: truncated wav file: {bad} (data chunk declares "), line
+    assert "resumed from" in out  # it did get past the resume, into training
+    after = snapshot(output)
+    for name in ("checkpoint_last.pt", "checkpoint_2.pt", "metrics.jsonl", "val_metrics.jsonl"):
+        assert after[name] == finished[1][name], f"{name} changed"
+    assert set(finished[1]) <= set(after), "a file of the earlier run is gone"
+
+
+# --- checkpoints ------------------------------------------------------------------------------------------
+
+def test_resume_from_a_path_that_does_not_exist(capsys, corpus, tmp_path):
+    code, out, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out"),
+                               "--resume", str(tmp_path / "nope.pt"))
+    assert the_error(code, err, out) == f"ERROR: rank 0: --resume {tmp_path / 'nope.pt'}: no such checkpoint"
+
+
+def test_resume_none_refuses_to_overwrite_an_earlier_run(capsys, finished, corpus, tmp_path):
+    out = linked_copy(finished[0], tmp_path / "out")
+    code, out_text, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(out),
+                                    "--resume", "none")
+    line = the_error(code, err, out_text)
+    assert "already holds checkpoint_last.pt" in line and "--resume auto" in line, line
+    assert snapshot(out) == finished[1]
+
+
+def test_a_checkpoint_of_another_config_names_the_keys_and_shapes(capsys, finished, corpus, tmp_path):
+    out = linked_copy(finished[0], tmp_path / "out")
+    code, out_text, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(out),
+                                    "--set", "audio.n_mels=20")
+    line = the_error(code, err, out_text)
+    assert line.startswith(f"ERROR: rank 0: {out / 'checkpoint_last.pt'} does not fit this model: "), line
+    assert "shape mismatch: " in line and "(40," in line and "(20," in line, line
+    assert snapshot(out) == finished[1]
+
+
+def test_a_checkpoint_of_another_model_is_named(capsys, finished, corpus, tmp_path):
+    state = torch.load(finished[0] / "checkpoint_last.pt", weights_only=True)
+    state["model_name"] = "another_model"
+    other = tmp_path / "other.pt"
+    torch.save(state, other)
+    before = other.read_bytes()
+    code, out, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out"),
+                               "--resume", str(other))
+    assert the_error(code, err, out) == f"ERROR: rank 0: {other} holds a 'another_model' model, not '{MODEL}'"
+    assert other.read_bytes() == before
+
+
+def test_a_state_dict_of_another_network_names_missing_and_unexpected_keys(capsys, corpus, tmp_path):
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"model": torch.nn.Linear(2, 2).state_dict(), "model_name": MODEL}, foreign)
+    code, out, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out"),
+                               "--resume", str(foreign))
+    line = the_error(code, err, out)
+    assert f"{foreign} does not fit this model: missing: " in line and "unexpected: bias, weight" in line, line
+
+
+def test_a_weights_only_checkpoint_is_refused_for_resuming(capsys, finished, corpus, tmp_path):
+    state = torch.load(finished[0] / "checkpoint_last.pt", weights_only=True)
+    weights = tmp_path / "weights.pt"
+    torch.save({"model": state["model"], "model_name": MODEL}, weights)
+    code, out, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out"),
+                               "--resume", str(weights))
+    assert "optimizer" in the_error(code, err, out)
+
+
+class OpensAFile:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return builtins.open, (self.marker, "w")
+
+
+def evil_checkpoint(path: Path, marker: Path) -> Path:
+    torch.save({"model": {}, "model_name": MODEL, "step": 1, "payload": OpensAFile(marker)}, path)
+    return path
+
+
+def test_a_pickled_payload_in_checkpoint_last_is_refused_and_kept(capsys, corpus, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    marker = tmp_path / "pwned"
+    evil_checkpoint(out / "checkpoint_last.pt", marker)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    before = snapshot(out)
+    code, out_text, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(out))
+    line = the_error(code, err, out_text)
+    assert line.startswith(f"ERROR: rank 0: cannot load checkpoint {out / 'checkpoint_last.pt'} safely: refused "
+                           "by weights_only=True"), line
+    assert not marker.exists(), "the payload ran"
+    assert snapshot(out) == before
+
+
+def test_a_truncated_checkpoint_last_is_named_and_kept(capsys, finished, corpus, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoint_last.pt").write_bytes((finished[0] / "checkpoint_last.pt").read_bytes()[:100_000])
+    before = snapshot(out)
+    code, out_text, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(out))
+    line = the_error(code, err, out_text)
+    assert line.startswith(f"ERROR: rank 0: cannot load checkpoint {out / 'checkpoint_last.pt'} safely: "), line
+    assert snapshot(out) == before
+
+
+# --- the output folder ------------------------------------------------------------------------------------
+
+def test_an_output_folder_that_cannot_be_created_is_named(capsys, corpus, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("mine")
+    for output in (blocker / "out", blocker):  # below a file; a file itself
+        code, out, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(output))
+        line = the_error(code, err, out)
+        assert line.startswith(f"ERROR: rank 0: output folder {output} is not writable: "), line
+    assert blocker.read_text() == "mine"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only folder")
+def test_a_read_only_output_folder_is_named(capsys, corpus, tmp_path):
+    out = tmp_path / "read_only"
+    out.mkdir()
+    out.chmod(0o500)
+    try:
+        code, out_text, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(out))
+    finally:
+        out.chmod(0o700)
+    assert the_error(code, err, out_text).startswith(f"ERROR: rank 0: output folder {out} is not writable: ")
+
+
+# --- processes and GPUs -----------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: without GPUs, processes run on the CPU")
+def test_more_processes_than_gpus_is_one_line(corpus, tmp_path):
+    n = torch.cuda.device_count() + 1
+    proc = subprocess.run([sys.executable, "multiproc.py", "--nproc-per-node", str(n), "train.py", *BASE,
+                           "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"multiproc: ERROR: --nproc-per-node {n} but only {n - 1} GPU(s) are visible"]
+    assert not (tmp_path / "out").exists()
+
+
+# --- real processes: the whole of stderr and the exit status ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def real_runs(finished, corpus, tmp_path_factory):
+    """``python train.py`` / ``python inference.py`` runs, started together (they mostly import):
+    name -> ((exit code, stdout, stderr), what the test needs to know)."""
+    root = tmp_path_factory.mktemp("real_runs")
+    runs = {}
+    # A wav cut short, met by a DataLoader worker at step 3 of a run resuming the finished one.
+    corpus_copy = Path(shutil.copytree(corpus, root / "corpus"))
+    bad = wav_of(corpus_copy, 4)
+    bad.write_bytes(bad.read_bytes()[:3000])
+    output = linked_copy(finished[0], root / "out")
+    runs["truncated"] = (["train.py", *BASE, "--set", "data.num_workers=1", "--max-steps", "6", "--dataset-path",
+                          str(corpus_copy), "--output-dir", str(output)], (bad, output))
+    runs["bad_set"] = (["train.py", *BASE, "--set", "train.max_steps=abc", "--dataset-path", str(corpus),
+                        "--output-dir", str(root / "never")], root / "never")
+    marker = root / "pwned"
+    evil = evil_checkpoint(root / "evil.pt", marker)
+    runs["evil"] = (["inference.py", "--checkpoint", str(evil), "--text", "Hello.", "--output",
+                     str(root / "x.wav")], (evil, marker, root / "x.wav"))
+    taken = socket.socket()  # a port some other job listens on
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    runs["port_taken"] = (["multiproc.py", "--nproc-per-node", "2", "--master-port", str(port), "--log-dir",
+                           str(root / "logs"), "train.py", *BASE, "--dataset-path", str(corpus), "--output-dir",
+                           str(root / "never2")], (port, root / "never2"))
+    procs = {name: subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True) for name, (argv, _) in runs.items()}
+    results = {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=300)
+            results[name] = ((proc.returncode, out, err), runs[name][1])
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        taken.close()
+    return results
+
+
+def test_python_train_py_bad_set_is_exactly_one_line_and_exit_1(real_runs):
+    (code, out, err), never = real_runs["bad_set"]
+    assert code == 1
+    assert err.splitlines() == ["ERROR: --set train.max_steps=abc: config key 'train.max_steps' must be int, "
+                                "got str 'abc'"]
+    assert out == "" and not never.exists()
+
+
+def test_python_inference_py_refuses_a_pickled_payload(real_runs):
+    (code, out, err), (evil, marker, wav) = real_runs["evil"]
+    assert code == 1
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"ERROR: cannot load checkpoint {evil} safely: refused by weights_only=True")
+    assert not marker.exists() and not wav.exists()
+
+
+def test_multiproc_names_a_master_port_already_in_use(real_runs):
+    (code, out, err), (port, never) = real_runs["port_taken"]
+    assert code == 1
+    assert err.splitlines() == [f"multiproc: ERROR: rendezvous on 127.0.0.1:{port} failed: The server socket has "
+                                f"failed to listen on any local network address. port: {port}, useIpv6: false, "
+                                "code: -98, name: EADDRINUSE, message: address already in use"], err
+    assert not never.exists()
+
+
+# --- inference.py -----------------------------------------------------------------------------------------
+
+def run_inference(capsys, *argv):
+    code = inference.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_inference_names_a_checkpoint_of_an_unknown_model(capsys, finished, tmp_path):
+    state = torch.load(finished[0] / "checkpoint_last.pt", weights_only=True)
+    state["model_name"] = "another_model"
+    other = tmp_path / "other.pt"
+    torch.save(state, other)
+    code, out, err = run_inference(capsys, "--checkpoint", str(other), "--text", "Hi.", "--output",
+                                   str(tmp_path / "x.wav"))
+    assert the_error(code, err, out).startswith(f"ERROR: {other} holds a model 'another_model' that model.py does "
+                                                "not define")
+
+
+def test_inference_names_a_checkpoint_whose_config_has_an_unknown_key(capsys, finished, tmp_path):
+    state = torch.load(finished[0] / "checkpoint_last.pt", weights_only=True)
+    state["config"]["train"]["from_a_newer_version"] = 1
+    other = tmp_path / "newer.pt"
+    torch.save(state, other)
+    code, out, err = run_inference(capsys, "--checkpoint", str(other), "--text", "Hi.", "--output",
+                                   str(tmp_path / "x.wav"))
+    assert "checkpoint config: unknown key 'train.from_a_newer_version'" in the_error(code, err, out)
+
+
+@pytest.mark.skipif(MODEL != "waveglow", reason="--wav and --mel are WaveGlow's inputs")
+def test_inference_names_a_truncated_wav_and_writes_nothing(capsys, finished, own_corpus, tmp_path):
+    bad = wav_of(own_corpus, 1)
+    bad.write_bytes(bad.read_bytes()[:2000])
+    code, out, err = run_inference(capsys, "--checkpoint", str(finished[0] / "checkpoint_last.pt"), "--wav", str(bad),
+                                   "--output", str(tmp_path / "x.wav"))
+    assert the_error(code, err, out).startswith(f"ERROR: truncated wav file: {bad}")
+    assert not (tmp_path / "x.wav").exists()
+
+
+@pytest.mark.skipif(MODEL != "waveglow", reason="--mel is WaveGlow's input")
+def test_inference_names_a_mel_file_that_is_not_a_tensor_file(capsys, finished, corpus, tmp_path):
+    not_a_mel = wav_of(corpus, 1)  # a wav given as --mel by mistake
+    code, out, err = run_inference(capsys, "--checkpoint", str(finished[0] / "checkpoint_last.pt"), "--mel",
+                                   str(not_a_mel), "--output", str(tmp_path / "x.wav"))
+    assert str(not_a_mel) in the_error(code, err, out)
