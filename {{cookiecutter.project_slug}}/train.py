@@ -122,9 +122,12 @@ def make_loader(dataset, spec, cfg: Config, batch_size: int, rank: int, world_si
     sampler = ResumableDistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=train,
                                           seed=cfg.train.seed, drop_last=train)
     workers = cfg.data.num_workers
+    # Its own generator: starting an epoch's workers must not draw from the global RNG that dropout uses,
+    # or a run resumed mid-epoch would see other dropout masks than the run that never stopped.
+    generator = torch.Generator().manual_seed(cfg.train.seed + rank)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                       collate_fn=spec.collate_fn, pin_memory=device.type == "cuda", drop_last=train,
-                      prefetch_factor=cfg.data.prefetch_factor if workers else None)
+                      prefetch_factor=cfg.data.prefetch_factor if workers else None, generator=generator)
 
 
 def check_output_dir(path: Path) -> None:

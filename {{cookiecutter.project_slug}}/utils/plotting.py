@@ -58,16 +58,7 @@ def plot_alignment(alignment: ArrayLike, path: Optional[PathLike] = None, title:
     Raises:
         ValueError: ``alignment`` is not 2-D.
     """
-    data = _to_numpy(alignment, 2, "alignment")
-    figure = _new_figure((6, 4))
-    axes = figure.add_subplot()
-    image = axes.imshow(data, aspect="auto", origin="lower", interpolation="none")
-    figure.colorbar(image, ax=axes)
-    axes.set_xlabel("decoder step")
-    axes.set_ylabel("encoder step")
-    if title:
-        axes.set_title(title)
-    return _finish(figure, path)
+    return _image(_to_numpy(alignment, 2, "alignment"), (6, 4), "decoder step", "encoder step", path, title)
 
 
 def plot_spectrogram(mel: ArrayLike, path: Optional[PathLike] = None, title: Optional[str] = None) -> Figure:
@@ -76,13 +67,17 @@ def plot_spectrogram(mel: ArrayLike, path: Optional[PathLike] = None, title: Opt
     Raises:
         ValueError: ``mel`` is not 2-D.
     """
-    data = _to_numpy(mel, 2, "mel spectrogram")
-    figure = _new_figure((8, 3))
+    return _image(_to_numpy(mel, 2, "mel spectrogram"), (8, 3), "frame", "mel channel", path, title)
+
+
+def _image(data, size, xlabel: str, ylabel: str, path: Optional[PathLike], title: Optional[str]) -> Figure:
+    """A 2-D array as an image with a colour bar, row 0 at the bottom."""
+    figure = _new_figure(size)
     axes = figure.add_subplot()
     image = axes.imshow(data, aspect="auto", origin="lower", interpolation="none")
     figure.colorbar(image, ax=axes)
-    axes.set_xlabel("frame")
-    axes.set_ylabel("mel channel")
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
     if title:
         axes.set_title(title)
     return _finish(figure, path)

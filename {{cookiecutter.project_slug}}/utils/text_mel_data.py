@@ -26,6 +26,7 @@ from utils.audio_processing import MelSpectrogram
 from utils.config import AudioConfig, DataConfig
 from utils.data_utils import DataError, Utterance, load_wav
 from utils.text import text_to_sequence
+from utils.text.cleaners import clean_text
 
 PathLike = Union[str, Path]
 
@@ -92,7 +93,7 @@ class TextMelDataset(Dataset):
         DataError: an utterance has an empty transcript (the message names its id), a wav header cannot be
             read, the cache was made with other audio settings, every utterance was skipped, or (in
             ``__getitem__``) a cached mel is malformed or a text has no symbol left after cleaning.
-        ValueError: ``max_mel_frames`` or ``max_text_len`` < 1.
+        ValueError: ``max_mel_frames`` or ``max_text_len`` < 1, or an unknown text cleaner name.
     """
 
     def __init__(self, utterances: Sequence[Utterance], audio_cfg: AudioConfig,
@@ -104,6 +105,7 @@ class TextMelDataset(Dataset):
                 raise ValueError(f"TextMelDataset: {name} must be >= 1 or None, got {value}")
         self.audio_cfg = audio_cfg
         self.text_cleaners = tuple(text_cleaners)
+        clean_text("", self.text_cleaners)  # an unknown cleaner name fails here, not in a worker mid-epoch
         self.max_mel_frames = max_mel_frames
         self.max_text_len = max_text_len
         self.mel_transform = MelSpectrogram.from_config(audio_cfg)
