@@ -132,7 +132,10 @@ def test_a_hung_rank_ends_the_job_with_the_timeout_and_the_rank_named(jobs, whic
                     rf"the other 1 rank\(s\) \(process-group timeout {TIMEOUT_S} s\): another rank hung or died",
                     errors[0]), errors[0]
     assert TIMEOUT_S - 0.5 <= waited(out) < TIMEOUT_S + 10, "ended by the process group's timeout, not sooner"
-    assert "multiproc: rank 0 failed (exit code 1)" in err and "stopped the other rank(s): [1]" in err, console
+    # Exit 1 as the script says, or SIGABRT (-6): gloo sometimes aborts while tearing down a process group
+    # whose collective timed out, after the ERROR line was printed. Either way rank 0 is named as failed.
+    assert re.search(r"multiproc: rank 0 failed \(exit code (1|-6)\)", err), console
+    assert "stopped the other rank(s): [1]" in err, console
     assert "the collective returned" not in out
 
 
