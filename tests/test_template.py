@@ -73,6 +73,12 @@ def test_defaults_generate_with_no_input(tmp_path):
     assert (projects[0] / "model.py").read_text().count("class WaveGlow(") == 1
 
 
+def generate_cli(tmp_path, *answers):
+    """``cookiecutter --no-input`` of this template into ``tmp_path`` with ``key=value`` answers."""
+    return subprocess.run([sys.executable, "-m", "cookiecutter", "--no-input", str(ROOT), "-o", str(tmp_path),
+                           *answers], capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.parametrize("slug, reason", [
     ("1voice", "is not a valid Python identifier"),
     ("my-voice", "is not a valid Python identifier"),
@@ -83,8 +89,7 @@ def test_defaults_generate_with_no_input(tmp_path):
     ("distributed", "would shadow the module 'distributed'"),
 ])
 def test_bad_slug_is_refused_with_one_error_line(tmp_path, slug, reason):
-    proc = subprocess.run([sys.executable, "-m", "cookiecutter", "--no-input", str(ROOT), "-o", str(tmp_path),
-                           f"project_slug={slug}"], capture_output=True, text=True, timeout=120)
+    proc = generate_cli(tmp_path, f"project_slug={slug}")
     assert proc.returncode != 0
     # cookiecutter adds its own "ERROR: Stopping generation ..." and traceback; ours is the line naming the slug.
     errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR: project_slug")]
@@ -98,8 +103,7 @@ def test_bad_slug_is_refused_with_one_error_line(tmp_path, slug, reason):
 ])
 def test_other_bad_answers_are_refused(tmp_path, answer, message):
     key, value = next(iter(answer.items()))
-    proc = subprocess.run([sys.executable, "-m", "cookiecutter", "--no-input", str(ROOT), "-o", str(tmp_path),
-                           f"{key}={value}", "project_slug=voice"], capture_output=True, text=True, timeout=120)
+    proc = generate_cli(tmp_path, f"{key}={value}", "project_slug=voice")
     assert proc.returncode != 0
     assert f"ERROR: {message}" in proc.stderr
 
@@ -130,8 +134,7 @@ def test_dockerfile_uses_the_chosen_image_and_existing_files(bake):
 ])
 def test_bad_free_text_answers_are_refused_with_one_error_line(tmp_path, answer, message):
     key, value = next(iter(answer.items()))
-    proc = subprocess.run([sys.executable, "-m", "cookiecutter", "--no-input", str(ROOT), "-o", str(tmp_path),
-                           f"{key}={value}", "project_slug=voice"], capture_output=True, text=True, timeout=120)
+    proc = generate_cli(tmp_path, f"{key}={value}", "project_slug=voice")
     assert proc.returncode != 0
     # cookiecutter adds its own "ERROR: Stopping generation ..." line; ours is the one naming the answer.
     ours = [line for line in proc.stderr.splitlines()
