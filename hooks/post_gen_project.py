@@ -1,12 +1,12 @@
-"""Remove what belongs to example models that were not chosen. No network, no questions.
+"""Remove the files of example models that were not chosen. No network, no questions, idempotent.
 
-Whole files go by the table below. Inside a file, lines between ``# >>> NAME`` and ``# <<< NAME``
-(``<!-- >>> NAME -->`` in Markdown) stay only when model NAME was chosen; the marker lines always go.
-``config.json`` loses the sections (and ``tiny`` overrides) of models not chosen.
+Each example model is a set of whole files (its module in ``models/``, its layers, its data code, its tests);
+the table below lists them. ``config.json`` loses the sections (and ``tiny`` overrides) of models not chosen.
+Only paths of this table and ``config.json`` are touched: never ``.git`` or a user's own files, so
+regenerating over an existing project (``cookiecutter -f``, ``cruft update``) is safe.
 """
 
 import json
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -15,33 +15,13 @@ CHOICE = "{{ cookiecutter.example_model }}"
 CHOSEN = {"waveglow", "tacotron2"} if CHOICE == "both" else {CHOICE}
 
 FILES = {
-    "waveglow": ["modules/waveglow.py", "tests/test_waveglow.py"],
-    "tacotron2": ["modules/layers.py", "modules/attention.py", "modules/tacotron2.py", "utils/text",
-                  "utils/text_mel_data.py", "utils/plotting.py", "scripts/preprocess.py",
+    "waveglow": ["models/waveglow.py", "modules/waveglow.py", "tests/test_waveglow.py"],
+    "tacotron2": ["models/tacotron2.py", "modules/layers.py", "modules/attention.py", "modules/tacotron2.py",
+                  "utils/text", "utils/text_mel_data.py", "utils/plotting.py", "scripts/preprocess.py",
                   "tests/test_tacotron2.py", "tests/test_text.py"],
 }
-MARKER = re.compile(r"^\s*(?:#|<!--)\s*(>>>|<<<)\s*(\w+)")
-TEXT_SUFFIXES = {".py", ".md", ".txt", ".sh", ".cfg", ".toml", ".yaml", ".yml", ""}
-
-
-def strip_blocks(text: str, path: Path) -> str:
-    """Drop the marker lines and the blocks of models not chosen."""
-    out, dropping = [], None
-    for number, line in enumerate(text.splitlines(keepends=True), 1):
-        match = MARKER.match(line)
-        if match:
-            kind, name = match.groups()
-            if kind == ">>>":
-                if dropping is None and name not in CHOSEN:
-                    dropping = name
-            elif dropping == name:
-                dropping = None
-            continue
-        if dropping is None:
-            out.append(line)
-    if dropping is not None:
-        raise SystemExit(f"ERROR: {path}: block '# >>> {dropping}' is never closed")
-    return "".join(out)
+EXECUTABLE = ["scripts/dataset.sh", "scripts/make_demo_corpus.py", "scripts/preprocess.py", "scripts/mpirun.sh",
+              "scripts/slurm/train.sbatch"]
 
 
 def prune_config(path: Path) -> None:
@@ -56,8 +36,6 @@ def prune_config(path: Path) -> None:
 
 def main() -> None:
     root = Path.cwd()
-    for cache in [*root.rglob("__pycache__"), *root.rglob(".pytest_cache")]:  # left by a template checkout's test runs
-        shutil.rmtree(cache, ignore_errors=True)
     for name, paths in FILES.items():
         if name in CHOSEN:
             continue
@@ -67,15 +45,14 @@ def main() -> None:
                 shutil.rmtree(target)
             elif target.exists():
                 target.unlink()
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and path.suffix in TEXT_SUFFIXES and path.name != "LICENSE":
-            text = path.read_text()
-            if ">>>" in text:
-                path.write_text(strip_blocks(text, path))
+    for cache in ("__pycache__", ".pytest_cache", ".ruff_cache", ".benchmarks"):  # left by test runs in the template checkout
+        for path in [root / cache, *(root / folder / cache for folder in ("models", "modules", "utils",
+                                                                          "utils/text", "scripts", "tests"))]:
+            shutil.rmtree(path, ignore_errors=True)
     prune_config(root / "config.json")
-    for path in ("scripts/dataset.sh", "scripts/make_demo_corpus.py", "scripts/preprocess.py"):
-        if (root / path).exists():
-            (root / path).chmod(0o755)
+    for rel in EXECUTABLE:
+        if (root / rel).exists():
+            (root / rel).chmod(0o755)
 
 
 if __name__ == "__main__":

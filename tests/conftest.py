@@ -35,3 +35,14 @@ def bake(cookies):
 
 
 PY = sys.executable
+
+
+@pytest.fixture(scope="session")
+def demo_corpus(tmp_path_factory):
+    """A 16-utterance LJSpeech-layout corpus spoken by flite/espeak-ng, built by a generated project's script."""
+    from cookiecutter.main import cookiecutter
+    out = tmp_path_factory.mktemp("corpus_project")
+    project = cookiecutter(str(ROOT), no_input=True, output_dir=str(out))
+    corpus = out / "corpus"
+    run([PY, "scripts/make_demo_corpus.py", "--output", str(corpus), "--num-utterances", "16"], cwd=project)
+    return corpus

@@ -28,13 +28,16 @@ https://docs.open-mpi.org/en/main/tuning-apps/environment-var.html (OMPI_COMM_WO
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import datetime
 import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from typing import Mapping, Optional
 
@@ -52,6 +55,9 @@ __all__ = [
     "unwrap_model",
     "reduce_tensor",
     "all_gather_object",
+    "broadcast_object",
+    "die_with_launcher",
+    "slurm_port",
     "is_main_process",
     "get_rank",
     "get_world_size",
@@ -65,7 +71,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_MASTER_PORT = 29500
-_SLURM_PORT_BASE = 15000  # SLURM jobs get port 15000 + (job id % 20000): below the ephemeral range
+_SLURM_PORT_BASE, _SLURM_PORT_SPAN = 15000, 17000  # ports 15000..31999: below Linux's ephemeral range (32768-)
 _REDUCE_OPS = {
     "mean": dist.ReduceOp.SUM,  # sum, then divide by the world size (AVG is NCCL-only)
     "sum": dist.ReduceOp.SUM,
@@ -250,6 +256,17 @@ def _expand_range_group(group: str, nodelist: str) -> list[str]:
     return out
 
 
+def slurm_port(job_id: int, step_id: int) -> int:
+    """The rendezvous port of a SLURM job step when ``MASTER_PORT`` is not given: 15000..31999.
+
+    Derived from the job id *and* the step id, so two ``srun`` steps of one allocation running at once get
+    different ports (each its own process group), and kept below 32768, where Linux's ephemeral ports (the
+    ones the kernel hands out for outgoing connections) begin. Steps of one job never collide unless their ids
+    differ by a multiple of 17000; other jobs on the same nodes may, rarely: give ``MASTER_PORT`` then.
+    """
+    return _SLURM_PORT_BASE + (job_id * 1_000_003 + step_id) % _SLURM_PORT_SPAN
+
+
 def _first_slurm_host(nodelist: str, use_scontrol: bool) -> str:
     """First host of a SLURM node list, by ``scontrol show hostnames`` if present, else parsed."""
     scontrol = shutil.which("scontrol") if use_scontrol else None
@@ -276,8 +293,8 @@ def detect_launcher_env(environ: Mapping[str, str], use_scontrol: bool = True) -
       ``MASTER_ADDR``, ``MASTER_PORT``.
     * SLURM (``srun``): ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``; the address is the
       first host of ``SLURM_STEP_NODELIST`` (else ``SLURM_JOB_NODELIST`` / ``SLURM_NODELIST``), the
-      port ``15000 + SLURM_JOB_ID % 20000`` (or 29500 without a job id). ``MASTER_ADDR`` /
-      ``MASTER_PORT`` in the environment override both.
+      port :func:`slurm_port` of ``SLURM_JOB_ID`` and ``SLURM_STEP_ID`` (29500 without a job id).
+      ``MASTER_ADDR`` / ``MASTER_PORT`` in the environment override both.
     * OpenMPI (``mpirun``): ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_LOCAL_RANK``,
       ``OMPI_COMM_WORLD_SIZE``; ``MASTER_ADDR`` and ``MASTER_PORT`` must be given (``mpirun -x``).
     * none of them: a plain single process (rank 0 of 1).
@@ -321,7 +338,8 @@ def detect_launcher_env(environ: Mapping[str, str], use_scontrol: bool = True) -
                                  "SLURM_NODELIST is set and MASTER_ADDR is not given")
             master_addr = _first_slurm_host(nodelist, use_scontrol)
         if master_port is None:
-            master_port = (_SLURM_PORT_BASE + _int_var(env, "SLURM_JOB_ID") % 20000
+            step = next((v for v in ("SLURM_STEP_ID", "SLURM_STEPID") if env.get(v)), None)
+            master_port = (slurm_port(_int_var(env, "SLURM_JOB_ID"), _int_var(env, step) if step else 0)
                            if env.get("SLURM_JOB_ID") else DEFAULT_MASTER_PORT)
     elif "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
         launcher = "openmpi"
@@ -348,6 +366,36 @@ def detect_launcher_env(environ: Mapping[str, str], use_scontrol: bool = True) -
         raise ValueError(f"{launcher}: MASTER_PORT must be in 1..65535, got {master_port}")
     return {"launcher": launcher, "rank": rank, "local_rank": local_rank, "world_size": world_size,
             "master_addr": master_addr, "master_port": master_port}
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_launcher(sig: int = signal.SIGTERM) -> bool:
+    """Have the kernel send ``sig`` to this process when its launcher dies (Linux ``PR_SET_PDEATHSIG``).
+
+    torchrun (and ``multiproc.py``, a front over it) starts every rank in a session of its own, so a launcher
+    killed with SIGKILL would leave its ranks training on, unsupervised. With SIGTERM a rank of ``train.py``
+    stops as on any stop request: it finishes its step, rank 0 saves, and it exits. Armed only under a
+    torchrun-style launcher (``TORCHELASTIC_RUN_ID`` set). ``multiproc.py`` exports its pid as
+    ``MULTIPROC_PID``: when this process's parent is already another one, the launcher died before this
+    call, and ``sig`` is sent at once.
+
+    Returns:
+        whether it was armed (``False`` off Linux, without such a launcher, or if ``prctl`` failed).
+
+    Source: prctl(2), ``PR_SET_PDEATHSIG``.
+    """
+    if sys.platform != "linux" or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        logger.debug("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+        return False
+    launcher = os.environ.get("MULTIPROC_PID", "")
+    if launcher.isdigit() and os.getppid() != int(launcher):
+        os.kill(os.getpid(), sig)
+    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -377,7 +425,9 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800) -> 
     ``torch.distributed.init_process_group(init_method="env://")``, with ``device_id`` for NCCL
     (binds the communicator to this GPU, so GPU 0 holds no other rank's context).
     With world size 1 no process group is created (``backend`` of the result is ``None``).
-    Calling it again once a process group exists returns the same description (idempotent).
+    Calling it again once a process group exists returns the same description (idempotent). Under a
+    torchrun-style launcher, the process first arranges to get SIGTERM if the launcher dies
+    (:func:`die_with_launcher`).
 
     Args:
         backend: ``"nccl"``, ``"gloo"``, ...; default NCCL when CUDA is available, else gloo.
@@ -398,6 +448,7 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800) -> 
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    die_with_launcher()
     env = detect_launcher_env(os.environ)
     if dist.is_available() and dist.is_initialized():
         device = (torch.device("cuda", torch.cuda.current_device())
@@ -587,6 +638,22 @@ def reduce_tensor(tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
     if op == "mean":
         work /= dist.get_world_size()
     return work.to(tensor.device) if work is not result else result
+
+
+def broadcast_object(obj, src: int = 0):
+    """Rank ``src``'s ``obj`` (any picklable value) on every rank; ``obj`` itself alone.
+
+    For decisions one rank makes for all (which checkpoint to resume from, which clips to leave out).
+    Every rank must call it; past the process group's timeout it raises :class:`CollectiveTimeout`.
+
+    Source: https://pytorch.org/docs/stable/distributed.html#torch.distributed.broadcast_object_list
+    """
+    if not _initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    with collective("broadcast_object"):
+        dist.broadcast_object_list(box, src=src)
+    return box[0]
 
 
 def all_gather_object(obj) -> list:

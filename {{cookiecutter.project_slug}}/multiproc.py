@@ -8,34 +8,49 @@ Usage::
 * ``--nproc-per-node`` defaults to the number of visible GPUs (``torch.cuda.device_count()``,
   which honours ``CUDA_VISIBLE_DEVICES``), or 2 on a machine without CUDA (gloo on CPU).
 * Single node (the default, like ``torchrun --standalone``): rendezvous on 127.0.0.1 on a free port.
+* Several nodes: every node's launcher first checks in at ``--master-addr:--master-port`` (node 0 listens
+  there); a node that does not come within ``--rdzv-timeout`` seconds (300) ends the launch with one line
+  saying how many nodes joined, instead of waiting forever.
 * Global rank 0 prints to this console; every other rank's stdout and stderr go to
   ``<log-dir>/rank_<r>.stdout.log`` and ``<log-dir>/rank_<r>.stderr.log`` (global rank; the
   files of a restart ``k`` > 0 are ``rank_<r>.attempt<k>.stdout.log``), and each rank's
   ``torch.distributed.elastic`` error record (if any) in ``rank_<r>.error.json``.
 * When a rank fails, torchrun stops the others; this prints which rank failed and where its log
   is, and exits with that rank's exit code (1 if it died from a signal).
+* SIGTERM, SIGUSR1 (what SLURM and Kubernetes send before they stop a job) and SIGINT (Ctrl-C) are
+  passed on to every rank, which finishes its step; rank 0 saves a checkpoint; the launcher exits 0 (130
+  after Ctrl-C) once they are done. Ranks still running ``--stop-timeout`` seconds (120) later are killed.
+  If this launcher is killed outright (SIGKILL), its ranks get SIGTERM from the kernel (see
+  ``distributed.die_with_launcher``): nothing trains on unsupervised.
 * Everything after the training script is passed to it untouched.
 
 Each process gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``
 in its environment; ``distributed.init_distributed()`` reads them.
 
 The launch itself is torchrun's: the options are parsed by ``torch.distributed.run``'s own
-parser and the job runs under ``torch.distributed.launcher.api.elastic_launch``; the only thing
-replaced is the log layout (a :class:`~torch.distributed.elastic.multiprocessing.LogsSpecs`, the
-hook torchrun offers for that), because torchrun's default puts logs in a randomly named
-sub-directory. Source: https://pytorch.org/docs/stable/elastic/run.html
+parser and the job runs under ``torch.distributed.launcher.api.elastic_launch``. Replaced are the log layout
+(a :class:`~torch.distributed.elastic.multiprocessing.LogsSpecs`, the hook torchrun offers for that, because
+torchrun's default puts logs in a randomly named sub-directory) and the handling of stop signals: torchrun's
+agent runs in a thread of this process (it installs signal handlers only in the main thread), so the main
+thread can pass a signal on and wait for the ranks to stop, where torchrun itself would wait 30 s and kill
+them. Source: https://pytorch.org/docs/stable/elastic/run.html
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import logging
 import os
 import signal
 import socket
 import sys
+import threading
+import time
+from pathlib import Path
 
 import torch
-from torch.distributed import DistError
+from torch.distributed import DistError, TCPStore
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -105,6 +120,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
                    help="restart the whole group up to K times after a failure (default 0)")
     p.add_argument("--log-dir", "--log_dir", default="logs", help="where ranks > 0 log (logs/)")
+    p.add_argument("--rdzv-timeout", type=float, default=300.0,
+                   help="seconds to wait for the other nodes (--nnodes > 1) before giving up (default 300)")
+    p.add_argument("--stop-timeout", type=float, default=120.0,
+                   help="seconds the ranks get to stop (and save) after a stop signal before they are killed "
+                        "(default 120)")
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments, untouched")
     args = p.parse_args(argv)
@@ -123,6 +143,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         _fail("--standalone means one node; drop --nnodes")
     if args.max_restarts < 0:
         _fail(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    for name in ("rdzv_timeout", "stop_timeout"):
+        if not 0 < getattr(args, name) < float("inf"):
+            _fail(f"--{name.replace('_', '-')} must be a positive number of seconds, got {getattr(args, name)}")
     if args.master_port is not None and not 0 < args.master_port < 65536:
         _fail(f"--master-port must be in 1..65535, got {args.master_port}")
     if args.nnodes > 1 and not args.master_addr:
@@ -139,9 +162,135 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+class RendezvousError(RuntimeError):
+    """The nodes of a multi-node launch did not all check in (one line: address, how many joined)."""
+
+
+def wait_for_nodes(args: argparse.Namespace) -> TCPStore:
+    """Check in with the other nodes' launchers at ``master_addr:master_port`` within ``--rdzv-timeout``.
+
+    Node 0 hosts a :class:`torch.distributed.TCPStore` there (multi-tenant: torchrun's own rendezvous reuses
+    the same server in this process); every node adds itself under its ``--node-rank`` and waits until all
+    ``--nnodes`` have. The store is returned (keep it alive for the run).
+
+    Raises:
+        RendezvousError: node 0 unreachable, a node rank claimed twice, or too few nodes before the timeout.
+    """
+    where = f"{args.master_addr}:{args.master_port}"
+    timeout = datetime.timedelta(seconds=args.rdzv_timeout)
+    try:
+        store = TCPStore(args.master_addr, args.master_port, None, args.node_rank == 0, timeout,
+                         wait_for_workers=False, multi_tenant=True)
+    except (DistError, RuntimeError) as err:
+        reason = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        if args.node_rank == 0:
+            raise RendezvousError(f"rendezvous on {where} failed: {reason}") from None
+        raise RendezvousError(f"node {args.node_rank}: node 0 did not answer at {where} within "
+                              f"{args.rdzv_timeout:g} s (start it with --node-rank 0 --master-addr "
+                              f"{args.master_addr} --master-port {args.master_port}; check the address and the "
+                              f"firewall): {reason}") from None
+    if store.add(f"multiproc/node_{args.node_rank}", 1) > 1:
+        raise RendezvousError(f"rendezvous on {where}: --node-rank {args.node_rank} was given to two nodes")
+    joined = store.add("multiproc/joined", 1)
+    deadline = time.monotonic() + args.rdzv_timeout
+    while joined < args.nnodes:
+        if time.monotonic() > deadline:
+            raise RendezvousError(f"rendezvous on {where}: {joined} of {args.nnodes} nodes joined within "
+                                  f"{args.rdzv_timeout:g} s; start the others with --nnodes {args.nnodes} "
+                                  f"--master-addr {args.master_addr} --master-port {args.master_port} and their "
+                                  "own --node-rank")
+        time.sleep(0.5)
+        joined = store.add("multiproc/joined", 0)
+    return store
+
+
+def _children() -> list[int]:
+    """Pids of this process's living children (torchrun's workers), from /proc; empty off Linux."""
+    me, found = os.getpid(), []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):  # the process ended while being read
+            continue
+    return found
+
+
+class StopForwarder:
+    """Passes SIGTERM, SIGUSR1 and SIGINT on to every rank, and kills the ranks if they outstay the timeout.
+
+    The first signal starts the clock (``stop_timeout`` seconds); a repeat is passed on again (a rank treats
+    it as the same request). :attr:`signal_name` is the first signal received, or ``None``.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+    def __init__(self, stop_timeout: float):
+        self.stop_timeout = stop_timeout
+        self.signal_name: str | None = None
+        self.deadline: float | None = None
+        self.killed = False
+
+    def install(self) -> None:
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signal_name is None:
+            self.signal_name, self.deadline = name, time.monotonic() + self.stop_timeout
+            print(f"multiproc: {name}: every rank finishes its step and rank 0 saves a checkpoint (ranks still "
+                  f"running in {self.stop_timeout:g} s are killed)", file=sys.stderr, flush=True)
+        for pid in _children():
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:  # it has just exited
+                continue
+
+    def enforce(self) -> None:
+        """SIGKILL the ranks once the deadline has passed (called while waiting for them)."""
+        if self.deadline is not None and not self.killed and time.monotonic() > self.deadline:
+            self.killed = True
+            print(f"multiproc: the ranks did not stop within {self.stop_timeout:g} s of {self.signal_name}; "
+                  "killing them", file=sys.stderr, flush=True)
+            for pid in _children():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+
+
+def run_agent(config, entrypoint, cmd_args: list[str], stop: StopForwarder):
+    """torchrun's ``elastic_launch`` in a thread, while the main thread handles stop signals.
+
+    Returns what ``elastic_launch`` returns, or raises what it raised.
+    """
+    outcome: dict = {}
+
+    def agent() -> None:
+        try:
+            outcome["result"] = elastic_launch(config=config, entrypoint=entrypoint)(*cmd_args)
+        except Exception as err:  # noqa: BLE001 - handed to the main thread, which reports or re-raises it
+            outcome["error"] = err
+
+    # torchrun warns that it installs no signal handlers off the main thread: this thread is the main
+    # thread's choice, and StopForwarder does that work.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(
+        lambda record: "child thread" not in record.getMessage())
+    thread = threading.Thread(target=agent, name="torchrun-agent", daemon=True)
+    stop.install()
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+        stop.enforce()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("result")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the job; returns the exit status (0, the failed rank's exit code, 128+signal, or 1 when the
-    rendezvous itself fails, e.g. ``--master-port`` already in use)."""
+    """Run the job; returns the exit status: 0 (also after a stop signal the ranks obeyed; 130 after Ctrl-C),
+    the failed rank's exit code, or 1 when the rendezvous fails (a node missing, ``--master-port`` in use)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     world = args.nnodes * args.nproc_per_node
     torchrun_argv = [
@@ -153,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.nproc_per_node > 1:  # what torchrun does anyway, without its warning banner
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ["MULTIPROC_PID"] = str(os.getpid())  # the ranks check it (distributed.die_with_launcher)
     config, entrypoint, cmd_args = torchrun.config_from_args(torchrun.parse_args(torchrun_argv))
     logs = RankLogs(args.log_dir)
     config.logs_specs = logs
@@ -161,8 +311,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"multiproc: {where}{args.nproc_per_node} process{'es' * (args.nproc_per_node != 1)} "
           f"(world size {world}), "
           f"logs of ranks 1.. in {os.path.join(args.log_dir, '')}", flush=True)
+    stop = StopForwarder(args.stop_timeout)
     try:
-        elastic_launch(config=config, entrypoint=entrypoint)(*cmd_args)
+        _store = wait_for_nodes(args) if args.nnodes > 1 else None  # kept alive for the run
+        run_agent(config, entrypoint, cmd_args, stop)
+    except RendezvousError as err:
+        print(f"multiproc: ERROR: {err}", file=sys.stderr, flush=True)
+        return 1
     except ChildFailedError as err:
         # torchrun also lists the ranks it stopped itself (SIGTERM, then SIGKILL): not causes
         killed = (-signal.SIGTERM, -signal.SIGKILL)
@@ -175,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"multiproc: stopped the other rank(s): {stopped}", file=sys.stderr, flush=True)
         exitcode = err.failures[(causes or stopped)[0]].exitcode
         return exitcode if 0 < exitcode < 256 else 1
-    except SignalException as err:
+    except SignalException as err:  # torchrun's own handler: only if the agent ran in the main thread
         print(f"multiproc: stopped by signal {err.sigval.name}", file=sys.stderr, flush=True)
         return 128 + int(err.sigval)
     except DistError as err:  # the launcher's own rendezvous store: port taken, master unreachable, timeout
@@ -183,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"multiproc: ERROR: rendezvous on {args.master_addr}:{args.master_port} failed: {reason}",
               file=sys.stderr, flush=True)
         return 1
-    return 0
+    if stop.killed:
+        return 128 + int(signal.Signals[stop.signal_name])
+    return 130 if stop.signal_name == "SIGINT" else 0
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ The loop knows no model: it takes a :class:`model.ModelSpec` from ``model.MODELS
 ``grad_accumulation`` micro-batches; DistributedDataParallel all-reduces the gradients (averaged over
 ranks) during the last micro-batch's backward, so every replica takes the same optimizer step. Then one
 small all-reduce per step agrees on the loss, on whether it is finite, and on whether a rank was asked to
-stop (SIGTERM/SIGUSR1). Only rank 0 writes: progress bar, TensorBoard, ``metrics.jsonl``, checkpoints.
+stop (SIGTERM/SIGUSR1/SIGINT). Only rank 0 writes: progress bar, TensorBoard, ``metrics.jsonl``, checkpoints.
 
 A checkpoint holds everything the next step depends on (weights, optimizer, LR schedule, GradScaler,
 step, epoch and position inside it, every rank's RNG states), so ``--resume auto`` continues exactly
@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
+import os
 import random
 import signal
 import subprocess
@@ -33,13 +35,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from distributed import (CollectiveError, all_gather_object, apply_gradient_allreduce, cleanup, collective,
-                         init_distributed, reduce_tensor, unwrap_model)
-from model import MODELS
-from utils.checkpoint import (CheckpointError, atomic_write_bytes, capture_rng_state, load_checkpoint,
-                              load_model_state, restore_rng_state, save_checkpoint)
-from utils.config import SHARED_SECTIONS, Config, ConfigError, load_config
-from utils.data_utils import DataError, ResumableDistributedSampler
+from distributed import (CollectiveError, all_gather_object, apply_gradient_allreduce, broadcast_object, cleanup,
+                         collective, init_distributed, reduce_tensor, unwrap_model)
+from model import MODELS, ModelSpec, config_schemas
+from utils.audio_processing import MelSpectrogram
+from utils.checkpoint import (CheckpointError, TrainState, atomic_write_bytes, capture_rng_state, resume_path,
+                              resume_training, save_checkpoint, training_checkpoint)
+from utils.config import Config, ConfigError, load_config
+from utils.data_check import check_corpus, default_cache_file, describe
+from utils.data_utils import DataError, ResumableDistributedSampler, load_splits
 from utils.run_log import LossMonitor, RunLog, StepWindow, one_line
 
 
@@ -48,10 +52,11 @@ class TrainingError(RuntimeError):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    models = sorted(MODELS)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="config.json", help="JSON config (default: config.json)")
-    parser.add_argument("--model", choices=sorted(MODELS), default=next(iter(MODELS)),
-                        help=f"which model of model.py to train (default: {next(iter(MODELS))})")
+    parser.add_argument("--model", choices=models, default=models[0] if models else None,
+                        help=f"which model of model.py to train (default: {models[0] if models else 'none'})")
     parser.add_argument("--dataset-path", help="LJSpeech-layout folder; overrides data.dataset_path")
     parser.add_argument("--output-dir", default="output", help="checkpoints, logs, metrics (default: output)")
     parser.add_argument("--max-steps", type=int, help="optimizer steps to train; overrides train.max_steps")
@@ -60,7 +65,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true", help="apply the config's tiny block (CPU smoke runs)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config value; repeatable")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.model is None:
+        parser.error("model.py registers no model: add one in models/ (see model.py)")
+    return args
 
 
 def load_run_config(args: argparse.Namespace) -> Config:
@@ -70,8 +78,7 @@ def load_run_config(args: argparse.Namespace) -> Config:
         overrides.append(f"data.dataset_path={args.dataset_path}")
     if args.max_steps is not None:
         overrides.append(f"train.max_steps={args.max_steps}")
-    schemas = {**SHARED_SECTIONS, **{name: spec.config_cls for name, spec in MODELS.items()}}
-    return load_config(args.config, schemas, tiny=args.tiny, overrides=overrides)
+    return load_config(args.config, config_schemas(), tiny=args.tiny, overrides=overrides)
 
 
 def setup_precision(precision: str, device: torch.device):
@@ -112,7 +119,7 @@ def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def make_loader(dataset, spec, cfg: Config, batch_size: int, rank: int, world_size: int, train: bool,
+def make_loader(dataset, spec: ModelSpec, cfg: Config, batch_size: int, rank: int, world_size: int, train: bool,
                 device: torch.device) -> DataLoader:
     """A DataLoader over this rank's shard, with workers and pinned memory on CUDA.
 
@@ -127,7 +134,26 @@ def make_loader(dataset, spec, cfg: Config, batch_size: int, rank: int, world_si
     generator = torch.Generator().manual_seed(cfg.train.seed + rank)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                       collate_fn=spec.collate_fn, pin_memory=device.type == "cuda", drop_last=train,
-                      prefetch_factor=cfg.data.prefetch_factor if workers else None, generator=generator)
+                      prefetch_factor=cfg.data.prefetch_factor if workers else None, generator=generator,
+                      worker_init_fn=ignore_stop_signals if workers else None)
+
+
+def batch_stream(loader: DataLoader, state: TrainState):
+    """Endless batches; each epoch reshuffles the shards (``set_epoch``), a resumed one skips what was read.
+
+    Keeps ``state.epoch`` and ``state.batch_in_epoch`` up to date, so a checkpoint taken between two
+    batches records exactly where the stream is.
+    """
+    while True:
+        loader.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * loader.batch_size)
+        if hasattr(loader.dataset, "set_epoch"):
+            loader.dataset.set_epoch(state.epoch)
+        with stop_signals_blocked():
+            epoch_batches = iter(loader)  # starts the workers
+        for batch in epoch_batches:
+            state.batch_in_epoch += 1
+            yield batch
+        state.epoch, state.batch_in_epoch = state.epoch + 1, 0
 
 
 def check_output_dir(path: Path) -> None:
@@ -153,20 +179,55 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-class StopRequest:
-    """Remembers a SIGTERM or SIGUSR1 (what SLURM and Kubernetes send before preemption).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+"""What a scheduler or a person sends to stop a run: SIGTERM, SIGUSR1 (SLURM, Kubernetes, torchrun) and SIGINT
+(Ctrl-C)."""
 
-    The loop finishes its step, all ranks agree (the flag rides in the per-step all-reduce), rank 0
-    saves a checkpoint, and the run exits cleanly.
+
+class StopRequest:
+    """Remembers a stop signal (:data:`STOP_SIGNALS`) instead of dying of it.
+
+    The loop finishes its step, all ranks agree (the flag rides in the per-step all-reduce), rank 0 saves a
+    checkpoint, and the run exits cleanly. A repeated signal changes nothing (a launcher may pass on a signal
+    the rank also got directly); the third Ctrl-C raises ``KeyboardInterrupt``, which stops the rank at once
+    without a checkpoint.
     """
 
     def __init__(self):
         self.signal_name: str | None = None
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        self.interrupts = 0
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        self.signal_name = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            self.interrupts += 1
+            if self.interrupts >= 3:
+                raise KeyboardInterrupt
+        self.signal_name = self.signal_name or signal.Signals(signum).name
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: a worker leaves stop signals to its rank, which shuts it down.
+
+    A scheduler signals every process of a job, DataLoader workers included; a worker that died of SIGTERM
+    would make its rank fail ("DataLoader worker ... is killed by signal") instead of stopping cleanly.
+    Signals that arrived before this ran were blocked (:func:`stop_signals_blocked`) and are dropped here.
+    """
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+@contextlib.contextmanager
+def stop_signals_blocked():
+    """Hold stop signals back (not lost: delivered on leaving) while DataLoader workers are started, so that a
+    worker starts with them blocked until :func:`ignore_stop_signals` ignores them."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 @torch.no_grad()
@@ -174,7 +235,9 @@ def validate(model, criterion, loader, device, autocast, spec, step, writer, out
     """Mean validation loss over all ranks' shards (summed then all-reduced); rank 0 draws pictures."""
     model.eval()
     total = torch.zeros(2, device=device, dtype=torch.float64)  # (sum of losses, number of batches)
-    for i, batch in enumerate(loader):
+    with stop_signals_blocked():
+        batches = iter(loader)  # starts the workers
+    for i, batch in enumerate(batches):
         batch = to_device(batch, device)
         with autocast():
             outputs = model(batch)
@@ -185,6 +248,66 @@ def validate(model, criterion, loader, device, autocast, spec, step, writer, out
     total = reduce_tensor(total, op="sum")
     model.train()
     return (total[0] / total[1].clamp(min=1)).item()
+
+
+def prepare_run(cfg: Config, spec: ModelSpec, output_dir: Path) -> tuple[str, object]:
+    """Rank 0's checks before any training time is spent: a writable output folder, then every clip of the
+    corpus (:mod:`utils.data_check`). The outcome is ``("error", message)`` or ``("skip", ids to leave out)``,
+    which rank 0 broadcasts so that every rank acts on it.
+
+    With ``data.on_bad_clip=skip`` the bad clips are listed in ``OUTPUT/skipped_clips.txt`` (id, path, reason
+    per line); with ``error`` the message names the first 20 and how many there are.
+    """
+    try:
+        check_output_dir(output_dir)
+        train_utts, val_utts = load_splits(cfg.data)
+    except (ConfigError, DataError) as err:
+        return "error", one_line(err)
+    text_check = (lambda text: spec.check_text(text, cfg)) if spec.check_text is not None else None
+    bad = check_corpus([*train_utts, *val_utts], cfg.audio.sampling_rate,
+                       MelSpectrogram.from_config(cfg.audio).min_samples, text_check,
+                       cache_file=default_cache_file(cfg.data.dataset_path), progress=True)
+    if not bad:
+        return "skip", []
+    if cfg.data.on_bad_clip == "error":
+        return "error", (f"{describe(bad)} (in {cfg.data.dataset_path}); fix or remove them, or set "
+                         "data.on_bad_clip=skip to train without them")
+    listing = output_dir / "skipped_clips.txt"
+    atomic_write_bytes(listing, "".join(f"{c.id}\t{c.path}\t{c.reason}\n" for c in bad).encode())
+    print(f"warning: leaving out {len(bad)} bad clip(s), listed in {listing}", file=sys.stderr, flush=True)
+    return "skip", [clip.id for clip in bad]
+
+
+def agreed_resume_path(resume: str, output_dir: Path, rank: int):
+    """The checkpoint to resume from, decided by rank 0 (:func:`utils.checkpoint.resume_path`); every rank
+    must see the same file there (or none), which holds when ``--output-dir`` is one shared folder.
+
+    Raises:
+        CheckpointError: on every rank, when rank 0's decision fails or a rank sees another file than rank 0.
+    """
+    def decide():
+        try:
+            return "ok", resume_path(resume, output_dir)
+        except CheckpointError as err:
+            return "error", str(err)
+    kind, path = broadcast_object(decide() if rank == 0 else None)
+    if kind == "error":
+        raise CheckpointError(path)
+    looked_at = path if path is not None else output_dir / "checkpoint_last.pt"
+
+    def seen() -> str:
+        try:
+            stat = looked_at.stat()
+        except OSError:
+            return "no file"
+        return f"{stat.st_size} bytes, modified {stat.st_mtime_ns}"
+    views = all_gather_object(seen())
+    others = [(r, view) for r, view in enumerate(views) if view != views[0]]
+    if others:
+        r, view = others[0]
+        raise CheckpointError(f"ranks disagree about {looked_at}: rank 0 sees {views[0]}, rank {r} sees {view}; "
+                              "--output-dir must be one folder shared by every node (a network file system)")
+    return path
 
 
 @contextlib.contextmanager
@@ -198,7 +321,79 @@ def model_config_errors(model_name: str):
         raise ConfigError(f"{model_name} config: {one_line(err)}") from None
 
 
+@dataclasses.dataclass
+class StepResult:
+    """What one optimizer step measured: its loss summed over micro-batches (a device scalar), the gradient
+    norm, the items it trained on, its utterance ids, and the seconds spent waiting for data."""
+
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    items: int
+    ids: list
+    data_time: float
+
+
+class BufferGuard:
+    """Takes back what a skipped step did to the model's buffers (BatchNorm's running statistics and batch
+    count): a skipped step leaves the model exactly as it was, not only its weights.
+
+    :meth:`save` before the step's forward (one copy of every buffer: a few kilobytes for BatchNorm),
+    :meth:`restore` when the step is skipped. Without buffers both do nothing.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.buffers = list(model.buffers())
+        self.saved: list[torch.Tensor] = []
+
+    def save(self) -> None:
+        self.saved = [buffer.detach().clone() for buffer in self.buffers]
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for buffer, saved in zip(self.buffers, self.saved):
+                buffer.copy_(saved)
+
+
+def forward_backward(model, criterion, batches, scaler, autocast, spec: ModelSpec, accum: int, world_size: int,
+                     grad_clip: float, optimizer, device: torch.device) -> StepResult:
+    """``accum`` micro-batches of forward and backward, then unscaling and clipping (no optimizer step yet).
+
+    DDP all-reduces the gradients during the last micro-batch's backward only (``no_sync`` before it).
+    """
+    loss_sum, items, ids, data_time = torch.zeros((), device=device), 0, [], 0.0
+    for micro in range(accum):
+        t_data = time.perf_counter()
+        batch = next(batches)
+        items += spec.count_items(batch)  # on the CPU batch: no device synchronisation
+        batch = to_device(batch, device)
+        data_time += time.perf_counter() - t_data
+        ids += batch.get("ids", [])
+        sync = nullcontext() if micro == accum - 1 or world_size == 1 else model.no_sync()
+        with sync:
+            with autocast():
+                loss = criterion(model(batch), batch) / accum
+            with collective("gradient all-reduce (DDP backward)"):
+                scaler.scale(loss).backward()
+        loss_sum += loss.detach().float()
+    scaler.unscale_(optimizer)  # no-op unless fp16: clipping and the norm need the true gradients
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf)
+    return StepResult(loss_sum, grad_norm, items, ids, data_time)
+
+
+def agree(result: StepResult, stop: StopRequest, scaler, world_size: int, device: torch.device):
+    """One small all-reduce: the mean loss, how many ranks saw a non-finite loss or gradient norm, how many
+    were asked to stop, and the items of all ranks. fp16 gradient overflows are left to the GradScaler."""
+    bad = ~torch.isfinite(result.loss) | (~torch.isfinite(result.grad_norm) & (not scaler.is_enabled()))
+    flags = torch.stack([result.loss.float(), bad.float(), torch.tensor(float(stop.signal_name is not None),
+                         device=device), torch.tensor(float(result.items), device=device)])
+    total, n_bad, n_stop, items = reduce_tensor(flags, op="sum").tolist()
+    return total / world_size, int(n_bad), int(n_stop), int(items)
+
+
 def main(argv=None) -> int:
+    """``python train.py``: 0 when done or stopped cleanly by a signal (130 after Ctrl-C without a launcher),
+    1 with one ``ERROR:`` line otherwise."""
+    stop = StopRequest()  # first: a signal from here on stops the run cleanly instead of killing it
     args = parse_args(argv)
     try:
         cfg = load_run_config(args)  # before the process group: a bad config fails alone, fast
@@ -211,7 +406,11 @@ def main(argv=None) -> int:
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1
     try:
-        train(args, cfg, dist)
+        train(args, cfg, dist, stop)
+    except KeyboardInterrupt:
+        print(f"ERROR: rank {dist.rank}: interrupted (Ctrl-C three times): stopped without saving; "
+              f"{Path(args.output_dir) / 'checkpoint_last.pt'} is the last checkpoint", file=sys.stderr)
+        return 130
     except CollectiveError as err:  # its message names the rank, the collective and the timeout
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1
@@ -224,18 +423,18 @@ def main(argv=None) -> int:
         return 1
     finally:
         cleanup()
-    return 0
+    under_launcher = "TORCHELASTIC_RUN_ID" in os.environ  # a launcher restarts ranks that exit non-zero
+    return 130 if stop.signal_name == "SIGINT" and not under_launcher else 0
 
 
-def train(args: argparse.Namespace, cfg: Config, dist) -> None:
-    rank, world_size, device = dist.rank, dist.world_size, dist.device
-    is_main = rank == 0
-    spec = MODELS[args.model]
-    model_cfg = cfg.section(args.model)
+def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> None:
+    rank, world_size, device, is_main = dist.rank, dist.world_size, dist.device, dist.is_main
+    spec, model_cfg = MODELS[args.model], cfg.section(args.model)
     output_dir = Path(args.output_dir)
-    if is_main:
-        check_output_dir(output_dir)
-    stop = StopRequest()
+    kind, found = broadcast_object(prepare_run(cfg, spec, output_dir) if is_main else None)
+    if kind == "error":
+        raise DataError(found)
+    cfg.data.exclude = sorted({*cfg.data.exclude, *found})  # load_splits leaves these out
 
     # Same seed everywhere for the weights (DDP also broadcasts rank 0's), then one seed per rank.
     torch.manual_seed(cfg.train.seed)
@@ -248,149 +447,95 @@ def train(args: argparse.Namespace, cfg: Config, dist) -> None:
     torch.backends.cudnn.benchmark = cfg.train.cudnn_benchmark
     autocast, scaler = setup_precision(cfg.train.precision, device)
     criterion = spec.build_criterion(cfg)
-    optimizer = torch.optim.Adam(model.parameters(), lr=model_cfg.learning_rate,
-                                 weight_decay=model_cfg.weight_decay, fused=device.type == "cuda")
+    optimizer = spec.build_optimizer(model, model_cfg, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    parts = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
 
     with model_config_errors(args.model):
         train_set, val_set = spec.build_datasets(cfg)
-    train_loader = make_loader(train_set, spec, cfg, model_cfg.batch_size, rank, world_size, True, device)
-    val_loader = make_loader(val_set, spec, cfg, model_cfg.batch_size, rank, world_size, False, device)
+    batch_size = model_cfg.batch_size
+    train_loader = make_loader(train_set, spec, cfg, batch_size, rank, world_size, True, device)
+    val_loader = make_loader(val_set, spec, cfg, batch_size, rank, world_size, False, device)
     if len(train_loader) == 0:
-        raise DataError(f"{len(train_set)} training utterances are too few for batch_size {model_cfg.batch_size} "
+        raise DataError(f"{len(train_set)} training utterances are too few for batch_size {batch_size} "
                         f"x {world_size} processes; lower {args.model}.batch_size or add data")
 
-    # --- resume -------------------------------------------------------------------------------
-    step, epoch, batch_in_epoch, skipped_steps = 0, 0, 0, 0
-    resume_path = output_dir / "checkpoint_last.pt" if args.resume == "auto" else None
-    if args.resume == "none" and (output_dir / "checkpoint_last.pt").exists():
-        raise ConfigError(f"{output_dir} already holds checkpoint_last.pt, which --resume none would overwrite; "
-                          "continue it with --resume auto, or start afresh in another --output-dir")
-    if args.resume not in ("auto", "none"):
-        resume_path = Path(args.resume)
-        if not resume_path.is_file():
-            raise CheckpointError(f"--resume {args.resume}: no such checkpoint")
-    if resume_path is not None and resume_path.is_file():
-        state = load_checkpoint(resume_path, map_location=device)
-        if state.get("model_name") != args.model:
-            raise CheckpointError(f"{resume_path} holds a '{state.get('model_name')}' model, not '{args.model}'")
-        load_model_state(model, state["model"], str(resume_path))
-        missing = [k for k in ("optimizer", "scheduler", "scaler", "step", "epoch", "batch_in_epoch", "rng")
-                   if k not in state]
-        if missing:
-            raise CheckpointError(f"{resume_path} is not a training checkpoint of train.py (it has no "
-                                  f"{', '.join(missing)}); --resume needs one written by train.py")
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
-        skipped_steps = state.get("skipped_steps", 0)
-        if len(state["rng"]) == world_size:
-            restore_rng_state(state["rng"][rank])
-        elif is_main:
-            print(f"warning: {resume_path} was written by {len(state['rng'])} processes, this run has "
-                  f"{world_size}: random streams restart, so the run will not repeat the original exactly")
+    state = TrainState()
+    checkpoint_path = agreed_resume_path(args.resume, output_dir, rank)
+    if checkpoint_path is not None:
+        state = resume_training(checkpoint_path, model, parts, args.model, rank, world_size, map_location=device)
         if is_main:
-            print(f"resumed from {resume_path} at step {step} (epoch {epoch}, batch {batch_in_epoch})")
+            print(f"resumed from {checkpoint_path} at step {state.step} (epoch {state.epoch}, "
+                  f"batch {state.batch_in_epoch})")
 
     if cfg.train.compile:  # the model's fast path (torch.compile'd hot loops); same mathematics as eager
         if spec.optimize_for_training is None:
             raise ConfigError(f"train.compile=true, but model '{args.model}' has no fast path "
-                              "(ModelSpec.optimize_for_training in model.py)")
+                              "(ModelSpec.optimize_for_training)")
         model = spec.optimize_for_training(model, cfg)
     model = apply_gradient_allreduce(model)
-    log = RunLog(output_dir, enabled=is_main, total_steps=cfg.train.max_steps, initial_step=step)
+    log = RunLog(output_dir, enabled=is_main, total_steps=cfg.train.max_steps, initial_step=state.step,
+                 data_advice=spec.data_advice)
     if is_main:
         atomic_write_bytes(output_dir / "config.json", json.dumps(cfg.to_dict(), indent=2).encode())
         log.print(f"training {args.model} on {world_size} process(es), device {device}, precision "
                   f"{cfg.train.precision}; {len(train_set)} train / {len(val_set)} val utterances; "
-                  f"global batch {model_cfg.batch_size * cfg.train.grad_accumulation * world_size}")
-
-    def batches():
-        """Endless batch stream; each epoch reshuffles the shards (set_epoch), a resumed one skips ahead."""
-        nonlocal epoch, batch_in_epoch
-        while True:
-            train_loader.sampler.set_epoch(epoch, start=batch_in_epoch * model_cfg.batch_size)
-            if hasattr(train_set, "set_epoch"):
-                train_set.set_epoch(epoch)
-            for batch in train_loader:
-                batch_in_epoch += 1
-                yield batch
-            epoch, batch_in_epoch = epoch + 1, 0
+                  f"global batch {batch_size * cfg.train.grad_accumulation * world_size}")
 
     def checkpoint() -> None:
         """Every rank hands its RNG states to rank 0, which writes the checkpoint."""
         rng = all_gather_object(capture_rng_state())
         if is_main:
-            state = {"model": unwrap_model(model).state_dict(), "optimizer": optimizer.state_dict(),
-                     "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "step": step,
-                     "epoch": epoch, "batch_in_epoch": batch_in_epoch, "skipped_steps": skipped_steps,
-                     "rng": rng, "data_seed": cfg.train.seed, "model_name": args.model, "config": cfg.to_dict(),
-                     "torch_version": str(torch.__version__), "git_commit": git_commit()}
-            log.print(f"step {step}: saved {save_checkpoint(output_dir, state, step, cfg.train.keep_last)}")
+            saved = training_checkpoint(unwrap_model(model), parts, state, rng, data_seed=cfg.train.seed,
+                                        model_name=args.model, config=cfg.to_dict(),
+                                        torch_version=str(torch.__version__), git_commit=git_commit())
+            log.print(f"step {state.step}: saved {save_checkpoint(output_dir, saved, state.step, cfg.train.keep_last)}")
 
-    stream = batches()
-    accum = cfg.train.grad_accumulation
+    batches = batch_stream(train_loader, state)
     window, monitor = StepWindow(), LossMonitor(cfg.train.spike_factor)
+    guard = BufferGuard(model) if cfg.train.on_nonfinite == "skip" else None
     model.train()
     try:
-        while step < cfg.train.max_steps:
+        while state.step < cfg.train.max_steps:
             t_start = time.perf_counter()
-            data_time, step_loss, items, ids = 0.0, torch.zeros((), device=device), 0, []
-            for micro in range(accum):
-                t_data = time.perf_counter()
-                batch = to_device(next(stream), device)
-                data_time += time.perf_counter() - t_data
-                ids += batch.get("ids", [])
-                # DDP all-reduces the gradients during the last micro-batch's backward only.
-                sync = nullcontext() if micro == accum - 1 or world_size == 1 else model.no_sync()
-                with sync:
-                    with autocast():
-                        loss = criterion(model(batch), batch) / accum
-                    with collective("gradient all-reduce (DDP backward)"):
-                        scaler.scale(loss).backward()
-                step_loss += loss.detach().float()
-                items += spec.count_items(batch)
-            scaler.unscale_(optimizer)  # no-op unless fp16: clipping and the norm need the true gradients
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip or math.inf)
-
-            # One small all-reduce: the loss, "not finite here", "stop asked here", and the items.
-            # fp16 gradient overflows are left to the GradScaler, which skips the step and rescales.
-            bad = ~torch.isfinite(step_loss) | (~torch.isfinite(grad_norm) & (not scaler.is_enabled()))
-            flags = [step_loss, bad.float(), torch.tensor(float(stop.signal_name is not None)), torch.tensor(items)]
-            total, n_bad, n_stop, items = reduce_tensor(torch.stack([f.to(device).float() for f in flags]),
-                                                        op="sum").tolist()
-            loss_mean = total / world_size
-            step += 1
+            if guard is not None:
+                guard.save()
+            result = forward_backward(model, criterion, batches, scaler, autocast, spec, cfg.train.grad_accumulation,
+                                      world_size, cfg.train.grad_clip, optimizer, device)
+            loss, n_bad, n_stop, items = agree(result, stop, scaler, world_size, device)
+            state.step += 1
             if n_bad:
-                all_ids = sum(all_gather_object(ids), [])
-                message = f"non-finite loss or gradient norm (loss {loss_mean}, grad norm {grad_norm.item()})"
+                all_ids = sum(all_gather_object(result.ids), [])
+                message = f"non-finite loss or gradient norm (loss {loss}, grad norm {result.grad_norm.item()})"
                 if cfg.train.on_nonfinite == "stop":
                     last = output_dir / "checkpoint_last.pt"
-                    raise TrainingError(f"step {step}: {message}; batch utterances: {', '.join(map(str, all_ids))}"
-                                        f"; last good checkpoint: {last if last.exists() else 'none yet'}")
+                    raise TrainingError(f"step {state.step}: {message}; batch utterances: "
+                                        f"{', '.join(map(str, all_ids))}; last good checkpoint: "
+                                        f"{last if last.exists() else 'none yet'}")
                 optimizer.zero_grad(set_to_none=True)  # nothing to apply: the optimizer step below is a no-op
-                skipped_steps += 1
-                log.anomaly(step, "nonfinite", f"{message}: step skipped ({skipped_steps} so far)", all_ids)
-            elif monitor.is_spike(loss_mean):
-                log.anomaly(step, "spike", f"loss {loss_mean:.4f} is above {cfg.train.spike_factor}x its running "
-                                           f"mean {monitor.mean:.4f}", sum(all_gather_object(ids), []))
+                guard.restore()
+                state.skipped_steps += 1
+                log.anomaly(state.step, "nonfinite", f"{message}: step skipped ({state.skipped_steps} so far)", all_ids)
+            elif monitor.is_spike(loss):
+                log.anomaly(state.step, "spike", f"loss {loss:.4f} is above {cfg.train.spike_factor}x its running "
+                                                 f"mean {monitor.mean:.4f}", sum(all_gather_object(result.ids), []))
             scaler.step(optimizer)
             scaler.update()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            window.add(None if n_bad else loss_mean, items, time.perf_counter() - t_start, data_time)
+            window.add(None if n_bad else loss, items, time.perf_counter() - t_start, result.data_time)
             log.step_done()
 
-            if step % cfg.train.log_interval == 0 or step == cfg.train.max_steps:
-                log.metrics(window.row(step=step, epoch=epoch, lr=optimizer.param_groups[0]["lr"],
-                                       grad_norm=grad_norm.item(), skipped_steps=skipped_steps))
+            step, last_step = state.step, state.step == cfg.train.max_steps
+            if step % cfg.train.log_interval == 0 or last_step:
+                log.metrics(window.row(step=step, epoch=state.epoch, lr=optimizer.param_groups[0]["lr"],
+                                       grad_norm=result.grad_norm.item(), skipped_steps=state.skipped_steps))
                 window = StepWindow()
-            if step % cfg.train.val_interval == 0 or step == cfg.train.max_steps:
+            if step % cfg.train.val_interval == 0 or last_step:
                 val_loss = validate(model, criterion, val_loader, device, autocast, spec, step, log.writer,
                                     output_dir, is_main)
-                log.validation(step, epoch, val_loss)
-            if n_stop or step % cfg.train.checkpoint_interval == 0 or step == cfg.train.max_steps:
+                log.validation(step, state.epoch, val_loss)
+            if n_stop or step % cfg.train.checkpoint_interval == 0 or last_step:
                 checkpoint()
             if n_stop:
                 log.print(f"stopped at step {step} on {stop.signal_name or 'another rank’s signal'}; resume with "
@@ -399,7 +544,7 @@ def train(args: argparse.Namespace, cfg: Config, dist) -> None:
     finally:
         log.close()  # also on an error, so that its ERROR line starts a line of its own
     if is_main:
-        print(f"done: {step} steps; checkpoint {output_dir / 'checkpoint_last.pt'}")
+        print(f"done: {state.step} steps; checkpoint {output_dir / 'checkpoint_last.pt'}")
 
 
 if __name__ == "__main__":

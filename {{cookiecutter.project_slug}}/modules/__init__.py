@@ -1,1 +1,1 @@
-"""Neural-network building blocks shared by the example models (Tacotron2, WaveGlow)."""
+"""Neural-network building blocks of the models (layers, attention, flows); the models themselves are in models/."""

@@ -124,4 +124,3 @@ def remove_weight_norm(module: nn.Module) -> nn.Module:
         if parametrize.is_parametrized(sub, "weight"):
             parametrize.remove_parametrizations(sub, "weight", leave_parametrized=True)
     return module
-

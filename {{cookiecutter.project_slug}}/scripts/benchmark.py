@@ -1,41 +1,44 @@
 """Train-step throughput of this project's models, comparable with NVIDIA's reference harness.
 
     python scripts/benchmark.py                                   # every case, tf32/bf16/fp16, fast path
-    python scripts/benchmark.py --model tacotron2 --precision bf16 --json ours.json
+    python scripts/benchmark.py --model NAME --precision bf16 --json ours.json
     python scripts/benchmark.py --eager                           # the plain eager path, for comparison
     python scripts/benchmark.py --tiny --device cpu               # CPU smoke run (under a minute)
     python scripts/benchmark.py --check                           # fast path loss vs eager float32 loss
     python scripts/benchmark.py --loader --dataset-path DIR       # input pipeline items/s
 
-**Train step** (default). For each case and precision: build the model with ``MODELS[name].build_model``
-(seed 0), its loss with ``build_criterion``, one synthetic batch with ``synthetic_batch`` (seed 0) on the
-device, and time the step ``train.py`` runs: ``zero_grad``; forward and loss under autocast (bf16/fp16);
-backward through the GradScaler (fp16); unscale, gradient-norm clipping, Adam step (``fused=True`` on
-CUDA), scaler update. The per-step all-reduce and logging of ``train.py`` are left out. Timing as the
-reference harness (``shared/bench/reference_train_step.py``): ``--warmup`` untimed steps, then ``--steps``
-steps each timed with CUDA events (``time.perf_counter`` on the CPU), and the median (the upper one for
-an even count). One JSON row per case and precision: ``case``, ``mode`` (``tf32``, ``amp-bf16``,
-``amp-fp16``: the reference's names), ``step_s``, ``items_per_s`` (mel frames/s for Tacotron2, audio
-samples/s for WaveGlow, as NVIDIA's tables), ``peak_gib`` (``torch.cuda.max_memory_allocated``, model
-and optimizer included; ``null`` on the CPU), plus ``path`` (``fast``/``eager``), ``items_per_step``,
+Everything about a model comes from its ``ModelSpec`` (``model.py``); a model that lacks what a mode
+needs is skipped with a line saying so.
+
+**Train step** (default). For each case and precision: build the model with ``build_model`` (seed 0), its
+loss with ``build_criterion``, one batch from ``synthetic_batch`` (seed 0) on the device, and time the
+step ``train.py`` runs (``train.forward_backward``: forward and loss under autocast, backward through the
+GradScaler, unscale, gradient-norm clipping; then the optimizer step and the scaler update). The per-step
+all-reduce and logging of ``train.py`` are left out. Timing as the reference harness
+(``shared/bench/reference_train_step.py``): ``--warmup`` untimed steps, then ``--steps`` steps each timed
+with CUDA events (``time.perf_counter`` on the CPU), and the median (the upper one for an even count).
+One JSON row per case and precision: ``case``, ``mode`` (``tf32``, ``amp-bf16``, ``amp-fp16``: the
+reference's names), ``step_s``, ``items_per_s`` (``count_items`` per second: audio samples or mel frames
+for the examples, as NVIDIA's tables), ``peak_gib`` (``torch.cuda.max_memory_allocated``, model and
+optimizer included; ``null`` on the CPU), plus ``path`` (``fast``/``eager``), ``items_per_step``,
 ``params_m``, ``loss``. ``--compare REF.json`` adds ``ratio_vs_reference`` (our items/s over the
 reference's, same case and mode).
 
-Cases (names and shapes of the reference): ``waveglow256_b12_s16000``, ``waveglow512_b10_s8000``,
-``tacotron2_b128``, ``tacotron2_b64``. Their model and audio settings are the config dataclasses'
-defaults (NVIDIA's published LJSpeech models, which the reference runs) plus the case's own keys;
-``--set`` changes them. ``--tiny`` takes ``config.json`` with its ``tiny`` block instead and shrinks
-every batch, for a smoke run on a CPU. A model registered in ``model.MODELS`` with a ``synthetic_batch``
-but no case below gets one case, ``<name>_b<batch_size>``, from ``config.json``.
+Cases are each model's ``benchmark_cases`` (the example models carry the names and shapes of the
+reference); their settings are the config dataclasses' defaults (NVIDIA's published LJSpeech models,
+which the reference runs) plus the case's own keys, and ``--set`` changes them. ``--tiny`` takes
+``config.json`` with its ``tiny`` block instead and each case's smaller ``tiny`` shape, for a smoke run on a
+CPU. A model with a ``synthetic_batch`` but no cases gets one, ``<name>_b<batch_size>``, from
+``config.json``.
 
 The fast path is ``ModelSpec.optimize_for_training`` (what ``train.compile=true`` selects). It is the
 default on CUDA; on the CPU the default is the eager path (compilation there takes minutes for the
 whole table) and ``--fast`` asks for it.
 
 **Check** (``--check``): for each case, the fast path's loss and gradients on the same weights (seed 0,
-then every parameter moved by ``N(0, 0.01)`` so that WaveGlow's zero-initialised couplings take part)
-and batch, in float32 (TF32 off) and in bf16 autocast, against the eager float32 loss. Rows: ``case``,
-``mode`` (``check-fp32``, ``check-amp-bf16``), ``loss_rel_diff``, ``limit`` (1e-5, 2e-2), ``ok``,
+then every parameter moved by ``N(0, 0.01)`` so that zero-initialised layers take part) and batch, in
+float32 (TF32 off) and in bf16 autocast, against the eager float32 loss. Rows: ``case``, ``mode``
+(``check-fp32``, ``check-amp-bf16``), ``loss_rel_diff``, ``limit`` (1e-5, 2e-2), ``ok``,
 ``grad_rel_diff`` (for information). Inductor's random numbers fall back to eager's here, so dropout
 draws the same masks in both paths. The exit status is 1 when a row is not ok.
 
@@ -43,8 +46,8 @@ draws the same masks in both paths. The exit status is 1 when a row is not ok.
 ``train.py`` builds them (``load_run_config``, ``make_loader``: ``data.num_workers`` workers, pinned
 memory on CUDA), iterated for ``--steps`` batches after the first one (worker start-up, reported apart
 as ``first_batch_s``). Items are ``ModelSpec.count_items``. Rows ``loader_<model>_wav`` (audio decoded,
-mels computed) and, when the dataset reads a mel cache and ``DIR/<data.mel_cache_dir>`` holds mels
-(``scripts/preprocess.py``), ``loader_<model>_cached_mels``. Compare ``items_per_s`` with the train
+mels computed) and, when the dataset reads a mel cache (a ``cache_dir`` attribute) that holds mels,
+``loader_<model>_cached_mels``. Compare ``items_per_s`` with the train
 step's: the loader must deliver more per process, or the GPU waits (``train.py`` warns above 10%).
 
 Exit status 0; 1 for a bad argument or config, or a failed check.
@@ -55,8 +58,8 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import itertools
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -68,9 +71,10 @@ if str(PROJECT_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from model import MODELS, ModelSpec  # noqa: E402
-from train import load_run_config, make_loader, setup_precision, to_device  # noqa: E402
-from utils.config import SHARED_SECTIONS, Config, ConfigError, build_config, load_config  # noqa: E402
+from model import MODELS, BenchmarkCase, ModelSpec, config_schemas  # noqa: E402
+from train import batch_stream, forward_backward, load_run_config, make_loader, setup_precision, to_device  # noqa: E402
+from utils.checkpoint import TrainState  # noqa: E402
+from utils.config import Config, ConfigError, build_config, load_config  # noqa: E402
 from utils.data_utils import DataError  # noqa: E402
 
 PRECISION_MODES = {"fp32": "fp32", "tf32": "tf32", "bf16": "amp-bf16", "fp16": "amp-fp16"}
@@ -80,98 +84,47 @@ CHECK_LIMITS = {"fp32": 1e-5, "bf16": 2e-2}
 """Largest relative loss difference, fast path vs eager float32, per precision (the issue's targets)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """One case at one size: config overrides (``section.key=value``), batch size, ``synthetic_batch`` keywords."""
-
-    overrides: tuple[str, ...]
-    batch_size: int
-    batch_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """A benchmark case: its name, model, and its full (reference) and ``--tiny`` shapes."""
-
-    name: str
-    model: str
-    full: Shape
-    tiny: Shape
-
-
-CASES: list[Case] = []
-# >>> waveglow
-_WAVEGLOW_TINY = ("waveglow.n_flows=4", "waveglow.n_early_every=2", "waveglow.wn_layers=2")
-CASES += [
-    Case("waveglow256_b12_s16000", "waveglow",
-         Shape(("waveglow.wn_channels=256", "waveglow.segment_length=16000", "waveglow.batch_size=12"), 12,
-               {"segment_length": 16000}),
-         Shape(_WAVEGLOW_TINY + ("waveglow.wn_channels=16", "waveglow.segment_length=2048"), 2,
-               {"segment_length": 2048})),
-    Case("waveglow512_b10_s8000", "waveglow",
-         Shape(("waveglow.wn_channels=512", "waveglow.segment_length=8000", "waveglow.batch_size=10"), 10,
-               {"segment_length": 8000}),
-         Shape(_WAVEGLOW_TINY + ("waveglow.wn_channels=32", "waveglow.segment_length=1024"), 2,
-               {"segment_length": 1024})),
-]
-# <<< waveglow
-# >>> tacotron2
-_TACOTRON2_FULL = {"text_lengths": (60, 160), "mel_lengths": (300, 800), "longest_mel": 800}
-_TACOTRON2_TINY = {"text_lengths": (6, 16), "mel_lengths": (20, 40), "longest_mel": 40}
-CASES += [
-    Case("tacotron2_b128", "tacotron2", Shape(("tacotron2.batch_size=128",), 128, _TACOTRON2_FULL),
-         Shape(("tacotron2.batch_size=4",), 4, _TACOTRON2_TINY)),
-    Case("tacotron2_b64", "tacotron2", Shape(("tacotron2.batch_size=64",), 64, _TACOTRON2_FULL),
-         Shape(("tacotron2.batch_size=2",), 2, _TACOTRON2_TINY)),
-]
-# <<< tacotron2
-
-
 class BenchmarkError(RuntimeError):
     """A benchmark cannot run as asked (no case for a model, an empty loader, ...)."""
 
 
-def schemas() -> dict[str, type]:
-    """Config sections: the shared ones plus one per registered model."""
-    return {**SHARED_SECTIONS, **{name: spec.config_cls for name, spec in MODELS.items()}}
+def skip_note(name: str, what: str) -> None:
+    """Say on stdout that model ``name`` lacks ``what`` and is skipped (the benchmark never skips silently)."""
+    print(f"skipping {name}: {what}", flush=True)
 
 
-def cases_for(models: list[str]) -> list[Case]:
-    """The cases of ``models``: the table's, or one default case for a model the table does not know.
-
-    Raises:
-        BenchmarkError: a model without ``synthetic_batch`` (it cannot be benchmarked).
+def cases_for(models: list[str]) -> list[tuple[str, BenchmarkCase]]:
+    """``(model, case)`` pairs of ``models``: each model's ``benchmark_cases``, or one case sized from
+    ``config.json`` (``<name>_b<batch_size>``) for a model that has random batches but no cases of its own.
+    A model without ``synthetic_batch`` cannot be timed on random batches: it is skipped with a line saying so.
     """
     found = []
     for name in models:
         spec = MODELS[name]
         if spec.synthetic_batch is None:
-            raise BenchmarkError(f"model '{name}' has no synthetic_batch in its ModelSpec (model.py); "
-                                 "the benchmark needs one")
-        own = [case for case in CASES if case.model == name]
-        if not own:
-            own = [Case(f"{name}_default", name, Shape((), 0), Shape((), 0))]  # sized from config.json
-        found += own
+            skip_note(name, "its ModelSpec has no synthetic_batch, which the train-step benchmark needs "
+                            "(--loader still times its DataLoader)")
+            continue
+        found += [(name, case) for case in spec.benchmark_cases or (BenchmarkCase(f"{name}_default", (), 0),)]
     return found
 
 
-def case_config(case: Case, args: argparse.Namespace) -> tuple[Config, Shape]:
+def case_config(name: str, case: BenchmarkCase, args: argparse.Namespace) -> tuple[Config, BenchmarkCase]:
     """The config and shape a case runs with (see the module docstring), user ``--set`` applied last."""
-    shape = case.tiny if args.tiny else case.full
+    shape = (case.tiny or case) if args.tiny else case
     overrides = [*shape.overrides, *args.set]
-    if args.tiny or not case.full.overrides:  # the tiny block, or a model without a reference case
-        cfg = load_config(args.config, schemas(), tiny=args.tiny, overrides=overrides)
-    else:
-        cfg = build_config({}, schemas(), overrides=overrides, source="dataclass defaults")
+    if args.tiny or case.name.endswith("_default"):  # the tiny block, or a model without shapes of its own
+        cfg = load_config(args.config, config_schemas(), tiny=args.tiny, overrides=overrides)
+    else:  # NVIDIA's published models are the config dataclasses' defaults
+        cfg = build_config({}, config_schemas(), overrides=overrides, source="dataclass defaults")
     if shape.batch_size == 0:
-        batch_size = cfg.section(case.model).batch_size
-        shape = Shape(shape.overrides, batch_size, shape.batch_kwargs)
+        shape = dataclasses.replace(shape, batch_size=cfg.section(name).batch_size)
     return cfg, shape
 
 
-def case_name(case: Case, shape: Shape) -> str:
+def case_name(name: str, case: BenchmarkCase, shape: BenchmarkCase) -> str:
     """The row's case name (a default case is named after its batch size)."""
-    return f"{case.model}_b{shape.batch_size}" if case.name.endswith("_default") else case.name
+    return f"{name}_b{shape.batch_size}" if case.name.endswith("_default") else case.name
 
 
 def synchronize(device: torch.device) -> None:
@@ -207,29 +160,26 @@ def median_step_time(step: Callable[[], Any], warmup: int, steps: int, device: t
     return times[len(times) // 2]
 
 
-def make_train_step(model: torch.nn.Module, criterion: Callable, batch: dict, cfg: Config, model_cfg: Any,
-                    precision: str, device: torch.device) -> Callable[[], torch.Tensor]:
+def make_train_step(model: torch.nn.Module, criterion: Callable, batch: dict, cfg: Config, spec: ModelSpec,
+                    model_cfg: Any, precision: str, device: torch.device) -> Callable[[], torch.Tensor]:
     """The optimizer step of ``train.py`` (one micro-batch) as a closure returning the detached loss.
 
-    ``setup_precision`` sets TF32 (on for every precision but fp32), autocast (bf16/fp16) and the
-    GradScaler (fp16); Adam has the model section's learning rate and weight decay, ``fused`` on CUDA;
-    gradients are clipped to ``train.grad_clip`` (0: the norm is computed, nothing is clipped).
+    ``train.forward_backward`` on the same batch every time (autocast and GradScaler from
+    ``setup_precision``, gradient clipping to ``train.grad_clip``), then the optimizer the model's spec
+    builds (Adam by default, fused on CUDA) and the scaler update. The per-step all-reduce of ``train.py``
+    is left out (one process).
     """
     autocast, scaler = setup_precision(precision, device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=model_cfg.learning_rate,
-                                 weight_decay=model_cfg.weight_decay, fused=device.type == "cuda")
-    clip = cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf
+    optimizer = spec.build_optimizer(model, model_cfg, device)
+    batches = itertools.repeat(batch)
 
     def step() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
-        with autocast():
-            loss = criterion(model(batch), batch)
-        scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        result = forward_backward(model, criterion, batches, scaler, autocast, spec, 1, 1, cfg.train.grad_clip,
+                                  optimizer, device)
         scaler.step(optimizer)
         scaler.update()
-        return loss.detach()
+        return result.loss
     return step
 
 
@@ -248,7 +198,7 @@ def compile_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kwargs
 
 
-def build(spec: ModelSpec, cfg: Config, shape: Shape, device: torch.device, fast: bool,
+def build(spec: ModelSpec, cfg: Config, shape: BenchmarkCase, device: torch.device, fast: bool,
           args: argparse.Namespace) -> tuple[torch.nn.Module, Callable, dict]:
     """Model (seed 0, on ``device``, fast path applied if asked), criterion and synthetic batch (seed 0).
 
@@ -278,20 +228,21 @@ def release(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def bench_case(case: Case, precision: str, args: argparse.Namespace, device: torch.device) -> dict:
+def bench_case(name: str, case: BenchmarkCase, precision: str, args: argparse.Namespace,
+               device: torch.device) -> dict:
     """Time one case at one precision; returns its JSON row (an ``error`` row if the GPU ran out of memory
     or the compiler failed)."""
-    cfg, shape = case_config(case, args)
-    spec = MODELS[case.model]
-    fast = use_fast_path(args, device)
-    row: dict[str, Any] = {"case": case_name(case, shape), "mode": PRECISION_MODES[precision],
+    cfg, shape = case_config(name, case, args)
+    spec = MODELS[name]
+    fast = use_fast_path(args, device) and spec.optimize_for_training is not None
+    row: dict[str, Any] = {"case": case_name(name, case, shape), "mode": PRECISION_MODES[precision],
                            "path": "fast" if fast else "eager"}
     torch.backends.cudnn.benchmark = cfg.train.cudnn_benchmark
     release(device)
     model = None
     try:
         model, criterion, batch = build(spec, cfg, shape, device, fast, args)
-        step = make_train_step(model, criterion, batch, cfg, cfg.section(case.model), precision, device)
+        step = make_train_step(model, criterion, batch, cfg, spec, cfg.section(name), precision, device)
         last = {}
 
         def timed_step() -> None:
@@ -334,12 +285,12 @@ def loss_and_grads(model: torch.nn.Module, criterion: Callable, batch: dict, pre
     return float(loss.detach()), grads
 
 
-def check_case(case: Case, args: argparse.Namespace, device: torch.device) -> list[dict]:
+def check_case(name: str, case: BenchmarkCase, args: argparse.Namespace, device: torch.device) -> list[dict]:
     """Rows ``check-fp32`` and ``check-amp-bf16`` of one case (see the module docstring)."""
     import torch._inductor.config as inductor_config
 
-    cfg, shape = case_config(case, args)
-    spec = MODELS[case.model]
+    cfg, shape = case_config(name, case, args)
+    spec = MODELS[name]
     inductor_config.fallback_random = True  # dropout: eager's random numbers inside compiled code too
     torch.manual_seed(0)
     eager = spec.build_model(cfg).to(device).train()
@@ -354,7 +305,7 @@ def check_case(case: Case, args: argparse.Namespace, device: torch.device) -> li
         loss, grads = loss_and_grads(fast, criterion, batch, precision, device)
         rel = abs(loss - ref_loss) / max(abs(ref_loss), 1e-12)
         grad_rel = float((grads - ref_grads).norm() / ref_grads.norm().clamp(min=1e-12))
-        rows.append({"case": case_name(case, shape), "mode": f"check-{PRECISION_MODES[precision]}",
+        rows.append({"case": case_name(name, case, shape), "mode": f"check-{PRECISION_MODES[precision]}",
                      "path": "fast", "loss_eager_fp32": ref_loss, "loss": loss, "loss_rel_diff": rel,
                      "limit": limit, "ok": bool(rel < limit), "grad_rel_diff": grad_rel})
     return rows
@@ -363,61 +314,54 @@ def check_case(case: Case, args: argparse.Namespace, device: torch.device) -> li
 def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str]) -> list[dict]:
     """Loader throughput rows for ``models`` (see the module docstring).
 
+    A dataset with a ``cache_dir`` attribute (a mel cache) that holds ``.pt`` files is timed twice: with the
+    cache switched off (``cache_dir = None``: audio decoded, mels computed) and with it.
+
     Raises:
         BenchmarkError: a dataset too small for one batch of the configured batch size.
     """
     rows = []
     for name in models:
         spec = MODELS[name]
-        run_args = argparse.Namespace(config=args.config, tiny=args.tiny, set=list(args.set),
-                                      dataset_path=args.dataset_path, max_steps=None)
-        cfg = load_run_config(run_args)
-        variants = [("wav", ["data.mel_cache_dir="])]
+        cfg = load_run_config(argparse.Namespace(config=args.config, tiny=args.tiny, set=list(args.set),
+                                                 dataset_path=args.dataset_path, max_steps=None))
         train_set, _ = spec.build_datasets(cfg)
         cache = getattr(train_set, "cache_dir", None)
+        variants = [("wav", None)]
         if cache is not None and Path(cache).is_dir() and any(Path(cache).glob("*.pt")):
-            variants.append(("cached_mels", []))
-        for label, extra in variants:
-            variant_args = argparse.Namespace(**{**vars(run_args), "set": run_args.set + extra})
-            rows.append(time_loader(spec, load_run_config(variant_args), name, f"loader_{name}_{label}",
-                                    args.steps, device))
+            variants.append(("cached_mels", cache))
+        for label, cache_dir in variants:
+            if cache is not None:
+                train_set.cache_dir = cache_dir
+            rows.append(time_loader(spec, cfg, train_set, name, f"loader_{name}_{label}", args.steps, device))
     return rows
 
 
-def time_loader(spec: ModelSpec, cfg: Config, name: str, label: str, batches: int, device: torch.device) -> dict:
-    """Items/s of ``train.py``'s training DataLoader over ``batches`` batches after the first one.
+def time_loader(spec: ModelSpec, cfg: Config, train_set, name: str, label: str, batches: int,
+                device: torch.device) -> dict:
+    """Items/s of ``train.py``'s training DataLoader over ``train_set``, ``batches`` batches after the first one.
 
-    Batches are moved to ``device`` as ``train.py`` moves them (non-blocking from pinned memory); epochs
-    restart (``set_epoch``) when the dataset runs out.
+    The batches come from ``train.batch_stream`` (epochs restart as in training) and are moved to
+    ``device`` as ``train.py`` moves them (non-blocking from pinned memory).
 
     Raises:
         BenchmarkError: the dataset is too small for one batch.
     """
-    train_set, _ = spec.build_datasets(cfg)
     batch_size = cfg.section(name).batch_size
     loader = make_loader(train_set, spec, cfg, batch_size, 0, 1, True, device)
     if len(loader) == 0:
         raise BenchmarkError(f"{len(train_set)} training utterances are too few for one batch of {batch_size}; "
                              f"use --tiny or --set {name}.batch_size=N")
-
-    def stream():
-        epoch = 0
-        while True:
-            loader.sampler.set_epoch(epoch)
-            if hasattr(train_set, "set_epoch"):
-                train_set.set_epoch(epoch)
-            yield from loader
-            epoch += 1
-
-    batches_iter = stream()
+    stream = batch_stream(loader, TrainState())
     begin = time.perf_counter()
-    to_device(next(batches_iter), device)
+    to_device(next(stream), device)
     first = time.perf_counter() - begin
     items = 0
     begin = time.perf_counter()
     for _ in range(batches):
-        batch = to_device(next(batches_iter), device)
+        batch = next(stream)
         items += spec.count_items(batch)
+        to_device(batch, device)
     synchronize(device)
     seconds = time.perf_counter() - begin
     return {"case": label, "mode": "loader", "workers": cfg.data.num_workers, "batch_size": batch_size,
@@ -520,19 +464,25 @@ def main(argv: Optional[list[str]] = None) -> int:
         cases = cases_for(args.models)
         if args.cases != "all":
             wanted = args.cases.split(",")
-            cases = [c for c in cases if c.name in wanted]
+            cases = [(name, case) for name, case in cases
+                     if case.name in wanted or case_name(name, case, case_config(name, case, args)[1]) in wanted]
             if not cases:
                 raise BenchmarkError(f"--cases {args.cases}: none of them belongs to {', '.join(args.models)}")
         if args.check:
-            for case in cases:
-                for row in check_case(case, args, device):
+            for name, case in cases:
+                if MODELS[name].optimize_for_training is None:
+                    skip_note(name, "its ModelSpec has no optimize_for_training (fast path) to check")
+                    continue
+                for row in check_case(name, case, args, device):
                     emit(row)
             failed = [r for r in rows if not r["ok"]]
             print(f"check: {len(rows) - len(failed)} of {len(rows)} rows within their limits", flush=True)
             return 1 if failed else 0
-        for case in cases:
+        for name, case in cases:
+            if use_fast_path(args, device) and MODELS[name].optimize_for_training is None:
+                skip_note(f"{name}'s fast path", "its ModelSpec has no optimize_for_training; timing the eager path")
             for precision in args.precisions:
-                emit(bench_case(case, precision, args, device))
+                emit(bench_case(name, case, precision, args, device))
         print_table(rows)
     except (ConfigError, DataError, BenchmarkError) as err:
         print(f"ERROR: {err}", file=sys.stderr)

@@ -3,7 +3,7 @@
     python scripts/preprocess.py --config config.json [--dataset-path DIR] [--workers N] [--overwrite]
 
 Reads the ``audio`` and ``data`` sections of the config, lists the training and validation utterances
-(:func:`utils.data_utils.load_splits`) and writes ``<dataset_path>/<mel_cache_dir>/<id>.pt``: a float32
+(:func:`utils.data_utils.load_splits`) and writes ``<dataset_path>/<tacotron2.mel_cache_dir>/<id>.pt``: a float32
 tensor ``(n_mels, frames)`` made by :class:`utils.audio_processing.MelSpectrogram`, which
 :class:`utils.text_mel_data.TextMelDataset` then loads instead of decoding the wav each epoch.
 
@@ -36,9 +36,9 @@ if str(PROJECT_ROOT) not in sys.path:
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-import model  # noqa: E402
+from model import config_schemas  # noqa: E402
 from utils.audio_processing import MelSpectrogram  # noqa: E402
-from utils.config import SHARED_SECTIONS, AudioConfig, Config, ConfigError, load_config  # noqa: E402
+from utils.config import AudioConfig, Config, ConfigError, load_config  # noqa: E402
 from utils.data_utils import DataError, load_splits, load_wav  # noqa: E402
 from utils.text_mel_data import CACHE_SETTINGS_FILE, check_cache_settings, mel_cache_path  # noqa: E402
 
@@ -72,11 +72,6 @@ def _write_mel(job: tuple[str, str, str]) -> tuple[str, Optional[str]]:
     return utt_id, None
 
 
-def schemas() -> dict[str, type]:
-    """Config sections this script accepts: the shared ones plus every registered model's section."""
-    return {**SHARED_SECTIONS, **{name: spec.config_cls for name, spec in model.MODELS.items()}}
-
-
 def preprocess(cfg: Config, workers: Optional[int] = None, overwrite: bool = False,
                progress: bool = True) -> dict[str, int]:
     """Fill the mel cache of ``cfg`` (see the module docstring).
@@ -91,13 +86,13 @@ def preprocess(cfg: Config, workers: Optional[int] = None, overwrite: bool = Fal
         ``{"total": n, "written": n, "skipped": n, "failed": n}``.
 
     Raises:
-        ConfigError: ``data.mel_cache_dir`` is empty or ``workers < 1``.
+        ConfigError: ``tacotron2.mel_cache_dir`` is empty or ``workers < 1``.
         DataError: the corpus cannot be listed, or the cache holds mels made with other audio settings
             and ``overwrite`` is false.
     """
-    cache_dir = mel_cache_path(cfg.data)
+    cache_dir = mel_cache_path(cfg.data.dataset_path, cfg.tacotron2.mel_cache_dir)
     if cache_dir is None:
-        raise ConfigError("data.mel_cache_dir is empty: set the folder (inside dataset_path) to cache mels in")
+        raise ConfigError("tacotron2.mel_cache_dir is empty: set the folder (inside dataset_path) to cache mels in")
     if workers is None:
         workers = os.cpu_count() or 1
     if workers < 1:
@@ -152,7 +147,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     overrides = [f"data.dataset_path={args.dataset_path}"] if args.dataset_path else []
     try:
-        cfg = load_config(args.config, schemas(), overrides=overrides)
+        cfg = load_config(args.config, config_schemas(), overrides=overrides)
         counts = preprocess(cfg, args.workers, args.overwrite, progress=not args.no_progress)
     except (ConfigError, DataError) as err:
         print(f"ERROR: {err}", file=sys.stderr)

@@ -1,18 +1,128 @@
-"""Put the project root on sys.path so tests can import its modules (model, distributed, ...)."""
+"""Helpers shared by the project's tests; also puts the project root on ``sys.path``.
 
+* :data:`TEST_MODEL`: the model the generic tests (loop, resume, DDP, bad input) train: the environment
+  variable ``TEST_MODEL`` if set, else the first registered model in alphabetical order.
+* :func:`clean_env`: the environment for a launched job, without the launcher variables of the machine
+  running the tests, with GPUs hidden when there are fewer than the job's processes.
+* :func:`free_port`, :func:`child_pids` / :func:`rank_pids`, :class:`OpensAFile`, :func:`synth_corpus`.
+"""
+
+import builtins
 import os
+import socket
 import sys
+from pathlib import Path
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from model import MODELS  # noqa: E402  (needs ROOT on sys.path)
+
+TEST_MODEL = os.environ.get("TEST_MODEL") or (sorted(MODELS)[0] if MODELS else None)
+if TEST_MODEL is not None and TEST_MODEL not in MODELS:
+    raise pytest.UsageError(f"TEST_MODEL={TEST_MODEL} is not registered in model.py ({', '.join(MODELS)})")
+
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE",
+                 "GROUP_RANK", "TORCHELASTIC_RUN_ID")
+LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_")
+
+
+def visible_gpus() -> int:
+    """GPUs this process sees (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def clean_env(nproc: int = 2, cpu_only: bool = False, **extra: str) -> dict:
+    """``os.environ`` for a job of ``nproc`` processes started by a test.
+
+    Without the launcher variables of the machine running the tests (so a test run inside a SLURM job or
+    under torchrun does not leak them), with the project on ``PYTHONPATH``, one OpenMP thread per process,
+    unbuffered output, and ``CUDA_VISIBLE_DEVICES=""`` when fewer than ``nproc`` GPUs are visible (NCCL
+    cannot put two ranks on one GPU, so such a job runs on the CPU with gloo) or with ``cpu_only``.
+    ``extra`` is added last.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith(LAUNCHER_PREFIXES)}
+    env.update(PYTHONPATH=os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1")
+    if cpu_only or visible_gpus() < nproc:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return {**env, **extra}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def child_pids(parent_pid: int) -> list[int]:
+    """Pids of the living direct children of ``parent_pid`` (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while being read
+        if ppid == parent_pid:
+            found.append(int(entry.name))
+    return found
+
+
+def rank_pids(launcher_pid: int) -> dict[int, int]:
+    """``{rank: pid}`` of the training processes a launcher started (its children with ``RANK`` set)."""
+    found = {}
+    for pid in child_pids(launcher_pid):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        env = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+        if b"RANK" in env:
+            found[int(env[b"RANK"])] = pid
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living descendant of ``pid`` (children, their DataLoader workers, ...), depth first."""
+    found = []
+    for child in child_pids(pid):
+        found += [child, *descendants(child)]
+    return found
+
+
+class OpensAFile:
+    """A pickled payload: unpickling it opens (creates) ``marker``. Loading it must be refused."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return builtins.open, (self.marker, "w")
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Compile from scratch and count this test's graphs only (``torch._dynamo.utils.counters``)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield counters
+    torch._dynamo.reset()
+
 
 def synth_corpus(root, n: int = 24, seconds: float = 0.6, sampling_rate: int = 22050, seed: int = 0):
     """Write an LJSpeech-layout corpus of ``n`` voiced-sounding clips (harmonics of a gliding f0 under an
     envelope, plus a little noise) with short transcripts; returns the folder. No TTS engine needed."""
-    from pathlib import Path
-
     import numpy as np
     import soundfile as sf
 

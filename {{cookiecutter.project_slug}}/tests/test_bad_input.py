@@ -8,11 +8,10 @@ error. Each case checks that exactly one line starts with ``ERROR:``, that no tr
 where there was something to lose, that every file of the output folder is byte-for-byte what it was.
 """
 
-import builtins
+import dataclasses
 import hashlib
 import json
 import os
-import pickle
 import shutil
 import signal
 import socket
@@ -27,10 +26,10 @@ import torch
 
 import inference
 import train
-from conftest import ROOT, synth_corpus
+from conftest import ROOT, TEST_MODEL, OpensAFile, synth_corpus
 from model import MODELS
 
-MODEL = "waveglow" if "waveglow" in MODELS else next(iter(MODELS))
+MODEL = TEST_MODEL
 CONFIG = os.path.join(ROOT, "config.json")
 # The tiny config, with a smaller STFT and mel count: WaveGlow's upsampler shrinks from 6.5 M to 0.4 M weights,
 # its checkpoints from 80 MB to 6 MB. Nothing here is about the model's size.
@@ -44,7 +43,7 @@ N_UTTERANCES = 5
 
 def run_train(capsys, *argv):
     """``train.main`` in this process; returns (exit code, stdout, stderr). Restores the signal handlers."""
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     try:
         code = train.main([*BASE, *argv])
     finally:
@@ -119,7 +118,7 @@ def finished(tmp_path_factory):
         rewrite_wav(wav_of(corpus, index), rate, channels)
     assert sf.info(str(wav_of(corpus, 2))).channels == 2 and sf.info(str(wav_of(corpus, 1))).samplerate == 16000
     out = root / "out"
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     try:
         code = train.main([*BASE, "--dataset-path", str(corpus), "--output-dir", str(out)])
     finally:
@@ -200,15 +199,15 @@ def test_a_missing_config_file_is_named(capsys, tmp_path):
     assert the_error(code, err, out) == f"ERROR: config file not found: {tmp_path / 'nope.json'}"
 
 
-BAD_MODEL_VALUE = {"waveglow": ("waveglow.n_group=7", "n_group"),
-                   "tacotron2": ('tacotron2.text_cleaners=["no_such_cleaner"]', "no_such_cleaner")}
-
-
-def test_a_bad_model_specific_value_is_one_line(capsys, corpus, tmp_path):
-    setting, name = BAD_MODEL_VALUE[MODEL]
-    code, out, err = run_train(capsys, "--set", setting, "--dataset-path", str(corpus), "--output-dir",
-                               str(tmp_path / "out"))
-    assert name in the_error(code, err, out)
+@pytest.mark.parametrize("hook", ["build_model", "build_datasets"])
+def test_a_value_the_model_refuses_is_one_line_naming_its_section(capsys, corpus, tmp_path, monkeypatch, hook):
+    """A model's builder raising ValueError (what a model does with a value its config type allows but it
+    cannot use) is a config error of the model's section."""
+    def refuse(cfg):
+        raise ValueError("width must be even, got 7")
+    monkeypatch.setitem(MODELS, MODEL, dataclasses.replace(MODELS[MODEL], **{hook: refuse}))
+    code, out, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out"))
+    assert the_error(code, err, out) == f"ERROR: rank 0: {MODEL} config: width must be even, got 7"
 
 
 def test_a_bad_launcher_environment_is_one_line(capsys, corpus, tmp_path, monkeypatch):
@@ -280,13 +279,14 @@ def test_an_unreadable_wav_is_named_when_it_is_loaded(capsys, own_corpus, tmp_pa
     assert not (tmp_path / "out" / "checkpoint_last.pt").exists()
 
 
-def test_a_truncated_wav_in_a_worker_is_named_and_an_earlier_run_is_kept(real_runs, finished):
-    """A real process, resuming the finished run with a DataLoader worker, meets a wav cut short at step 3."""
+def test_a_truncated_wav_is_named_at_start_up_and_an_earlier_run_is_kept(real_runs, finished):
+    """A real process, about to resume the finished run, finds a wav cut short before training."""
     (code, out, err), (bad, output) = real_runs["truncated"]
     line = the_error(code, err, out)
     assert code == 1
-    assert line.startswith(f"ERROR: rank 0: truncated wav file: {bad} (data chunk declares "), line
-    assert "resumed from" in out  # it did get past the resume, into training
+    assert line.startswith(f"ERROR: rank 0: 1 bad clip(s): 'SYN-0004' ({bad}): truncated wav file (data chunk "
+                           "declares "), line
+    assert "data.on_bad_clip=skip" in line and "resumed from" not in out
     after = snapshot(output)
     for name in ("checkpoint_last.pt", "checkpoint_2.pt", "metrics.jsonl", "val_metrics.jsonl"):
         assert after[name] == finished[1][name], f"{name} changed"
@@ -348,14 +348,6 @@ def test_a_weights_only_checkpoint_is_refused_for_resuming(capsys, finished, cor
     code, out, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out"),
                                "--resume", str(weights))
     assert "optimizer" in the_error(code, err, out)
-
-
-class OpensAFile:
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return builtins.open, (self.marker, "w")
 
 
 def evil_checkpoint(path: Path, marker: Path) -> Path:
@@ -435,7 +427,7 @@ def real_runs(finished, corpus, tmp_path_factory):
     name -> ((exit code, stdout, stderr), what the test needs to know)."""
     root = tmp_path_factory.mktemp("real_runs")
     runs = {}
-    # A wav cut short, met by a DataLoader worker at step 3 of a run resuming the finished one.
+    # A wav cut short, found by the start-up check of a run that would resume the finished one.
     corpus_copy = Path(shutil.copytree(corpus, root / "corpus"))
     bad = wav_of(corpus_copy, 4)
     bad.write_bytes(bad.read_bytes()[:3000])
@@ -446,8 +438,8 @@ def real_runs(finished, corpus, tmp_path_factory):
                         "--output-dir", str(root / "never")], root / "never")
     marker = root / "pwned"
     evil = evil_checkpoint(root / "evil.pt", marker)
-    runs["evil"] = (["inference.py", "--checkpoint", str(evil), "--text", "Hello.", "--output",
-                     str(root / "x.wav")], (evil, marker, root / "x.wav"))
+    runs["evil"] = (["inference.py", "--checkpoint", str(evil), "--output", str(root / "x.wav")],
+                    (evil, marker, root / "x.wav"))
     taken = socket.socket()  # a port some other job listens on
     taken.bind(("127.0.0.1", 0))
     taken.listen()
@@ -509,8 +501,7 @@ def test_inference_names_a_checkpoint_of_an_unknown_model(capsys, finished, tmp_
     state["model_name"] = "another_model"
     other = tmp_path / "other.pt"
     torch.save(state, other)
-    code, out, err = run_inference(capsys, "--checkpoint", str(other), "--text", "Hi.", "--output",
-                                   str(tmp_path / "x.wav"))
+    code, out, err = run_inference(capsys, "--checkpoint", str(other), "--output", str(tmp_path / "x.wav"))
     assert the_error(code, err, out).startswith(f"ERROR: {other} holds a model 'another_model' that model.py does "
                                                 "not define")
 
@@ -520,24 +511,24 @@ def test_inference_names_a_checkpoint_whose_config_has_an_unknown_key(capsys, fi
     state["config"]["train"]["from_a_newer_version"] = 1
     other = tmp_path / "newer.pt"
     torch.save(state, other)
-    code, out, err = run_inference(capsys, "--checkpoint", str(other), "--text", "Hi.", "--output",
-                                   str(tmp_path / "x.wav"))
+    code, out, err = run_inference(capsys, "--checkpoint", str(other), "--output", str(tmp_path / "x.wav"))
     assert "checkpoint config: unknown key 'train.from_a_newer_version'" in the_error(code, err, out)
 
 
-@pytest.mark.skipif(MODEL != "waveglow", reason="--wav and --mel are WaveGlow's inputs")
-def test_inference_names_a_truncated_wav_and_writes_nothing(capsys, finished, own_corpus, tmp_path):
-    bad = wav_of(own_corpus, 1)
-    bad.write_bytes(bad.read_bytes()[:2000])
-    code, out, err = run_inference(capsys, "--checkpoint", str(finished[0] / "checkpoint_last.pt"), "--wav", str(bad),
-                                   "--output", str(tmp_path / "x.wav"))
-    assert the_error(code, err, out).startswith(f"ERROR: truncated wav file: {bad}")
+@pytest.mark.parametrize("device, message", [
+    ("gpu0", "--device gpu0: not a device name; use cpu, cuda or cuda:N"),
+    ("cuda:99", "--device cuda:99: "),
+])
+def test_inference_names_a_device_it_cannot_use(capsys, finished, tmp_path, device, message):
+    code, out, err = run_inference(capsys, "--checkpoint", str(finished[0] / "checkpoint_last.pt"), "--output",
+                                   str(tmp_path / "x.wav"), "--device", device)
+    assert the_error(code, err, out).startswith(f"ERROR: {message}")
     assert not (tmp_path / "x.wav").exists()
 
 
-@pytest.mark.skipif(MODEL != "waveglow", reason="--mel is WaveGlow's input")
-def test_inference_names_a_mel_file_that_is_not_a_tensor_file(capsys, finished, corpus, tmp_path):
-    not_a_mel = wav_of(corpus, 1)  # a wav given as --mel by mistake
-    code, out, err = run_inference(capsys, "--checkpoint", str(finished[0] / "checkpoint_last.pt"), "--mel",
-                                   str(not_a_mel), "--output", str(tmp_path / "x.wav"))
-    assert str(not_a_mel) in the_error(code, err, out)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: --device cuda is valid here")
+def test_inference_names_cuda_on_a_machine_without_it(capsys, finished, tmp_path):
+    code, out, err = run_inference(capsys, "--checkpoint", str(finished[0] / "checkpoint_last.pt"), "--output",
+                                   str(tmp_path / "x.wav"), "--device", "cuda")
+    assert the_error(code, err, out) == ("ERROR: --device cuda: CUDA is not available here (this torch build or "
+                                         "machine has no GPU); use --device cpu")

@@ -2,24 +2,39 @@
 
 import dataclasses
 import json
+from typing import Literal, Optional, Union
 
 import pytest
 
 from conftest import ROOT
 from model import MODELS
 from utils.config import (SHARED_SECTIONS, AudioConfig, Config, ConfigError, TrainConfig, build_config,
-                          config_from_dict, load_config, parse_override)
+                          config_from_dict, load_config, parse_override, setting)
 
 
 @dataclasses.dataclass
 class ToyModelConfig:
-    """A model section as model.py would declare one (independent of the example models)."""
+    """A model section as model.py would declare one (independent of the example models), with a field of
+    each type form the config reads and bounds declared with ``setting``."""
 
     width: int = 8
     names: list[str] = dataclasses.field(default_factory=lambda: ["a"])
-    batch_size: int = 4
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.0
+    batch_size: int = setting(4, ge=1)
+    learning_rate: float = setting(1e-3, gt=0)
+    weight_decay: float = setting(0.0, ge=0)
+    scale: Optional[float] = setting(None, gt=0, le=10)
+    gain: float | None = None
+    dims: tuple[int, ...] = setting((2, 2), ge=1)
+    size: tuple[int, int] = (3, 4)
+    pair: tuple[int, str] = (1, "a")
+    sizes: list[int] = setting(default_factory=lambda: [1], ge=1)
+    mode: Literal["a", "b"] = "a"
+    level: Literal[1, 2] = 1
+    weights: dict[str, float] = setting(default_factory=dict, ge=0)
+    crop: Optional[list[int]] = None
+    window: tuple[int, int] | None = None
+    label: Optional[str] = None
+    either: Union[int, str] = 0
 
 
 SCHEMAS = {**SHARED_SECTIONS, "toy": ToyModelConfig}
@@ -27,6 +42,15 @@ SCHEMAS = {**SHARED_SECTIONS, "toy": ToyModelConfig}
 
 def build(raw=None, **kwargs):
     return build_config(raw or {}, SCHEMAS, **kwargs)
+
+
+def shape(value):
+    """``value`` with every item replaced by its type (containers keep theirs): to tell 2 from 2.0, [1] from (1,)."""
+    if isinstance(value, (list, tuple)):
+        return type(value), [shape(item) for item in value]
+    if isinstance(value, dict):
+        return dict, {key: shape(item) for key, item in value.items()}
+    return type(value)
 
 
 # --- keys and sections ------------------------------------------------------------------------------------
@@ -88,6 +112,132 @@ def test_an_int_is_accepted_for_a_float_and_becomes_one():
 def test_non_finite_floats_are_refused(value):
     with pytest.raises(ConfigError, match="'train.grad_clip' must be a finite float"):
         build({"train": {"grad_clip": value}})
+
+
+# --- type forms: Optional, X | None, Union, tuple, list, Literal, dict, nested ------------------------------
+
+TYPE_FORMS = [  # (key, JSON value, the Python value the field gets)
+    ("scale", 0.5, 0.5),                            # Optional[float]
+    ("scale", 2, 2.0),
+    ("scale", None, None),
+    ("gain", 1, 1.0),                               # float | None
+    ("gain", None, None),
+    ("dims", [1, 2, 3], (1, 2, 3)),                 # tuple[int, ...]
+    ("dims", [], ()),
+    ("size", [5, 6], (5, 6)),                       # tuple[int, int]
+    ("pair", [2, "b"], (2, "b")),                   # tuple[int, str]
+    ("sizes", [3, 4], [3, 4]),                      # list[int]
+    ("mode", "b", "b"),                             # Literal["a", "b"]
+    ("level", 2, 2),                                # Literal[1, 2]
+    ("weights", {"x": 1, "y": 0.5}, {"x": 1.0, "y": 0.5}),  # dict[str, float]
+    ("crop", [1, 2], [1, 2]),                       # Optional[list[int]]
+    ("crop", None, None),
+    ("window", [4, 8], (4, 8)),                     # tuple[int, int] | None
+    ("window", None, None),
+    ("label", "hi", "hi"),                          # Optional[str]
+    ("label", None, None),
+    ("either", 3, 3),                               # Union[int, str]
+    ("either", "x", "x"),
+]
+
+
+@pytest.mark.parametrize("key, value, expected", TYPE_FORMS)
+def test_each_type_form_reads_from_a_json_file(tmp_path, key, value, expected):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"toy": {key: value}}))
+    got = getattr(load_config(path, SCHEMAS).toy, key)
+    assert got == expected and shape(got) == shape(expected)
+
+
+@pytest.mark.parametrize("key, value, expected", TYPE_FORMS)
+def test_each_type_form_reads_from_set(key, value, expected):
+    text = f"toy.{key}={json.dumps(value)}"
+    assert parse_override(text, SCHEMAS) == ("toy", key, expected)
+    got = getattr(build(overrides=[text]).toy, key)
+    assert got == expected and shape(got) == shape(expected)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("toy.scale=null", None),          # null is None where the field takes None ...
+    ("toy.label=null", None),
+    ("toy.label=hi there", "hi there"),  # ... and a bare text is a string where the field takes one
+    ("toy.label=123", "123"),
+    ('toy.label="null"', "null"),
+    ("toy.mode=b", "b"),
+    ("toy.either=x", "x"),
+    ("toy.either=7", 7),
+    ("toy.either=2.5", "2.5"),         # a float is no int: the string is meant
+])
+def test_set_reads_null_and_bare_strings_by_the_field_type(text, expected):
+    _, _, value = parse_override(text, SCHEMAS)
+    assert value == expected and type(value) is type(expected)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("scale", "x", "config key 'toy.scale' must be float or None, got str 'x'"),
+    ("scale", True, "config key 'toy.scale' must be float or None, got bool True"),
+    ("scale", float("inf"), "config key 'toy.scale' must be a finite float, got inf"),
+    ("gain", [1], "config key 'toy.gain' must be float or None, got list [1]"),
+    ("dims", 3, "config key 'toy.dims' must be list[int], got int 3"),
+    ("dims", [1, "a"], "config key 'toy.dims[1]' must be int, got str 'a'"),
+    ("size", [1, 2, 3], "config key 'toy.size' must be a list of 2 ints, got list [1, 2, 3]"),
+    ("size", [1, 2.5], "config key 'toy.size[1]' must be int, got float 2.5"),
+    ("pair", [1], "config key 'toy.pair' must be a list [int, str], got list [1]"),
+    ("pair", [1, 2], "config key 'toy.pair[1]' must be str, got int 2"),
+    ("sizes", [1, True], "config key 'toy.sizes[1]' must be int, got bool True"),
+    ("mode", "c", "config key 'toy.mode' must be one of a, b, got 'c'"),
+    ("level", 3, "config key 'toy.level' must be one of 1, 2, got 3"),
+    ("level", True, "config key 'toy.level' must be one of 1, 2, got True"),
+    ("level", "1", "config key 'toy.level' must be one of 1, 2, got '1'"),
+    ("weights", [1], "config key 'toy.weights' must be an object {str: float}, got list [1]"),
+    ("weights", {"x": "y"}, "config key 'toy.weights[\"x\"]' must be float, got str 'y'"),
+    ("crop", "a", "config key 'toy.crop' must be list[int] or None, got str 'a'"),
+    ("crop", [1, "a"], "config key 'toy.crop[1]' must be int, got str 'a'"),
+    ("window", [1], "config key 'toy.window' must be a list of 2 ints or None, got list [1]"),
+    ("window", [1, None], "config key 'toy.window[1]' must be int, got NoneType None"),
+    ("label", 5, "config key 'toy.label' must be str or None, got int 5"),
+    ("either", 2.5, "config key 'toy.either' must be int or str, got float 2.5"),
+    ("either", None, "config key 'toy.either' must be int or str, got NoneType None"),
+])
+def test_wrong_value_of_a_type_form_is_one_line_naming_the_type(key, value, message):
+    with pytest.raises(ConfigError) as info:
+        build({"toy": {key: value}}, source="my.json")
+    assert str(info.value) == f"my.json: {message}"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("toy.scale=x", "config key 'toy.scale' must be float or None, got str 'x'"),
+    ("toy.scale=1e999", "config key 'toy.scale' must be a finite float, got inf"),
+    ("toy.gain=true", "config key 'toy.gain' must be float or None, got bool True"),
+    ('toy.dims=[1, "a"]', "config key 'toy.dims[1]' must be int, got str 'a'"),
+    ("toy.dims=1,2", "config key 'toy.dims' must be list[int], got str '1,2'"),
+    ("toy.size=[1,2,3]", "config key 'toy.size' must be a list of 2 ints, got list [1, 2, 3]"),
+    ("toy.mode=c", "config key 'toy.mode' must be one of a, b, got 'c'"),
+    ("toy.mode=null", "config key 'toy.mode' must be one of a, b, got 'null'"),
+    ("toy.level=3", "config key 'toy.level' must be one of 1, 2, got 3"),
+    ("toy.level=one", "config key 'toy.level' must be one of 1, 2, got 'one'"),
+    ('toy.weights={"x": "y"}', "config key 'toy.weights[\"x\"]' must be float, got str 'y'"),
+    ("toy.crop=a", "config key 'toy.crop' must be list[int] or None, got str 'a'"),
+    ("toy.window=[1]", "config key 'toy.window' must be a list of 2 ints or None, got list [1]"),
+])
+def test_bad_set_of_a_type_form_is_one_line_naming_the_type(text, message):
+    with pytest.raises(ConfigError) as info:
+        build(overrides=[text])
+    assert str(info.value) == f"--set {text}: {message}"
+
+
+def test_a_huge_int_for_a_float_is_refused_as_not_finite():
+    with pytest.raises(ConfigError, match=r"config key 'toy.scale' must be a finite float, got 1000"):
+        build({"toy": {"scale": 10**400}})
+
+
+def test_a_field_type_the_config_cannot_read_is_a_type_error_naming_it():
+    @dataclasses.dataclass
+    class Odd:
+        tags: set[str] = dataclasses.field(default_factory=set)
+
+    with pytest.raises(TypeError, match=r"^config field Odd.tags: type set\[str\] is not supported"):
+        build_config({}, {**SCHEMAS, "odd": Odd})
 
 
 # --- --set overrides --------------------------------------------------------------------------------------
@@ -227,6 +377,69 @@ def test_bounds_themselves_are_accepted():
     assert cfg.train.keep_last == 0 and cfg.data.num_workers == 0 and cfg.audio.fmax == 11025.0
 
 
+@pytest.mark.parametrize("raw, message", [
+    ({"scale": 0}, "config key 'toy.scale' must be > 0, got 0.0"),
+    ({"scale": 10.5}, "config key 'toy.scale' must be <= 10, got 10.5"),
+    ({"sizes": [2, 0, 3]}, "config key 'toy.sizes[1]' must be >= 1, got 0"),       # list: every element
+    ({"dims": [4, 5, -1]}, "config key 'toy.dims[2]' must be >= 1, got -1"),        # variadic tuple
+    ({"weights": {"x": 1, "y": -2}}, "config key 'toy.weights[\"y\"]' must be >= 0, got -2.0"),  # dict values
+    ({"batch_size": 0}, "config key 'toy.batch_size' must be >= 1, got 0"),
+])
+def test_bounds_declared_with_setting_are_enforced_with_the_key_named(raw, message):
+    with pytest.raises(ConfigError) as info:
+        build({"toy": raw}, source="c.json")
+    assert str(info.value) == f"c.json: {message}"
+    key, value = next(iter(raw.items()))
+    text = f"toy.{key}={json.dumps(value)}"
+    with pytest.raises(ConfigError) as info:
+        build(source="c.json", overrides=[text])
+    assert str(info.value) == f"--set {text}: {message}"
+
+
+def test_bounds_are_not_applied_to_none_and_hold_at_their_limits():
+    cfg = build({"toy": {"scale": None, "sizes": [1, 1], "dims": [], "weights": {"x": 0}}})
+    assert cfg.toy.scale is None and cfg.toy.sizes == [1, 1]
+    assert build({"toy": {"scale": 10}}).toy.scale == 10.0
+    assert build(overrides=["toy.scale=null"]).toy.scale is None
+
+
+def test_setting_keeps_bounds_and_help_in_the_field_metadata():
+    @dataclasses.dataclass
+    class Section:
+        rate: float = setting(0.5, gt=0, lt=1, help="keep probability")
+        steps: list[int] = setting(default_factory=lambda: [1], ge=1)
+        plain: int = setting(3)
+
+    fields = {field.name: field for field in dataclasses.fields(Section)}
+    assert dict(fields["rate"].metadata) == {"gt": 0, "lt": 1, "help": "keep probability"}
+    assert dict(fields["steps"].metadata) == {"ge": 1} and dict(fields["plain"].metadata) == {}
+    assert Section() == Section(0.5, [1], 3) and Section().steps is not Section().steps
+    cfg = build_config({"sec": {"rate": 0.25}}, {"sec": Section})
+    assert cfg.sec.rate == 0.25
+    with pytest.raises(ConfigError, match=r"^config: config key 'sec.rate' must be < 1, got 1.0$"):
+        build_config({"sec": {"rate": 1}}, {"sec": Section})
+
+
+def test_setting_refuses_a_default_out_of_its_bounds_and_a_bound_that_is_no_number():
+    with pytest.raises(ValueError, match=r"^setting\(\): the default must be >= 1, got 0$"):
+        setting(0, ge=1)
+    with pytest.raises(ValueError, match=r"^setting\(\): the default\[1\] must be > 0, got -1$"):
+        setting((1, -1), gt=0)
+    with pytest.raises(TypeError, match=r"^setting\(\): le must be a number, got str '5'$"):
+        setting(1, le="5")
+    with pytest.raises(ValueError, match="cannot specify both default and default_factory"):
+        setting(1, default_factory=list)
+
+
+def test_shared_sections_declare_their_bounds_and_choices_on_the_fields():
+    fields = {field.name: field for field in dataclasses.fields(TrainConfig)}
+    assert dict(fields["seed"].metadata) == {"ge": 0, "le": 2**31 - 1}
+    assert dict(fields["dist_timeout_s"].metadata) == {"gt": 0}
+    assert parse_override("train.precision=bf16", SCHEMAS)[2] == "bf16"
+    with pytest.raises(ConfigError, match=r"'train.precision' must be one of fp32, tf32, bf16, fp16, got 'fp64'$"):
+        parse_override("train.precision=fp64", SCHEMAS)
+
+
 # --- files ------------------------------------------------------------------------------------------------
 
 def test_load_config_file_problems_are_named(tmp_path):
@@ -260,6 +473,18 @@ def test_to_dict_round_trips_through_config_from_dict():
     data["train"]["removed_key"] = 1
     with pytest.raises(ConfigError, match="checkpoint config: unknown key 'train.removed_key'"):
         config_from_dict(data, SCHEMAS)
+
+
+def test_to_dict_round_trips_none_tuples_and_literals():
+    raw = {"train": {"precision": "bf16", "lr_schedule": "cosine"},
+           "toy": {"scale": None, "window": [2, 3], "dims": [1], "pair": [7, "z"], "mode": "b", "level": 2,
+                   "weights": {"a": 1}, "crop": None, "label": None, "either": "e"}}
+    cfg = build(raw)
+    assert cfg.toy.window == (2, 3) and cfg.toy.weights == {"a": 1.0}
+    for data in (cfg.to_dict(), json.loads(json.dumps(cfg.to_dict()))):  # as a checkpoint holds it, and as JSON
+        again = config_from_dict(data, SCHEMAS)
+        assert again.toy == cfg.toy and again.train == cfg.train
+        assert shape(again.to_dict()) == shape(cfg.to_dict())
 
 
 @pytest.mark.parametrize("tiny", [False, True])

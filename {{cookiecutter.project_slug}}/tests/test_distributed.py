@@ -6,7 +6,6 @@ The multi-process tests start two real Python processes with the variables a lau
 
 import os
 import runpy
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,11 +15,9 @@ import torch
 from torch import nn
 
 import distributed as D
+from conftest import LAUNCHER_PREFIXES, LAUNCHER_VARS, clean_env, free_port
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB_TIMEOUT_S = 60
-LAUNCHER_PREFIXES = ("SLURM_", "OMPI_")
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 # Run by each rank: python worker.py <mode> <out_dir>. Also imported by the test (runpy) for
 # make_model / make_data, so the reference and the ranks build exactly the same things.
@@ -79,18 +76,6 @@ WORKER = textwrap.dedent('''
 ''')
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def clean_env() -> dict:
-    """os.environ without any launcher variables (so the test machine's own cannot leak in)."""
-    return {k: v for k, v in os.environ.items()
-            if k not in LAUNCHER_VARS and not k.startswith(LAUNCHER_PREFIXES)}
-
-
 def run_two_ranks(tmp_path, rank_env, mode: str) -> list:
     """Start 2 real processes with the variables ``rank_env(rank, port)`` returns; their results."""
     worker = tmp_path / "worker.py"
@@ -98,8 +83,7 @@ def run_two_ranks(tmp_path, rank_env, mode: str) -> list:
     port = free_port()
     procs = []
     for rank in range(2):
-        env = {**clean_env(), **rank_env(rank, port), "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+        env = clean_env(2, cpu_only=True, **rank_env(rank, port))  # the workers' models are CPU modules
         procs.append(subprocess.Popen([sys.executable, str(worker), mode, str(tmp_path)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     try:
@@ -258,13 +242,27 @@ def test_detect_slurm_with_nodelist_expansion():
            "SLURM_NODELIST": "gpu[003-005],gpu010"}
     got = D.detect_launcher_env(env, use_scontrol=False)
     assert got == {"launcher": "slurm", "rank": 5, "local_rank": 1, "world_size": 8,
-                   "master_addr": "gpu003", "master_port": 15000 + 123456 % 20000}
+                   "master_addr": "gpu003", "master_port": D.slurm_port(123456, 0)}
     # the step's node list wins over the job's; MASTER_ADDR / MASTER_PORT override both
     env["SLURM_STEP_NODELIST"] = "node[07,01-02]"
     assert D.detect_launcher_env(env, use_scontrol=False)["master_addr"] == "node07"
     env.update(MASTER_ADDR="head", MASTER_PORT="31000")
     got = D.detect_launcher_env(env, use_scontrol=False)
     assert (got["master_addr"], got["master_port"]) == ("head", 31000)
+
+
+def test_slurm_port_differs_per_step_and_stays_below_the_ephemeral_range():
+    """Two steps of one job running at once must not share a port; ports stay in 15000..31999."""
+    ports = {(job, step): D.slurm_port(job, step) for job in (1, 19999, 123456, 2**31 - 1) for step in range(8)}
+    assert all(15000 <= port < 32768 for port in ports.values()), ports
+    for job in (1, 19999, 123456, 2**31 - 1):
+        assert len({ports[(job, step)] for step in range(8)}) == 8, job
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "19999", "SLURM_NODELIST": "n1"}
+    first = D.detect_launcher_env({**env, "SLURM_STEP_ID": "0"}, use_scontrol=False)["master_port"]
+    second = D.detect_launcher_env({**env, "SLURM_STEP_ID": "1"}, use_scontrol=False)["master_port"]
+    assert first != second and max(first, second) < 32768
+    override = D.detect_launcher_env({**env, "MASTER_ADDR": "head", "MASTER_PORT": "40000"}, use_scontrol=False)
+    assert (override["master_addr"], override["master_port"]) == ("head", 40000)
 
 
 def test_detect_openmpi():

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,11 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, synth_corpus
-from model import MODELS
+from conftest import ROOT, TEST_MODEL, clean_env, free_port, rank_pids, synth_corpus
 
 TIMEOUT_S = 5
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 # Rank 1 joins, then hangs (sleeps far past the timeout); rank 0 enters the collective named in argv[1].
 SCRIPT = textwrap.dedent('''
@@ -71,18 +68,6 @@ COLLECTIVES = {"reduce_tensor": "all_reduce (mean)", "all_gather_object": "all_g
                "barrier": "barrier"}
 
 
-def clean_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
-    return {**env, "PYTHONPATH": os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1"}
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     """Start every hanging job at once (they mostly wait), then collect (returncode, stdout, stderr, seconds)."""
@@ -93,10 +78,10 @@ def jobs(tmp_path_factory):
     for which in COLLECTIVES:
         cmd = [sys.executable, os.path.join(ROOT, "multiproc.py"), "--nproc-per-node", "2", "--log-dir",
                str(tmp / f"logs_{which}"), str(tmp / "script.py"), which, str(TIMEOUT_S)]
-        started[which] = (subprocess.Popen(cmd, cwd=tmp, env=clean_env(), stdout=subprocess.PIPE,
+        started[which] = (subprocess.Popen(cmd, cwd=tmp, env=clean_env(2, cpu_only=True), stdout=subprocess.PIPE,
                                            stderr=subprocess.PIPE, text=True, start_new_session=True),
                           time.monotonic())
-    alone_env = {**clean_env(), "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+    alone_env = {**clean_env(2, cpu_only=True), "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(free_port())}
     started["rendezvous"] = (subprocess.Popen([sys.executable, str(tmp / "alone.py"), str(TIMEOUT_S)], cwd=tmp,
                                               env=alone_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -151,24 +136,6 @@ def test_a_rank_that_never_starts_times_out_the_rendezvous(jobs):
 
 # --- the same through train.py ----------------------------------------------------------------------------
 
-def rank_pids(launcher_pid: int) -> dict:
-    """{rank: pid} of the processes the launcher started (read from /proc)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue  # the process ended while being read
-        if ppid == launcher_pid:
-            env = dict(item.split(b"=", 1) for item in environ if b"=" in item)
-            if b"RANK" in env:
-                found[int(env[b"RANK"])] = int(entry.name)
-    return found
-
-
 def reached_step(metrics: Path, step: int) -> bool:
     """Whether rank 0 has logged ``step`` (complete lines only: the last one may be half written)."""
     text = metrics.read_text() if metrics.exists() else ""
@@ -176,16 +143,15 @@ def reached_step(metrics: Path, step: int) -> bool:
 
 
 def test_train_py_names_the_rank_when_another_one_hangs(tmp_path):
-    model = "waveglow" if "waveglow" in MODELS else next(iter(MODELS))
     corpus = synth_corpus(tmp_path / "corpus", n=10)
     out = tmp_path / "out"
     timeout_s = 10
     cmd = [sys.executable, "multiproc.py", "--nproc-per-node", "2", "--log-dir", str(out / "logs"), "train.py",
-           "--config", "config.json", "--model", model, "--tiny", "--max-steps", "1000", "--dataset-path",
+           "--config", "config.json", "--model", TEST_MODEL, "--tiny", "--max-steps", "1000", "--dataset-path",
            str(corpus), "--output-dir", str(out), "--set", "data.num_workers=0", "--set", "train.log_interval=1",
            "--set", "train.val_interval=100000", "--set", "train.checkpoint_interval=100000",
            "--set", f"train.dist_timeout_s={timeout_s}"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(2, cpu_only=True), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     stopped = None
     try:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import multiproc
+from conftest import ROOT, clean_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTIPROC = os.path.join(ROOT, "multiproc.py")
 TIMEOUT_S = 60
 
@@ -42,9 +42,7 @@ def launch(tmp_path, *args):
     """Run ``python multiproc.py *args`` in tmp_path; returns (CompletedProcess, seconds)."""
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
+    env = clean_env(2, cpu_only=True)  # the script's tensors are CPU tensors: gloo
     start = time.monotonic()
     done = subprocess.run([sys.executable, MULTIPROC, *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=TIMEOUT_S)

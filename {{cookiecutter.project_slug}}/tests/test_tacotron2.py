@@ -1,5 +1,6 @@
 """Tacotron2: model size and shapes, loss and masking, inference stopping, data pipeline, preprocessing."""
 
+import copy
 import dataclasses
 import json
 import warnings
@@ -9,14 +10,14 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from torch._dynamo.utils import counters
 
-import model
-from model import (MODELS, Tacotron2, Tacotron2Config, Tacotron2Loss, build_tacotron2_datasets,
-                   log_tacotron2_validation, tacotron2_count_items)
+from model import MODELS
+from models.tacotron2 import Tacotron2, Tacotron2Config, Tacotron2Loss, build_datasets, count_items, log_validation
 from modules.layers import ConvNorm
 from scripts import preprocess
 from utils.audio_processing import MelSpectrogram
-from utils.config import SHARED_SECTIONS, AudioConfig, DataConfig, build_config
+from utils.config import SHARED_SECTIONS, AudioConfig, build_config
 from utils.data_utils import DataError, Utterance, read_ljspeech
 from utils.plotting import figure_to_array, plot_alignment
 from utils.text_mel_data import TextMelCollate, TextMelDataset
@@ -215,7 +216,7 @@ def test_collate_sorts_pads_and_builds_gate_targets():
     assert batch["mel"].shape == (3, N_MELS, 8)
     assert torch.equal(batch["mel"][0, :, :4], items[1]["mel"]) and torch.all(batch["mel"][0, :, 4:] == 0)
     assert batch["gate"].tolist() == [[0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 1, 1, 1, 1]]
-    assert tacotron2_count_items(batch) == 17
+    assert count_items(batch) == 17
     padded = TextMelCollate(pad_to_multiple=5)(items)
     assert padded["mel"].shape == (3, N_MELS, 10) and padded["gate"][1, 7:].tolist() == [1, 1, 1]
     with pytest.raises(ValueError, match="empty list"):
@@ -228,7 +229,7 @@ def test_dataset_computes_mels_skips_overlong_clips_and_counts_them(tmp_path):
     root = write_corpus(tmp_path / "corpus", {"u1": 0.3, "u2": 0.5, "long1": 2.0, "long2": 1.5})
     utts = read_ljspeech(root)
     with pytest.warns(UserWarning, match="skipped 2 of 4 utterances.*max_mel_frames=80"):
-        ds = TextMelDataset(utts, AUDIO, DataConfig(dataset_path=str(root)), max_mel_frames=80)
+        ds = TextMelDataset(utts, AUDIO, root / "mels", max_mel_frames=80)
     assert ds.skipped == 2 and sorted(ds.skipped_ids) == ["long1", "long2"] and len(ds) == 2
     item = ds[1]
     assert item["id"] == "u2" and item["text"].dtype == torch.long and item["text"].dim() == 1
@@ -246,7 +247,7 @@ def test_dataset_reads_cached_mels_and_checks_them(tmp_path):
     sentinel = torch.full((N_MELS, 7), 0.25)
     torch.save(sentinel, root / "mels/u1.pt")
     torch.save(torch.zeros(3, 7), root / "mels/u2.pt")
-    ds = TextMelDataset(utts, AUDIO, DataConfig(dataset_path=str(root)))
+    ds = TextMelDataset(utts, AUDIO, root / "mels")
     assert torch.equal(ds[0]["mel"], sentinel)
     with pytest.raises(DataError, match="cached mel of 'u2'"):
         ds[1]
@@ -262,7 +263,7 @@ def test_dataset_rejects_empty_transcripts_and_stale_caches(tmp_path):
     stale = dataclasses.replace(AUDIO, hop_length=32)
     (root / "mels/_audio_config.json").write_text(json.dumps(dataclasses.asdict(stale)))
     with pytest.raises(DataError, match="hop_length"):
-        TextMelDataset([Utterance("u1", root / "wavs/u1.wav", "Hi.")], AUDIO, DataConfig(dataset_path=str(root)))
+        TextMelDataset([Utterance("u1", root / "wavs/u1.wav", "Hi.")], AUDIO, root / "mels")
 
 
 def write_config(tmp_path: Path, root: Path) -> Path:
@@ -317,7 +318,7 @@ def test_spec_datasets_and_validation_pictures(tmp_path):
         outputs = net(batch)
     loss = spec.build_criterion(cfg)(outputs, batch)
     assert torch.isfinite(loss) and spec.count_items(batch) == int(batch["mel_lengths"].sum())
-    log_tacotron2_validation(net, batch, outputs, 7, None, tmp_path / "out")
+    log_validation(net, batch, outputs, 7, None, tmp_path / "out")
     assert (tmp_path / "out/alignment_7.png").stat().st_size > 0
     with SummaryWriter(tmp_path / "tb") as writer:
         spec.log_validation(net, batch, outputs, 8, writer, tmp_path / "out")
@@ -331,5 +332,104 @@ def test_plot_alignment_checks_input(tmp_path):
         plot_alignment(np.zeros(4))
 
 
-def test_build_datasets_function_is_exported():
-    assert model.build_tacotron2_datasets is build_tacotron2_datasets
+def test_registered_with_the_contract():
+    spec = MODELS["tacotron2"]
+    assert spec.build_datasets is build_datasets and spec.count_items is count_items
+    assert spec.infer is not None and spec.synthetic_batch is not None and spec.benchmark_cases
+
+
+def tiny_tacotron2(text_bucket=1):
+    from modules.tacotron2 import Decoder
+    torch.manual_seed(0)
+    decoder = Decoder(12, encoder_dim=16, attention_rnn_dim=24, decoder_rnn_dim=24, prenet_dim=8, attention_dim=8,
+                      attention_location_n_filters=4, attention_location_kernel_size=5, p_attention_dropout=0.0,
+                      p_decoder_dropout=0.0)
+    decoder.prenet.dropout = 0.0
+    decoder.text_bucket = text_bucket
+    return decoder
+
+
+def decoder_inputs(text_len, batch=3, frames=7, seed=0):
+    from modules.tacotron2 import get_padding_mask
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([text_len] + [max(1, text_len - 2 - i) for i in range(batch - 1)])
+    memory = torch.randn(batch, text_len, 16, generator=g)
+    return memory, torch.randn(batch, 12, frames, generator=g), get_padding_mask(lengths, text_len)
+
+
+def test_text_bucketing_leaves_the_decoder_outputs_unchanged():
+    plain, bucketed = tiny_tacotron2(), tiny_tacotron2(text_bucket=8)
+    memory, mels, mask = decoder_inputs(text_len=11)
+    for a, b in zip(plain(memory, mels, mask), bucketed(memory, mels, mask)):
+        assert a.shape == b.shape  # alignments are cut back to the 11 symbols
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_pad_memory_masks_only_the_added_positions():
+    from modules.tacotron2 import pad_memory
+    memory, _, mask = decoder_inputs(text_len=5)
+    padded, padded_mask = pad_memory(memory, mask, 4)
+    assert padded.shape == (3, 8, 16) and torch.equal(padded[:, :5], memory) and not padded[:, 5:].any()
+    assert torch.equal(padded_mask[:, :5], mask) and padded_mask[:, 5:].all()
+    same, same_mask = pad_memory(memory, None, 5)
+    assert same is memory and not same_mask.any()
+    with pytest.raises(ValueError, match="multiple must be >= 1"):
+        pad_memory(memory, mask, 0)
+
+
+def test_decoder_step_is_one_static_graph_across_text_lengths_of_a_bucket(fresh_dynamo):
+    decoder = tiny_tacotron2()
+    decoder.enable_fast_path(text_bucket=8, backend="aot_eager")
+    for text_len in (9, 13, 16):  # one bucket: 16 symbols
+        memory, mels, mask = decoder_inputs(text_len, seed=text_len)
+        mel, gate, alignments = decoder(memory, mels, mask)
+        (mel.sum() + gate.sum()).backward()
+        assert alignments.shape == (3, 7, text_len)
+    assert counters["stats"]["unique_graphs"] == 1
+    decoder(*decoder_inputs(17))  # the next bucket (24 symbols): a second graph
+    assert counters["stats"]["unique_graphs"] == 2
+
+
+def test_decoder_fast_path_refuses_a_bad_bucket_and_switches_off(fresh_dynamo):
+    decoder = tiny_tacotron2()
+    with pytest.raises(ValueError, match="text_bucket must be >= 1"):
+        decoder.enable_fast_path(text_bucket=0)
+    decoder.enable_fast_path(text_bucket=8, backend="aot_eager")
+    decoder.disable_fast_path()
+    decoder(*decoder_inputs(5))
+    assert counters["stats"]["unique_graphs"] == 0
+
+
+def test_tacotron2_decoder_step_with_inductor(fresh_dynamo):
+    """The real compiler on a tiny decoder step, dropout on (Inductor told to draw eager's numbers)."""
+    import torch._inductor.config as inductor_config
+    plain = tiny_tacotron2()
+    plain.p_attention_dropout = plain.p_decoder_dropout = 0.1
+    fast = copy.deepcopy(plain)
+    fast.enable_fast_path(text_bucket=8)
+    memory, mels, mask = decoder_inputs(text_len=6)
+    results = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(inductor_config, "fallback_random", True)
+        for decoder in (plain, fast):
+            torch.manual_seed(0)
+            mel, gate, alignments = decoder(memory, mels, mask)
+            (mel.square().sum() + gate.sum()).backward()
+            results.append((mel, gate, alignments, torch.cat([p.grad.flatten() for p in decoder.parameters()])))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_loader_benchmark_reads_cached_mels(tmp_path):
+    from conftest import ROOT, synth_corpus
+    from scripts import benchmark
+
+    corpus = synth_corpus(tmp_path / "corpus", n=8)
+    config = Path(ROOT) / "config.json"
+    assert preprocess.main(["--config", str(config), "--dataset-path", str(corpus), "--workers", "1"]) == 0
+    out = tmp_path / "loader.json"
+    assert benchmark.main(["--loader", "--tiny", "--device", "cpu", "--dataset-path", str(corpus), "--model",
+                           "tacotron2", "--steps", "3", "--json", str(out)]) == 0
+    rows = {row["case"]: row for row in json.loads(out.read_text())}
+    assert set(rows) == {"loader_tacotron2_wav", "loader_tacotron2_cached_mels"}

@@ -100,6 +100,12 @@ class MelSpectrogram(nn.Module):
                    hop_length=audio_cfg.hop_length, win_length=audio_cfg.win_length,
                    n_mels=audio_cfg.n_mels, fmin=audio_cfg.fmin, fmax=audio_cfg.fmax)
 
+    @property
+    def min_samples(self) -> int:
+        """The fewest samples :meth:`forward` can frame: ``max(n_fft - 2 * pad, pad + 1)`` (reflect padding needs
+        more samples than ``pad``)."""
+        return max(self.n_fft - 2 * self.pad, self.pad + 1)
+
     def num_frames(self, num_samples: int) -> int:
         """Frames produced for ``num_samples`` samples: ``(T + 2 * pad - n_fft) // hop_length + 1``."""
         return (num_samples + 2 * self.pad - self.n_fft) // self.hop_length + 1
@@ -116,9 +122,8 @@ class MelSpectrogram(nn.Module):
         if not audio.is_floating_point():
             raise ValueError(f"MelSpectrogram expects float audio in [-1, 1], got dtype {audio.dtype} "
                              "(divide integer PCM by max_wav_value first)")
-        min_samples = max(self.n_fft - 2 * self.pad, self.pad + 1)
-        if audio.shape[-1] < min_samples:
-            raise ValueError(f"MelSpectrogram: audio has {audio.shape[-1]} samples, at least {min_samples} "
+        if audio.shape[-1] < self.min_samples:
+            raise ValueError(f"MelSpectrogram: audio has {audio.shape[-1]} samples, at least {self.min_samples} "
                              f"are needed for n_fft={self.n_fft}, hop_length={self.hop_length}")
         squeeze = audio.dim() == 1
         batch = audio.unsqueeze(0) if squeeze else audio
@@ -169,6 +174,22 @@ def griffin_lim(log_mel: ArrayLike, audio_cfg: AudioConfig, n_iter: int = 60) ->
         win_length=audio_cfg.win_length, window="hann", power=1.0, n_iter=n_iter,
         fmin=audio_cfg.fmin, fmax=audio_cfg.fmax, htk=False)
     return audio.astype(np.float32)
+
+
+def check_wav_output(path: Union[str, Path]) -> Path:
+    """``path`` as a :class:`~pathlib.Path` if :func:`save_wav` can write a wav there, before any work is done.
+
+    Raises:
+        ValueError: ``path`` is an existing folder, or its name does not end in ``.wav`` (this project writes
+            16-bit PCM WAV only; convert with ffmpeg or sox for other formats).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"--output {path} is a folder; give a file name ending in .wav")
+    if path.suffix.lower() != ".wav":
+        got = f"'{path.suffix}'" if path.suffix else "no extension"
+        raise ValueError(f"--output {path}: has {got}; this writes 16-bit PCM WAV only, give a name ending in .wav")
+    return path
 
 
 def save_wav(path: Union[str, Path], audio: ArrayLike, sampling_rate: int) -> Path:

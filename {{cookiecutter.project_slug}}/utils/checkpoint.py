@@ -1,18 +1,20 @@
-"""Checkpoints: atomic writes, safe loading, and pruning of old files.
+"""Checkpoints: the training state, atomic writes, safe loading, resuming, and pruning of old files.
 
 A checkpoint is a plain dict of tensors and Python primitives, so it loads with
 ``torch.load(weights_only=True)``: a file holding arbitrary pickled objects is refused, never executed.
+:func:`training_checkpoint` builds the dict ``train.py`` saves, :func:`resume_training` puts one back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import random
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -208,3 +210,105 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+# --------------------------------------------------------------------------------------------
+# Training state: what train.py saves and resumes
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TrainState:
+    """Where the training loop is.
+
+    Attributes:
+        step: optimizer steps done.
+        epoch: the epoch being read.
+        batch_in_epoch: batches of that epoch this rank has read (a resumed run skips them).
+        skipped_steps: steps skipped for a non-finite loss or gradient norm.
+    """
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    skipped_steps: int = 0
+
+
+STATEFUL_PARTS = ("optimizer", "scheduler", "scaler")
+"""The objects besides the model whose ``state_dict`` a training checkpoint holds, by these names."""
+
+
+def training_checkpoint(model: torch.nn.Module, parts: Mapping[str, Any], state: TrainState, rng: list,
+                        **info: Any) -> dict[str, Any]:
+    """The dict ``train.py`` saves: everything the next step depends on, so that a resume is exact.
+
+    Args:
+        model: the plain (unwrapped) model.
+        parts: ``{"optimizer": ..., "scheduler": ..., "scaler": ...}`` (:data:`STATEFUL_PARTS`).
+        state: the loop's position.
+        rng: every rank's :func:`capture_rng_state`, in rank order.
+        **info: provenance stored as is (``model_name``, ``config``, ``data_seed``, ``torch_version``, ...).
+
+    Raises:
+        KeyError: ``parts`` lacks one of :data:`STATEFUL_PARTS`.
+    """
+    return {"model": model.state_dict(), **{name: parts[name].state_dict() for name in STATEFUL_PARTS},
+            **dataclasses.asdict(state), "rng": rng, **info}
+
+
+def resume_path(resume: str, output_dir: str | Path) -> Optional[Path]:
+    """The checkpoint ``--resume`` names: ``auto`` -> ``OUTPUT/checkpoint_last.pt`` if it exists, ``none`` -> none,
+    anything else -> that file.
+
+    Raises:
+        CheckpointError: ``none`` while ``OUTPUT/checkpoint_last.pt`` exists (it would be overwritten), or a
+            path that is not a file.
+    """
+    last = Path(output_dir) / "checkpoint_last.pt"
+    if resume == "auto":
+        return last if last.is_file() else None
+    if resume == "none":
+        if last.exists():
+            raise CheckpointError(f"{output_dir} already holds checkpoint_last.pt, which --resume none would "
+                                  "overwrite; continue it with --resume auto, or start afresh in another --output-dir")
+        return None
+    if not Path(resume).is_file():
+        raise CheckpointError(f"--resume {resume}: no such checkpoint")
+    return Path(resume)
+
+
+def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str, Any], model_name: str,
+                    rank: int, world_size: int, map_location: str | torch.device = "cpu") -> TrainState:
+    """Put a :func:`training_checkpoint` back: weights, optimizer, schedule, scaler, this rank's RNG states.
+
+    Args:
+        path: the checkpoint.
+        model: the plain model, built with the checkpoint's config.
+        parts: the objects of :data:`STATEFUL_PARTS`, freshly built.
+        model_name: the model being trained (the checkpoint must hold the same).
+        rank, world_size: this process; RNG states are restored only when the world size is the same.
+        map_location: where tensors are loaded.
+
+    Returns:
+        The loop's :class:`TrainState` at the checkpoint.
+
+    Raises:
+        CheckpointError: an unreadable or unsafe file, another model, weights that do not fit, or a
+            weights-only file that lacks the training state.
+    """
+    saved = load_checkpoint(path, map_location=map_location)
+    if saved.get("model_name") != model_name:
+        raise CheckpointError(f"{path} holds a '{saved.get('model_name')}' model, not '{model_name}'")
+    load_model_state(model, saved["model"], str(path))
+    fields = [field.name for field in dataclasses.fields(TrainState)]
+    missing = [key for key in (*STATEFUL_PARTS, *fields, "rng") if key not in saved and key != "skipped_steps"]
+    if missing:
+        raise CheckpointError(f"{path} is not a training checkpoint of train.py (it has no {', '.join(missing)}); "
+                              "--resume needs one written by train.py")
+    for name in STATEFUL_PARTS:
+        parts[name].load_state_dict(saved[name])
+    if len(saved["rng"]) == world_size:
+        restore_rng_state(saved["rng"][rank])
+    elif rank == 0:
+        print(f"warning: {path} was written by {len(saved['rng'])} processes, this run has {world_size}: random "
+              "streams restart, so the run will not repeat the original exactly")
+    return TrainState(**{key: saved[key] for key in fields if key in saved})

@@ -1,14 +1,25 @@
 """Configuration: read ``config.json``, apply the ``tiny`` block and ``--set`` overrides, check every key.
 
 ``config.json`` is a JSON object of sections. The shared sections are ``audio``, ``data`` and ``train``
-(the dataclasses below); each example model adds a section of its own, named after the model and
-described by the model's dataclass in ``model.py``. An optional ``tiny`` object holds overrides with the
-same shape (``{"train": {...}, "waveglow": {...}}``) that ``--tiny`` applies, for smoke runs on a CPU.
+(the dataclasses below); each model adds a section of its own, named after the model and described by the
+model's dataclass (``models/<name>.py``). An optional ``tiny`` object holds overrides with the same shape
+(``{"train": {...}, "<model>": {...}}``) that ``--tiny`` applies, for smoke runs on a CPU.
 
-Every key is checked against its dataclass: an unknown section or key, a value of the wrong type, or one
-outside its bounds or choices (e.g. ``train.keep_last >= 0``, ``train.precision`` in fp32/tf32/bf16/fp16) is a
-:class:`ConfigError` whose one-line message names the key and where the value came from (the file, its tiny
-block, or the ``--set``). Keys left out take the dataclass default.
+Every key is checked against its dataclass field, and an unknown section or key, a value of the wrong type,
+or one outside its bounds is a :class:`ConfigError` whose one-line message names the key, the expected type
+in words and where the value came from (the file, its tiny block, or the ``--set``). Keys left out take the
+dataclass default.
+
+Field types: ``bool``, ``int``, ``float`` (an int is accepted and becomes a float; a bool is never a
+number; floats must be finite), ``str``, ``Literal["a", "b"]`` (or of ints), ``list[X]``, ``tuple[X, ...]``
+and ``tuple[X, Y]`` (a JSON list, made a tuple), ``dict[str, X]`` (a JSON object), ``Optional[X]``,
+``X | None`` and ``Union[X, Y]``, nested in any way (``Optional[list[int]]``, ``tuple[int, int] | None``).
+Bounds are declared with the field, by :func:`setting` (``batch_size: int = setting(12, ge=1)``), and checked
+for every section the same way; the audio settings are also checked against each other.
+
+``--set section.key=value`` values are JSON literals (``3``, ``0.5``, ``false``, ``null``, ``[1, 2]``); where
+the JSON reading does not fit the field and the field takes a string, the text itself is the string, so
+words and paths need no quotes (``train.precision=bf16``, ``data.dataset_path=/data/ljs``).
 """
 
 from __future__ import annotations
@@ -16,13 +27,83 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import operator
+import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 
 class ConfigError(ValueError):
-    """A config file or override names an unknown key or holds a value of the wrong type."""
+    """A config file or override names an unknown key or holds a value of the wrong type or out of bounds."""
+
+
+_BOUND_TESTS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le),
+                "lt": ("<", operator.lt)}
+"""Bound name (a keyword of :func:`setting`) -> (how messages write it, the test a value must pass)."""
+
+
+def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
+            ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
+            help: str | None = None) -> Any:
+    """A config dataclass field with its bounds: ``batch_size: int = setting(12, ge=1)``.
+
+    Args:
+        default, default_factory: as for :func:`dataclasses.field`.
+        ge, gt, le, lt: the value must be ``>=``, ``>``, ``<=``, ``<`` this number. Bounds apply to a number,
+            to each number in a list, tuple or dict value, and not to ``None`` (of an ``Optional`` field)
+            or to strings.
+        help: what the setting means, kept in the field's metadata (``field.metadata["help"]``).
+
+    Returns:
+        A :class:`dataclasses.Field` whose ``metadata`` holds the bounds given (``{"ge": 1}``) and ``help``.
+        It is typed ``Any``, as :func:`dataclasses.field` is, so that ``x: int = setting(...)`` type-checks.
+
+    Raises:
+        TypeError: a bound that is not a number.
+        ValueError: ``default`` is outside the bounds, or both ``default`` and ``default_factory`` are given.
+    """
+    bounds = {name: bound for name, bound in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if bound is not None}
+    for name, bound in bounds.items():
+        if not _is_number(bound):
+            raise TypeError(f"setting(): {name} must be a number, got {type(bound).__name__} {bound!r}")
+    if default is not dataclasses.MISSING:
+        for where, number in _numbers("the default", default):
+            problem = _bound_problem(number, bounds)
+            if problem:
+                raise ValueError(f"setting(): {where} {problem}")
+    metadata = {**bounds, **({"help": help} if help is not None else {})}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _item(where: str, key: int | str) -> str:
+    """How messages name an item of a config value: ``toy.sizes[1]``, ``toy.weights["a"]``."""
+    return f"{where}[{json.dumps(key)}]"
+
+
+def _numbers(where: str, value: Any) -> typing.Iterator[tuple[str, float]]:
+    """``(name, number)`` for ``value`` itself if it is a number, else for each number inside its lists,
+    tuples and dicts (``toy.sizes[1]``, ``toy.weights["a"]``); ``None``, bools and strings give nothing."""
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _numbers(_item(where, i), item)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _numbers(_item(where, key), item)
+    elif _is_number(value):
+        yield where, value
+
+
+def _bound_problem(number: float, bounds: Mapping[str, Any]) -> str | None:
+    """``"must be >= 1, got 0"`` for the first bound in ``bounds`` (a field's metadata) that ``number`` breaks."""
+    for name, (symbol, holds) in _BOUND_TESTS.items():
+        if name in bounds and not holds(number, bounds[name]):
+            return f"must be {symbol} {bounds[name]}, got {number}"
+    return None
 
 
 @dataclasses.dataclass
@@ -33,14 +114,14 @@ class AudioConfig:
     ``fmin``/``fmax`` in Hz; ``max_wav_value`` is the full-scale value of 16-bit PCM.
     """
 
-    sampling_rate: int = 22050
-    n_fft: int = 1024
-    hop_length: int = 256
-    win_length: int = 1024
-    n_mels: int = 80
-    fmin: float = 0.0
+    sampling_rate: int = setting(22050, gt=0)
+    n_fft: int = setting(1024, gt=0)
+    hop_length: int = setting(256, gt=0)
+    win_length: int = setting(1024, gt=0)
+    n_mels: int = setting(80, gt=0)
+    fmin: float = setting(0.0, ge=0)
     fmax: float = 8000.0
-    max_wav_value: float = 32768.0
+    max_wav_value: float = setting(32768.0, gt=0)
 
 
 @dataclasses.dataclass
@@ -50,23 +131,28 @@ class DataConfig:
     ``dataset_path``: an LJSpeech-layout folder (``metadata.csv`` + ``wavs/``). ``training_files`` and
     ``validation_files``: optional NVIDIA-style filelists (``path|text``, paths relative to the dataset
     folder); when empty, ``metadata.csv`` is split and the last ``val_size`` utterances validate.
-    ``mel_cache_dir``: where ``scripts/preprocess.py`` stored mels (relative to the dataset folder);
-    used when it exists.
+    ``num_workers`` DataLoader worker processes per rank, each keeping ``prefetch_factor`` batches ready.
+    ``on_bad_clip``: what ``train.py``'s start-up check of every clip (unreadable, truncated, shorter than one
+    STFT window, a transcript without a usable character) does with bad ones: ``error`` lists them and stops
+    before training, ``skip`` trains without them and lists them in ``OUTPUT/skipped_clips.txt``.
+    ``exclude``: utterance ids to leave out (``skip`` adds the bad clips' ids for the run).
     """
 
     dataset_path: str = "data/LJSpeech-1.1"
     training_files: str = ""
     validation_files: str = ""
-    val_size: int = 100
-    num_workers: int = 4
-    prefetch_factor: int = 2
-    mel_cache_dir: str = "mels"
+    val_size: int = setting(100, ge=1)
+    num_workers: int = setting(4, ge=0)
+    prefetch_factor: int = setting(2, ge=1)
+    on_bad_clip: Literal["error", "skip"] = "error"
+    exclude: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
 class TrainConfig:
     """The loop's settings. Intervals are in optimizer steps.
 
+    ``seed``: at most ``2**31 - 1`` (NumPy takes seeds below ``2**32``, and each rank adds its rank).
     ``precision``: ``fp32`` | ``tf32`` | ``bf16`` | ``fp16`` (fp16 uses a GradScaler).
     ``grad_accumulation``: micro-batches per optimizer step (the effective batch is
     ``batch_size * grad_accumulation * world_size``). ``grad_clip``: max gradient norm, 0 disables.
@@ -76,38 +162,37 @@ class TrainConfig:
     mean is logged with the batch's utterance ids (0 disables). ``dist_timeout_s``: seconds a collective
     may wait for a hung rank before the run fails. ``cudnn_benchmark``: let cuDNN time its algorithms
     for each new input shape. ``compile``: train through the model's fast path
-    (``ModelSpec.optimize_for_training`` in ``model.py``: ``torch.compile`` of the WaveGlow flow or of
-    the Tacotron2 decoder step, with static shapes); the same mathematics as the plain eager path, which
+    (``ModelSpec.optimize_for_training``, e.g. ``torch.compile`` of the model's hot loop with static
+    shapes); the same mathematics as the plain eager path, which
     ``false`` (the default) keeps for debugging. The first steps then include compilation (tens of
     seconds on a GPU).
     """
 
-    seed: int = 1234
-    precision: str = "tf32"
-    max_steps: int = 500000
-    grad_accumulation: int = 1
-    grad_clip: float = 0.0
-    lr_schedule: str = "constant"
-    warmup_steps: int = 0
-    log_interval: int = 10
-    val_interval: int = 1000
-    checkpoint_interval: int = 1000
-    keep_last: int = 5
-    on_nonfinite: str = "skip"
-    spike_factor: float = 3.0
-    dist_timeout_s: float = 600.0
+    seed: int = setting(1234, ge=0, le=2**31 - 1)
+    precision: Literal["fp32", "tf32", "bf16", "fp16"] = "tf32"
+    max_steps: int = setting(500000, ge=1)
+    grad_accumulation: int = setting(1, ge=1)
+    grad_clip: float = setting(0.0, ge=0)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = setting(0, ge=0)
+    log_interval: int = setting(10, ge=1)
+    val_interval: int = setting(1000, ge=1)
+    checkpoint_interval: int = setting(1000, ge=1)
+    keep_last: int = setting(5, ge=0)
+    on_nonfinite: Literal["skip", "stop"] = "skip"
+    spike_factor: float = setting(3.0, ge=0)
+    dist_timeout_s: float = setting(600.0, gt=0)
     cudnn_benchmark: bool = True
     compile: bool = False
 
 
 SHARED_SECTIONS: dict[str, type] = {"audio": AudioConfig, "data": DataConfig, "train": TrainConfig}
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
 class Config:
     """Checked configuration: one dataclass instance per section, reachable as attributes.
 
-    ``cfg.audio``, ``cfg.data``, ``cfg.train`` and ``cfg.<model name>`` (e.g. ``cfg.waveglow``).
+    ``cfg.audio``, ``cfg.data``, ``cfg.train`` and ``cfg.<model name>`` (one per registered model).
     """
 
     def __init__(self, sections: Mapping[str, Any]):
@@ -122,43 +207,152 @@ class Config:
         return self._sections[name]
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        """Plain JSON-able dict (what checkpoints store; loads back with :func:`config_from_dict`)."""
+        """Plain dict (what checkpoints store; loads back with :func:`config_from_dict`). Tuples stay tuples
+        here and become lists in JSON; both load back as tuples."""
         return {name: dataclasses.asdict(value) for name, value in self._sections.items()}
 
 
+# --- field types: naming them, and reading JSON values as them ---------------------------------------------
+
+_UNIONS = (typing.Union, types.UnionType)
+_NONE = type(None)
+_SCALARS = (bool, int, float, str, _NONE)
+_PLURALS = {bool: "bools", int: "ints", float: "floats", str: "strings"}
+
+
 def _field_types(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    """Field name -> type, for the section dataclass ``cls``.
 
-
-def _type_name(expected: Any) -> str:
-    """``int``, ``float``, ``list[str]``: how an expected type is named in error messages."""
-    return str(expected) if typing.get_origin(expected) else getattr(expected, "__name__", str(expected))
-
-
-def _check_value(where: str, value: Any, expected: Any) -> Any:
-    """Return ``value`` as ``expected`` (an int is accepted for a float) or raise ConfigError.
-
-    A bool is not accepted for an int (JSON ``true`` is not 1 here), and a float must be finite.
+    Raises:
+        TypeError: a field's type is not one this module reads (see the module docstring).
     """
-    origin = typing.get_origin(expected) or expected
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if expected is float and isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"config key '{where}' must be a finite float, got {value!r}")
-    if expected is int and isinstance(value, bool):
-        ok = False
-    elif origin is list:
-        (item_type,) = typing.get_args(expected) or (Any,)
-        ok = isinstance(value, list)
-        if ok and item_type is not Any:
-            return [_check_value(f"{where}[{i}]", v, item_type) for i, v in enumerate(value)]
-    else:
-        ok = isinstance(value, origin)
-    if not ok:
-        raise ConfigError(f"config key '{where}' must be {_type_name(expected)}, got {type(value).__name__} {value!r}")
+    hints = typing.get_type_hints(cls)
+    field_types = {field.name: hints[field.name] for field in dataclasses.fields(cls)}
+    for name, tp in field_types.items():
+        try:
+            _describe(tp)
+        except TypeError as err:
+            raise TypeError(f"config field {cls.__name__}.{name}: {err}") from None
+    return field_types
+
+
+def _is_variadic(args: tuple) -> bool:
+    """Whether the arguments of a ``tuple[...]`` are ``X, ...`` (any length)."""
+    return len(args) == 2 and args[1] is Ellipsis
+
+
+def _describe(tp: Any) -> str:
+    """How error messages name the type ``tp``: ``int``, ``float or None``, ``one of a, b``, ``list[str]``
+    (also ``tuple[str, ...]``), ``a list of 2 ints``, ``a list [int, str]``, ``an object {str: float}``.
+
+    Raises:
+        TypeError: ``tp`` is not a type this module reads.
+    """
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp in _SCALARS:
+        return "None" if tp is _NONE else tp.__name__
+    if origin is Literal and all(isinstance(choice, (str, int)) or choice is None for choice in args):
+        return f"one of {', '.join(str(choice) for choice in args)}"
+    if origin in _UNIONS:
+        return " or ".join(_describe(arg) for arg in sorted(args, key=lambda arg: arg is _NONE))
+    if (origin is list and len(args) == 1) or (origin is tuple and _is_variadic(args)):
+        return f"list[{_describe(args[0])}]"
+    if origin is tuple:
+        if args and len(set(args)) == 1 and args[0] in _PLURALS:
+            return f"a list of {len(args)} {_PLURALS[args[0]] if len(args) > 1 else args[0].__name__}"
+        return f"a list [{', '.join(_describe(arg) for arg in args)}]"
+    if origin is dict and args[:1] == (str,):
+        return "an object {str: " + _describe(args[1]) + "}"
+    raise TypeError(f"type {tp!r} is not supported (use bool, int, float, str, Literal of strings or ints, "
+                    f"list[X], tuple[X, ...], tuple[X, Y], dict[str, X], Optional or Union of these)")
+
+
+def _fits(value: Any, tp: Any) -> bool:
+    """Whether ``value`` has the shape ``tp`` reads, before any item of it is checked: the scalar type (an int
+    fits a float, a bool fits neither), a member of a Literal, a list (of the length of a fixed tuple), an
+    object."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in _UNIONS:
+        return any(_fits(value, arg) for arg in args)
+    if origin is Literal:
+        return any(type(value) is type(choice) and value == choice for choice in args)
+    if origin is tuple and not _is_variadic(args):
+        return isinstance(value, (list, tuple)) and len(value) == len(args)
+    if origin in (list, tuple):
+        return isinstance(value, (list, tuple))
+    if origin is dict:
+        return isinstance(value, Mapping)
+    if tp is float:
+        return _is_number(value)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, tp)
+
+
+def _takes_text(tp: Any) -> bool:
+    """Whether ``tp`` takes some string: ``str``, a Literal with a string, a union with one of those."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in _UNIONS:
+        return any(_takes_text(arg) for arg in args)
+    if origin is Literal:
+        return any(isinstance(choice, str) for choice in args)
+    return tp is str
+
+
+def _convert(where: str, value: Any, tp: Any) -> Any:
+    """``value`` (as JSON gives it, or as :meth:`Config.to_dict` left it) as a value of ``tp``, the field
+    type of config key ``where``: an int made a float, a list made a tuple, each item converted in turn.
+
+    Raises:
+        ConfigError: naming ``where`` (or the item of it, ``toy.names[1]``) and the expected type.
+    """
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in _UNIONS:
+        return _convert_union(where, value, tp)
+    if not _fits(value, tp):
+        got = repr(value) if origin is Literal else f"{type(value).__name__} {value!r}"
+        raise ConfigError(f"config key '{where}' must be {_describe(tp)}, got {got}")
+    if tp is float:
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond the range of a float
+            number = math.inf
+        if not math.isfinite(number):
+            raise ConfigError(f"config key '{where}' must be a finite float, got {value!r}")
+        return number
+    if origin is list:
+        return [_convert(_item(where, i), item, args[0]) for i, item in enumerate(value)]
+    if origin is tuple:
+        item_types = args[:1] * len(value) if _is_variadic(args) else args
+        return tuple(_convert(_item(where, i), item, item_tp)
+                     for i, (item, item_tp) in enumerate(zip(value, item_types)))
+    if origin is dict:
+        bad_keys = [key for key in value if not isinstance(key, str)]
+        if bad_keys:
+            raise ConfigError(f"config key '{where}' must be {_describe(tp)}, got the key {bad_keys[0]!r}")
+        return {key: _convert(_item(where, key), item, args[1]) for key, item in value.items()}
     return value
 
+
+def _convert_union(where: str, value: Any, tp: Any) -> Any:
+    """:func:`_convert` for ``Union[...]``, ``Optional[...]`` and ``X | Y``.
+
+    The members whose shape ``value`` fits are tried in their declared order, except that ``float`` comes
+    after ``int`` (an int stays an int where the union takes both). Where only one member fits, its own
+    error is given (the bad item of a list, a non-finite float); otherwise the error names the whole union.
+    """
+    candidates = sorted((arg for arg in typing.get_args(tp) if _fits(value, arg)), key=lambda arg: arg is float)
+    if len(candidates) == 1:
+        return _convert(where, value, candidates[0])
+    for candidate in candidates:
+        try:
+            return _convert(where, value, candidate)
+        except ConfigError:
+            pass
+    raise ConfigError(f"config key '{where}' must be {_describe(tp)}, got {type(value).__name__} {value!r}")
+
+
+# --- building a Config ---------------------------------------------------------------------------------------
 
 def _apply(where: str, raw: Mapping[str, Any], schemas: Mapping[str, type], into: dict) -> None:
     """Check the ``{section: {key: value}}`` mapping ``raw`` and write it over ``into``."""
@@ -169,22 +363,28 @@ def _apply(where: str, raw: Mapping[str, Any], schemas: Mapping[str, type], into
             raise ConfigError(f"{where}: unknown section '{section}' (known: {', '.join(schemas)})")
         if not isinstance(values, Mapping):
             raise ConfigError(f"{where}: section '{section}' must be an object, got {type(values).__name__}")
-        types = _field_types(schemas[section])
+        field_types = _field_types(schemas[section])
         for key, value in values.items():
-            if key not in types:
+            if key not in field_types:
                 raise ConfigError(
-                    f"{where}: unknown key '{section}.{key}' (keys of '{section}': {', '.join(types)})")
+                    f"{where}: unknown key '{section}.{key}' (keys of '{section}': {', '.join(field_types)})")
             try:
-                into.setdefault(section, {})[key] = _check_value(f"{section}.{key}", value, types[key])
+                into.setdefault(section, {})[key] = _convert(f"{section}.{key}", value, field_types[key])
             except ConfigError as err:
                 raise ConfigError(f"{where}: {err}") from None
 
 
 def parse_override(text: str, schemas: Mapping[str, type]) -> tuple[str, str, Any]:
-    """Parse one ``section.key=value`` override (values are JSON literals; strings may be bare).
+    """Parse one ``section.key=value`` override into ``(section, key, value)``.
+
+    The value is read as a JSON literal (``null`` is ``None``, a list becomes a tuple for a tuple field).
+    Where that fails, or gives a value the field does not take while the field takes a string (``str``,
+    ``Optional[str]``, a Literal of strings), the text itself is the value: ``data.dataset_path=123`` is
+    ``"123"``, ``train.precision=bf16`` is ``"bf16"``.
 
     Raises:
         ConfigError: malformed text, unknown section or key, or a value of the wrong type.
+        TypeError: the section's dataclass has a field of a type this module does not read.
     """
     name, sep, value_text = text.partition("=")
     section, dot, key = name.strip().partition(".")
@@ -192,17 +392,19 @@ def parse_override(text: str, schemas: Mapping[str, type]) -> tuple[str, str, An
         raise ConfigError(f"--set expects section.key=value, got '{text}'")
     if section not in schemas:
         raise ConfigError(f"--set {text}: unknown section '{section}' (known: {', '.join(schemas)})")
-    types = _field_types(schemas[section])
-    if key not in types:
-        raise ConfigError(f"--set {text}: unknown key '{section}.{key}' (keys of '{section}': {', '.join(types)})")
+    field_types = _field_types(schemas[section])
+    if key not in field_types:
+        raise ConfigError(
+            f"--set {text}: unknown key '{section}.{key}' (keys of '{section}': {', '.join(field_types)})")
+    tp = field_types[key]
     try:
         value = json.loads(value_text)
     except json.JSONDecodeError:
-        value = value_text
-    if types[key] is str and not isinstance(value, str):
-        value = value_text
+        value = value_text  # a bare word or path
+    if not isinstance(value, str) and not _fits(value, tp) and _takes_text(tp):
+        value = value_text  # e.g. a number or null for a string field: the text is meant
     try:
-        return section, key, _check_value(f"{section}.{key}", value, types[key])
+        return section, key, _convert(f"{section}.{key}", value, tp)
     except ConfigError as err:
         raise ConfigError(f"--set {text}: {err}") from None
 
@@ -215,14 +417,19 @@ def build_config(raw: Mapping[str, Any], schemas: Mapping[str, type], *, tiny: b
         raw: the parsed config, ``{section: {key: value}, "tiny": {...}}``.
         schemas: section name -> dataclass (shared sections plus one per model).
         tiny: apply ``raw["tiny"]``.
-        overrides: ``section.key=value`` strings, applied last.
+        overrides: ``section.key=value`` strings (see :func:`parse_override`), applied last.
         source: name used in error messages (the file path).
 
     Raises:
-        ConfigError: unknown sections or keys, wrong types, a value out of its bounds or not one of its
-            choices (checked on the config as run, and on the config with the tiny block applied, so
-            a broken tiny block is found without ``--tiny`` too), ``--tiny`` without a tiny block.
+        ConfigError: unknown sections or keys, wrong types (a Literal's value not one of its choices
+            included), a value out of its field's bounds (checked on the config as run, and on the config
+            with the tiny block applied, so a broken tiny block is found without ``--tiny`` too), audio
+            settings that contradict each other, ``--tiny`` without a tiny block.
+        TypeError: a dataclass of ``schemas`` has a field of a type this module does not read (a mistake in
+            the code, not in the config: found here whether or not the config sets that field).
     """
+    for cls in schemas.values():  # a field type this module cannot read is found now, set or not
+        _field_types(cls)
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source} must be a JSON object of sections, got {type(raw).__name__}")
     raw = dict(raw)
@@ -276,26 +483,12 @@ def _merge(values: Mapping[str, Mapping[str, Any]], over: Mapping[str, Mapping[s
     return merged
 
 
-# Bounds every config must keep: (section, key, lowest, lowest allowed itself?). Values outside them fail
-# later with a traceback deep inside PyTorch or librosa (a DataLoader with -1 workers, a zero timeout, a
-# negative seed for NumPy), so they are refused here with the key named.
-_BOUNDS = (
-    ("audio", "sampling_rate", 0, False), ("audio", "n_fft", 0, False), ("audio", "hop_length", 0, False),
-    ("audio", "win_length", 0, False), ("audio", "n_mels", 0, False), ("audio", "fmin", 0, True),
-    ("audio", "max_wav_value", 0, False),
-    ("data", "val_size", 1, True), ("data", "num_workers", 0, True), ("data", "prefetch_factor", 1, True),
-    ("train", "seed", 0, True), ("train", "max_steps", 1, True), ("train", "grad_accumulation", 1, True),
-    ("train", "grad_clip", 0, True), ("train", "warmup_steps", 0, True), ("train", "log_interval", 1, True),
-    ("train", "val_interval", 1, True), ("train", "checkpoint_interval", 1, True), ("train", "keep_last", 0, True),
-    ("train", "spike_factor", 0, True), ("train", "dist_timeout_s", 0, False),
-)
-# The fields every model section has (the training loop reads them), bounded the same way.
-_MODEL_BOUNDS = (("batch_size", 1, True), ("learning_rate", 0, False), ("weight_decay", 0, True))
-_MAX_SEED = 2**31 - 1  # NumPy takes seeds below 2**32; each rank adds its rank to the seed
-
-
 def _check_ranges(values: Mapping[str, Mapping[str, Any]], schemas: Mapping[str, type], origins: _Origins) -> dict:
-    """Build one dataclass per section from ``values`` and check enums, bounds and the audio settings.
+    """Build one dataclass per section from ``values``, check every field against the bounds in its metadata
+    (see :func:`setting`) and the audio settings against each other.
+
+    Out-of-range values would fail later with a traceback deep inside PyTorch or librosa (a DataLoader with
+    -1 workers, a zero timeout, a negative seed for NumPy), so they are refused here with the key named.
 
     Returns:
         section name -> dataclass instance.
@@ -305,23 +498,12 @@ def _check_ranges(values: Mapping[str, Mapping[str, Any]], schemas: Mapping[str,
     def fail(keys: list[tuple[str, str]], message: str) -> None:
         raise ConfigError(f"{origins.label(*keys)}: {message}")
 
-    bounds = [b for b in _BOUNDS if b[0] in sections]
-    bounds += [(name, key, low, inclusive) for name in sections if name not in SHARED_SECTIONS
-               for key, low, inclusive in _MODEL_BOUNDS if hasattr(sections[name], key)]
-    for section, key, low, inclusive in bounds:
-        value = getattr(sections[section], key)
-        if value < low or (value == low and not inclusive):
-            fail([(section, key)], f"config key '{section}.{key}' must be {'>=' if inclusive else '>'} {low}, "
-                                   f"got {value}")
-    if "train" in sections:
-        train = sections["train"]
-        for key, allowed in (("precision", PRECISIONS), ("lr_schedule", ("constant", "cosine")),
-                             ("on_nonfinite", ("skip", "stop"))):
-            if getattr(train, key) not in allowed:
-                fail([("train", key)], f"config key 'train.{key}' must be one of {', '.join(allowed)}, "
-                                       f"got '{getattr(train, key)}'")
-        if train.seed > _MAX_SEED:
-            fail([("train", "seed")], f"config key 'train.seed' must be <= {_MAX_SEED}, got {train.seed}")
+    for name, section in sections.items():
+        for field in dataclasses.fields(section):
+            for where, number in _numbers(f"{name}.{field.name}", getattr(section, field.name)):
+                problem = _bound_problem(number, field.metadata)
+                if problem:
+                    fail([(name, field.name)], f"config key '{where}' {problem}")
     if "audio" in sections:
         audio = sections["audio"]
         for key in ("win_length", "hop_length"):
@@ -355,6 +537,7 @@ def load_config(path: str | Path, schemas: Mapping[str, type], *, tiny: bool = F
     Raises:
         ConfigError: the file is missing or unreadable, not UTF-8 JSON, names a key twice in one object, or
             fails the checks of :func:`build_config`.
+        TypeError: as :func:`build_config` (a field type this module does not read).
     """
     path = Path(path)
     try:
@@ -373,5 +556,12 @@ def load_config(path: str | Path, schemas: Mapping[str, type], *, tiny: bool = F
 
 
 def config_from_dict(data: Mapping[str, Any], schemas: Mapping[str, type]) -> Config:
-    """Rebuild a :class:`Config` from :meth:`Config.to_dict` output (e.g. from a checkpoint)."""
+    """Rebuild a :class:`Config` from :meth:`Config.to_dict` output (e.g. from a checkpoint), as it is or
+    after a JSON round trip (lists become tuples again for tuple fields). Sections not in ``schemas`` (another
+    model's) are left out.
+
+    Raises:
+        ConfigError: as :func:`build_config`, naming the ``checkpoint config`` (e.g. a key since removed).
+        TypeError: as :func:`build_config`.
+    """
     return build_config({k: v for k, v in data.items() if k in schemas}, schemas, source="checkpoint config")

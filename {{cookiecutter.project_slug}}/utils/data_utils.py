@@ -141,6 +141,9 @@ def load_splits(data_cfg: DataConfig) -> tuple[list[Utterance], list[Utterance]]
     (:func:`read_ljspeech`) and its last ``min(val_size, max(1, len // 10))`` utterances validate, which
     keeps at least one utterance on each side.
 
+    Utterances whose id is in ``data_cfg.exclude`` are left out (``train.py`` adds the clips its start-up
+    check refused there, with ``data.on_bad_clip=skip``).
+
     Returns:
         ``(train_utterances, val_utterances)``.
 
@@ -149,15 +152,20 @@ def load_splits(data_cfg: DataConfig) -> tuple[list[Utterance], list[Utterance]]
             without ``validation_files``; ``val_size < 1``; a corpus of fewer than 2 utterances.
     """
     root = Path(data_cfg.dataset_path)
+    excluded = set(data_cfg.exclude)
     if data_cfg.training_files:
         if not data_cfg.validation_files:
             raise DataError("data.training_files is set but data.validation_files is empty: give both filelists")
         train_list = _find_filelist(data_cfg.training_files, root, "training_files")
         val_list = _find_filelist(data_cfg.validation_files, root, "validation_files")
-        return read_filelist(train_list, root), read_filelist(val_list, root)
+        train, val = ([utt for utt in read_filelist(path, root) if utt.id not in excluded]
+                      for path in (train_list, val_list))
+        if not train or not val:
+            raise DataError(f"data.exclude leaves no {'training' if not train else 'validation'} utterance")
+        return train, val
     if data_cfg.val_size < 1:
         raise DataError(f"data.val_size must be at least 1, got {data_cfg.val_size}")
-    utterances = read_ljspeech(root)
+    utterances = [utt for utt in read_ljspeech(root) if utt.id not in excluded]
     if len(utterances) < 2:
         raise DataError(f"{root / 'metadata.csv'} lists {len(utterances)} utterance(s); at least 2 are needed "
                         "(one to train on, one to validate)")
@@ -165,7 +173,7 @@ def load_splits(data_cfg: DataConfig) -> tuple[list[Utterance], list[Utterance]]
     return utterances[:-n_val], utterances[-n_val:]
 
 
-def _check_wav_not_truncated(path: Path) -> None:
+def check_wav_not_truncated(path: Path) -> None:
     """Raise DataError if a RIFF/WAVE file's ``data`` chunk claims more bytes than the file holds.
 
     libsndfile silently returns the samples that are there when a wav was cut short (an interrupted copy
@@ -210,7 +218,7 @@ def load_wav(path: PathLike, sampling_rate: int) -> torch.Tensor:
     if not path.is_file():
         raise DataError(f"wav file not found: {path}")
     try:
-        _check_wav_not_truncated(path)
+        check_wav_not_truncated(path)
         audio, file_rate = sf.read(str(path), dtype="float32", always_2d=True)  # (T, channels)
     except (sf.LibsndfileError, RuntimeError) as err:
         raise DataError(f"cannot read audio file {path}: {err}") from None

@@ -73,10 +73,12 @@ class RunLog:
         output_dir: the run's folder (created by the caller).
         enabled: False on every rank but 0: then nothing is opened or written.
         total_steps / initial_step: for the progress bar (a resumed run starts part-way).
+        data_advice: what the data-wait warning tells the user to do (``ModelSpec.data_advice``).
     """
 
-    def __init__(self, output_dir: Path, enabled: bool, total_steps: int, initial_step: int):
-        self.output_dir, self.enabled = Path(output_dir), enabled
+    def __init__(self, output_dir: Path, enabled: bool, total_steps: int, initial_step: int,
+                 data_advice: str = "raise data.num_workers"):
+        self.output_dir, self.enabled, self.data_advice = Path(output_dir), enabled, data_advice
         self.progress = tqdm(total=total_steps, initial=initial_step, disable=not enabled, desc="train",
                              unit="step", dynamic_ncols=True)
         self.writer = self._metrics = None
@@ -99,8 +101,7 @@ class RunLog:
             return
         if row["data_time_s"] > 0.1 * row["step_time_s"]:
             self.print(f"warning: step {row['step']}: waiting {row['data_time_s']:.3f} s per step for data "
-                       f"({100 * row['data_time_s'] / row['step_time_s']:.0f}% of the step); raise "
-                       "data.num_workers or cache mels (scripts/preprocess.py)")
+                       f"({100 * row['data_time_s'] / row['step_time_s']:.0f}% of the step): {self.data_advice}")
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
         for key in SCALARS:

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from utils.audio_processing import MelSpectrogram
-from utils.config import AudioConfig, DataConfig
+from utils.config import AudioConfig
 from utils.data_utils import DataError, Utterance, load_wav
 from utils.text import text_to_sequence
 from utils.text.cleaners import clean_text
@@ -34,11 +34,13 @@ CACHE_SETTINGS_FILE = "_audio_config.json"
 """Name of the file in the mel cache that records the audio settings the mels were made with."""
 
 
-def mel_cache_path(data_cfg: DataConfig) -> Optional[Path]:
-    """``<dataset_path>/<mel_cache_dir>``, or ``None`` when ``mel_cache_dir`` is empty (no cache)."""
-    if not data_cfg.mel_cache_dir:
+def mel_cache_path(dataset_path: PathLike, mel_cache_dir: str) -> Optional[Path]:
+    """``<dataset_path>/<mel_cache_dir>``, or ``None`` when ``mel_cache_dir`` is empty (no cache).
+
+    An absolute ``mel_cache_dir`` is used as it is."""
+    if not mel_cache_dir:
         return None
-    return Path(data_cfg.dataset_path) / data_cfg.mel_cache_dir
+    return Path(dataset_path) / mel_cache_dir
 
 
 def check_cache_settings(cache_dir: Path, audio_cfg: AudioConfig) -> None:
@@ -63,7 +65,7 @@ def check_cache_settings(cache_dir: Path, audio_cfg: AudioConfig) -> None:
                  for key, value in current.items() if recorded.get(key) != value]
     if differing:
         raise DataError(f"mel cache {cache_dir} was made with other audio settings ({'; '.join(differing)}); "
-                        "rerun scripts/preprocess.py with --overwrite or change data.mel_cache_dir")
+                        "rerun scripts/preprocess.py with --overwrite or change tacotron2.mel_cache_dir")
 
 
 class TextMelDataset(Dataset):
@@ -82,8 +84,7 @@ class TextMelDataset(Dataset):
     Args:
         utterances: from :func:`utils.data_utils.load_splits`.
         audio_cfg: signal settings; ``n_mels`` rows per mel.
-        mel_cache: a :class:`~utils.config.DataConfig` (cache ``<dataset_path>/<mel_cache_dir>``), a
-            folder, or ``None`` (always compute from the wav).
+        mel_cache: the cache folder (:func:`mel_cache_path`), or ``None`` (always compute from the wav).
         text_cleaners: cleaner names for :func:`utils.text.text_to_sequence`.
         max_mel_frames: skip clips longer than this many frames; ``None``: no limit.
         max_text_len: skip texts longer than this many symbols; ``None``: no limit (texts are then
@@ -97,7 +98,7 @@ class TextMelDataset(Dataset):
     """
 
     def __init__(self, utterances: Sequence[Utterance], audio_cfg: AudioConfig,
-                 mel_cache: Union[DataConfig, PathLike, None] = None,
+                 mel_cache: Optional[PathLike] = None,
                  text_cleaners: Sequence[str] = ("english_cleaners",), max_mel_frames: Optional[int] = None,
                  max_text_len: Optional[int] = None):
         for name, value in (("max_mel_frames", max_mel_frames), ("max_text_len", max_text_len)):
@@ -109,10 +110,7 @@ class TextMelDataset(Dataset):
         self.max_mel_frames = max_mel_frames
         self.max_text_len = max_text_len
         self.mel_transform = MelSpectrogram.from_config(audio_cfg)
-        if isinstance(mel_cache, DataConfig):
-            self.cache_dir = mel_cache_path(mel_cache)
-        else:
-            self.cache_dir = None if mel_cache is None else Path(mel_cache)
+        self.cache_dir = None if mel_cache is None else Path(mel_cache)
         if self.cache_dir is not None:
             check_cache_settings(self.cache_dir, audio_cfg)
 

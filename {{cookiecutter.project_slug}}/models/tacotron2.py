@@ -1,0 +1,458 @@
+"""Tacotron2 (text -> mel): config, model, loss, data, fast path, inference, benchmark shapes, registration.
+
+Source: Shen et al. 2018, "Natural TTS synthesis by conditioning WaveNet on mel spectrogram predictions"
+(ICASSP); sizes, initialisation and dropout follow NVIDIA's reference implementation. The layers are in
+``modules/tacotron2.py`` (encoder, attention decoder, post-net); the text front end in ``utils/text``; the
+text/mel dataset in ``utils/text_mel_data.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from model import MODELS, Batch, BenchmarkCase, ModelSpec, register
+from modules.tacotron2 import Decoder, Encoder, Postnet, get_padding_mask
+from utils.audio_processing import check_wav_output, griffin_lim, save_wav
+from utils.config import Config, setting
+from utils.data_utils import DataError, load_splits
+from utils.plotting import plot_alignment, plot_gate, plot_spectrogram
+from utils.text import text_to_sequence
+from utils.text.symbols import symbols
+from utils.text_mel_data import TextMelCollate, TextMelDataset, mel_cache_path
+
+
+@dataclasses.dataclass
+class Tacotron2Config:
+    """The ``tacotron2`` section of ``config.json`` (defaults: NVIDIA's LJSpeech hyper-parameters).
+
+    Sizes are in units/channels; ``*_kernel_size`` in characters (encoder), encoder steps (attention
+    location filters) or mel frames (post-net). ``max_decoder_steps`` caps free-running synthesis (in mel
+    frames, ~11.6 ms each at 22050 Hz / hop 256); ``gate_threshold`` is the stop probability that ends it.
+    ``max_mel_frames`` drops longer training/validation clips (0: keep all). ``mel_cache_dir``: where
+    ``scripts/preprocess.py`` caches mels (inside ``data.dataset_path``, or absolute; empty: no cache); used
+    when it exists. ``mask_padding`` zeroes the
+    outputs at padded frames (the loss ignores them either way). ``n_mels`` comes from the ``audio``
+    section. ``batch_size`` is per process; ``learning_rate`` and ``weight_decay`` are Adam's.
+    """
+
+    n_symbols: int = setting(len(symbols), ge=1)
+    symbols_embedding_dim: int = setting(512, ge=1)
+    encoder_n_convolutions: int = setting(3, ge=0)
+    encoder_embedding_dim: int = setting(512, ge=2)
+    encoder_kernel_size: int = setting(5, ge=1)
+    attention_rnn_dim: int = setting(1024, ge=1)
+    attention_dim: int = setting(128, ge=1)
+    attention_location_n_filters: int = setting(32, ge=1)
+    attention_location_kernel_size: int = setting(31, ge=1)
+    decoder_rnn_dim: int = setting(1024, ge=1)
+    prenet_dim: int = setting(256, ge=1)
+    max_decoder_steps: int = setting(1000, ge=1)
+    gate_threshold: float = setting(0.5, gt=0, lt=1)
+    p_attention_dropout: float = setting(0.1, ge=0, lt=1)
+    p_decoder_dropout: float = setting(0.1, ge=0, lt=1)
+    postnet_embedding_dim: int = setting(512, ge=1)
+    postnet_kernel_size: int = setting(5, ge=1)
+    postnet_n_convolutions: int = setting(5, ge=2)
+    text_cleaners: list[str] = dataclasses.field(default_factory=lambda: ["english_cleaners"])
+    max_mel_frames: int = setting(1000, ge=0)
+    mel_cache_dir: str = "mels"
+    mask_padding: bool = True
+    batch_size: int = setting(64, ge=1)
+    learning_rate: float = setting(1e-3, gt=0)
+    weight_decay: float = setting(1e-6, ge=0)
+
+
+class Tacotron2(nn.Module):
+    """Tacotron2: characters -> mel spectrogram, with a stop gate and attention alignments.
+
+    Source: Shen et al. 2018, "Natural TTS synthesis by conditioning WaveNet on mel spectrogram
+    predictions"; sizes, initialisation and dropout follow NVIDIA's reference (28.19 M parameters with
+    the defaults and 148 symbols). Symbol embedding -> :class:`modules.tacotron2.Encoder` ->
+    location-sensitive attention :class:`modules.tacotron2.Decoder` (one frame per step) ->
+    :class:`modules.tacotron2.Postnet` residual.
+
+    Args:
+        cfg: a :class:`Tacotron2Config`.
+        n_mels: mel channels (``cfg.audio.n_mels``).
+
+    Raises:
+        ValueError: ``n_symbols`` smaller than the symbol table, or ``symbols_embedding_dim`` different
+            from ``encoder_embedding_dim`` (the encoder convolutions take the embedding directly).
+    """
+
+    def __init__(self, cfg: Tacotron2Config, n_mels: int):
+        super().__init__()
+        if cfg.n_symbols < len(symbols):
+            raise ValueError(f"tacotron2.n_symbols={cfg.n_symbols} is smaller than the symbol table "
+                             f"({len(symbols)} symbols)")
+        if cfg.symbols_embedding_dim != cfg.encoder_embedding_dim:
+            raise ValueError(f"tacotron2.symbols_embedding_dim ({cfg.symbols_embedding_dim}) must equal "
+                             f"tacotron2.encoder_embedding_dim ({cfg.encoder_embedding_dim})")
+        self.cfg = cfg
+        self.n_mels = n_mels
+        self.mask_padding = cfg.mask_padding
+        self.embedding = nn.Embedding(cfg.n_symbols, cfg.symbols_embedding_dim)
+        # Uniform with the variance of Xavier init for a (n_symbols, dim) matrix (NVIDIA's reference).
+        bound = (3.0 * 2.0 / (cfg.n_symbols + cfg.symbols_embedding_dim)) ** 0.5
+        nn.init.uniform_(self.embedding.weight, -bound, bound)
+        self.encoder = Encoder(cfg.encoder_embedding_dim, cfg.encoder_n_convolutions, cfg.encoder_kernel_size)
+        self.decoder = Decoder(
+            n_mels, encoder_dim=cfg.encoder_embedding_dim, attention_rnn_dim=cfg.attention_rnn_dim,
+            decoder_rnn_dim=cfg.decoder_rnn_dim, prenet_dim=cfg.prenet_dim, attention_dim=cfg.attention_dim,
+            attention_location_n_filters=cfg.attention_location_n_filters,
+            attention_location_kernel_size=cfg.attention_location_kernel_size,
+            max_decoder_steps=cfg.max_decoder_steps, gate_threshold=cfg.gate_threshold,
+            p_attention_dropout=cfg.p_attention_dropout, p_decoder_dropout=cfg.p_decoder_dropout)
+        self.postnet = Postnet(n_mels, cfg.postnet_embedding_dim, cfg.postnet_kernel_size,
+                               cfg.postnet_n_convolutions)
+
+    def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """Teacher-forced pass over a padded batch from :class:`utils.text_mel_data.TextMelCollate`.
+
+        Args:
+            batch: ``{"text": (B, L) long, "text_lengths": (B,), "mel": (B, n_mels, T),
+                "mel_lengths": (B,), ...}``.
+
+        Returns:
+            ``{"mel": (B, n_mels, T), "mel_postnet": (B, n_mels, T), "gate": (B, T) logits,
+            "alignments": (B, T, L)}``. With ``mask_padding``, mels are 0 and gate logits 1e3 (certain
+            stop) at padded frames, and the post-net sees zeros there.
+
+        Raises:
+            ValueError: the mel does not have ``n_mels`` channels or the lengths do not fit the padding.
+        """
+        text, text_lengths = batch["text"], batch["text_lengths"]
+        mels, mel_lengths = batch["mel"], batch["mel_lengths"]
+        text_mask = get_padding_mask(text_lengths, text.size(1))
+        embedded = self.embedding(text).transpose(1, 2)  # (B, E, L)
+        memory = self.encoder(embedded, text_lengths)
+        mel_out, gate_out, alignments = self.decoder(memory, mels, text_mask)
+        frame_mask = get_padding_mask(mel_lengths, mels.size(2)) if self.mask_padding else None
+        if frame_mask is not None:
+            mel_out = mel_out.masked_fill(frame_mask.unsqueeze(1), 0.0)
+        mel_postnet = mel_out + self.postnet(mel_out, frame_mask)
+        if frame_mask is not None:
+            mel_postnet = mel_postnet.masked_fill(frame_mask.unsqueeze(1), 0.0)
+            gate_out = gate_out.masked_fill(frame_mask, 1e3)
+        return {"mel": mel_out, "mel_postnet": mel_postnet, "gate": gate_out, "alignments": alignments}
+
+    @torch.no_grad()
+    def inference(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Synthesize from symbol ids without a target (free-running decoder, see ``Decoder.inference``).
+
+        Call ``model.eval()`` first (batch norm statistics, no decoder dropout); the pre-net keeps its
+        dropout by design. Stops when the stop gate fires, or at ``max_decoder_steps`` with a warning.
+
+        Args:
+            text: ``(1, L)`` long symbol ids (``(B, L)`` without padding also works).
+
+        Returns:
+            ``(mel_postnet (1, n_mels, T), gate logits (1, T), alignments (1, T, L))``.
+
+        Raises:
+            ValueError: ``text`` is not a 2-D integer tensor with at least one symbol.
+        """
+        if text.dim() != 2 or text.size(1) == 0 or text.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"Tacotron2.inference expects symbol ids of shape (1, L), L >= 1, got "
+                             f"{tuple(text.shape)} {text.dtype}")
+        memory = self.encoder(self.embedding(text).transpose(1, 2))
+        mel_out, gate_out, alignments = self.decoder.inference(memory)
+        mel_postnet = mel_out + self.postnet(mel_out)
+        return mel_postnet, gate_out, alignments
+
+
+class Tacotron2Loss(nn.Module):
+    """``MSE(mel) + MSE(post-net mel) + BCE-with-logits(gate)``, each averaged over real frames only.
+
+    The Tacotron2 objective (Shen et al. 2018; NVIDIA's reference), except that padded frames
+    (``t >= mel_lengths``) are excluded from the averages instead of being counted as zero-error frames,
+    so the value does not depend on how much padding a batch has. Computed in float32 (safe under
+    autocast). The last terms are kept, detached, in :attr:`last_terms` for logging.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.last_terms: dict[str, torch.Tensor] = {}
+
+    def forward(self, outputs: dict[str, torch.Tensor], batch: Batch) -> torch.Tensor:
+        """Scalar loss for :meth:`Tacotron2.forward` ``outputs`` and the batch they came from.
+
+        Raises:
+            ValueError: the predicted and target mels differ in shape.
+        """
+        target, gate_target = batch["mel"].float(), batch["gate"].float()
+        if outputs["mel"].shape != target.shape:
+            raise ValueError(f"Tacotron2Loss: predicted mel {tuple(outputs['mel'].shape)} vs target "
+                             f"{tuple(target.shape)}")
+        keep = (~get_padding_mask(batch["mel_lengths"], target.size(2))).float()  # (B, T)
+        n_frames = keep.sum().clamp(min=1.0)
+        n_values = n_frames * target.size(1)
+
+        def masked_mse(pred: torch.Tensor) -> torch.Tensor:
+            return ((pred.float() - target) ** 2 * keep.unsqueeze(1)).sum() / n_values
+
+        mel_loss = masked_mse(outputs["mel"])
+        postnet_loss = masked_mse(outputs["mel_postnet"])
+        gate_loss = (F.binary_cross_entropy_with_logits(outputs["gate"].float(), gate_target, reduction="none")
+                     * keep).sum() / n_frames
+        self.last_terms = {"mel": mel_loss.detach(), "mel_postnet": postnet_loss.detach(),
+                           "gate": gate_loss.detach()}
+        return mel_loss + postnet_loss + gate_loss
+
+
+def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
+    """Train and validation :class:`utils.text_mel_data.TextMelDataset` from ``cfg.data`` splits.
+
+    Clips longer than ``tacotron2.max_mel_frames`` (when > 0) are skipped in both, with a warning.
+    """
+    train_utts, val_utts = load_splits(cfg.data)
+    model_cfg = cfg.tacotron2
+    max_frames = model_cfg.max_mel_frames if model_cfg.max_mel_frames > 0 else None
+    cache = mel_cache_path(cfg.data.dataset_path, model_cfg.mel_cache_dir)
+    return tuple(TextMelDataset(utts, cfg.audio, cache, text_cleaners=model_cfg.text_cleaners,
+                                max_mel_frames=max_frames)
+                 for utts in (train_utts, val_utts))
+
+
+def count_items(batch: Batch) -> int:
+    """Mel frames in the batch (padding excluded)."""
+    return int(batch["mel_lengths"].sum())
+
+
+def check_text(text: str, cfg: Config) -> str | None:
+    """The start-up corpus check for a transcript: ``None`` if some character maps to a symbol after cleaning."""
+    with warnings.catch_warnings():  # the reason below says it; the front end's warning would repeat it
+        warnings.simplefilter("ignore")
+        if text_to_sequence(text, cfg.tacotron2.text_cleaners):
+            return None
+    return f"transcript {text!r} has no symbol of the Tacotron2 symbol table after cleaning"
+
+
+def log_validation(model: nn.Module, batch: Batch, outputs: dict[str, torch.Tensor], step: int,
+                             writer: Any, output_dir: Any) -> None:
+    """Pictures of the first utterance of a validation batch.
+
+    Always saves ``output_dir/alignment_<step>.png``; with a TensorBoard ``writer`` also adds the figures
+    ``alignment``, ``mel_target``, ``mel_predicted`` (post-net output) and ``gate``. Padding is cut off.
+    """
+    text_len, frames = int(batch["text_lengths"][0]), int(batch["mel_lengths"][0])
+    alignment = outputs["alignments"][0, :frames, :text_len].float().cpu().T  # (L, T)
+    utt = batch["ids"][0] if "ids" in batch else "utterance 0"
+    figure = plot_alignment(alignment, Path(output_dir) / f"alignment_{step}.png", title=f"{utt}, step {step}")
+    if writer is None:
+        return
+    writer.add_figure("alignment", figure, step)
+    writer.add_figure("mel_target", plot_spectrogram(batch["mel"][0, :, :frames]), step)
+    writer.add_figure("mel_predicted", plot_spectrogram(outputs["mel_postnet"][0, :, :frames]), step)
+    writer.add_figure("gate", plot_gate(batch["gate"][0, :frames],
+                                        torch.sigmoid(outputs["gate"][0, :frames].float())), step)
+
+
+def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
+                              text_lengths: tuple[int, int] = (60, 160), mel_lengths: tuple[int, int] = (300, 800),
+                              longest_mel: int = 800) -> Batch:
+    """Random padded Tacotron2 batch, laid out as :class:`utils.text_mel_data.TextMelCollate` lays it out.
+
+    Lengths are drawn exactly as NVIDIA's reference benchmark draws them (``shared/bench``; same calls
+    on the same generator, so a generator seeded 0 gives the same lengths and the same mel-frame count):
+    text lengths uniform in ``[text_lengths[0], text_lengths[1])`` sorted descending, mel lengths uniform
+    in ``[mel_lengths[0], mel_lengths[1])`` with the first set to ``longest_mel``. Symbols are uniform in
+    ``[1, n_symbols)``, mels standard normal; padding is zero, the gate target 1 from each last frame on.
+
+    Returns:
+        ``{"text": (B, L) long, "text_lengths": (B,), "mel": (B, n_mels, T), "gate": (B, T),
+        "mel_lengths": (B,), "ids": [str] * B}`` on the CPU, ``L``/``T`` the longest lengths.
+
+    Raises:
+        ValueError: ``batch_size < 1``, an empty or non-positive length range, or ``longest_mel`` below
+            the mel range.
+    """
+    if batch_size < 1:
+        raise ValueError(f"synthetic_batch: batch_size must be >= 1, got {batch_size}")
+    for name, (low, high) in (("text_lengths", text_lengths), ("mel_lengths", mel_lengths)):
+        if not 1 <= low < high:
+            raise ValueError(f"synthetic_batch: {name} must be a range [low, high) with 1 <= low < high, "
+                             f"got ({low}, {high})")
+    if longest_mel < mel_lengths[1] - 1:
+        raise ValueError(f"synthetic_batch: longest_mel={longest_mel} is below the mel length range "
+                         f"{mel_lengths}")
+    text_lens = torch.randint(text_lengths[0], text_lengths[1], (batch_size,), generator=generator)
+    text_lens = text_lens.sort(descending=True).values
+    mel_lens = torch.randint(mel_lengths[0], mel_lengths[1], (batch_size,), generator=generator)
+    mel_lens[0] = longest_mel
+    max_text, max_frames = int(text_lens.max()), int(mel_lens.max())
+    text = torch.randint(1, cfg.tacotron2.n_symbols, (batch_size, max_text), generator=generator)
+    mel = torch.randn(batch_size, cfg.audio.n_mels, max_frames, generator=generator)
+    text = text.masked_fill(get_padding_mask(text_lens, max_text), 0)
+    frame_pad = get_padding_mask(mel_lens, max_frames)
+    mel = mel.masked_fill(frame_pad.unsqueeze(1), 0.0)
+    gate = (torch.arange(max_frames).unsqueeze(0) >= (mel_lens - 1).unsqueeze(1)).float()
+    return {"text": text, "text_lengths": text_lens, "mel": mel, "gate": gate, "mel_lengths": mel_lens,
+            "ids": [f"synthetic_{i}" for i in range(batch_size)]}
+
+
+TEXT_BUCKET = 32
+"""Symbols the fast path pads the text axis to a multiple of: LJSpeech's texts (<= ~190 symbols) give 6
+shapes, and the padding (masked, so it changes no output) adds at most 31 positions to the attention's
+per-step tensors, which autograd keeps for every decoder step (at batch 128, 159 symbols: 160)."""
+
+
+def optimize_for_training(model: nn.Module, cfg: Config, text_bucket: int = TEXT_BUCKET,
+                                    **compile_kwargs) -> nn.Module:
+    """Tacotron2's fast path: the decoder step compiled once and reused at every step, in place.
+
+    See :meth:`modules.tacotron2.Decoder.enable_fast_path`: ``torch.compile`` of the per-step function
+    (``fullgraph=True``, static shapes: the text axis padded to a multiple of ``text_bucket`` and masked,
+    which leaves the outputs unchanged), step 0 eager. The encoder, pre-net (one batched call over all
+    frames), post-net and loss stay eager: they run once per batch, the step runs ``T`` (~800) times.
+    Also raises Dynamo's recompile limit to 64 graphs (a process-wide setting), room for every text
+    bucket in training and validation (whose last batch may be smaller). Parameters and state-dict keys
+    are unchanged.
+
+    Args:
+        model: a :class:`Tacotron2`.
+        cfg: the run's config (unused; part of the ``ModelSpec.optimize_for_training`` contract).
+        text_bucket: symbols the text axis is padded to a multiple of.
+        **compile_kwargs: passed to ``torch.compile``.
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        TypeError: ``model`` is not a :class:`Tacotron2`.
+        ValueError: ``text_bucket < 1``.
+    """
+    if not isinstance(model, Tacotron2):
+        raise TypeError(f"optimize_for_training expects a Tacotron2, got {type(model).__name__}")
+    import torch._dynamo  # noqa: F401  (makes torch._dynamo.config reachable)
+    dynamo_config = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
+    setattr(dynamo_config, limit, max(getattr(dynamo_config, limit), 64))
+    model.decoder.enable_fast_path(text_bucket, **compile_kwargs)
+    return model
+
+
+
+
+# --- inference.py --------------------------------------------------------------------------------------------
+
+def add_inference_args(parser: argparse.ArgumentParser) -> None:
+    """Tacotron2's ``inference.py`` options: the text, and a vocoder when this project has a vocoder model."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--text", help="the sentence to speak")
+    source.add_argument("--text-file", help="a UTF-8 file of sentences, one wav per line (--output: a folder)")
+    vocoders = [name for name, spec in MODELS.items() if spec.vocode is not None]
+    if vocoders:
+        parser.add_argument("--vocoder", help=f"a {' or '.join(vocoders)} checkpoint to vocode with "
+                                              "(default: Griffin-Lim)")
+
+
+def read_lines(args: argparse.Namespace) -> tuple[list[str], list[Path]]:
+    """The sentences to speak and the wav each goes to (``--text`` -> ``--output``; ``--text-file`` -> one wav a
+    line in the folder ``--output``).
+
+    Raises:
+        ValueError: no text given, an empty ``--text``, or an output that is not a .wav path / is a file.
+        DataError: a ``--text-file`` that is missing, not UTF-8 or holds no text.
+    """
+    if args.text is None and args.text_file is None:
+        raise ValueError(f"{args.checkpoint} is a Tacotron2 checkpoint: give --text or --text-file")
+    if args.text is not None:
+        if not args.text.strip():
+            raise ValueError("--text is empty: give the sentence to speak")
+        return [args.text], [check_wav_output(args.output)]
+    path = Path(args.text_file)
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except FileNotFoundError:
+        raise DataError(f"--text-file {path}: no such file") from None
+    except UnicodeDecodeError as err:
+        raise DataError(f"--text-file {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise DataError(f"--text-file {path}: cannot read it: {err.strerror or err}") from None
+    if not lines:
+        raise DataError(f"--text-file {path} has no text")
+    out_dir = Path(args.output)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--output {out_dir} is a file; with --text-file it is the folder the wavs go to")
+    return lines, [out_dir / f"line_{i:03d}.wav" for i in range(1, len(lines) + 1)]
+
+
+def load_vocoder(args: argparse.Namespace, cfg: Config, device: torch.device) -> Any:
+    """``(spec, model, config)`` of the ``--vocoder`` checkpoint, or ``None`` (Griffin-Lim).
+
+    Raises:
+        CheckpointError: the checkpoint holds a model that cannot vocode, or other audio settings than ``cfg``.
+    """
+    if not getattr(args, "vocoder", None):
+        return None
+    from inference import load_trained  # inference.py imports model.py, which imports this module
+    from utils.checkpoint import CheckpointError
+
+    name, vocoder, voc_cfg = load_trained(args.vocoder, device)
+    if MODELS[name].vocode is None:
+        raise CheckpointError(f"--vocoder {args.vocoder} holds a '{name}' model, which is not a vocoder")
+    if voc_cfg.audio != cfg.audio:
+        raise CheckpointError(f"--vocoder {args.vocoder} was trained with other audio settings than "
+                              f"{args.checkpoint}: {voc_cfg.audio} vs {cfg.audio}")
+    return MODELS[name], vocoder, voc_cfg
+
+
+def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch.device) -> list[Path]:
+    """``inference.py`` for Tacotron2: each text -> mel -> audio (``--vocoder`` or Griffin-Lim) -> wav.
+
+    Raises:
+        ValueError, DataError: see :func:`read_lines`; a text with no character the model knows.
+        CheckpointError: see :func:`load_vocoder`.
+    """
+    lines, outputs = read_lines(args)
+    vocoder = load_vocoder(args, cfg, device)
+    for text, out in zip(lines, outputs):
+        ids = torch.tensor(text_to_sequence(text, cfg.tacotron2.text_cleaners), dtype=torch.long)
+        if ids.numel() == 0:
+            raise DataError(f"text {text!r} has no character the model knows")
+        mel = model.inference(ids.unsqueeze(0).to(device))[0][0].float().cpu()
+        if vocoder is not None:
+            spec, voc_model, voc_cfg = vocoder
+            audio = spec.vocode(voc_model, mel, voc_cfg)
+        else:
+            audio = torch.from_numpy(griffin_lim(mel, cfg.audio))
+        save_wav(out, audio, cfg.audio.sampling_rate)
+        print(f"wrote {out} ({audio.numel() / cfg.audio.sampling_rate:.2f} s)")
+    return outputs
+
+
+# --- scripts/benchmark.py: NVIDIA's published shapes (shared/bench/reference_train_step.py) ---------------------
+
+_FULL = {"text_lengths": (60, 160), "mel_lengths": (300, 800), "longest_mel": 800}
+_TINY = {"text_lengths": (6, 16), "mel_lengths": (20, 40), "longest_mel": 40}
+BENCHMARK_CASES = (
+    BenchmarkCase("tacotron2_b128", (), 128, _FULL, tiny=BenchmarkCase("", (), 4, _TINY)),
+    BenchmarkCase("tacotron2_b64", (), 64, _FULL, tiny=BenchmarkCase("", (), 2, _TINY)),
+)
+
+register("tacotron2", ModelSpec(
+    config_cls=Tacotron2Config,
+    build_model=lambda cfg: Tacotron2(cfg.tacotron2, cfg.audio.n_mels),
+    build_criterion=lambda cfg: Tacotron2Loss(),
+    build_datasets=build_datasets,
+    collate_fn=TextMelCollate(),
+    count_items=count_items,
+    add_inference_args=add_inference_args,
+    infer=infer,
+    log_validation=log_validation,
+    synthetic_batch=synthetic_batch,
+    optimize_for_training=optimize_for_training,
+    benchmark_cases=BENCHMARK_CASES,
+    check_text=check_text,
+    data_advice="raise data.num_workers, or cache the mels once with scripts/preprocess.py",
+))
