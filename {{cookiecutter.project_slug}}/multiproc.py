@@ -39,6 +39,7 @@ them. Source: https://pytorch.org/docs/stable/elastic/run.html
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import logging
 import os
@@ -162,6 +163,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+@contextlib.contextmanager
+def _quiet_native_stderr():
+    """Silence file descriptor 2 for a moment: c10d logs a failed connect attempt as a 30-line C++ stack
+    trace there, before raising the error this launcher turns into one line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 class RendezvousError(RuntimeError):
     """The nodes of a multi-node launch did not all check in (one line: address, how many joined)."""
 
@@ -179,8 +195,9 @@ def wait_for_nodes(args: argparse.Namespace) -> TCPStore:
     where = f"{args.master_addr}:{args.master_port}"
     timeout = datetime.timedelta(seconds=args.rdzv_timeout)
     try:
-        store = TCPStore(args.master_addr, args.master_port, None, args.node_rank == 0, timeout,
-                         wait_for_workers=False, multi_tenant=True)
+        with _quiet_native_stderr():
+            store = TCPStore(args.master_addr, args.master_port, None, args.node_rank == 0, timeout,
+                             wait_for_workers=False, multi_tenant=True)
     except (DistError, RuntimeError) as err:
         reason = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
         if args.node_rank == 0:

@@ -4,12 +4,16 @@
   variable ``TEST_MODEL`` if set, else the first registered model in alphabetical order.
 * :func:`clean_env`: the environment for a launched job, without the launcher variables of the machine
   running the tests, with GPUs hidden when there are fewer than the job's processes.
+* :func:`finish`: wait for a launched job; on a timeout, show what is still running.
+* :func:`tiny_checkpoint`: an untrained checkpoint of a model, for inference tests.
 * :func:`free_port`, :func:`child_pids` / :func:`rank_pids`, :class:`OpensAFile`, :func:`synth_corpus`.
 """
 
 import builtins
 import os
+import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -90,12 +94,59 @@ def rank_pids(launcher_pid: int) -> dict[int, int]:
     return found
 
 
+def alive(pids) -> list[int]:
+    """Those of ``pids`` that are still running (not ended, not zombies waiting for their parent)."""
+    found = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # ended
+        if state != "Z":
+            found.append(pid)
+    return found
+
+
 def descendants(pid: int) -> list[int]:
     """Every living descendant of ``pid`` (children, their DataLoader workers, ...), depth first."""
     found = []
     for child in child_pids(pid):
         found += [child, *descendants(child)]
     return found
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    """Wait for a job started with ``start_new_session=True``: ``(exit code, output)``.
+
+    Past ``timeout`` seconds, fails the test showing what was still running (the launcher, ranks or
+    DataLoader workers holding the output pipe) and the output so far, then kills the whole session.
+    """
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        tree = subprocess.run(["ps", "-o", "pid,ppid,stat,etime,args", "--sid", str(proc.pid)],
+                              capture_output=True, text=True).stdout
+        launcher = "still running" if proc.poll() is None else f"exited {proc.returncode}"
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"job not finished after {timeout} s (launcher {launcher}); its processes:\n{tree}\n"
+                    f"output:\n{output[-6000:]}")
+    return proc.returncode, output
+
+
+def tiny_checkpoint(name: str, path) -> Path:
+    """An untrained checkpoint of model ``name`` in the tiny config, as ``inference.py`` reads it: enough to
+    test its option handling without training. Returns ``path``."""
+    import torch
+
+    from model import config_schemas
+    from utils.config import load_config
+
+    cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
+    torch.manual_seed(0)
+    model = MODELS[name].build_model(cfg)
+    torch.save({"model": model.state_dict(), "model_name": name, "config": cfg.to_dict(), "step": 0}, path)
+    return Path(path)
 
 
 class OpensAFile:

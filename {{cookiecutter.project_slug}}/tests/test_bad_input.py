@@ -293,6 +293,63 @@ def test_a_truncated_wav_is_named_at_start_up_and_an_earlier_run_is_kept(real_ru
     assert set(finished[1]) <= set(after), "a file of the earlier run is gone"
 
 
+BAD_CLIPS = {"SYN-0002": "too short: 100 samples", "SYN-0004": "truncated wav file",
+             "SYN-0006": "transcript '\U0001F389\U0001F389 \U0001F680' has no letter or digit"}
+
+
+@pytest.fixture(scope="module")
+def bad_corpus(tmp_path_factory):
+    """8 clips, 3 of them bad (:data:`BAD_CLIPS`): a 100-sample clip, a wav cut short (its header declares
+    more data than the file holds), an emoji-only transcript."""
+    corpus = synth_corpus(tmp_path_factory.mktemp("bad_corpus"), n=8)
+    sf.write(wav_of(corpus, 2), np.full(100, 0.1, np.float32), 22050, subtype="PCM_16")
+    whole = wav_of(corpus, 4).read_bytes()
+    wav_of(corpus, 4).write_bytes(whole[:len(whole) // 2])
+    metadata = corpus / "metadata.csv"
+    metadata.write_text("".join("SYN-0006|\U0001F389\U0001F389 \U0001F680|\U0001F389\U0001F389 \U0001F680\n"
+                                if line.startswith("SYN-0006|") else line + "\n"
+                                for line in metadata.read_text().splitlines()))
+    return corpus
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_bad_clips_are_all_named_at_start_up(capsys, bad_corpus, tmp_path, model):
+    code, out, err = run_train(capsys, "--model", model, "--dataset-path", str(bad_corpus),
+                               "--output-dir", str(tmp_path / "out"))
+    line = the_error(code, err, out)
+    assert line.startswith("ERROR: rank 0: 3 bad clip(s): "), line
+    for clip, reason in BAD_CLIPS.items():
+        assert f"'{clip}' ({bad_corpus / 'wavs' / clip}.wav): {reason}" in line, line
+    assert "data.on_bad_clip=skip" in line
+    assert not (tmp_path / "out" / "checkpoint_last.pt").exists()
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_bad_clips_are_skipped_and_listed_with_on_bad_clip_skip(capsys, bad_corpus, tmp_path, model):
+    code, out, err = run_train(capsys, "--model", model, "--dataset-path", str(bad_corpus),
+                               "--output-dir", str(tmp_path / "out"), "--set", "data.on_bad_clip=skip")
+    assert code == 0 and "Traceback" not in err, err
+    listing = tmp_path / "out" / "skipped_clips.txt"
+    assert f"leaving out 3 bad clip(s), listed in {listing}" in err
+    rows = [line.split("\t") for line in listing.read_text().splitlines()]
+    assert [row[0] for row in rows] == list(BAD_CLIPS)
+    assert all(reason in row[2] for row, reason in zip(rows, BAD_CLIPS.values()))
+    assert torch.load(tmp_path / "out" / "checkpoint_last.pt", weights_only=True)["step"] == 2
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_a_clip_damaged_after_the_start_up_check_is_one_error_line(capsys, own_corpus, tmp_path, model,
+                                                                 monkeypatch):
+    """A wav that goes bad while the run is on (the start-up check passed it): one line naming it."""
+    monkeypatch.setattr(train, "check_corpus", lambda *args, **kwargs: [])
+    for index in range(1, N_UTTERANCES + 1):  # whichever clip is drawn first
+        wav_of(own_corpus, index).write_bytes(b"RIFF, but not really a wav file at all" * 20)
+    code, out, err = run_train(capsys, "--model", model, "--dataset-path", str(own_corpus),
+                               "--output-dir", str(tmp_path / "out"))
+    line = the_error(code, err, out)
+    assert str(own_corpus / "wavs") in line and "SYN-000" in line, line
+
+
 # --- checkpoints ------------------------------------------------------------------------------------------
 
 def test_resume_from_a_path_that_does_not_exist(capsys, corpus, tmp_path):

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import distributed as D
-from conftest import LAUNCHER_PREFIXES, LAUNCHER_VARS, clean_env, free_port
+from conftest import LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, TEST_MODEL, clean_env, finish, free_port, synth_corpus
 
 JOB_TIMEOUT_S = 60
 
@@ -159,6 +159,73 @@ def test_real_init_from_slurm_and_openmpi_variables(tmp_path):
     assert [r["info"] for r in results] == [(0, 0, 2, "cpu", "gloo", True),
                                             (1, 1, 2, "cpu", "gloo", False)]
     assert results[0]["reduced"]["sum"] == results[1]["reduced"]["sum"] == [3.0, 30.0]
+
+
+# srun as SLURM runs a job step: SLURM_NTASKS copies of the command, each with its task's variables.
+FAKE_SRUN = textwrap.dedent('''\
+    #!/usr/bin/env bash
+    while [[ "$1" == -* ]]; do shift; done  # srun's own options
+    pids=()
+    for ((task = 0; task < SLURM_NTASKS; task++)); do
+        SLURM_PROCID=$task SLURM_LOCALID=$task SLURM_STEP_ID=$EMULATED_STEP_ID "$@" &
+        pids+=($!)
+    done
+    status=0
+    for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+    exit $status
+''')
+
+
+def test_two_slurm_steps_of_one_job_train_side_by_side_through_the_sbatch_script(tmp_path):
+    """scripts/slurm/train.sbatch under an emulated srun, twice at once in one allocation (steps 0 and 1): each
+    step gets its own port (distributed.slurm_port of job and step id), its own process group, and finishes."""
+    corpus = synth_corpus(tmp_path / "corpus", n=12)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    (bin_dir / "python").symlink_to(sys.executable)
+    steps = {}
+    for step in (0, 1):
+        env = clean_env(2, SLURM_JOB_ID="4242", SLURM_NTASKS="2", SLURM_JOB_NODELIST="127.0.0.[1]",
+                        SLURM_SUBMIT_DIR=ROOT, EMULATED_STEP_ID=str(step), OUTPUT_DIR=str(tmp_path / f"step{step}"),
+                        PATH=os.pathsep.join([str(bin_dir), os.environ["PATH"]]))
+        steps[step] = subprocess.Popen(
+            ["bash", os.path.join(ROOT, "scripts", "slurm", "train.sbatch"), "--model", TEST_MODEL, "--tiny",
+             "--max-steps", "3", "--dataset-path", str(corpus), "--set", "train.val_interval=100"],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)
+    assert D.slurm_port(4242, 0) != D.slurm_port(4242, 1)
+    for step, proc in steps.items():
+        code, output = finish(proc)
+        assert code == 0, output
+        assert "on 2 process(es)" in output, output
+        state = torch.load(tmp_path / f"step{step}" / "checkpoint_last.pt", weights_only=True)
+        assert state["step"] == 3 and len(state["rng"]) == 2  # both ranks of this step, none of the other's
+
+
+@pytest.mark.parametrize("script", ["scripts/slurm/train.sbatch", "scripts/mpirun.sh"])
+def test_cluster_scripts_parse(script):
+    done = subprocess.run(["bash", "-n", os.path.join(ROOT, script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_mpirun_script_counts_slots_binds_to_none_and_passes_the_rendezvous(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mpirun").write_text('#!/usr/bin/env bash\necho "mpirun $*"\n')  # prints what it was asked
+    (bin_dir / "mpirun").chmod(0o755)
+    env = clean_env(1, PATH=os.pathsep.join([str(bin_dir), os.environ["PATH"]]))
+    script = os.path.join(ROOT, "scripts", "mpirun.sh")
+    missing = subprocess.run(["bash", script, str(tmp_path / "nope")], capture_output=True, text=True, env=env)
+    assert missing.returncode == 2 and missing.stderr.startswith("ERROR: usage:"), missing.stderr
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# two nodes\ngpu-a slots=8\ngpu-b slots=4\n")
+    done = subprocess.run(["bash", script, str(hostfile), "--model", "m"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"mpirun -np 12 --hostfile {hostfile} --bind-to none "), done.stdout
+    assert "-x MASTER_ADDR=gpu-a -x MASTER_PORT=29500" in done.stdout
+    assert done.stdout.rstrip().endswith("python train.py --config config.json --model m"), done.stdout
 
 
 # ----------------------------------------------------------------------- single process

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import multiproc
-from conftest import ROOT, clean_env
+from conftest import ROOT, clean_env, free_port
 
 MULTIPROC = os.path.join(ROOT, "multiproc.py")
 TIMEOUT_S = 60
@@ -116,3 +116,24 @@ def test_more_processes_than_gpus_is_refused(tmp_path, monkeypatch, capsys):
         multiproc.main(["--nproc-per-node", str(torch.cuda.device_count() + 1), "t.py"])
     assert exit_info.value.code == 2
     assert "GPU(s) are visible" in capsys.readouterr().err
+
+
+def test_a_node_that_never_comes_is_reported_within_the_rendezvous_timeout(tmp_path):
+    port = free_port()
+    done, seconds = launch(tmp_path, "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                           "--master-port", str(port), "--rdzv-timeout", "3", "script.py", str(tmp_path))
+    assert done.returncode != 0 and seconds < 3 + 15, (done.returncode, seconds)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("multiproc: ERROR: "), done.stderr
+    assert f"rendezvous on 127.0.0.1:{port}: 1 of 2 nodes joined within 3 s" in lines[0]
+    assert not list(tmp_path.glob("rank*.json")), "no rank may start before every node joined"
+
+
+def test_a_node_whose_node_0_never_answers_is_reported(tmp_path):
+    port = free_port()  # nobody listens there
+    done, seconds = launch(tmp_path, "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                           "--master-port", str(port), "--rdzv-timeout", "3", "script.py", str(tmp_path))
+    assert done.returncode != 0 and seconds < 3 + 15, (done.returncode, seconds)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"node 1: node 0 did not answer at 127.0.0.1:{port} within 3 s" in lines[0], \
+        done.stderr

@@ -57,3 +57,15 @@ def test_run_log_writes_on_rank0_only(tmp_path):
     log.close()
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["step"] == 1
     assert json.loads((tmp_path / "anomalies.jsonl").read_text())["ids"] == ["LJ001", "LJ002"]
+
+
+def test_data_wait_warning_skips_the_warm_up_and_repeats_rarely(tmp_path, capsys):
+    log = RunLog(tmp_path, enabled=True, total_steps=2000, initial_step=100, data_advice="raise data.num_workers")
+    slow = {"loss": 1.0, "items_per_s": 1.0, "step_time_s": 1.0, "data_time_s": 0.5}
+    for step in range(101, 1000):
+        log.metrics({"step": step, **slow, "data_time_s": 0.05 if step == 700 else 0.5})
+    log.close()
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    first = 100 + RunLog.DATA_WAIT_WARMUP + 1
+    assert warnings == [f"warning: step {step}: waiting 0.500 s per step for data (50% of the step): raise "
+                        "data.num_workers" for step in (first, first + RunLog.DATA_WAIT_REPEAT)]

@@ -12,6 +12,8 @@ import soundfile as sf
 import torch
 from torch._dynamo.utils import counters
 
+import inference
+from conftest import tiny_checkpoint
 from model import MODELS
 from models.tacotron2 import Tacotron2, Tacotron2Config, Tacotron2Loss, build_datasets, count_items, log_validation
 from modules.layers import ConvNorm
@@ -433,3 +435,34 @@ def test_loader_benchmark_reads_cached_mels(tmp_path):
                            "tacotron2", "--steps", "3", "--json", str(out)]) == 0
     rows = {row["case"]: row for row in json.loads(out.read_text())}
     assert set(rows) == {"loader_tacotron2_wav", "loader_tacotron2_cached_mels"}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return tiny_checkpoint("tacotron2", tmp_path_factory.mktemp("tacotron2") / "tacotron2.pt")
+
+
+@pytest.mark.parametrize("case, message", [
+    ("folder", "--output {tmp} is a folder; give a file name ending in .wav"),
+    ("mp3", "--output {tmp}/speech.mp3: has '.mp3'"),
+    ("not-utf8", "--text-file {tmp}/latin1.txt is not UTF-8 text (invalid continuation byte at byte 3)"),
+    ("empty-text", "--text is empty: give the sentence to speak"),
+    ("nothing", "is a Tacotron2 checkpoint: give --text or --text-file"),
+    ("output-is-a-file", "--output {tmp}/taken is a file; with --text-file it is the folder the wavs go to"),
+])
+def test_inference_mistakes_are_one_error_line(capsys, checkpoint, tmp_path, case, message):
+    (tmp_path / "latin1.txt").write_bytes("Caf\u00e9 au lait.\n".encode("latin-1"))
+    (tmp_path / "lines.txt").write_text("Hello there.\n")
+    (tmp_path / "taken").write_text("")
+    argv = {"folder": ["--text", "Hello.", "--output", str(tmp_path)],
+            "mp3": ["--text", "Hello.", "--output", str(tmp_path / "speech.mp3")],
+            "not-utf8": ["--text-file", str(tmp_path / "latin1.txt"), "--output", str(tmp_path / "wavs")],
+            "empty-text": ["--text", "", "--output", str(tmp_path / "x.wav")],
+            "nothing": ["--output", str(tmp_path / "x.wav")],
+            "output-is-a-file": ["--text-file", str(tmp_path / "lines.txt"), "--output", str(tmp_path / "taken")]}
+    code = inference.main(["--checkpoint", str(checkpoint), "--device", "cpu", *argv[case]])
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
+    assert code == 1 and len(errors) == 1 and "Traceback" not in err, err
+    assert message.format(tmp=tmp_path) in errors[0], errors[0]
+    assert not (tmp_path / "x.wav").exists() and not (tmp_path / "wavs").exists()

@@ -17,14 +17,14 @@ import pytest
 import torch
 
 import train
-from conftest import ROOT, TEST_MODEL, clean_env, rank_pids, synth_corpus
+from conftest import ROOT, TEST_MODEL, alive, clean_env, descendants, finish, free_port, rank_pids, synth_corpus
 from model import MODELS
 
 MODEL = TEST_MODEL
 STEPS = 12
 COMMON = ["--config", "config.json", "--model", MODEL, "--tiny", "--max-steps", str(STEPS),
           "--set", "train.log_interval=1", "--set", "train.checkpoint_interval=4", "--set", "train.keep_last=0",
-          "--set", "train.val_interval=100", "--set", "data.num_workers=1"]
+          "--set", "train.val_interval=100", "--set", "data.num_workers=2"]
 
 
 @pytest.fixture(scope="module")
@@ -32,22 +32,17 @@ def corpus(tmp_path_factory):
     return synth_corpus(tmp_path_factory.mktemp("corpus"), n=30)
 
 
-def launch(out, corpus, *extra, nproc=2, restarts=0):
-    """Start ``multiproc.py train.py`` on ``nproc`` processes (returns the Popen)."""
-    cmd = [sys.executable, "multiproc.py", "--nproc-per-node", str(nproc), "--max-restarts", str(restarts),
-           "--log-dir", str(out / "logs"), "train.py", *COMMON, "--dataset-path", str(corpus),
-           "--output-dir", str(out), *extra]
+def launch(out, corpus, *extra, nproc=2, restarts=0, launcher=(), log_dir=None, torchrun=False):
+    """Start ``multiproc.py [launcher] train.py`` on ``nproc`` processes per node, or plain ``torchrun``
+    (returns the Popen, in a session of its own)."""
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    else:
+        cmd = [sys.executable, "multiproc.py", "--nproc-per-node", str(nproc), "--max-restarts", str(restarts),
+               "--log-dir", str(log_dir or out / "logs"), *launcher]
+    cmd += ["train.py", *COMMON, "--dataset-path", str(corpus), "--output-dir", str(out), *extra]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=clean_env(nproc), start_new_session=True)
-
-
-def finish(proc, timeout=300):
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    return proc.returncode, output
 
 
 def rows(out):
@@ -64,6 +59,16 @@ def wait_for_step(out, step, proc, timeout=120):
     raise AssertionError(f"step {step} not reached in {timeout} s")
 
 
+def whole_job(proc, timeout=30):
+    """The launcher's pid and all its descendants, once the 2 ranks and their 2 DataLoader workers each are all
+    running (between epochs the workers are being replaced)."""
+    deadline = time.monotonic() + timeout
+    while len(job := [proc.pid, *descendants(proc.pid)]) < 1 + 2 + 2 * 2:
+        assert proc.poll() is None and time.monotonic() < deadline, f"the job never had all its processes: {job}"
+        time.sleep(0.05)
+    return job
+
+
 def final_weights(out):
     state = torch.load(out / "checkpoint_last.pt", weights_only=True)
     assert state["step"] == STEPS
@@ -76,11 +81,28 @@ def assert_same_weights(a, b):
         assert torch.equal(a[key], b[key]), f"{key} differs by {(a[key] - b[key]).abs().max()}"
 
 
+def assert_same_state(a, b, path="checkpoint"):
+    """Two checkpoints hold the same training state: weights, optimizer, RNG, loop position (not provenance)."""
+    if isinstance(a, dict):
+        keys = a.keys() - {"config", "git_commit", "torch_version"}
+        assert keys == b.keys() - {"config", "git_commit", "torch_version"}, path
+        for key in keys:
+            assert_same_state(a[key], b[key], f"{path}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_state(x, y, f"{path}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), path
+    else:
+        assert a == b, (path, a, b)
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, corpus):
-    """The uninterrupted run."""
+    """The uninterrupted run, with a checkpoint after every step to compare stopped runs with."""
     out = tmp_path_factory.mktemp("reference")
-    code, output = finish(launch(out, corpus))
+    code, output = finish(launch(out, corpus, "--set", "train.checkpoint_interval=1"))
     assert code == 0, output
     return out
 
@@ -90,7 +112,7 @@ def test_two_processes_train_and_only_rank0_writes(reference):
     assert [r["step"] for r in metrics] == list(range(1, STEPS + 1))
     assert metrics[-1]["loss"] < metrics[0]["loss"], [r["loss"] for r in metrics]
     assert {p.name for p in reference.glob("checkpoint_*.pt")} == {
-        "checkpoint_4.pt", "checkpoint_8.pt", "checkpoint_12.pt", "checkpoint_last.pt"}
+        *(f"checkpoint_{step}.pt" for step in range(1, STEPS + 1)), "checkpoint_last.pt"}
     assert len(list((reference / "tensorboard").glob("events.*"))) == 1
     state = torch.load(reference / "checkpoint_last.pt", weights_only=True)
     assert not any(k.startswith("module.") for k in state["model"]), "checkpoints hold the unwrapped model"
@@ -115,18 +137,116 @@ def test_resume_from_a_mid_epoch_checkpoint_repeats_the_run_exactly(reference, c
     assert_same_weights(final_weights(tmp_path), final_weights(reference))
 
 
-def test_sigterm_on_one_rank_saves_and_resume_matches(reference, corpus, tmp_path):
+def signal_every_process(pid, sig):
+    """What scancel or a SLURM time limit does: the signal to every process of the job step (the launcher, the
+    ranks, their DataLoader workers), whatever their process groups."""
+    for each in [pid, *descendants(pid)]:
+        os.kill(each, sig)
+
+
+# How a job is stopped in real life: the launcher alone (kill PID, torchrun's agent), every process of the
+# job (scancel, a time limit), a terminal's Ctrl-C (SIGINT to the foreground process group: the launcher;
+# torchrun starts each rank in a session of its own), or one rank alone: every rank stops at the same step.
+STOPS = {"sigterm-rank1": (lambda pid: os.kill(rank_pids(pid)[1], signal.SIGTERM), 0, "another rank’s signal"),
+         "sigterm-launcher": (lambda pid: os.kill(pid, signal.SIGTERM), 0, "SIGTERM"),
+         "sigterm-every-process": (lambda pid: signal_every_process(pid, signal.SIGTERM), 0, "SIGTERM"),
+         "ctrl-c": (lambda pid: os.killpg(pid, signal.SIGINT), 130, "SIGINT")}
+
+
+@pytest.mark.parametrize("how", STOPS)
+def test_a_stopped_job_saves_says_how_to_resume_and_leaves_nothing(reference, corpus, tmp_path, how):
+    send, expected_code, name = STOPS[how]
+    proc = launch(tmp_path, corpus)
+    wait_for_step(tmp_path, 3, proc)
+    job = whole_job(proc)
+    send(proc.pid)
+    code, output = finish(proc)
+    ended = time.monotonic()
+    rank_logs = "".join(p.read_text() for p in (tmp_path / "logs").glob("*"))
+    assert code == expected_code, output
+    assert "Traceback" not in output + rank_logs, output + rank_logs
+    stopped = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["step"]
+    assert 3 <= stopped < STEPS
+    hints = [line for line in output.splitlines() if "stopped at step" in line]
+    assert hints == [f"stopped at step {stopped} on {name}; resume with the same command (--resume auto reads "
+                     f"{tmp_path / 'checkpoint_last.pt'})"], output
+    while alive(job) and time.monotonic() < ended + 10:
+        time.sleep(0.2)
+    assert not alive(job), "processes left 10 s after the launcher ended"
+    # The stopped run saved exactly the state the uninterrupted one had at that step; resuming from such a
+    # state repeats the run exactly (test_resume_from_a_mid_epoch_checkpoint...). One mode also resumes here.
+    assert_same_state(torch.load(tmp_path / "checkpoint_last.pt", weights_only=True),
+                      torch.load(reference / f"checkpoint_{stopped}.pt", weights_only=True))
+    if how == "sigterm-every-process":
+        code, output = finish(launch(tmp_path, corpus, "--resume", "auto"))
+        assert code == 0 and f"at step {stopped}" in output, output
+        assert_same_weights(final_weights(tmp_path), final_weights(reference))
+
+
+def test_plain_torchrun_sigterm_saves_and_says_how_to_resume(reference, corpus, tmp_path):
+    """torchrun's agent forwards SIGTERM to the ranks (then prints its own SignalException traceback and exits
+    1: torchrun's behaviour, not ours); the ranks save the step reached and print the hint."""
+    proc = launch(tmp_path, corpus, torchrun=True)
+    wait_for_step(tmp_path, 3, proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    code, output = finish(proc)
+    stopped = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["step"]
+    assert f"stopped at step {stopped} on SIGTERM; resume with the same command" in output, output
+    assert "train.py" not in "".join(output.split("Traceback")[1:]), "a traceback from train.py"
+    assert_same_state(torch.load(tmp_path / "checkpoint_last.pt", weights_only=True),
+                      torch.load(reference / f"checkpoint_{stopped}.pt", weights_only=True))
+
+
+def test_ranks_and_their_workers_die_with_a_killed_launcher(corpus, tmp_path):
     proc = launch(tmp_path, corpus)
     wait_for_step(tmp_path, 2, proc)
-    os.kill(rank_pids(proc.pid)[1], signal.SIGTERM)  # rank 1 alone: the ranks must agree to stop
-    code, output = finish(proc)
-    assert code == 0, output
-    assert "stopped at step" in output and "resume" in output
-    stopped = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["step"]
-    assert 2 <= stopped < STEPS
-    code, output = finish(launch(tmp_path, corpus, "--resume", "auto"))
-    assert code == 0, output
-    assert_same_weights(final_weights(tmp_path), final_weights(reference))
+    job = whole_job(proc)
+    os.kill(proc.pid, signal.SIGKILL)  # no handler, no forwarding: the ranks must notice on their own
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while alive(job) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(job), "orphans left 10 s after the launcher was killed"
+    proc.communicate()
+
+
+def test_two_nodes_on_one_host_reach_the_same_loss_as_one_node(reference, corpus, tmp_path):
+    """Two ``multiproc.py --nnodes 2`` of one process each on 127.0.0.1: the global batch and the gradient
+    all-reduce of the 2-process reference run, so the same loss at every step (gloo sums 2 values exactly)."""
+    port = free_port()
+    nodes = [launch(tmp_path, corpus, nproc=1, log_dir=tmp_path / f"logs_node{node}",
+                    launcher=["--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
+                              "--master-port", str(port), "--rdzv-timeout", "120"]) for node in (1, 0)]
+    for proc in nodes:
+        code, output = finish(proc)
+        assert code == 0, output
+    assert [(r["step"], r["loss"]) for r in rows(tmp_path)] == [(r["step"], r["loss"]) for r in rows(reference)]
+
+
+def test_node_local_output_folders_that_disagree_are_refused_on_every_rank(reference, corpus, tmp_path):
+    """Two "nodes" (one rank each, own working folder) given ``--output-dir out``: only node 0's holds a
+    checkpoint. Resuming on rank 0 alone would train mismatched steps; every rank must refuse instead."""
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        node = tmp_path / f"node{rank}"
+        (node / "out").mkdir(parents=True)
+        if rank == 0:
+            shutil.copy(reference / "checkpoint_4.pt", node / "out" / "checkpoint_last.pt")
+        env = clean_env(2, RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *COMMON, "--config",
+                                       os.path.join(ROOT, "config.json"), "--dataset-path", str(corpus),
+                                       "--output-dir", "out"], cwd=node, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True))
+    for rank, proc in enumerate(procs):
+        code, output = finish(proc, timeout=120)
+        errors = [line for line in output.splitlines() if line.startswith("ERROR:")]
+        assert code == 1 and len(errors) == 1 and "Traceback" not in output, output
+        assert errors[0].startswith(f"ERROR: rank {rank}: ranks disagree about out/checkpoint_last.pt: rank 0 sees "
+                                    ), errors[0]
+        assert "rank 1 sees no file; --output-dir must be one folder shared by every node" in errors[0]
+    assert not (tmp_path / "node1" / "out" / "metrics.jsonl").exists()
 
 
 def test_a_killed_worker_is_restarted_and_the_run_finishes(reference, corpus, tmp_path):

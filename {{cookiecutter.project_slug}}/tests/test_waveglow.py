@@ -2,10 +2,14 @@
 
 import math
 
+import numpy as np
 import pytest
+import soundfile as sf
 import torch
 from torch._dynamo.utils import counters
 
+import inference
+from conftest import tiny_checkpoint
 from model import MODELS
 from models.waveglow import WaveGlow, WaveGlowConfig, WaveGlowLoss
 from modules.waveglow import WN, Invertible1x1Conv
@@ -122,3 +126,46 @@ def test_waveglow_gate_with_inductor(fresh_dynamo):
     expected = torch.tanh((x + cond)[:, :4]) * torch.sigmoid((x + cond)[:, 4:])
     torch.testing.assert_close(outputs[1][0], expected)
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return tiny_checkpoint("waveglow", tmp_path_factory.mktemp("waveglow") / "waveglow.pt")
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    path = tmp_path_factory.mktemp("clip") / "clip.wav"
+    sf.write(path, 0.1 * np.sin(np.arange(4000) / 10.0).astype(np.float32), 22050, subtype="PCM_16")
+    return path
+
+
+@pytest.mark.parametrize("case, message", [
+    ("folder", "--output {tmp} is a folder; give a file name ending in .wav"),
+    ("no-extension", "--output {tmp}/speech: has no extension; this writes 16-bit PCM WAV only"),
+    ("mp3", "--output {tmp}/speech.mp3: has '.mp3'"),
+    ("sigma-nan", "--sigma must be a finite number >= 0, got nan"),
+    ("short-wav", "samples is shorter than one STFT window"),
+    ("nothing", "is a WaveGlow checkpoint: give --mel or --wav"),
+])
+def test_inference_mistakes_are_one_error_line(capsys, checkpoint, clip, tmp_path, case, message):
+    short = tmp_path / "short.wav"
+    sf.write(short, np.zeros(50, np.float32), 22050, subtype="PCM_16")
+    argv = {"folder": ["--wav", str(clip), "--output", str(tmp_path)],
+            "no-extension": ["--wav", str(clip), "--output", str(tmp_path / "speech")],
+            "mp3": ["--wav", str(clip), "--output", str(tmp_path / "speech.mp3")],
+            "sigma-nan": ["--wav", str(clip), "--output", str(tmp_path / "x.wav"), "--sigma", "nan"],
+            "short-wav": ["--wav", str(short), "--output", str(tmp_path / "x.wav")],
+            "nothing": ["--output", str(tmp_path / "x.wav")]}[case]
+    code = inference.main(["--checkpoint", str(checkpoint), "--device", "cpu", *argv])
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
+    assert code == 1 and len(errors) == 1 and "Traceback" not in err, err
+    assert message.format(tmp=tmp_path) in errors[0], errors[0]
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_inference_writes_a_wav_from_a_wav(checkpoint, clip, tmp_path, capsys):
+    assert inference.main(["--checkpoint", str(checkpoint), "--device", "cpu", "--wav", str(clip),
+                           "--output", str(tmp_path / "x.wav")]) == 0
+    assert sf.info(str(tmp_path / "x.wav")).samplerate == 22050

@@ -9,12 +9,13 @@ with :func:`figure_to_array`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn: importing it costs ~1 s per process
+    from matplotlib.figure import Figure
 
 ArrayLike = Union[torch.Tensor, np.ndarray]
 PathLike = Union[str, Path]
@@ -30,6 +31,9 @@ def _to_numpy(x: ArrayLike, ndim: int, what: str) -> np.ndarray:
 
 
 def _new_figure(size: tuple[float, float]) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     figure = Figure(figsize=size)
     FigureCanvasAgg(figure)
     return figure
@@ -111,6 +115,8 @@ def plot_gate(gate_target: ArrayLike, gate_pred: ArrayLike, path: Optional[PathL
 
 def figure_to_array(figure: Figure) -> np.ndarray:
     """Render ``figure`` to an RGB ``uint8`` array ``(H, W, 3)`` (e.g. for ``add_image(..., dataformats="HWC")``)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     canvas = figure.canvas if isinstance(figure.canvas, FigureCanvasAgg) else FigureCanvasAgg(figure)
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[:, :, :3].copy()

@@ -76,9 +76,17 @@ class RunLog:
         data_advice: what the data-wait warning tells the user to do (``ModelSpec.data_advice``).
     """
 
+    DATA_WAIT_SHARE = 0.1
+    """The data-wait warning fires when waiting for data takes more than this share of the step ..."""
+    DATA_WAIT_WARMUP = 20
+    """... after this many steps of the run (worker start-up and the first batches are not the steady state) ..."""
+    DATA_WAIT_REPEAT = 500
+    """... and again at most once per this many steps."""
+
     def __init__(self, output_dir: Path, enabled: bool, total_steps: int, initial_step: int,
                  data_advice: str = "raise data.num_workers"):
         self.output_dir, self.enabled, self.data_advice = Path(output_dir), enabled, data_advice
+        self._first_step, self._warned_at = initial_step, None
         self.progress = tqdm(total=total_steps, initial=initial_step, disable=not enabled, desc="train",
                              unit="step", dynamic_ncols=True)
         self.writer = self._metrics = None
@@ -96,11 +104,16 @@ class RunLog:
         self.progress.update(1)
 
     def metrics(self, row: dict[str, Any]) -> None:
-        """Append a training row; warn when the data loader takes more than 10% of the step."""
+        """Append a training row; warn when waiting for data takes more than :attr:`DATA_WAIT_SHARE` of the step
+        (past the warm-up, rate-limited)."""
         if not self.enabled:
             return
-        if row["data_time_s"] > 0.1 * row["step_time_s"]:
-            self.print(f"warning: step {row['step']}: waiting {row['data_time_s']:.3f} s per step for data "
+        step = row["step"]
+        if (row["data_time_s"] > self.DATA_WAIT_SHARE * row["step_time_s"]
+                and step - self._first_step > self.DATA_WAIT_WARMUP
+                and (self._warned_at is None or step - self._warned_at >= self.DATA_WAIT_REPEAT)):
+            self._warned_at = step
+            self.print(f"warning: step {step}: waiting {row['data_time_s']:.3f} s per step for data "
                        f"({100 * row['data_time_s'] / row['step_time_s']:.0f}% of the step): {self.data_advice}")
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
