@@ -334,7 +334,7 @@ def test_bad_clips_are_skipped_and_listed_with_on_bad_clip_skip(capsys, bad_corp
     rows = [line.split("\t") for line in listing.read_text().splitlines()]
     assert [row[0] for row in rows] == list(BAD_CLIPS)
     assert all(reason in row[2] for row, reason in zip(rows, BAD_CLIPS.values()))
-    assert torch.load(tmp_path / "out" / "checkpoint_last.pt", weights_only=True)["step"] == 2
+    assert torch.load(tmp_path / "out" / "checkpoint_last.pt", map_location="cpu", weights_only=True)["step"] == 2
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
@@ -378,7 +378,7 @@ def test_a_checkpoint_of_another_config_names_the_keys_and_shapes(capsys, finish
 
 
 def test_a_checkpoint_of_another_model_is_named(capsys, finished, corpus, tmp_path):
-    state = torch.load(finished[0] / "checkpoint_last.pt", weights_only=True)
+    state = torch.load(finished[0] / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     state["model_name"] = "another_model"
     other = tmp_path / "other.pt"
     torch.save(state, other)
@@ -399,7 +399,7 @@ def test_a_state_dict_of_another_network_names_missing_and_unexpected_keys(capsy
 
 
 def test_a_weights_only_checkpoint_is_refused_for_resuming(capsys, finished, corpus, tmp_path):
-    state = torch.load(finished[0] / "checkpoint_last.pt", weights_only=True)
+    state = torch.load(finished[0] / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     weights = tmp_path / "weights.pt"
     torch.save({"model": state["model"], "model_name": MODEL}, weights)
     code, out, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out"),
@@ -554,7 +554,7 @@ def run_inference(capsys, *argv):
 
 
 def test_inference_names_a_checkpoint_of_an_unknown_model(capsys, finished, tmp_path):
-    state = torch.load(finished[0] / "checkpoint_last.pt", weights_only=True)
+    state = torch.load(finished[0] / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     state["model_name"] = "another_model"
     other = tmp_path / "other.pt"
     torch.save(state, other)
@@ -564,7 +564,7 @@ def test_inference_names_a_checkpoint_of_an_unknown_model(capsys, finished, tmp_
 
 
 def test_inference_names_a_checkpoint_whose_config_has_an_unknown_key(capsys, finished, tmp_path):
-    state = torch.load(finished[0] / "checkpoint_last.pt", weights_only=True)
+    state = torch.load(finished[0] / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     state["config"]["train"]["from_a_newer_version"] = 1
     other = tmp_path / "newer.pt"
     torch.save(state, other)

@@ -200,7 +200,7 @@ def test_two_slurm_steps_of_one_job_train_side_by_side_through_the_sbatch_script
         code, output = finish(proc)
         assert code == 0, output
         assert "on 2 process(es)" in output, output
-        state = torch.load(tmp_path / f"step{step}" / "checkpoint_last.pt", weights_only=True)
+        state = torch.load(tmp_path / f"step{step}" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
         assert state["step"] == 3 and len(state["rng"]) == 2  # both ranks of this step, none of the other's
 
 

@@ -94,7 +94,14 @@ def test_inline_arpabet():
     assert sequence_to_text(ids) == "turn {L EH1 F T} now"
 
 
-def test_unknown_character_is_dropped_with_a_warning_naming_it():
+@pytest.fixture
+def nothing_reported(monkeypatch):
+    """A process that has not yet reported any dropped symbol."""
+    import utils.text
+    monkeypatch.setattr(utils.text, "_REPORTED", set())
+
+
+def test_unknown_character_is_dropped_with_a_warning_naming_it(nothing_reported):
     with pytest.warns(UserWarning, match=r"'/'"):
         ids = text_to_sequence("a/b")
     assert sequence_to_text(ids) == "ab"
@@ -103,6 +110,16 @@ def test_unknown_character_is_dropped_with_a_warning_naming_it():
     assert sequence_to_text(ids) == "n"
     with pytest.warns(UserWarning, match="@XX"):
         assert text_to_sequence("{XX}") == []
+
+
+def test_a_dropped_symbol_is_reported_once_per_process(nothing_reported):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # not Python's once-per-message filter: our own rule
+        for text in ("a/b", "c/d", "e/f~", "g~/h"):
+            text_to_sequence(text)
+    assert [str(w.message) for w in caught] == [
+        "text_to_sequence: dropped symbol(s) not in the symbol table: '/'",
+        "text_to_sequence: dropped symbol(s) not in the symbol table: '~'"]
 
 
 def test_known_text_gives_no_warning():

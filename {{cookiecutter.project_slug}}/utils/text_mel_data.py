@@ -125,13 +125,12 @@ class TextMelDataset(Dataset):
                 too_long_audio += 1
                 self.skipped_ids.append(utt.id)
                 continue
-            if max_text_len is not None:
-                sequence = self._encode(utt)
-                if len(sequence) > max_text_len:
-                    too_long_text += 1
-                    self.skipped_ids.append(utt.id)
-                    continue
-                self._sequences[utt.id] = sequence
+            sequence = self._encode(utt)  # every transcript once, here: a dropped symbol is reported once per run
+            if max_text_len is not None and len(sequence) > max_text_len:
+                too_long_text += 1
+                self.skipped_ids.append(utt.id)
+                continue
+            self._sequences[utt.id] = sequence
             self.utterances.append(utt)
         if self.skipped:
             reasons = []

@@ -49,7 +49,8 @@ def text_to_sequence(text: str, cleaner_names: Sequence[str] = ("english_cleaner
         ValueError: an unknown cleaner name.
 
     Warns:
-        UserWarning: naming each character (or phone) that is not in the symbol table and was dropped.
+        UserWarning: naming each character (or phone) that is not in the symbol table and was dropped, the
+            first time this process drops it (later transcripts holding it are not reported again).
     """
     ids: list[int] = []
     dropped: list[str] = []
@@ -62,12 +63,16 @@ def text_to_sequence(text: str, cleaner_names: Sequence[str] = ("english_cleaner
         before, phones, rest = match.groups()
         ids += _lookup(clean_text(before, cleaner_names), dropped)
         ids += _lookup(["@" + phone for phone in phones.split()], dropped)
-    if dropped:
-        names = ", ".join(repr(c) for c in dict.fromkeys(dropped))
-        # The message names only the characters (not the text), so Python's once-per-message warning
-        # filter reports each set once instead of once per transcript.
-        warnings.warn(f"text_to_sequence: dropped symbol(s) not in the symbol table: {names}", stacklevel=2)
+    new = [c for c in dict.fromkeys(dropped) if c not in _REPORTED]
+    if new:
+        _REPORTED.update(new)
+        warnings.warn(f"text_to_sequence: dropped symbol(s) not in the symbol table: "
+                      f"{', '.join(repr(c) for c in new)}", stacklevel=2)
     return ids
+
+
+_REPORTED: set[str] = set()
+"""Symbols already reported as dropped in this process: each is reported once, however many transcripts hold it."""
 
 
 def sequence_to_text(sequence: Sequence[int]) -> str:

@@ -1,0 +1,130 @@
+"""One picture of a training run: where it stands and what went wrong, at a glance.
+
+    python scripts/plot_run.py output                  # writes output/run.png
+    python scripts/plot_run.py output --out run.png
+
+Reads what ``train.py`` wrote in the output folder: ``metrics.jsonl`` (one row per logged step),
+``val_metrics.jsonl`` and ``anomalies.jsonl`` (non-finite and spiking steps). The PNG has one panel per
+question, all over the same step axis:
+
+* **loss**: training loss per logged step and validation loss; anomalies are red ticks (a spike or a NaN
+  found after days is the pain this is for: look for ticks before the curve bends);
+* **throughput**: items/s summed over ranks (audio samples or mel frames): it should be flat;
+* **data wait**: the share of each step spent waiting for the DataLoader; above the dashed 10% line the
+  accelerator idles (raise ``data.num_workers``, use the model's mel cache);
+* **gradient norm** (before clipping, log scale): a climb often comes before a loss explosion;
+* **memory per rank** when the rows carry it (``memory_gib``: a list, one value per rank).
+
+Exit status 1 with one ``ERROR:`` line when the folder holds no readable ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The complete JSON lines of ``path`` (a half-written last line of a running job is left out); ``[]`` if
+    the file does not exist.
+
+    Raises:
+        ValueError: a complete line that is not JSON (naming the file and the line number).
+    """
+    if not path.is_file():
+        return []
+    text = path.read_text(encoding="utf-8")
+    rows = []
+    for number, line in enumerate(text[:text.rfind("\n") + 1].splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{number}: not a JSON line ({err.msg})") from None
+    return rows
+
+
+def plot_run(output_dir: Path, out: Path) -> Path:
+    """Draw the run in ``output_dir`` into the PNG ``out``; returns ``out``.
+
+    Raises:
+        ValueError: no ``metrics.jsonl`` rows, or a damaged line in one of the files.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = read_jsonl(output_dir / "metrics.jsonl")
+    if not rows:
+        raise ValueError(f"{output_dir / 'metrics.jsonl'}: no logged steps (is {output_dir} a train.py output "
+                         "folder?)")
+    val = read_jsonl(output_dir / "val_metrics.jsonl")
+    anomalies = read_jsonl(output_dir / "anomalies.jsonl")
+    steps = [r["step"] for r in rows]
+    memory = [r for r in rows if r.get("memory_gib")]
+    panels = 5 if memory else 4
+
+    figure = Figure(figsize=(10, 2.4 * panels))
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(panels, 1, sharex=True)
+
+    loss = axes[0]
+    loss.plot(steps, [r["loss"] for r in rows], label="train loss", linewidth=1)
+    if val:
+        loss.plot([v["step"] for v in val], [v["val_loss"] for v in val], "o-", label="validation loss")
+    for a in anomalies:
+        loss.axvline(a["step"], color="red", alpha=0.4, linewidth=1)
+    if anomalies:
+        loss.plot([], [], color="red", label=f"anomalies ({len(anomalies)})")
+    loss.set_ylabel("loss")
+    loss.legend(loc="upper right")
+
+    axes[1].plot(steps, [r.get("items_per_s", 0.0) for r in rows], linewidth=1)
+    axes[1].set_ylabel("items/s")
+
+    share = [100 * r["data_time_s"] / r["step_time_s"] if r.get("step_time_s") else 0.0 for r in rows]
+    axes[2].plot(steps, share, linewidth=1)
+    axes[2].axhline(10, color="gray", linestyle="--", linewidth=1)
+    axes[2].set_ylabel("data wait, % of step")
+    axes[2].set_ylim(0, 100)
+
+    norms = [(r["step"], r["grad_norm"]) for r in rows if r.get("grad_norm") is not None and r["grad_norm"] > 0]
+    if norms:
+        axes[3].semilogy(*zip(*norms), linewidth=1)
+    axes[3].set_ylabel("gradient norm")
+
+    if memory:
+        for rank in range(len(memory[0]["memory_gib"])):
+            axes[4].plot([r["step"] for r in memory], [r["memory_gib"][rank] for r in memory], label=f"rank {rank}")
+        axes[4].set_ylabel("peak memory, GiB")
+        axes[4].legend(loc="upper right")
+    axes[-1].set_xlabel("step")
+    figure.suptitle(f"{output_dir}: {len(rows)} logged steps, last step {steps[-1]}")
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=100)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Plot a train.py run (loss, throughput, data wait, gradient "
+                                                 "norm, memory) into one PNG.")
+    parser.add_argument("output_dir", type=Path, help="the run's --output-dir")
+    parser.add_argument("--out", type=Path, help="the PNG to write (default: OUTPUT_DIR/run.png)")
+    args = parser.parse_args(argv)
+    out = args.out or args.output_dir / "run.png"
+    if out.suffix.lower() != ".png":
+        print(f"ERROR: --out {out}: give a file name ending in .png", file=sys.stderr)
+        return 1
+    try:
+        plot_run(args.output_dir, out)
+    except (ValueError, OSError) as err:
+        print(f"ERROR: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
