@@ -44,7 +44,7 @@ from utils.checkpoint import (CheckpointError, TrainState, atomic_write_bytes, c
 from utils.config import Config, ConfigError, load_config
 from utils.data_check import check_corpus, default_cache_file, describe
 from utils.data_utils import DataError, ResumableDistributedSampler, load_splits
-from utils.run_log import LossMonitor, RunLog, StepWindow, one_line
+from utils.run_log import BalanceMonitor, LossMonitor, RunLog, StepWindow, one_line
 
 
 class TrainingError(RuntimeError):
@@ -123,8 +123,9 @@ def make_loader(dataset, spec: ModelSpec, cfg: Config, batch_size: int, rank: in
                 device: torch.device) -> DataLoader:
     """A DataLoader over this rank's shard, with workers and pinned memory on CUDA.
 
-    Workers are not persistent: each epoch starts them anew with the dataset's current epoch (random
-    crops are seeded by seed, epoch and index, which is what makes a resumed run exact).
+    With ``data.persistent_workers`` the workers live for the whole run (no start-up at every epoch
+    boundary); the dataset's epoch reaches them through shared memory (``utils.data_utils.SharedEpoch``),
+    and random crops are seeded by seed, epoch and index, which is what makes a resumed run exact.
     """
     sampler = ResumableDistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=train,
                                           seed=cfg.train.seed, drop_last=train)
@@ -135,7 +136,8 @@ def make_loader(dataset, spec: ModelSpec, cfg: Config, batch_size: int, rank: in
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                       collate_fn=spec.collate_fn, pin_memory=device.type == "cuda", drop_last=train,
                       prefetch_factor=cfg.data.prefetch_factor if workers else None, generator=generator,
-                      worker_init_fn=ignore_stop_signals if workers else None)
+                      worker_init_fn=ignore_stop_signals if workers else None,
+                      persistent_workers=bool(workers) and cfg.data.persistent_workers)
 
 
 def batch_stream(loader: DataLoader, state: TrainState):
@@ -324,13 +326,14 @@ def model_config_errors(model_name: str):
 @dataclasses.dataclass
 class StepResult:
     """What one optimizer step measured: its loss summed over micro-batches (a device scalar), the gradient
-    norm, the items it trained on, its utterance ids, and the seconds spent waiting for data."""
+    norm, the items it trained on, its utterance ids, the seconds spent waiting for data and in forward passes."""
 
     loss: torch.Tensor
     grad_norm: torch.Tensor
     items: int
     ids: list
     data_time: float
+    compute_time: float = 0.0
 
 
 class BufferGuard:
@@ -360,7 +363,7 @@ def forward_backward(model, criterion, batches, scaler, autocast, spec: ModelSpe
 
     DDP all-reduces the gradients during the last micro-batch's backward only (``no_sync`` before it).
     """
-    loss_sum, items, ids, data_time = torch.zeros((), device=device), 0, [], 0.0
+    loss_sum, items, ids, data_time, compute_time = torch.zeros((), device=device), 0, [], 0.0, 0.0
     for micro in range(accum):
         t_data = time.perf_counter()
         batch = next(batches)
@@ -370,24 +373,38 @@ def forward_backward(model, criterion, batches, scaler, autocast, spec: ModelSpe
         ids += batch.get("ids", [])
         sync = nullcontext() if micro == accum - 1 or world_size == 1 else model.no_sync()
         with sync:
+            t_compute = time.perf_counter()
             with autocast():
                 loss = criterion(model(batch), batch) / accum
+            compute_time += time.perf_counter() - t_compute  # on a GPU: launch time, unless something syncs
             with collective("gradient all-reduce (DDP backward)"):
                 scaler.scale(loss).backward()
         loss_sum += loss.detach().float()
     scaler.unscale_(optimizer)  # no-op unless fp16: clipping and the norm need the true gradients
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf)
-    return StepResult(loss_sum, grad_norm, items, ids, data_time)
+    return StepResult(loss_sum, grad_norm, items, ids, data_time, compute_time)
 
 
 def agree(result: StepResult, stop: StopRequest, scaler, world_size: int, device: torch.device):
-    """One small all-reduce: the mean loss, how many ranks saw a non-finite loss or gradient norm, how many
-    were asked to stop, and the items of all ranks. fp16 gradient overflows are left to the GradScaler."""
+    """One small all-reduce: the mean loss, the mean gradient norm (the same on every rank after DDP's
+    all-reduce), how many ranks saw a non-finite loss or gradient norm, how many were asked to stop, and the
+    items of all ranks. fp16 gradient overflows are left to the GradScaler."""
     bad = ~torch.isfinite(result.loss) | (~torch.isfinite(result.grad_norm) & (not scaler.is_enabled()))
-    flags = torch.stack([result.loss.float(), bad.float(), torch.tensor(float(stop.signal_name is not None),
-                         device=device), torch.tensor(float(result.items), device=device)])
-    total, n_bad, n_stop, items = reduce_tensor(flags, op="sum").tolist()
-    return total / world_size, int(n_bad), int(n_stop), int(items)
+    flags = torch.stack([result.loss.float(), result.grad_norm.float(), bad.float(),
+                         torch.tensor(float(stop.signal_name is not None), device=device),
+                         torch.tensor(float(result.items), device=device)])
+    total, norm, n_bad, n_stop, items = reduce_tensor(flags, op="sum").tolist()
+    return total / world_size, norm / world_size, int(n_bad), int(n_stop), int(items)
+
+
+def spike(loss: float, grad_norm: float, monitors: tuple[LossMonitor, LossMonitor]) -> str | None:
+    """What spiked this step (``"loss 9.1 is above 3x its running mean 2.0"``, the gradient norm likewise),
+    or ``None``. Both monitors see every finite step; a spike does not enter their running means."""
+    found = []
+    for name, value, monitor in (("loss", loss, monitors[0]), ("gradient norm", grad_norm, monitors[1])):
+        if monitor.is_spike(value):
+            found.append(f"{name} {value:.4g} is above {monitor.factor:g}x its running mean {monitor.mean:.4g}")
+    return "; ".join(found) or None
 
 
 def main(argv=None) -> int:
@@ -475,7 +492,7 @@ def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> Non
         model = spec.optimize_for_training(model, cfg)
     model = apply_gradient_allreduce(model)
     log = RunLog(output_dir, enabled=is_main, total_steps=cfg.train.max_steps, initial_step=state.step,
-                 data_advice=spec.data_advice)
+                 data_advice=f"{spec.data_advice} (data.num_workers is {cfg.data.num_workers})")
     if is_main:
         atomic_write_bytes(output_dir / "config.json", json.dumps(cfg.to_dict(), indent=2).encode())
         log.print(f"training {args.model} on {world_size} process(es), device {device}, precision "
@@ -492,8 +509,10 @@ def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> Non
             log.print(f"step {state.step}: saved {save_checkpoint(output_dir, saved, state.step, cfg.train.keep_last)}")
 
     batches = batch_stream(train_loader, state)
-    window, monitor = StepWindow(), LossMonitor(cfg.train.spike_factor)
-    guard = BufferGuard(model) if cfg.train.on_nonfinite == "skip" else None
+    window, balance = StepWindow(), BalanceMonitor(cfg.train.memory_imbalance, cfg.train.straggler_share)
+    monitors = tuple(LossMonitor(cfg.train.spike_factor, warmup=cfg.train.spike_warmup) for _ in ("loss", "norm"))
+    guard = BufferGuard(model) if "skip" in (cfg.train.on_nonfinite, cfg.train.on_spike) else None
+    last = output_dir / "checkpoint_last.pt"
     model.train()
     try:
         while state.step < cfg.train.max_steps:
@@ -502,34 +521,43 @@ def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> Non
                 guard.save()
             result = forward_backward(model, criterion, batches, scaler, autocast, spec, cfg.train.grad_accumulation,
                                       world_size, cfg.train.grad_clip, optimizer, device)
-            loss, n_bad, n_stop, items = agree(result, stop, scaler, world_size, device)
+            t_agree = time.perf_counter()
+            loss, grad_norm, n_bad, n_stop, items = agree(result, stop, scaler, world_size, device)
+            wait_time = time.perf_counter() - t_agree  # mostly waiting for the slowest rank
             state.step += 1
-            if n_bad:
+            # Every rank reaches the same verdict: it is made from all-reduced values only.
+            kind, message = ("nonfinite", f"non-finite loss or gradient norm (loss {loss}, grad norm {grad_norm})") \
+                if n_bad else ("spike", spike(loss, grad_norm, monitors))
+            if message is not None:
+                action = cfg.train.on_nonfinite if kind == "nonfinite" else cfg.train.on_spike
                 all_ids = sum(all_gather_object(result.ids), [])
-                message = f"non-finite loss or gradient norm (loss {loss}, grad norm {result.grad_norm.item()})"
-                if cfg.train.on_nonfinite == "stop":
-                    last = output_dir / "checkpoint_last.pt"
+                if action == "stop":
                     raise TrainingError(f"step {state.step}: {message}; batch utterances: "
                                         f"{', '.join(map(str, all_ids))}; last good checkpoint: "
                                         f"{last if last.exists() else 'none yet'}")
-                optimizer.zero_grad(set_to_none=True)  # nothing to apply: the optimizer step below is a no-op
-                guard.restore()
-                state.skipped_steps += 1
-                log.anomaly(state.step, "nonfinite", f"{message}: step skipped ({state.skipped_steps} so far)", all_ids)
-            elif monitor.is_spike(loss):
-                log.anomaly(state.step, "spike", f"loss {loss:.4f} is above {cfg.train.spike_factor}x its running "
-                                                 f"mean {monitor.mean:.4f}", sum(all_gather_object(result.ids), []))
+                if action == "skip":
+                    optimizer.zero_grad(set_to_none=True)  # nothing to apply: the optimizer step is a no-op
+                    guard.restore()
+                    state.skipped_steps += 1
+                    message += f": step skipped ({state.skipped_steps} so far)"
+                log.anomaly(state.step, kind, f"{message}; last good checkpoint: "
+                                              f"{last if last.exists() else 'none yet'}", all_ids)
             scaler.step(optimizer)
             scaler.update()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            window.add(None if n_bad else loss, items, time.perf_counter() - t_start, result.data_time)
+            window.add(None if n_bad else loss, items, time.perf_counter() - t_start, result.data_time, wait_time,
+                       result.compute_time)
             log.step_done()
 
             step, last_step = state.step, state.step == cfg.train.max_steps
             if step % cfg.train.log_interval == 0 or last_step:
+                ranks = all_gather_object(window.balance(device))  # one small exchange per log interval
+                for warning in (balance.check(step, ranks) if is_main else []):
+                    log.print(warning)
                 log.metrics(window.row(step=step, epoch=state.epoch, lr=optimizer.param_groups[0]["lr"],
-                                       grad_norm=result.grad_norm.item(), skipped_steps=state.skipped_steps))
+                                       grad_norm=grad_norm, skipped_steps=state.skipped_steps,
+                                       **{key: [r[key] for r in ranks] for key in ranks[0]}))
                 window = StepWindow()
             if step % cfg.train.val_interval == 0 or last_step:
                 val_loss = validate(model, criterion, val_loader, device, autocast, spec, step, log.writer,

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from utils.run_log import LossMonitor, RunLog, StepWindow
+from utils.run_log import BalanceMonitor, LossMonitor, RunLog, StepWindow
 
 
 def test_spike_is_flagged_after_warmup_and_kept_out_of_the_mean():
@@ -101,3 +101,33 @@ def test_plot_run_refuses_a_folder_without_a_run(tmp_path, capsys, setup, messag
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ERROR: ") and message in err[0], err
     assert not (tmp_path / "run.png").exists()
+
+
+def ranks(memory=None, compute=None):
+    """Per-rank rows as train.py gathers them; the values not given are equal across the ranks."""
+    n = len(memory or compute)
+    return [{"memory_gib": m, "compute_s": c, "data_wait_s": 0.0, "collective_wait_s": 0.0}
+            for m, c in zip(memory or [1.0] * n, compute or [0.1] * n)]
+
+
+def test_balance_names_a_rank_holding_more_memory_than_the_others():
+    monitor = BalanceMonitor(memory_share=0.2, repeat=100)
+    assert monitor.check(1, ranks(memory=(1.0, 1.1))) == []  # 10%: fine
+    assert monitor.check(2, ranks(memory=(1.0, 1.2, 1.0, 1.1))) == []  # under the 0.25 GiB floor
+    warning, = monitor.check(3, ranks(memory=(1.0, 1.0, 2.5, 1.0)))
+    assert warning.startswith("warning: step 3: rank 2 holds 2.50 GiB at its peak, 150% above the median 1.00 GiB")
+    assert monitor.check(50, ranks(memory=(1.0, 1.0, 2.5, 1.0))) == []  # not repeated within 100 steps
+    assert monitor.check(103, ranks(memory=(1.0, 1.0, 2.5, 1.0)))
+
+
+def test_balance_names_a_straggler_only_when_it_lasts():
+    monitor = BalanceMonitor(straggler_share=0.2, patience=3)
+    slow = ranks(compute=(0.1, 0.3, 0.1))
+    assert monitor.check(1, slow) == [] and monitor.check(2, slow) == []
+    assert monitor.check(3, ranks(compute=(0.1, 0.1, 0.1))) == []  # the streak breaks
+    assert monitor.check(4, slow) == [] and monitor.check(5, slow) == []
+    warning, = monitor.check(6, slow)
+    assert warning.startswith("warning: step 6: rank 1 is a straggler: 0.300 s of compute per step against a "
+                              "median 0.100 s, for 3 log intervals")
+    assert BalanceMonitor(patience=1).check(1, ranks(compute=(0.001, 0.005))) == []  # under the 10 ms floor
+    assert BalanceMonitor().check(1, ranks(memory=(9.0,), compute=(9.0,))) == []  # one rank: nothing to compare

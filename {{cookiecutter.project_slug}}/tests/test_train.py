@@ -7,6 +7,7 @@ are stopped, killed or resumed part-way and must end with exactly the same weigh
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import torch
 import train
 from conftest import ROOT, TEST_MODEL, alive, clean_env, descendants, finish, free_port, rank_pids, synth_corpus
 from model import MODELS
+from utils.run_log import RunLog
 
 MODEL = TEST_MODEL
 STEPS = 12
@@ -32,17 +34,39 @@ def corpus(tmp_path_factory):
     return synth_corpus(tmp_path_factory.mktemp("corpus"), n=30)
 
 
-def launch(out, corpus, *extra, nproc=2, restarts=0, launcher=(), log_dir=None, torchrun=False):
+# Every training forward of a job started with this on PYTHONPATH takes 0.25 s more: a job slow enough to be
+# signalled or killed in the middle (the numbers it computes do not change).
+SLOW_STEPS = """
+import time
+import torch
+
+
+def _slow(module, args, output):
+    if type(module).__name__ == "DistributedDataParallel" and module.training:
+        time.sleep(0.25)
+
+
+torch.nn.modules.module.register_module_forward_hook(_slow)
+"""
+
+
+def launch(out, corpus, *extra, nproc=2, restarts=0, launcher=(), log_dir=None, torchrun=False, plant=None):
     """Start ``multiproc.py [launcher] train.py`` on ``nproc`` processes per node, or plain ``torchrun``
-    (returns the Popen, in a session of its own)."""
+    (returns the Popen, in a session of its own). ``plant``: a ``sitecustomize.py`` every process of the job
+    runs first (a planted fault)."""
     if torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
     else:
         cmd = [sys.executable, "multiproc.py", "--nproc-per-node", str(nproc), "--max-restarts", str(restarts),
                "--log-dir", str(log_dir or out / "logs"), *launcher]
     cmd += ["train.py", *COMMON, "--dataset-path", str(corpus), "--output-dir", str(out), *extra]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=clean_env(nproc), start_new_session=True)
+    env = clean_env(nproc)
+    if plant is not None:
+        (out / "plant").mkdir(parents=True, exist_ok=True)
+        (out / "plant" / "sitecustomize.py").write_text(plant)
+        env["PYTHONPATH"] = os.pathsep.join([str(out / "plant"), env["PYTHONPATH"]])
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
 
 
 def rows(out):
@@ -104,6 +128,7 @@ def reference(tmp_path_factory, corpus):
     out = tmp_path_factory.mktemp("reference")
     code, output = finish(launch(out, corpus, "--set", "train.checkpoint_interval=1"))
     assert code == 0, output
+    assert "warning" not in output, output  # a clean run raises no alarm
     return out
 
 
@@ -159,7 +184,7 @@ STOPS = {"sigterm-rank1": (lambda pid: os.kill(rank_pids(pid)[1], signal.SIGTERM
 @pytest.mark.parametrize("how", STOPS)
 def test_a_stopped_job_saves_says_how_to_resume_and_leaves_nothing(reference, corpus, tmp_path, how):
     send, expected_code, name = STOPS[how]
-    proc = launch(tmp_path, corpus)
+    proc = launch(tmp_path, corpus, plant=SLOW_STEPS)
     wait_for_step(tmp_path, 3, proc)
     job = whole_job(proc)
     send(proc.pid)
@@ -189,7 +214,7 @@ def test_a_stopped_job_saves_says_how_to_resume_and_leaves_nothing(reference, co
 def test_plain_torchrun_sigterm_saves_and_says_how_to_resume(reference, corpus, tmp_path):
     """torchrun's agent forwards SIGTERM to the ranks (then prints its own SignalException traceback and exits
     1: torchrun's behaviour, not ours); the ranks save the step reached and print the hint."""
-    proc = launch(tmp_path, corpus, torchrun=True)
+    proc = launch(tmp_path, corpus, torchrun=True, plant=SLOW_STEPS)
     wait_for_step(tmp_path, 3, proc)
     os.kill(proc.pid, signal.SIGTERM)
     code, output = finish(proc)
@@ -201,7 +226,7 @@ def test_plain_torchrun_sigterm_saves_and_says_how_to_resume(reference, corpus, 
 
 
 def test_ranks_and_their_workers_die_with_a_killed_launcher(corpus, tmp_path):
-    proc = launch(tmp_path, corpus)
+    proc = launch(tmp_path, corpus, plant=SLOW_STEPS)
     wait_for_step(tmp_path, 2, proc)
     job = whole_job(proc)
     os.kill(proc.pid, signal.SIGKILL)  # no handler, no forwarding: the ranks must notice on their own
@@ -253,7 +278,7 @@ def test_node_local_output_folders_that_disagree_are_refused_on_every_rank(refer
 
 
 def test_a_killed_worker_is_restarted_and_the_run_finishes(reference, corpus, tmp_path):
-    proc = launch(tmp_path, corpus, restarts=1)
+    proc = launch(tmp_path, corpus, restarts=1, plant=SLOW_STEPS)
     wait_for_step(tmp_path, 6, proc)  # past the checkpoint of step 4
     os.kill(rank_pids(proc.pid)[1], signal.SIGKILL)
     code, output = finish(proc)
@@ -277,9 +302,11 @@ def run_single(capsys, tmp_path, corpus, *extra):
 
 @pytest.fixture
 def nan_loss(monkeypatch):
-    """The model under test with a criterion that returns NaN from the step given in the test on."""
+    """The model under test with a criterion that returns NaN from the step given in the test on
+    (``nan_loss["nan_from"] = 3``), or, with ``nan_loss["only"] = step`` and ``nan_loss["poison"]``, that
+    changes the loss of that one step (a loss spike)."""
     spec = MODELS[MODEL]
-    calls = {"step": 0, "nan_from": 1}
+    calls = {"step": 0, "nan_from": 1, "only": None, "poison": lambda loss: loss * float("nan")}
 
     def build_criterion(cfg):
         criterion = spec.build_criterion(cfg)
@@ -288,8 +315,8 @@ def nan_loss(monkeypatch):
             loss = criterion(outputs, batch)
             if torch.is_grad_enabled():  # a training step, not validation
                 calls["step"] += 1
-                if calls["step"] >= calls["nan_from"]:
-                    return loss * float("nan")
+                if calls["step"] == calls["only"] or (calls["only"] is None and calls["step"] >= calls["nan_from"]):
+                    return calls["poison"](loss)
             return loss
         return poisoned
     monkeypatch.setitem(MODELS, MODEL, dataclasses.replace(spec, build_criterion=build_criterion))
@@ -321,3 +348,121 @@ def test_non_finite_loss_steps_are_skipped_and_counted(capsys, nan_loss, corpus,
     assert_same_weights(last, after_one)  # no update was applied after step 1
     first = rows(tmp_path)[0]
     assert first["step"] == 1 and first["loss"] == first["loss"]  # step 1 trained, with a finite loss
+
+
+SPIKE_STEP = 6  # past the spike monitors' warm-up (train.spike_warmup=4 here)
+
+
+@pytest.mark.parametrize("on_spike", ["log", "skip", "stop"])
+def test_a_loss_spike_is_logged_with_its_utterances_and_handled_as_on_spike_says(capsys, nan_loss, corpus, tmp_path,
+                                                                                on_spike):
+    nan_loss["only"], nan_loss["poison"] = SPIKE_STEP, lambda loss: loss * 20 + 1000.0  # also steeper gradients
+    code, out, err = run_single(capsys, tmp_path, corpus, "--set", f"train.on_spike={on_spike}",
+                                "--max-steps", str(SPIKE_STEP + 1), "--set", "train.checkpoint_interval=1",
+                                "--set", "train.spike_warmup=4")
+    if on_spike == "stop":
+        errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
+        assert code == 1 and len(errors) == 1, err
+        assert f"step {SPIKE_STEP}: loss " in errors[0] and "is above 3x its running mean" in errors[0], errors[0]
+        assert "SYN-" in errors[0] and f"last good checkpoint: {tmp_path / 'checkpoint_last.pt'}" in errors[0]
+        assert torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=True)["step"] == \
+            SPIKE_STEP - 1
+        return
+    assert code == 0, err
+    anomalies = [json.loads(line) for line in (tmp_path / "anomalies.jsonl").read_text().splitlines()]
+    assert [(a["step"], a["kind"]) for a in anomalies] == [(SPIKE_STEP, "spike")], anomalies
+    assert anomalies[0]["ids"] and all(i.startswith("SYN-") for i in anomalies[0]["ids"])
+    assert "last good checkpoint: " in anomalies[0]["message"]
+    assert f"warning: step {SPIKE_STEP}: loss " in out + err
+    before = torch.load(tmp_path / f"checkpoint_{SPIKE_STEP - 1}.pt", map_location="cpu", weights_only=True)
+    at = torch.load(tmp_path / f"checkpoint_{SPIKE_STEP}.pt", map_location="cpu", weights_only=True)
+    if on_spike == "skip":
+        assert_same_weights(at["model"], before["model"])  # the spiking step changed nothing
+        assert at["skipped_steps"] == 1
+    else:
+        assert any(not torch.equal(at["model"][k], before["model"][k]) for k in at["model"])
+        assert at["skipped_steps"] == 0
+
+
+def test_a_gradient_norm_spike_alone_is_caught(capsys, nan_loss, corpus, tmp_path):
+    """A loss whose value is ordinary but whose gradient is 1000x steeper: only the gradient norm spikes."""
+    nan_loss["only"] = SPIKE_STEP
+    nan_loss["poison"] = lambda loss: loss + 999 * (loss - loss.detach())
+    code, out, err = run_single(capsys, tmp_path, corpus, "--set", "train.on_spike=skip",
+                                "--max-steps", str(SPIKE_STEP), "--set", "train.checkpoint_interval=100",
+                                "--set", "train.spike_warmup=4")
+    assert code == 0, err
+    anomalies = [json.loads(line) for line in (tmp_path / "anomalies.jsonl").read_text().splitlines()]
+    assert [a["step"] for a in anomalies] == [SPIKE_STEP], anomalies
+    assert anomalies[0]["message"].startswith("gradient norm "), anomalies[0]["message"]
+
+
+# Rank 1 of a job started with this on PYTHONPATH holds 600 MB more than rank 0 and spends 0.15 s more in
+# every forward pass (a global forward hook on the DDP wrapper): planted faults for the balance warnings.
+UNBALANCED = """
+import os
+if os.environ.get("RANK") == "1":
+    import time
+    import torch
+    BALLAST = bytearray(600 * 2**20)
+    BALLAST[::4096] = b"x" * len(BALLAST[::4096])  # touch every page: resident memory
+
+    def _slow(module, args, output):
+        if type(module).__name__ == "DistributedDataParallel" and module.training:
+            time.sleep(0.15)
+    torch.nn.modules.module.register_module_forward_hook(_slow)
+"""
+
+
+def test_a_rank_with_extra_memory_and_a_slow_rank_are_named(corpus, tmp_path):
+    code, output = finish(launch(tmp_path, corpus, "--max-steps", "6", plant=UNBALANCED))
+    assert code == 0, output
+    warnings = [line for line in output.splitlines() if line.startswith("warning:")]
+    assert any("rank 1 holds" in w and "above the median" in w for w in warnings), output
+    assert any("rank 1 is a straggler" in w and "for 3 log intervals" in w for w in warnings), output
+    last = rows(tmp_path)[-1]
+    assert len(last["memory_gib"]) == 2 and last["memory_gib"][1] > last["memory_gib"][0] + 0.4
+    assert last["compute_s"][1] > last["compute_s"][0] + 0.1
+
+
+def test_scaling_script_tables_and_plots_1_and_2_processes(corpus, tmp_path):
+    done = subprocess.run([sys.executable, "scripts/scaling.py", "--model", MODEL, "--tiny", "--procs", "1", "2",
+                           "--steps", "6", "--skip", "2", "--dataset-path", str(corpus), "--out", str(tmp_path)],
+                          cwd=ROOT, env=clean_env(2), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["procs", "items/s", "speed-up", "efficiency"]
+    assert [line.split()[0] for line in lines[1:3]] == ["1", "2"] and lines[1].split()[2:] == ["1.00x", "100%"]
+    results = json.loads((tmp_path / "scaling.json").read_text())
+    assert [r["procs"] for r in results] == [1, 2] and all(r["items_per_s"] > 0 for r in results)
+    assert results[1]["efficiency"] == pytest.approx(results[1]["items_per_s"] / (2 * results[0]["items_per_s"]))
+    assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# Every DataLoader fetch of a job started with this on PYTHONPATH sleeps 0.1 s: an input pipeline that cannot
+# keep up (planted in the workers, which inherit the patch from their rank).
+SLOW_LOADER = """
+import time
+import torch.utils.data._utils.fetch as fetch
+_fetch = fetch._MapDatasetFetcher.fetch
+
+
+def _slow_fetch(self, possibly_batched_index):
+    time.sleep(0.1)
+    return _fetch(self, possibly_batched_index)
+
+
+fetch._MapDatasetFetcher.fetch = _slow_fetch
+"""
+
+
+def test_a_slow_input_pipeline_is_named_with_a_fix_this_project_has(corpus, tmp_path):
+    steps = RunLog.DATA_WAIT_WARMUP + 3
+    code, output = finish(launch(tmp_path, corpus, "--max-steps", str(steps), "--set", "data.num_workers=1",
+                                 plant=SLOW_LOADER))
+    assert code == 0, output
+    warnings = [line for line in output.splitlines() if "per step for data" in line]
+    assert len(warnings) == 1, output  # once, past the warm-up, not every step
+    assert warnings[0].endswith(f"{MODELS[MODEL].data_advice} (data.num_workers is 1)"), warnings[0]
+    for script in re.findall(r"scripts/\S+\.(?:py|sh)", warnings[0]):  # a fix the project has
+        assert os.path.isfile(os.path.join(ROOT, script)), script

@@ -131,7 +131,9 @@ class DataConfig:
     ``dataset_path``: an LJSpeech-layout folder (``metadata.csv`` + ``wavs/``). ``training_files`` and
     ``validation_files``: optional NVIDIA-style filelists (``path|text``, paths relative to the dataset
     folder); when empty, ``metadata.csv`` is split and the last ``val_size`` utterances validate.
-    ``num_workers`` DataLoader worker processes per rank, each keeping ``prefetch_factor`` batches ready.
+    ``num_workers`` DataLoader worker processes per rank, each keeping ``prefetch_factor`` batches ready;
+    with ``persistent_workers`` they live for the whole run instead of starting anew every epoch (an epoch
+    a dataset's items depend on must then reach them: :class:`utils.data_utils.SharedEpoch`).
     ``on_bad_clip``: what ``train.py``'s start-up check of every clip (unreadable, truncated, shorter than one
     STFT window, a transcript without a usable character) does with bad ones: ``error`` lists them and stops
     before training, ``skip`` trains without them and lists them in ``OUTPUT/skipped_clips.txt``.
@@ -144,6 +146,7 @@ class DataConfig:
     val_size: int = setting(100, ge=1)
     num_workers: int = setting(4, ge=0)
     prefetch_factor: int = setting(2, ge=1)
+    persistent_workers: bool = True
     on_bad_clip: Literal["error", "skip"] = "error"
     exclude: list[str] = dataclasses.field(default_factory=list)
 
@@ -158,8 +161,13 @@ class TrainConfig:
     ``batch_size * grad_accumulation * world_size``). ``grad_clip``: max gradient norm, 0 disables.
     ``lr_schedule``: ``constant`` or ``cosine`` (to 1% at ``max_steps``), after ``warmup_steps`` of linear
     warm-up. ``on_nonfinite``: what a NaN/inf loss or gradient norm does: ``skip`` the step (counted) or
-    ``stop`` the run. ``spike_factor``: a step loss above ``mean + (factor - 1) * |mean|`` of its running
-    mean is logged with the batch's utterance ids (0 disables). ``dist_timeout_s``: seconds a collective
+    ``stop`` the run. ``spike_factor``: a step whose loss or gradient norm is above
+    ``mean + (factor - 1) * |mean|`` of its running mean (after ``spike_warmup`` steps) is a spike, logged with the step and
+    the batch's utterance ids (0 disables); ``on_spike`` says what a spike then does: ``log`` it only, ``skip``
+    the step (no update, counted with the skipped steps) or ``stop`` the run naming the last good checkpoint.
+    ``memory_imbalance``: a rank whose peak memory is this share above the ranks' median is named in a
+    warning; ``straggler_share``: likewise for a rank's compute time per step, 3 log intervals in a row.
+    ``dist_timeout_s``: seconds a collective
     may wait for a hung rank before the run fails. ``cudnn_benchmark``: let cuDNN time its algorithms
     for each new input shape. ``compile``: train through the model's fast path
     (``ModelSpec.optimize_for_training``, e.g. ``torch.compile`` of the model's hot loop with static
@@ -181,6 +189,10 @@ class TrainConfig:
     keep_last: int = setting(5, ge=0)
     on_nonfinite: Literal["skip", "stop"] = "skip"
     spike_factor: float = setting(3.0, ge=0)
+    spike_warmup: int = setting(20, ge=1)
+    memory_imbalance: float = setting(0.2, gt=0)
+    straggler_share: float = setting(0.2, gt=0)
+    on_spike: Literal["log", "skip", "stop"] = "log"
     dist_timeout_s: float = setting(600.0, gt=0)
     cudnn_benchmark: bool = True
     compile: bool = False

@@ -12,6 +12,7 @@ Every problem with the data (a missing folder or file, a malformed line, an unre
 
 from __future__ import annotations
 
+import multiprocessing
 import struct
 from pathlib import Path
 from typing import NamedTuple, Sequence, Union
@@ -235,6 +236,28 @@ def load_wav(path: PathLike, sampling_rate: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(audio))
 
 
+class SharedEpoch:
+    """An epoch number set in the training process and read live by its DataLoader workers.
+
+    Persistent workers (``DataLoader(persistent_workers=True)``) hold their own copy of the dataset, made
+    when they started: a plain ``self.epoch = n`` set later never reaches them, and every epoch would draw
+    epoch 0's random crops. This keeps the number in shared memory instead (a ``multiprocessing.Value``),
+    so ``value`` is the same in the process and in every worker it forks. A dataset whose items depend on the
+    epoch keeps it here and sets it in ``set_epoch`` (``train.py`` calls that before each epoch).
+    """
+
+    def __init__(self, epoch: int = 0):
+        self._shared = multiprocessing.Value("q", epoch, lock=False)
+
+    @property
+    def value(self) -> int:
+        return int(self._shared.value)
+
+    @value.setter
+    def value(self, epoch: int) -> None:
+        self._shared.value = epoch
+
+
 class AudioMelDataset(Dataset):
     """Fixed-length audio segments and their log-mels: NVIDIA WaveGlow's ``Mel2Samp`` recipe.
 
@@ -270,7 +293,7 @@ class AudioMelDataset(Dataset):
         self.segment_length = segment_length
         self.random_crop = random_crop
         self.seed = seed
-        self.epoch = 0
+        self._epoch = SharedEpoch()
         self.mel = MelSpectrogram.from_config(audio_cfg)
         if self.mel.num_frames(segment_length) < 1 or segment_length <= self.mel.pad:
             raise ValueError(f"AudioMelDataset: segment_length={segment_length} samples is too short for "
@@ -279,9 +302,14 @@ class AudioMelDataset(Dataset):
     def __len__(self) -> int:
         return len(self.utterances)
 
+    @property
+    def epoch(self) -> int:
+        return self._epoch.value
+
     def set_epoch(self, epoch: int) -> None:
-        """Draw other crops in epoch ``epoch`` (set before the DataLoader's workers start, like the sampler's)."""
-        self.epoch = epoch
+        """Draw other crops in epoch ``epoch`` (set before the epoch's batches are requested, like the
+        sampler's); persistent DataLoader workers see it too (:class:`SharedEpoch`)."""
+        self._epoch.value = epoch
 
     def __getitem__(self, index: int) -> dict:
         utt = self.utterances[index]

@@ -8,12 +8,78 @@ from __future__ import annotations
 
 import json
 import math
+import resource
+import statistics
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 SCALARS = ("loss", "lr", "items_per_s", "step_time_s", "data_time_s", "grad_norm")
+PER_RANK = ("memory_gib", "compute_s", "data_wait_s", "collective_wait_s")  # lists in a row, one value per rank
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """This process's peak memory so far, GiB: ``torch.cuda.max_memory_reserved`` on a GPU (what the
+    caching allocator took from the device: what another process cannot have), the peak resident set size
+    (``ru_maxrss``) on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_reserved(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class BalanceMonitor:
+    """Rank 0's view of the ranks' balance at each log interval; returns warnings, never raises.
+
+    * memory: a rank whose peak memory exceeds the median of the ranks by more than ``memory_share``
+      (e.g. 0.2: 20%) and by more than ``memory_floor_gib`` is named (the classic cause: every rank created a
+      CUDA context on GPU 0);
+    * straggler: a rank whose compute time per step (its forward passes and losses: the part of a step with
+      no collective to wait in once the ranks are in step) exceeds the median by more than
+      ``straggler_share`` and ``straggler_floor_s``, in ``patience`` log intervals in a row, is named.
+
+    The floors keep noise quiet (rank 0 also writes logs and checkpoints; tiny models take milliseconds).
+    Each warning is repeated at most once per ``repeat`` steps.
+    """
+
+    def __init__(self, memory_share: float = 0.2, straggler_share: float = 0.2, patience: int = 3,
+                 repeat: int = 500, memory_floor_gib: float = 0.25, straggler_floor_s: float = 0.01):
+        self.memory_share, self.straggler_share = memory_share, straggler_share
+        self.memory_floor_gib, self.straggler_floor_s = memory_floor_gib, straggler_floor_s
+        self.patience, self.repeat = patience, repeat
+        self.slow_streak: dict[int, int] = {}
+        self.warned: dict[str, int] = {}
+
+    def check(self, step: int, ranks: list[dict[str, float]]) -> list[str]:
+        """``ranks``: per rank ``{"memory_gib", "compute_s", "data_wait_s", "collective_wait_s"}``."""
+        if len(ranks) < 2:
+            return []
+        found = []
+        memory = [r["memory_gib"] for r in ranks]
+        middle = statistics.median(memory)
+        heavy = max(range(len(ranks)), key=lambda r: memory[r])
+        if memory[heavy] > (1 + self.memory_share) * middle and memory[heavy] - middle > self.memory_floor_gib:
+            found.append(("memory", f"rank {heavy} holds {memory[heavy]:.2f} GiB at its peak, "
+                                    f"{100 * (memory[heavy] / middle - 1):.0f}% above the median {middle:.2f} GiB "
+                                    "of the ranks (on GPUs: does every rank set its device before touching CUDA?)"))
+        compute = [r["compute_s"] for r in ranks]
+        middle = statistics.median(compute)
+        for rank, value in enumerate(compute):
+            slow = value > (1 + self.straggler_share) * middle and value - middle > self.straggler_floor_s
+            self.slow_streak[rank] = self.slow_streak.get(rank, 0) + 1 if slow else 0
+        slowest = max(range(len(ranks)), key=lambda r: compute[r])
+        if self.slow_streak[slowest] >= self.patience:
+            found.append(("straggler", f"rank {slowest} is a straggler: {compute[slowest]:.3f} s of compute per step "
+                                       f"against a median {middle:.3f} s, for {self.slow_streak[slowest]} log "
+                                       "intervals; the other ranks wait for it in every all-reduce (a slower GPU, "
+                                       "a throttled node, other jobs on its CPUs?)"))
+        messages = []
+        for kind, message in found:
+            if kind not in self.warned or step - self.warned[kind] >= self.repeat:
+                self.warned[kind] = step
+                messages.append(f"warning: step {step}: {message}")
+        return messages
 
 
 class StepWindow:
@@ -25,10 +91,13 @@ class StepWindow:
 
     def __init__(self):
         self.steps = self.good = 0
-        self.loss = self.items = self.step_time = self.data_time = 0.0
+        self.loss = self.items = self.step_time = self.data_time = self.wait_time = self.compute_time = 0.0
 
-    def add(self, loss: float | None, items: float, step_time: float, data_time: float) -> None:
-        """Record one optimizer step (``loss`` None for a skipped step); times in seconds."""
+    def add(self, loss: float | None, items: float, step_time: float, data_time: float,
+            wait_time: float = 0.0, compute_time: float = 0.0) -> None:
+        """Record one optimizer step (``loss`` None for a skipped step); times in seconds (``wait_time``:
+        spent in the step's blocking all-reduce, waiting for the slowest rank; ``compute_time``: forward
+        passes and losses)."""
         self.steps += 1
         if loss is not None:
             self.loss += loss
@@ -36,6 +105,15 @@ class StepWindow:
         self.items += items
         self.step_time += step_time
         self.data_time += data_time
+        self.wait_time += wait_time
+        self.compute_time += compute_time
+
+    def balance(self, device: torch.device) -> dict[str, float]:
+        """This rank's share of the window, per step, for :class:`BalanceMonitor` (seconds; memory in GiB)."""
+        steps = max(self.steps, 1)
+        return {"memory_gib": peak_memory_gib(device), "data_wait_s": self.data_time / steps,
+                "collective_wait_s": self.wait_time / steps,
+                "compute_s": self.compute_time / steps}
 
     def row(self, **extra: Any) -> dict[str, Any]:
         """``{loss, items_per_s, step_time_s, data_time_s, **extra}`` for the window (``loss`` NaN if none)."""
@@ -120,6 +198,9 @@ class RunLog:
         for key in SCALARS:
             if key in row:
                 self.writer.add_scalar(f"train/{key}", row[key], row["step"])
+        for key in PER_RANK:
+            for rank, value in enumerate(row.get(key, [])):
+                self.writer.add_scalar(f"ranks/{key}/rank{rank}", value, row["step"])
         self.progress.set_postfix(loss=f"{row['loss']:.4f}", items_s=f"{row['items_per_s']:.0f}")
 
     def validation(self, step: int, epoch: int, val_loss: float) -> None:
