@@ -71,6 +71,7 @@ class ModelSpec:
             (``train.compile=true``), same mathematics as eager.
         benchmark_cases: :class:`BenchmarkCase` shapes (NVIDIA's published ones for the examples).
         check_text: ``(text, cfg) -> reason or None``: the start-up corpus check's test of a transcript.
+        on_device: ``(batch, cfg) -> batch`` on the device, in the step (e.g. mels of the audio crops).
         data_advice: what to do when the GPU waits on this model's input pipeline (one sentence).
     """
 
@@ -89,6 +90,7 @@ class ModelSpec:
     optimize_for_training: Optional[Callable[..., nn.Module]] = None
     benchmark_cases: tuple[BenchmarkCase, ...] = ()
     check_text: Optional[Callable[[str, Config], Optional[str]]] = None
+    on_device: Optional[Callable[[Batch, Config], Batch]] = None
     data_advice: str = "raise data.num_workers"
 
 

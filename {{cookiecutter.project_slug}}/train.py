@@ -233,7 +233,7 @@ def stop_signals_blocked():
 
 
 @torch.no_grad()
-def validate(model, criterion, loader, device, autocast, spec, step, writer, output_dir, is_main) -> float:
+def validate(model, criterion, loader, device, autocast, spec, cfg, step, writer, output_dir, is_main) -> float:
     """Mean validation loss over all ranks' shards (summed then all-reduced); rank 0 draws pictures."""
     model.eval()
     total = torch.zeros(2, device=device, dtype=torch.float64)  # (sum of losses, number of batches)
@@ -241,6 +241,8 @@ def validate(model, criterion, loader, device, autocast, spec, step, writer, out
         batches = iter(loader)  # starts the workers
     for i, batch in enumerate(batches):
         batch = to_device(batch, device)
+        if spec.on_device is not None:
+            batch = spec.on_device(batch, cfg)
         with autocast():
             outputs = model(batch)
             loss = criterion(outputs, batch)
@@ -358,8 +360,9 @@ class BufferGuard:
 
 
 def forward_backward(model, criterion, batches, scaler, autocast, spec: ModelSpec, accum: int, world_size: int,
-                     grad_clip: float, optimizer, device: torch.device) -> StepResult:
+                     grad_clip: float, optimizer, device: torch.device, prepare=None) -> StepResult:
     """``accum`` micro-batches of forward and backward, then unscaling and clipping (no optimizer step yet).
+    ``prepare``: ``batch -> batch`` on the device first (the model's ``on_device`` hook), or ``None``.
 
     DDP all-reduces the gradients during the last micro-batch's backward only (``no_sync`` before it).
     """
@@ -369,6 +372,8 @@ def forward_backward(model, criterion, batches, scaler, autocast, spec: ModelSpe
         batch = next(batches)
         items += spec.count_items(batch)  # on the CPU batch: no device synchronisation
         batch = to_device(batch, device)
+        if prepare is not None:
+            batch = prepare(batch)
         data_time += time.perf_counter() - t_data
         ids += batch.get("ids", [])
         sync = nullcontext() if micro == accum - 1 or world_size == 1 else model.no_sync()
@@ -509,6 +514,7 @@ def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> Non
             log.print(f"step {state.step}: saved {save_checkpoint(output_dir, saved, state.step, cfg.train.keep_last)}")
 
     batches = batch_stream(train_loader, state)
+    prepare = (lambda batch: spec.on_device(batch, cfg)) if spec.on_device is not None else None
     window, balance = StepWindow(), BalanceMonitor(cfg.train.memory_imbalance, cfg.train.straggler_share)
     monitors = tuple(LossMonitor(cfg.train.spike_factor, warmup=cfg.train.spike_warmup) for _ in ("loss", "norm"))
     guard = BufferGuard(model) if "skip" in (cfg.train.on_nonfinite, cfg.train.on_spike) else None
@@ -520,7 +526,7 @@ def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> Non
             if guard is not None:
                 guard.save()
             result = forward_backward(model, criterion, batches, scaler, autocast, spec, cfg.train.grad_accumulation,
-                                      world_size, cfg.train.grad_clip, optimizer, device)
+                                      world_size, cfg.train.grad_clip, optimizer, device, prepare)
             t_agree = time.perf_counter()
             loss, grad_norm, n_bad, n_stop, items = agree(result, stop, scaler, world_size, device)
             wait_time = time.perf_counter() - t_agree  # mostly waiting for the slowest rank
@@ -560,7 +566,7 @@ def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> Non
                                        **{key: [r[key] for r in ranks] for key in ranks[0]}))
                 window = StepWindow()
             if step % cfg.train.val_interval == 0 or last_step:
-                val_loss = validate(model, criterion, val_loader, device, autocast, spec, step, log.writer,
+                val_loss = validate(model, criterion, val_loader, device, autocast, spec, cfg, step, log.writer,
                                     output_dir, is_main)
                 log.validation(step, state.epoch, val_loss)
             if n_stop or step % cfg.train.checkpoint_interval == 0 or last_step:

@@ -42,13 +42,15 @@ float32 (TF32 off) and in bf16 autocast, against the eager float32 loss. Rows: `
 ``grad_rel_diff`` (for information). Inductor's random numbers fall back to eager's here, so dropout
 draws the same masks in both paths. The exit status is 1 when a row is not ok.
 
-**Loader** (``--loader --dataset-path DIR``): the training dataset and DataLoader exactly as
-``train.py`` builds them (``load_run_config``, ``make_loader``: ``data.num_workers`` workers, pinned
-memory on CUDA), iterated for ``--steps`` batches after the first one (worker start-up, reported apart
-as ``first_batch_s``). Items are ``ModelSpec.count_items``. Rows ``loader_<model>_wav`` (audio decoded,
-mels computed) and, when the dataset reads a mel cache (a ``cache_dir`` attribute) that holds mels,
-``loader_<model>_cached_mels``. Compare ``items_per_s`` with the train
-step's: the loader must deliver more per process, or the GPU waits (``train.py`` warns above 10%).
+**Loader** (``--loader --dataset-path DIR``): first the train step on the corpus's first real batch
+(row ``train_<model>``: items/s the loader must keep up with on this device), then the training dataset and
+DataLoader exactly as ``train.py`` builds them (``load_run_config``, ``make_loader``, pinned memory on
+CUDA) with each ``--workers`` count (1, 2, 4, 8), iterated for ``--steps`` batches after the first one
+(worker start-up, reported apart as ``first_batch_s``). Items are ``ModelSpec.count_items``. Rows
+``loader_<model>_wav`` (audio decoded, mels computed) and, when the dataset reads a mel cache (a
+``cache_dir`` attribute) that holds mels, ``loader_<model>_cached_mels``. A table ends the run: loader
+items/s per worker count beside the train step's, and the fewest workers that keep up (per process: with
+N GPUs on a node, each rank runs its own workers).
 
 Exit status 0; 1 for a bad argument or config, or a failed check.
 """
@@ -165,18 +167,19 @@ def make_train_step(model: torch.nn.Module, criterion: Callable, batch: dict, cf
     """The optimizer step of ``train.py`` (one micro-batch) as a closure returning the detached loss.
 
     ``train.forward_backward`` on the same batch every time (autocast and GradScaler from
-    ``setup_precision``, gradient clipping to ``train.grad_clip``), then the optimizer the model's spec
-    builds (Adam by default, fused on CUDA) and the scaler update. The per-step all-reduce of ``train.py``
+    ``setup_precision``, gradient clipping to ``train.grad_clip``, the model's ``on_device`` hook), then the
+    optimizer the model's spec builds (Adam by default, fused on CUDA) and the scaler update. The per-step all-reduce of ``train.py``
     is left out (one process).
     """
     autocast, scaler = setup_precision(precision, device)
     optimizer = spec.build_optimizer(model, model_cfg, device)
     batches = itertools.repeat(batch)
+    prepare = (lambda b: spec.on_device(b, cfg)) if spec.on_device is not None else None
 
     def step() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
         result = forward_backward(model, criterion, batches, scaler, autocast, spec, 1, 1, cfg.train.grad_clip,
-                                  optimizer, device)
+                                  optimizer, device, prepare)
         scaler.step(optimizer)
         scaler.update()
         return result.loss
@@ -311,8 +314,10 @@ def check_case(name: str, case: BenchmarkCase, args: argparse.Namespace, device:
     return rows
 
 
-def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str]) -> list[dict]:
-    """Loader throughput rows for ``models`` (see the module docstring).
+def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str],
+                emit: Callable[[dict], None]) -> list[dict]:
+    """Loader throughput rows for ``models`` (see the module docstring), each passed to ``emit`` as it is
+    measured: first the train step on a real batch (``train_<model>``), then every ``--workers`` count.
 
     A dataset with a ``cache_dir`` attribute (a mel cache) that holds ``.pt`` files is timed twice: with the
     cache switched off (``cache_dir = None``: audio decoded, mels computed) and with it.
@@ -323,9 +328,14 @@ def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str
     rows = []
     for name in models:
         spec = MODELS[name]
-        cfg = load_run_config(argparse.Namespace(config=args.config, tiny=args.tiny, set=list(args.set),
-                                                 dataset_path=args.dataset_path, max_steps=None))
-        train_set, _ = spec.build_datasets(cfg)
+
+        def config(workers: int) -> Config:
+            return load_run_config(argparse.Namespace(
+                config=args.config, tiny=args.tiny, set=[*args.set, f"data.num_workers={workers}"],
+                dataset_path=args.dataset_path, max_steps=None))
+        train_set, _ = spec.build_datasets(config(0))
+        rows.append(step_on_real_batch(spec, config(0), train_set, name, args, device))
+        emit(rows[-1])
         cache = getattr(train_set, "cache_dir", None)
         variants = [("wav", None)]
         if cache is not None and Path(cache).is_dir() and any(Path(cache).glob("*.pt")):
@@ -333,8 +343,65 @@ def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str
         for label, cache_dir in variants:
             if cache is not None:
                 train_set.cache_dir = cache_dir
-            rows.append(time_loader(spec, cfg, train_set, name, f"loader_{name}_{label}", args.steps, device))
+            for workers in args.workers:
+                rows.append(time_loader(spec, config(workers), train_set, name, f"loader_{name}_{label}",
+                                        args.steps, device))
+                emit(rows[-1])
     return rows
+
+
+def training_loader(spec: ModelSpec, cfg: Config, train_set, name: str, device: torch.device):
+    """``train.py``'s training DataLoader over ``train_set`` for one process.
+
+    Raises:
+        BenchmarkError: the dataset is too small for one batch.
+    """
+    batch_size = cfg.section(name).batch_size
+    loader = make_loader(train_set, spec, cfg, batch_size, 0, 1, True, device)
+    if len(loader) == 0:
+        raise BenchmarkError(f"{len(train_set)} training utterances are too few for one batch of {batch_size}; "
+                             f"use --tiny or --set {name}.batch_size=N")
+    return loader
+
+
+def step_on_real_batch(spec: ModelSpec, cfg: Config, train_set, name: str, args: argparse.Namespace,
+                       device: torch.device) -> dict:
+    """Items/s of ``train.py``'s step (forward, loss, backward, optimizer; eager, ``train.precision``) on the
+    first real batch of ``train_set``: what the loader has to keep up with on this device.
+
+    Raises:
+        BenchmarkError: the dataset is too small for one batch.
+    """
+    batch_size = cfg.section(name).batch_size
+    loader = training_loader(spec, cfg, train_set, name, device)
+    batch = next(iter(loader))
+    items = spec.count_items(batch)
+    torch.manual_seed(0)
+    model = spec.build_model(cfg).to(device)
+    step = make_train_step(model, spec.build_criterion(cfg), to_device(batch, device), cfg, spec, cfg.section(name),
+                           cfg.train.precision, device)
+    seconds = median_step_time(step, args.warmup, min(args.steps, 5 if device.type == "cpu" else 20), device)
+    release(device)
+    return {"case": f"train_{name}", "mode": "train", "precision": cfg.train.precision, "batch_size": batch_size,
+            "step_s": round(seconds, 4), "items_per_s": round(items / seconds)}
+
+
+def print_loader_table(rows: list[dict]) -> None:
+    """Loader items/s per worker count beside the train step's, and how many workers keep up."""
+    step = {r["case"][len("train_"):]: r["items_per_s"] for r in rows if r["mode"] == "train"}
+    loaders: dict[str, dict[int, int]] = {}
+    for r in rows:
+        if r["mode"] == "loader":
+            loaders.setdefault(r["case"], {})[r["workers"]] = r["items_per_s"]
+    counts = sorted({w for by_workers in loaders.values() for w in by_workers})
+    print("\n| loader | " + " | ".join(f"{w} workers" for w in counts) + " | train step | workers needed |")
+    print("|---" * (len(counts) + 3) + "|")
+    for case, by_workers in loaders.items():
+        model = next(name for name in step if case.startswith(f"loader_{name}_"))
+        enough = [w for w in counts if by_workers.get(w, 0) >= step[model]]
+        needed = str(enough[0]) if enough else f"more than {counts[-1]}"
+        print(f"| {case} | " + " | ".join(f"{by_workers.get(w, 0):,}" for w in counts)
+              + f" | {step[model]:,} | {needed} |")
 
 
 def time_loader(spec: ModelSpec, cfg: Config, train_set, name: str, label: str, batches: int,
@@ -348,10 +415,7 @@ def time_loader(spec: ModelSpec, cfg: Config, train_set, name: str, label: str, 
         BenchmarkError: the dataset is too small for one batch.
     """
     batch_size = cfg.section(name).batch_size
-    loader = make_loader(train_set, spec, cfg, batch_size, 0, 1, True, device)
-    if len(loader) == 0:
-        raise BenchmarkError(f"{len(train_set)} training utterances are too few for one batch of {batch_size}; "
-                             f"use --tiny or --set {name}.batch_size=N")
+    loader = training_loader(spec, cfg, train_set, name, device)
     stream = batch_stream(loader, TrainState())
     begin = time.perf_counter()
     to_device(next(stream), device)
@@ -394,6 +458,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--compare", metavar="REF_JSON", help="reference harness rows: add ratio_vs_reference")
     parser.add_argument("--loader", action="store_true", help="time the training DataLoader instead")
     parser.add_argument("--dataset-path", help="corpus for --loader (overrides data.dataset_path)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8],
+                        help="--loader: DataLoader worker counts to time (default 1 2 4 8)")
     parser.add_argument("--config", default=str(PROJECT_ROOT / "config.json"),
                         help="config for --tiny, --loader and models without a reference case")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -420,6 +486,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         parser.error("--steps must be >= 1 and --warmup >= 0")
     if args.loader and not args.dataset_path:
         parser.error("--loader needs --dataset-path")
+    if any(w < 0 for w in args.workers):
+        parser.error("--workers counts must be >= 0")
     return args
 
 
@@ -458,8 +526,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     try:
         if args.loader:
-            for row in loader_rows(args, device, args.models):
-                emit(row)
+            print_loader_table(loader_rows(args, device, args.models, emit))
             return 0
         cases = cases_for(args.models)
         if args.cases != "all":

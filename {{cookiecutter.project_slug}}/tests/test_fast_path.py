@@ -133,17 +133,23 @@ def test_benchmark_compare_adds_the_ratio(tmp_path, monkeypatch, capsys):
     assert row["ratio_vs_reference"] == round(row["items_per_s"] / 1000, 3)
 
 
-def test_loader_benchmark_on_a_corpus(tmp_path):
+def test_loader_benchmark_on_a_corpus(tmp_path, capsys):
     corpus = synth_corpus(tmp_path / "corpus", n=12)
     out = tmp_path / "loader.json"
     code = benchmark.main(["--loader", "--tiny", "--device", "cpu", "--dataset-path", str(corpus), "--steps", "5",
-                           "--json", str(out)])
+                           "--workers", "0", "2", "--json", str(out)])
     assert code == 0
-    rows = {row["case"]: row for row in json.loads(out.read_text())}
-    assert set(rows) == {f"loader_{name}_wav" for name in MODELS}
-    for row in rows.values():
-        assert row["mode"] == "loader" and row["items_per_s"] > 0 and row["batches"] == 5
-        assert row["workers"] == 1  # config.json's tiny block
+    rows = json.loads(out.read_text())
+    assert {(r["case"], r.get("workers")) for r in rows} == {
+        *((f"loader_{name}_wav", w) for name in MODELS for w in (0, 2)), *((f"train_{name}", None) for name in MODELS)}
+    for row in rows:
+        assert row["items_per_s"] > 0
+        assert row["mode"] == "train" or row["batches"] == 5
+    table = capsys.readouterr().out.split("| loader | 0 workers | 2 workers | train step | workers needed |")[1]
+    for name in MODELS:
+        line = next(line for line in table.splitlines() if line.startswith(f"| loader_{name}_wav |"))
+        step = next(r["items_per_s"] for r in rows if r["case"] == f"train_{name}")
+        assert f"| {step:,} |" in line, line
 
 
 def test_loader_benchmark_needs_enough_data(tmp_path, capsys):

@@ -1,6 +1,8 @@
 """WaveGlow: exact invertibility, the likelihood formula, learning, and inference shapes."""
 
+import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import inference
-from conftest import tiny_checkpoint
+from conftest import ROOT, synth_corpus, tiny_checkpoint
 from model import MODELS
 from models.waveglow import WaveGlow, WaveGlowConfig, WaveGlowLoss
 from modules.waveglow import WN, Invertible1x1Conv
@@ -169,3 +171,44 @@ def test_inference_writes_a_wav_from_a_wav(checkpoint, clip, tmp_path, capsys):
     assert inference.main(["--checkpoint", str(checkpoint), "--device", "cpu", "--wav", str(clip),
                            "--output", str(tmp_path / "x.wav")]) == 0
     assert sf.info(str(tmp_path / "x.wav")).samplerate == 22050
+
+
+def tiny_config(*overrides):
+    from model import config_schemas
+    from utils.config import load_config
+
+    return load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True, overrides=list(overrides))
+
+
+def test_mels_on_the_device_equal_the_workers_mels(tmp_path):
+    """waveglow.mel_on_device: the batch's mels computed in one batched STFT in the step equal those the
+    workers compute one crop at a time (float32; tolerance 1e-5 absolute on log-mels of magnitude ~1-10)."""
+    from models.waveglow import build_datasets, mel_on_device
+    from utils.data_utils import collate_audio_mel
+
+    corpus = synth_corpus(tmp_path / "corpus", n=6)
+    batches = {}
+    for on_device in (False, True):
+        cfg = tiny_config(f"data.dataset_path={corpus}", f"waveglow.mel_on_device={str(on_device).lower()}")
+        train_set, _ = build_datasets(cfg)
+        train_set.set_epoch(3)
+        batches[on_device] = mel_on_device(collate_audio_mel([train_set[i] for i in range(4)]), cfg)
+    assert "mel" not in build_datasets(cfg)[0][0]  # the workers' items hold audio only
+    assert torch.equal(batches[True]["audio"], batches[False]["audio"])  # the same crops
+    assert batches[True]["mel"].shape == batches[False]["mel"].shape
+    assert (batches[True]["mel"] - batches[False]["mel"]).abs().max() < 1e-5
+
+
+def test_training_with_mels_on_the_device_takes_the_same_first_step(tmp_path, capsys):
+    import train
+
+    corpus = synth_corpus(tmp_path / "corpus", n=6)
+    losses = {}
+    for on_device in ("false", "true"):
+        out = tmp_path / on_device
+        assert train.main(["--config", os.path.join(ROOT, "config.json"), "--model", "waveglow", "--tiny",
+                           "--max-steps", "2", "--dataset-path", str(corpus), "--output-dir", str(out),
+                           "--set", "data.num_workers=0", "--set", "train.log_interval=1",
+                           "--set", f"waveglow.mel_on_device={on_device}"]) == 0, capsys.readouterr().err
+        losses[on_device] = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert losses["true"] == pytest.approx(losses["false"], rel=1e-4)

@@ -278,6 +278,7 @@ class AudioMelDataset(Dataset):
         segment_length: samples per item.
         random_crop: random (training) or first-segment (validation) crops.
         seed: base seed of the crops; :meth:`set_epoch` changes them every epoch.
+        with_mel: compute each crop's mel here (in the DataLoader workers); ``False``: items hold audio only.
 
     Raises:
         DataError: ``utterances`` is empty (here) or a wav cannot be loaded (in ``__getitem__``).
@@ -285,7 +286,7 @@ class AudioMelDataset(Dataset):
     """
 
     def __init__(self, utterances: Sequence[Utterance], audio_cfg: AudioConfig, segment_length: int,
-                 random_crop: bool = True, seed: int = 0):
+                 random_crop: bool = True, seed: int = 0, with_mel: bool = True):
         if len(utterances) == 0:
             raise DataError("AudioMelDataset: no utterances given")
         self.utterances = list(utterances)
@@ -293,6 +294,7 @@ class AudioMelDataset(Dataset):
         self.segment_length = segment_length
         self.random_crop = random_crop
         self.seed = seed
+        self.with_mel = with_mel
         self._epoch = SharedEpoch()
         self.mel = MelSpectrogram.from_config(audio_cfg)
         if self.mel.num_frames(segment_length) < 1 or segment_length <= self.mel.pad:
@@ -322,6 +324,8 @@ class AudioMelDataset(Dataset):
             audio = audio[start:start + self.segment_length]
         else:
             audio = torch.nn.functional.pad(audio, (0, self.segment_length - audio.shape[0]))
+        if not self.with_mel:  # the mel is computed on the device, in the training step
+            return {"audio": audio, "id": utt.id}
         with torch.no_grad():
             mel = self.mel(audio)
         return {"mel": mel, "audio": audio, "id": utt.id}
@@ -356,7 +360,8 @@ def collate_audio_mel(items: Sequence[dict]) -> dict:
     """Stack :class:`AudioMelDataset` items into a batch dict.
 
     Returns:
-        ``{"mel": (B, n_mels, frames), "audio": (B, segment_length), "ids": [str] * B}``.
+        ``{"mel": (B, n_mels, frames), "audio": (B, segment_length), "ids": [str] * B}``; without ``"mel"``
+        when the items have none (``AudioMelDataset(with_mel=False)``).
 
     Raises:
         ValueError: ``items`` is empty or the items' shapes differ (the message names the ids).
@@ -364,11 +369,12 @@ def collate_audio_mel(items: Sequence[dict]) -> dict:
     if not items:
         raise ValueError("collate_audio_mel: empty list of items")
     first = items[0]
+    keys = [key for key in ("mel", "audio") if key in first]
     for item in items[1:]:
-        if item["mel"].shape != first["mel"].shape or item["audio"].shape != first["audio"].shape:
-            raise ValueError(f"collate_audio_mel: item '{item['id']}' has mel {tuple(item['mel'].shape)} / audio "
-                             f"{tuple(item['audio'].shape)}, item '{first['id']}' has mel "
-                             f"{tuple(first['mel'].shape)} / audio {tuple(first['audio'].shape)}")
-    return {"mel": torch.stack([item["mel"] for item in items]),
-            "audio": torch.stack([item["audio"] for item in items]),
+        if any(item[key].shape != first[key].shape for key in keys):
+            shapes = " / ".join(f"{key} {{}}" for key in keys)
+            raise ValueError(f"collate_audio_mel: item '{item['id']}' has "
+                             f"{shapes.format(*(tuple(item[k].shape) for k in keys))}, item '{first['id']}' has "
+                             f"{shapes.format(*(tuple(first[k].shape) for k in keys))}")
+    return {**{key: torch.stack([item[key] for item in items]) for key in keys},
             "ids": [item["id"] for item in items]}
