@@ -256,4 +256,3 @@ def test_cruft_create_check_and_diff(tmp_path):
     proc = call([*cruft, "diff", "--exit-code", "--project-dir", project], cwd=tmp_path, env=env)
     succeeded(proc)
     assert not proc.stdout.strip(), output(proc)
-

@@ -466,4 +466,3 @@ def test_a_slow_input_pipeline_is_named_with_a_fix_this_project_has(corpus, tmp_
     assert warnings[0].endswith(f"{MODELS[MODEL].data_advice} (data.num_workers is 1)"), warnings[0]
     for script in re.findall(r"scripts/\S+\.(?:py|sh)", warnings[0]):  # a fix the project has
         assert os.path.isfile(os.path.join(ROOT, script)), script
-
