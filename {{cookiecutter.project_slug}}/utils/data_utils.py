@@ -370,11 +370,11 @@ def collate_audio_mel(items: Sequence[dict]) -> dict:
         raise ValueError("collate_audio_mel: empty list of items")
     first = items[0]
     keys = [key for key in ("mel", "audio") if key in first]
+    def shapes(item: dict) -> str:
+        return " / ".join(f"{key} {tuple(item[key].shape)}" for key in keys)
     for item in items[1:]:
         if any(item[key].shape != first[key].shape for key in keys):
-            shapes = " / ".join(f"{key} {{}}" for key in keys)
-            raise ValueError(f"collate_audio_mel: item '{item['id']}' has "
-                             f"{shapes.format(*(tuple(item[k].shape) for k in keys))}, item '{first['id']}' has "
-                             f"{shapes.format(*(tuple(first[k].shape) for k in keys))}")
+            raise ValueError(f"collate_audio_mel: item '{item['id']}' has {shapes(item)}, item '{first['id']}' has "
+                             f"{shapes(first)}")
     return {**{key: torch.stack([item[key] for item in items]) for key in keys},
             "ids": [item["id"] for item in items]}
