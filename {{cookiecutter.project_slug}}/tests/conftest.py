@@ -171,9 +171,14 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def synth_corpus(root, n: int = 24, seconds: float = 0.6, sampling_rate: int = 22050, seed: int = 0):
+def synth_corpus(root, n: int = 24, seconds: float = 0.6, sampling_rate: int = 22050, seed: int = 0,
+                 loud_noise: tuple[str, ...] = ()):
     """Write an LJSpeech-layout corpus of ``n`` voiced-sounding clips (harmonics of a gliding f0 under an
-    envelope, plus a little noise) with short transcripts; returns the folder. No TTS engine needed."""
+    envelope, plus a little noise) with short transcripts; returns the folder. No TTS engine needed.
+
+    ``loud_noise``: utterance ids (``SYN-0015``) whose audio is replaced by loud white noise (standard deviation
+    0.5 of full scale, clipped at 0.99; the voiced clips peak near 0.3), a damaged clip in the middle of a corpus.
+    """
     import numpy as np
     import soundfile as sf
 
@@ -190,6 +195,8 @@ def synth_corpus(root, n: int = 24, seconds: float = 0.6, sampling_rate: int = 2
         envelope = np.sin(np.pi * t / t[-1]) ** 2
         audio = 0.3 * envelope * voice / 2.6 + 0.005 * rng.standard_normal(t.size)
         utt = f"SYN-{i + 1:04d}"
+        if utt in loud_noise:
+            audio = np.clip(0.5 * rng.standard_normal(t.size), -0.99, 0.99)
         sf.write(root / "wavs" / f"{utt}.wav", audio.astype(np.float32), sampling_rate, subtype="PCM_16")
         text = " ".join(rng.choice(words, size=rng.integers(2, 6))).capitalize() + "."
         lines.append(f"{utt}|{text}|{text}\n")

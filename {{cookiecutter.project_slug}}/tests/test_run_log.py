@@ -2,10 +2,14 @@
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
+import torch
 
-from utils.run_log import BalanceMonitor, LossMonitor, RunLog, StepWindow
+from conftest import ROOT, visible_gpus
+from utils.run_log import BalanceMonitor, LossMonitor, RunLog, StepWindow, device_memory, stray_gpu_mib
 
 
 def test_spike_is_flagged_after_warmup_and_kept_out_of_the_mean():
@@ -131,3 +135,39 @@ def test_balance_names_a_straggler_only_when_it_lasts():
                               "median 0.100 s, for 3 log intervals")
     assert BalanceMonitor(patience=1).check(1, ranks(compute=(0.001, 0.005))) == []  # under the 10 ms floor
     assert BalanceMonitor().check(1, ranks(memory=(9.0,), compute=(9.0,))) == []  # one rank: nothing to compare
+
+
+GPU_A, GPU_B = "GPU-6f1c1b2a-0000-4000-8000-00000000000a", "GPU-6f1c1b2a-0000-4000-8000-00000000000b"
+
+
+def test_stray_gpu_memory_is_what_a_process_holds_on_other_gpus_per_nvml():
+    view = {GPU_A: [(100, 900 * 2**20), (101, 300 * 2**20)], GPU_B: [(101, 8000 * 2**20), (102, 500 * 2**20)]}
+    assert stray_gpu_mib(101, "6F1C1B2A-0000-4000-8000-00000000000B", view) == 300  # a context on GPU A too
+    assert stray_gpu_mib(102, GPU_B, view) == 0.0
+    assert math.isnan(stray_gpu_mib(103, GPU_B, view))  # not seen on its own GPU (a container): unknown
+
+
+def test_balance_names_a_rank_with_memory_on_another_gpu_and_says_once_when_it_cannot_tell():
+    monitor = BalanceMonitor(repeat=100)
+    rows = [{**row, "stray_gpu_mib": mib} for row, mib in zip(ranks(memory=(1.0, 1.0, 1.0)), (0.0, 0.0, 300.0))]
+    warning, = monitor.check(5, rows)
+    assert warning.startswith("warning: step 5: rank 2 holds 300 MiB on a GPU that is not its own"), warning
+    unknown = [{**row, "stray_gpu_mib": math.nan} for row in ranks(memory=(1.0,))]
+    note, = monitor.check(6, unknown)
+    assert note.startswith("note: step 6: memory held on other GPUs is not checked"), note
+    assert monitor.check(1000, unknown) == []  # said once per run
+    assert "stray_gpu_mib" not in device_memory(torch.device("cpu"))  # a CPU run's rows carry memory_gib only
+
+
+@pytest.mark.skipif(visible_gpus() < 2, reason="needs 2 GPUs (this machine has fewer); the logic is tested above")
+def test_a_cuda_context_on_the_wrong_gpu_is_measured(tmp_path):
+    """A process that touches GPU 0 before it moves to GPU 1 (the classic mistake) holds stray memory on GPU 0."""
+    script = ("import math, torch\nfrom utils.run_log import device_memory\n"
+              "torch.zeros(1, device='cuda:0')\ntorch.cuda.set_device(1)\ntorch.zeros(1, device='cuda:1')\n"
+              "print(device_memory(torch.device('cuda:1'))['stray_gpu_mib'])\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    stray = float(done.stdout.split()[-1])
+    if math.isnan(stray):
+        pytest.skip("NVML does not show this process (no nvidia-ml-py, or a container's process ids)")
+    assert stray > 100  # a CUDA context is several hundred MiB

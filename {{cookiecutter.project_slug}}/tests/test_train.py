@@ -397,6 +397,35 @@ def test_a_gradient_norm_spike_alone_is_caught(capsys, nan_loss, corpus, tmp_pat
     assert anomalies[0]["message"].startswith("gradient norm "), anomalies[0]["message"]
 
 
+NOISE_UTT = "SYN-0015"
+
+
+@pytest.mark.skipif("waveglow" not in MODELS, reason="the planted clip is tuned to WaveGlow's likelihood, which this "
+                                                      "project no longer has (the synthetic spikes above still run)")
+def test_a_clip_of_loud_noise_is_caught_as_a_spike_named_and_skipped(tmp_path):
+    """A real fault, not a poisoned loss: one clip of the corpus is loud white noise. Once WaveGlow has learnt
+    the voiced clips (about 20 steps), the batch holding it has a gradient norm several times the running mean.
+    With one clip per rank and 28 training clips an epoch is 14 steps, so the clip comes back at least once
+    after the model has learnt (step 15 or later): that return must be flagged, skipped and named, and no step
+    without the clip may be flagged."""
+    corpus = synth_corpus(tmp_path / "corpus", n=30, loud_noise=(NOISE_UTT,))
+    out = tmp_path / "out"
+    code, output = finish(launch(out, corpus, "--model", "waveglow", "--max-steps", "24", "--set",
+                                 "waveglow.batch_size=1", "--set", "train.on_spike=skip", "--set",
+                                 "train.spike_warmup=4", "--set", "train.checkpoint_interval=1"))
+    assert code == 0, output
+    anomalies = [json.loads(line) for line in (out / "anomalies.jsonl").read_text().splitlines()]
+    assert anomalies and all(a["kind"] == "spike" and NOISE_UTT in a["ids"] for a in anomalies), anomalies
+    with_noise = [a["step"] for a in anomalies]
+    assert max(with_noise) >= 15, anomalies  # the clip's return in the second epoch, when the model knows voices
+    for step in with_noise:
+        assert re.search(rf"warning: step {step}: .*is above 3x its running mean.*step skipped.*{NOISE_UTT}", output)
+        before = torch.load(out / f"checkpoint_{step - 1}.pt", map_location="cpu", weights_only=True)
+        at = torch.load(out / f"checkpoint_{step}.pt", map_location="cpu", weights_only=True)
+        assert_same_weights(at["model"], before["model"])  # the noisy step changed no weight
+    assert rows(out)[-1]["skipped_steps"] == len(with_noise)
+
+
 # Rank 1 of a job started with this on PYTHONPATH holds 600 MB more than rank 0 and spends 0.15 s more in
 # every forward pass (a global forward hook on the DDP wrapper): planted faults for the balance warnings.
 UNBALANCED = """

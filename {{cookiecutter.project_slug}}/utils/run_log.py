@@ -6,8 +6,10 @@ does nothing, so the training loop needs no ``if rank == 0`` around its logging.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import os
 import resource
 import statistics
 from pathlib import Path
@@ -17,7 +19,8 @@ import torch
 from tqdm import tqdm
 
 SCALARS = ("loss", "lr", "items_per_s", "step_time_s", "data_time_s", "grad_norm")
-PER_RANK = ("memory_gib", "compute_s", "data_wait_s", "collective_wait_s")  # lists in a row, one value per rank
+PER_RANK = ("memory_gib", "memory_allocated_gib", "stray_gpu_mib", "compute_s", "data_wait_s",
+            "collective_wait_s")  # lists in a row, one value per rank (memory_allocated_gib on GPUs only)
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -29,12 +32,77 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+def stray_gpu_mib(pid: int, own_gpu: str, processes: dict[str, list[tuple[int, int]]]) -> float:
+    """MiB that process ``pid`` holds on GPUs other than its own, in ``processes``: NVML's view of the node,
+    ``{GPU UUID: [(pid, bytes used), ...]}`` (UUIDs compared without NVML's ``GPU-`` prefix, ignoring case).
+
+    Anything above zero is a CUDA context on the wrong device: a ``torch.cuda`` call (or a library's) that
+    ran before ``torch.cuda.set_device``, the classic "GPU 0 holds extra memory" of one process per rank.
+    ``nan`` when the view does not show ``pid`` on ``own_gpu`` at all: NVML inside a container lists the
+    host's process ids, so nothing can be said about this process.
+    """
+    def plain(uuid: str) -> str:
+        return uuid.lower().removeprefix("gpu-")
+
+    own = plain(own_gpu)
+    if not any(p == pid for gpu, procs in processes.items() if plain(gpu) == own for p, _ in procs):
+        return math.nan
+    return sum(used for gpu, procs in processes.items() if plain(gpu) != own for p, used in procs if p == pid) / 2**20
+
+
+@functools.cache
+def _nvml():
+    """``pynvml`` (package nvidia-ml-py), initialised once per process; None without the package or a driver."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    return pynvml
+
+
+def gpu_processes() -> dict[str, list[tuple[int, int]]] | None:
+    """NVML's view of this node's GPUs, ``{UUID: [(pid, bytes used), ...]}`` for every GPU of the node (NVML
+    ignores ``CUDA_VISIBLE_DEVICES``); None when NVML cannot be read."""
+    nvml = _nvml()
+    if nvml is None:
+        return None
+    try:
+        view = {}
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = nvml.nvmlDeviceGetUUID(handle)
+            view[uuid.decode() if isinstance(uuid, bytes) else uuid] = [
+                (proc.pid, proc.usedGpuMemory or 0) for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+        return view
+    except nvml.NVMLError:
+        return None
+
+
+def device_memory(device: torch.device) -> dict[str, float]:
+    """This process's memory for :class:`BalanceMonitor`: ``memory_gib`` (see :func:`peak_memory_gib`); on a GPU
+    also ``memory_allocated_gib`` (peak ``torch.cuda.max_memory_allocated``: tensors alone, without the
+    allocator's cache) and ``stray_gpu_mib`` (:func:`stray_gpu_mib`; ``nan`` when NVML cannot tell)."""
+    memory = {"memory_gib": peak_memory_gib(device)}
+    if device.type == "cuda":
+        memory["memory_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        view, own = gpu_processes(), getattr(torch.cuda.get_device_properties(device), "uuid", None)
+        memory["stray_gpu_mib"] = math.nan if view is None or own is None else stray_gpu_mib(os.getpid(), str(own), view)
+    return memory
+
+
 class BalanceMonitor:
     """Rank 0's view of the ranks' balance at each log interval; returns warnings, never raises.
 
     * memory: a rank whose peak memory exceeds the median of the ranks by more than ``memory_share``
       (e.g. 0.2: 20%) and by more than ``memory_floor_gib`` is named (the classic cause: every rank created a
       CUDA context on GPU 0);
+    * stray GPU memory: a rank that holds memory on a GPU other than its own (``stray_gpu_mib`` above
+      ``stray_floor_mib``; read from NVML) is named; when NVML cannot tell (no nvidia-ml-py, no driver
+      access, a container's process ids), rank 0 says once that this check is off;
     * straggler: a rank whose compute time per step (its forward passes and losses: the part of a step with
       no collective to wait in once the ranks are in step) exceeds the median by more than
       ``straggler_share`` and ``straggler_floor_s``, in ``patience`` log intervals in a row, is named.
@@ -44,18 +112,30 @@ class BalanceMonitor:
     """
 
     def __init__(self, memory_share: float = 0.2, straggler_share: float = 0.2, patience: int = 3,
-                 repeat: int = 500, memory_floor_gib: float = 0.25, straggler_floor_s: float = 0.01):
-        self.memory_share, self.straggler_share = memory_share, straggler_share
+                 repeat: int = 500, memory_floor_gib: float = 0.25, straggler_floor_s: float = 0.01,
+                 stray_floor_mib: float = 1.0):
+        self.memory_share, self.straggler_share, self.stray_floor_mib = memory_share, straggler_share, stray_floor_mib
         self.memory_floor_gib, self.straggler_floor_s = memory_floor_gib, straggler_floor_s
         self.patience, self.repeat = patience, repeat
         self.slow_streak: dict[int, int] = {}
         self.warned: dict[str, int] = {}
 
     def check(self, step: int, ranks: list[dict[str, float]]) -> list[str]:
-        """``ranks``: per rank ``{"memory_gib", "compute_s", "data_wait_s", "collective_wait_s"}``."""
-        if len(ranks) < 2:
-            return []
+        """``ranks``: per rank ``{"memory_gib", "compute_s", "data_wait_s", "collective_wait_s"}`` and, from
+        :func:`device_memory`, optionally ``stray_gpu_mib``."""
         found = []
+        stray = [r.get("stray_gpu_mib", 0.0) for r in ranks]
+        for rank, mib in enumerate(stray):
+            if mib > self.stray_floor_mib:
+                found.append((f"stray{rank}", f"rank {rank} holds {mib:.0f} MiB on a GPU that is not its own: a CUDA "
+                                              "context on the wrong device (a torch.cuda call before "
+                                              "torch.cuda.set_device, in your code or a library's?)"))
+        if any(math.isnan(mib) for mib in stray) and "stray-unknown" not in self.warned:
+            found.append(("stray-unknown", "memory held on other GPUs is not checked: NVML cannot be read or does not "
+                                           "show this job's processes (install nvidia-ml-py; in a container, the "
+                                           "host's process ids)"))
+        if len(ranks) < 2:
+            return self._once(step, found)
         memory = [r["memory_gib"] for r in ranks]
         middle = statistics.median(memory)
         heavy = max(range(len(ranks)), key=lambda r: memory[r])
@@ -74,11 +154,16 @@ class BalanceMonitor:
                                        f"against a median {middle:.3f} s, for {self.slow_streak[slowest]} log "
                                        "intervals; the other ranks wait for it in every all-reduce (a slower GPU, "
                                        "a throttled node, other jobs on its CPUs?)"))
+        return self._once(step, found)
+
+    def _once(self, step: int, found: list[tuple[str, str]]) -> list[str]:
+        """The ``(kind, message)`` pairs as warning lines, each kind at most once per ``repeat`` steps (the
+        note that stray memory is unchecked only once)."""
         messages = []
         for kind, message in found:
-            if kind not in self.warned or step - self.warned[kind] >= self.repeat:
+            if kind not in self.warned or (step - self.warned[kind] >= self.repeat and kind != "stray-unknown"):
                 self.warned[kind] = step
-                messages.append(f"warning: step {step}: {message}")
+                messages.append(f"{'note' if kind == 'stray-unknown' else 'warning'}: step {step}: {message}")
         return messages
 
 
@@ -111,7 +196,7 @@ class StepWindow:
     def balance(self, device: torch.device) -> dict[str, float]:
         """This rank's share of the window, per step, for :class:`BalanceMonitor` (seconds; memory in GiB)."""
         steps = max(self.steps, 1)
-        return {"memory_gib": peak_memory_gib(device), "data_wait_s": self.data_time / steps,
+        return {**device_memory(device), "data_wait_s": self.data_time / steps,
                 "collective_wait_s": self.wait_time / steps,
                 "compute_s": self.compute_time / steps}
 
