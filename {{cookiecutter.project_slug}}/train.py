@@ -30,6 +30,7 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -114,9 +115,16 @@ def lr_lambda(cfg: Config):
     return factor
 
 
-def to_device(batch: dict, device: torch.device) -> dict:
-    """Move every tensor of a batch dict to ``device`` (non-blocking from pinned memory)."""
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+def to_device(batch: dict, device: torch.device, prepare: Optional[Callable[[dict], dict]] = None) -> dict:
+    """Move every tensor of a batch dict to ``device`` (non-blocking from pinned memory), then apply
+    ``prepare`` if given (the model's ``on_device`` hook, from :func:`on_device_hook`)."""
+    batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+    return batch if prepare is None else prepare(batch)
+
+
+def on_device_hook(spec: ModelSpec, cfg: Config) -> Optional[Callable[[dict], dict]]:
+    """The model's ``ModelSpec.on_device`` bound to ``cfg`` (``batch -> batch``), or None when it has none."""
+    return (lambda batch: spec.on_device(batch, cfg)) if spec.on_device is not None else None
 
 
 def make_loader(dataset, spec: ModelSpec, cfg: Config, batch_size: int, rank: int, world_size: int, train: bool,
@@ -233,16 +241,15 @@ def stop_signals_blocked():
 
 
 @torch.no_grad()
-def validate(model, criterion, loader, device, autocast, spec, cfg, step, writer, output_dir, is_main) -> float:
-    """Mean validation loss over all ranks' shards (summed then all-reduced); rank 0 draws pictures."""
+def validate(model, criterion, loader, device, autocast, spec, prepare, step, writer, output_dir, is_main) -> float:
+    """Mean validation loss over all ranks' shards (summed then all-reduced); rank 0 draws pictures.
+    ``prepare``: the model's ``on_device`` hook (:func:`on_device_hook`) or None."""
     model.eval()
     total = torch.zeros(2, device=device, dtype=torch.float64)  # (sum of losses, number of batches)
     with stop_signals_blocked():
         batches = iter(loader)  # starts the workers
     for i, batch in enumerate(batches):
-        batch = to_device(batch, device)
-        if spec.on_device is not None:
-            batch = spec.on_device(batch, cfg)
+        batch = to_device(batch, device, prepare)
         with autocast():
             outputs = model(batch)
             loss = criterion(outputs, batch)
@@ -362,7 +369,7 @@ class BufferGuard:
 def forward_backward(model, criterion, batches, scaler, autocast, spec: ModelSpec, accum: int, world_size: int,
                      grad_clip: float, optimizer, device: torch.device, prepare=None) -> StepResult:
     """``accum`` micro-batches of forward and backward, then unscaling and clipping (no optimizer step yet).
-    ``prepare``: ``batch -> batch`` on the device first (the model's ``on_device`` hook), or ``None``.
+    ``prepare``: the model's ``on_device`` hook (:func:`on_device_hook`), applied on the device, or ``None``.
 
     DDP all-reduces the gradients during the last micro-batch's backward only (``no_sync`` before it).
     """
@@ -371,9 +378,7 @@ def forward_backward(model, criterion, batches, scaler, autocast, spec: ModelSpe
         t_data = time.perf_counter()
         batch = next(batches)
         items += spec.count_items(batch)  # on the CPU batch: no device synchronisation
-        batch = to_device(batch, device)
-        if prepare is not None:
-            batch = prepare(batch)
+        batch = to_device(batch, device, prepare)
         data_time += time.perf_counter() - t_data
         ids += batch.get("ids", [])
         sync = nullcontext() if micro == accum - 1 or world_size == 1 else model.no_sync()
@@ -514,7 +519,7 @@ def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> Non
             log.print(f"step {state.step}: saved {save_checkpoint(output_dir, saved, state.step, cfg.train.keep_last)}")
 
     batches = batch_stream(train_loader, state)
-    prepare = (lambda batch: spec.on_device(batch, cfg)) if spec.on_device is not None else None
+    prepare = on_device_hook(spec, cfg)
     window, balance = StepWindow(), BalanceMonitor(cfg.train.memory_imbalance, cfg.train.straggler_share)
     monitors = tuple(LossMonitor(cfg.train.spike_factor, warmup=cfg.train.spike_warmup) for _ in ("loss", "norm"))
     guard = BufferGuard(model) if "skip" in (cfg.train.on_nonfinite, cfg.train.on_spike) else None
@@ -566,7 +571,7 @@ def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> Non
                                        **{key: [r[key] for r in ranks] for key in ranks[0]}))
                 window = StepWindow()
             if step % cfg.train.val_interval == 0 or last_step:
-                val_loss = validate(model, criterion, val_loader, device, autocast, spec, cfg, step, log.writer,
+                val_loss = validate(model, criterion, val_loader, device, autocast, spec, prepare, step, log.writer,
                                     output_dir, is_main)
                 log.validation(step, state.epoch, val_loss)
             if n_stop or step % cfg.train.checkpoint_interval == 0 or last_step:

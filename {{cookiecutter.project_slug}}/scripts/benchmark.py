@@ -74,7 +74,8 @@ if str(PROJECT_ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from model import MODELS, BenchmarkCase, ModelSpec, config_schemas  # noqa: E402
-from train import batch_stream, forward_backward, load_run_config, make_loader, setup_precision, to_device  # noqa: E402
+from train import (batch_stream, forward_backward, load_run_config, make_loader, on_device_hook,  # noqa: E402
+                   setup_precision, to_device)
 from utils.checkpoint import TrainState  # noqa: E402
 from utils.config import Config, ConfigError, build_config, load_config  # noqa: E402
 from utils.data_utils import DataError  # noqa: E402
@@ -174,7 +175,7 @@ def make_train_step(model: torch.nn.Module, criterion: Callable, batch: dict, cf
     autocast, scaler = setup_precision(precision, device)
     optimizer = spec.build_optimizer(model, model_cfg, device)
     batches = itertools.repeat(batch)
-    prepare = (lambda b: spec.on_device(b, cfg)) if spec.on_device is not None else None
+    prepare = on_device_hook(spec, cfg)
 
     def step() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)

@@ -130,7 +130,7 @@ class BalanceMonitor:
                 found.append((f"stray{rank}", f"rank {rank} holds {mib:.0f} MiB on a GPU that is not its own: a CUDA "
                                               "context on the wrong device (a torch.cuda call before "
                                               "torch.cuda.set_device, in your code or a library's?)"))
-        if any(math.isnan(mib) for mib in stray) and "stray-unknown" not in self.warned:
+        if any(math.isnan(mib) for mib in stray):  # said once: see _once
             found.append(("stray-unknown", "memory held on other GPUs is not checked: NVML cannot be read or does not "
                                            "show this job's processes (install nvidia-ml-py; in a container, the "
                                            "host's process ids)"))
