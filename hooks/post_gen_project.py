@@ -12,12 +12,13 @@ import sys
 from pathlib import Path
 
 CHOICE = "{{ cookiecutter.example_model }}"
-CHOSEN = {"waveglow", "tacotron2"} if CHOICE == "both" else {CHOICE}
+CHOSEN = {"both": {"tacotron2", "waveglow"}, "tacotron2_hifigan": {"tacotron2", "hifigan"}}.get(CHOICE, {CHOICE})
 
 FILES = {
     "waveglow": ["models/waveglow.py", "modules/waveglow.py", "tests/test_waveglow.py"],
+    "hifigan": ["models/hifigan.py", "modules/hifigan.py", "tests/test_hifigan.py"],
     "tacotron2": ["models/tacotron2.py", "modules/layers.py", "modules/attention.py", "modules/tacotron2.py",
-                  "utils/text", "utils/text_mel_data.py", "utils/plotting.py", "scripts/preprocess.py",
+                  "utils/text", "utils/text_mel_data.py", "scripts/preprocess.py",
                   "tests/test_tacotron2.py", "tests/test_text.py"],
 }
 EXECUTABLE = ["scripts/dataset.sh", "scripts/make_demo_corpus.py", "scripts/preprocess.py", "scripts/mpirun.sh",

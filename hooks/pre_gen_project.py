@@ -23,7 +23,7 @@ SHADOWED = {
     "math", "random", "signal", "typing", "dataclasses", "logging", "pathlib", "time", "copy", "site",
 }
 LICENSES = ("MIT", "BSD-3-Clause", "Apache-2.0", "Proprietary")
-MODELS = ("waveglow", "tacotron2", "both")
+MODELS = ("waveglow", "tacotron2", "both", "hifigan", "tacotron2_hifigan")
 # registry/namespace/name:tag, as `docker pull` accepts (lower-case repository, tag of [\w.-]).
 IMAGE_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)+:[\w][\w.-]{0,127}$")
 

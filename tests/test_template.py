@@ -9,7 +9,7 @@ import pytest
 
 from conftest import PY, ROOT, run
 
-MODELS = ["waveglow", "tacotron2", "both"]
+MODELS = ["waveglow", "tacotron2", "both", "hifigan", "tacotron2_hifigan"]
 LICENSES = ["MIT", "BSD-3-Clause", "Apache-2.0", "Proprietary"]
 COMMON = ["train.py", "model.py", "inference.py", "config.json", "distributed.py", "multiproc.py",
           "modules/__init__.py", "utils/audio_processing.py", "utils/data_utils.py", "utils/config.py",
@@ -17,6 +17,7 @@ COMMON = ["train.py", "model.py", "inference.py", "config.json", "distributed.py
           "Dockerfile", "requirements.txt", "README.md", "LICENSE", ".gitignore"]
 ONLY = {
     "waveglow": ["models/waveglow.py", "modules/waveglow.py", "tests/test_waveglow.py"],
+    "hifigan": ["models/hifigan.py", "modules/hifigan.py", "tests/test_hifigan.py"],
     "tacotron2": ["models/tacotron2.py", "modules/tacotron2.py", "modules/attention.py", "utils/text/__init__.py",
                   "utils/text_mel_data.py", "scripts/preprocess.py", "tests/test_tacotron2.py"],
 }
@@ -25,7 +26,7 @@ MARKER = re.compile(r"^\s*(#|<!--)\s*(>>>|<<<)", re.MULTILINE)
 
 
 def chosen(model):
-    return {"waveglow", "tacotron2"} if model == "both" else {model}
+    return {"both": {"waveglow", "tacotron2"}, "tacotron2_hifigan": {"tacotron2", "hifigan"}}.get(model, {model})
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -162,12 +163,14 @@ def test_the_template_holds_no_block_markers():
             assert not MARKER.search(path.read_text(errors="replace")), f"block marker in {path}"
 
 
-def test_waveglow_alone_has_no_tacotron2_option_anywhere(bake):
-    project = bake(example_model="waveglow")
+@pytest.mark.parametrize("vocoder, other", [("waveglow", "hifigan"), ("hifigan", "waveglow")])
+def test_a_vocoder_alone_has_no_tacotron2_option_anywhere(bake, vocoder, other):
+    project = bake(example_model=vocoder)
     for path in project.rglob("*"):
         if path.is_file():
             text = path.read_text()
-            for word in ("tacotron2", "--text", "--vocoder", "text_cleaners", "preprocess.py", "utils.text"):
+            for word in ("tacotron2", "--text", "--vocoder", "text_cleaners", "preprocess.py", "utils.text",
+                         f"models/{other}.py", f"models.{other}"):
                 assert word not in text, f"{path.relative_to(project)} mentions {word}"
     help_text = run([PY, "inference.py", "--help"], cwd=project).stdout
     assert "--wav" in help_text and "--text" not in help_text

@@ -1,6 +1,6 @@
 """The models this project trains: the contract ``train.py`` relies on, the registry, and where yours goes.
 
-Your own model, in three steps (the README's "Your own model" has a complete file to start from):
+Your own model, in three steps (``docs/own_model_example.py`` is a complete file to start from):
 
 1. Write ``models/<name>.py``: a config dataclass (the model's section of ``config.json``, with
    ``batch_size``, ``learning_rate`` and ``weight_decay``), an ``nn.Module`` whose ``forward`` takes a batch
@@ -65,7 +65,8 @@ class ModelSpec:
         add_inference_args: ``parser -> None``, the model's own ``inference.py`` options.
         infer: ``(model, cfg, args, device) -> list of written paths``: ``inference.py``'s work.
         vocode: ``(model, mel (n_mels, frames), cfg) -> audio (samples,)``: the model can be another's vocoder.
-        log_validation: rank 0's ``(model, batch, outputs, step, writer, output_dir)``: pictures.
+        log_validation: rank 0's ``(model, batch, outputs, step, writer, output_dir, cfg=cfg)``: pictures
+            and TensorBoard audio.
         synthetic_batch: ``(cfg, batch_size, generator, **shape) -> batch`` of random CPU tensors.
         optimize_for_training: ``(model, cfg, **compile_kwargs) -> model``: the fast path
             (``train.compile=true``), same mathematics as eager.
@@ -73,6 +74,18 @@ class ModelSpec:
         check_text: ``(text, cfg) -> reason or None``: the start-up corpus check's test of a transcript.
         on_device: ``(batch, cfg) -> batch`` on the device, in the step (e.g. mels of the audio crops).
         data_advice: what to do when the GPU waits on this model's input pipeline (one sentence).
+
+    Several optimizers (a GAN vocoder: discriminator step, then generator step), all three together:
+        phases: optimizer names in update order, e.g. ``("discriminator", "generator")``; ``build_optimizer``
+            then returns ``{name: Optimizer}``, one per phase.
+        networks: ``model -> {phase: sub-module}``, the network each phase's optimizer trains; the loop
+            wraps each in DistributedDataParallel on its own.
+        train_step: ``(phase, nets, batch) -> (loss, {name: scalar})``: the phase's loss to back-propagate and
+            named scalars to log. ``nets`` maps each phase to its network: the current phase's is the
+            DDP-wrapped one, the others are the plain modules with their parameters frozen (no gradients,
+            no all-reduce).
+        build_scheduler: ``(phase, optimizer, cfg) -> (LRScheduler, "step" | "epoch")``; default: the
+            ``train.lr_schedule`` multiplier, stepped every optimizer step.
     """
 
     config_cls: type
@@ -92,6 +105,10 @@ class ModelSpec:
     check_text: Optional[Callable[[str, Config], Optional[str]]] = None
     on_device: Optional[Callable[[Batch, Config], Batch]] = None
     data_advice: str = "raise data.num_workers"
+    phases: tuple[str, ...] = ()
+    networks: Optional[Callable[[nn.Module], dict[str, nn.Module]]] = None
+    train_step: Optional[Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = None
+    build_scheduler: Optional[Callable[..., tuple[Any, str]]] = None
 
 
 MODELS: dict[str, ModelSpec] = {}

@@ -233,6 +233,19 @@ def _children() -> list[int]:
     return found
 
 
+def last_error_line(log_path: str | None) -> str:
+    """``": <what it said>"``: the last ``ERROR:`` line of a rank's stderr log without that prefix (so that the
+    console shows why a rank whose log is a file failed), or ``""`` without a log or such a line."""
+    if not log_path:
+        return ""
+    try:
+        lines = Path(log_path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line for line in lines if line.startswith("ERROR: ")]
+    return f": {errors[-1][len('ERROR: '):]}" if errors else ""
+
+
 class StopForwarder:
     """Passes SIGTERM, SIGUSR1 and SIGINT on to every rank, and kills the ranks if they outstay the timeout.
 
@@ -341,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         causes = [r for r in sorted(err.failures) if err.failures[r].exitcode not in killed]
         stopped = [r for r in sorted(err.failures) if r not in causes]
         for rank in causes or stopped:
-            print(f"multiproc: rank {rank} failed (exit code {err.failures[rank].exitcode}); its "
+            said = last_error_line(logs.paths.get(rank))
+            print(f"multiproc: rank {rank} failed (exit code {err.failures[rank].exitcode}){said}; its "
                   f"log: {logs.paths.get(rank, 'the console above')}", file=sys.stderr, flush=True)
         if causes and stopped:
             print(f"multiproc: stopped the other rank(s): {stopped}", file=sys.stderr, flush=True)

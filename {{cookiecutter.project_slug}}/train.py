@@ -20,14 +20,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gc
 import json
 import math
+import multiprocessing
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
+import traceback
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable, Optional
@@ -40,8 +44,8 @@ from distributed import (CollectiveError, all_gather_object, apply_gradient_allr
                          collective, init_distributed, reduce_tensor, unwrap_model)
 from model import MODELS, ModelSpec, config_schemas
 from utils.audio_processing import MelSpectrogram
-from utils.checkpoint import (CheckpointError, TrainState, atomic_write_bytes, capture_rng_state, resume_path,
-                              resume_training, save_checkpoint, training_checkpoint)
+from utils.checkpoint import (CheckpointError, NamedStates, RunLock, TrainState, atomic_write_bytes, capture_rng_state,
+                              resume_path, resume_training, save_checkpoint, training_checkpoint)
 from utils.config import Config, ConfigError, load_config
 from utils.data_check import check_corpus, default_cache_file, describe
 from utils.data_utils import DataError, ResumableDistributedSampler, load_splits
@@ -217,6 +221,31 @@ class StopRequest:
         self.signal_name = self.signal_name or signal.Signals(signum).name
 
 
+def end_dataloader_workers() -> list[int]:
+    """End the DataLoader workers of this process that are still running; returns the pids it had to kill.
+
+    On an error the loaders' iterators may outlive the loop (held by the exception's traceback), and their
+    workers ignore stop signals (:func:`ignore_stop_signals`), so Python's exit, which terminates and then joins
+    its child processes, would wait for them forever. A garbage collection first lets PyTorch shut them down
+    its own way; any worker still running after that is killed (SIGKILL: it holds nothing worth saving).
+    """
+    gc.collect()
+    killed = []
+    for child in multiprocessing.active_children():
+        child.join(timeout=0.5)
+        if child.is_alive():
+            child.kill()
+            child.join(timeout=5)
+            killed.append(child.pid)
+    return killed
+
+
+def last_checkpoint(output_dir: Path) -> str:
+    """``OUTPUT/checkpoint_last.pt`` when it exists, else ``"none yet"`` (for error messages)."""
+    last = output_dir / "checkpoint_last.pt"
+    return str(last) if last.is_file() else "none yet"
+
+
 def ignore_stop_signals(worker_id: int) -> None:
     """DataLoader ``worker_init_fn``: a worker leaves stop signals to its rank, which shuts it down.
 
@@ -241,7 +270,8 @@ def stop_signals_blocked():
 
 
 @torch.no_grad()
-def validate(model, criterion, loader, device, autocast, spec, prepare, step, writer, output_dir, is_main) -> float:
+def validate(model, criterion, loader, device, autocast, spec, prepare, step, writer, output_dir, is_main,
+             cfg=None) -> float:
     """Mean validation loss over all ranks' shards (summed then all-reduced); rank 0 draws pictures.
     ``prepare``: the model's ``on_device`` hook (:func:`on_device_hook`) or None."""
     model.eval()
@@ -255,7 +285,7 @@ def validate(model, criterion, loader, device, autocast, spec, prepare, step, wr
             loss = criterion(outputs, batch)
         total += torch.stack([loss.detach().double(), torch.ones((), device=device, dtype=torch.float64)])
         if i == 0 and is_main and spec.log_validation is not None:
-            spec.log_validation(unwrap_model(model), batch, outputs, step, writer, output_dir)
+            spec.log_validation(unwrap_model(model), batch, outputs, step, writer, output_dir, cfg=cfg)
     total = reduce_tensor(total, op="sum")
     model.train()
     return (total[0] / total[1].clamp(min=1)).item()
@@ -266,18 +296,25 @@ def prepare_run(cfg: Config, spec: ModelSpec, output_dir: Path) -> tuple[str, ob
     corpus (:mod:`utils.data_check`). The outcome is ``("error", message)`` or ``("skip", ids to leave out)``,
     which rank 0 broadcasts so that every rank acts on it.
 
-    With ``data.on_bad_clip=skip`` the bad clips are listed in ``OUTPUT/skipped_clips.txt`` (id, path, reason
-    per line); with ``error`` the message names the first 20 and how many there are.
+    Bad clips are of two kinds, listed together (first the corpus lines, in file order, then the clips, in
+    corpus order): corpus lines that name no usable clip (a malformed line, listed as ``metadata.csv:<line>``;
+    a repeated id; an empty transcript; a wav that is missing or a folder: :func:`load_splits` with a ``bad``
+    list), and clips that cannot be trained on (unreadable, truncated, too short, silent, a transcript without
+    a usable character: :func:`check_corpus`). With ``data.on_bad_clip=skip`` they are listed in
+    ``OUTPUT/skipped_clips.txt`` (id, path, reason per line), a warning line says how many and names the first
+    20, and their ids are returned for ``data.exclude``; with ``error`` the message names the first 20 and how many
+    there are.
     """
+    listed: list = []  # the corpus lines load_splits refused (BadClip)
     try:
         check_output_dir(output_dir)
-        train_utts, val_utts = load_splits(cfg.data)
+        train_utts, val_utts = load_splits(cfg.data, bad=listed)
     except (ConfigError, DataError) as err:
         return "error", one_line(err)
     text_check = (lambda text: spec.check_text(text, cfg)) if spec.check_text is not None else None
-    bad = check_corpus([*train_utts, *val_utts], cfg.audio.sampling_rate,
-                       MelSpectrogram.from_config(cfg.audio).min_samples, text_check,
-                       cache_file=default_cache_file(cfg.data.dataset_path), progress=True)
+    bad = listed + check_corpus([*train_utts, *val_utts], cfg.audio.sampling_rate,
+                                MelSpectrogram.from_config(cfg.audio).min_samples, text_check,
+                                cache_file=default_cache_file(cfg.data.dataset_path), progress=True)
     if not bad:
         return "skip", []
     if cfg.data.on_bad_clip == "error":
@@ -285,7 +322,8 @@ def prepare_run(cfg: Config, spec: ModelSpec, output_dir: Path) -> tuple[str, ob
                          "data.on_bad_clip=skip to train without them")
     listing = output_dir / "skipped_clips.txt"
     atomic_write_bytes(listing, "".join(f"{c.id}\t{c.path}\t{c.reason}\n" for c in bad).encode())
-    print(f"warning: leaving out {len(bad)} bad clip(s), listed in {listing}", file=sys.stderr, flush=True)
+    print(f"warning: leaving out {len(bad)} bad clip(s), listed in {listing} ({describe(bad)})", file=sys.stderr,
+          flush=True)
     return "skip", [clip.id for clip in bad]
 
 
@@ -298,9 +336,12 @@ def agreed_resume_path(resume: str, output_dir: Path, rank: int):
     """
     def decide():
         try:
-            return "ok", resume_path(resume, output_dir)
+            path, notes = resume_path(resume, output_dir)
         except CheckpointError as err:
             return "error", str(err)
+        for note in notes:
+            print(note, file=sys.stderr, flush=True)
+        return "ok", path
     kind, path = broadcast_object(decide() if rank == 0 else None)
     if kind == "error":
         raise CheckpointError(path)
@@ -333,16 +374,42 @@ def model_config_errors(model_name: str):
 
 
 @dataclasses.dataclass
-class StepResult:
-    """What one optimizer step measured: its loss summed over micro-batches (a device scalar), the gradient
-    norm, the items it trained on, its utterance ids, the seconds spent waiting for data and in forward passes."""
+class Phase:
+    """One optimizer's share of a training step. A one-loss model has one phase, ``"model"``; a model with
+    several optimizers (``ModelSpec.phases``) has one per optimizer, run in order (a GAN: the discriminator's,
+    then the generator's), each over the same micro-batches.
+
+    Attributes:
+        name: the optimizer's name (``ModelSpec.phases``), or ``"model"``.
+        plain: the network this optimizer trains, unwrapped.
+        net: ``plain`` wrapped by :func:`distributed.apply_gradient_allreduce` (DDP: its gradients are
+            all-reduced during this phase's backward only).
+        optimizer, scheduler: its optimizer and LR scheduler; ``interval``: ``"step"`` or ``"epoch"``, when the
+            scheduler steps.
+        monitors: spike monitors of its loss and its gradient norm (:class:`utils.run_log.LossMonitor`).
+        guard: takes back its buffers when its update is skipped (:class:`BufferGuard`), or ``None``.
+    """
+
+    name: str
+    plain: torch.nn.Module
+    net: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    interval: str
+    monitors: tuple
+    guard: Optional["BufferGuard"]
+
+
+@dataclasses.dataclass
+class PhaseResult:
+    """What one phase measured over the step's micro-batches: its loss summed over them (a device scalar, of the
+    mean loss), the gradient norm of its network, its named metrics (device scalars, summed likewise) and the
+    seconds spent in forward passes."""
 
     loss: torch.Tensor
     grad_norm: torch.Tensor
-    items: int
-    ids: list
-    data_time: float
-    compute_time: float = 0.0
+    metrics: dict
+    compute_time: float
 
 
 class BufferGuard:
@@ -366,54 +433,96 @@ class BufferGuard:
                 buffer.copy_(saved)
 
 
-def forward_backward(model, criterion, batches, scaler, autocast, spec: ModelSpec, accum: int, world_size: int,
-                     grad_clip: float, optimizer, device: torch.device, prepare=None) -> StepResult:
-    """``accum`` micro-batches of forward and backward, then unscaling and clipping (no optimizer step yet).
-    ``prepare``: the model's ``on_device`` hook (:func:`on_device_hook`), applied on the device, or ``None``.
-
-    DDP all-reduces the gradients during the last micro-batch's backward only (``no_sync`` before it).
-    """
-    loss_sum, items, ids, data_time, compute_time = torch.zeros((), device=device), 0, [], 0.0, 0.0
-    for micro in range(accum):
-        t_data = time.perf_counter()
+def next_micro_batches(batches, spec: ModelSpec, accum: int, device: torch.device, prepare=None):
+    """The step's ``accum`` micro-batches on the device (``prepare``: the model's ``on_device`` hook, from
+    :func:`on_device_hook`), with the items and utterance ids they hold and the seconds spent waiting for them."""
+    micro, items, ids, t_data = [], 0, [], time.perf_counter()
+    for _ in range(accum):
         batch = next(batches)
         items += spec.count_items(batch)  # on the CPU batch: no device synchronisation
-        batch = to_device(batch, device, prepare)
-        data_time += time.perf_counter() - t_data
+        micro.append(to_device(batch, device, prepare))
         ids += batch.get("ids", [])
-        sync = nullcontext() if micro == accum - 1 or world_size == 1 else model.no_sync()
-        with sync:
-            t_compute = time.perf_counter()
-            with autocast():
-                loss = criterion(model(batch), batch) / accum
-            compute_time += time.perf_counter() - t_compute  # on a GPU: launch time, unless something syncs
-            with collective("gradient all-reduce (DDP backward)"):
-                scaler.scale(loss).backward()
-        loss_sum += loss.detach().float()
-    scaler.unscale_(optimizer)  # no-op unless fp16: clipping and the norm need the true gradients
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf)
-    return StepResult(loss_sum, grad_norm, items, ids, data_time, compute_time)
+    return micro, items, ids, time.perf_counter() - t_data
 
 
-def agree(result: StepResult, stop: StopRequest, scaler, world_size: int, device: torch.device):
-    """One small all-reduce: the mean loss, the mean gradient norm (the same on every rank after DDP's
-    all-reduce), how many ranks saw a non-finite loss or gradient norm, how many were asked to stop, and the
-    items of all ranks. fp16 gradient overflows are left to the GradScaler."""
+def one_loss_step(criterion):
+    """The training step of a one-loss model (no ``ModelSpec.train_step``): ``criterion(model(batch), batch)``."""
+    def step(phase: str, nets: dict, batch: dict):
+        return criterion(nets[phase](batch), batch), {}
+    return step
+
+
+@contextlib.contextmanager
+def frozen(modules):
+    """Parameters of ``modules`` need no gradient inside the block (their earlier flags come back after it): the
+    other phases' networks, so that a phase's backward neither computes nor all-reduces their gradients."""
+    flags = [(param, param.requires_grad) for module in modules for param in module.parameters()]
+    for param, _ in flags:
+        param.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for param, flag in flags:
+            param.requires_grad_(flag)
+
+
+def forward_backward(phase: Phase, phases: list, step_fn, micro: list, scaler, autocast, world_size: int,
+                     grad_clip: float) -> PhaseResult:
+    """One phase over the step's micro-batches: forward and backward of each, then unscaling and clipping of the
+    phase's gradients (no optimizer step yet). ``step_fn(phase, nets, batch) -> (loss, {name: scalar})``.
+
+    The phase's DDP all-reduces its gradients during the last micro-batch's backward only (``no_sync`` before
+    it). ``nets`` gives the other phases' networks unwrapped and frozen (:func:`frozen`). fp16 losses are
+    scaled by the one GradScaler of the step, as PyTorch's AMP recipe for several optimizers has it.
+    """
+    device = micro[0][next(k for k, v in micro[0].items() if torch.is_tensor(v))].device
+    loss_sum, metric_sums, compute_time = torch.zeros((), device=device), {}, 0.0
+    nets = {other.name: other.net if other is phase else other.plain for other in phases}
+    with frozen([other.plain for other in phases if other is not phase]):
+        for i, batch in enumerate(micro):
+            sync = nullcontext() if i == len(micro) - 1 or world_size == 1 else phase.net.no_sync()
+            with sync:
+                t_compute = time.perf_counter()
+                # DDP's forward may talk too (its bucket rebuild at the second step, buffer broadcasts).
+                with collective("DDP forward (bucket rebuild, buffer broadcast)"), autocast():
+                    loss, metrics = step_fn(phase.name, nets, batch)
+                    loss = loss / len(micro)
+                compute_time += time.perf_counter() - t_compute  # on a GPU: launch time, unless something syncs
+                with collective("gradient all-reduce (DDP backward)"):
+                    scaler.scale(loss).backward()
+            loss_sum += loss.detach().float()
+            for name, value in metrics.items():
+                metric_sums[name] = metric_sums.get(name, 0.0) + value.detach().float() / len(micro)
+    scaler.unscale_(phase.optimizer)  # no-op unless fp16: clipping and the norm need the true gradients
+    grad_norm = torch.nn.utils.clip_grad_norm_(phase.plain.parameters(), grad_clip or math.inf)
+    return PhaseResult(loss_sum, grad_norm, metric_sums, compute_time)
+
+
+def agree(result: PhaseResult, scaler, world_size: int, device: torch.device, counts: tuple = ()):
+    """One small all-reduce per phase: the mean loss, the mean gradient norm (the same on every rank after DDP's
+    all-reduce), how many ranks saw a non-finite loss or gradient norm (fp16 gradient overflows are left to the
+    GradScaler), the mean of each named metric, and the sums of ``counts`` (stop requests, items).
+
+    Returns ``(loss, grad_norm, n_bad, {name: mean}, [sum of each count])``.
+    """
     bad = ~torch.isfinite(result.loss) | (~torch.isfinite(result.grad_norm) & (not scaler.is_enabled()))
-    flags = torch.stack([result.loss.float(), result.grad_norm.float(), bad.float(),
-                         torch.tensor(float(stop.signal_name is not None), device=device),
-                         torch.tensor(float(result.items), device=device)])
-    total, norm, n_bad, n_stop, items = reduce_tensor(flags, op="sum").tolist()
-    return total / world_size, norm / world_size, int(n_bad), int(n_stop), int(items)
+    values = torch.stack([result.loss.float(), result.grad_norm.float(), bad.float(),
+                          *(torch.as_tensor(v, device=device).float() for v in result.metrics.values()),
+                          *(torch.tensor(float(c), device=device) for c in counts)])
+    sums = reduce_tensor(values, op="sum").tolist()
+    n = len(result.metrics)
+    metrics = {name: value / world_size for name, value in zip(result.metrics, sums[3:3 + n])}
+    return sums[0] / world_size, sums[1] / world_size, int(sums[2]), metrics, [int(c) for c in sums[3 + n:]]
 
 
-def spike(loss: float, grad_norm: float, monitors: tuple[LossMonitor, LossMonitor]) -> str | None:
-    """What spiked this step (``"loss 9.1 is above 3x its running mean 2.0"``, the gradient norm likewise),
-    or ``None``. Both monitors see every finite step; a spike does not enter their running means."""
+def spike(loss: float, grad_norm: float, monitors: tuple[LossMonitor, LossMonitor], of: str = "") -> str | None:
+    """What spiked this step (``"loss 9.1 is above 3x its running mean 2.0"``, the gradient norm likewise;
+    ``of``: the phase, ``"loss of generator 9.1 ..."``), or ``None``. Both monitors see every finite step; a spike
+    does not enter their running means."""
     found = []
     for name, value, monitor in (("loss", loss, monitors[0]), ("gradient norm", grad_norm, monitors[1])):
         if monitor.is_spike(value):
-            found.append(f"{name} {value:.4g} is above {monitor.factor:g}x its running mean {monitor.mean:.4g}")
+            found.append(f"{name}{of} {value:.4g} is above {monitor.factor:g}x its running mean {monitor.mean:.4g}")
     return "; ".join(found) or None
 
 
@@ -422,6 +531,25 @@ def main(argv=None) -> int:
     1 with one ``ERROR:`` line otherwise."""
     stop = StopRequest()  # first: a signal from here on stops the run cleanly instead of killing it
     args = parse_args(argv)
+    with one_line_warnings():
+        return run(args, stop)
+
+
+@contextlib.contextmanager
+def one_line_warnings():
+    """Warnings print as one ``warning: ...`` line (not Python's two lines with the source line) while inside."""
+    def format_warning(message, category, filename, lineno, line=None) -> str:
+        kind = "" if category is UserWarning else f" ({category.__name__})"
+        return f"warning: {one_line(Warning(str(message)))}{kind}\n"
+    saved, warnings.formatwarning = warnings.formatwarning, format_warning
+    try:
+        yield
+    finally:
+        warnings.formatwarning = saved
+
+
+def run(args: argparse.Namespace, stop: "StopRequest") -> int:
+    """:func:`main` once the arguments are read: config, process group, training, and the exit status."""
     try:
         cfg = load_run_config(args)  # before the process group: a bad config fails alone, fast
     except ConfigError as err:
@@ -448,16 +576,119 @@ def main(argv=None) -> int:
         print(f"ERROR: rank {dist.rank}: a collective failed or timed out after {cfg.train.dist_timeout_s:.0f} s "
               f"(another rank hung or died): {one_line(err)}", file=sys.stderr)
         return 1
+    except Exception as err:  # noqa: BLE001 - a bug in model or data code, a full disk...: end the rank, never hang
+        traceback.print_exc()  # the user's own code: where it failed matters
+        print(f"ERROR: rank {dist.rank}: {type(err).__name__}: {one_line(err)} (traceback above); last "
+              f"checkpoint: {last_checkpoint(Path(args.output_dir))}", file=sys.stderr, flush=True)
+        return 1
     finally:
+        end_dataloader_workers()
         cleanup()
     under_launcher = "TORCHELASTIC_RUN_ID" in os.environ  # a launcher restarts ranks that exit non-zero
     return 130 if stop.signal_name == "SIGINT" and not under_launcher else 0
 
 
+def epochs_done(state: TrainState, batches_per_epoch: int) -> int:
+    """Epochs this rank has read to the end: the current one counts once its last batch is read (the loop's
+    position moves to the next epoch only when the next batch is asked for)."""
+    return state.epoch + (state.batch_in_epoch >= batches_per_epoch)
+
+
+def build_optimizers(spec: ModelSpec, name: str, model, model_cfg, device: torch.device) -> dict:
+    """``{phase: optimizer}`` from ``ModelSpec.build_optimizer``: ``{"model": optimizer}`` for a one-loss model,
+    one per ``ModelSpec.phases`` name otherwise.
+
+    Raises:
+        TrainingError: it returned something else (e.g. a dict from a model that declares no phases).
+    """
+    built = spec.build_optimizer(model, model_cfg, device)
+    if not spec.phases:
+        if not isinstance(built, torch.optim.Optimizer):
+            raise TrainingError(f"model '{name}': build_optimizer returned a {type(built).__name__}, not an optimizer; "
+                                "a model with several optimizers names them in ModelSpec.phases, with networks "
+                                "and train_step")
+        return {"model": built}
+    if not isinstance(built, dict) or set(built) != set(spec.phases) or \
+            not all(isinstance(opt, torch.optim.Optimizer) for opt in built.values()):
+        raise TrainingError(f"model '{name}': build_optimizer must return a dict of one optimizer per phase "
+                            f"({', '.join(spec.phases)}); it returned {type(built).__name__} "
+                            f"{sorted(built) if isinstance(built, dict) else ''}")
+    return {phase: built[phase] for phase in spec.phases}
+
+
+def build_scheduler(spec: ModelSpec, name: str, phase: str, optimizer, cfg: Config) -> tuple:
+    """``(LR scheduler, "step" | "epoch")`` of one optimizer: the model's ``ModelSpec.build_scheduler``, or the
+    ``train.lr_schedule`` multiplier (:func:`lr_lambda`) stepped every optimizer step.
+
+    Raises:
+        TrainingError: the model's scheduler names another interval.
+    """
+    if spec.build_scheduler is None:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg)), "step"
+    scheduler, interval = spec.build_scheduler(phase, optimizer, cfg)
+    if interval not in ("step", "epoch"):
+        raise TrainingError(f"model '{name}': build_scheduler for '{phase}' must step per 'step' or 'epoch', "
+                            f"not {interval!r}")
+    return scheduler, interval
+
+
+def checkpoint_parts(spec: ModelSpec, optimizers: dict, schedulers: dict, scaler) -> dict:
+    """The stateful objects a checkpoint holds besides the model (:data:`utils.checkpoint.STATEFUL_PARTS`): the
+    optimizer and its scheduler, or for several phases ``{phase: ...}`` of each (:class:`NamedStates`)."""
+    if not spec.phases:
+        return {"optimizer": optimizers["model"], "scheduler": schedulers["model"][0], "scaler": scaler}
+    return {"optimizer": NamedStates(optimizers),
+            "scheduler": NamedStates({phase: scheduler for phase, (scheduler, _) in schedulers.items()}),
+            "scaler": scaler}
+
+
+def build_phases(spec: ModelSpec, name: str, model, optimizers: dict, schedulers: dict, cfg: Config) -> list:
+    """One :class:`Phase` per optimizer, each network wrapped for the gradient all-reduce on its own.
+
+    Raises:
+        TrainingError: ``ModelSpec.networks`` does not name one network per phase.
+    """
+    nets = {"model": model} if not spec.phases else spec.networks(model) if spec.networks is not None else None
+    if not isinstance(nets, dict) or set(nets) != set(optimizers):
+        raise TrainingError(f"model '{name}': ModelSpec.networks must map each phase ({', '.join(optimizers)}) to "
+                            f"the network it trains")
+    skip = "skip" in (cfg.train.on_nonfinite, cfg.train.on_spike)
+    return [Phase(phase, nets[phase], apply_gradient_allreduce(nets[phase]), optimizer, *schedulers[phase],
+                  tuple(LossMonitor(cfg.train.spike_factor, warmup=cfg.train.spike_warmup) for _ in "ln"),
+                  BufferGuard(nets[phase]) if skip else None) for phase, optimizer in optimizers.items()]
+
+
 def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> None:
+    """The run: rank 0 holds the output folder (:class:`utils.checkpoint.RunLock`) while :func:`train_in` trains."""
+    output_dir = Path(args.output_dir)
+    lock = RunLock(output_dir) if dist.is_main else None
+    try:
+        kind, found = broadcast_object(take_output_dir(output_dir, lock) if dist.is_main else None)
+        if kind == "error":
+            raise CheckpointError(found)
+        train_in(args, cfg, dist, stop, output_dir)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def take_output_dir(output_dir: Path, lock: RunLock) -> tuple[str, Optional[str]]:
+    """Rank 0: create the output folder and hold its :class:`utils.checkpoint.RunLock` (one run per folder).
+    Returns ``("ok", None)`` or ``("error", message)``, which rank 0 broadcasts."""
+    try:
+        check_output_dir(output_dir)
+        note = lock.acquire()
+    except (ConfigError, CheckpointError) as err:
+        return "error", one_line(err)
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    return "ok", None
+
+
+def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, output_dir: Path) -> None:
+    """The run, once rank 0 holds the output folder: checks, model, data, resume, then the loop."""
     rank, world_size, device, is_main = dist.rank, dist.world_size, dist.device, dist.is_main
     spec, model_cfg = MODELS[args.model], cfg.section(args.model)
-    output_dir = Path(args.output_dir)
     kind, found = broadcast_object(prepare_run(cfg, spec, output_dir) if is_main else None)
     if kind == "error":
         raise DataError(found)
@@ -474,9 +705,9 @@ def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> Non
     torch.backends.cudnn.benchmark = cfg.train.cudnn_benchmark
     autocast, scaler = setup_precision(cfg.train.precision, device)
     criterion = spec.build_criterion(cfg)
-    optimizer = spec.build_optimizer(model, model_cfg, device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    parts = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+    optimizers = build_optimizers(spec, args.model, model, model_cfg, device)
+    schedulers = {name: build_scheduler(spec, args.model, name, optimizer, cfg) for name, optimizer in optimizers.items()}
+    parts = checkpoint_parts(spec, optimizers, schedulers, scaler)
 
     with model_config_errors(args.model):
         train_set, val_set = spec.build_datasets(cfg)
@@ -490,17 +721,23 @@ def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> Non
     state = TrainState()
     checkpoint_path = agreed_resume_path(args.resume, output_dir, rank)
     if checkpoint_path is not None:
-        state = resume_training(checkpoint_path, model, parts, args.model, rank, world_size, map_location=device)
+        state = resume_training(checkpoint_path, model, parts, args.model, rank, world_size, map_location=device,
+                                config=cfg.to_dict(), train_utterances=len(train_set))
         if is_main:
             print(f"resumed from {checkpoint_path} at step {state.step} (epoch {state.epoch}, "
                   f"batch {state.batch_in_epoch})")
+    if state.step >= cfg.train.max_steps:
+        if is_main:
+            print(f"nothing to train: {output_dir} is at step {state.step} and train.max_steps is "
+                  f"{cfg.train.max_steps}; to train more, raise it (e.g. --max-steps {2 * cfg.train.max_steps})")
+        return
 
     if cfg.train.compile:  # the model's fast path (torch.compile'd hot loops); same mathematics as eager
         if spec.optimize_for_training is None:
             raise ConfigError(f"train.compile=true, but model '{args.model}' has no fast path "
                               "(ModelSpec.optimize_for_training)")
         model = spec.optimize_for_training(model, cfg)
-    model = apply_gradient_allreduce(model)
+    phases = build_phases(spec, args.model, model, optimizers, schedulers, cfg)
     log = RunLog(output_dir, enabled=is_main, total_steps=cfg.train.max_steps, initial_step=state.step,
                  data_advice=f"{spec.data_advice} (data.num_workers is {cfg.data.num_workers})")
     if is_main:
@@ -513,66 +750,87 @@ def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> Non
         """Every rank hands its RNG states to rank 0, which writes the checkpoint."""
         rng = all_gather_object(capture_rng_state())
         if is_main:
-            saved = training_checkpoint(unwrap_model(model), parts, state, rng, data_seed=cfg.train.seed,
-                                        model_name=args.model, config=cfg.to_dict(),
+            saved = training_checkpoint(model, parts, state, rng, data_seed=cfg.train.seed,
+                                        model_name=args.model, config=cfg.to_dict(), train_utterances=len(train_set),
                                         torch_version=str(torch.__version__), git_commit=git_commit())
             log.print(f"step {state.step}: saved {save_checkpoint(output_dir, saved, state.step, cfg.train.keep_last)}")
 
     batches = batch_stream(train_loader, state)
     prepare = on_device_hook(spec, cfg)
+    step_fn = spec.train_step or one_loss_step(criterion)
     window, balance = StepWindow(), BalanceMonitor(cfg.train.memory_imbalance, cfg.train.straggler_share)
-    monitors = tuple(LossMonitor(cfg.train.spike_factor, warmup=cfg.train.spike_warmup) for _ in ("loss", "norm"))
-    guard = BufferGuard(model) if "skip" in (cfg.train.on_nonfinite, cfg.train.on_spike) else None
     last = output_dir / "checkpoint_last.pt"
+    epochs_seen = epochs_done(state, len(train_loader))
     model.train()
     try:
         while state.step < cfg.train.max_steps:
             t_start = time.perf_counter()
-            if guard is not None:
-                guard.save()
-            result = forward_backward(model, criterion, batches, scaler, autocast, spec, cfg.train.grad_accumulation,
-                                      world_size, cfg.train.grad_clip, optimizer, device, prepare)
-            t_agree = time.perf_counter()
-            loss, grad_norm, n_bad, n_stop, items = agree(result, stop, scaler, world_size, device)
-            wait_time = time.perf_counter() - t_agree  # mostly waiting for the slowest rank
-            state.step += 1
-            # Every rank reaches the same verdict: it is made from all-reduced values only.
-            kind, message = ("nonfinite", f"non-finite loss or gradient norm (loss {loss}, grad norm {grad_norm})") \
-                if n_bad else ("spike", spike(loss, grad_norm, monitors))
-            if message is not None:
-                action = cfg.train.on_nonfinite if kind == "nonfinite" else cfg.train.on_spike
-                all_ids = sum(all_gather_object(result.ids), [])
-                if action == "stop":
-                    raise TrainingError(f"step {state.step}: {message}; batch utterances: "
-                                        f"{', '.join(map(str, all_ids))}; last good checkpoint: "
-                                        f"{last if last.exists() else 'none yet'}")
-                if action == "skip":
-                    optimizer.zero_grad(set_to_none=True)  # nothing to apply: the optimizer step is a no-op
-                    guard.restore()
-                    state.skipped_steps += 1
-                    message += f": step skipped ({state.skipped_steps} so far)"
-                log.anomaly(state.step, kind, f"{message}; last good checkpoint: "
-                                              f"{last if last.exists() else 'none yet'}", all_ids)
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            window.add(None if n_bad else loss, items, time.perf_counter() - t_start, result.data_time, wait_time,
-                       result.compute_time)
+            micro, items, ids, data_time = next_micro_batches(batches, spec, cfg.train.grad_accumulation, device,
+                                                              prepare)
+            step = state.step + 1
+            compute_time = wait_time = 0.0
+            losses, any_bad, overflows = {}, False, 0
+            for phase in phases:
+                if phase.guard is not None:
+                    phase.guard.save()
+                result = forward_backward(phase, phases, step_fn, micro, scaler, autocast, world_size,
+                                          cfg.train.grad_clip)
+                compute_time += result.compute_time
+                t_agree = time.perf_counter()
+                counts = (stop.signal_name is not None, items) if phase is phases[-1] else ()
+                loss, grad_norm, n_bad, metrics, counted = agree(result, scaler, world_size, device, counts)
+                wait_time += time.perf_counter() - t_agree  # mostly waiting for the slowest rank
+                any_bad |= bool(n_bad)
+                overflows += scaler.is_enabled() and not math.isfinite(grad_norm)  # the GradScaler skips it
+                if len(phases) > 1:
+                    losses.update({f"loss_{phase.name}": loss, f"grad_norm_{phase.name}": grad_norm, **metrics})
+                # Every rank reaches the same verdict: it is made from all-reduced values only.
+                of = f" of {phase.name}" if len(phases) > 1 else ""
+                kind, message = ("nonfinite", f"non-finite loss or gradient norm{of} (loss {loss}, grad norm "
+                                              f"{grad_norm})") if n_bad else ("spike", spike(loss, grad_norm,
+                                                                                             phase.monitors, of))
+                if message is not None:
+                    action = cfg.train.on_nonfinite if kind == "nonfinite" else cfg.train.on_spike
+                    all_ids = sum(all_gather_object(ids), [])
+                    if action == "stop":
+                        raise TrainingError(f"step {step}: {message}; batch utterances: "
+                                            f"{', '.join(map(str, all_ids))}; last good checkpoint: "
+                                            f"{last if last.exists() else 'none yet'}")
+                    if action == "skip":
+                        phase.optimizer.zero_grad(set_to_none=True)  # nothing to apply: its step is a no-op
+                        phase.guard.restore()
+                        state.skipped_steps += 1
+                        message += f": step skipped ({state.skipped_steps} so far)"
+                    log.anomaly(step, kind, f"{message}; last good checkpoint: "
+                                            f"{last if last.exists() else 'none yet'}", all_ids)
+                scaler.step(phase.optimizer)  # before the next phase's forward: it sees the updated network
+            n_stop, items = counted
+            scaler.update()  # once per step, after every optimizer (PyTorch's AMP recipe)
+            done_epochs = epochs_done(state, len(train_loader))
+            for phase in phases:
+                if phase.interval == "step":
+                    phase.scheduler.step()
+                for _ in range(done_epochs - epochs_seen if phase.interval == "epoch" else 0):
+                    phase.scheduler.step()  # an epoch ended in this step
+                phase.optimizer.zero_grad(set_to_none=True)
+            epochs_seen = done_epochs
+            state.step = step
+            window.add(None if any_bad else loss, items, time.perf_counter() - t_start, data_time, wait_time,
+                       compute_time, losses=losses, overflows=overflows)
             log.step_done()
 
-            step, last_step = state.step, state.step == cfg.train.max_steps
+            last_step = step == cfg.train.max_steps
             if step % cfg.train.log_interval == 0 or last_step:
                 ranks = all_gather_object(window.balance(device))  # one small exchange per log interval
                 for warning in (balance.check(step, ranks) if is_main else []):
                     log.print(warning)
-                log.metrics(window.row(step=step, epoch=state.epoch, lr=optimizer.param_groups[0]["lr"],
+                log.metrics(window.row(step=step, epoch=state.epoch, lr=phases[-1].optimizer.param_groups[0]["lr"],
                                        grad_norm=grad_norm, skipped_steps=state.skipped_steps,
                                        **{key: [r[key] for r in ranks] for key in ranks[0]}))
                 window = StepWindow()
             if step % cfg.train.val_interval == 0 or last_step:
-                val_loss = validate(model, criterion, val_loader, device, autocast, spec, prepare, step, log.writer,
-                                    output_dir, is_main)
+                val_loss = validate(phases[0].net if len(phases) == 1 else model, criterion, val_loader, device,
+                                    autocast, spec, prepare, step, log.writer, output_dir, is_main, cfg=cfg)
                 log.validation(step, state.epoch, val_loss)
             if n_stop or step % cfg.train.checkpoint_interval == 0 or last_step:
                 checkpoint()

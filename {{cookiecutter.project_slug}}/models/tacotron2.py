@@ -22,10 +22,10 @@ from torch.utils.data import Dataset
 from model import MODELS, Batch, BenchmarkCase, ModelSpec, register
 from modules.tacotron2 import Decoder, Encoder, Postnet, get_padding_mask
 from utils.audio_processing import check_wav_output, griffin_lim, save_wav
-from utils.config import Config, setting
+from utils.config import AudioConfig, Config, setting
 from utils.data_utils import DataError, load_splits
-from utils.plotting import plot_alignment, plot_gate, plot_spectrogram
-from utils.text import text_to_sequence
+from utils.plotting import add_audio, first_time, fixed_random_state, plot_alignment, plot_gate, plot_spectrogram
+from utils.text import sequence_to_text, text_to_sequence
 from utils.text.symbols import symbols
 from utils.text_mel_data import TextMelCollate, TextMelDataset, mel_cache_path
 
@@ -212,15 +212,21 @@ class Tacotron2Loss(nn.Module):
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     """Train and validation :class:`utils.text_mel_data.TextMelDataset` from ``cfg.data`` splits.
 
-    Clips longer than ``tacotron2.max_mel_frames`` (when > 0) are skipped in both, with a warning.
+    Clips longer than ``tacotron2.max_mel_frames`` (when > 0) are left out of both (whole clips: teacher
+    forcing needs the whole mel), with one warning line per split saying how many and the setting's value.
+
+    Raises:
+        DataError: the splits cannot be read (:func:`utils.data_utils.load_splits`), or the setting leaves no
+            training or no validation utterance (the message names ``tacotron2.max_mel_frames``, its value and
+            the longest clip's frame count).
     """
     train_utts, val_utts = load_splits(cfg.data)
     model_cfg = cfg.tacotron2
     max_frames = model_cfg.max_mel_frames if model_cfg.max_mel_frames > 0 else None
     cache = mel_cache_path(cfg.data.dataset_path, model_cfg.mel_cache_dir)
     return tuple(TextMelDataset(utts, cfg.audio, cache, text_cleaners=model_cfg.text_cleaners,
-                                max_mel_frames=max_frames)
-                 for utts in (train_utts, val_utts))
+                                max_mel_frames=max_frames, split=split, setting_prefix="tacotron2.")
+                 for utts, split in ((train_utts, "training"), (val_utts, "validation")))
 
 
 def count_items(batch: Batch) -> int:
@@ -238,11 +244,31 @@ def check_text(text: str, cfg: Config) -> str | None:
 
 
 def log_validation(model: nn.Module, batch: Batch, outputs: dict[str, torch.Tensor], step: int,
-                             writer: Any, output_dir: Any) -> None:
-    """Pictures of the first utterance of a validation batch.
+                   writer: Any, output_dir: Any, cfg: Config | None = None) -> None:
+    """Pictures and audio of the first utterance of a validation batch.
 
     Always saves ``output_dir/alignment_<step>.png``; with a TensorBoard ``writer`` also adds the figures
     ``alignment``, ``mel_target``, ``mel_predicted`` (post-net output) and ``gate``. Padding is cut off.
+
+    With a ``writer`` and the run's ``cfg``, also audio made with Griffin-Lim (:func:`griffin_lim_clip`; no
+    vocoder needed), at most :data:`LOG_AUDIO_SECONDS` of each, at ``audio.sampling_rate`` Hz:
+    ``audio/teacher_forced_griffin_lim`` (the post-net mel ``outputs["mel_postnet"][0]``),
+    ``audio/free_running_griffin_lim`` (:meth:`Tacotron2.inference` from the item's text, the same pre-net
+    dropout at every validation, see :func:`free_running_mel`), and at the first validation of the run only
+    ``audio/target_griffin_lim`` (the target mel: what Griffin-Lim makes of a perfect mel) and the text
+    ``audio/utterance`` (id and transcript). The validation loader does not shuffle and the collate sorts a
+    batch by text length, so the first item is the same utterance at every validation.
+
+    Args:
+        model: the :class:`Tacotron2` (unwrapped, in eval mode).
+        batch: from :class:`utils.text_mel_data.TextMelCollate`: ``{"text": (B, L), "text_lengths": (B,),
+            "mel": (B, n_mels, T), "gate": (B, T), "mel_lengths": (B,), "ids": [str] * B}``.
+        outputs: :meth:`Tacotron2.forward` of ``batch``: ``{"mel_postnet": (B, n_mels, T), "gate": (B, T),
+            "alignments": (B, T, L), ...}``.
+        step: the training step.
+        writer: a ``SummaryWriter`` or ``None``.
+        output_dir: the run's folder.
+        cfg: the run's config (its ``audio`` section); ``None``: no audio.
     """
     text_len, frames = int(batch["text_lengths"][0]), int(batch["mel_lengths"][0])
     alignment = outputs["alignments"][0, :frames, :text_len].float().cpu().T  # (L, T)
@@ -255,6 +281,74 @@ def log_validation(model: nn.Module, batch: Batch, outputs: dict[str, torch.Tens
     writer.add_figure("mel_predicted", plot_spectrogram(outputs["mel_postnet"][0, :, :frames]), step)
     writer.add_figure("gate", plot_gate(batch["gate"][0, :frames],
                                         torch.sigmoid(outputs["gate"][0, :frames].float())), step)
+    if cfg is None:
+        return
+    audio_cfg = cfg.audio
+    max_frames = max(2, int(LOG_AUDIO_SECONDS * audio_cfg.sampling_rate / audio_cfg.hop_length))
+    crop = min(frames, max_frames)
+    text = batch["text"][0, :text_len]
+    if first_time(writer, "audio/target_griffin_lim"):
+        writer.add_text("audio/utterance", f"{utt}: {sequence_to_text(text.tolist())}", step)
+        _add_griffin_lim(writer, "audio/target_griffin_lim", batch["mel"][0, :, :crop], step, audio_cfg)
+    _add_griffin_lim(writer, "audio/teacher_forced_griffin_lim", outputs["mel_postnet"][0, :, :crop], step,
+                     audio_cfg)
+    _add_griffin_lim(writer, "audio/free_running_griffin_lim", free_running_mel(model, text, max_frames), step,
+                     audio_cfg)
+
+
+LOG_AUDIO_SECONDS = 3.0
+"""Longest clip :func:`log_validation` turns into audio, in seconds (Griffin-Lim of 3 s with
+:data:`LOG_GRIFFIN_LIM_ITERS` iterations takes about a second of CPU time)."""
+LOG_GRIFFIN_LIM_ITERS = 32
+"""Griffin-Lim iterations of the validation clips: enough to hear the words, far from vocoder quality."""
+
+
+def griffin_lim_clip(log_mel: torch.Tensor, audio_cfg: AudioConfig,
+                     n_iter: int = LOG_GRIFFIN_LIM_ITERS) -> torch.Tensor:
+    """A log-mel ``(n_mels, frames)`` made audible: ``(frames * hop_length,)`` float32 samples on the CPU at
+    ``audio_cfg.sampling_rate`` Hz, clipped to [-1, 1].
+
+    :func:`utils.audio_processing.griffin_lim` (``inference.py``'s Griffin-Lim) gives ``(frames - 1) *
+    hop_length`` samples (librosa's frames are centred on their first sample); the last hop is filled with
+    zeros so that the clip lasts as long as the mel. A mel too short for that to fill one STFT window
+    (``(frames - 1) * hop_length < n_fft``, 4 frames or fewer by default) gives silence.
+
+    Raises:
+        ValueError: see :func:`utils.audio_processing.griffin_lim` (wrong shape, NaN or inf).
+    """
+    samples = log_mel.shape[1] * audio_cfg.hop_length
+    if (log_mel.shape[1] - 1) * audio_cfg.hop_length < audio_cfg.n_fft:
+        return torch.zeros(samples)
+    audio = torch.from_numpy(griffin_lim(log_mel, audio_cfg, n_iter)).clamp(-1.0, 1.0)
+    return F.pad(audio, (0, max(0, samples - audio.numel())))[:samples]
+
+
+def free_running_mel(model: Tacotron2, text: torch.Tensor, max_frames: int) -> torch.Tensor:
+    """The post-net mel ``(n_mels, T)`` that :meth:`Tacotron2.inference` makes of symbol ids ``text`` ``(L,)``,
+    cut at ``max_frames`` frames (``T <= max_frames``; decoding stops there, without the usual warning).
+
+    Runs under :func:`utils.plotting.fixed_random_state`: the pre-net's dropout (on at inference too) draws
+    the same masks at every call, and the training run's random stream is left as it was.
+    """
+    decoder = model.decoder
+    limit = decoder.max_decoder_steps
+    decoder.max_decoder_steps = min(limit, max_frames)
+    try:
+        with fixed_random_state(text.device), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Tacotron2 decoder reached max_decoder_steps")
+            mel = model.inference(text.unsqueeze(0))[0][0]
+    finally:
+        decoder.max_decoder_steps = limit
+    return mel.float()
+
+
+def _add_griffin_lim(writer: Any, tag: str, log_mel: torch.Tensor, step: int, audio_cfg: AudioConfig) -> None:
+    """Add :func:`griffin_lim_clip` of ``log_mel`` ``(n_mels, frames)`` to TensorBoard as ``tag``; a mel with NaN
+    or inf (a diverged model) is left out with a warning instead."""
+    if not torch.isfinite(log_mel).all():
+        warnings.warn(f"step {step}: the mel of '{tag}' holds NaN or infinite values; no audio")
+        return
+    add_audio(writer, tag, griffin_lim_clip(log_mel, audio_cfg), step, audio_cfg.sampling_rate)
 
 
 def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
@@ -262,7 +356,7 @@ def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
                               longest_mel: int = 800) -> Batch:
     """Random padded Tacotron2 batch, laid out as :class:`utils.text_mel_data.TextMelCollate` lays it out.
 
-    Lengths are drawn exactly as NVIDIA's reference benchmark draws them (``shared/bench``; same calls
+    Lengths are drawn exactly as NVIDIA's reference benchmark harness draws them (same calls
     on the same generator, so a generator seeded 0 gives the same lengths and the same mel-frame count):
     text lengths uniform in ``[text_lengths[0], text_lengths[1])`` sorted descending, mel lengths uniform
     in ``[mel_lengths[0], mel_lengths[1])`` with the first set to ``longest_mel``. Symbols are uniform in
@@ -431,7 +525,7 @@ def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch
     return outputs
 
 
-# --- scripts/benchmark.py: NVIDIA's published shapes (shared/bench/reference_train_step.py) ---------------------
+# --- scripts/benchmark.py: NVIDIA's published shapes (those of its reference benchmark harness) -----------------
 
 _FULL = {"text_lengths": (60, 160), "mel_lengths": (300, 800), "longest_mel": 800}
 _TINY = {"text_lengths": (6, 16), "mel_lengths": (20, 40), "longest_mel": 40}

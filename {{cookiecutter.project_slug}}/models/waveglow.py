@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import pickle
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -21,7 +20,8 @@ from model import Batch, BenchmarkCase, ModelSpec, register
 from modules.waveglow import WN, Invertible1x1Conv, at_least_fp32
 from utils.audio_processing import MelSpectrogram, check_wav_output, save_wav
 from utils.config import Config, setting
-from utils.data_utils import AudioMelDataset, DataError, collate_audio_mel, load_splits, load_wav
+from utils.data_utils import AudioMelDataset, collate_audio_mel, load_splits, read_mel
+from utils.plotting import add_audio, first_time, fixed_random_state
 
 
 @dataclasses.dataclass
@@ -203,7 +203,7 @@ def mel_on_device(batch: Batch, cfg: Config) -> Batch:
 
 def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
                     segment_length: Optional[int] = None) -> Batch:
-    """Random WaveGlow batch with the shapes of NVIDIA's reference benchmark (``shared/bench``).
+    """Random WaveGlow batch with the shapes of NVIDIA's reference benchmark harness.
 
     ``{"mel": (B, n_mels, segment // hop_length + 1) standard normal, "audio": (B, segment) normal with
     standard deviation 0.1, "ids": [str] * B}``, float32 on the CPU. (The data pipeline's centred STFT
@@ -270,41 +270,50 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sigma", type=float, help="noise scale (default: waveglow.infer_sigma, 0.6)")
 
 
-def read_mel(args: argparse.Namespace, cfg: Config) -> torch.Tensor:
-    """The mel ``(n_mels, frames)`` to vocode: from ``--mel`` (a tensor file) or the mel of ``--wav``.
-
-    Raises:
-        DataError: a missing, unreadable or misshapen file, or a wav too short for one STFT window.
-    """
-    if args.wav:
-        audio = load_wav(args.wav, cfg.audio.sampling_rate)
-        mel_fn = MelSpectrogram.from_config(cfg.audio)
-        if audio.numel() < mel_fn.min_samples:
-            raise DataError(f"--wav {args.wav}: {audio.numel()} samples is shorter than one STFT window "
-                            f"({mel_fn.min_samples} samples at {cfg.audio.sampling_rate} Hz)")
-        return mel_fn(audio)
-    try:
-        mel = torch.load(args.mel, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise DataError(f"--mel {args.mel}: no such file") from None
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, KeyError, IndexError, TypeError,
-            AttributeError) as err:
-        raise DataError(f"--mel {args.mel}: not a tensor saved with torch.save ({type(err).__name__})") from None
-    if not torch.is_tensor(mel) or mel.dim() not in (2, 3) or (mel.dim() == 3 and mel.shape[0] != 1):
-        raise DataError(f"--mel {args.mel}: expected a tensor of shape (n_mels, frames) or (1, n_mels, frames)")
-    mel = mel.reshape(mel.shape[-2], mel.shape[-1]).float()
-    if mel.shape[0] != cfg.audio.n_mels:
-        raise DataError(f"--mel {args.mel}: has {mel.shape[0]} mel channels, the model expects {cfg.audio.n_mels}")
-    if not torch.isfinite(mel).all():
-        raise DataError(f"--mel {args.mel}: holds NaN or infinite values")
-    return mel
-
-
 def vocode(model: nn.Module, mel: torch.Tensor, cfg: Config, sigma: Optional[float] = None) -> torch.Tensor:
     """Mel ``(n_mels, frames)`` -> audio ``(samples,)`` in [-1, 1] on the CPU (``sigma``: ``waveglow.infer_sigma``)."""
     device = next(model.parameters()).device
     sigma = cfg.waveglow.infer_sigma if sigma is None else sigma
     return model.infer(mel.unsqueeze(0).to(device), sigma=sigma)[0].float().cpu()
+
+
+LOG_AUDIO_SECONDS = 2.0
+"""Longest clip vocoded for TensorBoard at each validation, in seconds (the validation crop,
+``waveglow.segment_length`` samples, is usually shorter)."""
+
+
+def log_validation(model: nn.Module, batch: Batch, outputs, step: int, writer: Any, output_dir: Any,
+                   cfg: Optional[Config] = None) -> None:
+    """Audio of the first utterance of a validation batch, for TensorBoard's audio tab.
+
+    ``audio/vocoded``: the mel of that item ``batch["mel"][0]`` ``(n_mels, frames)``, at most
+    :data:`LOG_AUDIO_SECONDS` of it, vocoded by :func:`vocode` (``waveglow.infer_sigma``) with the same noise
+    at every validation (:func:`utils.plotting.fixed_random_state`): ``frames * hop_length`` samples at
+    ``audio.sampling_rate`` Hz. ``audio/ground_truth``: the item's audio ``batch["audio"][0]``, as many
+    samples, at the first validation of the run only. The validation set's crops are the first
+    ``segment_length`` samples of each clip and its loader does not shuffle, so it is the same utterance
+    and the same crop every time. Nothing is written without a ``writer`` or a ``cfg`` (``output_dir`` and
+    ``outputs`` are not used).
+
+    Args:
+        model: the :class:`WaveGlow` (unwrapped, in eval mode).
+        batch: ``{"mel": (B, n_mels, frames), "audio": (B, samples), ...}`` on the model's device.
+        outputs: the model's outputs for ``batch`` (unused).
+        step: the training step.
+        writer: a ``SummaryWriter`` or ``None``.
+        output_dir: the run's folder (unused).
+        cfg: the run's config (``audio`` and ``waveglow`` sections).
+    """
+    if writer is None or cfg is None:
+        return
+    rate, hop = cfg.audio.sampling_rate, cfg.audio.hop_length
+    frames = max(1, min(batch["mel"].shape[2], int(LOG_AUDIO_SECONDS * rate / hop)))
+    mel = batch["mel"][0, :, :frames].float()
+    with fixed_random_state(mel.device):
+        audio = vocode(model, mel, cfg)
+    add_audio(writer, "audio/vocoded", audio, step, rate)
+    if first_time(writer, "audio/ground_truth"):
+        add_audio(writer, "audio/ground_truth", batch["audio"][0, :frames * hop], step, rate)
 
 
 def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch.device) -> list[Path]:
@@ -325,7 +334,7 @@ def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch
     return [output]
 
 
-# --- scripts/benchmark.py: NVIDIA's published shapes (shared/bench/reference_train_step.py) ---------------------
+# --- scripts/benchmark.py: NVIDIA's published shapes (those of its reference benchmark harness) -----------------
 
 _TINY = ("waveglow.n_flows=4", "waveglow.n_early_every=2", "waveglow.wn_layers=2")
 BENCHMARK_CASES = (
@@ -349,6 +358,7 @@ register("waveglow", ModelSpec(
     add_inference_args=add_inference_args,
     infer=infer,
     vocode=vocode,
+    log_validation=log_validation,
     synthetic_batch=synthetic_batch,
     optimize_for_training=optimize_for_training,
     benchmark_cases=BENCHMARK_CASES,

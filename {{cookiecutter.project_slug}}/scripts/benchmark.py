@@ -4,6 +4,7 @@
     python scripts/benchmark.py --model NAME --precision bf16 --json ours.json
     python scripts/benchmark.py --eager                           # the plain eager path, for comparison
     python scripts/benchmark.py --tiny --device cpu               # CPU smoke run (under a minute)
+    python scripts/benchmark.py --device cpu --full-size          # full-size models on a CPU (minutes a step)
     python scripts/benchmark.py --check                           # fast path loss vs eager float32 loss
     python scripts/benchmark.py --loader --dataset-path DIR       # input pipeline items/s
 
@@ -12,17 +13,18 @@ needs is skipped with a line saying so.
 
 **Train step** (default). For each case and precision: build the model with ``build_model`` (seed 0), its
 loss with ``build_criterion``, one batch from ``synthetic_batch`` (seed 0) on the device, and time the
-step ``train.py`` runs (``train.forward_backward``: forward and loss under autocast, backward through the
-GradScaler, unscale, gradient-norm clipping; then the optimizer step and the scaler update). The per-step
-all-reduce and logging of ``train.py`` are left out. Timing as the reference harness
-(``shared/bench/reference_train_step.py``): ``--warmup`` untimed steps, then ``--steps`` steps each timed
-with CUDA events (``time.perf_counter`` on the CPU), and the median (the upper one for an even count).
-One JSON row per case and precision: ``case``, ``mode`` (``tf32``, ``amp-bf16``, ``amp-fp16``: the
+step ``train.py`` runs: for each of the model's optimizers (one, or one per ``ModelSpec.phases``, e.g. a
+GAN's discriminator then generator) ``train.forward_backward`` (forward and loss under autocast, backward
+through the GradScaler, unscale, gradient-norm clipping) and that optimizer's step; then the scaler update.
+The per-step all-reduce, checks and logging of ``train.py`` are left out. Timing as NVIDIA's reference
+harness times its models (the harness is not part of this project): ``--warmup`` untimed steps, then
+``--steps`` steps each timed with CUDA events (``time.perf_counter`` on the CPU), and the median (the upper
+one for an even count). One JSON row per case and precision: ``case``, ``mode`` (``tf32``, ``amp-bf16``, ``amp-fp16``: the
 reference's names), ``step_s``, ``items_per_s`` (``count_items`` per second: audio samples or mel frames
 for the examples, as NVIDIA's tables), ``peak_gib`` (``torch.cuda.max_memory_allocated``, model and
-optimizer included; ``null`` on the CPU), plus ``path`` (``fast``/``eager``), ``items_per_step``,
-``params_m``, ``loss``. ``--compare REF.json`` adds ``ratio_vs_reference`` (our items/s over the
-reference's, same case and mode).
+optimizer included; ``null`` on the CPU), plus ``path`` (``fast``/``eager``), ``tiny`` (true for the
+small shapes below), ``items_per_step``, ``params_m``, ``loss``. ``--compare REF.json`` adds
+``ratio_vs_reference`` (our items/s over the reference's, same case and mode).
 
 Cases are each model's ``benchmark_cases`` (the example models carry the names and shapes of the
 reference); their settings are the config dataclasses' defaults (NVIDIA's published LJSpeech models,
@@ -30,6 +32,19 @@ which the reference runs) plus the case's own keys, and ``--set`` changes them. 
 ``config.json`` with its ``tiny`` block instead and each case's smaller ``tiny`` shape, for a smoke run on a
 CPU. A model with a ``synthetic_batch`` but no cases gets one, ``<name>_b<batch_size>``, from
 ``config.json``.
+
+**Tiny rows are named after their tiny shape**, never after the full-size case they stand in for:
+``tiny_<model>_b<batch size>`` plus ``_<first letter of the key><value>`` for each integer keyword of
+``synthetic_batch`` (``tiny_waveglow_b2_s2048``: batch 2 of 2048-sample crops), or ``tiny_<name>`` when
+the case's ``tiny`` shape has a name of its own. Such rows carry ``"tiny": true`` and ``full_size_case``, the
+name of the full-size case. ``--cases`` takes either name.
+
+**On a CPU, tiny is the default.** A full-size train step takes minutes on a CPU, so without ``--tiny`` and
+without ``--full-size`` a CPU run uses the tiny shapes and says so in one line; ``--full-size`` times the
+full-size models anyway, after one line saying what that costs. On CUDA, full size is the default.
+
+**Progress.** Every timed case and every loader measurement shows a tqdm bar on stderr (steps or batches
+done, seconds each); JSON rows and tables go to stdout. ``--no-progress`` hides the bars.
 
 The fast path is ``ModelSpec.optimize_for_training`` (what ``train.compile=true`` selects). It is the
 default on CUDA; on the CPU the default is the eager path (compilation there takes minutes for the
@@ -60,7 +75,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import itertools
 import json
 import sys
 import time
@@ -72,10 +86,11 @@ if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
 import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 from model import MODELS, BenchmarkCase, ModelSpec, config_schemas  # noqa: E402
-from train import (batch_stream, forward_backward, load_run_config, make_loader, on_device_hook,  # noqa: E402
-                   setup_precision, to_device)
+from train import (TrainingError, batch_stream, build_optimizers, build_phases, forward_backward,  # noqa: E402
+                   load_run_config, make_loader, on_device_hook, one_loss_step, setup_precision, to_device)
 from utils.checkpoint import TrainState  # noqa: E402
 from utils.config import Config, ConfigError, build_config, load_config  # noqa: E402
 from utils.data_utils import DataError  # noqa: E402
@@ -84,7 +99,15 @@ PRECISION_MODES = {"fp32": "fp32", "tf32": "tf32", "bf16": "amp-bf16", "fp16": "
 """Our ``train.precision`` names -> the reference harness's ``mode`` names."""
 
 CHECK_LIMITS = {"fp32": 1e-5, "bf16": 2e-2}
-"""Largest relative loss difference, fast path vs eager float32, per precision (the issue's targets)."""
+"""Largest relative loss difference, fast path vs eager float32, per precision (no unit: a ratio)."""
+
+CPU_TINY_NOTE = ("on a CPU a full-size train step takes minutes: using the tiny shapes (config.json's tiny "
+                 "block, each case's tiny shape; rows named tiny_...); add --full-size to time full size anyway")
+"""The line a CPU run without ``--tiny`` or ``--full-size`` prints before it starts."""
+
+CPU_FULL_SIZE_NOTE = ("--full-size on a CPU: a full-size train step of the example models takes minutes (over "
+                      "100 s on 2 cores), and each case runs --warmup + --steps of them; --tiny is the CPU smoke run")
+"""The line a CPU run with ``--full-size`` prints before it starts: what it will cost."""
 
 
 class BenchmarkError(RuntimeError):
@@ -125,9 +148,36 @@ def case_config(name: str, case: BenchmarkCase, args: argparse.Namespace) -> tup
     return cfg, shape
 
 
-def case_name(name: str, case: BenchmarkCase, shape: BenchmarkCase) -> str:
-    """The row's case name (a default case is named after its batch size)."""
-    return f"{name}_b{shape.batch_size}" if case.name.endswith("_default") else case.name
+def case_name(name: str, case: BenchmarkCase, shape: BenchmarkCase, tiny: bool) -> str:
+    """The row's case name: the case's own name at full size (a default case is ``<name>_b<batch_size>``).
+
+    With ``tiny``, a name built from the tiny ``shape`` that the rows actually time:
+    ``tiny_<model>_b<batch size>`` plus ``_<first letter of key><value>`` for every integer
+    ``batch_kwargs`` entry, in key order (``tiny_waveglow_b2_s2048``: batch 2, 2048-sample crops); or
+    ``tiny_<name>`` when ``case.tiny`` has a name of its own.
+    """
+    if not tiny:
+        return f"{name}_b{shape.batch_size}" if case.name.endswith("_default") else case.name
+    if case.tiny is not None and case.tiny.name:
+        return case.tiny.name if case.tiny.name.startswith("tiny_") else f"tiny_{case.tiny.name}"
+    sizes = "".join(f"_{key[0]}{value}" for key, value in sorted(shape.batch_kwargs.items())
+                    if isinstance(value, int) and not isinstance(value, bool))
+    return f"tiny_{name}_b{shape.batch_size}{sizes}"
+
+
+def shape_fields(name: str, case: BenchmarkCase, args: argparse.Namespace) -> dict[str, Any]:
+    """``tiny`` for every row, and for a tiny row of a named case ``full_size_case``: the case it stands in for."""
+    fields: dict[str, Any] = {"tiny": bool(args.tiny)}
+    if args.tiny and not case.name.endswith("_default"):
+        fields["full_size_case"] = case.name
+    return fields
+
+
+def progress_bar(total: int, desc: str, unit: str, enabled: bool) -> tqdm:
+    """A tqdm bar on stderr for ``total`` ``unit`` s (it is drawn at once, so a slow first step still shows
+    that work started); removed when closed, so that stdout's rows and tables stay readable."""
+    return tqdm(total=total, desc=desc, unit=unit, leave=False, file=sys.stderr, disable=not enabled,
+                dynamic_ncols=True)
 
 
 def synchronize(device: torch.device) -> None:
@@ -136,54 +186,75 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def median_step_time(step: Callable[[], Any], warmup: int, steps: int, device: torch.device) -> float:
+def median_step_time(step: Callable[[], Any], warmup: int, steps: int, device: torch.device, desc: str = "steps",
+                     progress: bool = True) -> float:
     """Seconds per call of ``step``: ``warmup`` untimed calls, then the median of ``steps`` timed ones.
 
     CUDA: each step between two CUDA events (the device's own time, queued work included); CPU:
     ``time.perf_counter``. The median is ``sorted(times)[steps // 2]``, as in the reference harness.
+    With ``progress``, a tqdm bar ``desc`` on stderr counts the ``warmup + steps`` calls (the bar's own
+    drawing happens between timed calls, never inside one).
     """
-    for _ in range(warmup):
-        step()
-    synchronize(device)
-    times = []
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(steps):
-            start.record()
+    with progress_bar(warmup + steps, desc, "step", progress) as bar:
+        for _ in range(warmup):
             step()
-            end.record()
-            torch.cuda.synchronize(device)
-            times.append(start.elapsed_time(end) / 1e3)
-    else:
-        for _ in range(steps):
-            begin = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - begin)
+            synchronize(device)
+            bar.update()
+        times = []
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            for _ in range(steps):
+                start.record()
+                step()
+                end.record()
+                torch.cuda.synchronize(device)
+                times.append(start.elapsed_time(end) / 1e3)
+                bar.update()
+        else:
+            for _ in range(steps):
+                begin = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - begin)
+                bar.update()
     times.sort()
     return times[len(times) // 2]
 
 
 def make_train_step(model: torch.nn.Module, criterion: Callable, batch: dict, cfg: Config, spec: ModelSpec,
-                    model_cfg: Any, precision: str, device: torch.device) -> Callable[[], torch.Tensor]:
-    """The optimizer step of ``train.py`` (one micro-batch) as a closure returning the detached loss.
+                    name: str, precision: str, device: torch.device) -> Callable[[], torch.Tensor]:
+    """The optimizer step of ``train.py`` (one micro-batch, one process) as a closure returning ``{"loss": the
+    detached loss of its last phase}``, with ``loss_<phase>`` and the named metrics of each phase for a model
+    with several optimizers (as ``train.py`` logs them).
 
-    ``train.forward_backward`` on the same batch every time (autocast and GradScaler from
-    ``setup_precision``, gradient clipping to ``train.grad_clip``, the model's ``on_device`` hook), then the
-    optimizer the model's spec builds (Adam by default, fused on CUDA) and the scaler update. The per-step all-reduce of ``train.py``
-    is left out (one process).
+    The model's optimizers as ``train.py`` builds them (``train.build_optimizers``: Adam by default, fused on
+    CUDA; one per ``ModelSpec.phases`` name for a model with several) and its phases
+    (``train.build_phases``). Each step moves the same batch through the model's ``on_device`` hook, then for
+    each phase in order runs ``train.forward_backward`` (forward and loss under autocast from
+    ``setup_precision``, backward through the GradScaler, unscale, clipping to ``train.grad_clip``) and that
+    phase's optimizer step; the scaler updates once per step and the gradients are cleared. The per-step
+    all-reduce, spike checks and LR schedule of ``train.py`` are left out.
+
+    Raises:
+        TrainingError: the model's ``build_optimizer`` or ``networks`` do not match its phases.
     """
     autocast, scaler = setup_precision(precision, device)
-    optimizer = spec.build_optimizer(model, model_cfg, device)
-    batches = itertools.repeat(batch)
+    optimizers = build_optimizers(spec, name, model, cfg.section(name), device)
+    no_schedule = {phase: (None, "step") for phase in optimizers}  # the benchmark keeps the learning rate fixed
+    phases = build_phases(spec, name, model, optimizers, no_schedule, cfg)
+    step_fn = spec.train_step or one_loss_step(criterion)
     prepare = on_device_hook(spec, cfg)
 
-    def step() -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
-        result = forward_backward(model, criterion, batches, scaler, autocast, spec, 1, 1, cfg.train.grad_clip,
-                                  optimizer, device, prepare)
-        scaler.step(optimizer)
+    def step() -> dict[str, torch.Tensor]:
+        micro, losses = [to_device(batch, device, prepare)], {}
+        for phase in phases:
+            result = forward_backward(phase, phases, step_fn, micro, scaler, autocast, 1, cfg.train.grad_clip)
+            scaler.step(phase.optimizer)
+            if len(phases) > 1:
+                losses.update({f"loss_{phase.name}": result.loss, **result.metrics})
         scaler.update()
-        return result.loss
+        for phase in phases:
+            phase.optimizer.zero_grad(set_to_none=True)
+        return {"loss": result.loss, **losses}
     return step
 
 
@@ -239,25 +310,28 @@ def bench_case(name: str, case: BenchmarkCase, precision: str, args: argparse.Na
     cfg, shape = case_config(name, case, args)
     spec = MODELS[name]
     fast = use_fast_path(args, device) and spec.optimize_for_training is not None
-    row: dict[str, Any] = {"case": case_name(name, case, shape), "mode": PRECISION_MODES[precision],
-                           "path": "fast" if fast else "eager"}
+    row: dict[str, Any] = {"case": case_name(name, case, shape, args.tiny), "mode": PRECISION_MODES[precision],
+                           "path": "fast" if fast else "eager", **shape_fields(name, case, args)}
     torch.backends.cudnn.benchmark = cfg.train.cudnn_benchmark
     release(device)
     model = None
     try:
         model, criterion, batch = build(spec, cfg, shape, device, fast, args)
-        step = make_train_step(model, criterion, batch, cfg, spec, cfg.section(name), precision, device)
+        step = make_train_step(model, criterion, batch, cfg, spec, name, precision, device)
         last = {}
 
         def timed_step() -> None:
             last["loss"] = step()
-        seconds = median_step_time(timed_step, args.warmup, args.steps, device)
+        seconds = median_step_time(timed_step, args.warmup, args.steps, device,
+                                   f"{row['case']} {row['mode']} ({row['path']})", args.progress)
         items = spec.count_items(batch)
         row.update(step_s=round(seconds, 4), items_per_s=round(items / seconds),
                    peak_gib=round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda"
                    else None,
                    items_per_step=items, params_m=round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
-                   loss=round(float(last["loss"]), 5), steps=args.steps, warmup=args.warmup)
+                   loss=round(float(last["loss"]["loss"]), 5), steps=args.steps, warmup=args.warmup,
+                   **({"losses": {k: round(float(v), 5) for k, v in last["loss"].items() if k != "loss"}}
+                      if len(last["loss"]) > 1 else {}))
     except (torch.cuda.OutOfMemoryError, RuntimeError) as err:  # compiler failures are RuntimeErrors too
         row["error"] = repr(err)[:300]
     finally:
@@ -309,9 +383,9 @@ def check_case(name: str, case: BenchmarkCase, args: argparse.Namespace, device:
         loss, grads = loss_and_grads(fast, criterion, batch, precision, device)
         rel = abs(loss - ref_loss) / max(abs(ref_loss), 1e-12)
         grad_rel = float((grads - ref_grads).norm() / ref_grads.norm().clamp(min=1e-12))
-        rows.append({"case": case_name(name, case, shape), "mode": f"check-{PRECISION_MODES[precision]}",
-                     "path": "fast", "loss_eager_fp32": ref_loss, "loss": loss, "loss_rel_diff": rel,
-                     "limit": limit, "ok": bool(rel < limit), "grad_rel_diff": grad_rel})
+        rows.append({"case": case_name(name, case, shape, args.tiny), "mode": f"check-{PRECISION_MODES[precision]}",
+                     "path": "fast", **shape_fields(name, case, args), "loss_eager_fp32": ref_loss, "loss": loss,
+                     "loss_rel_diff": rel, "limit": limit, "ok": bool(rel < limit), "grad_rel_diff": grad_rel})
     return rows
 
 
@@ -346,7 +420,8 @@ def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str
                 train_set.cache_dir = cache_dir
             for workers in args.workers:
                 rows.append(time_loader(spec, config(workers), train_set, name, f"loader_{name}_{label}",
-                                        args.steps, device))
+                                        args.steps, device, args.progress))
+                rows[-1]["tiny"] = bool(args.tiny)
                 emit(rows[-1])
     return rows
 
@@ -379,12 +454,13 @@ def step_on_real_batch(spec: ModelSpec, cfg: Config, train_set, name: str, args:
     items = spec.count_items(batch)
     torch.manual_seed(0)
     model = spec.build_model(cfg).to(device)
-    step = make_train_step(model, spec.build_criterion(cfg), to_device(batch, device), cfg, spec, cfg.section(name),
+    step = make_train_step(model, spec.build_criterion(cfg), to_device(batch, device), cfg, spec, name,
                            cfg.train.precision, device)
-    seconds = median_step_time(step, args.warmup, min(args.steps, 5 if device.type == "cpu" else 20), device)
+    seconds = median_step_time(step, args.warmup, min(args.steps, 5 if device.type == "cpu" else 20), device,
+                               f"train_{name} ({cfg.train.precision}, batch {batch_size})", args.progress)
     release(device)
     return {"case": f"train_{name}", "mode": "train", "precision": cfg.train.precision, "batch_size": batch_size,
-            "step_s": round(seconds, 4), "items_per_s": round(items / seconds)}
+            "step_s": round(seconds, 4), "items_per_s": round(items / seconds), "tiny": bool(args.tiny)}
 
 
 def print_loader_table(rows: list[dict]) -> None:
@@ -406,11 +482,12 @@ def print_loader_table(rows: list[dict]) -> None:
 
 
 def time_loader(spec: ModelSpec, cfg: Config, train_set, name: str, label: str, batches: int,
-                device: torch.device) -> dict:
+                device: torch.device, progress: bool = True) -> dict:
     """Items/s of ``train.py``'s training DataLoader over ``train_set``, ``batches`` batches after the first one.
 
     The batches come from ``train.batch_stream`` (epochs restart as in training) and are moved to
-    ``device`` as ``train.py`` moves them (non-blocking from pinned memory).
+    ``device`` as ``train.py`` moves them (non-blocking from pinned memory). With ``progress``, a tqdm bar
+    on stderr counts the ``batches + 1`` batches.
 
     Raises:
         BenchmarkError: the dataset is too small for one batch.
@@ -418,17 +495,20 @@ def time_loader(spec: ModelSpec, cfg: Config, train_set, name: str, label: str, 
     batch_size = cfg.section(name).batch_size
     loader = training_loader(spec, cfg, train_set, name, device)
     stream = batch_stream(loader, TrainState())
-    begin = time.perf_counter()
-    to_device(next(stream), device)
-    first = time.perf_counter() - begin
-    items = 0
-    begin = time.perf_counter()
-    for _ in range(batches):
-        batch = next(stream)
-        items += spec.count_items(batch)
-        to_device(batch, device)
-    synchronize(device)
-    seconds = time.perf_counter() - begin
+    with progress_bar(batches + 1, f"{label} ({cfg.data.num_workers} workers)", "batch", progress) as bar:
+        begin = time.perf_counter()
+        to_device(next(stream), device)
+        first = time.perf_counter() - begin
+        bar.update()
+        items = 0
+        begin = time.perf_counter()
+        for _ in range(batches):
+            batch = next(stream)
+            items += spec.count_items(batch)
+            to_device(batch, device)
+            bar.update()
+        synchronize(device)
+        seconds = time.perf_counter() - begin
     return {"case": label, "mode": "loader", "workers": cfg.data.num_workers, "batch_size": batch_size,
             "batches": batches, "items_per_s": round(items / seconds), "batches_per_s": round(batches / seconds, 2),
             "first_batch_s": round(first, 3), "utterances": len(train_set)}
@@ -443,7 +523,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         help="comma-separated precisions among fp32, tf32, bf16, fp16 (default: tf32,bf16,fp16)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
                         help="default: cuda when available, else cpu")
-    parser.add_argument("--tiny", action="store_true", help="config.json's tiny block and small batches (CPU smoke)")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--tiny", action="store_true",
+                      help="config.json's tiny block and small batches (CPU smoke; the default on a CPU)")
+    size.add_argument("--full-size", action="store_true",
+                      help="full-size models and batches on a CPU too (minutes a step; the default on CUDA)")
     parser.add_argument("--json", dest="json_out", help="write the rows to this JSON file (after every row)")
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps (default 20 on CUDA, 3 on the CPU; loader: batches, default 50)")
@@ -465,6 +549,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         help="config for --tiny, --loader and models without a reference case")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config value; repeatable")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars on stderr")
     args = parser.parse_args(argv)
     args.models = list(MODELS) if args.model == "all" else args.model.split(",")
     unknown = [m for m in args.models if m not in MODELS]
@@ -479,6 +564,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available (use --device cpu)")
     cpu = args.device == "cpu"
+    args.size_note = ""
+    if cpu and not args.tiny and not args.full_size:
+        args.tiny, args.size_note = True, CPU_TINY_NOTE
+    elif cpu and args.full_size:
+        args.size_note = CPU_FULL_SIZE_NOTE
     if args.steps is None:
         args.steps = 50 if args.loader else (3 if cpu else 20)
     if args.warmup is None:
@@ -510,6 +600,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device: {name} torch {torch.__version__}; threads {torch.get_num_threads()}", flush=True)
+    if args.size_note:
+        print(args.size_note, flush=True)
     reference = {}
     if args.compare:
         reference = {(r["case"], r["mode"]): r for r in json.loads(Path(args.compare).read_text())
@@ -533,7 +625,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.cases != "all":
             wanted = args.cases.split(",")
             cases = [(name, case) for name, case in cases
-                     if case.name in wanted or case_name(name, case, case_config(name, case, args)[1]) in wanted]
+                     if case.name in wanted or case_name(name, case, case_config(name, case, args)[1], args.tiny)
+                     in wanted]
             if not cases:
                 raise BenchmarkError(f"--cases {args.cases}: none of them belongs to {', '.join(args.models)}")
         if args.check:
@@ -552,7 +645,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             for precision in args.precisions:
                 emit(bench_case(name, case, precision, args, device))
         print_table(rows)
-    except (ConfigError, DataError, BenchmarkError) as err:
+    except (ConfigError, DataError, BenchmarkError, TrainingError) as err:
         print(f"ERROR: {err}", file=sys.stderr)
         return 1
     return 0

@@ -13,7 +13,10 @@ question, all over the same step axis:
 * **data wait**: the share of each step spent waiting for the DataLoader; above the dashed 10% line the
   accelerator idles (raise ``data.num_workers``, use the model's mel cache);
 * **gradient norm** (before clipping, log scale): a climb often comes before a loss explosion;
-* **memory per rank** when the rows carry it (``memory_gib``: a list, one value per rank).
+* **memory per rank** when the rows carry it (``memory_gib``: a list, one value per rank);
+* for a model with several optimizers (rows with ``losses``): one panel of every phase's loss
+  (``loss_<phase>``: the discriminator's and the generator's, say), one per named loss or metric of its
+  ``train_step`` (``mel_l1``, ...), and the gradient norm of each phase in the gradient-norm panel.
 
 Exit status 1 with one ``ERROR:`` line when the folder holds no readable ``metrics.jsonl``.
 """
@@ -46,6 +49,14 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def series(rows: list[dict], key: str, positive: bool = False) -> tuple[list, list]:
+    """``(steps, values)`` of the named loss ``key`` (``row["losses"][key]``) in the rows that have it
+    (``positive``: only values above zero, for a log axis)."""
+    found = [(r["step"], r["losses"][key]) for r in rows if key in r.get("losses", {})
+             and (not positive or r["losses"][key] > 0)]
+    return [step for step, _ in found], [value for _, value in found]
+
+
 def plot_run(output_dir: Path, out: Path) -> Path:
     """Draw the run in ``output_dir`` into the PNG ``out``; returns ``out``.
 
@@ -63,7 +74,11 @@ def plot_run(output_dir: Path, out: Path) -> Path:
     anomalies = read_jsonl(output_dir / "anomalies.jsonl")
     steps = [r["step"] for r in rows]
     memory = [r for r in rows if r.get("memory_gib")]
-    panels = 5 if memory else 4
+    named = list(dict.fromkeys(key for r in rows for key in r.get("losses", {})))
+    phase_losses = [key for key in named if key.startswith("loss_")]
+    phase_norms = [key for key in named if key.startswith("grad_norm_")]
+    metrics = [key for key in named if key not in phase_losses and key not in phase_norms]
+    panels = 4 + bool(memory) + bool(phase_losses) + len(metrics)
 
     figure = Figure(figsize=(10, 2.4 * panels))
     FigureCanvasAgg(figure)
@@ -89,16 +104,34 @@ def plot_run(output_dir: Path, out: Path) -> Path:
     axes[2].set_ylabel("data wait, % of step")
     axes[2].set_ylim(0, 100)
 
-    norms = [(r["step"], r["grad_norm"]) for r in rows if r.get("grad_norm") is not None and r["grad_norm"] > 0]
-    if norms:
-        axes[3].semilogy(*zip(*norms), linewidth=1)
+    if phase_norms:
+        for key in phase_norms:
+            axes[3].semilogy(*series(rows, key, positive=True), linewidth=1, label=key[len("grad_norm_"):])
+        axes[3].legend(loc="upper right")
+    else:
+        norms = [(r["step"], r["grad_norm"]) for r in rows if r.get("grad_norm") is not None and r["grad_norm"] > 0]
+        if norms:
+            axes[3].semilogy(*zip(*norms), linewidth=1)
     axes[3].set_ylabel("gradient norm")
 
+    panel = 4
     if memory:
         for rank in range(len(memory[0]["memory_gib"])):
-            axes[4].plot([r["step"] for r in memory], [r["memory_gib"][rank] for r in memory], label=f"rank {rank}")
-        axes[4].set_ylabel("peak memory, GiB")
-        axes[4].legend(loc="upper right")
+            axes[panel].plot([r["step"] for r in memory], [r["memory_gib"][rank] for r in memory],
+                             label=f"rank {rank}")
+        axes[panel].set_ylabel("peak memory, GiB")
+        axes[panel].legend(loc="upper right")
+        panel += 1
+    if phase_losses:
+        for key in phase_losses:
+            axes[panel].plot(*series(rows, key), linewidth=1, label=key[len("loss_"):])
+        axes[panel].set_ylabel("loss per phase")
+        axes[panel].legend(loc="upper right")
+        panel += 1
+    for key in metrics:
+        axes[panel].plot(*series(rows, key), linewidth=1)
+        axes[panel].set_ylabel(key)
+        panel += 1
     axes[-1].set_xlabel("step")
     figure.suptitle(f"{output_dir}: {len(rows)} logged steps, last step {steps[-1]}")
     figure.tight_layout()

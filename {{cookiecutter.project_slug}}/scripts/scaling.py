@@ -13,6 +13,9 @@ Prints one row per process count: items/s, speed-up over the smallest count, and
 and ``OUT/scaling.png`` (items/s against processes, with the ideal line). Where efficiency falls far below
 100%, look at the run's ``collective_wait_s`` and ``data_wait_s`` per rank (``scripts/plot_run.py``).
 
+Each run shows a tqdm progress bar on stderr (optimizer steps logged so far, out of ``--steps``, read from
+the run's ``metrics.jsonl``); the run's own output goes to ``OUT/procs_P/launcher.log``.
+
 Exit status 1 with one ``ERROR:`` line when a run fails (its last output lines are shown above it).
 """
 
@@ -23,9 +26,18 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 ROOT = Path(__file__).resolve().parents[1]
+
+POLL_S = 0.5
+"""Seconds between two looks at a running job's ``metrics.jsonl`` (for the progress bar)."""
+
+REDRAW_S = 10.0
+"""Seconds without a new step after which the bar is drawn again anyway (its clock moves; logs stay short)."""
 
 
 def default_procs() -> list[int]:
@@ -41,8 +53,21 @@ def default_procs() -> list[int]:
     return counts if counts[-1] == gpus else [*counts, gpus]
 
 
+def logged_rows(metrics: Path, offset: int) -> list[dict]:
+    """The complete JSON lines of ``metrics`` after byte ``offset`` (a line still being written is left out)."""
+    if not metrics.is_file():
+        return []
+    with open(metrics, "rb") as handle:
+        handle.seek(offset)
+        text = handle.read().decode("utf-8", errors="replace")
+    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
+
+
 def measure(procs: int, args: argparse.Namespace, out: Path) -> float:
     """Items/s of one run on ``procs`` processes (mean over the logged steps after ``args.skip``).
+
+    The run's console output goes to ``out/launcher.log``; a tqdm bar on stderr follows the steps it logs to
+    ``out/metrics.jsonl`` (only lines written by this run count: the file is appended to).
 
     Raises:
         RuntimeError: the run failed, or logged no step after ``args.skip``.
@@ -53,12 +78,35 @@ def measure(procs: int, args: argparse.Namespace, out: Path) -> float:
            "--resume", "none", "--set", "train.log_interval=1", "--set", f"train.checkpoint_interval={args.steps}",
            "--set", f"train.val_interval={args.steps}", *(["--tiny"] if args.tiny else []),
            *(x for s in args.set for x in ("--set", s))]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    if done.returncode != 0:
-        print("\n".join((done.stdout + done.stderr).strip().splitlines()[-5:]), file=sys.stderr)
-        raise RuntimeError(f"the run on {procs} process(es) exited {done.returncode} (its last lines are above; "
-                           f"all of it: {out})")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    out.mkdir(parents=True, exist_ok=True)
+    metrics, log = out / "metrics.jsonl", out / "launcher.log"
+    offset = metrics.stat().st_size if metrics.is_file() else 0
+    with (open(log, "w") as handle,
+          tqdm(total=args.steps, desc=f"{procs} process(es)", unit="step", leave=False, file=sys.stderr) as bar):
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            finished, drawn = False, time.monotonic()
+            while not finished:  # one last look after the job ends: the steps it logged since the one before
+                finished = proc.poll() is not None
+                new_steps = max([r["step"] for r in logged_rows(metrics, offset)], default=0) - bar.n
+                if new_steps > 0:
+                    bar.update(new_steps)
+                    drawn = time.monotonic()
+                elif time.monotonic() - drawn >= REDRAW_S:  # a slow start (compilation) still shows the clock
+                    bar.refresh()
+                    drawn = time.monotonic()
+                if not finished:
+                    time.sleep(POLL_S)
+        finally:
+            if proc.poll() is None:  # interrupted: the launcher stops its ranks on SIGTERM
+                proc.terminate()
+                proc.wait()
+    if proc.returncode != 0:
+        print("\n".join(log.read_text(errors="replace").strip().splitlines()[-5:]), file=sys.stderr)
+        raise RuntimeError(f"the run on {procs} process(es) exited {proc.returncode} (its last lines are above; "
+                           f"all of it: {log})")
+    rows = logged_rows(metrics, offset)
     timed = [r["items_per_s"] for r in rows if r["step"] > args.skip]
     if not timed:
         raise RuntimeError(f"the run on {procs} process(es) logged no step after --skip {args.skip}")

@@ -7,6 +7,7 @@
 * :func:`finish`: wait for a launched job; on a timeout, show what is still running.
 * :func:`tiny_checkpoint`: an untrained checkpoint of a model, for inference tests.
 * :func:`free_port`, :func:`child_pids` / :func:`rank_pids`, :class:`OpensAFile`, :func:`synth_corpus`.
+* :func:`train_with_validation_every_step` and :func:`tensorboard_audio`: the audio a run logs at validation.
 """
 
 import builtins
@@ -202,3 +203,33 @@ def synth_corpus(root, n: int = 24, seconds: float = 0.6, sampling_rate: int = 2
         lines.append(f"{utt}|{text}|{text}\n")
     (root / "metadata.csv").write_text("".join(lines))
     return root
+
+
+def train_with_validation_every_step(model: str, corpus, out) -> str:
+    """``python train.py`` in a process of its own: tiny config, 2 steps, a validation after each; its output."""
+    proc = subprocess.Popen([sys.executable, "train.py", "--config", "config.json", "--model", model, "--tiny",
+                             "--max-steps", "2", "--dataset-path", str(corpus), "--output-dir", str(out),
+                             "--set", "train.val_interval=1", "--set", "data.num_workers=0"],
+                            cwd=ROOT, env=clean_env(1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    code, output = finish(proc)
+    assert code == 0, output[-4000:]
+    return output
+
+
+def tensorboard_audio(run_dir) -> dict:
+    """``{tag: [(step, sample rate in Hz, samples (T,) float32 in [-1, 1]), ...]}`` of a run's TensorBoard log."""
+    import io
+
+    import soundfile as sf
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(Path(run_dir) / "tensorboard"), size_guidance={"audio": 0})
+    events.Reload()
+    clips = {}
+    for tag in events.Tags()["audio"]:
+        for event in events.Audio(tag):
+            samples, rate = sf.read(io.BytesIO(event.encoded_audio_string), dtype="float32")
+            assert rate == event.sample_rate and samples.ndim == 1
+            clips.setdefault(tag, []).append((event.step, rate, samples))
+    return clips

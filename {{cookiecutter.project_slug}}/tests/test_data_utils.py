@@ -365,3 +365,187 @@ def test_make_demo_corpus_without_any_engine(tmp_path, demo, monkeypatch, capsys
     assert capsys.readouterr().err.strip() == \
         "ERROR: neither flite nor espeak-ng is installed (apt-get install flite)"
     assert not (tmp_path / "demo").exists()
+
+
+# --- bad corpus lines as bad clips (read_ljspeech / read_filelist / load_splits with a ``bad`` list) ---------
+
+def bad_rows_corpus(root):
+    """7 rows of which 5 are bad, one of each kind a corpus line can be: a malformed line (no separator), an id
+    used twice, an empty transcript, a missing wav, a folder named like a wav."""
+    root = make_ljspeech(root, 6)
+    (root / "wavs" / "LJ000-0004.wav").unlink()
+    (root / "wavs" / "LJ000-0005.wav").unlink()
+    (root / "wavs" / "LJ000-0005.wav").mkdir()
+    (root / "metadata.csv").write_text("LJ000-0001|One.|One.\n"
+                                       "LJ000-0002 no separator\n"
+                                       "LJ000-0003||\n"
+                                       "LJ000-0004|Four.|Four.\n"
+                                       "LJ000-0005|Five.|Five.\n"
+                                       "LJ000-0001|One again.|One again.\n"
+                                       "LJ000-0006|Six.|Six.\n", encoding="utf-8")
+    return root
+
+
+BAD_ROWS = [("metadata.csv:2", "metadata.csv:2", "malformed line: expected 'id|raw text|normalized text', got "
+             "'LJ000-0002 no separator'"),
+            ("LJ000-0003", "wavs/LJ000-0003.wav", "empty transcript (metadata.csv line 3)"),
+            ("LJ000-0004", "wavs/LJ000-0004.wav", "wav not found (metadata.csv line 4)"),
+            ("LJ000-0005", "wavs/LJ000-0005.wav", "is a folder, not a wav file (metadata.csv line 5)"),
+            ("metadata.csv:6", "wavs/LJ000-0001.wav", "utterance id 'LJ000-0001' appears twice (first on line 1; "
+             "metadata.csv line 6)")]
+
+
+def test_read_ljspeech_collects_each_kind_of_bad_row_as_one_clip(tmp_path):
+    from utils.data_utils import BadClip
+
+    root = bad_rows_corpus(tmp_path)
+    bad = []
+    assert [u.id for u in read_ljspeech(root, bad)] == ["LJ000-0001", "LJ000-0006"]
+    assert bad == [BadClip(utt_id, str(root / path), reason) for utt_id, path, reason in BAD_ROWS]
+    # Without a list the first bad row raises, naming its line; the count of the others follows.
+    with pytest.raises(DataError, match=r"metadata.csv:2: expected 'id\|raw text\|normalized text', got "
+                                        r"'LJ000-0002 no separator' \(and 4 more bad line\(s\)\)"):
+        read_ljspeech(root)
+
+
+def test_a_folder_named_like_a_wav_is_called_a_folder(tmp_path):
+    root = make_ljspeech(tmp_path, 2)
+    (root / "wavs" / "LJ000-0002.wav").unlink()
+    (root / "wavs" / "LJ000-0002.wav").mkdir()
+    with pytest.raises(DataError, match=r"metadata.csv:2: wav of utterance 'LJ000-0002' is a folder, not a wav "
+                                        r"file: .*LJ000-0002\.wav$"):
+        read_ljspeech(root)
+
+
+def test_read_filelist_collects_bad_lines_as_clips(tmp_path):
+    from utils.data_utils import BadClip
+
+    root = make_ljspeech(tmp_path / "corpus", 2)
+    (root / "wavs" / "folder.wav").mkdir()
+    filelist = tmp_path / "train.txt"
+    filelist.write_text("wavs/LJ000-0001.wav|ok\nwavs/LJ000-0002.wav\nwavs/gone.wav|text\nwavs/folder.wav|text\n",
+                        encoding="utf-8")
+    bad = []
+    assert [u.id for u in read_filelist(filelist, root, bad)] == ["LJ000-0001"]
+    assert bad == [BadClip("train.txt:2", f"{filelist}:2", "malformed line: expected 'path|text', got "
+                           "'wavs/LJ000-0002.wav'"),
+                   BadClip("gone", str(root / "wavs" / "gone.wav"), "wav not found (train.txt line 3)"),
+                   BadClip("folder", str(root / "wavs" / "folder.wav"), "is a folder, not a wav file (train.txt line 4)")]
+
+
+def test_load_splits_leaves_out_the_bad_rows_data_exclude_lists(tmp_path):
+    """train.py with data.on_bad_clip=skip puts the bad rows' ids (metadata.csv:2 for a malformed line) in
+    data.exclude: load_splits then reads the corpus without them, and without complaint."""
+    root = bad_rows_corpus(tmp_path)
+    cfg = DataConfig(dataset_path=str(root), val_size=1)
+    bad = []
+    train, val = load_splits(cfg, bad)
+    assert [clip.id for clip in bad] == [row[0] for row in BAD_ROWS]
+    assert ([u.id for u in train], [u.id for u in val]) == (["LJ000-0001"], ["LJ000-0006"])
+    with pytest.raises(DataError, match="metadata.csv:2: expected"):  # nothing excluded, no list: raises
+        load_splits(cfg)
+    cfg.exclude = [row[0] for row in BAD_ROWS]
+    assert load_splits(cfg) == (train, val)
+    cfg.exclude = [row[0] for row in BAD_ROWS if row[0] != "LJ000-0004"]  # one bad row not excluded
+    with pytest.raises(DataError, match=r"^.*metadata.csv:4: wav of utterance 'LJ000-0004' not found: .*\.wav$"):
+        load_splits(cfg)
+    bad = []
+    load_splits(cfg, bad)
+    assert [clip.id for clip in bad] == ["LJ000-0004"]
+
+
+def test_load_splits_says_when_bad_rows_leave_too_few_utterances(tmp_path):
+    root = bad_rows_corpus(tmp_path)
+    cfg = DataConfig(dataset_path=str(root), exclude=[row[0] for row in BAD_ROWS] + ["LJ000-0006"])
+    with pytest.raises(DataError, match=r"lists 1 usable utterance\(s\) \(6 bad or excluded line\(s\) left out\); "
+                                        "at least 2 are needed"):
+        load_splits(cfg)
+
+
+def test_load_splits_names_a_validation_filelist_that_data_exclude_empties(tmp_path):
+    root = make_ljspeech(tmp_path / "corpus", 3)
+    (root / "train.txt").write_text("wavs/LJ000-0001.wav|a\nwavs/LJ000-0002.wav|b\n", encoding="utf-8")
+    (root / "val.txt").write_text("wavs/LJ000-0003.wav|c\n", encoding="utf-8")
+    cfg = DataConfig(dataset_path=str(root), training_files="train.txt", validation_files="val.txt",
+                     exclude=["LJ000-0003"])
+    with pytest.raises(DataError, match=r"no validation utterance left in .*val.txt: all 1 of its utterances are in "
+                                        r"data.exclude \(where data.on_bad_clip=skip adds the bad clips\)"):
+        load_splits(cfg)
+
+
+# --- 8-bit clips and the start-up check (utils/data_check.py) ---------------------------------------------
+
+def test_load_wav_reads_unsigned_8_bit_pcm_as_float(tmp_path):
+    """Unsigned 8-bit PCM (silence is 128) reads as float in [-1, 1) like 16-bit PCM: 8-bit clips train."""
+    audio = (0.6 * np.sin(np.arange(4000) / 9.0)).astype(np.float32)
+    path = write_wav(tmp_path / "u8.wav", audio, subtype="PCM_U8")
+    assert sf.info(str(path)).subtype == "PCM_U8"
+    loaded = load_wav(path, SR)
+    assert loaded.shape == (4000,)
+    np.testing.assert_allclose(loaded.numpy(), audio, atol=1 / 128)  # one 8-bit step
+    assert abs(float(loaded.mean())) < 0.01  # no offset of +128 left in
+
+
+def check(utterances, cache_file=None):
+    from utils.data_check import check_corpus
+
+    return check_corpus(utterances, SR, 1024, cache_file=cache_file, workers=2)
+
+
+def test_check_corpus_finds_silent_clips_and_passes_8_bit_and_late_sound(tmp_path):
+    """Silent: all-zero (16-bit, float or 8-bit), or no sample above -80 dBFS. Not silent: a clip whose sound
+    starts after 3 s of digital silence (the check reads on past the first blocks), an 8-bit clip. A NaN among
+    the samples read is named with its position."""
+    quiet = np.full(8000, 5e-5, np.float32)
+    quiet[::2] *= -1
+    late = np.concatenate([np.zeros(3 * SR, np.float32), ramp(4000)])
+    clips = {"zeros16": (np.zeros(8000), "PCM_16"), "zeros_float": (np.zeros(8000), "FLOAT"),
+             "zeros8": (np.zeros(8000), "PCM_U8"), "quiet": (quiet, "FLOAT"), "late": (late, "PCM_16"),
+             "eight_bit": (0.5 * ramp(8000), "PCM_U8"), "normal": (ramp(8000), "PCM_16"),
+             "nan": (np.where(np.arange(8000) == 700, np.nan, 0.0), "FLOAT")}
+    utts = [Utterance(name, write_wav(tmp_path / f"{name}.wav", audio, subtype=subtype), "Some text.")
+            for name, (audio, subtype) in clips.items()]
+    found = {clip.id: clip.reason for clip in check(utts)}
+    assert found == {"zeros16": "silent: every sample is zero", "zeros_float": "silent: every sample is zero",
+                     "zeros8": "silent: every sample is zero",
+                     "quiet": "silent: its loudest sample is 5.0e-05 of full scale, at most 1e-04",
+                     "nan": "holds NaN or infinite samples (the first at sample 700)"}
+
+
+def test_check_corpus_names_a_missing_wav_and_a_folder(tmp_path):
+    (tmp_path / "folder.wav").mkdir()
+    utts = [Utterance("gone", tmp_path / "gone.wav", "Text."), Utterance("folder", tmp_path / "folder.wav", "Text."),
+            Utterance("fine", write_wav(tmp_path / "fine.wav", ramp(4000)), "Text.")]
+    assert [(clip.id, clip.reason) for clip in check(utts)] == [("gone", "wav not found"),
+                                                               ("folder", "is a folder, not a wav file")]
+
+
+def test_check_corpus_cache_reads_each_clip_once_until_it_changes(tmp_path, monkeypatch):
+    """The cache (keyed by path, size, modification time and the check's version) spares a second run the
+    reading; a rewritten clip, and an entry of an older check without the silence test, are read again."""
+    import json
+    import os
+
+    from utils import data_check
+
+    utts = [Utterance(name, write_wav(tmp_path / f"{name}.wav", audio), "Text.")
+            for name, audio in (("loud", ramp(4000)), ("silent", np.zeros(4000)))]
+    cache_file = tmp_path / "cache" / "headers.json"
+    read = []
+    inspect = data_check._inspect
+    monkeypatch.setattr(data_check, "_inspect", lambda path: read.append(path.stem) or inspect(path))
+    assert [clip.id for clip in check(utts, cache_file)] == ["silent"]
+    assert sorted(read) == ["loud", "silent"]
+    read.clear()
+    assert [clip.id for clip in check(utts, cache_file)] == ["silent"] and read == []
+    write_wav(tmp_path / "silent.wav", ramp(4100))  # fixed: another size
+    assert check(utts, cache_file) == [] and read == ["silent"]
+    read.clear()
+    cache = json.loads(cache_file.read_text())
+    entry = cache[str(tmp_path / "loud.wav")]
+    stat = os.stat(tmp_path / "loud.wav")
+    assert entry["key"] == f"v2:{stat.st_size}:{stat.st_mtime_ns}"
+    entry["key"] = f"{stat.st_size}:{stat.st_mtime_ns}"  # as the header-only check wrote it
+    del entry["silent_peak"]
+    cache_file.write_text(json.dumps(cache))
+    assert check(utts, cache_file) == [] and read == ["loud"]

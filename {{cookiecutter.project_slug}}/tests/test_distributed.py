@@ -6,6 +6,7 @@ The multi-process tests start two real Python processes with the variables a lau
 
 import os
 import runpy
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -176,6 +177,25 @@ FAKE_SRUN = textwrap.dedent('''\
 ''')
 
 
+def python_on_path(bin_dir) -> None:
+    """``bin_dir/python``: a script that runs this interpreter, for scripts that call ``python`` from PATH.
+
+    Not a symlink: an interpreter started through a link outside its virtual environment no longer finds the
+    environment (its ``pyvenv.cfg`` sits beside the environment's ``bin/``), so it would miss the packages.
+    """
+    wrapper = bin_dir / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    wrapper.chmod(0o755)
+
+
+def test_python_on_path_runs_this_interpreter_with_its_packages(tmp_path):
+    python_on_path(tmp_path)
+    done = subprocess.run([str(tmp_path / "python"), "-c", "import sys, torch; print(sys.prefix, torch.__version__)"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [sys.prefix, torch.__version__]
+
+
 def test_two_slurm_steps_of_one_job_train_side_by_side_through_the_sbatch_script(tmp_path):
     """scripts/slurm/train.sbatch under an emulated srun, twice at once in one allocation (steps 0 and 1): each
     step gets its own port (distributed.slurm_port of job and step id), its own process group, and finishes."""
@@ -184,7 +204,7 @@ def test_two_slurm_steps_of_one_job_train_side_by_side_through_the_sbatch_script
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(FAKE_SRUN)
     (bin_dir / "srun").chmod(0o755)
-    (bin_dir / "python").symlink_to(sys.executable)
+    python_on_path(bin_dir)
     steps = {}
     for step in (0, 1):
         env = clean_env(2, SLURM_JOB_ID="4242", SLURM_NTASKS="2", SLURM_JOB_NODELIST="127.0.0.[1]",

@@ -6,6 +6,7 @@ CPU). One test per model compiles with Inductor itself, on the smallest model.
 """
 
 import argparse
+import contextlib
 import copy
 import json
 import subprocess
@@ -36,10 +37,47 @@ def first_tiny_case(name):
     return next(pair for pair in benchmark.cases_for([name]))
 
 
+@contextlib.contextmanager
+def process_settings_kept():
+    """Puts back, on leaving, what ``scripts/benchmark.py`` and the fast paths set for the whole process: the TF32
+    and cuDNN flags (``train.setup_precision``), Inductor's ``fallback_random`` (``benchmark.check_case``) and
+    Dynamo's recompile limit (``optimize_for_training``), so no later test runs under this one's settings."""
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
+    backends = torch.backends
+    flags = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark)
+    with (inductor_config.patch(fallback_random=inductor_config.fallback_random),
+          dynamo_config.patch(limit, getattr(dynamo_config, limit))):
+        try:
+            yield
+        finally:
+            backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = flags
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo(fresh_dynamo):
-    """Each test compiles from scratch and counts its own graphs."""
-    yield
+    """Each test compiles from scratch, counts its own graphs and leaves the process's settings as it found them."""
+    with process_settings_kept():
+        yield
+
+
+def test_process_settings_kept_undoes_what_the_check_sets():
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    before = (inductor_config.fallback_random, getattr(dynamo_config, limit), torch.backends.cuda.matmul.allow_tf32,
+              torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    with process_settings_kept():
+        inductor_config.fallback_random = not before[0]
+        setattr(dynamo_config, limit, before[1] + 64)
+        torch.backends.cuda.matmul.allow_tf32 = not before[2]
+        torch.backends.cudnn.allow_tf32 = not before[3]
+        torch.backends.cudnn.benchmark = not before[4]
+    assert (inductor_config.fallback_random, getattr(dynamo_config, limit), torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) == before
 
 
 @pytest.mark.parametrize("name", FAST_MODELS)
@@ -98,7 +136,7 @@ def test_benchmark_cpu_smoke_writes_a_row_per_case_and_precision(tmp_path):
         assert not out.exists() or json.loads(out.read_text()) == []
         return
     rows = json.loads(out.read_text())
-    expected = {(benchmark.case_name(name, case, benchmark.case_config(name, case, bench_args())[1]), mode)
+    expected = {(benchmark.case_name(name, case, benchmark.case_config(name, case, bench_args())[1], True), mode)
                 for name, case in benchmark.cases_for(list(MODELS)) for mode in ("tf32", "amp-bf16", "amp-fp16")}
     assert {(row["case"], row["mode"]) for row in rows} == expected
     for row in rows:
@@ -121,7 +159,7 @@ def test_benchmark_refuses_bad_arguments(argv, capsys):
 @pytest.mark.skipif(not BATCH_MODELS, reason="no registered model has a synthetic_batch to time")
 def test_benchmark_compare_adds_the_ratio(tmp_path, monkeypatch, capsys):
     name, case = first_tiny_case(BATCH_MODELS[0])
-    row_name = benchmark.case_name(name, case, benchmark.case_config(name, case, bench_args())[1])
+    row_name = benchmark.case_name(name, case, benchmark.case_config(name, case, bench_args())[1], True)
     reference = tmp_path / "ref.json"
     reference.write_text(json.dumps([{"case": row_name, "mode": "tf32", "step_s": 1.0, "items_per_s": 1000}]))
     out = tmp_path / "ours.json"
@@ -159,3 +197,123 @@ def test_loader_benchmark_needs_enough_data(tmp_path, capsys):
                            "--set", f"{name}.batch_size=64"])
     assert code == 1
     assert "too few for one batch of 64" in capsys.readouterr().err
+
+
+# --- a CPU run without --tiny uses tiny shapes and says so; progress is shown; tiny rows are named as tiny --------
+
+PROGRESS_BAR = rb"\d+/\d+ \["
+"""What a tqdm bar draws (``0/4 [00:00<?, ?step/s]``), as a regular expression over raw output bytes."""
+
+
+def test_benchmark_loader_on_a_cpu_without_tiny_shows_progress_within_10_s(tmp_path):
+    import os
+    import re
+    import threading
+    import time
+
+    corpus = synth_corpus(tmp_path / "corpus", n=12)
+    name = next(iter(MODELS))
+    out = tmp_path / "rows.json"
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "scripts/benchmark.py", "--loader", "--device", "cpu", "--model", name,
+                             "--dataset-path", str(corpus), "--workers", "0", "--steps", "3", "--json", str(out)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    received: list[bytes] = []
+
+    def read() -> None:  # the output as it streams, bars included (they end in '\r', not in a line break)
+        while chunk := os.read(proc.stdout.fileno(), 4096):
+            received.append(chunk)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    first_bar = None
+    while first_bar is None and time.monotonic() - start < 10 and reader.is_alive():
+        if re.search(PROGRESS_BAR, b"".join(received)):
+            first_bar = time.monotonic() - start
+        time.sleep(0.05)
+    try:
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=10)
+    output = b"".join(received).decode(errors="replace")
+    assert first_bar is not None and first_bar < 10, f"no progress bar within 10 s of the start:\n{output[-3000:]}"
+    assert proc.returncode == 0, output[-3000:]
+    assert benchmark.CPU_TINY_NOTE in output.splitlines()  # one line saying so, and how to force full size
+    assert "--full-size" in benchmark.CPU_TINY_NOTE
+    rows = json.loads(out.read_text())
+    assert {row["case"] for row in rows} == {f"train_{name}", f"loader_{name}_wav"}
+    assert all(row["tiny"] is True for row in rows), rows
+    tiny_batch = benchmark.load_config(f"{ROOT}/config.json", config_schemas(), tiny=True).section(name).batch_size
+    assert all(row["batch_size"] == tiny_batch for row in rows), rows  # the tiny block's batch, not the full one
+
+
+def test_benchmark_on_a_cpu_is_tiny_unless_full_size_is_asked(capsys):
+    default = benchmark.parse_args(["--device", "cpu"])
+    assert default.tiny and default.size_note == benchmark.CPU_TINY_NOTE
+    full = benchmark.parse_args(["--device", "cpu", "--full-size"])
+    assert not full.tiny and full.size_note == benchmark.CPU_FULL_SIZE_NOTE
+    assert "minutes" in benchmark.CPU_FULL_SIZE_NOTE  # what full size costs, said before it starts
+    asked = benchmark.parse_args(["--device", "cpu", "--tiny"])
+    assert asked.tiny and asked.size_note == ""  # asked for: nothing to explain
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.parse_args(["--device", "cpu", "--tiny", "--full-size"])
+    assert exit_info.value.code == 2 and "--full-size" in capsys.readouterr().err
+
+
+def test_median_step_time_shows_a_progress_bar_unless_told_not_to(capsys):
+    calls = []
+    seconds = benchmark.median_step_time(lambda: calls.append(1), 1, 3, CPU, "toy steps")
+    assert len(calls) == 4 and seconds >= 0
+    captured = capsys.readouterr()
+    assert "toy steps" in captured.err and "/4 [" in captured.err and captured.out == ""
+    benchmark.median_step_time(lambda: calls.append(1), 1, 3, CPU, "toy steps", progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_tiny_rows_are_named_after_the_tiny_shape_they_time():
+    import dataclasses
+
+    from model import BenchmarkCase
+
+    full = BenchmarkCase("toy256_b12_s16000", (), 12, {"segment_length": 16000},
+                         tiny=BenchmarkCase("", (), 2, {"segment_length": 2048, "ranges": (1, 4), "flag": True}))
+    assert benchmark.case_name("toy", full, full, False) == "toy256_b12_s16000"
+    assert benchmark.case_name("toy", full, full.tiny, True) == "tiny_toy_b2_s2048"  # tuples and bools left out
+    named = dataclasses.replace(full, tiny=BenchmarkCase("small", (), 2))
+    assert benchmark.case_name("toy", named, named.tiny, True) == "tiny_small"
+    default = BenchmarkCase("toy_default", (), 0)
+    assert benchmark.case_name("toy", default, dataclasses.replace(default, batch_size=4), False) == "toy_b4"
+    assert benchmark.case_name("toy", default, dataclasses.replace(default, batch_size=4), True) == "tiny_toy_b4"
+    without_tiny = BenchmarkCase("toy_b8_s100", (), 8, {"segment_length": 100})  # --tiny config, its own shape
+    assert benchmark.case_name("toy", without_tiny, without_tiny, True) == "tiny_toy_b8_s100"
+
+    names = []
+    for name, case in benchmark.cases_for(BATCH_MODELS):
+        _, shape = benchmark.case_config(name, case, bench_args())
+        tiny_name = benchmark.case_name(name, case, shape, True)
+        assert tiny_name.startswith(f"tiny_{name}_b{shape.batch_size}") or tiny_name == f"tiny_{shape.name}"
+        assert tiny_name != case.name
+        names.append(tiny_name)
+    assert len(set(names)) == len(names), names
+
+
+@pytest.mark.skipif(not BATCH_MODELS, reason="no registered model has a synthetic_batch to time")
+def test_a_tiny_row_says_it_is_tiny_and_times_what_its_name_says():
+    import re
+
+    name, case = first_tiny_case(BATCH_MODELS[0])
+    args = bench_args("--eager", "--precision", "fp32", "--steps", "1", "--warmup", "0", "--no-progress")
+    row = benchmark.bench_case(name, case, "fp32", args, CPU)
+    assert "error" not in row, row
+    _, shape = benchmark.case_config(name, case, args)
+    assert row["case"] == benchmark.case_name(name, case, shape, True) and row["case"].startswith("tiny_")
+    assert row["tiny"] is True and row.get("full_size_case", case.name) == case.name
+    assert int(re.search(r"_b(\d+)", row["case"]).group(1)) == shape.batch_size
+    batch = MODELS[name].synthetic_batch(benchmark.case_config(name, case, args)[0], shape.batch_size,
+                                         torch.Generator().manual_seed(0), **shape.batch_kwargs)
+    assert row["items_per_step"] == MODELS[name].count_items(batch)  # the tiny batch's items, not the full one's
+    full = benchmark.parse_args(["--device", "cpu", "--full-size"])
+    assert benchmark.shape_fields(name, case, full) == {"tiny": False}

@@ -411,19 +411,30 @@ def test_tacotron2_decoder_step_with_inductor(fresh_dynamo):
     fast.enable_fast_path(text_bucket=8)
     memory, mels, mask = decoder_inputs(text_len=6)
     results = []
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(inductor_config, "fallback_random", True)
+    before = inductor_config.fallback_random
+    with inductor_config.patch(fallback_random=True):  # for this test only: later tests compile without it
         for decoder in (plain, fast):
             torch.manual_seed(0)
             mel, gate, alignments = decoder(memory, mels, mask)
             (mel.square().sum() + gate.sum()).backward()
             results.append((mel, gate, alignments, torch.cat([p.grad.flatten() for p in decoder.parameters()])))
+    assert inductor_config.fallback_random == before
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert counters["stats"]["unique_graphs"] == 1
 
 
-def test_loader_benchmark_reads_cached_mels(tmp_path):
+@pytest.fixture
+def precision_flags_kept():
+    """The benchmark's training step (``train.setup_precision``) sets the TF32 flags for the whole process: this
+    test's run puts them back as they were."""
+    backends = torch.backends
+    flags = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark)
+    yield
+    backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = flags
+
+
+def test_loader_benchmark_reads_cached_mels(tmp_path, precision_flags_kept):
     from conftest import ROOT, synth_corpus
     from scripts import benchmark
 
@@ -466,3 +477,223 @@ def test_inference_mistakes_are_one_error_line(capsys, checkpoint, tmp_path, cas
     assert code == 1 and len(errors) == 1 and "Traceback" not in err, err
     assert message.format(tmp=tmp_path) in errors[0], errors[0]
     assert not (tmp_path / "x.wav").exists() and not (tmp_path / "wavs").exists()
+
+
+def test_griffin_lim_clip_lasts_as_long_as_the_mel():
+    """``frames * hop_length`` samples in [-1, 1] (the shared ``griffin_lim`` gives one hop fewer; a mel shorter
+    than one STFT window gives silence), and the audio of a sine's mel is not silent."""
+    from models.tacotron2 import griffin_lim_clip
+
+    t = torch.arange(AUDIO.sampling_rate // 2) / AUDIO.sampling_rate
+    mel = MelSpectrogram.from_config(AUDIO)(0.5 * torch.sin(2 * torch.pi * 440 * t))  # (n_mels, 62)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # librosa warns of a signal shorter than n_fft: not asked to invert one
+        for frames in (1, 4, 5, 7, mel.shape[1]):  # n_fft = 4 hops: from 5 frames on there is something to invert
+            audio = griffin_lim_clip(mel[:, :frames], AUDIO, n_iter=4)
+            assert audio.shape == (frames * AUDIO.hop_length,) and audio.dtype == torch.float32
+            assert torch.isfinite(audio).all() and audio.abs().max() <= 1.0
+            assert (audio.abs().max() == 0) == (frames <= 4), frames
+    assert audio.pow(2).mean().sqrt() > 0.05
+
+
+def test_validation_audio_draws_the_same_noise_and_leaves_the_training_random_stream_alone(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from models.tacotron2 import free_running_mel
+
+    root = write_corpus(tmp_path / "corpus", {f"u{i}": 0.2 + 0.05 * i for i in range(4)})
+    schemas = {**SHARED_SECTIONS, "tacotron2": Tacotron2Config}
+    cfg = build_config({"audio": dataclasses.asdict(AUDIO), "data": {"dataset_path": str(root), "val_size": 1},
+                        "tacotron2": TINY}, schemas)
+    net = MODELS["tacotron2"].build_model(cfg).eval()
+    batch = TextMelCollate()([build_datasets(cfg)[0][i] for i in (0, 1)])
+    with torch.no_grad():
+        outputs = net(batch)
+    text = batch["text"][0, :int(batch["text_lengths"][0])]
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # cutting the decoder at max_frames says nothing
+        mels = [free_running_mel(net, text, max_frames=9) for _ in range(2)]
+        with SummaryWriter(tmp_path / "tb") as writer:
+            log_validation(net, batch, outputs, 3, writer, tmp_path / "out", cfg=cfg)
+    assert torch.equal(torch.get_rng_state(), state)  # the run's dropout and crops go on as without pictures
+    assert torch.equal(mels[0], mels[1]) and mels[0].shape[0] == N_MELS and 1 <= mels[0].shape[1] <= 9
+    assert net.decoder.max_decoder_steps == TINY["max_decoder_steps"]
+
+
+def test_validation_writes_griffin_lim_audio_of_a_fixed_utterance_to_tensorboard(tmp_path):
+    """A real run (``python train.py``, 1 process, tiny, a validation after each of 2 steps): the teacher-forced and
+    free-running mels of the first validation item as audio at both validations, its target mel at the first;
+    ``audio.sampling_rate`` Hz, finite, and as long as the mels (cut at ``LOG_AUDIO_SECONDS``)."""
+    import os
+
+    from conftest import ROOT, synth_corpus, tensorboard_audio, train_with_validation_every_step
+    from model import config_schemas
+    from models.tacotron2 import LOG_AUDIO_SECONDS
+    from utils.config import load_config
+
+    corpus = synth_corpus(tmp_path / "corpus", n=20)  # 18 train, 2 validation clips: one validation batch
+    out = tmp_path / "run"
+    train_with_validation_every_step("tacotron2", corpus, out)
+
+    cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True,
+                      overrides=[f"data.dataset_path={corpus}"])
+    rate, hop = cfg.audio.sampling_rate, cfg.audio.hop_length
+    val_set = build_datasets(cfg)[1]
+    first = TextMelCollate()([val_set[i] for i in range(len(val_set))])  # sorted by text length, as validate's
+    max_frames = int(LOG_AUDIO_SECONDS * rate / hop)
+    samples = min(int(first["mel_lengths"][0]), max_frames) * hop
+
+    clips = tensorboard_audio(out)
+    tags = {"audio/teacher_forced_griffin_lim": [1, 2], "audio/free_running_griffin_lim": [1, 2],
+            "audio/target_griffin_lim": [1]}
+    assert set(tags) <= set(clips), list(clips)
+    for tag, steps in tags.items():
+        assert [step for step, _, _ in clips[tag]] == steps, tag
+        for step, clip_rate, clip in clips[tag]:
+            assert clip_rate == rate and np.isfinite(clip).all()
+            if tag == "audio/free_running_griffin_lim":  # as long as the model decodes before its gate fires
+                assert clip.size % hop == 0 and hop <= clip.size <= max_frames * hop, (step, clip.size)
+            else:
+                assert clip.shape == (samples,), (tag, step, clip.shape)
+                assert np.sqrt(np.mean(clip ** 2)) > 1e-3, (tag, step)
+
+
+# --- LJSpeech-length clips with --tiny, and max_mel_frames that leaves nothing -----------------------------
+
+def long_clip_corpus(root: Path, n: int = 6) -> Path:
+    """``n`` clips of 6 to 9 s (conftest's 7.5 s +-20 %), the first one stretched to 10.2 s (LJSpeech's longest
+    is 10.1 s), at 22050 Hz."""
+    from conftest import synth_corpus
+
+    corpus = synth_corpus(root, n=n, seconds=7.5)
+    first = corpus / "wavs" / "SYN-0001.wav"
+    audio, rate = sf.read(first, dtype="float32")
+    sf.write(first, np.resize(audio, int(10.2 * rate)), rate, subtype="PCM_16")
+    return corpus
+
+
+def run_train_main(argv: list) -> tuple[int, str, str]:
+    """``train.main(argv)`` in this process, its signal handlers and TF32/cuDNN flags restored after; (exit code,
+    stdout, stderr)."""
+    import contextlib
+    import io
+    import signal
+
+    import train
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    backends = torch.backends
+    flags = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = train.main(argv)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = flags
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_tiny_trains_on_ljspeech_length_clips(tmp_path):
+    """``python train.py --model tacotron2 --tiny`` on clips of 6 to 10.2 s: every clip is kept (the tiny
+    max_mel_frames covers 10+ s), a few steps train, validation runs, exit 0."""
+    from conftest import ROOT, clean_env, finish
+
+    import subprocess
+    import sys
+
+    corpus = long_clip_corpus(tmp_path / "corpus")
+    assert sf.info(str(corpus / "wavs" / "SYN-0001.wav")).duration > 10
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "train.py", "--config", "config.json", "--model", "tacotron2", "--tiny",
+                             "--max-steps", "3", "--dataset-path", str(corpus), "--output-dir", str(out),
+                             "--set", "data.num_workers=0", "--set", "train.log_interval=1"],
+                            cwd=ROOT, env=clean_env(1, XDG_CACHE_HOME=str(tmp_path / "cache")), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    code, output = finish(proc, timeout=400)
+    assert code == 0, output
+    assert "5 train / 1 val utterances" in output and "skipped" not in output, output
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in steps] == [1, 2, 3] and all(np.isfinite(row["loss"]) for row in steps)
+    assert (out / "val_metrics.jsonl").read_text().strip()  # the last step validated on the 6-9 s clip
+    assert torch.load(out / "checkpoint_last.pt", map_location="cpu", weights_only=True)["step"] == 3
+
+
+def test_a_max_mel_frames_that_leaves_no_utterance_is_one_line_naming_it(tmp_path):
+    """Too small a ``tacotron2.max_mel_frames``: one ERROR line naming the setting, its value, how many clips
+    are longer, the longest, and what to raise it to; no checkpoint."""
+    corpus = long_clip_corpus(tmp_path / "corpus")
+    longest = max(MelSpectrogram(22050, 1024, 256, 1024, 80).num_frames(sf.info(str(wav)).frames)
+                  for wav in (corpus / "wavs").glob("*.wav"))
+    code, out, err = run_train_main(["--config", "config.json", "--model", "tacotron2", "--tiny", "--max-steps", "1",
+                                     "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out"),
+                                     "--set", "data.num_workers=0", "--set", "tacotron2.max_mel_frames=400"])
+    errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
+    assert code == 1 and len(errors) == 1 and "Traceback" not in err, err
+    assert errors[0] == (f"ERROR: rank 0: tacotron2.max_mel_frames is 400: 5 of 5 training utterances are longer "
+                         f"(longest {longest} frames); no training utterances left: raise tacotron2.max_mel_frames "
+                         f"to at least {longest}")
+    assert not (tmp_path / "out" / "checkpoint_last.pt").exists()
+
+
+def test_max_mel_frames_never_empties_the_validation_set_silently(tmp_path):
+    """Short clips, one 3 s training clip and a 2 s validation clip: a limit that drops the 3 s clip is one warning
+    line (how many, which setting and its value, the longest); one that drops the validation clip too is an error
+    naming the setting, its value and the validation set."""
+    from conftest import synth_corpus
+
+    corpus = synth_corpus(tmp_path / "corpus", n=6, seconds=0.6)  # at most 0.72 s: 63 frames
+    for index, seconds in ((2, 3.0), (6, 2.0)):
+        wav = corpus / "wavs" / f"SYN-000{index}.wav"
+        audio, rate = sf.read(wav, dtype="float32")
+        sf.write(wav, np.resize(audio, int(seconds * rate)), rate, subtype="PCM_16")
+    frames = {seconds: MelSpectrogram(22050, 1024, 256, 1024, 80).num_frames(int(seconds * 22050))
+              for seconds in (2.0, 3.0)}
+    assert frames[2.0] > 100
+
+    def datasets(max_mel_frames: int):
+        from model import config_schemas
+        from utils.config import load_config
+
+        cfg = load_config(Path(__file__).parent.parent / "config.json", config_schemas(), tiny=True,
+                          overrides=[f"data.dataset_path={corpus}", f"tacotron2.max_mel_frames={max_mel_frames}",
+                                     "tacotron2.mel_cache_dir=", "data.val_size=1"])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            return build_datasets(cfg), [str(warning.message) for warning in caught]
+
+    (train_set, val_set), said = datasets(frames[2.0])
+    assert (len(train_set), len(val_set)) == (4, 1) and train_set.skipped_ids == ["SYN-0002"]
+    assert said == [f"TextMelDataset: skipped 1 of 5 training utterances (1 longer than tacotron2.max_mel_frames="
+                    f"{frames[2.0]} mel frames, the longest {frames[3.0]}); raise the setting to keep them"]
+    with pytest.raises(DataError) as caught:
+        datasets(100)
+    assert str(caught.value) == (f"tacotron2.max_mel_frames is 100: 1 of 1 validation utterances are longer (longest "
+                                 f"{frames[2.0]} frames); no validation utterances left: raise "
+                                 f"tacotron2.max_mel_frames to at least {frames[2.0]}")
+    (train_set, val_set), said = datasets(0)  # 0: no limit
+    assert (len(train_set), len(val_set), said) == (5, 1, [])
+
+
+@pytest.mark.parametrize("vocoder", ["waveglow", "hifigan"])
+def test_text_to_speech_through_a_vocoder_checkpoint(tmp_path, vocoder):
+    """``inference.py --text ... --vocoder VOCODER.pt``: Tacotron2's mel, vocoded by the other checkpoint."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, tiny_checkpoint
+    from model import MODELS
+
+    if vocoder not in MODELS:
+        pytest.skip(f"this project has no {vocoder} model to chain")
+    tts = tiny_checkpoint("tacotron2", tmp_path / "tacotron2.pt")
+    voc = tiny_checkpoint(vocoder, tmp_path / f"{vocoder}.pt")
+    done = subprocess.run([sys.executable, "inference.py", "--checkpoint", str(tts), "--text", "Hello there.",
+                           "--vocoder", str(voc), "--output", str(tmp_path / "t.wav"), "--device", "cpu"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    info = sf.info(str(tmp_path / "t.wav"))
+    assert info.samplerate == 22050 and info.frames > 0 and info.frames % 256 == 0

@@ -308,19 +308,43 @@ def nan_loss(monkeypatch):
     spec = MODELS[MODEL]
     calls = {"step": 0, "nan_from": 1, "only": None, "poison": lambda loss: loss * float("nan")}
 
+    def poison(loss):
+        calls["step"] += 1
+        if calls["step"] == calls["only"] or (calls["only"] is None and calls["step"] >= calls["nan_from"]):
+            return calls["poison"](loss)
+        return loss
+
+    if spec.phases:  # a model with several optimizers: its last phase's loss (the generator's, say)
+        def train_step(phase, nets, batch):
+            loss, metrics = spec.train_step(phase, nets, batch)
+            return (poison(loss) if phase == spec.phases[-1] else loss), metrics
+        monkeypatch.setitem(MODELS, MODEL, dataclasses.replace(spec, train_step=train_step))
+        return calls
+
     def build_criterion(cfg):
         criterion = spec.build_criterion(cfg)
 
         def poisoned(outputs, batch):
             loss = criterion(outputs, batch)
-            if torch.is_grad_enabled():  # a training step, not validation
-                calls["step"] += 1
-                if calls["step"] == calls["only"] or (calls["only"] is None and calls["step"] >= calls["nan_from"]):
-                    return calls["poison"](loss)
-            return loss
+            return poison(loss) if torch.is_grad_enabled() else loss  # a training step, not validation
         return poisoned
     monkeypatch.setitem(MODELS, MODEL, dataclasses.replace(spec, build_criterion=build_criterion))
     return calls
+
+
+def poisoned_weights(state: dict) -> dict:
+    """The weights of a checkpoint that the poisoned loss trains: all of them, or for a model with several
+    optimizers those of its last phase's network (the earlier phases' updates are not the poisoned step's)."""
+    spec = MODELS[MODEL]
+    if not spec.phases:
+        return state
+    from model import config_schemas
+    from utils.config import load_config
+
+    model = spec.build_model(load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True))
+    net = spec.networks(model)[spec.phases[-1]]
+    owned = {id(tensor) for tensor in net.state_dict(keep_vars=True).values()}
+    return {k: v for k, v in state.items() if id(model.state_dict(keep_vars=True)[k]) in owned}
 
 
 def test_non_finite_loss_stops_with_step_and_utterance_ids(capsys, nan_loss, corpus, tmp_path):
@@ -345,7 +369,7 @@ def test_non_finite_loss_steps_are_skipped_and_counted(capsys, nan_loss, corpus,
                                                                  for a in anomalies)
     after_one = torch.load(tmp_path / "checkpoint_1.pt", map_location="cpu", weights_only=True)["model"]
     last = torch.load(tmp_path / "checkpoint_4.pt", map_location="cpu", weights_only=True)["model"]
-    assert_same_weights(last, after_one)  # no update was applied after step 1
+    assert_same_weights(poisoned_weights(last), poisoned_weights(after_one))  # no update was applied after step 1
     first = rows(tmp_path)[0]
     assert first["step"] == 1 and first["loss"] == first["loss"]  # step 1 trained, with a finite loss
 
@@ -377,7 +401,7 @@ def test_a_loss_spike_is_logged_with_its_utterances_and_handled_as_on_spike_says
     before = torch.load(tmp_path / f"checkpoint_{SPIKE_STEP - 1}.pt", map_location="cpu", weights_only=True)
     at = torch.load(tmp_path / f"checkpoint_{SPIKE_STEP}.pt", map_location="cpu", weights_only=True)
     if on_spike == "skip":
-        assert_same_weights(at["model"], before["model"])  # the spiking step changed nothing
+        assert_same_weights(poisoned_weights(at["model"]), poisoned_weights(before["model"]))  # changed nothing
         assert at["skipped_steps"] == 1
     else:
         assert any(not torch.equal(at["model"][k], before["model"][k]) for k in at["model"])
@@ -495,3 +519,13 @@ def test_a_slow_input_pipeline_is_named_with_a_fix_this_project_has(corpus, tmp_
     assert warnings[0].endswith(f"{MODELS[MODEL].data_advice} (data.num_workers is 1)"), warnings[0]
     for script in re.findall(r"scripts/\S+\.(?:py|sh)", warnings[0]):  # a fix the project has
         assert os.path.isfile(os.path.join(ROOT, script)), script
+
+
+def test_scaling_script_shows_each_runs_progress_and_keeps_its_output(corpus, tmp_path):
+    done = subprocess.run([sys.executable, "scripts/scaling.py", "--model", MODEL, "--tiny", "--procs", "1",
+                           "--steps", "3", "--skip", "1", "--dataset-path", str(corpus), "--out", str(tmp_path)],
+                          cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"1 process\(es\):\s+\d+%\|.*\| 0/3 \[", done.stderr), done.stderr  # a bar from the start
+    assert re.search(r"1 process\(es\):\s+\d+%\|.*\| [1-3]/3 \[", done.stderr), done.stderr  # ... that moves
+    assert "train" in (tmp_path / "procs_1" / "launcher.log").read_text()  # the run's own output, kept

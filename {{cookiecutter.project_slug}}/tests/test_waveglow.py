@@ -11,7 +11,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import inference
-from conftest import ROOT, synth_corpus, tiny_checkpoint
+from conftest import ROOT, synth_corpus, tensorboard_audio, tiny_checkpoint, train_with_validation_every_step
 from model import MODELS
 from models.waveglow import WaveGlow, WaveGlowConfig, WaveGlowLoss
 from modules.waveglow import WN, Invertible1x1Conv
@@ -212,3 +212,49 @@ def test_training_with_mels_on_the_device_takes_the_same_first_step(tmp_path, ca
                            "--set", f"waveglow.mel_on_device={on_device}"]) == 0, capsys.readouterr().err
         losses[on_device] = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert losses["true"] == pytest.approx(losses["false"], rel=1e-4)
+
+
+def test_validation_writes_the_vocoded_and_true_audio_of_a_fixed_utterance_to_tensorboard(tmp_path):
+    """At every validation ``audio/vocoded`` (the first validation item's mel through ``WaveGlow.infer``), at the
+    first one ``audio/ground_truth``: the first ``frames * hop_length`` samples of the first validation clip."""
+    from utils.audio_processing import MelSpectrogram
+
+    corpus = synth_corpus(tmp_path / "corpus", n=20)  # 18 train, 2 validation clips: SYN-0019, SYN-0020
+    train_with_validation_every_step("waveglow", corpus, tmp_path / "run")
+    cfg = tiny_config()
+    rate, hop = cfg.audio.sampling_rate, cfg.audio.hop_length
+    samples = MelSpectrogram.from_config(cfg.audio).num_frames(cfg.waveglow.segment_length) * hop
+    clips = tensorboard_audio(tmp_path / "run")
+    assert {"audio/vocoded", "audio/ground_truth"} <= set(clips), list(clips)
+    assert [step for step, _, _ in clips["audio/vocoded"]] == [1, 2]
+    assert [step for step, _, _ in clips["audio/ground_truth"]] == [1]
+    for tag in ("audio/vocoded", "audio/ground_truth"):
+        for step, clip_rate, clip in clips[tag]:
+            assert clip_rate == rate and clip.shape == (samples,), (tag, step, clip_rate, clip.shape)
+            assert np.isfinite(clip).all() and np.sqrt(np.mean(clip ** 2)) > 1e-3, (tag, step)
+    truth = sf.read(corpus / "wavs" / "SYN-0019.wav", dtype="float32")[0][:samples]
+    assert np.abs(clips["audio/ground_truth"][0][2] - truth).max() < 2e-4  # 16-bit rounding, twice
+
+
+def test_tiny_trains_on_ljspeech_length_and_short_clips(tmp_path, capsys):
+    """``--tiny`` WaveGlow on clips of 6 to 10.2 s (LJSpeech's lengths) and two clips shorter than the tiny
+    ``segment_length`` (one of them validates): long clips are cropped, short ones padded, none is left out."""
+    import train
+
+    corpus = synth_corpus(tmp_path / "corpus", n=6, seconds=7.5)
+    cfg = tiny_config()
+    for index, samples in ((1, int(10.2 * 22050)), (2, cfg.waveglow.segment_length // 2),
+                           (6, cfg.waveglow.segment_length - 1000)):
+        wav = corpus / "wavs" / f"SYN-000{index}.wav"
+        audio, rate = sf.read(wav, dtype="float32")
+        sf.write(wav, np.resize(audio, samples), rate, subtype="PCM_16")
+    out = tmp_path / "out"
+    code = train.main(["--config", os.path.join(ROOT, "config.json"), "--model", "waveglow", "--tiny",
+                       "--max-steps", "2", "--dataset-path", str(corpus), "--output-dir", str(out),
+                       "--set", "data.num_workers=0", "--set", "train.log_interval=1"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "5 train / 1 val utterances" in captured.out and "leaving out" not in captured.err
+    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+    assert math.isfinite(json.loads((out / "val_metrics.jsonl").read_text().splitlines()[-1])["val_loss"])

@@ -8,11 +8,16 @@ A checkpoint is a plain dict of tensors and Python primitives, so it loads with
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import io
 import os
 import random
 import re
+import socket
+import sys
+import time
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -64,7 +69,8 @@ def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, ke
         the path of the numbered checkpoint.
 
     Raises:
-        CheckpointError: ``state`` holds objects that :func:`load_checkpoint` would refuse (nothing is written).
+        CheckpointError: ``state`` holds objects that :func:`load_checkpoint` would refuse (nothing is written),
+            or a file cannot be written (a full disk: no earlier checkpoint is touched).
     """
     output_dir = Path(output_dir)
     remove_stale_temporaries(output_dir)
@@ -77,8 +83,15 @@ def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, ke
     if unsafe:
         raise CheckpointError(f"refusing to write {numbered}: the state holds objects that a weights_only=True "
                               f"load refuses ({', '.join(unsafe)}); store tensors and Python primitives only")
-    atomic_write_bytes(numbered, data)
-    atomic_write_bytes(output_dir / "checkpoint_last.pt", data)
+    try:
+        atomic_write_bytes(numbered, data)
+        atomic_write_bytes(output_dir / "checkpoint_last.pt", data)
+    except OSError as err:  # a full disk, a quota, a folder gone read-only: the earlier files are untouched
+        kept = [path.name for path in (output_dir / "checkpoint_last.pt", *list_checkpoints(output_dir)[-1:])
+                if path.is_file()]
+        raise CheckpointError(f"could not write the step {step} checkpoint in {output_dir}: "
+                              f"{err.strerror or err}; earlier checkpoints are kept "
+                              f"({', '.join(dict.fromkeys(kept)) or 'none written yet'})") from None
     if keep_last > 0:
         # The newest by step, but never the file just written (an older run's higher steps may be there).
         others = [path for path in list_checkpoints(output_dir) if path != numbered]
@@ -237,6 +250,26 @@ STATEFUL_PARTS = ("optimizer", "scheduler", "scaler")
 """The objects besides the model whose ``state_dict`` a training checkpoint holds, by these names."""
 
 
+class NamedStates(dict):
+    """Several stateful objects under one checkpoint entry, by name: the optimizers of a model with several
+    phases (``{"discriminator": ..., "generator": ...}``), or their schedulers. Saved as ``{name: state_dict}``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: part.state_dict() for name, part in self.items()}
+
+    def load_state_dict(self, states: Mapping[str, Any]) -> None:
+        """Load each object's state.
+
+        Raises:
+            CheckpointError: the checkpoint names other objects than these.
+        """
+        if not isinstance(states, Mapping) or set(states) != set(self):
+            found = sorted(states) if isinstance(states, Mapping) else type(states).__name__
+            raise CheckpointError(f"the checkpoint holds states for {found}, this run has {sorted(self)}")
+        for name, part in self.items():
+            part.load_state_dict(states[name])
+
+
 def training_checkpoint(model: torch.nn.Module, parts: Mapping[str, Any], state: TrainState, rng: list,
                         **info: Any) -> dict[str, Any]:
     """The dict ``train.py`` saves: everything the next step depends on, so that a resume is exact.
@@ -255,29 +288,141 @@ def training_checkpoint(model: torch.nn.Module, parts: Mapping[str, Any], state:
             **dataclasses.asdict(state), "rng": rng, **info}
 
 
-def resume_path(resume: str, output_dir: str | Path) -> Optional[Path]:
-    """The checkpoint ``--resume`` names: ``auto`` -> ``OUTPUT/checkpoint_last.pt`` if it exists, ``none`` -> none,
-    anything else -> that file.
+def intact(path: str | Path) -> Optional[str]:
+    """Why the checkpoint file at ``path`` is damaged (cut short, corrupted, not a ``torch.save`` archive), or
+    ``None`` when every member of its zip archive reads back with a matching CRC. Reads the whole file once;
+    runs no code from it (whether its contents are safe is :func:`load_checkpoint`'s question)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError) as err:  # RuntimeError: zlib/CRC
+        return f"damaged ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+    return None if bad is None else f"damaged (member {bad} fails its CRC check)"
+
+
+def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], list[str]]:
+    """The checkpoint ``--resume`` names, and notes to print about the choice.
+
+    * ``auto``: ``OUTPUT/checkpoint_last.pt``; when it is missing or damaged (:func:`intact`), the newest intact
+      numbered checkpoint, with a note saying which was used and why; ``None`` when the folder holds none.
+    * ``none``: ``None``, on a folder that holds no checkpoint.
+    * anything else: that file.
 
     Raises:
-        CheckpointError: ``none`` while ``OUTPUT/checkpoint_last.pt`` exists (it would be overwritten), or a
-            path that is not a file.
+        CheckpointError: ``none`` on a folder with checkpoints (they would be overwritten); ``auto`` on a folder
+            whose every checkpoint is damaged (starting from step 0 would overwrite the only copies of progress);
+            a path that is not a file.
     """
-    last = Path(output_dir) / "checkpoint_last.pt"
+    output_dir = Path(output_dir)
+    last = output_dir / "checkpoint_last.pt"
+    numbered = list_checkpoints(output_dir)
     if resume == "auto":
-        return last if last.is_file() else None
+        notes, problems = [], []
+        for path in [last, *reversed(numbered)]:
+            if not path.is_file():
+                continue
+            problem = intact(path)
+            if problem is None:
+                if problems:
+                    notes.append(f"warning: {'; '.join(problems)}: resuming from {path}, the newest intact checkpoint")
+                return path, notes
+            problems.append(f"{path} is {problem}")
+        if problems:
+            raise CheckpointError(f"every checkpoint in {output_dir} is damaged ({'; '.join(problems)}); nothing was "
+                                  "overwritten: move them aside to start afresh, or pass --resume PATH")
+        if numbered or last.exists():
+            raise CheckpointError(f"{last} is not a file; move it aside or pass --resume PATH")
+        return None, []
     if resume == "none":
-        if last.exists():
-            raise CheckpointError(f"{output_dir} already holds checkpoint_last.pt, which --resume none would "
-                                  "overwrite; continue it with --resume auto, or start afresh in another --output-dir")
-        return None
+        if last.exists() or numbered:
+            raise CheckpointError(f"{output_dir} already holds checkpoints, which --resume none would overwrite; "
+                                  "continue with --resume auto, or start afresh in another --output-dir")
+        return None, []
     if not Path(resume).is_file():
         raise CheckpointError(f"--resume {resume}: no such checkpoint")
-    return Path(resume)
+    return Path(resume), []
+
+
+LOCK_NAME = ".run.lock"
+
+
+class RunLock:
+    """One run per output folder: rank 0 holds an exclusive ``flock`` on ``OUTPUT/.run.lock`` for the whole run.
+
+    The file names the holder (pid, host, start time). The kernel drops the lock when its process ends, however it
+    ends, so a lock file left by a dead run is free to take; :meth:`acquire` then says whose it was. (On a network
+    file system this relies on its lock support, as NFSv4 has.)
+    """
+
+    def __init__(self, output_dir: str | Path):
+        self.path = Path(output_dir) / LOCK_NAME
+        self.handle = None
+
+    def acquire(self) -> Optional[str]:
+        """Take the lock; returns a note when a dead run's lock file was taken over, else ``None``.
+
+        Raises:
+            CheckpointError: another living run holds the folder (its holder line is named), or the lock file
+                cannot be opened.
+        """
+        while True:
+            try:
+                handle = open(self.path, "a+")
+            except OSError as err:
+                raise CheckpointError(f"cannot open {self.path}: {err.strerror or err}") from None
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "a process that has not written its name yet"
+                handle.close()
+                raise CheckpointError(f"{self.path.parent} is in use by another run ({holder}); wait for it or "
+                                      "stop it, or train into another --output-dir") from None
+            try:
+                same_file = os.stat(self.path).st_ino == os.fstat(handle.fileno()).st_ino
+            except FileNotFoundError:
+                same_file = False
+            if same_file:
+                break
+            handle.close()  # the holder removed the file between our open and our lock: lock the new one
+        handle.seek(0)
+        previous = handle.read().strip()
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        handle.flush()
+        self.handle = handle
+        if previous:
+            return f"note: {self.path} was left by a run that is no longer running ({previous}); taken over"
+        return None
+
+    def release(self) -> None:
+        """Remove the lock file and drop the lock (idempotent): a finished run leaves no trace of it."""
+        if self.handle is None:
+            return
+        self.path.unlink(missing_ok=True)
+        self.handle.close()  # closing the last descriptor drops the flock
+        self.handle = None
+
+
+def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
+    """``"section.key: old -> new"`` for every setting that differs between two ``Config.to_dict()`` dicts
+    (a key only one of them has counts as changed), except the ``section.key`` names in ``ignore``."""
+    changes = []
+    for section in sorted(set(before) | set(now)):
+        old, new = before.get(section, {}), now.get(section, {})
+        if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+            continue
+        for key in sorted(set(old) | set(new)):
+            name = f"{section}.{key}"
+            if name not in ignore and old.get(key, "unset") != new.get(key, "unset"):
+                changes.append(f"{name}: {old.get(key, 'unset')} -> {new.get(key, 'unset')}")
+    return changes
 
 
 def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str, Any], model_name: str,
-                    rank: int, world_size: int, map_location: str | torch.device = "cpu") -> TrainState:
+                    rank: int, world_size: int, map_location: str | torch.device = "cpu",
+                    config: Optional[Mapping[str, Any]] = None, train_utterances: Optional[int] = None) -> TrainState:
     """Put a :func:`training_checkpoint` back: weights, optimizer, schedule, scaler, this rank's RNG states.
 
     Args:
@@ -287,6 +432,10 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
         model_name: the model being trained (the checkpoint must hold the same).
         rank, world_size: this process; RNG states are restored only when the world size is the same.
         map_location: where tensors are loaded.
+        config: this run's ``Config.to_dict()``; rank 0 names the settings that differ from the checkpoint's
+            (``train.max_steps`` aside: raising it is how a run is continued).
+        train_utterances: this run's training utterances; rank 0 warns when the checkpoint's corpus had
+            another number (the epoch's order, and so the data position, is not the same any more).
 
     Returns:
         The loop's :class:`TrainState` at the checkpoint.
@@ -311,4 +460,14 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
     elif rank == 0:
         print(f"warning: {path} was written by {len(saved['rng'])} processes, this run has {world_size}: random "
               "streams restart, so the run will not repeat the original exactly")
+    if rank == 0 and config is not None and isinstance(saved.get("config"), Mapping):
+        changes = config_changes(saved["config"], config, ignore=("train.max_steps",))
+        if changes:
+            print(f"warning: the config differs from the one {path} was trained with: {'; '.join(changes)}",
+                  file=sys.stderr, flush=True)
+    known = saved.get("train_utterances")
+    if rank == 0 and train_utterances is not None and known is not None and known != train_utterances:
+        print(f"warning: the corpus changed since {path} ({known} -> {train_utterances} training utterances): the "
+              "run continues from its step, but the epoch's order and position are not the ones it stopped at",
+              file=sys.stderr, flush=True)
     return TrainState(**{key: saved[key] for key in fields if key in saved})

@@ -134,10 +134,12 @@ class DataConfig:
     ``num_workers`` DataLoader worker processes per rank, each keeping ``prefetch_factor`` batches ready;
     with ``persistent_workers`` they live for the whole run instead of starting anew every epoch (an epoch
     a dataset's items depend on must then reach them: :class:`utils.data_utils.SharedEpoch`).
-    ``on_bad_clip``: what ``train.py``'s start-up check of every clip (unreadable, truncated, shorter than one
-    STFT window, a transcript without a usable character) does with bad ones: ``error`` lists them and stops
-    before training, ``skip`` trains without them and lists them in ``OUTPUT/skipped_clips.txt``.
-    ``exclude``: utterance ids to leave out (``skip`` adds the bad clips' ids for the run).
+    ``on_bad_clip``: what ``train.py``'s start-up check of the corpus does with bad clips and lines (a malformed
+    or repeated metadata line, an empty transcript, a missing wav or a folder in its place, an unreadable,
+    truncated or silent clip, one shorter than one STFT window, a transcript without a usable character):
+    ``error`` names them all and stops before training, ``skip`` trains without them and lists them in
+    ``OUTPUT/skipped_clips.txt``. ``exclude``: utterance ids to leave out (``skip`` adds the bad clips' ids
+    for the run; a malformed line's id is ``metadata.csv:LINE``).
     """
 
     dataset_path: str = "data/LJSpeech-1.1"

@@ -1,17 +1,27 @@
-"""The corpus check ``train.py`` runs before training: every clip readable, whole, long enough, with a transcript.
+"""The corpus check ``train.py`` runs before training: every clip readable, whole, long enough, not silent,
+with a transcript.
 
 A bad clip found at step 30 000 costs a crashed run (and the same crash again after every resume); found at
-start-up it costs a line. :func:`check_corpus` reads every clip's header (never its samples) in parallel
-threads and finds:
+start-up it costs a line. :func:`check_corpus` reads every clip's header, and its samples only until one is
+not silent (the first block, for any clip with sound in its first second or so), in parallel threads, and
+finds:
 
-* clips whose header cannot be read (not a sound file, no permission);
+* clips whose wav is missing or is a folder, or whose header cannot be read (not a sound file, no permission);
 * truncated wavs: a ``data`` chunk that promises more bytes than the file holds (an interrupted copy);
 * clips shorter than ``min_samples`` at the training sampling rate (too short for one STFT window);
+* silent clips: no sample above :data:`SILENCE_PEAK` of full scale (an all-zero recording), and NaN or
+  infinite samples in what is read of a float wav;
 * transcripts with no letter or digit (an emoji-only or empty row), and whatever the model's own check refuses
   (``ModelSpec.check_text``: a text-to-speech model refuses a transcript with no symbol of its table).
 
-Headers are cached (:func:`default_cache_file`: outside the corpus and the run's output folder) by path,
-size and modification time, so a second run over a large corpus reads only what changed.
+The corpus lines that name no usable clip (malformed lines, missing wavs) are found earlier, by
+:func:`utils.data_utils.load_splits` with its ``bad`` list; ``train.py`` lists both together.
+
+Any sample format soundfile reads is fine: 8-bit unsigned PCM, for one, is read as float in [-1, 1) like
+16-bit PCM (its 128 is silence), so an 8-bit clip passes the check and trains.
+
+What each clip's reading found is cached (:func:`default_cache_file`: outside the corpus and the run's output
+folder) by path, size and modification time, so a second run over a large corpus reads only what changed.
 """
 
 from __future__ import annotations
@@ -21,24 +31,59 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
+import numpy as np
 import soundfile as sf
 from tqdm import tqdm
 
-from utils.data_utils import DataError, Utterance, check_wav_not_truncated
+from utils.data_utils import BadClip, DataError, Utterance, check_wav_not_truncated
+
+__all__ = ["BadClip", "SILENCE_PEAK", "check_corpus", "default_cache_file", "describe"]
+
+SILENCE_PEAK = 1e-4
+"""A clip none of whose samples exceeds this (in full-scale units, about -80 dBFS: 3 steps of 16-bit PCM) is
+silent: nothing to learn from, and a mel of only the floor value."""
+
+_CACHE_VERSION = 2
+"""Part of every cache entry's key: entries written by an older check (without the silence test) are read again."""
+
+_FIRST_BLOCK, _BLOCK = 2048, 65536
+"""Frames read at a time when looking for a sample that is not silent: a small first block (4 KB of 16-bit mono,
+enough for nearly every recording), then larger ones (3 s at 22050 Hz)."""
 
 
-class BadClip(NamedTuple):
-    """One utterance the check refused: its id, its wav, and why."""
+def _loudest_until_sound(path: Path) -> float:
+    """The peak of ``path``'s samples (full-scale units, all channels), read block by block and stopped at the
+    first block holding a sample above :data:`SILENCE_PEAK`: for a clip with sound the result is only known to be
+    above it.
 
-    id: str
-    path: str
-    reason: str
+    Raises:
+        DataError: a block read holds NaN or infinite samples (a float wav; the blocks after the first sound are
+            not read, so such samples later in the clip are found only when it is loaded).
+    """
+    peak, size, start = 0.0, _FIRST_BLOCK, 0
+    with sf.SoundFile(str(path)) as clip:
+        while peak <= SILENCE_PEAK:
+            block = clip.read(size, dtype="float32", always_2d=True)
+            if block.size == 0:
+                break
+            finite = np.isfinite(block).all(axis=1)
+            if not finite.all():
+                raise DataError(f"holds NaN or infinite samples (the first at sample {start + int(np.argmin(finite))})")
+            peak = max(peak, float(np.abs(block).max()))
+            start += block.shape[0]
+            size = _BLOCK
+    return peak
 
 
-def _header(path: Path) -> dict:
-    """``{"frames", "rate"}`` of a sound file, or ``{"error": ...}`` (what :func:`check_corpus` caches)."""
+def _inspect(path: Path) -> dict:
+    """``{"frames", "rate", "silent_peak"}`` of a sound file (``silent_peak``: its peak when it is silent, else
+    ``None``), or ``{"error": reason}``: what :func:`check_corpus` caches per clip."""
+    if path.is_dir():
+        return {"error": "is a folder, not a wav file"}
+    if not path.exists():
+        return {"error": "wav not found"}
     try:
         check_wav_not_truncated(path)
         info = sf.info(str(path))
@@ -46,7 +91,13 @@ def _header(path: Path) -> dict:
         return {"error": str(err).replace(f": {path}", "")}
     except (sf.LibsndfileError, RuntimeError, OSError) as err:
         return {"error": f"unreadable header ({str(err).splitlines()[0] if str(err) else type(err).__name__})"}
-    return {"frames": info.frames, "rate": info.samplerate}
+    try:
+        peak = _loudest_until_sound(path)
+    except DataError as err:
+        return {"error": str(err)}
+    except (sf.LibsndfileError, RuntimeError, OSError) as err:
+        return {"error": f"unreadable samples ({str(err).splitlines()[0] if str(err) else type(err).__name__})"}
+    return {"frames": info.frames, "rate": info.samplerate, "silent_peak": None if peak > SILENCE_PEAK else peak}
 
 
 def _stat_key(path: Path) -> Optional[str]:
@@ -54,7 +105,7 @@ def _stat_key(path: Path) -> Optional[str]:
         stat = path.stat()
     except OSError:
         return None
-    return f"{stat.st_size}:{stat.st_mtime_ns}"
+    return f"v{_CACHE_VERSION}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
 def default_cache_file(dataset_path: str | Path) -> Path:
@@ -74,13 +125,14 @@ def check_corpus(utterances: Sequence[Utterance], sampling_rate: int, min_sample
         sampling_rate: the training rate in Hz (a clip at another rate is resampled: its length is converted).
         min_samples: the fewest samples a clip may have at ``sampling_rate``.
         text_check: the model's own transcript check: ``text -> reason`` or ``None`` when the text is fine.
-        cache_file: where headers are cached (JSON; read if present, rewritten; a cache that cannot be
-            written is left unwritten); ``None``: no cache.
-        workers: header-reading threads (default: 4 per CPU core, at most 32).
+        cache_file: where what was read of each clip (header, silence) is cached (JSON; read if present,
+            rewritten; a cache that cannot be written is left unwritten); ``None``: no cache.
+        workers: reading threads (default: 4 per CPU core, at most 32).
         progress: show a progress bar.
 
     Returns:
-        the bad clips; empty when all are fine.
+        the bad clips (:class:`~utils.data_utils.BadClip`: id, wav path, reason); empty when all are fine.
+        A clip has one reason, the first found in the order of the module's list.
     """
     cache: dict = {}
     if cache_file is not None and cache_file.is_file():
@@ -93,7 +145,7 @@ def check_corpus(utterances: Sequence[Utterance], sampling_rate: int, min_sample
             != keys[utt.id]]
     threads = workers or min(32, 4 * (os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        headers = pool.map(_header, [utt.wav_path for utt in todo])
+        headers = pool.map(_inspect, [utt.wav_path for utt in todo])
         for utt, header in tqdm(zip(todo, headers), total=len(todo), desc="checking clips", unit="clip",
                                 disable=not progress or len(todo) < 1000):
             cache[str(utt.wav_path)] = {"key": keys[utt.id], **header}
@@ -115,6 +167,10 @@ def check_corpus(utterances: Sequence[Utterance], sampling_rate: int, min_sample
             if samples < min_samples:
                 reason = (f"too short: {samples} samples at {sampling_rate} Hz, fewer than {min_samples} (one STFT "
                           "window)")
+            elif header["silent_peak"] is not None:
+                reason = ("silent: every sample is zero" if header["silent_peak"] == 0 else
+                          f"silent: its loudest sample is {header['silent_peak']:.1e} of full scale, at most "
+                          f"{SILENCE_PEAK:.0e}")
         if reason is None and not any(ch.isalnum() for ch in utt.text):
             reason = f"transcript {utt.text!r} has no letter or digit"
         if reason is None and text_check is not None:

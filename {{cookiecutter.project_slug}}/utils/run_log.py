@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-SCALARS = ("loss", "lr", "items_per_s", "step_time_s", "data_time_s", "grad_norm")
+SCALARS = ("loss", "lr", "items_per_s", "step_time_s", "data_time_s", "grad_norm", "fp16_overflows")
 PER_RANK = ("memory_gib", "memory_allocated_gib", "stray_gpu_mib", "compute_s", "data_wait_s",
             "collective_wait_s")  # lists in a row, one value per rank (memory_allocated_gib on GPUs only)
 
@@ -175,18 +175,24 @@ class StepWindow:
     """
 
     def __init__(self):
-        self.steps = self.good = 0
+        self.steps = self.good = self.overflows = 0
         self.loss = self.items = self.step_time = self.data_time = self.wait_time = self.compute_time = 0.0
+        self.losses: dict[str, float] = {}
 
     def add(self, loss: float | None, items: float, step_time: float, data_time: float,
-            wait_time: float = 0.0, compute_time: float = 0.0) -> None:
+            wait_time: float = 0.0, compute_time: float = 0.0, losses: dict | None = None,
+            overflows: int = 0) -> None:
         """Record one optimizer step (``loss`` None for a skipped step); times in seconds (``wait_time``:
         spent in the step's blocking all-reduce, waiting for the slowest rank; ``compute_time``: forward
-        passes and losses)."""
+        passes and losses). ``losses``: the step's named losses and metrics of a model with several phases
+        (averaged over the window's finite steps); ``overflows``: fp16 optimizer steps the GradScaler skipped."""
         self.steps += 1
+        self.overflows += overflows
         if loss is not None:
             self.loss += loss
             self.good += 1
+            for name, value in (losses or {}).items():
+                self.losses[name] = self.losses.get(name, 0.0) + value
         self.items += items
         self.step_time += step_time
         self.data_time += data_time
@@ -201,10 +207,13 @@ class StepWindow:
                 "compute_s": self.compute_time / steps}
 
     def row(self, **extra: Any) -> dict[str, Any]:
-        """``{loss, items_per_s, step_time_s, data_time_s, **extra}`` for the window (``loss`` NaN if none)."""
-        return {**extra, "loss": self.loss / self.good if self.good else math.nan,
+        """``{loss, losses (several phases only), items_per_s, step_time_s, data_time_s, fp16_overflows, **extra}``
+        for the window (``loss`` NaN if none)."""
+        named = {"losses": {name: value / self.good for name, value in self.losses.items()}} if self.losses else {}
+        return {**extra, "loss": self.loss / self.good if self.good else math.nan, **named,
                 "items_per_s": self.items / self.step_time if self.step_time else 0.0,
-                "step_time_s": self.step_time / self.steps, "data_time_s": self.data_time / self.steps}
+                "step_time_s": self.step_time / self.steps, "data_time_s": self.data_time / self.steps,
+                "fp16_overflows": self.overflows}
 
 
 class LossMonitor:
@@ -286,7 +295,11 @@ class RunLog:
         for key in PER_RANK:
             for rank, value in enumerate(row.get(key, [])):
                 self.writer.add_scalar(f"ranks/{key}/rank{rank}", value, row["step"])
-        self.progress.set_postfix(loss=f"{row['loss']:.4f}", items_s=f"{row['items_per_s']:.0f}")
+        named = row.get("losses", {})
+        for key, value in named.items():
+            self.writer.add_scalar(f"train/{key}", value, row["step"])
+        shown = {key: f"{value:.4g}" for key, value in named.items() if not key.startswith("grad_norm_")}
+        self.progress.set_postfix(loss=f"{row['loss']:.4f}", **shown, items_s=f"{row['items_per_s']:.0f}")
 
     def validation(self, step: int, epoch: int, val_loss: float) -> None:
         if not self.enabled:

@@ -78,8 +78,12 @@ class TextMelDataset(Dataset):
     Overlong utterances are left out at construction and counted: those whose clip would give more than
     ``max_mel_frames`` mel frames (computed from the header's length and sample rate with
     ``soundfile.info``, so no audio is decoded) and those whose cleaned text has more than
-    ``max_text_len`` symbols. The count is :attr:`skipped` (their ids :attr:`skipped_ids`) and a
-    ``UserWarning`` says how many were skipped and why.
+    ``max_text_len`` symbols. They are dropped, never cut: with teacher forcing the decoder is fed the whole
+    target mel, and a mel cut short would train the stop gate to go on where the transcript ends and the
+    attention to skip the transcript's unspoken end. The count is :attr:`skipped` (their ids
+    :attr:`skipped_ids`) and one ``UserWarning`` line says how many of how many were skipped, by which
+    setting (with its value) and how long the longest was. When none is left, the :class:`DataError` says the
+    same and how far to raise the setting.
 
     Args:
         utterances: from :func:`utils.data_utils.load_splits`.
@@ -89,10 +93,14 @@ class TextMelDataset(Dataset):
         max_mel_frames: skip clips longer than this many frames; ``None``: no limit.
         max_text_len: skip texts longer than this many symbols; ``None``: no limit (texts are then
             cleaned lazily, in ``__getitem__``).
+        split: what the utterances are (``"training"``, ``"validation"``), for the messages; ``""``: nothing.
+        setting_prefix: put before the setting names in the messages (``"tacotron2."`` names
+            ``tacotron2.max_mel_frames``, the config key to change).
 
     Raises:
         DataError: an utterance has an empty transcript (the message names its id), a wav header cannot be
-            read, the cache was made with other audio settings, every utterance was skipped, or (in
+            read, the cache was made with other audio settings, ``utterances`` is empty, every utterance was
+            skipped (the message names the setting, its value, and the longest clip or text), or (in
             ``__getitem__``) a cached mel is malformed or a text has no symbol left after cleaning.
         ValueError: ``max_mel_frames`` or ``max_text_len`` < 1, or an unknown text cleaner name.
     """
@@ -100,7 +108,7 @@ class TextMelDataset(Dataset):
     def __init__(self, utterances: Sequence[Utterance], audio_cfg: AudioConfig,
                  mel_cache: Optional[PathLike] = None,
                  text_cleaners: Sequence[str] = ("english_cleaners",), max_mel_frames: Optional[int] = None,
-                 max_text_len: Optional[int] = None):
+                 max_text_len: Optional[int] = None, split: str = "", setting_prefix: str = ""):
         for name, value in (("max_mel_frames", max_mel_frames), ("max_text_len", max_text_len)):
             if value is not None and value < 1:
                 raise ValueError(f"TextMelDataset: {name} must be >= 1 or None, got {value}")
@@ -117,31 +125,49 @@ class TextMelDataset(Dataset):
         self.utterances: list[Utterance] = []
         self._sequences: dict[str, list[int]] = {}
         self.skipped_ids: list[str] = []
-        too_long_audio = too_long_text = 0
+        what = f"{split} utterances" if split else "utterances"
+        if not utterances:
+            raise DataError(f"TextMelDataset: no {what} given")
+        too_long_audio: list[int] = []  # the frame counts of the clips left out
+        too_long_text: list[int] = []  # the symbol counts of the texts left out
         for utt in utterances:
             if not utt.text.strip():
                 raise DataError(f"utterance '{utt.id}' has an empty transcript ({utt.wav_path})")
-            if max_mel_frames is not None and self._estimated_frames(utt) > max_mel_frames:
-                too_long_audio += 1
-                self.skipped_ids.append(utt.id)
-                continue
+            if max_mel_frames is not None:
+                frames = self._estimated_frames(utt)
+                if frames > max_mel_frames:
+                    too_long_audio.append(frames)
+                    self.skipped_ids.append(utt.id)
+                    continue
             sequence = self._encode(utt)  # every transcript once, here: a dropped symbol is reported once per run
             if max_text_len is not None and len(sequence) > max_text_len:
-                too_long_text += 1
+                too_long_text.append(len(sequence))
                 self.skipped_ids.append(utt.id)
                 continue
             self._sequences[utt.id] = sequence
             self.utterances.append(utt)
+        audio_key, text_key = f"{setting_prefix}max_mel_frames", f"{setting_prefix}max_text_len"
+        if not self.utterances:
+            reasons, fixes = [], []
+            if too_long_audio:
+                reasons.append(f"{audio_key} is {max_mel_frames}: {len(too_long_audio)} of {len(utterances)} "
+                               f"{what} are longer (longest {max(too_long_audio)} frames)")
+                fixes.append(f"{audio_key} to at least {max(too_long_audio)}")
+            if too_long_text:
+                reasons.append(f"{text_key} is {max_text_len}: {len(too_long_text)} of {len(utterances)} {what} "
+                               f"have more symbols (longest {max(too_long_text)})")
+                fixes.append(f"{text_key} to at least {max(too_long_text)}")
+            raise DataError(f"{'; '.join(reasons)}; no {what} left: raise {' and '.join(fixes)}")
         if self.skipped:
             reasons = []
             if too_long_audio:
-                reasons.append(f"{too_long_audio} longer than max_mel_frames={max_mel_frames} mel frames")
+                reasons.append(f"{len(too_long_audio)} longer than {audio_key}={max_mel_frames} mel frames, the "
+                               f"longest {max(too_long_audio)}")
             if too_long_text:
-                reasons.append(f"{too_long_text} with more than max_text_len={max_text_len} symbols")
-            warnings.warn(f"TextMelDataset: skipped {self.skipped} of {len(utterances)} utterances "
-                          f"({'; '.join(reasons)})", stacklevel=2)
-        if not self.utterances:
-            raise DataError(f"TextMelDataset: no utterances left (given {len(utterances)}, skipped {self.skipped})")
+                reasons.append(f"{len(too_long_text)} with more than {text_key}={max_text_len} symbols, the "
+                               f"longest {max(too_long_text)}")
+            warnings.warn(f"TextMelDataset: skipped {self.skipped} of {len(utterances)} {what} "
+                          f"({'; '.join(reasons)}); raise the setting to keep them", stacklevel=2)
 
     @property
     def skipped(self) -> int:

@@ -1,0 +1,143 @@
+"""A complete model file to start your own from: ``melae``, a mel-spectrogram autoencoder with one loss.
+
+Copy it into ``models/`` and it trains like the example models (``model.py`` imports every module of
+``models/``; this ``docs/`` copy is never imported)::
+
+    cp docs/own_model_example.py models/melae.py
+    python multiproc.py train.py --config config.json --model melae --tiny --dataset-path data/demo --max-steps 50
+    python inference.py --checkpoint output/checkpoint_last.pt --wav data/demo/wavs/LJ_DEMO_0001.wav --output recon.pt
+
+For a model of your own, rename the file, the ``melae`` section and the classes, and change the network, the
+loss and the data. What each part is for:
+
+* :class:`MelAEConfig`: the ``melae`` section of ``config.json``. The section is optional (a key left out takes
+  its default here); ``batch_size``, ``learning_rate`` and ``weight_decay`` are required fields of every
+  model's section; ``setting`` declares bounds, checked when the config loads; ``Optional[...]`` accepts
+  ``null`` in JSON and ``--set melae.dropout=null``.
+* :class:`MelAE`: the network; ``forward(batch)`` takes the batch dict the collate function makes.
+* :func:`reconstruction_loss`: ``criterion(outputs, batch) -> scalar``, the one loss the loop minimises.
+* :func:`build_datasets`: ``(train, val)`` datasets over an LJSpeech-layout corpus; their items are batched by
+  ``collate_audio_mel`` into ``{"mel": (B, n_mels, frames), "audio": (B, samples), "ids": [str] * B}``.
+* :func:`add_inference_args` and :func:`infer`: ``inference.py``'s options and work (both optional).
+* ``register(...)`` at the end: the model's name (``--model melae``) and everything above.
+
+Optional hooks it leaves out, each skipped with a line saying so where it would be used (see ``model.py``'s
+``ModelSpec``): ``synthetic_batch`` and ``benchmark_cases`` (``scripts/benchmark.py``), a fast path
+(``optimize_for_training``), ``log_validation`` (TensorBoard pictures), ``build_optimizer`` (Adam otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from model import ModelSpec, register
+from utils.audio_processing import MelSpectrogram
+from utils.config import Config, setting
+from utils.data_utils import AudioMelDataset, DataError, collate_audio_mel, load_splits, load_wav
+
+
+@dataclasses.dataclass
+class MelAEConfig:
+    """The ``melae`` section of ``config.json``.
+
+    ``hidden``: channels of the two hidden convolutions; ``bottleneck``: channels of the code between
+    encoder and decoder (fewer than ``audio.n_mels``, or the model learns a copy); ``dropout``: probability
+    (0 to 1) after the encoder's first layer, ``None`` for none; ``segment_frames``: training crops in mel
+    frames (``audio.hop_length`` samples each); ``batch_size``: crops per process and step;
+    ``learning_rate``: Adam's step size; ``weight_decay``: Adam's L2 penalty.
+    """
+
+    hidden: int = setting(32, ge=1)
+    bottleneck: int = setting(8, ge=1)
+    dropout: Optional[float] = setting(None, ge=0, lt=1)
+    segment_frames: int = setting(24, ge=4)
+    batch_size: int = setting(4, ge=1)
+    learning_rate: float = setting(3e-3, gt=0)
+    weight_decay: float = setting(0.0, ge=0)
+
+
+class MelAE(nn.Module):
+    """Log-mel ``(B, n_mels, T)`` -> code ``(B, bottleneck, T)`` -> log-mel ``(B, n_mels, T)``.
+
+    Kernel-3 and kernel-1 convolutions along time, ``tanh`` between them; the decoder's output is added to
+    the input's mean over mels and frames (one number per item), so the network learns only the shape.
+    """
+
+    def __init__(self, cfg: MelAEConfig, n_mels: int):
+        super().__init__()
+        self.encode = nn.Sequential(
+            nn.Conv1d(n_mels, cfg.hidden, kernel_size=3, padding=1), nn.Tanh(), nn.Dropout(cfg.dropout or 0.0),
+            nn.Conv1d(cfg.hidden, cfg.bottleneck, kernel_size=1))
+        self.decode = nn.Sequential(
+            nn.Conv1d(cfg.bottleneck, cfg.hidden, kernel_size=1), nn.Tanh(),
+            nn.Conv1d(cfg.hidden, n_mels, kernel_size=3, padding=1))
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        """The reconstruction of ``batch["mel"]`` ``(B, n_mels, T)``, same shape."""
+        mel = batch["mel"]
+        level = mel.mean(dim=(1, 2), keepdim=True)
+        return self.decode(self.encode(mel)) + level
+
+
+def reconstruction_loss(outputs: torch.Tensor, batch: dict) -> torch.Tensor:
+    """Mean squared difference, in float32, between the reconstruction and ``batch["mel"]`` (log-mel units squared)."""
+    return torch.mean((outputs.float() - batch["mel"].float()) ** 2)
+
+
+def build_datasets(cfg: Config) -> tuple[AudioMelDataset, AudioMelDataset]:
+    """Training and validation sets of ``cfg.data``'s corpus.
+
+    Training items are random crops of ``melae.segment_frames * audio.hop_length`` samples (a new crop each
+    epoch, seeded by ``train.seed``); validation items are the first crop of each clip, the same every time.
+    """
+    train_utts, val_utts = load_splits(cfg.data)
+    crop_samples = cfg.melae.segment_frames * cfg.audio.hop_length
+    train = AudioMelDataset(train_utts, cfg.audio, crop_samples, random_crop=True, seed=cfg.train.seed)
+    val = AudioMelDataset(val_utts, cfg.audio, crop_samples, random_crop=False)
+    return train, val
+
+
+def add_inference_args(parser: argparse.ArgumentParser) -> None:
+    """``inference.py``'s option for this model: the wav to reconstruct."""
+    parser.add_argument("--wav", help="wav file whose log-mel is encoded and decoded")
+
+
+def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch.device) -> list[Path]:
+    """Encode and decode the log-mel of ``--wav``; ``torch.save`` the ``(n_mels, frames)`` result to ``--output``.
+
+    Raises:
+        ValueError: no ``--wav`` was given.
+        DataError: the wav cannot be read or is too short for one STFT frame (``MelSpectrogram.min_samples``).
+    """
+    if not args.wav:
+        raise ValueError("melae needs --wav FILE: the wav to reconstruct")
+    audio = load_wav(args.wav, cfg.audio.sampling_rate)
+    to_mel = MelSpectrogram.from_config(cfg.audio)
+    if audio.numel() < to_mel.min_samples:
+        raise DataError(f"--wav {args.wav}: {audio.numel()} samples, shorter than one STFT window "
+                        f"({to_mel.min_samples} samples)")
+    with torch.no_grad():
+        mel = to_mel(audio).unsqueeze(0).to(device)
+        reconstruction = model({"mel": mel})[0].cpu()
+    output = Path(args.output)
+    torch.save(reconstruction, output)
+    print(f"wrote {output}: mel {tuple(reconstruction.shape)}")
+    return [output]
+
+
+register("melae", ModelSpec(
+    config_cls=MelAEConfig,                                       # the "melae" section of config.json
+    build_model=lambda cfg: MelAE(cfg.melae, cfg.audio.n_mels),
+    build_criterion=lambda cfg: reconstruction_loss,
+    build_datasets=build_datasets,
+    collate_fn=collate_audio_mel,
+    count_items=lambda batch: batch["mel"].shape[0] * batch["mel"].shape[2],   # mel frames, for items/s
+    add_inference_args=add_inference_args,                        # optional: inference.py's options
+    infer=infer,                                                  # optional: checkpoint -> files
+))

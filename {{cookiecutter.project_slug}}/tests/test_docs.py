@@ -1,0 +1,241 @@
+"""The project's text names only what the project holds, and its complete example model file works.
+
+* Every text file of the project (code, comments, docstrings, README, ``docs/``, configs, scripts) is scanned
+  for paths of a benchmark folder or a sibling folder that exist only where the template was developed,
+  and for issue numbers of a tracker the project does not have.
+* ``docs/own_model_example.py``, the file the README's "Your own model" offers, registers a model that loads
+  its config, reads a corpus, trains (its loss falls) and is not imported by ``model.py``.
+* ``docs/two_optimizer_example.py``, the README's model with two optimizers, is offered the same way, works
+  with the project's config as it is, and trains both of its phases with the loop's own functions: each phase
+  updates only its network, and its named mel L1 falls.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, synth_corpus
+
+PROJECT = Path(ROOT)
+EXAMPLE = PROJECT / "docs" / "own_model_example.py"
+
+FORBIDDEN = {
+    "a benchmark folder of the template's workspace": re.compile(r"shared/+bench"),
+    "a folder beside the project": re.compile(r"\.\./+shared"),
+    "an issue number": re.compile(r"\bissues?[ \t]*[#-]?[ \t]*\d+", re.IGNORECASE),
+    "a tracker reference": re.compile(r"(?<![\w&/#])#\d+\b(?![\w-])"),
+}
+"""What no text file of the project may hold: what it means -> the pattern."""
+
+LARGEST_TEXT = 2 * 2**20
+"""Bytes: a larger file is data, not text written for the project, and is not scanned."""
+
+
+def ignored_folders() -> set[str]:
+    """Top-level folders that ``.gitignore`` leaves out (``data/``, ``output/``, ...): a user's runs and corpora,
+    not the project."""
+    gitignore = PROJECT / ".gitignore"
+    lines = gitignore.read_text().splitlines() if gitignore.is_file() else []
+    return {line.strip().strip("/") for line in lines if line.strip().endswith("/") and "*" not in line}
+
+
+def project_text_files() -> list[Path]:
+    """Every UTF-8 text file of the project, hidden folders (but ``.github``), caches and ignored folders left out."""
+    skipped_top = ignored_folders()
+    found = []
+    for folder, subfolders, files in os.walk(PROJECT):
+        here = Path(folder)
+        subfolders[:] = [name for name in subfolders
+                         if name != "__pycache__" and (not name.startswith(".") or name == ".github")
+                         and not (here == PROJECT and name in skipped_top)]
+        for name in files:
+            path = here / name
+            if path.stat().st_size > LARGEST_TEXT:
+                continue
+            data = path.read_bytes()
+            if b"\0" in data:
+                continue
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            found.append(path)
+    return found
+
+
+def test_the_scan_finds_what_it_looks_for():
+    written_wrong = {  # each pattern on a line it must catch, and on one it must let pass
+        "a benchmark folder of the template's workspace": ("see shared" + "/bench/notes.md", "shared memory"),
+        "a folder beside the project": ("run .." + "/shared/x.sh", "../data"),
+        "an issue number": ("as Issue" + " 5 asks", "issues with clips"),
+        "a tracker reference": ("fixed in #" + "12", "#SBATCH --nodes 2"),
+    }
+    for meaning, (caught, passed) in written_wrong.items():
+        assert FORBIDDEN[meaning].search(caught), (meaning, caught)
+        assert not FORBIDDEN[meaning].search(passed), (meaning, passed)
+    files = {path.relative_to(PROJECT).as_posix() for path in project_text_files()}
+    assert {"README.md", "model.py", "config.json", "docs/own_model_example.py", "tests/test_docs.py"} <= files
+
+
+def test_project_text_names_nothing_outside_the_project():
+    found = []
+    for path in project_text_files():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            for meaning, pattern in FORBIDDEN.items():
+                if pattern.search(line):
+                    found.append(f"{path.relative_to(PROJECT)}:{number}: {meaning}: {line.strip()[:100]}")
+    assert not found, "\n".join(found)
+
+
+def test_readme_offers_the_example_file_and_model_py_points_to_it():
+    readme = (PROJECT / "README.md").read_text()
+    section = readme.split("## Your own model", 1)[1].split("\n## ", 1)[0]
+    assert "docs/own_model_example.py" in section and "cp docs/own_model_example.py models/" in section
+    assert "docs/own_model_example.py" in (PROJECT / "model.py").read_text().split('"""')[1]
+    assert EXAMPLE.is_file()
+
+
+EXAMPLE_CHECK = """
+import importlib.util, sys
+from pathlib import Path
+import torch
+from model import MODELS, config_schemas
+docs = Path(sys.argv[1]).resolve().parent
+loaded = [getattr(module, "__file__", None) for module in list(sys.modules.values())]
+assert not [f for f in loaded if f and Path(f).resolve().parent == docs], "model.py imported docs/"
+if "melae" not in MODELS:  # (a project that already holds models/melae.py, the copy the README makes, tests that)
+    spec = importlib.util.spec_from_file_location("models.melae", sys.argv[1])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["models.melae"] = module
+    spec.loader.exec_module(module)
+from utils.config import build_config
+cfg = build_config({}, config_schemas(), overrides=[f"data.dataset_path={sys.argv[2]}", "data.val_size=2"])
+melae = MODELS["melae"]
+train_set, val_set = melae.build_datasets(cfg)
+batch = melae.collate_fn([train_set[i] for i in range(cfg.melae.batch_size)])
+torch.manual_seed(0)
+model = melae.build_model(cfg)
+criterion = melae.build_criterion(cfg)
+optimizer = melae.build_optimizer(model, cfg.melae, torch.device("cpu"))
+losses = []
+for _ in range(30):
+    optimizer.zero_grad()
+    loss = criterion(model(batch), batch)
+    loss.backward()
+    optimizer.step()
+    losses.append(float(loss))
+frames = batch["mel"].shape[0] * batch["mel"].shape[2]
+print(len(train_set), len(val_set), melae.count_items(batch), frames, losses[0], losses[-1])
+"""
+
+
+def test_the_example_model_file_loads_reads_a_corpus_and_learns(tmp_path):
+    corpus = synth_corpus(tmp_path / "corpus", n=8)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", EXAMPLE_CHECK, str(EXAMPLE), str(corpus)], cwd=PROJECT,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    train_count, val_count, items, frames, first, last = done.stdout.split()
+    assert int(train_count) + int(val_count) == 8 and int(train_count) >= 4 and int(val_count) >= 1
+    assert int(items) == int(frames) > 0  # count_items: mel frames of the batch, for items/s
+    assert float(last) < 0.8 * float(first), (first, last)  # 30 Adam steps on one batch: it learns
+
+
+TWO_OPTIMIZER_EXAMPLE = PROJECT / "docs" / "two_optimizer_example.py"
+
+TWO_OPTIMIZER_CHECK = """
+import importlib.util, json, sys
+from pathlib import Path
+import torch
+import train
+from model import MODELS, config_schemas
+if "gan_vocoder" not in MODELS:  # (a project that already holds models/gan_vocoder.py, the README's copy, tests that)
+    spec = importlib.util.spec_from_file_location("models.gan_vocoder", sys.argv[1])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["models.gan_vocoder"] = module
+    spec.loader.exec_module(module)
+from utils.config import load_config
+# The project's config.json as --tiny reads it: it has no gan_vocoder section, the defaults apply.
+cfg = load_config("config.json", config_schemas(), tiny=True,
+                  overrides=[f"data.dataset_path={sys.argv[2]}", "data.val_size=2"])
+gan = MODELS["gan_vocoder"]
+train_set, val_set = gan.build_datasets(cfg)
+batch = gan.collate_fn([train_set[i] for i in range(cfg.gan_vocoder.batch_size)])
+torch.manual_seed(0)
+model = gan.build_model(cfg)
+cpu = torch.device("cpu")
+optimizers = train.build_optimizers(gan, "gan_vocoder", model, cfg.gan_vocoder, cpu)
+schedulers = {name: train.build_scheduler(gan, "gan_vocoder", name, opt, cfg) for name, opt in optimizers.items()}
+phases = train.build_phases(gan, "gan_vocoder", model, optimizers, schedulers, cfg)
+fp32, scaler = train.setup_precision("fp32", cpu)
+networks = gan.networks(model)
+steps = []
+for _ in range(20):
+    step = {}
+    for phase in phases:
+        result = train.forward_backward(phase, phases, gan.train_step, [batch], scaler, fp32, 1, 0.0)
+        step[phase.name] = {
+            "loss": float(result.loss), "metrics": {name: float(value) for name, value in result.metrics.items()},
+            "with_grads": sorted(name for name, net in networks.items()
+                                 if any(p.grad is not None for p in net.parameters())),
+            "all_grads": all(p.grad is not None for p in networks[phase.name].parameters())}
+        phase.optimizer.step()
+        phase.optimizer.zero_grad(set_to_none=True)
+    steps.append(step)
+with torch.no_grad():
+    val_loss = float(gan.build_criterion(cfg)(model(batch), batch))
+    audio = gan.vocode(model, batch["mel"][0], cfg)
+lr = [opt.param_groups[0]["lr"] for opt in optimizers.values()]
+for phase in phases:
+    phase.scheduler.step()
+print(json.dumps({
+    "phases": [phase.name for phase in phases], "intervals": [phase.interval for phase in phases],
+    "decay": [opt.param_groups[0]["lr"] / before for opt, before in zip(optimizers.values(), lr)],
+    "one_optimizer_each": sorted(id(p) for opt in optimizers.values() for group in opt.param_groups
+                                 for p in group["params"]) == sorted(id(p) for p in model.parameters()),
+    "steps": steps, "val_loss": val_loss, "audio": list(audio.shape), "mel": list(batch["mel"].shape),
+    "hop": cfg.audio.hop_length, "items": gan.count_items(batch), "samples": batch["audio"].numel()}))
+"""
+
+
+def test_the_readme_offers_the_two_optimizer_example_file():
+    readme = (PROJECT / "README.md").read_text()
+    section = readme.split("## Your own model", 1)[1].split("\n## ", 1)[0]
+    copy = "cp docs/two_optimizer_example.py models/gan_vocoder.py"
+    assert copy in section and "phases=" in section and "train_step=" in section
+    assert copy in TWO_OPTIMIZER_EXAMPLE.read_text().split('"""')[1]  # its docstring says the same
+
+
+def test_the_two_optimizer_example_trains_both_phases_and_its_mel_l1_falls(tmp_path):
+    """The file loads beside the project's models, and with the loop's own functions (``train.build_optimizers``,
+    ``build_phases``, ``forward_backward``) on one batch of a corpus, 20 steps of its two phases: each phase
+    gives gradients to its own network only, the generator's loss is its two named terms as documented, the
+    mel L1 falls, and the per-epoch schedule, validation criterion and vocoder hook work."""
+    corpus = synth_corpus(tmp_path / "corpus", n=8)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", TWO_OPTIMIZER_CHECK, str(TWO_OPTIMIZER_EXAMPLE), str(corpus)],
+                          cwd=PROJECT, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["phases"] == ["discriminator", "generator"] and found["intervals"] == ["epoch", "epoch"]
+    assert found["decay"] == [pytest.approx(0.999)] * 2  # ExponentialLR, gan_vocoder.lr_decay
+    assert found["one_optimizer_each"], "every parameter belongs to exactly one of the two optimizers"
+    for step in found["steps"]:
+        discriminator, generator = step["discriminator"], step["generator"]
+        assert discriminator["with_grads"] == ["discriminator"] and discriminator["all_grads"]
+        assert generator["with_grads"] == ["generator"] and generator["all_grads"]  # the frozen one gets none
+        assert set(discriminator["metrics"]) == {"d_real", "d_fake"}
+        assert set(generator["metrics"]) == {"g_adv", "mel_l1"}
+        terms = generator["metrics"]
+        assert generator["loss"] == pytest.approx(terms["g_adv"] + 45.0 * terms["mel_l1"], rel=1e-5)
+    mel_l1 = [step["generator"]["metrics"]["mel_l1"] for step in found["steps"]]
+    assert mel_l1[-1] < 0.8 * mel_l1[0], mel_l1  # 20 steps of both phases on one batch: it learns
+    assert 0 < found["val_loss"] < mel_l1[0]
+    batch_size, n_mels, frames = found["mel"]
+    assert n_mels == 80 and found["audio"] == [frames * found["hop"]]
+    assert found["items"] == found["samples"] == batch_size * frames * found["hop"]

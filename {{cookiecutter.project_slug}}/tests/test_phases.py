@@ -1,0 +1,230 @@
+"""Models with several optimizers (``ModelSpec.phases``): what the loop does for each phase, on a toy GAN.
+
+The toy has a generator and a discriminator of a few linear layers, and a ``train_step`` shaped like a GAN
+vocoder's: the discriminator's phase on real and detached fake samples, then the generator's phase through the
+frozen discriminator. The loop's own functions run it (``train.build_phases``, ``train.forward_backward``); the
+communication test runs them on 2 real gloo processes and counts what each network's DDP all-reduces.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+from torch import nn
+
+import train
+from conftest import ROOT, clean_env, free_port
+from model import ModelSpec
+from utils.config import load_config
+from model import config_schemas
+
+PHASES = ("discriminator", "generator")
+
+
+class ToyGAN(nn.Module):
+    """Generator ``(B, 4) -> (B, 8)``, discriminator ``(B, 8) -> (B, 1)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.generator = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 8))
+        self.discriminator = nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.1), nn.Linear(16, 1))
+
+
+def toy_step(phase, nets, batch):
+    """LSGAN on toy data: ``batch = {"z": (B, 4), "real": (B, 8)}``."""
+    generator, discriminator = nets["generator"], nets["discriminator"]
+    if phase == "discriminator":
+        with torch.no_grad():
+            fake = generator(batch["z"])
+        loss = ((discriminator(batch["real"]) - 1) ** 2).mean() + (discriminator(fake) ** 2).mean()
+        return loss, {}
+    fake = generator(batch["z"])
+    adversarial = ((discriminator(fake) - 1) ** 2).mean()
+    l1 = (fake - batch["real"]).abs().mean()
+    return adversarial + 10 * l1, {"adv": adversarial.detach(), "l1": l1.detach()}
+
+
+TOY_SPEC = ModelSpec(config_cls=object, build_model=lambda cfg: ToyGAN(), build_criterion=lambda cfg: None,
+                     build_datasets=lambda cfg: ((), ()), collate_fn=None, count_items=len,
+                     build_optimizer=lambda model, model_cfg, device: {
+                         "discriminator": torch.optim.AdamW(model.discriminator.parameters(), lr=1e-3),
+                         "generator": torch.optim.AdamW(model.generator.parameters(), lr=1e-3)},
+                     phases=PHASES, networks=lambda model: {"discriminator": model.discriminator,
+                                                            "generator": model.generator},
+                     train_step=toy_step)
+
+
+def toy_config():
+    return load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
+
+
+def toy_batch(rows: slice = slice(None), n: int = 8) -> dict:
+    g = torch.Generator().manual_seed(3)
+    return {"z": torch.randn(n, 4, generator=g)[rows], "real": torch.randn(n, 8, generator=g)[rows]}
+
+
+def build(seed: int = 0):
+    torch.manual_seed(seed)
+    model, cfg = ToyGAN(), toy_config()
+    optimizers = train.build_optimizers(TOY_SPEC, "toy", model, None, torch.device("cpu"))
+    schedulers = {name: train.build_scheduler(TOY_SPEC, "toy", name, opt, cfg) for name, opt in optimizers.items()}
+    return model, train.build_phases(TOY_SPEC, "toy", model, optimizers, schedulers, cfg)
+
+
+def test_accumulating_two_halves_gives_the_gradients_of_the_whole_batch():
+    fp32, scaler = train.setup_precision("fp32", torch.device("cpu"))
+    grads = []
+    for micro in ([toy_batch()], [toy_batch(slice(0, 4)), toy_batch(slice(4, 8))]):
+        model, phases = build()
+        for phase in phases:
+            train.forward_backward(phase, phases, toy_step, micro, scaler, fp32, 1, 0.0)
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) == 8
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], rtol=1e-5, atol=1e-7), name
+
+
+def test_a_phase_trains_only_its_network_and_logs_its_metrics():
+    fp32, scaler = train.setup_precision("fp32", torch.device("cpu"))
+    model, phases = build()
+    result = train.forward_backward(phases[0], phases, toy_step, [toy_batch()], scaler, fp32, 1, 0.0)
+    assert all(p.grad is None for p in model.generator.parameters())
+    assert all(p.grad is not None for p in model.discriminator.parameters())
+    assert result.metrics == {} and torch.isfinite(result.loss) and result.grad_norm > 0
+    model.discriminator.zero_grad(set_to_none=True)
+    result = train.forward_backward(phases[1], phases, toy_step, [toy_batch()], scaler, fp32, 1, 0.0)
+    assert all(p.grad is None for p in model.discriminator.parameters()), "the frozen discriminator gets none"
+    assert all(p.requires_grad for p in model.parameters()), "the freeze is taken back after the phase"
+    assert set(result.metrics) == {"adv", "l1"}
+    assert abs(result.loss.item() - (result.metrics["adv"] + 10 * result.metrics["l1"]).item()) < 1e-5
+
+
+def test_several_optimizers_and_their_schedulers_round_trip_through_a_checkpoint(tmp_path):
+    from utils.checkpoint import CheckpointError, NamedStates
+
+    model, phases = build()
+    fp32, scaler = train.setup_precision("fp32", torch.device("cpu"))
+    for phase in phases:
+        train.forward_backward(phase, phases, toy_step, [toy_batch()], scaler, fp32, 1, 0.0)
+        phase.optimizer.step()
+        phase.scheduler.step()
+    saved = {"optimizer": NamedStates({p.name: p.optimizer for p in phases}).state_dict(),
+             "scheduler": NamedStates({p.name: p.scheduler for p in phases}).state_dict()}
+    torch.save(saved, tmp_path / "c.pt")
+    loaded = torch.load(tmp_path / "c.pt", weights_only=True)
+    _, fresh = build()
+    NamedStates({p.name: p.optimizer for p in fresh}).load_state_dict(loaded["optimizer"])
+    NamedStates({p.name: p.scheduler for p in fresh}).load_state_dict(loaded["scheduler"])
+    for old, new in zip(phases, fresh):
+        assert old.scheduler.state_dict() == new.scheduler.state_dict()
+        for a, b in zip(old.optimizer.state_dict()["state"].values(), new.optimizer.state_dict()["state"].values()):
+            assert all(torch.equal(a[k], b[k]) for k in a)
+    try:
+        NamedStates({"generator": fresh[1].optimizer}).load_state_dict(loaded["optimizer"])
+    except CheckpointError as err:
+        assert "holds states for ['discriminator', 'generator'], this run has ['generator']" in str(err)
+    else:
+        raise AssertionError("a checkpoint of other optimizers must be refused")
+
+
+def test_a_bad_optimizer_contract_is_one_clear_error():
+    cfg = toy_config()
+    one = ModelSpec(**{**TOY_SPEC.__dict__, "phases": ()})
+    for spec, message in ((one, "not an optimizer; a model with several optimizers names them in ModelSpec.phases"),
+                          (ModelSpec(**{**TOY_SPEC.__dict__, "phases": ("critic", "generator")}),
+                           "must return a dict of one optimizer per phase (critic, generator)")):
+        try:
+            train.build_optimizers(spec, "toy", ToyGAN(), None, torch.device("cpu"))
+        except train.TrainingError as err:
+            assert message in str(err), str(err)
+        else:
+            raise AssertionError(message)
+    no_networks = ModelSpec(**{**TOY_SPEC.__dict__, "networks": None})
+    model = ToyGAN()
+    optimizers = train.build_optimizers(no_networks, "toy", model, None, torch.device("cpu"))
+    try:
+        train.build_phases(no_networks, "toy", model, optimizers, {n: (None, "step") for n in optimizers}, cfg)
+    except train.TrainingError as err:
+        assert "ModelSpec.networks must map each phase" in str(err)
+    else:
+        raise AssertionError("phases without networks must be refused")
+
+
+# Two real ranks run one step of both phases; a DDP communication hook on each network counts what it
+# all-reduces (the default all-reduce still does the work).
+COUNT_WORKER = textwrap.dedent('''
+    import sys
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    sys.path.insert(0, sys.argv[2])
+    import distributed as D
+    import train
+    from test_phases import build, toy_batch, toy_step
+
+    info = D.init_distributed()
+    model, phases = build()
+    sent = {"discriminator": {}, "generator": {}}
+
+    def counting(network, during):
+        def hook(state, bucket):
+            sent[network][during[0]] = sent[network].get(during[0], 0) + bucket.buffer().numel()
+            return allreduce_hook(None, bucket)
+        return hook
+
+    during = ["?"]
+    for phase in phases:
+        phase.net.register_comm_hook(None, counting(phase.name, during))
+    fp32, scaler = train.setup_precision("fp32", torch.device("cpu"))
+    half = slice(info.rank * 4, info.rank * 4 + 4)
+    for phase in phases:
+        during[0] = phase.name
+        train.forward_backward(phase, phases, toy_step, [toy_batch(half)], scaler, fp32, 2, 0.0)
+        phase.optimizer.step()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    torch.save({"sent": sent, "grads": grads}, f"{sys.argv[1]}/rank{info.rank}.pt")
+    D.cleanup()
+''')
+
+
+def test_the_generator_step_all_reduces_no_discriminator_gradient(tmp_path):
+    (tmp_path / "worker.py").write_text(COUNT_WORKER)
+    port, procs = free_port(), []
+    for rank in range(2):
+        env = clean_env(2, cpu_only=True, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests"), env["PYTHONPATH"]])
+        procs.append(subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), str(tmp_path),
+                                       os.path.join(ROOT, "tests")], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    model = ToyGAN()
+    d_size = sum(p.numel() for p in model.discriminator.parameters())
+    g_size = sum(p.numel() for p in model.generator.parameters())
+    for result in results:
+        # Each network's gradients are all-reduced once, in its own phase, and nowhere else.
+        assert result["sent"] == {"discriminator": {"discriminator": d_size}, "generator": {"generator": g_size}}
+    assert results[0]["grads"].keys() == results[1]["grads"].keys()
+    for name in results[0]["grads"]:
+        assert torch.equal(results[0]["grads"][name], results[1]["grads"][name]), name
+
+
+def test_plot_run_draws_a_panel_per_phase_loss_and_per_named_loss(tmp_path):
+    import json
+
+    import matplotlib.image
+
+    from scripts import plot_run
+
+    names = {"loss_discriminator": 2.0, "loss_generator": 9.0, "grad_norm_discriminator": 3.0,
+             "grad_norm_generator": 40.0, "adv": 1.0, "l1": 0.8}
+    rows = [{"step": s, "loss": 9.0 - s / 10, "items_per_s": 100.0, "step_time_s": 0.1, "data_time_s": 0.01,
+             "grad_norm": 40.0, "losses": {k: v / s for k, v in names.items()}} for s in range(1, 11)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert plot_run.main([str(tmp_path)]) == 0
+    height = matplotlib.image.imread(tmp_path / "run.png").shape[0]
+    assert height == 2.4 * 100 * (4 + 1 + 2)  # loss, items/s, data wait, norms; phase losses; adv; l1
