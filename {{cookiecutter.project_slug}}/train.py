@@ -759,7 +759,6 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
     prepare = on_device_hook(spec, cfg)
     step_fn = spec.train_step or one_loss_step(criterion)
     window, balance = StepWindow(), BalanceMonitor(cfg.train.memory_imbalance, cfg.train.straggler_share)
-    last = output_dir / "checkpoint_last.pt"
     epochs_seen = epochs_done(state, len(train_loader))
     model.train()
     try:
@@ -795,14 +794,14 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
                     if action == "stop":
                         raise TrainingError(f"step {step}: {message}; batch utterances: "
                                             f"{', '.join(map(str, all_ids))}; last good checkpoint: "
-                                            f"{last if last.exists() else 'none yet'}")
+                                            f"{last_checkpoint(output_dir)}")
                     if action == "skip":
                         phase.optimizer.zero_grad(set_to_none=True)  # nothing to apply: its step is a no-op
                         phase.guard.restore()
                         state.skipped_steps += 1
                         message += f": step skipped ({state.skipped_steps} so far)"
-                    log.anomaly(step, kind, f"{message}; last good checkpoint: "
-                                            f"{last if last.exists() else 'none yet'}", all_ids)
+                    log.anomaly(step, kind, f"{message}; last good checkpoint: {last_checkpoint(output_dir)}",
+                                all_ids)
                 scaler.step(phase.optimizer)  # before the next phase's forward: it sees the updated network
             n_stop, items = counted
             scaler.update()  # once per step, after every optimizer (PyTorch's AMP recipe)

@@ -37,9 +37,8 @@ import torch
 from torch import nn
 
 from model import ModelSpec, register
-from utils.audio_processing import MelSpectrogram
 from utils.config import Config, setting
-from utils.data_utils import AudioMelDataset, DataError, collate_audio_mel, load_splits, load_wav
+from utils.data_utils import AudioMelDataset, collate_audio_mel, load_splits, read_mel
 
 
 @dataclasses.dataclass
@@ -117,13 +116,8 @@ def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch
     """
     if not args.wav:
         raise ValueError("melae needs --wav FILE: the wav to reconstruct")
-    audio = load_wav(args.wav, cfg.audio.sampling_rate)
-    to_mel = MelSpectrogram.from_config(cfg.audio)
-    if audio.numel() < to_mel.min_samples:
-        raise DataError(f"--wav {args.wav}: {audio.numel()} samples, shorter than one STFT window "
-                        f"({to_mel.min_samples} samples)")
     with torch.no_grad():
-        mel = to_mel(audio).unsqueeze(0).to(device)
+        mel = read_mel(args, cfg).unsqueeze(0).to(device)  # the project's own --wav -> log-mel, with its checks
         reconstruction = model({"mel": mel})[0].cpu()
     output = Path(args.output)
     torch.save(reconstruction, output)

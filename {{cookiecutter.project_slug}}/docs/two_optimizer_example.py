@@ -63,7 +63,7 @@ from distributed import unwrap_model
 from model import ModelSpec, register
 from utils.audio_processing import MelSpectrogram, check_wav_output, save_wav
 from utils.config import AudioConfig, Config, setting
-from utils.data_utils import AudioMelDataset, DataError, collate_audio_mel, load_splits, load_wav
+from utils.data_utils import AudioMelDataset, collate_audio_mel, load_splits, read_mel
 
 PHASES = ("discriminator", "generator")
 """The optimizers, in update order: the discriminator learns from the current generator first."""
@@ -275,13 +275,8 @@ def infer(model: GANVocoder, cfg: Config, args: argparse.Namespace, device: torc
     if not args.wav:
         raise ValueError("gan_vocoder needs --wav FILE: the wav whose log-mel is vocoded")
     output = check_wav_output(args.output)
-    audio = load_wav(args.wav, cfg.audio.sampling_rate)
-    to_mel = MelSpectrogram.from_config(cfg.audio)
-    if audio.numel() < to_mel.min_samples:
-        raise DataError(f"--wav {args.wav}: {audio.numel()} samples, shorter than one STFT window "
-                        f"({to_mel.min_samples} samples)")
     with torch.no_grad():
-        vocoded = vocode(model, to_mel(audio), cfg)
+        vocoded = vocode(model, read_mel(args, cfg), cfg)  # the project's own --wav -> log-mel, with its checks
     save_wav(output, vocoded, cfg.audio.sampling_rate)
     print(f"wrote {output} ({vocoded.numel() / cfg.audio.sampling_rate:.2f} s)")
     return [output]
