@@ -39,11 +39,14 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 __all__ = [
@@ -51,7 +54,10 @@ __all__ = [
     "detect_launcher_env",
     "expand_nodelist",
     "init_distributed",
+    "PARALLELISMS",
     "apply_gradient_allreduce",
+    "no_sync",
+    "full_value",
     "unwrap_model",
     "reduce_tensor",
     "all_gather_object",
@@ -538,38 +544,69 @@ def cleanup() -> None:
 # Model wrapping and reductions
 # --------------------------------------------------------------------------------------------
 
-def apply_gradient_allreduce(model: nn.Module, **ddp_options) -> nn.Module:
-    """Wrap ``model`` in :class:`~torch.nn.parallel.DistributedDataParallel`; identity alone.
+PARALLELISMS = ("ddp", "fsdp")
+"""The ways :func:`apply_gradient_allreduce` spreads a model over the ranks (``train.parallelism``)."""
 
-    DDP broadcasts rank 0's parameters and buffers at construction, then, during every
-    ``backward()``, all-reduces (averages) the gradients in buckets of about ``bucket_cap_mb``
-    MiB as soon as a bucket's gradients are ready, overlapping communication with the rest of
-    the backward pass. After ``backward()`` each rank holds the gradient of the mean loss over
-    all ranks' batches (for equal per-rank batch sizes and a per-rank mean loss).
 
-    Move the model to ``DistInfo.device`` first. When all parameters are on one CUDA device,
+def apply_gradient_allreduce(model: nn.Module, parallelism: str = "ddp", blocks: Sequence[nn.Module] = (),
+                             param_dtype: Optional[torch.dtype] = None, reshard_after_forward: bool = True,
+                             **ddp_options) -> nn.Module:
+    """Make ``model``'s gradients the average over all ranks, the data-parallel way ``parallelism`` names.
+
+    * ``"ddp"``: wrap it in :class:`~torch.nn.parallel.DistributedDataParallel`. Every rank holds the whole
+      model, its gradients and optimizer state. DDP broadcasts rank 0's parameters and buffers at
+      construction, then, during every ``backward()``, all-reduces (averages) the gradients in buckets of
+      about ``bucket_cap_mb`` MiB as soon as a bucket's gradients are ready, overlapping communication with
+      the rest of the backward pass.
+    * ``"fsdp"``: shard it with FSDP2's ``fully_shard``, each of ``blocks`` on its own, then the root (which
+      keeps the parameters outside the blocks). Each rank keeps ``1 / world_size`` of every parameter, of its
+      gradient and so of the optimizer state (Adam's two moments); a block's full parameters exist only while
+      it runs (all-gathered before its forward and again before its backward), and its gradients are
+      reduce-scattered (averaged) right after its backward. ``reshard_after_forward=False`` keeps the
+      gathered parameters from forward to backward (one all-gather fewer per block, more memory).
+      ``param_dtype`` (e.g. ``torch.bfloat16``) computes in that dtype with fp32 master weights and fp32
+      gradient reduction (``MixedPrecisionPolicy``; the model's outputs come back in fp32). The model is
+      changed in place (its class becomes an ``FSDPModule``) and returned. Rank 0's initial weights are
+      broadcast first, and its buffers (BatchNorm's running statistics) before every forward, as DDP does.
+
+    After ``backward()`` each rank holds the gradient of the mean loss over all ranks' batches (for equal
+    per-rank batch sizes and a per-rank mean loss): the whole gradient with DDP, its shard with FSDP.
+    Move the model to ``DistInfo.device`` first. For DDP, when all parameters are on one CUDA device,
     ``device_ids``/``output_device`` are set to it; on CPU they are left out.
 
     Args:
         model: the module to train (already on its device).
+        parallelism: ``"ddp"`` or ``"fsdp"`` (:data:`PARALLELISMS`).
+        blocks: sub-modules of ``model`` to shard one by one (FSDP only), in forward order: the units whose
+            parameters are gathered together (``ModelSpec.blocks``); empty: the model is one unit.
+        param_dtype: FSDP's compute dtype; ``None`` keeps the parameters' dtype.
+        reshard_after_forward: FSDP: free a block's gathered parameters after its forward.
         **ddp_options: passed to DDP, e.g. ``bucket_cap_mb`` (MiB), ``find_unused_parameters``,
             ``gradient_as_bucket_view`` (default here ``True``: gradients are views into the
             buckets, saving one copy of the gradients), ``static_graph``, ``broadcast_buffers``.
 
     Returns:
-        The DDP-wrapped model, or ``model`` itself without a process group / with world size 1
-        / when it is already wrapped.
+        The wrapped model, or ``model`` itself without a process group / with world size 1 / when it
+        is already wrapped.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module`` (DDP raises its own TypeError for an
-            unknown option).
+        TypeError: ``model`` is not an ``nn.Module`` (DDP raises its own TypeError for an unknown option).
+        ValueError: an unknown ``parallelism``, a block that is not part of ``model``, or DDP options with FSDP.
 
-    Source: https://pytorch.org/docs/stable/notes/ddp.html
+    Sources: https://pytorch.org/docs/stable/notes/ddp.html,
+    https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html (FSDP2), and pytorch/torchtitan's
+    per-block ``fully_shard`` with a ``MixedPrecisionPolicy``.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"apply_gradient_allreduce needs an nn.Module, got {type(model).__name__}")
-    if isinstance(model, DistributedDataParallel) or get_world_size() == 1:
+    if parallelism not in PARALLELISMS:
+        raise ValueError(f"apply_gradient_allreduce: unknown parallelism {parallelism!r}; use one of {PARALLELISMS}")
+    if isinstance(model, (DistributedDataParallel, FSDPModule)) or get_world_size() == 1:
         return model
+    if parallelism == "fsdp":
+        if ddp_options:
+            raise ValueError(f"apply_gradient_allreduce: DDP options {sorted(ddp_options)} with parallelism='fsdp'")
+        return _fully_shard(model, blocks, param_dtype, reshard_after_forward)
     options = {"gradient_as_bucket_view": True, **ddp_options}
     devices = {p.device for p in model.parameters()}
     if "device_ids" not in options and len(devices) == 1:
@@ -578,6 +615,74 @@ def apply_gradient_allreduce(model: nn.Module, **ddp_options) -> nn.Module:
             options["device_ids"] = [device.index]
             options.setdefault("output_device", device.index)
     return DistributedDataParallel(model, **options)
+
+
+def _fully_shard(model: nn.Module, blocks: Sequence[nn.Module], param_dtype: Optional[torch.dtype],
+                 reshard_after_forward: bool) -> nn.Module:
+    inside = {id(module) for module in model.modules()}
+    stray = [type(block).__name__ for block in blocks if id(block) not in inside]
+    if stray:
+        raise ValueError(f"apply_gradient_allreduce: blocks not inside the model: {', '.join(stray)}")
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    with torch.no_grad():
+        for param in model.parameters():
+            if not param.is_contiguous():  # e.g. a transposed QR factor; FSDP shards along dim 0 of a dense layout
+                param.data = param.data.contiguous()
+    with collective("broadcast of rank 0's initial weights"), torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor, src=0)  # what DDP does at construction: one starting point for every rank
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
+                                  output_dtype=torch.float32 if param_dtype is not None else None)
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    # The root: the parameters outside every block; it gathers them before its forward. Its own resharding
+    # after forward would only be undone at once by the backward, so it keeps them (torchtitan does the same).
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward and not blocks)
+    buffers = list(model.buffers())
+    if buffers:  # BatchNorm's running statistics: rank 0's on every rank, as DDP's broadcast_buffers keeps them
+        model.register_forward_pre_hook(lambda module, args: _broadcast_buffers(buffers))
+    return model
+
+
+def _broadcast_buffers(buffers: list[torch.Tensor]) -> None:
+    """Rank 0's values of ``buffers`` on every rank, one broadcast per dtype."""
+    with collective("broadcast of rank 0's buffers"), torch.no_grad():
+        for dtype in dict.fromkeys(buffer.dtype for buffer in buffers):
+            group = [buffer for buffer in buffers if buffer.dtype == dtype]
+            flat = torch.cat([buffer.reshape(-1) for buffer in group])
+            dist.broadcast(flat, src=0)
+            for buffer, value in zip(group, flat.split([buffer.numel() for buffer in group])):
+                buffer.copy_(value.view_as(buffer))
+
+
+@contextlib.contextmanager
+def no_sync(model: nn.Module):
+    """Inside the block, backward passes accumulate gradients locally without the all-reduce (DDP) or
+    reduce-scatter (FSDP) over the ranks: the micro-batches of gradient accumulation before the last one.
+    A plain module (world size 1) needs nothing. Sources: ``DistributedDataParallel.no_sync``,
+    ``FSDPModule.set_requires_gradient_sync``."""
+    if isinstance(model, DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def full_value(tensor: torch.Tensor) -> torch.Tensor:
+    """A plain tensor of ``tensor``'s whole value: a sharded/replicated ``DTensor`` (FSDP's parameters,
+    gradients, ``clip_grad_norm_``'s total norm) is gathered (a collective: every rank must call it), a plain
+    tensor is returned as is."""
+    if isinstance(tensor, DTensor):
+        with collective("gather of a sharded tensor"):
+            return tensor.full_tensor()
+    return tensor
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

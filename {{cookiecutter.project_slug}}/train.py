@@ -6,13 +6,14 @@
 
 The loop knows no model: it takes a :class:`model.ModelSpec` from ``model.MODELS``. Each step reads
 ``grad_accumulation`` micro-batches; DistributedDataParallel all-reduces the gradients (averaged over
-ranks) during the last micro-batch's backward, so every replica takes the same optimizer step. Then one
+ranks) during the last micro-batch's backward, so every replica takes the same optimizer step (with
+``train.parallelism=fsdp``, FSDP2 reduce-scatters them and each rank updates its shard). Then one
 small all-reduce per step agrees on the loss, on whether it is finite, and on whether a rank was asked to
 stop (SIGTERM/SIGUSR1/SIGINT). Only rank 0 writes: progress bar, TensorBoard, ``metrics.jsonl``, checkpoints.
 
 A checkpoint holds everything the next step depends on (weights, optimizer, LR schedule, GradScaler,
 step, epoch and position inside it, every rank's RNG states), so ``--resume auto`` continues exactly
-where the run stopped.
+where the run stopped; on another number of processes it continues from the same sample of the epoch.
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from distributed import (CollectiveError, all_gather_object, apply_gradient_allreduce, broadcast_object, cleanup,
-                         collective, init_distributed, reduce_tensor, unwrap_model)
+                         collective, full_value, init_distributed, no_sync, reduce_tensor, unwrap_model)
 from model import MODELS, ModelSpec, config_schemas
 from utils.audio_processing import MelSpectrogram
-from utils.checkpoint import (CheckpointError, NamedStates, RunLock, TrainState, atomic_write_bytes, capture_rng_state,
-                              resume_path, resume_training, save_checkpoint, training_checkpoint)
+from utils.checkpoint import (CheckpointError, NamedStates, RunLock, ShardedCheckpointer, TrainState, atomic_write_bytes,
+                              capture_rng_state, is_sharded, resume_path, resume_training, save_checkpoint,
+                              sharded_train_state, training_checkpoint, world_size_change)
 from utils.config import Config, ConfigError, load_config
 from utils.data_check import check_corpus, default_cache_file, describe
 from utils.data_utils import DataError, ResumableDistributedSampler, load_splits
@@ -155,19 +157,20 @@ def make_loader(dataset, spec: ModelSpec, cfg: Config, batch_size: int, rank: in
 def batch_stream(loader: DataLoader, state: TrainState):
     """Endless batches; each epoch reshuffles the shards (``set_epoch``), a resumed one skips what was read.
 
-    Keeps ``state.epoch`` and ``state.batch_in_epoch`` up to date, so a checkpoint taken between two
-    batches records exactly where the stream is.
+    Keeps ``state.epoch``, ``state.batch_in_epoch`` and ``state.samples_in_epoch`` (global: every rank's batch)
+    up to date, so a checkpoint taken between two batches records exactly where the stream is.
     """
     while True:
-        loader.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * loader.batch_size)
+        loader.sampler.set_epoch(state.epoch, start=state.samples_in_epoch)
         if hasattr(loader.dataset, "set_epoch"):
             loader.dataset.set_epoch(state.epoch)
         with stop_signals_blocked():
             epoch_batches = iter(loader)  # starts the workers
         for batch in epoch_batches:
             state.batch_in_epoch += 1
+            state.samples_in_epoch += loader.batch_size * loader.sampler.num_replicas
             yield batch
-        state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+        state.epoch, state.batch_in_epoch, state.samples_in_epoch = state.epoch + 1, 0, 0
 
 
 def check_output_dir(path: Path) -> None:
@@ -241,8 +244,11 @@ def end_dataloader_workers() -> list[int]:
 
 
 def last_checkpoint(output_dir: Path) -> str:
-    """``OUTPUT/checkpoint_last.pt`` when it exists, else ``"none yet"`` (for error messages)."""
-    last = output_dir / "checkpoint_last.pt"
+    """``OUTPUT/checkpoint_last.pt`` (or the ``checkpoint_last`` link of sharded checkpoints, with the folder it
+    names) when it exists, else ``"none yet"`` (for error messages)."""
+    last, link = output_dir / "checkpoint_last.pt", output_dir / "checkpoint_last"
+    if link.is_dir():
+        return f"{link} ({os.readlink(link) if link.is_symlink() else link.name})"
     return str(last) if last.is_file() else "none yet"
 
 
@@ -284,11 +290,37 @@ def validate(model, criterion, loader, device, autocast, spec, prepare, step, wr
             outputs = model(batch)
             loss = criterion(outputs, batch)
         total += torch.stack([loss.detach().double(), torch.ones((), device=device, dtype=torch.float64)])
-        if i == 0 and is_main and spec.log_validation is not None:
-            spec.log_validation(unwrap_model(model), batch, outputs, step, writer, output_dir, cfg=cfg)
+        if i == 0 and spec.log_validation is not None:
+            plain = whole_model(model, spec, cfg, device, is_main)
+            if is_main:
+                spec.log_validation(plain, batch, outputs, step, writer, output_dir, cfg=cfg)
     total = reduce_tensor(total, op="sum")
     model.train()
     return (total[0] / total[1].clamp(min=1)).item()
+
+
+def whole_model(model, spec: ModelSpec, cfg: Config, device: torch.device, is_main: bool):
+    """The model with all its weights on rank 0, for what rank 0 runs alone (validation pictures and audio):
+    the plain module under DDP; under FSDP a copy built from the gathered weights (every rank calls this: the
+    gathering is a collective; the other ranks get ``None``). Source:
+    ``torch.distributed.checkpoint.state_dict.get_model_state_dict(full_state_dict=True, cpu_offload=True)``."""
+    plain = unwrap_model(model)
+    if not sharded_by_fsdp(plain):
+        return plain
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    with collective("gathering of the sharded weights"):
+        weights = get_model_state_dict(plain, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not is_main:
+        return None
+    copy = spec.build_model(cfg)
+    copy.load_state_dict(weights)
+    return copy.to(device).eval()
+
+
+def sharded_by_fsdp(model: torch.nn.Module) -> bool:
+    """Whether FSDP2 shards ``model`` or any of its sub-modules (``train.parallelism=fsdp`` on several ranks)."""
+    from torch.distributed.fsdp import FSDPModule
+    return any(isinstance(module, FSDPModule) for module in model.modules())
 
 
 def prepare_run(cfg: Config, spec: ModelSpec, output_dir: Path) -> tuple[str, object]:
@@ -471,8 +503,8 @@ def forward_backward(phase: Phase, phases: list, step_fn, micro: list, scaler, a
     """One phase over the step's micro-batches: forward and backward of each, then unscaling and clipping of the
     phase's gradients (no optimizer step yet). ``step_fn(phase, nets, batch) -> (loss, {name: scalar})``.
 
-    The phase's DDP all-reduces its gradients during the last micro-batch's backward only (``no_sync`` before
-    it). ``nets`` gives the other phases' networks unwrapped and frozen (:func:`frozen`). fp16 losses are
+    The phase's DDP all-reduces (FSDP reduce-scatters) its gradients during the last micro-batch's backward
+    only (:func:`distributed.no_sync` before it). ``nets`` gives the other phases' networks unwrapped and frozen (:func:`frozen`). fp16 losses are
     scaled by the one GradScaler of the step, as PyTorch's AMP recipe for several optimizers has it.
     """
     device = micro[0][next(k for k, v in micro[0].items() if torch.is_tensor(v))].device
@@ -480,8 +512,7 @@ def forward_backward(phase: Phase, phases: list, step_fn, micro: list, scaler, a
     nets = {other.name: other.net if other is phase else other.plain for other in phases}
     with frozen([other.plain for other in phases if other is not phase]):
         for i, batch in enumerate(micro):
-            sync = nullcontext() if i == len(micro) - 1 or world_size == 1 else phase.net.no_sync()
-            with sync:
+            with no_sync(phase.net) if i < len(micro) - 1 else nullcontext():
                 t_compute = time.perf_counter()
                 # DDP's forward may talk too (its bucket rebuild at the second step, buffer broadcasts).
                 with collective("DDP forward (bucket rebuild, buffer broadcast)"), autocast():
@@ -494,7 +525,8 @@ def forward_backward(phase: Phase, phases: list, step_fn, micro: list, scaler, a
             for name, value in metrics.items():
                 metric_sums[name] = metric_sums.get(name, 0.0) + value.detach().float() / len(micro)
     scaler.unscale_(phase.optimizer)  # no-op unless fp16: clipping and the norm need the true gradients
-    grad_norm = torch.nn.utils.clip_grad_norm_(phase.plain.parameters(), grad_clip or math.inf)
+    with collective("gradient norm (FSDP: of the shards)"):  # FSDP: a DTensor, the norm of every rank's shard
+        grad_norm = full_value(torch.nn.utils.clip_grad_norm_(phase.plain.parameters(), grad_clip or math.inf))
     return PhaseResult(loss_sum, grad_norm, metric_sums, compute_time)
 
 
@@ -588,10 +620,12 @@ def run(args: argparse.Namespace, stop: "StopRequest") -> int:
     return 130 if stop.signal_name == "SIGINT" and not under_launcher else 0
 
 
-def epochs_done(state: TrainState, batches_per_epoch: int) -> int:
-    """Epochs this rank has read to the end: the current one counts once its last batch is read (the loop's
-    position moves to the next epoch only when the next batch is asked for)."""
-    return state.epoch + (state.batch_in_epoch >= batches_per_epoch)
+def epochs_done(state: TrainState, loader: DataLoader) -> int:
+    """Epochs read to the end: the current one counts once its last batch is read, i.e. when fewer samples than
+    one global batch are left of it (the loop's position moves to the next epoch only when the next batch is
+    asked for)."""
+    left = len(loader.dataset) - state.samples_in_epoch
+    return state.epoch + (left < loader.batch_size * loader.sampler.num_replicas)
 
 
 def build_optimizers(spec: ModelSpec, name: str, model, model_cfg, device: torch.device) -> dict:
@@ -642,16 +676,60 @@ def checkpoint_parts(spec: ModelSpec, optimizers: dict, schedulers: dict, scaler
             "scaler": scaler}
 
 
-def build_phases(spec: ModelSpec, name: str, model, optimizers: dict, schedulers: dict, cfg: Config) -> list:
-    """One :class:`Phase` per optimizer, each network wrapped for the gradient all-reduce on its own.
+def phase_networks(spec: ModelSpec, name: str, model) -> dict:
+    """``{phase: network}``: ``{"model": model}`` for a one-loss model, else ``ModelSpec.networks``.
 
     Raises:
         TrainingError: ``ModelSpec.networks`` does not name one network per phase.
     """
     nets = {"model": model} if not spec.phases else spec.networks(model) if spec.networks is not None else None
-    if not isinstance(nets, dict) or set(nets) != set(optimizers):
-        raise TrainingError(f"model '{name}': ModelSpec.networks must map each phase ({', '.join(optimizers)}) to "
-                            f"the network it trains")
+    if not isinstance(nets, dict) or set(nets) != set(spec.phases or ("model",)):
+        raise TrainingError(f"model '{name}': ModelSpec.networks must map each phase "
+                            f"({', '.join(spec.phases or ('model',))}) to the network it trains")
+    return nets
+
+
+def prepare_model(spec: ModelSpec, name: str, model, cfg: Config) -> None:
+    """What ``train.activation_checkpointing`` and ``train.parallelism=fsdp`` do to the model, in place, before
+    its optimizers are built (FSDP replaces the parameters by their shards): checkpoint the chosen blocks of
+    ``ModelSpec.blocks``, then shard each phase's network, block by block, then its root (the order torchtitan
+    uses: recomputation inside, sharding outside).
+
+    Raises:
+        ConfigError: a combination that cannot work (named): activation checkpointing of a model that names no
+            blocks, FSDP with fp16 (FSDP2 mixed precision is bf16) or with the fast path (``train.compile``).
+    """
+    train = cfg.train
+    blocks = list(spec.blocks(model)) if getattr(spec, "blocks", None) is not None else []
+    if train.activation_checkpointing != "none":
+        if not blocks:
+            raise ConfigError(f"train.activation_checkpointing={train.activation_checkpointing}: model '{name}' "
+                              "names no blocks to checkpoint (ModelSpec.blocks)")
+        from utils.activation_checkpoint import apply_activation_checkpointing
+        apply_activation_checkpointing(blocks, train.activation_checkpointing, train.activation_checkpointing_every)
+    if train.parallelism != "fsdp":
+        return
+    if train.precision == "fp16":
+        raise ConfigError("train.precision=fp16 with train.parallelism=fsdp: FSDP2 mixed precision is bf16 "
+                          "(set train.precision=bf16; fp16's loss scaling would need one verdict over every shard)")
+    if train.compile:
+        raise ConfigError("train.compile=true with train.parallelism=fsdp: the models' fast paths compile the "
+                          "whole model, which FSDP's per-block hooks break; use one of the two")
+    param_dtype = torch.bfloat16 if train.precision == "bf16" else None
+    for net in phase_networks(spec, name, model).values():
+        inside = {id(module) for module in net.modules()}
+        apply_gradient_allreduce(net, "fsdp", blocks=[block for block in blocks if id(block) in inside],
+                                 param_dtype=param_dtype, reshard_after_forward=train.reshard_after_forward)
+
+
+def build_phases(spec: ModelSpec, name: str, model, optimizers: dict, schedulers: dict, cfg: Config) -> list:
+    """One :class:`Phase` per optimizer, each network wrapped for the gradient all-reduce on its own (DDP; under
+    FSDP, :func:`prepare_model` has sharded it already).
+
+    Raises:
+        TrainingError: ``ModelSpec.networks`` does not name one network per phase.
+    """
+    nets = phase_networks(spec, name, model)
     skip = "skip" in (cfg.train.on_nonfinite, cfg.train.on_spike)
     return [Phase(phase, nets[phase], apply_gradient_allreduce(nets[phase]), optimizer, *schedulers[phase],
                   tuple(LossMonitor(cfg.train.spike_factor, warmup=cfg.train.spike_warmup) for _ in "ln"),
@@ -705,6 +783,7 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
     torch.backends.cudnn.benchmark = cfg.train.cudnn_benchmark
     autocast, scaler = setup_precision(cfg.train.precision, device)
     criterion = spec.build_criterion(cfg)
+    prepare_model(spec, args.model, model, cfg)
     optimizers = build_optimizers(spec, args.model, model, model_cfg, device)
     schedulers = {name: build_scheduler(spec, args.model, name, optimizer, cfg) for name, optimizer in optimizers.items()}
     parts = checkpoint_parts(spec, optimizers, schedulers, scaler)
@@ -718,14 +797,24 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
         raise DataError(f"{len(train_set)} training utterances are too few for batch_size {batch_size} "
                         f"x {world_size} processes; lower {args.model}.batch_size or add data")
 
-    state = TrainState()
+    state, accumulation = TrainState(), cfg.train.grad_accumulation
+    sharded = cfg.train.parallelism == "fsdp"
     checkpoint_path = agreed_resume_path(args.resume, output_dir, rank)
     if checkpoint_path is not None:
-        state = resume_training(checkpoint_path, model, parts, args.model, rank, world_size, map_location=device,
-                                config=cfg.to_dict(), train_utterances=len(train_set))
+        if sharded and not is_sharded(checkpoint_path):
+            raise CheckpointError(f"{checkpoint_path} is a single-file checkpoint (train.parallelism=ddp); continue "
+                                  "it with train.parallelism=ddp (a ddp run reads sharded checkpoints too)")
+        state, before = resume_training(checkpoint_path, model, parts, args.model, rank, world_size,
+                                        map_location=device, config=cfg.to_dict(), train_utterances=len(train_set))
+        changed = before["config"].get("train", {}).get("grad_accumulation") != accumulation
+        accumulation, note = world_size_change(before["world_size"], before["grad_accumulation"], world_size,
+                                               batch_size, accumulation if changed else before["grad_accumulation"])
+        state.batch_in_epoch = state.samples_in_epoch // (batch_size * world_size)
         if is_main:
+            if note:
+                print(note, file=sys.stderr, flush=True)
             print(f"resumed from {checkpoint_path} at step {state.step} (epoch {state.epoch}, "
-                  f"batch {state.batch_in_epoch})")
+                  f"sample {state.samples_in_epoch} of it)")
     if state.step >= cfg.train.max_steps:
         if is_main:
             print(f"nothing to train: {output_dir} is at step {state.step} and train.max_steps is "
@@ -744,28 +833,39 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
         atomic_write_bytes(output_dir / "config.json", json.dumps(cfg.to_dict(), indent=2).encode())
         log.print(f"training {args.model} on {world_size} process(es), device {device}, precision "
                   f"{cfg.train.precision}; {len(train_set)} train / {len(val_set)} val utterances; "
-                  f"global batch {batch_size * cfg.train.grad_accumulation * world_size}")
+                  f"global batch {batch_size * accumulation * world_size}"
+                  + (f", parallelism {cfg.train.parallelism}" if sharded else ""))
+    checkpointer = ShardedCheckpointer(output_dir, rank, cfg.train.async_checkpoint, cfg.train.keep_last,
+                                       cfg.train.dist_timeout_s) if sharded else None
 
     def checkpoint() -> None:
-        """Every rank hands its RNG states to rank 0, which writes the checkpoint."""
+        """Every rank hands its RNG states to rank 0, which writes the checkpoint (FSDP: every rank its shards)."""
         rng = all_gather_object(capture_rng_state())
-        if is_main:
-            saved = training_checkpoint(model, parts, state, rng, data_seed=cfg.train.seed,
-                                        model_name=args.model, config=cfg.to_dict(), train_utterances=len(train_set),
-                                        torch_version=str(torch.__version__), git_commit=git_commit())
+        info = dict(data_seed=cfg.train.seed, model_name=args.model, config=cfg.to_dict(),
+                    train_utterances=len(train_set), grad_accumulation=accumulation,
+                    torch_version=str(torch.__version__), git_commit=git_commit() if is_main else None)
+        if sharded:
+            optimizer = parts["optimizer"]
+            with collective("sharded checkpoint save"):
+                path = checkpointer.save(state.step, model, list(optimizer.values()) if isinstance(
+                    optimizer, NamedStates) else [optimizer], sharded_train_state(parts, state, rng, **info)
+                    if is_main else None)
+            log.print(f"step {state.step}: " + (f"saving {path} in the background" if checkpointer.async_save
+                                                 else f"saved {path}"))
+        elif is_main:
+            saved = training_checkpoint(model, parts, state, rng, **info)
             log.print(f"step {state.step}: saved {save_checkpoint(output_dir, saved, state.step, cfg.train.keep_last)}")
 
     batches = batch_stream(train_loader, state)
     prepare = on_device_hook(spec, cfg)
     step_fn = spec.train_step or one_loss_step(criterion)
     window, balance = StepWindow(), BalanceMonitor(cfg.train.memory_imbalance, cfg.train.straggler_share)
-    epochs_seen = epochs_done(state, len(train_loader))
+    epochs_seen = epochs_done(state, train_loader)
     model.train()
     try:
         while state.step < cfg.train.max_steps:
             t_start = time.perf_counter()
-            micro, items, ids, data_time = next_micro_batches(batches, spec, cfg.train.grad_accumulation, device,
-                                                              prepare)
+            micro, items, ids, data_time = next_micro_batches(batches, spec, accumulation, device, prepare)
             step = state.step + 1
             compute_time = wait_time = 0.0
             losses, any_bad, overflows = {}, False, 0
@@ -805,7 +905,7 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
                 scaler.step(phase.optimizer)  # before the next phase's forward: it sees the updated network
             n_stop, items = counted
             scaler.update()  # once per step, after every optimizer (PyTorch's AMP recipe)
-            done_epochs = epochs_done(state, len(train_loader))
+            done_epochs = epochs_done(state, train_loader)
             for phase in phases:
                 if phase.interval == "step":
                     phase.scheduler.step()
@@ -831,16 +931,35 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
                 val_loss = validate(phases[0].net if len(phases) == 1 else model, criterion, val_loader, device,
                                     autocast, spec, prepare, step, log.writer, output_dir, is_main, cfg=cfg)
                 log.validation(step, state.epoch, val_loss)
+            if checkpointer is not None and (done := checkpointer.poll()) is not None:
+                log.print(f"step {step}: saved {done} (written in the background)")
             if n_stop or step % cfg.train.checkpoint_interval == 0 or last_step:
                 checkpoint()
             if n_stop:
+                finish_checkpoint(checkpointer, log)
                 log.print(f"stopped at step {step} on {stop.signal_name or 'another rank’s signal'}; resume with "
-                          f"the same command (--resume auto reads {output_dir / 'checkpoint_last.pt'})")
+                          f"the same command (--resume auto reads {last_checkpoint(output_dir).split(' ')[0]})")
                 return
+        finish_checkpoint(checkpointer, log)
     finally:
+        if checkpointer is not None and checkpointer.pending is not None:  # an error: still finish the last save
+            try:
+                finish_checkpoint(checkpointer, log)
+            except (CheckpointError, CollectiveError) as err:
+                log.print(f"warning: the background checkpoint save did not finish ({one_line(err)}); the previous "
+                          "checkpoint is intact")
         log.close()  # also on an error, so that its ERROR line starts a line of its own
     if is_main:
-        print(f"done: {state.step} steps; checkpoint {output_dir / 'checkpoint_last.pt'}")
+        print(f"done: {state.step} steps; checkpoint {last_checkpoint(output_dir).split(' ')[0]}")
+
+
+def finish_checkpoint(checkpointer: Optional[ShardedCheckpointer], log: RunLog) -> None:
+    """Wait for a checkpoint being written in the background (``train.async_checkpoint``) and complete it: a run
+    never ends with half a checkpoint."""
+    if checkpointer is not None and checkpointer.pending is not None:
+        with collective("background checkpoint save"):
+            done = checkpointer.wait()
+        log.print(f"saved {done} (written in the background)")
 
 
 if __name__ == "__main__":

@@ -260,7 +260,7 @@ def test_resumable_sampler_skips_what_was_trained_then_is_whole_again():
     data = list(range(20))
     full = [list(ResumableDistributedSampler(data, num_replicas=2, rank=r, shuffle=True, seed=3)) for r in (0, 1)]
     sampler = ResumableDistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=3)
-    sampler.set_epoch(0, start=4)
+    sampler.set_epoch(0, start=8)  # 8 samples of the epoch read by the 2 ranks together: 4 each
     assert len(sampler) == 6
     assert list(sampler) == full[1][4:]
     assert list(sampler) == full[1]  # the skip applies to one pass only

@@ -7,12 +7,14 @@ A checkpoint is a plain dict of tensors and Python primitives, so it loads with
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import io
 import os
 import random
 import re
+import shutil
 import socket
 import sys
 import time
@@ -236,14 +238,17 @@ class TrainState:
     Attributes:
         step: optimizer steps done.
         epoch: the epoch being read.
-        batch_in_epoch: batches of that epoch this rank has read (a resumed run skips them).
+        batch_in_epoch: batches of that epoch this rank has read.
         skipped_steps: steps skipped for a non-finite loss or gradient norm.
+        samples_in_epoch: samples of that epoch's order all ranks together have read (a resumed run skips them,
+            on any number of processes: the data position in global samples).
     """
 
     step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0
     skipped_steps: int = 0
+    samples_in_epoch: int = 0
 
 
 STATEFUL_PARTS = ("optimizer", "scheduler", "scaler")
@@ -303,25 +308,27 @@ def intact(path: str | Path) -> Optional[str]:
 def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], list[str]]:
     """The checkpoint ``--resume`` names, and notes to print about the choice.
 
-    * ``auto``: ``OUTPUT/checkpoint_last.pt``; when it is missing or damaged (:func:`intact`), the newest intact
-      numbered checkpoint, with a note saying which was used and why; ``None`` when the folder holds none.
+    * ``auto``: ``OUTPUT/checkpoint_last.pt`` or, for sharded checkpoints, the ``OUTPUT/checkpoint_last`` link
+      (the newer of the two when both are there); when it is missing or damaged (:func:`intact`,
+      :func:`sharded_intact`), the newest intact numbered checkpoint, with a note saying which was used and why;
+      ``None`` when the folder holds none.
     * ``none``: ``None``, on a folder that holds no checkpoint.
-    * anything else: that file.
+    * anything else: that file or sharded checkpoint folder.
 
     Raises:
         CheckpointError: ``none`` on a folder with checkpoints (they would be overwritten); ``auto`` on a folder
             whose every checkpoint is damaged (starting from step 0 would overwrite the only copies of progress);
-            a path that is not a file.
+            a path that is neither a checkpoint file nor a sharded checkpoint folder.
     """
     output_dir = Path(output_dir)
-    last = output_dir / "checkpoint_last.pt"
-    numbered = list_checkpoints(output_dir)
+    lasts = sorted((path for path in (output_dir / "checkpoint_last.pt", output_dir / "checkpoint_last")
+                    if path.exists()), key=lambda path: path.stat().st_mtime, reverse=True)
+    numbered = sorted([*list_checkpoints(output_dir), *list_sharded_checkpoints(output_dir)],
+                      key=lambda path: int(path.name.split("_")[1].split(".")[0]))
     if resume == "auto":
         notes, problems = [], []
-        for path in [last, *reversed(numbered)]:
-            if not path.is_file():
-                continue
-            problem = intact(path)
+        for path in [*lasts, *reversed(numbered)]:
+            problem = sharded_intact(path) if path.is_dir() else intact(path) if path.is_file() else "not a file"
             if problem is None:
                 if problems:
                     notes.append(f"warning: {'; '.join(problems)}: resuming from {path}, the newest intact checkpoint")
@@ -330,15 +337,16 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
         if problems:
             raise CheckpointError(f"every checkpoint in {output_dir} is damaged ({'; '.join(problems)}); nothing was "
                                   "overwritten: move them aside to start afresh, or pass --resume PATH")
-        if numbered or last.exists():
-            raise CheckpointError(f"{last} is not a file; move it aside or pass --resume PATH")
+        if (output_dir / "checkpoint_last").is_symlink():
+            raise CheckpointError(f"{output_dir / 'checkpoint_last'} names a folder that is gone; move it aside or "
+                                  "pass --resume PATH")
         return None, []
     if resume == "none":
-        if last.exists() or numbered:
+        if lasts or numbered or (output_dir / "checkpoint_last").is_symlink():
             raise CheckpointError(f"{output_dir} already holds checkpoints, which --resume none would overwrite; "
                                   "continue with --resume auto, or start afresh in another --output-dir")
         return None, []
-    if not Path(resume).is_file():
+    if not Path(resume).is_file() and not is_sharded(resume):
         raise CheckpointError(f"--resume {resume}: no such checkpoint")
     return Path(resume), []
 
@@ -422,12 +430,16 @@ def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], ignore: tu
 
 def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str, Any], model_name: str,
                     rank: int, world_size: int, map_location: str | torch.device = "cpu",
-                    config: Optional[Mapping[str, Any]] = None, train_utterances: Optional[int] = None) -> TrainState:
-    """Put a :func:`training_checkpoint` back: weights, optimizer, schedule, scaler, this rank's RNG states.
+                    config: Optional[Mapping[str, Any]] = None,
+                    train_utterances: Optional[int] = None) -> tuple[TrainState, dict[str, Any]]:
+    """Put a checkpoint back: weights, optimizer, schedule, scaler, this rank's RNG states. A single file of
+    :func:`training_checkpoint`, or a sharded folder of :class:`ShardedCheckpointer` (re-cut for this world
+    size: every rank must call it then).
 
     Args:
-        path: the checkpoint.
-        model: the plain model, built with the checkpoint's config.
+        path: the checkpoint file or folder.
+        model: the plain model (or, for a sharded checkpoint, the FSDP-sharded one; never a DDP wrapper), built
+            with the checkpoint's config.
         parts: the objects of :data:`STATEFUL_PARTS`, freshly built.
         model_name: the model being trained (the checkpoint must hold the same).
         rank, world_size: this process; RNG states are restored only when the world size is the same.
@@ -438,30 +450,39 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
             another number (the epoch's order, and so the data position, is not the same any more).
 
     Returns:
-        The loop's :class:`TrainState` at the checkpoint.
+        The loop's :class:`TrainState` at the checkpoint (``samples_in_epoch`` is worked out for a checkpoint
+        that predates it), and ``{"world_size": processes that wrote it, "grad_accumulation": the accumulation
+        it trained with, "config": its config}``.
 
     Raises:
         CheckpointError: an unreadable or unsafe file, another model, weights that do not fit, or a
             weights-only file that lacks the training state.
     """
-    saved = load_checkpoint(path, map_location=map_location)
+    sharded = is_sharded(path)
+    saved = read_train_state(path, map_location) if sharded else load_checkpoint(path, map_location=map_location)
     if saved.get("model_name") != model_name:
         raise CheckpointError(f"{path} holds a '{saved.get('model_name')}' model, not '{model_name}'")
-    load_model_state(model, saved["model"], str(path))
     fields = [field.name for field in dataclasses.fields(TrainState)]
-    missing = [key for key in (*STATEFUL_PARTS, *fields, "rng") if key not in saved and key != "skipped_steps"]
+    optional = ("skipped_steps", "samples_in_epoch")
+    missing = [key for key in (*STATEFUL_PARTS, *fields, "rng") if key not in saved and key not in optional
+               and not (sharded and key == "optimizer")]
     if missing:
         raise CheckpointError(f"{path} is not a training checkpoint of train.py (it has no {', '.join(missing)}); "
                               "--resume needs one written by train.py")
+    if sharded:
+        optimizer = parts["optimizer"]
+        load_sharded(path, model, list(optimizer.values()) if isinstance(optimizer, NamedStates) else [optimizer])
+    else:
+        load_model_state(model, saved["model"], str(path))
     for name in STATEFUL_PARTS:
-        parts[name].load_state_dict(saved[name])
-    if len(saved["rng"]) == world_size:
+        if not (sharded and name == "optimizer"):
+            parts[name].load_state_dict(saved[name])
+    saved_config = saved.get("config") if isinstance(saved.get("config"), Mapping) else {}
+    written_by = len(saved["rng"])
+    if written_by == world_size:
         restore_rng_state(saved["rng"][rank])
-    elif rank == 0:
-        print(f"warning: {path} was written by {len(saved['rng'])} processes, this run has {world_size}: random "
-              "streams restart, so the run will not repeat the original exactly")
-    if rank == 0 and config is not None and isinstance(saved.get("config"), Mapping):
-        changes = config_changes(saved["config"], config, ignore=("train.max_steps",))
+    if rank == 0 and config is not None and saved_config:
+        changes = config_changes(saved_config, config, ignore=("train.max_steps",))
         if changes:
             print(f"warning: the config differs from the one {path} was trained with: {'; '.join(changes)}",
                   file=sys.stderr, flush=True)
@@ -470,4 +491,308 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
         print(f"warning: the corpus changed since {path} ({known} -> {train_utterances} training utterances): the "
               "run continues from its step, but the epoch's order and position are not the ones it stopped at",
               file=sys.stderr, flush=True)
-    return TrainState(**{key: saved[key] for key in fields if key in saved})
+    state = TrainState(**{key: saved[key] for key in fields if key in saved})
+    accumulation = saved.get("grad_accumulation", saved_config.get("train", {}).get("grad_accumulation", 1))
+    if "samples_in_epoch" not in saved:  # written before the position was kept in global samples
+        batch_size = saved_config.get(model_name, {}).get("batch_size", 0)
+        state.samples_in_epoch = state.batch_in_epoch * batch_size * written_by
+    return state, {"world_size": written_by, "grad_accumulation": accumulation, "config": saved_config}
+
+
+def world_size_change(written_by: int, accumulation: int, world_size: int, batch_size: int,
+                      requested: int) -> tuple[int, Optional[str]]:
+    """The gradient accumulation a run resumed on another number of processes trains with, and the line saying so.
+
+    The global batch (``batch_size * grad_accumulation * world_size`` samples per optimizer step) is kept when
+    the new world size divides it; otherwise the requested accumulation stays and the line says plainly that the
+    global batch changed. The data position carries over in global samples either way; the ranks' random
+    streams (dropout) restart, so the run does not repeat the uninterrupted one exactly.
+
+    Args:
+        written_by: processes that wrote the checkpoint; ``accumulation``: the accumulation it trained with.
+        world_size: processes now; ``batch_size``: samples per process per micro-batch (the same before and now);
+        requested: ``train.grad_accumulation`` of this run's config.
+
+    Returns:
+        ``(grad_accumulation, line)``; ``(requested, None)`` when the world size is the same.
+    """
+    if written_by == world_size:
+        return requested, None
+    before = batch_size * accumulation * written_by
+    head = f"note: the checkpoint was written by {written_by} process(es), this run has {world_size}"
+    tail = "the data position carries over in global samples; random streams (dropout) restart"
+    if before % (batch_size * world_size) == 0:
+        kept = before // (batch_size * world_size)
+        return kept, (f"{head}: train.grad_accumulation {accumulation} -> {kept} keeps the global batch at {before} "
+                      f"({batch_size} x {kept} x {world_size}); {tail}")
+    after = batch_size * requested * world_size
+    return requested, (f"warning: the checkpoint was written by {written_by} process(es), this run has "
+                       f"{world_size}: the global batch changes {before} -> {after} ({world_size} does not divide "
+                       f"{before}: no train.grad_accumulation keeps it); {tail}")
+
+
+def sharded_train_state(parts: Mapping[str, Any], state: TrainState, rng: list, **info: Any) -> dict[str, Any]:
+    """Rank 0's :data:`TRAIN_STATE_NAME` of a sharded checkpoint: :func:`training_checkpoint` without the model
+    and optimizer states, which every rank writes as shards."""
+    return {**{name: parts[name].state_dict() for name in STATEFUL_PARTS if name != "optimizer"},
+            **dataclasses.asdict(state), "rng": rng, **info}
+
+
+# --------------------------------------------------------------------------------------------
+# Sharded checkpoints (train.parallelism=fsdp): one folder per step, written by every rank
+# --------------------------------------------------------------------------------------------
+
+TRAIN_STATE_NAME = "train_state.pt"
+"""The file of a sharded checkpoint's folder that rank 0 writes: everything but the model and optimizer states
+(the loop's position, schedulers, scaler, every rank's RNG states, config, provenance), a plain
+:func:`torch.save` dict that loads with ``weights_only=True``."""
+
+SHARDED_RE = re.compile(r"^checkpoint_(\d+)$")
+
+
+def is_sharded(path: str | Path) -> bool:
+    """Whether ``path`` is a sharded checkpoint: a folder (``checkpoint_<step>/`` or the ``checkpoint_last`` link
+    to one) written by :class:`ShardedCheckpointer`, rather than one ``.pt`` file."""
+    return Path(path).is_dir()
+
+
+def list_sharded_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete sharded checkpoints (``checkpoint_<step>/`` folders) in ``output_dir``, oldest step first."""
+    found = [(int(m.group(1)), p) for p in Path(output_dir).glob("checkpoint_*")
+             if (m := SHARDED_RE.match(p.name)) and p.is_dir() and not p.is_symlink()]
+    return [p for _, p in sorted(found)]
+
+
+def sharded_intact(path: str | Path) -> Optional[str]:
+    """Why the sharded checkpoint folder at ``path`` is damaged, or ``None``: its DCP ``.metadata`` reads, every
+    shard file it names is there and long enough, and :data:`TRAIN_STATE_NAME` passes :func:`intact`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    path = Path(path)
+    try:
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except (OSError, EOFError, ValueError, RuntimeError, AttributeError, TypeError) as err:
+        return f"damaged (its .metadata does not read: {one_line_of(err)})"
+    ends: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        name = str(info.relative_path)
+        ends[name] = max(ends.get(name, 0), int(info.offset) + int(info.length))
+    for name, end in sorted(ends.items()):
+        shard = path / name
+        if not shard.is_file():
+            return f"damaged (shard {name} is missing)"
+        if shard.stat().st_size < end:
+            return f"damaged (shard {name} is cut short: {shard.stat().st_size} of {end} bytes)"
+    problem = intact(path / TRAIN_STATE_NAME) if (path / TRAIN_STATE_NAME).is_file() else "without " + TRAIN_STATE_NAME
+    return None if problem is None else f"damaged ({TRAIN_STATE_NAME}: {problem})" if problem.startswith("damaged") \
+        else f"damaged ({problem})"
+
+
+def one_line_of(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def read_train_state(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The :data:`TRAIN_STATE_NAME` dict of a sharded checkpoint folder (``weights_only=True``).
+
+    Raises:
+        CheckpointError: the folder is not a sharded checkpoint, or the file is unreadable or unsafe.
+    """
+    path = Path(path)
+    file = path / TRAIN_STATE_NAME
+    if not file.is_file():
+        raise CheckpointError(f"{path} is not a sharded checkpoint of train.py (no {TRAIN_STATE_NAME})")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(file, map_location=map_location, weights_only=True)
+    except Exception as err:  # noqa: BLE001 - untrusted input, as in load_checkpoint
+        raise CheckpointError(f"cannot load {file} safely: {_load_failure(err)}") from err
+
+
+@contextlib.contextmanager
+def _quiet_single_process_dcp():
+    """DCP warns on every load without a process group that it assumes one process; that is the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to.*")
+        yield
+
+
+def load_sharded_model(path: str | Path, model: torch.nn.Module) -> None:
+    """Load the model weights of a sharded checkpoint folder into ``model``: a plain module in one process
+    (inference; the shards are put together) or the run's own model, plain, DDP's or sharded by FSDP on any number
+    of ranks (the shards are re-cut for this world size). Uses ``torch.distributed.checkpoint``.
+
+    Raises:
+        CheckpointError: the folder does not hold weights of this model (missing or misshapen entries, named).
+    """
+    load_sharded(path, model, [])
+
+
+def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list) -> None:
+    """Load the model (and, when ``optimizers`` are given, their states) of a sharded checkpoint folder, on any
+    world size (every rank calls it; resharded on load). ``model`` is the plain or FSDP-sharded model, not a DDP
+    wrapper. Source: ``torch.distributed.checkpoint.state_dict.get_state_dict`` / ``set_state_dict``.
+
+    Raises:
+        CheckpointError: missing or misshapen entries (named), or an unreadable folder.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = Path(path)
+    with _quiet_single_process_dcp():
+        model_state, optim_state = get_state_dict(model, optimizers)
+        state = {"model": model_state, **({"optimizer": optim_state} if optimizers else {})}
+        try:
+            dcp.load(state, checkpoint_id=str(path))
+        except (RuntimeError, ValueError, KeyError, OSError) as err:
+            raise CheckpointError(f"{path} does not fit this model: {_dcp_failure(err)}") from None
+        set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
+
+
+def _dcp_failure(err: BaseException) -> str:
+    text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    missing = re.findall(r"Missing key in checkpoint state_dict: ([\w.]+)", text)
+    if missing:
+        more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+        return f"missing {', '.join(missing[:5])}{more}"
+    return text[:400] or type(err).__name__
+
+
+class ShardedCheckpointer:
+    """Writes sharded checkpoints: every rank saves its own shards through ``torch.distributed.checkpoint`` (DCP),
+    in parallel, into ``OUTPUT/.checkpoint_<step>.partial/``; once all are written, rank 0 renames the folder to
+    ``checkpoint_<step>/`` and points the ``checkpoint_last`` link at it. A step folder thus appears complete or
+    not at all, and a run killed mid-save leaves ``checkpoint_last`` on the previous one.
+
+    With ``async_save`` the state is copied to host memory (a stall of one copy), then written by a background
+    thread over its own gloo process group (sharing the training's group with the background collectives can
+    hang: torchtitan keeps them apart the same way); the run continues meanwhile. :meth:`save` waits for the
+    previous save first, and :meth:`wait` must be called before the process ends.
+
+    Every rank constructs it (the async process group is a collective) and calls :meth:`save`/:meth:`wait`.
+    Source: https://pytorch.org/docs/stable/distributed.checkpoint.html (``save``, ``async_save``).
+    """
+
+    def __init__(self, output_dir: str | Path, rank: int, async_save: bool = False, keep_last: int = 0,
+                 timeout_s: float = 1800.0):
+        import datetime
+        import torch.distributed as dist
+
+        self.output_dir, self.rank, self.keep_last = Path(output_dir), rank, keep_last
+        self.async_save = async_save
+        self.group = None
+        if async_save and dist.is_available() and dist.is_initialized():
+            self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        self.pending = None  # (future, step) of a background save
+
+    def save(self, step: int, model: torch.nn.Module, optimizers: list, train_state: Optional[dict]) -> Path:
+        """Save ``model`` (plain or FSDP-sharded, not a DDP wrapper) and ``optimizers`` as step ``step``;
+        ``train_state`` (rank 0's; ``None`` on the others) goes to :data:`TRAIN_STATE_NAME`. Returns the
+        folder the checkpoint has (async: will have) once complete.
+
+        Raises:
+            CheckpointError: a shard or file could not be written (a full disk); earlier checkpoints are kept.
+        """
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        from distributed import barrier
+
+        self.wait()
+        partial = self.output_dir / f".checkpoint_{step}.partial"
+        if self.rank == 0:
+            for stale in self.output_dir.glob(".checkpoint_*.partial"):
+                shutil.rmtree(stale, ignore_errors=True)  # a killed save's leftovers (RunLock: ours alone)
+            try:
+                partial.mkdir()
+                atomic_write_bytes(partial / TRAIN_STATE_NAME, _serialized(train_state, partial))
+            except OSError as err:
+                raise self._write_error(step, err) from None
+        barrier()
+        model_state, optim_state = get_state_dict(model, optimizers)
+        state = {"model": model_state, "optimizer": optim_state}
+        with _quiet_single_process_dcp():
+            self._write(state, partial, step)
+        return self.output_dir / f"checkpoint_{step}"
+
+    def _write(self, state: dict, partial: Path, step: int) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        try:
+            if self.async_save:
+                self.pending = (dcp.async_save(state, checkpoint_id=str(partial), process_group=self.group), step)
+            else:
+                dcp.save(state, checkpoint_id=str(partial))
+                self._complete(step)
+        except OSError as err:
+            raise self._write_error(step, err) from None
+
+    def poll(self) -> Optional[Path]:
+        """Complete a background save that has finished (rank 0 renames it into place); its folder, or ``None``.
+        Costs nothing while it runs: call it every step."""
+        if self.pending is None or not self.pending[0].done():
+            return None
+        return self.wait()
+
+    def wait(self) -> Optional[Path]:
+        """Block until a background save is written, then complete it; its folder, or ``None`` without one.
+
+        Raises:
+            CheckpointError: the background save failed (earlier checkpoints are kept).
+        """
+        if self.pending is None:
+            return None
+        future, step = self.pending
+        self.pending = None
+        try:
+            future.result()
+        except OSError as err:
+            raise self._write_error(step, err) from None
+        return self._complete(step)
+
+    def _complete(self, step: int) -> Path:
+        final = self.output_dir / f"checkpoint_{step}"
+        if self.rank != 0:
+            return final
+        partial = self.output_dir / f".checkpoint_{step}.partial"
+        if final.is_dir() and not final.is_symlink():
+            shutil.rmtree(final)  # an older run's checkpoint of the same step (the folder was resumed earlier)
+        os.replace(partial, final)
+        link = self.output_dir / "checkpoint_last"
+        tmp_link = self.output_dir / f".checkpoint_last.tmp{os.getpid()}"
+        tmp_link.unlink(missing_ok=True)
+        os.symlink(final.name, tmp_link)
+        os.replace(tmp_link, link)  # atomic: the link names the old folder or the new one
+        _fsync_dir(self.output_dir)
+        if self.keep_last > 0:
+            others = [path for path in list_sharded_checkpoints(self.output_dir) if path != final]
+            for old in others[:max(0, len(others) - (self.keep_last - 1))]:
+                shutil.rmtree(old)
+        return final
+
+    def _write_error(self, step: int, err: OSError) -> CheckpointError:
+        kept = [p.name for p in list_sharded_checkpoints(self.output_dir)[-1:]]
+        return CheckpointError(f"could not write the step {step} checkpoint in {self.output_dir}: "
+                               f"{err.strerror or err}; earlier checkpoints are kept "
+                               f"({', '.join(kept) or 'none written yet'})")
+
+
+def _serialized(state: Any, where: Path) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data = buffer.getvalue()
+    unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
+    if unsafe:
+        raise CheckpointError(f"refusing to write {where}: the state holds objects that a weights_only=True load "
+                              f"refuses ({', '.join(unsafe)})")
+    return data
+
+
+def _fsync_dir(path: Path) -> None:
+    dir_fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -176,6 +176,15 @@ class TrainConfig:
     shapes); the same mathematics as the plain eager path, which
     ``false`` (the default) keeps for debugging. The first steps then include compilation (tens of
     seconds on a GPU).
+
+    ``parallelism``: ``ddp`` (every rank holds the whole model, its gradients and optimizer state) or ``fsdp``
+    (FSDP2: each rank holds ``1 / world_size`` of them, per block of ``ModelSpec.blocks``; with ``bf16`` the
+    blocks compute in bf16 with fp32 master weights and fp32 gradient reduction; checkpoints are sharded folders
+    written by every rank). ``reshard_after_forward``: FSDP frees a block's gathered weights after its forward
+    (less memory, one more all-gather in the backward). ``activation_checkpointing``: ``none``, ``full`` (every
+    block of ``ModelSpec.blocks`` recomputes its forward in the backward pass instead of keeping its
+    activations) or ``selective`` (every ``activation_checkpointing_every``-th block). ``async_checkpoint``
+    (``fsdp``): a checkpoint is copied to host memory and written in the background while training goes on.
     """
 
     seed: int = setting(1234, ge=0, le=2**31 - 1)
@@ -198,6 +207,11 @@ class TrainConfig:
     dist_timeout_s: float = setting(600.0, gt=0)
     cudnn_benchmark: bool = True
     compile: bool = False
+    parallelism: Literal["ddp", "fsdp"] = "ddp"
+    reshard_after_forward: bool = True
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    activation_checkpointing_every: int = setting(2, ge=1)
+    async_checkpoint: bool = False
 
 
 SHARED_SECTIONS: dict[str, type] = {"audio": AudioConfig, "data": DataConfig, "train": TrainConfig}

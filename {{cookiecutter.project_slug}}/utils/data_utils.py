@@ -441,11 +441,15 @@ class AudioMelDataset(Dataset):
 
 
 class ResumableDistributedSampler(DistributedSampler):
-    """A :class:`~torch.utils.data.DistributedSampler` that can start an epoch part-way through.
+    """A :class:`~torch.utils.data.DistributedSampler` that can start an epoch part-way through, on any number of
+    ranks.
 
-    ``set_epoch(epoch, start=k)`` makes the next pass skip this rank's first ``k`` samples of that epoch's
-    order (the ones a resumed run already trained on); the pass after it is whole again. The order itself
-    is the parent's: shuffled by ``seed + epoch``, split across ranks.
+    ``set_epoch(epoch, start=k)`` makes the next pass leave out the first ``k`` samples of that epoch's order
+    (shuffled by ``seed + epoch``, the parent's order, which does not depend on the number of ranks): the ones
+    all ranks together already trained on, ``k`` counted in global samples. The rest is split across this run's
+    ranks as the parent splits a whole epoch (rank ``r`` takes every ``num_replicas``-th sample from its
+    ``r``-th; ``drop_last`` drops the remainder, otherwise it is padded from the start). With the same number of
+    ranks a resumed epoch is exactly the rest of the uninterrupted one; the pass after it is whole again.
     """
 
     def __init__(self, *args, **kwargs):
@@ -453,16 +457,32 @@ class ResumableDistributedSampler(DistributedSampler):
         self.start = 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Shuffle by ``seed + epoch``; ``start``: global samples of this epoch's order to leave out."""
         super().set_epoch(epoch)
         self.start = start
 
+    def _rest(self) -> list[int]:
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(len(self.dataset), generator=generator).tolist()
+        else:
+            order = list(range(len(self.dataset)))
+        rest = order[self.start:]
+        if self.drop_last:
+            rest = rest[:len(rest) - len(rest) % self.num_replicas]
+        elif rest and len(rest) % self.num_replicas:
+            pad = self.num_replicas - len(rest) % self.num_replicas
+            rest += (rest * (pad // len(rest) + 1))[:pad]
+        return rest[self.rank::self.num_replicas]
+
     def __iter__(self):
-        indices = list(super().__iter__())[self.start:]
+        indices = list(super().__iter__()) if self.start == 0 else self._rest()
         self.start = 0
         return iter(indices)
 
     def __len__(self) -> int:
-        return max(0, self.num_samples - self.start)
+        return self.num_samples if self.start == 0 else len(self._rest())
 
 
 def collate_audio_mel(items: Sequence[dict]) -> dict:
