@@ -16,6 +16,10 @@ Typical use in a training script started by ``multiproc.py`` (torchrun), ``srun`
         torch.save(unwrap_model(model).state_dict(), "checkpoint.pt")
     cleanup()
 
+A model too big for one GPU per replica is sharded instead: ``apply_gradient_allreduce(model, "fsdp",
+blocks=...)`` applies FSDP2's ``fully_shard`` per block (``train.parallelism=fsdp``), and :func:`no_sync` /
+:func:`full_value` cover gradient accumulation and the sharded gradient norm for either kind.
+
 Every helper here is safe to call in a plain single process (no launcher, world size 1):
 nothing is initialised and the helpers degrade to identities.
 

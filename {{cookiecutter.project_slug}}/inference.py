@@ -2,6 +2,7 @@
 
     python inference.py --checkpoint out/checkpoint_last.pt --output out.wav [model options]
     python inference.py --checkpoint out/checkpoint_last.pt --help      # the options of that checkpoint's model
+    python inference.py --checkpoint out/checkpoint_last --output out.wav   # a sharded checkpoint (FSDP) alike
 
 The checkpoint says which model of ``model.py`` it holds and carries its config, so no config file is needed.
 The work itself is the model's inference hook (``ModelSpec.infer``), and its options come from the model
@@ -18,14 +19,16 @@ from pathlib import Path
 import torch
 
 from model import MODELS, config_schemas
-from utils.checkpoint import CheckpointError, load_checkpoint, load_model_state
+from utils.checkpoint import (CheckpointError, is_sharded, load_checkpoint, load_model_state, load_sharded_model,
+                              read_train_state, sharded_intact)
 from utils.config import Config, ConfigError, config_from_dict
 from utils.data_utils import DataError
 from utils.run_log import one_line
 
 
 def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.Module, Config]:
-    """Rebuild the model stored in a training checkpoint, in eval mode on ``device``.
+    """Rebuild the model stored in a training checkpoint, in eval mode on ``device``: a single file, or a sharded
+    checkpoint folder (``train.parallelism=fsdp``), whose shards are put together in this process.
 
     Returns:
         ``(model name, model, config)``.
@@ -35,7 +38,7 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
             that do not fit.
         ConfigError: the checkpoint's config does not load (e.g. a key this version does not know).
     """
-    state = load_checkpoint(path)
+    state = checkpoint_info(path)
     name = state.get("model_name")
     if name not in MODELS:
         raise CheckpointError(f"{path} holds a model '{name}' that model.py does not define "
@@ -45,8 +48,26 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
         model = MODELS[name].build_model(cfg)
     except ValueError as err:
         raise CheckpointError(f"{path}: its {name} config does not build a model: {one_line(err)}") from None
-    load_model_state(model, state["model"], str(path))
+    if is_sharded(path):
+        load_sharded_model(path, model)
+    else:
+        load_model_state(model, state["model"], str(path))
     return name, model.to(device).eval(), cfg
+
+
+def checkpoint_info(path: str | Path) -> dict:
+    """A checkpoint's entries: the whole dict of a single file; a sharded folder's ``train_state.pt`` (model name,
+    config, position; its weights are read by :func:`load_trained`).
+
+    Raises:
+        CheckpointError: neither a readable checkpoint file nor an intact sharded checkpoint folder.
+    """
+    if not is_sharded(path):
+        return load_checkpoint(path)
+    problem = sharded_intact(path)
+    if problem is not None:
+        raise CheckpointError(f"{path} is {problem}")
+    return read_train_state(path)
 
 
 def parse_device(text: str) -> torch.device:
@@ -74,7 +95,8 @@ def build_parser(model_names: list[str]) -> argparse.ArgumentParser:
     """The common options, then one option group per model in ``model_names`` (conflicts: the first wins)."""
     parser = argparse.ArgumentParser(description="Write outputs (wavs) from a checkpoint of train.py.",
                                      conflict_handler="resolve" if len(model_names) > 1 else "error")
-    parser.add_argument("--checkpoint", required=True, help="a checkpoint written by train.py")
+    parser.add_argument("--checkpoint", required=True,
+                        help="a checkpoint written by train.py: a .pt file or a sharded checkpoint folder")
     parser.add_argument("--output", required=True, help="where to write (a .wav file for the example models)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cpu, cuda or cuda:N (default: cuda when available)")
@@ -90,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     probe.add_argument("--checkpoint")
     known, _ = probe.parse_known_args(argv)
     try:
-        state = None if known.checkpoint is None else load_checkpoint(known.checkpoint)
+        state = None if known.checkpoint is None else checkpoint_info(known.checkpoint)
         name = None if state is None else state.get("model_name")
         if state is not None and name not in MODELS:
             raise CheckpointError(f"{known.checkpoint} holds a model '{name}' that model.py does not define "

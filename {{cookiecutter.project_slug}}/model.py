@@ -86,6 +86,13 @@ class ModelSpec:
             no all-reduce).
         build_scheduler: ``(phase, optimizer, cfg) -> (LRScheduler, "step" | "epoch")``; default: the
             ``train.lr_schedule`` multiplier, stepped every optimizer step.
+
+    A model bigger than one GPU:
+        blocks: ``model -> [sub-module, ...]``, its repeated units in forward order (WaveGlow's coupling
+            networks, HiFi-GAN's multi-receptive-field blocks and sub-discriminators, Tacotron2's encoder, decoder
+            and postnet): what ``train.parallelism=fsdp`` shards one by one (then the rest with the root) and
+            ``train.activation_checkpointing`` recomputes in the backward pass. ``None``: the model is sharded
+            as one unit and activation checkpointing has nothing to wrap.
     """
 
     config_cls: type
@@ -109,6 +116,7 @@ class ModelSpec:
     networks: Optional[Callable[[nn.Module], dict[str, nn.Module]]] = None
     train_step: Optional[Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = None
     build_scheduler: Optional[Callable[..., tuple[Any, str]]] = None
+    blocks: Optional[Callable[[nn.Module], list[nn.Module]]] = None
 
 
 MODELS: dict[str, ModelSpec] = {}

@@ -45,6 +45,7 @@ from distributed import (CollectiveError, all_gather_object, apply_gradient_allr
                          collective, full_value, init_distributed, no_sync, reduce_tensor, unwrap_model)
 from model import MODELS, ModelSpec, config_schemas
 from utils.audio_processing import MelSpectrogram
+from utils.activation_checkpoint import apply_activation_checkpointing
 from utils.checkpoint import (CheckpointError, NamedStates, RunLock, ShardedCheckpointer, TrainState, atomic_write_bytes,
                               capture_rng_state, is_sharded, resume_path, resume_training, save_checkpoint,
                               sharded_train_state, training_checkpoint, world_size_change)
@@ -700,12 +701,11 @@ def prepare_model(spec: ModelSpec, name: str, model, cfg: Config) -> None:
             blocks, FSDP with fp16 (FSDP2 mixed precision is bf16) or with the fast path (``train.compile``).
     """
     train = cfg.train
-    blocks = list(spec.blocks(model)) if getattr(spec, "blocks", None) is not None else []
+    blocks = list(spec.blocks(model)) if spec.blocks is not None else []
     if train.activation_checkpointing != "none":
         if not blocks:
             raise ConfigError(f"train.activation_checkpointing={train.activation_checkpointing}: model '{name}' "
                               "names no blocks to checkpoint (ModelSpec.blocks)")
-        from utils.activation_checkpoint import apply_activation_checkpointing
         apply_activation_checkpointing(blocks, train.activation_checkpointing, train.activation_checkpointing_every)
     if train.parallelism != "fsdp":
         return

@@ -362,6 +362,15 @@ def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch
     return [output]
 
 
+def blocks(model: HiFiGAN) -> list[nn.Module]:
+    """``ModelSpec.blocks``: the generator's multi-receptive-field blocks, the period discriminators and the scale
+    discriminators but the first. That one uses spectral norm, whose power iteration updates a buffer in every
+    training forward: recomputed for activation checkpointing it would step twice and give other gradients, so it
+    stays with the discriminator's root (sharded with it, never recomputed)."""
+    return [*model.generator.mrfs, *model.discriminator.mpd.discriminators,
+            *model.discriminator.msd.discriminators[1:]]
+
+
 # --- scripts/benchmark.py: the V1 training shape (batch 16 of 8192-sample crops) ---------------------------------
 
 _TINY = tuple(f"hifigan.{key}={value}".replace(" ", "") for key, value in TINY_OVERRIDES.items()
@@ -391,4 +400,5 @@ register("hifigan", ModelSpec(
     networks=networks,
     train_step=train_step,
     build_scheduler=build_scheduler,
+    blocks=blocks,
 ))

@@ -548,5 +548,6 @@ register("tacotron2", ModelSpec(
     optimize_for_training=optimize_for_training,
     benchmark_cases=BENCHMARK_CASES,
     check_text=check_text,
+    blocks=lambda model: [model.encoder, model.decoder, model.postnet],
     data_advice="raise data.num_workers, or cache the mels once with scripts/preprocess.py",
 ))

@@ -364,4 +364,5 @@ register("waveglow", ModelSpec(
     benchmark_cases=BENCHMARK_CASES,
     on_device=mel_on_device,
     data_advice="raise data.num_workers, or compute the mels on the device with waveglow.mel_on_device=true",
+    blocks=lambda model: list(model.flows),  # the WN coupling networks: nearly all weights and activations
 ))

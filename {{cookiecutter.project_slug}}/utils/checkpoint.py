@@ -568,6 +568,8 @@ def sharded_intact(path: str | Path) -> Optional[str]:
     shard file it names is there and long enough, and :data:`TRAIN_STATE_NAME` passes :func:`intact`."""
     from torch.distributed.checkpoint import FileSystemReader
     path = Path(path)
+    if not (path / ".metadata").is_file():
+        return "not a sharded checkpoint (it has no .metadata of torch.distributed.checkpoint)"
     try:
         metadata = FileSystemReader(str(path)).read_metadata()
     except (OSError, EOFError, ValueError, RuntimeError, AttributeError, TypeError) as err:

@@ -1,0 +1,100 @@
+"""One file from a sharded checkpoint (``train.parallelism=fsdp``): for sharing, for tools that read one file.
+
+    python scripts/consolidate_checkpoint.py out/checkpoint_last                 # -> out/checkpoint_20_consolidated.pt
+    python scripts/consolidate_checkpoint.py out/checkpoint_20 --output model.pt
+    python scripts/consolidate_checkpoint.py out/checkpoint_last --model-only    # weights and config only
+
+The shards of every rank are put together by PyTorch's own converter
+(``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``), in this one process and on the CPU; the entries
+of the folder's ``train_state.pt`` (model name, config, step, schedulers, ...) are added, so the file reads like a
+single-file checkpoint of ``train.py``: ``inference.py --checkpoint FILE`` takes it. Its ``optimizer`` entry is
+the optimizer state keyed by parameter name (the form of ``torch.distributed.checkpoint.state_dict``), not
+``Optimizer.state_dict()``'s numbering: to continue training, resume from the folder itself (on any number of
+processes). ``--model-only`` leaves the optimizer and the rest of the training state out (a third of the size
+with Adam). The default name ends in ``_consolidated.pt`` so that ``train.py`` never takes it for one of its
+own numbered checkpoints. The file is written atomically; an existing one is kept unless ``--force``.
+
+Exit status 1 with one ``ERROR:`` line when the folder is not an intact sharded checkpoint or the output exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
+
+from utils.checkpoint import (CheckpointError, atomic_write_bytes, is_sharded, read_train_state,  # noqa: E402
+                              sharded_intact)
+
+TRAINING_ONLY = ("optimizer", "scheduler", "scaler", "rng")
+"""Entries ``--model-only`` leaves out."""
+
+
+def consolidate(folder: str | Path, output: str | Path, model_only: bool = False) -> dict:
+    """Write the sharded checkpoint ``folder`` as the single file ``output``; returns what it holds.
+
+    Raises:
+        CheckpointError: ``folder`` is not an intact sharded checkpoint of ``train.py``.
+        OSError: ``output`` cannot be written (nothing is left half-written).
+    """
+    folder = Path(folder)
+    if not is_sharded(folder):
+        raise CheckpointError(f"{folder} is not a sharded checkpoint folder (a .pt file is one file already)")
+    problem = sharded_intact(folder)
+    if problem is not None:
+        raise CheckpointError(f"{folder} is {problem}")
+    info = read_train_state(folder)
+    with tempfile.TemporaryDirectory() as scratch:
+        whole = Path(scratch) / "whole.pt"
+        dcp_to_torch_save(folder, whole)
+        state = torch.load(whole, map_location="cpu", weights_only=True)
+    state.update({key: value for key, value in info.items() if key not in state})
+    if model_only:
+        state = {key: value for key, value in state.items() if key not in TRAINING_ONLY}
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    atomic_write_bytes(output, buffer.getvalue())
+    return state
+
+
+def default_output(folder: Path) -> Path:
+    """``out/checkpoint_20_consolidated.pt`` for ``out/checkpoint_20`` or for ``out/checkpoint_last`` naming it."""
+    real = Path(os.path.realpath(folder))
+    return folder.parent / f"{real.name}_consolidated.pt"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write one checkpoint file from a sharded checkpoint folder.")
+    parser.add_argument("folder", type=Path, help="a sharded checkpoint: out/checkpoint_<step> or out/checkpoint_last")
+    parser.add_argument("--output", type=Path, help="the file to write (default: <folder>_consolidated.pt beside it)")
+    parser.add_argument("--model-only", action="store_true", help="weights, model name and config only")
+    parser.add_argument("--force", action="store_true", help="replace an existing output file")
+    args = parser.parse_args(argv)
+    output = args.output or default_output(args.folder)
+    if output.exists() and not args.force:
+        print(f"ERROR: {output} exists; pass --force to replace it, or --output another file", file=sys.stderr)
+        return 1
+    try:
+        state = consolidate(args.folder, output, args.model_only)
+    except (CheckpointError, OSError) as err:
+        print(f"ERROR: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
+        return 1
+    params = sum(t.numel() for t in state["model"].values() if torch.is_tensor(t))
+    print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB): model '{state.get('model_name')}' at step "
+          f"{state.get('step')}, {params:,} numbers in its state dict"
+          + ("" if args.model_only else "; resume training from the folder, not from this file"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

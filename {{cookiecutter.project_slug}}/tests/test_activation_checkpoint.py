@@ -1,0 +1,150 @@
+"""Activation checkpointing (utils.activation_checkpoint): the gradients of the plain model for every model that
+names its blocks, on one process and under DDP and FSDP on 2 gloo ranks, and the activation memory it saves."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import ROOT, clean_env, free_port
+from model import MODELS, config_schemas
+from utils.activation_checkpoint import apply_activation_checkpointing, is_checkpointed
+from utils.config import load_config
+
+WITH_BLOCKS = sorted(name for name, spec in MODELS.items() if spec.blocks is not None)
+
+
+def tiny_config():
+    return load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
+
+
+def loss_and_gradients(name: str, mode: str, every: int = 2):
+    """One forward and backward of model ``name`` (tiny config, training mode: dropout on) on a fixed synthetic
+    batch, its blocks checkpointed as ``mode`` says; every phase's loss for a model with several."""
+    spec, cfg = MODELS[name], tiny_config()
+    torch.manual_seed(0)
+    model = spec.build_model(cfg).train()
+    wrapped = apply_activation_checkpointing(spec.blocks(model), mode, every)
+    case = spec.benchmark_cases[0].tiny
+    batch = spec.synthetic_batch(cfg, case.batch_size, torch.Generator().manual_seed(1), **case.batch_kwargs)
+    if spec.on_device is not None:
+        batch = spec.on_device(batch, cfg)
+    torch.manual_seed(2)  # the dropout masks
+    if spec.phases:
+        nets = spec.networks(model)
+        loss = sum(spec.train_step(phase, nets, batch)[0] for phase in spec.phases)
+    else:
+        loss = spec.build_criterion(cfg)(model(batch), batch)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, wrapped, model
+
+
+@pytest.mark.skipif(not WITH_BLOCKS, reason="no registered model names its blocks (ModelSpec.blocks)")
+@pytest.mark.parametrize("name", WITH_BLOCKS)
+def test_checkpointed_blocks_give_the_gradients_of_the_plain_model(name):
+    loss, grads, _, plain = loss_and_gradients(name, "none")
+    assert grads, "nothing was trained"
+    for mode in ("full", "selective"):
+        other_loss, other_grads, wrapped, model = loss_and_gradients(name, mode)
+        blocks = MODELS[name].blocks(model)
+        assert wrapped == (blocks if mode == "full" else blocks[::2]) and all(map(is_checkpointed, wrapped))
+        assert model.state_dict().keys() == plain.state_dict().keys(), "state-dict keys must not change"
+        torch.testing.assert_close(other_loss, loss, rtol=1e-6, atol=1e-6)
+        assert other_grads.keys() == grads.keys()
+        for key in grads:  # the same arithmetic run twice: equal up to float rounding
+            torch.testing.assert_close(other_grads[key], grads[key], rtol=1e-5, atol=1e-6, msg=f"{mode}: {key}")
+
+
+def deep_stack(depth: int = 16, width: int = 256) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(depth)))
+
+
+def saved_for_backward(model: nn.Module, x: torch.Tensor) -> int:
+    """Bytes of the tensors autograd keeps for the backward pass of ``model(x).sum()``, at their peak."""
+    held = {"now": 0, "peak": 0}
+
+    def pack(tensor):
+        held["now"] += tensor.numel() * tensor.element_size()
+        held["peak"] = max(held["peak"], held["now"])
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = model(x).sum()
+    loss.backward()
+    return held["peak"]
+
+
+def test_full_checkpointing_keeps_far_fewer_activations_and_selective_in_between():
+    x = torch.randn(256, 256)
+    plain = saved_for_backward(deep_stack(), x)
+    full_model, half_model = deep_stack(), deep_stack()
+    apply_activation_checkpointing(list(full_model), "full")
+    apply_activation_checkpointing(list(half_model), "selective", every=2)
+    full, half = saved_for_backward(full_model, x), saved_for_backward(half_model, x)
+    assert plain >= 2 * full, (plain, full)
+    assert full < half < plain, (full, half, plain)
+
+
+def test_a_block_is_wrapped_once_and_bad_settings_are_refused():
+    blocks = list(deep_stack(depth=4))
+    assert apply_activation_checkpointing(blocks, "full") == blocks
+    assert apply_activation_checkpointing(blocks, "full") == []  # already checkpointed
+    assert apply_activation_checkpointing(list(deep_stack(depth=4)), "none") == []
+    with pytest.raises(ValueError, match="unknown mode 'some'"):
+        apply_activation_checkpointing(blocks, "some")
+    with pytest.raises(ValueError, match="every must be >= 1"):
+        apply_activation_checkpointing(blocks, "selective", every=0)
+
+
+# Two real ranks: DDP and FSDP, each without and with checkpointed blocks, on each rank's half of a batch; rank 0
+# saves the whole gradient of each (FSDP's shards gathered).
+WORKER = textwrap.dedent('''
+    import sys
+    import torch
+    sys.path.insert(0, sys.argv[2])
+    import distributed as D
+    from test_activation_checkpoint import deep_stack
+    from utils.activation_checkpoint import apply_activation_checkpointing
+
+    info = D.init_distributed()
+    torch.manual_seed(5)
+    x = torch.randn(16, 64)[info.rank * 8:info.rank * 8 + 8]
+    grads = {}
+    for parallelism in ("ddp", "fsdp"):
+        for mode in ("none", "full"):
+            model = deep_stack(depth=6, width=64)
+            blocks = list(model)
+            apply_activation_checkpointing(blocks, mode)
+            net = D.apply_gradient_allreduce(model, parallelism, blocks=blocks if parallelism == "fsdp" else ())
+            net(x).pow(2).mean().backward()
+            grads[f"{parallelism}-{mode}"] = {n: D.full_value(p.grad).clone() for n, p in model.named_parameters()}
+    if info.rank == 0:
+        torch.save(grads, sys.argv[1] + "/grads.pt")
+    D.cleanup()
+''')
+
+
+def test_checkpointing_under_ddp_and_fsdp_on_two_ranks_keeps_the_gradients(tmp_path):
+    (tmp_path / "worker.py").write_text(WORKER)
+    port, procs = free_port(), []
+    for rank in range(2):
+        env = clean_env(2, cpu_only=True, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests"), env["PYTHONPATH"]])
+        procs.append(subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), str(tmp_path),
+                                       os.path.join(ROOT, "tests")], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    grads = torch.load(tmp_path / "grads.pt", weights_only=True)
+    reference = grads["ddp-none"]
+    for run in ("ddp-full", "fsdp-none", "fsdp-full"):
+        assert grads[run].keys() == reference.keys(), run
+        for key in reference:
+            torch.testing.assert_close(grads[run][key], reference[key], rtol=1e-5, atol=1e-7, msg=f"{run}: {key}")

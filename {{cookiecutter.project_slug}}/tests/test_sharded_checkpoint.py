@@ -1,0 +1,118 @@
+"""Sharded checkpoints (utils.checkpoint.ShardedCheckpointer) in one process: folders that appear complete or not
+at all, the checkpoint_last link, keep_last, the fallback past a damaged folder; inference.py from a folder and from
+its consolidated file (scripts/consolidate_checkpoint.py). Written by 2 real processes: tests/test_fsdp.py."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, TEST_MODEL, clean_env, synth_corpus
+from model import MODELS, config_schemas
+from utils.checkpoint import (ShardedCheckpointer, TrainState, list_sharded_checkpoints, resume_path,
+                              sharded_train_state)
+from utils.config import load_config
+
+pytestmark = pytest.mark.skipif(TEST_MODEL is None, reason="no model is registered in model.py")
+
+
+def write_checkpoints(out, steps, keep_last=0):
+    """A model of TEST_MODEL (tiny config) and its optimizer saved at each of ``steps``; returns the model."""
+    cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
+    torch.manual_seed(0)
+    model = MODELS[TEST_MODEL].build_model(cfg)
+    optimizer = torch.optim.Adam(model.parameters())
+    checkpointer = ShardedCheckpointer(out, rank=0, keep_last=keep_last)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    for step in steps:
+        with torch.no_grad():
+            next(model.parameters()).add_(1.0)  # every step's weights differ
+        state = sharded_train_state({"scheduler": scheduler, "scaler": scaler}, TrainState(step=step), [],
+                                    model_name=TEST_MODEL, config=cfg.to_dict())
+        assert checkpointer.save(step, model, [optimizer], state) == out / f"checkpoint_{step}"
+    return model
+
+
+def run(*args, check=True):
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=clean_env(1), capture_output=True, text=True,
+                          timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_step_folders_appear_whole_the_link_names_the_last_and_keep_last_holds(tmp_path):
+    write_checkpoints(tmp_path, [2, 4, 6], keep_last=2)
+    assert [p.name for p in list_sharded_checkpoints(tmp_path)] == ["checkpoint_4", "checkpoint_6"]
+    assert os.readlink(tmp_path / "checkpoint_last") == "checkpoint_6"
+    assert not list(tmp_path.glob(".checkpoint_*")), "no partial folder or temporary link left"
+    assert resume_path("auto", tmp_path) == (tmp_path / "checkpoint_last", [])
+
+
+def test_a_killed_save_and_a_damaged_folder_fall_back_to_the_last_intact_checkpoint(tmp_path):
+    write_checkpoints(tmp_path, [2, 4])
+    (tmp_path / ".checkpoint_6.partial").mkdir()  # what a save killed half-way leaves
+    (tmp_path / ".checkpoint_6.partial" / "__0_0.distcp").write_bytes(b"\0" * 100)
+    assert resume_path("auto", tmp_path) == (tmp_path / "checkpoint_last", [])
+    shard = next((tmp_path / "checkpoint_4").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:1000])  # cut short
+    path, notes = resume_path("auto", tmp_path)
+    assert path == tmp_path / "checkpoint_2" and len(notes) == 1
+    assert "is damaged (shard" in notes[0] and "cut short" in notes[0] and "checkpoint_2" in notes[0]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sharded")
+    return out, write_checkpoints(out, [3])
+
+
+def test_consolidation_writes_one_file_with_the_same_weights_and_keeps_an_existing_one(saved, tmp_path):
+    out, model = saved
+    target = tmp_path / "whole.pt"
+    done = run("scripts/consolidate_checkpoint.py", str(out / "checkpoint_last"), "--output", str(target))
+    assert f"wrote {target}" in done.stdout and f"model '{TEST_MODEL}' at step 3" in done.stdout
+    state = torch.load(target, weights_only=True)
+    assert state["model_name"] == TEST_MODEL and state["step"] == 3 and "optimizer" in state
+    for key, value in model.state_dict().items():
+        assert torch.equal(state["model"][key], value), key
+    again = run("scripts/consolidate_checkpoint.py", str(out / "checkpoint_last"), "--output", str(target),
+                check=False)
+    assert again.returncode == 1 and again.stderr.startswith("ERROR:") and "exists" in again.stderr
+    small = tmp_path / "model.pt"
+    run("scripts/consolidate_checkpoint.py", str(out / "checkpoint_3"), "--output", str(small), "--model-only")
+    assert "optimizer" not in torch.load(small, weights_only=True) and small.stat().st_size < target.stat().st_size
+
+
+def test_inference_reads_a_sharded_folder_and_its_consolidated_file_alike(saved, tmp_path):
+    import inference
+
+    out, model = saved
+    target = tmp_path / "whole.pt"
+    run("scripts/consolidate_checkpoint.py", str(out / "checkpoint_last"), "--output", str(target))
+    for source in (out / "checkpoint_last", target):
+        name, loaded, cfg = inference.load_trained(source, torch.device("cpu"))
+        assert name == TEST_MODEL and cfg.section(TEST_MODEL) is not None
+        for key, value in model.state_dict().items():
+            assert torch.equal(loaded.state_dict()[key], value), (source, key)
+    for source in (out / "checkpoint_last", target):  # the checkpoint's model options, read from either
+        assert f"{TEST_MODEL} options" in run("inference.py", "--checkpoint", str(source), "--help").stdout \
+            or MODELS[TEST_MODEL].add_inference_args is None
+    if MODELS[TEST_MODEL].vocode is None:
+        return  # the vocoders' command line is known here; a text-to-mel model's is checked by its own tests
+    wav = sorted((synth_corpus(tmp_path / "corpus", n=1) / "wavs").glob("*.wav"))[0]
+    for source in (out / "checkpoint_last", target):
+        done = run("inference.py", "--checkpoint", str(source), "--wav", str(wav), "--output",
+                   str(tmp_path / f"{source.name}.wav"))
+        assert "wrote" in done.stdout and (tmp_path / f"{source.name}.wav").stat().st_size > 1000
+
+
+def test_a_folder_that_is_no_checkpoint_is_one_error_line(tmp_path):
+    for args in (["inference.py", "--checkpoint", str(tmp_path), "--output", str(tmp_path / "x.wav")],
+                 ["scripts/consolidate_checkpoint.py", str(tmp_path), "--output", str(tmp_path / "x.pt")]):
+        done = run(*args, check=False)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR:")]
+        assert done.returncode == 1 and len(errors) == 1 and "not a sharded checkpoint" in errors[0], done.stderr
