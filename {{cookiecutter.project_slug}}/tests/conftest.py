@@ -8,6 +8,8 @@
 * :func:`tiny_checkpoint`: an untrained checkpoint of a model, for inference tests.
 * :func:`free_port`, :func:`child_pids` / :func:`rank_pids`, :class:`OpensAFile`, :func:`synth_corpus`.
 * :func:`train_with_validation_every_step` and :func:`tensorboard_audio`: the audio a run logs at validation.
+* :func:`start_job`: a launched job, optionally with a planted ``sitecustomize.py`` (a fault, a slow step);
+  :func:`run_ranks`: one script on 2 gloo ranks started by hand (no launcher).
 """
 
 import builtins
@@ -17,6 +19,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -233,3 +236,34 @@ def tensorboard_audio(run_dir) -> dict:
             assert rate == event.sample_rate and samples.ndim == 1
             clips.setdefault(tag, []).append((event.step, rate, samples))
     return clips
+
+
+def start_job(cmd: list, out, nproc: int, plant: Optional[str] = None) -> subprocess.Popen:
+    """Start ``cmd`` in the project folder as a job of ``nproc`` processes (:func:`clean_env`), output merged, in a
+    session of its own. ``plant``: the text of a ``sitecustomize.py`` every process of the job runs first (put in
+    ``out/plant``)."""
+    env = clean_env(nproc)
+    if plant is not None:
+        (Path(out) / "plant").mkdir(parents=True, exist_ok=True)
+        (Path(out) / "plant" / "sitecustomize.py").write_text(plant)
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(out) / "plant"), env["PYTHONPATH"]])
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+
+
+def run_ranks(script: str, folder, nproc: int = 2, timeout: float = 120) -> list[str]:
+    """Run ``script`` (Python source) as ``nproc`` gloo ranks on the CPU, each with ``RANK``/``WORLD_SIZE``/...
+    set and ``tests/`` on ``PYTHONPATH``; ``sys.argv[1:]`` is ``folder`` and the tests folder. Returns each rank's
+    output; fails the test when a rank fails."""
+    path = Path(folder) / "worker.py"
+    path.write_text(script)
+    port, procs = free_port(), []
+    for rank in range(nproc):
+        env = clean_env(nproc, cpu_only=True, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests"), env["PYTHONPATH"]])
+        procs.append(subprocess.Popen([sys.executable, str(path), str(folder), os.path.join(ROOT, "tests")], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [proc.communicate(timeout=timeout)[0] for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), outputs
+    return outputs

@@ -2,15 +2,13 @@
 names its blocks, on one process and under DDP and FSDP on 2 gloo ranks, and the activation memory it saves."""
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 from torch import nn
 
-from conftest import ROOT, clean_env, free_port
+from conftest import ROOT, run_ranks
 from model import MODELS, config_schemas
 from utils.activation_checkpoint import apply_activation_checkpointing, is_checkpointed
 from utils.config import load_config
@@ -131,20 +129,37 @@ WORKER = textwrap.dedent('''
 
 
 def test_checkpointing_under_ddp_and_fsdp_on_two_ranks_keeps_the_gradients(tmp_path):
-    (tmp_path / "worker.py").write_text(WORKER)
-    port, procs = free_port(), []
-    for rank in range(2):
-        env = clean_env(2, cpu_only=True, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
-                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests"), env["PYTHONPATH"]])
-        procs.append(subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), str(tmp_path),
-                                       os.path.join(ROOT, "tests")], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    outputs = [p.communicate(timeout=120)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outputs
+    run_ranks(WORKER, tmp_path)
     grads = torch.load(tmp_path / "grads.pt", weights_only=True)
     reference = grads["ddp-none"]
     for run in ("ddp-full", "fsdp-none", "fsdp-full"):
         assert grads[run].keys() == reference.keys(), run
         for key in reference:
             torch.testing.assert_close(grads[run][key], reference[key], rtol=1e-5, atol=1e-7, msg=f"{run}: {key}")
+
+
+FAST = sorted(name for name in WITH_BLOCKS if MODELS[name].optimize_for_training is not None)
+
+
+@pytest.mark.skipif(not FAST, reason="no registered model has both blocks and a fast path (optimize_for_training)")
+def test_checkpointed_blocks_work_with_the_fast_path(fresh_dynamo):
+    """train.compile=true after activation checkpointing (the order train.py applies them) gives the gradients of
+    the fast path without checkpointing (the first such model; compiling on a CPU takes a while)."""
+    name = FAST[0]
+    spec, cfg = MODELS[name], tiny_config()
+    case = spec.benchmark_cases[0].tiny
+    grads = {}
+    for mode in ("none", "full"):
+        torch.manual_seed(0)
+        model = spec.build_model(cfg).train()
+        apply_activation_checkpointing(spec.blocks(model), mode)
+        model = spec.optimize_for_training(model, cfg)
+        batch = spec.synthetic_batch(cfg, case.batch_size, torch.Generator().manual_seed(1), **case.batch_kwargs)
+        if spec.on_device is not None:
+            batch = spec.on_device(batch, cfg)
+        torch.manual_seed(2)
+        spec.build_criterion(cfg)(model(batch), batch).backward()
+        grads[mode] = {key: p.grad for key, p in model.named_parameters() if p.grad is not None}
+    assert grads["full"].keys() == grads["none"].keys() and grads["none"]
+    for key in grads["none"]:
+        torch.testing.assert_close(grads["full"][key], grads["none"][key], rtol=1e-5, atol=1e-6, msg=key)

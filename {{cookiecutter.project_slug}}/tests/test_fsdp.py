@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, TEST_MODEL, clean_env, descendants, finish, synth_corpus
+from conftest import ROOT, TEST_MODEL, clean_env, descendants, finish, start_job, synth_corpus
 from model import MODELS, config_schemas
 from utils.checkpoint import load_sharded_model, read_train_state
 from utils.config import load_config
@@ -67,13 +67,7 @@ def launch(out, corpus, model, *extra, nproc=2, plant=None):
     """``multiproc.py train.py`` on ``nproc`` processes (a Popen in a session of its own)."""
     cmd = [sys.executable, "multiproc.py", "--nproc-per-node", str(nproc), "--log-dir", str(out / "logs"),
            "train.py", *COMMON, "--model", model, "--dataset-path", str(corpus), "--output-dir", str(out), *extra]
-    env = clean_env(nproc)
-    if plant is not None:
-        (out / "plant").mkdir(parents=True, exist_ok=True)
-        (out / "plant" / "sitecustomize.py").write_text(plant)
-        env["PYTHONPATH"] = os.pathsep.join([str(out / "plant"), env["PYTHONPATH"]])
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    return start_job(cmd, out, nproc, plant)
 
 
 def train(out, corpus, model, *extra, nproc=2) -> str:

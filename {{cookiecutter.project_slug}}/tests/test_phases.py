@@ -7,15 +7,13 @@ communication test runs them on 2 real gloo processes and counts what each netwo
 """
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import torch
 from torch import nn
 
 import train
-from conftest import ROOT, clean_env, free_port
+from conftest import ROOT, run_ranks
 from model import ModelSpec
 from utils.config import load_config
 from model import config_schemas
@@ -190,17 +188,7 @@ COUNT_WORKER = textwrap.dedent('''
 
 
 def test_the_generator_step_all_reduces_no_discriminator_gradient(tmp_path):
-    (tmp_path / "worker.py").write_text(COUNT_WORKER)
-    port, procs = free_port(), []
-    for rank in range(2):
-        env = clean_env(2, cpu_only=True, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
-                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests"), env["PYTHONPATH"]])
-        procs.append(subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), str(tmp_path),
-                                       os.path.join(ROOT, "tests")], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    outputs = [p.communicate(timeout=120)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outputs
+    run_ranks(COUNT_WORKER, tmp_path)
     results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     model = ToyGAN()
     d_size = sum(p.numel() for p in model.discriminator.parameters())

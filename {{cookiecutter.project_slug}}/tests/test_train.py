@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import train
-from conftest import ROOT, TEST_MODEL, alive, clean_env, descendants, finish, free_port, rank_pids, synth_corpus
+from conftest import (ROOT, TEST_MODEL, alive, clean_env, descendants, finish, free_port, rank_pids, start_job,
+                      synth_corpus)
 from model import MODELS
 from utils.run_log import RunLog
 
@@ -60,13 +61,7 @@ def launch(out, corpus, *extra, nproc=2, restarts=0, launcher=(), log_dir=None, 
         cmd = [sys.executable, "multiproc.py", "--nproc-per-node", str(nproc), "--max-restarts", str(restarts),
                "--log-dir", str(log_dir or out / "logs"), *launcher]
     cmd += ["train.py", *COMMON, "--dataset-path", str(corpus), "--output-dir", str(out), *extra]
-    env = clean_env(nproc)
-    if plant is not None:
-        (out / "plant").mkdir(parents=True, exist_ok=True)
-        (out / "plant" / "sitecustomize.py").write_text(plant)
-        env["PYTHONPATH"] = os.pathsep.join([str(out / "plant"), env["PYTHONPATH"]])
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    return start_job(cmd, out, nproc, plant)
 
 
 def rows(out):
