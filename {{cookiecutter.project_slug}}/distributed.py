@@ -62,6 +62,7 @@ __all__ = [
     "apply_gradient_allreduce",
     "no_sync",
     "full_value",
+    "broadcast_buffers",
     "unwrap_model",
     "reduce_tensor",
     "all_gather_object",
@@ -638,19 +639,34 @@ def _fully_shard(model: nn.Module, blocks: Sequence[nn.Module], param_dtype: Opt
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
                                   output_dtype=torch.float32 if param_dtype is not None else None)
+    if param_dtype is not None:
+        # BatchNorm keeps fp32 weights beside its fp32 running statistics (bf16 weights with fp32 statistics do not
+        # run); under autocast it takes the bf16 activations as it does without FSDP.
+        full = MixedPrecisionPolicy(reduce_dtype=torch.float32)
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                fully_shard(module, mesh=mesh, mp_policy=full, reshard_after_forward=reshard_after_forward)
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     # The root: the parameters outside every block; it gathers them before its forward. Its own resharding
     # after forward would only be undone at once by the backward, so it keeps them (torchtitan does the same).
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward and not blocks)
-    buffers = list(model.buffers())
-    if buffers:  # BatchNorm's running statistics: rank 0's on every rank, as DDP's broadcast_buffers keeps them
-        model.register_forward_pre_hook(lambda module, args: _broadcast_buffers(buffers))
+    if any(True for _ in model.buffers()):  # BatchNorm's running statistics: rank 0's, as DDP's broadcast_buffers
+        model.register_forward_pre_hook(lambda module, args: broadcast_buffers(module))
     return model
 
 
-def _broadcast_buffers(buffers: list[torch.Tensor]) -> None:
-    """Rank 0's values of ``buffers`` on every rank, one broadcast per dtype."""
+def broadcast_buffers(model: nn.Module) -> None:
+    """Rank 0's values of ``model``'s buffers (BatchNorm's running statistics) on every rank, one broadcast per
+    dtype; nothing alone. DDP does it before every forward; under FSDP it runs before every forward of a sharded
+    model and before a sharded checkpoint is written (each rank writes its own copy of what is not sharded).
+
+    Raises:
+        CollectiveTimeout / CollectiveError: another rank did not join.
+    """
+    buffers = list(model.buffers())
+    if not buffers or get_world_size() == 1:
+        return
     with collective("broadcast of rank 0's buffers"), torch.no_grad():
         for dtype in dict.fromkeys(buffer.dtype for buffer in buffers):
             group = [buffer for buffer in buffers if buffer.dtype == dtype]

@@ -41,7 +41,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from distributed import (CollectiveError, all_gather_object, apply_gradient_allreduce, broadcast_object, cleanup,
+from distributed import (CollectiveError, all_gather_object, apply_gradient_allreduce, broadcast_buffers,
+                         broadcast_object, cleanup,
                          collective, full_value, init_distributed, no_sync, reduce_tensor, unwrap_model)
 from model import MODELS, ModelSpec, config_schemas
 from utils.audio_processing import MelSpectrogram
@@ -698,7 +699,8 @@ def prepare_model(spec: ModelSpec, name: str, model, cfg: Config) -> None:
 
     Raises:
         ConfigError: a combination that cannot work (named): activation checkpointing of a model that names no
-            blocks, FSDP with fp16 (FSDP2 mixed precision is bf16) or with the fast path (``train.compile``).
+            blocks, FSDP with fp16 (FSDP2 mixed precision is bf16), with the fast path (``train.compile``) or
+            with several optimizers (``ModelSpec.phases``).
     """
     train = cfg.train
     blocks = list(spec.blocks(model)) if spec.blocks is not None else []
@@ -709,6 +711,10 @@ def prepare_model(spec: ModelSpec, name: str, model, cfg: Config) -> None:
         apply_activation_checkpointing(blocks, train.activation_checkpointing, train.activation_checkpointing_every)
     if train.parallelism != "fsdp":
         return
+    if spec.phases:
+        raise ConfigError(f"train.parallelism=fsdp with model '{name}', which trains several optimizers "
+                          f"({', '.join(spec.phases)}): not supported yet (sharded per block, the network frozen "
+                          "in the other phase's backward gives other losses than DDP); use train.parallelism=ddp")
     if train.precision == "fp16":
         raise ConfigError("train.precision=fp16 with train.parallelism=fsdp: FSDP2 mixed precision is bf16 "
                           "(set train.precision=bf16; fp16's loss scaling would need one verdict over every shard)")
@@ -845,6 +851,7 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
                     train_utterances=len(train_set), grad_accumulation=accumulation,
                     torch_version=str(torch.__version__), git_commit=git_commit() if is_main else None)
         if sharded:
+            broadcast_buffers(model)  # rank 0's running statistics, whichever rank's copy DCP writes
             optimizer = parts["optimizer"]
             with collective("sharded checkpoint save"):
                 path = checkpointer.save(state.step, model, list(optimizer.values()) if isinstance(

@@ -9,6 +9,7 @@ communication test runs them on 2 real gloo processes and counts what each netwo
 import os
 import textwrap
 
+import pytest
 import torch
 from torch import nn
 
@@ -216,3 +217,13 @@ def test_plot_run_draws_a_panel_per_phase_loss_and_per_named_loss(tmp_path):
     assert plot_run.main([str(tmp_path)]) == 0
     height = matplotlib.image.imread(tmp_path / "run.png").shape[0]
     assert height == 2.4 * 100 * (4 + 1 + 2)  # loss, items/s, data wait, norms; phase losses; adv; l1
+
+
+def test_fsdp_of_a_model_with_several_optimizers_is_refused_with_a_reason():
+    from utils.config import ConfigError
+
+    cfg = toy_config()
+    cfg.train.parallelism = "fsdp"
+    with pytest.raises(ConfigError, match="trains several optimizers \\(discriminator, generator\\).*use "
+                                          "train.parallelism=ddp"):
+        train.prepare_model(TOY_SPEC, "toy", ToyGAN(), cfg)

@@ -4,12 +4,12 @@ its consolidated file (scripts/consolidate_checkpoint.py). Written by 2 real pro
 
 import os
 import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ROOT, TEST_MODEL, clean_env, synth_corpus
+from conftest import ROOT, TEST_MODEL, synth_corpus
 from model import MODELS, config_schemas
 from utils.checkpoint import (ShardedCheckpointer, TrainState, list_sharded_checkpoints, resume_path,
                               sharded_train_state)
@@ -37,11 +37,26 @@ def write_checkpoints(out, steps, keep_last=0):
 
 
 def run(*args, check=True):
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=clean_env(1), capture_output=True, text=True,
-                          timeout=300)
+    """``python SCRIPT ARGS`` of the project's own command line, in this process (the scripts' ``main``): its exit
+    status and output, as a subprocess would give them."""
+    import contextlib
+    import importlib.util
+    import io
+
+    script, argv = args[0], list(args[1:])
+    spec = importlib.util.spec_from_file_location(Path(script).stem, os.path.join(ROOT, script))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = module.main(argv)
+        except SystemExit as exit_:  # argparse's --help and usage errors
+            code = exit_.code
+    done = subprocess.CompletedProcess([script, *argv], code, out.getvalue(), err.getvalue())
     if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+        assert code == 0, done.stderr[-3000:]
+    return done
 
 
 def test_step_folders_appear_whole_the_link_names_the_last_and_keep_last_holds(tmp_path):
