@@ -3,7 +3,7 @@ the training loop, synchronous vs in the background.
 
     python scripts/memory.py                          # 2 processes, a 24-block model (~50M parameters)
     python scripts/memory.py --nproc 4 --depth 48 --json memory.json
-    python scripts/memory.py --depth 8 --width 512 --batch 512 --no-stall      # a quick look
+    python scripts/memory.py --tiny                   # a quick look: 6 blocks of width 512 (~40 s on 2 CPU cores)
 
 It starts its own ranks (``torch.distributed.run --standalone``: gloo on CPUs, NCCL when every rank has a GPU)
 and trains one step of a deep residual MLP (``--depth`` blocks of Linear-GELU-Linear, ``--width`` features,
@@ -22,8 +22,14 @@ activation checkpointing ``none``, ``full`` and ``selective`` (``utils.activatio
 Then the stall: an FSDP model of the same size saves a sharded checkpoint (model + Adam state, several hundred
 MB at the default size) through ``utils.checkpoint.ShardedCheckpointer``, synchronously and with
 ``async_save``; the stall is how long ``save()`` blocks the loop, and for the background save also how long it
-takes to finish. Ratios at the end: FSDP / DDP parameter + gradient + optimizer memory per rank, full / none and
-selective / none activation memory, async / sync stall.
+takes to finish. Each checkpoint is then checked: its folder is complete (``sharded_intact``) and, loaded into a
+fresh model and optimizer, it gives back the state as it was when ``save()`` was called, although the script
+changed every weight and Adam moment in place right after the call returned (so a background save that had not
+staged its own copy would be caught). Ratios at the end: FSDP / DDP parameter + gradient + optimizer memory per
+rank, full / none and selective / none activation memory, async / sync stall.
+
+Progress: a tqdm bar on stderr (rank 0) counts the settings and saves; the tables go to stdout. Bad arguments:
+one line on stderr and exit status 1; a failed rank: its output, then one line, and exit status 1.
 """
 
 from __future__ import annotations
@@ -45,8 +51,11 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 MIB = 2 ** 20
+TINY = {"depth": 6, "width": 512, "batch": 512}
+DEFAULTS = {"depth": 24, "width": 1024, "batch": 512}
 SETTINGS = [("ddp", "none"), ("ddp", "full"), ("ddp", "selective"), ("fsdp", "none"), ("fsdp", "full"),
             ("fsdp", "selective")]
 
@@ -62,14 +71,16 @@ class Block(nn.Module):
         return x + self.outer(nn.functional.gelu(self.inner(x)))
 
 
-def deep_model(depth: int, width: int) -> nn.Sequential:
-    """``depth`` :class:`Block` s, the same weights on every rank (seeded)."""
-    torch.manual_seed(0)
+def deep_model(depth: int, width: int, seed: int = 0) -> nn.Sequential:
+    """``depth`` :class:`Block` s of ``width`` features (``(B, width) -> (B, width)``), float32 on the CPU; the same
+    weights on every rank for one ``seed``."""
+    torch.manual_seed(seed)
     return nn.Sequential(*(Block(width) for _ in range(depth)))
 
 
 def local_bytes(tensors) -> int:
-    """Bytes of the tensors this rank holds (a DTensor's local shard)."""
+    """Bytes of the tensors this rank holds: ``numel * element_size`` of each, a DTensor's local shard only
+    (``to_local()``); ``None`` entries (a parameter without a gradient) count 0."""
     from torch.distributed.tensor import DTensor
 
     total = 0
@@ -82,6 +93,8 @@ def local_bytes(tensors) -> int:
 
 
 def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's state tensors on this rank (Adam: ``exp_avg``, ``exp_avg_sq``, ``step``), local
+    shards only."""
     return local_bytes(value for state in optimizer.state.values() for value in state.values()
                        if torch.is_tensor(value))
 
@@ -131,7 +144,10 @@ class SavedActivations:
 
 
 def measure(parallelism: str, mode: str, args, rank: int, device: torch.device) -> dict:
-    """One training step of the deep model in one setting; this rank's row."""
+    """One training step (forward, backward, Adam) of the deep model with ``parallelism`` (``ddp`` / ``fsdp``) and
+    activation checkpointing ``mode``; this rank's row: ``params_mib``, ``grads_mib``, ``optimizer_mib``,
+    ``activations_mib`` (MiB, this rank), ``peak_rss_mib`` (the process's peak so far) and ``method``. Every rank
+    calls it (FSDP and DDP construction are collectives)."""
     from distributed import apply_gradient_allreduce
     from utils.activation_checkpoint import apply_activation_checkpointing
 
@@ -163,53 +179,115 @@ def measure(parallelism: str, mode: str, args, rank: int, device: torch.device) 
     return row
 
 
-def stall(async_save: bool, args, rank: int, device: torch.device, folder: Path) -> dict:
-    """Seconds a sharded checkpoint save of an FSDP model (with its Adam state) blocks the loop; for a background
-    save also the seconds until it is complete."""
-    from distributed import apply_gradient_allreduce, barrier
-    from utils.checkpoint import ShardedCheckpointer, TrainState
+def fsdp_model(args, device: torch.device, seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The deep model sharded by FSDP per block, with an Adam whose moments exist (one step taken): the state a
+    checkpoint of a training run holds. ``seed`` picks the weights and the batch."""
+    from distributed import apply_gradient_allreduce
 
-    model = deep_model(args.depth, args.width).to(device)
+    model = deep_model(args.depth, args.width, seed).to(device)
     apply_gradient_allreduce(model, "fsdp", blocks=list(model))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    model(torch.randn(8, args.width, device=device)).pow(2).mean().backward()
-    optimizer.step()  # Adam's two moments exist now: the checkpoint holds them
+    x = torch.randn(8, args.width, generator=torch.Generator().manual_seed(seed)).to(device)
+    model(x).pow(2).mean().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return model, optimizer
+
+
+def state_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """This rank's local parts of the weights and of the optimizer state, in a fixed order (parameter order,
+    state keys sorted)."""
+    from torch.distributed.tensor import DTensor
+
+    tensors = []
+    for param in model.parameters():
+        tensors.append(param)
+        state = optimizer.state.get(param, {})
+        tensors += [state[key] for key in sorted(state) if torch.is_tensor(state[key])]
+    return [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+
+
+def fingerprint(model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """One float64 sum per local state tensor (:func:`state_tensors`): equal for equal states, cheap to keep."""
+    with torch.no_grad():
+        return torch.stack([t.detach().double().sum().cpu() for t in state_tensors(model, optimizer)])
+
+
+def stall(async_save: bool, args, rank: int, device: torch.device, folder: Path) -> dict:
+    """Seconds ``ShardedCheckpointer.save`` of an FSDP model with its Adam state blocks the loop (``stall_s``); for a
+    background save also the seconds until it is written and renamed into place (``complete_s``; equal to the stall
+    for a synchronous save). Then checks the checkpoint: the folder is complete (rank 0, ``sharded_intact``) and,
+    loaded into a fresh model and optimizer, equals the state at the ``save()`` call although every weight and
+    moment was changed in place right after it returned. Every rank calls it.
+
+    Raises:
+        RuntimeError: the checkpoint is damaged or does not give back the saved state.
+    """
+    from distributed import barrier
+    from utils.checkpoint import ShardedCheckpointer, TrainState, load_sharded, sharded_intact
+
+    model, optimizer = fsdp_model(args, device, seed=0)
+    saved = fingerprint(model, optimizer)
     folder.mkdir(parents=True, exist_ok=True)
-    saver = ShardedCheckpointer(folder, rank, async_save=async_save)
+    saver = ShardedCheckpointer(folder, rank, async_save=async_save)  # the async one creates its gloo group here
     barrier()
     start = time.perf_counter()
     saver.save(1, model, [optimizer], {"step": 1, **TrainState(step=1).__dict__} if rank == 0 else None)
     blocked = time.perf_counter() - start
+    with torch.no_grad():  # the next training step, as far as the checkpoint can tell: every value changes
+        for tensor in state_tensors(model, optimizer):
+            tensor.add_(1.0)
     saver.wait()
     barrier()
     finished = time.perf_counter() - start
-    size = sum(f.stat().st_size for f in (folder / "checkpoint_1").iterdir())
+    final = folder / "checkpoint_1"
+    problem = sharded_intact(final) if rank == 0 else None
+    if problem is not None:
+        raise RuntimeError(f"the {'async' if async_save else 'sync'} checkpoint {final} is {problem}")
+    size = sum(f.stat().st_size for f in final.iterdir())
+    del model, optimizer
+    fresh, fresh_optimizer = fsdp_model(args, device, seed=1)
+    load_sharded(final, fresh, [fresh_optimizer])
+    loaded = fingerprint(fresh, fresh_optimizer)
+    if loaded.shape != saved.shape or not torch.allclose(loaded, saved, rtol=1e-9, atol=0.0):
+        raise RuntimeError(f"rank {rank}: the {'async' if async_save else 'sync'} checkpoint {final} does not give "
+                           f"back the state saved (it holds values changed after save() returned, or lacks some)")
     return {"rank": rank, "save": "async" if async_save else "sync", "checkpoint_mb": size / 1e6,
-            "stall_s": blocked, "complete_s": finished}
+            "stall_s": blocked, "complete_s": finished, "verified": True}
 
 
 def worker(args) -> None:
+    """The body of each rank (``--worker``, started by ``torch.distributed.run``): every setting, then the saves;
+    rank 0 writes all ranks' rows to ``--result`` as JSON ``{"rows": [...], "stalls": [...]}``."""
     from distributed import all_gather_object, cleanup, init_distributed
 
     info = init_distributed()
     rows, stalls = [], []
-    for parallelism, mode in SETTINGS:
-        rows += all_gather_object(measure(parallelism, mode, args, info.rank, info.device))
+    jobs = [("memory", p, m) for p, m in SETTINGS] + ([] if args.no_stall else [("save", "sync", None),
+                                                                                ("save", "async", None)])
+    bar = tqdm(total=len(jobs), desc="memory.py", unit="setting", file=sys.stderr, disable=not info.is_main,
+               dynamic_ncols=True)
+    for kind, first, second in jobs:
+        if kind == "memory":
+            rows += all_gather_object(measure(first, second, args, info.rank, info.device))
+            note = f"measured {first} / activation checkpointing {second}"
+        else:
+            async_save = first == "async"
+            stalls += all_gather_object(stall(async_save, args, info.rank, info.device, Path(args.scratch) / first))
+            note = f"measured a {'background' if async_save else 'synchronous'} save (checkpoint verified)"
+        bar.update()
         if info.is_main:
-            print(f"measured {parallelism} / activation checkpointing {mode}", file=sys.stderr, flush=True)
-    if not args.no_stall:
-        for async_save in (False, True):
-            folder = Path(args.scratch) / ("async" if async_save else "sync")
-            stalls += all_gather_object(stall(async_save, args, info.rank, info.device, folder))
-            if info.is_main:
-                print(f"measured a {'background' if async_save else 'synchronous'} save", file=sys.stderr, flush=True)
+            bar.write(note, file=sys.stderr)
+    bar.close()
     if info.is_main:
         Path(args.result).write_text(json.dumps({"rows": rows, "stalls": stalls}))
     cleanup()
 
 
 def ratios(rows: list[dict], stalls: list[dict]) -> dict:
-    """The summary: means over ranks of each setting, then the ratios the docs quote."""
+    """The summary, from means over ranks of each setting: ``fsdp_over_ddp_state`` (parameters + gradients +
+    optimizer state per rank, without activation checkpointing), ``{ddp,fsdp}_{full,selective}_over_none_activations``
+    and, with saves, ``async_over_sync_stall`` (the slowest rank's stall of each)."""
     def mean(key, **match):
         chosen = [r[key] for r in rows if all(r[k] == v for k, v in match.items())]
         return sum(chosen) / len(chosen)
@@ -228,42 +306,57 @@ def ratios(rows: list[dict], stalls: list[dict]) -> dict:
 
 
 def report(rows: list[dict], stalls: list[dict]) -> str:
+    """The rows as two plain-text tables (memory per rank and setting, MiB; saves, seconds) and the ratios."""
     lines = [f"{'parallelism':<12}{'act. ckpt':<11}{'rank':>4}{'params':>9}{'grads':>9}{'optim.':>9}"
-             f"{'activ.':>9}{'peak RSS':>10}   (MiB; activations by {rows[0]['method']})"]
+             f"{'activ.':>9}{'peak RSS':>10}   (MiB per rank; activations by {rows[0]['method']})"]
     for r in rows:
         lines.append(f"{r['parallelism']:<12}{r['activation_checkpointing']:<11}{r['rank']:>4}{r['params_mib']:>9.1f}"
                      f"{r['grads_mib']:>9.1f}{r['optimizer_mib']:>9.1f}{r['activations_mib']:>9.1f}"
                      f"{r['peak_rss_mib']:>10.0f}")
     if stalls:
-        lines.append(f"\n{'save':<7}{'rank':>4}{'checkpoint MB':>15}{'stall s':>9}{'complete s':>12}")
+        lines.append(f"\n{'save':<7}{'rank':>4}{'checkpoint MB':>15}{'stall s':>9}{'complete s':>12}{'verified':>10}")
         for s in stalls:
             lines.append(f"{s['save']:<7}{s['rank']:>4}{s['checkpoint_mb']:>15.1f}{s['stall_s']:>9.3f}"
-                         f"{s['complete_s']:>12.3f}")
+                         f"{s['complete_s']:>12.3f}{'yes' if s['verified'] else 'NO':>10}")
     summary = ratios(rows, stalls)
     lines.append("\n" + "; ".join(f"{key} {value:.3f}" for key, value in summary.items()))
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse the arguments, run the measuring job (``--nproc`` ranks under ``torch.distributed.run``, checkpoints in
+    a temporary folder removed afterwards), print the tables, write ``--json``. Returns the exit status: 0, or 1
+    after one line on stderr (bad arguments, a failed rank)."""
     parser = argparse.ArgumentParser(description="Per-rank memory (DDP vs FSDP, activation checkpointing) and the "
                                                  "stall of a checkpoint save (sync vs async).")
-    parser.add_argument("--nproc", type=int, default=2, help="processes (ranks); default 2")
-    parser.add_argument("--depth", type=int, default=24, help="blocks of the model (default 24)")
-    parser.add_argument("--width", type=int, default=1024, help="features (default 1024: 2M weights a block)")
-    parser.add_argument("--batch", type=int, default=512, help="rows per rank (default 512)")
+    parser.add_argument("--nproc", type=int, default=2, help="processes (ranks), at least 2; default 2")
+    parser.add_argument("--depth", type=int, help=f"blocks of the model (default {DEFAULTS['depth']})")
+    parser.add_argument("--width", type=int,
+                        help=f"features (default {DEFAULTS['width']}: 2 x 1024 x 1024 weights a block)")
+    parser.add_argument("--batch", type=int, help=f"rows per rank (default {DEFAULTS['batch']})")
+    parser.add_argument("--tiny", action="store_true",
+                        help="a quick look: {depth} blocks of width {width}, batch {batch} (--depth/--width/--batch "
+                             "still override)".format(**TINY))
     parser.add_argument("--no-stall", action="store_true", help="leave out the checkpoint-save measurement")
     parser.add_argument("--json", type=Path, help="also write the rows and ratios here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    for name, value in (TINY if args.tiny else DEFAULTS).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.worker:
         worker(args)
         return 0
-    for name in ("nproc", "depth", "width", "batch"):
-        if getattr(args, name) < 1:
-            print(f"ERROR: --{name} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
-            return 1
+    problem = next((f"--{name} must be >= {least}, got {getattr(args, name)}"
+                    for name, least in (("nproc", 2), ("depth", 1), ("width", 1), ("batch", 1))
+                    if getattr(args, name) < least), None)
+    if problem is None and args.json is not None and not args.json.parent.is_dir():
+        problem = f"--json {args.json}: its folder {args.json.parent} does not exist"
+    if problem is not None:
+        print(f"ERROR: {problem}", file=sys.stderr)
+        return 1
     scratch = Path(tempfile.mkdtemp(prefix="memory-"))
     try:
         result = scratch / "result.json"

@@ -236,4 +236,3 @@ def test_the_global_batch_is_kept_when_the_new_world_size_divides_it_and_named_w
     assert kept == 2 and "train.grad_accumulation 1 -> 2 keeps the global batch at 16 (4 x 2 x 2)" in line
     kept, line = world_size_change(2, 1, 3, 4, 1)
     assert kept == 1 and line.startswith("warning:") and "global batch changes 8 -> 12" in line
-

@@ -5,28 +5,40 @@ import json
 import subprocess
 import sys
 
-from conftest import ROOT, clean_env
+from conftest import ROOT, clean_env, finish, start_job
 
 
 def test_memory_script_shows_fsdp_halving_the_state_and_checkpointing_the_activations(tmp_path):
     out = tmp_path / "memory.json"
-    done = subprocess.run([sys.executable, "scripts/memory.py", "--depth", "6", "--width", "512", "--batch", "512",
-                           "--json", str(out)], cwd=ROOT, env=clean_env(2), capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "measured fsdp / activation checkpointing full" in done.stderr  # progress while it runs
+    proc = start_job([sys.executable, "scripts/memory.py", "--tiny", "--json", str(out)], tmp_path, nproc=2)
+    code, output = finish(proc, timeout=240)
+    assert code == 0, output[-4000:]
+    assert "measured fsdp / activation checkpointing full" in output  # progress while it runs
     data = json.loads(out.read_text())
     rows, ratios = data["rows"], data["ratios"]
     assert {(r["parallelism"], r["activation_checkpointing"], r["rank"]) for r in rows} == {
         (p, m, r) for p in ("ddp", "fsdp") for m in ("none", "full", "selective") for r in (0, 1)}
+    assert all(r["method"] == "saved-tensor accounting" for r in rows)  # the CPU method, named
     assert ratios["fsdp_over_ddp_state"] <= 0.6
     for parallelism in ("ddp", "fsdp"):
         assert ratios[f"{parallelism}_full_over_none_activations"] <= 0.5
         assert ratios[f"{parallelism}_full_over_none_activations"] < \
             ratios[f"{parallelism}_selective_over_none_activations"] < 1
-    # Both saves wrote a whole checkpoint (model + Adam state: 3 x 6 blocks x 2 MiB); the background one blocked
-    # the loop for less time than the synchronous one took.
+    # Both saves, on both ranks: a whole checkpoint (model + Adam state: 3 x 6 blocks x 2 MiB), complete and equal to
+    # the state at the save() call on loading (the script changes every value after save() returns); the background
+    # save blocked the loop for less time than the synchronous one took.
+    assert {(s["save"], s["rank"]) for s in data["stalls"]} == {(k, r) for k in ("sync", "async") for r in (0, 1)}
+    for s in data["stalls"]:
+        assert s["verified"] is True and 0 < s["stall_s"] <= s["complete_s"]
+        assert s["checkpoint_mb"] > 3 * 6 * 2 * 2**20 / 1e6
     stalls = {s["save"]: s for s in data["stalls"] if s["rank"] == 0}
-    assert stalls["sync"]["checkpoint_mb"] > 3 * 6 * 2 * 2**20 / 1e6
-    assert stalls["async"]["stall_s"] < stalls["sync"]["stall_s"] and stalls["async"]["complete_s"] > 0
-    assert "fsdp_over_ddp_state 0.500" in done.stdout
+    assert stalls["async"]["stall_s"] < stalls["sync"]["stall_s"]
+    assert "fsdp_over_ddp_state 0.500" in output
+
+
+def test_memory_script_refuses_bad_arguments_in_one_line(tmp_path):
+    for args, words in ((["--nproc", "1"], "--nproc must be >= 2"), (["--depth", "0"], "--depth must be >= 1"),
+                        (["--json", str(tmp_path / "missing" / "m.json")], "does not exist")):
+        done = subprocess.run([sys.executable, "scripts/memory.py", *args], cwd=ROOT, env=clean_env(2),
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
