@@ -3,7 +3,7 @@ the training loop, synchronous vs in the background.
 
     python scripts/memory.py                          # 2 processes, a 24-block model (~50M parameters)
     python scripts/memory.py --nproc 4 --depth 48 --json memory.json
-    python scripts/memory.py --tiny                   # a quick look: 6 blocks of width 512 (~40 s on 2 CPU cores)
+    python scripts/memory.py --tiny                   # a quick look: 6 blocks of width 512 (~20 s on 2 CPU cores)
 
 It starts its own ranks (``torch.distributed.run --standalone``: gloo on CPUs, NCCL when every rank has a GPU)
 and trains one step of a deep residual MLP (``--depth`` blocks of Linear-GELU-Linear, ``--width`` features,

@@ -1,11 +1,12 @@
 """scripts/memory.py on 2 CPU processes: what the user runs to see per-rank memory (DDP vs FSDP, activation
 checkpointing) and the stall of a checkpoint save (sync vs async)."""
 
+import importlib.util
 import json
-import subprocess
+import os
 import sys
 
-from conftest import ROOT, clean_env, finish, start_job
+from conftest import ROOT, finish, start_job
 
 
 def test_memory_script_shows_fsdp_halving_the_state_and_checkpointing_the_activations(tmp_path):
@@ -36,9 +37,12 @@ def test_memory_script_shows_fsdp_halving_the_state_and_checkpointing_the_activa
     assert "fsdp_over_ddp_state 0.500" in output
 
 
-def test_memory_script_refuses_bad_arguments_in_one_line(tmp_path):
+def test_memory_script_refuses_bad_arguments_in_one_line(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("memory_script", os.path.join(ROOT, "scripts", "memory.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)  # in this process: the checks come before any rank is started
     for args, words in ((["--nproc", "1"], "--nproc must be >= 2"), (["--depth", "0"], "--depth must be >= 1"),
                         (["--json", str(tmp_path / "missing" / "m.json")], "does not exist")):
-        done = subprocess.run([sys.executable, "scripts/memory.py", *args], cwd=ROOT, env=clean_env(2),
-                              capture_output=True, text=True, timeout=60)
-        assert done.returncode == 1 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert script.main(args) == 1
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1, err
