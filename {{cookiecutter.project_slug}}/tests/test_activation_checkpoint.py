@@ -103,6 +103,7 @@ def test_a_block_is_wrapped_once_and_bad_settings_are_refused():
 # Two real ranks: DDP and FSDP, each without and with checkpointed blocks, on each rank's half of a batch; rank 0
 # saves the whole gradient of each (FSDP's shards gathered).
 WORKER = textwrap.dedent('''
+    import gc
     import sys
     import torch
     sys.path.insert(0, sys.argv[2])
@@ -122,6 +123,8 @@ WORKER = textwrap.dedent('''
             net = D.apply_gradient_allreduce(model, parallelism, blocks=blocks if parallelism == "fsdp" else ())
             net(x).pow(2).mean().backward()
             grads[f"{parallelism}-{mode}"] = {n: D.full_value(p.grad).clone() for n, p in model.named_parameters()}
+            del net, model  # the DDP/FSDP wrappers go before their process group does
+            gc.collect()
     if info.rank == 0:
         torch.save(grads, sys.argv[1] + "/grads.pt")
     D.cleanup()

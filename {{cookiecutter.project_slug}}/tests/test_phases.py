@@ -154,6 +154,7 @@ def test_a_bad_optimizer_contract_is_one_clear_error():
 # Two real ranks run one step of both phases; a DDP communication hook on each network counts what it
 # all-reduces (the default all-reduce still does the work).
 COUNT_WORKER = textwrap.dedent('''
+    import gc
     import sys
     import torch
     import torch.distributed as dist
@@ -184,6 +185,8 @@ COUNT_WORKER = textwrap.dedent('''
         phase.optimizer.step()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     torch.save({"sent": sent, "grads": grads}, f"{sys.argv[1]}/rank{info.rank}.pt")
+    del phases, model  # the DDP wrappers go before their process group does
+    gc.collect()
     D.cleanup()
 ''')
 

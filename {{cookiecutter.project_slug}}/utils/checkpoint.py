@@ -462,6 +462,8 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
     saved = read_train_state(path, map_location) if sharded else load_checkpoint(path, map_location=map_location)
     if saved.get("model_name") != model_name:
         raise CheckpointError(f"{path} holds a '{saved.get('model_name')}' model, not '{model_name}'")
+    if not sharded:  # the weights first: a state dict of another network is named key by key
+        load_model_state(model, saved["model"], str(path))
     fields = [field.name for field in dataclasses.fields(TrainState)]
     optional = ("skipped_steps", "samples_in_epoch")
     missing = [key for key in (*STATEFUL_PARTS, *fields, "rng") if key not in saved and key not in optional
@@ -472,8 +474,6 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
     if sharded:
         optimizer = parts["optimizer"]
         load_sharded(path, model, list(optimizer.values()) if isinstance(optimizer, NamedStates) else [optimizer])
-    else:
-        load_model_state(model, saved["model"], str(path))
     for name in STATEFUL_PARTS:
         if not (sharded and name == "optimizer"):
             parts[name].load_state_dict(saved[name])
