@@ -95,11 +95,28 @@ def add_own_model(project: Path, example: Example, replace: str = "") -> None:
         (project / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def launch(project: Path, example: Example, corpus: Path, out: str, *extra: str) -> subprocess.Popen:
-    """Start a 2-process training run of ``example`` (its own session, output piped)."""
+# Every optimizer step of a job started with this on PYTHONPATH takes 0.3 s more: a run slow enough to be
+# signalled in the middle (a tiny model's 12 steps otherwise end before the signal lands). Numbers do not change.
+SLOW_STEPS = """
+import time
+import torch
+
+torch.optim.optimizer.register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: time.sleep(0.3))
+"""
+
+
+def launch(project: Path, example: Example, corpus: Path, out: str, *extra: str,
+           slow: bool = False) -> subprocess.Popen:
+    """Start a 2-process training run of ``example`` (its own session, output piped); ``slow``: with
+    :data:`SLOW_STEPS` planted."""
     cmd = [PY, "multiproc.py", "--nproc-per-node", "2", "--log-dir", f"{out}/logs", *train_args(example),
            "--dataset-path", str(corpus), "--output-dir", out, *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if slow:
+        plant = project / f"{out}-plant"
+        plant.mkdir(parents=True, exist_ok=True)
+        (plant / "sitecustomize.py").write_text(SLOW_STEPS)
+        env["PYTHONPATH"] = os.pathsep.join([str(plant), env.get("PYTHONPATH", "")])
     return subprocess.Popen(cmd, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
@@ -151,7 +168,7 @@ def test_own_model_end_to_end(bake, demo_corpus, variant, replace, example):
         assert all(r["loss"] == pytest.approx(r["losses"]["loss_generator"]) for r in rows), rows[0]
 
     # SIGTERM to the launcher mid-run, then --resume auto: the same final weights.
-    proc = launch(project, example, demo_corpus, "stopped")
+    proc = launch(project, example, demo_corpus, "stopped", slow=True)
     deadline = time.monotonic() + 120
     while not any(r["step"] >= 3 for r in metrics(project / "stopped")):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
