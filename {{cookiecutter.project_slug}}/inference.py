@@ -19,8 +19,7 @@ from pathlib import Path
 import torch
 
 from model import MODELS, config_schemas
-from utils.checkpoint import (CheckpointError, is_sharded, load_checkpoint, load_model_state, load_sharded_model,
-                              read_train_state, sharded_intact)
+from utils.checkpoint import CheckpointError, is_sharded, load_model_state, load_sharded_model, read_checkpoint
 from utils.config import Config, ConfigError, config_from_dict
 from utils.data_utils import DataError
 from utils.run_log import one_line
@@ -38,7 +37,7 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
             that do not fit.
         ConfigError: the checkpoint's config does not load (e.g. a key this version does not know).
     """
-    state = checkpoint_info(path)
+    state = read_checkpoint(path)
     name = state.get("model_name")
     if name not in MODELS:
         raise CheckpointError(f"{path} holds a model '{name}' that model.py does not define "
@@ -53,21 +52,6 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
     else:
         load_model_state(model, state["model"], str(path))
     return name, model.to(device).eval(), cfg
-
-
-def checkpoint_info(path: str | Path) -> dict:
-    """A checkpoint's entries: the whole dict of a single file; a sharded folder's ``train_state.pt`` (model name,
-    config, position; its weights are read by :func:`load_trained`).
-
-    Raises:
-        CheckpointError: neither a readable checkpoint file nor an intact sharded checkpoint folder.
-    """
-    if not is_sharded(path):
-        return load_checkpoint(path)
-    problem = sharded_intact(path)
-    if problem is not None:
-        raise CheckpointError(f"{path} is {problem}")
-    return read_train_state(path)
 
 
 def parse_device(text: str) -> torch.device:
@@ -112,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     probe.add_argument("--checkpoint")
     known, _ = probe.parse_known_args(argv)
     try:
-        state = None if known.checkpoint is None else checkpoint_info(known.checkpoint)
+        state = None if known.checkpoint is None else read_checkpoint(known.checkpoint)
         name = None if state is None else state.get("model_name")
         if state is not None and name not in MODELS:
             raise CheckpointError(f"{known.checkpoint} holds a model '{name}' that model.py does not define "

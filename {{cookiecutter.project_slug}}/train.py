@@ -245,13 +245,19 @@ def end_dataloader_workers() -> list[int]:
     return killed
 
 
-def last_checkpoint(output_dir: Path) -> str:
-    """``OUTPUT/checkpoint_last.pt`` (or the ``checkpoint_last`` link of sharded checkpoints, with the folder it
-    names) when it exists, else ``"none yet"`` (for error messages)."""
+def last_checkpoint_path(output_dir: Path) -> Optional[Path]:
+    """The ``checkpoint_last`` link of sharded checkpoints or ``OUTPUT/checkpoint_last.pt``, whichever exists
+    (the link first), else ``None``."""
     last, link = output_dir / "checkpoint_last.pt", output_dir / "checkpoint_last"
-    if link.is_dir():
-        return f"{link} ({os.readlink(link) if link.is_symlink() else link.name})"
-    return str(last) if last.is_file() else "none yet"
+    return link if link.is_dir() else last if last.is_file() else None
+
+
+def last_checkpoint(output_dir: Path) -> str:
+    """:func:`last_checkpoint_path` for error messages, with the folder a link names; else ``"none yet"``."""
+    path = last_checkpoint_path(output_dir)
+    if path is None:
+        return "none yet"
+    return f"{path} ({os.readlink(path)})" if path.is_symlink() else str(path)
 
 
 def ignore_stop_signals(worker_id: int) -> None:
@@ -945,7 +951,7 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
             if n_stop:
                 finish_checkpoint(checkpointer, log)
                 log.print(f"stopped at step {step} on {stop.signal_name or 'another rank’s signal'}; resume with "
-                          f"the same command (--resume auto reads {last_checkpoint(output_dir).split(' ')[0]})")
+                          f"the same command (--resume auto reads {last_checkpoint_path(output_dir)})")
                 return
         finish_checkpoint(checkpointer, log)
     finally:
@@ -957,7 +963,7 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
                           "checkpoint is intact")
         log.close()  # also on an error, so that its ERROR line starts a line of its own
     if is_main:
-        print(f"done: {state.step} steps; checkpoint {last_checkpoint(output_dir).split(' ')[0]}")
+        print(f"done: {state.step} steps; checkpoint {last_checkpoint_path(output_dir)}")
 
 
 def finish_checkpoint(checkpointer: Optional[ShardedCheckpointer], log: RunLog) -> None:

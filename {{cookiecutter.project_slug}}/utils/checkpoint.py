@@ -26,6 +26,8 @@ from typing import Any, Mapping, Optional
 import numpy as np
 import torch
 
+from utils.run_log import one_line
+
 CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)\.pt$")
 
 
@@ -50,11 +52,47 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make a folder's entries durable (a rename, a new link), as ``fsync`` does for a file's bytes."""
+    dir_fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def serialized(state: Any, where: str | Path) -> bytes:
+    """``torch.save`` bytes of ``state``, refused when :func:`load_checkpoint` would refuse them.
+
+    Raises:
+        CheckpointError: ``state`` holds objects other than tensors and Python primitives (nothing is written).
+    """
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data = buffer.getvalue()
+    unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
+    if unsafe:
+        raise CheckpointError(f"refusing to write {where}: the state holds objects that a weights_only=True "
+                              f"load refuses ({', '.join(unsafe)}); store tensors and Python primitives only")
+    return data
+
+
+def write_failure(step: int, output_dir: Path, err: OSError, kept: list[Path]) -> CheckpointError:
+    """The error of a checkpoint that could not be written (a full disk, a quota), naming the ones kept."""
+    names = dict.fromkeys(path.name for path in kept)
+    return CheckpointError(f"could not write the step {step} checkpoint in {output_dir}: {err.strerror or err}; "
+                           f"earlier checkpoints are kept ({', '.join(names) or 'none written yet'})")
+
+
+def prune(checkpoints: list[Path], keep_last: int, remove) -> None:
+    """Call ``remove`` on all but the newest ``keep_last - 1`` of ``checkpoints`` (oldest first; the one just
+    written, not in the list, is the last kept); ``keep_last`` 0 keeps all."""
+    if keep_last > 0:
+        for old in checkpoints[:max(0, len(checkpoints) - (keep_last - 1))]:
+            remove(old)
 
 
 def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, keep_last: int = 0) -> Path:
@@ -76,29 +114,17 @@ def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, ke
     """
     output_dir = Path(output_dir)
     remove_stale_temporaries(output_dir)
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    data = buffer.getvalue()
     numbered = output_dir / f"checkpoint_{step}.pt"
-    # A file that load_checkpoint would refuse must not replace a good checkpoint_last.pt.
-    unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
-    if unsafe:
-        raise CheckpointError(f"refusing to write {numbered}: the state holds objects that a weights_only=True "
-                              f"load refuses ({', '.join(unsafe)}); store tensors and Python primitives only")
+    data = serialized(state, numbered)  # a file load_checkpoint would refuse must not replace a good one
     try:
         atomic_write_bytes(numbered, data)
         atomic_write_bytes(output_dir / "checkpoint_last.pt", data)
     except OSError as err:  # a full disk, a quota, a folder gone read-only: the earlier files are untouched
-        kept = [path.name for path in (output_dir / "checkpoint_last.pt", *list_checkpoints(output_dir)[-1:])
+        kept = [path for path in (output_dir / "checkpoint_last.pt", *list_checkpoints(output_dir)[-1:])
                 if path.is_file()]
-        raise CheckpointError(f"could not write the step {step} checkpoint in {output_dir}: "
-                              f"{err.strerror or err}; earlier checkpoints are kept "
-                              f"({', '.join(dict.fromkeys(kept)) or 'none written yet'})") from None
-    if keep_last > 0:
-        # The newest by step, but never the file just written (an older run's higher steps may be there).
-        others = [path for path in list_checkpoints(output_dir) if path != numbered]
-        for old in others[:max(0, len(others) - (keep_last - 1))]:
-            old.unlink()
+        raise write_failure(step, output_dir, err, kept) from None
+    # The newest by step, but never the file just written (an older run's higher steps may be there).
+    prune([path for path in list_checkpoints(output_dir) if path != numbered], keep_last, Path.unlink)
     return numbered
 
 
@@ -459,7 +485,7 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
             weights-only file that lacks the training state.
     """
     sharded = is_sharded(path)
-    saved = read_train_state(path, map_location) if sharded else load_checkpoint(path, map_location=map_location)
+    saved = read_checkpoint(path, map_location)
     if saved.get("model_name") != model_name:
         raise CheckpointError(f"{path} holds a '{saved.get('model_name')}' model, not '{model_name}'")
     if not sharded:  # the weights first: a state dict of another network is named key by key
@@ -573,7 +599,7 @@ def sharded_intact(path: str | Path) -> Optional[str]:
     try:
         metadata = FileSystemReader(str(path)).read_metadata()
     except (OSError, EOFError, ValueError, RuntimeError, AttributeError, TypeError) as err:
-        return f"damaged (its .metadata does not read: {one_line_of(err)})"
+        return f"damaged (its .metadata does not read: {one_line(err)})"
     ends: dict[str, int] = {}
     for info in (metadata.storage_data or {}).values():
         name = str(info.relative_path)
@@ -584,14 +610,25 @@ def sharded_intact(path: str | Path) -> Optional[str]:
             return f"damaged (shard {name} is missing)"
         if shard.stat().st_size < end:
             return f"damaged (shard {name} is cut short: {shard.stat().st_size} of {end} bytes)"
-    problem = intact(path / TRAIN_STATE_NAME) if (path / TRAIN_STATE_NAME).is_file() else "without " + TRAIN_STATE_NAME
-    return None if problem is None else f"damaged ({TRAIN_STATE_NAME}: {problem})" if problem.startswith("damaged") \
-        else f"damaged ({problem})"
+    if not (path / TRAIN_STATE_NAME).is_file():
+        return f"damaged (without {TRAIN_STATE_NAME})"
+    problem = intact(path / TRAIN_STATE_NAME)
+    return None if problem is None else f"damaged ({TRAIN_STATE_NAME}: {problem})"
 
 
-def one_line_of(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[0] if text else type(err).__name__
+def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """A checkpoint's entries: the whole dict of a single file (:func:`load_checkpoint`); for a sharded folder its
+    :data:`TRAIN_STATE_NAME` (model name, config, position; the weights are read by :func:`load_sharded`).
+
+    Raises:
+        CheckpointError: neither a readable checkpoint file nor an intact sharded checkpoint folder.
+    """
+    if not is_sharded(path):
+        return load_checkpoint(path, map_location=map_location)
+    problem = sharded_intact(path)
+    if problem is not None:
+        raise CheckpointError(f"{path} is {problem}")
+    return read_train_state(path, map_location)
 
 
 def read_train_state(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -709,7 +746,7 @@ class ShardedCheckpointer:
                 shutil.rmtree(stale, ignore_errors=True)  # a killed save's leftovers (RunLock: ours alone)
             try:
                 partial.mkdir()
-                atomic_write_bytes(partial / TRAIN_STATE_NAME, _serialized(train_state, partial))
+                atomic_write_bytes(partial / TRAIN_STATE_NAME, serialized(train_state, partial))
             except OSError as err:
                 raise self._write_error(step, err) from None
         barrier()
@@ -767,34 +804,10 @@ class ShardedCheckpointer:
         tmp_link.unlink(missing_ok=True)
         os.symlink(final.name, tmp_link)
         os.replace(tmp_link, link)  # atomic: the link names the old folder or the new one
-        _fsync_dir(self.output_dir)
-        if self.keep_last > 0:
-            others = [path for path in list_sharded_checkpoints(self.output_dir) if path != final]
-            for old in others[:max(0, len(others) - (self.keep_last - 1))]:
-                shutil.rmtree(old)
+        fsync_dir(self.output_dir)
+        prune([path for path in list_sharded_checkpoints(self.output_dir) if path != final], self.keep_last,
+              shutil.rmtree)
         return final
 
     def _write_error(self, step: int, err: OSError) -> CheckpointError:
-        kept = [p.name for p in list_sharded_checkpoints(self.output_dir)[-1:]]
-        return CheckpointError(f"could not write the step {step} checkpoint in {self.output_dir}: "
-                               f"{err.strerror or err}; earlier checkpoints are kept "
-                               f"({', '.join(kept) or 'none written yet'})")
-
-
-def _serialized(state: Any, where: Path) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    data = buffer.getvalue()
-    unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
-    if unsafe:
-        raise CheckpointError(f"refusing to write {where}: the state holds objects that a weights_only=True load "
-                              f"refuses ({', '.join(unsafe)})")
-    return data
-
-
-def _fsync_dir(path: Path) -> None:
-    dir_fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        return write_failure(step, self.output_dir, err, list_sharded_checkpoints(self.output_dir)[-1:])
