@@ -99,9 +99,9 @@ def add_own_model(project: Path, example: Example, replace: str = "") -> None:
 # signalled in the middle (a tiny model's 12 steps otherwise end before the signal lands). Numbers do not change.
 SLOW_STEPS = """
 import time
-import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-torch.optim.optimizer.register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: time.sleep(0.3))
+register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: time.sleep(0.3))
 """
 
 

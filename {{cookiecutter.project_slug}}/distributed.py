@@ -115,9 +115,10 @@ class CollectiveTimeout(CollectiveError):
 
 
 @contextlib.contextmanager
-def collective(name: str, rank: Optional[int] = None):
+def collective(name: str, rank: Optional[int] = None, timeout: Optional[tuple[str, float]] = None):
     """Turn a failure of the torch.distributed call(s) inside into a :class:`CollectiveError` (or
-    :class:`CollectiveTimeout`) whose one-line message names this rank, the collective and the timeout.
+    :class:`CollectiveTimeout`) whose one-line message names this rank, the collective and the timeout
+    (``timeout``: its name and seconds, default the process group's).
 
     Use it around collectives that torch runs for you, e.g. DDP's gradient all-reduce::
 
@@ -136,29 +137,31 @@ def collective(name: str, rank: Optional[int] = None):
     except RuntimeError as err:
         if not isinstance(err, dist.DistError) and not _COMMUNICATION_RE.search(str(err)):
             raise
-        raise _collective_error(name, err, rank, time.monotonic() - start) from err
+        raise _collective_error(name, err, rank, time.monotonic() - start, timeout) from err
 
 
 _COMMUNICATION_RE = re.compile(r"gloo|nccl|time[d ]?\s?out|connection (?:closed|reset|refused)|broken pipe",
                                re.IGNORECASE)
 
 
-def _collective_error(name: str, err: RuntimeError, rank: Optional[int], elapsed: float) -> CollectiveError:
+def _collective_error(name: str, err: RuntimeError, rank: Optional[int], elapsed: float,
+                      timeout: Optional[tuple[str, float]] = None) -> CollectiveError:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
     reason = lines[0]
     if rank is None:
         rank = get_rank()
     world = get_world_size() if _initialized() else None
     others = f"the other {world - 1} rank(s)" if world else "the other ranks"
-    after = f"{_timeout_s:g} s" if _timeout_s is not None else "the process group's timeout"
+    label, seconds = timeout or ("process-group timeout", _timeout_s)
+    after = f"{seconds:g} s" if seconds is not None else "the process group's timeout"
     # "timed out" in gloo's text is not always the group's timeout: a refused connect says it too, at once.
-    waited_out = _timeout_s is None or elapsed >= 0.8 * _timeout_s
+    waited_out = seconds is None or elapsed >= 0.8 * seconds
     if waited_out and re.search(r"time[d ]?\s?out", reason, re.IGNORECASE):
         return CollectiveTimeout(f"rank {rank}: {name} timed out after {elapsed:.0f} s waiting for {others} "
-                                 f"(process-group timeout {after}): another rank hung or died before reaching it "
-                                 f"({reason})", rank, name, _timeout_s)
+                                 f"({label} {after}): another rank hung or died before reaching it "
+                                 f"({reason})", rank, name, seconds)
     return CollectiveError(f"rank {rank}: {name} failed after {elapsed:.1f} s (another rank may have died): "
-                           f"{reason}", rank, name, _timeout_s)
+                           f"{reason}", rank, name, seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -427,7 +430,13 @@ def _select_device(local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800) -> DistInfo:
+RENDEZVOUS_FLOOR_S = 300.0
+"""The shortest rendezvous timeout :func:`init_distributed` uses by default: ranks start seconds to minutes apart
+(interpreter, CUDA and NCCL initialisation; image pulls on a cluster), whatever the collectives' timeout is."""
+
+
+def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800,
+                     rendezvous_timeout_s: Optional[float] = None) -> DistInfo:
     """Join the job described by the launcher's environment (see :func:`detect_launcher_env`).
 
     With world size > 1: picks the device (``cuda:<local_rank>`` after
@@ -442,23 +451,29 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800) -> 
 
     Args:
         backend: ``"nccl"``, ``"gloo"``, ...; default NCCL when CUDA is available, else gloo.
-        timeout_s: seconds a rendezvous or collective may wait before failing (instead of hanging).
-            Under SLURM, start the script with ``srun``: ``python train.py`` run directly in an
-            ``sbatch --ntasks=N`` script sees ``SLURM_NTASKS=N`` and rank 0 waits for ranks
-            that never start, until this timeout.
+        timeout_s: seconds a collective may wait for the other ranks before failing (instead of hanging).
+        rendezvous_timeout_s: seconds the rendezvous waits for every rank to start; default
+            ``max(timeout_s, RENDEZVOUS_FLOOR_S)``, so that a short collective timeout (to find a hung rank
+            fast) does not fail a job whose ranks start slowly. Under SLURM, start the script with ``srun``:
+            ``python train.py`` run directly in an ``sbatch --ntasks=N`` script sees ``SLURM_NTASKS=N`` and
+            rank 0 waits for ranks that never start, until this timeout.
 
     Returns:
         :class:`DistInfo` of this process.
 
     Raises:
         ValueError: inconsistent launcher variables (from :func:`detect_launcher_env`), a
-            non-positive ``timeout_s``, or ``backend="nccl"`` without CUDA.
+            non-positive ``timeout_s`` or ``rendezvous_timeout_s``, or ``backend="nccl"`` without CUDA.
         RuntimeError: ``LOCAL_RANK`` >= the number of visible GPUs.
         CollectiveTimeout: the rendezvous timed out (a rank never started); :class:`CollectiveError`
             when it fails otherwise.
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if rendezvous_timeout_s is None:
+        rendezvous_timeout_s = max(timeout_s, RENDEZVOUS_FLOOR_S)
+    if rendezvous_timeout_s <= 0:
+        raise ValueError(f"rendezvous_timeout_s must be > 0, got {rendezvous_timeout_s}")
     die_with_launcher()
     env = detect_launcher_env(os.environ)
     if dist.is_available() and dist.is_initialized():
@@ -483,30 +498,41 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800) -> 
                       MASTER_ADDR=str(env["master_addr"]), MASTER_PORT=str(env["master_port"]))
     global _timeout_s
     _timeout_s = timeout_s
-    timeout = datetime.timedelta(seconds=timeout_s)
-    with collective(f"rendezvous at {env['master_addr']}:{env['master_port']}", rank=rank):
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout,
-                                device_id=device if backend == "nccl" else None,
-                                **_rendezvous(env["master_addr"], env["master_port"], world_size, timeout))
+    with collective(f"rendezvous at {env['master_addr']}:{env['master_port']}", rank=rank,
+                    timeout=("rendezvous timeout", rendezvous_timeout_s)):
+        store = _rendezvous_store(env["master_addr"], env["master_port"], rank, world_size,
+                                  datetime.timedelta(seconds=rendezvous_timeout_s))
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=device if backend == "nccl" else None)
     logger.debug("rank %d/%d (local %d) on %s, backend %s, rendezvous %s:%s via %s", rank,
                  world_size, local_rank, device, backend, env["master_addr"],
                  env["master_port"], env["launcher"])
     return DistInfo(rank, local_rank, world_size, device, backend)
 
 
-def _rendezvous(addr: str, port: int, world_size: int, timeout: datetime.timedelta) -> dict:
-    """``init_process_group`` arguments: ``init_method="env://"``, or under torchrun a store of this attempt.
+def _rendezvous_store(addr: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
+    """The job's rendezvous store, as ``init_method="env://"`` would make it but with its own ``timeout`` (the wait
+    for every rank to join, apart from the collectives' timeout): rank 0 hosts a :class:`torch.distributed.TCPStore`
+    at ``addr:port`` and waits for the others; under torchrun every rank joins the store its launcher hosts.
 
-    torchrun's static rendezvous (what ``multiproc.py`` uses) keeps one TCPStore for every restart of
-    the group, and env:// joins it without a prefix: a restarted rank may read the addresses its dead
-    predecessors published there, then fail ("Connection refused") or wait for them until the timeout.
-    A prefix per attempt (``TORCHELASTIC_RESTART_COUNT``) keeps each attempt's keys apart.
+    torchrun's static rendezvous (what ``multiproc.py`` uses) keeps one TCPStore for every restart of the group: a
+    restarted rank could read the addresses its dead predecessors published there, then fail ("Connection
+    refused") or wait for them until the timeout. A prefix per attempt (``TORCHELASTIC_RESTART_COUNT``) keeps each
+    attempt's keys apart.
     """
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or restart is None:
-        return {"init_method": "env://"}
-    store = dist.TCPStore(addr, port, world_size, is_master=False, timeout=timeout)
-    return {"store": dist.PrefixStore(f"/attempt_{restart}", store)}
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store = dist.TCPStore(addr, port, world_size, is_master=False, timeout=timeout)
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if restart is not None:
+            store = dist.PrefixStore(f"/attempt_{restart}", store)
+    else:
+        store = dist.TCPStore(addr, port, world_size, is_master=rank == 0, timeout=timeout, multi_tenant=True)
+    # Every rank checks in, then waits for all: the backend's own connection set-up that follows is bounded by the
+    # collectives' timeout, which must not have to cover a rank that starts late.
+    store.set(f"rendezvous/joined/{rank}", "1")
+    store.wait([f"rendezvous/joined/{other}" for other in range(world_size)], timeout)
+    return store
 
 
 def _initialized() -> bool:

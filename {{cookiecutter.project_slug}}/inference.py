@@ -90,6 +90,20 @@ def build_parser(model_names: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def unknown_options(unknown: list[str], name: str, checkpoint: str) -> str:
+    """The line for options the checkpoint's model does not take: which model takes them instead, if one does, and
+    what this one takes."""
+    options = [action.option_strings[0] for action in build_parser([name])._actions if action.option_strings
+               and action.option_strings[0] not in ("-h", "--checkpoint", "--output", "--device")]
+    flags = [arg for arg in unknown if arg.startswith("-")] or unknown
+    owners = [other for other in MODELS if other != name and all(
+        any(flag.split("=")[0] in action.option_strings for action in build_parser([other])._actions)
+        for flag in flags)]
+    elsewhere = f" (an option of {', '.join(owners)} checkpoints)" if owners else ""
+    return (f"{' '.join(flags)}: not an option of {checkpoint}, a {name} checkpoint{elsewhere}; it takes "
+            f"{', '.join(options) or 'no options of its own'} (python inference.py --checkpoint {checkpoint} --help)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     probe = argparse.ArgumentParser(add_help=False)
@@ -104,7 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as err:
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1
-    args = build_parser([name] if name else list(MODELS)).parse_args(argv)
+    parser = build_parser([name] if name else list(MODELS))
+    args, unknown = parser.parse_known_args(argv)  # --help and missing options: argparse's own message, exit 2
+    if unknown:
+        print(f"ERROR: {unknown_options(unknown, name, known.checkpoint)}", file=sys.stderr)
+        return 2
+    output = Path(args.output)
+    if not output.parent.is_dir():
+        print(f"ERROR: --output {output}: the folder {output.parent} does not exist", file=sys.stderr)
+        return 1
     spec = MODELS[name]
     try:
         if spec.infer is None:

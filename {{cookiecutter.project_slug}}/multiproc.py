@@ -7,7 +7,9 @@ Usage::
 
 * ``--nproc-per-node`` defaults to the number of visible GPUs (``torch.cuda.device_count()``,
   which honours ``CUDA_VISIBLE_DEVICES``), or 2 on a machine without CUDA (gloo on CPU).
-* Single node (the default, like ``torchrun --standalone``): rendezvous on 127.0.0.1 on a free port.
+* Single node (the default, like ``torchrun --standalone``): rendezvous on 127.0.0.1 on a port the launcher
+  holds from the start (its rendezvous store listens on a port the kernel picks, so no other program can take
+  it between the choice and the launch); ``--master-port`` names one instead, refused in one line when in use.
 * Several nodes: every node's launcher first checks in at ``--master-addr:--master-port`` (node 0 listens
   there); a node that does not come within ``--rdzv-timeout`` seconds (300) ends the launch with one line
   saying how many nodes joined, instead of waiting forever.
@@ -16,7 +18,8 @@ Usage::
   files of a restart ``k`` > 0 are ``rank_<r>.attempt<k>.stdout.log``), and each rank's
   ``torch.distributed.elastic`` error record (if any) in ``rank_<r>.error.json``.
 * When a rank fails, torchrun stops the others; this prints which rank failed and where its log
-  is, and exits with that rank's exit code (1 if it died from a signal).
+  is, and exits with that rank's exit code (1 if it died from a signal). torchrun's own log lines (the signals it
+  sends, the exit codes it sees) go to ``<log-dir>/launcher.log``, not to the console.
 * SIGTERM, SIGUSR1 (what SLURM and Kubernetes send before they stop a job) and SIGINT (Ctrl-C) are
   passed on to every rank, which finishes its step; rank 0 saves a checkpoint; the launcher exits 0 (130
   after Ctrl-C) once they are done. Ranks still running ``--stop-timeout`` seconds (120) later are killed.
@@ -44,7 +47,6 @@ import datetime
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -99,12 +101,6 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse and check multiproc's own options; the script's arguments are kept verbatim."""
     p = _Parser(prog="multiproc.py", description=__doc__.split("\n")[0])
@@ -157,7 +153,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         _fail(f"training script not found: {args.script}")
     if args.nnodes == 1:
         args.master_addr = args.master_addr or "127.0.0.1"
-        args.master_port = args.master_port or _free_port()
     else:
         args.master_port = args.master_port or 29500
     return args
@@ -180,6 +175,29 @@ def _quiet_native_stderr():
 
 class RendezvousError(RuntimeError):
     """The nodes of a multi-node launch did not all check in (one line: address, how many joined)."""
+
+
+def host_store(args: argparse.Namespace) -> TCPStore:
+    """Single node: host the job's rendezvous store (a :class:`torch.distributed.TCPStore`, multi-tenant: torchrun's
+    static rendezvous reuses its server in this process) on ``--master-port``, or on a port the kernel picks, which
+    ``args.master_port`` then names. Held from here to the end of the run, so no other program can take the port.
+
+    Raises:
+        RendezvousError: ``--master-port`` is in use (or cannot be listened on).
+    """
+    try:
+        with _quiet_native_stderr():
+            store = TCPStore(args.master_addr, args.master_port or 0, None, True,
+                             datetime.timedelta(seconds=args.rdzv_timeout), wait_for_workers=False, multi_tenant=True)
+    except (DistError, RuntimeError) as err:
+        reason = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        if "EADDRINUSE" in reason or "address already in use" in reason.lower():
+            raise RendezvousError(f"--master-port {args.master_port} is in use on {args.master_addr} (another job "
+                                  "listens there); leave --master-port out to take a free port, or choose another "
+                                  "one") from None
+        raise RendezvousError(f"cannot listen on {args.master_addr}:{args.master_port or 0}: {reason}") from None
+    args.master_port = store.port
+    return store
 
 
 def wait_for_nodes(args: argparse.Namespace) -> TCPStore:
@@ -290,6 +308,17 @@ class StopForwarder:
                     continue
 
 
+def log_to_file(path: str) -> None:
+    """Send torchrun's own log records (``torch.distributed.elastic``: "Sending process ... closing signal", "failed
+    (exitcode: 1) ...") to ``path`` instead of the console, where this launcher says what happened in its own lines."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    elastic = logging.getLogger("torch.distributed.elastic")
+    elastic.addHandler(handler)
+    elastic.propagate = False
+
+
 def run_agent(config, entrypoint, cmd_args: list[str], stop: StopForwarder):
     """torchrun's ``elastic_launch`` in a thread, while the main thread handles stop signals.
 
@@ -323,6 +352,15 @@ def main(argv: list[str] | None = None) -> int:
     the failed rank's exit code, or 1 when the rendezvous fails (a node missing, ``--master-port`` in use)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     world = args.nnodes * args.nproc_per_node
+    where = f"node {args.node_rank} of {args.nnodes}, " if args.nnodes > 1 else ""
+    print(f"multiproc: {where}{args.nproc_per_node} process{'es' * (args.nproc_per_node != 1)} "
+          f"(world size {world}), "
+          f"logs of ranks 1.. in {os.path.join(args.log_dir, '')}", flush=True)
+    try:
+        _store = host_store(args) if args.nnodes == 1 else wait_for_nodes(args)  # kept alive for the run
+    except RendezvousError as err:
+        print(f"multiproc: ERROR: {err}", file=sys.stderr, flush=True)
+        return 1
     torchrun_argv = [
         "--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
         "--nproc-per-node", str(args.nproc_per_node), "--rdzv-backend", "static",
@@ -334,20 +372,13 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ["MULTIPROC_PID"] = str(os.getpid())  # the ranks check it (distributed.die_with_launcher)
     config, entrypoint, cmd_args = torchrun.config_from_args(torchrun.parse_args(torchrun_argv))
+    log_to_file(os.path.join(args.log_dir, "launcher.log"))
     logs = RankLogs(args.log_dir)
     config.logs_specs = logs
 
-    where = f"node {args.node_rank} of {args.nnodes}, " if args.nnodes > 1 else ""
-    print(f"multiproc: {where}{args.nproc_per_node} process{'es' * (args.nproc_per_node != 1)} "
-          f"(world size {world}), "
-          f"logs of ranks 1.. in {os.path.join(args.log_dir, '')}", flush=True)
     stop = StopForwarder(args.stop_timeout)
     try:
-        _store = wait_for_nodes(args) if args.nnodes > 1 else None  # kept alive for the run
         run_agent(config, entrypoint, cmd_args, stop)
-    except RendezvousError as err:
-        print(f"multiproc: ERROR: {err}", file=sys.stderr, flush=True)
-        return 1
     except ChildFailedError as err:
         # torchrun also lists the ranks it stopped itself (SIGTERM, then SIGKILL): not causes
         killed = (-signal.SIGTERM, -signal.SIGKILL)

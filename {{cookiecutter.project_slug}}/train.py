@@ -53,7 +53,7 @@ from utils.checkpoint import (CheckpointError, NamedStates, RunLock, ShardedChec
 from utils.config import Config, ConfigError, load_config
 from utils.data_check import check_corpus, default_cache_file, describe
 from utils.data_utils import DataError, ResumableDistributedSampler, load_splits
-from utils.run_log import BalanceMonitor, LossMonitor, RunLog, StepWindow, one_line
+from utils.run_log import BalanceMonitor, RunLog, SpikeMonitor, StepWindow, one_line
 
 
 class TrainingError(RuntimeError):
@@ -426,7 +426,7 @@ class Phase:
             all-reduced during this phase's backward only).
         optimizer, scheduler: its optimizer and LR scheduler; ``interval``: ``"step"`` or ``"epoch"``, when the
             scheduler steps.
-        monitors: spike monitors of its loss and its gradient norm (:class:`utils.run_log.LossMonitor`).
+        monitors: spike monitors of its loss and its gradient norm (:class:`utils.run_log.SpikeMonitor`).
         guard: takes back its buffers when its update is skipped (:class:`BufferGuard`), or ``None``.
     """
 
@@ -516,17 +516,18 @@ def forward_backward(phase: Phase, phases: list, step_fn, micro: list, scaler, a
     scaled by the one GradScaler of the step, as PyTorch's AMP recipe for several optimizers has it.
     """
     device = micro[0][next(k for k, v in micro[0].items() if torch.is_tensor(v))].device
+    clock = compute_clock(device)
     loss_sum, metric_sums, compute_time = torch.zeros((), device=device), {}, 0.0
     nets = {other.name: other.net if other is phase else other.plain for other in phases}
     with frozen([other.plain for other in phases if other is not phase]):
         for i, batch in enumerate(micro):
             with no_sync(phase.net) if i < len(micro) - 1 else nullcontext():
-                t_compute = time.perf_counter()
+                t_compute = clock()
                 # DDP's forward may talk too (its bucket rebuild at the second step, buffer broadcasts).
                 with collective("DDP forward (bucket rebuild, buffer broadcast)"), autocast():
                     loss, metrics = step_fn(phase.name, nets, batch)
                     loss = loss / len(micro)
-                compute_time += time.perf_counter() - t_compute  # on a GPU: launch time, unless something syncs
+                compute_time += clock() - t_compute  # on a GPU: launch time, unless something syncs
                 with collective("gradient all-reduce (DDP backward)"):
                     scaler.scale(loss).backward()
             loss_sum += loss.detach().float()
@@ -536,6 +537,18 @@ def forward_backward(phase: Phase, phases: list, step_fn, micro: list, scaler, a
     with collective("gradient norm (FSDP: of the shards)"):  # FSDP: a DTensor, the norm of every rank's shard
         grad_norm = full_value(torch.nn.utils.clip_grad_norm_(phase.plain.parameters(), grad_clip or math.inf))
     return PhaseResult(loss_sum, grad_norm, metric_sums, compute_time)
+
+
+def clock_name(device: torch.device) -> str:
+    """``"cpu"`` or ``"wall"``: what :func:`compute_clock` measures on ``device``."""
+    return "cpu" if compute_clock(device) is time.process_time else "wall"
+
+
+def compute_clock(device: torch.device) -> Callable[[], float]:
+    """How a rank's compute time is measured for the straggler check (:class:`utils.run_log.BalanceMonitor`): CPU
+    seconds of this process on the CPU (ranks sharing a machine's cores wait for one in turns, which is not slower
+    computing), wall seconds on a GPU."""
+    return time.process_time if device.type == "cpu" else time.perf_counter
 
 
 def agree(result: PhaseResult, scaler, world_size: int, device: torch.device, counts: tuple = ()):
@@ -555,14 +568,14 @@ def agree(result: PhaseResult, scaler, world_size: int, device: torch.device, co
     return sums[0] / world_size, sums[1] / world_size, int(sums[2]), metrics, [int(c) for c in sums[3 + n:]]
 
 
-def spike(loss: float, grad_norm: float, monitors: tuple[LossMonitor, LossMonitor], of: str = "") -> str | None:
-    """What spiked this step (``"loss 9.1 is above 3x its running mean 2.0"``, the gradient norm likewise;
-    ``of``: the phase, ``"loss of generator 9.1 ..."``), or ``None``. Both monitors see every finite step; a spike
-    does not enter their running means."""
+def spike(loss: float, grad_norm: float, monitors: tuple[SpikeMonitor, SpikeMonitor], of: str = "") -> str | None:
+    """What spiked this step (``"loss 9.1 is above 6 (3x the highest of its last 100 steps, 2)"``, the gradient norm
+    likewise; ``of``: the phase, ``"loss of generator 9.1 ..."``), or ``None``. Both monitors see every finite step;
+    a spike does not enter their windows."""
     found = []
     for name, value, monitor in (("loss", loss, monitors[0]), ("gradient norm", grad_norm, monitors[1])):
         if monitor.is_spike(value):
-            found.append(f"{name}{of} {value:.4g} is above {monitor.factor:g}x its running mean {monitor.mean:.4g}")
+            found.append(monitor.describe(f"{name}{of}", value))
     return "; ".join(found) or None
 
 
@@ -592,6 +605,7 @@ def run(args: argparse.Namespace, stop: "StopRequest") -> int:
     """:func:`main` once the arguments are read: config, process group, training, and the exit status."""
     try:
         cfg = load_run_config(args)  # before the process group: a bad config fails alone, fast
+        check_settings(MODELS[args.model], args.model, cfg)
     except ConfigError as err:
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1
@@ -626,6 +640,52 @@ def run(args: argparse.Namespace, stop: "StopRequest") -> int:
         cleanup()
     under_launcher = "TORCHELASTIC_RUN_ID" in os.environ  # a launcher restarts ranks that exit non-zero
     return 130 if stop.signal_name == "SIGINT" and not under_launcher else 0
+
+
+def check_settings(spec: ModelSpec, name: str, cfg: Config) -> None:
+    """Refuse, before any process group, data or model exists, settings that cannot work with this model or would do
+    nothing in the chosen mode (a setting is honoured or refused, never silently ignored).
+
+    Raises:
+        ConfigError: one line naming the setting and what to do instead.
+    """
+    train = cfg.train
+    defaults = {field.name: field.default for field in dataclasses.fields(type(train))}
+    if spec.build_scheduler is not None and (train.lr_schedule != defaults["lr_schedule"]
+                                             or train.warmup_steps != defaults["warmup_steps"]):
+        raise ConfigError(f"train.lr_schedule={train.lr_schedule}, train.warmup_steps={train.warmup_steps}: model "
+                          f"'{name}' builds its own LR schedulers (ModelSpec.build_scheduler), which these settings "
+                          f"would not change; leave them at {defaults['lr_schedule']} and {defaults['warmup_steps']}, or "
+                          "schedule the learning rate in the model's build_scheduler")
+    if train.activation_checkpointing != "none" and spec.blocks is None:
+        raise ConfigError(f"train.activation_checkpointing={train.activation_checkpointing}: model '{name}' names no "
+                          "blocks to checkpoint (ModelSpec.blocks)")
+    if train.activation_checkpointing != "selective" and \
+            train.activation_checkpointing_every != defaults["activation_checkpointing_every"]:
+        raise ConfigError(f"train.activation_checkpointing_every={train.activation_checkpointing_every} applies to "
+                          "train.activation_checkpointing=selective only (it is "
+                          f"{train.activation_checkpointing})")
+    if train.compile and spec.optimize_for_training is None:
+        raise ConfigError(f"train.compile=true, but model '{name}' has no fast path "
+                          "(ModelSpec.optimize_for_training)")
+    if train.parallelism != "fsdp":
+        for key, meaning in (("async_checkpoint", "writes sharded checkpoints in the background"),
+                             ("reshard_after_forward", "frees a block's gathered weights after its forward")):
+            if getattr(train, key) != defaults[key]:
+                raise ConfigError(f"train.{key}={str(getattr(train, key)).lower()} does nothing with "
+                                  f"train.parallelism={train.parallelism}: it {meaning} under "
+                                  "train.parallelism=fsdp only")
+        return
+    if spec.phases:
+        raise ConfigError(f"train.parallelism=fsdp with model '{name}', which trains several optimizers "
+                          f"({', '.join(spec.phases)}): not supported yet (sharded per block, the network frozen "
+                          "in the other phase's backward gives other losses than DDP); use train.parallelism=ddp")
+    if train.precision == "fp16":
+        raise ConfigError("train.precision=fp16 with train.parallelism=fsdp: FSDP2 mixed precision is bf16 "
+                          "(set train.precision=bf16; fp16's loss scaling would need one verdict over every shard)")
+    if train.compile:
+        raise ConfigError("train.compile=true with train.parallelism=fsdp: the models' fast paths compile the "
+                          "whole model, which FSDP's per-block hooks break; use one of the two")
 
 
 def epochs_done(state: TrainState, loader: DataLoader) -> int:
@@ -703,10 +763,10 @@ def prepare_model(spec: ModelSpec, name: str, model, cfg: Config) -> None:
     ``ModelSpec.blocks``, then shard each phase's network, block by block, then its root (the order torchtitan
     uses: recomputation inside, sharding outside).
 
+    The combinations that cannot work were refused earlier (:func:`check_settings`).
+
     Raises:
-        ConfigError: a combination that cannot work (named): activation checkpointing of a model that names no
-            blocks, FSDP with fp16 (FSDP2 mixed precision is bf16), with the fast path (``train.compile``) or
-            with several optimizers (``ModelSpec.phases``).
+        ConfigError: activation checkpointing of a model whose ``ModelSpec.blocks`` returns no block.
     """
     train = cfg.train
     blocks = list(spec.blocks(model)) if spec.blocks is not None else []
@@ -717,16 +777,6 @@ def prepare_model(spec: ModelSpec, name: str, model, cfg: Config) -> None:
         apply_activation_checkpointing(blocks, train.activation_checkpointing, train.activation_checkpointing_every)
     if train.parallelism != "fsdp":
         return
-    if spec.phases:
-        raise ConfigError(f"train.parallelism=fsdp with model '{name}', which trains several optimizers "
-                          f"({', '.join(spec.phases)}): not supported yet (sharded per block, the network frozen "
-                          "in the other phase's backward gives other losses than DDP); use train.parallelism=ddp")
-    if train.precision == "fp16":
-        raise ConfigError("train.precision=fp16 with train.parallelism=fsdp: FSDP2 mixed precision is bf16 "
-                          "(set train.precision=bf16; fp16's loss scaling would need one verdict over every shard)")
-    if train.compile:
-        raise ConfigError("train.compile=true with train.parallelism=fsdp: the models' fast paths compile the "
-                          "whole model, which FSDP's per-block hooks break; use one of the two")
     param_dtype = torch.bfloat16 if train.precision == "bf16" else None
     for net in phase_networks(spec, name, model).values():
         inside = {id(module) for module in net.modules()}
@@ -744,7 +794,7 @@ def build_phases(spec: ModelSpec, name: str, model, optimizers: dict, schedulers
     nets = phase_networks(spec, name, model)
     skip = "skip" in (cfg.train.on_nonfinite, cfg.train.on_spike)
     return [Phase(phase, nets[phase], apply_gradient_allreduce(nets[phase]), optimizer, *schedulers[phase],
-                  tuple(LossMonitor(cfg.train.spike_factor, warmup=cfg.train.spike_warmup) for _ in "ln"),
+                  tuple(SpikeMonitor(cfg.train.spike_factor, warmup=cfg.train.spike_warmup) for _ in "ln"),
                   BufferGuard(nets[phase]) if skip else None) for phase, optimizer in optimizers.items()]
 
 
@@ -834,9 +884,6 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
         return
 
     if cfg.train.compile:  # the model's fast path (torch.compile'd hot loops); same mathematics as eager
-        if spec.optimize_for_training is None:
-            raise ConfigError(f"train.compile=true, but model '{args.model}' has no fast path "
-                              "(ModelSpec.optimize_for_training)")
         model = spec.optimize_for_training(model, cfg)
     phases = build_phases(spec, args.model, model, optimizers, schedulers, cfg)
     log = RunLog(output_dir, enabled=is_main, total_steps=cfg.train.max_steps, initial_step=state.step,
@@ -851,7 +898,12 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
                                        cfg.train.dist_timeout_s) if sharded else None
 
     def checkpoint() -> None:
-        """Every rank hands its RNG states to rank 0, which writes the checkpoint (FSDP: every rank its shards)."""
+        """Every rank hands its RNG states to rank 0, which writes the checkpoint (FSDP: every rank its shards). Weights
+        holding NaN or inf are never saved: the last checkpoint stays the last good one, and no good one is pruned."""
+        broken = nonfinite_weight(unwrap_model(model))
+        if reduce_tensor(torch.tensor([float(broken is not None)], device=device), op="sum").item():
+            raise TrainingError(f"step {state.step}: the weights are not finite ({broken or 'on another rank'}): not "
+                                f"saved; last good checkpoint: {last_checkpoint(output_dir)}")
         rng = all_gather_object(capture_rng_state())
         info = dict(data_seed=cfg.train.seed, model_name=args.model, config=cfg.to_dict(),
                     train_utterances=len(train_set), grad_accumulation=accumulation,
@@ -872,7 +924,8 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
     batches = batch_stream(train_loader, state)
     prepare = on_device_hook(spec, cfg)
     step_fn = spec.train_step or one_loss_step(criterion)
-    window, balance = StepWindow(), BalanceMonitor(cfg.train.memory_imbalance, cfg.train.straggler_share)
+    window = StepWindow()
+    balance = BalanceMonitor(cfg.train.memory_imbalance, cfg.train.straggler_share, clock=clock_name(device))
     epochs_seen = epochs_done(state, train_loader)
     model.train()
     try:
@@ -881,7 +934,7 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
             micro, items, ids, data_time = next_micro_batches(batches, spec, accumulation, device, prepare)
             step = state.step + 1
             compute_time = wait_time = 0.0
-            losses, any_bad, overflows = {}, False, 0
+            losses, any_bad, overflows, stepped = {}, False, 0, {}
             for phase in phases:
                 if phase.guard is not None:
                     phase.guard.save()
@@ -893,7 +946,9 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
                 loss, grad_norm, n_bad, metrics, counted = agree(result, scaler, world_size, device, counts)
                 wait_time += time.perf_counter() - t_agree  # mostly waiting for the slowest rank
                 any_bad |= bool(n_bad)
-                overflows += scaler.is_enabled() and not math.isfinite(grad_norm)  # the GradScaler skips it
+                overflow = scaler.is_enabled() and not math.isfinite(grad_norm)  # the GradScaler skips this update
+                overflows += overflow
+                skipped = overflow
                 if len(phases) > 1:
                     losses.update({f"loss_{phase.name}": loss, f"grad_norm_{phase.name}": grad_norm, **metrics})
                 # Every rank reaches the same verdict: it is made from all-reduced values only.
@@ -912,15 +967,22 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
                         phase.optimizer.zero_grad(set_to_none=True)  # nothing to apply: its step is a no-op
                         phase.guard.restore()
                         state.skipped_steps += 1
+                        skipped = True
                         message += f": step skipped ({state.skipped_steps} so far)"
                     log.anomaly(step, kind, f"{message}; last good checkpoint: {last_checkpoint(output_dir)}",
                                 all_ids)
                 scaler.step(phase.optimizer)  # before the next phase's forward: it sees the updated network
+                stepped[phase.name] = not skipped
+                # An fp16 overflow is the GradScaler searching its scale, until that falls below 1: from then on the
+                # gradients are not finite even unscaled, and the skip counts towards train.max_skips_in_a_row.
+                searching = overflow and skipped and scaler.get_scale() >= 1.0
+                count_skips(state, phase.name, skipped, searching, cfg.train.max_skips_in_a_row, step, of,
+                            last_checkpoint(output_dir))
             n_stop, items = counted
             scaler.update()  # once per step, after every optimizer (PyTorch's AMP recipe)
             done_epochs = epochs_done(state, train_loader)
             for phase in phases:
-                if phase.interval == "step":
+                if phase.interval == "step" and stepped[phase.name]:  # a skipped update does not advance its schedule
                     phase.scheduler.step()
                 for _ in range(done_epochs - epochs_seen if phase.interval == "epoch" else 0):
                     phase.scheduler.step()  # an epoch ended in this step
@@ -937,7 +999,8 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
                 for warning in (balance.check(step, ranks) if is_main else []):
                     log.print(warning)
                 log.metrics(window.row(step=step, epoch=state.epoch, lr=phases[-1].optimizer.param_groups[0]["lr"],
-                                       grad_norm=grad_norm, skipped_steps=state.skipped_steps,
+                                       grad_norm=grad_norm if math.isfinite(grad_norm) else None,
+                                       skipped_steps=state.skipped_steps, skipped_updates=dict(state.skipped_updates),
                                        **{key: [r[key] for r in ranks] for key in ranks[0]}))
                 window = StepWindow()
             if step % cfg.train.val_interval == 0 or last_step:
@@ -964,6 +1027,41 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
         log.close()  # also on an error, so that its ERROR line starts a line of its own
     if is_main:
         print(f"done: {state.step} steps; checkpoint {last_checkpoint_path(output_dir)}")
+
+
+def nonfinite_weight(model: torch.nn.Module) -> Optional[str]:
+    """The name of the first floating-point parameter or buffer of ``model`` holding NaN or inf (this rank's shard of
+    it under FSDP), or ``None``. One device synchronisation."""
+    from torch.distributed.tensor import DTensor
+
+    named = [(name, tensor.to_local() if isinstance(tensor, DTensor) else tensor)
+             for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_floating_point()]
+    if not named:
+        return None
+    finite = torch.stack([torch.isfinite(tensor.detach()).all() for _, tensor in named]).cpu()
+    return None if bool(finite.all()) else named[int((~finite).nonzero()[0])][0]
+
+
+def count_skips(state: TrainState, phase: str, skipped: bool, searching: bool, limit: int, step: int, of: str,
+                last: str) -> None:
+    """Count a phase's skipped update (a non-finite loss or gradient, a spike skipped by policy, an fp16 overflow the
+    GradScaler skipped) in ``state.skipped_updates`` and its run of skips in ``state.skips_in_a_row``; an overflow
+    while the GradScaler is still searching its scale (``searching``) neither extends nor breaks that run.
+
+    Raises:
+        TrainingError: ``limit`` (``train.max_skips_in_a_row``; 0: none) updates in a row were skipped: the run does not
+            recover by skipping (a learning rate far too high, weights already broken), so it stops naming the last
+            good checkpoint.
+    """
+    if skipped:
+        state.skipped_updates[phase] = state.skipped_updates.get(phase, 0) + 1
+    if not searching:
+        state.skips_in_a_row[phase] = state.skips_in_a_row.get(phase, 0) + 1 if skipped else 0
+    if limit and state.skips_in_a_row.get(phase, 0) >= limit:
+        raise TrainingError(f"step {step}: the update{of} was skipped {state.skips_in_a_row[phase]} steps in a row "
+                            "(non-finite loss or gradients, spikes or fp16 overflows; train.max_skips_in_a_row is "
+                            f"{limit}): skipping does not recover this run (a learning rate too high? broken weights?); "
+                            f"last good checkpoint: {last}")
 
 
 def finish_checkpoint(checkpointer: Optional[ShardedCheckpointer], log: RunLog) -> None:

@@ -48,6 +48,8 @@ def consolidate(folder: str | Path, output: str | Path, model_only: bool = False
         OSError: ``output`` cannot be written (nothing is left half-written).
     """
     folder = Path(folder)
+    if not folder.exists():
+        raise CheckpointError(f"{folder}: no such file or folder")
     if not is_sharded(folder):
         raise CheckpointError(f"{folder} is not a sharded checkpoint folder (a .pt file is one file already)")
     problem = sharded_intact(folder)
@@ -81,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="replace an existing output file")
     args = parser.parse_args(argv)
     output = args.output or default_output(args.folder)
+    if not output.parent.is_dir():
+        print(f"ERROR: --output {output}: the folder {output.parent} does not exist", file=sys.stderr)
+        return 1
     if output.exists() and not args.force:
         print(f"ERROR: {output} exists; pass --force to replace it, or --output another file", file=sys.stderr)
         return 1

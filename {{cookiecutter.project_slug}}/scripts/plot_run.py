@@ -52,7 +52,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def series(rows: list[dict], key: str, positive: bool = False) -> tuple[list, list]:
     """``(steps, values)`` of the named loss ``key`` (``row["losses"][key]``) in the rows that have it
     (``positive``: only values above zero, for a log axis)."""
-    found = [(r["step"], r["losses"][key]) for r in rows if key in r.get("losses", {})
+    found = [(r["step"], r["losses"][key]) for r in rows if r.get("losses", {}).get(key) is not None
              and (not positive or r["losses"][key] > 0)]
     return [step for step, _ in found], [value for _, value in found]
 

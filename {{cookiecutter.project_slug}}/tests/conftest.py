@@ -10,14 +10,33 @@
 * :func:`train_with_validation_every_step` and :func:`tensorboard_audio`: the audio a run logs at validation.
 * :func:`start_job`: a launched job, optionally with a planted ``sitecustomize.py`` (a fault, a slow step);
   :func:`run_ranks`: one script on 2 gloo ranks started by hand (no launcher).
+* :data:`START_DELAY_S`, :func:`process_start_s` and :func:`bound`: time limits that follow the machine.
+
+Time limits follow the machine, not a fast laptop. A GPU host starts every process slowly (CUDA and NCCL
+initialisation take seconds) and ``pytest -n auto`` runs many jobs at once; so every bound on a job's wall time
+is :func:`bound`: the job's own work plus a number of measured process starts. To see a GPU host's conditions on
+any machine, plant a slow start in every process the tests launch::
+
+    TEST_START_DELAY_S=3 python -m pytest -n 4 tests
+
+(``TEST_START_DELAY_S``: seconds every launched Python process sleeps before it runs anything; the launcher, the
+ranks it starts and their spawned workers alike.) Ports come from :func:`free_port`: below the kernel's ephemeral
+range and split between pytest-xdist workers, so that no other test, worker or outgoing connection takes a port
+between the moment a test picks it and the moment its job listens there.
 """
 
+import atexit
 import builtins
+import functools
 import os
+import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -27,7 +46,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+"""Test processes running at once (``pytest -n N``). Each takes its share of the cores for the work it does itself
+(torch's intra-op threads; inductor compiles without a pool of its own): N workers each using every core, as
+torch does by default, and each compiling with a pool as large as the machine, slow a many-core host down by an
+order of magnitude. The jobs tests launch run one thread per process (:func:`clean_env`)."""
+if XDIST_WORKERS > 1:
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 from model import MODELS  # noqa: E402  (needs ROOT on sys.path)
+
+if XDIST_WORKERS > 1:
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
 
 TEST_MODEL = os.environ.get("TEST_MODEL") or (sorted(MODELS)[0] if MODELS else None)
 if TEST_MODEL is not None and TEST_MODEL not in MODELS:
@@ -36,6 +68,44 @@ if TEST_MODEL is not None and TEST_MODEL not in MODELS:
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE",
                  "GROUP_RANK", "TORCHELASTIC_RUN_ID")
 LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_")
+
+
+START_DELAY_S = float(os.environ.get("TEST_START_DELAY_S") or 0)
+"""Seconds every Python process launched by a test sleeps first (``TEST_START_DELAY_S``; 0: none)."""
+
+
+def _sleep_first(seconds: float) -> str:
+    """Python source that sleeps ``seconds`` (nothing for 0): the first lines of every planted ``sitecustomize``."""
+    return f"import time\ntime.sleep({seconds!r})\n" if seconds > 0 else ""
+
+
+@functools.cache
+def _delay_plant() -> Optional[str]:
+    """A folder holding a ``sitecustomize.py`` that sleeps :data:`START_DELAY_S` (removed at exit), or ``None``."""
+    if START_DELAY_S <= 0:
+        return None
+    folder = tempfile.mkdtemp(prefix="slow-start-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    Path(folder, "sitecustomize.py").write_text(_sleep_first(START_DELAY_S))
+    return folder
+
+
+@functools.cache
+def process_start_s() -> float:
+    """Seconds a launched process of the project takes to be ready to work, measured once per test process:
+    a fresh interpreter (with :data:`START_DELAY_S`) importing torch and the project's training modules, on this
+    machine under its present load."""
+    begin = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torch, distributed, train"], cwd=ROOT, env=clean_env(1),
+                   check=True, capture_output=True)
+    return time.monotonic() - begin
+
+
+def bound(work_s: float, starts: int = 2) -> float:
+    """A limit on a job's wall time: ``work_s`` seconds of its own work (generous: what an idle machine needs,
+    several times over) plus ``starts`` process starts in sequence (:func:`process_start_s`, each counted twice:
+    the machine is as busy when the job runs as when it was measured, or busier)."""
+    return work_s + 2 * starts * process_start_s()
 
 
 def visible_gpus() -> int:
@@ -55,18 +125,40 @@ def clean_env(nproc: int = 2, cpu_only: bool = False, **extra: str) -> dict:
     ``extra`` is added last.
     """
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith(LAUNCHER_PREFIXES)}
-    env.update(PYTHONPATH=os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1")
+    path = [folder for folder in (_delay_plant(), ROOT, env.get("PYTHONPATH", "")) if folder is not None]
+    env.update(PYTHONPATH=os.pathsep.join(path), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if cpu_only or visible_gpus() < nproc:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return {**env, **extra}
 
 
+PORTS = range(20000, 32000)
+"""Where :func:`free_port` looks: below Linux's ephemeral range (32768-60999), where the kernel puts no outgoing
+connection and no ``bind(port 0)``."""
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that is free now and that no other test will be given: each pytest-xdist worker
+    draws from its own slice of :data:`PORTS`, and never twice the same port.
+
+    Raises:
+        RuntimeError: every port of this worker's slice is taken.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    index = int(worker) if worker.isdigit() else 0
+    share = len(PORTS) // max(workers, 1)
+    candidates = [port for port in PORTS[index * share:(index + 1) * share] if port not in _handed_out]
+    for port in random.sample(candidates, len(candidates)):
+        _handed_out.add(port)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # another program's
+                continue
+            return port
+    raise RuntimeError(f"no free port left in {PORTS.start + index * share}..{PORTS.start + (index + 1) * share - 1}")
 
 
 def child_pids(parent_pid: int) -> list[int]:
@@ -244,17 +336,30 @@ def start_job(cmd: list, out, nproc: int, plant: Optional[str] = None) -> subpro
     ``out/plant``)."""
     env = clean_env(nproc)
     if plant is not None:
-        (Path(out) / "plant").mkdir(parents=True, exist_ok=True)
-        (Path(out) / "plant" / "sitecustomize.py").write_text(plant)
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(out) / "plant"), env["PYTHONPATH"]])
+        planted(out, plant, env)
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
 
 
-def run_ranks(script: str, folder, nproc: int = 2, timeout: float = 120) -> list[str]:
+def planted(out, plant: str, env: dict) -> dict:
+    """Put ``plant`` (Python source) in ``out/plant/sitecustomize.py`` and that folder first on ``env``'s
+    ``PYTHONPATH``, so that every process started with ``env`` runs it first (after :data:`START_DELAY_S`, which
+    it keeps); a plant that raises ends the process with exit status 97. Returns ``env``, changed in place."""
+    folder = Path(out) / "plant"
+    folder.mkdir(parents=True, exist_ok=True)
+    # Python reports an error in sitecustomize and runs on without it: a plant that fails must end the process.
+    (folder / "sitecustomize.py").write_text(
+        _sleep_first(START_DELAY_S) + "try:\n"
+        f"    exec(compile({plant!r}, 'planted sitecustomize', 'exec'), globals())\n"
+        "except BaseException:\n    import os, traceback\n    traceback.print_exc()\n    os._exit(97)\n")
+    env["PYTHONPATH"] = os.pathsep.join([str(folder), env["PYTHONPATH"]])
+    return env
+
+
+def run_ranks(script: str, folder, nproc: int = 2, timeout: Optional[float] = None) -> list[str]:
     """Run ``script`` (Python source) as ``nproc`` gloo ranks on the CPU, each with ``RANK``/``WORLD_SIZE``/...
     set and ``tests/`` on ``PYTHONPATH``; ``sys.argv[1:]`` is ``folder`` and the tests folder. Returns each rank's
-    output; fails the test when a rank fails."""
+    output; fails the test when a rank fails. ``timeout``: seconds (default :func:`bound` of 120 s of work)."""
     path = Path(folder) / "worker.py"
     path.write_text(script)
     port, procs = free_port(), []
@@ -264,6 +369,6 @@ def run_ranks(script: str, folder, nproc: int = 2, timeout: float = 120) -> list
         env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests"), env["PYTHONPATH"]])
         procs.append(subprocess.Popen([sys.executable, str(path), str(folder), os.path.join(ROOT, "tests")], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [proc.communicate(timeout=timeout)[0] for proc in procs]
+    outputs = [proc.communicate(timeout=timeout or bound(120))[0] for proc in procs]
     assert all(proc.returncode == 0 for proc in procs), outputs
     return outputs

@@ -27,7 +27,7 @@ import torch
 
 import inference
 import train
-from conftest import ROOT, TEST_MODEL, OpensAFile, synth_corpus
+from conftest import ROOT, TEST_MODEL, OpensAFile, clean_env, synth_corpus
 from model import MODELS
 
 MODEL = TEST_MODEL
@@ -186,6 +186,12 @@ def test_a_bad_config_file_names_the_file_and_the_key(capsys, tmp_path, precious
     ("train.on_nonfinite=ignore", "config key 'train.on_nonfinite' must be one of skip, stop, got 'ignore'"),
     (f"{MODEL}.batch_size=0", f"config key '{MODEL}.batch_size' must be >= 1, got 0"),
     ("train.max_steps", "--set expects section.key=value, got 'train.max_steps'"),
+    # settings that would do nothing in the chosen mode are refused, not silently ignored
+    ("train.async_checkpoint=true", "train.async_checkpoint=true does nothing with train.parallelism=ddp: it writes "
+                                    "sharded checkpoints in the background under train.parallelism=fsdp only"),
+    ("train.reshard_after_forward=false", "train.reshard_after_forward=false does nothing with train.parallelism=ddp"),
+    ("train.activation_checkpointing_every=3", "train.activation_checkpointing_every=3 applies to "
+                                               "train.activation_checkpointing=selective only (it is none)"),
 ])
 def test_a_bad_set_is_named(capsys, precious, corpus, setting, message):
     before = snapshot(precious)
@@ -537,8 +543,8 @@ def real_runs(finished, corpus, tmp_path_factory):
     runs["port_taken"] = (["multiproc.py", "--nproc-per-node", "2", "--master-port", str(port), "--log-dir",
                            str(root / "logs"), "train.py", *BASE, "--dataset-path", str(corpus), "--output-dir",
                            str(root / "never2")], (port, root / "never2"))
-    procs = {name: subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True) for name, (argv, _) in runs.items()}
+    procs = {name: subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=clean_env(2)) for name, (argv, _) in runs.items()}
     results = {}
     try:
         for name, proc in procs.items():
@@ -572,9 +578,8 @@ def test_python_inference_py_refuses_a_pickled_payload(real_runs):
 def test_multiproc_names_a_master_port_already_in_use(real_runs):
     (code, out, err), (port, never) = real_runs["port_taken"]
     assert code == 1
-    assert err.splitlines() == [f"multiproc: ERROR: rendezvous on 127.0.0.1:{port} failed: The server socket has "
-                                f"failed to listen on any local network address. port: {port}, useIpv6: false, "
-                                "code: -98, name: EADDRINUSE, message: address already in use"], err
+    assert err.splitlines() == [f"multiproc: ERROR: --master-port {port} is in use on 127.0.0.1 (another job listens "
+                                "there); leave --master-port out to take a free port, or choose another one"], err
     assert not never.exists()
 
 
@@ -622,6 +627,43 @@ def test_inference_names_cuda_on_a_machine_without_it(capsys, finished, tmp_path
                                    str(tmp_path / "x.wav"), "--device", "cuda")
     assert the_error(code, err, out) == ("ERROR: --device cuda: CUDA is not available here (this torch build or "
                                          "machine has no GPU); use --device cpu")
+
+
+def test_inference_names_an_option_the_checkpoints_model_does_not_take(capsys, finished, tmp_path):
+    checkpoint = finished[0] / "checkpoint_last.pt"
+    code, out, err = run_inference(capsys, "--checkpoint", str(checkpoint), "--output", str(tmp_path / "x.wav"),
+                                   "--no-such-option", "3")
+    line = the_error(code, err, out)
+    assert line.startswith(f"ERROR: --no-such-option: not an option of {checkpoint}, a {MODEL} checkpoint; it takes "), line
+    assert f"(python inference.py --checkpoint {checkpoint} --help)" in line
+    others = {name: spec for name, spec in MODELS.items() if name != MODEL and spec.add_inference_args is not None}
+    for name, spec in others.items():  # another model's option (Tacotron2's --text to a vocoder, say) is named so
+        parser = inference.build_parser([name])
+        own = inference.build_parser([MODEL])
+        flag = next((a.option_strings[0] for a in parser._actions if a.option_strings and not any(
+            a.option_strings[0] in b.option_strings for b in own._actions)), None)
+        if flag is None:
+            continue
+        code, out, err = run_inference(capsys, "--checkpoint", str(checkpoint), "--output", str(tmp_path / "x.wav"),
+                                       flag, "x")
+        assert f"{flag}: not an option of {checkpoint}, a {MODEL} checkpoint (an option of " in the_error(code, err)
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_inference_names_an_output_folder_that_does_not_exist(capsys, finished, tmp_path):
+    target = tmp_path / "missing" / "x.wav"
+    code, out, err = run_inference(capsys, "--checkpoint", str(finished[0] / "checkpoint_last.pt"), "--output",
+                                   str(target))
+    assert the_error(code, err, out) == f"ERROR: --output {target}: the folder {target.parent} does not exist"
+
+
+def test_resume_from_a_file_that_is_no_checkpoint_says_so(capsys, corpus, tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("step 20 looked fine\n")
+    code, out, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out"),
+                               "--resume", str(text))
+    line = the_error(code, err, out)
+    assert f"{text} is not a checkpoint: neither a file torch.save writes (a zip archive) nor a pickle" in line, line
 
 
 # --- every kind of bad clip, in error and skip mode -------------------------------------------------------
@@ -769,7 +811,7 @@ def test_python_train_py_skips_or_names_every_kind_of_bad_clip(every_bad_clip, t
         proc = subprocess.run([sys.executable, "train.py", *BASE, "--dataset-path", str(corpus), "--output-dir",
                                str(tmp_path / mode), "--set", f"data.on_bad_clip={mode}"], cwd=ROOT,
                               capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"})
+                              env=clean_env(1, XDG_CACHE_HOME=str(tmp_path / "cache")))
         runs[mode] = proc.returncode, proc.stdout, proc.stderr
     code, out, err = runs["skip"]
     assert code == 0 and "Traceback" not in err and "ERROR" not in err, err

@@ -495,21 +495,23 @@ def check(utterances, cache_file=None):
 def test_check_corpus_finds_silent_clips_and_passes_8_bit_and_late_sound(tmp_path):
     """Silent: all-zero (16-bit, float or 8-bit), or no sample above -80 dBFS. Not silent: a clip whose sound
     starts after 3 s of digital silence (the check reads on past the first blocks), an 8-bit clip. A NaN among
-    the samples read is named with its position."""
+    the samples is named with its position, also after the sound began (a float wav is read to its end)."""
     quiet = np.full(8000, 5e-5, np.float32)
     quiet[::2] *= -1
     late = np.concatenate([np.zeros(3 * SR, np.float32), ramp(4000)])
     clips = {"zeros16": (np.zeros(8000), "PCM_16"), "zeros_float": (np.zeros(8000), "FLOAT"),
              "zeros8": (np.zeros(8000), "PCM_U8"), "quiet": (quiet, "FLOAT"), "late": (late, "PCM_16"),
              "eight_bit": (0.5 * ramp(8000), "PCM_U8"), "normal": (ramp(8000), "PCM_16"),
-             "nan": (np.where(np.arange(8000) == 700, np.nan, 0.0), "FLOAT")}
+             "nan": (np.where(np.arange(8000) == 700, np.nan, 0.0), "FLOAT"),
+             "late_nan": (np.concatenate([ramp(4000), np.full(70000, np.nan)]), "FLOAT")}  # NaN past the sound
     utts = [Utterance(name, write_wav(tmp_path / f"{name}.wav", audio, subtype=subtype), "Some text.")
             for name, (audio, subtype) in clips.items()]
     found = {clip.id: clip.reason for clip in check(utts)}
     assert found == {"zeros16": "silent: every sample is zero", "zeros_float": "silent: every sample is zero",
                      "zeros8": "silent: every sample is zero",
                      "quiet": "silent: its loudest sample is 5.0e-05 of full scale, at most 1e-04",
-                     "nan": "holds NaN or infinite samples (the first at sample 700)"}
+                     "nan": "holds NaN or infinite samples (the first at sample 700)",
+                     "late_nan": "holds NaN or infinite samples (the first at sample 4000)"}
 
 
 def test_check_corpus_names_a_missing_wav_and_a_folder(tmp_path):
@@ -544,7 +546,7 @@ def test_check_corpus_cache_reads_each_clip_once_until_it_changes(tmp_path, monk
     cache = json.loads(cache_file.read_text())
     entry = cache[str(tmp_path / "loud.wav")]
     stat = os.stat(tmp_path / "loud.wav")
-    assert entry["key"] == f"v2:{stat.st_size}:{stat.st_mtime_ns}"
+    assert entry["key"] == f"v3:{stat.st_size}:{stat.st_mtime_ns}"
     entry["key"] = f"{stat.st_size}:{stat.st_mtime_ns}"  # as the header-only check wrote it
     del entry["silent_peak"]
     cache_file.write_text(json.dumps(cache))

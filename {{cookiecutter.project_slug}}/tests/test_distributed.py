@@ -16,9 +16,7 @@ import torch
 from torch import nn
 
 import distributed as D
-from conftest import LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, TEST_MODEL, clean_env, finish, free_port, synth_corpus
-
-JOB_TIMEOUT_S = 60
+from conftest import LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, TEST_MODEL, bound, clean_env, finish, free_port, synth_corpus
 
 # Run by each rank: python worker.py <mode> <out_dir>. Also imported by the test (runpy) for
 # make_model / make_data, so the reference and the ranks build exactly the same things.
@@ -88,7 +86,7 @@ def run_two_ranks(tmp_path, rank_env, mode: str) -> list:
         procs.append(subprocess.Popen([sys.executable, str(worker), mode, str(tmp_path)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     try:
-        outputs = [p.communicate(timeout=JOB_TIMEOUT_S)[0] for p in procs]
+        outputs = [p.communicate(timeout=bound(60))[0] for p in procs]
     finally:
         for p in procs:  # only reached alive on a timeout: never leave a rank hanging
             if p.poll() is None:

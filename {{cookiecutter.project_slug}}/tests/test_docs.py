@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, synth_corpus
+from conftest import ROOT, clean_env, synth_corpus
 
 PROJECT = Path(ROOT)
 EXAMPLE = PROJECT / "docs" / "own_model_example.py"
@@ -136,7 +136,7 @@ print(len(train_set), len(val_set), melae.count_items(batch), frames, losses[0],
 
 def test_the_example_model_file_loads_reads_a_corpus_and_learns(tmp_path):
     corpus = synth_corpus(tmp_path / "corpus", n=8)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT), os.environ.get("PYTHONPATH", "")])}
+    env = clean_env(1)
     done = subprocess.run([sys.executable, "-c", EXAMPLE_CHECK, str(EXAMPLE), str(corpus)], cwd=PROJECT,
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -217,7 +217,7 @@ def test_the_two_optimizer_example_trains_both_phases_and_its_mel_l1_falls(tmp_p
     gives gradients to its own network only, the generator's loss is its two named terms as documented, the
     mel L1 falls, and the per-epoch schedule, validation criterion and vocoder hook work."""
     corpus = synth_corpus(tmp_path / "corpus", n=8)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT), os.environ.get("PYTHONPATH", "")])}
+    env = clean_env(1)
     done = subprocess.run([sys.executable, "-c", TWO_OPTIMIZER_CHECK, str(TWO_OPTIMIZER_EXAMPLE), str(corpus)],
                           cwd=PROJECT, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, TEST_MODEL, clean_env, descendants, finish, start_job, synth_corpus
+from conftest import ROOT, TEST_MODEL, bound, clean_env, descendants, finish, start_job, synth_corpus
 from model import MODELS, config_schemas
 from utils.checkpoint import load_sharded_model, read_train_state
 from utils.config import load_config
@@ -33,14 +33,14 @@ needs_one = pytest.mark.skipif(MODEL is None, reason="every registered model tra
 # enough to be signalled in the middle. The numbers it computes do not change.
 SLOW_STEPS = """
 import time
-import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 
 def _slow(optimizer, args, kwargs):
     time.sleep(0.3)
 
 
-torch.optim.optimizer.register_optimizer_step_pre_hook(_slow)
+register_optimizer_step_pre_hook(_slow)
 """
 
 # The DCP writer of the step-8 checkpoint hangs after its shard files are opened: a save caught half-way.
@@ -61,6 +61,26 @@ filesystem.FileSystemWriter.write_data = _hang
 """
 
 
+# The step-8 checkpoint meets a full disk (ENOSPC when a file of it is flushed to disk): FULL_FILES says which of its
+# files, "train_state.pt" (rank 0 writes it first) or ".distcp" (the shards every rank writes through DCP).
+DISK_FULL_AT_8 = """
+import errno
+import os
+
+_fsync = os.fsync
+
+
+def _full(fd):
+    path = os.readlink(f"/proc/self/fd/{fd}")
+    if ".checkpoint_8.partial" in path and FULL_FILES in path:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return _fsync(fd)
+
+
+os.fsync = _full
+"""
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return synth_corpus(tmp_path_factory.mktemp("corpus"), n=30)
@@ -74,7 +94,7 @@ def launch(out, corpus, model, *extra, nproc=2, plant=None):
 
 
 def train(out, corpus, model, *extra, nproc=2) -> str:
-    code, output = finish(launch(out, corpus, model, *extra, nproc=nproc), timeout=600)
+    code, output = finish(launch(out, corpus, model, *extra, nproc=nproc), timeout=bound(600))
     assert code == 0, output[-4000:]
     return output
 
@@ -201,6 +221,33 @@ def test_fsdp_refuses_what_it_cannot_do_in_one_line(corpus, tmp_path):
     train(sharded, corpus, MODEL, "--max-steps", "2", "--set", "train.checkpoint_interval=2", *FSDP)
     output = train(sharded, corpus, MODEL, "--max-steps", "3", "--resume", "auto")
     assert "at step 2" in output and (sharded / "checkpoint_last.pt").is_file()
+    # "last" names the newest checkpoint, whichever its kind: the DDP file, no longer the sharded folder of step 2.
+    assert not (sharded / "checkpoint_last").exists() and (sharded / "checkpoint_2").is_dir()
+    assert f"done: 3 steps; checkpoint {sharded / 'checkpoint_last.pt'}" in output
+    output = train(sharded, corpus, MODEL, "--max-steps", "4", "--resume", "auto")
+    assert "at step 3" in output, output[-2000:]
+
+
+@needs_one
+@pytest.mark.parametrize("full", ["train_state.pt", ".distcp"])
+def test_a_full_disk_during_a_sharded_save_ends_every_rank_with_one_line_and_keeps_the_last_checkpoint(corpus,
+                                                                                                     tmp_path, full):
+    settings = ["--max-steps", "10", "--set", "train.checkpoint_interval=4", *FSDP, "--set", "data.num_workers=2"]
+    start = time.monotonic()
+    code, output = finish(launch(tmp_path, corpus, MODEL, *settings, plant=f"FULL_FILES = {full!r}\n" + DISK_FULL_AT_8),
+                          timeout=bound(120))
+    took = time.monotonic() - start
+    assert code == 1 and took < bound(60), (code, took, output[-3000:])
+    logs = [output, (tmp_path / "logs" / "rank_1.stderr.log").read_text()]
+    for rank, text in enumerate(logs):
+        errors = [line for line in text.splitlines() if line.startswith("ERROR:")]
+        assert len(errors) == 1 and "Traceback" not in text, (rank, text[-3000:])
+        assert errors[0].startswith(f"ERROR: rank {rank}: could not write the step 8 checkpoint in {tmp_path}: "), \
+            errors[0]
+        assert errors[0].endswith("No space left on device; earlier checkpoints are kept (checkpoint_4)"), errors[0]
+    assert os.readlink(tmp_path / "checkpoint_last") == "checkpoint_4" and not list(tmp_path.glob(".checkpoint_*"))
+    output = train(tmp_path, corpus, MODEL, *settings, "--resume", "auto")  # the disk has room again
+    assert "at step 4" in output and os.readlink(tmp_path / "checkpoint_last") == "checkpoint_10"
 
 
 @pytest.mark.parametrize("before, now", [(2, 1), (1, 2), (2, 3), (3, 2), (4, 2)])

@@ -10,7 +10,7 @@ import soundfile as sf
 import torch
 from torch.nn.utils import parametrize
 
-from conftest import synth_corpus
+from conftest import clean_env, synth_corpus
 from model import MODELS
 from modules.hifigan import (Discriminator, Generator, discriminator_loss, feature_matching_loss,
                              generator_adversarial_loss)
@@ -324,13 +324,11 @@ def launch(out, corpus, *extra, plant=None):
     import subprocess
     import sys
 
-    from conftest import ROOT, clean_env
+    from conftest import ROOT, clean_env, planted
 
     env = clean_env(2)
     if plant is not None:
-        (out.parent / f"{out.name}_plant").mkdir(parents=True, exist_ok=True)
-        (out.parent / f"{out.name}_plant" / "sitecustomize.py").write_text(plant)
-        env["PYTHONPATH"] = os.pathsep.join([str(out.parent / f"{out.name}_plant"), env["PYTHONPATH"]])
+        planted(out.parent / f"{out.name}_plant", plant, env)
     cmd = [sys.executable, "multiproc.py", "--nproc-per-node", "2", "--log-dir", str(out) + "_logs", "train.py",
            *RUN, "--dataset-path", str(corpus), "--output-dir", str(out), *extra]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -417,7 +415,7 @@ def test_inference_writes_the_wav_of_a_mel(tmp_path):
     torch.save(mel, tmp_path / "mel.pt")
     done = subprocess.run([sys.executable, "inference.py", "--checkpoint", str(voc), "--mel", str(tmp_path / "mel.pt"),
                            "--output", str(tmp_path / "a.wav"), "--device", "cpu"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=clean_env(1))
     assert done.returncode == 0, done.stderr
     assert sf.info(str(tmp_path / "a.wav")).frames == mel.shape[-1] * 256
 
@@ -450,9 +448,33 @@ def test_the_benchmark_times_both_phases_and_reports_every_named_loss():
 
     done = subprocess.run([sys.executable, "scripts/benchmark.py", "--tiny", "--device", "cpu", "--steps", "2",
                            "--warmup", "1", "--precision", "fp32", "--cases", "tiny_hifigan_b2_s2048",
-                           "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                           "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=clean_env(1))
     assert done.returncode == 0, done.stderr
     (row,) = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert row["case"] == "tiny_hifigan_b2_s2048" and row["tiny"] and row["step_s"] > 0
     assert set(row["losses"]) == {"loss_discriminator", "loss_generator", "g_adv", "g_fm", "mel_l1"}
     assert row["loss"] == row["losses"]["loss_generator"]
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("train.lr_schedule=cosine", "train.lr_schedule=cosine, train.warmup_steps=0: model 'hifigan' builds its own LR "
+                                 "schedulers (ModelSpec.build_scheduler), which these settings would not change"),
+    ("train.warmup_steps=100", "train.lr_schedule=constant, train.warmup_steps=100: model 'hifigan' builds its own"),
+    ("train.parallelism=fsdp", "train.parallelism=fsdp with model 'hifigan', which trains several optimizers"),
+])
+def test_what_it_cannot_honour_is_refused_in_one_line_before_any_data_is_read(tmp_path, setting, message):
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT, bound
+
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "train.py", *RUN, "--set", setting, "--dataset-path",
+                           str(tmp_path / "no_corpus_here"), "--output-dir", str(tmp_path / "out")], cwd=ROOT,
+                          env=clean_env(1), capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - start
+    assert done.returncode == 1 and done.stderr.startswith(f"ERROR: {message}"), done.stderr
+    assert len(done.stderr.splitlines()) == 1 and took < bound(5, 1), (took, done.stderr)
+    assert not (tmp_path / "out").exists()  # refused before the output folder, the process group, the corpus

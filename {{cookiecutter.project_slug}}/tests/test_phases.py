@@ -229,4 +229,4 @@ def test_fsdp_of_a_model_with_several_optimizers_is_refused_with_a_reason():
     cfg.train.parallelism = "fsdp"
     with pytest.raises(ConfigError, match="trains several optimizers \\(discriminator, generator\\).*use "
                                           "train.parallelism=ddp"):
-        train.prepare_model(TOY_SPEC, "toy", ToyGAN(), cfg)
+        train.check_settings(TOY_SPEC, "toy", cfg)  # before any model, process group or data

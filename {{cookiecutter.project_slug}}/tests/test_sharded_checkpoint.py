@@ -79,6 +79,35 @@ def test_a_killed_save_and_a_damaged_folder_fall_back_to_the_last_intact_checkpo
     assert "is damaged (shard" in notes[0] and "cut short" in notes[0] and "checkpoint_2" in notes[0]
 
 
+def flip_bytes(path: Path) -> None:
+    """Damage a file the way a bad disk or a bad copy does: some bytes in its middle change, its size does not."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 8] = bytes(b ^ 0xFF for b in data[middle:middle + 8])
+    path.write_bytes(bytes(data))
+
+
+def test_a_bit_flip_inside_a_shard_is_found_and_the_intact_checkpoint_taken(tmp_path):
+    write_checkpoints(tmp_path, [2, 4, 6], keep_last=0)
+    shard = max((tmp_path / "checkpoint_6").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    flip_bytes(shard)
+    for args in (["inference.py", "--checkpoint", str(tmp_path / "checkpoint_6"), "--output", str(tmp_path / "x.wav")],
+                 ["scripts/consolidate_checkpoint.py", str(tmp_path / "checkpoint_6"), "--output",
+                  str(tmp_path / "x.pt")]):
+        done = run(*args, check=False)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR:")]
+        assert done.returncode == 1 and len(errors) == 1, done.stderr
+        assert f"{shard.name} fails its CRC-32 check" in errors[0], errors[0]
+    assert not (tmp_path / "x.wav").exists() and not (tmp_path / "x.pt").exists()
+    path, notes = resume_path("auto", tmp_path)
+    assert path == tmp_path / "checkpoint_4" and len(notes) == 1, notes
+    assert f"{shard.name} fails its CRC-32 check" in notes[0] and "checkpoint_6 -> checkpoint_6.damaged" in notes[0]
+    # Out of the way: the next save with keep_last=2 keeps the intact 4 beside the new 8, not the damaged 6.
+    write_checkpoints(tmp_path, [8], keep_last=2)
+    assert [p.name for p in list_sharded_checkpoints(tmp_path)] == ["checkpoint_4", "checkpoint_8"]
+    assert (tmp_path / "checkpoint_6.damaged").is_dir()
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     out = tmp_path_factory.mktemp("sharded")
@@ -131,3 +160,10 @@ def test_a_folder_that_is_no_checkpoint_is_one_error_line(tmp_path):
         done = run(*args, check=False)
         errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR:")]
         assert done.returncode == 1 and len(errors) == 1 and "not a sharded checkpoint" in errors[0], done.stderr
+    done = run("scripts/consolidate_checkpoint.py", str(tmp_path / "gone"), "--output", str(tmp_path / "x.pt"),
+               check=False)
+    assert done.returncode == 1 and done.stderr.strip() == f"ERROR: {tmp_path / 'gone'}: no such file or folder"
+    done = run("scripts/consolidate_checkpoint.py", str(tmp_path), "--output", str(tmp_path / "no" / "x.pt"),
+               check=False)
+    assert done.stderr.strip() == f"ERROR: --output {tmp_path / 'no' / 'x.pt'}: the folder {tmp_path / 'no'} does " \
+                                  "not exist"

@@ -13,7 +13,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import inference
-from conftest import tiny_checkpoint
+from conftest import clean_env, tiny_checkpoint
 from model import MODELS
 from models.tacotron2 import Tacotron2, Tacotron2Config, Tacotron2Loss, build_datasets, count_items, log_validation
 from modules.layers import ConvNorm
@@ -693,7 +693,7 @@ def test_text_to_speech_through_a_vocoder_checkpoint(tmp_path, vocoder):
     voc = tiny_checkpoint(vocoder, tmp_path / f"{vocoder}.pt")
     done = subprocess.run([sys.executable, "inference.py", "--checkpoint", str(tts), "--text", "Hello there.",
                            "--vocoder", str(voc), "--output", str(tmp_path / "t.wav"), "--device", "cpu"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=clean_env(1))
     assert done.returncode == 0, done.stderr
     info = sf.info(str(tmp_path / "t.wav"))
     assert info.samplerate == 22050 and info.frames > 0 and info.frames % 256 == 0

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import fcntl
 import io
+import json
 import os
 import random
 import re
@@ -20,6 +21,7 @@ import sys
 import time
 import warnings
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -80,10 +82,10 @@ def serialized(state: Any, where: str | Path) -> bytes:
     return data
 
 
-def write_failure(step: int, output_dir: Path, err: OSError, kept: list[Path]) -> CheckpointError:
-    """The error of a checkpoint that could not be written (a full disk, a quota), naming the ones kept."""
+def write_failure(step: int, output_dir: Path, reason: str, kept: list[Path]) -> CheckpointError:
+    """The error of a checkpoint that could not be written (``reason``: a full disk, a quota), naming the ones kept."""
     names = dict.fromkeys(path.name for path in kept)
-    return CheckpointError(f"could not write the step {step} checkpoint in {output_dir}: {err.strerror or err}; "
+    return CheckpointError(f"could not write the step {step} checkpoint in {output_dir}: {reason}; "
                            f"earlier checkpoints are kept ({', '.join(names) or 'none written yet'})")
 
 
@@ -96,7 +98,9 @@ def prune(checkpoints: list[Path], keep_last: int, remove) -> None:
 
 
 def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, keep_last: int = 0) -> Path:
-    """Write ``checkpoint_<step>.pt`` and ``checkpoint_last.pt`` atomically; keep the newest ``keep_last``.
+    """Write ``checkpoint_<step>.pt`` and ``checkpoint_last.pt`` atomically; keep the newest ``keep_last``. A
+    ``checkpoint_last`` link of sharded checkpoints (a run continued with DDP) is removed: the newest checkpoint,
+    whichever its kind, is the one "last" names.
 
     Args:
         output_dir: the run's output folder (must exist).
@@ -119,10 +123,13 @@ def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, ke
     try:
         atomic_write_bytes(numbered, data)
         atomic_write_bytes(output_dir / "checkpoint_last.pt", data)
+        if (output_dir / "checkpoint_last").is_symlink():  # an older sharded checkpoint's: this file is newer
+            (output_dir / "checkpoint_last").unlink()
+            fsync_dir(output_dir)
     except OSError as err:  # a full disk, a quota, a folder gone read-only: the earlier files are untouched
         kept = [path for path in (output_dir / "checkpoint_last.pt", *list_checkpoints(output_dir)[-1:])
                 if path.is_file()]
-        raise write_failure(step, output_dir, err, kept) from None
+        raise write_failure(step, output_dir, err.strerror or str(err), kept) from None
     # The newest by step, but never the file just written (an older run's higher steps may be there).
     prune([path for path in list_checkpoints(output_dir) if path != numbered], keep_last, Path.unlink)
     return numbered
@@ -179,7 +186,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     # UnicodeDecodeError), a refused global, a corrupted pickle (KeyError, IndexError, TypeError, AttributeError,
     # AssertionError from the weights-only unpickler's own checks, ...). None of it runs code from the file.
     except Exception as err:  # noqa: BLE001 - the file is untrusted input; every failure to read it is this one
-        raise CheckpointError(f"cannot load checkpoint {path} safely: {_load_failure(err)}") from err
+        reason = _load_failure(err)
+        with open(path, "rb") as handle:
+            head = handle.read(2)
+        if not head.startswith((b"PK", b"\x80")):  # neither a zip archive nor a pickle (protocol 2 or later)
+            raise CheckpointError(f"{path} is not a checkpoint: " + ("an empty file" if not head else
+                                  "neither a file torch.save writes (a zip archive) nor a pickle")) from err
+        raise CheckpointError(f"cannot load checkpoint {path} safely: {reason}") from err
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path} is not a checkpoint of this project (no 'model' entry)")
     return state
@@ -265,9 +278,11 @@ class TrainState:
         step: optimizer steps done.
         epoch: the epoch being read.
         batch_in_epoch: batches of that epoch this rank has read.
-        skipped_steps: steps skipped for a non-finite loss or gradient norm.
+        skipped_steps: steps skipped for a non-finite loss or gradient norm, or a spike (``train.on_spike=skip``).
         samples_in_epoch: samples of that epoch's order all ranks together have read (a resumed run skips them,
             on any number of processes: the data position in global samples).
+        skipped_updates: per optimizer (phase name), its updates skipped for any reason (also fp16 overflows).
+        skips_in_a_row: per optimizer, how many of its latest updates were skipped in a row.
     """
 
     step: int = 0
@@ -275,6 +290,8 @@ class TrainState:
     batch_in_epoch: int = 0
     skipped_steps: int = 0
     samples_in_epoch: int = 0
+    skipped_updates: dict = dataclasses.field(default_factory=dict)
+    skips_in_a_row: dict = dataclasses.field(default_factory=dict)
 
 
 STATEFUL_PARTS = ("optimizer", "scheduler", "scaler")
@@ -337,7 +354,9 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
     * ``auto``: ``OUTPUT/checkpoint_last.pt`` or, for sharded checkpoints, the ``OUTPUT/checkpoint_last`` link
       (the newer of the two when both are there); when it is missing or damaged (:func:`intact`,
       :func:`sharded_intact`), the newest intact numbered checkpoint, with a note saying which was used and why;
-      ``None`` when the folder holds none.
+      ``None`` when the folder holds none. Damaged numbered checkpoints passed over are renamed
+      ``<name>.damaged`` (kept for a look, out of the way): pruning (``keep_last``) counts only intact
+      checkpoints, so an intact one is never removed in favour of a damaged one.
     * ``none``: ``None``, on a folder that holds no checkpoint.
     * anything else: that file or sharded checkpoint folder.
 
@@ -352,14 +371,18 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
     numbered = sorted([*list_checkpoints(output_dir), *list_sharded_checkpoints(output_dir)],
                       key=lambda path: int(path.name.split("_")[1].split(".")[0]))
     if resume == "auto":
-        notes, problems = [], []
+        notes, problems, damaged = [], [], []
         for path in [*lasts, *reversed(numbered)]:
             problem = sharded_intact(path) if path.is_dir() else intact(path) if path.is_file() else "not a file"
             if problem is None:
                 if problems:
-                    notes.append(f"warning: {'; '.join(problems)}: resuming from {path}, the newest intact checkpoint")
+                    aside = [f"{old.name} -> {move_aside(old).name}" for old in damaged]
+                    notes.append(f"warning: {'; '.join(problems)}: resuming from {path}, the newest intact checkpoint"
+                                 + (f" (the damaged one(s) renamed: {', '.join(aside)})" if aside else ""))
                 return path, notes
             problems.append(f"{path} is {problem}")
+            if path in numbered:
+                damaged.append(path)
         if problems:
             raise CheckpointError(f"every checkpoint in {output_dir} is damaged ({'; '.join(problems)}); nothing was "
                                   "overwritten: move them aside to start afresh, or pass --resume PATH")
@@ -374,7 +397,21 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
         return None, []
     if not Path(resume).is_file() and not is_sharded(resume):
         raise CheckpointError(f"--resume {resume}: no such checkpoint")
+    problem = sharded_intact(resume) if is_sharded(resume) else None
+    if problem is not None:
+        raise CheckpointError(f"--resume {resume}: the sharded checkpoint is {problem}")
     return Path(resume), []
+
+
+def move_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint (file or folder) to ``<name>.damaged`` (``.damaged2``, ... when taken); returns the
+    new path."""
+    for n in range(1, 1000):
+        target = path.with_name(f"{path.name}.damaged{n if n > 1 else ''}")
+        if not target.exists():
+            os.replace(path, target)
+            return target
+    raise CheckpointError(f"cannot rename the damaged {path}: too many .damaged copies beside it")
 
 
 LOCK_NAME = ".run.lock"
@@ -485,13 +522,13 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
             weights-only file that lacks the training state.
     """
     sharded = is_sharded(path)
-    saved = read_checkpoint(path, map_location)
+    saved = read_checkpoint(path, map_location, verify=rank == 0)  # rank 0 verified a sharded folder's every file
     if saved.get("model_name") != model_name:
         raise CheckpointError(f"{path} holds a '{saved.get('model_name')}' model, not '{model_name}'")
     if not sharded:  # the weights first: a state dict of another network is named key by key
         load_model_state(model, saved["model"], str(path))
     fields = [field.name for field in dataclasses.fields(TrainState)]
-    optional = ("skipped_steps", "samples_in_epoch")
+    optional = ("skipped_steps", "samples_in_epoch", "skipped_updates", "skips_in_a_row")
     missing = [key for key in (*STATEFUL_PARTS, *fields, "rng") if key not in saved and key not in optional
                and not (sharded and key == "optimizer")]
     if missing:
@@ -589,13 +626,72 @@ def list_sharded_checkpoints(output_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+CHECKSUMS_NAME = "checksums.json"
+"""The file of a sharded checkpoint's folder that lists every other file of it with its size and CRC-32, written once
+all shards are (:meth:`ShardedCheckpointer._complete`): what the zip archive's own CRCs are to a single file."""
+
+
+def file_crc32(path: Path) -> str:
+    """The CRC-32 of a file's bytes, as 8 hexadecimal digits (read in chunks of 8 MiB)."""
+    crc = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(8 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def write_checksums(folder: Path) -> None:
+    """Write :data:`CHECKSUMS_NAME` for every file of ``folder`` (atomically)."""
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS_NAME)
+    listing = {p.name: {"bytes": p.stat().st_size, "crc32": file_crc32(p)} for p in files}
+    atomic_write_bytes(folder / CHECKSUMS_NAME, json.dumps(listing, indent=1).encode())
+
+
+def checksum_problem(folder: Path) -> Optional[str]:
+    """Why a file of ``folder`` does not match :data:`CHECKSUMS_NAME` (missing, another size, another CRC-32), or
+    ``None``; also ``None`` without that file (a folder written before checksums existed: sizes are checked by
+    :func:`sharded_intact` instead). Reads every listed file once; remembered per folder and modification time."""
+    listing_path = folder / CHECKSUMS_NAME
+    if not listing_path.is_file():
+        return None
+    key = (str(folder.resolve()), listing_path.stat().st_mtime_ns)
+    if key not in _verified:
+        try:
+            listing = json.loads(listing_path.read_text())
+            expected = {name: (int(entry["bytes"]), str(entry["crc32"])) for name, entry in listing.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            return f"its {CHECKSUMS_NAME} does not read ({one_line(err)})"
+        problem = None
+        for name, (size, crc) in sorted(expected.items()):
+            file = folder / name
+            if not file.is_file():
+                problem = f"{name} is missing"
+            elif file.stat().st_size != size:
+                problem = f"{name} has {file.stat().st_size} bytes, {size} were written"
+            elif file_crc32(file) != crc:
+                problem = f"{name} fails its CRC-32 check (its bytes changed after it was written)"
+            if problem:
+                break
+        _verified[key] = problem
+    return _verified[key]
+
+
+_verified: dict[tuple[str, int], Optional[str]] = {}
+
+
 def sharded_intact(path: str | Path) -> Optional[str]:
-    """Why the sharded checkpoint folder at ``path`` is damaged, or ``None``: its DCP ``.metadata`` reads, every
-    shard file it names is there and long enough, and :data:`TRAIN_STATE_NAME` passes :func:`intact`."""
+    """Why the sharded checkpoint folder at ``path`` is damaged, or ``None``: every file matches its size and CRC-32
+    in :data:`CHECKSUMS_NAME`, its DCP ``.metadata`` reads, every shard file it names is there and long enough, and
+    :data:`TRAIN_STATE_NAME` passes :func:`intact`."""
     from torch.distributed.checkpoint import FileSystemReader
     path = Path(path)
+    if not path.exists():
+        return "not found"
     if not (path / ".metadata").is_file():
         return "not a sharded checkpoint (it has no .metadata of torch.distributed.checkpoint)"
+    problem = checksum_problem(path)
+    if problem is not None:
+        return f"damaged ({problem})"
     try:
         metadata = FileSystemReader(str(path)).read_metadata()
     except (OSError, EOFError, ValueError, RuntimeError, AttributeError, TypeError) as err:
@@ -616,16 +712,18 @@ def sharded_intact(path: str | Path) -> Optional[str]:
     return None if problem is None else f"damaged ({TRAIN_STATE_NAME}: {problem})"
 
 
-def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", verify: bool = True) -> dict[str, Any]:
     """A checkpoint's entries: the whole dict of a single file (:func:`load_checkpoint`); for a sharded folder its
-    :data:`TRAIN_STATE_NAME` (model name, config, position; the weights are read by :func:`load_sharded`).
+    :data:`TRAIN_STATE_NAME` (model name, config, position; the weights are read by :func:`load_sharded`), once
+    :func:`sharded_intact` (every file against its checksum) passes, unless ``verify`` is false (a rank whose
+    rank 0 verified the folder).
 
     Raises:
         CheckpointError: neither a readable checkpoint file nor an intact sharded checkpoint folder.
     """
     if not is_sharded(path):
         return load_checkpoint(path, map_location=map_location)
-    problem = sharded_intact(path)
+    problem = sharded_intact(path) if verify else None
     if problem is not None:
         raise CheckpointError(f"{path} is {problem}")
     return read_train_state(path, map_location)
@@ -678,6 +776,7 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list) -> 
         CheckpointError: missing or misshapen entries (named), or an unreadable folder.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     path = Path(path)
@@ -688,7 +787,18 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list) -> 
             dcp.load(state, checkpoint_id=str(path))
         except (RuntimeError, ValueError, KeyError, OSError) as err:
             raise CheckpointError(f"{path} does not fit this model: {_dcp_failure(err)}") from None
+        except CheckpointException as err:  # a BaseException: what a rank's reader raised, gathered by DCP
+            raise CheckpointError(f"cannot read {path}: {dcp_cause(err)}") from None
         set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
+
+
+def dcp_cause(err: BaseException) -> str:
+    """One line from a ``CheckpointException`` (DCP's error of a save or load, holding every failed rank's own error):
+    the first failed rank and what it raised (for a full disk, the OS's words)."""
+    for rank, (cause, _trace) in sorted(getattr(err, "failures", {}).items()):
+        text = cause.strerror if isinstance(cause, OSError) and cause.strerror else one_line(cause)
+        return f"rank {rank}: {type(cause).__name__}: {text}"
+    return one_line(err)
 
 
 def _dcp_failure(err: BaseException) -> str:
@@ -737,10 +847,11 @@ class ShardedCheckpointer:
         """
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        from distributed import barrier
+        from distributed import broadcast_object
 
         self.wait()
         partial = self.output_dir / f".checkpoint_{step}.partial"
+        failure = None
         if self.rank == 0:
             for stale in self.output_dir.glob(".checkpoint_*.partial"):
                 shutil.rmtree(stale, ignore_errors=True)  # a killed save's leftovers (RunLock: ours alone)
@@ -748,8 +859,10 @@ class ShardedCheckpointer:
                 partial.mkdir()
                 atomic_write_bytes(partial / TRAIN_STATE_NAME, serialized(train_state, partial))
             except OSError as err:
-                raise self._write_error(step, err) from None
-        barrier()
+                failure = str(self._write_error(step, err.strerror or str(err)))
+        failure = broadcast_object(failure)  # every rank stops with rank 0's reason, none waits for it
+        if failure is not None:
+            raise CheckpointError(failure)
         model_state, optim_state = get_state_dict(model, optimizers)
         state = {"model": model_state, "optimizer": optim_state}
         with _quiet_single_process_dcp():
@@ -758,6 +871,7 @@ class ShardedCheckpointer:
 
     def _write(self, state: dict, partial: Path, step: int) -> None:
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
         try:
             if self.async_save:
@@ -766,7 +880,9 @@ class ShardedCheckpointer:
                 dcp.save(state, checkpoint_id=str(partial))
                 self._complete(step)
         except OSError as err:
-            raise self._write_error(step, err) from None
+            raise self._write_error(step, err.strerror or str(err)) from None
+        except CheckpointException as err:  # every rank gets it: DCP gathers each rank's failure
+            raise self._write_error(step, dcp_cause(err)) from None
 
     def poll(self) -> Optional[Path]:
         """Complete a background save that has finished (rank 0 renames it into place); its folder, or ``None``.
@@ -781,6 +897,8 @@ class ShardedCheckpointer:
         Raises:
             CheckpointError: the background save failed (earlier checkpoints are kept).
         """
+        from torch.distributed.checkpoint.api import CheckpointException
+
         if self.pending is None:
             return None
         future, step = self.pending
@@ -788,7 +906,9 @@ class ShardedCheckpointer:
         try:
             future.result()
         except OSError as err:
-            raise self._write_error(step, err) from None
+            raise self._write_error(step, err.strerror or str(err)) from None
+        except CheckpointException as err:
+            raise self._write_error(step, dcp_cause(err)) from None
         return self._complete(step)
 
     def _complete(self, step: int) -> Path:
@@ -796,6 +916,10 @@ class ShardedCheckpointer:
         if self.rank != 0:
             return final
         partial = self.output_dir / f".checkpoint_{step}.partial"
+        try:
+            write_checksums(partial)
+        except OSError as err:
+            raise self._write_error(step, err.strerror or str(err)) from None
         if final.is_dir() and not final.is_symlink():
             shutil.rmtree(final)  # an older run's checkpoint of the same step (the folder was resumed earlier)
         os.replace(partial, final)
@@ -804,10 +928,14 @@ class ShardedCheckpointer:
         tmp_link.unlink(missing_ok=True)
         os.symlink(final.name, tmp_link)
         os.replace(tmp_link, link)  # atomic: the link names the old folder or the new one
+        (self.output_dir / "checkpoint_last.pt").unlink(missing_ok=True)  # a single file of a run before: older
         fsync_dir(self.output_dir)
         prune([path for path in list_sharded_checkpoints(self.output_dir) if path != final], self.keep_last,
               shutil.rmtree)
         return final
 
-    def _write_error(self, step: int, err: OSError) -> CheckpointError:
-        return write_failure(step, self.output_dir, err, list_sharded_checkpoints(self.output_dir)[-1:])
+    def _write_error(self, step: int, reason: str) -> CheckpointError:
+        """The error of a failed save, once rank 0 has removed what the save wrote (the ``.partial`` folder)."""
+        if self.rank == 0:
+            shutil.rmtree(self.output_dir / f".checkpoint_{step}.partial", ignore_errors=True)
+        return write_failure(step, self.output_dir, reason, list_sharded_checkpoints(self.output_dir)[-1:])

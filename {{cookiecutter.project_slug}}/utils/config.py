@@ -162,13 +162,16 @@ class TrainConfig:
     ``grad_accumulation``: micro-batches per optimizer step (the effective batch is
     ``batch_size * grad_accumulation * world_size``). ``grad_clip``: max gradient norm, 0 disables.
     ``lr_schedule``: ``constant`` or ``cosine`` (to 1% at ``max_steps``), after ``warmup_steps`` of linear
-    warm-up. ``on_nonfinite``: what a NaN/inf loss or gradient norm does: ``skip`` the step (counted) or
-    ``stop`` the run. ``spike_factor``: a step whose loss or gradient norm is above
-    ``mean + (factor - 1) * |mean|`` of its running mean (after ``spike_warmup`` steps) is a spike, logged with the step and
-    the batch's utterance ids (0 disables); ``on_spike`` says what a spike then does: ``log`` it only, ``skip``
-    the step (no update, counted with the skipped steps) or ``stop`` the run naming the last good checkpoint.
-    ``memory_imbalance``: a rank whose peak memory is this share above the ranks' median is named in a
-    warning; ``straggler_share``: likewise for a rank's compute time per step, 3 log intervals in a row.
+    warm-up (a model with its own schedulers, ``ModelSpec.build_scheduler``, refuses both). ``on_nonfinite``: what
+    a NaN/inf loss or gradient norm does: ``skip`` the step (counted) or ``stop`` the run. ``max_skips_in_a_row``:
+    an optimizer whose update was skipped this many steps in a row (non-finite, spike, fp16 overflow) stops the run
+    naming the last good checkpoint (0: never). ``spike_factor``: a step whose loss or gradient norm is above
+    ``factor`` times the highest of the last 100 steps' (``utils.run_log.SpikeMonitor``; after ``spike_warmup``
+    steps) is a spike, written with the batch's utterance ids to ``anomalies.jsonl`` (0 disables); ``on_spike``
+    says what a spike then does: ``log`` it only, ``skip`` the step (no update, counted with the skipped steps) or
+    ``stop`` the run naming the last good checkpoint. ``memory_imbalance``: a rank whose peak memory is this share
+    above the ranks' median is named in a warning; ``straggler_share``: likewise for a rank's compute time per step
+    against the other ranks' median, 3 log intervals in a row (CPU seconds when the ranks compute on the CPU).
     ``dist_timeout_s``: seconds a collective
     may wait for a hung rank before the run fails. ``cudnn_benchmark``: let cuDNN time its algorithms
     for each new input shape. ``compile``: train through the model's fast path
@@ -199,6 +202,7 @@ class TrainConfig:
     checkpoint_interval: int = setting(1000, ge=1)
     keep_last: int = setting(5, ge=0)
     on_nonfinite: Literal["skip", "stop"] = "skip"
+    max_skips_in_a_row: int = setting(20, ge=0)
     spike_factor: float = setting(3.0, ge=0)
     spike_warmup: int = setting(20, ge=1)
     memory_imbalance: float = setting(0.2, gt=0)

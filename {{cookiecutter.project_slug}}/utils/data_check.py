@@ -3,14 +3,14 @@ with a transcript.
 
 A bad clip found at step 30 000 costs a crashed run (and the same crash again after every resume); found at
 start-up it costs a line. :func:`check_corpus` reads every clip's header, and its samples only until one is
-not silent (the first block, for any clip with sound in its first second or so), in parallel threads, and
-finds:
+not silent (the first block, for any clip with sound in its first second or so) in integer (PCM) wavs, which
+cannot hold anything but numbers, and all of its samples in float wavs, in parallel threads, and finds:
 
 * clips whose wav is missing or is a folder, or whose header cannot be read (not a sound file, no permission);
 * truncated wavs: a ``data`` chunk that promises more bytes than the file holds (an interrupted copy);
 * clips shorter than ``min_samples`` at the training sampling rate (too short for one STFT window);
 * silent clips: no sample above :data:`SILENCE_PEAK` of full scale (an all-zero recording), and NaN or
-  infinite samples in what is read of a float wav;
+  infinite samples anywhere in a float wav;
 * transcripts with no letter or digit (an emoji-only or empty row), and whatever the model's own check refuses
   (``ModelSpec.check_text``: a text-to-speech model refuses a transcript with no symbol of its table).
 
@@ -45,8 +45,9 @@ SILENCE_PEAK = 1e-4
 """A clip none of whose samples exceeds this (in full-scale units, about -80 dBFS: 3 steps of 16-bit PCM) is
 silent: nothing to learn from, and a mel of only the floor value."""
 
-_CACHE_VERSION = 2
-"""Part of every cache entry's key: entries written by an older check (without the silence test) are read again."""
+_CACHE_VERSION = 3
+"""Part of every cache entry's key: entries written by an older check (without the silence test, or reading a float
+wav only up to its first sound) are read again."""
 
 _FIRST_BLOCK, _BLOCK = 2048, 65536
 """Frames read at a time when looking for a sample that is not silent: a small first block (4 KB of 16-bit mono,
@@ -54,17 +55,17 @@ enough for nearly every recording), then larger ones (3 s at 22050 Hz)."""
 
 
 def _loudest_until_sound(path: Path) -> float:
-    """The peak of ``path``'s samples (full-scale units, all channels), read block by block and stopped at the
-    first block holding a sample above :data:`SILENCE_PEAK`: for a clip with sound the result is only known to be
-    above it.
+    """The peak of ``path``'s samples (full-scale units, all channels), read block by block. An integer (PCM) wav is
+    read only until the first block holding a sample above :data:`SILENCE_PEAK` (for a clip with sound the result
+    is then only known to be above it); a float wav is read to its end, since any of its samples may be NaN.
 
     Raises:
-        DataError: a block read holds NaN or infinite samples (a float wav; the blocks after the first sound are
-            not read, so such samples later in the clip are found only when it is loaded).
+        DataError: a float wav holds NaN or infinite samples (the first one is named).
     """
     peak, size, start = 0.0, _FIRST_BLOCK, 0
     with sf.SoundFile(str(path)) as clip:
-        while peak <= SILENCE_PEAK:
+        whole = clip.subtype in ("FLOAT", "DOUBLE")
+        while whole or peak <= SILENCE_PEAK:
             block = clip.read(size, dtype="float32", always_2d=True)
             if block.size == 0:
                 break
