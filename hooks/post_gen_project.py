@@ -22,6 +22,7 @@ FILES = {
                   "tests/test_tacotron2.py", "tests/test_text.py"],
 }
 EXECUTABLE = ["scripts/dataset.sh", "scripts/make_demo_corpus.py", "scripts/preprocess.py", "scripts/mpirun.sh",
+              "scripts/import_weights.py",
               "scripts/plot_run.py", "scripts/scaling.py",
               "scripts/slurm/train.sbatch"]
 

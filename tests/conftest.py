@@ -15,9 +15,15 @@ def pytest_configure(config):
 
 
 def run(cmd, cwd, timeout=600, check=True, env=None):
-    """Run ``cmd`` (a list) in ``cwd``; on a non-zero exit with ``check``, fail showing its output."""
+    """Run ``cmd`` (a list) in ``cwd``; on a non-zero exit with ``check``, fail showing its output; past ``timeout``
+    seconds fail showing the end of what it printed (for a project suite run with ``-v``: the test that hung)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    except subprocess.TimeoutExpired as err:
+        said = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
+        pytest.fail(f"{' '.join(map(str, cmd))} did not finish in {timeout} s; the end of its output (the last line "
+                    f"names what was running):\n{said[-3000:]}")
     if check and proc.returncode != 0:
         pytest.fail(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}"
                     f"\n--- stderr\n{proc.stderr[-6000:]}")

@@ -212,7 +212,7 @@ def test_own_model_end_to_end(bake, demo_corpus, variant, replace, example):
     once = [] if variant == "both" and not replace else [arg for name in heavy for arg in ("--ignore", f"tests/{name}")]
     # In a random order (pytest-randomly); the seed is chosen here so that a failure says how to repeat it.
     seed = random.randrange(2**32)
-    done = run([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--randomly-seed={seed}", "tests", *once],
+    done = run([PY, "-m", "pytest", "-v", "-p", "no:cacheprovider", f"--randomly-seed={seed}", "tests", *once],
                cwd=project, timeout=1500, env={"TEST_MODEL": example.name})
     assert " passed" in done.stdout.splitlines()[-1] and " failed" not in done.stdout.splitlines()[-1], \
         f"--randomly-seed={seed} repeats this order\n{done.stdout[-3000:]}"

@@ -43,6 +43,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 import torch
@@ -68,6 +69,8 @@ __all__ = [
     "all_gather_object",
     "broadcast_object",
     "die_with_launcher",
+    "available_cpus",
+    "cpu_threads",
     "slurm_port",
     "is_main_process",
     "get_rank",
@@ -380,6 +383,31 @@ def detect_launcher_env(environ: Mapping[str, str], use_scontrol: bool = True) -
         raise ValueError(f"{launcher}: MASTER_PORT must be in 1..65535, got {master_port}")
     return {"launcher": launcher, "rank": rank, "local_rank": local_rank, "world_size": world_size,
             "master_addr": master_addr, "master_port": master_port}
+
+
+def available_cpus() -> float:
+    """CPUs this process may use: its affinity mask (``taskset``, a scheduler's binding), capped by the cgroup's CPU
+    quota (what a container or a job scheduler grants; cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``). Not the
+    host's core count, which ``os.cpu_count()`` and OpenMP's default see."""
+    cpus = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    for quota_file, period_file in (("/sys/fs/cgroup/cpu.max", None),
+                                    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
+        try:
+            words = Path(quota_file).read_text().split()
+            quota, period = words[0], words[1] if period_file is None else Path(period_file).read_text().strip()
+        except (OSError, IndexError):  # no such cgroup file here (another cgroup version, not Linux)
+            continue
+        if quota not in ("max", "-1") and float(period) > 0:
+            cpus = min(cpus, float(quota) / float(period))
+        break
+    return max(cpus, 1.0)
+
+
+def cpu_threads(local_world_size: int = 1) -> int:
+    """Intra-op threads for one of ``local_world_size`` processes of this machine computing on its CPUs: their fair
+    share of :func:`available_cpus`, at least 1. (PyTorch's default, every core of the host, makes one process on a
+    2-CPU container of a 64-core host run ten times slower, and several processes fight over the same cores.)"""
+    return max(1, int(available_cpus() // max(local_world_size, 1)))
 
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>

@@ -22,7 +22,7 @@ from model import MODELS, config_schemas
 from utils.checkpoint import CheckpointError, is_sharded, load_model_state, load_sharded_model, read_checkpoint
 from utils.config import Config, ConfigError, config_from_dict
 from utils.data_utils import DataError
-from utils.run_log import one_line
+from utils.run_log import one_line, one_line_warnings
 
 
 def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.Module, Config]:
@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"model '{name}' has no inference hook (ModelSpec.infer in models/{name}.py)")
         device = parse_device(args.device)
         _, model, cfg = load_trained(args.checkpoint, device)
-        spec.infer(model, cfg, args, device)
+        with one_line_warnings():
+            spec.infer(model, cfg, args, device)
     except (ConfigError, DataError, CheckpointError, ValueError, OSError) as err:
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1

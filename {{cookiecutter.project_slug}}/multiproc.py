@@ -25,7 +25,9 @@ Usage::
   after Ctrl-C) once they are done. Ranks still running ``--stop-timeout`` seconds (120) later are killed.
   If this launcher is killed outright (SIGKILL), its ranks get SIGTERM from the kernel (see
   ``distributed.die_with_launcher``): nothing trains on unsupervised.
-* Everything after the training script is passed to it untouched.
+* Everything after the training script is passed to it untouched. A script that defines
+  ``check_command_line(argv) -> error line or None`` (``train.py`` does) is asked first, in this process: a bad
+  option, config or corpus is then one ``multiproc: ERROR:`` line within seconds, before any rank starts.
 
 Each process gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``
 in its environment; ``distributed.init_distributed()`` reads them.
@@ -347,10 +349,34 @@ def run_agent(config, entrypoint, cmd_args: list[str], stop: StopForwarder):
     return outcome.get("result")
 
 
+def preflight(script: str, script_args: list[str]) -> str | None:
+    """The training script's own check of its command line, when it has one (a top-level ``def
+    check_command_line``): its error line, or ``None``. The script is imported as a module, never run (its
+    ``if __name__ == "__main__"`` part does not run); a script without that function is not imported at all."""
+    import importlib.util
+
+    if "\ndef check_command_line(" not in Path(script).read_text(errors="replace"):
+        return None
+    folder = os.path.dirname(os.path.abspath(script))
+    sys.path.insert(0, folder)  # its own imports (model.py, utils/), as when it runs
+    try:
+        spec = importlib.util.spec_from_file_location("_multiproc_preflight", script)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # a module's dataclasses look themselves up there
+        spec.loader.exec_module(module)
+        return module.check_command_line(list(script_args))
+    finally:
+        sys.path.remove(folder)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the job; returns the exit status: 0 (also after a stop signal the ranks obeyed; 130 after Ctrl-C),
     the failed rank's exit code, or 1 when the rendezvous fails (a node missing, ``--master-port`` in use)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    problem = preflight(args.script, args.script_args)
+    if problem is not None:
+        print(f"multiproc: ERROR: {problem}", file=sys.stderr, flush=True)
+        return 1
     world = args.nnodes * args.nproc_per_node
     where = f"node {args.node_rank} of {args.nnodes}, " if args.nnodes > 1 else ""
     print(f"multiproc: {where}{args.nproc_per_node} process{'es' * (args.nproc_per_node != 1)} "

@@ -32,7 +32,6 @@ import subprocess
 import sys
 import time
 import traceback
-import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable, Optional
@@ -42,8 +41,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from distributed import (CollectiveError, all_gather_object, apply_gradient_allreduce, broadcast_buffers,
-                         broadcast_object, cleanup,
-                         collective, full_value, init_distributed, no_sync, reduce_tensor, unwrap_model)
+                         broadcast_object, cleanup, collective, cpu_threads, full_value, init_distributed, no_sync,
+                         reduce_tensor, unwrap_model)
 from model import MODELS, ModelSpec, config_schemas
 from utils.audio_processing import MelSpectrogram
 from utils.activation_checkpoint import apply_activation_checkpointing
@@ -53,16 +52,30 @@ from utils.checkpoint import (CheckpointError, NamedStates, RunLock, ShardedChec
 from utils.config import Config, ConfigError, load_config
 from utils.data_check import check_corpus, default_cache_file, describe
 from utils.data_utils import DataError, ResumableDistributedSampler, load_splits
-from utils.run_log import BalanceMonitor, RunLog, SpikeMonitor, StepWindow, one_line
+from utils.run_log import BalanceMonitor, RunLog, SpikeMonitor, StepWindow, one_line, one_line_warnings
 
 
 class TrainingError(RuntimeError):
     """The run cannot go on (e.g. a non-finite loss with ``train.on_nonfinite=stop``)."""
 
 
+class CommandLineError(ValueError):
+    """An argument of ``train.py`` is unknown, missing or malformed (argparse's message, on one line)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, raised, instead of usage and exit 2
+        raise CommandLineError(f"{message} (python train.py --help lists the options)")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
+    """``train.py``'s command line.
+
+    Raises:
+        CommandLineError: an unknown, missing or malformed argument (``--help`` still prints and exits 0).
+    """
     models = sorted(MODELS)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="config.json", help="JSON config (default: config.json)")
     parser.add_argument("--model", choices=models, default=models[0] if models else None,
                         help=f"which model of model.py to train (default: {models[0] if models else 'none'})")
@@ -71,6 +84,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, help="optimizer steps to train; overrides train.max_steps")
     parser.add_argument("--resume", default="auto",
                         help="auto: continue from OUTPUT/checkpoint_last.pt if present; none; or a checkpoint path")
+    parser.add_argument("--init-from", metavar="WEIGHTS",
+                        help="start from these weights, with a fresh optimizer at step 0 (fine-tuning): a checkpoint "
+                             "of this project, or NVIDIA's Tacotron2 or WaveGlow checkpoint, or jik876's HiFi-GAN "
+                             "generator; an --output-dir with its own checkpoint resumes that instead")
     parser.add_argument("--tiny", action="store_true", help="apply the config's tiny block (CPU smoke runs)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config value; repeatable")
@@ -583,22 +600,28 @@ def main(argv=None) -> int:
     """``python train.py``: 0 when done or stopped cleanly by a signal (130 after Ctrl-C without a launcher),
     1 with one ``ERROR:`` line otherwise."""
     stop = StopRequest()  # first: a signal from here on stops the run cleanly instead of killing it
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except CommandLineError as err:
+        print(f"ERROR: {err}", file=sys.stderr)
+        return 2
     with one_line_warnings():
         return run(args, stop)
 
 
-@contextlib.contextmanager
-def one_line_warnings():
-    """Warnings print as one ``warning: ...`` line (not Python's two lines with the source line) while inside."""
-    def format_warning(message, category, filename, lineno, line=None) -> str:
-        kind = "" if category is UserWarning else f" ({category.__name__})"
-        return f"warning: {one_line(Warning(str(message)))}{kind}\n"
-    saved, warnings.formatwarning = warnings.formatwarning, format_warning
+def check_command_line(argv: list[str]) -> Optional[str]:
+    """What ``multiproc.py`` asks before it starts any rank: the one line of the first problem of this command line
+    found without a process group (arguments, the config and ``--set``, settings the model cannot honour, a corpus
+    that is not there), or ``None``. Every rank checks the same again when it starts; found here it is said once,
+    within seconds, instead of by every rank after its start-up."""
     try:
-        yield
-    finally:
-        warnings.formatwarning = saved
+        args = parse_args(argv)
+        cfg = load_run_config(args)
+        check_settings(MODELS[args.model], args.model, cfg)
+        load_splits(cfg.data, bad=[])  # the corpus is there and has utterances (its clips are checked by rank 0)
+    except (CommandLineError, ConfigError, DataError) as err:
+        return one_line(err)
+    return None
 
 
 def run(args: argparse.Namespace, stop: "StopRequest") -> int:
@@ -614,6 +637,8 @@ def run(args: argparse.Namespace, stop: "StopRequest") -> int:
     except (ValueError, RuntimeError) as err:  # launcher variables, a GPU that is not there, the rendezvous
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1
+    if "OMP_NUM_THREADS" not in os.environ:  # the user's choice, or the launcher's (1 per rank), stands
+        torch.set_num_threads(cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE") or 1)))
     try:
         train(args, cfg, dist, stop)
     except KeyboardInterrupt:
@@ -799,9 +824,11 @@ def build_phases(spec: ModelSpec, name: str, model, optimizers: dict, schedulers
 
 
 def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> None:
-    """The run: rank 0 holds the output folder (:class:`utils.checkpoint.RunLock`) while :func:`train_in` trains."""
+    """The run: rank 0 holds the output folder (:class:`utils.checkpoint.RunLock`) while :func:`train_in` trains. A
+    folder this run created and left empty (it failed before writing anything) is removed again."""
     output_dir = Path(args.output_dir)
     lock = RunLock(output_dir) if dist.is_main else None
+    created = dist.is_main and not output_dir.exists()
     try:
         kind, found = broadcast_object(take_output_dir(output_dir, lock) if dist.is_main else None)
         if kind == "error":
@@ -810,6 +837,8 @@ def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> Non
     finally:
         if lock is not None:
             lock.release()
+        if created and output_dir.is_dir() and not any(output_dir.iterdir()):
+            output_dir.rmdir()
 
 
 def take_output_dir(output_dir: Path, lock: RunLock) -> tuple[str, Optional[str]]:
@@ -834,10 +863,17 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
         raise DataError(found)
     cfg.data.exclude = sorted({*cfg.data.exclude, *found})  # load_splits leaves these out
 
+    checkpoint_path = agreed_resume_path(args.resume, output_dir, rank)
     # Same seed everywhere for the weights (DDP also broadcasts rank 0's), then one seed per rank.
     torch.manual_seed(cfg.train.seed)
     with model_config_errors(args.model):
-        model = spec.build_model(cfg).to(device)
+        model = spec.build_model(cfg)
+    if args.init_from and checkpoint_path is None:
+        initialise(model, args, cfg, is_main)
+    elif args.init_from and is_main:
+        print(f"note: --init-from {args.init_from} is not used: {output_dir} holds this run's own checkpoint, which it "
+              "resumes", file=sys.stderr, flush=True)
+    model = model.to(device)
     seed = cfg.train.seed + rank
     random.seed(seed)
     np.random.seed(seed)
@@ -861,16 +897,17 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
 
     state, accumulation = TrainState(), cfg.train.grad_accumulation
     sharded = cfg.train.parallelism == "fsdp"
-    checkpoint_path = agreed_resume_path(args.resume, output_dir, rank)
     if checkpoint_path is not None:
         if sharded and not is_sharded(checkpoint_path):
             raise CheckpointError(f"{checkpoint_path} is a single-file checkpoint (train.parallelism=ddp); continue "
                                   "it with train.parallelism=ddp (a ddp run reads sharded checkpoints too)")
         state, before = resume_training(checkpoint_path, model, parts, args.model, rank, world_size,
                                         map_location=device, config=cfg.to_dict(), train_utterances=len(train_set))
-        changed = before["config"].get("train", {}).get("grad_accumulation") != accumulation
-        accumulation, note = world_size_change(before["world_size"], before["grad_accumulation"], world_size,
-                                               batch_size, accumulation if changed else before["grad_accumulation"])
+        if before["config"].get("train", {}).get("grad_accumulation", accumulation) == accumulation:
+            accumulation, note = world_size_change(before["world_size"], before["grad_accumulation"], world_size,
+                                                   batch_size, accumulation)
+        else:  # the user changed train.grad_accumulation (named in the config warning): theirs, as given
+            note = None
         state.batch_in_epoch = state.samples_in_epoch // (batch_size * world_size)
         if is_main:
             if note:
@@ -890,7 +927,8 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
                  data_advice=f"{spec.data_advice} (data.num_workers is {cfg.data.num_workers})")
     if is_main:
         atomic_write_bytes(output_dir / "config.json", json.dumps(cfg.to_dict(), indent=2).encode())
-        log.print(f"training {args.model} on {world_size} process(es), device {device}, precision "
+        threads = f" ({torch.get_num_threads()} threads)" if device.type == "cpu" else ""
+        log.print(f"training {args.model} on {world_size} process(es), device {device}{threads}, precision "
                   f"{cfg.train.precision}; {len(train_set)} train / {len(val_set)} val utterances; "
                   f"global batch {batch_size * accumulation * world_size}"
                   + (f", parallelism {cfg.train.parallelism}" if sharded else ""))
@@ -1027,6 +1065,32 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
         log.close()  # also on an error, so that its ERROR line starts a line of its own
     if is_main:
         print(f"done: {state.step} steps; checkpoint {last_checkpoint_path(output_dir)}")
+
+
+def initialise(model: torch.nn.Module, args: argparse.Namespace, cfg: Config, is_main: bool) -> None:
+    """``--init-from``: the weights of a checkpoint of this project or of a published one
+    (:mod:`utils.published`) into the freshly built ``model`` (every rank reads the file).
+
+    Raises:
+        CheckpointError: the file is unreadable, of another model, or does not fit this run's config.
+    """
+    from utils.checkpoint import load_sharded_model
+    from utils.published import load_into, read_weights
+
+    kernels = len(cfg.section("hifigan").resblock_kernel_sizes) if "hifigan" in MODELS else 3
+    weights = read_weights(args.init_from, MODELS, hifigan_kernels=kernels)
+    if weights.model_name != args.model:
+        raise CheckpointError(f"--init-from {args.init_from} holds a '{weights.model_name}' model; this run trains "
+                              f"'{args.model}' (--model {weights.model_name}?)")
+    if is_sharded(args.init_from):
+        load_sharded_model(args.init_from, model)
+        kept = []
+    else:
+        kept = load_into(model, weights, args.init_from)
+    if is_main:
+        fresh = f"; {', '.join(prefix.rstrip('.') for prefix in kept)} start afresh" if kept else ""
+        print(f"initialised {args.model} from {args.init_from}, {weights.source}{fresh}; a fresh optimizer, step 0",
+              file=sys.stderr, flush=True)
 
 
 def nonfinite_weight(model: torch.nn.Module) -> Optional[str]:

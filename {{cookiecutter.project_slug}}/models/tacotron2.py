@@ -146,7 +146,8 @@ class Tacotron2(nn.Module):
         return {"mel": mel_out, "mel_postnet": mel_postnet, "gate": gate_out, "alignments": alignments}
 
     @torch.no_grad()
-    def inference(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def inference(self, text: torch.Tensor, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor,
+                                                                          torch.Tensor]:
         """Synthesize from symbol ids without a target (free-running decoder, see ``Decoder.inference``).
 
         Call ``model.eval()`` first (batch norm statistics, no decoder dropout); the pre-net keeps its
@@ -154,6 +155,7 @@ class Tacotron2(nn.Module):
 
         Args:
             text: ``(1, L)`` long symbol ids (``(B, L)`` without padding also works).
+            progress: show a progress bar of the frames decoded.
 
         Returns:
             ``(mel_postnet (1, n_mels, T), gate logits (1, T), alignments (1, T, L))``.
@@ -165,7 +167,7 @@ class Tacotron2(nn.Module):
             raise ValueError(f"Tacotron2.inference expects symbol ids of shape (1, L), L >= 1, got "
                              f"{tuple(text.shape)} {text.dtype}")
         memory = self.encoder(self.embedding(text).transpose(1, 2))
-        mel_out, gate_out, alignments = self.decoder.inference(memory)
+        mel_out, gate_out, alignments = self.decoder.inference(memory, progress=progress)
         mel_postnet = mel_out + self.postnet(mel_out)
         return mel_postnet, gate_out, alignments
 
@@ -514,7 +516,7 @@ def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch
         ids = torch.tensor(text_to_sequence(text, cfg.tacotron2.text_cleaners), dtype=torch.long)
         if ids.numel() == 0:
             raise DataError(f"text {text!r} has no character the model knows")
-        mel = model.inference(ids.unsqueeze(0).to(device))[0][0].float().cpu()
+        mel = model.inference(ids.unsqueeze(0).to(device), progress=True)[0][0].float().cpu()
         if vocoder is not None:
             spec, voc_model, voc_cfg = vocoder
             audio = spec.vocode(voc_model, mel, voc_cfg)

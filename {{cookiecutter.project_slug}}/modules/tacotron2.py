@@ -386,7 +386,8 @@ class Decoder(nn.Module):
         return torch.stack(frames, dim=2), torch.stack(gates, dim=1), alignments
 
     @torch.no_grad()
-    def inference(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def inference(self, memory: torch.Tensor, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor,
+                                                                            torch.Tensor]:
         """Free-running decoding: each step is fed the previous predicted frame.
 
         Stops after the step at which every item's stop probability ``sigmoid(gate)`` exceeded
@@ -397,10 +398,15 @@ class Decoder(nn.Module):
 
         Args:
             memory: encoder outputs ``(B, L, encoder_dim)`` (no padding).
+            progress: show a progress bar of the frames decoded (up to :attr:`max_decoder_steps`).
 
         Returns:
             ``(mel (B, n_mels, T), gate logits (B, T), alignments (B, T, L))``, ``T`` the steps taken.
         """
+        from tqdm import tqdm
+
+        bar = tqdm(total=self.max_decoder_steps, desc="decoding mel frames", unit="frame", disable=not progress,
+                   leave=False)
         processed_memory = self.attention.process_memory(memory)
         state = self._initial_state(memory)
         frame = memory.new_zeros(memory.size(0), self.n_mels)
@@ -411,6 +417,7 @@ class Decoder(nn.Module):
             frames.append(frame)
             gates.append(gate)
             alignments.append(state["weights"])
+            bar.update(1)
             stopped |= torch.sigmoid(gate.float()) > self.gate_threshold
             if bool(stopped.all()):
                 break
@@ -418,4 +425,5 @@ class Decoder(nn.Module):
                 warnings.warn(f"Tacotron2 decoder reached max_decoder_steps={self.max_decoder_steps} before the "
                               "stop gate fired; the output is cut there")
                 break
+        bar.close()
         return torch.stack(frames, dim=2), torch.stack(gates, dim=1), torch.stack(alignments, dim=1)

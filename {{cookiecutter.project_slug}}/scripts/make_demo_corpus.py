@@ -26,6 +26,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
+import librosa  # noqa: E402
+import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from utils.audio_processing import save_wav  # noqa: E402
@@ -214,6 +216,11 @@ def make_corpus(output, sentences: Optional[Sequence[str]] = None, num_utterance
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         text_file, raw_wav = Path(tmp) / "text.txt", Path(tmp) / "raw.wav"
+        # The resampler's first use loads librosa and its kernels: seconds, a minute on a busy machine. Said and done
+        # here, so that the bar below moves from its first utterance on.
+        print("loading the resampler (librosa) ...", end=" ", flush=True)
+        librosa.resample(np.zeros(1024, dtype=np.float32), orig_sr=16000, target_sr=sampling_rate)
+        print("done", flush=True)
         for i in tqdm(range(num_utterances), desc=f"speaking with {engine}", unit="utt"):
             utt_id = f"LJ_DEMO_{i + 1:04d}"
             text = sentences[i % len(sentences)].strip()

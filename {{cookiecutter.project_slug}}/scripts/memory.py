@@ -4,10 +4,12 @@ the training loop, synchronous vs in the background.
     python scripts/memory.py                          # 2 processes, a 24-block model (~50M parameters)
     python scripts/memory.py --nproc 4 --depth 48 --json memory.json
     python scripts/memory.py --tiny                   # a quick look: 6 blocks of width 512 (~20 s on 2 CPU cores)
+    python scripts/memory.py --model waveglow         # a model of model.py, its config.json size (--tiny: its tiny one)
 
 It starts its own ranks (``torch.distributed.run --standalone``: gloo on CPUs, NCCL when every rank has a GPU)
 and trains one step of a deep residual MLP (``--depth`` blocks of Linear-GELU-Linear, ``--width`` features,
-Adam) in each setting: ``ddp``, ``fsdp`` (``distributed.apply_gradient_allreduce``, per block), each with
+Adam), or with ``--model NAME`` of a model of ``model.py`` (its config, ``ModelSpec.blocks``, a batch of its
+``synthetic_batch`` in the shape of its first benchmark case, its loss and optimizer), in each setting: ``ddp``, ``fsdp`` (``distributed.apply_gradient_allreduce``, per block), each with
 activation checkpointing ``none``, ``full`` and ``selective`` (``utils.activation_checkpoint``), exactly as
 ``train.py`` applies them. Per rank it reports, in MiB:
 
@@ -35,6 +37,7 @@ one line on stderr and exit status 1; a failed rank: its output, then one line, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -44,6 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -76,6 +80,79 @@ def deep_model(depth: int, width: int, seed: int = 0) -> nn.Sequential:
     weights on every rank for one ``seed``."""
     torch.manual_seed(seed)
     return nn.Sequential(*(Block(width) for _ in range(depth)))
+
+
+@dataclasses.dataclass
+class Subject:
+    """What is measured: ``build(seed) -> model`` (float32, CPU, the same weights for one seed), ``blocks(model)``
+    (what FSDP shards and activation checkpointing recomputes, in forward order), ``loss(net, rank)`` (one batch's
+    scalar loss through ``net``, the model or its wrapper) and ``optimizer(model)``."""
+
+    build: Callable[[int], nn.Module]
+    blocks: Callable[[nn.Module], list]
+    loss: Callable[[nn.Module, int], torch.Tensor]
+    optimizer: Callable[[nn.Module], torch.optim.Optimizer]
+    name: str
+
+
+def mlp_subject(args) -> Subject:
+    """The deep residual MLP of ``--depth``, ``--width`` and ``--batch``, with Adam."""
+    def loss(net: nn.Module, rank: int) -> torch.Tensor:
+        device = next(net.parameters()).device
+        return net(torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(rank)).to(device)) \
+            .pow(2).mean()
+    return Subject(lambda seed: deep_model(args.depth, args.width, seed), list, loss,
+                   lambda model: torch.optim.Adam(model.parameters(), lr=1e-4),
+                   f"{args.depth} blocks of width {args.width}, batch {args.batch} per rank")
+
+
+class CannotMeasure(ValueError):
+    """A model this script cannot measure (named in one line)."""
+
+
+def model_subject(name: str, tiny: bool) -> Subject:
+    """Model ``name`` of ``model.py`` with its ``config.json`` settings (``tiny``: its tiny block) and its first
+    benchmark case's batch (``synthetic_batch``), loss (``build_criterion``) and optimizer (``build_optimizer``).
+
+    Raises:
+        CannotMeasure: no such model, or one without blocks, a synthetic batch or a benchmark case, or with several
+            optimizers (FSDP shards one-optimizer models).
+    """
+    from model import MODELS, adam, config_schemas
+    from utils.config import load_config
+
+    if name not in MODELS:
+        raise CannotMeasure(f"--model {name}: model.py registers no such model (it has {', '.join(sorted(MODELS))})")
+    spec = MODELS[name]
+    lacking = [what for what, missing in (("blocks", spec.blocks is None),
+                                          ("synthetic_batch", spec.synthetic_batch is None),
+                                          ("benchmark_cases", not spec.benchmark_cases)) if missing]
+    if lacking or spec.phases:
+        raise CannotMeasure(f"--model {name}: " + (f"its ModelSpec has no {', '.join(lacking)}" if lacking else
+                                                  "it trains several optimizers, which FSDP does not shard yet"))
+    case = spec.benchmark_cases[0]
+    shape = case.tiny if tiny and case.tiny is not None else case
+    cfg = load_config(str(ROOT / "config.json"), config_schemas(), tiny=tiny, overrides=list(case.overrides))
+    batch = spec.synthetic_batch(cfg, shape.batch_size, torch.Generator().manual_seed(0), **shape.batch_kwargs)
+    criterion = spec.build_criterion(cfg)
+    build_optimizer = spec.build_optimizer or adam
+
+    def build(seed: int) -> nn.Module:
+        torch.manual_seed(seed)
+        return spec.build_model(cfg)
+
+    def loss(net: nn.Module, rank: int) -> torch.Tensor:
+        device = next(net.parameters()).device
+        on_device = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        return criterion(net(on_device), on_device)
+    return Subject(build, lambda model: list(spec.blocks(model)), loss,
+                   lambda model: build_optimizer(model, cfg.section(name), torch.device("cpu")),
+                   f"model '{name}' ({'tiny' if tiny else 'config.json'} size), batch {shape.batch_size} per rank")
+
+
+def subject(args) -> Subject:
+    """:func:`model_subject` with ``--model``, else :func:`mlp_subject`."""
+    return model_subject(args.model, args.tiny) if args.model else mlp_subject(args)
 
 
 def local_bytes(tensors) -> int:
@@ -151,21 +228,21 @@ def measure(parallelism: str, mode: str, args, rank: int, device: torch.device) 
     from distributed import apply_gradient_allreduce
     from utils.activation_checkpoint import apply_activation_checkpointing
 
-    model = deep_model(args.depth, args.width).to(device)
-    blocks = list(model)
+    what = subject(args)
+    model = what.build(0).to(device)
+    blocks = what.blocks(model)
     wrapped = apply_activation_checkpointing(blocks, mode, every=2)
     net = apply_gradient_allreduce(model, parallelism, blocks=blocks if parallelism == "fsdp" else ())
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(rank)).to(device)
+    optimizer = what.optimizer(model)
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        loss = net(x).pow(2).mean()
+        loss = what.loss(net, rank)
         activations = torch.cuda.max_memory_allocated() - before
     else:
         with SavedActivations(wrapped) as saved:
-            loss = net(x).pow(2).mean()
+            loss = what.loss(net, rank)
         activations = saved.bytes
     loss.backward()
     optimizer.step()
@@ -180,15 +257,15 @@ def measure(parallelism: str, mode: str, args, rank: int, device: torch.device) 
 
 
 def fsdp_model(args, device: torch.device, seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """The deep model sharded by FSDP per block, with an Adam whose moments exist (one step taken): the state a
-    checkpoint of a training run holds. ``seed`` picks the weights and the batch."""
+    """The measured model (:func:`subject`) sharded by FSDP per block, with an optimizer whose state exists (one step
+    taken): the state a checkpoint of a training run holds. ``seed`` picks the weights and the batch."""
     from distributed import apply_gradient_allreduce
 
-    model = deep_model(args.depth, args.width, seed).to(device)
-    apply_gradient_allreduce(model, "fsdp", blocks=list(model))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    x = torch.randn(8, args.width, generator=torch.Generator().manual_seed(seed)).to(device)
-    model(x).pow(2).mean().backward()
+    what = subject(args)
+    model = what.build(seed).to(device)
+    apply_gradient_allreduce(model, "fsdp", blocks=what.blocks(model))
+    optimizer = what.optimizer(model)
+    what.loss(model, seed).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return model, optimizer
@@ -337,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true",
                         help="a quick look: {depth} blocks of width {width}, batch {batch} (--depth/--width/--batch "
                              "still override)".format(**TINY))
+    parser.add_argument("--model", help="measure this model of model.py instead of the MLP (--depth/--width/--batch "
+                                        "then do not apply)")
     parser.add_argument("--no-stall", action="store_true", help="leave out the checkpoint-save measurement")
     parser.add_argument("--json", type=Path, help="also write the rows and ratios here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -354,6 +433,11 @@ def main(argv: list[str] | None = None) -> int:
                     if getattr(args, name) < least), None)
     if problem is None and args.json is not None and not args.json.parent.is_dir():
         problem = f"--json {args.json}: its folder {args.json.parent} does not exist"
+    if problem is None:
+        try:
+            measured = subject(args).name  # a model that cannot be measured is said here, before any rank starts
+        except CannotMeasure as err:
+            problem = str(err)
     if problem is not None:
         print(f"ERROR: {problem}", file=sys.stderr)
         return 1
@@ -364,12 +448,13 @@ def main(argv: list[str] | None = None) -> int:
                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         if not torch.cuda.is_available() or torch.cuda.device_count() < args.nproc:
             env["CUDA_VISIBLE_DEVICES"] = ""  # one GPU per rank or none: NCCL cannot share a GPU between ranks
-        print(f"memory: {args.nproc} processes, {args.depth} blocks of width {args.width}, batch {args.batch} per rank",
-              file=sys.stderr, flush=True)
+        print(f"memory: {args.nproc} processes, {measured}", file=sys.stderr, flush=True)
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                                str(args.nproc), __file__, "--worker", "--result", str(result), "--scratch",
                                str(scratch), "--depth", str(args.depth), "--width", str(args.width), "--batch",
-                               str(args.batch), *(["--no-stall"] if args.no_stall else [])], env=env)
+                               str(args.batch), *(["--no-stall"] if args.no_stall else []),
+                               *(["--model", args.model] if args.model else []), *(["--tiny"] if args.tiny else [])],
+                              env=env)
         if done.returncode != 0 or not result.is_file():
             print(f"ERROR: the measuring job failed (exit code {done.returncode}); its output is above",
                   file=sys.stderr)

@@ -131,6 +131,7 @@ WORKER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_checkpointing_under_ddp_and_fsdp_on_two_ranks_keeps_the_gradients(tmp_path):
     run_ranks(WORKER, tmp_path)
     grads = torch.load(tmp_path / "grads.pt", weights_only=True)
@@ -145,6 +146,7 @@ FAST = sorted(name for name in WITH_BLOCKS if MODELS[name].optimize_for_training
 
 
 @pytest.mark.skipif(not FAST, reason="no registered model has both blocks and a fast path (optimize_for_training)")
+@pytest.mark.slow
 def test_checkpointed_blocks_work_with_the_fast_path(fresh_dynamo):
     """train.compile=true after activation checkpointing (the order train.py applies them) gives the gradients of
     the fast path without checkpointing (the first such model; compiling on a CPU takes a while)."""

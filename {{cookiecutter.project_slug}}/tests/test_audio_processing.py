@@ -127,7 +127,8 @@ def test_save_wav_writes_16_bit_mono_and_creates_folders(tmp_path):
 
 
 def test_save_wav_clips_out_of_range_values(tmp_path):
-    path = save_wav(tmp_path / "loud.wav", np.array([2.0, -3.0, 0.5], dtype=np.float32), SR)
+    with pytest.warns(UserWarning, match="is 67% clipped"):
+        path = save_wav(tmp_path / "loud.wav", np.array([2.0, -3.0, 0.5], dtype=np.float32), SR)
     read, _ = sf.read(str(path), dtype="float32")
     assert read[0] == pytest.approx(1.0, abs=1e-4) and read[1] == pytest.approx(-1.0, abs=1e-4)
     assert read[2] == pytest.approx(0.5, abs=1e-4)
@@ -144,3 +145,23 @@ def test_save_wav_rejects_bad_audio(tmp_path, audio, message):
         save_wav(path, audio, SR)
     assert str(path) in str(err.value)
     assert not path.exists()
+
+
+def test_audio_that_no_trained_model_writes_is_named_and_speech_is_not():
+    from utils.audio_processing import audio_problems
+
+    rng = np.random.default_rng(0)
+    speech_like = (0.3 * sine(180.0, seconds=0.5).numpy() * np.hanning(SR // 2)).astype(np.float32)
+    assert audio_problems(speech_like) == []
+    assert audio_problems(np.clip(3 * rng.standard_normal(SR), -1, 1)) == ["is 74% clipped (samples at full scale)"]
+    assert audio_problems(0.171 + 0.013 * rng.standard_normal(SR)) == [  # an untrained HiFi-GAN's output
+        "has a DC offset of 0.171 (its mean; speech's is near 0)"]
+    assert audio_problems(np.full(SR, 2e-4)) == ["is nearly silent (peak 2e-04)"]
+
+
+def test_inference_output_that_sounds_untrained_is_warned_about_in_one_line(tmp_path):
+    with pytest.warns(UserWarning) as caught:
+        save_wav(tmp_path / "dc.wav", np.full(SR, 0.2, dtype=np.float32), SR)
+    message = str(caught[0].message)
+    assert message == (f"{tmp_path / 'dc.wav'} has a DC offset of 0.200 (its mean; speech's is near 0): what an "
+                       "untrained or briefly trained model writes (see 'What to expect' in README.md)")

@@ -229,8 +229,23 @@ def test_a_bad_launcher_environment_is_one_line(capsys, corpus, tmp_path, monkey
 def test_a_missing_dataset_folder_is_named(capsys, tmp_path, precious):
     before = snapshot(precious)
     code, out, err = run_train(capsys, "--dataset-path", str(tmp_path / "no_corpus"), "--output-dir", str(precious))
-    assert the_error(code, err, out) == f"ERROR: rank 0: dataset folder not found: {tmp_path / 'no_corpus'}"
+    assert the_error(code, err, out) == f"ERROR: rank 0: dataset folder not found: {tmp_path / 'no_corpus'} (get " \
+                                        "LJSpeech with scripts/dataset.sh data, or a small demo corpus with python " \
+                                        "scripts/make_demo_corpus.py --output data/demo, or point --dataset-path at " \
+                                        "a folder in the LJSpeech layout)"
     assert snapshot(precious) == before
+
+
+def test_a_run_that_fails_before_writing_leaves_no_empty_output_folder(capsys, tmp_path):
+    out = tmp_path / "new_out"
+    code, out_text, err = run_train(capsys, "--dataset-path", str(tmp_path / "no_corpus"), "--output-dir", str(out))
+    assert "dataset folder not found" in the_error(code, err, out_text) and not out.exists()
+
+
+def test_a_bad_argument_of_train_py_is_one_line_and_exit_2(capsys):
+    code, out, err = run_train(capsys, "--max-steps", "many")
+    assert code == 2 and err.splitlines() == ["ERROR: argument --max-steps: invalid int value: 'many' (python "
+                                              "train.py --help lists the options)"], err
 
 
 def test_an_empty_dataset_folder_names_the_missing_metadata(capsys, tmp_path, precious):
@@ -333,6 +348,7 @@ def test_bad_clips_are_all_named_at_start_up(capsys, bad_corpus, tmp_path, model
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.slow
 def test_bad_clips_are_skipped_and_listed_with_on_bad_clip_skip(capsys, bad_corpus, tmp_path, model):
     code, out, err = run_train(capsys, "--model", model, "--dataset-path", str(bad_corpus),
                                "--output-dir", str(tmp_path / "out"), "--set", "data.on_bad_clip=skip")
@@ -447,6 +463,7 @@ def test_a_truncated_checkpoint_last_is_named_and_kept(capsys, finished, corpus,
     assert snapshot(out) == before
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_last_resumes_from_the_newest_intact_numbered_one(capsys, finished, corpus, tmp_path):
     out = linked_copy(finished[0], tmp_path / "out")
     numbered = sorted(out.glob("checkpoint_[0-9]*.pt"), key=lambda p: int(p.stem.split("_")[1]))
@@ -559,6 +576,7 @@ def real_runs(finished, corpus, tmp_path_factory):
     return results
 
 
+@pytest.mark.slow
 def test_python_train_py_bad_set_is_exactly_one_line_and_exit_1(real_runs):
     (code, out, err), never = real_runs["bad_set"]
     assert code == 1
@@ -567,6 +585,7 @@ def test_python_train_py_bad_set_is_exactly_one_line_and_exit_1(real_runs):
     assert out == "" and not never.exists()
 
 
+@pytest.mark.slow
 def test_python_inference_py_refuses_a_pickled_payload(real_runs):
     (code, out, err), (evil, marker, wav) = real_runs["evil"]
     assert code == 1
@@ -575,6 +594,7 @@ def test_python_inference_py_refuses_a_pickled_payload(real_runs):
     assert not marker.exists() and not wav.exists()
 
 
+@pytest.mark.slow
 def test_multiproc_names_a_master_port_already_in_use(real_runs):
     (code, out, err), (port, never) = real_runs["port_taken"]
     assert code == 1
@@ -788,6 +808,7 @@ def every_bad_clip(tmp_path_factory):
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.slow
 def test_every_kind_of_bad_clip_at_once_is_skipped_and_the_rest_trains(capsys, every_bad_clip, tmp_path, model):
     corpus, expected = every_bad_clip
     code, out, err = run_train(capsys, "--model", model, "--dataset-path", str(corpus),
@@ -802,6 +823,7 @@ def test_every_kind_of_bad_clip_at_once_is_skipped_and_the_rest_trains(capsys, e
     assert torch.load(tmp_path / "out" / "checkpoint_last.pt", map_location="cpu", weights_only=True)["step"] == 2
 
 
+@pytest.mark.slow
 def test_python_train_py_skips_or_names_every_kind_of_bad_clip(every_bad_clip, tmp_path):
     """Real ``python train.py --tiny`` processes: ``skip`` trains without the 10 bad clips, lists them all and
     exits 0; ``error`` exits 1 with one ERROR line naming all 10, and writes no checkpoint."""

@@ -149,6 +149,7 @@ WRITER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_sigkill_in_the_middle_of_saves_leaves_checkpoint_last_loadable(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -355,3 +356,12 @@ def test_rng_state_survives_a_weights_only_round_trip(tmp_path):
     random.seed(9), np.random.seed(9), torch.manual_seed(9)
     restore_rng_state(load_checkpoint(tmp_path / "checkpoint_last.pt")["rng"])
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_config_changes_are_named_as_config_json_writes_them():
+    from utils.checkpoint import config_changes
+
+    before = {"train": {"compile": False, "grad_clip": 0.0, "lr_schedule": "constant"}, "data": {"exclude": ()}}
+    now = {"train": {"compile": True, "grad_clip": 0.5, "lr_schedule": "cosine"}, "data": {"exclude": ("LJ001",)}}
+    assert config_changes(before, now) == ['data.exclude: [] -> ["LJ001"]', "train.compile: false -> true",
+                                           "train.grad_clip: 0.0 -> 0.5", "train.lr_schedule: constant -> cosine"]

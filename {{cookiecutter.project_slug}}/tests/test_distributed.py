@@ -145,6 +145,7 @@ def test_reduce_tensor_over_two_ranks(torchrun_job):
         assert result["int_sum"] == [3]
 
 
+@pytest.mark.slow
 def test_real_init_from_slurm_and_openmpi_variables(tmp_path):
     """Rank 0 is placed by SLURM's variables, rank 1 by OpenMPI's: both must agree on the job."""
     def mixed_env(rank, port):
@@ -395,3 +396,13 @@ def test_expand_nodelist(nodelist, hosts):
 def test_expand_nodelist_rejects_malformed(nodelist):
     with pytest.raises(ValueError, match="SLURM node list"):
         D.expand_nodelist(nodelist)
+
+
+def test_cpu_threads_are_a_fair_share_of_the_cpus_this_process_may_use():
+    """One process bound to one CPU (as taskset or a scheduler binds it) gets one thread, whatever the host has."""
+    script = ("import os, distributed as D\nos.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})\n"
+              "print(D.available_cpus(), D.cpu_threads(1), D.cpu_threads(4))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=clean_env(1), capture_output=True, text=True,
+                          timeout=bound(60, 1))
+    assert done.returncode == 0 and done.stdout.split() == ["1.0", "1", "1"], done.stderr
+    assert D.cpu_threads(1) == max(1, int(D.available_cpus())) and D.available_cpus() <= (os.cpu_count() or 1)

@@ -3,9 +3,9 @@
 * Every text file of the project (code, comments, docstrings, README, ``docs/``, configs, scripts) is scanned
   for paths of a benchmark folder or a sibling folder that exist only where the template was developed,
   and for issue numbers of a tracker the project does not have.
-* ``docs/own_model_example.py``, the file the README's "Your own model" offers, registers a model that loads
-  its config, reads a corpus, trains (its loss falls) and is not imported by ``model.py``.
-* ``docs/two_optimizer_example.py``, the README's model with two optimizers, is offered the same way, works
+* ``docs/own_model_example.py``, the file the manual's (``docs/manual.md``) "Your own model" offers, registers a
+  model that loads its config, reads a corpus, trains (its loss falls) and is not imported by ``model.py``.
+* ``docs/two_optimizer_example.py``, the manual's model with two optimizers, is offered the same way, works
   with the project's config as it is, and trains both of its phases with the loop's own functions: each phase
   updates only its network, and its named mel L1 falls.
 """
@@ -92,9 +92,9 @@ def test_project_text_names_nothing_outside_the_project():
     assert not found, "\n".join(found)
 
 
-def test_readme_offers_the_example_file_and_model_py_points_to_it():
-    readme = (PROJECT / "README.md").read_text()
-    section = readme.split("## Your own model", 1)[1].split("\n## ", 1)[0]
+def test_the_manual_offers_the_example_file_and_model_py_points_to_it():
+    manual = (PROJECT / "docs" / "manual.md").read_text()
+    section = manual.split("## Your own model", 1)[1].split("\n## ", 1)[0]
     assert "docs/own_model_example.py" in section and "cp docs/own_model_example.py models/" in section
     assert "docs/own_model_example.py" in (PROJECT / "model.py").read_text().split('"""')[1]
     assert EXAMPLE.is_file()
@@ -108,7 +108,7 @@ from model import MODELS, config_schemas
 docs = Path(sys.argv[1]).resolve().parent
 loaded = [getattr(module, "__file__", None) for module in list(sys.modules.values())]
 assert not [f for f in loaded if f and Path(f).resolve().parent == docs], "model.py imported docs/"
-if "melae" not in MODELS:  # (a project that already holds models/melae.py, the copy the README makes, tests that)
+if "melae" not in MODELS:  # (a project that already holds models/melae.py, the copy the manual makes, tests that)
     spec = importlib.util.spec_from_file_location("models.melae", sys.argv[1])
     module = importlib.util.module_from_spec(spec)
     sys.modules["models.melae"] = module
@@ -134,6 +134,7 @@ print(len(train_set), len(val_set), melae.count_items(batch), frames, losses[0],
 """
 
 
+@pytest.mark.slow
 def test_the_example_model_file_loads_reads_a_corpus_and_learns(tmp_path):
     corpus = synth_corpus(tmp_path / "corpus", n=8)
     env = clean_env(1)
@@ -154,7 +155,7 @@ from pathlib import Path
 import torch
 import train
 from model import MODELS, config_schemas
-if "gan_vocoder" not in MODELS:  # (a project that already holds models/gan_vocoder.py, the README's copy, tests that)
+if "gan_vocoder" not in MODELS:  # (a project that already holds models/gan_vocoder.py, the manual's copy, tests that)
     spec = importlib.util.spec_from_file_location("models.gan_vocoder", sys.argv[1])
     module = importlib.util.module_from_spec(spec)
     sys.modules["models.gan_vocoder"] = module
@@ -203,14 +204,15 @@ print(json.dumps({
 """
 
 
-def test_the_readme_offers_the_two_optimizer_example_file():
-    readme = (PROJECT / "README.md").read_text()
-    section = readme.split("## Your own model", 1)[1].split("\n## ", 1)[0]
+def test_the_manual_offers_the_two_optimizer_example_file():
+    manual = (PROJECT / "docs" / "manual.md").read_text()
+    section = manual.split("## Your own model", 1)[1].split("\n## ", 1)[0]
     copy = "cp docs/two_optimizer_example.py models/gan_vocoder.py"
     assert copy in section and "phases=" in section and "train_step=" in section
     assert copy in TWO_OPTIMIZER_EXAMPLE.read_text().split('"""')[1]  # its docstring says the same
 
 
+@pytest.mark.slow
 def test_the_two_optimizer_example_trains_both_phases_and_its_mel_l1_falls(tmp_path):
     """The file loads beside the project's models, and with the loop's own functions (``train.build_optimizers``,
     ``build_phases``, ``forward_backward``) on one batch of a corpus, 20 steps of its two phases: each phase

@@ -19,7 +19,11 @@ import pytest
 import torch
 
 from conftest import ROOT, TEST_MODEL, alive, bound, clean_env, finish, planted, synth_corpus
+
 from utils.checkpoint import LOCK_NAME, RunLock
+
+pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
+
 
 ARGS = ["--config", "config.json", "--model", TEST_MODEL, "--tiny", "--max-steps", "12", "--set",
         "train.log_interval=1", "--set", "train.checkpoint_interval=4", "--set", "train.keep_last=0",

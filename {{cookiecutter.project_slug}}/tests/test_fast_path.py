@@ -80,6 +80,7 @@ def test_process_settings_kept_undoes_what_the_check_sets():
             torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAST_MODELS)
 def test_fast_path_loss_matches_eager_fp32_and_bf16_is_close(name):
     rows = benchmark.check_case(*first_tiny_case(name), bench_args(), CPU)
@@ -93,6 +94,7 @@ def test_fast_path_loss_matches_eager_fp32_and_bf16_is_close(name):
     assert counters["stats"]["unique_graphs"] >= 1, "the fast path compiled something"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAST_MODELS)
 def test_check_catches_a_fast_path_that_changes_the_mathematics(name, monkeypatch):
     spec = MODELS[name]
@@ -125,6 +127,7 @@ def test_train_compile_is_off_by_default_and_settable():
     assert build_config({}, config_schemas(), overrides=["train.compile=true"]).train.compile is True
 
 
+@pytest.mark.slow
 def test_benchmark_cpu_smoke_writes_a_row_per_case_and_precision(tmp_path):
     out = tmp_path / "out.json"
     proc = subprocess.run([sys.executable, "scripts/benchmark.py", "--tiny", "--device", "cpu", "--json", str(out),
@@ -172,6 +175,7 @@ def test_benchmark_compare_adds_the_ratio(tmp_path, monkeypatch, capsys):
     assert row["ratio_vs_reference"] == round(row["items_per_s"] / 1000, 3)
 
 
+@pytest.mark.slow
 def test_loader_benchmark_on_a_corpus(tmp_path, capsys):
     corpus = synth_corpus(tmp_path / "corpus", n=12)
     out = tmp_path / "loader.json"

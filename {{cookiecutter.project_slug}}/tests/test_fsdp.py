@@ -16,9 +16,13 @@ import pytest
 import torch
 
 from conftest import ROOT, TEST_MODEL, bound, clean_env, descendants, finish, start_job, synth_corpus
+
 from model import MODELS, config_schemas
 from utils.checkpoint import load_sharded_model, read_train_state
 from utils.config import load_config
+
+pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
+
 
 COMMON = ["--config", "config.json", "--tiny", "--set", "train.log_interval=1", "--set", "train.keep_last=0",
           "--set", "train.val_interval=1000", "--set", "data.num_workers=0", "--set", "train.precision=fp32"]
@@ -279,7 +283,11 @@ def test_the_global_batch_is_kept_when_the_new_world_size_divides_it_and_named_w
     from utils.checkpoint import world_size_change
 
     assert world_size_change(2, 1, 2, 4, 1) == (1, None)
+    assert world_size_change(2, 2, 2, 4, 1) == (2, None)  # an accumulation an earlier resume set keeps its batch
     kept, line = world_size_change(4, 1, 2, 4, 1)
     assert kept == 2 and "train.grad_accumulation 1 -> 2 keeps the global batch at 16 (4 x 2 x 2)" in line
     kept, line = world_size_change(2, 1, 3, 4, 1)
     assert kept == 1 and line.startswith("warning:") and "global batch changes 8 -> 12" in line
+    # 2 -> 1 -> 3 processes at batch 2: the 1-process resume accumulated 2 to keep 4; on 3 the closest is 6, not 12
+    kept, line = world_size_change(1, 2, 3, 2, 1)
+    assert kept == 1 and "global batch changes 4 -> 6 (2 x 1 x 3; no train.grad_accumulation keeps 4)" in line

@@ -19,6 +19,9 @@ import torch
 
 from conftest import ROOT, TEST_MODEL, bound, clean_env, free_port, rank_pids, synth_corpus
 
+pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
+
+
 TIMEOUT_S = 5
 
 # Rank 1 joins, then hangs (sleeps far past the timeout); rank 0 enters the collective named in argv[1].

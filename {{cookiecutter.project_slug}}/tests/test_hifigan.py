@@ -339,6 +339,7 @@ def rows(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_two_processes_train_it_and_every_named_loss_is_logged(gan_corpus, tmp_path):
     from conftest import finish
 
@@ -354,6 +355,7 @@ def test_two_processes_train_it_and_every_named_loss_is_logged(gan_corpus, tmp_p
     assert all(r["loss"] == r["losses"]["loss_generator"] for r in logged)  # `loss`: the last phase's
 
 
+@pytest.mark.slow
 def test_a_sigterm_and_resume_end_equal_to_an_uninterrupted_run(gan_corpus, tmp_path):
     import os
     import signal
@@ -392,6 +394,7 @@ def test_a_sigterm_and_resume_end_equal_to_an_uninterrupted_run(gan_corpus, tmp_
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.slow
 def test_mixed_precision_runs_without_a_non_finite_loss(gan_corpus, tmp_path, precision):
     from conftest import finish
 
@@ -420,6 +423,7 @@ def test_inference_writes_the_wav_of_a_mel(tmp_path):
     assert sf.info(str(tmp_path / "a.wav")).frames == mel.shape[-1] * 256
 
 
+@pytest.mark.slow
 def test_validation_writes_the_generated_and_true_audio_of_a_fixed_utterance_to_tensorboard(tmp_path):
     """At every validation ``audio/vocoded`` (the generator's output for the first validation crop), at the first
     one ``audio/ground_truth`` (that crop: the first ``segment_length`` samples of the first validation clip)."""
@@ -440,6 +444,7 @@ def test_validation_writes_the_generated_and_true_audio_of_a_fixed_utterance_to_
     assert np.abs(clips["audio/ground_truth"][0][2] - truth).max() < 2e-4  # 16-bit rounding, twice
 
 
+@pytest.mark.slow
 def test_the_benchmark_times_both_phases_and_reports_every_named_loss():
     import subprocess
     import sys

@@ -6,13 +6,18 @@ import json
 import os
 import sys
 
-from conftest import ROOT, finish, start_job
+import pytest
+
+from conftest import ROOT, bound, finish, start_job
+
+
+pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
 
 
 def test_memory_script_shows_fsdp_halving_the_state_and_checkpointing_the_activations(tmp_path):
     out = tmp_path / "memory.json"
     proc = start_job([sys.executable, "scripts/memory.py", "--tiny", "--json", str(out)], tmp_path, nproc=2)
-    code, output = finish(proc, timeout=240)
+    code, output = finish(proc, timeout=bound(240))
     assert code == 0, output[-4000:]
     assert "measured fsdp / activation checkpointing full" in output  # progress while it runs
     data = json.loads(out.read_text())
@@ -46,3 +51,30 @@ def test_memory_script_refuses_bad_arguments_in_one_line(tmp_path, capsys):
         assert script.main(args) == 1
         err = capsys.readouterr().err
         assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_memory_script_measures_a_model_of_the_project(tmp_path):
+    from model import MODELS
+
+    measurable = sorted(name for name, spec in MODELS.items() if spec.blocks is not None and not spec.phases
+                        and spec.synthetic_batch is not None and spec.benchmark_cases)
+    if not measurable:
+        pytest.skip("no registered model has blocks, a synthetic batch and one optimizer")
+    name, out = measurable[0], tmp_path / "memory.json"
+    proc = start_job([sys.executable, "scripts/memory.py", "--tiny", "--model", name, "--no-stall", "--json", str(out)],
+                     tmp_path, nproc=2)
+    code, output = finish(proc, timeout=bound(240))
+    assert code == 0, output[-4000:]
+    assert f"memory: 2 processes, model '{name}' (tiny size)" in output
+    data = json.loads(out.read_text())
+    assert data["settings"]["model"] == name and len(data["rows"]) == 12 and data["stalls"] == []
+    assert data["ratios"]["fsdp_over_ddp_state"] <= 0.6  # FSDP holds about half of a 2-rank DDP replica's state
+
+
+def test_memory_script_refuses_a_model_it_cannot_measure(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("memory_script", os.path.join(ROOT, "scripts", "memory.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--model", "no_such_model"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ERROR: --model no_such_model: model.py registers no such model"), err

@@ -118,6 +118,7 @@ def test_more_processes_than_gpus_is_refused(tmp_path, monkeypatch, capsys):
     assert "GPU(s) are visible" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_node_that_never_comes_is_reported_within_the_rendezvous_timeout(tmp_path):
     port = free_port()
     done, seconds = launch(tmp_path, "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
@@ -129,6 +130,7 @@ def test_a_node_that_never_comes_is_reported_within_the_rendezvous_timeout(tmp_p
     assert not list(tmp_path.glob("rank*.json")), "no rank may start before every node joined"
 
 
+@pytest.mark.slow
 def test_a_node_whose_node_0_never_answers_is_reported(tmp_path):
     with socket.socket() as held:  # bound, never listening: a connect there is refused, and nobody else can take it
         held.bind(("127.0.0.1", free_port()))
@@ -139,3 +141,24 @@ def test_a_node_whose_node_0_never_answers_is_reported(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and f"node 1: node 0 did not answer at 127.0.0.1:{port} within 3 s" in lines[0], \
         done.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dataset-path", "no_corpus_here"], "dataset folder not found: no_corpus_here (get LJSpeech with "
+                                           "scripts/dataset.sh data, or a small demo corpus with python "
+                                           "scripts/make_demo_corpus.py --output data/demo"),
+    (["--set", "train.max_steps=abc"], "--set train.max_steps=abc: config key 'train.max_steps' must be int"),
+    (["--no-such-option"], "unrecognized arguments: --no-such-option (python train.py --help lists the options)"),
+], ids=["missing-corpus", "bad-set", "bad-option"])
+def test_a_bad_training_command_is_one_line_before_any_rank_starts(tmp_path, args, message):
+    """multiproc asks train.py's check_command_line first: one line, said once, in seconds, no rank started."""
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, MULTIPROC, "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
+                           "train.py", "--config", "config.json", "--tiny", "--output-dir", str(tmp_path / "out"),
+                           *args], cwd=ROOT, env=clean_env(2), capture_output=True, text=True, timeout=bound(60, 1))
+    took = time.monotonic() - start
+    assert done.returncode == 1 and done.stdout == "", (done.stdout, done.stderr)
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("multiproc: ERROR: ") and message in lines[0], done.stderr
+    assert took < bound(10, 1), (took, done.stderr)
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "out").exists()

@@ -191,6 +191,7 @@ COUNT_WORKER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_the_generator_step_all_reduces_no_discriminator_gradient(tmp_path):
     run_ranks(COUNT_WORKER, tmp_path)
     results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]

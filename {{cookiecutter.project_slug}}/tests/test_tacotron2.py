@@ -105,6 +105,7 @@ def test_every_parameter_gets_a_gradient():
     assert missing == []  # DDP needs every parameter in every step
 
 
+@pytest.mark.slow
 def test_loss_is_finite_and_decreases_when_overfitting():
     net = tiny_model()
     batch = tiny_batch()
@@ -402,6 +403,7 @@ def test_decoder_fast_path_refuses_a_bad_bucket_and_switches_off(fresh_dynamo):
     assert counters["stats"]["unique_graphs"] == 0
 
 
+@pytest.mark.slow
 def test_tacotron2_decoder_step_with_inductor(fresh_dynamo):
     """The real compiler on a tiny decoder step, dropout on (Inductor told to draw eager's numbers)."""
     import torch._inductor.config as inductor_config
@@ -434,6 +436,7 @@ def precision_flags_kept():
     backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = flags
 
 
+@pytest.mark.slow
 def test_loader_benchmark_reads_cached_mels(tmp_path, precision_flags_kept):
     from conftest import ROOT, synth_corpus
     from scripts import benchmark
@@ -522,6 +525,7 @@ def test_validation_audio_draws_the_same_noise_and_leaves_the_training_random_st
     assert net.decoder.max_decoder_steps == TINY["max_decoder_steps"]
 
 
+@pytest.mark.slow
 def test_validation_writes_griffin_lim_audio_of_a_fixed_utterance_to_tensorboard(tmp_path):
     """A real run (``python train.py``, 1 process, tiny, a validation after each of 2 steps): the teacher-forced and
     free-running mels of the first validation item as audio at both validations, its target mel at the first;
@@ -597,6 +601,7 @@ def run_train_main(argv: list) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+@pytest.mark.slow
 def test_tiny_trains_on_ljspeech_length_clips(tmp_path):
     """``python train.py --model tacotron2 --tiny`` on clips of 6 to 10.2 s: every clip is kept (the tiny
     max_mel_frames covers 10+ s), a few steps train, validation runs, exit 0."""

@@ -21,8 +21,12 @@ import torch
 import train
 from conftest import (ROOT, TEST_MODEL, alive, clean_env, descendants, finish, free_port, rank_pids, start_job,
                       synth_corpus)
+
 from model import MODELS
 from utils.run_log import RunLog
+
+pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
+
 
 MODEL = TEST_MODEL
 STEPS = 12

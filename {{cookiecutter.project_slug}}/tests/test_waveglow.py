@@ -111,6 +111,7 @@ def test_registered_with_the_contract():
     assert spec.count_items({"audio": torch.zeros(3, 100)}) == 300
 
 
+@pytest.mark.slow
 def test_waveglow_gate_with_inductor(fresh_dynamo):
     """The real compiler on the piece it fuses in every WN layer: add, tanh, sigmoid, product."""
     from modules.waveglow import add_gated_activation
@@ -199,6 +200,7 @@ def test_mels_on_the_device_equal_the_workers_mels(tmp_path):
     assert (batches[True]["mel"] - batches[False]["mel"]).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 def test_training_with_mels_on_the_device_takes_the_same_first_step(tmp_path, capsys):
     import train
 
@@ -214,6 +216,7 @@ def test_training_with_mels_on_the_device_takes_the_same_first_step(tmp_path, ca
     assert losses["true"] == pytest.approx(losses["false"], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_validation_writes_the_vocoded_and_true_audio_of_a_fixed_utterance_to_tensorboard(tmp_path):
     """At every validation ``audio/vocoded`` (the first validation item's mel through ``WaveGlow.infer``), at the
     first one ``audio/ground_truth``: the first ``frames * hop_length`` samples of the first validation clip."""
@@ -236,6 +239,7 @@ def test_validation_writes_the_vocoded_and_true_audio_of_a_fixed_utterance_to_te
     assert np.abs(clips["audio/ground_truth"][0][2] - truth).max() < 2e-4  # 16-bit rounding, twice
 
 
+@pytest.mark.slow
 def test_tiny_trains_on_ljspeech_length_and_short_clips(tmp_path, capsys):
     """``--tiny`` WaveGlow on clips of 6 to 10.2 s (LJSpeech's lengths) and two clips shorter than the tiny
     ``segment_length`` (one of them validates): long clips are cropped, short ones padded, none is left out."""

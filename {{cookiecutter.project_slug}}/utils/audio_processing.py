@@ -8,6 +8,7 @@ compression. Mels made here therefore match mels made by NVIDIA's code for the s
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Optional, Union
 
@@ -219,4 +220,34 @@ def save_wav(path: Union[str, Path], audio: ArrayLike, sampling_rate: int) -> Pa
         raise ValueError(f"save_wav {path}: audio holds NaN or infinite values")
     path.parent.mkdir(parents=True, exist_ok=True)
     sf.write(str(path), np.clip(audio, -1.0, 1.0), sampling_rate, subtype="PCM_16")
+    problems = audio_problems(audio)
+    if problems:
+        warnings.warn(f"{path} {'; '.join(problems)}: what an untrained or briefly trained model writes (see 'What "
+                      "to expect' in README.md)")
     return path
+
+
+CLIPPED_SHARE, DC_OFFSET, SILENT_PEAK = 0.01, 0.05, 1e-3
+"""What :func:`audio_problems` calls clipped (a share of samples at or beyond full scale), a DC offset (a mean, in
+full-scale units) and silent (a peak): none of them happens in speech a trained vocoder writes."""
+
+
+def audio_problems(audio: ArrayLike) -> list[str]:
+    """What is wrong with audio as speech: ``["is 77% clipped (samples at full scale)", "has a DC offset of
+    0.171 (its mean; speech's is near 0)", "is nearly silent (peak 2e-04)"]``, or ``[]``.
+
+    Args:
+        audio: ``(T,)`` float samples, full scale 1.0 (before any clipping to [-1, 1]).
+    """
+    audio = np.asarray(audio, dtype=np.float64)
+    found = []
+    clipped = float(np.mean(np.abs(audio) >= 0.999))
+    if clipped > CLIPPED_SHARE:
+        found.append(f"is {100 * clipped:.0f}% clipped (samples at full scale)")
+    mean = float(np.mean(audio))
+    if abs(mean) > DC_OFFSET:
+        found.append(f"has a DC offset of {mean:.3f} (its mean; speech's is near 0)")
+    peak = float(np.max(np.abs(audio)))
+    if peak < SILENT_PEAK:
+        found.append(f"is nearly silent (peak {peak:.0e})")
+    return found

@@ -478,7 +478,8 @@ class RunLock:
 
 def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
     """``"section.key: old -> new"`` for every setting that differs between two ``Config.to_dict()`` dicts
-    (a key only one of them has counts as changed), except the ``section.key`` names in ``ignore``."""
+    (a key only one of them has counts as changed), except the ``section.key`` names in ``ignore``; values as JSON
+    writes them (``false -> true``)."""
     changes = []
     for section in sorted(set(before) | set(now)):
         old, new = before.get(section, {}), now.get(section, {})
@@ -487,8 +488,13 @@ def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], ignore: tu
         for key in sorted(set(old) | set(new)):
             name = f"{section}.{key}"
             if name not in ignore and old.get(key, "unset") != new.get(key, "unset"):
-                changes.append(f"{name}: {old.get(key, 'unset')} -> {new.get(key, 'unset')}")
+                changes.append(f"{name}: {as_json(old.get(key, 'unset'))} -> {as_json(new.get(key, 'unset'))}")
     return changes
+
+
+def as_json(value: Any) -> str:
+    """A config value as ``config.json`` and ``--set`` write it (``true``, ``null``, ``[1, 2]``); a string as is."""
+    return value if isinstance(value, str) else json.dumps(list(value) if isinstance(value, tuple) else value)
 
 
 def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str, Any], model_name: str,
@@ -564,23 +570,28 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
 
 def world_size_change(written_by: int, accumulation: int, world_size: int, batch_size: int,
                       requested: int) -> tuple[int, Optional[str]]:
-    """The gradient accumulation a run resumed on another number of processes trains with, and the line saying so.
+    """The gradient accumulation a resumed run trains with, and the line saying so, when the config's
+    ``train.grad_accumulation`` is the one the checkpoint's run was started with (a value changed since is the user's
+    to honour, not this function's).
 
-    The global batch (``batch_size * grad_accumulation * world_size`` samples per optimizer step) is kept when
-    the new world size divides it; otherwise the requested accumulation stays and the line says plainly that the
-    global batch changed. The data position carries over in global samples either way; the ranks' random
-    streams (dropout) restart, so the run does not repeat the uninterrupted one exactly.
+    The global batch (``batch_size * grad_accumulation * world_size`` samples per optimizer step) is kept: on the
+    same number of processes with the accumulation the checkpoint trained with (which an earlier resume on another
+    number may have set); on another number when it divides the global batch. Otherwise the accumulation that comes
+    closest to it (at least 1) is taken and the line says plainly that the global batch changed: an accumulation set
+    automatically by an earlier resume is never carried over as if the user had asked for it. The data position
+    carries over in global samples either way; the ranks' random streams (dropout) restart, so the run does not
+    repeat the uninterrupted one exactly.
 
     Args:
         written_by: processes that wrote the checkpoint; ``accumulation``: the accumulation it trained with.
         world_size: processes now; ``batch_size``: samples per process per micro-batch (the same before and now);
-        requested: ``train.grad_accumulation`` of this run's config.
+        requested: ``train.grad_accumulation`` of this run's config (unused when the global batch can be kept).
 
     Returns:
-        ``(grad_accumulation, line)``; ``(requested, None)`` when the world size is the same.
+        ``(grad_accumulation, line)``; ``(accumulation, None)`` when the world size is the same.
     """
     if written_by == world_size:
-        return requested, None
+        return accumulation, None
     before = batch_size * accumulation * written_by
     head = f"note: the checkpoint was written by {written_by} process(es), this run has {world_size}"
     tail = "the data position carries over in global samples; random streams (dropout) restart"
@@ -588,10 +599,11 @@ def world_size_change(written_by: int, accumulation: int, world_size: int, batch
         kept = before // (batch_size * world_size)
         return kept, (f"{head}: train.grad_accumulation {accumulation} -> {kept} keeps the global batch at {before} "
                       f"({batch_size} x {kept} x {world_size}); {tail}")
-    after = batch_size * requested * world_size
-    return requested, (f"warning: the checkpoint was written by {written_by} process(es), this run has "
-                       f"{world_size}: the global batch changes {before} -> {after} ({world_size} does not divide "
-                       f"{before}: no train.grad_accumulation keeps it); {tail}")
+    closest = max(1, round(before / (batch_size * world_size)))
+    after = batch_size * closest * world_size
+    return closest, (f"warning: the checkpoint was written by {written_by} process(es), this run has "
+                     f"{world_size}: the global batch changes {before} -> {after} ({batch_size} x {closest} x "
+                     f"{world_size}; no train.grad_accumulation keeps {before}); {tail}")
 
 
 def sharded_train_state(parts: Mapping[str, Any], state: TrainState, rng: list, **info: Any) -> dict[str, Any]:

@@ -37,6 +37,11 @@ class DataError(ValueError):
     """The corpus is missing, malformed or unreadable; the message names the file (and line or id)."""
 
 
+GET_DATA = ("get LJSpeech with scripts/dataset.sh data, or a small demo corpus with python scripts/make_demo_corpus.py "
+            "--output data/demo, or point --dataset-path at a folder in the LJSpeech layout")
+"""How to get a corpus: said where one is missing."""
+
+
 class Utterance(NamedTuple):
     """One recording: its id (the wav's file stem), the wav's path, and its transcript."""
 
@@ -96,7 +101,7 @@ def _wav_problem(wav_path: Path) -> Optional[str]:
 def _scan_ljspeech(root: Path) -> tuple[list[Utterance], list[_LineIssue]]:
     """:func:`read_ljspeech`'s work: the good rows as utterances, the bad ones as issues, in file order."""
     if not root.is_dir():
-        raise DataError(f"dataset folder not found: {root}")
+        raise DataError(f"dataset folder not found: {root} ({GET_DATA})")
     metadata = root / "metadata.csv"
     utterances: list[Utterance] = []
     issues: list[_LineIssue] = []

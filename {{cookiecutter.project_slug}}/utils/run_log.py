@@ -7,12 +7,14 @@ does nothing, so the training loop needs no ``if rank == 0`` around its logging.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import json
 import math
 import os
 import resource
 import statistics
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -381,3 +383,16 @@ def one_line(err: BaseException) -> str:
     if any("Original Traceback" in line for line in lines):  # "module.DataError: truncated wav file: ..."
         return lines[-1].split(": ", 1)[-1]
     return lines[0]
+
+
+@contextlib.contextmanager
+def one_line_warnings():
+    """Warnings print as one ``warning: ...`` line (not Python's two lines with the source line) while inside."""
+    def format_warning(message, category, filename, lineno, line=None) -> str:
+        kind = "" if category is UserWarning else f" ({category.__name__})"
+        return f"warning: {one_line(Warning(str(message)))}{kind}\n"
+    saved, warnings.formatwarning = warnings.formatwarning, format_warning
+    try:
+        yield
+    finally:
+        warnings.formatwarning = saved

@@ -1,0 +1,70 @@
+"""Published weights as a checkpoint of this project: to listen to them with ``inference.py`` before (or without)
+training, or to share them in this project's format.
+
+    python scripts/import_weights.py tacotron2_statedict.pt --output tacotron2.pt
+    python scripts/import_weights.py waveglow_256channels_universal_v5.pt --output waveglow.pt
+    python scripts/import_weights.py g_02500000 --output hifigan.pt
+    python inference.py --checkpoint tacotron2.pt --vocoder waveglow.pt --text "Hello world." --output hello.wav
+
+Reads NVIDIA's Tacotron2 and WaveGlow checkpoints and jik876's HiFi-GAN generator files (``utils.published``;
+nothing in the file runs) into the model of ``model.py`` they belong to, built with ``--config`` (default
+``config.json``, full size: the published models' sizes and audio settings are its defaults; ``--set`` changes a
+value), and writes ``{"model", "model_name", "config", "step": 0}``, which ``inference.py --checkpoint`` reads
+like any checkpoint of ``train.py``. To fine-tune instead, give the published file to ``train.py --init-from``.
+
+Exit status 1 with one ``ERROR:`` line for a file of no known format, weights that do not fit the config, or an
+``--output`` that exists (``--force`` replaces it) or whose folder does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from model import MODELS, config_schemas  # noqa: E402
+from utils.checkpoint import CheckpointError, atomic_write_bytes  # noqa: E402
+from utils.config import ConfigError, load_config  # noqa: E402
+from utils.published import load_into, read_weights  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("weights", type=Path, help="the published file (NVIDIA Tacotron2/WaveGlow, jik876 HiFi-GAN)")
+    parser.add_argument("--output", type=Path, required=True, help="the checkpoint to write (a .pt file)")
+    parser.add_argument("--config", default=str(ROOT / "config.json"), help="the config to build the model with")
+    parser.add_argument("--tiny", action="store_true", help="apply the config's tiny block (weights of tiny models)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a value")
+    parser.add_argument("--force", action="store_true", help="replace an existing --output")
+    args = parser.parse_args(argv)
+    try:
+        if not args.output.parent.is_dir():
+            raise CheckpointError(f"--output {args.output}: the folder {args.output.parent} does not exist")
+        if args.output.exists() and not args.force:
+            raise CheckpointError(f"{args.output} exists; pass --force to replace it, or --output another file")
+        cfg = load_config(args.config, config_schemas(), tiny=args.tiny, overrides=args.set)
+        kernels = len(cfg.section("hifigan").resblock_kernel_sizes) if "hifigan" in MODELS else 3
+        weights = read_weights(args.weights, MODELS, hifigan_kernels=kernels)
+        model = MODELS[weights.model_name].build_model(cfg)
+        kept = load_into(model, weights, str(args.weights))
+    except (CheckpointError, ConfigError, ValueError) as err:
+        print(f"ERROR: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 1
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "model_name": weights.model_name, "config": cfg.to_dict(), "step": 0,
+                "source": str(args.weights)}, buffer)
+    atomic_write_bytes(args.output, buffer.getvalue())
+    fresh = f"; {', '.join(prefix.rstrip('.') for prefix in kept)} untrained (not in the file)" if kept else ""
+    print(f"wrote {args.output}: model '{weights.model_name}' from {weights.source}{fresh}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
