@@ -8,10 +8,9 @@ Your own model, in three steps (``docs/own_model_example.py`` is a complete file
 2. End the file with ``register("<name>", ModelSpec(...))``.
 3. Train it: ``python multiproc.py train.py --model <name> ...``.
 
-Every module of ``models/`` is imported when this file is, so adding a file adds a model and deleting it
-removes one; ``train.py``, ``inference.py``, ``scripts/benchmark.py`` and the generic tests reach a model only
-through its :class:`ModelSpec`. A batch is a dict of tensors plus an ``"ids"`` list of utterance ids.
-"""
+Every module of ``models/`` is imported when this file is, so adding a file adds a model and deleting it removes
+one; ``train.py``, ``inference.py``, the scripts and the generic tests reach a model only through its
+:class:`ModelSpec`. A batch is a dict of tensors plus an ``"ids"`` list of utterance ids."""
 
 from __future__ import annotations
 
@@ -65,15 +64,15 @@ class ModelSpec:
         add_inference_args: ``parser -> None``, the model's own ``inference.py`` options.
         infer: ``(model, cfg, args, device) -> list of written paths``: ``inference.py``'s work.
         vocode: ``(model, mel (n_mels, frames), cfg) -> audio (samples,)``: the model can be another's vocoder.
-        log_validation: rank 0's ``(model, batch, outputs, step, writer, output_dir, cfg=cfg)``: pictures
-            and TensorBoard audio.
+        log_validation: rank 0's ``(model, batch, outputs, step, writer, output_dir, cfg=cfg)``: pictures, audio.
         synthetic_batch: ``(cfg, batch_size, generator, **shape) -> batch`` of random CPU tensors.
-        optimize_for_training: ``(model, cfg, **compile_kwargs) -> model``: the fast path
-            (``train.compile=true``), same mathematics as eager.
+        optimize_for_training: ``(model, cfg, **compile_kwargs) -> model``: the fast path (``train.compile``).
         benchmark_cases: :class:`BenchmarkCase` shapes (NVIDIA's published ones for the examples).
         check_text: ``(text, cfg) -> reason or None``: the start-up corpus check's test of a transcript.
         on_device: ``(batch, cfg) -> batch`` on the device, in the step (e.g. mels of the audio crops).
         data_advice: what to do when the GPU waits on this model's input pipeline (one sentence).
+        read_published: ``(loaded, cfg) -> utils.published.Weights | None``: another project's checkpoint of this
+            model in its key names (``--init-from``); pickled_classes: what such a file pickles, read as records.
 
     Several optimizers (a GAN vocoder: discriminator step, then generator step), all three together:
         phases: optimizer names in update order, e.g. ``("discriminator", "generator")``; ``build_optimizer``
@@ -117,6 +116,8 @@ class ModelSpec:
     train_step: Optional[Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = None
     build_scheduler: Optional[Callable[..., tuple[Any, str]]] = None
     blocks: Optional[Callable[[nn.Module], list[nn.Module]]] = None
+    read_published: Optional[Callable[[Any, Config], Any]] = None
+    pickled_classes: tuple[str, ...] = ()
 
 
 MODELS: dict[str, ModelSpec] = {}

@@ -1077,8 +1077,7 @@ def initialise(model: torch.nn.Module, args: argparse.Namespace, cfg: Config, is
     from utils.checkpoint import load_sharded_model
     from utils.published import load_into, read_weights
 
-    kernels = len(cfg.section("hifigan").resblock_kernel_sizes) if "hifigan" in MODELS else 3
-    weights = read_weights(args.init_from, MODELS, hifigan_kernels=kernels)
+    weights = read_weights(args.init_from, MODELS, cfg)
     if weights.model_name != args.model:
         raise CheckpointError(f"--init-from {args.init_from} holds a '{weights.model_name}' model; this run trains "
                               f"'{args.model}' (--model {weights.model_name}?)")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -43,6 +44,7 @@ from utils.audio_processing import MelSpectrogram, check_wav_output, save_wav
 from utils.config import AudioConfig, Config, setting
 from utils.data_utils import AudioMelDataset, collate_audio_mel, load_splits, read_mel
 from utils.plotting import add_audio, first_time
+from utils.published import Weights, weight_norm_key
 
 PHASES = ("discriminator", "generator")
 """Optimizer names in update order: the discriminator learns from the current generator first."""
@@ -380,6 +382,27 @@ BENCHMARK_CASES = (
                   tiny=BenchmarkCase("", _TINY + ("hifigan.segment_length=2048",), 2, {"segment_length": 2048})),
 )
 
+def read_published(loaded: Any, cfg: Config) -> Weights | None:
+    """jik876/hifi-gan's generator files (``g_<step>``; ``{"generator": state_dict}``), or ``None`` for another
+    format. The generator of this model; its residual blocks ``resblocks.<i * kernels + j>.convs1``/``convs2`` are
+    ``mrfs.<i>.blocks.<j>.dilated``/``plain`` here (``kernels``: ``hifigan.resblock_kernel_sizes``), and old weight
+    norm's ``weight_g``/``weight_v`` the parametrization. Such a file holds no discriminator: those start afresh.
+    (Read from jik876's checkpoint code for the layout; its generator's output from the same weights equals this
+    one's.)"""
+    state = loaded.get("generator") if isinstance(loaded, dict) else None
+    if not isinstance(state, dict) or "conv_pre.weight_v" not in state:
+        return None
+    kernels = len(cfg.hifigan.resblock_kernel_sizes)
+    renamed = {}
+    for key, value in state.items():
+        match = re.match(r"^resblocks\.(\d+)\.convs([12])\.(.*)$", key)
+        if match:
+            index, kind = int(match.group(1)), "dilated" if match.group(2) == "1" else "plain"
+            key = f"mrfs.{index // kernels}.blocks.{index % kernels}.{kind}.{match.group(3)}"
+        renamed["generator." + weight_norm_key(key)] = value
+    return Weights("jik876/hifi-gan's generator file", "hifigan", renamed, partial=("discriminator.",))
+
+
 register("hifigan", ModelSpec(
     config_cls=HiFiGANConfig,
     build_model=lambda cfg: HiFiGAN(cfg.hifigan, cfg.audio),
@@ -401,4 +424,5 @@ register("hifigan", ModelSpec(
     train_step=train_step,
     build_scheduler=build_scheduler,
     blocks=blocks,
+    read_published=read_published,
 ))

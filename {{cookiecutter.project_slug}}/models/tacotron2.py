@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from modules.tacotron2 import Decoder, Encoder, Postnet, get_padding_mask
 from utils.audio_processing import check_wav_output, griffin_lim, save_wav
 from utils.config import AudioConfig, Config, setting
 from utils.data_utils import DataError, load_splits
+from utils.published import Weights
 from utils.plotting import add_audio, first_time, fixed_random_state, plot_alignment, plot_gate, plot_spectrogram
 from utils.text import sequence_to_text, text_to_sequence
 from utils.text.symbols import symbols
@@ -536,6 +538,22 @@ BENCHMARK_CASES = (
     BenchmarkCase("tacotron2_b64", (), 64, _FULL, tiny=BenchmarkCase("", (), 2, _TINY)),
 )
 
+def read_published(loaded: Any, cfg: Config) -> Weights | None:
+    """NVIDIA/tacotron2's checkpoints (``tacotron2_statedict.pt``; ``{"state_dict", "iteration", "optimizer",
+    "learning_rate"}``), or ``None`` for another format. The same network as this one: NVIDIA wraps each convolution
+    and linear layer in a ``ConvNorm``/``LinearNorm`` (``.conv.``, ``.linear_layer.`` in its keys) and names the
+    attention ``attention_layer``, with a ``location_layer`` inside. (Read from NVIDIA's checkpoint code for the
+    layout; its outputs from the same weights equal this model's.)"""
+    state = loaded.get("state_dict") if isinstance(loaded, dict) else None
+    if not isinstance(state, dict) or "embedding.weight" not in state or not any(".linear_layer." in k for k in state):
+        return None
+    renamed = {}
+    for key, value in state.items():
+        key = key.replace("attention_layer.location_layer.", "attention.").replace("attention_layer.", "attention.")
+        renamed[re.sub(r"\.(linear_layer|conv)\.", ".", key)] = value
+    return Weights("NVIDIA/tacotron2's checkpoint", "tacotron2", renamed)
+
+
 register("tacotron2", ModelSpec(
     config_cls=Tacotron2Config,
     build_model=lambda cfg: Tacotron2(cfg.tacotron2, cfg.audio.n_mels),
@@ -552,4 +570,5 @@ register("tacotron2", ModelSpec(
     check_text=check_text,
     blocks=lambda model: [model.encoder, model.decoder, model.postnet],
     data_advice="raise data.num_workers, or cache the mels once with scripts/preprocess.py",
+    read_published=read_published,
 ))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -22,6 +23,7 @@ from utils.audio_processing import MelSpectrogram, check_wav_output, save_wav
 from utils.config import Config, setting
 from utils.data_utils import AudioMelDataset, collate_audio_mel, load_splits, read_mel
 from utils.plotting import add_audio, first_time, fixed_random_state
+from utils.published import Record, Weights, record_parameters, weight_norm_key
 
 
 @dataclasses.dataclass
@@ -348,6 +350,33 @@ BENCHMARK_CASES = (
                                      {"segment_length": 1024})),
 )
 
+PICKLED_CLASSES = ("glow.WaveGlow", "glow.WN", "glow.Invertible1x1Conv", "torch.nn.modules.conv.Conv1d",
+                   "torch.nn.modules.conv.ConvTranspose1d", "torch.nn.modules.container.ModuleList",
+                   "torch.nn.utils.weight_norm.WeightNorm")
+"""What NVIDIA's published WaveGlow file pickles: its ``glow`` classes, torch's modules and old weight norm hook."""
+
+
+def read_published(loaded: Any, cfg: Config) -> Weights | None:
+    """NVIDIA/waveglow's checkpoints (``waveglow_256channels_*.pt``; ``{"model": <the pickled glow.WaveGlow>,
+    "iteration", "optimizer", "learning_rate"}``), or ``None`` for another format. The pickled module arrives as
+    records (:data:`PICKLED_CLASSES`, never run); its parameters are renamed: ``WN.<i>`` -> ``flows.<i>``
+    (``in_layers`` -> ``dilated``, ``res_skip_layers`` -> ``res_skip``, ``cond_layer`` -> ``cond``), old weight norm's
+    ``weight_g``/``weight_v`` -> the parametrization, and ``convinv.<i>.conv``'s ``(c, c, 1)`` weight -> the ``(c, c)``
+    matrix ``convs.<i>``. (Read from NVIDIA's checkpoint code for the layout; its forward pass from the same weights
+    equals this model's.)"""
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("model"), Record):
+        return None
+    renamed, parts = {}, {"in_layers": "dilated", "res_skip_layers": "res_skip", "cond_layer": "cond"}
+    for key, value in record_parameters(loaded["model"]).items():
+        match = re.match(r"^WN\.(\d+)\.(\w+)\.(.*)$", key)
+        if match:
+            key = f"flows.{match.group(1)}.{parts.get(match.group(2), match.group(2))}.{match.group(3)}"
+        elif re.match(r"^convinv\.\d+\.conv\.weight$", key):
+            key, value = re.sub(r"^convinv\.(\d+)\.conv\.", r"convs.\1.", key), value.squeeze(-1)
+        renamed[weight_norm_key(key)] = value
+    return Weights("NVIDIA/waveglow's checkpoint (a pickled glow.WaveGlow)", "waveglow", renamed)
+
+
 register("waveglow", ModelSpec(
     config_cls=WaveGlowConfig,
     build_model=lambda cfg: WaveGlow(cfg.waveglow, cfg.audio.n_mels, cfg.audio.hop_length, cfg.audio.win_length),
@@ -365,4 +394,6 @@ register("waveglow", ModelSpec(
     on_device=mel_on_device,
     data_advice="raise data.num_workers, or compute the mels on the device with waveglow.mel_on_device=true",
     blocks=lambda model: list(model.flows),  # the WN coupling networks: nearly all weights and activations
+    read_published=read_published,
+    pickled_classes=PICKLED_CLASSES,
 ))

@@ -1,13 +1,12 @@
 """Published weights as a checkpoint of this project: to listen to them with ``inference.py`` before (or without)
 training, or to share them in this project's format.
 
-    python scripts/import_weights.py tacotron2_statedict.pt --output tacotron2.pt
-    python scripts/import_weights.py waveglow_256channels_universal_v5.pt --output waveglow.pt
-    python scripts/import_weights.py g_02500000 --output hifigan.pt
-    python inference.py --checkpoint tacotron2.pt --vocoder waveglow.pt --text "Hello world." --output hello.wav
+    python scripts/import_weights.py PUBLISHED_FILE --output model.pt
+    python inference.py --checkpoint model.pt --output out.wav ...
 
-Reads NVIDIA's Tacotron2 and WaveGlow checkpoints and jik876's HiFi-GAN generator files (``utils.published``;
-nothing in the file runs) into the model of ``model.py`` they belong to, built with ``--config`` (default
+Reads a checkpoint another project published for a model of ``model.py`` (each model reads its reference
+project's format, ``ModelSpec.read_published``: NVIDIA's for its Tacotron2 and WaveGlow, jik876's HiFi-GAN
+generator files; ``utils.published``: nothing in the file runs) into that model, built with ``--config`` (default
 ``config.json``, full size: the published models' sizes and audio settings are its defaults; ``--set`` changes a
 value), and writes ``{"model", "model_name", "config", "step": 0}``, which ``inference.py --checkpoint`` reads
 like any checkpoint of ``train.py``. To fine-tune instead, give the published file to ``train.py --init-from``.
@@ -50,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.output.exists() and not args.force:
             raise CheckpointError(f"{args.output} exists; pass --force to replace it, or --output another file")
         cfg = load_config(args.config, config_schemas(), tiny=args.tiny, overrides=args.set)
-        kernels = len(cfg.section("hifigan").resblock_kernel_sizes) if "hifigan" in MODELS else 3
-        weights = read_weights(args.weights, MODELS, hifigan_kernels=kernels)
+        weights = read_weights(args.weights, MODELS, cfg)
         model = MODELS[weights.model_name].build_model(cfg)
         kept = load_into(model, weights, str(args.weights))
     except (CheckpointError, ConfigError, ValueError) as err:

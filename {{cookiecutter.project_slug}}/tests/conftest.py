@@ -10,6 +10,8 @@
 * :func:`train_with_validation_every_step` and :func:`tensorboard_audio`: the audio a run logs at validation.
 * :func:`start_job`: a launched job, optionally with a planted ``sitecustomize.py`` (a fault, a slow step);
   :func:`run_ranks`: one script on 2 gloo ranks started by hand (no launcher).
+* :func:`perturbed_tiny_model`, :func:`old_weight_norm_names`, :func:`train_from_and_infer`: weights in other
+  projects' formats (``--init-from``).
 * :data:`START_DELAY_S`, :func:`process_start_s` and :func:`bound`: time limits that follow the machine.
 
 Time limits follow the machine, not a fast laptop. A GPU host starts every process slowly (CUDA and NCCL
@@ -372,3 +374,44 @@ def run_ranks(script: str, folder, nproc: int = 2, timeout: Optional[float] = No
     outputs = [proc.communicate(timeout=timeout or bound(120))[0] for proc in procs]
     assert all(proc.returncode == 0 for proc in procs), outputs
     return outputs
+
+
+def perturbed_tiny_model(name: str):
+    """``(model, cfg)``: model ``name`` in the tiny config, every weight moved off its initial value (a layer that
+    starts at zero included): a stand-in for trained weights, for tests of weights in other formats."""
+    import torch
+
+    from model import config_schemas
+    from utils.config import load_config
+
+    cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
+    torch.manual_seed(0)
+    model = MODELS[name].build_model(cfg)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.01 * torch.randn_like(param))
+    return model, cfg
+
+
+def old_weight_norm_names(key: str) -> str:
+    """A key of a layer under ``torch.nn.utils.parametrizations.weight_norm`` as the old ``weight_norm`` names it
+    (``weight_g``, ``weight_v``): the form of published checkpoints from before 2023."""
+    return key.replace(".parametrizations.weight.original0", ".weight_g").replace(
+        ".parametrizations.weight.original1", ".weight_v")
+
+
+def train_from_and_infer(tmp_path, name: str, weights, infer_args: list) -> None:
+    """``train.py --init-from weights`` for one tiny step of model ``name`` (one process), then
+    ``inference.py`` on the checkpoint it saved with ``infer_args`` (``--wav`` of the corpus when empty); asserts both
+    succeed and say so."""
+    corpus, out = synth_corpus(tmp_path / "corpus", n=10), tmp_path / "out"
+    code, output = finish(start_job([sys.executable, "train.py", "--config", "config.json", "--model", name, "--tiny",
+                                     "--max-steps", "1", "--init-from", str(weights), "--dataset-path", str(corpus),
+                                     "--output-dir", str(out), "--set", "data.num_workers=0"], tmp_path, nproc=1),
+                          timeout=bound(240, 1))
+    assert code == 0 and f"initialised {name} from {weights}" in output, output[-3000:]
+    args = infer_args or ["--wav", str(sorted((corpus / "wavs").glob("*.wav"))[0])]
+    code, output = finish(start_job([sys.executable, "inference.py", "--checkpoint", str(out / "checkpoint_last.pt"),
+                                     "--device", "cpu", "--output", str(tmp_path / "x.wav"), *args], tmp_path,
+                                    nproc=1), timeout=bound(240, 1))
+    assert code == 0 and (tmp_path / "x.wav").is_file(), output[-3000:]

@@ -657,7 +657,7 @@ def test_inference_names_an_option_the_checkpoints_model_does_not_take(capsys, f
     assert line.startswith(f"ERROR: --no-such-option: not an option of {checkpoint}, a {MODEL} checkpoint; it takes "), line
     assert f"(python inference.py --checkpoint {checkpoint} --help)" in line
     others = {name: spec for name, spec in MODELS.items() if name != MODEL and spec.add_inference_args is not None}
-    for name, spec in others.items():  # another model's option (Tacotron2's --text to a vocoder, say) is named so
+    for name, spec in others.items():  # another model's option, given to this model's checkpoint, is named so
         parser = inference.build_parser([name])
         own = inference.build_parser([MODEL])
         flag = next((a.option_strings[0] for a in parser._actions if a.option_strings and not any(

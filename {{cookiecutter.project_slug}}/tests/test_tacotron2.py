@@ -702,3 +702,73 @@ def test_text_to_speech_through_a_vocoder_checkpoint(tmp_path, vocoder):
     assert done.returncode == 0, done.stderr
     info = sf.info(str(tmp_path / "t.wav"))
     assert info.samplerate == 22050 and info.frames > 0 and info.frames % 256 == 0
+
+
+# --- NVIDIA/tacotron2's checkpoints (utils.published, read_published) ---------------------------------------------
+
+def as_nvidia_tacotron2(key: str) -> str:
+    """This project's Tacotron2 key -> NVIDIA's: its ConvNorm/LinearNorm wrappers (``.conv.``, ``.linear_layer.``) and
+    its attention's names (``attention_layer``, ``location_layer``)."""
+    import re
+
+    key = re.sub(r"^(encoder|postnet)\.convolutions\.(\d+)\.0\.", r"\1.convolutions.\2.0.conv.", key)
+    key = re.sub(r"^decoder\.prenet\.layers\.(\d+)\.", r"decoder.prenet.layers.\1.linear_layer.", key)
+    key = re.sub(r"^decoder\.attention\.(query_layer|memory_layer|v)\.", r"decoder.attention_layer.\1.linear_layer.",
+                 key)
+    key = key.replace("decoder.attention.location_conv.", "decoder.attention_layer.location_layer.location_conv.conv.")
+    key = key.replace("decoder.attention.location_dense.",
+                      "decoder.attention_layer.location_layer.location_dense.linear_layer.")
+    return re.sub(r"^decoder\.(linear_projection|gate_layer)\.", r"decoder.\1.linear_layer.", key)
+
+
+def nvidia_checkpoint(path):
+    """A checkpoint laid out as NVIDIA's Tacotron2 training writes it, of a tiny model of this project; the model."""
+    from conftest import perturbed_tiny_model
+
+    model, cfg = perturbed_tiny_model("tacotron2")
+    theirs = {as_nvidia_tacotron2(key): value for key, value in model.state_dict().items()}
+    assert "decoder.attention_layer.location_layer.location_conv.conv.weight" in theirs  # NVIDIA's own names
+    assert "encoder.convolutions.0.0.conv.weight" in theirs and "decoder.gate_layer.linear_layer.bias" in theirs
+    torch.save({"iteration": 40000, "state_dict": theirs, "optimizer": {"state": {}, "param_groups": []},
+                "learning_rate": 1e-3}, path)
+    return model, cfg
+
+
+def test_nvidias_tacotron2_checkpoint_loads_exactly(tmp_path):
+    from utils.published import load_into, read_weights
+
+    model, cfg = nvidia_checkpoint(tmp_path / "checkpoint_40000")
+    weights = read_weights(tmp_path / "checkpoint_40000", MODELS, cfg)
+    assert (weights.model_name, weights.source) == ("tacotron2", "NVIDIA/tacotron2's checkpoint")
+    fresh = Tacotron2(cfg.tacotron2, cfg.audio.n_mels)
+    assert load_into(fresh, weights, "x") == []
+    for key, value in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+
+
+def test_published_tacotron2_weights_become_a_checkpoint_inference_reads(tmp_path, capsys):
+    """scripts/import_weights.py: NVIDIA's checkpoint -> this project's, and inference.py speaks from it."""
+    import importlib.util
+
+    from conftest import ROOT
+
+    model, _ = nvidia_checkpoint(tmp_path / "t.pt")
+    spec = importlib.util.spec_from_file_location("import_weights", Path(ROOT) / "scripts" / "import_weights.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "tacotron2.pt"
+    assert script.main([str(tmp_path / "t.pt"), "--output", str(out), "--tiny"]) == 0
+    assert f"wrote {out}: model 'tacotron2' from NVIDIA/tacotron2's checkpoint" in capsys.readouterr().out
+    state = torch.load(out, weights_only=True)
+    assert state["step"] == 0 and all(torch.equal(state["model"][k], v) for k, v in model.state_dict().items())
+    assert inference.main(["--checkpoint", str(out), "--text", "Hi.", "--output", str(tmp_path / "hi.wav"),
+                           "--device", "cpu"]) == 0
+    assert (tmp_path / "hi.wav").is_file()
+
+
+@pytest.mark.slow
+def test_a_run_starts_from_nvidias_tacotron2_weights(tmp_path):
+    from conftest import train_from_and_infer
+
+    nvidia_checkpoint(tmp_path / "tacotron2_statedict.pt")
+    train_from_and_infer(tmp_path, "tacotron2", tmp_path / "tacotron2_statedict.pt", ["--text", "Hello."])
