@@ -42,10 +42,17 @@ def test_memory_script_shows_fsdp_halving_the_state_and_checkpointing_the_activa
     assert "fsdp_over_ddp_state 0.500" in output
 
 
-def test_memory_script_refuses_bad_arguments_in_one_line(tmp_path, capsys):
+def memory_script():
+    """scripts/memory.py imported in this process (its checks come before any rank is started)."""
     spec = importlib.util.spec_from_file_location("memory_script", os.path.join(ROOT, "scripts", "memory.py"))
     script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)  # in this process: the checks come before any rank is started
+    sys.modules[spec.name] = script  # its dataclasses look their module up there
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_memory_script_refuses_bad_arguments_in_one_line(tmp_path, capsys):
+    script = memory_script()
     for args, words in ((["--nproc", "1"], "--nproc must be >= 2"), (["--depth", "0"], "--depth must be >= 1"),
                         (["--json", str(tmp_path / "missing" / "m.json")], "does not exist")):
         assert script.main(args) == 1
@@ -72,9 +79,7 @@ def test_memory_script_measures_a_model_of_the_project(tmp_path):
 
 
 def test_memory_script_refuses_a_model_it_cannot_measure(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("memory_script", os.path.join(ROOT, "scripts", "memory.py"))
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = memory_script()
     assert script.main(["--model", "no_such_model"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ERROR: --model no_such_model: model.py registers no such model"), err
