@@ -371,8 +371,27 @@ def run_ranks(script: str, folder, nproc: int = 2, timeout: Optional[float] = No
         env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests"), env["PYTHONPATH"]])
         procs.append(subprocess.Popen([sys.executable, str(path), str(folder), os.path.join(ROOT, "tests")], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [proc.communicate(timeout=timeout or bound(120))[0] for proc in procs]
+    outputs = finish_all(procs, timeout or bound(120))
     assert all(proc.returncode == 0 for proc in procs), outputs
+    return outputs
+
+
+def finish_all(procs: list, timeout: float) -> list[str]:
+    """Each process's output once all have ended, within ``timeout`` seconds together. Past it, fails the test
+    showing which were still running and what every one had printed, then kills those left (never left running)."""
+    deadline, outputs = time.monotonic() + timeout, []
+    for proc in procs:
+        try:
+            outputs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+        except subprocess.TimeoutExpired:
+            running = [other.pid for other in procs if other.poll() is None]
+            for other in procs:
+                if other.poll() is None:
+                    other.kill()
+            outputs += [other.communicate()[0] for other in procs[len(outputs):]]
+            shown = "\n".join(f"--- process {i} (pid {other.pid}):\n{(said or '')[-3000:]}"
+                               for i, (other, said) in enumerate(zip(procs, outputs)))
+            pytest.fail(f"not finished after {timeout:.0f} s; still running: {running}\n{shown}")
     return outputs
 
 

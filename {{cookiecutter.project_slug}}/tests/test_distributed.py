@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 import distributed as D
-from conftest import LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, TEST_MODEL, bound, clean_env, finish, free_port, synth_corpus
+from conftest import (LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, TEST_MODEL, bound, clean_env, finish, finish_all,
+                      free_port, synth_corpus)
 
 # Run by each rank: python worker.py <mode> <out_dir>. Also imported by the test (runpy) for
 # make_model / make_data, so the reference and the ranks build exactly the same things.
@@ -85,13 +86,7 @@ def run_two_ranks(tmp_path, rank_env, mode: str) -> list:
         env = clean_env(2, cpu_only=True, **rank_env(rank, port))  # the workers' models are CPU modules
         procs.append(subprocess.Popen([sys.executable, str(worker), mode, str(tmp_path)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        outputs = [p.communicate(timeout=bound(60))[0] for p in procs]
-    finally:
-        for p in procs:  # only reached alive on a timeout: never leave a rank hanging
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    outputs = finish_all(procs, bound(120))
     for rank, (p, out) in enumerate(zip(procs, outputs)):
         assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{out}"
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
