@@ -73,6 +73,8 @@ class ModelSpec:
         data_advice: what to do when the GPU waits on this model's input pipeline (one sentence).
         read_published: ``(loaded, cfg) -> utils.published.Weights | None``: another project's checkpoint of this
             model in its key names (``--init-from``); pickled_classes: what such a file pickles, read as records.
+        variable_length: items differ in length and the training dataset has ``lengths()`` (what its collate pads,
+            per item): ``data.batching=buckets`` groups similar lengths (:class:`utils.data_utils.LengthBucketSampler`).
 
     Several optimizers (a GAN vocoder: discriminator step, then generator step), all three together:
         phases: optimizer names in update order, e.g. ``("discriminator", "generator")``; ``build_optimizer``
@@ -118,6 +120,7 @@ class ModelSpec:
     blocks: Optional[Callable[[nn.Module], list[nn.Module]]] = None
     read_published: Optional[Callable[[Any, Config], Any]] = None
     pickled_classes: tuple[str, ...] = ()
+    variable_length: bool = False
 
 
 MODELS: dict[str, ModelSpec] = {}

@@ -34,7 +34,7 @@ import time
 import traceback
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -51,7 +51,8 @@ from utils.checkpoint import (CheckpointError, NamedStates, RunLock, ShardedChec
                               sharded_train_state, training_checkpoint, world_size_change)
 from utils.config import Config, ConfigError, load_config
 from utils.data_check import check_corpus, default_cache_file, describe
-from utils.data_utils import DataError, ResumableDistributedSampler, load_splits
+from utils.data_utils import (DataError, LengthBucketSampler, ResumableDistributedSampler, load_splits,
+                              padding_fraction, random_batches)
 from utils.run_log import BalanceMonitor, RunLog, SpikeMonitor, StepWindow, one_line, one_line_warnings
 
 
@@ -160,17 +161,32 @@ def make_loader(dataset, spec: ModelSpec, cfg: Config, batch_size: int, rank: in
     boundary); the dataset's epoch reaches them through shared memory (``utils.data_utils.SharedEpoch``),
     and random crops are seeded by seed, epoch and index, which is what makes a resumed run exact.
     """
-    sampler = ResumableDistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=train,
-                                          seed=cfg.train.seed, drop_last=train)
+    if train and cfg.data.batching == "buckets":  # one batch of similar lengths per step (LengthBucketSampler)
+        if not callable(getattr(dataset, "lengths", None)):
+            raise ConfigError(f"data.batching=buckets: the training dataset ({type(dataset).__name__}) has no "
+                              "lengths() method giving each item's length; add one or use data.batching=random")
+        batching = dict(batch_sampler=LengthBucketSampler(dataset.lengths(), batch_size, world_size, rank,
+                                                          cfg.train.seed, cfg.data.bucket_pool))
+    else:
+        batching = dict(batch_size=batch_size, drop_last=train, sampler=ResumableDistributedSampler(
+            dataset, num_replicas=world_size, rank=rank, shuffle=train, seed=cfg.train.seed, drop_last=train))
     workers = cfg.data.num_workers
     # Its own generator: starting an epoch's workers must not draw from the global RNG that dropout uses,
     # or a run resumed mid-epoch would see other dropout masks than the run that never stopped.
     generator = torch.Generator().manual_seed(cfg.train.seed + rank)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                      collate_fn=spec.collate_fn, pin_memory=device.type == "cuda", drop_last=train,
+    return DataLoader(dataset, **batching, num_workers=workers,
+                      collate_fn=spec.collate_fn, pin_memory=device.type == "cuda",
                       prefetch_factor=cfg.data.prefetch_factor if workers else None, generator=generator,
                       worker_init_fn=ignore_stop_signals if workers else None,
                       persistent_workers=bool(workers) and cfg.data.persistent_workers)
+
+
+def epoch_order(loader: DataLoader) -> tuple[Any, int]:
+    """The loader's sampler that orders its epochs (``set_epoch(epoch, start=k)``, ``num_replicas``) and the
+    samples one step of all ranks reads (the global batch, without accumulation)."""
+    if isinstance(loader.batch_sampler, LengthBucketSampler):
+        return loader.batch_sampler, loader.batch_sampler.batch_size * loader.batch_sampler.num_replicas
+    return loader.sampler, loader.batch_size * loader.sampler.num_replicas
 
 
 def batch_stream(loader: DataLoader, state: TrainState):
@@ -179,15 +195,16 @@ def batch_stream(loader: DataLoader, state: TrainState):
     Keeps ``state.epoch``, ``state.batch_in_epoch`` and ``state.samples_in_epoch`` (global: every rank's batch)
     up to date, so a checkpoint taken between two batches records exactly where the stream is.
     """
+    sampler, global_batch = epoch_order(loader)
     while True:
-        loader.sampler.set_epoch(state.epoch, start=state.samples_in_epoch)
+        sampler.set_epoch(state.epoch, start=state.samples_in_epoch)
         if hasattr(loader.dataset, "set_epoch"):
             loader.dataset.set_epoch(state.epoch)
         with stop_signals_blocked():
             epoch_batches = iter(loader)  # starts the workers
         for batch in epoch_batches:
             state.batch_in_epoch += 1
-            state.samples_in_epoch += loader.batch_size * loader.sampler.num_replicas
+            state.samples_in_epoch += global_batch
             yield batch
         state.epoch, state.batch_in_epoch, state.samples_in_epoch = state.epoch + 1, 0, 0
 
@@ -690,6 +707,9 @@ def check_settings(spec: ModelSpec, name: str, cfg: Config) -> None:
         raise ConfigError(f"train.activation_checkpointing_every={train.activation_checkpointing_every} applies to "
                           "train.activation_checkpointing=selective only (it is "
                           f"{train.activation_checkpointing})")
+    if cfg.data.batching == "buckets" and not spec.variable_length:
+        raise ConfigError(f"data.batching=buckets: model '{name}' trains on items of one length (its ModelSpec does "
+                          "not set variable_length), so there is no padding to save; use data.batching=random")
     if train.compile and spec.optimize_for_training is None:
         raise ConfigError(f"train.compile=true, but model '{name}' has no fast path "
                           "(ModelSpec.optimize_for_training)")
@@ -718,7 +738,7 @@ def epochs_done(state: TrainState, loader: DataLoader) -> int:
     one global batch are left of it (the loop's position moves to the next epoch only when the next batch is
     asked for)."""
     left = len(loader.dataset) - state.samples_in_epoch
-    return state.epoch + (left < loader.batch_size * loader.sampler.num_replicas)
+    return state.epoch + (left < epoch_order(loader)[1])
 
 
 def build_optimizers(spec: ModelSpec, name: str, model, model_cfg, device: torch.device) -> dict:
@@ -932,6 +952,12 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
                   f"{cfg.train.precision}; {len(train_set)} train / {len(val_set)} val utterances; "
                   f"global batch {batch_size * accumulation * world_size}"
                   + (f", parallelism {cfg.train.parallelism}" if sharded else ""))
+        if isinstance(train_loader.batch_sampler, LengthBucketSampler):
+            lengths = train_loader.batch_sampler.lengths
+            bucketed = padding_fraction(train_loader.batch_sampler.epoch_batches(), lengths)
+            shuffled = padding_fraction(random_batches(len(lengths), batch_size, cfg.train.seed), lengths)
+            log.print(f"batches of similar lengths (data.batching=buckets): {100 * bucketed:.1f}% of a batch is "
+                      f"padding, against {100 * shuffled:.1f}% in random batches")
     checkpointer = ShardedCheckpointer(output_dir, rank, cfg.train.async_checkpoint, cfg.train.keep_last,
                                        cfg.train.dist_timeout_s) if sharded else None
 

@@ -571,4 +571,5 @@ register("tacotron2", ModelSpec(
     blocks=lambda model: [model.encoder, model.decoder, model.postnet],
     data_advice="raise data.num_workers, or cache the mels once with scripts/preprocess.py",
     read_published=read_published,
+    variable_length=True,
 ))

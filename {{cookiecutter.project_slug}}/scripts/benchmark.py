@@ -7,6 +7,7 @@
     python scripts/benchmark.py --device cpu --full-size          # full-size models on a CPU (minutes a step)
     python scripts/benchmark.py --check                           # fast path loss vs eager float32 loss
     python scripts/benchmark.py --loader --dataset-path DIR       # input pipeline items/s
+    python scripts/benchmark.py --padding --dataset-path DIR      # padded share of batches: random vs buckets
 
 Everything about a model comes from its ``ModelSpec`` (``model.py``); a model that lacks what a mode
 needs is skipped with a line saying so.
@@ -67,6 +68,13 @@ CUDA) with each ``--workers`` count (1, 2, 4, 8), iterated for ``--steps`` batch
 items/s per worker count beside the train step's, and the fewest workers that keep up (per process: with
 N GPUs on a node, each rank runs its own workers).
 
+**Padding** (``--padding --dataset-path DIR``): for each model whose items differ in length
+(``ModelSpec.variable_length``), the share of a padded batch that is padding over one epoch of the training
+dataset (``lengths()``, e.g. Tacotron2's mel frames), with ``data.batching=random`` and ``buckets``
+(:class:`utils.data_utils.LengthBucketSampler`): rows ``padding_<model>`` with ``batching``, ``batch_size``,
+``utterances``, ``batches`` and ``padding_fraction``. Nothing is loaded but the wav headers, and the batch
+size is the config's full-size one unless ``--tiny`` is given.
+
 Exit status 0; 1 for a bad argument or config, or a failed check.
 """
 
@@ -93,7 +101,8 @@ from train import (TrainingError, batch_stream, build_optimizers, build_phases, 
                    load_run_config, make_loader, on_device_hook, one_loss_step, setup_precision, to_device)
 from utils.checkpoint import TrainState  # noqa: E402
 from utils.config import Config, ConfigError, build_config, load_config  # noqa: E402
-from utils.data_utils import DataError  # noqa: E402
+from utils.data_utils import (DataError, LengthBucketSampler, padding_fraction,  # noqa: E402
+                              random_batches)
 
 PRECISION_MODES = {"fp32": "fp32", "tf32": "tf32", "bf16": "amp-bf16", "fp16": "amp-fp16"}
 """Our ``train.precision`` names -> the reference harness's ``mode`` names."""
@@ -426,6 +435,40 @@ def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str
     return rows
 
 
+def padding_rows(args: argparse.Namespace, models: list[str], emit: Callable[[dict], None]) -> list[dict]:
+    """``padding_<model>`` rows (see the module docstring) for every model of ``models`` with
+    ``ModelSpec.variable_length``, each passed to ``emit``; the others are skipped with a line saying so.
+
+    Raises:
+        BenchmarkError: no model of ``models`` has items of different lengths, or the corpus holds fewer
+            training utterances than one batch.
+    """
+    rows = []
+    for name in models:
+        if not MODELS[name].variable_length:
+            skip_note(name, "its items all have one length (ModelSpec.variable_length is not set): no padding")
+            continue
+        cfg = load_run_config(argparse.Namespace(config=args.config, tiny=args.explicit_tiny, set=args.set,
+                                                 dataset_path=args.dataset_path, max_steps=None))
+        train_set, _ = MODELS[name].build_datasets(cfg)
+        lengths = train_set.lengths()
+        batch_size = cfg.section(name).batch_size
+        if len(lengths) < batch_size:
+            raise BenchmarkError(f"{len(lengths)} training utterances are too few for one batch of {batch_size}; "
+                                 f"use --set {name}.batch_size=N")
+        for batching, batches in (
+                ("random", random_batches(len(lengths), batch_size, cfg.train.seed)),
+                ("buckets", LengthBucketSampler(lengths, batch_size, seed=cfg.train.seed,
+                                                pool=cfg.data.bucket_pool).epoch_batches())):
+            rows.append({"case": f"padding_{name}", "mode": "padding", "batching": batching, "batch_size": batch_size,
+                         "utterances": len(lengths), "batches": len(batches),
+                         "padding_fraction": round(padding_fraction(batches, lengths), 4)})
+            emit(rows[-1])
+    if not rows:
+        raise BenchmarkError(f"--padding: none of {', '.join(models)} has items of different lengths")
+    return rows
+
+
 def training_loader(spec: ModelSpec, cfg: Config, train_set, name: str, device: torch.device):
     """``train.py``'s training DataLoader over ``train_set`` for one process.
 
@@ -542,7 +585,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         help="compare the fast path's loss with the eager float32 loss instead of timing")
     parser.add_argument("--compare", metavar="REF_JSON", help="reference harness rows: add ratio_vs_reference")
     parser.add_argument("--loader", action="store_true", help="time the training DataLoader instead")
-    parser.add_argument("--dataset-path", help="corpus for --loader (overrides data.dataset_path)")
+    parser.add_argument("--padding", action="store_true",
+                        help="the padded share of batches over one epoch, random vs length-bucketed (no model runs)")
+    parser.add_argument("--dataset-path", help="corpus for --loader and --padding (overrides data.dataset_path)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8],
                         help="--loader: DataLoader worker counts to time (default 1 2 4 8)")
     parser.add_argument("--config", default=str(PROJECT_ROOT / "config.json"),
@@ -563,6 +608,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available (use --device cpu)")
+    args.explicit_tiny = args.tiny
     cpu = args.device == "cpu"
     args.size_note = ""
     if cpu and not args.tiny and not args.full_size:
@@ -575,8 +621,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         args.warmup = 1 if cpu else 5
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
-    if args.loader and not args.dataset_path:
-        parser.error("--loader needs --dataset-path")
+    for mode in ("loader", "padding"):
+        if getattr(args, mode) and not args.dataset_path:
+            parser.error(f"--{mode} needs --dataset-path")
+    if args.loader and args.padding:
+        parser.error("--loader and --padding are separate runs: give one")
     if any(w < 0 for w in args.workers):
         parser.error("--workers counts must be >= 0")
     return args
@@ -600,7 +649,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device: {name} torch {torch.__version__}; threads {torch.get_num_threads()}", flush=True)
-    if args.size_note:
+    if args.size_note and not args.padding:
         print(args.size_note, flush=True)
     reference = {}
     if args.compare:
@@ -618,6 +667,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             Path(args.json_out).write_text(json.dumps(rows, indent=1))
 
     try:
+        if args.padding:
+            padding_rows(args, args.models, emit)
+            return 0
         if args.loader:
             print_loader_table(loader_rows(args, device, args.models, emit))
             return 0

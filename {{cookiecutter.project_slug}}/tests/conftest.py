@@ -270,9 +270,10 @@ def fresh_dynamo():
 
 
 def synth_corpus(root, n: int = 24, seconds: float = 0.6, sampling_rate: int = 22050, seed: int = 0,
-                 loud_noise: tuple[str, ...] = ()):
+                 loud_noise: tuple[str, ...] = (), spread: tuple[float, float] = (0.8, 1.2)):
     """Write an LJSpeech-layout corpus of ``n`` voiced-sounding clips (harmonics of a gliding f0 under an
-    envelope, plus a little noise) with short transcripts; returns the folder. No TTS engine needed.
+    envelope, plus a little noise) with short transcripts; returns the folder. No TTS engine needed. Each clip
+    lasts ``seconds`` times a factor drawn uniformly from ``spread``.
 
     ``loud_noise``: utterance ids (``SYN-0015``) whose audio is replaced by loud white noise (standard deviation
     0.5 of full scale, clipped at 0.99; the voiced clips peak near 0.3), a damaged clip in the middle of a corpus.
@@ -286,7 +287,7 @@ def synth_corpus(root, n: int = 24, seconds: float = 0.6, sampling_rate: int = 2
     words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "again"]
     lines = []
     for i in range(n):
-        t = np.arange(int(seconds * sampling_rate * rng.uniform(0.8, 1.2))) / sampling_rate
+        t = np.arange(int(seconds * sampling_rate * rng.uniform(*spread))) / sampling_rate
         f0 = rng.uniform(90, 220) * (1 + 0.2 * np.sin(2 * np.pi * rng.uniform(0.5, 2) * t))
         phase = 2 * np.pi * np.cumsum(f0) / sampling_rate
         voice = sum(np.sin(k * phase) / k for k in range(1, 8))

@@ -217,6 +217,18 @@ def test_a_value_the_model_refuses_is_one_line_naming_its_section(capsys, corpus
     assert the_error(code, err, out) == f"ERROR: rank 0: {MODEL} config: width must be even, got 7"
 
 
+@pytest.mark.parametrize("variable_length", [False, True])
+def test_length_buckets_for_a_model_of_fixed_length_items_are_refused(variable_length):
+    from utils.config import ConfigError
+    cfg = train.load_run_config(train.parse_args(["--set", "data.batching=buckets"]))
+    spec = dataclasses.replace(MODELS[MODEL], variable_length=variable_length)
+    if variable_length:
+        train.check_settings(spec, MODEL, cfg)
+        return
+    with pytest.raises(ConfigError, match=f"data.batching=buckets: model '{MODEL}' trains on items of one length"):
+        train.check_settings(spec, MODEL, cfg)  # before any model, process group or data
+
+
 def test_a_bad_launcher_environment_is_one_line(capsys, corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")  # without WORLD_SIZE
     monkeypatch.delenv("WORLD_SIZE", raising=False)

@@ -268,6 +268,124 @@ def test_resumable_sampler_skips_what_was_trained_then_is_whole_again():
     assert list(sampler) != full[1]  # another epoch, another order
 
 
+def ljspeech_like_lengths(count: int, seed: int = 0) -> list[int]:
+    """Mel frames of ``count`` clips spread as LJSpeech's are (1 to 10 s, most 5-9 s, at 86 frames a second)."""
+    rng = np.random.default_rng(seed)
+    seconds = np.clip(rng.normal(6.6, 2.2, count), 1.0, 10.1)
+    return [int(s * 86) for s in seconds]
+
+
+def bucket_pass(lengths, batch_size, world_size, epoch=0, start=0, pool=8, seed=5):
+    """Every rank's micro-batches of one pass, ``[rank][batch] -> indices``."""
+    from utils.data_utils import LengthBucketSampler
+    ranks = []
+    for rank in range(world_size):
+        sampler = LengthBucketSampler(lengths, batch_size, world_size, rank, seed=seed, pool=pool)
+        sampler.set_epoch(epoch, start=start)
+        assert len(sampler) == len(batches := list(sampler))
+        ranks.append(batches)
+    return ranks
+
+
+def steps_of(ranks):
+    """The global steps of a pass: ``[step] -> [rank's micro-batch]``."""
+    assert len({len(batches) for batches in ranks}) == 1, "every rank takes as many steps"
+    return [list(step) for step in zip(*ranks)]
+
+
+@pytest.mark.parametrize("count, batch_size, world_size", [(203, 4, 3), (64, 8, 2), (37, 5, 1)])
+def test_length_buckets_read_every_utterance_at_most_once_and_leave_out_less_than_one_step(count, batch_size,
+                                                                                           world_size):
+    lengths = ljspeech_like_lengths(count)
+    epochs = []
+    for epoch in range(3):
+        ranks = bucket_pass(lengths, batch_size, world_size, epoch)
+        read = [i for batches in ranks for batch in batches for i in batch]
+        assert len(read) == len(set(read)), "an utterance read twice in one epoch"
+        assert all(len(batch) == batch_size for batches in ranks for batch in batches)
+        assert count - batch_size * world_size < len(read) <= count  # the left-out share is less than one step
+        epochs.append(ranks)
+    assert epochs[0] != epochs[1] != epochs[2], "every epoch has its own batches"
+    assert bucket_pass(lengths, batch_size, world_size, 1) == epochs[1], "an epoch's batches follow from the seed"
+
+
+def test_length_buckets_pad_far_less_than_random_batches():
+    from utils.data_utils import LengthBucketSampler, padding_fraction, random_batches
+    lengths = ljspeech_like_lengths(2000)
+    shuffled = padding_fraction(random_batches(len(lengths), 32, seed=1), lengths)
+    bucketed = padding_fraction(LengthBucketSampler(lengths, 32, seed=1, pool=64).epoch_batches(), lengths)
+    assert 0.25 < shuffled < 0.5, shuffled  # what a random batch of LJSpeech-like clips wastes
+    assert bucketed < 0.02, bucketed
+    # and a batch's lengths are close: its shortest is within a few percent of its longest
+    batches = LengthBucketSampler(lengths, 32, seed=1, pool=64).epoch_batches()
+    assert np.median([min(lengths[i] for i in b) / max(lengths[i] for i in b) for b in batches]) > 0.95
+    # not a sorted curriculum: long and short batches alternate over the epoch
+    means = [np.mean([lengths[i] for i in b]) for b in batches]
+    assert abs(np.corrcoef(np.arange(len(means)), means)[0, 1]) < 0.2
+
+
+def test_padding_fraction_counts_the_padded_positions():
+    from utils.data_utils import padding_fraction
+    assert padding_fraction([[0, 1], [2]], [10, 6, 3]) == pytest.approx(4 / 23)
+    assert padding_fraction([], [1]) == 0.0
+
+
+def test_length_buckets_resume_mid_epoch_exactly_and_on_another_world_size():
+    lengths, batch_size = ljspeech_like_lengths(150), 4
+    whole = steps_of(bucket_pass(lengths, batch_size, 2, epoch=2))
+    done = 5  # steps of 2 ranks read before the stop
+    start = done * batch_size * 2
+    assert steps_of(bucket_pass(lengths, batch_size, 2, epoch=2, start=start)) == whole[done:]  # the same ranks
+    # Three ranks take the rest of the same order: nothing read twice, nothing of the epoch's order lost but the
+    # tail that does not fill a step of three.
+    read_before = {i for step in whole[:done] for batch in step for i in batch}
+    order = bucket_pass(lengths, batch_size, 1, epoch=2)[0]  # the epoch's micro-batches, whatever the world size
+    assert [batch for step in whole for batch in step] == order[:2 * len(whole)]
+    on_three = steps_of(bucket_pass(lengths, batch_size, 3, epoch=2, start=start))
+    read_after = [i for step in on_three for batch in step for i in batch]
+    assert len(read_after) == len(set(read_after)) and not read_before & set(read_after)
+    rest = order[2 * done:]
+    assert [batch for step in on_three for batch in step] == rest[:3 * (len(rest) // 3)]
+    # the skip is for one pass only
+    sampler_batches = bucket_pass(lengths, batch_size, 2, epoch=2)
+    assert steps_of(sampler_batches) == whole
+
+
+def test_length_buckets_give_the_same_batches_whatever_the_number_of_workers():
+    from utils.data_utils import LengthBucketSampler
+
+    class Items(torch.utils.data.Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, index):
+            return index
+
+    lengths = ljspeech_like_lengths(40)
+    seen = {}
+    for workers in (0, 2):
+        sampler = LengthBucketSampler(lengths, 3, num_replicas=2, rank=1, seed=9, pool=4)
+        sampler.set_epoch(1)
+        loader = DataLoader(Items(), batch_sampler=sampler, num_workers=workers)
+        seen[workers] = [batch.tolist() for batch in loader]
+    assert seen[0] == seen[2] and len(seen[0]) == 6
+    # a skip at a resume reaches the batches a DataLoader reads (it makes and drops an iterator before that one)
+    sampler.set_epoch(1, start=2 * 3 * 2)
+    assert [batch.tolist() for batch in DataLoader(Items(), batch_sampler=sampler, num_workers=2)] == seen[0][2:]
+
+
+def test_length_buckets_refuse_bad_arguments():
+    from utils.data_utils import LengthBucketSampler
+    with pytest.raises(ValueError, match="rank=2"):
+        LengthBucketSampler([5, 6], 1, num_replicas=2, rank=2)
+    with pytest.raises(ValueError, match="batch_size=0"):
+        LengthBucketSampler([5, 6], 0)
+    with pytest.raises(ValueError, match="item 1 has length 0"):
+        LengthBucketSampler([5, 0], 1)
+    with pytest.raises(ValueError, match="start=3 is not a multiple of batch_size=2"):
+        LengthBucketSampler([5, 6, 7, 8], 2).set_epoch(0, start=3)
+
+
 def test_dataset_pads_short_clips_with_zeros(tmp_path):
     utts = read_ljspeech(make_ljspeech(tmp_path, 1, lengths=[1000]))
     item = AudioMelDataset(utts, AudioConfig(), SEGMENT, random_crop=True)[0]

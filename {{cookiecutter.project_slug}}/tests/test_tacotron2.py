@@ -627,6 +627,44 @@ def test_tiny_trains_on_ljspeech_length_clips(tmp_path):
     assert torch.load(out / "checkpoint_last.pt", map_location="cpu", weights_only=True)["step"] == 3
 
 
+@pytest.mark.slow
+def test_length_buckets_train_two_ranks_and_a_mid_epoch_resume_repeats_the_run(tmp_path):
+    """``data.batching=buckets`` on 2 gloo ranks: the run states the padding it saves, and a checkpoint taken
+    inside an epoch resumes to the same loss at every later step and the same weights as the run that went on."""
+    import re
+    import shutil
+    import sys
+
+    from conftest import bound, finish, start_job, synth_corpus
+
+    corpus = synth_corpus(tmp_path / "corpus", n=22, seconds=1.0, spread=(0.3, 2.0))  # 0.3 to 2 s
+
+    def run(out, *extra):
+        cmd = [sys.executable, "multiproc.py", "--nproc-per-node", "2", "--log-dir", f"{out}_logs", "train.py",
+               "--config", "config.json", "--model", "tacotron2", "--tiny", "--max-steps", "7",
+               "--dataset-path", str(corpus), "--output-dir", str(out), "--set", "data.batching=buckets",
+               "--set", "data.bucket_pool=10", "--set", "train.log_interval=1", *extra]
+        code, output = finish(start_job(cmd, out, 2), timeout=bound(300))
+        assert code == 0, output[-4000:]
+        return output, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    output, whole = run(tmp_path / "whole", "--set", "train.checkpoint_interval=3", "--set", "train.keep_last=5")
+    bucketed, shuffled = map(float, re.search(r"([\d.]+)% of a batch is padding, against ([\d.]+)% in random",
+                                              output).groups())
+    assert bucketed < shuffled / 2, output
+    state = torch.load(tmp_path / "whole" / "checkpoint_3.pt", map_location="cpu", weights_only=True)
+    assert 0 < state["batch_in_epoch"], "the checkpoint must sit inside an epoch (20 utterances: 5 steps of 4)"
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copy(tmp_path / "whole" / "checkpoint_3.pt", resumed / "checkpoint_last.pt")
+    output, rest = run(resumed, "--resume", "auto")
+    assert "resumed from" in output and [r["step"] for r in rest] == [4, 5, 6, 7]  # across the epoch's end
+    assert [r["loss"] for r in rest] == [r["loss"] for r in whole[3:]]
+    final = [torch.load(folder / "checkpoint_last.pt", map_location="cpu", weights_only=True)["model"]
+             for folder in (tmp_path / "whole", resumed)]
+    assert all(torch.equal(final[0][key], final[1][key]) for key in final[0])
+
+
 def test_a_max_mel_frames_that_leaves_no_utterance_is_one_line_naming_it(tmp_path):
     """Too small a ``tacotron2.max_mel_frames``: one ERROR line naming the setting, its value, how many clips
     are longer, the longest, and what to raise it to; no checkpoint."""

@@ -139,7 +139,10 @@ class DataConfig:
     truncated or silent clip, one shorter than one STFT window, a transcript without a usable character):
     ``error`` names them all and stops before training, ``skip`` trains without them and lists them in
     ``OUTPUT/skipped_clips.txt``. ``exclude``: utterance ids to leave out (``skip`` adds the bad clips' ids
-    for the run; a malformed line's id is ``metadata.csv:LINE``).
+    for the run; a malformed line's id is ``metadata.csv:LINE``). ``batching``: how training utterances are grouped
+    into batches: ``random`` (any lengths together, padded to the longest) or ``buckets`` (utterances of similar
+    length together, :class:`utils.data_utils.LengthBucketSampler`, for a model whose items differ in length,
+    ``ModelSpec.variable_length``); ``bucket_pool``: micro-batches sorted by length together.
     """
 
     dataset_path: str = "data/LJSpeech-1.1"
@@ -151,6 +154,8 @@ class DataConfig:
     persistent_workers: bool = True
     on_bad_clip: Literal["error", "skip"] = "error"
     exclude: list[str] = dataclasses.field(default_factory=list)
+    batching: Literal["random", "buckets"] = "random"
+    bucket_pool: int = setting(64, ge=1)
 
 
 @dataclasses.dataclass

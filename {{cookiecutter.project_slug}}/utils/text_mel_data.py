@@ -212,6 +212,15 @@ class TextMelDataset(Dataset):
         with torch.no_grad():
             return self.mel_transform(audio)
 
+    def lengths(self) -> list[int]:
+        """Mel frames of every item, from the wav headers (no audio decoded): what :class:`TextMelCollate` pads and
+        ``data.batching=buckets`` sorts by.
+
+        Raises:
+            DataError: a wav header cannot be read.
+        """
+        return [self._estimated_frames(utt) for utt in self.utterances]
+
     def __len__(self) -> int:
         return len(self.utterances)
 
