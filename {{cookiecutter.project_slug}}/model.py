@@ -75,6 +75,11 @@ class ModelSpec:
             model in its key names (``--init-from``); pickled_classes: what such a file pickles, read as records.
         variable_length: items differ in length and the training dataset has ``lengths()`` (what its collate pads,
             per item): ``data.batching=buckets`` groups similar lengths (:class:`utils.data_utils.LengthBucketSampler`).
+        inference_modules: names of the sub-modules inference uses (HiFi-GAN: ``("generator",)``); empty: the whole
+            model. A release checkpoint (``scripts/export.py --format release``) keeps only their weights, and
+            ``train.ema_decay`` averages only them.
+        export_parts: ``(model, cfg) -> list of utils.onnx_export.ExportPart``: the inference path as modules with
+            example inputs, for ``scripts/export.py --format onnx``.
 
     Several optimizers (a GAN vocoder: discriminator step, then generator step), all three together:
         phases: optimizer names in update order, e.g. ``("discriminator", "generator")``; ``build_optimizer``
@@ -121,6 +126,8 @@ class ModelSpec:
     read_published: Optional[Callable[[Any, Config], Any]] = None
     pickled_classes: tuple[str, ...] = ()
     variable_length: bool = False
+    inference_modules: tuple[str, ...] = ()
+    export_parts: Optional[Callable[..., list]] = None
 
 
 MODELS: dict[str, ModelSpec] = {}

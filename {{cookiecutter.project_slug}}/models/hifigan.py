@@ -425,4 +425,5 @@ register("hifigan", ModelSpec(
     build_scheduler=build_scheduler,
     blocks=blocks,
     read_published=read_published,
+    inference_modules=("generator",),
 ))

@@ -142,7 +142,9 @@ class DataConfig:
     for the run; a malformed line's id is ``metadata.csv:LINE``). ``batching``: how training utterances are grouped
     into batches: ``random`` (any lengths together, padded to the longest) or ``buckets`` (utterances of similar
     length together, :class:`utils.data_utils.LengthBucketSampler`, for a model whose items differ in length,
-    ``ModelSpec.variable_length``); ``bucket_pool``: micro-batches sorted by length together.
+    ``ModelSpec.variable_length``); ``bucket_pool``: micro-batches sorted by length together. ``mel_dir``: a folder of
+    mels to train a vocoder on instead of the mels of its audio (``<mel_dir>/<id>.pt``, ``(n_mels, frames)``, e.g.
+    Tacotron2's teacher-forced mels from ``scripts/dump_gta_mels.py``); empty: mels computed from the audio.
     """
 
     dataset_path: str = "data/LJSpeech-1.1"
@@ -156,6 +158,7 @@ class DataConfig:
     exclude: list[str] = dataclasses.field(default_factory=list)
     batching: Literal["random", "buckets"] = "random"
     bucket_pool: int = setting(64, ge=1)
+    mel_dir: str = ""
 
 
 @dataclasses.dataclass
@@ -193,6 +196,11 @@ class TrainConfig:
     block of ``ModelSpec.blocks`` recomputes its forward in the backward pass instead of keeping its
     activations) or ``selective`` (every ``activation_checkpointing_every``-th block). ``async_checkpoint``
     (``fsdp``): a checkpoint is copied to host memory and written in the background while training goes on.
+
+    ``ema_decay``: keep an exponential moving average of the weights of the networks inference uses
+    (``ModelSpec.inference_modules``; the whole model by default), ``ema = decay * ema + (1 - decay) * weights``
+    after every real optimizer step (``utils.ema.EMA``); validation and inference use it, training goes on with
+    the raw weights; 0 (the default) keeps none. Typical: 0.999 to 0.9999.
     """
 
     seed: int = setting(1234, ge=0, le=2**31 - 1)
@@ -221,6 +229,7 @@ class TrainConfig:
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
     activation_checkpointing_every: int = setting(2, ge=1)
     async_checkpoint: bool = False
+    ema_decay: float = setting(0.0, ge=0, lt=1)
 
 
 SHARED_SECTIONS: dict[str, type] = {"audio": AudioConfig, "data": DataConfig, "train": TrainConfig}
