@@ -1,8 +1,9 @@
 """Remove the files of example models that were not chosen. No network, no questions, idempotent.
 
 Each example model is a set of whole files (its module in ``models/``, its layers, its data code, its tests);
-the table below lists them. ``config.json`` loses the sections (and ``tiny`` overrides) of models not chosen.
-Only paths of this table and ``config.json`` are touched: never ``.git`` or a user's own files, so
+the table below lists them, and a second one the files that need two of them (Tacotron2 and a vocoder).
+``config.json`` loses the sections (and ``tiny`` overrides) of models not chosen. Only paths of these tables and
+``config.json`` are touched: never ``.git`` or a user's own files, so
 regenerating over an existing project (``cookiecutter -f``, ``cruft update``) is safe.
 """
 
@@ -21,7 +22,13 @@ FILES = {
                   "utils/text", "utils/text_mel_data.py", "scripts/preprocess.py",
                   "tests/test_tacotron2.py", "tests/test_text.py"],
 }
+TOGETHER = {
+    "scripts/dump_gta_mels.py": [{"tacotron2"}, {"waveglow", "hifigan"}],
+    "tests/test_gta.py": [{"tacotron2"}, {"waveglow", "hifigan"}],
+}
+"""Files that need several models: kept when every set names a chosen model (Tacotron2 and a vocoder)."""
 EXECUTABLE = ["scripts/dataset.sh", "scripts/make_demo_corpus.py", "scripts/preprocess.py", "scripts/mpirun.sh",
+              "scripts/dump_gta_mels.py",
               "scripts/import_weights.py",
               "scripts/plot_run.py", "scripts/scaling.py",
               "scripts/slurm/train.sbatch"]
@@ -39,9 +46,9 @@ def prune_config(path: Path) -> None:
 
 def main() -> None:
     root = Path.cwd()
-    for name, paths in FILES.items():
-        if name in CHOSEN:
-            continue
+    unchosen = [paths for name, paths in FILES.items() if name not in CHOSEN]
+    unchosen += [[rel] for rel, needs in TOGETHER.items() if not all(CHOSEN & need for need in needs)]
+    for paths in unchosen:
         for rel in paths:
             target = root / rel
             if target.is_dir():

@@ -39,6 +39,9 @@ def test_every_option_generates_a_clean_project(bake, model, license_):
     for name, files in ONLY.items():
         for rel in files:
             assert (project / rel).exists() == (name in chosen(model)), f"{rel} with example_model={model}"
+    with_gta = "tacotron2" in chosen(model) and bool(chosen(model) & {"waveglow", "hifigan"})  # Tacotron2 and a vocoder
+    for rel in ("scripts/dump_gta_mels.py", "tests/test_gta.py"):
+        assert (project / rel).exists() == with_gta, f"{rel} with example_model={model}"
 
     for path in project.rglob("*"):
         if path.is_file():

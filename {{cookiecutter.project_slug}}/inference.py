@@ -3,8 +3,10 @@
     python inference.py --checkpoint out/checkpoint_last.pt --output out.wav [model options]
     python inference.py --checkpoint out/checkpoint_last.pt --help      # the options of that checkpoint's model
     python inference.py --checkpoint out/checkpoint_last --output out.wav   # a sharded checkpoint (FSDP) alike
+    python inference.py --checkpoint release.pt --output out.wav         # scripts/export.py --format release
 
 The checkpoint says which model of ``model.py`` it holds and carries its config, so no config file is needed.
+A checkpoint holding EMA weights (``train.ema_decay``) is run with them, and a line says so.
 The work itself is the model's inference hook (``ModelSpec.infer``), and its options come from the model
 (``ModelSpec.add_inference_args``). Every failure is one ``ERROR:`` line and exit status 1; nothing is
 written then.
@@ -16,18 +18,24 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from model import MODELS, config_schemas
-from utils.checkpoint import CheckpointError, is_sharded, load_model_state, load_sharded_model, read_checkpoint
+from utils.checkpoint import (RELEASE_FORMAT, CheckpointError, is_sharded, load_model_state, load_sharded,
+                              read_checkpoint)
 from utils.config import Config, ConfigError, config_from_dict
 from utils.data_utils import DataError
+from utils.ema import in_modules
 from utils.run_log import one_line, one_line_warnings
 
 
 def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.Module, Config]:
-    """Rebuild the model stored in a training checkpoint, in eval mode on ``device``: a single file, or a sharded
-    checkpoint folder (``train.parallelism=fsdp``), whose shards are put together in this process.
+    """Rebuild the model stored in a training checkpoint, in eval mode on ``device``: a single file, a sharded
+    checkpoint folder (``train.parallelism=fsdp``), whose shards are put together in this process, or a release
+    checkpoint (``scripts/export.py --format release``: the weights of ``ModelSpec.inference_modules`` only; the
+    other sub-modules keep their initial values, which inference does not use). EMA weights in the checkpoint
+    (``train.ema_decay``) replace the raw ones, and a line on stderr says so.
 
     Returns:
         ``(model name, model, config)``.
@@ -47,10 +55,28 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
         model = MODELS[name].build_model(cfg)
     except ValueError as err:
         raise CheckpointError(f"{path}: its {name} config does not build a model: {one_line(err)}") from None
+    averaged = [key for key, param in model.named_parameters()
+                if in_modules(key, MODELS[name].inference_modules) and param.is_floating_point()]
+    ema = None
     if is_sharded(path):
-        load_sharded_model(path, model)
+        ema = {key: torch.empty_like(param) for key, param in model.named_parameters() if key in averaged}
+        load_sharded(path, model, [], extra={"ema": ema} if state.get("ema_saved") else None)
+        ema = ema if state.get("ema_saved") else None
+    elif state.get("format") == RELEASE_FORMAT:  # the inference modules' weights; the rest stays as built
+        kept = {key: value for key, value in model.state_dict().items()
+                if not in_modules(key, MODELS[name].inference_modules)}
+        load_model_state(model, {**kept, **state["model"]}, str(path))
     else:
         load_model_state(model, state["model"], str(path))
+        ema = state.get("ema")
+    if ema is not None:
+        if not isinstance(ema, dict) or sorted(ema) != sorted(averaged):
+            raise CheckpointError(f"{path}: its EMA weights do not fit this model (ModelSpec.inference_modules)")
+        load_model_state(model, {**model.state_dict(), **ema}, f"{path} (EMA weights)")
+    if ema is not None or state.get("ema_weights"):
+        decay = state.get("config", {}).get("train", {}).get("ema_decay")
+        print(f"note: {path} is run with the EMA weights of step {state.get('step')} (train.ema_decay={decay})",
+              file=sys.stderr, flush=True)
     return name, model.to(device).eval(), cfg
 
 
@@ -84,6 +110,9 @@ def build_parser(model_names: list[str]) -> argparse.ArgumentParser:
     parser.add_argument("--output", required=True, help="where to write (a .wav file for the example models)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random draws (a vocoder's noise, a prenet's dropout, Griffin-Lim's "
+                             "phases): the same checkpoint and input give the same output (default 0)")
     for name in model_names:
         if MODELS[name].add_inference_args is not None:
             MODELS[name].add_inference_args(parser.add_argument_group(f"{name} options"))
@@ -133,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"model '{name}' has no inference hook (ModelSpec.infer in models/{name}.py)")
         device = parse_device(args.device)
         _, model, cfg = load_trained(args.checkpoint, device)
+        torch.manual_seed(args.seed)  # every device's generator
+        np.random.seed(args.seed)  # Griffin-Lim's random initial phases (librosa)
         with one_line_warnings():
             spec.infer(model, cfg, args, device)
     except (ConfigError, DataError, CheckpointError, ValueError, OSError) as err:

@@ -2,15 +2,13 @@
 
 Your own model, in three steps (``docs/own_model_example.py`` is a complete file to start from):
 
-1. Write ``models/<name>.py``: a config dataclass (the model's section of ``config.json``, with
-   ``batch_size``, ``learning_rate`` and ``weight_decay``), an ``nn.Module`` whose ``forward`` takes a batch
-   dict, a loss ``criterion(outputs, batch) -> scalar``, and ``build_datasets(cfg) -> (train, val)``.
+1. Write ``models/<name>.py``: a config dataclass (its ``config.json`` section), an ``nn.Module`` whose ``forward``
+   takes a batch dict, a loss ``criterion(outputs, batch) -> scalar``, and ``build_datasets(cfg) -> (train, val)``.
 2. End the file with ``register("<name>", ModelSpec(...))``.
 3. Train it: ``python multiproc.py train.py --model <name> ...``.
 
-Every module of ``models/`` is imported when this file is, so adding a file adds a model and deleting it removes
-one; ``train.py``, ``inference.py``, the scripts and the generic tests reach a model only through its
-:class:`ModelSpec`. A batch is a dict of tensors plus an ``"ids"`` list of utterance ids."""
+Every module of ``models/`` is imported here: adding a file adds a model. The rest of the project reaches a model
+only through its :class:`ModelSpec`. A batch is a dict of tensors plus an ``"ids"`` list of utterance ids."""
 
 from __future__ import annotations
 
@@ -51,8 +49,7 @@ class ModelSpec:
     """Everything the loop, inference, the benchmark and the tests need from one model.
 
     Required:
-        config_cls: dataclass of the model's ``config.json`` section (``batch_size`` per process,
-            ``learning_rate``, ``weight_decay``; bounds with ``utils.config.setting``).
+        config_cls: the dataclass of its ``config.json`` section (``batch_size`` per process, ``learning_rate``).
         build_model: ``cfg -> nn.Module``; ``forward(batch)`` returns what the criterion reads.
         build_criterion: ``cfg -> criterion(outputs, batch) -> scalar loss``.
         build_datasets: ``cfg -> (train_dataset, val_dataset)``.
@@ -71,34 +68,27 @@ class ModelSpec:
         check_text: ``(text, cfg) -> reason or None``: the start-up corpus check's test of a transcript.
         on_device: ``(batch, cfg) -> batch`` on the device, in the step (e.g. mels of the audio crops).
         data_advice: what to do when the GPU waits on this model's input pipeline (one sentence).
-        read_published: ``(loaded, cfg) -> utils.published.Weights | None``: another project's checkpoint of this
-            model in its key names (``--init-from``); pickled_classes: what such a file pickles, read as records.
-        variable_length: items differ in length and the training dataset has ``lengths()`` (what its collate pads,
-            per item): ``data.batching=buckets`` groups similar lengths (:class:`utils.data_utils.LengthBucketSampler`).
-        inference_modules: names of the sub-modules inference uses (HiFi-GAN: ``("generator",)``); empty: the whole
-            model. A release checkpoint (``scripts/export.py --format release``) keeps only their weights, and
-            ``train.ema_decay`` averages only them.
-        export_parts: ``(model, cfg) -> list of utils.onnx_export.ExportPart``: the inference path as modules with
-            example inputs, for ``scripts/export.py --format onnx``.
+        read_published: ``(loaded, cfg) -> utils.published.Weights | None``: a published checkpoint of this model
+            (``--init-from``); pickled_classes: what such a file pickles, read as records.
+        variable_length: items differ in length, its training dataset has ``lengths()``: ``data.batching=buckets``.
+        inference_modules: the sub-modules inference uses (HiFi-GAN: ``("generator",)``; empty: all): what a release
+            checkpoint keeps (``scripts/export.py``) and ``train.ema_decay`` averages.
+        export_parts: ``(model, cfg) -> [utils.onnx_export.ExportPart]``: the inference path as modules with inputs at
+            two sizes, one ONNX file each, checked with ONNX Runtime (``scripts/export.py --format onnx``).
 
     Several optimizers (a GAN vocoder: discriminator step, then generator step), all three together:
         phases: optimizer names in update order, e.g. ``("discriminator", "generator")``; ``build_optimizer``
             then returns ``{name: Optimizer}``, one per phase.
-        networks: ``model -> {phase: sub-module}``, the network each phase's optimizer trains; the loop
-            wraps each in DistributedDataParallel on its own.
-        train_step: ``(phase, nets, batch) -> (loss, {name: scalar})``: the phase's loss to back-propagate and
-            named scalars to log. ``nets`` maps each phase to its network: the current phase's is the
-            DDP-wrapped one, the others are the plain modules with their parameters frozen (no gradients,
-            no all-reduce).
+        networks: ``model -> {phase: sub-module}``, the network each phase's optimizer trains (each DDP-wrapped).
+        train_step: ``(phase, nets, batch) -> (loss, {name: scalar})``: the phase's loss and named scalars to log;
+            ``nets[phase]`` is DDP-wrapped, the other networks are plain with frozen parameters (no all-reduce).
         build_scheduler: ``(phase, optimizer, cfg) -> (LRScheduler, "step" | "epoch")``; default: the
             ``train.lr_schedule`` multiplier, stepped every optimizer step.
 
     A model bigger than one GPU:
-        blocks: ``model -> [sub-module, ...]``, its repeated units in forward order (WaveGlow's coupling
-            networks, HiFi-GAN's multi-receptive-field blocks and sub-discriminators, Tacotron2's encoder, decoder
-            and postnet): what ``train.parallelism=fsdp`` shards one by one (then the rest with the root) and
-            ``train.activation_checkpointing`` recomputes in the backward pass. ``None``: the model is sharded
-            as one unit and activation checkpointing has nothing to wrap.
+        blocks: ``model -> [sub-module, ...]``, its repeated units in forward order (WaveGlow's coupling networks):
+            what ``train.parallelism=fsdp`` shards one by one and ``train.activation_checkpointing`` recomputes;
+            ``None``: sharded as one unit, nothing to checkpoint.
     """
 
     config_cls: type

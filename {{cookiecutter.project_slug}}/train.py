@@ -53,6 +53,7 @@ from utils.config import Config, ConfigError, load_config
 from utils.data_check import check_corpus, default_cache_file, describe
 from utils.data_utils import (DataError, LengthBucketSampler, ResumableDistributedSampler, load_splits,
                               padding_fraction, random_batches)
+from utils.ema import EMA
 from utils.run_log import BalanceMonitor, RunLog, SpikeMonitor, StepWindow, one_line, one_line_warnings
 
 
@@ -710,6 +711,17 @@ def check_settings(spec: ModelSpec, name: str, cfg: Config) -> None:
     if cfg.data.batching == "buckets" and not spec.variable_length:
         raise ConfigError(f"data.batching=buckets: model '{name}' trains on items of one length (its ModelSpec does "
                           "not set variable_length), so there is no padding to save; use data.batching=random")
+    if cfg.data.mel_dir:  # mels read from a folder (a vocoder fine-tuned on Tacotron2's teacher-forced mels)
+        model_cfg, hop = cfg.section(name), cfg.audio.hop_length
+        if getattr(model_cfg, "mel_on_device", False):
+            raise ConfigError(f"data.mel_dir={cfg.data.mel_dir} with {name}.mel_on_device=true: the mels are read from "
+                              f"data.mel_dir, not computed from the audio on the device; set {name}.mel_on_device=false "
+                              "or data.mel_dir=\"\"")
+        segment = getattr(model_cfg, "segment_length", None)
+        if isinstance(segment, int) and segment % hop:
+            nearest = " or ".join(str(n) for n in (segment // hop * hop, (segment // hop + 1) * hop) if n)
+            raise ConfigError(f"{name}.segment_length={segment} is not a multiple of audio.hop_length={hop}: with "
+                              f"data.mel_dir audio and mel are cropped together on frame boundaries; use {nearest}")
     if train.compile and spec.optimize_for_training is None:
         raise ConfigError(f"train.compile=true, but model '{name}' has no fast path "
                           "(ModelSpec.optimize_for_training)")
@@ -777,6 +789,21 @@ def build_scheduler(spec: ModelSpec, name: str, phase: str, optimizer, cfg: Conf
         raise TrainingError(f"model '{name}': build_scheduler for '{phase}' must step per 'step' or 'epoch', "
                             f"not {interval!r}")
     return scheduler, interval
+
+
+def build_ema(spec: ModelSpec, name: str, model, cfg: Config) -> Optional[EMA]:
+    """``train.ema_decay``'s moving average of the weights of ``ModelSpec.inference_modules`` (:class:`utils.ema.EMA`)
+    of the plain or FSDP-sharded ``model``, or ``None`` when the decay is 0.
+
+    Raises:
+        ConfigError: the model's ``inference_modules`` name no parameter.
+    """
+    if not cfg.train.ema_decay:
+        return None
+    try:
+        return EMA(model, spec.inference_modules, cfg.train.ema_decay)
+    except ValueError as err:
+        raise ConfigError(f"train.ema_decay={cfg.train.ema_decay} with model '{name}': {err}") from None
 
 
 def checkpoint_parts(spec: ModelSpec, optimizers: dict, schedulers: dict, scaler) -> dict:
@@ -902,6 +929,7 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
     autocast, scaler = setup_precision(cfg.train.precision, device)
     criterion = spec.build_criterion(cfg)
     prepare_model(spec, args.model, model, cfg)
+    ema = build_ema(spec, args.model, model, cfg)
     optimizers = build_optimizers(spec, args.model, model, model_cfg, device)
     schedulers = {name: build_scheduler(spec, args.model, name, optimizer, cfg) for name, optimizer in optimizers.items()}
     parts = checkpoint_parts(spec, optimizers, schedulers, scaler)
@@ -922,7 +950,8 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
             raise CheckpointError(f"{checkpoint_path} is a single-file checkpoint (train.parallelism=ddp); continue "
                                   "it with train.parallelism=ddp (a ddp run reads sharded checkpoints too)")
         state, before = resume_training(checkpoint_path, model, parts, args.model, rank, world_size,
-                                        map_location=device, config=cfg.to_dict(), train_utterances=len(train_set))
+                                        map_location=device, config=cfg.to_dict(), train_utterances=len(train_set),
+                                        ema=ema)
         if before["config"].get("train", {}).get("grad_accumulation", accumulation) == accumulation:
             accumulation, note = world_size_change(before["world_size"], before["grad_accumulation"], world_size,
                                                    batch_size, accumulation)
@@ -951,7 +980,8 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
         log.print(f"training {args.model} on {world_size} process(es), device {device}{threads}, precision "
                   f"{cfg.train.precision}; {len(train_set)} train / {len(val_set)} val utterances; "
                   f"global batch {batch_size * accumulation * world_size}"
-                  + (f", parallelism {cfg.train.parallelism}" if sharded else ""))
+                  + (f", parallelism {cfg.train.parallelism}" if sharded else "")
+                  + (f"; validation with an EMA of the weights (decay {cfg.train.ema_decay})" if ema is not None else ""))
         if isinstance(train_loader.batch_sampler, LengthBucketSampler):
             lengths = train_loader.batch_sampler.lengths
             bucketed = padding_fraction(train_loader.batch_sampler.epoch_batches(), lengths)
@@ -972,13 +1002,17 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
         info = dict(data_seed=cfg.train.seed, model_name=args.model, config=cfg.to_dict(),
                     train_utterances=len(train_set), grad_accumulation=accumulation,
                     torch_version=str(torch.__version__), git_commit=git_commit() if is_main else None)
+        if ema is not None and sharded:  # every rank writes its shards of the averages beside the weights'
+            info["ema_saved"] = True
+        elif ema is not None:
+            info["ema"] = ema.state_dict()
         if sharded:
             broadcast_buffers(model)  # rank 0's running statistics, whichever rank's copy DCP writes
             optimizer = parts["optimizer"]
             with collective("sharded checkpoint save"):
                 path = checkpointer.save(state.step, model, list(optimizer.values()) if isinstance(
                     optimizer, NamedStates) else [optimizer], sharded_train_state(parts, state, rng, **info)
-                    if is_main else None)
+                    if is_main else None, extra={"ema": ema.state_dict()} if ema is not None else None)
             log.print(f"step {state.step}: " + (f"saving {path} in the background" if checkpointer.async_save
                                                  else f"saved {path}"))
         elif is_main:
@@ -1037,6 +1071,8 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
                                 all_ids)
                 scaler.step(phase.optimizer)  # before the next phase's forward: it sees the updated network
                 stepped[phase.name] = not skipped
+                if ema is not None and not skipped:  # after a real update only (not a skip, not an fp16 overflow)
+                    ema.update(phase.net)
                 # An fp16 overflow is the GradScaler searching its scale, until that falls below 1: from then on the
                 # gradients are not finite even unscaled, and the skip counts towards train.max_skips_in_a_row.
                 searching = overflow and skipped and scaler.get_scale() >= 1.0
@@ -1068,8 +1104,9 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
                                        **{key: [r[key] for r in ranks] for key in ranks[0]}))
                 window = StepWindow()
             if step % cfg.train.val_interval == 0 or last_step:
-                val_loss = validate(phases[0].net if len(phases) == 1 else model, criterion, val_loader, device,
-                                    autocast, spec, prepare, step, log.writer, output_dir, is_main, cfg=cfg)
+                with ema.applied() if ema is not None else contextlib.nullcontext():  # the weights inference uses
+                    val_loss = validate(phases[0].net if len(phases) == 1 else model, criterion, val_loader, device,
+                                        autocast, spec, prepare, step, log.writer, output_dir, is_main, cfg=cfg)
                 log.validation(step, state.epoch, val_loss)
             if checkpointer is not None and (done := checkpointer.poll()) is not None:
                 log.print(f"step {step}: saved {done} (written in the background)")

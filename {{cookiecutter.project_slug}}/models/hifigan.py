@@ -43,6 +43,7 @@ from modules.hifigan import (Discriminator, Generator, discriminator_loss, featu
 from utils.audio_processing import MelSpectrogram, check_wav_output, save_wav
 from utils.config import AudioConfig, Config, setting
 from utils.data_utils import AudioMelDataset, collate_audio_mel, load_splits, read_mel
+from utils.onnx_export import ExportPart
 from utils.plotting import add_audio, first_time
 from utils.published import Weights, weight_norm_key
 
@@ -256,18 +257,24 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     """Train and validation :class:`AudioMelDataset` of ``hifigan.segment_length`` crops (random for training,
     the first crop for validation); mels ``(n_mels, segment_length // hop_length)``.
 
+    With ``data.mel_dir`` the mels are read from that folder and cropped with the audio on frame boundaries:
+    fine-tuning on Tacotron2's teacher-forced mels (``scripts/dump_gta_mels.py``), as jik876/hifi-gan's
+    ``--fine_tuning`` does with its ``ft_dataset`` mels.
+
     Raises:
         ValueError: ``segment_length`` not a multiple of ``audio.hop_length`` (the generator's output would
             not line up with the crop).
+        DataError: see :class:`AudioMelDataset` (``data.mel_dir`` missing a mel, made with other settings).
     """
     seg = cfg.hifigan.segment_length
     if seg % cfg.audio.hop_length:
         raise ValueError(f"hifigan.segment_length ({seg}) must be a multiple of audio.hop_length "
                          f"({cfg.audio.hop_length})")
     train_utts, val_utts = load_splits(cfg.data)
-    with_mel = not cfg.hifigan.mel_on_device
-    return (AudioMelDataset(train_utts, cfg.audio, seg, random_crop=True, seed=cfg.train.seed, with_mel=with_mel),
-            AudioMelDataset(val_utts, cfg.audio, seg, random_crop=False, with_mel=with_mel))
+    with_mel, mel_dir = not cfg.hifigan.mel_on_device, cfg.data.mel_dir
+    return (AudioMelDataset(train_utts, cfg.audio, seg, random_crop=True, seed=cfg.train.seed, with_mel=with_mel,
+                            mel_dir=mel_dir),
+            AudioMelDataset(val_utts, cfg.audio, seg, random_crop=False, with_mel=with_mel, mel_dir=mel_dir))
 
 
 def mel_on_device(batch: Batch, cfg: Config) -> Batch:
@@ -403,6 +410,34 @@ def read_published(loaded: Any, cfg: Config) -> Weights | None:
     return Weights("jik876/hifi-gan's generator file", "hifigan", renamed, partial=("discriminator.",))
 
 
+# --- scripts/export.py --format onnx ------------------------------------------------------------------------------
+
+class GeneratorExport(nn.Module):
+    """The generator as it is exported: mel ``(B, n_mels, frames)`` -> audio ``(B, frames * hop_length)`` in [-1, 1]
+    (:meth:`HiFiGAN.forward` without the batch dict)."""
+
+    def __init__(self, generator: Generator):
+        super().__init__()
+        self.generator = generator
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        return self.generator(mel).squeeze(1)
+
+
+def export_parts(model: HiFiGAN, cfg: Config) -> list[ExportPart]:
+    """``ModelSpec.export_parts``: one part, ``generator``: ``mel`` ``(B, n_mels, frames)`` (natural-log mel) ->
+    ``audio`` ``(B, frames * hop_length)``, batch and frames dynamic (checked at 1 x 32 and 2 x 19 frames). No
+    noise input: the generator is deterministic (Section 2.2)."""
+    gen = torch.Generator().manual_seed(0)
+    n_mels = cfg.audio.n_mels
+    return [ExportPart(
+        name="generator", module=GeneratorExport(model.generator),
+        inputs=(torch.randn(1, n_mels, 32, generator=gen),), other_inputs=(torch.randn(2, n_mels, 19, generator=gen),),
+        input_names=("mel",), output_names=("audio",),
+        dynamic_axes={"mel": {0: "batch", 2: "frames"}, "audio": {0: "batch", 1: "samples"}},
+        description=f"mel (B, {n_mels}, frames) -> audio (B, frames * {model.generator.hop_length})")]
+
+
 register("hifigan", ModelSpec(
     config_cls=HiFiGANConfig,
     build_model=lambda cfg: HiFiGAN(cfg.hifigan, cfg.audio),
@@ -426,4 +461,5 @@ register("hifigan", ModelSpec(
     blocks=blocks,
     read_published=read_published,
     inference_modules=("generator",),
+    export_parts=export_parts,
 ))

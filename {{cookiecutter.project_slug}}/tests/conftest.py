@@ -435,3 +435,27 @@ def train_from_and_infer(tmp_path, name: str, weights, infer_args: list) -> None
                                      "--device", "cpu", "--output", str(tmp_path / "x.wav"), *args], tmp_path,
                                     nproc=1), timeout=bound(240, 1))
     assert code == 0 and (tmp_path / "x.wav").is_file(), output[-3000:]
+
+
+def run_train_main(argv: list) -> tuple[int, str, str]:
+    """``train.main(argv)`` in this process, its signal handlers and TF32/cuDNN flags restored after; (exit code,
+    stdout, stderr)."""
+    import contextlib
+    import io
+
+    import torch
+
+    import train
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    backends = torch.backends
+    flags = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = train.main(argv)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = flags
+    return code, out.getvalue(), err.getvalue()

@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+import inference
 from conftest import ROOT, TEST_MODEL, bound, clean_env, descendants, finish, start_job, synth_corpus
 
 from model import MODELS, config_schemas
@@ -157,7 +158,7 @@ def test_fsdp_with_bf16_mixed_precision_trains(corpus, tmp_path):
 @needs_one
 def test_sigterm_then_resume_with_background_checkpoints_ends_like_the_uninterrupted_run(corpus, tmp_path):
     settings = ["--max-steps", "10", "--set", "train.checkpoint_interval=4", *FSDP,
-                "--set", "train.async_checkpoint=true"]
+                "--set", "train.async_checkpoint=true", "--set", "train.ema_decay=0.9"]
     output = train(tmp_path / "reference", corpus, MODEL, *settings)
     assert "in the background" in output
     out = tmp_path / "stopped"
@@ -173,6 +174,10 @@ def test_sigterm_then_resume_with_background_checkpoints_ends_like_the_uninterru
     reference = sharded_weights(tmp_path / "reference" / "checkpoint_last", MODEL)
     assert max_difference(reference, sharded_weights(out / "checkpoint_last", MODEL)) <= 1e-6
     assert read_train_state(out / "checkpoint_last")["step"] == 10
+    # the EMA weights too: inference puts them together from every rank's shards, says so, and they are not the raw
+    averaged = [inference.load_trained(folder / "checkpoint_last", torch.device("cpu"))[1].state_dict()
+                for folder in (tmp_path / "reference", out)]
+    assert max_difference(*averaged) <= 1e-6 and max_difference(averaged[0], reference) > 1e-4
 
 
 @needs_one

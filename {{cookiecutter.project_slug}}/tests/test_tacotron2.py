@@ -13,7 +13,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import inference
-from conftest import clean_env, tiny_checkpoint
+from conftest import clean_env, run_train_main, tiny_checkpoint
 from model import MODELS
 from models.tacotron2 import Tacotron2, Tacotron2Config, Tacotron2Loss, build_datasets, count_items, log_validation
 from modules.layers import ConvNorm
@@ -578,29 +578,6 @@ def long_clip_corpus(root: Path, n: int = 6) -> Path:
     return corpus
 
 
-def run_train_main(argv: list) -> tuple[int, str, str]:
-    """``train.main(argv)`` in this process, its signal handlers and TF32/cuDNN flags restored after; (exit code,
-    stdout, stderr)."""
-    import contextlib
-    import io
-    import signal
-
-    import train
-
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    backends = torch.backends
-    flags = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark)
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = train.main(argv)
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = flags
-    return code, out.getvalue(), err.getvalue()
-
-
 @pytest.mark.slow
 def test_tiny_trains_on_ljspeech_length_clips(tmp_path):
     """``python train.py --model tacotron2 --tiny`` on clips of 6 to 10.2 s: every clip is kept (the tiny
@@ -810,3 +787,43 @@ def test_a_run_starts_from_nvidias_tacotron2_weights(tmp_path):
 
     nvidia_checkpoint(tmp_path / "tacotron2_statedict.pt")
     train_from_and_infer(tmp_path, "tacotron2", tmp_path / "tacotron2_statedict.pt", ["--text", "Hello."])
+
+
+def test_the_onnx_decoder_loop_gives_the_mels_of_inference(tmp_path):
+    """scripts/export.py's three Tacotron2 files (encoder, decoder step, postnet) run by ``run_onnx``'s decoder loop
+    give :meth:`Tacotron2.inference`'s mels and gates (ONNX Runtime, CPU)."""
+    pytest.importorskip("onnxruntime")
+    from conftest import perturbed_tiny_model
+    from models.tacotron2 import run_onnx
+    from utils.onnx_export import export_model
+
+    model, cfg = perturbed_tiny_model("tacotron2")
+    # Eager inference draws the pre-net's dropout masks itself; with dropout off both loops are deterministic.
+    model.decoder.prenet.dropout = 0.0
+    export_model("tacotron2", model, cfg, tmp_path, progress=False)
+    steps = 6
+    model.decoder.max_decoder_steps, model.decoder.gate_threshold = steps, 1.0  # never stops early
+    text = torch.randint(1, cfg.tacotron2.n_symbols, (1, 11), generator=torch.Generator().manual_seed(1))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Tacotron2 decoder reached max_decoder_steps")
+        mel, gate, _ = model.inference(text)
+    onnx_mel, onnx_gate = run_onnx(tmp_path, text, torch.tensor([11]), cfg, max_steps=steps, gate_threshold=1.0)
+    assert onnx_mel.shape == mel.shape == (1, cfg.audio.n_mels, steps)
+    assert float(mel.std()) > 1e-3
+    assert float((onnx_mel - mel).abs().max()) < 1e-4
+    assert float((onnx_gate - gate).abs().max()) < 1e-4
+
+
+def test_a_release_checkpoint_speaks_like_the_full_one(tmp_path, capsys):
+    """``scripts/export.py --format release`` of a Tacotron2 checkpoint: ``inference.py --text`` writes the same wav
+    from both (same seed: the prenet's dropout and Griffin-Lim's phases are drawn alike)."""
+    from scripts import export
+
+    full = tiny_checkpoint("tacotron2", tmp_path / "full.pt")
+    assert export.main(["--checkpoint", str(full), "--format", "release", "--output", str(tmp_path / "r.pt")]) == 0
+    wavs = []
+    for source in (full, tmp_path / "r.pt"):
+        wavs.append(tmp_path / f"{source.stem}.wav")
+        assert inference.main(["--checkpoint", str(source), "--device", "cpu", "--output", str(wavs[-1]),
+                               "--text", "The quick brown fox."]) == 0, capsys.readouterr().err
+    assert wavs[0].read_bytes() == wavs[1].read_bytes()

@@ -32,7 +32,9 @@ MODEL = TEST_MODEL
 STEPS = 12
 COMMON = ["--config", "config.json", "--model", MODEL, "--tiny", "--max-steps", str(STEPS),
           "--set", "train.log_interval=1", "--set", "train.checkpoint_interval=4", "--set", "train.keep_last=0",
-          "--set", "train.val_interval=100", "--set", "data.num_workers=2"]
+          "--set", "train.val_interval=100", "--set", "data.num_workers=2",
+          # an EMA of the weights: its averages must be saved and resumed exactly with the rest (assert_same_state)
+          "--set", "train.ema_decay=0.9"]
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +98,12 @@ def whole_job(proc, timeout=30):
 
 
 def final_weights(out):
+    """The raw weights and their EMA (``ema.`` keys) of the run's last checkpoint."""
     state = torch.load(out / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert state["step"] == STEPS
-    return state["model"]
+    assert state["ema"].keys() <= state["model"].keys()
+    assert any(not torch.equal(state["ema"][key], state["model"][key]) for key in state["ema"]), "the EMA lags"
+    return {**state["model"], **{f"ema.{key}": value for key, value in state["ema"].items()}}
 
 
 def assert_same_weights(a, b):

@@ -139,17 +139,20 @@ class MelSpectrogram(nn.Module):
         return log_mel.squeeze(0) if squeeze else log_mel
 
 
-def griffin_lim(log_mel: ArrayLike, audio_cfg: AudioConfig, n_iter: int = 60) -> np.ndarray:
+def griffin_lim(log_mel: ArrayLike, audio_cfg: AudioConfig, n_iter: int = 60, seed: Optional[int] = 0) -> np.ndarray:
     """Rough waveform from a log-mel spectrogram, for listening checks without a vocoder.
 
-    Undoes the log compression (``exp``) and inverts the mel filterbank and the STFT with
-    ``librosa.feature.inverse.mel_to_audio`` (magnitude spectrogram, ``power=1.0``, the same Slaney filter
-    settings as :class:`MelSpectrogram`, Griffin-Lim phase reconstruction with ``n_iter`` iterations).
+    Undoes the log compression (``exp``), inverts the mel filterbank with ``librosa.feature.inverse.mel_to_stft``
+    (magnitude spectrogram, ``power=1.0``, the same Slaney filter settings as :class:`MelSpectrogram`) and
+    reconstructs the phase with ``librosa.griffinlim`` (``n_iter`` iterations): what
+    ``librosa.feature.inverse.mel_to_audio`` does, with the random initial phases drawn from ``seed``, so the
+    same mel gives the same audio.
 
     Args:
         log_mel: ``(n_mels, frames)`` log-mel, tensor (any device) or numpy array.
         audio_cfg: the settings the mel was made with.
         n_iter: Griffin-Lim iterations.
+        seed: seed of the initial phases; ``None``: a fresh random draw each call.
 
     Returns:
         float32 numpy array ``(samples,)`` at ``audio_cfg.sampling_rate`` Hz, about
@@ -170,10 +173,11 @@ def griffin_lim(log_mel: ArrayLike, audio_cfg: AudioConfig, n_iter: int = 60) ->
     if n_iter < 1:
         raise ValueError(f"griffin_lim: n_iter must be >= 1, got {n_iter}")
     mel = dynamic_range_decompression(torch.from_numpy(log_mel)).numpy()
-    audio = librosa.feature.inverse.mel_to_audio(
-        mel, sr=audio_cfg.sampling_rate, n_fft=audio_cfg.n_fft, hop_length=audio_cfg.hop_length,
-        win_length=audio_cfg.win_length, window="hann", power=1.0, n_iter=n_iter,
-        fmin=audio_cfg.fmin, fmax=audio_cfg.fmax, htk=False)
+    magnitude = librosa.feature.inverse.mel_to_stft(mel, sr=audio_cfg.sampling_rate, n_fft=audio_cfg.n_fft, power=1.0,
+                                                    fmin=audio_cfg.fmin, fmax=audio_cfg.fmax, htk=False)
+    audio = librosa.griffinlim(magnitude, n_iter=n_iter, hop_length=audio_cfg.hop_length,
+                               win_length=audio_cfg.win_length, n_fft=audio_cfg.n_fft, window="hann",
+                               random_state=seed)
     return audio.astype(np.float32)
 
 

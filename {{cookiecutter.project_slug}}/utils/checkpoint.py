@@ -336,6 +336,24 @@ def training_checkpoint(model: torch.nn.Module, parts: Mapping[str, Any], state:
             **dataclasses.asdict(state), "rng": rng, **info}
 
 
+RELEASE_FORMAT = "release"
+"""The ``format`` entry of a release checkpoint (:func:`release_checkpoint`)."""
+
+
+def release_checkpoint(model_name: str, model_state: Mapping[str, torch.Tensor], modules: tuple[str, ...],
+                       config: Mapping[str, Any], step: Any, ema_weights: bool, source: str) -> dict[str, Any]:
+    """What inference needs and nothing else: the weights of the sub-modules ``modules`` (``ModelSpec.inference_modules``;
+    all when empty) of ``model_state`` (EMA weights already in place where the run kept them), the model's name and
+    config, and where they come from. No optimizer, scheduler, scaler, RNG or data position: it loads with
+    ``weights_only=True``, ``inference.py`` runs it, and ``train.py --init-from`` starts a run from it.
+    """
+    from utils.ema import in_modules
+
+    weights = {key: value.detach().cpu().clone() for key, value in model_state.items() if in_modules(key, modules)}
+    return {"format": RELEASE_FORMAT, "model_name": model_name, "config": dict(config), "step": step,
+            "model": weights, "ema_weights": ema_weights, "source": source, "torch_version": str(torch.__version__)}
+
+
 def intact(path: str | Path) -> Optional[str]:
     """Why the checkpoint file at ``path`` is damaged (cut short, corrupted, not a ``torch.save`` archive), or
     ``None`` when every member of its zip archive reads back with a matching CRC. Reads the whole file once;
@@ -500,7 +518,7 @@ def as_json(value: Any) -> str:
 def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str, Any], model_name: str,
                     rank: int, world_size: int, map_location: str | torch.device = "cpu",
                     config: Optional[Mapping[str, Any]] = None,
-                    train_utterances: Optional[int] = None) -> tuple[TrainState, dict[str, Any]]:
+                    train_utterances: Optional[int] = None, ema=None) -> tuple[TrainState, dict[str, Any]]:
     """Put a checkpoint back: weights, optimizer, schedule, scaler, this rank's RNG states. A single file of
     :func:`training_checkpoint`, or a sharded folder of :class:`ShardedCheckpointer` (re-cut for this world
     size: every rank must call it then).
@@ -517,6 +535,9 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
             (``train.max_steps`` aside: raising it is how a run is continued).
         train_utterances: this run's training utterances; rank 0 warns when the checkpoint's corpus had
             another number (the epoch's order, and so the data position, is not the same any more).
+        ema: this run's :class:`utils.ema.EMA` (``train.ema_decay``), or ``None``: its averages are loaded from the
+            checkpoint (``"ema"``), or start afresh from the loaded weights when the checkpoint has none (rank 0
+            says so).
 
     Returns:
         The loop's :class:`TrainState` at the checkpoint (``samples_in_epoch`` is worked out for a checkpoint
@@ -540,9 +561,21 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
     if missing:
         raise CheckpointError(f"{path} is not a training checkpoint of train.py (it has no {', '.join(missing)}); "
                               "--resume needs one written by train.py")
+    with_ema = ema is not None and (saved.get("ema_saved", False) if sharded else "ema" in saved)
     if sharded:
         optimizer = parts["optimizer"]
-        load_sharded(path, model, list(optimizer.values()) if isinstance(optimizer, NamedStates) else [optimizer])
+        load_sharded(path, model, list(optimizer.values()) if isinstance(optimizer, NamedStates) else [optimizer],
+                     extra={"ema": ema.averages} if with_ema else None)
+    elif with_ema:
+        try:
+            ema.load_state_dict(saved["ema"], str(path))
+        except ValueError as err:
+            raise CheckpointError(str(err)) from None
+    if ema is not None and not with_ema:
+        ema.reset()
+        if rank == 0:
+            print(f"note: {path} holds no EMA weights; the average (train.ema_decay) starts from its weights",
+                  file=sys.stderr, flush=True)
     for name in STATEFUL_PARTS:
         if not (sharded and name == "optimizer"):
             parts[name].load_state_dict(saved[name])
@@ -779,10 +812,12 @@ def load_sharded_model(path: str | Path, model: torch.nn.Module) -> None:
     load_sharded(path, model, [])
 
 
-def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list) -> None:
+def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list,
+                 extra: Optional[dict[str, Any]] = None) -> None:
     """Load the model (and, when ``optimizers`` are given, their states) of a sharded checkpoint folder, on any
     world size (every rank calls it; resharded on load). ``model`` is the plain or FSDP-sharded model, not a DDP
-    wrapper. Source: ``torch.distributed.checkpoint.state_dict.get_state_dict`` / ``set_state_dict``.
+    wrapper. ``extra``: further entries the save wrote (``{"ema": {name: tensor}}``), loaded into the given tensors
+    in place. Source: ``torch.distributed.checkpoint.state_dict.get_state_dict`` / ``set_state_dict``.
 
     Raises:
         CheckpointError: missing or misshapen entries (named), or an unreadable folder.
@@ -794,7 +829,7 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list) -> 
     path = Path(path)
     with _quiet_single_process_dcp():
         model_state, optim_state = get_state_dict(model, optimizers)
-        state = {"model": model_state, **({"optimizer": optim_state} if optimizers else {})}
+        state = {"model": model_state, **({"optimizer": optim_state} if optimizers else {}), **(extra or {})}
         try:
             dcp.load(state, checkpoint_id=str(path))
         except (RuntimeError, ValueError, KeyError, OSError) as err:
@@ -849,10 +884,12 @@ class ShardedCheckpointer:
             self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
         self.pending = None  # (future, step) of a background save
 
-    def save(self, step: int, model: torch.nn.Module, optimizers: list, train_state: Optional[dict]) -> Path:
+    def save(self, step: int, model: torch.nn.Module, optimizers: list, train_state: Optional[dict],
+             extra: Optional[dict[str, Any]] = None) -> Path:
         """Save ``model`` (plain or FSDP-sharded, not a DDP wrapper) and ``optimizers`` as step ``step``;
-        ``train_state`` (rank 0's; ``None`` on the others) goes to :data:`TRAIN_STATE_NAME`. Returns the
-        folder the checkpoint has (async: will have) once complete.
+        ``train_state`` (rank 0's; ``None`` on the others) goes to :data:`TRAIN_STATE_NAME`; ``extra``: further
+        sharded entries (``{"ema": {name: tensor}}``). Returns the folder the checkpoint has (async: will have) once
+        complete.
 
         Raises:
             CheckpointError: a shard or file could not be written (a full disk); earlier checkpoints are kept.
@@ -876,7 +913,7 @@ class ShardedCheckpointer:
         if failure is not None:
             raise CheckpointError(failure)
         model_state, optim_state = get_state_dict(model, optimizers)
-        state = {"model": model_state, "optimizer": optim_state}
+        state = {"model": model_state, "optimizer": optim_state, **(extra or {})}
         with _quiet_single_process_dcp():
             self._write(state, partial, step)
         return self.output_dir / f"checkpoint_{step}"

@@ -1,0 +1,452 @@
+"""Write Tacotron2's teacher-forced mel of every utterance of a corpus, to fine-tune a vocoder on what Tacotron2 says.
+
+    python scripts/dump_gta_mels.py --checkpoint T2 --dataset-path D --output M [--batch-size N] [--device cpu|cuda]
+    python multiproc.py --nproc-per-node 2 scripts/dump_gta_mels.py --checkpoint T2 --dataset-path D --output M
+
+and then the project's vocoder learns to turn those mels into the real audio (``data.mel_dir``, read by
+:class:`utils.data_utils.AudioMelDataset`), e.g. starting from one trained on real mels::
+
+    python multiproc.py train.py --model VOCODER --dataset-path D --init-from VOCODER_CHECKPOINT --set data.mel_dir=M
+
+Method: Tacotron2's training forward pass over each utterance, its decoder fed the ground-truth mel frames
+(teacher forcing), so the predicted mel has the real one's frames and lines up with the real audio sample for
+sample; the post-net's output (what inference hands a vocoder) is kept. Shen et al. 2018 (ICASSP) train their
+WaveNet vocoder on such "ground truth-aligned" predictions; jik876/hifi-gan fine-tunes on them (its README's
+"Fine-Tuning": mels made "using Tacotron2 with teacher-forcing", one file per wav, read with ``--fine_tuning``);
+the forward pass is NVIDIA's Tacotron2 reference's (``models/tacotron2.py``). The vocoder then learns Tacotron2's
+smoothing and small errors instead of meeting them first at synthesis.
+
+The frame rule, checked for every file written (a mismatch is an error naming the utterance, and no file): an
+utterance whose wav loads as ``T`` samples (:func:`utils.data_utils.load_wav`, resampled to ``audio.sampling_rate``)
+has ``frames = MelSpectrogram.num_frames(T) = (T + 2 * pad - n_fft) // hop_length + 1`` mel frames, with
+``pad = (n_fft - hop_length) // 2`` (``utils/audio_processing.py``: reflect padding by ``pad`` on both sides,
+``center=False``). When ``n_fft - hop_length`` is even (LJSpeech: 1024 - 256) that is ``T // hop_length``; when odd,
+``(T - 1) // hop_length``. Frame ``k`` covers samples ``k * hop_length`` to ``(k + 1) * hop_length`` (its window is
+centred there). Tacotron2 predicts one frame per decoder step, as many as its target mel has.
+
+* Data as Tacotron2 trained on it: the checkpoint's config (``audio``, the ``data`` splits and ``data.exclude``,
+  ``tacotron2.text_cleaners``, ``tacotron2.mel_cache_dir``) with ``data.dataset_path`` set to ``--dataset-path``;
+  every utterance of both splits (:func:`utils.data_utils.load_splits`) once; its transcript cleaned as
+  ``tacotron2.text_cleaners`` says; its target mel from the cache of ``scripts/preprocess.py`` when it holds it, else
+  from the wav (:class:`utils.text_mel_data.TextMelDataset`).
+* Left out, with one line naming them: utterances longer than ``tacotron2.max_mel_frames`` (the checkpoint's;
+  ``--max-mel-frames`` replaces it, 0 keeps all) and corpus lines that name no usable utterance. A vocoder trained
+  on the folder must leave them out too (``data.exclude``): it refuses an utterance without its mel.
+* Eval mode (batch norm statistics, no dropout in the decoder LSTMs and the post-net), but the pre-net's dropout
+  stays on, as in training and inference (Shen et al.; NVIDIA): its masks are drawn from ``--seed`` and the ids of
+  the batch. Batches hold utterances of similar lengths (from the wav headers); frames past an utterance's end are
+  zeroed before every post-net layer (as ``tacotron2.mask_padding=true`` does, whatever the checkpoint's setting), so
+  no padding reaches a kept frame.
+* Written: ``<output>/<id>.pt``, the post-net mel ``(n_mels, frames)`` float32 (log-mel, natural log of the
+  magnitude as the project's :class:`~utils.audio_processing.MelSpectrogram`) with the padding removed, each file
+  atomically (:func:`utils.checkpoint.atomic_write_bytes`); ``<output>/_audio_config.json``, the audio settings (as
+  ``scripts/preprocess.py`` records for its cache; a vocoder refuses mels of other settings); ``<output>/
+  _gta_source.json``, the checkpoint and a SHA-256 of its weights.
+* Resumable: mels already in the folder are skipped unless ``--overwrite``; a folder holding mels of other weights,
+  other settings or of something else (``.pt`` files without ``_gta_source.json``) is refused.
+* Several processes (``multiproc.py``, ``torchrun``, ``srun``; :func:`distributed.init_distributed` when the world
+  size is > 1): rank ``r`` of ``W`` takes utterances ``r, r + W, r + 2W, ...`` of the corpus list, so every
+  utterance is written by one process, once; each rank prints its share, rank 0 shows the progress bar of its
+  own share and prints the summary with every rank's counts.
+* Errors: a problem of the whole run (options, checkpoint, corpus, output folder) is one ``ERROR:`` line and exit
+  status 1 (2 for a bad option); a problem of one utterance (an unreadable wav, a mel off the frame rule, a text
+  without a symbol) is one ``ERROR:`` line naming it at the end, the others are still written, exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import sys
+import zlib
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+if str(PROJECT_ROOT) not in sys.path:
+    sys.path.insert(0, str(PROJECT_ROOT))
+
+import soundfile as sf  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from distributed import (all_gather_object, broadcast_object, cleanup, detect_launcher_env,  # noqa: E402
+                         init_distributed)
+from inference import load_trained, parse_device  # noqa: E402
+from utils.checkpoint import CheckpointError, atomic_write_bytes  # noqa: E402
+from utils.config import Config, ConfigError  # noqa: E402
+from utils.data_utils import MEL_SETTINGS_FILE, BadClip, DataError, Utterance, load_splits, load_wav  # noqa: E402
+from utils.run_log import one_line, one_line_warnings  # noqa: E402
+from utils.text import text_to_sequence  # noqa: E402
+from utils.text_mel_data import TextMelCollate, TextMelDataset, mel_cache_path  # noqa: E402
+
+SOURCE_FILE = "_gta_source.json"
+"""The file of the output folder that says which weights its mels come from (checkpoint path, SHA-256)."""
+
+DIST_TIMEOUT_S = 24 * 3600.0
+"""Seconds a rank waits for the others at the end (their shares take about as long as its own, but a resumed dump
+may have left more to do on one rank than on another; a rank that dies ends the job through its launcher)."""
+
+RENDEZVOUS_TIMEOUT_S = 600.0
+"""Seconds a rank waits for the others to join (each reads the checkpoint first): a rank that failed before it
+joined is not waited for all day."""
+
+SHOWN_IDS = 10
+"""Utterance ids named in a line about left-out utterances (then how many more)."""
+
+
+class UsageError(ValueError):
+    """A bad command line (argparse's message, on one line)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, raised, instead of usage and exit 2
+        raise UsageError(f"{message} (python scripts/dump_gta_mels.py --help lists the options)")
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """This script's command line.
+
+    Raises:
+        UsageError: an unknown, missing or malformed option (``--help`` still prints and exits 0).
+    """
+    parser = _Parser(description=__doc__.split("\n")[0])
+    parser.add_argument("--checkpoint", required=True,
+                        help="a Tacotron2 checkpoint of train.py (a .pt file or a sharded checkpoint folder)")
+    parser.add_argument("--dataset-path", required=True,
+                        help="the corpus (LJSpeech layout, or the checkpoint's filelists inside it)")
+    parser.add_argument("--output", required=True, help="folder for <id>.pt mels (created)")
+    parser.add_argument("--batch-size", type=int, default=16, help="utterances per forward pass and process "
+                        "(default 16)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu or cuda (default: cuda when available; rank r of a multi-process job takes cuda:r)")
+    parser.add_argument("--max-mel-frames", type=int, default=None,
+                        help="leave out longer utterances (default: the checkpoint's tacotron2.max_mel_frames; "
+                             "0: keep all)")
+    parser.add_argument("--seed", type=int, default=1234, help="seed of the pre-net's dropout masks (default 1234)")
+    parser.add_argument("--overwrite", action="store_true", help="compute the mels already in the folder again")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.max_mel_frames is not None and args.max_mel_frames < 0:
+        raise UsageError(f"--max-mel-frames must be >= 0 (0: keep all), got {args.max_mel_frames}")
+    return args
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """The paths of the command line exist as what they must be (no file is read).
+
+    Raises:
+        CheckpointError: no ``--checkpoint``.
+        DataError: ``--dataset-path`` is no folder, or ``--output`` is a file.
+    """
+    if not Path(args.checkpoint).exists():
+        raise CheckpointError(f"--checkpoint {args.checkpoint}: not found")
+    if not Path(args.dataset_path).is_dir():
+        raise DataError(f"--dataset-path {args.dataset_path}: not a folder")
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        raise DataError(f"--output {args.output}: is a file; give a folder")
+
+
+def check_command_line(argv: list[str]) -> Optional[str]:
+    """What ``multiproc.py`` asks before it starts any rank: the first problem of the options and paths, as one line,
+    or ``None`` (the checkpoint itself is read by every rank)."""
+    try:
+        check_paths(parse_args(argv))
+    except (UsageError, CheckpointError, DataError) as err:
+        return one_line(err)
+    return None
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """SHA-256 of the model's state dict (names and bytes, in order): which weights a folder's mels come from."""
+    digest = hashlib.sha256()
+    for key, value in model.state_dict().items():
+        digest.update(key.encode())
+        digest.update(value.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(f"cannot read {path}: {err}") from None
+
+
+def prepare_output(output: Path, cfg: Config, source: dict, overwrite: bool) -> None:
+    """Rank 0: make the output folder ready, its settings and source files written.
+
+    Raises:
+        DataError: the folder is Tacotron2's own mel cache, or (without ``overwrite``) holds mels of other audio
+            settings, of other weights or cleaners, or ``.pt`` files this script did not write.
+    """
+    cache = mel_cache_path(cfg.data.dataset_path, cfg.tacotron2.mel_cache_dir)
+    if cache is not None and cache.resolve() == output.resolve():
+        raise DataError(f"--output {output} is Tacotron2's mel cache (tacotron2.mel_cache_dir), its training targets: "
+                        "give another folder")
+    audio = dataclasses.asdict(cfg.audio)
+    if output.is_dir() and not overwrite:
+        settings, recorded = output / MEL_SETTINGS_FILE, output / SOURCE_FILE
+        if settings.is_file() and _read_json(settings) != audio:
+            raise DataError(f"--output {output} holds mels of other audio settings ({settings}): give another folder, "
+                            "or --overwrite to make them all again")
+        if recorded.is_file():
+            before = _read_json(recorded)
+            if not isinstance(before, dict) or any(before.get(key) != source[key]
+                                                   for key in ("weights_sha256", "text_cleaners")):
+                said = before.get("checkpoint") if isinstance(before, dict) else None
+                raise DataError(f"--output {output} holds mels of other Tacotron2 weights or text cleaners (from "
+                                f"{said}): a vocoder would train on a mix; give another folder, or --overwrite to "
+                                "make them all again")
+        elif any(output.glob("*.pt")):
+            raise DataError(f"--output {output} holds .pt files that this script did not write (no {SOURCE_FILE}): "
+                            "give an empty or new folder, or --overwrite")
+    output.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(output / MEL_SETTINGS_FILE, (json.dumps(audio, indent=2) + "\n").encode())
+    atomic_write_bytes(output / SOURCE_FILE, (json.dumps(source, indent=2) + "\n").encode())
+
+
+def corpus(cfg: Config) -> tuple[list[Utterance], list[BadClip]]:
+    """Every utterance of both splits once, in corpus order (training first), and the corpus lines left out.
+
+    Raises:
+        DataError: the corpus cannot be listed (:func:`utils.data_utils.load_splits`).
+    """
+    bad: list[BadClip] = []
+    train_utts, val_utts = load_splits(cfg.data, bad=bad)
+    unique: dict[str, Utterance] = {}
+    for utt in [*train_utts, *val_utts]:
+        unique.setdefault(utt.id, utt)
+    return list(unique.values()), bad
+
+
+def header_samples(utt: Utterance, sampling_rate: int) -> int:
+    """The clip's length at ``sampling_rate`` from its header (for batching similar lengths); 0 when unreadable (the
+    wav's own error comes when it is loaded)."""
+    try:
+        info = sf.info(str(utt.wav_path))
+    except (sf.LibsndfileError, RuntimeError, OSError):
+        return 0
+    return info.frames * sampling_rate // max(info.samplerate, 1)
+
+
+class GTAItems(Dataset):
+    """Item ``i``: utterance ``i`` of ``text_mel`` as :class:`TextMelDataset` gives it, plus ``"samples"`` (its wav's
+    length at ``audio.sampling_rate``) and ``"frames"`` (the frame rule's count), or ``{"id", "left_out": frames}``
+    past ``max_frames``, or ``{"id", "error": line}`` when it cannot be read."""
+
+    def __init__(self, text_mel: TextMelDataset, max_frames: Optional[int]):
+        self.text_mel = text_mel
+        self.max_frames = max_frames
+        self.mel_fn = text_mel.mel_transform
+
+    def __len__(self) -> int:
+        return len(self.text_mel)
+
+    def __getitem__(self, index: int) -> dict:
+        utt = self.text_mel.utterances[index]
+        try:
+            samples = load_wav(utt.wav_path, self.text_mel.audio_cfg.sampling_rate).shape[0]
+            frames = self.mel_fn.num_frames(samples)
+            if samples < self.mel_fn.min_samples:
+                raise DataError(f"{samples} samples, shorter than one STFT window ({self.mel_fn.min_samples})")
+            if self.max_frames is not None and frames > self.max_frames:
+                return {"id": utt.id, "left_out": frames}
+            item = self.text_mel[index]
+        except (DataError, ValueError) as err:
+            return {"id": utt.id, "error": f"{utt.id}: {one_line(err)}"}
+        return {**item, "samples": samples, "frames": frames}
+
+
+def collate(items: list[dict]) -> dict:
+    """Split a list of :class:`GTAItems` into the padded batch of the good ones (:class:`TextMelCollate`, or
+    ``None``), their ``{id: (samples, frames)}``, the left-out ``[(id, frames)]`` and the error lines."""
+    good = [item for item in items if "frames" in item]
+    return {"batch": TextMelCollate()(good) if good else None,
+            "lengths": {item["id"]: (item["samples"], item["frames"]) for item in good},
+            "left_out": [(item["id"], item["left_out"]) for item in items if "left_out" in item],
+            "errors": [item["error"] for item in items if "error" in item], "count": len(items)}
+
+
+@torch.no_grad()
+def teacher_forced(model: torch.nn.Module, batch: dict, device: torch.device, seed: int) -> torch.Tensor:
+    """The post-net mels ``(B, n_mels, T_max)`` float32 on the CPU of a :class:`TextMelCollate` batch, the decoder fed
+    the batch's mels; the pre-net's dropout masks drawn from ``seed`` and the batch's ids."""
+    torch.manual_seed((seed * 1_000_003 + zlib.crc32(",".join(batch["ids"]).encode())) % 2 ** 63)
+    inputs = {key: batch[key].to(device) for key in ("text", "text_lengths", "mel", "mel_lengths")}
+    return model(inputs)["mel_postnet"].float().cpu()
+
+
+def save_mel(path: Path, mel: torch.Tensor) -> None:
+    """``torch.save`` of ``mel`` ``(n_mels, frames)`` (a copy: a view would save its whole batch), atomically."""
+    buffer = io.BytesIO()
+    torch.save(mel.clone().contiguous(), buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def dump_share(model: torch.nn.Module, cfg: Config, share: list[Utterance], output: Path, args: argparse.Namespace,
+               device: torch.device, progress: bool) -> dict:
+    """Write the mels of ``share`` (one rank's utterances) that are not there yet (all with ``--overwrite``).
+
+    Returns:
+        ``{"share", "written", "already", "left_out": [(id, frames)], "errors": [line]}``.
+
+    Raises:
+        DataError, ValueError: the share's dataset cannot be built (a mel cache of other settings, an unknown cleaner).
+        OSError: a mel cannot be written.
+    """
+    report: dict[str, Any] = {"share": len(share), "written": 0, "already": 0, "left_out": [], "errors": []}
+    todo = []
+    for utt in share:
+        if not args.overwrite and (output / f"{utt.id}.pt").is_file():
+            report["already"] += 1
+        elif not text_to_sequence(utt.text, cfg.tacotron2.text_cleaners):
+            report["errors"].append(f"{utt.id}: no symbol of its transcript {utt.text!r} is in the symbol table")
+        else:
+            todo.append(utt)
+    bar = tqdm(total=len(todo), unit="utt", desc=f"GTA mels -> {output}", disable=not progress)
+    if not todo:
+        bar.close()
+        return report
+    max_frames = cfg.tacotron2.max_mel_frames if args.max_mel_frames is None else args.max_mel_frames
+    text_mel = TextMelDataset(todo, cfg.audio, mel_cache_path(cfg.data.dataset_path, cfg.tacotron2.mel_cache_dir),
+                              text_cleaners=cfg.tacotron2.text_cleaners)
+    order = sorted(range(len(todo)), key=lambda i: -header_samples(todo[i], cfg.audio.sampling_rate))
+    loader = DataLoader(GTAItems(text_mel, max_frames or None), batch_size=args.batch_size, sampler=order,
+                        collate_fn=collate)
+    model.mask_padding = True  # padded frames zeroed before every post-net layer: none reaches a kept frame
+    try:
+        for part in loader:
+            report["left_out"] += part["left_out"]
+            report["errors"] += part["errors"]
+            batch = part["batch"]
+            if batch is not None:
+                mels = teacher_forced(model, batch, device, args.seed)
+                for j, utt_id in enumerate(batch["ids"]):
+                    made, (samples, expected) = int(batch["mel_lengths"][j]), part["lengths"][utt_id]
+                    if made != expected:
+                        report["errors"].append(
+                            f"{utt_id}: Tacotron2's mel has {made} frames (those of its target mel), its audio "
+                            f"({samples} samples at {cfg.audio.sampling_rate} Hz) gives {expected} by the frame rule; "
+                            "the target mel (tacotron2.mel_cache_dir?) was made from other audio: redo it with "
+                            "scripts/preprocess.py --overwrite")
+                        continue
+                    save_mel(output / f"{utt_id}.pt", mels[j, :, :made])
+                    report["written"] += 1
+            bar.update(part["count"])
+    finally:
+        bar.close()
+    return report
+
+
+def _ids(pairs: list, what: str) -> str:
+    """``what`` with the first :data:`SHOWN_IDS` ids of ``pairs`` ``[(id, ...)]`` and how many more."""
+    shown = ", ".join(str(pair[0]) for pair in pairs[:SHOWN_IDS])
+    more = f" and {len(pairs) - SHOWN_IDS} more" if len(pairs) > SHOWN_IDS else ""
+    return f"{what}: {shown}{more}"
+
+
+def summarize(reports: list[dict], total: int, bad: list[BadClip], output: Path, max_frames: int) -> list[str]:
+    """Rank 0's lines at the end: what was left out (one line per reason), the errors, then the summary."""
+    lines = []
+    left_out = sorted((pair for report in reports for pair in report.get("left_out", [])), key=lambda pair: pair[0])
+    if left_out:
+        lines.append("note: " + _ids(left_out, f"left out {len(left_out)} utterance(s) longer than "
+                                     f"tacotron2.max_mel_frames={max_frames} mel frames (the longest "
+                                     f"{max(frames for _, frames in left_out)})")
+                     + f"; a vocoder on data.mel_dir={output} needs them in data.exclude, or dump them with "
+                       "--max-mel-frames 0")
+    if bad:
+        lines.append("note: " + _ids([(clip.id,) for clip in bad], f"left out {len(bad)} corpus line(s) that name no "
+                                     f"usable utterance (first: {bad[0].reason})"))
+    for rank, report in enumerate(reports):
+        if "fatal" in report:
+            lines.append(f"ERROR: rank {rank}: {report['fatal']}")
+        lines += [f"ERROR: {line}" for line in report.get("errors", [])]
+    done = [report for report in reports if "fatal" not in report]
+    counts = {key: sum(report[key] for report in done) for key in ("written", "already")}
+    failed = sum(len(report.get("errors", [])) for report in reports)
+    shares = ", ".join(f"rank {rank}: {report['written']} written + {report['already']} already there of "
+                       f"{report['share']}" if "fatal" not in report else f"rank {rank}: failed"
+                       for rank, report in enumerate(reports))
+    lines.append(f"{total} utterances: {counts['written']} mels written, {counts['already']} already there, "
+                 f"{len(left_out)} left out, {failed} failed -> {output} ({shares})")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    """:func:`main` once the options are read."""
+    output = Path(args.output)
+    try:
+        check_paths(args)
+        env = detect_launcher_env(os.environ)
+        device = parse_device(args.device)
+        if device.type == "cuda" and env["world_size"] > 1:
+            device = parse_device(f"cuda:{env['local_rank']}")
+        name, model, cfg = load_trained(args.checkpoint, device)  # before any process group: shards put together here
+        if name != "tacotron2":
+            raise CheckpointError(f"--checkpoint {args.checkpoint} holds a {name} model; give a Tacotron2 checkpoint")
+        cfg.data.dataset_path = str(args.dataset_path)
+        utterances, bad = corpus(cfg)
+        source = {"checkpoint": str(Path(args.checkpoint).resolve()), "weights_sha256": weights_sha256(model),
+                  "text_cleaners": list(cfg.tacotron2.text_cleaners)}
+    except (CheckpointError, ConfigError, DataError, ValueError, OSError) as err:
+        print(f"ERROR: {one_line(err)}", file=sys.stderr)
+        return 1
+    rank, world = env["rank"], env["world_size"]
+    try:
+        if world > 1:
+            init_distributed(backend="gloo" if device.type == "cpu" else None, timeout_s=DIST_TIMEOUT_S,
+                             rendezvous_timeout_s=RENDEZVOUS_TIMEOUT_S)
+    except (ValueError, RuntimeError) as err:  # launcher variables, a GPU that is not there, the rendezvous
+        print(f"ERROR: rank {rank}: {one_line(err)}", file=sys.stderr)
+        return 1
+    try:
+        verdict = None
+        if rank == 0:
+            try:
+                prepare_output(output, cfg, source, args.overwrite)
+            except (DataError, OSError) as err:
+                verdict = one_line(err)
+        verdict = broadcast_object(verdict)
+        if verdict is not None:
+            if rank == 0:
+                print(f"ERROR: {verdict}", file=sys.stderr)
+            return 1
+        share = utterances[rank::world]
+        print(f"rank {rank} of {world}: {len(share)} of {len(utterances)} utterances (numbers {rank}, {rank + world}, "
+              f"... of the corpus list) on {device}", flush=True)
+        try:
+            report = dump_share(model, cfg, share, output, args, device, progress=rank == 0 and not args.no_progress)
+        except (DataError, ValueError, OSError) as err:
+            report = {"fatal": one_line(err), "share": len(share)}
+        reports = all_gather_object(report)
+    finally:
+        cleanup()
+    if rank == 0:
+        max_frames = cfg.tacotron2.max_mel_frames if args.max_mel_frames is None else args.max_mel_frames
+        for line in summarize(reports, len(utterances), bad, output, max_frames):
+            print(line, file=sys.stderr if line.startswith("ERROR") else sys.stdout, flush=True)
+    failed = any("fatal" in report or report["errors"] for report in reports)
+    return 1 if failed else 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        args = parse_args(argv)
+    except UsageError as err:
+        print(f"ERROR: {err}", file=sys.stderr)
+        return 2
+    with one_line_warnings():
+        return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

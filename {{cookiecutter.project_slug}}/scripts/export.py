@@ -1,0 +1,111 @@
+"""What to ship after training: a release checkpoint, or ONNX files of the inference path checked against PyTorch.
+
+    python scripts/export.py --checkpoint out/checkpoint_last.pt --format release --output model.pt
+    python scripts/export.py --checkpoint out/checkpoint_last --format release --output model.pt   # sharded alike
+    python scripts/export.py --checkpoint out/checkpoint_last.pt --format onnx --output onnx/
+
+``--format release`` writes one file with the weights inference uses (``ModelSpec.inference_modules``: HiFi-GAN's
+generator without its discriminators; the whole model for the others), the EMA weights in their place when the run
+kept them (``train.ema_decay``), and the model's name and config: no optimizer, scheduler, scaler or RNG states. It
+loads with ``torch.load(weights_only=True)``; ``inference.py --checkpoint model.pt`` runs it and gives the output
+of the full checkpoint; ``train.py --init-from model.pt`` starts a new run from it. The full checkpoint stays the
+one to fine-tune from (every network and optimizer: ``train.py --init-from out/checkpoint_last.pt``, a fresh
+optimizer at step 0) or to resume.
+
+``--format onnx`` exports each part of the model's inference path (``ModelSpec.export_parts``: HiFi-GAN's
+generator, WaveGlow's inverse flow, Tacotron2's encoder, decoder step and postnet) to ``<output>/<part>.onnx``,
+runs each with onnxruntime on the CPU beside the PyTorch module on the same inputs, and prints the largest
+absolute difference per part (:mod:`utils.onnx_export`).
+
+Exit status 0; 1 with one ``ERROR:`` line for an unreadable checkpoint, an output that exists (``--force``
+replaces it), or a model that cannot be exported (the line says why). Nothing is left half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from inference import load_trained  # noqa: E402
+from model import MODELS  # noqa: E402
+from utils.checkpoint import CheckpointError, atomic_write_bytes, read_checkpoint, release_checkpoint  # noqa: E402
+from utils.config import ConfigError  # noqa: E402
+from utils.run_log import one_line  # noqa: E402
+
+
+def export_release(checkpoint: Path, output: Path) -> dict:
+    """Write the release checkpoint of ``checkpoint`` (a file or a sharded folder) to ``output``; returns it.
+
+    Raises:
+        CheckpointError: the checkpoint is unreadable or does not fit its model.
+        ConfigError: its config does not load.
+        OSError: ``output`` cannot be written (nothing is left half-written).
+    """
+    saved = read_checkpoint(checkpoint)
+    name, model, cfg = load_trained(checkpoint, torch.device("cpu"))
+    with_ema = bool(saved.get("ema_saved") or isinstance(saved.get("ema"), dict) or saved.get("ema_weights"))
+    release = release_checkpoint(name, model.state_dict(), MODELS[name].inference_modules, cfg.to_dict(),
+                                 saved.get("step"), with_ema, str(checkpoint))
+    buffer = io.BytesIO()
+    torch.save(release, buffer)
+    atomic_write_bytes(output, buffer.getvalue())
+    return release
+
+
+def size_of(path: Path) -> int:
+    """Bytes of a file, or of every file in a folder (a sharded checkpoint)."""
+    return path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", type=Path, required=True,
+                        help="a checkpoint of train.py: a .pt file or a sharded folder (checkpoint_last works)")
+    parser.add_argument("--format", choices=("release", "onnx"), required=True,
+                        help="release: one file for inference; onnx: the inference path as ONNX files, checked")
+    parser.add_argument("--output", type=Path, required=True, help="release: the file; onnx: the folder")
+    parser.add_argument("--force", action="store_true", help="replace an existing output")
+    args = parser.parse_args(argv)
+    output = args.output
+    if not output.parent.is_dir():
+        print(f"ERROR: --output {output}: the folder {output.parent} does not exist", file=sys.stderr)
+        return 1
+    if output.exists() and not args.force and (args.format == "release" or any(output.glob("*.onnx"))):
+        print(f"ERROR: {output} exists; pass --force to replace it, or --output another "
+              f"{'file' if args.format == 'release' else 'folder'}", file=sys.stderr)
+        return 1
+    try:
+        if args.format == "release":
+            release = export_release(args.checkpoint, output)
+            modules = ", ".join(MODELS[release["model_name"]].inference_modules) or "the whole model"
+            print(f"wrote {output} ({size_of(output) / 1e6:.2f} MB; the checkpoint: {size_of(args.checkpoint) / 1e6:.2f} "
+                  f"MB): model '{release['model_name']}' at step {release['step']}, {len(release['model'])} tensors of "
+                  f"{modules}" + (", EMA weights" if release["ema_weights"] else ""))
+            return 0
+        from utils.onnx_export import ExportError, export_model
+
+        name, model, cfg = load_trained(args.checkpoint, torch.device("cpu"))
+        output.mkdir(exist_ok=True)
+        try:
+            rows = export_model(name, model, cfg, output)
+        except ExportError as err:
+            print(f"ERROR: {one_line(err)}", file=sys.stderr)
+            return 1
+        print(f"wrote {len(rows)} ONNX file(s) to {output}; the largest difference to PyTorch: "
+              f"{max(row['max_abs_diff'] for row in rows):.1e}")
+        return 0
+    except (CheckpointError, ConfigError, OSError) as err:
+        print(f"ERROR: {one_line(err)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""After training: release checkpoints (scripts/export.py --format release), EMA weights at inference, fine-tuning
+from a full checkpoint with --init-from. Every registered model, each trained a few tiny steps by train.py (in this
+process: a few seconds each)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import inference
+from conftest import ROOT, run_train_main, synth_corpus
+from model import MODELS
+from scripts import export
+from utils.ema import in_modules
+
+NAMES = sorted(MODELS)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return synth_corpus(tmp_path_factory.mktemp("corpus"), n=10)
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def trained(request, corpus, tmp_path_factory):
+    """``(model name, output folder)`` of 3 tiny training steps on one process with ``train.ema_decay=0.5``."""
+    name, out = request.param, tmp_path_factory.mktemp(f"trained_{request.param}") / "run"
+    code, output, errors = run_train_main(train_args(name, corpus, out, "--max-steps", "3",
+                                                     "--set", "train.ema_decay=0.5"))
+    assert code == 0 and "validation with an EMA of the weights (decay 0.5)" in output + errors, errors[-3000:]
+    return name, out
+
+
+def train_args(name, corpus, out, *extra):
+    return ["--config", "config.json", "--model", name, "--tiny", "--dataset-path", str(corpus), "--output-dir",
+            str(out), "--set", "data.num_workers=0", *extra]
+
+
+def outputs(path, name, seed=0):
+    """The model of checkpoint ``path`` (as ``inference.py`` loads it) on one synthetic batch, in eval mode: the
+    forward's tensors, flattened into one list."""
+    _, model, cfg = inference.load_trained(path, torch.device("cpu"))
+    batch = MODELS[name].synthetic_batch(cfg, 2, torch.Generator().manual_seed(seed))
+    torch.manual_seed(seed)  # Tacotron2's prenet keeps its dropout at inference, as NVIDIA's does
+    with torch.no_grad():
+        result = model(batch)
+    flat = []
+    stack = [result]
+    while stack:
+        item = stack.pop()
+        if torch.is_tensor(item):
+            flat.append(item)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return flat
+
+
+
+
+def test_a_release_is_smaller_loads_weights_only_and_gives_the_full_checkpoints_output(trained, corpus, tmp_path,
+                                                                                      capsys):
+    name, run = trained
+    release = tmp_path / "release.pt"
+    assert export.main(["--checkpoint", str(run / "checkpoint_last.pt"), "--format", "release",
+                        "--output", str(release)]) == 0
+    assert "EMA weights" in capsys.readouterr().out
+    full = run / "checkpoint_last.pt"
+    assert release.stat().st_size < full.stat().st_size
+    loaded = torch.load(release, map_location="cpu", weights_only=True)
+    assert loaded["format"] == "release" and loaded["model_name"] == name and loaded["step"] == 3
+    assert not {"optimizer", "scheduler", "scaler", "rng"} & loaded.keys()
+    modules = MODELS[name].inference_modules
+    assert loaded["model"] and all(in_modules(key, modules) for key in loaded["model"])
+    saved = torch.load(full, map_location="cpu", weights_only=True)
+    assert len(loaded["model"]) == sum(in_modules(key, modules) for key in saved["model"])
+    for a, b in zip(outputs(full, name), outputs(release, name), strict=True):
+        assert (a - b).abs().max() <= 1e-6
+    if MODELS[name].vocode is not None:  # a vocoder: inference.py writes the same file from both (a text model's
+        wavs = []                        # command line is tested with the model)
+        for source in (full, release):
+            wavs.append(tmp_path / f"{source.stem}.wav")
+            assert inference.main(["--checkpoint", str(source), "--device", "cpu", "--output", str(wavs[-1]),
+                                   "--wav", str(sorted((corpus / "wavs").glob("*.wav"))[0])]) == 0
+            assert "is run with the EMA weights of step 3" in capsys.readouterr().err
+        assert wavs[0].read_bytes() == wavs[1].read_bytes()
+    # an existing output is kept
+    assert export.main(["--checkpoint", str(full), "--format", "release", "--output", str(release)]) == 1
+    assert "exists; pass --force" in capsys.readouterr().err
+
+
+def test_inference_runs_the_ema_weights_when_the_checkpoint_has_them(trained):
+    name, run = trained
+    saved = torch.load(run / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    _, model, _ = inference.load_trained(run / "checkpoint_last.pt", torch.device("cpu"))
+    weights = model.state_dict()
+    assert saved["ema"] and all(torch.equal(weights[key], value) for key, value in saved["ema"].items())
+    assert any(not torch.equal(saved["model"][key], value) for key, value in saved["ema"].items()), "EMA == raw"
+
+
+def test_fine_tuning_from_a_full_checkpoint_starts_at_step_0_with_its_weights(trained, corpus, tmp_path):
+    name, run = trained
+    out = tmp_path / "fine_tuned"
+    config = json.loads((Path(ROOT) / "config.json").read_text())
+    lr = ["--set", f"{name}.learning_rate=1e-9"] if "learning_rate" in config[name] else []
+    code, output, errors = run_train_main(train_args(name, corpus, out, "--max-steps", "1", "--init-from",
+                                                     str(run / "checkpoint_last.pt"), *lr))
+    assert code == 0 and f"initialised {name} from {run / 'checkpoint_last.pt'}" in errors, errors[-3000:]
+    assert "a fresh optimizer, step 0" in errors
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1]
+    if lr:  # a learning rate of 1e-9: one Adam step moves a weight by about 1e-9, so the weights are the loaded ones
+        before = torch.load(run / "checkpoint_last.pt", map_location="cpu", weights_only=True)["model"]
+        after = torch.load(out / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+        assert after["step"] == 1
+        params = [key for key, _ in inference.load_trained(run / "checkpoint_last.pt", torch.device("cpu"))[1]
+                  .named_parameters()]  # not buffers: a training step moves BatchNorm's running statistics
+        assert max((before[key] - after["model"][key]).abs().max().item() for key in params) <= 1e-6

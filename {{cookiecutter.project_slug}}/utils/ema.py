@@ -1,0 +1,106 @@
+"""An exponential moving average (EMA) of a model's weights, for validation and inference (``train.ema_decay``).
+
+After every real optimizer step, ``ema = decay * ema + (1 - decay) * weights`` for each floating-point parameter
+of the networks inference uses (``ModelSpec.inference_modules``; the whole model when it names none). Training goes
+on with the raw weights; validation puts the average in their place for its forward passes (:meth:`EMA.applied`)
+and checkpoints carry it beside them (``"ema"``). The method is Polyak averaging as speech models keep it
+(BigVGAN, Vocos, VITS-style models); ``torch.optim.swa_utils.get_ema_multi_avg_fn`` computes the same update, but
+``AveragedModel`` keeps a deep copy of whole modules, which does not fit a model that FSDP2 shards: here each
+average is a tensor like its parameter (a ``DTensor`` shard under FSDP, updated where it lies, saved and re-cut by
+``torch.distributed.checkpoint`` as the weights are).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+
+def in_modules(name: str, modules: Sequence[str]) -> bool:
+    """Whether the state-dict key ``name`` belongs to one of the sub-modules ``modules`` (all of them when empty)."""
+    return not modules or any(name == module or name.startswith(f"{module}.") for module in modules)
+
+
+class EMA:
+    """The moving averages of ``model``'s parameters under ``modules``.
+
+    Args:
+        model: the plain model or the FSDP-sharded one (never a DDP wrapper: the key names must be the model's own).
+        modules: names of sub-modules to average (``ModelSpec.inference_modules``); empty: the whole model.
+        decay: in ``[0, 1)``; the weight of the old average at each update.
+
+    Raises:
+        ValueError: ``decay`` outside ``[0, 1)``, or ``modules`` naming no parameter of ``model``.
+    """
+
+    def __init__(self, model: nn.Module, modules: Sequence[str], decay: float):
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"EMA: decay must be in [0, 1), got {decay}")
+        self.decay = decay
+        self.params = {name: param for name, param in model.named_parameters()
+                       if in_modules(name, modules) and param.is_floating_point()}
+        if not self.params:
+            raise ValueError(f"EMA: the model has no floating-point parameter under {', '.join(modules)}")
+        with torch.no_grad():
+            self.averages = {name: param.detach().clone() for name, param in self.params.items()}
+        self._of: dict[int, list[str]] = {}
+
+    def _names_in(self, network: nn.Module) -> list[str]:
+        """The averaged parameters that belong to ``network`` (cached per network)."""
+        if id(network) not in self._of:
+            mine = {id(param) for param in network.parameters()}
+            self._of[id(network)] = [name for name, param in self.params.items() if id(param) in mine]
+        return self._of[id(network)]
+
+    @torch.no_grad()
+    def update(self, network: nn.Module | None = None) -> None:
+        """Move the averages towards the current weights: those of ``network`` only (the one an optimizer just
+        stepped, for a model with several), or all."""
+        names = list(self.params) if network is None else self._names_in(network)
+        for name in names:
+            self.averages[name].lerp_(self.params[name].detach(), 1.0 - self.decay)
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """Start the averages afresh from the current weights (a resume from a checkpoint that holds none)."""
+        for name, param in self.params.items():
+            self.averages[name].copy_(param.detach())
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """``{parameter name: average}`` (the names of ``model.state_dict()``)."""
+        return dict(self.averages)
+
+    @torch.no_grad()
+    def load_state_dict(self, averages: dict[str, torch.Tensor], source: str) -> None:
+        """Put saved averages back (copied into this run's tensors, shards included).
+
+        Raises:
+            ValueError: the saved names or shapes are not this model's averaged parameters (named).
+        """
+        missing, unexpected = sorted(set(self.averages) - set(averages)), sorted(set(averages) - set(self.averages))
+        if missing or unexpected:
+            raise ValueError(f"{source}: its EMA weights do not fit this model (missing: {', '.join(missing[:3]) or '-'}"
+                             f"; unexpected: {', '.join(unexpected[:3]) or '-'})")
+        for name, average in averages.items():
+            if average.shape != self.averages[name].shape:
+                raise ValueError(f"{source}: EMA weight {name} has shape {tuple(average.shape)}, the model's "
+                                 f"{tuple(self.averages[name].shape)}")
+            self.averages[name].copy_(average)
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        """Within the block the model's averaged parameters hold their averages; the raw weights come back after it
+        (also on an error)."""
+        with torch.no_grad():
+            raw = {name: param.detach().clone() for name, param in self.params.items()}
+            for name, param in self.params.items():
+                param.copy_(self.averages[name])
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, param in self.params.items():
+                    param.copy_(raw[name])
