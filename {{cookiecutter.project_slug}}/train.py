@@ -712,6 +712,9 @@ def check_settings(spec: ModelSpec, name: str, cfg: Config) -> None:
         raise ConfigError(f"data.batching=buckets: model '{name}' trains on items of one length (its ModelSpec does "
                           "not set variable_length), so there is no padding to save; use data.batching=random")
     if cfg.data.mel_dir:  # mels read from a folder (a vocoder fine-tuned on Tacotron2's teacher-forced mels)
+        if spec.vocode is None:
+            raise ConfigError(f"data.mel_dir={cfg.data.mel_dir}: model '{name}' is not a vocoder (its ModelSpec has no "
+                              "vocode) and does not read mels from a folder; leave data.mel_dir empty")
         model_cfg, hop = cfg.section(name), cfg.audio.hop_length
         if getattr(model_cfg, "mel_on_device", False):
             raise ConfigError(f"data.mel_dir={cfg.data.mel_dir} with {name}.mel_on_device=true: the mels are read from "

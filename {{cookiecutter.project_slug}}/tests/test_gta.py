@@ -234,6 +234,8 @@ def test_the_vocoder_reads_data_mel_dir_and_mel_on_device_with_it_is_refused_bef
         "data.mel_dir" in refused, refused  # before the corpus (not there) is looked at
     refused = train.check_command_line([*argv, "--set", f"{VOCODER}.segment_length=4000"])
     assert refused is not None and "not a multiple of audio.hop_length=256" in refused, refused
+    refused = train.check_command_line([*argv[:3], "tacotron2", *argv[4:]])  # a text model reads no mels
+    assert refused is not None and "is not a vocoder" in refused and "leave data.mel_dir empty" in refused, refused
 
 
 # --- two ranks, then a vocoder trained on their mels ----------------------------------------------------------------
