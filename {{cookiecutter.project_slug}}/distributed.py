@@ -307,7 +307,9 @@ def detect_launcher_env(environ: Mapping[str, str], use_scontrol: bool = True) -
     torchrun started inside an ``srun`` step is seen as torchrun):
 
     * torchrun / ``multiproc.py``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (defaults to ``RANK``),
-      ``MASTER_ADDR``, ``MASTER_PORT``.
+      ``MASTER_ADDR``, ``MASTER_PORT``; also Azure ML and Ray Train, which set them per process. A ``RANK`` without
+      ``LOCAL_RANK`` beside ``PET_NPROC_PER_NODE`` > 1 is a node's index (Kubeflow's PyTorchJob started the script
+      without a launcher): refused, never read as a process's rank.
     * SLURM (``srun``): ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``; the address is the
       first host of ``SLURM_STEP_NODELIST`` (else ``SLURM_JOB_NODELIST`` / ``SLURM_NODELIST``), the
       port :func:`slurm_port` of ``SLURM_JOB_ID`` and ``SLURM_STEP_ID`` (29500 without a job id).
@@ -343,6 +345,12 @@ def detect_launcher_env(environ: Mapping[str, str], use_scontrol: bool = True) -
         launcher = "torchrun"
         rank, world_size = _int_var(env, "RANK"), _int_var(env, "WORLD_SIZE")
         local_rank = _int_var(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
+        per_node = env.get("PET_NPROC_PER_NODE", "").strip()
+        if "LOCAL_RANK" not in env and per_node.isdigit() and int(per_node) > 1:
+            raise ValueError(f"RANK={rank} and WORLD_SIZE={world_size} without LOCAL_RANK, and PET_NPROC_PER_NODE="
+                             f"{per_node}: RANK is the platform's node (pod) index, not a process's rank (Kubeflow's "
+                             "PyTorchJob); start the job with python multiproc.py train.py ... (it reads PET_* and "
+                             f"starts {per_node} processes per node) or torchrun")
     elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         launcher = "slurm"
         rank, world_size = _int_var(env, "SLURM_PROCID"), _int_var(env, "SLURM_NTASKS")
@@ -473,7 +481,8 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800,
     ``torch.distributed.init_process_group(init_method="env://")``, with ``device_id`` for NCCL
     (binds the communicator to this GPU, so GPU 0 holds no other rank's context).
     With world size 1 no process group is created (``backend`` of the result is ``None``).
-    Calling it again once a process group exists returns the same description (idempotent). Under a
+    Once a process group exists (an earlier call, or the caller's own: Ray Train makes one before it runs the
+    training function) it is used as it is, whatever the launcher variables say (idempotent). Under a
     torchrun-style launcher, the process first arranges to get SIGTERM if the launcher dies
     (:func:`die_with_launcher`).
 
@@ -503,12 +512,12 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800,
     if rendezvous_timeout_s <= 0:
         raise ValueError(f"rendezvous_timeout_s must be > 0, got {rendezvous_timeout_s}")
     die_with_launcher()
-    env = detect_launcher_env(os.environ)
-    if dist.is_available() and dist.is_initialized():
+    if dist.is_available() and dist.is_initialized():  # ours from an earlier call, or the caller's (Ray Train)
         device = (torch.device("cuda", torch.cuda.current_device())
                   if torch.cuda.is_available() else torch.device("cpu"))
-        return DistInfo(dist.get_rank(), env["local_rank"], dist.get_world_size(), device,
-                        dist.get_backend())
+        local_rank = _int_var(os.environ, "LOCAL_RANK") if os.environ.get("LOCAL_RANK") else 0
+        return DistInfo(dist.get_rank(), local_rank, dist.get_world_size(), device, dist.get_backend())
+    env = detect_launcher_env(os.environ)
 
     rank, local_rank, world_size = env["rank"], env["local_rank"], env["world_size"]
     device = _select_device(local_rank)

@@ -25,6 +25,11 @@ Usage::
   after Ctrl-C) once they are done. Ranks still running ``--stop-timeout`` seconds (120) later are killed.
   If this launcher is killed outright (SIGKILL), its ranks get SIGTERM from the kernel (see
   ``distributed.die_with_launcher``): nothing trains on unsupervised.
+* Options not given on the command line are read, as torchrun reads them, from ``PET_NNODES``,
+  ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT`` (what Kubeflow's
+  TrainJob and PyTorchJob set), the address and port then from ``MASTER_ADDR`` and ``MASTER_PORT``: under those
+  platforms ``python multiproc.py train.py ...`` is the whole command, and it stops cleanly on SIGTERM (exit 0)
+  where a bare ``torchrun`` exits 1 with a traceback.
 * Everything after the training script is passed to it untouched. A script that defines
   ``check_command_line(argv) -> error line or None`` (``train.py`` does) is asked first, in this process: a bad
   option, config or corpus is then one ``multiproc: ERROR:`` line within seconds, before any rank starts.
@@ -127,6 +132,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments, untouched")
     args = p.parse_args(argv)
+    platform_defaults(args, argv, os.environ)
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.nproc_per_node is None:
@@ -158,6 +164,37 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     else:
         args.master_port = args.master_port or 29500
     return args
+
+
+PLATFORM_VARIABLES = {"nnodes": ("PET_NNODES",), "nproc_per_node": ("PET_NPROC_PER_NODE",),
+                      "node_rank": ("PET_NODE_RANK",), "master_addr": ("PET_MASTER_ADDR", "MASTER_ADDR"),
+                      "master_port": ("PET_MASTER_PORT", "MASTER_PORT")}
+"""Each option's environment variables, first found wins, for an option not on the command line: torchrun's
+``PET_<OPTION>`` (Kubeflow Trainer v2 sets only these), then the platform's plain ``MASTER_ADDR``/``MASTER_PORT``
+(Kubeflow's PyTorchJob), these two for several nodes only (one node keeps its own free port)."""
+
+
+def platform_defaults(args: argparse.Namespace, argv: list[str], environ) -> None:
+    """Fill the options the command line left out from :data:`PLATFORM_VARIABLES` (in place). ``PET_NPROC_PER_NODE``
+    may also be ``auto`` or ``gpu`` (the visible GPUs, as the default) or ``cpu`` (2, as without CUDA). Exits with one
+    ``multiproc: ERROR:`` line for a value that is not a number."""
+    script_at = argv.index(args.script) if args.script in argv else len(argv)
+    given = {arg.split("=")[0].lstrip("-").replace("-", "_") for arg in argv[:script_at] if arg.startswith("--")}
+    for option, names in PLATFORM_VARIABLES.items():  # nnodes first: the plain MASTER_* count for several nodes
+        names = names if args.nnodes > 1 else tuple(name for name in names if name.startswith("PET_"))
+        found = next(((name, environ[name]) for name in names if environ.get(name, "").strip()), None)
+        if option in given or found is None:
+            continue
+        name, value = found
+        if option == "master_addr":
+            args.master_addr = value.strip()
+        elif option == "nproc_per_node" and value.strip() in ("auto", "gpu", "cpu"):
+            args.nproc_per_node = None if value.strip() != "cpu" else 2
+        else:
+            try:
+                setattr(args, option, int(value))
+            except ValueError:
+                _fail(f"{name}={value!r} (the platform's --{option.replace('_', '-')}) is not a whole number")
 
 
 @contextlib.contextmanager

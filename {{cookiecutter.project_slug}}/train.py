@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import random
 import signal
+import threading
 import subprocess
 import sys
 import time
@@ -250,8 +251,9 @@ class StopRequest:
     def __init__(self):
         self.signal_name: str | None = None
         self.interrupts = 0
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._handle)
+        if threading.current_thread() is threading.main_thread():  # Ray Train runs train.main in a worker thread:
+            for sig in STOP_SIGNALS:                                # Python takes handlers in the main thread only
+                signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
         if signum == signal.SIGINT:
@@ -616,7 +618,9 @@ def spike(loss: float, grad_norm: float, monitors: tuple[SpikeMonitor, SpikeMoni
 
 def main(argv=None) -> int:
     """``python train.py``: 0 when done or stopped cleanly by a signal (130 after Ctrl-C without a launcher),
-    1 with one ``ERROR:`` line otherwise."""
+    1 with one ``ERROR:`` line otherwise. Also the callable entry for a framework that starts the processes and
+    their process group itself (Ray Train: ``train.main(["--config", ...])`` in each worker): the existing group is
+    used (``RANK``/``LOCAL_RANK`` as the framework sets them) and not destroyed at the end."""
     stop = StopRequest()  # first: a signal from here on stops the run cleanly instead of killing it
     try:
         args = parse_args(argv)
@@ -650,6 +654,8 @@ def run(args: argparse.Namespace, stop: "StopRequest") -> int:
     except ConfigError as err:
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1
+    # A process group made by the caller (Ray Train's workers) is used as it is, and left to the caller at the end.
+    caller_group = torch.distributed.is_available() and torch.distributed.is_initialized()
     try:
         dist = init_distributed(timeout_s=cfg.train.dist_timeout_s)
     except (ValueError, RuntimeError) as err:  # launcher variables, a GPU that is not there, the rendezvous
@@ -680,7 +686,8 @@ def run(args: argparse.Namespace, stop: "StopRequest") -> int:
         return 1
     finally:
         end_dataloader_workers()
-        cleanup()
+        if not caller_group:
+            cleanup()
     under_launcher = "TORCHELASTIC_RUN_ID" in os.environ  # a launcher restarts ranks that exit non-zero
     return 130 if stop.signal_name == "SIGINT" and not under_launcher else 0
 
