@@ -2,14 +2,14 @@
 from a full checkpoint with --init-from. Every registered model, each trained a few tiny steps by train.py (in this
 process: a few seconds each)."""
 
+import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 import inference
-from conftest import ROOT, run_train_main, synth_corpus
+from conftest import run_train_main, synth_corpus
 from model import MODELS
 from scripts import export
 from utils.ema import in_modules
@@ -38,10 +38,14 @@ def train_args(name, corpus, out, *extra):
 
 
 def outputs(path, name, seed=0):
-    """The model of checkpoint ``path`` (as ``inference.py`` loads it) on one synthetic batch, in eval mode: the
-    forward's tensors, flattened into one list."""
+    """The model of checkpoint ``path`` (as ``inference.py`` loads it) on a batch of its corpus's first validation
+    utterance, in eval mode: the forward's tensors, flattened into one list."""
+    from torch.utils.data import default_collate
+
     _, model, cfg = inference.load_trained(path, torch.device("cpu"))
-    batch = MODELS[name].synthetic_batch(cfg, 2, torch.Generator().manual_seed(seed))
+    spec = MODELS[name]
+    _, val_set = spec.build_datasets(cfg)  # the corpus the checkpoint's config names
+    batch = (spec.collate_fn or default_collate)([val_set[0], val_set[0]])
     torch.manual_seed(seed)  # Tacotron2's prenet keeps its dropout at inference, as NVIDIA's does
     with torch.no_grad():
         result = model(batch)
@@ -101,8 +105,8 @@ def test_inference_runs_the_ema_weights_when_the_checkpoint_has_them(trained):
 def test_fine_tuning_from_a_full_checkpoint_starts_at_step_0_with_its_weights(trained, corpus, tmp_path):
     name, run = trained
     out = tmp_path / "fine_tuned"
-    config = json.loads((Path(ROOT) / "config.json").read_text())
-    lr = ["--set", f"{name}.learning_rate=1e-9"] if "learning_rate" in config[name] else []
+    fields = {field.name for field in dataclasses.fields(MODELS[name].config_cls)}
+    lr = ["--set", f"{name}.learning_rate=1e-9"] if "learning_rate" in fields else []
     code, output, errors = run_train_main(train_args(name, corpus, out, "--max-steps", "1", "--init-from",
                                                      str(run / "checkpoint_last.pt"), *lr))
     assert code == 0 and f"initialised {name} from {run / 'checkpoint_last.pt'}" in errors, errors[-3000:]
