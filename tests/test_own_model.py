@@ -210,9 +210,11 @@ def test_own_model_end_to_end(bake, demo_corpus, variant, replace, example):
     # other variants to keep CI under 30 minutes (every other test runs in every variant).
     heavy = ("test_train.py", "test_hang.py", "test_failures.py", "test_fsdp.py", "test_memory.py")
     once = [] if variant == "both" and not replace else [arg for name in heavy for arg in ("--ignore", f"tests/{name}")]
-    # In a random order (pytest-randomly); the seed is chosen here so that a failure says how to repeat it.
+    # In a random order (pytest-randomly); the seed is chosen here so that a failure says how to repeat it. Two
+    # pytest-xdist workers, as the project's README runs it (-n auto): its tests hold under it, and most of their
+    # time is waiting on the processes they start.
     seed = random.randrange(2**32)
-    done = run([PY, "-m", "pytest", "-v", "-p", "no:cacheprovider", f"--randomly-seed={seed}", "tests", *once],
-               cwd=project, timeout=1500, env={"TEST_MODEL": example.name})
+    done = run([PY, "-m", "pytest", "-v", "-n", "2", "-p", "no:cacheprovider", f"--randomly-seed={seed}", "tests",
+                *once], cwd=project, timeout=1500, env={"TEST_MODEL": example.name})
     assert " passed" in done.stdout.splitlines()[-1] and " failed" not in done.stdout.splitlines()[-1], \
         f"--randomly-seed={seed} repeats this order\n{done.stdout[-3000:]}"
