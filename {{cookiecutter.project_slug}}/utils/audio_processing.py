@@ -8,6 +8,7 @@ compression. Mels made here therefore match mels made by NVIDIA's code for the s
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from pathlib import Path
 from typing import Optional, Union
@@ -19,6 +20,9 @@ import torch
 from torch import nn
 
 from utils.config import AudioConfig
+
+GRIFFINLIM_SEED = "rng" if "rng" in inspect.signature(librosa.griffinlim).parameters else "random_state"
+"""The seed's keyword of :func:`librosa.griffinlim`: ``random_state`` until librosa 1.0 renamed it ``rng``."""
 
 ArrayLike = Union[torch.Tensor, np.ndarray]
 
@@ -177,7 +181,7 @@ def griffin_lim(log_mel: ArrayLike, audio_cfg: AudioConfig, n_iter: int = 60, se
                                                     fmin=audio_cfg.fmin, fmax=audio_cfg.fmax, htk=False)
     audio = librosa.griffinlim(magnitude, n_iter=n_iter, hop_length=audio_cfg.hop_length,
                                win_length=audio_cfg.win_length, n_fft=audio_cfg.n_fft, window="hann",
-                               random_state=seed)
+                               **{GRIFFINLIM_SEED: seed})
     return audio.astype(np.float32)
 
 
