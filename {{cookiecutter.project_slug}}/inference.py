@@ -26,7 +26,7 @@ from utils.checkpoint import (RELEASE_FORMAT, CheckpointError, is_sharded, load_
                               read_checkpoint)
 from utils.config import Config, ConfigError, config_from_dict
 from utils.data_utils import DataError
-from utils.ema import in_modules
+from utils.ema import averaged_parameters, in_modules
 from utils.run_log import one_line, one_line_warnings
 
 
@@ -55,11 +55,10 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
         model = MODELS[name].build_model(cfg)
     except ValueError as err:
         raise CheckpointError(f"{path}: its {name} config does not build a model: {one_line(err)}") from None
-    averaged = [key for key, param in model.named_parameters()
-                if in_modules(key, MODELS[name].inference_modules) and param.is_floating_point()]
+    averaged = averaged_parameters(model, MODELS[name].inference_modules)
     ema = None
     if is_sharded(path):
-        ema = {key: torch.empty_like(param) for key, param in model.named_parameters() if key in averaged}
+        ema = {key: torch.empty_like(param) for key, param in averaged.items()}
         load_sharded(path, model, [], extra={"ema": ema} if state.get("ema_saved") else None)
         ema = ema if state.get("ema_saved") else None
     elif state.get("format") == RELEASE_FORMAT:  # the inference modules' weights; the rest stays as built

@@ -707,7 +707,11 @@ class LengthBucketSampler:
         yield from batches
 
     def __len__(self) -> int:
-        return len(self._rest())
+        """This rank's micro-batches of the epoch, counted without building its order (how many full micro-batches
+        each pool gives does not depend on the order)."""
+        full_pools, left = divmod(len(self.lengths), self.pool * self.batch_size)
+        rest = max(full_pools * self.pool + left // self.batch_size - self.start // self.batch_size, 0)
+        return rest // self.num_replicas
 
 
 def random_batches(count: int, batch_size: int, seed: int = 0) -> list[list[int]]:

@@ -24,6 +24,13 @@ def in_modules(name: str, modules: Sequence[str]) -> bool:
     return not modules or any(name == module or name.startswith(f"{module}.") for module in modules)
 
 
+def averaged_parameters(model: nn.Module, modules: Sequence[str]) -> dict[str, nn.Parameter]:
+    """``{name: parameter}`` of what an :class:`EMA` averages: the floating-point parameters of ``model`` under the
+    sub-modules ``modules`` (all of them when empty). Training and inference pick the same set through this."""
+    return {name: param for name, param in model.named_parameters()
+            if in_modules(name, modules) and param.is_floating_point()}
+
+
 class EMA:
     """The moving averages of ``model``'s parameters under ``modules``.
 
@@ -40,8 +47,7 @@ class EMA:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"EMA: decay must be in [0, 1), got {decay}")
         self.decay = decay
-        self.params = {name: param for name, param in model.named_parameters()
-                       if in_modules(name, modules) and param.is_floating_point()}
+        self.params = averaged_parameters(model, modules)
         if not self.params:
             raise ValueError(f"EMA: the model has no floating-point parameter under {', '.join(modules)}")
         with torch.no_grad():
