@@ -188,6 +188,7 @@ def test_github_workflow_is_copied_verbatim_and_valid(bake):
         r"apt-get install .*\bflite\b",
         r"pip install torch --index-url https://download\.pytorch\.org/whl/cpu\b",
         r"pip install -r requirements\.txt ruff\b",
+        r"pip install -r requirements\.txt ruff -r requirements-launch\.txt\b",
         r"(^|[;&|] *)ruff check \.",
         r"python -m pytest (-q )?tests\b",
     ]

@@ -21,7 +21,7 @@ ONLY = {
     "tacotron2": ["models/tacotron2.py", "modules/tacotron2.py", "modules/attention.py", "utils/text/__init__.py",
                   "utils/text_mel_data.py", "scripts/preprocess.py", "tests/test_tacotron2.py"],
 }
-JINJA = re.compile(r"\{\{|\{%|\{#")
+JINJA = re.compile(r"(?<!\$)\{\{|\{%|\{#")  # not ${{ }}: GitHub's and Azure ML's expressions, written on purpose
 MARKER = re.compile(r"^\s*(#|<!--)\s*(>>>|<<<)", re.MULTILINE)
 
 

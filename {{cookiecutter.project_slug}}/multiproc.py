@@ -21,15 +21,21 @@ Usage::
   is, and exits with that rank's exit code (1 if it died from a signal). torchrun's own log lines (the signals it
   sends, the exit codes it sees) go to ``<log-dir>/launcher.log``, not to the console.
 * SIGTERM, SIGUSR1 (what SLURM and Kubernetes send before they stop a job) and SIGINT (Ctrl-C) are
-  passed on to every rank, which finishes its step; rank 0 saves a checkpoint; the launcher exits 0 (130
-  after Ctrl-C) once they are done. Ranks still running ``--stop-timeout`` seconds (120) later are killed.
+  passed on to every rank, which finishes its step; rank 0 saves a checkpoint; the launcher exits once they are
+  done: 0, or 128 + the signal inside Kubernetes (143 for SIGTERM: a pod that exits 0 ends its Job as complete,
+  while Kubeflow restarts on 128..255), 130 after Ctrl-C; ``--stop-exit-code`` chooses. Ranks still running
+  ``--stop-timeout`` seconds (the grace period, 25 by default: inside Kubernetes' 30) later are killed, and the
+  ranks warn at start-up when a checkpoint is unlikely to be saved within it.
   If this launcher is killed outright (SIGKILL), its ranks get SIGTERM from the kernel (see
   ``distributed.die_with_launcher``): nothing trains on unsupervised.
-* Options not given on the command line are read, as torchrun reads them, from ``PET_NNODES``,
-  ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT`` (what Kubeflow's
-  TrainJob and PyTorchJob set), the address and port then from ``MASTER_ADDR`` and ``MASTER_PORT``: under those
-  platforms ``python multiproc.py train.py ...`` is the whole command, and it stops cleanly on SIGTERM (exit 0)
-  where a bare ``torchrun`` exits 1 with a traceback.
+* Options not given on the command line are read from the platform's environment (:func:`platform_topology`, in
+  this order): torchrun's ``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``,
+  ``PET_MASTER_PORT`` (Kubeflow's TrainJob and PyTorchJob; the latter's ``MASTER_ADDR``/``MASTER_PORT`` too);
+  SkyPilot's ``SKYPILOT_NUM_NODES``, ``SKYPILOT_NODE_RANK``, ``SKYPILOT_NODE_IPS``, ``SKYPILOT_NUM_GPUS_PER_NODE``;
+  a per-node launcher's ``WORLD_SIZE`` (nodes), ``RANK`` (this node), ``MASTER_ADDR``, ``MASTER_PORT`` (Vertex AI,
+  PAI). Under those platforms ``python multiproc.py train.py ...`` is the whole command, and it stops cleanly on
+  SIGTERM where a bare ``torchrun`` exits 1 with a traceback. Started with a process's ``LOCAL_RANK`` (inside
+  torchrun or Azure ML, which start the processes themselves) it refuses in one line.
 * Everything after the training script is passed to it untouched. A script that defines
   ``check_command_line(argv) -> error line or None`` (``train.py`` does) is asked first, in this process: a bad
   option, config or corpus is then one ``multiproc: ERROR:`` line within seconds, before any rank starts.
@@ -66,6 +72,24 @@ from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
+
+
+DEFAULT_STOP_TIMEOUT_S = 25.0
+"""The default grace period after a stop signal: inside the 30 s after which Kubernetes kills a pod it stopped
+(``terminationGracePeriodSeconds``), with a few seconds for the launcher's own exit."""
+
+
+def stop_exit_code(signal_name: str, chosen: int | None, environ) -> int:
+    """The exit code after a stop signal that every rank obeyed (checkpoint saved): ``chosen`` when given; 130
+    after SIGINT (Ctrl-C); inside Kubernetes (``KUBERNETES_SERVICE_HOST`` set, as in every pod) 128 + the signal
+    (143 for SIGTERM), because a pod that exits 0 is a finished pod to a Job (a TrainJob's JobSet, a PyTorchJob)
+    and the job would end as complete instead of being restarted, while Kubeflow reads 128..255 as retryable;
+    elsewhere 0 (a terminal, SLURM: the stop was asked for and done)."""
+    if chosen is not None:
+        return chosen
+    if signal_name == "SIGINT":
+        return 130
+    return 128 + int(signal.Signals[signal_name]) if environ.get("KUBERNETES_SERVICE_HOST") else 0
 
 
 class RankLogs(LogsSpecs):
@@ -126,13 +150,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--log-dir", "--log_dir", default="logs", help="where ranks > 0 log (logs/)")
     p.add_argument("--rdzv-timeout", type=float, default=300.0,
                    help="seconds to wait for the other nodes (--nnodes > 1) before giving up (default 300)")
-    p.add_argument("--stop-timeout", type=float, default=120.0,
-                   help="seconds the ranks get to stop (and save) after a stop signal before they are killed "
-                        "(default 120)")
+    p.add_argument("--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S,
+                   help="grace period: seconds the ranks get to stop (and save) after a stop signal before they are "
+                        f"killed (default {DEFAULT_STOP_TIMEOUT_S:g}, inside Kubernetes' default 30 s)")
+    p.add_argument("--stop-exit-code", type=int, default=None,
+                   help="exit code after a stop signal the ranks obeyed (default: 128 + the signal inside Kubernetes, "
+                        "where 0 would mark the job complete; 0 elsewhere; 130 after Ctrl-C)")
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments, untouched")
     args = p.parse_args(argv)
-    platform_defaults(args, argv, os.environ)
+    args.platform = platform_defaults(args, argv, os.environ)
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.nproc_per_node is None:
@@ -151,6 +178,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name in ("rdzv_timeout", "stop_timeout"):
         if not 0 < getattr(args, name) < float("inf"):
             _fail(f"--{name.replace('_', '-')} must be a positive number of seconds, got {getattr(args, name)}")
+    if args.stop_exit_code is not None and not 0 <= args.stop_exit_code < 256:
+        _fail(f"--stop-exit-code must be in 0..255, got {args.stop_exit_code}")
     if args.master_port is not None and not 0 < args.master_port < 65536:
         _fail(f"--master-port must be in 1..65535, got {args.master_port}")
     if args.nnodes > 1 and not args.master_addr:
@@ -166,35 +195,80 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-PLATFORM_VARIABLES = {"nnodes": ("PET_NNODES",), "nproc_per_node": ("PET_NPROC_PER_NODE",),
-                      "node_rank": ("PET_NODE_RANK",), "master_addr": ("PET_MASTER_ADDR", "MASTER_ADDR"),
-                      "master_port": ("PET_MASTER_PORT", "MASTER_PORT")}
-"""Each option's environment variables, first found wins, for an option not on the command line: torchrun's
-``PET_<OPTION>`` (Kubeflow Trainer v2 sets only these), then the platform's plain ``MASTER_ADDR``/``MASTER_PORT``
-(Kubeflow's PyTorchJob), these two for several nodes only (one node keeps its own free port)."""
+def platform_topology(environ) -> tuple[str, dict]:
+    """The launch options a platform gives this node in its environment: ``(platform, {option: value})``, the
+    values still strings, from the first of these whose variables are present (the order is the documented one):
+
+    1. torchrun's ``PET_<OPTION>`` (``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``,
+       ``PET_MASTER_PORT``): Kubeflow's TrainJob sets only these; a PyTorchJob sets the address and port as plain
+       ``MASTER_ADDR``/``MASTER_PORT``, read when the ``PET_`` ones are absent.
+    2. SkyPilot: ``SKYPILOT_NUM_NODES``, ``SKYPILOT_NODE_RANK``, ``SKYPILOT_NUM_GPUS_PER_NODE`` (when > 0), the
+       address from the first line of ``SKYPILOT_NODE_IPS``, the port from ``MASTER_PORT`` when set.
+    3. A per-node launcher (Vertex AI, Alibaba PAI): ``WORLD_SIZE`` nodes, this one ``RANK``, at ``MASTER_ADDR``:
+       ``MASTER_PORT``, with no ``LOCAL_RANK`` (that would make them a process's variables).
+
+    Returns ``("", {})`` when none is present. Raises :class:`ValueError` (one line) for ``LOCAL_RANK`` beside
+    ``RANK``/``WORLD_SIZE`` and no ``PET_`` variable: this process is already one of the processes a launcher
+    started (torchrun, Azure ML), which must run ``train.py`` itself, not a second launcher.
+    """
+    def present(*names):
+        return {name: environ[name].strip() for name in names if environ.get(name, "").strip()}
+
+    pet = present("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+    if pet:
+        found = {name[len("PET_"):].lower(): value for name, value in pet.items()}
+        for option, name in (("master_addr", "MASTER_ADDR"), ("master_port", "MASTER_PORT")):
+            if option not in found and present(name):
+                found[option] = present(name)[name]
+        return "torchrun's PET_* variables (Kubeflow)", found
+    if present("SKYPILOT_NODE_RANK"):
+        sky = present("SKYPILOT_NUM_NODES", "SKYPILOT_NODE_RANK", "SKYPILOT_NUM_GPUS_PER_NODE", "SKYPILOT_NODE_IPS",
+                      "MASTER_PORT")
+        found = {option: sky[name] for option, name in (("nnodes", "SKYPILOT_NUM_NODES"),
+                                                        ("node_rank", "SKYPILOT_NODE_RANK"),
+                                                        ("master_port", "MASTER_PORT")) if name in sky}
+        if sky.get("SKYPILOT_NUM_GPUS_PER_NODE", "0") != "0":
+            found["nproc_per_node"] = sky["SKYPILOT_NUM_GPUS_PER_NODE"]
+        if "SKYPILOT_NODE_IPS" in sky:
+            found["master_addr"] = sky["SKYPILOT_NODE_IPS"].split()[0]
+        return "SkyPilot's SKYPILOT_* variables", found
+    ranks = present("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    if "LOCAL_RANK" in ranks:
+        raise ValueError(f"LOCAL_RANK={ranks['LOCAL_RANK']} is set: this process is already one of the processes a "
+                         "launcher started (torchrun, Azure ML); run train.py itself there, not multiproc.py")
+    if "RANK" in ranks and "WORLD_SIZE" in ranks:
+        found = {"nnodes": ranks["WORLD_SIZE"], "node_rank": ranks["RANK"], **{
+            option: value for option, value in (("master_addr", environ.get("MASTER_ADDR", "").strip()),
+                                                ("master_port", environ.get("MASTER_PORT", "").strip())) if value}}
+        return "a per-node launcher's WORLD_SIZE (nodes) and RANK (this node)", found
+    return "", {}
 
 
-def platform_defaults(args: argparse.Namespace, argv: list[str], environ) -> None:
-    """Fill the options the command line left out from :data:`PLATFORM_VARIABLES` (in place). ``PET_NPROC_PER_NODE``
-    may also be ``auto`` or ``gpu`` (the visible GPUs, as the default) or ``cpu`` (2, as without CUDA). Exits with one
-    ``multiproc: ERROR:`` line for a value that is not a number."""
+def platform_defaults(args: argparse.Namespace, argv: list[str], environ) -> str:
+    """Fill the options the command line left out from :func:`platform_topology` (in place); returns the platform
+    read (``""``: none). ``nproc_per_node`` may also be ``auto`` or ``gpu`` (the visible GPUs, as the default) or
+    ``cpu`` (2, as without CUDA). One node keeps a free port of its own (the platform's address and port are for
+    several). Exits with one ``multiproc: ERROR:`` line for a value that is not a number or a contradiction."""
+    try:
+        platform, found = platform_topology(environ)
+    except ValueError as err:
+        _fail(str(err))
     script_at = argv.index(args.script) if args.script in argv else len(argv)
     given = {arg.split("=")[0].lstrip("-").replace("-", "_") for arg in argv[:script_at] if arg.startswith("--")}
-    for option, names in PLATFORM_VARIABLES.items():  # nnodes first: the plain MASTER_* count for several nodes
-        names = names if args.nnodes > 1 else tuple(name for name in names if name.startswith("PET_"))
-        found = next(((name, environ[name]) for name in names if environ.get(name, "").strip()), None)
-        if option in given or found is None:
+    for option in ("nnodes", "nproc_per_node", "node_rank", "master_addr", "master_port"):
+        value = found.get(option)
+        if option in given or value is None or (option.startswith("master_") and args.nnodes == 1):
             continue
-        name, value = found
         if option == "master_addr":
-            args.master_addr = value.strip()
-        elif option == "nproc_per_node" and value.strip() in ("auto", "gpu", "cpu"):
-            args.nproc_per_node = None if value.strip() != "cpu" else 2
+            args.master_addr = value
+        elif option == "nproc_per_node" and value in ("auto", "gpu", "cpu"):
+            args.nproc_per_node = None if value != "cpu" else 2
         else:
             try:
                 setattr(args, option, int(value))
             except ValueError:
-                _fail(f"{name}={value!r} (the platform's --{option.replace('_', '-')}) is not a whole number")
+                _fail(f"{platform}: {value!r} for --{option.replace('_', '-')} is not a whole number")
+    return platform
 
 
 @contextlib.contextmanager
@@ -416,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     world = args.nnodes * args.nproc_per_node
     where = f"node {args.node_rank} of {args.nnodes}, " if args.nnodes > 1 else ""
+    where += f"options from {args.platform}, " if args.platform else ""
     print(f"multiproc: {where}{args.nproc_per_node} process{'es' * (args.nproc_per_node != 1)} "
           f"(world size {world}), "
           f"logs of ranks 1.. in {os.path.join(args.log_dir, '')}", flush=True)
@@ -434,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.nproc_per_node > 1:  # what torchrun does anyway, without its warning banner
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ["MULTIPROC_PID"] = str(os.getpid())  # the ranks check it (distributed.die_with_launcher)
+    os.environ["MULTIPROC_STOP_TIMEOUT"] = f"{args.stop_timeout:g}"  # train.py warns when a save cannot fit
     config, entrypoint, cmd_args = torchrun.config_from_args(torchrun.parse_args(torchrun_argv))
     log_to_file(os.path.join(args.log_dir, "launcher.log"))
     logs = RankLogs(args.log_dir)
@@ -465,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if stop.killed:
         return 128 + int(signal.Signals[stop.signal_name])
-    return 130 if stop.signal_name == "SIGINT" else 0
+    return stop_exit_code(stop.signal_name, args.stop_exit_code, os.environ) if stop.signal_name else 0
 
 
 if __name__ == "__main__":

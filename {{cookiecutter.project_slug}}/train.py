@@ -48,18 +48,55 @@ from model import MODELS, ModelSpec, config_schemas
 from utils.audio_processing import MelSpectrogram
 from utils.activation_checkpoint import apply_activation_checkpointing
 from utils.checkpoint import (CheckpointError, NamedStates, RunLock, ShardedCheckpointer, TrainState, atomic_write_bytes,
-                              capture_rng_state, is_sharded, resume_path, resume_training, save_checkpoint,
+                              capture_rng_state, checkpoint_bytes, durable_write_speed, is_sharded, resume_path, resume_training, save_checkpoint,
                               sharded_train_state, training_checkpoint, world_size_change)
 from utils.config import Config, ConfigError, load_config
 from utils.data_check import check_corpus, default_cache_file, describe
 from utils.data_utils import (DataError, LengthBucketSampler, ResumableDistributedSampler, load_splits,
                               padding_fraction, random_batches)
 from utils.ema import EMA
+from utils.platforms import (SAGEMAKER_CHECKPOINTS, default_dataset_path, default_output_dir, hyperparameter_argv,
+                             tensorboard_dir)
 from utils.run_log import BalanceMonitor, RunLog, SpikeMonitor, StepWindow, one_line, one_line_warnings
 
 
 class TrainingError(RuntimeError):
     """The run cannot go on (e.g. a non-finite loss with ``train.on_nonfinite=stop``)."""
+
+
+class GracePeriod:
+    """Whether a checkpoint fits the time the launcher gives the ranks after a stop signal (``multiproc.py
+    --stop-timeout``, handed to the ranks as ``MULTIPROC_STOP_TIMEOUT``; without it nothing is checked): said once,
+    at start-up from an estimate (the checkpoint's size over the output folder's durable write speed), or else after
+    the first save that took longer, with its step, than the grace period."""
+
+    def __init__(self, environ):
+        value = environ.get("MULTIPROC_STOP_TIMEOUT", "").strip()
+        self.seconds: Optional[float] = float(value) if value else None
+        self.warned = False
+
+    def _advice(self, need_s: float) -> str:
+        self.warned = True
+        return (f"the grace period after a stop signal is {self.seconds:g} s (multiproc.py --stop-timeout): a stop "
+                "would be killed before its checkpoint is durable; give --stop-timeout, and the platform's grace period "
+                f"above it (Kubernetes: terminationGracePeriodSeconds), more than {need_s:.0f} s")
+
+    def check_estimate(self, nbytes: int, folder: Path) -> Optional[str]:
+        """The warning for a checkpoint of ``nbytes`` written into ``folder``, or ``None`` when it fits."""
+        if self.seconds is None:
+            return None
+        speed = durable_write_speed(folder, nbytes)
+        if nbytes / speed <= self.seconds:
+            return None
+        return (f"warning: a checkpoint takes ~{nbytes / speed:.1f} s ({nbytes / 1e6:.1f} MB at {speed / 1e6:.0f} MB/s "
+                f"into {folder}); " + self._advice(1.5 * nbytes / speed + 5))
+
+    def check_save(self, step: int, save_s: float, step_s: float) -> Optional[str]:
+        """The warning (once) after a save of ``save_s`` seconds following a step of ``step_s``, or ``None``."""
+        if self.seconds is None or self.warned or save_s + step_s <= self.seconds:
+            return None
+        return (f"warning: step {step}: the checkpoint took {save_s:.1f} s after a step of {step_s:.1f} s; "
+                + self._advice(1.5 * (save_s + step_s) + 5))
 
 
 class CommandLineError(ValueError):
@@ -82,8 +119,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--config", default="config.json", help="JSON config (default: config.json)")
     parser.add_argument("--model", choices=models, default=models[0] if models else None,
                         help=f"which model of model.py to train (default: {models[0] if models else 'none'})")
-    parser.add_argument("--dataset-path", help="LJSpeech-layout folder; overrides data.dataset_path")
-    parser.add_argument("--output-dir", default="output", help="checkpoints, logs, metrics (default: output)")
+    parser.add_argument("--dataset-path", help="LJSpeech-layout folder; overrides data.dataset_path (default: "
+                                               "SageMaker's SM_CHANNEL_TRAINING when set)")
+    parser.add_argument("--output-dir", help="checkpoints, logs, metrics (default: Vertex AI's AIP_CHECKPOINT_DIR, "
+                                             f"SageMaker's {SAGEMAKER_CHECKPOINTS}, else output)")
     parser.add_argument("--max-steps", type=int, help="optimizer steps to train; overrides train.max_steps")
     parser.add_argument("--resume", default="auto",
                         help="auto: continue from OUTPUT/checkpoint_last.pt if present; none; or a checkpoint path")
@@ -94,9 +133,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true", help="apply the config's tiny block (CPU smoke runs)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config value; repeatable")
-    args = parser.parse_args(argv)
+    # SageMaker passes hyperparameters as --name value: --train.lr 1e-4 is --set train.lr=1e-4, --tiny True is --tiny
+    args = parser.parse_args(hyperparameter_argv(sys.argv[1:] if argv is None else argv, ["--tiny"]))
     if args.model is None:
         parser.error("model.py registers no model: add one in models/ (see model.py)")
+    args.output_dir = args.output_dir or default_output_dir(os.environ)[0]
+    args.dataset_path = args.dataset_path or default_dataset_path(os.environ)
     return args
 
 
@@ -983,7 +1025,8 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
         model = spec.optimize_for_training(model, cfg)
     phases = build_phases(spec, args.model, model, optimizers, schedulers, cfg)
     log = RunLog(output_dir, enabled=is_main, total_steps=cfg.train.max_steps, initial_step=state.step,
-                 data_advice=f"{spec.data_advice} (data.num_workers is {cfg.data.num_workers})")
+                 data_advice=f"{spec.data_advice} (data.num_workers is {cfg.data.num_workers})",
+                 tensorboard=tensorboard_dir(os.environ, str(output_dir)))
     if is_main:
         atomic_write_bytes(output_dir / "config.json", json.dumps(cfg.to_dict(), indent=2).encode())
         threads = f" ({torch.get_num_threads()} threads)" if device.type == "cpu" else ""
@@ -1000,6 +1043,11 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
                       f"padding, against {100 * shuffled:.1f}% in random batches")
     checkpointer = ShardedCheckpointer(output_dir, rank, cfg.train.async_checkpoint, cfg.train.keep_last,
                                        cfg.train.dist_timeout_s) if sharded else None
+    grace = GracePeriod(os.environ)
+    if is_main:  # under FSDP every rank writes its own shards, in parallel
+        nbytes = checkpoint_bytes([unwrap_model(model)], averages=int(ema is not None)) // (world_size if sharded else 1)
+        if (warning := grace.check_estimate(nbytes, output_dir)) is not None:
+            log.print(warning)
 
     def checkpoint() -> None:
         """Every rank hands its RNG states to rank 0, which writes the checkpoint (FSDP: every rank its shards). Weights
@@ -1099,8 +1147,9 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
                 phase.optimizer.zero_grad(set_to_none=True)
             epochs_seen = done_epochs
             state.step = step
-            window.add(None if any_bad else loss, items, time.perf_counter() - t_start, data_time, wait_time,
-                       compute_time, losses=losses, overflows=overflows)
+            step_s = time.perf_counter() - t_start
+            window.add(None if any_bad else loss, items, step_s, data_time, wait_time, compute_time, losses=losses,
+                       overflows=overflows)
             log.step_done()
 
             last_step = step == cfg.train.max_steps
@@ -1121,7 +1170,10 @@ def train_in(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest, out
             if checkpointer is not None and (done := checkpointer.poll()) is not None:
                 log.print(f"step {step}: saved {done} (written in the background)")
             if n_stop or step % cfg.train.checkpoint_interval == 0 or last_step:
+                t_save = time.perf_counter()
                 checkpoint()
+                if is_main and (warning := grace.check_save(step, time.perf_counter() - t_save, step_s)) is not None:
+                    log.print(warning)
             if n_stop:
                 finish_checkpoint(checkpointer, log)
                 log.print(f"stopped at step {step} on {stop.signal_name or 'another rank’s signal'}; resume with "

@@ -68,8 +68,11 @@ if TEST_MODEL is not None and TEST_MODEL not in MODELS:
     raise pytest.UsageError(f"TEST_MODEL={TEST_MODEL} is not registered in model.py ({', '.join(MODELS)})")
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE",
-                 "GROUP_RANK", "TORCHELASTIC_RUN_ID")
-LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_")
+                 "GROUP_RANK", "NODE_RANK", "TORCHELASTIC_RUN_ID", "KUBERNETES_SERVICE_HOST", "MULTIPROC_PID",
+                 "MULTIPROC_STOP_TIMEOUT")
+# torchrun's options (Kubeflow), SkyPilot's, Vertex AI's and SageMaker's variables: a test replays a platform by
+# setting them itself; those of the machine running the tests (a CI pod, a cloud job) must not leak in.
+LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "PET_", "SKYPILOT_", "AIP_", "SM_")
 
 
 START_DELAY_S = float(os.environ.get("TEST_START_DELAY_S") or 0)
@@ -459,3 +462,35 @@ def run_train_main(argv: list) -> tuple[int, str, str]:
             signal.signal(sig, handler)
         backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = flags
     return code, out.getvalue(), err.getvalue()
+
+
+def launch_command(path) -> list[str]:
+    """The argv a launch file of ``scripts/`` starts on every node, read from the file itself.
+
+    * Kubeflow TrainJob (``scripts/kubeflow/trainjob.yaml``): ``spec.trainer.command`` followed by its ``args``.
+    * Kubeflow PyTorchJob (``scripts/kubeflow/pytorchjob.yaml``): the ``command`` and ``args`` of the Master's
+      ``pytorch`` container.
+    * SkyPilot task (``scripts/skypilot/train.yaml``): ``shlex.split`` of its ``run`` block, which must hold exactly
+      one command (blank and comment lines aside).
+
+    Skips the calling test without PyYAML (``pip install -r requirements-launch.txt``). Raises :class:`ValueError`
+    for a file that is none of these, or a ``run`` block of several commands.
+    """
+    import shlex
+
+    yaml = pytest.importorskip("yaml", reason="PyYAML reads the launch files: pip install -r requirements-launch.txt")
+    doc = yaml.safe_load(Path(path).read_text())
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    if kind == "TrainJob":
+        trainer = doc["spec"]["trainer"]
+        return [*trainer.get("command", []), *trainer.get("args", [])]
+    if kind == "PyTorchJob":
+        pod = doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+        container = next(c for c in pod["containers"] if c["name"] == "pytorch")
+        return [*container.get("command", []), *container.get("args", [])]
+    if isinstance(doc, dict) and isinstance(doc.get("run"), str):
+        lines = [line for line in doc["run"].splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        if len(lines) != 1 or lines[0].rstrip().endswith("\\"):
+            raise ValueError(f"{path}: the run block must be one command, found {len(lines)} line(s)")
+        return shlex.split(lines[0])
+    raise ValueError(f"{path}: not a TrainJob, a PyTorchJob or a SkyPilot task with a run block")

@@ -19,8 +19,7 @@ import pytest
 import torch
 
 import train
-from conftest import (ROOT, TEST_MODEL, alive, bound, clean_env, descendants, finish, free_port, planted,
-                      rank_pids, run_ranks, start_job, synth_corpus)
+from conftest import (ROOT, TEST_MODEL, alive, clean_env, descendants, finish, free_port, rank_pids, run_ranks, start_job, synth_corpus)
 
 from model import MODELS
 from utils.run_log import RunLog
@@ -258,50 +257,6 @@ def test_two_nodes_on_one_host_reach_the_same_loss_as_one_node(reference, corpus
     assert [(r["step"], r["loss"]) for r in rows(tmp_path)] == [(r["step"], r["loss"]) for r in rows(reference)]
 
 
-def launch_on_kubeflow(out, corpus, node, port, plant=None):
-    """``python multiproc.py train.py ...`` with no launcher option: the topology only in torchrun's ``PET_*``
-    variables, as a Kubeflow TrainJob (Trainer v2) gives it to each node; here two "nodes" of one process on this
-    host (its logs apart per node)."""
-    env = clean_env(2, PET_NNODES="2", PET_NPROC_PER_NODE="1", PET_NODE_RANK=str(node),
-                    PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port))
-    if plant is not None:
-        planted(out / f"node{node}", plant, env)
-    cmd = [sys.executable, "multiproc.py", "--log-dir", str(out / f"logs_node{node}"), "train.py", *COMMON,
-           "--dataset-path", str(corpus), "--output-dir", str(out)]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-
-
-def test_a_kubeflow_trainjob_environment_trains_like_multiproc(reference, corpus, tmp_path):
-    """Kubeflow Trainer v2's environment (``PET_*`` only) and the shipped command: the losses of the 2-process
-    reference run at every step."""
-    port = free_port()
-    for code, output in [finish(proc) for proc in [launch_on_kubeflow(tmp_path, corpus, node, port)
-                                                   for node in (1, 0)]]:
-        assert code == 0, output
-    assert [(r["step"], r["loss"]) for r in rows(tmp_path)] == [(r["step"], r["loss"]) for r in rows(reference)]
-
-
-def test_sigterm_to_every_node_of_a_kubeflow_trainjob_saves_and_exits_0_within_its_grace_period(corpus, tmp_path):
-    """What Kubernetes does to a TrainJob's pods: SIGTERM to each node's command, then SIGKILL after
-    ``terminationGracePeriodSeconds`` (30 s by default). Every node exits 0 (not a failure), no traceback, a
-    durable checkpoint of the step it stopped at, in well under the 30 s."""
-    port = free_port()
-    nodes = [launch_on_kubeflow(tmp_path, corpus, node, port, plant=SLOW_STEPS) for node in (1, 0)]
-    wait_for_step(tmp_path, 3, nodes[1])
-    sent = time.monotonic()
-    for proc in nodes:
-        os.kill(proc.pid, signal.SIGTERM)
-    results = [finish(proc) for proc in nodes]
-    elapsed = time.monotonic() - sent
-    for code, output in results:
-        assert code == 0 and "Traceback" not in output, output[-3000:]
-    assert "stopped at step" in results[1][1]
-    stopped = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=True)["step"]
-    assert 3 <= stopped < STEPS
-    assert elapsed < bound(20, 1), f"{elapsed:.1f} s from SIGTERM to every node's exit"
-
-
 RAY_WORKER = """
 import os
 import sys
@@ -338,8 +293,12 @@ def test_the_callable_entry_trains_in_a_process_group_ray_made_like_multiproc(re
             "--output-dir", str(tmp_path / "out")]
     outputs = run_ranks(RAY_WORKER.replace("ARGV", repr(argv)), tmp_path)
     assert all("ray worker done" in output for output in outputs), outputs
-    assert [(r["step"], r["loss"]) for r in rows(tmp_path / "out")] == [(r["step"], r["loss"])
-                                                                       for r in rows(reference)]
+    # The same steps and losses, to float32 rounding: trained in a thread the caller made, a CPU kernel may split a sum
+    # differently from the main thread's on a many-core host (seen: 7e-8 relative, 16 cores); a wrong group, rank or
+    # batch would differ from the first step by far more.
+    ray, reference_rows = rows(tmp_path / "out"), rows(reference)
+    assert [r["step"] for r in ray] == [r["step"] for r in reference_rows]
+    assert [r["loss"] for r in ray] == pytest.approx([r["loss"] for r in reference_rows], rel=1e-5, abs=0)
 
 
 def test_node_local_output_folders_that_disagree_are_refused_on_every_rank(reference, corpus, tmp_path):

@@ -23,7 +23,7 @@ import warnings
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -64,6 +64,34 @@ def fsync_dir(path: str | Path) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def durable_write_speed(folder: str | Path, nbytes: int) -> float:
+    """Bytes per second of a durable write into ``folder``, as a checkpoint's is: ``nbytes`` (capped at 64 MiB)
+    written, fsync'ed and removed again. Fsync's fixed cost makes a small probe slow, which errs on the safe side.
+
+    Raises:
+        OSError: the folder cannot be written.
+    """
+    size = max(1, min(int(nbytes), 64 << 20))
+    probe, data = Path(folder) / f".write_speed.tmp{os.getpid()}", os.urandom(size)  # not compressible, not sparse
+    start = time.perf_counter()
+    try:
+        with open(probe, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    finally:
+        probe.unlink(missing_ok=True)
+    return size / max(time.perf_counter() - start, 1e-6)
+
+
+def checkpoint_bytes(modules: Sequence[torch.nn.Module], optimizer_moments: int = 2, averages: int = 0) -> int:
+    """The size of a training checkpoint of ``modules`` (bytes, about): their weights and buffers, plus
+    ``optimizer_moments`` copies of the trainable weights (Adam keeps 2) and ``averages`` copies (an EMA: 1)."""
+    weights = sum(t.numel() * t.element_size() for m in modules for t in [*m.parameters(), *m.buffers()])
+    trainable = sum(t.numel() * t.element_size() for m in modules for t in m.parameters() if t.requires_grad)
+    return weights + (optimizer_moments + averages) * trainable
 
 
 def serialized(state: Any, where: str | Path) -> bytes:

@@ -16,7 +16,7 @@ import resource
 import statistics
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from tqdm import tqdm
@@ -283,6 +283,7 @@ class RunLog:
         enabled: False on every rank but 0: then nothing is opened or written.
         total_steps / initial_step: for the progress bar (a resumed run starts part-way).
         data_advice: what the data-wait warning tells the user to do (``ModelSpec.data_advice``).
+        tensorboard: the folder of TensorBoard's event files (default: ``<output_dir>/tensorboard``).
     """
 
     DATA_WAIT_SHARE = 0.1
@@ -296,7 +297,7 @@ class RunLog:
     one line at its end. Every anomaly, with its batch's utterance ids, is in ``anomalies.jsonl``."""
 
     def __init__(self, output_dir: Path, enabled: bool, total_steps: int, initial_step: int,
-                 data_advice: str = "raise data.num_workers"):
+                 data_advice: str = "raise data.num_workers", tensorboard: Optional[str] = None):
         self.output_dir, self.enabled, self.data_advice = Path(output_dir), enabled, data_advice
         self._first_step, self._warned_at = initial_step, None
         self._anomalies_shown = self._anomalies_held = 0
@@ -305,7 +306,7 @@ class RunLog:
         self.writer = self._metrics = None
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(str(self.output_dir / "tensorboard"))
+            self.writer = SummaryWriter(tensorboard or str(self.output_dir / "tensorboard"))
             self._metrics = open(self.output_dir / "metrics.jsonl", "a")
 
     def print(self, message: str) -> None:

@@ -1,0 +1,64 @@
+"""A stop inside the platform's grace period, for every model of the project: ``scripts/grace_period.py`` times
+SIGTERM to a durable checkpoint on the shipped TrainJob's own command, and a grace period too short for a checkpoint
+is said at start-up. (The platforms' replays are in ``test_platforms.py``.)"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, TEST_MODEL, bound, clean_env, launch_command, synth_corpus
+from model import MODELS
+
+pytestmark = pytest.mark.slow  # real jobs: python -m pytest -m "not slow" leaves them out
+
+TRAINJOB = os.path.join(ROOT, "scripts", "kubeflow", "trainjob.yaml")
+IN_A_POD = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}  # what every Kubernetes pod has
+TRAIN_ARGS = ["--model", TEST_MODEL, "--tiny", "--max-steps", "1", "--set", "data.num_workers=1"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return synth_corpus(tmp_path_factory.mktemp("corpus"), n=30)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_trainjob_command_of_each_model_stops_inside_kubernetes_grace_period(name, corpus, tmp_path):
+    """``scripts/grace_period.py`` on the TrainJob's own command under Trainer v2's variables (one node of 2
+    processes, tiny config): the checkpoint is durable and every process gone within Kubernetes' 30 s, exit 143."""
+    cmd = launch_command(TRAINJOB)
+    at = cmd.index("train.py")
+    train_args = [*cmd[at + 1:], "--model", name, "--tiny", "--set", "data.num_workers=1"]
+    train_args[train_args.index("--dataset-path") + 1] = str(corpus)
+    del train_args[train_args.index("--output-dir"):train_args.index("--output-dir") + 2]  # the script's own
+    env = clean_env(2, **IN_A_POD, PET_NNODES="1", PET_NPROC_PER_NODE="2")
+    done = subprocess.run([sys.executable, "scripts/grace_period.py", "--after-steps", "2",
+                           f"--launcher={' '.join(cmd[2:at])}", "--json", str(tmp_path / "stop.json"), "--",
+                           *train_args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=bound(120, 3))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "stop.json").read_text())
+    assert result["exit_code"] == 143 and not result["traceback"], result
+    assert result["sigterm_to_durable_s"] <= result["sigterm_to_exit_s"] < 30, result
+    assert result["stopped_at_step"] >= 2 and result["checkpoint_bytes"] > 0, result
+    assert re.search(r"checkpoint durable after \d+\.\d s \(.* MB\)", done.stdout), done.stdout
+
+
+def test_a_checkpoint_that_cannot_fit_the_grace_period_is_said_at_start_up(corpus, tmp_path):
+    """A grace period shorter than any checkpoint's write (1 ns): one warning at start-up, with what to raise."""
+    env = clean_env(1, MULTIPROC_STOP_TIMEOUT="1e-9")
+    done = subprocess.run([sys.executable, "train.py", "--config", "config.json", *TRAIN_ARGS,
+                           "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=bound(120, 1))
+    assert done.returncode == 0, done.stderr[-3000:]
+    warnings = [line for line in done.stdout.splitlines() + done.stderr.splitlines() if "grace period" in line]
+    assert len(warnings) == 1, done.stdout + done.stderr
+    assert warnings[0].startswith("warning: a checkpoint takes ~") and "--stop-timeout" in warnings[0] \
+        and "terminationGracePeriodSeconds" in warnings[0], warnings
+    quiet = subprocess.run([sys.executable, "train.py", "--config", "config.json", *TRAIN_ARGS,
+                            "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out2")], cwd=ROOT,
+                           env=clean_env(1, MULTIPROC_STOP_TIMEOUT="25"), capture_output=True, text=True,
+                           timeout=bound(120, 1))
+    assert quiet.returncode == 0 and "grace period" not in quiet.stdout + quiet.stderr, quiet.stderr[-2000:]

@@ -1,0 +1,247 @@
+"""Launched unchanged where teams run: each platform's environment replayed on this host, the shipped launch files'
+own commands, and a stop inside Kubernetes' grace period.
+
+Every replay is two "nodes" of two processes on 127.0.0.1 (gloo on the CPU), set up as the platform sets up its
+nodes (variables from the platforms' own sources, named in ``multiproc.platform_topology``,
+``distributed.detect_launcher_env`` and ``utils.platforms``), and must train with the losses of ``multiproc.py
+--nproc-per-node 4`` at every step. The contradictory environments are one error line each.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import multiproc
+from conftest import ROOT, TEST_MODEL, bound, clean_env, finish, free_port, launch_command, synth_corpus
+from utils.platforms import default_dataset_path, default_output_dir, hyperparameter_argv, tensorboard_dir
+
+STEPS = 4
+TRAIN_ARGS = ["--model", TEST_MODEL, "--tiny", "--max-steps", str(STEPS), "--set", "train.log_interval=1",
+              "--set", "train.checkpoint_interval=2", "--set", "train.val_interval=100", "--set", "data.num_workers=1"]
+TRAINJOB, PYTORCHJOB, SKYPILOT = (Path(ROOT) / "scripts" / "kubeflow" / "trainjob.yaml",
+                                  Path(ROOT) / "scripts" / "kubeflow" / "pytorchjob.yaml",
+                                  Path(ROOT) / "scripts" / "skypilot" / "train.yaml")
+IN_A_POD = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}  # what every Kubernetes pod has
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return synth_corpus(tmp_path_factory.mktemp("corpus"), n=30)
+
+
+def losses(out: Path) -> list:
+    return [(row["step"], row["loss"]) for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+
+
+def start(cmd: list, env: dict) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def finished(procs: list) -> list:
+    """Every process's output, once all have exited 0."""
+    results = [finish(proc, timeout=bound(120, 4)) for proc in procs]
+    for code, output in results:
+        assert code == 0, output[-4000:]
+    return [output for _, output in results]
+
+
+def shipped(path: Path, out: Path, corpus: Path, logs: Path, *extra: str) -> list:
+    """The launch file's own command, run here: this Python, the ranks' logs in ``logs`` (``--log-dir``), its
+    ``--output-dir`` and ``--dataset-path`` on this host's folders, the tiny config of :data:`TRAIN_ARGS` and ``extra``
+    added."""
+    cmd = launch_command(path)
+    assert cmd[:2] == ["python", "multiproc.py"] and "train.py" in cmd, cmd
+    for option, value in (("--output-dir", out), ("--dataset-path", corpus)):
+        cmd[cmd.index(option) + 1] = str(value)
+    return [sys.executable, "multiproc.py", "--log-dir", str(logs), *cmd[2:], *TRAIN_ARGS, *extra]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, corpus):
+    """``multiproc.py`` on 4 processes: the losses every platform's run of 2 nodes x 2 processes must repeat."""
+    out = tmp_path_factory.mktemp("reference")
+    cmd = [sys.executable, "multiproc.py", "--nproc-per-node", "4", "--log-dir", str(out / "logs"), "train.py",
+           "--config", "config.json", *TRAIN_ARGS, "--dataset-path", str(corpus), "--output-dir", str(out)]
+    finished([start(cmd, clean_env(4))])
+    return losses(out)
+
+
+def two_nodes(env_of, cmd_of, tmp_path) -> list:
+    """Start node 1, then node 0 (the later one must wait for the first, as on a cluster), each ``cmd_of(node)``
+    with ``env_of(node)`` on top of :func:`clean_env`; their outputs once both have exited 0."""
+    return finished([start(cmd_of(node), clean_env(4, **env_of(node))) for node in (1, 0)])
+
+
+@pytest.mark.slow
+def test_kubeflow_trainjob_runs_its_manifest_command_with_the_losses_of_multiproc(reference, corpus, tmp_path):
+    """Trainer v2: only torchrun's ``PET_*`` variables on each node; the manifest's command as it is."""
+    port = free_port()
+    two_nodes(lambda node: dict(IN_A_POD, PET_NNODES="2", PET_NPROC_PER_NODE="2", PET_NODE_RANK=str(node),
+                                PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port)),
+              lambda node: shipped(TRAINJOB, tmp_path / "out", corpus, tmp_path / f"logs{node}"),
+              tmp_path)
+    assert losses(tmp_path / "out") == reference
+
+
+@pytest.mark.slow
+def test_kubeflow_pytorchjob_runs_its_manifest_command_with_the_losses_of_multiproc(reference, corpus, tmp_path):
+    """Training Operator v1: the pod's index as ``RANK`` beside the processes' ``WORLD_SIZE``, ``MASTER_*`` and
+    ``PET_NNODES``/``PET_NPROC_PER_NODE``/``PET_NODE_RANK``."""
+    port = free_port()
+    two_nodes(lambda node: dict(IN_A_POD, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(node),
+                                WORLD_SIZE="4", PET_NNODES="2", PET_NPROC_PER_NODE="2", PET_NODE_RANK=str(node)),
+              lambda node: shipped(PYTORCHJOB, tmp_path / "out", corpus, tmp_path / f"logs{node}"),
+              tmp_path)
+    assert losses(tmp_path / "out") == reference
+
+
+@pytest.mark.slow
+def test_skypilot_runs_its_task_command_with_the_losses_of_multiproc(reference, corpus, tmp_path):
+    """SkyPilot: ``SKYPILOT_*`` on each node and the task's ``run`` command (the port here a free one, through
+    ``MASTER_PORT``; on SkyPilot's own nodes 29500)."""
+    port = free_port()
+    two_nodes(lambda node: dict(SKYPILOT_NUM_NODES="2", SKYPILOT_NODE_RANK=str(node),
+                                SKYPILOT_NODE_IPS="127.0.0.1\n127.0.0.1", SKYPILOT_NUM_GPUS_PER_NODE="2",
+                                MASTER_PORT=str(port)),
+              lambda node: shipped(SKYPILOT, tmp_path / "out", corpus, tmp_path / f"logs{node}"),
+              tmp_path)
+    assert losses(tmp_path / "out") == reference
+
+
+@pytest.mark.slow
+def test_vertex_ai_per_node_variables_and_its_folders(reference, corpus, tmp_path):
+    """Vertex AI: per node ``WORLD_SIZE`` (nodes), ``RANK`` (this node), ``MASTER_ADDR``/``MASTER_PORT``; no
+    ``--output-dir``: checkpoints in ``AIP_CHECKPOINT_DIR``, TensorBoard in ``AIP_TENSORBOARD_LOG_DIR``."""
+    port, checkpoints, board = free_port(), tmp_path / "aip_checkpoints", tmp_path / "aip_tensorboard"
+    cmd = [sys.executable, "multiproc.py", "--nproc-per-node", "2", "train.py", "--config", "config.json", *TRAIN_ARGS,
+           "--dataset-path", str(corpus)]
+    outputs = two_nodes(lambda node: dict(WORLD_SIZE="2", RANK=str(node), MASTER_ADDR="127.0.0.1",
+                                          MASTER_PORT=str(port), AIP_CHECKPOINT_DIR=str(checkpoints),
+                                          AIP_TENSORBOARD_LOG_DIR=str(board)),
+                        lambda node: [*cmd[:2], "--log-dir", str(tmp_path / f"logs{node}"), *cmd[2:]], tmp_path)
+    assert "node 0 of 2, options from a per-node launcher's WORLD_SIZE (nodes) and RANK (this node)" in outputs[1]
+    assert losses(checkpoints) == reference
+    assert (checkpoints / "checkpoint_last.pt").is_file() and any(board.glob("events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+def test_sagemaker_torchrun_with_hyperparameters_as_arguments_and_its_channel(reference, corpus, tmp_path):
+    """SageMaker (``torch_distributed``): its own ``torchrun --nnodes ... --node_rank i`` per node, the
+    hyperparameters as ``--name value`` (``--tiny True``, ``--train.log_interval 1``), the corpus from the
+    ``training`` channel (``SM_CHANNEL_TRAINING``, no ``--dataset-path``)."""
+    port = free_port()
+    hyperparameters = ["--model", TEST_MODEL, "--tiny", "True", "--max-steps", str(STEPS), "--train.log_interval", "1",
+                       "--train.checkpoint_interval", "2", "--train.val_interval", "100", "--data.num_workers", "1",
+                       "--output-dir", str(tmp_path / "out")]
+
+    def torchrun(node):
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2", "--master_addr",
+                "127.0.0.1", "--master_port", str(port), "--node_rank", str(node), "train.py", "--config",
+                "config.json", *hyperparameters]
+
+    two_nodes(lambda node: dict(SM_CHANNEL_TRAINING=str(corpus), SM_CURRENT_HOST=f"algo-{node + 1}",
+                                SM_HOSTS='["algo-1", "algo-2"]', SM_TRAINING_ENV="{}"), torchrun, tmp_path)
+    assert losses(tmp_path / "out") == reference
+
+
+@pytest.mark.slow
+def test_azure_ml_starts_every_process_itself_with_the_losses_of_multiproc(reference, corpus, tmp_path):
+    """Azure ML (``PyTorchDistribution``): one ``python train.py`` per process with ``RANK``, ``LOCAL_RANK``,
+    ``WORLD_SIZE``, ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, no launcher in between."""
+    port = free_port()
+    cmd = [sys.executable, "train.py", "--config", "config.json", *TRAIN_ARGS, "--dataset-path", str(corpus),
+           "--output-dir", str(tmp_path / "out")]
+    procs = [start(cmd, clean_env(4, RANK=str(2 * node + local), LOCAL_RANK=str(local), WORLD_SIZE="4",
+                                  NODE_RANK=str(node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+             for node in (1, 0) for local in (0, 1)]
+    finished(procs)
+    assert losses(tmp_path / "out") == reference
+
+
+@pytest.mark.slow
+def test_sigterm_to_every_node_of_a_trainjob_saves_and_exits_143_within_30_s(corpus, tmp_path):
+    """What Kubernetes does to a TrainJob's pods: SIGTERM to each node's command (the manifest's), SIGKILL 30 s later
+    by default. Every node saves, says so without a traceback and exits 143 (128 + SIGTERM: retryable, where 0 would
+    end the Job as complete) well before that."""
+    port = free_port()
+    nodes = [start(shipped(TRAINJOB, tmp_path / "out", corpus, tmp_path / f"logs{node}", "--max-steps", "1000"),
+                   clean_env(4, **IN_A_POD, PET_NNODES="2", PET_NPROC_PER_NODE="2", PET_NODE_RANK=str(node),
+                             PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port))) for node in (1, 0)]
+    deadline = time.monotonic() + bound(120, 4)
+    while not (tmp_path / "out" / "metrics.jsonl").exists() or len(losses(tmp_path / "out")) < 3:
+        assert time.monotonic() < deadline and all(proc.poll() is None for proc in nodes), "no step 3"
+        time.sleep(0.1)
+    sent = time.monotonic()
+    for proc in nodes:
+        os.kill(proc.pid, signal.SIGTERM)
+    results = [finish(proc) for proc in nodes]
+    elapsed = time.monotonic() - sent
+    for code, output in results:
+        assert code == 143 and "Traceback" not in output, output[-3000:]
+    assert "stopped at step" in results[1][1]
+    assert torch.load(tmp_path / "out" / "checkpoint_last.pt", map_location="cpu", weights_only=True)["step"] >= 3
+    assert elapsed < 30, f"{elapsed:.1f} s from SIGTERM to every node's exit"
+
+
+def test_a_node_rank_beside_a_process_world_size_without_a_launcher_is_one_error_line(tmp_path):
+    """A PyTorchJob's pod running ``train.py`` itself: ``RANK`` is the pod's index, ``WORLD_SIZE`` counts processes."""
+    env = clean_env(2, RANK="1", WORLD_SIZE="4", PET_NPROC_PER_NODE="2", PET_NNODES="2", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(free_port()))
+    done = subprocess.run([sys.executable, "train.py", "--config", "config.json", "--model", TEST_MODEL, "--tiny",
+                           "--output-dir", str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=bound(60, 1))
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1 and len(errors) == 1, done.stderr
+    assert "node (pod) index" in errors[0] and "multiproc.py" in errors[0], errors
+    assert not (tmp_path / "out").exists()
+
+
+def test_multiproc_inside_a_launcher_that_started_the_processes_is_one_error_line():
+    """``multiproc.py`` where ``LOCAL_RANK`` is set (inside Azure ML's or torchrun's processes) would start a second
+    world: refused before anything starts."""
+    env = clean_env(2, RANK="0", LOCAL_RANK="0", WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    done = subprocess.run([sys.executable, "multiproc.py", "train.py", "--config", "config.json"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=bound(60, 1))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("multiproc: ERROR: LOCAL_RANK=0 is set") and "train.py itself" in done.stderr
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "8", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "head",
+      "PET_MASTER_PORT": "23456", "RANK": "1", "WORLD_SIZE": "16"},
+     dict(nnodes="2", nproc_per_node="8", node_rank="1", master_addr="head", master_port="23456")),
+    ({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "8", "PET_NODE_RANK": "1", "MASTER_ADDR": "job-master-0",
+      "MASTER_PORT": "23456", "RANK": "1", "WORLD_SIZE": "16"},
+     dict(nnodes="2", nproc_per_node="8", node_rank="1", master_addr="job-master-0", master_port="23456")),
+    ({"SKYPILOT_NUM_NODES": "3", "SKYPILOT_NODE_RANK": "2", "SKYPILOT_NODE_IPS": "10.0.0.5\n10.0.0.6\n10.0.0.7",
+      "SKYPILOT_NUM_GPUS_PER_NODE": "8"},
+     dict(nnodes="3", node_rank="2", master_addr="10.0.0.5", nproc_per_node="8")),
+    ({"WORLD_SIZE": "4", "RANK": "3", "MASTER_ADDR": "cmle-training-workerpool0-0", "MASTER_PORT": "2222"},
+     dict(nnodes="4", node_rank="3", master_addr="cmle-training-workerpool0-0", master_port="2222")),
+    ({}, {}),
+], ids=["trainjob", "pytorchjob", "skypilot", "vertex", "none"])
+def test_platform_topology_reads_each_platform_in_the_documented_order(environ, expected):
+    assert multiproc.platform_topology(environ)[1] == expected
+
+
+def test_platform_folders_and_sagemaker_arguments():
+    assert default_output_dir({"AIP_CHECKPOINT_DIR": "gs://bucket/run/checkpoints/", "SM_CURRENT_HOST": "algo-1"})[0] \
+        == "/gcs/bucket/run/checkpoints/"
+    assert default_output_dir({"SM_CURRENT_HOST": "algo-1"})[0] == "/opt/ml/checkpoints"
+    assert default_output_dir({})[0] == "output"
+    assert default_dataset_path({"SM_CHANNEL_TRAINING": "/opt/ml/input/data/training"}) == "/opt/ml/input/data/training"
+    assert default_dataset_path({"SM_CHANNEL_EVAL": "/x"}) is None
+    assert tensorboard_dir({"AIP_TENSORBOARD_LOG_DIR": "gs://b/logs"}, "out") == "/gcs/b/logs"
+    assert tensorboard_dir({}, "out") == "out/tensorboard"
+    assert hyperparameter_argv(["--config", "config.json", "--tiny", "True", "--train.lr", "1e-4", "--data.x=2",
+                                "--max-steps", "3"], ["--tiny"]) == \
+        ["--config", "config.json", "--tiny", "--set", "train.lr=1e-4", "--set", "data.x=2", "--max-steps", "3"]
+    assert hyperparameter_argv(["--tiny", "False", "--model", "m"], ["--tiny"]) == ["--model", "m"]
