@@ -205,10 +205,12 @@ def test_own_model_end_to_end(bake, demo_corpus, variant, replace, example):
     assert f"skipping {example.name}: its ModelSpec has no synthetic_batch" in done.stdout, done.stdout
 
     # The project's whole test suite, whose generic tests train the copied model (TEST_MODEL). Its files of
-    # multi-process training jobs (most of the suite's time) are byte-identical in every variant: they run
-    # once, in the `both` variant, with melae (FSDP: melae, waveglow and tacotron2), and are left out of the
-    # other variants to keep CI under 30 minutes (every other test runs in every variant).
-    heavy = ("test_train.py", "test_hang.py", "test_failures.py", "test_fsdp.py", "test_memory.py", "test_platforms.py")
+    # multi-process training jobs (most of the suite's time) and of launchers and launch files are byte-identical in
+    # every variant: they run once, in the `both` variant, with melae (FSDP: melae, waveglow and tacotron2; a stop
+    # within the grace period: melae, tacotron2 and waveglow), and are left out of the other variants to keep CI
+    # well under 30 minutes (every other test runs in every variant).
+    heavy = ("test_train.py", "test_hang.py", "test_failures.py", "test_fsdp.py", "test_memory.py", "test_platforms.py",
+             "test_grace_period.py", "test_multiproc.py", "test_distributed.py", "test_launch_files.py")
     once = [] if variant == "both" and not replace else [arg for name in heavy for arg in ("--ignore", f"tests/{name}")]
     # In a random order (pytest-randomly); the seed is chosen here so that a failure says how to repeat it. Two
     # pytest-xdist workers, as the project's README runs it (-n auto): its tests hold under it, and most of their

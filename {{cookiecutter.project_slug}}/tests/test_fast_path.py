@@ -232,9 +232,12 @@ def test_benchmark_loader_on_a_cpu_without_tiny_shows_progress_within_10_s(tmp_p
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     first_bar, limit = None, bound(10, 1)  # 10 s after the process has started
-    while first_bar is None and time.monotonic() - start < limit and reader.is_alive():
+    while first_bar is None and time.monotonic() - start < limit:
+        ended = not reader.is_alive()  # read before the output: a run that ended has all of it in by now
         if re.search(PROGRESS_BAR, b"".join(received)):
             first_bar = time.monotonic() - start
+        if ended:
+            break
         time.sleep(0.05)
     try:
         proc.wait(timeout=300)

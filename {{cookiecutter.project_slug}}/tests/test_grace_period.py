@@ -47,7 +47,8 @@ def test_the_trainjob_command_of_each_model_stops_inside_kubernetes_grace_period
 
 
 def test_a_checkpoint_that_cannot_fit_the_grace_period_is_said_at_start_up(corpus, tmp_path):
-    """A grace period shorter than any checkpoint's write (1 ns): one warning at start-up, with what to raise."""
+    """A grace period shorter than any checkpoint's write (1 ns): one warning at start-up, with what to raise. (With
+    multiproc's default of 25 s a tiny run warns of nothing: ``test_train``'s reference run holds no warning.)"""
     env = clean_env(1, MULTIPROC_STOP_TIMEOUT="1e-9")
     done = subprocess.run([sys.executable, "train.py", "--config", "config.json", *TRAIN_ARGS,
                            "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out")], cwd=ROOT, env=env,
@@ -57,8 +58,3 @@ def test_a_checkpoint_that_cannot_fit_the_grace_period_is_said_at_start_up(corpu
     assert len(warnings) == 1, done.stdout + done.stderr
     assert warnings[0].startswith("warning: a checkpoint takes ~") and "--stop-timeout" in warnings[0] \
         and "terminationGracePeriodSeconds" in warnings[0], warnings
-    quiet = subprocess.run([sys.executable, "train.py", "--config", "config.json", *TRAIN_ARGS,
-                            "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out2")], cwd=ROOT,
-                           env=clean_env(1, MULTIPROC_STOP_TIMEOUT="25"), capture_output=True, text=True,
-                           timeout=bound(120, 1))
-    assert quiet.returncode == 0 and "grace period" not in quiet.stdout + quiet.stderr, quiet.stderr[-2000:]
