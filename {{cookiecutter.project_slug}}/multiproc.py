@@ -216,11 +216,9 @@ def platform_topology(environ) -> tuple[str, dict]:
 
     pet = present("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
     if pet:
-        found = {name[len("PET_"):].lower(): value for name, value in pet.items()}
-        for option, name in (("master_addr", "MASTER_ADDR"), ("master_port", "MASTER_PORT")):
-            if option not in found and present(name):
-                found[option] = present(name)[name]
-        return "torchrun's PET_* variables (Kubeflow)", found
+        plain = {name.lower(): value for name, value in present("MASTER_ADDR", "MASTER_PORT").items()}
+        return "torchrun's PET_* variables (Kubeflow)", {**plain, **{name[len("PET_"):].lower(): value
+                                                                     for name, value in pet.items()}}
     if present("SKYPILOT_NODE_RANK"):
         sky = present("SKYPILOT_NUM_NODES", "SKYPILOT_NODE_RANK", "SKYPILOT_NUM_GPUS_PER_NODE", "SKYPILOT_NODE_IPS",
                       "MASTER_PORT")
@@ -237,9 +235,8 @@ def platform_topology(environ) -> tuple[str, dict]:
         raise ValueError(f"LOCAL_RANK={ranks['LOCAL_RANK']} is set: this process is already one of the processes a "
                          "launcher started (torchrun, Azure ML); run train.py itself there, not multiproc.py")
     if "RANK" in ranks and "WORLD_SIZE" in ranks:
-        found = {"nnodes": ranks["WORLD_SIZE"], "node_rank": ranks["RANK"], **{
-            option: value for option, value in (("master_addr", environ.get("MASTER_ADDR", "").strip()),
-                                                ("master_port", environ.get("MASTER_PORT", "").strip())) if value}}
+        found = {"nnodes": ranks["WORLD_SIZE"], "node_rank": ranks["RANK"],
+                 **{name.lower(): value for name, value in present("MASTER_ADDR", "MASTER_PORT").items()}}
         return "a per-node launcher's WORLD_SIZE (nodes) and RANK (this node)", found
     return "", {}
 

@@ -48,8 +48,9 @@ from model import MODELS, ModelSpec, config_schemas
 from utils.audio_processing import MelSpectrogram
 from utils.activation_checkpoint import apply_activation_checkpointing
 from utils.checkpoint import (CheckpointError, NamedStates, RunLock, ShardedCheckpointer, TrainState, atomic_write_bytes,
-                              capture_rng_state, checkpoint_bytes, durable_write_speed, is_sharded, resume_path, resume_training, save_checkpoint,
-                              sharded_train_state, training_checkpoint, world_size_change)
+                              capture_rng_state, checkpoint_bytes, durable_write_speed, is_sharded, resume_path,
+                              resume_training, save_checkpoint, sharded_train_state, training_checkpoint,
+                              world_size_change)
 from utils.config import Config, ConfigError, load_config
 from utils.data_check import check_corpus, default_cache_file, describe
 from utils.data_utils import (DataError, LengthBucketSampler, ResumableDistributedSampler, load_splits,
@@ -86,10 +87,11 @@ class GracePeriod:
         if self.seconds is None:
             return None
         speed = durable_write_speed(folder, nbytes)
-        if nbytes / speed <= self.seconds:
+        save_s = nbytes / speed
+        if save_s <= self.seconds:
             return None
-        return (f"warning: a checkpoint takes ~{nbytes / speed:.1f} s ({nbytes / 1e6:.1f} MB at {speed / 1e6:.0f} MB/s "
-                f"into {folder}); " + self._advice(1.5 * nbytes / speed + 5))
+        return (f"warning: a checkpoint takes ~{save_s:.1f} s ({nbytes / 1e6:.1f} MB at {speed / 1e6:.0f} MB/s into "
+                f"{folder}); " + self._advice(1.5 * save_s + 5))
 
     def check_save(self, step: int, save_s: float, step_s: float) -> Optional[str]:
         """The warning (once) after a save of ``save_s`` seconds following a step of ``step_s``, or ``None``."""
@@ -137,7 +139,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(hyperparameter_argv(sys.argv[1:] if argv is None else argv, ["--tiny"]))
     if args.model is None:
         parser.error("model.py registers no model: add one in models/ (see model.py)")
-    args.output_dir = args.output_dir or default_output_dir(os.environ)[0]
+    args.output_dir = args.output_dir or default_output_dir(os.environ)
     args.dataset_path = args.dataset_path or default_dataset_path(os.environ)
     return args
 

@@ -73,6 +73,8 @@ LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT
 # torchrun's options (Kubeflow), SkyPilot's, Vertex AI's and SageMaker's variables: a test replays a platform by
 # setting them itself; those of the machine running the tests (a CI pod, a cloud job) must not leak in.
 LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "PET_", "SKYPILOT_", "AIP_", "SM_")
+IN_A_POD = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}
+"""What every Kubernetes pod has in its environment (a test that replays a pod adds it to :func:`clean_env`'s)."""
 
 
 START_DELAY_S = float(os.environ.get("TEST_START_DELAY_S") or 0)

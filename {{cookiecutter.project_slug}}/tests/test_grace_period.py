@@ -10,13 +10,12 @@ import sys
 
 import pytest
 
-from conftest import ROOT, TEST_MODEL, bound, clean_env, launch_command, synth_corpus
+from conftest import IN_A_POD, ROOT, TEST_MODEL, bound, clean_env, launch_command, synth_corpus
 from model import MODELS
 
 pytestmark = pytest.mark.slow  # real jobs: python -m pytest -m "not slow" leaves them out
 
 TRAINJOB = os.path.join(ROOT, "scripts", "kubeflow", "trainjob.yaml")
-IN_A_POD = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}  # what every Kubernetes pod has
 TRAIN_ARGS = ["--model", TEST_MODEL, "--tiny", "--max-steps", "1", "--set", "data.num_workers=1"]
 
 

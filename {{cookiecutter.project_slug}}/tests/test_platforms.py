@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import multiproc
-from conftest import ROOT, TEST_MODEL, bound, clean_env, finish, free_port, launch_command, synth_corpus
+from conftest import IN_A_POD, ROOT, TEST_MODEL, bound, clean_env, finish, free_port, launch_command, synth_corpus
 from utils.platforms import default_dataset_path, default_output_dir, hyperparameter_argv, tensorboard_dir
 
 STEPS = 4
@@ -28,7 +28,6 @@ TRAIN_ARGS = ["--model", TEST_MODEL, "--tiny", "--max-steps", str(STEPS), "--set
 TRAINJOB, PYTORCHJOB, SKYPILOT = (Path(ROOT) / "scripts" / "kubeflow" / "trainjob.yaml",
                                   Path(ROOT) / "scripts" / "kubeflow" / "pytorchjob.yaml",
                                   Path(ROOT) / "scripts" / "skypilot" / "train.yaml")
-IN_A_POD = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}  # what every Kubernetes pod has
 
 
 @pytest.fixture(scope="module")
@@ -233,10 +232,10 @@ def test_platform_topology_reads_each_platform_in_the_documented_order(environ, 
 
 
 def test_platform_folders_and_sagemaker_arguments():
-    assert default_output_dir({"AIP_CHECKPOINT_DIR": "gs://bucket/run/checkpoints/", "SM_CURRENT_HOST": "algo-1"})[0] \
+    assert default_output_dir({"AIP_CHECKPOINT_DIR": "gs://bucket/run/checkpoints/", "SM_CURRENT_HOST": "algo-1"}) \
         == "/gcs/bucket/run/checkpoints/"
-    assert default_output_dir({"SM_CURRENT_HOST": "algo-1"})[0] == "/opt/ml/checkpoints"
-    assert default_output_dir({})[0] == "output"
+    assert default_output_dir({"SM_CURRENT_HOST": "algo-1"}) == "/opt/ml/checkpoints"
+    assert default_output_dir({}) == "output"
     assert default_dataset_path({"SM_CHANNEL_TRAINING": "/opt/ml/input/data/training"}) == "/opt/ml/input/data/training"
     assert default_dataset_path({"SM_CHANNEL_EVAL": "/x"}) is None
     assert tensorboard_dir({"AIP_TENSORBOARD_LOG_DIR": "gs://b/logs"}, "out") == "/gcs/b/logs"

@@ -38,14 +38,13 @@ def gcs_fuse_path(uri: str) -> str:
     return "/gcs/" + uri[len("gs://"):] if uri.startswith("gs://") else uri
 
 
-def default_output_dir(environ: Mapping[str, str]) -> tuple[str, str]:
-    """``(folder, where it came from)`` for a run started without ``--output-dir`` (the order in the module's
-    docstring)."""
+def default_output_dir(environ: Mapping[str, str]) -> str:
+    """The output folder of a run started without ``--output-dir`` (the order in the module's docstring)."""
     if environ.get("AIP_CHECKPOINT_DIR", "").strip():
-        return gcs_fuse_path(environ["AIP_CHECKPOINT_DIR"].strip()), "AIP_CHECKPOINT_DIR (Vertex AI)"
+        return gcs_fuse_path(environ["AIP_CHECKPOINT_DIR"].strip())
     if on_sagemaker(environ):
-        return SAGEMAKER_CHECKPOINTS, "SageMaker's checkpoint folder"
-    return "output", "the default"
+        return SAGEMAKER_CHECKPOINTS
+    return "output"
 
 
 def default_dataset_path(environ: Mapping[str, str]) -> Optional[str]:
