@@ -39,14 +39,10 @@ import gc
 import logging
 import os
 import re
-import shutil
 import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Mapping, Optional, Sequence
-
+from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -54,6 +50,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
+
+from utils.launch import _int_var, detect_launcher_env
+
 
 __all__ = [
     "DistInfo",
@@ -85,8 +84,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MASTER_PORT = 29500
-_SLURM_PORT_BASE, _SLURM_PORT_SPAN = 15000, 17000  # ports 15000..31999: below Linux's ephemeral range (32768-)
+
 _REDUCE_OPS = {
     "mean": dist.ReduceOp.SUM,  # sum, then divide by the world size (AVG is NCCL-only)
     "sum": dist.ReduceOp.SUM,
@@ -94,9 +92,7 @@ _REDUCE_OPS = {
     "min": dist.ReduceOp.MIN,
 }
 
-
 _timeout_s: Optional[float] = None  # the process group's timeout, for error messages
-
 
 class CollectiveError(dist.DistBackendError):
     """A collective (all-reduce, all-gather, barrier, rendezvous) failed on this rank.
@@ -109,14 +105,12 @@ class CollectiveError(dist.DistBackendError):
         super().__init__(message)
         self.rank, self.collective, self.timeout_s = rank, collective, timeout_s
 
-
 class CollectiveTimeout(CollectiveError):
     """A collective waited longer than the process group's timeout: another rank hung or died.
 
     gloo raises a bare ``RuntimeError`` ("Timed out waiting 5000ms for recv operation") that names neither
     the rank nor the operation; this says which rank gave up, on which collective, after how long.
     """
-
 
 @contextlib.contextmanager
 def collective(name: str, rank: Optional[int] = None, timeout: Optional[tuple[str, float]] = None):
@@ -143,10 +137,8 @@ def collective(name: str, rank: Optional[int] = None, timeout: Optional[tuple[st
             raise
         raise _collective_error(name, err, rank, time.monotonic() - start, timeout) from err
 
-
 _COMMUNICATION_RE = re.compile(r"gloo|nccl|time[d ]?\s?out|connection (?:closed|reset|refused)|broken pipe",
                                re.IGNORECASE)
-
 
 def _collective_error(name: str, err: RuntimeError, rank: Optional[int], elapsed: float,
                       timeout: Optional[tuple[str, float]] = None) -> CollectiveError:
@@ -166,7 +158,6 @@ def _collective_error(name: str, err: RuntimeError, rank: Optional[int], elapsed
                                  f"({reason})", rank, name, seconds)
     return CollectiveError(f"rank {rank}: {name} failed after {elapsed:.1f} s (another rank may have died): "
                            f"{reason}", rank, name, seconds)
-
 
 @dataclasses.dataclass(frozen=True)
 class DistInfo:
@@ -197,230 +188,7 @@ class DistInfo:
         """True when a process group exists (world size > 1)."""
         return self.backend is not None
 
-
-# --------------------------------------------------------------------------------------------
-# Launcher environment
-# --------------------------------------------------------------------------------------------
-
-def _int_var(environ: Mapping[str, str], name: str) -> int:
-    value = environ[name]
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
-
-
-def expand_nodelist(nodelist: str) -> list[str]:
-    """Expand a SLURM host list the way ``scontrol show hostnames`` does, without SLURM.
-
-    ``"node[01-04,07]"`` -> ``["node01", "node02", "node03", "node04", "node07"]``;
-    ``"gpu[003-005],gpu010"`` -> ``["gpu003", "gpu004", "gpu005", "gpu010"]``. Zero padding is
-    kept (the width of the range's lower bound, as SLURM does); several bracket groups in one
-    name (``"r[1-2]n[1-2]"``) expand to their product.
-
-    Raises:
-        ValueError: the list is empty, brackets are unbalanced, or a range is malformed
-            (``"n[5-3]"``, ``"n[a-b]"``).
-
-    Source: https://slurm.schedmd.com/scontrol.html (``show hostnames``).
-    """
-    text = nodelist.strip()
-    if not text:
-        raise ValueError("SLURM node list is empty")
-    # split on commas that are not inside brackets
-    names, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch == "[":
-            depth += 1
-            if depth > 1:
-                raise ValueError(f"SLURM node list {nodelist!r} has nested brackets")
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"SLURM node list {nodelist!r} has an unmatched ']'")
-        elif ch == "," and depth == 0:
-            names.append(text[start:i])
-            start = i + 1
-    if depth != 0:
-        raise ValueError(f"SLURM node list {nodelist!r} has an unmatched '['")
-    names.append(text[start:])
-
-    hosts: list[str] = []
-    for name in names:
-        if not name:
-            raise ValueError(f"SLURM node list {nodelist!r} has an empty host name")
-        expanded = [""]
-        for literal, group in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", name):
-            choices = [literal]
-            if group:
-                choices = [literal + s for s in _expand_range_group(group, nodelist)]
-            expanded = [prefix + c for prefix in expanded for c in choices]
-        hosts.extend(expanded)
-    return hosts
-
-
-def _expand_range_group(group: str, nodelist: str) -> list[str]:
-    out = []
-    for item in group.split(","):
-        lo, sep, hi = item.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"SLURM node list {nodelist!r} has a bad range {item!r}")
-        if not sep:
-            out.append(lo)
-            continue
-        if int(hi) < int(lo):
-            raise ValueError(f"SLURM node list {nodelist!r} has a decreasing range {item!r}")
-        out.extend(str(n).zfill(len(lo)) for n in range(int(lo), int(hi) + 1))
-    return out
-
-
-def slurm_port(job_id: int, step_id: int) -> int:
-    """The rendezvous port of a SLURM job step when ``MASTER_PORT`` is not given: 15000..31999.
-
-    Derived from the job id *and* the step id, so two ``srun`` steps of one allocation running at once get
-    different ports (each its own process group), and kept below 32768, where Linux's ephemeral ports (the
-    ones the kernel hands out for outgoing connections) begin. Steps of one job never collide unless their ids
-    differ by a multiple of 17000; other jobs on the same nodes may, rarely: give ``MASTER_PORT`` then.
-    """
-    return _SLURM_PORT_BASE + (job_id * 1_000_003 + step_id) % _SLURM_PORT_SPAN
-
-
-def _first_slurm_host(nodelist: str, use_scontrol: bool) -> str:
-    """First host of a SLURM node list, by ``scontrol show hostnames`` if present, else parsed."""
-    scontrol = shutil.which("scontrol") if use_scontrol else None
-    if scontrol:
-        try:
-            done = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True,
-                                  text=True, timeout=30, check=False)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            logger.debug("scontrol failed (%s); parsing the node list ourselves", err)
-        else:
-            hosts = done.stdout.split()
-            if done.returncode == 0 and hosts:
-                return hosts[0]
-    return expand_nodelist(nodelist)[0]
-
-
-def detect_launcher_env(environ: Mapping[str, str], use_scontrol: bool = True) -> dict:
-    """Work out rank, local rank, world size and rendezvous address from a launcher's variables.
-
-    Launchers are tried in this order (the first whose variables are present wins, so
-    torchrun started inside an ``srun`` step is seen as torchrun):
-
-    * torchrun / ``multiproc.py``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (defaults to ``RANK``),
-      ``MASTER_ADDR``, ``MASTER_PORT``; also Azure ML and Ray Train, which set them per process. A ``RANK`` without
-      ``LOCAL_RANK`` beside ``PET_NPROC_PER_NODE`` > 1 is a node's index (Kubeflow's PyTorchJob started the script
-      without a launcher): refused, never read as a process's rank.
-    * SLURM (``srun``): ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``; the address is the
-      first host of ``SLURM_STEP_NODELIST`` (else ``SLURM_JOB_NODELIST`` / ``SLURM_NODELIST``), the
-      port :func:`slurm_port` of ``SLURM_JOB_ID`` and ``SLURM_STEP_ID`` (29500 without a job id).
-      ``MASTER_ADDR`` / ``MASTER_PORT`` in the environment override both.
-    * OpenMPI (``mpirun``): ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_LOCAL_RANK``,
-      ``OMPI_COMM_WORLD_SIZE``; ``MASTER_ADDR`` and ``MASTER_PORT`` must be given (``mpirun -x``).
-    * none of them: a plain single process (rank 0 of 1).
-
-    Args:
-        environ: the variables to read, usually ``os.environ``; not modified.
-        use_scontrol: expand the SLURM node list with ``scontrol show hostnames`` when that
-            program is on ``PATH`` (falls back on :func:`expand_nodelist`).
-
-    Returns:
-        ``{"launcher": "torchrun" | "slurm" | "openmpi" | "none", "rank": int, "local_rank": int,
-        "world_size": int, "master_addr": str | None, "master_port": int | None}``; the address and
-        port are ``None`` only for a single process.
-
-    Raises:
-        ValueError: a variable is not an integer, only one of ``RANK`` / ``WORLD_SIZE`` is set,
-            the values are inconsistent (``rank >= world_size``, negative, port out of range), or a
-            multi-process launch lacks ``MASTER_ADDR`` / ``MASTER_PORT``.
-    """
-    env = environ
-    master_addr = env.get("MASTER_ADDR") or None
-    master_port: Optional[int] = _int_var(env, "MASTER_PORT") if env.get("MASTER_PORT") else None
-
-    if "RANK" in env or "WORLD_SIZE" in env:
-        missing = [v for v in ("RANK", "WORLD_SIZE") if v not in env]
-        if missing:
-            raise ValueError(f"{missing[0]} is not set although "
-                             f"{'WORLD_SIZE' if missing[0] == 'RANK' else 'RANK'} is")
-        launcher = "torchrun"
-        rank, world_size = _int_var(env, "RANK"), _int_var(env, "WORLD_SIZE")
-        local_rank = _int_var(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
-        per_node = env.get("PET_NPROC_PER_NODE", "").strip()
-        if "LOCAL_RANK" not in env and per_node.isdigit() and int(per_node) > 1:
-            raise ValueError(f"RANK={rank} and WORLD_SIZE={world_size} without LOCAL_RANK, and PET_NPROC_PER_NODE="
-                             f"{per_node}: RANK is the platform's node (pod) index, not a process's rank (Kubeflow's "
-                             "PyTorchJob); start the job with python multiproc.py train.py ... (it reads PET_* and "
-                             f"starts {per_node} processes per node) or torchrun")
-    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        launcher = "slurm"
-        rank, world_size = _int_var(env, "SLURM_PROCID"), _int_var(env, "SLURM_NTASKS")
-        local_rank = _int_var(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0
-        if master_addr is None and world_size > 1:
-            nodelist = next((env[v] for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
-                                              "SLURM_NODELIST") if env.get(v)), None)
-            if nodelist is None:
-                raise ValueError("SLURM launch: none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, "
-                                 "SLURM_NODELIST is set and MASTER_ADDR is not given")
-            master_addr = _first_slurm_host(nodelist, use_scontrol)
-        if master_port is None:
-            step = next((v for v in ("SLURM_STEP_ID", "SLURM_STEPID") if env.get(v)), None)
-            master_port = (slurm_port(_int_var(env, "SLURM_JOB_ID"), _int_var(env, step) if step else 0)
-                           if env.get("SLURM_JOB_ID") else DEFAULT_MASTER_PORT)
-    elif "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
-        launcher = "openmpi"
-        rank = _int_var(env, "OMPI_COMM_WORLD_RANK")
-        world_size = _int_var(env, "OMPI_COMM_WORLD_SIZE")
-        local_rank = (_int_var(env, "OMPI_COMM_WORLD_LOCAL_RANK")
-                      if "OMPI_COMM_WORLD_LOCAL_RANK" in env else 0)
-        if world_size > 1 and (master_addr is None or master_port is None):
-            raise ValueError("OpenMPI launch needs MASTER_ADDR and MASTER_PORT in the environment "
-                             "(e.g. mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500 ...)")
-    else:
-        return {"launcher": "none", "rank": 0, "local_rank": 0, "world_size": 1,
-                "master_addr": None, "master_port": None}
-
-    if world_size < 1:
-        raise ValueError(f"{launcher}: world size must be >= 1, got {world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"{launcher}: rank {rank} is outside 0..{world_size - 1}")
-    if local_rank < 0:
-        raise ValueError(f"{launcher}: local rank must be >= 0, got {local_rank}")
-    if world_size > 1 and (master_addr is None or master_port is None):
-        raise ValueError(f"{launcher}: world size {world_size} needs MASTER_ADDR and MASTER_PORT")
-    if master_port is not None and not 0 < master_port < 65536:
-        raise ValueError(f"{launcher}: MASTER_PORT must be in 1..65535, got {master_port}")
-    return {"launcher": launcher, "rank": rank, "local_rank": local_rank, "world_size": world_size,
-            "master_addr": master_addr, "master_port": master_port}
-
-
-def available_cpus() -> float:
-    """CPUs this process may use: its affinity mask (``taskset``, a scheduler's binding), capped by the cgroup's CPU
-    quota (what a container or a job scheduler grants; cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``). Not the
-    host's core count, which ``os.cpu_count()`` and OpenMP's default see."""
-    cpus = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
-    for quota_file, period_file in (("/sys/fs/cgroup/cpu.max", None),
-                                    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
-        try:
-            words = Path(quota_file).read_text().split()
-            quota, period = words[0], words[1] if period_file is None else Path(period_file).read_text().strip()
-        except (OSError, IndexError):  # no such cgroup file here (another cgroup version, not Linux)
-            continue
-        if quota not in ("max", "-1") and float(period) > 0:
-            cpus = min(cpus, float(quota) / float(period))
-        break
-    return max(cpus, 1.0)
-
-
-def cpu_threads(local_world_size: int = 1) -> int:
-    """Intra-op threads for one of ``local_world_size`` processes of this machine computing on its CPUs: their fair
-    share of :func:`available_cpus`, at least 1. (PyTorch's default, every core of the host, makes one process on a
-    2-CPU container of a 64-core host run ten times slower, and several processes fight over the same cores.)"""
-    return max(1, int(available_cpus() // max(local_world_size, 1)))
-
-
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
 
 def die_with_launcher(sig: int = signal.SIGTERM) -> bool:
     """Have the kernel send ``sig`` to this process when its launcher dies (Linux ``PR_SET_PDEATHSIG``).
@@ -448,7 +216,6 @@ def die_with_launcher(sig: int = signal.SIGTERM) -> bool:
         os.kill(os.getpid(), sig)
     return True
 
-
 # --------------------------------------------------------------------------------------------
 # Process group
 # --------------------------------------------------------------------------------------------
@@ -466,11 +233,9 @@ def _select_device(local_rank: int) -> torch.device:
     torch.cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)
 
-
 RENDEZVOUS_FLOOR_S = 300.0
 """The shortest rendezvous timeout :func:`init_distributed` uses by default: ranks start seconds to minutes apart
 (interpreter, CUDA and NCCL initialisation; image pulls on a cluster), whatever the collectives' timeout is."""
-
 
 def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800,
                      rendezvous_timeout_s: Optional[float] = None) -> DistInfo:
@@ -548,7 +313,6 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800,
                  env["master_port"], env["launcher"])
     return DistInfo(rank, local_rank, world_size, device, backend)
 
-
 def _rendezvous_store(addr: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
     """The job's rendezvous store, as ``init_method="env://"`` would make it but with its own ``timeout`` (the wait
     for every rank to join, apart from the collectives' timeout): rank 0 hosts a :class:`torch.distributed.TCPStore`
@@ -572,25 +336,20 @@ def _rendezvous_store(addr: str, port: int, rank: int, world_size: int, timeout:
     store.wait([f"rendezvous/joined/{other}" for other in range(world_size)], timeout)
     return store
 
-
 def _initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
-
 
 def get_rank() -> int:
     """Global rank of this process; 0 without a process group."""
     return dist.get_rank() if _initialized() else 0
 
-
 def get_world_size() -> int:
     """Number of processes in the job; 1 without a process group."""
     return dist.get_world_size() if _initialized() else 1
 
-
 def is_main_process() -> bool:
     """True on global rank 0 (and in a single process)."""
     return get_rank() == 0
-
 
 def barrier() -> None:
     """Wait until every rank reaches this point (``torch.distributed.barrier``); no-op alone.
@@ -601,7 +360,6 @@ def barrier() -> None:
     if _initialized() and dist.get_world_size() > 1:
         with collective("barrier"):
             dist.barrier()
-
 
 def cleanup() -> None:
     """Destroy the default process group if one exists (``destroy_process_group``); else no-op.
@@ -614,14 +372,12 @@ def cleanup() -> None:
         gc.collect()
         dist.destroy_process_group()
 
-
 # --------------------------------------------------------------------------------------------
 # Model wrapping and reductions
 # --------------------------------------------------------------------------------------------
 
 PARALLELISMS = ("ddp", "fsdp")
 """The ways :func:`apply_gradient_allreduce` spreads a model over the ranks (``train.parallelism``)."""
-
 
 def apply_gradient_allreduce(model: nn.Module, parallelism: str = "ddp", blocks: Sequence[nn.Module] = (),
                              param_dtype: Optional[torch.dtype] = None, reshard_after_forward: bool = True,
@@ -691,7 +447,6 @@ def apply_gradient_allreduce(model: nn.Module, parallelism: str = "ddp", blocks:
             options.setdefault("output_device", device.index)
     return DistributedDataParallel(model, **options)
 
-
 def _fully_shard(model: nn.Module, blocks: Sequence[nn.Module], param_dtype: Optional[torch.dtype],
                  reshard_after_forward: bool) -> nn.Module:
     inside = {id(module) for module in model.modules()}
@@ -725,7 +480,6 @@ def _fully_shard(model: nn.Module, blocks: Sequence[nn.Module], param_dtype: Opt
         model.register_forward_pre_hook(lambda module, args: broadcast_buffers(module))
     return model
 
-
 def broadcast_buffers(model: nn.Module) -> None:
     """Rank 0's values of ``model``'s buffers (BatchNorm's running statistics) on every rank, one broadcast per
     dtype; nothing alone. DDP does it before every forward; under FSDP it runs before every forward of a sharded
@@ -745,7 +499,6 @@ def broadcast_buffers(model: nn.Module) -> None:
             for buffer, value in zip(group, flat.split([buffer.numel() for buffer in group])):
                 buffer.copy_(value.view_as(buffer))
 
-
 @contextlib.contextmanager
 def no_sync(model: nn.Module):
     """Inside the block, backward passes accumulate gradients locally without the all-reduce (DDP) or
@@ -764,7 +517,6 @@ def no_sync(model: nn.Module):
     else:
         yield
 
-
 def full_value(tensor: torch.Tensor) -> torch.Tensor:
     """A plain tensor of ``tensor``'s whole value: a sharded/replicated ``DTensor`` (FSDP's parameters,
     gradients, ``clip_grad_norm_``'s total norm) is gathered (a collective: every rank must call it), a plain
@@ -773,7 +525,6 @@ def full_value(tensor: torch.Tensor) -> torch.Tensor:
         with collective("gather of a sharded tensor"):
             return tensor.full_tensor()
     return tensor
-
 
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The plain module inside DDP and/or ``torch.compile`` wrappers (for saving, exporting).
@@ -788,7 +539,6 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             model = model._orig_mod
         else:
             return model
-
 
 def reduce_tensor(tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
     """All-reduce a detached copy of ``tensor`` over all ranks; ``tensor`` is left unchanged.
@@ -834,7 +584,6 @@ def reduce_tensor(tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         work /= dist.get_world_size()
     return work.to(tensor.device) if work is not result else result
 
-
 def broadcast_object(obj, src: int = 0):
     """Rank ``src``'s ``obj`` (any picklable value) on every rank; ``obj`` itself alone.
 
@@ -849,7 +598,6 @@ def broadcast_object(obj, src: int = 0):
     with collective("broadcast_object"):
         dist.broadcast_object_list(box, src=src)
     return box[0]
-
 
 def all_gather_object(obj) -> list:
     """Every rank's ``obj`` (any picklable value), in rank order, on every rank; ``[obj]`` alone.

@@ -5,11 +5,11 @@
     python inference.py --checkpoint out/checkpoint_last --output out.wav   # a sharded checkpoint (FSDP) alike
     python inference.py --checkpoint release.pt --output out.wav         # scripts/export.py --format release
 
-The checkpoint says which model of ``model.py`` it holds and carries its config, so no config file is needed.
+The checkpoint says which model of ``models/`` it holds and carries its config, so no config file is needed.
 A checkpoint holding EMA weights (``train.ema_decay``) is run with them, and a line says so.
-The work itself is the model's inference hook (``ModelSpec.infer``), and its options come from the model
-(``ModelSpec.add_inference_args``). Every failure is one ``ERROR:`` line and exit status 1; nothing is
-written then.
+The work itself is the model's inference hook (``Inference.infer`` of its spec), and its options come from the model
+(``Inference.add_args``); a model that makes mels (``Inference.takes_vocoder``) gets ``--vocoder CHECKPOINT``, a
+model that vocodes. Every failure is one ``ERROR:`` line and exit status 1; nothing is written then.
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model import MODELS, config_schemas
-from utils.checkpoint import (RELEASE_FORMAT, CheckpointError, is_sharded, load_model_state, load_sharded,
-                              read_checkpoint)
+from models import MODELS, config_schemas
+from utils.checkpoint.state import RELEASE_FORMAT
+from utils.checkpoint.files import CheckpointError, load_model_state
+from utils.checkpoint.sharded import is_sharded, load_sharded
+from utils.checkpoint.resume import read_checkpoint
 from utils.config import Config, ConfigError, config_from_dict
-from utils.data_utils import DataError
-from utils.ema import averaged_parameters, in_modules
+from utils.data.corpus import DataError
+from utils.training.ema import averaged_parameters, in_modules
 from utils.run_log import one_line, one_line_warnings
 
 
@@ -79,6 +81,26 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
     return name, model.to(device).eval(), cfg
 
 
+def load_vocoder(path: str | None, checkpoint: str, cfg: Config, device: torch.device):
+    """The ``mel (n_mels, frames) -> audio (samples,)`` of the ``--vocoder`` checkpoint ``path`` (``Inference.vocode``
+    of its model), or ``None`` without one (Griffin-Lim).
+
+    Raises:
+        CheckpointError: the checkpoint holds a model that cannot vocode, or other audio settings than ``cfg`` (those
+            of ``checkpoint``).
+    """
+    if not path:
+        return None
+    name, vocoder, voc_cfg = load_trained(path, device)
+    spec = MODELS[name].inference
+    if spec is None or spec.vocode is None:
+        raise CheckpointError(f"--vocoder {path} holds a '{name}' model, which is not a vocoder")
+    if voc_cfg.audio != cfg.audio:
+        raise CheckpointError(f"--vocoder {path} was trained with other audio settings than "
+                              f"{checkpoint}: {voc_cfg.audio} vs {cfg.audio}")
+    return lambda mel: spec.vocode(vocoder, mel, voc_cfg)
+
+
 def parse_device(text: str) -> torch.device:
     """``cpu``, ``cuda`` or ``cuda:N`` as a device this machine has.
 
@@ -113,8 +135,14 @@ def build_parser(model_names: list[str]) -> argparse.ArgumentParser:
                         help="seed of the random draws (a vocoder's noise, a prenet's dropout, Griffin-Lim's "
                              "phases): the same checkpoint and input give the same output (default 0)")
     for name in model_names:
-        if MODELS[name].add_inference_args is not None:
-            MODELS[name].add_inference_args(parser.add_argument_group(f"{name} options"))
+        spec = MODELS[name].inference
+        group = parser.add_argument_group(f"{name} options")
+        if spec is not None and spec.add_args is not None:
+            spec.add_args(group)
+        vocoders = [other for other, each in MODELS.items() if each.inference and each.inference.vocode]
+        if spec is not None and spec.takes_vocoder and vocoders:
+            group.add_argument("--vocoder", help=f"a {' or '.join(vocoders)} checkpoint to vocode with "
+                                                 "(default: Griffin-Lim)")
     return parser
 
 
@@ -157,14 +185,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     spec = MODELS[name]
     try:
-        if spec.infer is None:
-            raise ConfigError(f"model '{name}' has no inference hook (ModelSpec.infer in models/{name}.py)")
+        if spec.inference is None:
+            raise ConfigError(f"model '{name}' has no inference hook (Inference.infer of its spec in models/{name})")
         device = parse_device(args.device)
         _, model, cfg = load_trained(args.checkpoint, device)
+        args.load_vocoder = lambda: load_vocoder(getattr(args, "vocoder", None), args.checkpoint, cfg, device)
         torch.manual_seed(args.seed)  # every device's generator
         np.random.seed(args.seed)  # Griffin-Lim's random initial phases (librosa)
         with one_line_warnings():
-            spec.infer(model, cfg, args, device)
+            spec.inference.infer(model, cfg, args, device)
     except (ConfigError, DataError, CheckpointError, ValueError, OSError) as err:
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1

@@ -64,7 +64,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-
 import torch
 from torch.distributed import DistError, TCPStore
 from torch.distributed import run as torchrun
@@ -73,11 +72,12 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
+from utils.launch import platform_topology
+
 
 DEFAULT_STOP_TIMEOUT_S = 25.0
 """The default grace period after a stop signal: inside the 30 s after which Kubernetes kills a pod it stopped
 (``terminationGracePeriodSeconds``), with a few seconds for the launcher's own exit."""
-
 
 def stop_exit_code(signal_name: str, chosen: int | None, environ) -> int:
     """The exit code after a stop signal that every rank obeyed (checkpoint saved): ``chosen`` when given; 130
@@ -90,7 +90,6 @@ def stop_exit_code(signal_name: str, chosen: int | None, environ) -> int:
     if signal_name == "SIGINT":
         return 130
     return 128 + int(signal.Signals[signal_name]) if environ.get("KUBERNETES_SERVICE_HOST") else 0
-
 
 class RankLogs(LogsSpecs):
     """Torchrun log layout: global rank 0 on the console, rank r > 0 in ``<log_dir>/rank_<r>.*``."""
@@ -121,16 +120,13 @@ class RankLogs(LogsSpecs):
                 dest.stderrs[local_rank] = self.paths[int(rank)] = stem + ".stderr.log"
         return dest
 
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line instead of usage + message
         self.exit(2, f"multiproc: ERROR: {message}\n")
 
-
 def _fail(message: str) -> None:
     print(f"multiproc: ERROR: {message}", file=sys.stderr)
     sys.exit(2)
-
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse and check multiproc's own options; the script's arguments are kept verbatim."""
@@ -194,53 +190,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.master_port = args.master_port or 29500
     return args
 
-
-def platform_topology(environ) -> tuple[str, dict]:
-    """The launch options a platform gives this node in its environment: ``(platform, {option: value})``, the
-    values still strings, from the first of these whose variables are present (the order is the documented one):
-
-    1. torchrun's ``PET_<OPTION>`` (``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``,
-       ``PET_MASTER_PORT``): Kubeflow's TrainJob sets only these; a PyTorchJob sets the address and port as plain
-       ``MASTER_ADDR``/``MASTER_PORT``, read when the ``PET_`` ones are absent.
-    2. SkyPilot: ``SKYPILOT_NUM_NODES``, ``SKYPILOT_NODE_RANK``, ``SKYPILOT_NUM_GPUS_PER_NODE`` (when > 0), the
-       address from the first line of ``SKYPILOT_NODE_IPS``, the port from ``MASTER_PORT`` when set.
-    3. A per-node launcher (Vertex AI, Alibaba PAI): ``WORLD_SIZE`` nodes, this one ``RANK``, at ``MASTER_ADDR``:
-       ``MASTER_PORT``, with no ``LOCAL_RANK`` (that would make them a process's variables).
-
-    Returns ``("", {})`` when none is present. Raises :class:`ValueError` (one line) for ``LOCAL_RANK`` beside
-    ``RANK``/``WORLD_SIZE`` and no ``PET_`` variable: this process is already one of the processes a launcher
-    started (torchrun, Azure ML), which must run ``train.py`` itself, not a second launcher.
-    """
-    def present(*names):
-        return {name: environ[name].strip() for name in names if environ.get(name, "").strip()}
-
-    pet = present("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
-    if pet:
-        plain = {name.lower(): value for name, value in present("MASTER_ADDR", "MASTER_PORT").items()}
-        return "torchrun's PET_* variables (Kubeflow)", {**plain, **{name[len("PET_"):].lower(): value
-                                                                     for name, value in pet.items()}}
-    if present("SKYPILOT_NODE_RANK"):
-        sky = present("SKYPILOT_NUM_NODES", "SKYPILOT_NODE_RANK", "SKYPILOT_NUM_GPUS_PER_NODE", "SKYPILOT_NODE_IPS",
-                      "MASTER_PORT")
-        found = {option: sky[name] for option, name in (("nnodes", "SKYPILOT_NUM_NODES"),
-                                                        ("node_rank", "SKYPILOT_NODE_RANK"),
-                                                        ("master_port", "MASTER_PORT")) if name in sky}
-        if sky.get("SKYPILOT_NUM_GPUS_PER_NODE", "0") != "0":
-            found["nproc_per_node"] = sky["SKYPILOT_NUM_GPUS_PER_NODE"]
-        if "SKYPILOT_NODE_IPS" in sky:
-            found["master_addr"] = sky["SKYPILOT_NODE_IPS"].split()[0]
-        return "SkyPilot's SKYPILOT_* variables", found
-    ranks = present("RANK", "WORLD_SIZE", "LOCAL_RANK")
-    if "LOCAL_RANK" in ranks:
-        raise ValueError(f"LOCAL_RANK={ranks['LOCAL_RANK']} is set: this process is already one of the processes a "
-                         "launcher started (torchrun, Azure ML); run train.py itself there, not multiproc.py")
-    if "RANK" in ranks and "WORLD_SIZE" in ranks:
-        found = {"nnodes": ranks["WORLD_SIZE"], "node_rank": ranks["RANK"],
-                 **{name.lower(): value for name, value in present("MASTER_ADDR", "MASTER_PORT").items()}}
-        return "a per-node launcher's WORLD_SIZE (nodes) and RANK (this node)", found
-    return "", {}
-
-
 def platform_defaults(args: argparse.Namespace, argv: list[str], environ) -> str:
     """Fill the options the command line left out from :func:`platform_topology` (in place); returns the platform
     read (``""``: none). ``nproc_per_node`` may also be ``auto`` or ``gpu`` (the visible GPUs, as the default) or
@@ -267,7 +216,6 @@ def platform_defaults(args: argparse.Namespace, argv: list[str], environ) -> str
                 _fail(f"{platform}: {value!r} for --{option.replace('_', '-')} is not a whole number")
     return platform
 
-
 @contextlib.contextmanager
 def _quiet_native_stderr():
     """Silence file descriptor 2 for a moment: c10d logs a failed connect attempt as a 30-line C++ stack
@@ -282,10 +230,8 @@ def _quiet_native_stderr():
         os.dup2(saved, 2)
         os.close(saved)
 
-
 class RendezvousError(RuntimeError):
     """The nodes of a multi-node launch did not all check in (one line: address, how many joined)."""
-
 
 def host_store(args: argparse.Namespace) -> TCPStore:
     """Single node: host the job's rendezvous store (a :class:`torch.distributed.TCPStore`, multi-tenant: torchrun's
@@ -308,7 +254,6 @@ def host_store(args: argparse.Namespace) -> TCPStore:
         raise RendezvousError(f"cannot listen on {args.master_addr}:{args.master_port or 0}: {reason}") from None
     args.master_port = store.port
     return store
-
 
 def wait_for_nodes(args: argparse.Namespace) -> TCPStore:
     """Check in with the other nodes' launchers at ``master_addr:master_port`` within ``--rdzv-timeout``.
@@ -348,7 +293,6 @@ def wait_for_nodes(args: argparse.Namespace) -> TCPStore:
         joined = store.add("multiproc/joined", 0)
     return store
 
-
 def _children() -> list[int]:
     """Pids of this process's living children (torchrun's workers), from /proc; empty off Linux."""
     me, found = os.getpid(), []
@@ -359,7 +303,6 @@ def _children() -> list[int]:
         except (OSError, IndexError, ValueError):  # the process ended while being read
             continue
     return found
-
 
 def last_error_line(log_path: str | None) -> str:
     """``": <what it said>"``: the last ``ERROR:`` line of a rank's stderr log without that prefix (so that the
@@ -372,7 +315,6 @@ def last_error_line(log_path: str | None) -> str:
         return ""
     errors = [line for line in lines if line.startswith("ERROR: ")]
     return f": {errors[-1][len('ERROR: '):]}" if errors else ""
-
 
 class StopForwarder:
     """Passes SIGTERM, SIGUSR1 and SIGINT on to every rank, and kills the ranks if they outstay the timeout.
@@ -417,7 +359,6 @@ class StopForwarder:
                 except ProcessLookupError:
                     continue
 
-
 def log_to_file(path: str) -> None:
     """Send torchrun's own log records (``torch.distributed.elastic``: "Sending process ... closing signal", "failed
     (exitcode: 1) ...") to ``path`` instead of the console, where this launcher says what happened in its own lines."""
@@ -427,7 +368,6 @@ def log_to_file(path: str) -> None:
     elastic = logging.getLogger("torch.distributed.elastic")
     elastic.addHandler(handler)
     elastic.propagate = False
-
 
 def run_agent(config, entrypoint, cmd_args: list[str], stop: StopForwarder):
     """torchrun's ``elastic_launch`` in a thread, while the main thread handles stop signals.
@@ -456,7 +396,6 @@ def run_agent(config, entrypoint, cmd_args: list[str], stop: StopForwarder):
         raise outcome["error"]
     return outcome.get("result")
 
-
 def preflight(script: str, script_args: list[str]) -> str | None:
     """The training script's own check of its command line, when it has one (a top-level ``def
     check_command_line``): its error line, or ``None``. The script is imported as a module, never run (its
@@ -475,7 +414,6 @@ def preflight(script: str, script_args: list[str]) -> str | None:
         return module.check_command_line(list(script_args))
     finally:
         sys.path.remove(folder)
-
 
 def main(argv: list[str] | None = None) -> int:
     """Run the job; returns the exit status: 0 (also after a stop signal the ranks obeyed; 130 after Ctrl-C),
@@ -539,7 +477,6 @@ def main(argv: list[str] | None = None) -> int:
     if stop.killed:
         return 128 + int(signal.Signals[stop.signal_name])
     return stop_exit_code(stop.signal_name, args.stop_exit_code, os.environ) if stop.signal_name else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

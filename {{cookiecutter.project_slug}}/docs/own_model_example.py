@@ -38,7 +38,8 @@ from torch import nn
 
 from model import ModelSpec, register
 from utils.config import Config, setting
-from utils.data_utils import AudioMelDataset, collate_audio_mel, load_splits, read_mel
+from utils.data.datasets import AudioMelDataset, collate_audio_mel, read_mel
+from utils.data.corpus import load_splits
 
 
 @dataclasses.dataclass

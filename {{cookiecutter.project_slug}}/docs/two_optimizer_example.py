@@ -61,9 +61,10 @@ from torch import nn
 
 from distributed import unwrap_model
 from model import ModelSpec, register
-from utils.audio_processing import MelSpectrogram, check_wav_output, save_wav
+from utils.data.audio import MelSpectrogram, check_wav_output, save_wav
 from utils.config import AudioConfig, Config, setting
-from utils.data_utils import AudioMelDataset, collate_audio_mel, load_splits, read_mel
+from utils.data.datasets import AudioMelDataset, collate_audio_mel, read_mel
+from utils.data.corpus import load_splits
 
 PHASES = ("discriminator", "generator")
 """The optimizers, in update order: the discriminator learns from the current generator first."""

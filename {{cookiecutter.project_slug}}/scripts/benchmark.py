@@ -97,12 +97,15 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from model import MODELS, BenchmarkCase, ModelSpec, config_schemas  # noqa: E402
-from train import (TrainingError, batch_stream, build_optimizers, build_phases, forward_backward,  # noqa: E402
-                   load_run_config, make_loader, on_device_hook, one_loss_step, setup_precision, to_device)
-from utils.checkpoint import TrainState  # noqa: E402
+from utils.training.guards import TrainingError
+from utils.data.loader import batch_stream, make_loader, on_device_hook, to_device
+from utils.training.optim import build_optimizers, setup_precision
+from utils.training.step import build_phases, forward_backward, one_loss_step
+from train import load_run_config
+from utils.checkpoint.state import TrainState  # noqa: E402
 from utils.config import Config, ConfigError, build_config, load_config  # noqa: E402
-from utils.data_utils import (DataError, LengthBucketSampler, padding_fraction,  # noqa: E402
-                              random_batches)
+from utils.data.corpus import DataError
+from utils.data.samplers import LengthBucketSampler, padding_fraction, random_batches
 
 PRECISION_MODES = {"fp32": "fp32", "tf32": "tf32", "bf16": "amp-bf16", "fp16": "amp-fp16"}
 """Our ``train.precision`` names -> the reference harness's ``mode`` names."""

@@ -33,8 +33,8 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
 
-from utils.checkpoint import (CheckpointError, atomic_write_bytes, is_sharded, read_train_state,  # noqa: E402
-                              sharded_intact)
+from utils.checkpoint.files import CheckpointError, atomic_write_bytes
+from utils.checkpoint.sharded import is_sharded, read_train_state, sharded_intact
 
 TRAINING_ONLY = ("optimizer", "scheduler", "scaler", "rng")
 """Entries ``--model-only`` leaves out."""

@@ -38,7 +38,7 @@ centred there). Tacotron2 predicts one frame per decoder step, as many as its ta
   zeroed before every post-net layer (as ``tacotron2.mask_padding=true`` does, whatever the checkpoint's setting), so
   no padding reaches a kept frame.
 * Written: ``<output>/<id>.pt``, the post-net mel ``(n_mels, frames)`` float32 (log-mel, natural log of the
-  magnitude as the project's :class:`~utils.audio_processing.MelSpectrogram`) with the padding removed, each file
+  magnitude as the project's :class:`~utils.data.audio.MelSpectrogram`) with the padding removed, each file
   atomically (:func:`utils.checkpoint.atomic_write_bytes`); ``<output>/_audio_config.json``, the audio settings (as
   ``scripts/preprocess.py`` records for its cache; a vocoder refuses mels of other settings); ``<output>/
   _gta_source.json``, the checkpoint and a SHA-256 of its weights.
@@ -75,15 +75,17 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from distributed import (all_gather_object, broadcast_object, cleanup, detect_launcher_env,  # noqa: E402
-                         init_distributed)
+from distributed import all_gather_object, broadcast_object, cleanup, init_distributed
+from utils.launch import detect_launcher_env
 from inference import load_trained, parse_device  # noqa: E402
-from utils.checkpoint import CheckpointError, atomic_write_bytes  # noqa: E402
+from utils.checkpoint.files import CheckpointError, atomic_write_bytes  # noqa: E402
 from utils.config import Config, ConfigError  # noqa: E402
-from utils.data_utils import MEL_SETTINGS_FILE, BadClip, DataError, Utterance, load_splits, load_wav  # noqa: E402
+from utils.data.datasets import MEL_SETTINGS_FILE  # noqa: E402
+from utils.data.corpus import BadClip, DataError, Utterance, load_splits  # noqa: E402
+from utils.data.audio import load_wav  # noqa: E402
 from utils.run_log import one_line, one_line_warnings  # noqa: E402
-from utils.text import text_to_sequence  # noqa: E402
-from utils.text_mel_data import TextMelCollate, TextMelDataset, mel_cache_path  # noqa: E402
+from models.tacotron2.text import text_to_sequence  # noqa: E402
+from models.tacotron2.data import TextMelCollate, TextMelDataset, mel_cache_path  # noqa: E402
 
 SOURCE_FILE = "_gta_source.json"
 """The file of the output folder that says which weights its mels come from (checkpoint path, SHA-256)."""

@@ -36,7 +36,9 @@ import torch  # noqa: E402
 
 from inference import load_trained  # noqa: E402
 from model import MODELS  # noqa: E402
-from utils.checkpoint import CheckpointError, atomic_write_bytes, read_checkpoint, release_checkpoint  # noqa: E402
+from utils.checkpoint.files import CheckpointError, atomic_write_bytes  # noqa: E402
+from utils.checkpoint.resume import read_checkpoint  # noqa: E402
+from utils.checkpoint.state import release_checkpoint  # noqa: E402
 from utils.config import ConfigError  # noqa: E402
 from utils.run_log import one_line  # noqa: E402
 

@@ -29,9 +29,9 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from model import MODELS, config_schemas  # noqa: E402
-from utils.checkpoint import CheckpointError, atomic_write_bytes  # noqa: E402
+from utils.checkpoint.files import CheckpointError, atomic_write_bytes  # noqa: E402
 from utils.config import ConfigError, load_config  # noqa: E402
-from utils.published import load_into, read_weights  # noqa: E402
+from utils.checkpoint.published import load_into, read_weights  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

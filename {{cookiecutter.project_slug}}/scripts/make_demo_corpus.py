@@ -30,8 +30,9 @@ import librosa  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from utils.audio_processing import save_wav  # noqa: E402
-from utils.data_utils import DataError, load_wav  # noqa: E402
+from utils.data.audio import save_wav  # noqa: E402
+from utils.data.corpus import DataError  # noqa: E402
+from utils.data.audio import load_wav  # noqa: E402
 
 ENGINES = ("flite", "espeak-ng")
 NO_ENGINE_MESSAGE = "neither flite nor espeak-ng is installed (apt-get install flite)"

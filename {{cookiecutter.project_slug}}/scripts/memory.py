@@ -10,7 +10,7 @@ It starts its own ranks (``torch.distributed.run --standalone``: gloo on CPUs, N
 and trains one step of a deep residual MLP (``--depth`` blocks of Linear-GELU-Linear, ``--width`` features,
 Adam), or with ``--model NAME`` of a model of ``model.py`` (its config, ``ModelSpec.blocks``, a batch of its
 ``synthetic_batch`` in the shape of its first benchmark case, its loss and optimizer), in each setting: ``ddp``, ``fsdp`` (``distributed.apply_gradient_allreduce``, per block), each with
-activation checkpointing ``none``, ``full`` and ``selective`` (``utils.activation_checkpoint``), exactly as
+activation checkpointing ``none``, ``full`` and ``selective`` (``utils.training.activation_checkpoint``), exactly as
 ``train.py`` applies them. Per rank it reports, in MiB:
 
 * parameters, gradients, optimizer state: the bytes of the tensors this rank holds (a sharded tensor's local
@@ -226,7 +226,7 @@ def measure(parallelism: str, mode: str, args, rank: int, device: torch.device) 
     ``activations_mib`` (MiB, this rank), ``peak_rss_mib`` (the process's peak so far) and ``method``. Every rank
     calls it (FSDP and DDP construction are collectives)."""
     from distributed import apply_gradient_allreduce
-    from utils.activation_checkpoint import apply_activation_checkpointing
+    from utils.training.activation_checkpoint import apply_activation_checkpointing
 
     what = subject(args)
     model = what.build(0).to(device)
@@ -301,7 +301,8 @@ def stall(async_save: bool, args, rank: int, device: torch.device, folder: Path)
         RuntimeError: the checkpoint is damaged or does not give back the saved state.
     """
     from distributed import barrier
-    from utils.checkpoint import ShardedCheckpointer, TrainState, load_sharded, sharded_intact
+    from utils.checkpoint.sharded import ShardedCheckpointer, load_sharded, sharded_intact
+    from utils.checkpoint.state import TrainState
 
     model, optimizer = fsdp_model(args, device, seed=0)
     saved = fingerprint(model, optimizer)

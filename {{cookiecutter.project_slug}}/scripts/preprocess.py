@@ -4,7 +4,7 @@
 
 Reads the ``audio`` and ``data`` sections of the config, lists the training and validation utterances
 (:func:`utils.data_utils.load_splits`) and writes ``<dataset_path>/<tacotron2.mel_cache_dir>/<id>.pt``: a float32
-tensor ``(n_mels, frames)`` made by :class:`utils.audio_processing.MelSpectrogram`, which
+tensor ``(n_mels, frames)`` made by :class:`utils.data.audio.MelSpectrogram`, which
 :class:`utils.text_mel_data.TextMelDataset` then loads instead of decoding the wav each epoch.
 
 * Resumable: mels already in the cache are skipped unless ``--overwrite`` is given.
@@ -37,10 +37,11 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from model import config_schemas  # noqa: E402
-from utils.audio_processing import MelSpectrogram  # noqa: E402
+from utils.data.audio import MelSpectrogram  # noqa: E402
 from utils.config import AudioConfig, Config, ConfigError, load_config  # noqa: E402
-from utils.data_utils import DataError, load_splits, load_wav  # noqa: E402
-from utils.text_mel_data import CACHE_SETTINGS_FILE, check_cache_settings, mel_cache_path  # noqa: E402
+from utils.data.corpus import DataError, load_splits  # noqa: E402
+from utils.data.audio import load_wav  # noqa: E402
+from models.tacotron2.data import CACHE_SETTINGS_FILE, check_cache_settings, mel_cache_path  # noqa: E402
 
 _worker_mel: Optional[MelSpectrogram] = None
 _worker_rate: int = 0

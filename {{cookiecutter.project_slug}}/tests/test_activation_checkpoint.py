@@ -1,4 +1,4 @@
-"""Activation checkpointing (utils.activation_checkpoint): the gradients of the plain model for every model that
+"""Activation checkpointing (utils.training.activation_checkpoint): the gradients of the plain model for every model that
 names its blocks, on one process and under DDP and FSDP on 2 gloo ranks, and the activation memory it saves."""
 
 import os
@@ -10,7 +10,7 @@ from torch import nn
 
 from conftest import ROOT, run_ranks
 from model import MODELS, config_schemas
-from utils.activation_checkpoint import apply_activation_checkpointing, is_checkpointed
+from utils.training.activation_checkpoint import apply_activation_checkpointing, is_checkpointed
 from utils.config import load_config
 
 WITH_BLOCKS = sorted(name for name, spec in MODELS.items() if spec.blocks is not None)
@@ -109,7 +109,7 @@ WORKER = textwrap.dedent('''
     sys.path.insert(0, sys.argv[2])
     import distributed as D
     from test_activation_checkpoint import deep_stack
-    from utils.activation_checkpoint import apply_activation_checkpointing
+    from utils.training.activation_checkpoint import apply_activation_checkpointing
 
     info = D.init_distributed()
     torch.manual_seed(5)

@@ -6,7 +6,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from utils.audio_processing import (MelSpectrogram, dynamic_range_compression, dynamic_range_decompression,
+from utils.data.audio import (MelSpectrogram, dynamic_range_compression, dynamic_range_decompression,
                                     griffin_lim, save_wav)
 from utils.config import AudioConfig
 
@@ -148,7 +148,7 @@ def test_save_wav_rejects_bad_audio(tmp_path, audio, message):
 
 
 def test_audio_that_no_trained_model_writes_is_named_and_speech_is_not():
-    from utils.audio_processing import audio_problems
+    from utils.data.audio import audio_problems
 
     rng = np.random.default_rng(0)
     speech_like = (0.3 * sine(180.0, seconds=0.5).numpy() * np.hanning(SR // 2)).astype(np.float32)

@@ -300,7 +300,7 @@ def test_unicode_line_separators_inside_a_transcript_do_not_split_the_row(capsys
     lines[0] = "SYN-0001|Line\u2028separator and next\x85line.|Line separator and next line."
     lines[1] = lines[1] + "\r"  # a Windows line end on one row
     (own_corpus / "metadata.csv").write_text("\n".join(lines) + "\n")
-    from utils.data_utils import read_ljspeech
+    from utils.data.corpus import read_ljspeech
     utterances = read_ljspeech(own_corpus)
     assert [u.id for u in utterances] == [f"SYN-{i:04d}" for i in range(1, N_UTTERANCES + 1)]
     assert utterances[0].text == "Line separator and next line." and not utterances[1].text.endswith("\r")

@@ -21,9 +21,8 @@ import torch
 from torch import nn
 
 from conftest import ROOT, bound, clean_env
-from utils.checkpoint import (CheckpointError, atomic_write_bytes, capture_rng_state, list_checkpoints,
-                              load_checkpoint, load_model_state, remove_stale_temporaries, restore_rng_state,
-                              save_checkpoint)
+from utils.checkpoint.files import CheckpointError, atomic_write_bytes, load_checkpoint, load_model_state, remove_stale_temporaries
+from utils.checkpoint.state import capture_rng_state, list_checkpoints, restore_rng_state, save_checkpoint
 
 
 def state_of(step: int) -> dict:
@@ -362,7 +361,7 @@ def test_rng_state_survives_a_weights_only_round_trip(tmp_path):
 
 
 def test_config_changes_are_named_as_config_json_writes_them():
-    from utils.checkpoint import config_changes
+    from utils.checkpoint.resume import config_changes
 
     before = {"train": {"compile": False, "grad_clip": 0.0, "lr_schedule": "constant"}, "data": {"exclude": ()}}
     now = {"train": {"compile": True, "grad_clip": 0.5, "lr_schedule": "cosine"}, "data": {"exclude": ("LJ001",)}}

@@ -11,8 +11,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from utils.config import AudioConfig, DataConfig
-from utils.data_utils import (AudioMelDataset, DataError, Utterance, collate_audio_mel, load_splits, load_wav,
-                              read_filelist, read_ljspeech)
+from utils.data.datasets import AudioMelDataset, collate_audio_mel
+from utils.data.corpus import DataError, Utterance, load_splits, read_filelist, read_ljspeech
+from utils.data.audio import load_wav
 
 SR = 22050
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -256,7 +257,7 @@ def test_dataset_random_crop_is_a_slice_fixed_by_seed_epoch_and_index(tmp_path):
 
 
 def test_resumable_sampler_skips_what_was_trained_then_is_whole_again():
-    from utils.data_utils import ResumableDistributedSampler
+    from utils.data.samplers import ResumableDistributedSampler
     data = list(range(20))
     full = [list(ResumableDistributedSampler(data, num_replicas=2, rank=r, shuffle=True, seed=3)) for r in (0, 1)]
     sampler = ResumableDistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=3)
@@ -277,7 +278,7 @@ def ljspeech_like_lengths(count: int, seed: int = 0) -> list[int]:
 
 def bucket_pass(lengths, batch_size, world_size, epoch=0, start=0, pool=8, seed=5):
     """Every rank's micro-batches of one pass, ``[rank][batch] -> indices``."""
-    from utils.data_utils import LengthBucketSampler
+    from utils.data.samplers import LengthBucketSampler
     ranks = []
     for rank in range(world_size):
         sampler = LengthBucketSampler(lengths, batch_size, world_size, rank, seed=seed, pool=pool)
@@ -310,7 +311,7 @@ def test_length_buckets_read_every_utterance_at_most_once_and_leave_out_less_tha
 
 
 def test_length_buckets_pad_far_less_than_random_batches():
-    from utils.data_utils import LengthBucketSampler, padding_fraction, random_batches
+    from utils.data.samplers import LengthBucketSampler, padding_fraction, random_batches
     lengths = ljspeech_like_lengths(2000)
     shuffled = padding_fraction(random_batches(len(lengths), 32, seed=1), lengths)
     bucketed = padding_fraction(LengthBucketSampler(lengths, 32, seed=1, pool=64).epoch_batches(), lengths)
@@ -325,7 +326,7 @@ def test_length_buckets_pad_far_less_than_random_batches():
 
 
 def test_padding_fraction_counts_the_padded_positions():
-    from utils.data_utils import padding_fraction
+    from utils.data.samplers import padding_fraction
     assert padding_fraction([[0, 1], [2]], [10, 6, 3]) == pytest.approx(4 / 23)
     assert padding_fraction([], [1]) == 0.0
 
@@ -352,7 +353,7 @@ def test_length_buckets_resume_mid_epoch_exactly_and_on_another_world_size():
 
 
 def test_length_buckets_give_the_same_batches_whatever_the_number_of_workers():
-    from utils.data_utils import LengthBucketSampler
+    from utils.data.samplers import LengthBucketSampler
 
     class Items(torch.utils.data.Dataset):
         def __len__(self):
@@ -375,7 +376,7 @@ def test_length_buckets_give_the_same_batches_whatever_the_number_of_workers():
 
 
 def test_length_buckets_refuse_bad_arguments():
-    from utils.data_utils import LengthBucketSampler
+    from utils.data.samplers import LengthBucketSampler
     with pytest.raises(ValueError, match="rank=2"):
         LengthBucketSampler([5, 6], 1, num_replicas=2, rank=2)
     with pytest.raises(ValueError, match="batch_size=0"):
@@ -514,7 +515,7 @@ BAD_ROWS = [("metadata.csv:2", "metadata.csv:2", "malformed line: expected 'id|r
 
 
 def test_read_ljspeech_collects_each_kind_of_bad_row_as_one_clip(tmp_path):
-    from utils.data_utils import BadClip
+    from utils.data.corpus import BadClip
 
     root = bad_rows_corpus(tmp_path)
     bad = []
@@ -536,7 +537,7 @@ def test_a_folder_named_like_a_wav_is_called_a_folder(tmp_path):
 
 
 def test_read_filelist_collects_bad_lines_as_clips(tmp_path):
-    from utils.data_utils import BadClip
+    from utils.data.corpus import BadClip
 
     root = make_ljspeech(tmp_path / "corpus", 2)
     (root / "wavs" / "folder.wav").mkdir()
@@ -605,7 +606,7 @@ def test_load_wav_reads_unsigned_8_bit_pcm_as_float(tmp_path):
 
 
 def check(utterances, cache_file=None):
-    from utils.data_check import check_corpus
+    from utils.data.check import check_corpus
 
     return check_corpus(utterances, SR, 1024, cache_file=cache_file, workers=2)
 

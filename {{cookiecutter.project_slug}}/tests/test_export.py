@@ -12,7 +12,7 @@ import inference
 from conftest import run_train_main, synth_corpus
 from model import MODELS
 from scripts import export
-from utils.ema import in_modules
+from utils.training.ema import in_modules
 
 NAMES = sorted(MODELS)
 

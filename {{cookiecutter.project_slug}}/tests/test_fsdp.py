@@ -19,7 +19,7 @@ import inference
 from conftest import ROOT, TEST_MODEL, bound, clean_env, descendants, finish, start_job, synth_corpus
 
 from model import MODELS, config_schemas
-from utils.checkpoint import load_sharded_model, read_train_state
+from utils.checkpoint.sharded import load_sharded_model, read_train_state
 from utils.config import load_config
 
 pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
@@ -263,7 +263,7 @@ def test_a_full_disk_during_a_sharded_save_ends_every_rank_with_one_line_and_kee
 def test_an_epoch_continued_on_another_number_of_ranks_reads_every_sample_once(before, now):
     """The samples read before the stop and after the resume make up the epoch's order: none twice, none left out
     but the few that do not fill a global batch (``drop_last``)."""
-    from utils.data_utils import ResumableDistributedSampler
+    from utils.data.samplers import ResumableDistributedSampler
 
     n, batch, batches_read = 103, 4, 5
 
@@ -285,7 +285,7 @@ def test_an_epoch_continued_on_another_number_of_ranks_reads_every_sample_once(b
 
 
 def test_the_global_batch_is_kept_when_the_new_world_size_divides_it_and_named_when_not():
-    from utils.checkpoint import world_size_change
+    from utils.checkpoint.resume import world_size_change
 
     assert world_size_change(2, 1, 2, 4, 1) == (1, None)
     assert world_size_change(2, 2, 2, 4, 1) == (2, None)  # an accumulation an earlier resume set keeps its batch

@@ -19,9 +19,11 @@ import torch
 
 from conftest import LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, bound, finish, start_job, synth_corpus, tiny_checkpoint
 from model import MODELS, config_schemas
-from utils.audio_processing import MelSpectrogram
+from utils.data.audio import MelSpectrogram
 from utils.config import load_config
-from utils.data_utils import SILENCE_LOG_MEL, AudioMelDataset, DataError, Utterance, load_splits, load_wav
+from utils.data.datasets import SILENCE_LOG_MEL, AudioMelDataset
+from utils.data.corpus import DataError, Utterance, load_splits
+from utils.data.audio import load_wav
 
 VOCODER = "waveglow" if "waveglow" in MODELS else "hifigan"
 """The project's vocoder (this file exists in projects with Tacotron2 and one of them)."""

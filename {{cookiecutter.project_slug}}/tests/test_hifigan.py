@@ -14,7 +14,7 @@ from conftest import clean_env, synth_corpus
 from model import MODELS
 from modules.hifigan import (Discriminator, Generator, discriminator_loss, feature_matching_loss,
                              generator_adversarial_loss)
-from utils.audio_processing import MelSpectrogram
+from utils.data.audio import MelSpectrogram
 from utils.config import SHARED_SECTIONS, ConfigError, build_config, config_from_dict
 
 import models.hifigan as hg  # noqa: E402
@@ -511,7 +511,7 @@ def jik876_generator_file(path):
 
 def test_jik876s_generator_file_loads_exactly_and_the_discriminators_start_afresh(tmp_path):
     from conftest import perturbed_tiny_model
-    from utils.published import load_into, read_weights
+    from utils.checkpoint.published import load_into, read_weights
 
     model, cfg = jik876_generator_file(tmp_path / "g_02500000")
     weights = read_weights(tmp_path / "g_02500000", MODELS, cfg)

@@ -101,7 +101,8 @@ def test_a_phase_trains_only_its_network_and_logs_its_metrics():
 
 
 def test_several_optimizers_and_their_schedulers_round_trip_through_a_checkpoint(tmp_path):
-    from utils.checkpoint import CheckpointError, NamedStates
+    from utils.checkpoint.files import CheckpointError
+    from utils.checkpoint.state import NamedStates
 
     model, phases = build()
     fp32, scaler = train.setup_precision("fp32", torch.device("cpu"))

@@ -20,7 +20,7 @@ import torch
 
 import multiproc
 from conftest import IN_A_POD, ROOT, TEST_MODEL, bound, clean_env, finish, free_port, launch_command, synth_corpus
-from utils.platforms import default_dataset_path, default_output_dir, hyperparameter_argv, tensorboard_dir
+from utils.launch import default_dataset_path, default_output_dir, hyperparameter_argv, tensorboard_dir
 
 STEPS = 4
 TRAIN_ARGS = ["--model", TEST_MODEL, "--tiny", "--max-steps", str(STEPS), "--set", "train.log_interval=1",

@@ -11,9 +11,9 @@ import torch
 
 from conftest import ROOT, TEST_MODEL, bound, finish, start_job, synth_corpus, tiny_checkpoint
 from model import MODELS, config_schemas
-from utils.checkpoint import CheckpointError
+from utils.checkpoint.files import CheckpointError
 from utils.config import load_config
-from utils.published import read_weights
+from utils.checkpoint.published import read_weights
 
 pytestmark = pytest.mark.skipif(TEST_MODEL is None, reason="no model is registered in model.py")
 

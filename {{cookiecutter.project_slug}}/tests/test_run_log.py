@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from conftest import ROOT, visible_gpus
-from utils.run_log import BalanceMonitor, RunLog, SpikeMonitor, StepWindow, device_memory, stray_gpu_mib
+from utils.run_log import BalanceMonitor, RunLog, StepWindow, device_memory, stray_gpu_mib
+from utils.training.guards import SpikeMonitor
 
 TRACES = json.loads((Path(__file__).parent / "data" / "training_traces.json").read_text())
 """Per-step losses and gradient norms of healthy full-size runs of every example model on a GPU, and of a tiny

@@ -11,8 +11,9 @@ import torch
 
 from conftest import ROOT, TEST_MODEL, synth_corpus
 from model import MODELS, config_schemas
-from utils.checkpoint import (ShardedCheckpointer, TrainState, list_sharded_checkpoints, resume_path,
-                              sharded_train_state)
+from utils.checkpoint.sharded import ShardedCheckpointer, list_sharded_checkpoints, sharded_train_state
+from utils.checkpoint.state import TrainState
+from utils.checkpoint.resume import resume_path
 from utils.config import load_config
 
 pytestmark = pytest.mark.skipif(TEST_MODEL is None, reason="no model is registered in model.py")

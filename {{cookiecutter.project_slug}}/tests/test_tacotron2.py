@@ -15,14 +15,16 @@ from torch._dynamo.utils import counters
 import inference
 from conftest import clean_env, run_train_main, tiny_checkpoint
 from model import MODELS
-from models.tacotron2 import Tacotron2, Tacotron2Config, Tacotron2Loss, build_datasets, count_items, log_validation
+from models.tacotron2.network import Tacotron2, Tacotron2Config, Tacotron2Loss
+from models.tacotron2.data import build_datasets, count_items
+from models.tacotron2.inference import log_validation
 from modules.layers import ConvNorm
 from scripts import preprocess
-from utils.audio_processing import MelSpectrogram
+from utils.data.audio import MelSpectrogram
 from utils.config import SHARED_SECTIONS, AudioConfig, build_config
-from utils.data_utils import DataError, Utterance, read_ljspeech
+from utils.data.corpus import DataError, Utterance, read_ljspeech
 from utils.plotting import figure_to_array, plot_alignment
-from utils.text_mel_data import TextMelCollate, TextMelDataset
+from models.tacotron2.data import TextMelCollate, TextMelDataset
 
 N_MELS = 12
 TINY = dict(symbols_embedding_dim=32, encoder_embedding_dim=32, encoder_n_convolutions=2, encoder_kernel_size=5,
@@ -485,7 +487,7 @@ def test_inference_mistakes_are_one_error_line(capsys, checkpoint, tmp_path, cas
 def test_griffin_lim_clip_lasts_as_long_as_the_mel():
     """``frames * hop_length`` samples in [-1, 1] (the shared ``griffin_lim`` gives one hop fewer; a mel shorter
     than one STFT window gives silence), and the audio of a sine's mel is not silent."""
-    from models.tacotron2 import griffin_lim_clip
+    from models.tacotron2.inference import griffin_lim_clip
 
     t = torch.arange(AUDIO.sampling_rate // 2) / AUDIO.sampling_rate
     mel = MelSpectrogram.from_config(AUDIO)(0.5 * torch.sin(2 * torch.pi * 440 * t))  # (n_mels, 62)
@@ -502,7 +504,7 @@ def test_griffin_lim_clip_lasts_as_long_as_the_mel():
 def test_validation_audio_draws_the_same_noise_and_leaves_the_training_random_stream_alone(tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 
-    from models.tacotron2 import free_running_mel
+    from models.tacotron2.inference import free_running_mel
 
     root = write_corpus(tmp_path / "corpus", {f"u{i}": 0.2 + 0.05 * i for i in range(4)})
     schemas = {**SHARED_SECTIONS, "tacotron2": Tacotron2Config}
@@ -534,7 +536,7 @@ def test_validation_writes_griffin_lim_audio_of_a_fixed_utterance_to_tensorboard
 
     from conftest import ROOT, synth_corpus, tensorboard_audio, train_with_validation_every_step
     from model import config_schemas
-    from models.tacotron2 import LOG_AUDIO_SECONDS
+    from models.tacotron2.inference import LOG_AUDIO_SECONDS
     from utils.config import load_config
 
     corpus = synth_corpus(tmp_path / "corpus", n=20)  # 18 train, 2 validation clips: one validation batch
@@ -750,7 +752,7 @@ def nvidia_checkpoint(path):
 
 
 def test_nvidias_tacotron2_checkpoint_loads_exactly(tmp_path):
-    from utils.published import load_into, read_weights
+    from utils.checkpoint.published import load_into, read_weights
 
     model, cfg = nvidia_checkpoint(tmp_path / "checkpoint_40000")
     weights = read_weights(tmp_path / "checkpoint_40000", MODELS, cfg)
@@ -794,7 +796,7 @@ def test_the_onnx_decoder_loop_gives_the_mels_of_inference(tmp_path):
     give :meth:`Tacotron2.inference`'s mels and gates (ONNX Runtime, CPU)."""
     pytest.importorskip("onnxruntime")
     from conftest import perturbed_tiny_model
-    from models.tacotron2 import run_onnx
+    from models.tacotron2.export import run_onnx
     from utils.onnx_export import export_model
 
     model, cfg = perturbed_tiny_model("tacotron2")

@@ -4,10 +4,10 @@ import warnings
 
 import pytest
 
-from utils.text import sequence_to_text, text_to_sequence
-from utils.text.cleaners import basic_cleaners, clean_text, english_cleaners, transliteration_cleaners
-from utils.text.numbers import normalize_numbers
-from utils.text.symbols import ARPABET, symbol_to_id, symbols
+from models.tacotron2.text import sequence_to_text, text_to_sequence
+from models.tacotron2.text.cleaners import basic_cleaners, clean_text, english_cleaners, transliteration_cleaners
+from models.tacotron2.text.numbers import normalize_numbers
+from models.tacotron2.text.symbols import ARPABET, symbol_to_id, symbols
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -97,8 +97,8 @@ def test_inline_arpabet():
 @pytest.fixture
 def nothing_reported(monkeypatch):
     """A process that has not yet reported any dropped symbol."""
-    import utils.text
-    monkeypatch.setattr(utils.text, "_REPORTED", set())
+    import models.tacotron2.text
+    monkeypatch.setattr(models.tacotron2.text, "_REPORTED", set())
 
 
 def test_unknown_character_is_dropped_with_a_warning_naming_it(nothing_reported):

@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 import inference
 from conftest import ROOT, synth_corpus, tensorboard_audio, tiny_checkpoint, train_with_validation_every_step
 from model import MODELS
-from models.waveglow import WaveGlow, WaveGlowConfig, WaveGlowLoss
+from models.waveglow.network import WaveGlow, WaveGlowConfig, WaveGlowLoss
 from modules.waveglow import WN, Invertible1x1Conv
 
 TINY = WaveGlowConfig(n_flows=4, n_group=8, n_early_every=2, n_early_size=2, wn_layers=2, wn_channels=16)
@@ -184,8 +184,8 @@ def tiny_config(*overrides):
 def test_mels_on_the_device_equal_the_workers_mels(tmp_path):
     """waveglow.mel_on_device: the batch's mels computed in one batched STFT in the step equal those the
     workers compute one crop at a time (float32; tolerance 1e-5 absolute on log-mels of magnitude ~1-10)."""
-    from models.waveglow import build_datasets, mel_on_device
-    from utils.data_utils import collate_audio_mel
+    from models.waveglow.data import build_datasets, mel_on_device
+    from utils.data.datasets import collate_audio_mel
 
     corpus = synth_corpus(tmp_path / "corpus", n=6)
     batches = {}
@@ -220,7 +220,7 @@ def test_training_with_mels_on_the_device_takes_the_same_first_step(tmp_path, ca
 def test_validation_writes_the_vocoded_and_true_audio_of_a_fixed_utterance_to_tensorboard(tmp_path):
     """At every validation ``audio/vocoded`` (the first validation item's mel through ``WaveGlow.infer``), at the
     first one ``audio/ground_truth``: the first ``frames * hop_length`` samples of the first validation clip."""
-    from utils.audio_processing import MelSpectrogram
+    from utils.data.audio import MelSpectrogram
 
     corpus = synth_corpus(tmp_path / "corpus", n=20)  # 18 train, 2 validation clips: SYN-0019, SYN-0020
     train_with_validation_every_step("waveglow", corpus, tmp_path / "run")
@@ -331,7 +331,7 @@ def nvidia_pickled_waveglow(path, marker):
 
 
 def test_nvidias_pickled_waveglow_loads_exactly_without_running_its_code(tmp_path):
-    from utils.published import load_into, read_weights
+    from utils.checkpoint.published import load_into, read_weights
 
     marker = tmp_path / "code_ran"
     model, cfg = nvidia_pickled_waveglow(tmp_path / "wg.pt", marker)

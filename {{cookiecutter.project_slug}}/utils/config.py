@@ -199,7 +199,7 @@ class TrainConfig:
 
     ``ema_decay``: keep an exponential moving average of the weights of the networks inference uses
     (``ModelSpec.inference_modules``; the whole model by default), ``ema = decay * ema + (1 - decay) * weights``
-    after every real optimizer step (``utils.ema.EMA``); validation and inference use it, training goes on with
+    after every real optimizer step (``utils.training.ema.EMA``); validation and inference use it, training goes on with
     the raw weights; 0 (the default) keeps none. Typical: 0.999 to 0.9999.
     """
 

@@ -111,10 +111,11 @@ class ExportPart:
                               "dynamic axes")
 
 
-def export_model(name: str, model: nn.Module, cfg: Any, folder: Path, progress: bool = True) -> list[dict]:
-    """Export model ``name``'s inference path to ONNX, one file per part, each checked against the eager model.
+def export_model(spec: Any, model: nn.Module, cfg: Any, folder: Path, progress: bool = True) -> list[dict]:
+    """Export the inference path of the model of ``spec`` (a :class:`model.ModelSpec`) to ONNX, one file per part,
+    each checked against the eager model.
 
-    Builds the parts with ``MODELS[name].export_parts(model, cfg)`` (:class:`ExportPart`), exports each with the
+    Builds the parts with ``Export.parts(model, cfg)`` of the spec (:class:`ExportPart`), exports each with the
     TorchScript-based ``torch.onnx.export`` (opset :data:`OPSET`, constants folded, weights inside the file) to
     ``<folder>/<part>.onnx``, then runs it with ONNX Runtime's CPU provider on the part's example inputs and on its
     second input set of other lengths, and compares every output with the eager reference (the same inputs, under
@@ -122,7 +123,7 @@ def export_model(name: str, model: nn.Module, cfg: Any, folder: Path, progress: 
     ``tensorrt`` conversion scripts), with PyTorch's ``torch.onnx`` and ONNX Runtime's ``InferenceSession``.
 
     Args:
-        name: the model's name in ``model.MODELS``.
+        spec: the model's spec.
         model: the model, on the CPU, float32; it is put in evaluation mode (export is of inference).
         cfg: the run's :class:`utils.config.Config` (the model's section and ``audio``).
         folder: where the files go (created if missing; files of the same names are replaced).
@@ -134,39 +135,20 @@ def export_model(name: str, model: nn.Module, cfg: Any, folder: Path, progress: 
         {input name: shape}] (the two runs' input shapes)}``.
 
     Raises:
-        ExportError: one line: the model has no ``export_parts`` (and what to add), it is not on the CPU in
+        ExportError: one line: the model has no ``Export`` group (and what to add), it is not on the CPU in
             float32, ``onnx`` or ``onnxruntime`` is not installed, a part is malformed, fails to export (naming
             the part and the exporter's error) or to load, or differs from eager by more than its tolerance.
     """
-    from model import MODELS
-
-    spec = MODELS.get(name)
-    if spec is None:
-        raise ExportError(f"no model named {name!r} is registered (known: {', '.join(MODELS) or 'none'})")
-    if spec.export_parts is None:
-        raise ExportError(f"model {name!r} cannot be exported to ONNX: its ModelSpec has no export_parts; add "
-                          "export_parts=(model, cfg) -> [utils.onnx_export.ExportPart, ...] to its register(...) call")
-    params = list(model.parameters()) + list(model.buffers())
-    if any(p.device.type != "cpu" for p in params):
-        raise ExportError(f"model {name!r} must be on the CPU to be exported and checked: call model.cpu() first")
-    if any(p.is_floating_point() and p.dtype != torch.float32 for p in params):
-        raise ExportError(f"model {name!r} must be float32 to be exported and checked: call model.float() first")
-    try:
-        import onnx  # noqa: F401  (torch.onnx.export writes with it)
-        import onnxruntime
-    except ImportError as exc:
-        raise ExportError(f"ONNX export needs the onnx and onnxruntime packages ({one_line(exc)}): "
-                          "pip install onnx onnxruntime") from exc
-
+    onnxruntime = _checked_exportable(spec, model)
     model.eval()
-    parts = spec.export_parts(model, cfg)
+    parts = spec.export.parts(model, cfg)
     if not parts:
-        raise ExportError(f"model {name!r}: export_parts returned no part")
+        raise ExportError(f"model {spec.name!r}: Export.parts returned no part")
     seen = set()
     for part in parts:
         part.check()
         if part.name in seen:
-            raise ExportError(f"model {name!r}: two export parts are named {part.name!r}")
+            raise ExportError(f"model {spec.name!r}: two export parts are named {part.name!r}")
         seen.add(part.name)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -187,6 +169,31 @@ def export_model(name: str, model: nn.Module, cfg: Any, folder: Path, progress: 
             print(f"exported {part.name} to {path} in {time.monotonic() - begin:.1f} s; ONNX Runtime vs eager: "
                   f"max abs diff {diff:.2e}" + (f" ({part.description})" if part.description else ""), flush=True)
     return rows
+
+
+def _checked_exportable(spec: Any, model: nn.Module) -> Any:
+    """The ``onnxruntime`` module, once the model can be exported: it has an ``Export`` group, is on the CPU in
+    float32, and ONNX's packages are installed (an optional dependency).
+
+    Raises:
+        ExportError: what is missing, in one line.
+    """
+    name = spec.name
+    if spec.export is None:
+        raise ExportError(f"model {name!r} cannot be exported to ONNX: its spec has no Export group; add "
+                          "export=Export(parts=(model, cfg) -> [utils.onnx_export.ExportPart, ...]) to its ModelSpec")
+    params = list(model.parameters()) + list(model.buffers())
+    if any(p.device.type != "cpu" for p in params):
+        raise ExportError(f"model {name!r} must be on the CPU to be exported and checked: call model.cpu() first")
+    if any(p.is_floating_point() and p.dtype != torch.float32 for p in params):
+        raise ExportError(f"model {name!r} must be float32 to be exported and checked: call model.float() first")
+    try:
+        import onnx  # noqa: F401  (torch.onnx.export writes with it)
+        import onnxruntime
+    except ImportError as exc:
+        raise ExportError(f"ONNX export needs the onnx and onnxruntime packages ({one_line(exc)}): "
+                          "pip install onnx onnxruntime") from exc
+    return onnxruntime
 
 
 def _export(part: ExportPart, path: Path) -> None:

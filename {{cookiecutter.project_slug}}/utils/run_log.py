@@ -6,7 +6,6 @@ does nothing, so the training loop needs no ``if rank == 0`` around its logging.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import json
@@ -17,14 +16,14 @@ import statistics
 import warnings
 from pathlib import Path
 from typing import Any, Optional
-
 import torch
 from tqdm import tqdm
 
+
 SCALARS = ("loss", "lr", "items_per_s", "step_time_s", "data_time_s", "grad_norm", "fp16_overflows")
+
 PER_RANK = ("memory_gib", "memory_allocated_gib", "stray_gpu_mib", "compute_s", "data_wait_s",
             "collective_wait_s")  # lists in a row, one value per rank (memory_allocated_gib on GPUs only)
-
 
 def peak_memory_gib(device: torch.device) -> float:
     """This process's peak memory so far, GiB: ``torch.cuda.max_memory_reserved`` on a GPU (what the
@@ -33,7 +32,6 @@ def peak_memory_gib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_reserved(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-
 
 def stray_gpu_mib(pid: int, own_gpu: str, processes: dict[str, list[tuple[int, int]]]) -> float:
     """MiB that process ``pid`` holds on GPUs other than its own, in ``processes``: NVML's view of the node,
@@ -52,7 +50,6 @@ def stray_gpu_mib(pid: int, own_gpu: str, processes: dict[str, list[tuple[int, i
         return math.nan
     return sum(used for gpu, procs in processes.items() if plain(gpu) != own for p, used in procs if p == pid) / 2**20
 
-
 @functools.cache
 def _nvml():
     """``pynvml`` (package nvidia-ml-py), initialised once per process; None without the package or a driver."""
@@ -65,7 +62,6 @@ def _nvml():
     except pynvml.NVMLError:
         return None
     return pynvml
-
 
 def gpu_processes() -> dict[str, list[tuple[int, int]]] | None:
     """NVML's view of this node's GPUs, ``{UUID: [(pid, bytes used), ...]}`` for every GPU of the node (NVML
@@ -84,7 +80,6 @@ def gpu_processes() -> dict[str, list[tuple[int, int]]] | None:
     except nvml.NVMLError:
         return None
 
-
 def device_memory(device: torch.device) -> dict[str, float]:
     """This process's memory for :class:`BalanceMonitor`: ``memory_gib`` (see :func:`peak_memory_gib`); on a GPU
     also ``memory_allocated_gib`` (peak ``torch.cuda.max_memory_allocated``: tensors alone, without the
@@ -95,7 +90,6 @@ def device_memory(device: torch.device) -> dict[str, float]:
         view, own = gpu_processes(), getattr(torch.cuda.get_device_properties(device), "uuid", None)
         memory["stray_gpu_mib"] = math.nan if view is None or own is None else stray_gpu_mib(os.getpid(), str(own), view)
     return memory
-
 
 class BalanceMonitor:
     """Rank 0's view of the ranks' balance at each log interval; returns warnings, never raises.
@@ -178,7 +172,6 @@ class BalanceMonitor:
                 messages.append(f"{'note' if kind == 'stray-unknown' else 'warning'}: step {step}: {message}")
         return messages
 
-
 class StepWindow:
     """Sums over the steps since the last log line; :meth:`row` turns them into one ``metrics.jsonl`` row.
 
@@ -231,49 +224,6 @@ class StepWindow:
                 "items_per_s": self.items / self.step_time if self.step_time else 0.0,
                 "step_time_s": self.step_time / self.steps, "data_time_s": self.data_time / self.steps,
                 "fp16_overflows": self.overflows}
-
-
-class SpikeMonitor:
-    """Flags a spike of one series (a phase's loss, or its gradient norm): a step far above the recent past.
-
-    The value is compared with the highest (and lowest) of the last ``window`` values of the series: it is a spike
-    when above ``limit = high + (factor - 1) * max(|high|, high - low)``. For a positive series (gradient norms, most
-    losses) that is ``factor * high``; the ``|high|`` and ``high - low`` terms keep the rule meaningful for losses
-    below or around zero (WaveGlow's negative log-likelihood). Checks start after ``warmup`` values; spikes do not
-    enter the window; ``factor <= 0`` disables the check.
-
-    Why the recent highest and not a mean: gradient norms are heavy-tailed and grow early in training. Measured on
-    full-size runs (one H100, bf16 and tf32, the first 260-990 steps): WaveGlow's gradient norm grows about 40x in
-    its first hundred steps and then reaches 4-7x its median every few dozen steps; HiFi-GAN's discriminator's
-    2.5-4x; a rule "3x the running mean" fired 3 to 23 times in every one of those healthy runs, the rule here not
-    once. A real fault is far above anything seen lately: a clip of loud noise gives WaveGlow a gradient norm of
-    4-17x its recent highest; an exploding loss grows without bound.
-    """
-
-    def __init__(self, factor: float, warmup: int = 20, window: int = 100):
-        self.factor, self.warmup = factor, warmup
-        self.recent: collections.deque[float] = collections.deque(maxlen=window)
-
-    def limit(self) -> float:
-        """The value above which the next step is a spike (``inf`` while warming up or when disabled)."""
-        if self.factor <= 0 or len(self.recent) < self.warmup:
-            return math.inf
-        high, low = max(self.recent), min(self.recent)
-        return high + (self.factor - 1) * max(abs(high), high - low)
-
-    def is_spike(self, value: float) -> bool:
-        """Check ``value`` against :meth:`limit`, then add it to the window unless it is a spike."""
-        if value > self.limit():
-            return True
-        self.recent.append(value)
-        return False
-
-    def describe(self, name: str, value: float) -> str:
-        """``"gradient norm 22.5 is above 8.6 (3x the highest of its last 100 steps, 2.87)"``, for a spike just
-        found (the window is as the check saw it)."""
-        return (f"{name} {value:.4g} is above {self.limit():.4g} ({self.factor:g}x the highest of its last "
-                f"{len(self.recent)} steps, {max(self.recent):.4g})")
-
 
 class RunLog:
     """Rank 0's writer: progress bar, ``metrics.jsonl``, ``val_metrics.jsonl``, ``anomalies.jsonl``, TensorBoard.
@@ -377,14 +327,12 @@ class RunLog:
             self._metrics.close()
             self.writer.close()
 
-
 def one_line(err: BaseException) -> str:
     """The error's message on one line; for an error re-raised from a DataLoader worker, the original one."""
     lines = [line for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
     if any("Original Traceback" in line for line in lines):  # "module.DataError: truncated wav file: ..."
         return lines[-1].split(": ", 1)[-1]
     return lines[0]
-
 
 @contextlib.contextmanager
 def one_line_warnings():

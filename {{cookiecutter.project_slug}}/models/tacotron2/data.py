@@ -17,22 +17,25 @@ import pickle
 import warnings
 from pathlib import Path
 from typing import Optional, Sequence, Union
-
 import soundfile as sf
 import torch
 from torch.utils.data import Dataset
-
-from utils.audio_processing import MelSpectrogram
+from utils.data.audio import MelSpectrogram
 from utils.config import AudioConfig
-from utils.data_utils import DataError, Utterance, load_wav
-from utils.text import text_to_sequence
-from utils.text.cleaners import clean_text
+from utils.data.corpus import DataError, Utterance
+from utils.data.audio import load_wav
+from models.tacotron2.text import text_to_sequence
+from models.tacotron2.text.cleaners import clean_text
+from model import Batch
+from modules.tacotron2 import get_padding_mask
+from utils.config import Config
+from utils.data.corpus import load_splits
+
 
 PathLike = Union[str, Path]
 
 CACHE_SETTINGS_FILE = "_audio_config.json"
 """Name of the file in the mel cache that records the audio settings the mels were made with."""
-
 
 def mel_cache_path(dataset_path: PathLike, mel_cache_dir: str) -> Optional[Path]:
     """``<dataset_path>/<mel_cache_dir>``, or ``None`` when ``mel_cache_dir`` is empty (no cache).
@@ -41,7 +44,6 @@ def mel_cache_path(dataset_path: PathLike, mel_cache_dir: str) -> Optional[Path]
     if not mel_cache_dir:
         return None
     return Path(dataset_path) / mel_cache_dir
-
 
 def check_cache_settings(cache_dir: Path, audio_cfg: AudioConfig) -> None:
     """Raise if ``cache_dir`` records audio settings that differ from ``audio_cfg``.
@@ -67,12 +69,11 @@ def check_cache_settings(cache_dir: Path, audio_cfg: AudioConfig) -> None:
         raise DataError(f"mel cache {cache_dir} was made with other audio settings ({'; '.join(differing)}); "
                         "rerun scripts/preprocess.py with --overwrite or change tacotron2.mel_cache_dir")
 
-
 class TextMelDataset(Dataset):
     """Items ``{"text": LongTensor (L,), "mel": FloatTensor (n_mels, T), "id": str}`` for Tacotron2.
 
-    ``text`` holds symbol ids of the cleaned transcript (:func:`utils.text.text_to_sequence`); ``mel`` is
-    the log-mel of the wav (:class:`utils.audio_processing.MelSpectrogram`), read from the mel cache when
+    ``text`` holds symbol ids of the cleaned transcript (:func:`models.tacotron2.text.text_to_sequence`); ``mel`` is
+    the log-mel of the wav (:class:`utils.data.audio.MelSpectrogram`), read from the mel cache when
     ``<cache>/<id>.pt`` exists (``torch.load(weights_only=True)``) and computed otherwise.
 
     Overlong utterances are left out at construction and counted: those whose clip would give more than
@@ -89,7 +90,7 @@ class TextMelDataset(Dataset):
         utterances: from :func:`utils.data_utils.load_splits`.
         audio_cfg: signal settings; ``n_mels`` rows per mel.
         mel_cache: the cache folder (:func:`mel_cache_path`), or ``None`` (always compute from the wav).
-        text_cleaners: cleaner names for :func:`utils.text.text_to_sequence`.
+        text_cleaners: cleaner names for :func:`models.tacotron2.text.text_to_sequence`.
         max_mel_frames: skip clips longer than this many frames; ``None``: no limit.
         max_text_len: skip texts longer than this many symbols; ``None``: no limit (texts are then
             cleaned lazily, in ``__getitem__``).
@@ -231,7 +232,6 @@ class TextMelDataset(Dataset):
             sequence = self._encode(utt)
         return {"text": torch.tensor(sequence, dtype=torch.long), "mel": self.load_mel(utt), "id": utt.id}
 
-
 class TextMelCollate:
     """Batch :class:`TextMelDataset` items: sort by text length (descending), pad, build gate targets.
 
@@ -284,3 +284,76 @@ class TextMelCollate:
             gate[i, mel_lengths[i] - 1:] = 1.0
         return {"text": text, "text_lengths": text_lengths, "mel": mel, "gate": gate,
                 "mel_lengths": mel_lengths, "ids": [item["id"] for item in ordered]}
+
+def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
+    """Train and validation :class:`utils.text_mel_data.TextMelDataset` from ``cfg.data`` splits.
+
+    Clips longer than ``tacotron2.max_mel_frames`` (when > 0) are left out of both (whole clips: teacher
+    forcing needs the whole mel), with one warning line per split saying how many and the setting's value.
+
+    Raises:
+        DataError: the splits cannot be read (:func:`utils.data_utils.load_splits`), or the setting leaves no
+            training or no validation utterance (the message names ``tacotron2.max_mel_frames``, its value and
+            the longest clip's frame count).
+    """
+    train_utts, val_utts = load_splits(cfg.data)
+    model_cfg = cfg.tacotron2
+    max_frames = model_cfg.max_mel_frames if model_cfg.max_mel_frames > 0 else None
+    cache = mel_cache_path(cfg.data.dataset_path, model_cfg.mel_cache_dir)
+    return tuple(TextMelDataset(utts, cfg.audio, cache, text_cleaners=model_cfg.text_cleaners,
+                                max_mel_frames=max_frames, split=split, setting_prefix="tacotron2.")
+                 for utts, split in ((train_utts, "training"), (val_utts, "validation")))
+
+def count_items(batch: Batch) -> int:
+    """Mel frames in the batch (padding excluded)."""
+    return int(batch["mel_lengths"].sum())
+
+def check_text(text: str, cfg: Config) -> str | None:
+    """The start-up corpus check for a transcript: ``None`` if some character maps to a symbol after cleaning."""
+    with warnings.catch_warnings():  # the reason below says it; the front end's warning would repeat it
+        warnings.simplefilter("ignore")
+        if text_to_sequence(text, cfg.tacotron2.text_cleaners):
+            return None
+    return f"transcript {text!r} has no symbol of the Tacotron2 symbol table after cleaning"
+
+def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
+                              text_lengths: tuple[int, int] = (60, 160), mel_lengths: tuple[int, int] = (300, 800),
+                              longest_mel: int = 800) -> Batch:
+    """Random padded Tacotron2 batch, laid out as :class:`utils.text_mel_data.TextMelCollate` lays it out.
+
+    Lengths are drawn exactly as NVIDIA's reference benchmark harness draws them (same calls
+    on the same generator, so a generator seeded 0 gives the same lengths and the same mel-frame count):
+    text lengths uniform in ``[text_lengths[0], text_lengths[1])`` sorted descending, mel lengths uniform
+    in ``[mel_lengths[0], mel_lengths[1])`` with the first set to ``longest_mel``. Symbols are uniform in
+    ``[1, n_symbols)``, mels standard normal; padding is zero, the gate target 1 from each last frame on.
+
+    Returns:
+        ``{"text": (B, L) long, "text_lengths": (B,), "mel": (B, n_mels, T), "gate": (B, T),
+        "mel_lengths": (B,), "ids": [str] * B}`` on the CPU, ``L``/``T`` the longest lengths.
+
+    Raises:
+        ValueError: ``batch_size < 1``, an empty or non-positive length range, or ``longest_mel`` below
+            the mel range.
+    """
+    if batch_size < 1:
+        raise ValueError(f"synthetic_batch: batch_size must be >= 1, got {batch_size}")
+    for name, (low, high) in (("text_lengths", text_lengths), ("mel_lengths", mel_lengths)):
+        if not 1 <= low < high:
+            raise ValueError(f"synthetic_batch: {name} must be a range [low, high) with 1 <= low < high, "
+                             f"got ({low}, {high})")
+    if longest_mel < mel_lengths[1] - 1:
+        raise ValueError(f"synthetic_batch: longest_mel={longest_mel} is below the mel length range "
+                         f"{mel_lengths}")
+    text_lens = torch.randint(text_lengths[0], text_lengths[1], (batch_size,), generator=generator)
+    text_lens = text_lens.sort(descending=True).values
+    mel_lens = torch.randint(mel_lengths[0], mel_lengths[1], (batch_size,), generator=generator)
+    mel_lens[0] = longest_mel
+    max_text, max_frames = int(text_lens.max()), int(mel_lens.max())
+    text = torch.randint(1, cfg.tacotron2.n_symbols, (batch_size, max_text), generator=generator)
+    mel = torch.randn(batch_size, cfg.audio.n_mels, max_frames, generator=generator)
+    text = text.masked_fill(get_padding_mask(text_lens, max_text), 0)
+    frame_pad = get_padding_mask(mel_lens, max_frames)
+    mel = mel.masked_fill(frame_pad.unsqueeze(1), 0.0)
+    gate = (torch.arange(max_frames).unsqueeze(0) >= (mel_lens - 1).unsqueeze(1)).float()
+    return {"text": text, "text_lengths": text_lens, "mel": mel, "gate": gate, "mel_lengths": mel_lens,
+            "ids": [f"synthetic_{i}" for i in range(batch_size)]}

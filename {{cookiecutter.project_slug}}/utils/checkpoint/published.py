@@ -2,12 +2,12 @@
 
 :func:`read_weights` takes a checkpoint of this project's ``train.py`` (its model's weights), or a checkpoint another
 project published, in that project's own format: each model of ``model.py`` reads the formats of its reference
-project (``ModelSpec.read_published``; the example models: NVIDIA's checkpoints for its Tacotron2 and WaveGlow,
+project (``Published.read`` of its spec; the example models: NVIDIA's checkpoints for its Tacotron2 and WaveGlow,
 jik876's generator files for HiFi-GAN) and renames their keys to its own. :func:`load_into` puts the result into a
 model, naming whatever does not fit.
 
 Nothing in a file runs. ``torch.load(weights_only=True)`` reads what is plain data; a file that pickles whole
-modules (NVIDIA's WaveGlow does) is read with each pickled class a model names (``ModelSpec.pickled_classes``)
+modules (NVIDIA's WaveGlow does) is read with each pickled class a model names (``Published.pickled_classes``)
 replaced by a :class:`Record` of its attributes, whose parameters :func:`record_parameters` collects.
 """
 
@@ -19,10 +19,10 @@ import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
-
 import torch
-
-from utils.checkpoint import CheckpointError, _load_failure, is_sharded, read_checkpoint
+from utils.checkpoint.files import CheckpointError, _load_failure
+from utils.checkpoint.sharded import is_sharded
+from utils.checkpoint.resume import read_checkpoint
 
 
 @dataclasses.dataclass
@@ -36,10 +36,8 @@ class Weights:
     state: dict[str, torch.Tensor]
     partial: tuple[str, ...] = ()
 
-
 class Record:
     """What a pickled module of a published file becomes: its attributes (``__dict__``), no behaviour."""
-
 
 def record_parameters(record: Record, prefix: str = "") -> dict[str, torch.Tensor]:
     """The parameters and buffers of a pickled module's :class:`Record` and of its sub-modules, by the keys its
@@ -54,13 +52,11 @@ def record_parameters(record: Record, prefix: str = "") -> dict[str, torch.Tenso
             found.update(record_parameters(child, f"{prefix}{name}."))
     return found
 
-
 def weight_norm_key(key: str) -> str:
     """Old-style weight norm's ``<layer>.weight_g``/``<layer>.weight_v`` as
     ``torch.nn.utils.parametrizations.weight_norm`` names them (``...parametrizations.weight.original0``/``1``)."""
     return re.sub(r"\.weight_g$", ".parametrizations.weight.original0",
                   re.sub(r"\.weight_v$", ".parametrizations.weight.original1", key))
-
 
 def _load(path: Path, pickled_classes: tuple[str, ...]) -> Any:
     """``torch.load(weights_only=True)``, with ``pickled_classes`` (``module.Class``) read as :class:`Record` s.
@@ -76,11 +72,10 @@ def _load(path: Path, pickled_classes: tuple[str, ...]) -> Any:
     except Exception as err:  # noqa: BLE001 - untrusted input: every failure is this one line
         raise CheckpointError(f"--init-from {path}: cannot load it safely: {_load_failure(err)}") from None
 
-
 def read_weights(path: str | Path, models: dict[str, Any], cfg: Any) -> Weights:
     """The weights in ``path`` in this project's key names, and the model of ``models`` (``model.MODELS``) they
     belong to: a checkpoint of ``train.py`` (a sharded folder: ``state`` is left empty, for
-    ``utils.checkpoint.load_sharded_model``), or a published format some model's ``read_published`` takes.
+    ``utils.checkpoint.load_sharded_model``), or a published format some model's ``Published.read`` takes.
     ``cfg``: this run's config (a format may need its sizes).
 
     Raises:
@@ -98,15 +93,14 @@ def read_weights(path: str | Path, models: dict[str, Any], cfg: Any) -> Weights:
         if is_sharded(path):
             return Weights(f"a sharded checkpoint of model '{name}'", name, {})
         return Weights(f"a checkpoint of model '{name}' at step {state.get('step')}", name, state["model"])
-    loaded = _load(path, tuple(name for spec in models.values() for name in spec.pickled_classes))
-    for spec in models.values():
-        weights = spec.read_published(loaded, cfg) if spec.read_published is not None else None
+    readers = {name: spec.published for name, spec in models.items() if spec.published is not None}
+    loaded = _load(path, tuple(name for published in readers.values() for name in published.pickled_classes))
+    for published in readers.values():
+        weights = published.read(loaded, cfg)
         if weights is not None:
             return weights
-    readers = sorted(name for name, spec in models.items() if spec.read_published is not None)
     raise CheckpointError(f"--init-from {path}: not a checkpoint of this project, nor a published checkpoint a model "
-                          f"of model.py reads ({', '.join(readers) or 'none reads any'}: ModelSpec.read_published)")
-
+                          f"of models/ reads ({', '.join(sorted(readers)) or 'none reads any'}: Published.read)")
 
 def _is_ours(path: Path) -> bool:
     """Whether a file is a checkpoint of this project's ``train.py`` (it names its model)."""
@@ -114,7 +108,6 @@ def _is_ours(path: Path) -> bool:
         return "model_name" in read_checkpoint(path)
     except CheckpointError:
         return False
-
 
 def load_into(model: torch.nn.Module, weights: Weights, source: str) -> list[str]:
     """Copy ``weights.state`` into ``model`` (its key names must match, shapes included): every key of the model

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from utils.config import AudioConfig
+import struct
+from utils.data.corpus import DataError, PathLike
 
 GRIFFINLIM_SEED = "rng" if "rng" in inspect.signature(librosa.griffinlim).parameters else "random_state"
 """The seed's keyword of :func:`librosa.griffinlim`: ``random_state`` until librosa 1.0 renamed it ``rng``."""
@@ -259,3 +261,64 @@ def audio_problems(audio: ArrayLike) -> list[str]:
     if peak < SILENT_PEAK:
         found.append(f"is nearly silent (peak {peak:.0e})")
     return found
+
+
+def check_wav_not_truncated(path: Path) -> None:
+    """Raise DataError if a RIFF/WAVE file's ``data`` chunk claims more bytes than the file holds.
+
+    libsndfile silently returns the samples that are there when a wav was cut short (an interrupted copy
+    or download), so this walks the RIFF chunk headers to compare. Other formats are not checked.
+    """
+    with open(path, "rb") as f:
+        header = f.read(12)
+        if len(header) < 12 or header[:4] != b"RIFF" or header[8:12] != b"WAVE":
+            return
+        file_size = path.stat().st_size
+        while True:
+            chunk = f.read(8)
+            if len(chunk) < 8:
+                return
+            chunk_id, size = chunk[:4], struct.unpack("<I", chunk[4:])[0]
+            if chunk_id == b"data":
+                available = file_size - f.tell()
+                # 0 and 0xFFFFFFFF mark "length unknown" (streamed writers); nothing to compare then.
+                if size not in (0, 0xFFFFFFFF) and size > available:
+                    raise DataError(f"truncated wav file: {path} (data chunk declares {size} bytes, "
+                                    f"the file holds {available})")
+                return
+            f.seek(size + (size % 2), 1)
+
+def load_wav(path: PathLike, sampling_rate: int) -> torch.Tensor:
+    """Read a sound file as mono float samples in [-1, 1] at ``sampling_rate`` Hz.
+
+    Reads with soundfile (float32, so 16-bit PCM is divided by 32768 as in NVIDIA's
+    ``load_wav_to_torch`` + ``/ max_wav_value``), averages the channels of multi-channel files, and
+    resamples with ``librosa.resample`` when the file's rate differs (expected, e.g. 16 kHz TTS output).
+    Resampling may overshoot full scale slightly, so the result is clipped to [-1, 1].
+
+    Returns:
+        float32 tensor ``(T,)``.
+
+    Raises:
+        DataError: the file is missing, unreadable, truncated, empty, or holds NaN/inf samples (the
+            message names the file).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"wav file not found: {path}")
+    try:
+        check_wav_not_truncated(path)
+        audio, file_rate = sf.read(str(path), dtype="float32", always_2d=True)  # (T, channels)
+    except (sf.LibsndfileError, RuntimeError) as err:
+        raise DataError(f"cannot read audio file {path}: {err}") from None
+    except OSError as err:  # no permission, an I/O error of the disk or network file system
+        raise DataError(f"cannot read audio file {path}: {err.strerror or err}") from None
+    if audio.shape[0] == 0:
+        raise DataError(f"audio file has no samples: {path}")
+    if not np.isfinite(audio).all():
+        raise DataError(f"audio file holds NaN or infinite samples: {path}")
+    audio = audio.mean(axis=1)
+    if file_rate != sampling_rate:
+        audio = librosa.resample(audio, orig_sr=file_rate, target_sr=sampling_rate)
+    audio = np.clip(audio, -1.0, 1.0).astype(np.float32)
+    return torch.from_numpy(np.ascontiguousarray(audio))

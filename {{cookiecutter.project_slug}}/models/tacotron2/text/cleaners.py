@@ -1,6 +1,6 @@
 """Text normalisation run before text is mapped to symbol ids ("cleaners").
 
-A cleaner is a function ``str -> str``; :func:`utils.text.text_to_sequence` applies the ones named in
+A cleaner is a function ``str -> str``; :func:`models.tacotron2.text.text_to_sequence` applies the ones named in
 the model config (``text_cleaners``) in order. The set mirrors NVIDIA's Tacotron2 reference
 (``text/cleaners.py``):
 
@@ -17,7 +17,7 @@ from typing import Callable
 
 from unidecode import unidecode
 
-from utils.text.numbers import normalize_numbers
+from models.tacotron2.text.numbers import normalize_numbers
 
 _WHITESPACE = re.compile(r"\s+")
 
@@ -56,7 +56,7 @@ def collapse_whitespace(text: str) -> str:
     """Replace every run of whitespace (spaces, tabs, newlines) with one space.
 
     The ends are not stripped (a segment before an inline ``{phones}`` span keeps its space);
-    :func:`utils.text.text_to_sequence` strips the whole transcript.
+    :func:`models.tacotron2.text.text_to_sequence` strips the whole transcript.
     """
     return _WHITESPACE.sub(" ", text)
 
@@ -78,7 +78,7 @@ def expand_abbreviations(text: str) -> str:
 
 
 def expand_numbers(text: str) -> str:
-    """Spell out numbers, amounts and ordinals (see :func:`utils.text.numbers.normalize_numbers`)."""
+    """Spell out numbers, amounts and ordinals (see :func:`models.tacotron2.text.numbers.normalize_numbers`)."""
     return normalize_numbers(text)
 
 

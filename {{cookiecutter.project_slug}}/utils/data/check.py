@@ -37,7 +37,16 @@ import numpy as np
 import soundfile as sf
 from tqdm import tqdm
 
-from utils.data_utils import BadClip, DataError, Utterance, check_wav_not_truncated
+from utils.data.corpus import BadClip, DataError, Utterance
+from utils.data.audio import check_wav_not_truncated
+import sys
+from model import ModelSpec
+from utils.data.audio import MelSpectrogram
+from utils.checkpoint.files import atomic_write_bytes
+from utils.config import Config, ConfigError
+from utils.data.corpus import load_splits
+from utils.run_log import one_line
+from utils.run import check_output_dir
 
 __all__ = ["BadClip", "SILENCE_PEAK", "check_corpus", "default_cache_file", "describe"]
 
@@ -186,3 +195,39 @@ def describe(bad: Sequence[BadClip], shown: int = 20) -> str:
     named = "; ".join(f"'{clip.id}' ({clip.path}): {clip.reason}" for clip in bad[:shown])
     more = f"; and {len(bad) - shown} more" if len(bad) > shown else ""
     return f"{len(bad)} bad clip(s): {named}{more}"
+
+
+def prepare_run(cfg: Config, spec: ModelSpec, output_dir: Path) -> tuple[str, object]:
+    """Rank 0's checks before any training time is spent: a writable output folder, then every clip of the
+    corpus (:mod:`utils.data.check`). The outcome is ``("error", message)`` or ``("skip", ids to leave out)``,
+    which rank 0 broadcasts so that every rank acts on it.
+
+    Bad clips are of two kinds, listed together (first the corpus lines, in file order, then the clips, in
+    corpus order): corpus lines that name no usable clip (a malformed line, listed as ``metadata.csv:<line>``;
+    a repeated id; an empty transcript; a wav that is missing or a folder: :func:`load_splits` with a ``bad``
+    list), and clips that cannot be trained on (unreadable, truncated, too short, silent, a transcript without
+    a usable character: :func:`check_corpus`). With ``data.on_bad_clip=skip`` they are listed in
+    ``OUTPUT/skipped_clips.txt`` (id, path, reason per line), a warning line says how many and names the first
+    20, and their ids are returned for ``data.exclude``; with ``error`` the message names the first 20 and how many
+    there are.
+    """
+    listed: list = []  # the corpus lines load_splits refused (BadClip)
+    try:
+        check_output_dir(output_dir)
+        train_utts, val_utts = load_splits(cfg.data, bad=listed)
+    except (ConfigError, DataError) as err:
+        return "error", one_line(err)
+    text_check = (lambda text: spec.training.check_text(text, cfg)) if spec.training.check_text is not None else None
+    bad = listed + check_corpus([*train_utts, *val_utts], cfg.audio.sampling_rate,
+                                MelSpectrogram.from_config(cfg.audio).min_samples, text_check,
+                                cache_file=default_cache_file(cfg.data.dataset_path), progress=True)
+    if not bad:
+        return "skip", []
+    if cfg.data.on_bad_clip == "error":
+        return "error", (f"{describe(bad)} (in {cfg.data.dataset_path}); fix or remove them, or set "
+                         "data.on_bad_clip=skip to train without them")
+    listing = output_dir / "skipped_clips.txt"
+    atomic_write_bytes(listing, "".join(f"{c.id}\t{c.path}\t{c.reason}\n" for c in bad).encode())
+    print(f"warning: leaving out {len(bad)} bad clip(s), listed in {listing} ({describe(bad)})", file=sys.stderr,
+          flush=True)
+    return "skip", [clip.id for clip in bad]

@@ -7,7 +7,7 @@ decayed by 0.999 every epoch, batch 16; 8192-sample crops as in the authors' V1 
 layers are in ``modules/hifigan.py``; this file assembles them and tells ``train.py`` and ``inference.py``
 how to use them.
 
-The mel front end is the project's shared one (``utils.audio_processing.MelSpectrogram`` with the ``audio``
+The mel front end is the project's shared one (``utils.data.audio.MelSpectrogram`` with the ``audio``
 section: 22050 Hz, hop 256, 80 mels), the same as Tacotron2's and WaveGlow's, so one HiFi-GAN checkpoint
 vocodes Tacotron2's mels. The mel L1 loss compares mels made by that same front end (the authors' code
 takes the loss's mel up to the Nyquist frequency instead; here one front end serves both).
@@ -25,31 +25,21 @@ run: a full discriminator + generator step pair takes a fraction of a second)::
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
-import re
-from pathlib import Path
-from typing import Any, Literal, Optional
-
+from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Dataset
-
-from model import Batch, BenchmarkCase, ModelSpec, register
+from model import Batch
 from modules.hifigan import (Discriminator, Generator, discriminator_loss, feature_matching_loss,
                              generator_adversarial_loss)
-from utils.audio_processing import MelSpectrogram, check_wav_output, save_wav
+from utils.data.audio import MelSpectrogram
 from utils.config import AudioConfig, Config, setting
-from utils.data_utils import AudioMelDataset, collate_audio_mel, load_splits, read_mel
-from utils.onnx_export import ExportPart
-from utils.plotting import add_audio, first_time
-from utils.published import Weights, weight_norm_key
+
 
 PHASES = ("discriminator", "generator")
 """Optimizer names in update order: the discriminator learns from the current generator first."""
-
 
 @dataclasses.dataclass
 class HiFiGANConfig:
@@ -88,7 +78,6 @@ class HiFiGANConfig:
     feature_loss_weight: float = setting(2.0, ge=0)
     mel_on_device: bool = False
 
-
 TINY_OVERRIDES: dict[str, Any] = {
     "upsample_initial_channel": 32,
     "resblock_kernel_sizes": [3, 7],
@@ -101,7 +90,6 @@ TINY_OVERRIDES: dict[str, Any] = {
 }
 """The ``hifigan`` entry of ``config.json``'s ``tiny`` block (JSON values, as the file holds them)."""
 
-
 @dataclasses.dataclass(frozen=True)
 class LossSettings:
     """What :func:`train_step` needs besides the networks: the mel front end's settings and the loss weights."""
@@ -109,7 +97,6 @@ class LossSettings:
     audio: AudioConfig
     mel_loss_weight: float
     feature_loss_weight: float
-
 
 class HiFiGAN(nn.Module):
     """HiFi-GAN: ``generator`` (mel -> audio) and ``discriminator`` (the MPD and the MSD in one module).
@@ -146,11 +133,9 @@ class HiFiGAN(nn.Module):
         """Vocode ``batch["mel"]`` ``(B, n_mels, frames)`` -> audio ``(B, frames * hop_length)`` in [-1, 1]."""
         return self.generator(batch["mel"]).squeeze(1)
 
-
 def networks(model: nn.Module) -> dict[str, nn.Module]:
     """The network each optimizer trains (``ModelSpec.networks``)."""
     return {"discriminator": model.discriminator, "generator": model.generator}
-
 
 def build_optimizer(model: nn.Module, model_cfg: HiFiGANConfig,
                     device: torch.device) -> dict[str, torch.optim.Optimizer]:
@@ -159,14 +144,11 @@ def build_optimizer(model: nn.Module, model_cfg: HiFiGANConfig,
                                     weight_decay=model_cfg.weight_decay, fused=device.type == "cuda")
             for name, net in networks(model).items()}
 
-
 def build_scheduler(phase: str, optimizer: torch.optim.Optimizer, cfg: Config) -> tuple[Any, str]:
     """The learning rate times ``hifigan.lr_decay`` (0.999) after every epoch, for either network (Section 3)."""
     return torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.hifigan.lr_decay), "epoch"
 
-
 _MELS: dict = {}  # (device, audio settings) -> MelSpectrogram on that device
-
 
 def mel_function(audio_cfg: AudioConfig, device: torch.device) -> MelSpectrogram:
     """The project's :class:`MelSpectrogram` for ``audio_cfg``, built once per device."""
@@ -175,14 +157,12 @@ def mel_function(audio_cfg: AudioConfig, device: torch.device) -> MelSpectrogram
         _MELS[key] = MelSpectrogram.from_config(audio_cfg).to(device)
     return _MELS[key]
 
-
 def aligned(real: torch.Tensor, fake: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Both audio tensors (any shape ending in samples) cut to the shorter one's length. The generator gives
     ``frames * hop_length`` samples; the dataset's crops are ``segment_length``, the same number when
     ``segment_length`` is a multiple of the hop, so this cuts nothing then."""
     n = min(real.shape[-1], fake.shape[-1])
     return real[..., :n], fake[..., :n]
-
 
 def mel_l1(fake: torch.Tensor, real: torch.Tensor, audio_cfg: AudioConfig) -> torch.Tensor:
     """Mel L1 loss (Eq. 3), unweighted: mean absolute difference of the log-mels of ``fake`` and ``real``
@@ -194,7 +174,6 @@ def mel_l1(fake: torch.Tensor, real: torch.Tensor, audio_cfg: AudioConfig) -> to
         with torch.no_grad():
             target = mel(real.float())
         return F.l1_loss(mel(fake.float()), target)
-
 
 class MelL1Loss(nn.Module):
     """The validation criterion: ``(generated audio (B, samples), batch) -> mel L1`` against ``batch["audio"]``.
@@ -209,7 +188,6 @@ class MelL1Loss(nn.Module):
 
     def forward(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
         return mel_l1(outputs, batch["audio"], self.audio_cfg)
-
 
 def train_step(phase: str, nets: dict[str, nn.Module], batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One phase of the GAN step (``ModelSpec.train_step``; Section 2.4).
@@ -252,125 +230,6 @@ def train_step(phase: str, nets: dict[str, nn.Module], batch: Batch) -> tuple[to
         return loss, {"g_adv": g_adv.detach(), "g_fm": g_fm.detach(), "mel_l1": loss_mel.detach()}
     raise ValueError(f"hifigan train_step: unknown phase {phase!r}, expected one of {', '.join(PHASES)}")
 
-
-def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
-    """Train and validation :class:`AudioMelDataset` of ``hifigan.segment_length`` crops (random for training,
-    the first crop for validation); mels ``(n_mels, segment_length // hop_length)``.
-
-    With ``data.mel_dir`` the mels are read from that folder and cropped with the audio on frame boundaries:
-    fine-tuning on Tacotron2's teacher-forced mels (``scripts/dump_gta_mels.py``), as jik876/hifi-gan's
-    ``--fine_tuning`` does with its ``ft_dataset`` mels.
-
-    Raises:
-        ValueError: ``segment_length`` not a multiple of ``audio.hop_length`` (the generator's output would
-            not line up with the crop).
-        DataError: see :class:`AudioMelDataset` (``data.mel_dir`` missing a mel, made with other settings).
-    """
-    seg = cfg.hifigan.segment_length
-    if seg % cfg.audio.hop_length:
-        raise ValueError(f"hifigan.segment_length ({seg}) must be a multiple of audio.hop_length "
-                         f"({cfg.audio.hop_length})")
-    train_utts, val_utts = load_splits(cfg.data)
-    with_mel, mel_dir = not cfg.hifigan.mel_on_device, cfg.data.mel_dir
-    return (AudioMelDataset(train_utts, cfg.audio, seg, random_crop=True, seed=cfg.train.seed, with_mel=with_mel,
-                            mel_dir=mel_dir),
-            AudioMelDataset(val_utts, cfg.audio, seg, random_crop=False, with_mel=with_mel, mel_dir=mel_dir))
-
-
-def mel_on_device(batch: Batch, cfg: Config) -> Batch:
-    """Add ``batch["mel"]`` ``(B, n_mels, frames)``, the log-mel of ``batch["audio"]`` ``(B, samples)``, on the
-    audio's device (``hifigan.mel_on_device``); a batch that has its mel already is returned as it is."""
-    if "mel" in batch:
-        return batch
-    with torch.no_grad():
-        return {**batch, "mel": mel_function(cfg.audio, batch["audio"].device)(batch["audio"])}
-
-
-def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
-                    segment_length: Optional[int] = None) -> Batch:
-    """Random HiFi-GAN batch of the training shapes.
-
-    ``{"mel": (B, n_mels, segment // hop_length) standard normal, "audio": (B, segment) normal with standard
-    deviation 0.1, "ids": [str] * B}``, float32 on the CPU.
-
-    Args:
-        cfg: the config (``audio.n_mels``, ``audio.hop_length``, ``hifigan.segment_length``).
-        batch_size: items ``B``.
-        generator: the random stream (seeded by the caller).
-        segment_length: samples per item; ``None``: ``hifigan.segment_length``.
-
-    Raises:
-        ValueError: ``batch_size < 1`` or a segment that is not a positive multiple of ``audio.hop_length``.
-    """
-    segment = cfg.hifigan.segment_length if segment_length is None else segment_length
-    if batch_size < 1:
-        raise ValueError(f"hifigan synthetic_batch: batch_size must be >= 1, got {batch_size}")
-    if segment < 1 or segment % cfg.audio.hop_length:
-        raise ValueError(f"hifigan synthetic_batch: segment_length {segment} must be a positive multiple of "
-                         f"audio.hop_length={cfg.audio.hop_length}")
-    mel = torch.randn(batch_size, cfg.audio.n_mels, segment // cfg.audio.hop_length, generator=generator)
-    audio = torch.randn(batch_size, segment, generator=generator) * 0.1
-    return {"mel": mel, "audio": audio, "ids": [f"synthetic_{i}" for i in range(batch_size)]}
-
-
-# --- inference.py --------------------------------------------------------------------------------------------
-
-def add_inference_args(parser: argparse.ArgumentParser) -> None:
-    """HiFi-GAN's ``inference.py`` options: what to vocode, ``--mel`` or ``--wav``."""
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--mel", help="a torch tensor file (n_mels, frames) to vocode")
-    source.add_argument("--wav", help="a wav whose mel is vocoded (copy-synthesis)")
-
-
-@torch.no_grad()
-def vocode(model: nn.Module, mel: torch.Tensor, cfg: Config) -> torch.Tensor:
-    """Mel ``(n_mels, frames)`` -> audio ``(frames * hop_length,)`` in [-1, 1] (tanh output), float32 on the CPU."""
-    device = next(model.generator.parameters()).device
-    return model.generator(mel.unsqueeze(0).to(device))[0, 0].float().cpu()
-
-
-def log_validation(model: nn.Module, batch: Batch, outputs: torch.Tensor, step: int, writer: Any, output_dir: Any,
-                   cfg: Optional[Config] = None) -> None:
-    """Audio of the first utterance of a validation batch, for TensorBoard's audio tab.
-
-    ``audio/vocoded``: the generator's output for that item, ``outputs[0]`` ``(samples,)`` (the validation crop:
-    the first ``hifigan.segment_length`` samples of the clip; the loader does not shuffle, so it is the same
-    utterance at every validation), at ``audio.sampling_rate`` Hz. ``audio/ground_truth``: the item's audio
-    ``batch["audio"][0]``, at the first validation of the run only. Nothing is written without a ``writer`` or
-    a ``cfg``.
-
-    Args:
-        model: the :class:`HiFiGAN` (unused: ``outputs`` holds its audio).
-        batch: ``{"mel": (B, n_mels, frames), "audio": (B, samples), ...}``.
-        outputs: the generator's audio for ``batch``, ``(B, samples)`` in [-1, 1].
-        step: the training step.
-        writer: a ``SummaryWriter`` or ``None``.
-        output_dir: the run's folder (unused).
-        cfg: the run's config (``audio.sampling_rate``).
-    """
-    if writer is None or cfg is None:
-        return
-    add_audio(writer, "audio/vocoded", outputs[0].float(), step, cfg.audio.sampling_rate)
-    if first_time(writer, "audio/ground_truth"):
-        add_audio(writer, "audio/ground_truth", batch["audio"][0].float(), step, cfg.audio.sampling_rate)
-
-
-def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch.device) -> list[Path]:
-    """``inference.py`` for HiFi-GAN: vocode ``--mel`` or the mel of ``--wav`` into the wav ``--output``.
-
-    Raises:
-        ValueError: neither ``--mel`` nor ``--wav``, or an output that is not a .wav path.
-        DataError: see :func:`read_mel`.
-    """
-    if not (args.mel or args.wav):
-        raise ValueError(f"{args.checkpoint} is a HiFi-GAN checkpoint: give --mel or --wav")
-    output = check_wav_output(args.output)
-    audio = vocode(model, read_mel(args, cfg), cfg)
-    save_wav(output, audio, cfg.audio.sampling_rate)
-    print(f"wrote {output} ({audio.numel() / cfg.audio.sampling_rate:.2f} s)")
-    return [output]
-
-
 def blocks(model: HiFiGAN) -> list[nn.Module]:
     """``ModelSpec.blocks``: the generator's multi-receptive-field blocks, the period discriminators and the scale
     discriminators but the first. That one uses spectral norm, whose power iteration updates a buffer in every
@@ -378,88 +237,3 @@ def blocks(model: HiFiGAN) -> list[nn.Module]:
     stays with the discriminator's root (sharded with it, never recomputed)."""
     return [*model.generator.mrfs, *model.discriminator.mpd.discriminators,
             *model.discriminator.msd.discriminators[1:]]
-
-
-# --- scripts/benchmark.py: the V1 training shape (batch 16 of 8192-sample crops) ---------------------------------
-
-_TINY = tuple(f"hifigan.{key}={value}".replace(" ", "") for key, value in TINY_OVERRIDES.items()
-              if key not in ("segment_length", "batch_size", "learning_rate"))
-BENCHMARK_CASES = (
-    BenchmarkCase("hifigan_v1_b16_s8192", ("hifigan.segment_length=8192",), 16, {"segment_length": 8192},
-                  tiny=BenchmarkCase("", _TINY + ("hifigan.segment_length=2048",), 2, {"segment_length": 2048})),
-)
-
-def read_published(loaded: Any, cfg: Config) -> Weights | None:
-    """jik876/hifi-gan's generator files (``g_<step>``; ``{"generator": state_dict}``), or ``None`` for another
-    format. The generator of this model; its residual blocks ``resblocks.<i * kernels + j>.convs1``/``convs2`` are
-    ``mrfs.<i>.blocks.<j>.dilated``/``plain`` here (``kernels``: ``hifigan.resblock_kernel_sizes``), and old weight
-    norm's ``weight_g``/``weight_v`` the parametrization. Such a file holds no discriminator: those start afresh.
-    (Read from jik876's checkpoint code for the layout; its generator's output from the same weights equals this
-    one's.)"""
-    state = loaded.get("generator") if isinstance(loaded, dict) else None
-    if not isinstance(state, dict) or "conv_pre.weight_v" not in state:
-        return None
-    kernels = len(cfg.hifigan.resblock_kernel_sizes)
-    renamed = {}
-    for key, value in state.items():
-        match = re.match(r"^resblocks\.(\d+)\.convs([12])\.(.*)$", key)
-        if match:
-            index, kind = int(match.group(1)), "dilated" if match.group(2) == "1" else "plain"
-            key = f"mrfs.{index // kernels}.blocks.{index % kernels}.{kind}.{match.group(3)}"
-        renamed["generator." + weight_norm_key(key)] = value
-    return Weights("jik876/hifi-gan's generator file", "hifigan", renamed, partial=("discriminator.",))
-
-
-# --- scripts/export.py --format onnx ------------------------------------------------------------------------------
-
-class GeneratorExport(nn.Module):
-    """The generator as it is exported: mel ``(B, n_mels, frames)`` -> audio ``(B, frames * hop_length)`` in [-1, 1]
-    (:meth:`HiFiGAN.forward` without the batch dict)."""
-
-    def __init__(self, generator: Generator):
-        super().__init__()
-        self.generator = generator
-
-    def forward(self, mel: torch.Tensor) -> torch.Tensor:
-        return self.generator(mel).squeeze(1)
-
-
-def export_parts(model: HiFiGAN, cfg: Config) -> list[ExportPart]:
-    """``ModelSpec.export_parts``: one part, ``generator``: ``mel`` ``(B, n_mels, frames)`` (natural-log mel) ->
-    ``audio`` ``(B, frames * hop_length)``, batch and frames dynamic (checked at 1 x 32 and 2 x 19 frames). No
-    noise input: the generator is deterministic (Section 2.2)."""
-    gen = torch.Generator().manual_seed(0)
-    n_mels = cfg.audio.n_mels
-    return [ExportPart(
-        name="generator", module=GeneratorExport(model.generator),
-        inputs=(torch.randn(1, n_mels, 32, generator=gen),), other_inputs=(torch.randn(2, n_mels, 19, generator=gen),),
-        input_names=("mel",), output_names=("audio",),
-        dynamic_axes={"mel": {0: "batch", 2: "frames"}, "audio": {0: "batch", 1: "samples"}},
-        description=f"mel (B, {n_mels}, frames) -> audio (B, frames * {model.generator.hop_length})")]
-
-
-register("hifigan", ModelSpec(
-    config_cls=HiFiGANConfig,
-    build_model=lambda cfg: HiFiGAN(cfg.hifigan, cfg.audio),
-    build_criterion=lambda cfg: MelL1Loss(cfg.audio),
-    build_datasets=build_datasets,
-    collate_fn=collate_audio_mel,
-    count_items=lambda batch: batch["audio"].numel(),
-    build_optimizer=build_optimizer,
-    add_inference_args=add_inference_args,
-    infer=infer,
-    vocode=vocode,
-    log_validation=log_validation,
-    synthetic_batch=synthetic_batch,
-    benchmark_cases=BENCHMARK_CASES,
-    on_device=mel_on_device,
-    data_advice="raise data.num_workers, or compute the mels on the device with hifigan.mel_on_device=true",
-    phases=PHASES,
-    networks=networks,
-    train_step=train_step,
-    build_scheduler=build_scheduler,
-    blocks=blocks,
-    read_published=read_published,
-    inference_modules=("generator",),
-    export_parts=export_parts,
-))

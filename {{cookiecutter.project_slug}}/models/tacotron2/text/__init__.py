@@ -1,7 +1,7 @@
 """Text front end: clean a transcript and map it to the integer ids Tacotron2 embeds.
 
-``text_to_sequence("Dr. Who?")`` cleans the text with the named cleaners (:mod:`utils.text.cleaners`)
-and looks every character up in the symbol table (:mod:`utils.text.symbols`). As in NVIDIA's Tacotron2
+``text_to_sequence("Dr. Who?")`` cleans the text with the named cleaners (:mod:`models.tacotron2.text.cleaners`)
+and looks every character up in the symbol table (:mod:`models.tacotron2.text.symbols`). As in NVIDIA's Tacotron2
 reference, ARPAbet phones may be written inline between curly braces: ``"Turn {L EH1 F T} here"``.
 
 A character that is not in the table (after cleaning) is dropped with a :class:`UserWarning` that names
@@ -14,8 +14,8 @@ import re
 import warnings
 from typing import Sequence
 
-from utils.text.cleaners import clean_text
-from utils.text.symbols import id_to_symbol, symbol_to_id, symbols
+from models.tacotron2.text.cleaners import clean_text
+from models.tacotron2.text.symbols import id_to_symbol, symbol_to_id, symbols
 
 __all__ = ["text_to_sequence", "sequence_to_text", "symbols"]
 
@@ -39,7 +39,7 @@ def text_to_sequence(text: str, cleaner_names: Sequence[str] = ("english_cleaner
     Args:
         text: a transcript; ``{...}`` spans hold space-separated ARPAbet phones (``{HH AH0 L OW1}``),
             which are not cleaned.
-        cleaner_names: cleaners to apply in order (names from :data:`utils.text.cleaners.CLEANERS`).
+        cleaner_names: cleaners to apply in order (names from :data:`models.tacotron2.text.cleaners.CLEANERS`).
 
     Returns:
         Symbol ids (``0 < id < len(symbols)``; id 0 is padding and never produced). May be empty if

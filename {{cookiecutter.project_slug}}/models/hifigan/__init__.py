@@ -1,0 +1,45 @@
+"""HiFi-GAN (mel -> audio), a GAN trained with two optimizers: the model's spec. Its parts: ``network`` (config
+section, generator and discriminators, losses, the phases' step), ``data``, ``inference``, ``export`` (ONNX),
+``published`` (jik876's generator files).
+
+Source: Kong, Kim and Bae, "HiFi-GAN: Generative Adversarial Networks for Efficient and High Fidelity Speech
+Synthesis" (NeurIPS 2020), and jik876/hifi-gan for sizes and defaults (the layers: ``modules/hifigan.py``).
+"""
+
+from model import Benchmark, BenchmarkCase, Export, Inference, ModelSpec, Phases, Published, Training
+from models.hifigan.data import build_datasets, mel_on_device, synthetic_batch
+from models.hifigan.export import export_parts
+from models.hifigan.inference import add_inference_args, infer, log_validation, vocode
+from models.hifigan.network import (PHASES, TINY_OVERRIDES, HiFiGAN, HiFiGANConfig, MelL1Loss, blocks,
+                                    build_optimizer, build_scheduler, networks, train_step)
+from models.hifigan.published import read_published
+from utils.data.datasets import collate_audio_mel
+
+_TINY = tuple(f"hifigan.{key}={value}".replace(" ", "") for key, value in TINY_OVERRIDES.items()
+              if key not in ("segment_length", "batch_size", "learning_rate"))
+BENCHMARK_CASES = (  # the V1 training shape (batch 16 of 8192-sample crops)
+    BenchmarkCase("hifigan_v1_b16_s8192", ("hifigan.segment_length=8192",), 16, {"segment_length": 8192},
+                  tiny=BenchmarkCase("", _TINY + ("hifigan.segment_length=2048",), 2, {"segment_length": 2048})),
+)
+
+SPEC = ModelSpec(
+    name="hifigan",
+    config_cls=HiFiGANConfig,
+    build_model=lambda cfg: HiFiGAN(cfg.hifigan, cfg.audio),
+    training=Training(
+        build_criterion=lambda cfg: MelL1Loss(cfg.audio),
+        build_datasets=build_datasets,
+        collate_fn=collate_audio_mel,
+        count_items=lambda batch: batch["audio"].numel(),
+        build_optimizer=build_optimizer,
+        on_device=mel_on_device,
+        data_advice="raise data.num_workers, or compute the mels on the device with hifigan.mel_on_device=true",
+        log_validation=log_validation,
+        blocks=blocks,
+        phases=Phases(names=PHASES, networks=networks, train_step=train_step, build_scheduler=build_scheduler),
+    ),
+    inference=Inference(infer=infer, add_args=add_inference_args, vocode=vocode, modules=("generator",)),
+    export=Export(parts=export_parts),
+    published=Published(read=read_published),
+    benchmark=Benchmark(synthetic_batch=synthetic_batch, cases=BENCHMARK_CASES),
+)

@@ -1,0 +1,43 @@
+"""Tacotron2 (text -> mel): the model's spec. Its parts: ``network`` (config section, model, loss, fast path),
+``data`` (text-mel datasets, corpus checks, synthetic batches), ``text`` (the text front end), ``inference``,
+``export`` (ONNX), ``published`` (NVIDIA's checkpoints).
+
+Source: Shen et al., "Natural TTS Synthesis by Conditioning WaveNet on Mel Spectrogram Predictions" (ICASSP 2018),
+and NVIDIA's Tacotron2 for sizes and defaults (the layers: ``modules/tacotron2.py``).
+"""
+
+from model import Benchmark, BenchmarkCase, Export, Inference, ModelSpec, Published, Training
+from models.tacotron2.data import TextMelCollate, build_datasets, check_text, count_items, synthetic_batch
+from models.tacotron2.export import export_parts
+from models.tacotron2.inference import add_inference_args, infer, log_validation
+from models.tacotron2.network import Tacotron2, Tacotron2Config, Tacotron2Loss, optimize_for_training
+from models.tacotron2.published import read_published
+
+_FULL = {"text_lengths": (60, 160), "mel_lengths": (300, 800), "longest_mel": 800}
+_TINY = {"text_lengths": (6, 16), "mel_lengths": (20, 40), "longest_mel": 40}
+BENCHMARK_CASES = (  # NVIDIA's published shapes (those of its reference benchmark harness)
+    BenchmarkCase("tacotron2_b128", (), 128, _FULL, tiny=BenchmarkCase("", (), 4, _TINY)),
+    BenchmarkCase("tacotron2_b64", (), 64, _FULL, tiny=BenchmarkCase("", (), 2, _TINY)),
+)
+
+SPEC = ModelSpec(
+    name="tacotron2",
+    config_cls=Tacotron2Config,
+    build_model=lambda cfg: Tacotron2(cfg.tacotron2, cfg.audio.n_mels),
+    training=Training(
+        build_criterion=lambda cfg: Tacotron2Loss(),
+        build_datasets=build_datasets,
+        collate_fn=TextMelCollate(),
+        count_items=count_items,
+        check_text=check_text,
+        data_advice="raise data.num_workers, or cache the mels once with scripts/preprocess.py",
+        variable_length=True,
+        log_validation=log_validation,
+        optimize_for_training=optimize_for_training,
+        blocks=lambda model: [model.encoder, model.decoder, model.postnet],
+    ),
+    inference=Inference(infer=infer, add_args=add_inference_args, takes_vocoder=True),
+    export=Export(parts=export_parts),
+    published=Published(read=read_published),
+    benchmark=Benchmark(synthetic_batch=synthetic_batch, cases=BENCHMARK_CASES),
+)

@@ -1,0 +1,191 @@
+"""Tacotron2 (text -> mel): config, model, loss, data, fast path, inference, benchmark shapes, registration.
+
+Source: Shen et al. 2018, "Natural TTS synthesis by conditioning WaveNet on mel spectrogram predictions"
+(ICASSP); sizes, initialisation and dropout follow NVIDIA's reference implementation. The layers are in
+``modules/tacotron2.py`` (encoder, attention decoder, post-net); the text front end in ``utils/text``; the
+text/mel dataset in ``utils/text_mel_data.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from pathlib import Path
+from typing import Any
+import torch
+import torch.nn.functional as F
+from torch import nn
+from model import Batch
+from utils.data.audio import check_wav_output, griffin_lim, save_wav
+from utils.config import AudioConfig, Config
+from utils.data.corpus import DataError
+from utils.plotting import add_audio, first_time, fixed_random_state, plot_alignment, plot_gate, plot_spectrogram
+from models.tacotron2.text import sequence_to_text, text_to_sequence
+from models.tacotron2.network import Tacotron2
+
+
+def log_validation(model: nn.Module, batch: Batch, outputs: dict[str, torch.Tensor], step: int,
+                   writer: Any, output_dir: Any, cfg: Config | None = None) -> None:
+    """Pictures and audio of the first utterance of a validation batch.
+
+    Always saves ``output_dir/alignment_<step>.png``; with a TensorBoard ``writer`` also adds the figures
+    ``alignment``, ``mel_target``, ``mel_predicted`` (post-net output) and ``gate``. Padding is cut off.
+
+    With a ``writer`` and the run's ``cfg``, also audio made with Griffin-Lim (:func:`griffin_lim_clip`; no
+    vocoder needed), at most :data:`LOG_AUDIO_SECONDS` of each, at ``audio.sampling_rate`` Hz:
+    ``audio/teacher_forced_griffin_lim`` (the post-net mel ``outputs["mel_postnet"][0]``),
+    ``audio/free_running_griffin_lim`` (:meth:`Tacotron2.inference` from the item's text, the same pre-net
+    dropout at every validation, see :func:`free_running_mel`), and at the first validation of the run only
+    ``audio/target_griffin_lim`` (the target mel: what Griffin-Lim makes of a perfect mel) and the text
+    ``audio/utterance`` (id and transcript). The validation loader does not shuffle and the collate sorts a
+    batch by text length, so the first item is the same utterance at every validation.
+
+    Args:
+        model: the :class:`Tacotron2` (unwrapped, in eval mode).
+        batch: from :class:`utils.text_mel_data.TextMelCollate`: ``{"text": (B, L), "text_lengths": (B,),
+            "mel": (B, n_mels, T), "gate": (B, T), "mel_lengths": (B,), "ids": [str] * B}``.
+        outputs: :meth:`Tacotron2.forward` of ``batch``: ``{"mel_postnet": (B, n_mels, T), "gate": (B, T),
+            "alignments": (B, T, L), ...}``.
+        step: the training step.
+        writer: a ``SummaryWriter`` or ``None``.
+        output_dir: the run's folder.
+        cfg: the run's config (its ``audio`` section); ``None``: no audio.
+    """
+    text_len, frames = int(batch["text_lengths"][0]), int(batch["mel_lengths"][0])
+    alignment = outputs["alignments"][0, :frames, :text_len].float().cpu().T  # (L, T)
+    utt = batch["ids"][0] if "ids" in batch else "utterance 0"
+    figure = plot_alignment(alignment, Path(output_dir) / f"alignment_{step}.png", title=f"{utt}, step {step}")
+    if writer is None:
+        return
+    writer.add_figure("alignment", figure, step)
+    writer.add_figure("mel_target", plot_spectrogram(batch["mel"][0, :, :frames]), step)
+    writer.add_figure("mel_predicted", plot_spectrogram(outputs["mel_postnet"][0, :, :frames]), step)
+    writer.add_figure("gate", plot_gate(batch["gate"][0, :frames],
+                                        torch.sigmoid(outputs["gate"][0, :frames].float())), step)
+    if cfg is None:
+        return
+    audio_cfg = cfg.audio
+    max_frames = max(2, int(LOG_AUDIO_SECONDS * audio_cfg.sampling_rate / audio_cfg.hop_length))
+    crop = min(frames, max_frames)
+    text = batch["text"][0, :text_len]
+    if first_time(writer, "audio/target_griffin_lim"):
+        writer.add_text("audio/utterance", f"{utt}: {sequence_to_text(text.tolist())}", step)
+        _add_griffin_lim(writer, "audio/target_griffin_lim", batch["mel"][0, :, :crop], step, audio_cfg)
+    _add_griffin_lim(writer, "audio/teacher_forced_griffin_lim", outputs["mel_postnet"][0, :, :crop], step,
+                     audio_cfg)
+    _add_griffin_lim(writer, "audio/free_running_griffin_lim", free_running_mel(model, text, max_frames), step,
+                     audio_cfg)
+
+LOG_AUDIO_SECONDS = 3.0
+"""Longest clip :func:`log_validation` turns into audio, in seconds (Griffin-Lim of 3 s with
+:data:`LOG_GRIFFIN_LIM_ITERS` iterations takes about a second of CPU time)."""
+
+LOG_GRIFFIN_LIM_ITERS = 32
+"""Griffin-Lim iterations of the validation clips: enough to hear the words, far from vocoder quality."""
+
+def griffin_lim_clip(log_mel: torch.Tensor, audio_cfg: AudioConfig,
+                     n_iter: int = LOG_GRIFFIN_LIM_ITERS) -> torch.Tensor:
+    """A log-mel ``(n_mels, frames)`` made audible: ``(frames * hop_length,)`` float32 samples on the CPU at
+    ``audio_cfg.sampling_rate`` Hz, clipped to [-1, 1].
+
+    :func:`utils.data.audio.griffin_lim` (``inference.py``'s Griffin-Lim) gives ``(frames - 1) *
+    hop_length`` samples (librosa's frames are centred on their first sample); the last hop is filled with
+    zeros so that the clip lasts as long as the mel. A mel too short for that to fill one STFT window
+    (``(frames - 1) * hop_length < n_fft``, 4 frames or fewer by default) gives silence.
+
+    Raises:
+        ValueError: see :func:`utils.data.audio.griffin_lim` (wrong shape, NaN or inf).
+    """
+    samples = log_mel.shape[1] * audio_cfg.hop_length
+    if (log_mel.shape[1] - 1) * audio_cfg.hop_length < audio_cfg.n_fft:
+        return torch.zeros(samples)
+    audio = torch.from_numpy(griffin_lim(log_mel, audio_cfg, n_iter)).clamp(-1.0, 1.0)
+    return F.pad(audio, (0, max(0, samples - audio.numel())))[:samples]
+
+def free_running_mel(model: Tacotron2, text: torch.Tensor, max_frames: int) -> torch.Tensor:
+    """The post-net mel ``(n_mels, T)`` that :meth:`Tacotron2.inference` makes of symbol ids ``text`` ``(L,)``,
+    cut at ``max_frames`` frames (``T <= max_frames``; decoding stops there, without the usual warning).
+
+    Runs under :func:`utils.plotting.fixed_random_state`: the pre-net's dropout (on at inference too) draws
+    the same masks at every call, and the training run's random stream is left as it was.
+    """
+    decoder = model.decoder
+    limit = decoder.max_decoder_steps
+    decoder.max_decoder_steps = min(limit, max_frames)
+    try:
+        with fixed_random_state(text.device), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Tacotron2 decoder reached max_decoder_steps")
+            mel = model.inference(text.unsqueeze(0))[0][0]
+    finally:
+        decoder.max_decoder_steps = limit
+    return mel.float()
+
+def _add_griffin_lim(writer: Any, tag: str, log_mel: torch.Tensor, step: int, audio_cfg: AudioConfig) -> None:
+    """Add :func:`griffin_lim_clip` of ``log_mel`` ``(n_mels, frames)`` to TensorBoard as ``tag``; a mel with NaN
+    or inf (a diverged model) is left out with a warning instead."""
+    if not torch.isfinite(log_mel).all():
+        warnings.warn(f"step {step}: the mel of '{tag}' holds NaN or infinite values; no audio")
+        return
+    add_audio(writer, tag, griffin_lim_clip(log_mel, audio_cfg), step, audio_cfg.sampling_rate)
+
+# --- inference.py --------------------------------------------------------------------------------------------
+
+def add_inference_args(parser: argparse.ArgumentParser) -> None:
+    """Tacotron2's ``inference.py`` options: the text (``inference.py`` adds ``--vocoder`` when the project has a
+    vocoder model: ``Inference.takes_vocoder``)."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--text", help="the sentence to speak")
+    source.add_argument("--text-file", help="a UTF-8 file of sentences, one wav per line (--output: a folder)")
+
+
+def read_lines(args: argparse.Namespace) -> tuple[list[str], list[Path]]:
+    """The sentences to speak and the wav each goes to (``--text`` -> ``--output``; ``--text-file`` -> one wav a
+    line in the folder ``--output``).
+
+    Raises:
+        ValueError: no text given, an empty ``--text``, or an output that is not a .wav path / is a file.
+        DataError: a ``--text-file`` that is missing, not UTF-8 or holds no text.
+    """
+    if args.text is None and args.text_file is None:
+        raise ValueError(f"{args.checkpoint} is a Tacotron2 checkpoint: give --text or --text-file")
+    if args.text is not None:
+        if not args.text.strip():
+            raise ValueError("--text is empty: give the sentence to speak")
+        return [args.text], [check_wav_output(args.output)]
+    path = Path(args.text_file)
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except FileNotFoundError:
+        raise DataError(f"--text-file {path}: no such file") from None
+    except UnicodeDecodeError as err:
+        raise DataError(f"--text-file {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise DataError(f"--text-file {path}: cannot read it: {err.strerror or err}") from None
+    if not lines:
+        raise DataError(f"--text-file {path} has no text")
+    out_dir = Path(args.output)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--output {out_dir} is a file; with --text-file it is the folder the wavs go to")
+    return lines, [out_dir / f"line_{i:03d}.wav" for i in range(1, len(lines) + 1)]
+
+def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch.device) -> list[Path]:
+    """``inference.py`` for Tacotron2: each text -> mel -> audio (the ``--vocoder`` checkpoint's ``mel -> audio``, which
+    ``args.load_vocoder()`` of ``inference.py`` loads, or Griffin-Lim) -> wav.
+
+    Raises:
+        ValueError, DataError: see :func:`read_lines`; a text with no character the model knows.
+    """
+    lines, outputs = read_lines(args)
+    vocode = args.load_vocoder()
+    for text, out in zip(lines, outputs):
+        ids = torch.tensor(text_to_sequence(text, cfg.tacotron2.text_cleaners), dtype=torch.long)
+        if ids.numel() == 0:
+            raise DataError(f"text {text!r} has no character the model knows")
+        mel = model.inference(ids.unsqueeze(0).to(device), progress=True)[0][0].float().cpu()
+        if vocode is not None:
+            audio = vocode(mel)
+        else:
+            audio = torch.from_numpy(griffin_lim(mel, cfg.audio))
+        save_wav(out, audio, cfg.audio.sampling_rate)
+        print(f"wrote {out} ({audio.numel() / cfg.audio.sampling_rate:.2f} s)")
+    return outputs

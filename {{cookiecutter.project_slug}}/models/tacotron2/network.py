@@ -1,0 +1,236 @@
+"""Tacotron2 (text -> mel): config, model, loss, data, fast path, inference, benchmark shapes, registration.
+
+Source: Shen et al. 2018, "Natural TTS synthesis by conditioning WaveNet on mel spectrogram predictions"
+(ICASSP); sizes, initialisation and dropout follow NVIDIA's reference implementation. The layers are in
+``modules/tacotron2.py`` (encoder, attention decoder, post-net); the text front end in ``utils/text``; the
+text/mel dataset in ``utils/text_mel_data.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import torch
+import torch.nn.functional as F
+from torch import nn
+from model import Batch
+from modules.tacotron2 import Decoder, Encoder, Postnet, get_padding_mask
+from utils.config import Config, setting
+from models.tacotron2.text.symbols import symbols
+
+
+@dataclasses.dataclass
+class Tacotron2Config:
+    """The ``tacotron2`` section of ``config.json`` (defaults: NVIDIA's LJSpeech hyper-parameters).
+
+    Sizes are in units/channels; ``*_kernel_size`` in characters (encoder), encoder steps (attention
+    location filters) or mel frames (post-net). ``max_decoder_steps`` caps free-running synthesis (in mel
+    frames, ~11.6 ms each at 22050 Hz / hop 256); ``gate_threshold`` is the stop probability that ends it.
+    ``max_mel_frames`` drops longer training/validation clips (0: keep all). ``mel_cache_dir``: where
+    ``scripts/preprocess.py`` caches mels (inside ``data.dataset_path``, or absolute; empty: no cache); used
+    when it exists. ``mask_padding`` zeroes the
+    outputs at padded frames (the loss ignores them either way). ``n_mels`` comes from the ``audio``
+    section. ``batch_size`` is per process; ``learning_rate`` and ``weight_decay`` are Adam's.
+    """
+
+    n_symbols: int = setting(len(symbols), ge=1)
+    symbols_embedding_dim: int = setting(512, ge=1)
+    encoder_n_convolutions: int = setting(3, ge=0)
+    encoder_embedding_dim: int = setting(512, ge=2)
+    encoder_kernel_size: int = setting(5, ge=1)
+    attention_rnn_dim: int = setting(1024, ge=1)
+    attention_dim: int = setting(128, ge=1)
+    attention_location_n_filters: int = setting(32, ge=1)
+    attention_location_kernel_size: int = setting(31, ge=1)
+    decoder_rnn_dim: int = setting(1024, ge=1)
+    prenet_dim: int = setting(256, ge=1)
+    max_decoder_steps: int = setting(1000, ge=1)
+    gate_threshold: float = setting(0.5, gt=0, lt=1)
+    p_attention_dropout: float = setting(0.1, ge=0, lt=1)
+    p_decoder_dropout: float = setting(0.1, ge=0, lt=1)
+    postnet_embedding_dim: int = setting(512, ge=1)
+    postnet_kernel_size: int = setting(5, ge=1)
+    postnet_n_convolutions: int = setting(5, ge=2)
+    text_cleaners: list[str] = dataclasses.field(default_factory=lambda: ["english_cleaners"])
+    max_mel_frames: int = setting(1000, ge=0)
+    mel_cache_dir: str = "mels"
+    mask_padding: bool = True
+    batch_size: int = setting(64, ge=1)
+    learning_rate: float = setting(1e-3, gt=0)
+    weight_decay: float = setting(1e-6, ge=0)
+
+class Tacotron2(nn.Module):
+    """Tacotron2: characters -> mel spectrogram, with a stop gate and attention alignments.
+
+    Source: Shen et al. 2018, "Natural TTS synthesis by conditioning WaveNet on mel spectrogram
+    predictions"; sizes, initialisation and dropout follow NVIDIA's reference (28.19 M parameters with
+    the defaults and 148 symbols). Symbol embedding -> :class:`modules.tacotron2.Encoder` ->
+    location-sensitive attention :class:`modules.tacotron2.Decoder` (one frame per step) ->
+    :class:`modules.tacotron2.Postnet` residual.
+
+    Args:
+        cfg: a :class:`Tacotron2Config`.
+        n_mels: mel channels (``cfg.audio.n_mels``).
+
+    Raises:
+        ValueError: ``n_symbols`` smaller than the symbol table, or ``symbols_embedding_dim`` different
+            from ``encoder_embedding_dim`` (the encoder convolutions take the embedding directly).
+    """
+
+    def __init__(self, cfg: Tacotron2Config, n_mels: int):
+        super().__init__()
+        if cfg.n_symbols < len(symbols):
+            raise ValueError(f"tacotron2.n_symbols={cfg.n_symbols} is smaller than the symbol table "
+                             f"({len(symbols)} symbols)")
+        if cfg.symbols_embedding_dim != cfg.encoder_embedding_dim:
+            raise ValueError(f"tacotron2.symbols_embedding_dim ({cfg.symbols_embedding_dim}) must equal "
+                             f"tacotron2.encoder_embedding_dim ({cfg.encoder_embedding_dim})")
+        self.cfg = cfg
+        self.n_mels = n_mels
+        self.mask_padding = cfg.mask_padding
+        self.embedding = nn.Embedding(cfg.n_symbols, cfg.symbols_embedding_dim)
+        # Uniform with the variance of Xavier init for a (n_symbols, dim) matrix (NVIDIA's reference).
+        bound = (3.0 * 2.0 / (cfg.n_symbols + cfg.symbols_embedding_dim)) ** 0.5
+        nn.init.uniform_(self.embedding.weight, -bound, bound)
+        self.encoder = Encoder(cfg.encoder_embedding_dim, cfg.encoder_n_convolutions, cfg.encoder_kernel_size)
+        self.decoder = Decoder(
+            n_mels, encoder_dim=cfg.encoder_embedding_dim, attention_rnn_dim=cfg.attention_rnn_dim,
+            decoder_rnn_dim=cfg.decoder_rnn_dim, prenet_dim=cfg.prenet_dim, attention_dim=cfg.attention_dim,
+            attention_location_n_filters=cfg.attention_location_n_filters,
+            attention_location_kernel_size=cfg.attention_location_kernel_size,
+            max_decoder_steps=cfg.max_decoder_steps, gate_threshold=cfg.gate_threshold,
+            p_attention_dropout=cfg.p_attention_dropout, p_decoder_dropout=cfg.p_decoder_dropout)
+        self.postnet = Postnet(n_mels, cfg.postnet_embedding_dim, cfg.postnet_kernel_size,
+                               cfg.postnet_n_convolutions)
+
+    def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """Teacher-forced pass over a padded batch from :class:`utils.text_mel_data.TextMelCollate`.
+
+        Args:
+            batch: ``{"text": (B, L) long, "text_lengths": (B,), "mel": (B, n_mels, T),
+                "mel_lengths": (B,), ...}``.
+
+        Returns:
+            ``{"mel": (B, n_mels, T), "mel_postnet": (B, n_mels, T), "gate": (B, T) logits,
+            "alignments": (B, T, L)}``. With ``mask_padding``, mels are 0 and gate logits 1e3 (certain
+            stop) at padded frames, and the post-net sees zeros there.
+
+        Raises:
+            ValueError: the mel does not have ``n_mels`` channels or the lengths do not fit the padding.
+        """
+        text, text_lengths = batch["text"], batch["text_lengths"]
+        mels, mel_lengths = batch["mel"], batch["mel_lengths"]
+        text_mask = get_padding_mask(text_lengths, text.size(1))
+        embedded = self.embedding(text).transpose(1, 2)  # (B, E, L)
+        memory = self.encoder(embedded, text_lengths)
+        mel_out, gate_out, alignments = self.decoder(memory, mels, text_mask)
+        frame_mask = get_padding_mask(mel_lengths, mels.size(2)) if self.mask_padding else None
+        if frame_mask is not None:
+            mel_out = mel_out.masked_fill(frame_mask.unsqueeze(1), 0.0)
+        mel_postnet = mel_out + self.postnet(mel_out, frame_mask)
+        if frame_mask is not None:
+            mel_postnet = mel_postnet.masked_fill(frame_mask.unsqueeze(1), 0.0)
+            gate_out = gate_out.masked_fill(frame_mask, 1e3)
+        return {"mel": mel_out, "mel_postnet": mel_postnet, "gate": gate_out, "alignments": alignments}
+
+    @torch.no_grad()
+    def inference(self, text: torch.Tensor, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor,
+                                                                          torch.Tensor]:
+        """Synthesize from symbol ids without a target (free-running decoder, see ``Decoder.inference``).
+
+        Call ``model.eval()`` first (batch norm statistics, no decoder dropout); the pre-net keeps its
+        dropout by design. Stops when the stop gate fires, or at ``max_decoder_steps`` with a warning.
+
+        Args:
+            text: ``(1, L)`` long symbol ids (``(B, L)`` without padding also works).
+            progress: show a progress bar of the frames decoded.
+
+        Returns:
+            ``(mel_postnet (1, n_mels, T), gate logits (1, T), alignments (1, T, L))``.
+
+        Raises:
+            ValueError: ``text`` is not a 2-D integer tensor with at least one symbol.
+        """
+        if text.dim() != 2 or text.size(1) == 0 or text.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"Tacotron2.inference expects symbol ids of shape (1, L), L >= 1, got "
+                             f"{tuple(text.shape)} {text.dtype}")
+        memory = self.encoder(self.embedding(text).transpose(1, 2))
+        mel_out, gate_out, alignments = self.decoder.inference(memory, progress=progress)
+        mel_postnet = mel_out + self.postnet(mel_out)
+        return mel_postnet, gate_out, alignments
+
+class Tacotron2Loss(nn.Module):
+    """``MSE(mel) + MSE(post-net mel) + BCE-with-logits(gate)``, each averaged over real frames only.
+
+    The Tacotron2 objective (Shen et al. 2018; NVIDIA's reference), except that padded frames
+    (``t >= mel_lengths``) are excluded from the averages instead of being counted as zero-error frames,
+    so the value does not depend on how much padding a batch has. Computed in float32 (safe under
+    autocast). The last terms are kept, detached, in :attr:`last_terms` for logging.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.last_terms: dict[str, torch.Tensor] = {}
+
+    def forward(self, outputs: dict[str, torch.Tensor], batch: Batch) -> torch.Tensor:
+        """Scalar loss for :meth:`Tacotron2.forward` ``outputs`` and the batch they came from.
+
+        Raises:
+            ValueError: the predicted and target mels differ in shape.
+        """
+        target, gate_target = batch["mel"].float(), batch["gate"].float()
+        if outputs["mel"].shape != target.shape:
+            raise ValueError(f"Tacotron2Loss: predicted mel {tuple(outputs['mel'].shape)} vs target "
+                             f"{tuple(target.shape)}")
+        keep = (~get_padding_mask(batch["mel_lengths"], target.size(2))).float()  # (B, T)
+        n_frames = keep.sum().clamp(min=1.0)
+        n_values = n_frames * target.size(1)
+
+        def masked_mse(pred: torch.Tensor) -> torch.Tensor:
+            return ((pred.float() - target) ** 2 * keep.unsqueeze(1)).sum() / n_values
+
+        mel_loss = masked_mse(outputs["mel"])
+        postnet_loss = masked_mse(outputs["mel_postnet"])
+        gate_loss = (F.binary_cross_entropy_with_logits(outputs["gate"].float(), gate_target, reduction="none")
+                     * keep).sum() / n_frames
+        self.last_terms = {"mel": mel_loss.detach(), "mel_postnet": postnet_loss.detach(),
+                           "gate": gate_loss.detach()}
+        return mel_loss + postnet_loss + gate_loss
+
+TEXT_BUCKET = 32
+"""Symbols the fast path pads the text axis to a multiple of: LJSpeech's texts (<= ~190 symbols) give 6
+shapes, and the padding (masked, so it changes no output) adds at most 31 positions to the attention's
+per-step tensors, which autograd keeps for every decoder step (at batch 128, 159 symbols: 160)."""
+
+def optimize_for_training(model: nn.Module, cfg: Config, text_bucket: int = TEXT_BUCKET,
+                                    **compile_kwargs) -> nn.Module:
+    """Tacotron2's fast path: the decoder step compiled once and reused at every step, in place.
+
+    See :meth:`modules.tacotron2.Decoder.enable_fast_path`: ``torch.compile`` of the per-step function
+    (``fullgraph=True``, static shapes: the text axis padded to a multiple of ``text_bucket`` and masked,
+    which leaves the outputs unchanged), step 0 eager. The encoder, pre-net (one batched call over all
+    frames), post-net and loss stay eager: they run once per batch, the step runs ``T`` (~800) times.
+    Also raises Dynamo's recompile limit to 64 graphs (a process-wide setting), room for every text
+    bucket in training and validation (whose last batch may be smaller). Parameters and state-dict keys
+    are unchanged.
+
+    Args:
+        model: a :class:`Tacotron2`.
+        cfg: the run's config (unused; part of the ``ModelSpec.optimize_for_training`` contract).
+        text_bucket: symbols the text axis is padded to a multiple of.
+        **compile_kwargs: passed to ``torch.compile``.
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        TypeError: ``model`` is not a :class:`Tacotron2`.
+        ValueError: ``text_bucket < 1``.
+    """
+    if not isinstance(model, Tacotron2):
+        raise TypeError(f"optimize_for_training expects a Tacotron2, got {type(model).__name__}")
+    import torch._dynamo  # noqa: F401  (makes torch._dynamo.config reachable)
+    dynamo_config = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
+    setattr(dynamo_config, limit, max(getattr(dynamo_config, limit), 64))
+    model.decoder.enable_fast_path(text_bucket, **compile_kwargs)
+    return model

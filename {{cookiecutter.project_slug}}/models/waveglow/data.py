@@ -1,0 +1,79 @@
+"""WaveGlow (mel -> audio): config, model, loss, data, fast path, inference, benchmark shapes, registration.
+
+Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis"
+(ICASSP 2019); layer sizes and defaults from NVIDIA's reference implementation. The layers are in
+``modules/waveglow.py``; this file assembles them and tells ``train.py`` and ``inference.py`` how to use them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+import torch
+from torch.utils.data import Dataset
+from model import Batch
+from utils.data.audio import MelSpectrogram
+from utils.config import Config
+from utils.data.datasets import AudioMelDataset
+from utils.data.corpus import load_splits
+
+
+def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
+    """Train and validation :class:`AudioMelDataset` (random crops for training, first crop for validation).
+
+    With ``data.mel_dir`` the mels are read from that folder (e.g. Tacotron2's teacher-forced mels, to fine-tune on
+    what Tacotron2 predicts: Shen et al. 2018's recipe for its vocoder) and cropped with the audio on frame
+    boundaries.
+
+    Raises:
+        DataError: see :class:`AudioMelDataset` (``data.mel_dir`` missing a mel, made with other settings).
+        ValueError: with ``data.mel_dir``, ``waveglow.segment_length`` not a multiple of ``audio.hop_length``.
+    """
+    train_utts, val_utts = load_splits(cfg.data)
+    seg = cfg.waveglow.segment_length
+    with_mel, mel_dir = not cfg.waveglow.mel_on_device, cfg.data.mel_dir
+    return (AudioMelDataset(train_utts, cfg.audio, seg, random_crop=True, seed=cfg.train.seed, with_mel=with_mel,
+                            mel_dir=mel_dir),
+            AudioMelDataset(val_utts, cfg.audio, seg, random_crop=False, with_mel=with_mel, mel_dir=mel_dir))
+
+_MELS: dict = {}  # (device, audio settings) -> MelSpectrogram on that device
+
+def mel_on_device(batch: Batch, cfg: Config) -> Batch:
+    """Add ``batch["mel"]`` ``(B, n_mels, frames)``, the log-mel of ``batch["audio"]`` ``(B, samples)``, on the
+    audio's device (``waveglow.mel_on_device``); a batch that has its mel already is returned as it is.
+    The same :class:`MelSpectrogram` as the workers' (equal to float32 rounding: batched vs single STFT)."""
+    if "mel" in batch:
+        return batch
+    key = (str(batch["audio"].device), dataclasses.astuple(cfg.audio))
+    if key not in _MELS:
+        _MELS[key] = MelSpectrogram.from_config(cfg.audio).to(batch["audio"].device)
+    with torch.no_grad():
+        return {**batch, "mel": _MELS[key](batch["audio"])}
+
+def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
+                    segment_length: Optional[int] = None) -> Batch:
+    """Random WaveGlow batch with the shapes of NVIDIA's reference benchmark harness.
+
+    ``{"mel": (B, n_mels, segment // hop_length + 1) standard normal, "audio": (B, segment) normal with
+    standard deviation 0.1, "ids": [str] * B}``, float32 on the CPU. (The data pipeline's centred STFT
+    gives one frame fewer; the reference's count is kept so both benchmarks run the same shapes.)
+
+    Args:
+        cfg: the config (``audio.n_mels``, ``audio.hop_length``, ``waveglow.segment_length``, ``waveglow.n_group``).
+        batch_size: items ``B``.
+        generator: the random stream (seeded by the caller).
+        segment_length: samples per item; ``None``: ``waveglow.segment_length``.
+
+    Raises:
+        ValueError: ``batch_size < 1`` or a segment that is not a positive multiple of ``n_group``.
+    """
+    segment = cfg.waveglow.segment_length if segment_length is None else segment_length
+    if batch_size < 1:
+        raise ValueError(f"waveglow synthetic_batch: batch_size must be >= 1, got {batch_size}")
+    if segment < 1 or segment % cfg.waveglow.n_group:
+        raise ValueError(f"waveglow synthetic_batch: segment_length {segment} must be a positive multiple of "
+                         f"waveglow.n_group={cfg.waveglow.n_group}")
+    frames = segment // cfg.audio.hop_length + 1
+    mel = torch.randn(batch_size, cfg.audio.n_mels, frames, generator=generator)
+    audio = torch.randn(batch_size, segment, generator=generator) * 0.1
+    return {"mel": mel, "audio": audio, "ids": [f"synthetic_{i}" for i in range(batch_size)]}

@@ -1,0 +1,194 @@
+"""WaveGlow (mel -> audio): config, model, loss, data, fast path, inference, benchmark shapes, registration.
+
+Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis"
+(ICASSP 2019); layer sizes and defaults from NVIDIA's reference implementation. The layers are in
+``modules/waveglow.py``; this file assembles them and tells ``train.py`` and ``inference.py`` how to use them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import torch
+from torch import nn
+from model import Batch
+from modules.waveglow import WN, Invertible1x1Conv, at_least_fp32
+from utils.config import Config, setting
+
+
+@dataclasses.dataclass
+class WaveGlowConfig:
+    """The ``waveglow`` section of ``config.json`` (defaults: NVIDIA's published LJSpeech model).
+
+    ``n_group`` audio samples are squeezed into channels; every ``n_early_every`` flows,
+    ``n_early_size`` channels leave the flow early. ``segment_length`` (samples) is the training crop.
+    ``sigma`` is the standard deviation of the Gaussian prior during training; ``infer_sigma`` the one
+    sampled from at inference (NVIDIA uses 0.6 for cleaner audio). ``batch_size`` is per process;
+    ``learning_rate`` and ``weight_decay`` are Adam's. ``mel_on_device``: the DataLoader workers only decode
+    and crop the audio; the mels of the batch's crops are computed on the device in the training step (one
+    batched ``torch.stft``: microseconds on a GPU, and the workers' heaviest work gone).
+    """
+
+    n_flows: int = setting(12, ge=1)
+    n_group: int = setting(8, ge=2)
+    n_early_every: int = setting(4, ge=1)
+    n_early_size: int = setting(2, ge=0)
+    wn_layers: int = setting(8, ge=1)
+    wn_channels: int = setting(256, ge=1)
+    wn_kernel_size: int = setting(3, ge=1)
+    sigma: float = setting(1.0, ge=0)
+    infer_sigma: float = setting(0.6, ge=0)
+    segment_length: int = setting(16000, ge=1)
+    batch_size: int = setting(12, ge=1)
+    learning_rate: float = setting(1e-4, gt=0)
+    weight_decay: float = setting(0.0, ge=0)
+    mel_on_device: bool = False
+
+class WaveGlow(nn.Module):
+    """WaveGlow: a normalising flow from audio to Gaussian noise, conditioned on mel spectrograms.
+
+    Args:
+        cfg: a :class:`WaveGlowConfig`.
+        n_mels: mel channels of the conditioning spectrogram.
+        hop_length: audio samples per mel frame (the upsampler's stride).
+        win_length: the STFT window in samples (the upsampler's kernel).
+
+    Raises:
+        ValueError: ``n_group`` odd, or early outputs that would leave fewer than 2 channels.
+    """
+
+    def __init__(self, cfg: WaveGlowConfig, n_mels: int, hop_length: int, win_length: int):
+        super().__init__()
+        if cfg.n_group % 2:
+            raise ValueError(f"waveglow.n_group must be even, got {cfg.n_group}")
+        self.cfg = cfg
+        self.upsample = nn.ConvTranspose1d(n_mels, n_mels, win_length, stride=hop_length)
+        self.flows = nn.ModuleList()
+        self.convs = nn.ModuleList()
+        channels = cfg.n_group
+        for k in range(cfg.n_flows):
+            if k > 0 and k % cfg.n_early_every == 0:
+                channels -= cfg.n_early_size
+            if channels < 2:
+                raise ValueError(f"waveglow: {cfg.n_flows} flows with n_early_every={cfg.n_early_every} and "
+                                 f"n_early_size={cfg.n_early_size} leave {channels} channels; need >= 2")
+            self.convs.append(Invertible1x1Conv(channels))
+            self.flows.append(WN(channels // 2, n_mels * cfg.n_group, cfg.wn_layers, cfg.wn_channels,
+                                 cfg.wn_kernel_size))
+        self.n_remaining = channels
+
+    def _grouped_mel(self, mel: torch.Tensor, samples: int) -> torch.Tensor:
+        """Upsample ``(B, n_mels, frames)`` to audio rate and fold it to ``(B, n_mels * n_group, samples // n_group)``."""
+        g = self.cfg.n_group
+        mel = self.upsample(mel)[:, :, :samples]
+        batch, n_mels, _ = mel.shape
+        return mel.unfold(2, g, g).permute(0, 1, 3, 2).reshape(batch, n_mels * g, -1)
+
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """Map audio to noise.
+
+        Args:
+            batch: ``{"mel": (B, n_mels, frames), "audio": (B, samples)}``, samples a multiple of
+                ``n_group`` and at most ``frames * hop_length``.
+
+        Returns:
+            ``(z, log_s_list, log_det_list)``: ``z`` is ``(B, n_group, samples // n_group)``; the lists
+            hold each coupling's ``log s`` and each 1x1 convolution's log-determinant.
+        """
+        audio = batch["audio"]
+        g = self.cfg.n_group
+        cond = self._grouped_mel(batch["mel"], audio.shape[1])
+        x = audio.unfold(1, g, g).transpose(1, 2)  # (B, n_group, samples // n_group)
+        early, log_s_list, log_det_list = [], [], []
+        for k, (conv, wn) in enumerate(zip(self.convs, self.flows)):
+            if k > 0 and k % self.cfg.n_early_every == 0:
+                early.append(x[:, :self.cfg.n_early_size])
+                x = x[:, self.cfg.n_early_size:]
+            x, log_det = conv(x)
+            half = x.shape[1] // 2
+            x_a, x_b = x[:, :half], x[:, half:]
+            out = wn(x_a, cond)
+            shift, log_s = out[:, :half], out[:, half:]
+            x = torch.cat([x_a, torch.exp(log_s) * x_b + shift], dim=1)
+            log_s_list.append(log_s)
+            log_det_list.append(log_det)
+        early.append(x)
+        return torch.cat(early, dim=1), log_s_list, log_det_list
+
+    def reverse(self, mel: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Invert :meth:`forward`: noise ``z`` ``(B, n_group, samples // n_group)`` -> audio ``(B, samples)``.
+
+        ``z`` is laid out as :meth:`forward` returns it (early outputs first), so
+        ``reverse(mel, forward(batch)[0])`` gives ``batch["audio"]`` back up to rounding.
+        """
+        batch, _, steps = z.shape
+        cond = self._grouped_mel(mel, steps * self.cfg.n_group)
+        offset = z.shape[1] - self.n_remaining  # channels that left early sit before this offset
+        x = z[:, offset:]
+        for k in reversed(range(self.cfg.n_flows)):
+            half = x.shape[1] // 2
+            x_a, x_b = x[:, :half], x[:, half:]
+            out = self.flows[k](x_a, cond)
+            shift, log_s = out[:, :half], out[:, half:]
+            x = self.convs[k].inverse(torch.cat([x_a, (x_b - shift) * torch.exp(-log_s)], dim=1))
+            if k > 0 and k % self.cfg.n_early_every == 0:
+                offset -= self.cfg.n_early_size
+                x = torch.cat([z[:, offset:offset + self.cfg.n_early_size], x], dim=1)
+        return x.transpose(1, 2).reshape(batch, -1)
+
+    @torch.no_grad()
+    def infer(self, mel: torch.Tensor, sigma: float = 0.6) -> torch.Tensor:
+        """Vocode: mel ``(B, n_mels, frames)`` -> audio ``(B, samples)`` in [-1, 1], samples ~ frames * hop_length.
+
+        Draws Gaussian noise of standard deviation ``sigma`` and runs the flows backwards (:meth:`reverse`).
+        """
+        g = self.cfg.n_group
+        samples = mel.shape[2] * self.upsample.stride[0]  # hop_length samples per frame
+        z = sigma * torch.randn(mel.shape[0], g, samples // g, device=mel.device, dtype=mel.dtype)
+        return self.reverse(mel, z).clamp(-1.0, 1.0)
+
+class WaveGlowLoss(nn.Module):
+    """Negative log-likelihood of the flow per audio sample (NVIDIA's reference normalisation).
+
+    ``loss = (sum z^2 / (2 sigma^2) - sum log s - sum log|det W|) / (B * samples)``.
+    """
+
+    def __init__(self, sigma: float = 1.0):
+        super().__init__()
+        self.sigma = sigma
+
+    def forward(self, outputs, batch: Batch) -> torch.Tensor:
+        z, log_s_list, log_det_list = outputs
+        z = at_least_fp32(z)  # half-precision sums of squares lose too much
+        log_s_total = sum(at_least_fp32(log_s).sum() for log_s in log_s_list)
+        log_det_total = sum(log_det_list)
+        nll = (z * z).sum() / (2 * self.sigma ** 2) - log_s_total - log_det_total
+        return nll / z.numel()
+
+def optimize_for_training(model: nn.Module, cfg: Config, **compile_kwargs) -> nn.Module:
+    """WaveGlow's fast path: ``torch.compile`` of the whole flow, in place (``nn.Module.compile``).
+
+    One graph for the training crop's static shape (``dynamic=False`` by default): Inductor fuses each
+    layer's gate (:func:`modules.waveglow.add_gated_activation`), the residual and skip sums, the
+    weight-norm arithmetic and the affine couplings, and recomputes cheap elementwise results in the
+    backward instead of storing them. Not per WN block: weight norm gives every parametrized convolution
+    a class of its own, so per-block compilation would compile each of the ``n_flows`` blocks separately.
+    The module, its parameters and its state-dict keys stay the same (checkpoints load either way); call
+    it before wrapping the model in DistributedDataParallel. Inductor may sum in another order than eager
+    mode (float32 losses agree to ~1e-7 relative, see ``tests/test_fast_path.py``).
+
+    Args:
+        model: a :class:`WaveGlow`.
+        cfg: the run's config (unused; part of the ``ModelSpec.optimize_for_training`` contract).
+        **compile_kwargs: passed to ``torch.compile``.
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        TypeError: ``model`` is not a :class:`WaveGlow`.
+    """
+    if not isinstance(model, WaveGlow):
+        raise TypeError(f"waveglow optimize_for_training expects a WaveGlow, got {type(model).__name__}")
+    compile_kwargs.setdefault("dynamic", False)
+    model.compile(**compile_kwargs)
+    return model

@@ -1,0 +1,39 @@
+"""WaveGlow (mel -> audio): config, model, loss, data, fast path, inference, benchmark shapes, registration.
+
+Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis"
+(ICASSP 2019); layer sizes and defaults from NVIDIA's reference implementation. The layers are in
+``modules/waveglow.py``; this file assembles them and tells ``train.py`` and ``inference.py`` how to use them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from utils.config import Config
+from utils.checkpoint.published import Record, Weights, record_parameters, weight_norm_key
+
+
+PICKLED_CLASSES = ("glow.WaveGlow", "glow.WN", "glow.Invertible1x1Conv", "torch.nn.modules.conv.Conv1d",
+                   "torch.nn.modules.conv.ConvTranspose1d", "torch.nn.modules.container.ModuleList",
+                   "torch.nn.utils.weight_norm.WeightNorm")
+"""What NVIDIA's published WaveGlow file pickles: its ``glow`` classes, torch's modules and old weight norm hook."""
+
+def read_published(loaded: Any, cfg: Config) -> Weights | None:
+    """NVIDIA/waveglow's checkpoints (``waveglow_256channels_*.pt``; ``{"model": <the pickled glow.WaveGlow>,
+    "iteration", "optimizer", "learning_rate"}``), or ``None`` for another format. The pickled module arrives as
+    records (:data:`PICKLED_CLASSES`, never run); its parameters are renamed: ``WN.<i>`` -> ``flows.<i>``
+    (``in_layers`` -> ``dilated``, ``res_skip_layers`` -> ``res_skip``, ``cond_layer`` -> ``cond``), old weight norm's
+    ``weight_g``/``weight_v`` -> the parametrization, and ``convinv.<i>.conv``'s ``(c, c, 1)`` weight -> the ``(c, c)``
+    matrix ``convs.<i>``. (Read from NVIDIA's checkpoint code for the layout; its forward pass from the same weights
+    equals this model's.)"""
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("model"), Record):
+        return None
+    renamed, parts = {}, {"in_layers": "dilated", "res_skip_layers": "res_skip", "cond_layer": "cond"}
+    for key, value in record_parameters(loaded["model"]).items():
+        match = re.match(r"^WN\.(\d+)\.(\w+)\.(.*)$", key)
+        if match:
+            key = f"flows.{match.group(1)}.{parts.get(match.group(2), match.group(2))}.{match.group(3)}"
+        elif re.match(r"^convinv\.\d+\.conv\.weight$", key):
+            key, value = re.sub(r"^convinv\.(\d+)\.conv\.", r"convs.\1.", key), value.squeeze(-1)
+        renamed[weight_norm_key(key)] = value
+    return Weights("NVIDIA/waveglow's checkpoint (a pickled glow.WaveGlow)", "waveglow", renamed)

@@ -1,0 +1,291 @@
+"""Checkpoints: the training state, atomic writes, safe loading, resuming, and pruning of old files.
+
+A checkpoint is a plain dict of tensors and Python primitives, so it loads with
+``torch.load(weights_only=True)``: a file holding arbitrary pickled objects is refused, never executed.
+:func:`training_checkpoint` builds the dict ``train.py`` saves, :func:`resume_training` puts one back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any, Mapping, Optional
+import torch
+from utils.run_log import one_line
+from utils.checkpoint.files import CheckpointError, _load_failure, atomic_write_bytes, checksum_problem, fsync_dir, intact, prune, serialized, write_checksums, write_failure
+from utils.checkpoint.state import STATEFUL_PARTS, TrainState
+
+
+def sharded_train_state(parts: Mapping[str, Any], state: TrainState, rng: list, **info: Any) -> dict[str, Any]:
+    """Rank 0's :data:`TRAIN_STATE_NAME` of a sharded checkpoint: :func:`training_checkpoint` without the model
+    and optimizer states, which every rank writes as shards."""
+    return {**{name: parts[name].state_dict() for name in STATEFUL_PARTS if name != "optimizer"},
+            **dataclasses.asdict(state), "rng": rng, **info}
+
+# --------------------------------------------------------------------------------------------
+# Sharded checkpoints (train.parallelism=fsdp): one folder per step, written by every rank
+# --------------------------------------------------------------------------------------------
+
+TRAIN_STATE_NAME = "train_state.pt"
+"""The file of a sharded checkpoint's folder that rank 0 writes: everything but the model and optimizer states
+(the loop's position, schedulers, scaler, every rank's RNG states, config, provenance), a plain
+:func:`torch.save` dict that loads with ``weights_only=True``."""
+
+SHARDED_RE = re.compile(r"^checkpoint_(\d+)$")
+
+def is_sharded(path: str | Path) -> bool:
+    """Whether ``path`` is a sharded checkpoint: a folder (``checkpoint_<step>/`` or the ``checkpoint_last`` link
+    to one) written by :class:`ShardedCheckpointer`, rather than one ``.pt`` file."""
+    return Path(path).is_dir()
+
+def list_sharded_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete sharded checkpoints (``checkpoint_<step>/`` folders) in ``output_dir``, oldest step first."""
+    found = [(int(m.group(1)), p) for p in Path(output_dir).glob("checkpoint_*")
+             if (m := SHARDED_RE.match(p.name)) and p.is_dir() and not p.is_symlink()]
+    return [p for _, p in sorted(found)]
+
+def sharded_intact(path: str | Path) -> Optional[str]:
+    """Why the sharded checkpoint folder at ``path`` is damaged, or ``None``: every file matches its size and CRC-32
+    in :data:`CHECKSUMS_NAME`, its DCP ``.metadata`` reads, every shard file it names is there and long enough, and
+    :data:`TRAIN_STATE_NAME` passes :func:`intact`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    path = Path(path)
+    if not path.exists():
+        return "not found"
+    if not (path / ".metadata").is_file():
+        return "not a sharded checkpoint (it has no .metadata of torch.distributed.checkpoint)"
+    problem = checksum_problem(path)
+    if problem is not None:
+        return f"damaged ({problem})"
+    try:
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except (OSError, EOFError, ValueError, RuntimeError, AttributeError, TypeError) as err:
+        return f"damaged (its .metadata does not read: {one_line(err)})"
+    ends: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        name = str(info.relative_path)
+        ends[name] = max(ends.get(name, 0), int(info.offset) + int(info.length))
+    for name, end in sorted(ends.items()):
+        shard = path / name
+        if not shard.is_file():
+            return f"damaged (shard {name} is missing)"
+        if shard.stat().st_size < end:
+            return f"damaged (shard {name} is cut short: {shard.stat().st_size} of {end} bytes)"
+    if not (path / TRAIN_STATE_NAME).is_file():
+        return f"damaged (without {TRAIN_STATE_NAME})"
+    problem = intact(path / TRAIN_STATE_NAME)
+    return None if problem is None else f"damaged ({TRAIN_STATE_NAME}: {problem})"
+
+def read_train_state(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The :data:`TRAIN_STATE_NAME` dict of a sharded checkpoint folder (``weights_only=True``).
+
+    Raises:
+        CheckpointError: the folder is not a sharded checkpoint, or the file is unreadable or unsafe.
+    """
+    path = Path(path)
+    file = path / TRAIN_STATE_NAME
+    if not file.is_file():
+        raise CheckpointError(f"{path} is not a sharded checkpoint of train.py (no {TRAIN_STATE_NAME})")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(file, map_location=map_location, weights_only=True)
+    except Exception as err:  # noqa: BLE001 - untrusted input, as in load_checkpoint
+        raise CheckpointError(f"cannot load {file} safely: {_load_failure(err)}") from err
+
+@contextlib.contextmanager
+def _quiet_single_process_dcp():
+    """DCP warns on every load without a process group that it assumes one process; that is the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to.*")
+        yield
+
+def load_sharded_model(path: str | Path, model: torch.nn.Module) -> None:
+    """Load the model weights of a sharded checkpoint folder into ``model``: a plain module in one process
+    (inference; the shards are put together) or the run's own model, plain, DDP's or sharded by FSDP on any number
+    of ranks (the shards are re-cut for this world size). Uses ``torch.distributed.checkpoint``.
+
+    Raises:
+        CheckpointError: the folder does not hold weights of this model (missing or misshapen entries, named).
+    """
+    load_sharded(path, model, [])
+
+def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list,
+                 extra: Optional[dict[str, Any]] = None) -> None:
+    """Load the model (and, when ``optimizers`` are given, their states) of a sharded checkpoint folder, on any
+    world size (every rank calls it; resharded on load). ``model`` is the plain or FSDP-sharded model, not a DDP
+    wrapper. ``extra``: further entries the save wrote (``{"ema": {name: tensor}}``), loaded into the given tensors
+    in place. Source: ``torch.distributed.checkpoint.state_dict.get_state_dict`` / ``set_state_dict``.
+
+    Raises:
+        CheckpointError: missing or misshapen entries (named), or an unreadable folder.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = Path(path)
+    with _quiet_single_process_dcp():
+        model_state, optim_state = get_state_dict(model, optimizers)
+        state = {"model": model_state, **({"optimizer": optim_state} if optimizers else {}), **(extra or {})}
+        try:
+            dcp.load(state, checkpoint_id=str(path))
+        except (RuntimeError, ValueError, KeyError, OSError) as err:
+            raise CheckpointError(f"{path} does not fit this model: {_dcp_failure(err)}") from None
+        except CheckpointException as err:  # a BaseException: what a rank's reader raised, gathered by DCP
+            raise CheckpointError(f"cannot read {path}: {dcp_cause(err)}") from None
+        set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
+
+def dcp_cause(err: BaseException) -> str:
+    """One line from a ``CheckpointException`` (DCP's error of a save or load, holding every failed rank's own error):
+    the first failed rank and what it raised (for a full disk, the OS's words)."""
+    for rank, (cause, _trace) in sorted(getattr(err, "failures", {}).items()):
+        text = cause.strerror if isinstance(cause, OSError) and cause.strerror else one_line(cause)
+        return f"rank {rank}: {type(cause).__name__}: {text}"
+    return one_line(err)
+
+def _dcp_failure(err: BaseException) -> str:
+    text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    missing = re.findall(r"Missing key in checkpoint state_dict: ([\w.]+)", text)
+    if missing:
+        more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+        return f"missing {', '.join(missing[:5])}{more}"
+    return text[:400] or type(err).__name__
+
+class ShardedCheckpointer:
+    """Writes sharded checkpoints: every rank saves its own shards through ``torch.distributed.checkpoint`` (DCP),
+    in parallel, into ``OUTPUT/.checkpoint_<step>.partial/``; once all are written, rank 0 renames the folder to
+    ``checkpoint_<step>/`` and points the ``checkpoint_last`` link at it. A step folder thus appears complete or
+    not at all, and a run killed mid-save leaves ``checkpoint_last`` on the previous one.
+
+    With ``async_save`` the state is copied to host memory (a stall of one copy), then written by a background
+    thread over its own gloo process group (sharing the training's group with the background collectives can
+    hang: torchtitan keeps them apart the same way); the run continues meanwhile. :meth:`save` waits for the
+    previous save first, and :meth:`wait` must be called before the process ends.
+
+    Every rank constructs it (the async process group is a collective) and calls :meth:`save`/:meth:`wait`.
+    Source: https://pytorch.org/docs/stable/distributed.checkpoint.html (``save``, ``async_save``).
+    """
+
+    def __init__(self, output_dir: str | Path, rank: int, async_save: bool = False, keep_last: int = 0,
+                 timeout_s: float = 1800.0):
+        import datetime
+        import torch.distributed as dist
+
+        self.output_dir, self.rank, self.keep_last = Path(output_dir), rank, keep_last
+        self.async_save = async_save
+        self.group = None
+        if async_save and dist.is_available() and dist.is_initialized():
+            self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        self.pending = None  # (future, step) of a background save
+
+    def save(self, step: int, model: torch.nn.Module, optimizers: list, train_state: Optional[dict],
+             extra: Optional[dict[str, Any]] = None) -> Path:
+        """Save ``model`` (plain or FSDP-sharded, not a DDP wrapper) and ``optimizers`` as step ``step``;
+        ``train_state`` (rank 0's; ``None`` on the others) goes to :data:`TRAIN_STATE_NAME`; ``extra``: further
+        sharded entries (``{"ema": {name: tensor}}``). Returns the folder the checkpoint has (async: will have) once
+        complete.
+
+        Raises:
+            CheckpointError: a shard or file could not be written (a full disk); earlier checkpoints are kept.
+        """
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        from distributed import broadcast_object
+
+        self.wait()
+        partial = self.output_dir / f".checkpoint_{step}.partial"
+        failure = None
+        if self.rank == 0:
+            for stale in self.output_dir.glob(".checkpoint_*.partial"):
+                shutil.rmtree(stale, ignore_errors=True)  # a killed save's leftovers (RunLock: ours alone)
+            try:
+                partial.mkdir()
+                atomic_write_bytes(partial / TRAIN_STATE_NAME, serialized(train_state, partial))
+            except OSError as err:
+                failure = str(self._write_error(step, err.strerror or str(err)))
+        failure = broadcast_object(failure)  # every rank stops with rank 0's reason, none waits for it
+        if failure is not None:
+            raise CheckpointError(failure)
+        model_state, optim_state = get_state_dict(model, optimizers)
+        state = {"model": model_state, "optimizer": optim_state, **(extra or {})}
+        with _quiet_single_process_dcp():
+            self._write(state, partial, step)
+        return self.output_dir / f"checkpoint_{step}"
+
+    def _write(self, state: dict, partial: Path, step: int) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            if self.async_save:
+                self.pending = (dcp.async_save(state, checkpoint_id=str(partial), process_group=self.group), step)
+            else:
+                dcp.save(state, checkpoint_id=str(partial))
+                self._complete(step)
+        except OSError as err:
+            raise self._write_error(step, err.strerror or str(err)) from None
+        except CheckpointException as err:  # every rank gets it: DCP gathers each rank's failure
+            raise self._write_error(step, dcp_cause(err)) from None
+
+    def poll(self) -> Optional[Path]:
+        """Complete a background save that has finished (rank 0 renames it into place); its folder, or ``None``.
+        Costs nothing while it runs: call it every step."""
+        if self.pending is None or not self.pending[0].done():
+            return None
+        return self.wait()
+
+    def wait(self) -> Optional[Path]:
+        """Block until a background save is written, then complete it; its folder, or ``None`` without one.
+
+        Raises:
+            CheckpointError: the background save failed (earlier checkpoints are kept).
+        """
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        if self.pending is None:
+            return None
+        future, step = self.pending
+        self.pending = None
+        try:
+            future.result()
+        except OSError as err:
+            raise self._write_error(step, err.strerror or str(err)) from None
+        except CheckpointException as err:
+            raise self._write_error(step, dcp_cause(err)) from None
+        return self._complete(step)
+
+    def _complete(self, step: int) -> Path:
+        final = self.output_dir / f"checkpoint_{step}"
+        if self.rank != 0:
+            return final
+        partial = self.output_dir / f".checkpoint_{step}.partial"
+        try:
+            write_checksums(partial)
+        except OSError as err:
+            raise self._write_error(step, err.strerror or str(err)) from None
+        if final.is_dir() and not final.is_symlink():
+            shutil.rmtree(final)  # an older run's checkpoint of the same step (the folder was resumed earlier)
+        os.replace(partial, final)
+        link = self.output_dir / "checkpoint_last"
+        tmp_link = self.output_dir / f".checkpoint_last.tmp{os.getpid()}"
+        tmp_link.unlink(missing_ok=True)
+        os.symlink(final.name, tmp_link)
+        os.replace(tmp_link, link)  # atomic: the link names the old folder or the new one
+        (self.output_dir / "checkpoint_last.pt").unlink(missing_ok=True)  # a single file of a run before: older
+        fsync_dir(self.output_dir)
+        prune([path for path in list_sharded_checkpoints(self.output_dir) if path != final], self.keep_last,
+              shutil.rmtree)
+        return final
+
+    def _write_error(self, step: int, reason: str) -> CheckpointError:
+        """The error of a failed save, once rank 0 has removed what the save wrote (the ``.partial`` folder)."""
+        if self.rank == 0:
+            shutil.rmtree(self.output_dir / f".checkpoint_{step}.partial", ignore_errors=True)
+        return write_failure(step, self.output_dir, reason, list_sharded_checkpoints(self.output_dir)[-1:])

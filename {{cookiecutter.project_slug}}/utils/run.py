@@ -1,0 +1,244 @@
+"""Train a model of ``model.py`` on one process, one GPU per process, or many machines.
+
+    python train.py --config config.json                              # one process
+    python multiproc.py train.py --config config.json                 # one process per GPU (DDP)
+    python multiproc.py --nproc-per-node 2 train.py --config config.json --tiny   # CPU smoke run
+
+The loop knows no model: it takes a :class:`model.ModelSpec` from ``model.MODELS``. Each step reads
+``grad_accumulation`` micro-batches; DistributedDataParallel all-reduces the gradients (averaged over
+ranks) during the last micro-batch's backward, so every replica takes the same optimizer step (with
+``train.parallelism=fsdp``, FSDP2 reduce-scatters them and each rank updates its shard). Then one
+small all-reduce per step agrees on the loss, on whether it is finite, and on whether a rank was asked to
+stop (SIGTERM/SIGUSR1/SIGINT). Only rank 0 writes: progress bar, TensorBoard, ``metrics.jsonl``, checkpoints.
+
+A checkpoint holds everything the next step depends on (weights, optimizer, LR schedule, GradScaler,
+step, epoch and position inside it, every rank's RNG states), so ``--resume auto`` continues exactly
+where the run stopped; on another number of processes it continues from the same sample of the epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import multiprocessing
+import os
+import signal
+import threading
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+from utils.checkpoint.files import CheckpointError, durable_write_speed
+from utils.config import ConfigError
+from utils.run_log import one_line
+import fcntl
+import socket
+
+
+class GracePeriod:
+    """Whether a checkpoint fits the time the launcher gives the ranks after a stop signal (``multiproc.py
+    --stop-timeout``, handed to the ranks as ``MULTIPROC_STOP_TIMEOUT``; without it nothing is checked): said once,
+    at start-up from an estimate (the checkpoint's size over the output folder's durable write speed), or else after
+    the first save that took longer, with its step, than the grace period."""
+
+    def __init__(self, environ):
+        value = environ.get("MULTIPROC_STOP_TIMEOUT", "").strip()
+        self.seconds: Optional[float] = float(value) if value else None
+        self.warned = False
+
+    def _advice(self, need_s: float) -> str:
+        self.warned = True
+        return (f"the grace period after a stop signal is {self.seconds:g} s (multiproc.py --stop-timeout): a stop "
+                "would be killed before its checkpoint is durable; give --stop-timeout, and the platform's grace period "
+                f"above it (Kubernetes: terminationGracePeriodSeconds), more than {need_s:.0f} s")
+
+    def check_estimate(self, nbytes: int, folder: Path) -> Optional[str]:
+        """The warning for a checkpoint of ``nbytes`` written into ``folder``, or ``None`` when it fits."""
+        if self.seconds is None:
+            return None
+        speed = durable_write_speed(folder, nbytes)
+        save_s = nbytes / speed
+        if save_s <= self.seconds:
+            return None
+        return (f"warning: a checkpoint takes ~{save_s:.1f} s ({nbytes / 1e6:.1f} MB at {speed / 1e6:.0f} MB/s into "
+                f"{folder}); " + self._advice(1.5 * save_s + 5))
+
+    def check_save(self, step: int, save_s: float, step_s: float) -> Optional[str]:
+        """The warning (once) after a save of ``save_s`` seconds following a step of ``step_s``, or ``None``."""
+        if self.seconds is None or self.warned or save_s + step_s <= self.seconds:
+            return None
+        return (f"warning: step {step}: the checkpoint took {save_s:.1f} s after a step of {step_s:.1f} s; "
+                + self._advice(1.5 * (save_s + step_s) + 5))
+
+def check_output_dir(path: Path) -> None:
+    """Create the output folder and make sure it is writable (before any training time is spent)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write_test_{time.time_ns()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"output folder {path} is not writable: {err.strerror or err}") from None
+
+def git_commit() -> str | None:
+    """The project's git commit, when it is a git checkout (provenance for checkpoints)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+"""What a scheduler or a person sends to stop a run: SIGTERM, SIGUSR1 (SLURM, Kubernetes, torchrun) and SIGINT
+(Ctrl-C)."""
+
+class StopRequest:
+    """Remembers a stop signal (:data:`STOP_SIGNALS`) instead of dying of it.
+
+    The loop finishes its step, all ranks agree (the flag rides in the per-step all-reduce), rank 0 saves a
+    checkpoint, and the run exits cleanly. A repeated signal changes nothing (a launcher may pass on a signal
+    the rank also got directly); the third Ctrl-C raises ``KeyboardInterrupt``, which stops the rank at once
+    without a checkpoint.
+    """
+
+    def __init__(self):
+        self.signal_name: str | None = None
+        self.interrupts = 0
+        if threading.current_thread() is threading.main_thread():  # Ray Train runs train.main in a worker thread:
+            for sig in STOP_SIGNALS:                                # Python takes handlers in the main thread only
+                signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT:
+            self.interrupts += 1
+            if self.interrupts >= 3:
+                raise KeyboardInterrupt
+        self.signal_name = self.signal_name or signal.Signals(signum).name
+
+def end_dataloader_workers() -> list[int]:
+    """End the DataLoader workers of this process that are still running; returns the pids it had to kill.
+
+    On an error the loaders' iterators may outlive the loop (held by the exception's traceback), and their
+    workers ignore stop signals (:func:`ignore_stop_signals`), so Python's exit, which terminates and then joins
+    its child processes, would wait for them forever. A garbage collection first lets PyTorch shut them down
+    its own way; any worker still running after that is killed (SIGKILL: it holds nothing worth saving).
+    """
+    gc.collect()
+    killed = []
+    for child in multiprocessing.active_children():
+        child.join(timeout=0.5)
+        if child.is_alive():
+            child.kill()
+            child.join(timeout=5)
+            killed.append(child.pid)
+    return killed
+
+def last_checkpoint_path(output_dir: Path) -> Optional[Path]:
+    """The ``checkpoint_last`` link of sharded checkpoints or ``OUTPUT/checkpoint_last.pt``, whichever exists
+    (the link first), else ``None``."""
+    last, link = output_dir / "checkpoint_last.pt", output_dir / "checkpoint_last"
+    return link if link.is_dir() else last if last.is_file() else None
+
+def last_checkpoint(output_dir: Path) -> str:
+    """:func:`last_checkpoint_path` for error messages, with the folder a link names; else ``"none yet"``."""
+    path = last_checkpoint_path(output_dir)
+    if path is None:
+        return "none yet"
+    return f"{path} ({os.readlink(path)})" if path.is_symlink() else str(path)
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: a worker leaves stop signals to its rank, which shuts it down.
+
+    A scheduler signals every process of a job, DataLoader workers included; a worker that died of SIGTERM
+    would make its rank fail ("DataLoader worker ... is killed by signal") instead of stopping cleanly.
+    Signals that arrived before this ran were blocked (:func:`stop_signals_blocked`) and are dropped here.
+    """
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+@contextlib.contextmanager
+def stop_signals_blocked():
+    """Hold stop signals back (not lost: delivered on leaving) while DataLoader workers are started, so that a
+    worker starts with them blocked until :func:`ignore_stop_signals` ignores them."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+def take_output_dir(output_dir: Path, lock: RunLock) -> tuple[str, Optional[str]]:
+    """Rank 0: create the output folder and hold its :class:`utils.checkpoint.RunLock` (one run per folder).
+    Returns ``("ok", None)`` or ``("error", message)``, which rank 0 broadcasts."""
+    try:
+        check_output_dir(output_dir)
+        note = lock.acquire()
+    except (ConfigError, CheckpointError) as err:
+        return "error", one_line(err)
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    return "ok", None
+
+LOCK_NAME = ".run.lock"
+
+class RunLock:
+    """One run per output folder: rank 0 holds an exclusive ``flock`` on ``OUTPUT/.run.lock`` for the whole run.
+
+    The file names the holder (pid, host, start time). The kernel drops the lock when its process ends, however it
+    ends, so a lock file left by a dead run is free to take; :meth:`acquire` then says whose it was. (On a network
+    file system this relies on its lock support, as NFSv4 has.)
+    """
+
+    def __init__(self, output_dir: str | Path):
+        self.path = Path(output_dir) / LOCK_NAME
+        self.handle = None
+
+    def acquire(self) -> Optional[str]:
+        """Take the lock; returns a note when a dead run's lock file was taken over, else ``None``.
+
+        Raises:
+            CheckpointError: another living run holds the folder (its holder line is named), or the lock file
+                cannot be opened.
+        """
+        while True:
+            try:
+                handle = open(self.path, "a+")
+            except OSError as err:
+                raise CheckpointError(f"cannot open {self.path}: {err.strerror or err}") from None
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "a process that has not written its name yet"
+                handle.close()
+                raise CheckpointError(f"{self.path.parent} is in use by another run ({holder}); wait for it or "
+                                      "stop it, or train into another --output-dir") from None
+            try:
+                same_file = os.stat(self.path).st_ino == os.fstat(handle.fileno()).st_ino
+            except FileNotFoundError:
+                same_file = False
+            if same_file:
+                break
+            handle.close()  # the holder removed the file between our open and our lock: lock the new one
+        handle.seek(0)
+        previous = handle.read().strip()
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        handle.flush()
+        self.handle = handle
+        if previous:
+            return f"note: {self.path} was left by a run that is no longer running ({previous}); taken over"
+        return None
+
+    def release(self) -> None:
+        """Remove the lock file and drop the lock (idempotent): a finished run leaves no trace of it."""
+        if self.handle is None:
+            return
+        self.path.unlink(missing_ok=True)
+        self.handle.close()  # closing the last descriptor drops the flock
+        self.handle = None

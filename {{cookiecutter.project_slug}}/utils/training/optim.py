@@ -1,0 +1,100 @@
+"""Optimizers, learning-rate schedules and precision: what the loop steps besides the model.
+
+``train.precision`` picks autocast and the GradScaler (:func:`setup_precision`); a model's ``Training.build_optimizer``
+gives one optimizer, or one per phase (:class:`model.Phases`); each gets the model's scheduler or the
+``train.lr_schedule`` multiplier (:func:`lr_lambda`). :func:`checkpoint_parts` names what a checkpoint saves of them.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+
+import torch
+
+from model import ModelSpec
+from utils.checkpoint.state import NamedStates
+from utils.config import Config
+from utils.training.guards import TrainingError
+
+
+def setup_precision(precision: str, device: torch.device):
+    """Return ``(autocast context factory, GradScaler)`` for ``fp32 | tf32 | bf16 | fp16``.
+
+    TF32 matmuls/convolutions are enabled for every mode but fp32. The scaler is enabled for fp16 only
+    (elsewhere it passes gradients through unchanged). Source: PyTorch's AMP recipe (``torch.amp``).
+    """
+    allow_tf32 = precision != "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    torch.backends.cudnn.allow_tf32 = allow_tf32
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    if dtype is None:
+        autocast = nullcontext
+    else:
+        def autocast():
+            return torch.autocast(device_type=device.type, dtype=dtype)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    return autocast, scaler
+
+
+def lr_lambda(cfg: Config):
+    """Multiplier of the base learning rate at a step: linear warm-up, then constant or cosine to 1%."""
+    warmup, total = cfg.train.warmup_steps, cfg.train.max_steps
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if cfg.train.lr_schedule == "cosine":
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+    return factor
+
+
+def build_optimizers(spec: ModelSpec, model, model_cfg, device: torch.device) -> dict:
+    """``{phase: optimizer}`` from ``Training.build_optimizer``: ``{"model": optimizer}`` for a one-loss model,
+    one per ``Phases.names`` otherwise.
+
+    Raises:
+        TrainingError: it returned something else (e.g. a dict from a model that declares no phases).
+    """
+    built, names = spec.training.build_optimizer(model, model_cfg, device), spec.phase_names
+    if not names:
+        if not isinstance(built, torch.optim.Optimizer):
+            raise TrainingError(f"model '{spec.name}': build_optimizer returned a {type(built).__name__}, not an "
+                                "optimizer; a model with several optimizers names them in Training.phases "
+                                "(model.Phases: names, networks and train_step)")
+        return {"model": built}
+    if not isinstance(built, dict) or set(built) != set(names) or \
+            not all(isinstance(opt, torch.optim.Optimizer) for opt in built.values()):
+        raise TrainingError(f"model '{spec.name}': build_optimizer must return a dict of one optimizer per phase "
+                            f"({', '.join(names)}); it returned {type(built).__name__} "
+                            f"{sorted(built) if isinstance(built, dict) else ''}")
+    return {phase: built[phase] for phase in names}
+
+
+def build_scheduler(spec: ModelSpec, phase: str, optimizer, cfg: Config) -> tuple:
+    """``(LR scheduler, "step" | "epoch")`` of one optimizer: the model's ``Phases.build_scheduler``, or the
+    ``train.lr_schedule`` multiplier (:func:`lr_lambda`) stepped every optimizer step.
+
+    Raises:
+        TrainingError: the model's scheduler names another interval.
+    """
+    phases = spec.training.phases
+    if phases is None or phases.build_scheduler is None:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg)), "step"
+    scheduler, interval = phases.build_scheduler(phase, optimizer, cfg)
+    if interval not in ("step", "epoch"):
+        raise TrainingError(f"model '{spec.name}': build_scheduler for '{phase}' must step per 'step' or 'epoch', "
+                            f"not {interval!r}")
+    return scheduler, interval
+
+
+def checkpoint_parts(spec: ModelSpec, optimizers: dict, schedulers: dict, scaler) -> dict:
+    """The stateful objects a checkpoint holds besides the model (:data:`utils.checkpoint.state.STATEFUL_PARTS`): the
+    optimizer and its scheduler, or for several phases ``{phase: ...}`` of each (:class:`NamedStates`)."""
+    if not spec.phase_names:
+        return {"optimizer": optimizers["model"], "scheduler": schedulers["model"][0], "scaler": scaler}
+    return {"optimizer": NamedStates(optimizers),
+            "scheduler": NamedStates({phase: scheduler for phase, (scheduler, _) in schedulers.items()}),
+            "scaler": scaler}
