@@ -4,6 +4,7 @@ Usage::
 
     python multiproc.py [--nproc-per-node N] [--log-dir logs] [--max-restarts K] train.py [args...]
     python multiproc.py --nnodes 2 --node-rank R --master-addr HOST [--master-port P] train.py ...
+    python multiproc.py [options] -m scripts.NAME [args...]        # a module, as python -m runs it
 
 * ``--nproc-per-node`` defaults to the number of visible GPUs (``torch.cuda.device_count()``,
   which honours ``CUDA_VISIBLE_DEVICES``), or 2 on a machine without CUDA (gloo on CPU).
@@ -57,6 +58,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib
+import importlib.util
 import logging
 import os
 import signal
@@ -74,6 +77,9 @@ from torch.distributed.launcher.api import elastic_launch
 
 from utils.launch import platform_topology
 
+
+ROOT = Path(__file__).resolve().parent
+"""The project's folder: a training script in it is imported by its dotted name for :func:`preflight`."""
 
 DEFAULT_STOP_TIMEOUT_S = 25.0
 """The default grace period after a stop signal: inside the 30 s after which Kubernetes kills a pod it stopped
@@ -152,7 +158,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stop-exit-code", type=int, default=None,
                    help="exit code after a stop signal the ranks obeyed (default: 128 + the signal inside Kubernetes, "
                         "where 0 would mark the job complete; 0 elsewhere; 130 after Ctrl-C)")
-    p.add_argument("script", help="the training script")
+    p.add_argument("-m", "--module", action="store_true",
+                   help="the script is a module name, run as python -m does (python multiproc.py -m scripts.NAME ...)")
+    p.add_argument("script", help="the training script (a .py file, or with -m a module name)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments, untouched")
     args = p.parse_args(argv)
     args.platform = platform_defaults(args, argv, os.environ)
@@ -182,8 +190,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         _fail("--nnodes > 1 needs --master-addr (the host of node 0)")
     if os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
         _fail(f"--log-dir {args.log_dir} exists and is not a directory")
-    if not os.path.isfile(args.script):
+    if not args.module and not os.path.isfile(args.script):
         _fail(f"training script not found: {args.script}")
+    if args.module and importlib.util.find_spec(args.script.split(".")[0]) is None:
+        _fail(f"module not found: {args.script} (run multiproc.py from the project's folder)")
     if args.nnodes == 1:
         args.master_addr = args.master_addr or "127.0.0.1"
     else:
@@ -396,30 +406,27 @@ def run_agent(config, entrypoint, cmd_args: list[str], stop: StopForwarder):
         raise outcome["error"]
     return outcome.get("result")
 
-def preflight(script: str, script_args: list[str]) -> str | None:
+def preflight(script: str, script_args: list[str], module: bool = False) -> str | None:
     """The training script's own check of its command line, when it has one (a top-level ``def
     check_command_line``): its error line, or ``None``. The script is imported as a module, never run (its
-    ``if __name__ == "__main__"`` part does not run); a script without that function is not imported at all."""
-    import importlib.util
+    ``if __name__ == "__main__"`` part does not run): a module name (``-m``) as it is, a file of this project's folder
+    by its dotted name; a file elsewhere, or one without that function, is not imported at all."""
+    if module:
+        name = script
+    else:
+        path = Path(script).resolve()
+        if "\ndef check_command_line(" not in path.read_text(errors="replace") or not path.is_relative_to(ROOT):
+            return None
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    checker = getattr(importlib.import_module(name), "check_command_line", None)
+    return checker(list(script_args)) if callable(checker) else None
 
-    if "\ndef check_command_line(" not in Path(script).read_text(errors="replace"):
-        return None
-    folder = os.path.dirname(os.path.abspath(script))
-    sys.path.insert(0, folder)  # its own imports (model.py, utils/), as when it runs
-    try:
-        spec = importlib.util.spec_from_file_location("_multiproc_preflight", script)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # a module's dataclasses look themselves up there
-        spec.loader.exec_module(module)
-        return module.check_command_line(list(script_args))
-    finally:
-        sys.path.remove(folder)
 
 def main(argv: list[str] | None = None) -> int:
     """Run the job; returns the exit status: 0 (also after a stop signal the ranks obeyed; 130 after Ctrl-C),
     the failed rank's exit code, or 1 when the rendezvous fails (a node missing, ``--master-port`` in use)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    problem = preflight(args.script, args.script_args)
+    problem = preflight(args.script, args.script_args, args.module)
     if problem is not None:
         print(f"multiproc: ERROR: {problem}", file=sys.stderr, flush=True)
         return 1
@@ -439,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         "--nproc-per-node", str(args.nproc_per_node), "--rdzv-backend", "static",
         "--master-addr", args.master_addr, "--master-port", str(args.master_port),
         "--max-restarts", str(args.max_restarts), "--log-dir", args.log_dir,
-        args.script, *args.script_args,
+        *(["--module"] if args.module else []), args.script, *args.script_args,
     ]
     if args.nproc_per_node > 1:  # what torchrun does anyway, without its warning banner
         os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -96,7 +96,8 @@ if str(PROJECT_ROOT) not in sys.path:
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from model import MODELS, BenchmarkCase, ModelSpec, config_schemas  # noqa: E402
+from models import MODELS, config_schemas  # noqa: E402
+from model import BenchmarkCase, ModelSpec  # noqa: E402
 from utils.training.guards import TrainingError
 from utils.data.loader import batch_stream, make_loader, on_device_hook, to_device
 from utils.training.optim import build_optimizers, setup_precision

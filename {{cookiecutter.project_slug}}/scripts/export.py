@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from inference import load_trained  # noqa: E402
-from model import MODELS  # noqa: E402
+from models import MODELS  # noqa: E402
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes  # noqa: E402
 from utils.checkpoint.resume import read_checkpoint  # noqa: E402
 from utils.checkpoint.state import release_checkpoint  # noqa: E402

@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from model import MODELS, config_schemas  # noqa: E402
+from models import MODELS, config_schemas  # noqa: E402
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes  # noqa: E402
 from utils.config import ConfigError, load_config  # noqa: E402
 from utils.checkpoint.published import load_into, read_weights  # noqa: E402

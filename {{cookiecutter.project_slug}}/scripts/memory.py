@@ -118,7 +118,8 @@ def model_subject(name: str, tiny: bool) -> Subject:
         CannotMeasure: no such model, or one without blocks, a synthetic batch or a benchmark case, or with several
             optimizers (FSDP shards one-optimizer models).
     """
-    from model import MODELS, adam, config_schemas
+    from models import MODELS, config_schemas
+    from model import adam
     from utils.config import load_config
 
     if name not in MODELS:

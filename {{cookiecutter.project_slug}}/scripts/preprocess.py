@@ -36,7 +36,7 @@ if str(PROJECT_ROOT) not in sys.path:
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from model import config_schemas  # noqa: E402
+from models import config_schemas  # noqa: E402
 from utils.data.audio import MelSpectrogram  # noqa: E402
 from utils.config import AudioConfig, Config, ConfigError, load_config  # noqa: E402
 from utils.data.corpus import DataError, load_splits  # noqa: E402

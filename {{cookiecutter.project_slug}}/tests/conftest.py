@@ -56,7 +56,7 @@ order of magnitude. The jobs tests launch run one thread per process (:func:`cle
 if XDIST_WORKERS > 1:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
-from model import MODELS  # noqa: E402  (needs ROOT on sys.path)
+from models import MODELS  # noqa: E402  (needs ROOT on sys.path)
 
 if XDIST_WORKERS > 1:
     import torch
@@ -242,7 +242,7 @@ def tiny_checkpoint(name: str, path) -> Path:
     test its option handling without training. Returns ``path``."""
     import torch
 
-    from model import config_schemas
+    from models import config_schemas
     from utils.config import load_config
 
     cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
@@ -406,7 +406,7 @@ def perturbed_tiny_model(name: str):
     starts at zero included): a stand-in for trained weights, for tests of weights in other formats."""
     import torch
 
-    from model import config_schemas
+    from models import config_schemas
     from utils.config import load_config
 
     cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from conftest import ROOT, run_ranks
-from model import MODELS, config_schemas
+from models import MODELS, config_schemas
 from utils.training.activation_checkpoint import apply_activation_checkpointing, is_checkpointed
 from utils.config import load_config
 

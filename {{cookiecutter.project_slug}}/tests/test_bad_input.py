@@ -28,7 +28,7 @@ import torch
 import inference
 import train
 from conftest import ROOT, TEST_MODEL, OpensAFile, clean_env, synth_corpus
-from model import MODELS
+from models import MODELS
 
 MODEL = TEST_MODEL
 CONFIG = os.path.join(ROOT, "config.json")
@@ -756,7 +756,7 @@ KINDS = ["malformed line", "repeated id", "empty transcript", "emoji transcript"
 
 
 def tiny_config(corpus: Path, mode: str):
-    from model import config_schemas
+    from models import config_schemas
     from utils.config import load_config
 
     return load_config(CONFIG, config_schemas(), tiny=True, overrides=[

@@ -7,7 +7,7 @@ from typing import Literal, Optional, Union
 import pytest
 
 from conftest import ROOT
-from model import MODELS
+from models import MODELS
 from utils.config import (SHARED_SECTIONS, AudioConfig, Config, ConfigError, TrainConfig, build_config,
                           config_from_dict, load_config, parse_override, setting)
 

@@ -104,7 +104,7 @@ EXAMPLE_CHECK = """
 import importlib.util, sys
 from pathlib import Path
 import torch
-from model import MODELS, config_schemas
+from models import MODELS, config_schemas
 docs = Path(sys.argv[1]).resolve().parent
 loaded = [getattr(module, "__file__", None) for module in list(sys.modules.values())]
 assert not [f for f in loaded if f and Path(f).resolve().parent == docs], "model.py imported docs/"
@@ -154,7 +154,7 @@ import importlib.util, json, sys
 from pathlib import Path
 import torch
 import train
-from model import MODELS, config_schemas
+from models import MODELS, config_schemas
 if "gan_vocoder" not in MODELS:  # (a project that already holds models/gan_vocoder.py, the manual's copy, tests that)
     spec = importlib.util.spec_from_file_location("models.gan_vocoder", sys.argv[1])
     module = importlib.util.module_from_spec(spec)

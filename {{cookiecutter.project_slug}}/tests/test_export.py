@@ -10,7 +10,7 @@ import torch
 
 import inference
 from conftest import run_train_main, synth_corpus
-from model import MODELS
+from models import MODELS
 from scripts import export
 from utils.training.ema import in_modules
 

@@ -17,7 +17,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from conftest import ROOT, bound, clean_env, synth_corpus
-from model import MODELS, config_schemas
+from models import MODELS, config_schemas
 from scripts import benchmark
 from utils.config import build_config
 

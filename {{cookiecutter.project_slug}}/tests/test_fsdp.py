@@ -18,7 +18,7 @@ import torch
 import inference
 from conftest import ROOT, TEST_MODEL, bound, clean_env, descendants, finish, start_job, synth_corpus
 
-from model import MODELS, config_schemas
+from models import MODELS, config_schemas
 from utils.checkpoint.sharded import load_sharded_model, read_train_state
 from utils.config import load_config
 

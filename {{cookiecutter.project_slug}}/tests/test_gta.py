@@ -18,7 +18,7 @@ import soundfile as sf
 import torch
 
 from conftest import LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, bound, finish, start_job, synth_corpus, tiny_checkpoint
-from model import MODELS, config_schemas
+from models import MODELS, config_schemas
 from utils.data.audio import MelSpectrogram
 from utils.config import load_config
 from utils.data.datasets import SILENCE_LOG_MEL, AudioMelDataset

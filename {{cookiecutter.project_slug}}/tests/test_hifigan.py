@@ -11,7 +11,7 @@ import torch
 from torch.nn.utils import parametrize
 
 from conftest import clean_env, synth_corpus
-from model import MODELS
+from models import MODELS
 from modules.hifigan import (Discriminator, Generator, discriminator_loss, feature_matching_loss,
                              generator_adversarial_loss)
 from utils.data.audio import MelSpectrogram

@@ -61,7 +61,7 @@ def test_memory_script_refuses_bad_arguments_in_one_line(tmp_path, capsys):
 
 
 def test_memory_script_measures_a_model_of_the_project(tmp_path):
-    from model import MODELS
+    from models import MODELS
 
     measurable = sorted(name for name, spec in MODELS.items() if spec.blocks is not None and not spec.phases
                         and spec.synthetic_batch is not None and spec.benchmark_cases)

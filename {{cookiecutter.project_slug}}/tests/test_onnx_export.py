@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from conftest import perturbed_tiny_model  # noqa: E402
-from model import MODELS  # noqa: E402
+from models import MODELS  # noqa: E402
 from utils.onnx_export import ExportError, ExportPart, export_model  # noqa: E402
 
 EXPORTABLE = [name for name in sorted(MODELS) if MODELS[name].export_parts is not None]

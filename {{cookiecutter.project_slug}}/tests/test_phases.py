@@ -17,7 +17,7 @@ import train
 from conftest import ROOT, run_ranks
 from model import ModelSpec
 from utils.config import load_config
-from model import config_schemas
+from models import config_schemas
 
 PHASES = ("discriminator", "generator")
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import ROOT, TEST_MODEL, bound, finish, start_job, synth_corpus, tiny_checkpoint
-from model import MODELS, config_schemas
+from models import MODELS, config_schemas
 from utils.checkpoint.files import CheckpointError
 from utils.config import load_config
 from utils.checkpoint.published import read_weights

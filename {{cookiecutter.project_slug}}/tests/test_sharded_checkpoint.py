@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import ROOT, TEST_MODEL, synth_corpus
-from model import MODELS, config_schemas
+from models import MODELS, config_schemas
 from utils.checkpoint.sharded import ShardedCheckpointer, list_sharded_checkpoints, sharded_train_state
 from utils.checkpoint.state import TrainState
 from utils.checkpoint.resume import resume_path

@@ -5,7 +5,7 @@ model the generic tests train. Two processes train a few tiny steps through ``mu
 import sys
 
 from conftest import TEST_MODEL, bound, finish, start_job, synth_corpus
-from model import MODELS
+from models import MODELS
 
 
 def test_two_processes_train_and_inference_writes_from_their_checkpoint(tmp_path):

@@ -14,7 +14,7 @@ from torch._dynamo.utils import counters
 
 import inference
 from conftest import clean_env, run_train_main, tiny_checkpoint
-from model import MODELS
+from models import MODELS
 from models.tacotron2.network import Tacotron2, Tacotron2Config, Tacotron2Loss
 from models.tacotron2.data import build_datasets, count_items
 from models.tacotron2.inference import log_validation
@@ -535,7 +535,7 @@ def test_validation_writes_griffin_lim_audio_of_a_fixed_utterance_to_tensorboard
     import os
 
     from conftest import ROOT, synth_corpus, tensorboard_audio, train_with_validation_every_step
-    from model import config_schemas
+    from models import config_schemas
     from models.tacotron2.inference import LOG_AUDIO_SECONDS
     from utils.config import load_config
 
@@ -677,7 +677,7 @@ def test_max_mel_frames_never_empties_the_validation_set_silently(tmp_path):
     assert frames[2.0] > 100
 
     def datasets(max_mel_frames: int):
-        from model import config_schemas
+        from models import config_schemas
         from utils.config import load_config
 
         cfg = load_config(Path(__file__).parent.parent / "config.json", config_schemas(), tiny=True,
@@ -707,7 +707,7 @@ def test_text_to_speech_through_a_vocoder_checkpoint(tmp_path, vocoder):
     import sys
 
     from conftest import ROOT, tiny_checkpoint
-    from model import MODELS
+    from models import MODELS
 
     if vocoder not in MODELS:
         pytest.skip(f"this project has no {vocoder} model to chain")

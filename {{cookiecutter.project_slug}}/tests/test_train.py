@@ -21,7 +21,7 @@ import torch
 import train
 from conftest import (ROOT, TEST_MODEL, alive, clean_env, descendants, finish, free_port, rank_pids, run_ranks, start_job, synth_corpus)
 
-from model import MODELS
+from models import MODELS
 from utils.run_log import RunLog
 
 pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
@@ -388,7 +388,7 @@ def poisoned_weights(state: dict) -> dict:
     spec = MODELS[MODEL]
     if not spec.phases:
         return state
-    from model import config_schemas
+    from models import config_schemas
     from utils.config import load_config
 
     model = spec.build_model(load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True))

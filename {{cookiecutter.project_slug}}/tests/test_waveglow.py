@@ -12,7 +12,7 @@ from torch._dynamo.utils import counters
 
 import inference
 from conftest import ROOT, synth_corpus, tensorboard_audio, tiny_checkpoint, train_with_validation_every_step
-from model import MODELS
+from models import MODELS
 from models.waveglow.network import WaveGlow, WaveGlowConfig, WaveGlowLoss
 from modules.waveglow import WN, Invertible1x1Conv
 
@@ -175,7 +175,7 @@ def test_inference_writes_a_wav_from_a_wav(checkpoint, clip, tmp_path, capsys):
 
 
 def tiny_config(*overrides):
-    from model import config_schemas
+    from models import config_schemas
     from utils.config import load_config
 
     return load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True, overrides=list(overrides))
