@@ -1,13 +1,15 @@
 """Remove the files of example models that were not chosen. No network, no questions, idempotent.
 
-Each example model is a set of whole files (its module in ``models/``, its layers, its data code, its tests);
-the table below lists them, and a second one the files that need two of them (Tacotron2 and a vocoder).
-``config.json`` loses the sections (and ``tiny`` overrides) of models not chosen. Only paths of these tables and
-``config.json`` are touched: never ``.git`` or a user's own files, so
-regenerating over an existing project (``cookiecutter -f``, ``cruft update``) is safe.
+Each example model is a set of whole files (its package in ``models/``, its layers, its tests); the table below lists
+them, and a second one the files that need two of them (Tacotron2 and a vocoder). ``config.json`` loses the sections
+(and ``tiny`` overrides) of models not chosen, and the registry ``models/__init__.py`` the lines that name them (its
+``from models import <name>`` and ``<name>.SPEC,`` lines). Only paths of these tables, ``config.json`` and the
+registry are touched: never ``.git`` or a user's own files, so regenerating over an existing project (``cookiecutter
+-f``, ``cruft update``) is safe.
 """
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -16,22 +18,17 @@ CHOICE = "{{ cookiecutter.example_model }}"
 CHOSEN = {"both": {"tacotron2", "waveglow"}, "tacotron2_hifigan": {"tacotron2", "hifigan"}}.get(CHOICE, {CHOICE})
 
 FILES = {
-    "waveglow": ["models/waveglow.py", "modules/waveglow.py", "tests/test_waveglow.py"],
-    "hifigan": ["models/hifigan.py", "modules/hifigan.py", "tests/test_hifigan.py"],
-    "tacotron2": ["models/tacotron2.py", "modules/layers.py", "modules/attention.py", "modules/tacotron2.py",
-                  "utils/text", "utils/text_mel_data.py", "scripts/preprocess.py",
-                  "tests/test_tacotron2.py", "tests/test_text.py"],
+    "waveglow": ["models/waveglow", "modules/waveglow.py", "tests/test_waveglow.py"],
+    "hifigan": ["models/hifigan", "modules/hifigan.py", "tests/test_hifigan.py"],
+    "tacotron2": ["models/tacotron2", "modules/layers.py", "modules/attention.py", "modules/tacotron2.py",
+                  "scripts/preprocess.py", "tests/test_tacotron2.py", "tests/test_text.py"],
 }
 TOGETHER = {
     "scripts/dump_gta_mels.py": [{"tacotron2"}, {"waveglow", "hifigan"}],
     "tests/test_gta.py": [{"tacotron2"}, {"waveglow", "hifigan"}],
 }
 """Files that need several models: kept when every set names a chosen model (Tacotron2 and a vocoder)."""
-EXECUTABLE = ["scripts/dataset.sh", "scripts/make_demo_corpus.py", "scripts/preprocess.py", "scripts/mpirun.sh",
-              "scripts/dump_gta_mels.py",
-              "scripts/import_weights.py",
-              "scripts/plot_run.py", "scripts/scaling.py",
-              "scripts/slurm/train.sbatch"]
+EXECUTABLE = ["scripts/dataset.sh", "scripts/mpirun.sh", "scripts/slurm/train.sbatch"]
 
 
 def prune_config(path: Path) -> None:
@@ -42,6 +39,14 @@ def prune_config(path: Path) -> None:
         for name in unchosen:
             block.pop(name, None)
     path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def prune_registry(path: Path) -> None:
+    """Remove the lines of the registry that name a model not chosen (``from models import <name>``, ``<name>.SPEC,``)."""
+    unchosen = set(FILES) - CHOSEN
+    kept = [line for line in path.read_text().splitlines(keepends=True)
+            if not any(re.search(rf"\b{name}\b", line) for name in unchosen)]
+    path.write_text("".join(kept))
 
 
 def main() -> None:
@@ -56,10 +61,11 @@ def main() -> None:
             elif target.exists():
                 target.unlink()
     for cache in ("__pycache__", ".pytest_cache", ".ruff_cache", ".benchmarks"):  # left by test runs in the template checkout
-        for path in [root / cache, *(root / folder / cache for folder in ("models", "modules", "utils",
-                                                                          "utils/text", "scripts", "tests"))]:
+        for path in [root / cache, *(found for folder in ("models", "modules", "utils", "scripts", "tests")
+                                     for found in (root / folder).rglob(cache))]:
             shutil.rmtree(path, ignore_errors=True)
     prune_config(root / "config.json")
+    prune_registry(root / "models" / "__init__.py")
     for rel in EXECUTABLE:
         if (root / rel).exists():
             (root / rel).chmod(0o755)

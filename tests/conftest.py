@@ -50,5 +50,5 @@ def demo_corpus(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus_project")
     project = cookiecutter(str(ROOT), no_input=True, output_dir=str(out))
     corpus = out / "corpus"
-    run([PY, "scripts/make_demo_corpus.py", "--output", str(corpus), "--num-utterances", "16"], cwd=project)
+    run([PY, "-m", "scripts.make_demo_corpus", "--output", str(corpus), "--num-utterances", "16"], cwd=project)
     return corpus

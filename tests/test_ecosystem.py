@@ -82,10 +82,12 @@ def test_ruff_check_is_clean_in_every_variant(bake, model):
         pytest.fail(f"ruff check fails in the {model} variant\n{output(proc)}")
 
 
-def test_ruff_config_selects_the_error_rules():
+def test_ruff_config_selects_the_error_rules_and_the_house_rules():
     config = tomllib.loads((TEMPLATE / "ruff.toml").read_text())
     assert config["line-length"] == 120
-    assert {"E4", "E7", "E9", "F"} <= set(config["lint"]["select"])
+    assert {"E4", "E7", "E9", "F", "C901", "PLR0912", "PLR0915"} <= set(config["lint"]["select"])
+    assert config["lint"]["mccabe"]["max-complexity"] == 10
+    assert "per-file-ignores" not in config["lint"] and "ignore" not in config["lint"], "no rule is switched off"
 
 
 # ------------------------------------------------------------------------------------------ pre-commit

@@ -71,7 +71,7 @@ ONE_LOSS = Example("docs/own_model_example.py", "melae", ("melae.dropout=0.1",),
 TWO_OPTIMIZERS = Example("docs/two_optimizer_example.py", "gan_vocoder", (), 36, "mel_l1", 4, "copy.wav",
                          frozenset({"loss_discriminator", "grad_norm_discriminator", "d_real", "d_fake",
                                     "loss_generator", "grad_norm_generator", "g_adv", "mel_l1"}))
-EXAMPLE_FILES = {"waveglow": ["models/waveglow.py", "modules/waveglow.py", "tests/test_waveglow.py"]}
+EXAMPLE_FILES = {"waveglow": ["models/waveglow", "modules/waveglow.py", "tests/test_waveglow.py"]}
 
 
 def train_args(example: Example) -> list[str]:
@@ -83,16 +83,25 @@ def train_args(example: Example) -> list[str]:
 
 
 def add_own_model(project: Path, example: Example, replace: str = "") -> None:
-    """Copy the project's example model file to ``models/<name>.py``, as its README says; with ``replace``,
-    delete that example model as the README says."""
+    """Copy the project's example model file to ``models/<name>.py`` and list it in the registry
+    (``models/__init__.py``: its import after the last model import, its ``SPEC`` at the end of the list), as its
+    docstring says; with ``replace``, delete that example model (its files, registry lines and config sections)."""
     shutil.copy(project / example.docs_file, project / "models" / f"{example.name}.py")
+    registry = project / "models" / "__init__.py"
+    lines = registry.read_text().splitlines(keepends=True)
+    last_import = max(i for i, line in enumerate(lines) if line.startswith("from models import "))
+    lines.insert(last_import + 1, f"from models import {example.name}\n")
+    end = next(i for i in range(last_import, len(lines)) if lines[i] == ")\n")
+    lines.insert(end, f"    {example.name}.SPEC,\n")
     if replace:
+        lines = [line for line in lines if replace not in line]
         for rel in EXAMPLE_FILES[replace]:
-            (project / rel).unlink()
+            shutil.rmtree(project / rel) if (project / rel).is_dir() else (project / rel).unlink()
         config = json.loads((project / "config.json").read_text())
         config.pop(replace)
         config["tiny"].pop(replace)
         (project / "config.json").write_text(json.dumps(config, indent=2))
+    registry.write_text("".join(lines))
 
 
 # Every optimizer step of a job started with this on PYTHONPATH takes 0.3 s more: a run slow enough to be
@@ -155,7 +164,8 @@ def final_weights(out: Path, example: Example) -> dict:
 def test_own_model_end_to_end(bake, demo_corpus, variant, replace, example):
     project = bake(example_model=variant)
     add_own_model(project, example, replace)
-    run(["ruff", "check", "--no-cache", f"models/{example.name}.py", example.docs_file], cwd=project)
+    run(["ruff", "check", "--no-cache", f"models/{example.name}.py", "models/__init__.py", example.docs_file],
+        cwd=project)
 
     # Trains on 2 processes; its loss (the GAN: its mel L1) falls, and the named losses are logged.
     code, output = finish(launch(project, example, demo_corpus, "out"))
@@ -200,7 +210,7 @@ def test_own_model_end_to_end(bake, demo_corpus, variant, replace, example):
         assert torch.load(written, weights_only=True).shape[0] == 80
 
     # The benchmark runs what it can and says what it skips.
-    done = run([PY, "scripts/benchmark.py", "--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0",
+    done = run([PY, "-m", "scripts.benchmark", "--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0",
                 "--precision", "tf32"], cwd=project, timeout=600)
     assert f"skipping {example.name}: its ModelSpec has no synthetic_batch" in done.stdout, done.stdout
 

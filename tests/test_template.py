@@ -12,14 +12,16 @@ from conftest import PY, ROOT, run
 MODELS = ["waveglow", "tacotron2", "both", "hifigan", "tacotron2_hifigan"]
 LICENSES = ["MIT", "BSD-3-Clause", "Apache-2.0", "Proprietary"]
 COMMON = ["train.py", "model.py", "inference.py", "config.json", "distributed.py", "multiproc.py",
-          "modules/__init__.py", "utils/audio_processing.py", "utils/data_utils.py", "utils/config.py",
-          "utils/checkpoint.py", "scripts/dataset.sh", "scripts/make_demo_corpus.py", "tests",
-          "Dockerfile", "requirements.txt", "README.md", "LICENSE", ".gitignore"]
+          "models/__init__.py", "modules/__init__.py", "utils/data/audio.py", "utils/data/corpus.py",
+          "utils/config.py", "utils/checkpoint/files.py", "utils/training/setup.py", "scripts/dataset.sh",
+          "scripts/make_demo_corpus.py", "tests", "Dockerfile", "requirements.txt", "README.md", "LICENSE",
+          ".gitignore"]
 ONLY = {
-    "waveglow": ["models/waveglow.py", "modules/waveglow.py", "tests/test_waveglow.py"],
-    "hifigan": ["models/hifigan.py", "modules/hifigan.py", "tests/test_hifigan.py"],
-    "tacotron2": ["models/tacotron2.py", "modules/tacotron2.py", "modules/attention.py", "utils/text/__init__.py",
-                  "utils/text_mel_data.py", "scripts/preprocess.py", "tests/test_tacotron2.py"],
+    "waveglow": ["models/waveglow/__init__.py", "modules/waveglow.py", "tests/test_waveglow.py"],
+    "hifigan": ["models/hifigan/__init__.py", "modules/hifigan.py", "tests/test_hifigan.py"],
+    "tacotron2": ["models/tacotron2/__init__.py", "modules/tacotron2.py", "modules/attention.py",
+                  "models/tacotron2/text/__init__.py", "models/tacotron2/data.py", "scripts/preprocess.py",
+                  "tests/test_tacotron2.py"],
 }
 JINJA = re.compile(r"(?<!\$)\{\{|\{%|\{#")  # not ${{ }}: GitHub's and Azure ML's expressions, written on purpose
 MARKER = re.compile(r"^\s*(#|<!--)\s*(>>>|<<<)", re.MULTILINE)
@@ -73,7 +75,7 @@ def test_defaults_generate_with_no_input(tmp_path):
     assert proc.returncode == 0, proc.stderr
     projects = list(tmp_path.iterdir())
     assert [p.name for p in projects] == ["speech_synthesis"]
-    assert (projects[0] / "models" / "waveglow.py").read_text().count("class WaveGlow(") == 1
+    assert (projects[0] / "models" / "waveglow" / "network.py").read_text().count("class WaveGlow(") == 1
 
 
 def generate_cli(tmp_path, *answers):
@@ -173,7 +175,7 @@ def test_a_vocoder_alone_has_no_tacotron2_option_anywhere(bake, vocoder, other):
         if path.is_file():
             text = path.read_text()
             for word in ("tacotron2", "--text", "--vocoder", "text_cleaners", "preprocess.py", "models.tacotron2.text",
-                         f"models/{other}.py", f"models.{other}"):
+                         f"models/{other}", f"models.{other}"):
                 assert word not in text, f"{path.relative_to(project)} mentions {word}"
     help_text = run([PY, "inference.py", "--help"], cwd=project).stdout
     assert "--wav" in help_text and "--text" not in help_text
@@ -193,5 +195,5 @@ def test_regenerating_over_a_git_project_works_and_leaves_git_alone(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert {p: p.read_bytes() for p in (project / ".git").rglob("*") if p.is_file()} == git_files
     assert (project / "models" / "mine.py").read_text() == "# the user's own model\n"
-    assert not (project / "models" / "tacotron2.py").exists()
+    assert not (project / "models" / "tacotron2").exists()
     assert run([PY, "train.py", "--help"], cwd=project).returncode == 0

@@ -1,9 +1,8 @@
 """Multi-process (data-parallel) training helpers, backed by ``torch.distributed``.
 
-The names follow the NVIDIA multi-GPU training layout (``init_distributed``,
-``apply_gradient_allreduce``, ``reduce_tensor``); the work is done by PyTorch itself:
-process groups by :func:`torch.distributed.init_process_group` (``env://``), gradient
-all-reduce by :class:`torch.nn.parallel.DistributedDataParallel`, collectives by
+The names follow the NVIDIA multi-GPU training layout (``init_distributed``, ``apply_gradient_allreduce``,
+``reduce_tensor``); the work is done by PyTorch itself: process groups by :func:`torch.distributed.init_process_group`
+(``env://``), gradient all-reduce by :class:`torch.nn.parallel.DistributedDataParallel`, collectives by
 :func:`torch.distributed.all_reduce`.
 
 Typical use in a training script started by ``multiproc.py`` (torchrun), ``srun`` or ``mpirun``::
@@ -16,32 +15,26 @@ Typical use in a training script started by ``multiproc.py`` (torchrun), ``srun`
         torch.save(unwrap_model(model).state_dict(), "checkpoint.pt")
     cleanup()
 
-A model too big for one GPU per replica is sharded instead: ``apply_gradient_allreduce(model, "fsdp",
-blocks=...)`` applies FSDP2's ``fully_shard`` per block (``train.parallelism=fsdp``), and :func:`no_sync` /
-:func:`full_value` cover gradient accumulation and the sharded gradient norm for either kind.
+A model too big for one GPU per replica is sharded instead: ``apply_gradient_allreduce(model, "fsdp", blocks=...)``
+applies FSDP2's ``fully_shard`` per block (``train.parallelism=fsdp``), and :func:`no_sync` / :func:`full_value` cover
+gradient accumulation and the sharded gradient norm for either kind.
 
-Every helper here is safe to call in a plain single process (no launcher, world size 1):
-nothing is initialised and the helpers degrade to identities.
+Every helper here is safe to call in a plain single process (no launcher, world size 1): nothing is initialised and the
+helpers degrade to identities.
 
 Sources: https://pytorch.org/docs/stable/distributed.html (env:// initialisation, ``device_id``),
-https://pytorch.org/docs/stable/notes/ddp.html (gradient buckets, overlap with backward),
-https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES (SLURM variables),
-https://docs.open-mpi.org/en/main/tuning-apps/environment-var.html (OMPI_COMM_WORLD_* variables).
+https://pytorch.org/docs/stable/notes/ddp.html (gradient buckets, overlap with backward). Which launcher started
+the process, and so the rank, world size and rendezvous address: ``utils/launch.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import datetime
 import gc
 import logging
 import os
-import re
-import signal
-import sys
-import time
 from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
@@ -51,113 +44,18 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from utils.launch import _int_var, detect_launcher_env
+from utils.collectives import CollectiveError as CollectiveError  # re-exported: distributed is the one face
+from utils.collectives import CollectiveTimeout as CollectiveTimeout
+from utils.collectives import collective, remember_timeout
+from utils.launch import _int_var, detect_launcher_env, die_with_launcher
 
-
-__all__ = [
-    "DistInfo",
-    "detect_launcher_env",
-    "expand_nodelist",
-    "init_distributed",
-    "PARALLELISMS",
-    "apply_gradient_allreduce",
-    "no_sync",
-    "full_value",
-    "broadcast_buffers",
-    "unwrap_model",
-    "reduce_tensor",
-    "all_gather_object",
-    "broadcast_object",
-    "die_with_launcher",
-    "available_cpus",
-    "cpu_threads",
-    "slurm_port",
-    "is_main_process",
-    "get_rank",
-    "get_world_size",
-    "barrier",
-    "cleanup",
-    "CollectiveError",
-    "CollectiveTimeout",
-    "collective",
-]
 
 logger = logging.getLogger(__name__)
 
 
-_REDUCE_OPS = {
-    "mean": dist.ReduceOp.SUM,  # sum, then divide by the world size (AVG is NCCL-only)
-    "sum": dist.ReduceOp.SUM,
-    "max": dist.ReduceOp.MAX,
-    "min": dist.ReduceOp.MIN,
-}
+# "mean" is a sum divided by the world size (ReduceOp.AVG is NCCL-only)
+_REDUCE_OPS = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
-_timeout_s: Optional[float] = None  # the process group's timeout, for error messages
-
-class CollectiveError(dist.DistBackendError):
-    """A collective (all-reduce, all-gather, barrier, rendezvous) failed on this rank.
-
-    A subclass of :class:`torch.distributed.DistBackendError`, so code that catches torch's error catches
-    this one too. Attributes: ``rank`` (this process), ``collective`` (its name), ``timeout_s``.
-    """
-
-    def __init__(self, message: str, rank: int, collective: str, timeout_s: Optional[float]):
-        super().__init__(message)
-        self.rank, self.collective, self.timeout_s = rank, collective, timeout_s
-
-class CollectiveTimeout(CollectiveError):
-    """A collective waited longer than the process group's timeout: another rank hung or died.
-
-    gloo raises a bare ``RuntimeError`` ("Timed out waiting 5000ms for recv operation") that names neither
-    the rank nor the operation; this says which rank gave up, on which collective, after how long.
-    """
-
-@contextlib.contextmanager
-def collective(name: str, rank: Optional[int] = None, timeout: Optional[tuple[str, float]] = None):
-    """Turn a failure of the torch.distributed call(s) inside into a :class:`CollectiveError` (or
-    :class:`CollectiveTimeout`) whose one-line message names this rank, the collective and the timeout
-    (``timeout``: its name and seconds, default the process group's).
-
-    Use it around collectives that torch runs for you, e.g. DDP's gradient all-reduce::
-
-        with collective("gradient all-reduce (backward)"):
-            loss.backward()
-
-    Only errors of the communication are converted: torch's ``DistError`` family, and the bare
-    ``RuntimeError`` gloo raises (recognised by its text: gloo, NCCL, timed out, connection closed or
-    reset). Anything else (an out-of-memory error in that backward, a shape mismatch) passes unchanged.
-    """
-    start = time.monotonic()
-    try:
-        yield
-    except CollectiveError:
-        raise
-    except RuntimeError as err:
-        if not isinstance(err, dist.DistError) and not _COMMUNICATION_RE.search(str(err)):
-            raise
-        raise _collective_error(name, err, rank, time.monotonic() - start, timeout) from err
-
-_COMMUNICATION_RE = re.compile(r"gloo|nccl|time[d ]?\s?out|connection (?:closed|reset|refused)|broken pipe",
-                               re.IGNORECASE)
-
-def _collective_error(name: str, err: RuntimeError, rank: Optional[int], elapsed: float,
-                      timeout: Optional[tuple[str, float]] = None) -> CollectiveError:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
-    reason = lines[0]
-    if rank is None:
-        rank = get_rank()
-    world = get_world_size() if _initialized() else None
-    others = f"the other {world - 1} rank(s)" if world else "the other ranks"
-    label, seconds = timeout or ("process-group timeout", _timeout_s)
-    after = f"{seconds:g} s" if seconds is not None else "the process group's timeout"
-    # "timed out" in gloo's text is not always the group's timeout: a refused connect says it too, at once.
-    waited_out = seconds is None or elapsed >= 0.8 * seconds
-    if waited_out and re.search(r"time[d ]?\s?out", reason, re.IGNORECASE):
-        return CollectiveTimeout(f"rank {rank}: {name} timed out after {elapsed:.0f} s waiting for {others} "
-                                 f"({label} {after}): another rank hung or died before reaching it "
-                                 f"({reason})", rank, name, seconds)
-    return CollectiveError(f"rank {rank}: {name} failed after {elapsed:.1f} s (another rank may have died): "
-                           f"{reason}", rank, name, seconds)
 
 @dataclasses.dataclass(frozen=True)
 class DistInfo:
@@ -168,8 +66,8 @@ class DistInfo:
         local_rank: rank on this node; the index of the GPU this process uses.
         world_size: number of processes in the job (1 for a plain single process).
         device: the device this process computes on (``cuda:<local_rank>`` or ``cpu``).
-        backend: the process group's backend (``"nccl"`` / ``"gloo"``), or ``None`` when no
-            process group was created (single process).
+        backend: the process group's backend (``"nccl"`` / ``"gloo"``), or ``None`` when no process group was created
+            (single process).
     """
 
     rank: int
@@ -188,37 +86,6 @@ class DistInfo:
         """True when a process group exists (world size > 1)."""
         return self.backend is not None
 
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-def die_with_launcher(sig: int = signal.SIGTERM) -> bool:
-    """Have the kernel send ``sig`` to this process when its launcher dies (Linux ``PR_SET_PDEATHSIG``).
-
-    torchrun (and ``multiproc.py``, a front over it) starts every rank in a session of its own, so a launcher
-    killed with SIGKILL would leave its ranks training on, unsupervised. With SIGTERM a rank of ``train.py``
-    stops as on any stop request: it finishes its step, rank 0 saves, and it exits. Armed only under a
-    torchrun-style launcher (``TORCHELASTIC_RUN_ID`` set). ``multiproc.py`` exports its pid as
-    ``MULTIPROC_PID``: when this process's parent is already another one, the launcher died before this
-    call, and ``sig`` is sent at once.
-
-    Returns:
-        whether it was armed (``False`` off Linux, without such a launcher, or if ``prctl`` failed).
-
-    Source: prctl(2), ``PR_SET_PDEATHSIG``.
-    """
-    if sys.platform != "linux" or "TORCHELASTIC_RUN_ID" not in os.environ:
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-        logger.debug("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
-        return False
-    launcher = os.environ.get("MULTIPROC_PID", "")
-    if launcher.isdigit() and os.getppid() != int(launcher):
-        os.kill(os.getpid(), sig)
-    return True
-
-# --------------------------------------------------------------------------------------------
-# Process group
-# --------------------------------------------------------------------------------------------
 
 def _select_device(local_rank: int) -> torch.device:
     if not torch.cuda.is_available():
@@ -233,43 +100,41 @@ def _select_device(local_rank: int) -> torch.device:
     torch.cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)
 
+
 RENDEZVOUS_FLOOR_S = 300.0
 """The shortest rendezvous timeout :func:`init_distributed` uses by default: ranks start seconds to minutes apart
 (interpreter, CUDA and NCCL initialisation; image pulls on a cluster), whatever the collectives' timeout is."""
 
+
 def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800,
                      rendezvous_timeout_s: Optional[float] = None) -> DistInfo:
-    """Join the job described by the launcher's environment (see :func:`detect_launcher_env`).
+    """Join the job described by the launcher's environment (:func:`utils.launch.detect_launcher_env`).
 
-    With world size > 1: picks the device (``cuda:<local_rank>`` after
-    ``torch.cuda.set_device(local_rank)``, or ``cpu``), exports ``RANK``, ``LOCAL_RANK``,
-    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` to ``os.environ`` and calls
-    ``torch.distributed.init_process_group(init_method="env://")``, with ``device_id`` for NCCL
-    (binds the communicator to this GPU, so GPU 0 holds no other rank's context).
-    With world size 1 no process group is created (``backend`` of the result is ``None``).
-    Once a process group exists (an earlier call, or the caller's own: Ray Train makes one before it runs the
-    training function) it is used as it is, whatever the launcher variables say (idempotent). Under a
-    torchrun-style launcher, the process first arranges to get SIGTERM if the launcher dies
-    (:func:`die_with_launcher`).
+    With world size > 1: picks the device (``cuda:<local_rank>`` after ``torch.cuda.set_device(local_rank)``, or
+    ``cpu``), exports ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and calls
+    ``torch.distributed.init_process_group`` with ``device_id`` for NCCL (the communicator is bound to this GPU, so GPU
+    0 holds no other rank's context). With world size 1 no process group is created (``backend`` is ``None``). An
+    existing process group (an earlier call's, or the caller's: Ray Train makes one) is used as it is (idempotent).
+    Under a torchrun-style launcher the process first arranges to get SIGTERM if the launcher dies.
 
     Args:
         backend: ``"nccl"``, ``"gloo"``, ...; default NCCL when CUDA is available, else gloo.
         timeout_s: seconds a collective may wait for the other ranks before failing (instead of hanging).
-        rendezvous_timeout_s: seconds the rendezvous waits for every rank to start; default
-            ``max(timeout_s, RENDEZVOUS_FLOOR_S)``, so that a short collective timeout (to find a hung rank
-            fast) does not fail a job whose ranks start slowly. Under SLURM, start the script with ``srun``:
-            ``python train.py`` run directly in an ``sbatch --ntasks=N`` script sees ``SLURM_NTASKS=N`` and
-            rank 0 waits for ranks that never start, until this timeout.
+        rendezvous_timeout_s: seconds the rendezvous waits for every rank to start; default ``max(timeout_s,
+            RENDEZVOUS_FLOOR_S)``, so that a short collective timeout (to find a hung rank fast) does not fail a job
+            whose ranks start slowly. Under SLURM, start the script with ``srun``: ``python train.py`` run directly in
+            an ``sbatch --ntasks=N`` script sees ``SLURM_NTASKS=N`` and rank 0 waits for ranks that never start, until
+            this timeout.
 
     Returns:
         :class:`DistInfo` of this process.
 
     Raises:
-        ValueError: inconsistent launcher variables (from :func:`detect_launcher_env`), a
-            non-positive ``timeout_s`` or ``rendezvous_timeout_s``, or ``backend="nccl"`` without CUDA.
+        ValueError: inconsistent launcher variables (from :func:`detect_launcher_env`), a non-positive ``timeout_s`` or
+            ``rendezvous_timeout_s``, or ``backend="nccl"`` without CUDA.
         RuntimeError: ``LOCAL_RANK`` >= the number of visible GPUs.
-        CollectiveTimeout: the rendezvous timed out (a rank never started); :class:`CollectiveError`
-            when it fails otherwise.
+        CollectiveTimeout: the rendezvous timed out (a rank never started); :class:`CollectiveError` when it fails
+            otherwise.
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -284,13 +149,17 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800,
         local_rank = _int_var(os.environ, "LOCAL_RANK") if os.environ.get("LOCAL_RANK") else 0
         return DistInfo(dist.get_rank(), local_rank, dist.get_world_size(), device, dist.get_backend())
     env = detect_launcher_env(os.environ)
-
-    rank, local_rank, world_size = env["rank"], env["local_rank"], env["world_size"]
-    device = _select_device(local_rank)
-    if world_size == 1:
+    device = _select_device(env["local_rank"])
+    if env["world_size"] == 1:
         logger.debug("single process on %s (launcher: %s)", device, env["launcher"])
-        return DistInfo(rank, local_rank, 1, device, None)
+        return DistInfo(env["rank"], env["local_rank"], 1, device, None)
+    return _join(env, device, backend, timeout_s, rendezvous_timeout_s)
 
+
+def _join(env: dict, device: torch.device, backend: Optional[str], timeout_s: float,
+          rendezvous_timeout_s: float) -> DistInfo:
+    """:func:`init_distributed` with world size > 1: the process group of :func:`detect_launcher_env`'s job."""
+    rank, local_rank, world_size = env["rank"], env["local_rank"], env["world_size"]
     if not dist.is_available():
         raise RuntimeError("this PyTorch build has no torch.distributed; cannot run "
                            f"{world_size} processes")
@@ -299,8 +168,7 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800,
         raise ValueError("backend 'nccl' needs CUDA, which is not available; use 'gloo'")
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
                       MASTER_ADDR=str(env["master_addr"]), MASTER_PORT=str(env["master_port"]))
-    global _timeout_s
-    _timeout_s = timeout_s
+    remember_timeout(timeout_s)
     with collective(f"rendezvous at {env['master_addr']}:{env['master_port']}", rank=rank,
                     timeout=("rendezvous timeout", rendezvous_timeout_s)):
         store = _rendezvous_store(env["master_addr"], env["master_port"], rank, world_size,
@@ -313,15 +181,16 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800,
                  env["master_port"], env["launcher"])
     return DistInfo(rank, local_rank, world_size, device, backend)
 
+
 def _rendezvous_store(addr: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
-    """The job's rendezvous store, as ``init_method="env://"`` would make it but with its own ``timeout`` (the wait
-    for every rank to join, apart from the collectives' timeout): rank 0 hosts a :class:`torch.distributed.TCPStore`
-    at ``addr:port`` and waits for the others; under torchrun every rank joins the store its launcher hosts.
+    """The job's rendezvous store, as ``init_method="env://"`` would make it but with its own ``timeout`` (the wait for
+    every rank to join, apart from the collectives' timeout): rank 0 hosts a :class:`torch.distributed.TCPStore` at
+    ``addr:port`` and waits for the others; under torchrun every rank joins the store its launcher hosts.
 
     torchrun's static rendezvous (what ``multiproc.py`` uses) keeps one TCPStore for every restart of the group: a
-    restarted rank could read the addresses its dead predecessors published there, then fail ("Connection
-    refused") or wait for them until the timeout. A prefix per attempt (``TORCHELASTIC_RESTART_COUNT``) keeps each
-    attempt's keys apart.
+    restarted rank could read the addresses its dead predecessors published there, then fail ("Connection refused") or
+    wait for them until the timeout. A prefix per attempt (``TORCHELASTIC_RESTART_COUNT``) keeps each attempt's keys
+    apart.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         store = dist.TCPStore(addr, port, world_size, is_master=False, timeout=timeout)
@@ -336,20 +205,25 @@ def _rendezvous_store(addr: str, port: int, rank: int, world_size: int, timeout:
     store.wait([f"rendezvous/joined/{other}" for other in range(world_size)], timeout)
     return store
 
+
 def _initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
+
 
 def get_rank() -> int:
     """Global rank of this process; 0 without a process group."""
     return dist.get_rank() if _initialized() else 0
 
+
 def get_world_size() -> int:
     """Number of processes in the job; 1 without a process group."""
     return dist.get_world_size() if _initialized() else 1
 
+
 def is_main_process() -> bool:
     """True on global rank 0 (and in a single process)."""
     return get_rank() == 0
+
 
 def barrier() -> None:
     """Wait until every rank reaches this point (``torch.distributed.barrier``); no-op alone.
@@ -361,72 +235,70 @@ def barrier() -> None:
         with collective("barrier"):
             dist.barrier()
 
+
 def cleanup() -> None:
     """Destroy the default process group if one exists (``destroy_process_group``); else no-op.
 
-    Garbage is collected first: objects bound to the group and held in reference cycles (DDP's reducer, FSDP's
-    state) are then freed while it still exists. Left to the interpreter's exit, their C++ threads were destroyed
-    after the group, and the process aborted ("terminate called without an active exception", SIGABRT) in one
-    exit of three of ``scripts/memory.py``'s ranks, after all their work was done."""
+    Garbage is collected first: objects bound to the group and held in reference cycles (DDP's reducer, FSDP's state)
+    are then freed while it still exists. Left to the interpreter's exit, their C++ threads were destroyed after the
+    group, and the process aborted ("terminate called without an active exception", SIGABRT) in one exit of three of
+    ``scripts/memory.py``'s ranks, after all their work was done."""
     if _initialized():
         gc.collect()
         dist.destroy_process_group()
 
-# --------------------------------------------------------------------------------------------
-# Model wrapping and reductions
-# --------------------------------------------------------------------------------------------
+# --- Model wrapping and reductions ------------------------------------------------------------------------------------
+
 
 PARALLELISMS = ("ddp", "fsdp")
 """The ways :func:`apply_gradient_allreduce` spreads a model over the ranks (``train.parallelism``)."""
+
 
 def apply_gradient_allreduce(model: nn.Module, parallelism: str = "ddp", blocks: Sequence[nn.Module] = (),
                              param_dtype: Optional[torch.dtype] = None, reshard_after_forward: bool = True,
                              **ddp_options) -> nn.Module:
     """Make ``model``'s gradients the average over all ranks, the data-parallel way ``parallelism`` names.
 
-    * ``"ddp"``: wrap it in :class:`~torch.nn.parallel.DistributedDataParallel`. Every rank holds the whole
-      model, its gradients and optimizer state. DDP broadcasts rank 0's parameters and buffers at
-      construction, then, during every ``backward()``, all-reduces (averages) the gradients in buckets of
-      about ``bucket_cap_mb`` MiB as soon as a bucket's gradients are ready, overlapping communication with
-      the rest of the backward pass.
-    * ``"fsdp"``: shard it with FSDP2's ``fully_shard``, each of ``blocks`` on its own, then the root (which
-      keeps the parameters outside the blocks). Each rank keeps ``1 / world_size`` of every parameter, of its
-      gradient and so of the optimizer state (Adam's two moments); a block's full parameters exist only while
-      it runs (all-gathered before its forward and again before its backward), and its gradients are
-      reduce-scattered (averaged) right after its backward. ``reshard_after_forward=False`` keeps the
-      gathered parameters from forward to backward (one all-gather fewer per block, more memory).
-      ``param_dtype`` (e.g. ``torch.bfloat16``) computes in that dtype with fp32 master weights and fp32
-      gradient reduction (``MixedPrecisionPolicy``; the model's outputs come back in fp32). The model is
-      changed in place (its class becomes an ``FSDPModule``) and returned. Rank 0's initial weights are
-      broadcast first, and its buffers (BatchNorm's running statistics) before every forward, as DDP does.
+    * ``"ddp"``: wrap it in :class:`~torch.nn.parallel.DistributedDataParallel`. Every rank holds the whole model, its
+      gradients and optimizer state. DDP broadcasts rank 0's parameters and buffers at construction, then, during every
+      ``backward()``, all-reduces (averages) the gradients in buckets of about ``bucket_cap_mb`` MiB as soon as a
+      bucket's gradients are ready, overlapping communication with the rest of the backward pass.
+    * ``"fsdp"``: shard it with FSDP2's ``fully_shard``, each of ``blocks`` on its own, then the root (which keeps the
+      parameters outside the blocks). Each rank keeps ``1 / world_size`` of every parameter, of its gradient and so of
+      the optimizer state (Adam's two moments); a block's full parameters exist only while it runs (all-gathered before
+      its forward and again before its backward), and its gradients are reduce-scattered (averaged) right after its
+      backward. ``reshard_after_forward=False`` keeps the gathered parameters from forward to backward (one all-gather
+      fewer per block, more memory). ``param_dtype`` (e.g. ``torch.bfloat16``) computes in that dtype with fp32 master
+      weights and fp32 gradient reduction (``MixedPrecisionPolicy``; the model's outputs come back in fp32). The model
+      is changed in place (its class becomes an ``FSDPModule``) and returned. Rank 0's initial weights are broadcast
+      first, and its buffers (BatchNorm's running statistics) before every forward, as DDP does.
 
-    After ``backward()`` each rank holds the gradient of the mean loss over all ranks' batches (for equal
-    per-rank batch sizes and a per-rank mean loss): the whole gradient with DDP, its shard with FSDP.
-    Move the model to ``DistInfo.device`` first. For DDP, when all parameters are on one CUDA device,
-    ``device_ids``/``output_device`` are set to it; on CPU they are left out.
+    After ``backward()`` each rank holds the gradient of the mean loss over all ranks' batches (for equal per-rank batch
+    sizes and a per-rank mean loss): the whole gradient with DDP, its shard with FSDP. Move the model to
+    ``DistInfo.device`` first. For DDP, when all parameters are on one CUDA device, ``device_ids``/``output_device`` are
+    set to it; on CPU they are left out.
 
     Args:
         model: the module to train (already on its device).
         parallelism: ``"ddp"`` or ``"fsdp"`` (:data:`PARALLELISMS`).
-        blocks: sub-modules of ``model`` to shard one by one (FSDP only), in forward order: the units whose
-            parameters are gathered together (``ModelSpec.blocks``); empty: the model is one unit.
+        blocks: sub-modules of ``model`` to shard one by one (FSDP only), in forward order: the units whose parameters
+            are gathered together (``ModelSpec.blocks``); empty: the model is one unit.
         param_dtype: FSDP's compute dtype; ``None`` keeps the parameters' dtype.
         reshard_after_forward: FSDP: free a block's gathered parameters after its forward.
         **ddp_options: passed to DDP, e.g. ``bucket_cap_mb`` (MiB), ``find_unused_parameters``,
-            ``gradient_as_bucket_view`` (default here ``True``: gradients are views into the
-            buckets, saving one copy of the gradients), ``static_graph``, ``broadcast_buffers``.
+            ``gradient_as_bucket_view`` (default here ``True``: gradients are views into the buckets, saving one copy of
+            the gradients), ``static_graph``, ``broadcast_buffers``.
 
     Returns:
-        The wrapped model, or ``model`` itself without a process group / with world size 1 / when it
-        is already wrapped.
+        The wrapped model, or ``model`` itself without a process group / with world size 1 / when it is already wrapped.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module`` (DDP raises its own TypeError for an unknown option).
         ValueError: an unknown ``parallelism``, a block that is not part of ``model``, or DDP options with FSDP.
 
     Sources: https://pytorch.org/docs/stable/notes/ddp.html,
-    https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html (FSDP2), and pytorch/torchtitan's
-    per-block ``fully_shard`` with a ``MixedPrecisionPolicy``.
+    https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html (FSDP2), and pytorch/torchtitan's per-block
+    ``fully_shard`` with a ``MixedPrecisionPolicy``.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"apply_gradient_allreduce needs an nn.Module, got {type(model).__name__}")
@@ -438,6 +310,11 @@ def apply_gradient_allreduce(model: nn.Module, parallelism: str = "ddp", blocks:
         if ddp_options:
             raise ValueError(f"apply_gradient_allreduce: DDP options {sorted(ddp_options)} with parallelism='fsdp'")
         return _fully_shard(model, blocks, param_dtype, reshard_after_forward)
+    return _wrap_ddp(model, ddp_options)
+
+
+def _wrap_ddp(model: nn.Module, ddp_options: dict) -> DistributedDataParallel:
+    """DDP with gradients as views into its buckets (one copy fewer), on the model's one GPU when it has one."""
     options = {"gradient_as_bucket_view": True, **ddp_options}
     devices = {p.device for p in model.parameters()}
     if "device_ids" not in options and len(devices) == 1:
@@ -446,6 +323,7 @@ def apply_gradient_allreduce(model: nn.Module, parallelism: str = "ddp", blocks:
             options["device_ids"] = [device.index]
             options.setdefault("output_device", device.index)
     return DistributedDataParallel(model, **options)
+
 
 def _fully_shard(model: nn.Module, blocks: Sequence[nn.Module], param_dtype: Optional[torch.dtype],
                  reshard_after_forward: bool) -> nn.Module:
@@ -480,10 +358,11 @@ def _fully_shard(model: nn.Module, blocks: Sequence[nn.Module], param_dtype: Opt
         model.register_forward_pre_hook(lambda module, args: broadcast_buffers(module))
     return model
 
+
 def broadcast_buffers(model: nn.Module) -> None:
-    """Rank 0's values of ``model``'s buffers (BatchNorm's running statistics) on every rank, one broadcast per
-    dtype; nothing alone. DDP does it before every forward; under FSDP it runs before every forward of a sharded
-    model and before a sharded checkpoint is written (each rank writes its own copy of what is not sharded).
+    """Rank 0's values of ``model``'s buffers (BatchNorm's running statistics) on every rank, one broadcast per dtype;
+    nothing alone. DDP does it before every forward; under FSDP it runs before every forward of a sharded model and
+    before a sharded checkpoint is written (each rank writes its own copy of what is not sharded).
 
     Raises:
         CollectiveTimeout / CollectiveError: another rank did not join.
@@ -499,12 +378,12 @@ def broadcast_buffers(model: nn.Module) -> None:
             for buffer, value in zip(group, flat.split([buffer.numel() for buffer in group])):
                 buffer.copy_(value.view_as(buffer))
 
+
 @contextlib.contextmanager
 def no_sync(model: nn.Module):
-    """Inside the block, backward passes accumulate gradients locally without the all-reduce (DDP) or
-    reduce-scatter (FSDP) over the ranks: the micro-batches of gradient accumulation before the last one.
-    A plain module (world size 1) needs nothing. Sources: ``DistributedDataParallel.no_sync``,
-    ``FSDPModule.set_requires_gradient_sync``."""
+    """Inside the block, backward passes accumulate gradients locally without the all-reduce (DDP) or reduce-scatter (FSDP)
+    over the ranks: the micro-batches of gradient accumulation before the last one. A plain module (world size 1) needs
+    nothing. Sources: ``DistributedDataParallel.no_sync``, ``FSDPModule.set_requires_gradient_sync``."""
     if isinstance(model, DistributedDataParallel):
         with model.no_sync():
             yield
@@ -517,20 +396,22 @@ def no_sync(model: nn.Module):
     else:
         yield
 
+
 def full_value(tensor: torch.Tensor) -> torch.Tensor:
-    """A plain tensor of ``tensor``'s whole value: a sharded/replicated ``DTensor`` (FSDP's parameters,
-    gradients, ``clip_grad_norm_``'s total norm) is gathered (a collective: every rank must call it), a plain
-    tensor is returned as is."""
+    """A plain tensor of ``tensor``'s whole value: a sharded/replicated ``DTensor`` (FSDP's parameters, gradients,
+    ``clip_grad_norm_``'s total norm) is gathered (a collective: every rank must call it), a plain tensor is returned as
+    is."""
     if isinstance(tensor, DTensor):
         with collective("gather of a sharded tensor"):
             return tensor.full_tensor()
     return tensor
 
+
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The plain module inside DDP and/or ``torch.compile`` wrappers (for saving, exporting).
 
-    Peels ``DistributedDataParallel.module`` and ``torch.compile``'s ``_orig_mod`` in any order
-    and nesting; a plain module is returned as is.
+    Peels ``DistributedDataParallel.module`` and ``torch.compile``'s ``_orig_mod`` in any order and nesting; a plain
+    module is returned as is.
     """
     while True:
         if isinstance(model, DistributedDataParallel):
@@ -540,15 +421,16 @@ def unwrap_model(model: nn.Module) -> nn.Module:
         else:
             return model
 
+
 def reduce_tensor(tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
     """All-reduce a detached copy of ``tensor`` over all ranks; ``tensor`` is left unchanged.
 
-    Typical use: the loss or a metric for logging, so that rank 0 reports the job-wide value.
-    Every rank must call it (it is a collective) with the same shape and dtype.
+    Typical use: the loss or a metric for logging, so that rank 0 reports the job-wide value. Every rank must call it
+    (it is a collective) with the same shape and dtype.
 
     Args:
-        tensor: any shape; for ``"mean"`` a floating-point dtype. CPU tensors work with NCCL
-            too (copied to the current GPU and back).
+        tensor: any shape; for ``"mean"`` a floating-point dtype. CPU tensors work with NCCL too (copied to the current
+            GPU and back).
         op: ``"mean"`` (sum / world size), ``"sum"``, ``"max"`` or ``"min"``, element-wise.
 
     Returns:
@@ -557,11 +439,10 @@ def reduce_tensor(tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
 
     Raises:
         ValueError: unknown ``op``.
-        TypeError: ``tensor`` is not a tensor, or ``op="mean"`` on a non-floating dtype (use
-            ``"sum"`` for counts).
-        CollectiveTimeout: another rank did not join within the process group's timeout (the
-            message names this rank, the collective and the timeout); :class:`CollectiveError` when
-            the all-reduce fails otherwise (e.g. a peer died).
+        TypeError: ``tensor`` is not a tensor, or ``op="mean"`` on a non-floating dtype (use ``"sum"`` for counts).
+        CollectiveTimeout: another rank did not join within the process group's timeout (the message names this rank,
+            the collective and the timeout); :class:`CollectiveError` when the all-reduce fails otherwise (e.g. a peer
+            died).
 
     Source: https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_reduce
     """
@@ -584,11 +465,12 @@ def reduce_tensor(tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         work /= dist.get_world_size()
     return work.to(tensor.device) if work is not result else result
 
+
 def broadcast_object(obj, src: int = 0):
     """Rank ``src``'s ``obj`` (any picklable value) on every rank; ``obj`` itself alone.
 
-    For decisions one rank makes for all (which checkpoint to resume from, which clips to leave out).
-    Every rank must call it; past the process group's timeout it raises :class:`CollectiveTimeout`.
+    For decisions one rank makes for all (which checkpoint to resume from, which clips to leave out). Every rank must
+    call it; past the process group's timeout it raises :class:`CollectiveTimeout`.
 
     Source: https://pytorch.org/docs/stable/distributed.html#torch.distributed.broadcast_object_list
     """
@@ -599,12 +481,13 @@ def broadcast_object(obj, src: int = 0):
         dist.broadcast_object_list(box, src=src)
     return box[0]
 
+
 def all_gather_object(obj) -> list:
     """Every rank's ``obj`` (any picklable value), in rank order, on every rank; ``[obj]`` alone.
 
-    For small, rare exchanges (utterance ids of a bad batch, RNG states for a checkpoint), not for
-    tensors in the hot path. Every rank must call it (it is a collective); past the process group's
-    timeout it raises :class:`CollectiveTimeout`, like :func:`reduce_tensor`.
+    For small, rare exchanges (utterance ids of a bad batch, RNG states for a checkpoint), not for tensors in the hot
+    path. Every rank must call it (it is a collective); past the process group's timeout it raises
+    :class:`CollectiveTimeout`, like :func:`reduce_tensor`.
 
     Source: https://pytorch.org/docs/stable/distributed.html#torch.distributed.all_gather_object
     """

@@ -1,15 +1,15 @@
 """Turn a trained checkpoint into outputs (wav files for the example models).
 
-    python inference.py --checkpoint out/checkpoint_last.pt --output out.wav [model options]
-    python inference.py --checkpoint out/checkpoint_last.pt --help      # the options of that checkpoint's model
-    python inference.py --checkpoint out/checkpoint_last --output out.wav   # a sharded checkpoint (FSDP) alike
-    python inference.py --checkpoint release.pt --output out.wav         # scripts/export.py --format release
+    python inference.py --checkpoint out/checkpoint_last.pt --output out.wav [model options] python inference.py
+    --checkpoint out/checkpoint_last.pt --help      # the options of that checkpoint's model python inference.py
+    --checkpoint out/checkpoint_last --output out.wav   # a sharded checkpoint (FSDP) alike python inference.py
+    --checkpoint release.pt --output out.wav         # scripts/export.py --format release
 
-The checkpoint says which model of ``models/`` it holds and carries its config, so no config file is needed.
-A checkpoint holding EMA weights (``train.ema_decay``) is run with them, and a line says so.
-The work itself is the model's inference hook (``Inference.infer`` of its spec), and its options come from the model
-(``Inference.add_args``); a model that makes mels (``Inference.takes_vocoder``) gets ``--vocoder CHECKPOINT``, a
-model that vocodes. Every failure is one ``ERROR:`` line and exit status 1; nothing is written then.
+The checkpoint says which model of ``models/`` it holds and carries its config, so no config file is needed. A
+checkpoint holding EMA weights (``train.ema_decay``) is run with them, and a line says so. The work itself is the
+model's inference hook (``Inference.infer`` of its spec), and its options come from the model (``Inference.add_args``);
+a model that makes mels (``Inference.takes_vocoder``) gets ``--vocoder CHECKPOINT``, a model that vocodes. Every failure
+is one ``ERROR:`` line and exit status 1; nothing is written then.
 """
 
 from __future__ import annotations
@@ -33,24 +33,23 @@ from utils.run_log import one_line, one_line_warnings
 
 
 def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.Module, Config]:
-    """Rebuild the model stored in a training checkpoint, in eval mode on ``device``: a single file, a sharded
-    checkpoint folder (``train.parallelism=fsdp``), whose shards are put together in this process, or a release
-    checkpoint (``scripts/export.py --format release``: the weights of ``ModelSpec.inference_modules`` only; the
-    other sub-modules keep their initial values, which inference does not use). EMA weights in the checkpoint
-    (``train.ema_decay``) replace the raw ones, and a line on stderr says so.
+    """Rebuild the model stored in a training checkpoint, in eval mode on ``device``: a single file, a sharded checkpoint
+    folder (``train.parallelism=fsdp``), whose shards are put together in this process, or a release checkpoint
+    (``scripts/export.py --format release``: the weights of ``ModelSpec.inference_modules`` only; the other sub-modules
+    keep their initial values, which inference does not use). EMA weights in the checkpoint (``train.ema_decay``)
+    replace the raw ones, and a line on stderr says so.
 
     Returns:
         ``(model name, model, config)``.
 
     Raises:
-        CheckpointError: unreadable or unsafe file, a model this project does not define, or weights
-            that do not fit.
+        CheckpointError: unreadable or unsafe file, a model this project does not define, or weights that do not fit.
         ConfigError: the checkpoint's config does not load (e.g. a key this version does not know).
     """
     state = read_checkpoint(path)
     name = state.get("model_name")
     if name not in MODELS:
-        raise CheckpointError(f"{path} holds a model '{name}' that model.py does not define "
+        raise CheckpointError(f"{path} holds a model '{name}' that models/__init__.py does not register "
                               f"(known: {', '.join(MODELS) or 'none'})")
     cfg = config_from_dict(state.get("config", {}), config_schemas())
     try:
@@ -82,12 +81,12 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
 
 
 def load_vocoder(path: str | None, checkpoint: str, cfg: Config, device: torch.device):
-    """The ``mel (n_mels, frames) -> audio (samples,)`` of the ``--vocoder`` checkpoint ``path`` (``Inference.vocode``
-    of its model), or ``None`` without one (Griffin-Lim).
+    """The ``mel (n_mels, frames) -> audio (samples,)`` of the ``--vocoder`` checkpoint ``path`` (``Inference.vocode`` of
+    its model), or ``None`` without one (Griffin-Lim).
 
     Raises:
-        CheckpointError: the checkpoint holds a model that cannot vocode, or other audio settings than ``cfg`` (those
-            of ``checkpoint``).
+        CheckpointError: the checkpoint holds a model that cannot vocode, or other audio settings than ``cfg`` (those of
+            ``checkpoint``).
     """
     if not path:
         return None
@@ -147,8 +146,8 @@ def build_parser(model_names: list[str]) -> argparse.ArgumentParser:
 
 
 def unknown_options(unknown: list[str], name: str, checkpoint: str) -> str:
-    """The line for options the checkpoint's model does not take: which model takes them instead, if one does, and
-    what this one takes."""
+    """The line for options the checkpoint's model does not take: which model takes them instead, if one does, and what
+    this one takes."""
     options = [action.option_strings[0] for action in build_parser([name])._actions if action.option_strings
                and action.option_strings[0] not in ("-h", "--checkpoint", "--output", "--device")]
     flags = [arg for arg in unknown if arg.startswith("-")] or unknown
@@ -169,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         state = None if known.checkpoint is None else read_checkpoint(known.checkpoint)
         name = None if state is None else state.get("model_name")
         if state is not None and name not in MODELS:
-            raise CheckpointError(f"{known.checkpoint} holds a model '{name}' that model.py does not define "
+            raise CheckpointError(f"{known.checkpoint} holds a model '{name}' that models/__init__.py does not register "
                                   f"(known: {', '.join(MODELS) or 'none'})")
     except CheckpointError as err:
         print(f"ERROR: {one_line(err)}", file=sys.stderr)

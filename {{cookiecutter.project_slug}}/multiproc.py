@@ -6,51 +6,50 @@ Usage::
     python multiproc.py --nnodes 2 --node-rank R --master-addr HOST [--master-port P] train.py ...
     python multiproc.py [options] -m scripts.NAME [args...]        # a module, as python -m runs it
 
-* ``--nproc-per-node`` defaults to the number of visible GPUs (``torch.cuda.device_count()``,
-  which honours ``CUDA_VISIBLE_DEVICES``), or 2 on a machine without CUDA (gloo on CPU).
-* Single node (the default, like ``torchrun --standalone``): rendezvous on 127.0.0.1 on a port the launcher
-  holds from the start (its rendezvous store listens on a port the kernel picks, so no other program can take
-  it between the choice and the launch); ``--master-port`` names one instead, refused in one line when in use.
-* Several nodes: every node's launcher first checks in at ``--master-addr:--master-port`` (node 0 listens
-  there); a node that does not come within ``--rdzv-timeout`` seconds (300) ends the launch with one line
-  saying how many nodes joined, instead of waiting forever.
-* Global rank 0 prints to this console; every other rank's stdout and stderr go to
-  ``<log-dir>/rank_<r>.stdout.log`` and ``<log-dir>/rank_<r>.stderr.log`` (global rank; the
-  files of a restart ``k`` > 0 are ``rank_<r>.attempt<k>.stdout.log``), and each rank's
-  ``torch.distributed.elastic`` error record (if any) in ``rank_<r>.error.json``.
-* When a rank fails, torchrun stops the others; this prints which rank failed and where its log
-  is, and exits with that rank's exit code (1 if it died from a signal). torchrun's own log lines (the signals it
-  sends, the exit codes it sees) go to ``<log-dir>/launcher.log``, not to the console.
-* SIGTERM, SIGUSR1 (what SLURM and Kubernetes send before they stop a job) and SIGINT (Ctrl-C) are
-  passed on to every rank, which finishes its step; rank 0 saves a checkpoint; the launcher exits once they are
-  done: 0, or 128 + the signal inside Kubernetes (143 for SIGTERM: a pod that exits 0 ends its Job as complete,
-  while Kubeflow restarts on 128..255), 130 after Ctrl-C; ``--stop-exit-code`` chooses. Ranks still running
-  ``--stop-timeout`` seconds (the grace period, 25 by default: inside Kubernetes' 30) later are killed, and the
-  ranks warn at start-up when a checkpoint is unlikely to be saved within it.
-  If this launcher is killed outright (SIGKILL), its ranks get SIGTERM from the kernel (see
-  ``distributed.die_with_launcher``): nothing trains on unsupervised.
-* Options not given on the command line are read from the platform's environment (:func:`platform_topology`, in
-  this order): torchrun's ``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``,
-  ``PET_MASTER_PORT`` (Kubeflow's TrainJob and PyTorchJob; the latter's ``MASTER_ADDR``/``MASTER_PORT`` too);
-  SkyPilot's ``SKYPILOT_NUM_NODES``, ``SKYPILOT_NODE_RANK``, ``SKYPILOT_NODE_IPS``, ``SKYPILOT_NUM_GPUS_PER_NODE``;
-  a per-node launcher's ``WORLD_SIZE`` (nodes), ``RANK`` (this node), ``MASTER_ADDR``, ``MASTER_PORT`` (Vertex AI,
-  PAI). Under those platforms ``python multiproc.py train.py ...`` is the whole command, and it stops cleanly on
-  SIGTERM where a bare ``torchrun`` exits 1 with a traceback. Started with a process's ``LOCAL_RANK`` (inside
-  torchrun or Azure ML, which start the processes themselves) it refuses in one line.
-* Everything after the training script is passed to it untouched. A script that defines
-  ``check_command_line(argv) -> error line or None`` (``train.py`` does) is asked first, in this process: a bad
-  option, config or corpus is then one ``multiproc: ERROR:`` line within seconds, before any rank starts.
+* ``--nproc-per-node`` defaults to the number of visible GPUs (``torch.cuda.device_count()``, which honours
+  ``CUDA_VISIBLE_DEVICES``), or 2 on a machine without CUDA (gloo on CPU).
+* Single node (the default, like ``torchrun --standalone``): rendezvous on 127.0.0.1 on a port the launcher holds from
+  the start (its rendezvous store listens on a port the kernel picks, so no other program can take it between the choice
+  and the launch); ``--master-port`` names one instead, refused in one line when in use.
+* Several nodes: every node's launcher first checks in at ``--master-addr:--master-port`` (node 0 listens there); a node
+  that does not come within ``--rdzv-timeout`` seconds (300) ends the launch with one line saying how many nodes joined,
+  instead of waiting forever.
+* Global rank 0 prints to this console; every other rank's stdout and stderr go to ``<log-dir>/rank_<r>.stdout.log`` and
+  ``<log-dir>/rank_<r>.stderr.log`` (global rank; the files of a restart ``k`` > 0 are
+  ``rank_<r>.attempt<k>.stdout.log``), and each rank's ``torch.distributed.elastic`` error record (if any) in
+  ``rank_<r>.error.json``.
+* When a rank fails, torchrun stops the others; this prints which rank failed and where its log is, and exits with that
+  rank's exit code (1 if it died from a signal). torchrun's own log lines (the signals it sends, the exit codes it sees)
+  go to ``<log-dir>/launcher.log``, not to the console.
+* SIGTERM, SIGUSR1 (what SLURM and Kubernetes send before they stop a job) and SIGINT (Ctrl-C) are passed on to every
+  rank, which finishes its step; rank 0 saves a checkpoint; the launcher exits once they are done: 0, or 128 + the
+  signal inside Kubernetes (143 for SIGTERM: a pod that exits 0 ends its Job as complete, while Kubeflow restarts on
+  128..255), 130 after Ctrl-C; ``--stop-exit-code`` chooses. Ranks still running ``--stop-timeout`` seconds (the grace
+  period, 25 by default: inside Kubernetes' 30) later are killed, and the ranks warn at start-up when a checkpoint is
+  unlikely to be saved within it. If this launcher is killed outright (SIGKILL), its ranks get SIGTERM from the kernel
+  (see ``distributed.die_with_launcher``): nothing trains on unsupervised.
+* Options not given on the command line are read from the platform's environment (:func:`platform_topology`, in this
+  order): torchrun's ``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``
+  (Kubeflow's TrainJob and PyTorchJob; the latter's ``MASTER_ADDR``/``MASTER_PORT`` too); SkyPilot's
+  ``SKYPILOT_NUM_NODES``, ``SKYPILOT_NODE_RANK``, ``SKYPILOT_NODE_IPS``, ``SKYPILOT_NUM_GPUS_PER_NODE``; a per-node
+  launcher's ``WORLD_SIZE`` (nodes), ``RANK`` (this node), ``MASTER_ADDR``, ``MASTER_PORT`` (Vertex AI, PAI). Under
+  those platforms ``python multiproc.py train.py ...`` is the whole command, and it stops cleanly on SIGTERM where a
+  bare ``torchrun`` exits 1 with a traceback. Started with a process's ``LOCAL_RANK`` (inside torchrun or Azure ML,
+  which start the processes themselves) it refuses in one line.
+* Everything after the training script is passed to it untouched. A script that defines ``check_command_line(argv) ->
+  error line or None`` (``train.py`` does) is asked first, in this process: a bad option, config or corpus is then one
+  ``multiproc: ERROR:`` line within seconds, before any rank starts.
 
-Each process gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``
-in its environment; ``distributed.init_distributed()`` reads them.
+Each process gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` in its environment;
+``distributed.init_distributed()`` reads them.
 
-The launch itself is torchrun's: the options are parsed by ``torch.distributed.run``'s own
-parser and the job runs under ``torch.distributed.launcher.api.elastic_launch``. Replaced are the log layout
-(a :class:`~torch.distributed.elastic.multiprocessing.LogsSpecs`, the hook torchrun offers for that, because
-torchrun's default puts logs in a randomly named sub-directory) and the handling of stop signals: torchrun's
-agent runs in a thread of this process (it installs signal handlers only in the main thread), so the main
-thread can pass a signal on and wait for the ranks to stop, where torchrun itself would wait 30 s and kill
-them. Source: https://pytorch.org/docs/stable/elastic/run.html
+The launch itself is torchrun's: the options are parsed by ``torch.distributed.run``'s own parser and the job runs under
+``torch.distributed.launcher.api.elastic_launch``. Replaced are the log layout (a
+:class:`~torch.distributed.elastic.multiprocessing.LogsSpecs`, the hook torchrun offers for that, because torchrun's
+default puts logs in a randomly named sub-directory) and the handling of stop signals: torchrun's agent runs in a thread
+of this process (it installs signal handlers only in the main thread), so the main thread can pass a signal on and wait
+for the ranks to stop, where torchrun itself would wait 30 s and kill them. Source:
+https://pytorch.org/docs/stable/elastic/run.html
 """
 
 from __future__ import annotations
@@ -76,6 +75,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
 from utils.launch import platform_topology
+from utils.run import StopForwarder, stop_exit_code
 
 
 ROOT = Path(__file__).resolve().parent
@@ -85,17 +85,6 @@ DEFAULT_STOP_TIMEOUT_S = 25.0
 """The default grace period after a stop signal: inside the 30 s after which Kubernetes kills a pod it stopped
 (``terminationGracePeriodSeconds``), with a few seconds for the launcher's own exit."""
 
-def stop_exit_code(signal_name: str, chosen: int | None, environ) -> int:
-    """The exit code after a stop signal that every rank obeyed (checkpoint saved): ``chosen`` when given; 130
-    after SIGINT (Ctrl-C); inside Kubernetes (``KUBERNETES_SERVICE_HOST`` set, as in every pod) 128 + the signal
-    (143 for SIGTERM), because a pod that exits 0 is a finished pod to a Job (a TrainJob's JobSet, a PyTorchJob)
-    and the job would end as complete instead of being restarted, while Kubeflow reads 128..255 as retryable;
-    elsewhere 0 (a terminal, SLURM: the stop was asked for and done)."""
-    if chosen is not None:
-        return chosen
-    if signal_name == "SIGINT":
-        return 130
-    return 128 + int(signal.Signals[signal_name]) if environ.get("KUBERNETES_SERVICE_HOST") else 0
 
 class RankLogs(LogsSpecs):
     """Torchrun log layout: global rank 0 on the console, rank r > 0 in ``<log_dir>/rank_<r>.*``."""
@@ -126,13 +115,16 @@ class RankLogs(LogsSpecs):
                 dest.stderrs[local_rank] = self.paths[int(rank)] = stem + ".stderr.log"
         return dest
 
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line instead of usage + message
         self.exit(2, f"multiproc: ERROR: {message}\n")
 
+
 def _fail(message: str) -> None:
     print(f"multiproc: ERROR: {message}", file=sys.stderr)
     sys.exit(2)
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse and check multiproc's own options; the script's arguments are kept verbatim."""
@@ -165,6 +157,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.platform = platform_defaults(args, argv, os.environ)
 
+    _check_args(args)
+    if args.nnodes == 1:
+        args.master_addr = args.master_addr or "127.0.0.1"
+    else:
+        args.master_port = args.master_port or 29500
+    return args
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Exit with one ``multiproc: ERROR:`` line for an option out of range or a contradiction; fills the default
+    ``--nproc-per-node`` (the visible GPUs, or 2 without CUDA)."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.nproc_per_node is None:
         args.nproc_per_node = gpus or 2
@@ -177,6 +180,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
               f"(--nnodes {args.nnodes})")
     if args.standalone and args.nnodes != 1:
         _fail("--standalone means one node; drop --nnodes")
+    if args.master_port is not None and not 0 < args.master_port < 65536:
+        _fail(f"--master-port must be in 1..65535, got {args.master_port}")
+    if args.nnodes > 1 and not args.master_addr:
+        _fail("--nnodes > 1 needs --master-addr (the host of node 0)")
+    _check_run_args(args)
+
+
+def _check_run_args(args: argparse.Namespace) -> None:
+    """:func:`_check_args` of the options that are not the topology: restarts, timeouts, exit code, logs, script."""
     if args.max_restarts < 0:
         _fail(f"--max-restarts must be >= 0, got {args.max_restarts}")
     for name in ("rdzv_timeout", "stop_timeout"):
@@ -184,27 +196,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             _fail(f"--{name.replace('_', '-')} must be a positive number of seconds, got {getattr(args, name)}")
     if args.stop_exit_code is not None and not 0 <= args.stop_exit_code < 256:
         _fail(f"--stop-exit-code must be in 0..255, got {args.stop_exit_code}")
-    if args.master_port is not None and not 0 < args.master_port < 65536:
-        _fail(f"--master-port must be in 1..65535, got {args.master_port}")
-    if args.nnodes > 1 and not args.master_addr:
-        _fail("--nnodes > 1 needs --master-addr (the host of node 0)")
     if os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
         _fail(f"--log-dir {args.log_dir} exists and is not a directory")
     if not args.module and not os.path.isfile(args.script):
         _fail(f"training script not found: {args.script}")
     if args.module and importlib.util.find_spec(args.script.split(".")[0]) is None:
         _fail(f"module not found: {args.script} (run multiproc.py from the project's folder)")
-    if args.nnodes == 1:
-        args.master_addr = args.master_addr or "127.0.0.1"
-    else:
-        args.master_port = args.master_port or 29500
-    return args
+
 
 def platform_defaults(args: argparse.Namespace, argv: list[str], environ) -> str:
-    """Fill the options the command line left out from :func:`platform_topology` (in place); returns the platform
-    read (``""``: none). ``nproc_per_node`` may also be ``auto`` or ``gpu`` (the visible GPUs, as the default) or
-    ``cpu`` (2, as without CUDA). One node keeps a free port of its own (the platform's address and port are for
-    several). Exits with one ``multiproc: ERROR:`` line for a value that is not a number or a contradiction."""
+    """Fill the options the command line left out from :func:`platform_topology` (in place); returns the platform read
+    (``""``: none). ``nproc_per_node`` may also be ``auto`` or ``gpu`` (the visible GPUs, as the default) or ``cpu`` (2,
+    as without CUDA). One node keeps a free port of its own (the platform's address and port are for several). Exits
+    with one ``multiproc: ERROR:`` line for a value that is not a number or a contradiction."""
     try:
         platform, found = platform_topology(environ)
     except ValueError as err:
@@ -226,10 +230,11 @@ def platform_defaults(args: argparse.Namespace, argv: list[str], environ) -> str
                 _fail(f"{platform}: {value!r} for --{option.replace('_', '-')} is not a whole number")
     return platform
 
+
 @contextlib.contextmanager
 def _quiet_native_stderr():
-    """Silence file descriptor 2 for a moment: c10d logs a failed connect attempt as a 30-line C++ stack
-    trace there, before raising the error this launcher turns into one line."""
+    """Silence file descriptor 2 for a moment: c10d logs a failed connect attempt as a 30-line C++ stack trace there,
+    before raising the error this launcher turns into one line."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:
@@ -240,12 +245,14 @@ def _quiet_native_stderr():
         os.dup2(saved, 2)
         os.close(saved)
 
+
 class RendezvousError(RuntimeError):
     """The nodes of a multi-node launch did not all check in (one line: address, how many joined)."""
 
+
 def host_store(args: argparse.Namespace) -> TCPStore:
-    """Single node: host the job's rendezvous store (a :class:`torch.distributed.TCPStore`, multi-tenant: torchrun's
-    static rendezvous reuses its server in this process) on ``--master-port``, or on a port the kernel picks, which
+    """Single node: host the job's rendezvous store (a :class:`torch.distributed.TCPStore`, multi-tenant: torchrun's static
+    rendezvous reuses its server in this process) on ``--master-port``, or on a port the kernel picks, which
     ``args.master_port`` then names. Held from here to the end of the run, so no other program can take the port.
 
     Raises:
@@ -265,12 +272,13 @@ def host_store(args: argparse.Namespace) -> TCPStore:
     args.master_port = store.port
     return store
 
+
 def wait_for_nodes(args: argparse.Namespace) -> TCPStore:
     """Check in with the other nodes' launchers at ``master_addr:master_port`` within ``--rdzv-timeout``.
 
-    Node 0 hosts a :class:`torch.distributed.TCPStore` there (multi-tenant: torchrun's own rendezvous reuses
-    the same server in this process); every node adds itself under its ``--node-rank`` and waits until all
-    ``--nnodes`` have. The store is returned (keep it alive for the run).
+    Node 0 hosts a :class:`torch.distributed.TCPStore` there (multi-tenant: torchrun's own rendezvous reuses the same
+    server in this process); every node adds itself under its ``--node-rank`` and waits until all ``--nnodes`` have. The
+    store is returned (keep it alive for the run).
 
     Raises:
         RendezvousError: node 0 unreachable, a node rank claimed twice, or too few nodes before the timeout.
@@ -303,20 +311,10 @@ def wait_for_nodes(args: argparse.Namespace) -> TCPStore:
         joined = store.add("multiproc/joined", 0)
     return store
 
-def _children() -> list[int]:
-    """Pids of this process's living children (torchrun's workers), from /proc; empty off Linux."""
-    me, found = os.getpid(), []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
-                found.append(int(entry.name))
-        except (OSError, IndexError, ValueError):  # the process ended while being read
-            continue
-    return found
 
 def last_error_line(log_path: str | None) -> str:
-    """``": <what it said>"``: the last ``ERROR:`` line of a rank's stderr log without that prefix (so that the
-    console shows why a rank whose log is a file failed), or ``""`` without a log or such a line."""
+    """``": <what it said>"``: the last ``ERROR:`` line of a rank's stderr log without that prefix (so that the console
+    shows why a rank whose log is a file failed), or ``""`` without a log or such a line."""
     if not log_path:
         return ""
     try:
@@ -326,48 +324,6 @@ def last_error_line(log_path: str | None) -> str:
     errors = [line for line in lines if line.startswith("ERROR: ")]
     return f": {errors[-1][len('ERROR: '):]}" if errors else ""
 
-class StopForwarder:
-    """Passes SIGTERM, SIGUSR1 and SIGINT on to every rank, and kills the ranks if they outstay the timeout.
-
-    The first signal starts the clock (``stop_timeout`` seconds); a repeat is passed on again (a rank treats
-    it as the same request). :attr:`signal_name` is the first signal received, or ``None``.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-
-    def __init__(self, stop_timeout: float):
-        self.stop_timeout = stop_timeout
-        self.signal_name: str | None = None
-        self.deadline: float | None = None
-        self.killed = False
-
-    def install(self) -> None:
-        for sig in self.SIGNALS:
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        name = signal.Signals(signum).name
-        if self.signal_name is None:
-            self.signal_name, self.deadline = name, time.monotonic() + self.stop_timeout
-            print(f"multiproc: {name}: every rank finishes its step and rank 0 saves a checkpoint (ranks still "
-                  f"running in {self.stop_timeout:g} s are killed)", file=sys.stderr, flush=True)
-        for pid in _children():
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:  # it has just exited
-                continue
-
-    def enforce(self) -> None:
-        """SIGKILL the ranks once the deadline has passed (called while waiting for them)."""
-        if self.deadline is not None and not self.killed and time.monotonic() > self.deadline:
-            self.killed = True
-            print(f"multiproc: the ranks did not stop within {self.stop_timeout:g} s of {self.signal_name}; "
-                  "killing them", file=sys.stderr, flush=True)
-            for pid in _children():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    continue
 
 def log_to_file(path: str) -> None:
     """Send torchrun's own log records (``torch.distributed.elastic``: "Sending process ... closing signal", "failed
@@ -378,6 +334,7 @@ def log_to_file(path: str) -> None:
     elastic = logging.getLogger("torch.distributed.elastic")
     elastic.addHandler(handler)
     elastic.propagate = False
+
 
 def run_agent(config, entrypoint, cmd_args: list[str], stop: StopForwarder):
     """torchrun's ``elastic_launch`` in a thread, while the main thread handles stop signals.
@@ -406,11 +363,12 @@ def run_agent(config, entrypoint, cmd_args: list[str], stop: StopForwarder):
         raise outcome["error"]
     return outcome.get("result")
 
+
 def preflight(script: str, script_args: list[str], module: bool = False) -> str | None:
-    """The training script's own check of its command line, when it has one (a top-level ``def
-    check_command_line``): its error line, or ``None``. The script is imported as a module, never run (its
-    ``if __name__ == "__main__"`` part does not run): a module name (``-m``) as it is, a file of this project's folder
-    by its dotted name; a file elsewhere, or one without that function, is not imported at all."""
+    """The training script's own check of its command line, when it has one (a top-level ``def check_command_line``): its
+    error line, or ``None``. The script is imported as a module, never run (its ``if __name__ == "__main__"`` part does
+    not run): a module name (``-m``) as it is, a file of this project's folder by its dotted name; a file elsewhere, or
+    one without that function, is not imported at all."""
     if module:
         name = script
     else:
@@ -422,9 +380,47 @@ def preflight(script: str, script_args: list[str], module: bool = False) -> str 
     return checker(list(script_args)) if callable(checker) else None
 
 
+def torchrun_config(args: argparse.Namespace):
+    """torchrun's ``(config, entrypoint, arguments)`` for this launch (its own parser reads them), with the log layout of
+    :class:`RankLogs` (returned too), torchrun's log records in ``<log-dir>/launcher.log``, and the variables the ranks
+    read (``MULTIPROC_PID``, ``MULTIPROC_STOP_TIMEOUT``; ``OMP_NUM_THREADS=1`` for several ranks, as torchrun sets it)."""
+    torchrun_argv = [
+        "--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
+        "--nproc-per-node", str(args.nproc_per_node), "--rdzv-backend", "static",
+        "--master-addr", args.master_addr, "--master-port", str(args.master_port),
+        "--max-restarts", str(args.max_restarts), "--log-dir", args.log_dir,
+        *(["--module"] if args.module else []), args.script, *args.script_args,
+    ]
+    if args.nproc_per_node > 1:  # what torchrun does anyway, without its warning banner
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ["MULTIPROC_PID"] = str(os.getpid())  # the ranks check it (utils.launch.die_with_launcher)
+    os.environ["MULTIPROC_STOP_TIMEOUT"] = f"{args.stop_timeout:g}"  # train.py warns when a save cannot fit
+    config, entrypoint, cmd_args = torchrun.config_from_args(torchrun.parse_args(torchrun_argv))
+    log_to_file(os.path.join(args.log_dir, "launcher.log"))
+    logs = RankLogs(args.log_dir)
+    config.logs_specs = logs
+    return config, entrypoint, cmd_args, logs
+
+
+def failed_rank_status(err: ChildFailedError, logs: RankLogs) -> int:
+    """Say which rank failed (its last ``ERROR:`` line and its log) and return its exit code (1 for a signal). torchrun
+    also lists the ranks it stopped itself (SIGTERM, then SIGKILL): those are not causes."""
+    killed = (-signal.SIGTERM, -signal.SIGKILL)
+    causes = [r for r in sorted(err.failures) if err.failures[r].exitcode not in killed]
+    stopped = [r for r in sorted(err.failures) if r not in causes]
+    for rank in causes or stopped:
+        said = last_error_line(logs.paths.get(rank))
+        print(f"multiproc: rank {rank} failed (exit code {err.failures[rank].exitcode}){said}; its "
+              f"log: {logs.paths.get(rank, 'the console above')}", file=sys.stderr, flush=True)
+    if causes and stopped:
+        print(f"multiproc: stopped the other rank(s): {stopped}", file=sys.stderr, flush=True)
+    exitcode = err.failures[(causes or stopped)[0]].exitcode
+    return exitcode if 0 < exitcode < 256 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the job; returns the exit status: 0 (also after a stop signal the ranks obeyed; 130 after Ctrl-C),
-    the failed rank's exit code, or 1 when the rendezvous fails (a node missing, ``--master-port`` in use)."""
+    """Run the job; returns the exit status: 0 (also after a stop signal the ranks obeyed; 130 after Ctrl-C), the failed
+    rank's exit code, or 1 when the rendezvous fails (a node missing, ``--master-port`` in use)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     problem = preflight(args.script, args.script_args, args.module)
     if problem is not None:
@@ -441,38 +437,12 @@ def main(argv: list[str] | None = None) -> int:
     except RendezvousError as err:
         print(f"multiproc: ERROR: {err}", file=sys.stderr, flush=True)
         return 1
-    torchrun_argv = [
-        "--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
-        "--nproc-per-node", str(args.nproc_per_node), "--rdzv-backend", "static",
-        "--master-addr", args.master_addr, "--master-port", str(args.master_port),
-        "--max-restarts", str(args.max_restarts), "--log-dir", args.log_dir,
-        *(["--module"] if args.module else []), args.script, *args.script_args,
-    ]
-    if args.nproc_per_node > 1:  # what torchrun does anyway, without its warning banner
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ["MULTIPROC_PID"] = str(os.getpid())  # the ranks check it (distributed.die_with_launcher)
-    os.environ["MULTIPROC_STOP_TIMEOUT"] = f"{args.stop_timeout:g}"  # train.py warns when a save cannot fit
-    config, entrypoint, cmd_args = torchrun.config_from_args(torchrun.parse_args(torchrun_argv))
-    log_to_file(os.path.join(args.log_dir, "launcher.log"))
-    logs = RankLogs(args.log_dir)
-    config.logs_specs = logs
-
+    config, entrypoint, cmd_args, logs = torchrun_config(args)
     stop = StopForwarder(args.stop_timeout)
     try:
         run_agent(config, entrypoint, cmd_args, stop)
     except ChildFailedError as err:
-        # torchrun also lists the ranks it stopped itself (SIGTERM, then SIGKILL): not causes
-        killed = (-signal.SIGTERM, -signal.SIGKILL)
-        causes = [r for r in sorted(err.failures) if err.failures[r].exitcode not in killed]
-        stopped = [r for r in sorted(err.failures) if r not in causes]
-        for rank in causes or stopped:
-            said = last_error_line(logs.paths.get(rank))
-            print(f"multiproc: rank {rank} failed (exit code {err.failures[rank].exitcode}){said}; its "
-                  f"log: {logs.paths.get(rank, 'the console above')}", file=sys.stderr, flush=True)
-        if causes and stopped:
-            print(f"multiproc: stopped the other rank(s): {stopped}", file=sys.stderr, flush=True)
-        exitcode = err.failures[(causes or stopped)[0]].exitcode
-        return exitcode if 0 < exitcode < 256 else 1
+        return failed_rank_status(err, logs)
     except SignalException as err:  # torchrun's own handler: only if the agent ran in the main thread
         print(f"multiproc: stopped by signal {err.sigval.name}", file=sys.stderr, flush=True)
         return 128 + int(err.sigval)
@@ -484,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     if stop.killed:
         return 128 + int(signal.Signals[stop.signal_name])
     return stop_exit_code(stop.signal_name, args.stop_exit_code, os.environ) if stop.signal_name else 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

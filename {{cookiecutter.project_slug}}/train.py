@@ -1,15 +1,15 @@
 """Train a model of ``models/`` on one process, one GPU per process, or many machines.
 
-    python train.py --config config.json                              # one process
-    python multiproc.py train.py --config config.json                 # one process per GPU (DDP)
-    python multiproc.py --nproc-per-node 2 train.py --config config.json --tiny   # CPU smoke run
+    python train.py --config config.json                              # one process python multiproc.py train.py
+    --config config.json                 # one process per GPU (DDP) python multiproc.py --nproc-per-node 2 train.py
+    --config config.json --tiny   # CPU smoke run
 
 The loop (:func:`train_loop`, below) knows no model: it takes a :class:`model.ModelSpec` from ``models.MODELS``. Each
 step reads ``grad_accumulation`` micro-batches; DistributedDataParallel all-reduces the gradients (averaged over ranks)
-during the last micro-batch's backward, so every replica takes the same optimizer step (with
-``train.parallelism=fsdp``, FSDP2 reduce-scatters them and each rank updates its shard). Then one small all-reduce per
-step agrees on the loss, on whether it is finite, and on whether a rank was asked to stop (SIGTERM/SIGUSR1/SIGINT).
-Only rank 0 writes: progress bar, TensorBoard, ``metrics.jsonl``, checkpoints.
+during the last micro-batch's backward, so every replica takes the same optimizer step (with ``train.parallelism=fsdp``,
+FSDP2 reduce-scatters them and each rank updates its shard). Then one small all-reduce per step agrees on the loss, on
+whether it is finite, and on whether a rank was asked to stop (SIGTERM/SIGUSR1/SIGINT). Only rank 0 writes: progress
+bar, TensorBoard, ``metrics.jsonl``, checkpoints.
 
 A checkpoint holds everything the next step depends on (weights, optimizer, LR schedule, GradScaler, step, epoch and
 position inside it, every rank's RNG states), so ``--resume auto`` continues exactly where the run stopped; on another
@@ -50,12 +50,11 @@ from utils.training.validate import validate_run
 
 
 def train_loop(run: Run, stop: StopRequest) -> bool:
-    """Optimizer steps until ``train.max_steps`` or a stop signal: each phase (one per optimizer) runs forward and
-    backward over the step's micro-batches (gradient accumulation; the all-reduce in the last backward), unscales and
-    clips; the ranks agree on its numbers; a non-finite or spiking step is logged, skipped or stops the run; then its
-    optimizer steps. Every ``log_interval`` a metrics row, every ``val_interval`` validation, every
-    ``checkpoint_interval`` (and at a stop or the end) a checkpoint. Returns whether it trained to the end (not
-    stopped)."""
+    """Optimizer steps until ``train.max_steps`` or a stop signal: each phase (one per optimizer) runs forward and backward
+    over the step's micro-batches (gradient accumulation; the all-reduce in the last backward), unscales and clips; the
+    ranks agree on its numbers; a non-finite or spiking step is logged, skipped or stops the run; then its optimizer
+    steps. Every ``log_interval`` a metrics row, every ``val_interval`` validation, every ``checkpoint_interval`` (and
+    at a stop or the end) a checkpoint. Returns whether it trained to the end (not stopped)."""
     cfg, state, log, several = run.cfg.train, run.state, run.log, len(run.phases) > 1
     window, epochs_seen = StepWindow(), epochs_done(state, run.train_loader)
     while state.step < cfg.max_steps:
@@ -100,8 +99,8 @@ def train_loop(run: Run, stop: StopRequest) -> bool:
 
 
 def log_window(run: Run, window: StepWindow, grad_norm: float) -> None:
-    """The metrics row of the steps since the last one, with every rank's memory and times (one small exchange per
-    log interval), and rank 0's warnings of an unbalanced rank (:class:`utils.run_log.BalanceMonitor`)."""
+    """The metrics row of the steps since the last one, with every rank's memory and times (one small exchange per log
+    interval), and rank 0's warnings of an unbalanced rank (:class:`utils.run_log.BalanceMonitor`)."""
     state, is_main = run.state, run.dist.is_main
     ranks = all_gather_object(window.balance(run.dist.device))
     for warning in (run.balance.check(state.step, ranks) if is_main else []):
@@ -113,10 +112,10 @@ def log_window(run: Run, window: StepWindow, grad_norm: float) -> None:
 
 
 def main(argv=None) -> int:
-    """``python train.py``: 0 when done or stopped cleanly by a signal (130 after Ctrl-C without a launcher),
-    1 with one ``ERROR:`` line otherwise. Also the callable entry for a framework that starts the processes and
-    their process group itself (Ray Train: ``train.main(["--config", ...])`` in each worker): the existing group is
-    used (``RANK``/``LOCAL_RANK`` as the framework sets them) and not destroyed at the end."""
+    """``python train.py``: 0 when done or stopped cleanly by a signal (130 after Ctrl-C without a launcher), 1 with one
+    ``ERROR:`` line otherwise. Also the callable entry for a framework that starts the processes and their process group
+    itself (Ray Train: ``train.main(["--config", ...])`` in each worker): the existing group is used
+    (``RANK``/``LOCAL_RANK`` as the framework sets them) and not destroyed at the end."""
     stop = StopRequest()  # first: a signal from here on stops the run cleanly instead of killing it
     try:
         args = parse_args(argv)
@@ -128,10 +127,10 @@ def main(argv=None) -> int:
 
 
 def check_command_line(argv: list[str]) -> Optional[str]:
-    """What ``multiproc.py`` asks before it starts any rank: the one line of the first problem of this command line
-    found without a process group (arguments, the config and ``--set``, settings the model cannot honour, a corpus
-    that is not there), or ``None``. Every rank checks the same again when it starts; found here it is said once,
-    within seconds, instead of by every rank after its start-up."""
+    """What ``multiproc.py`` asks before it starts any rank: the one line of the first problem of this command line found
+    without a process group (arguments, the config and ``--set``, settings the model cannot honour, a corpus that is not
+    there), or ``None``. Every rank checks the same again when it starts; found here it is said once, within seconds,
+    instead of by every rank after its start-up."""
     try:
         args = parse_args(argv)
         cfg = load_run_config(args)
@@ -176,8 +175,8 @@ def run_training(args: argparse.Namespace, stop: StopRequest) -> int:
 
 
 def failure_status(err: Exception, rank: int, cfg: Config, output_dir: Path) -> int:
-    """Print the one ``ERROR:`` line of a failed rank (with a traceback for a bug in model or data code, where it
-    failed matters) and return its exit status, 1."""
+    """Print the one ``ERROR:`` line of a failed rank (with a traceback for a bug in model or data code, where it failed
+    matters) and return its exit status, 1."""
     if isinstance(err, CollectiveError):  # its message names the rank, the collective and the timeout
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
     elif isinstance(err, (ConfigError, DataError, CheckpointError, TrainingError)):
@@ -193,8 +192,8 @@ def failure_status(err: Exception, rank: int, cfg: Config, output_dir: Path) -> 
 
 
 def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> None:
-    """The run: rank 0 holds the output folder (:class:`utils.run.RunLock`) while the run is built and trained. A
-    folder this run created and left empty (it failed before writing anything) is removed again."""
+    """The run: rank 0 holds the output folder (:class:`utils.run.RunLock`) while the run is built and trained. A folder
+    this run created and left empty (it failed before writing anything) is removed again."""
     output_dir = Path(args.output_dir)
     lock = RunLock(output_dir) if dist.is_main else None
     created = dist.is_main and not output_dir.exists()

@@ -1,7 +1,7 @@
 """A complete model file to start your own from: ``melae``, a mel-spectrogram autoencoder with one loss.
 
-Copy it into ``models/`` and it trains like the example models (``model.py`` imports every module of
-``models/``; this ``docs/`` copy is never imported)::
+Copy it into ``models/``, list it in ``models/__init__.py`` (two lines: ``from models import melae`` and ``melae.SPEC,``
+in the registry's list) and it trains like the example models (this ``docs/`` copy is never imported)::
 
     cp docs/own_model_example.py models/melae.py
     python multiproc.py train.py --config config.json --model melae --tiny --dataset-path data/demo --max-steps 50
@@ -12,38 +12,36 @@ loss and the data. What each part is for:
 
 * :class:`MelAEConfig`: the ``melae`` section of ``config.json``. The section is optional (a key left out takes
   its default here); ``batch_size``, ``learning_rate`` and ``weight_decay`` are required fields of every
-  model's section; ``setting`` declares bounds, checked when the config loads; ``Optional[...]`` accepts
+  model's section; ``Field`` declares bounds, checked when the config loads; ``Optional[...]`` accepts
   ``null`` in JSON and ``--set melae.dropout=null``.
 * :class:`MelAE`: the network; ``forward(batch)`` takes the batch dict the collate function makes.
 * :func:`reconstruction_loss`: ``criterion(outputs, batch) -> scalar``, the one loss the loop minimises.
 * :func:`build_datasets`: ``(train, val)`` datasets over an LJSpeech-layout corpus; their items are batched by
   ``collate_audio_mel`` into ``{"mel": (B, n_mels, frames), "audio": (B, samples), "ids": [str] * B}``.
-* :func:`add_inference_args` and :func:`infer`: ``inference.py``'s options and work (both optional).
-* ``register(...)`` at the end: the model's name (``--model melae``) and everything above.
+* :func:`add_inference_args` and :func:`infer`: ``inference.py``'s options and work (the optional ``Inference``).
+* ``SPEC = ModelSpec(...)`` at the end: the model's name (``--model melae``) and everything above.
 
-Optional hooks it leaves out, each skipped with a line saying so where it would be used (see ``model.py``'s
-``ModelSpec``): ``synthetic_batch`` and ``benchmark_cases`` (``scripts/benchmark.py``), a fast path
-(``optimize_for_training``), ``log_validation`` (TensorBoard pictures), ``build_optimizer`` (Adam otherwise).
+Optional parts it leaves out, each skipped with a line saying so where it would be used (see ``model.py``): ``Export``,
+``Published``, ``Benchmark``; of ``Training``: a fast path, ``log_validation``, ``build_optimizer`` (Adam otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 from typing import Optional
 
 import torch
+from pydantic import Field
 from torch import nn
 
-from model import ModelSpec, register
-from utils.config import Config, setting
+from model import Inference, ModelSpec, Training
+from utils.config import Config, Section
 from utils.data.datasets import AudioMelDataset, collate_audio_mel, read_mel
 from utils.data.corpus import load_splits
 
 
-@dataclasses.dataclass
-class MelAEConfig:
+class MelAEConfig(Section):
     """The ``melae`` section of ``config.json``.
 
     ``hidden``: channels of the two hidden convolutions; ``bottleneck``: channels of the code between
@@ -53,13 +51,13 @@ class MelAEConfig:
     ``learning_rate``: Adam's step size; ``weight_decay``: Adam's L2 penalty.
     """
 
-    hidden: int = setting(32, ge=1)
-    bottleneck: int = setting(8, ge=1)
-    dropout: Optional[float] = setting(None, ge=0, lt=1)
-    segment_frames: int = setting(24, ge=4)
-    batch_size: int = setting(4, ge=1)
-    learning_rate: float = setting(3e-3, gt=0)
-    weight_decay: float = setting(0.0, ge=0)
+    hidden: int = Field(32, ge=1)
+    bottleneck: int = Field(8, ge=1)
+    dropout: Optional[float] = Field(None, ge=0, lt=1)
+    segment_frames: int = Field(24, ge=4)
+    batch_size: int = Field(4, ge=1)
+    learning_rate: float = Field(3e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
 
 
 class MelAE(nn.Module):
@@ -126,13 +124,14 @@ def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch
     return [output]
 
 
-register("melae", ModelSpec(
-    config_cls=MelAEConfig,                                       # the "melae" section of config.json
+SPEC = ModelSpec(
+    name="melae",                                                 # --model melae; the "melae" section of config.json
+    config_cls=MelAEConfig,
     build_model=lambda cfg: MelAE(cfg.melae, cfg.audio.n_mels),
-    build_criterion=lambda cfg: reconstruction_loss,
-    build_datasets=build_datasets,
-    collate_fn=collate_audio_mel,
-    count_items=lambda batch: batch["mel"].shape[0] * batch["mel"].shape[2],   # mel frames, for items/s
-    add_inference_args=add_inference_args,                        # optional: inference.py's options
-    infer=infer,                                                  # optional: checkpoint -> files
-))
+    training=Training(
+        build_criterion=lambda cfg: reconstruction_loss,
+        build_datasets=build_datasets,
+        collate_fn=collate_audio_mel,
+        count_items=lambda batch: batch["mel"].shape[0] * batch["mel"].shape[2]),   # mel frames, for items/s
+    inference=Inference(infer=infer, add_args=add_inference_args),  # optional: inference.py's work and options
+)

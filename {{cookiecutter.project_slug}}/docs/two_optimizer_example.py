@@ -1,29 +1,28 @@
 """A complete model file with two optimizers to start from: ``gan_vocoder``, a small GAN vocoder (mel -> audio).
 
-Copy it into ``models/`` and it trains like the example models (``model.py`` imports every module of
-``models/``; this ``docs/`` copy is never imported)::
+Copy it into ``models/``, list it in ``models/__init__.py`` (two lines: ``from models import gan_vocoder`` and
+``gan_vocoder.SPEC,`` in the registry's list) and it trains like the example models (this copy is never imported)::
 
     cp docs/two_optimizer_example.py models/gan_vocoder.py
     python multiproc.py train.py --config config.json --model gan_vocoder --tiny --dataset-path data/demo --max-steps 50
     python inference.py --checkpoint output/checkpoint_last.pt --wav data/demo/wavs/LJ_DEMO_0001.wav --output copy.wav
 
-It is the shape of a GAN: two networks, each with its own optimizer, updated one after the other in every
-training step. ``ModelSpec.phases`` names the optimizers in update order (``"discriminator"``, then
-``"generator"``); ``build_optimizer`` returns one optimizer per phase, ``networks`` says which network each one
-trains, and ``train_step`` computes a phase's loss. ``train.py`` does the rest for every phase: DDP (each
-network is wrapped on its own, so the generator's step all-reduces no discriminator gradient), the frozen
-other network, accumulation, AMP, clipping, the skip/stop of non-finite steps, checkpoints (both optimizers
-and schedulers) and exact resume. It logs each phase's loss as ``loss_<phase>``, its gradient norm as
-``grad_norm_<phase>`` and the named scalars ``train_step`` returns, under ``losses`` in ``metrics.jsonl``, in
-TensorBoard (``train/<name>``) and in the progress bar; ``loss`` is the last phase's (the generator's).
+It is the shape of a GAN: two networks, each with its own optimizer, updated one after the other in every training step.
+``Phases.names`` lists the optimizers in update order (``"discriminator"``, then ``"generator"``), ``build_optimizer``
+returns one per phase, ``Phases.networks`` says which network each one trains and ``Phases.train_step`` computes a
+phase's loss. ``train.py`` does the rest for every phase: DDP (each network is wrapped on its own, so the generator's
+step all-reduces no discriminator gradient), the frozen other network, accumulation, AMP, clipping, the skip/stop of
+non-finite steps, checkpoints (both optimizers and schedulers) and exact resume. It logs each phase's loss as
+``loss_<phase>``, its gradient norm as ``grad_norm_<phase>`` and the named scalars ``train_step`` returns (``losses`` in
+``metrics.jsonl``, TensorBoard's ``train/<name>``, the progress bar); ``loss`` is the last phase's.
 
-The defaults are small, so that a step of both phases takes a fraction of a second on a CPU and the file
-works without a section in ``config.json`` (``--tiny`` then changes only the shared sections). To train it for real, add a section with larger values, e.g.::
+The defaults are small (a step of both phases takes a fraction of a second on a CPU): the file works without a section
+in ``config.json`` (``--tiny`` changes only the shared sections). To train it for real, add one with larger values::
 
     "gan_vocoder": {"channels": 256, "discriminator_channels": 64, "segment_frames": 32, "batch_size": 16}
 
-For a model of your own, rename the file, the ``gan_vocoder`` section and the classes, and change the networks,
-the losses and the data. What each part is for:
+For a model of your own, rename the file, the ``gan_vocoder`` section and the classes, and change the networks, the
+losses and the data. What each part is for:
 
 * :class:`GANVocoderConfig`: the ``gan_vocoder`` section of ``config.json`` (optional; ``batch_size``,
   ``learning_rate`` and ``weight_decay`` are required fields of every model's section).
@@ -38,40 +37,39 @@ the losses and the data. What each part is for:
   into ``{"mel": (B, n_mels, frames), "audio": (B, frames * hop_length), "ids": [str] * B}``.
 * :func:`add_inference_args`, :func:`infer` (``inference.py``) and :func:`vocode` (another model's mels to
   audio), all optional.
-* ``register(...)`` at the end: the model's name (``--model gan_vocoder``) and everything above.
+* ``SPEC = ModelSpec(...)`` at the end: the model's name (``--model gan_vocoder``) and everything above.
 
-Optional hooks it leaves out, each skipped with a line saying so where it would be used (see ``model.py``'s
-``ModelSpec``): ``synthetic_batch`` and ``benchmark_cases`` (``scripts/benchmark.py``), a fast path
-(``optimize_for_training``), ``log_validation`` (TensorBoard audio). A full GAN vocoder adds several
-discriminators (periods, scales), feature-matching losses and larger networks; the training contract stays
-this one.
+Optional parts it leaves out, each skipped with a line saying so where it would be used (see ``model.py``): ``Export``,
+``Published``, ``Benchmark`` (``scripts/benchmark.py``); of ``Training``: a fast path, ``log_validation``. A full GAN
+vocoder adds several discriminators (periods, scales), feature-matching losses and larger networks; the training
+contract stays this one.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 
 from distributed import unwrap_model
-from model import ModelSpec, register
+from model import Inference, ModelSpec, Phases, Training
 from utils.data.audio import MelSpectrogram, check_wav_output, save_wav
-from utils.config import AudioConfig, Config, setting
+from utils.config import AudioConfig, Config, Section
 from utils.data.datasets import AudioMelDataset, collate_audio_mel, read_mel
 from utils.data.corpus import load_splits
 
 PHASES = ("discriminator", "generator")
 """The optimizers, in update order: the discriminator learns from the current generator first."""
+Beta = Annotated[float, Field(ge=0, lt=1)]  # an Adam beta, in [0, 1): the bound of each item of ``adam_betas``
 
 
-@dataclasses.dataclass
-class GANVocoderConfig:
+class GANVocoderConfig(Section):
     """The ``gan_vocoder`` section of ``config.json``.
 
     ``upsample_rates``: the generator's transposed convolutions, each multiplying the length by its rate (each
@@ -84,16 +82,16 @@ class GANVocoderConfig:
     this times the mel L1.
     """
 
-    upsample_rates: tuple[int, ...] = setting((8, 8, 4), ge=2)
-    channels: int = setting(64, ge=1)
-    discriminator_channels: int = setting(16, ge=1)
-    segment_frames: int = setting(16, ge=1)
-    batch_size: int = setting(4, ge=1)
-    learning_rate: float = setting(1e-3, gt=0)
-    adam_betas: tuple[float, float] = setting((0.8, 0.99), ge=0, lt=1)
-    weight_decay: float = setting(0.0, ge=0)
-    lr_decay: float = setting(0.999, gt=0, le=1)
-    mel_loss_weight: float = setting(45.0, ge=0)
+    upsample_rates: tuple[Annotated[int, Field(ge=2)], ...] = (8, 8, 4)
+    channels: int = Field(64, ge=1)
+    discriminator_channels: int = Field(16, ge=1)
+    segment_frames: int = Field(16, ge=1)
+    batch_size: int = Field(4, ge=1)
+    learning_rate: float = Field(1e-3, gt=0)
+    adam_betas: tuple[Beta, Beta] = (0.8, 0.99)
+    weight_decay: float = Field(0.0, ge=0)
+    lr_decay: float = Field(0.999, gt=0, le=1)
+    mel_loss_weight: float = Field(45.0, ge=0)
 
 
 class ResidualBlock(nn.Module):
@@ -181,7 +179,7 @@ class GANVocoder(nn.Module):
 
 
 def networks(model: GANVocoder) -> dict[str, nn.Module]:
-    """``ModelSpec.networks``: the network each phase's optimizer trains."""
+    """``Phases.networks``: the network each phase's optimizer trains."""
     return {"discriminator": model.discriminator, "generator": model.generator}
 
 
@@ -200,7 +198,7 @@ def build_scheduler(phase: str, optimizer: torch.optim.Optimizer, cfg: Config) -
 
 
 def train_step(phase: str, nets: dict[str, nn.Module], batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss of one phase (``ModelSpec.train_step``), least-squares GAN losses.
+    """The loss of one phase (``Phases.train_step``), least-squares GAN losses.
 
     Args:
         phase: ``"discriminator"`` or ``"generator"``.
@@ -283,19 +281,20 @@ def infer(model: GANVocoder, cfg: Config, args: argparse.Namespace, device: torc
     return [output]
 
 
-register("gan_vocoder", ModelSpec(
-    config_cls=GANVocoderConfig,                                  # the "gan_vocoder" section of config.json
+SPEC = ModelSpec(
+    name="gan_vocoder",                                           # --model gan_vocoder; its section of config.json
+    config_cls=GANVocoderConfig,
     build_model=lambda cfg: GANVocoder(cfg.gan_vocoder, cfg.audio),
-    build_criterion=lambda cfg: mel_l1,                           # validation's loss
-    build_datasets=build_datasets,
-    collate_fn=collate_audio_mel,
-    count_items=lambda batch: batch["audio"].numel(),             # audio samples, for items/s
-    build_optimizer=build_optimizer,                              # {phase: optimizer}
-    phases=PHASES,                                                # the optimizers, in update order
-    networks=networks,                                            # phase -> the network it trains
-    train_step=train_step,                                        # phase's loss and named scalars
-    build_scheduler=build_scheduler,                              # optional: per-phase LR schedule
-    add_inference_args=add_inference_args,                        # optional: inference.py's options
-    infer=infer,                                                  # optional: checkpoint -> files
-    vocode=vocode,                                                # optional: mel -> audio for another model
-))
+    training=Training(
+        build_criterion=lambda cfg: mel_l1,                       # validation's loss
+        build_datasets=build_datasets,
+        collate_fn=collate_audio_mel,
+        count_items=lambda batch: batch["audio"].numel(),         # audio samples, for items/s
+        build_optimizer=build_optimizer,                          # {phase: optimizer}
+        phases=Phases(names=PHASES,                               # the optimizers, in update order
+                      networks=networks,                          # phase -> the network it trains
+                      train_step=train_step,                      # phase's loss and named scalars
+                      build_scheduler=build_scheduler)),          # optional: per-phase LR schedule
+    inference=Inference(infer=infer, add_args=add_inference_args,  # optional: checkpoint -> files, inference.py's
+                        vocode=vocode),                            # options, mel -> audio for another model
+)

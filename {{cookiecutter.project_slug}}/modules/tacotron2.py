@@ -23,6 +23,7 @@ from torch import nn
 
 from modules.attention import LocationSensitiveAttention
 from modules.layers import ConvNorm, LinearNorm
+from tqdm import tqdm
 
 
 def get_padding_mask(lengths: torch.Tensor, max_len: Optional[int] = None) -> torch.Tensor:
@@ -403,8 +404,6 @@ class Decoder(nn.Module):
         Returns:
             ``(mel (B, n_mels, T), gate logits (B, T), alignments (B, T, L))``, ``T`` the steps taken.
         """
-        from tqdm import tqdm
-
         bar = tqdm(total=self.max_decoder_steps, desc="decoding mel frames", unit="frame", disable=not progress,
                    leave=False)
         processed_memory = self.attention.process_memory(memory)

@@ -1,8 +1,8 @@
 """One file from a sharded checkpoint (``train.parallelism=fsdp``): for sharing, for tools that read one file.
 
-    python scripts/consolidate_checkpoint.py out/checkpoint_last                 # -> out/checkpoint_20_consolidated.pt
-    python scripts/consolidate_checkpoint.py out/checkpoint_20 --output model.pt
-    python scripts/consolidate_checkpoint.py out/checkpoint_last --model-only    # weights and config only
+    python -m scripts.consolidate_checkpoint out/checkpoint_last                 # -> out/checkpoint_20_consolidated.pt
+    python -m scripts.consolidate_checkpoint out/checkpoint_20 --output model.pt
+    python -m scripts.consolidate_checkpoint out/checkpoint_last --model-only    # weights and config only
 
 The shards of every rank are put together by PyTorch's own converter
 (``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``), in this one process and on the CPU; the entries
@@ -26,12 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.sharded import is_sharded, read_train_state, sharded_intact
@@ -76,6 +72,7 @@ def default_output(folder: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Consolidate the folder the command line names. Returns the exit status: 0, or 1 after one ``ERROR:`` line."""
     parser = argparse.ArgumentParser(description="Write one checkpoint file from a sharded checkpoint folder.")
     parser.add_argument("folder", type=Path, help="a sharded checkpoint: out/checkpoint_<step> or out/checkpoint_last")
     parser.add_argument("--output", type=Path, help="the file to write (default: <folder>_consolidated.pt beside it)")

@@ -12,7 +12,7 @@
 #   "training_files": "filelists/ljs_audio_text_train_filelist.txt",
 #   "validation_files": "filelists/ljs_audio_text_val_filelist.txt"}
 # Steps already done (download, extraction) are skipped on a second run. Needs ~2.6 GB of disk.
-# No internet? `python scripts/make_demo_corpus.py --output data/demo` builds a small corpus offline.
+# No internet? `python -m scripts.make_demo_corpus --output data/demo` builds a small corpus offline.
 set -euo pipefail
 
 URL="https://data.keithito.com/data/speech/LJSpeech-1.1.tar.bz2"

@@ -1,10 +1,10 @@
 """Write Tacotron2's teacher-forced mel of every utterance of a corpus, to fine-tune a vocoder on what Tacotron2 says.
 
-    python scripts/dump_gta_mels.py --checkpoint T2 --dataset-path D --output M [--batch-size N] [--device cpu|cuda]
-    python multiproc.py --nproc-per-node 2 scripts/dump_gta_mels.py --checkpoint T2 --dataset-path D --output M
+    python -m scripts.dump_gta_mels --checkpoint T2 --dataset-path D --output M [--batch-size N] [--device cpu|cuda]
+    python multiproc.py --nproc-per-node 2 -m scripts.dump_gta_mels --checkpoint T2 --dataset-path D --output M
 
 and then the project's vocoder learns to turn those mels into the real audio (``data.mel_dir``, read by
-:class:`utils.data_utils.AudioMelDataset`), e.g. starting from one trained on real mels::
+:class:`utils.data.datasets.AudioMelDataset`), e.g. starting from one trained on real mels::
 
     python multiproc.py train.py --model VOCODER --dataset-path D --init-from VOCODER_CHECKPOINT --set data.mel_dir=M
 
@@ -17,18 +17,18 @@ the forward pass is NVIDIA's Tacotron2 reference's (``models/tacotron2.py``). Th
 smoothing and small errors instead of meeting them first at synthesis.
 
 The frame rule, checked for every file written (a mismatch is an error naming the utterance, and no file): an
-utterance whose wav loads as ``T`` samples (:func:`utils.data_utils.load_wav`, resampled to ``audio.sampling_rate``)
+utterance whose wav loads as ``T`` samples (:func:`utils.data.audio.load_wav`, resampled to ``audio.sampling_rate``)
 has ``frames = MelSpectrogram.num_frames(T) = (T + 2 * pad - n_fft) // hop_length + 1`` mel frames, with
-``pad = (n_fft - hop_length) // 2`` (``utils/audio_processing.py``: reflect padding by ``pad`` on both sides,
+``pad = (n_fft - hop_length) // 2`` (``utils/data/audio.py``: reflect padding by ``pad`` on both sides,
 ``center=False``). When ``n_fft - hop_length`` is even (LJSpeech: 1024 - 256) that is ``T // hop_length``; when odd,
 ``(T - 1) // hop_length``. Frame ``k`` covers samples ``k * hop_length`` to ``(k + 1) * hop_length`` (its window is
 centred there). Tacotron2 predicts one frame per decoder step, as many as its target mel has.
 
 * Data as Tacotron2 trained on it: the checkpoint's config (``audio``, the ``data`` splits and ``data.exclude``,
   ``tacotron2.text_cleaners``, ``tacotron2.mel_cache_dir``) with ``data.dataset_path`` set to ``--dataset-path``;
-  every utterance of both splits (:func:`utils.data_utils.load_splits`) once; its transcript cleaned as
-  ``tacotron2.text_cleaners`` says; its target mel from the cache of ``scripts/preprocess.py`` when it holds it, else
-  from the wav (:class:`utils.text_mel_data.TextMelDataset`).
+  every utterance of both splits (:func:`utils.data.corpus.load_splits`) once; its transcript cleaned as
+  ``tacotron2.text_cleaners`` says; its target mel from the cache of ``python -m scripts.preprocess`` when it holds
+  it, else from the wav (:class:`models.tacotron2.data.TextMelDataset`).
 * Left out, with one line naming them: utterances longer than ``tacotron2.max_mel_frames`` (the checkpoint's;
   ``--max-mel-frames`` replaces it, 0 keeps all) and corpus lines that name no usable utterance. A vocoder trained
   on the folder must leave them out too (``data.exclude``): it refuses an utterance without its mel.
@@ -39,8 +39,8 @@ centred there). Tacotron2 predicts one frame per decoder step, as many as its ta
   no padding reaches a kept frame.
 * Written: ``<output>/<id>.pt``, the post-net mel ``(n_mels, frames)`` float32 (log-mel, natural log of the
   magnitude as the project's :class:`~utils.data.audio.MelSpectrogram`) with the padding removed, each file
-  atomically (:func:`utils.checkpoint.atomic_write_bytes`); ``<output>/_audio_config.json``, the audio settings (as
-  ``scripts/preprocess.py`` records for its cache; a vocoder refuses mels of other settings); ``<output>/
+  atomically (:func:`utils.checkpoint.files.atomic_write_bytes`); ``<output>/_audio_config.json``, the audio settings
+  (as ``python -m scripts.preprocess`` records for its cache; a vocoder refuses mels of other settings); ``<output>/
   _gta_source.json``, the checkpoint and a SHA-256 of its weights.
 * Resumable: mels already in the folder are skipped unless ``--overwrite``; a folder holding mels of other weights,
   other settings or of something else (``.pt`` files without ``_gta_source.json``) is refused.
@@ -66,26 +66,22 @@ import zlib
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-if str(PROJECT_ROOT) not in sys.path:
-    sys.path.insert(0, str(PROJECT_ROOT))
-
-import soundfile as sf  # noqa: E402
-import torch  # noqa: E402
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import soundfile as sf
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
 
 from distributed import all_gather_object, broadcast_object, cleanup, init_distributed
+from inference import load_trained, parse_device
+from models.tacotron2.data import TextMelCollate, TextMelDataset, mel_cache_path
+from models.tacotron2.text import text_to_sequence
+from utils.checkpoint.files import CheckpointError, atomic_write_bytes
+from utils.config import Config, ConfigError
+from utils.data.audio import load_wav
+from utils.data.corpus import BadClip, DataError, Utterance, load_splits
+from utils.data.datasets import MEL_SETTINGS_FILE
 from utils.launch import detect_launcher_env
-from inference import load_trained, parse_device  # noqa: E402
-from utils.checkpoint.files import CheckpointError, atomic_write_bytes  # noqa: E402
-from utils.config import Config, ConfigError  # noqa: E402
-from utils.data.datasets import MEL_SETTINGS_FILE  # noqa: E402
-from utils.data.corpus import BadClip, DataError, Utterance, load_splits  # noqa: E402
-from utils.data.audio import load_wav  # noqa: E402
-from utils.run_log import one_line, one_line_warnings  # noqa: E402
-from models.tacotron2.text import text_to_sequence  # noqa: E402
-from models.tacotron2.data import TextMelCollate, TextMelDataset, mel_cache_path  # noqa: E402
+from utils.run_log import one_line, one_line_warnings
 
 SOURCE_FILE = "_gta_source.json"
 """The file of the output folder that says which weights its mels come from (checkpoint path, SHA-256)."""
@@ -108,7 +104,7 @@ class UsageError(ValueError):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, raised, instead of usage and exit 2
-        raise UsageError(f"{message} (python scripts/dump_gta_mels.py --help lists the options)")
+        raise UsageError(f"{message} (python -m scripts.dump_gta_mels --help lists the options)")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -193,7 +189,7 @@ def prepare_output(output: Path, cfg: Config, source: dict, overwrite: bool) -> 
     if cache is not None and cache.resolve() == output.resolve():
         raise DataError(f"--output {output} is Tacotron2's mel cache (tacotron2.mel_cache_dir), its training targets: "
                         "give another folder")
-    audio = dataclasses.asdict(cfg.audio)
+    audio = cfg.audio.model_dump()
     if output.is_dir() and not overwrite:
         settings, recorded = output / MEL_SETTINGS_FILE, output / SOURCE_FILE
         if settings.is_file() and _read_json(settings) != audio:
@@ -219,7 +215,7 @@ def corpus(cfg: Config) -> tuple[list[Utterance], list[BadClip]]:
     """Every utterance of both splits once, in corpus order (training first), and the corpus lines left out.
 
     Raises:
-        DataError: the corpus cannot be listed (:func:`utils.data_utils.load_splits`).
+        DataError: the corpus cannot be listed (:func:`utils.data.corpus.load_splits`).
     """
     bad: list[BadClip] = []
     train_utts, val_utts = load_splits(cfg.data, bad=bad)
@@ -338,7 +334,7 @@ def dump_share(model: torch.nn.Module, cfg: Config, share: list[Utterance], outp
                             f"{utt_id}: Tacotron2's mel has {made} frames (those of its target mel), its audio "
                             f"({samples} samples at {cfg.audio.sampling_rate} Hz) gives {expected} by the frame rule; "
                             "the target mel (tacotron2.mel_cache_dir?) was made from other audio: redo it with "
-                            "scripts/preprocess.py --overwrite")
+                            "python -m scripts.preprocess --overwrite")
                         continue
                     save_mel(output / f"{utt_id}.pt", mels[j, :, :made])
                     report["written"] += 1
@@ -383,64 +379,104 @@ def summarize(reports: list[dict], total: int, bad: list[BadClip], output: Path,
     return lines
 
 
+@dataclasses.dataclass
+class Job:
+    """What every rank knows before the dump starts: its place (``rank`` of ``world``), its device, the Tacotron2
+    model and config of the checkpoint, the corpus (``utterances``; ``bad``: lines left out) and the ``source``
+    record of ``_gta_source.json``."""
+
+    rank: int
+    world: int
+    device: torch.device
+    model: torch.nn.Module
+    cfg: Config
+    utterances: list[Utterance]
+    bad: list[BadClip]
+    source: dict
+
+
+def prepare_job(args: argparse.Namespace) -> Job:
+    """This rank's :class:`Job`: the paths checked, the launcher's variables read, the checkpoint loaded (before any
+    process group: a sharded one is put together here) and the corpus listed.
+
+    Raises:
+        CheckpointError: no checkpoint, an unreadable one, or one of another model.
+        ConfigError, DataError, ValueError, OSError: its config, the corpus or the device cannot be used.
+    """
+    check_paths(args)
+    env = detect_launcher_env(os.environ)
+    device = parse_device(args.device)
+    if device.type == "cuda" and env["world_size"] > 1:
+        device = parse_device(f"cuda:{env['local_rank']}")
+    name, model, cfg = load_trained(args.checkpoint, device)  # before any process group: shards put together here
+    if name != "tacotron2":
+        raise CheckpointError(f"--checkpoint {args.checkpoint} holds a {name} model; give a Tacotron2 checkpoint")
+    cfg.data.dataset_path = str(args.dataset_path)
+    utterances, bad = corpus(cfg)
+    source = {"checkpoint": str(Path(args.checkpoint).resolve()), "weights_sha256": weights_sha256(model),
+              "text_cleaners": list(cfg.tacotron2.text_cleaners)}
+    return Job(env["rank"], env["world_size"], device, model, cfg, utterances, bad, source)
+
+
+def dump_all(job: Job, output: Path, args: argparse.Namespace) -> Optional[list[dict]]:
+    """Every rank: rank 0 makes the output folder ready (:func:`prepare_output`), then each rank writes its share
+    (:func:`dump_share`). Returns every rank's report (a share that failed as a whole: ``{"fatal": line, "share"}``),
+    or ``None`` when the output folder cannot be used (rank 0 has said why in one ``ERROR:`` line)."""
+    rank, world = job.rank, job.world
+    verdict = None
+    if rank == 0:
+        try:
+            prepare_output(output, job.cfg, job.source, args.overwrite)
+        except (DataError, OSError) as err:
+            verdict = one_line(err)
+    verdict = broadcast_object(verdict)
+    if verdict is not None:
+        if rank == 0:
+            print(f"ERROR: {verdict}", file=sys.stderr)
+        return None
+    share = job.utterances[rank::world]
+    print(f"rank {rank} of {world}: {len(share)} of {len(job.utterances)} utterances (numbers {rank}, {rank + world}, "
+          f"... of the corpus list) on {job.device}", flush=True)
+    try:
+        report = dump_share(job.model, job.cfg, share, output, args, job.device,
+                            progress=rank == 0 and not args.no_progress)
+    except (DataError, ValueError, OSError) as err:
+        report = {"fatal": one_line(err), "share": len(share)}
+    return all_gather_object(report)
+
+
 def run(args: argparse.Namespace) -> int:
     """:func:`main` once the options are read."""
     output = Path(args.output)
     try:
-        check_paths(args)
-        env = detect_launcher_env(os.environ)
-        device = parse_device(args.device)
-        if device.type == "cuda" and env["world_size"] > 1:
-            device = parse_device(f"cuda:{env['local_rank']}")
-        name, model, cfg = load_trained(args.checkpoint, device)  # before any process group: shards put together here
-        if name != "tacotron2":
-            raise CheckpointError(f"--checkpoint {args.checkpoint} holds a {name} model; give a Tacotron2 checkpoint")
-        cfg.data.dataset_path = str(args.dataset_path)
-        utterances, bad = corpus(cfg)
-        source = {"checkpoint": str(Path(args.checkpoint).resolve()), "weights_sha256": weights_sha256(model),
-                  "text_cleaners": list(cfg.tacotron2.text_cleaners)}
+        job = prepare_job(args)
     except (CheckpointError, ConfigError, DataError, ValueError, OSError) as err:
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1
-    rank, world = env["rank"], env["world_size"]
     try:
-        if world > 1:
-            init_distributed(backend="gloo" if device.type == "cpu" else None, timeout_s=DIST_TIMEOUT_S,
+        if job.world > 1:
+            init_distributed(backend="gloo" if job.device.type == "cpu" else None, timeout_s=DIST_TIMEOUT_S,
                              rendezvous_timeout_s=RENDEZVOUS_TIMEOUT_S)
     except (ValueError, RuntimeError) as err:  # launcher variables, a GPU that is not there, the rendezvous
-        print(f"ERROR: rank {rank}: {one_line(err)}", file=sys.stderr)
+        print(f"ERROR: rank {job.rank}: {one_line(err)}", file=sys.stderr)
         return 1
     try:
-        verdict = None
-        if rank == 0:
-            try:
-                prepare_output(output, cfg, source, args.overwrite)
-            except (DataError, OSError) as err:
-                verdict = one_line(err)
-        verdict = broadcast_object(verdict)
-        if verdict is not None:
-            if rank == 0:
-                print(f"ERROR: {verdict}", file=sys.stderr)
-            return 1
-        share = utterances[rank::world]
-        print(f"rank {rank} of {world}: {len(share)} of {len(utterances)} utterances (numbers {rank}, {rank + world}, "
-              f"... of the corpus list) on {device}", flush=True)
-        try:
-            report = dump_share(model, cfg, share, output, args, device, progress=rank == 0 and not args.no_progress)
-        except (DataError, ValueError, OSError) as err:
-            report = {"fatal": one_line(err), "share": len(share)}
-        reports = all_gather_object(report)
+        reports = dump_all(job, output, args)
     finally:
         cleanup()
-    if rank == 0:
-        max_frames = cfg.tacotron2.max_mel_frames if args.max_mel_frames is None else args.max_mel_frames
-        for line in summarize(reports, len(utterances), bad, output, max_frames):
+    if reports is None:
+        return 1
+    if job.rank == 0:
+        max_frames = job.cfg.tacotron2.max_mel_frames if args.max_mel_frames is None else args.max_mel_frames
+        for line in summarize(reports, len(job.utterances), job.bad, output, max_frames):
             print(line, file=sys.stderr if line.startswith("ERROR") else sys.stdout, flush=True)
     failed = any("fatal" in report or report["errors"] for report in reports)
     return 1 if failed else 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Dump the mels the command line asks for. Returns the exit status: 0; 2 for a bad option; 1 for a problem of
+    the run or of an utterance (one ``ERROR:`` line each)."""
     try:
         args = parse_args(argv)
     except UsageError as err:

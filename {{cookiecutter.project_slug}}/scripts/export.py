@@ -1,10 +1,10 @@
 """What to ship after training: a release checkpoint, or ONNX files of the inference path checked against PyTorch.
 
-    python scripts/export.py --checkpoint out/checkpoint_last.pt --format release --output model.pt
-    python scripts/export.py --checkpoint out/checkpoint_last --format release --output model.pt   # sharded alike
-    python scripts/export.py --checkpoint out/checkpoint_last.pt --format onnx --output onnx/
+    python -m scripts.export --checkpoint out/checkpoint_last.pt --format release --output model.pt
+    python -m scripts.export --checkpoint out/checkpoint_last --format release --output model.pt   # sharded alike
+    python -m scripts.export --checkpoint out/checkpoint_last.pt --format onnx --output onnx/
 
-``--format release`` writes one file with the weights inference uses (``ModelSpec.inference_modules``: HiFi-GAN's
+``--format release`` writes one file with the weights inference uses (``Inference.modules``: HiFi-GAN's
 generator without its discriminators; the whole model for the others), the EMA weights in their place when the run
 kept them (``train.ema_decay``), and the model's name and config: no optimizer, scheduler, scaler or RNG states. It
 loads with ``torch.load(weights_only=True)``; ``inference.py --checkpoint model.pt`` runs it and gives the output
@@ -12,7 +12,7 @@ of the full checkpoint; ``train.py --init-from model.pt`` starts a new run from 
 one to fine-tune from (every network and optimizer: ``train.py --init-from out/checkpoint_last.pt``, a fresh
 optimizer at step 0) or to resume.
 
-``--format onnx`` exports each part of the model's inference path (``ModelSpec.export_parts``: HiFi-GAN's
+``--format onnx`` exports each part of the model's inference path (``Export.parts``: HiFi-GAN's
 generator, WaveGlow's inverse flow, Tacotron2's encoder, decoder step and postnet) to ``<output>/<part>.onnx``,
 runs each with onnxruntime on the CPU beside the PyTorch module on the same inputs, and prints the largest
 absolute difference per part (:mod:`utils.onnx_export`).
@@ -28,19 +28,16 @@ import io
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from inference import load_trained  # noqa: E402
-from models import MODELS  # noqa: E402
-from utils.checkpoint.files import CheckpointError, atomic_write_bytes  # noqa: E402
-from utils.checkpoint.resume import read_checkpoint  # noqa: E402
-from utils.checkpoint.state import release_checkpoint  # noqa: E402
-from utils.config import ConfigError  # noqa: E402
-from utils.run_log import one_line  # noqa: E402
+from inference import load_trained
+from models import MODELS
+from utils.checkpoint.files import CheckpointError, atomic_write_bytes
+from utils.checkpoint.resume import read_checkpoint
+from utils.checkpoint.state import release_checkpoint
+from utils.config import ConfigError
+from utils.onnx_export import ExportError, export_model
+from utils.run_log import one_line
 
 
 def export_release(checkpoint: Path, output: Path) -> dict:
@@ -68,6 +65,7 @@ def size_of(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Export the checkpoint as ``--format`` says. Returns the exit status: 0, or 1 after one ``ERROR:`` line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", type=Path, required=True,
                         help="a checkpoint of train.py: a .pt file or a sharded folder (checkpoint_last works)")
@@ -92,12 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"MB): model '{release['model_name']}' at step {release['step']}, {len(release['model'])} tensors of "
                   f"{modules}" + (", EMA weights" if release["ema_weights"] else ""))
             return 0
-        from utils.onnx_export import ExportError, export_model
-
         name, model, cfg = load_trained(args.checkpoint, torch.device("cpu"))
         output.mkdir(exist_ok=True)
         try:
-            rows = export_model(name, model, cfg, output)
+            rows = export_model(MODELS[name], model, cfg, output)
         except ExportError as err:
             print(f"ERROR: {one_line(err)}", file=sys.stderr)
             return 1

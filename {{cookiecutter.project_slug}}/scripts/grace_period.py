@@ -4,9 +4,9 @@ has exited. Set the platform's grace period (Kubernetes' ``terminationGracePerio
 
 Usage::
 
-    python scripts/grace_period.py [--after-steps 5] [--json FILE] [-- launcher options] -- train.py's arguments
-    python scripts/grace_period.py -- --config config.json --model waveglow --dataset-path data/LJSpeech-1.1
-    python scripts/grace_period.py --launcher="--nproc-per-node 2" -- --config config.json --tiny
+    python -m scripts.grace_period [--after-steps 5] [--json FILE] [-- launcher options] -- train.py's arguments
+    python -m scripts.grace_period -- --config config.json --model waveglow --dataset-path data/LJSpeech-1.1
+    python -m scripts.grace_period --launcher="--nproc-per-node 2" -- --config config.json --tiny
 
 It runs ``python multiproc.py [launcher options] train.py ARGS --output-dir TMP --set train.log_interval=1
 --set train.checkpoint_interval=1000000000`` (the environment passes through, so a platform's variables such as
@@ -120,6 +120,8 @@ def measure(train_args: list[str], launcher: list[str], output_dir: Path, after_
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Time a stop of the job the command line describes. Returns the exit status: 0; 2 without ``--``; 1 when the
+    job failed, was killed, printed a traceback or saved nothing."""
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
         print("grace_period: ERROR: give train.py's arguments after --, e.g. -- --config config.json --model NAME",

@@ -1,12 +1,12 @@
 """Published weights as a checkpoint of this project: to listen to them with ``inference.py`` before (or without)
 training, or to share them in this project's format.
 
-    python scripts/import_weights.py PUBLISHED_FILE --output model.pt
+    python -m scripts.import_weights PUBLISHED_FILE --output model.pt
     python inference.py --checkpoint model.pt --output out.wav ...
 
-Reads a checkpoint another project published for a model of ``model.py`` (each model reads its reference
-project's format, ``ModelSpec.read_published``: NVIDIA's for its Tacotron2 and WaveGlow, jik876's HiFi-GAN
-generator files; ``utils.published``: nothing in the file runs) into that model, built with ``--config`` (default
+Reads a checkpoint another project published for a registered model (``models/__init__.py``; each model reads its
+reference project's format, ``Published.read``: NVIDIA's for its Tacotron2 and WaveGlow, jik876's HiFi-GAN
+generator files; ``utils.checkpoint.published``: nothing in the file runs) into that model, built with ``--config`` (default
 ``config.json``, full size: the published models' sizes and audio settings are its defaults; ``--set`` changes a
 value), and writes ``{"model", "model_name", "config", "step": 0}``, which ``inference.py --checkpoint`` reads
 like any checkpoint of ``train.py``. To fine-tune instead, give the published file to ``train.py --init-from``.
@@ -22,19 +22,19 @@ import io
 import sys
 from pathlib import Path
 
+import torch
+
+from models import MODELS, config_schemas
+from utils.checkpoint.files import CheckpointError, atomic_write_bytes
+from utils.checkpoint.published import load_into, read_weights
+from utils.config import ConfigError, load_config
+
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-from models import MODELS, config_schemas  # noqa: E402
-from utils.checkpoint.files import CheckpointError, atomic_write_bytes  # noqa: E402
-from utils.config import ConfigError, load_config  # noqa: E402
-from utils.checkpoint.published import load_into, read_weights  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Write the published file as a checkpoint of this project. Returns the exit status: 0, or 1 after one
+    ``ERROR:`` line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("weights", type=Path, help="the published file (NVIDIA Tacotron2/WaveGlow, jik876 HiFi-GAN)")
     parser.add_argument("--output", type=Path, required=True, help="the checkpoint to write (a .pt file)")

@@ -1,10 +1,10 @@
 """Build a small LJSpeech-layout corpus offline with a local text-to-speech engine (flite or espeak-ng).
 
 The result, ``DIR/metadata.csv`` (``id|text|text``) and ``DIR/wavs/LJ_DEMO_0001.wav`` ... (16-bit mono
-PCM at ``--sampling-rate`` Hz), loads with ``utils.data_utils.read_ljspeech``, so the whole pipeline can
+PCM at ``--sampling-rate`` Hz), loads with ``utils.data.corpus.read_ljspeech``, so the whole pipeline can
 be smoke-tested without downloading LJSpeech::
 
-    python scripts/make_demo_corpus.py --output data/demo --num-utterances 60
+    python -m scripts.make_demo_corpus --output data/demo --num-utterances 60
 
 When more utterances than sentences are asked for, the sentences are spoken again with another voice
 or speaking rate, so no two utterances are the same recording. ``--seed`` jitters the speaking rate
@@ -22,17 +22,13 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-if str(PROJECT_ROOT) not in sys.path:
-    sys.path.insert(0, str(PROJECT_ROOT))
+import librosa
+import numpy as np
+import torch
+from tqdm import tqdm
 
-import librosa  # noqa: E402
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from utils.data.audio import save_wav  # noqa: E402
-from utils.data.corpus import DataError  # noqa: E402
-from utils.data.audio import load_wav  # noqa: E402
+from utils.data.audio import load_wav, save_wav
+from utils.data.corpus import DataError
 
 ENGINES = ("flite", "espeak-ng")
 NO_ENGINE_MESSAGE = "neither flite nor espeak-ng is installed (apt-get install flite)"
@@ -172,6 +168,43 @@ def _prepare_output(output: Path, overwrite: bool) -> None:
     (output / "wavs").mkdir(parents=True, exist_ok=True)
 
 
+def _check_arguments(sentences: list[str], num_utterances: int, sampling_rate: int) -> None:
+    """Raises :class:`DemoCorpusError` for no sentences, a sentence that is empty or holds '|' or a line break, fewer
+    than one utterance or a sampling rate that is not positive."""
+    if not sentences:
+        raise DemoCorpusError("no sentences given")
+    for sentence in sentences:
+        if "|" in sentence or "\n" in sentence or not sentence.strip():
+            raise DemoCorpusError(f"sentence {sentence!r} is empty or holds '|' or a line break")
+    if num_utterances < 1:
+        raise DemoCorpusError(f"--num-utterances must be at least 1, got {num_utterances}")
+    if sampling_rate <= 0:
+        raise DemoCorpusError(f"--sampling-rate must be positive, got {sampling_rate}")
+
+
+def _speak(engine: str, voice: Optional[str], speed: float, text: str, utt_id: str, scratch: Path,
+           sampling_rate: int) -> torch.Tensor:
+    """``text`` spoken by ``engine`` with ``voice`` at ``speed``: float samples ``(samples,)`` in [-1, 1] at
+    ``sampling_rate`` Hz (:func:`utils.data.audio.load_wav`; the engine's files go to ``scratch``).
+
+    Raises:
+        DemoCorpusError: the engine failed or wrote an unusable wav (naming ``utt_id``).
+    """
+    text_file, raw_wav = scratch / "text.txt", scratch / "raw.wav"
+    text_file.write_text(text + "\n", encoding="utf-8")
+    command = _synth_command(engine, voice, speed, text_file, raw_wav)
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0 or not raw_wav.is_file():
+        detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise DemoCorpusError(f"{engine} failed on {utt_id} (exit {result.returncode}): {detail[0]}")
+    try:
+        audio = load_wav(raw_wav, sampling_rate)
+    except DataError as err:
+        raise DemoCorpusError(f"{engine} wrote an unusable wav for {utt_id}: {err}") from None
+    raw_wav.unlink()
+    return audio
+
+
 def make_corpus(output, sentences: Optional[Sequence[str]] = None, num_utterances: int = 40,
                 engine: str = "auto", sampling_rate: int = 22050, seed: int = 1234,
                 overwrite: bool = False) -> Path:
@@ -201,22 +234,13 @@ def make_corpus(output, sentences: Optional[Sequence[str]] = None, num_utterance
     """
     output = Path(output)
     sentences = list(DEMO_SENTENCES if sentences is None else sentences)
-    if not sentences:
-        raise DemoCorpusError("no sentences given")
-    for sentence in sentences:
-        if "|" in sentence or "\n" in sentence or not sentence.strip():
-            raise DemoCorpusError(f"sentence {sentence!r} is empty or holds '|' or a line break")
-    if num_utterances < 1:
-        raise DemoCorpusError(f"--num-utterances must be at least 1, got {num_utterances}")
-    if sampling_rate <= 0:
-        raise DemoCorpusError(f"--sampling-rate must be positive, got {sampling_rate}")
+    _check_arguments(sentences, num_utterances, sampling_rate)
     engine = pick_engine(engine)
     variations = _variations(engine)
     rng = random.Random(seed)
     _prepare_output(output, overwrite)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        text_file, raw_wav = Path(tmp) / "text.txt", Path(tmp) / "raw.wav"
         # The resampler's first use loads librosa and its kernels: seconds, a minute on a busy machine. Said and done
         # here, so that the bar below moves from its first utterance on.
         print("loading the resampler (librosa) ...", end=" ", flush=True)
@@ -227,18 +251,8 @@ def make_corpus(output, sentences: Optional[Sequence[str]] = None, num_utterance
             text = sentences[i % len(sentences)].strip()
             voice, speed = variations[(i // len(sentences)) % len(variations)]
             speed *= rng.uniform(1.0 - RATE_JITTER, 1.0 + RATE_JITTER)
-            text_file.write_text(text + "\n", encoding="utf-8")
-            command = _synth_command(engine, voice, speed, text_file, raw_wav)
-            result = subprocess.run(command, capture_output=True, text=True, check=False)
-            if result.returncode != 0 or not raw_wav.is_file():
-                detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-                raise DemoCorpusError(f"{engine} failed on {utt_id} (exit {result.returncode}): {detail[0]}")
-            try:
-                audio = load_wav(raw_wav, sampling_rate)
-            except DataError as err:
-                raise DemoCorpusError(f"{engine} wrote an unusable wav for {utt_id}: {err}") from None
+            audio = _speak(engine, voice, speed, text, utt_id, Path(tmp), sampling_rate)
             save_wav(output / "wavs" / f"{utt_id}.wav", audio, sampling_rate)
-            raw_wav.unlink()
             rows.append(f"{utt_id}|{text}|{text}\n")
     (output / "metadata.csv").write_text("".join(rows), encoding="utf-8")
     return output

@@ -1,15 +1,16 @@
 """What each rank holds, DDP vs FSDP and with or without activation checkpointing, and what a checkpoint save costs
 the training loop, synchronous vs in the background.
 
-    python scripts/memory.py                          # 2 processes, a 24-block model (~50M parameters)
-    python scripts/memory.py --nproc 4 --depth 48 --json memory.json
-    python scripts/memory.py --tiny                   # a quick look: 6 blocks of width 512 (~20 s on 2 CPU cores)
-    python scripts/memory.py --model waveglow         # a model of model.py, its config.json size (--tiny: its tiny one)
+    python -m scripts.memory                          # 2 processes, a 24-block model (~50M parameters)
+    python -m scripts.memory --nproc 4 --depth 48 --json memory.json
+    python -m scripts.memory --tiny                   # a quick look: 6 blocks of width 512 (~20 s on 2 CPU cores)
+    python -m scripts.memory --model waveglow         # a registered model, its config.json size (--tiny: its tiny one)
 
 It starts its own ranks (``torch.distributed.run --standalone``: gloo on CPUs, NCCL when every rank has a GPU)
 and trains one step of a deep residual MLP (``--depth`` blocks of Linear-GELU-Linear, ``--width`` features,
-Adam), or with ``--model NAME`` of a model of ``model.py`` (its config, ``ModelSpec.blocks``, a batch of its
-``synthetic_batch`` in the shape of its first benchmark case, its loss and optimizer), in each setting: ``ddp``, ``fsdp`` (``distributed.apply_gradient_allreduce``, per block), each with
+Adam), or with ``--model NAME`` of a registered model (``models/__init__.py``: its config, ``Training.blocks``, a
+batch of its ``Benchmark.synthetic_batch`` in the shape of its first benchmark case, its loss and optimizer), in each
+setting: ``ddp``, ``fsdp`` (``distributed.apply_gradient_allreduce``, per block), each with
 activation checkpointing ``none``, ``full`` and ``selective`` (``utils.training.activation_checkpoint``), exactly as
 ``train.py`` applies them. Per rank it reports, in MiB:
 
@@ -22,7 +23,7 @@ activation checkpointing ``none``, ``full`` and ``selective`` (``utils.training.
 * peak RSS of the process, for context (allocator caches and the Python runtime included).
 
 Then the stall: an FSDP model of the same size saves a sharded checkpoint (model + Adam state, several hundred
-MB at the default size) through ``utils.checkpoint.ShardedCheckpointer``, synchronously and with
+MB at the default size) through ``utils.checkpoint.sharded.ShardedCheckpointer``, synchronously and with
 ``async_save``; the stall is how long ``save()`` blocks the loop, and for the background save also how long it
 takes to finish. Each checkpoint is then checked: its folder is complete (``sharded_intact``) and, loaded into a
 fresh model and optimizer, it gives back the state as it was when ``save()`` was called, although the script
@@ -49,13 +50,20 @@ import time
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from tqdm import tqdm
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from distributed import all_gather_object, apply_gradient_allreduce, barrier, cleanup, init_distributed
+from model import adam
+from models import MODELS, config_schemas
+from utils.checkpoint.sharded import ShardedCheckpointer, load_sharded, sharded_intact
+from utils.checkpoint.state import TrainState
+from utils.config import load_config
+from utils.training.activation_checkpoint import apply_activation_checkpointing
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MIB = 2 ** 20
 TINY = {"depth": 6, "width": 512, "batch": 512}
@@ -111,32 +119,32 @@ class CannotMeasure(ValueError):
 
 
 def model_subject(name: str, tiny: bool) -> Subject:
-    """Model ``name`` of ``model.py`` with its ``config.json`` settings (``tiny``: its tiny block) and its first
-    benchmark case's batch (``synthetic_batch``), loss (``build_criterion``) and optimizer (``build_optimizer``).
+    """Registered model ``name`` (``models.MODELS``) with its ``config.json`` settings (``tiny``: its tiny block) and
+    its first benchmark case's batch (``Benchmark.synthetic_batch``), loss (``Training.build_criterion``) and
+    optimizer (``Training.build_optimizer``).
 
     Raises:
         CannotMeasure: no such model, or one without blocks, a synthetic batch or a benchmark case, or with several
             optimizers (FSDP shards one-optimizer models).
     """
-    from models import MODELS, config_schemas
-    from model import adam
-    from utils.config import load_config
-
     if name not in MODELS:
-        raise CannotMeasure(f"--model {name}: model.py registers no such model (it has {', '.join(sorted(MODELS))})")
+        raise CannotMeasure(f"--model {name}: models/__init__.py registers no such model (it has "
+                            f"{', '.join(sorted(MODELS))})")
     spec = MODELS[name]
-    lacking = [what for what, missing in (("blocks", spec.blocks is None),
-                                          ("synthetic_batch", spec.synthetic_batch is None),
-                                          ("benchmark_cases", not spec.benchmark_cases)) if missing]
-    if lacking or spec.phases:
+    lacking = [what for what, missing in (("blocks", spec.training.blocks is None),
+                                          ("synthetic_batch", spec.benchmark is None),
+                                          ("benchmark_cases", spec.benchmark is None or not spec.benchmark.cases))
+               if missing]
+    if lacking or spec.phase_names:
         raise CannotMeasure(f"--model {name}: " + (f"its ModelSpec has no {', '.join(lacking)}" if lacking else
                                                   "it trains several optimizers, which FSDP does not shard yet"))
-    case = spec.benchmark_cases[0]
+    case = spec.benchmark.cases[0]
     shape = case.tiny if tiny and case.tiny is not None else case
     cfg = load_config(str(ROOT / "config.json"), config_schemas(), tiny=tiny, overrides=list(case.overrides))
-    batch = spec.synthetic_batch(cfg, shape.batch_size, torch.Generator().manual_seed(0), **shape.batch_kwargs)
-    criterion = spec.build_criterion(cfg)
-    build_optimizer = spec.build_optimizer or adam
+    batch = spec.benchmark.synthetic_batch(cfg, shape.batch_size, torch.Generator().manual_seed(0),
+                                           **shape.batch_kwargs)
+    criterion = spec.training.build_criterion(cfg)
+    build_optimizer = spec.training.build_optimizer or adam
 
     def build(seed: int) -> nn.Module:
         torch.manual_seed(seed)
@@ -146,7 +154,7 @@ def model_subject(name: str, tiny: bool) -> Subject:
         device = next(net.parameters()).device
         on_device = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
         return criterion(net(on_device), on_device)
-    return Subject(build, lambda model: list(spec.blocks(model)), loss,
+    return Subject(build, lambda model: list(spec.training.blocks(model)), loss,
                    lambda model: build_optimizer(model, cfg.section(name), torch.device("cpu")),
                    f"model '{name}' ({'tiny' if tiny else 'config.json'} size), batch {shape.batch_size} per rank")
 
@@ -159,8 +167,6 @@ def subject(args) -> Subject:
 def local_bytes(tensors) -> int:
     """Bytes of the tensors this rank holds: ``numel * element_size`` of each, a DTensor's local shard only
     (``to_local()``); ``None`` entries (a parameter without a gradient) count 0."""
-    from torch.distributed.tensor import DTensor
-
     total = 0
     for tensor in tensors:
         if tensor is None:
@@ -226,9 +232,6 @@ def measure(parallelism: str, mode: str, args, rank: int, device: torch.device) 
     activation checkpointing ``mode``; this rank's row: ``params_mib``, ``grads_mib``, ``optimizer_mib``,
     ``activations_mib`` (MiB, this rank), ``peak_rss_mib`` (the process's peak so far) and ``method``. Every rank
     calls it (FSDP and DDP construction are collectives)."""
-    from distributed import apply_gradient_allreduce
-    from utils.training.activation_checkpoint import apply_activation_checkpointing
-
     what = subject(args)
     model = what.build(0).to(device)
     blocks = what.blocks(model)
@@ -260,8 +263,6 @@ def measure(parallelism: str, mode: str, args, rank: int, device: torch.device) 
 def fsdp_model(args, device: torch.device, seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
     """The measured model (:func:`subject`) sharded by FSDP per block, with an optimizer whose state exists (one step
     taken): the state a checkpoint of a training run holds. ``seed`` picks the weights and the batch."""
-    from distributed import apply_gradient_allreduce
-
     what = subject(args)
     model = what.build(seed).to(device)
     apply_gradient_allreduce(model, "fsdp", blocks=what.blocks(model))
@@ -275,8 +276,6 @@ def fsdp_model(args, device: torch.device, seed: int) -> tuple[nn.Module, torch.
 def state_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """This rank's local parts of the weights and of the optimizer state, in a fixed order (parameter order,
     state keys sorted)."""
-    from torch.distributed.tensor import DTensor
-
     tensors = []
     for param in model.parameters():
         tensors.append(param)
@@ -301,10 +300,6 @@ def stall(async_save: bool, args, rank: int, device: torch.device, folder: Path)
     Raises:
         RuntimeError: the checkpoint is damaged or does not give back the saved state.
     """
-    from distributed import barrier
-    from utils.checkpoint.sharded import ShardedCheckpointer, load_sharded, sharded_intact
-    from utils.checkpoint.state import TrainState
-
     model, optimizer = fsdp_model(args, device, seed=0)
     saved = fingerprint(model, optimizer)
     folder.mkdir(parents=True, exist_ok=True)
@@ -338,8 +333,6 @@ def stall(async_save: bool, args, rank: int, device: torch.device, folder: Path)
 def worker(args) -> None:
     """The body of each rank (``--worker``, started by ``torch.distributed.run``): every setting, then the saves;
     rank 0 writes all ranks' rows to ``--result`` as JSON ``{"rows": [...], "stalls": [...]}``."""
-    from distributed import all_gather_object, cleanup, init_distributed
-
     info = init_distributed()
     rows, stalls = [], []
     jobs = [("memory", p, m) for p, m in SETTINGS] + ([] if args.no_stall else [("save", "sync", None),
@@ -402,10 +395,8 @@ def report(rows: list[dict], stalls: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse the arguments, run the measuring job (``--nproc`` ranks under ``torch.distributed.run``, checkpoints in
-    a temporary folder removed afterwards), print the tables, write ``--json``. Returns the exit status: 0, or 1
-    after one line on stderr (bad arguments, a failed rank)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's options (``--worker``, ``--result`` and ``--scratch``: what each rank is started with)."""
     parser = argparse.ArgumentParser(description="Per-rank memory (DDP vs FSDP, activation checkpointing) and the "
                                                  "stall of a checkpoint save (sync vs async).")
     parser.add_argument("--nproc", type=int, default=2, help="processes (ranks), at least 2; default 2")
@@ -416,33 +407,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true",
                         help="a quick look: {depth} blocks of width {width}, batch {batch} (--depth/--width/--batch "
                              "still override)".format(**TINY))
-    parser.add_argument("--model", help="measure this model of model.py instead of the MLP (--depth/--width/--batch "
-                                        "then do not apply)")
+    parser.add_argument("--model", help="measure this registered model (models/__init__.py) instead of the MLP "
+                                        "(--depth/--width/--batch then do not apply)")
     parser.add_argument("--no-stall", action="store_true", help="leave out the checkpoint-save measurement")
     parser.add_argument("--json", type=Path, help="also write the rows and ratios here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    for name, value in (TINY if args.tiny else DEFAULTS).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.worker:
-        worker(args)
-        return 0
+    return parser
+
+
+def checked_subject(args) -> str:
+    """The description of what will be measured (:func:`subject`), once the arguments are known to be usable: said
+    here, before any rank starts.
+
+    Raises:
+        CannotMeasure: a count below its least value, a ``--json`` whose folder does not exist, or a model that cannot
+            be measured (one line).
+    """
     problem = next((f"--{name} must be >= {least}, got {getattr(args, name)}"
                     for name, least in (("nproc", 2), ("depth", 1), ("width", 1), ("batch", 1))
                     if getattr(args, name) < least), None)
     if problem is None and args.json is not None and not args.json.parent.is_dir():
         problem = f"--json {args.json}: its folder {args.json.parent} does not exist"
-    if problem is None:
-        try:
-            measured = subject(args).name  # a model that cannot be measured is said here, before any rank starts
-        except CannotMeasure as err:
-            problem = str(err)
     if problem is not None:
-        print(f"ERROR: {problem}", file=sys.stderr)
-        return 1
+        raise CannotMeasure(problem)
+    return subject(args).name
+
+
+def run_job(args, measured: str) -> dict | None:
+    """Run the measuring job: ``--nproc`` ranks of this module under ``torch.distributed.run`` (one GPU per rank, or
+    all on the CPU), checkpoints in a temporary folder removed afterwards. Returns the rank 0's result, or ``None``
+    after one line on stderr when the job failed (its output is above it)."""
     scratch = Path(tempfile.mkdtemp(prefix="memory-"))
     try:
         result = scratch / "result.json"
@@ -452,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             env["CUDA_VISIBLE_DEVICES"] = ""  # one GPU per rank or none: NCCL cannot share a GPU between ranks
         print(f"memory: {args.nproc} processes, {measured}", file=sys.stderr, flush=True)
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                               str(args.nproc), __file__, "--worker", "--result", str(result), "--scratch",
+                               str(args.nproc), "-m", "scripts.memory", "--worker", "--result", str(result), "--scratch",
                                str(scratch), "--depth", str(args.depth), "--width", str(args.width), "--batch",
                                str(args.batch), *(["--no-stall"] if args.no_stall else []),
                                *(["--model", args.model] if args.model else []), *(["--tiny"] if args.tiny else [])],
@@ -460,16 +456,35 @@ def main(argv: list[str] | None = None) -> int:
         if done.returncode != 0 or not result.is_file():
             print(f"ERROR: the measuring job failed (exit code {done.returncode}); its output is above",
                   file=sys.stderr)
-            return 1
-        data = json.loads(result.read_text())
+            return None
+        return json.loads(result.read_text())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the arguments, run the measuring job (:func:`run_job`), print the tables, write ``--json``. Returns the
+    exit status: 0, or 1 after one line on stderr (bad arguments, a failed rank)."""
+    args = build_parser().parse_args(argv)
+    for name, value in (TINY if args.tiny else DEFAULTS).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.worker:
+        worker(args)
+        return 0
+    try:
+        measured = checked_subject(args)
+    except CannotMeasure as err:
+        print(f"ERROR: {err}", file=sys.stderr)
+        return 1
+    data = run_job(args, measured)
+    if data is None:
+        return 1
     print(report(data["rows"], data["stalls"]))
     if args.json:
         args.json.write_text(json.dumps({**data, "ratios": ratios(data["rows"], data["stalls"]),
                                          "settings": vars(args) | {"json": str(args.json)}}, indent=2))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

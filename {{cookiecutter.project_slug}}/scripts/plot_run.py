@@ -1,7 +1,7 @@
 """One picture of a training run: where it stands and what went wrong, at a glance.
 
-    python scripts/plot_run.py output                  # writes output/run.png
-    python scripts/plot_run.py output --out run.png
+    python -m scripts.plot_run output                  # writes output/run.png
+    python -m scripts.plot_run output --out run.png
 
 Reads what ``train.py`` wrote in the output folder: ``metrics.jsonl`` (one row per logged step),
 ``val_metrics.jsonl`` and ``anomalies.jsonl`` (non-finite and spiking steps). The PNG has one panel per
@@ -27,6 +27,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -57,64 +60,47 @@ def series(rows: list[dict], key: str, positive: bool = False) -> tuple[list, li
     return [step for step, _ in found], [value for _, value in found]
 
 
-def plot_run(output_dir: Path, out: Path) -> Path:
-    """Draw the run in ``output_dir`` into the PNG ``out``; returns ``out``.
-
-    Raises:
-        ValueError: no ``metrics.jsonl`` rows, or a damaged line in one of the files.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    rows = read_jsonl(output_dir / "metrics.jsonl")
-    if not rows:
-        raise ValueError(f"{output_dir / 'metrics.jsonl'}: no logged steps (is {output_dir} a train.py output "
-                         "folder?)")
-    val = read_jsonl(output_dir / "val_metrics.jsonl")
-    anomalies = read_jsonl(output_dir / "anomalies.jsonl")
-    steps = [r["step"] for r in rows]
-    memory = [r for r in rows if r.get("memory_gib")]
-    named = list(dict.fromkeys(key for r in rows for key in r.get("losses", {})))
-    phase_losses = [key for key in named if key.startswith("loss_")]
-    phase_norms = [key for key in named if key.startswith("grad_norm_")]
-    metrics = [key for key in named if key not in phase_losses and key not in phase_norms]
-    panels = 4 + bool(memory) + bool(phase_losses) + len(metrics)
-
-    figure = Figure(figsize=(10, 2.4 * panels))
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(panels, 1, sharex=True)
-
-    loss = axes[0]
-    loss.plot(steps, [r["loss"] for r in rows], label="train loss", linewidth=1)
+def plot_loss(axis, steps: list, rows: list[dict], val: list[dict], anomalies: list[dict]) -> None:
+    """The loss panel: training loss per logged step, validation loss, anomalies as red ticks."""
+    axis.plot(steps, [r["loss"] for r in rows], label="train loss", linewidth=1)
     if val:
-        loss.plot([v["step"] for v in val], [v["val_loss"] for v in val], "o-", label="validation loss")
+        axis.plot([v["step"] for v in val], [v["val_loss"] for v in val], "o-", label="validation loss")
     for a in anomalies:
-        loss.axvline(a["step"], color="red", alpha=0.4, linewidth=1)
+        axis.axvline(a["step"], color="red", alpha=0.4, linewidth=1)
     if anomalies:
-        loss.plot([], [], color="red", label=f"anomalies ({len(anomalies)})")
-    loss.set_ylabel("loss")
-    loss.legend(loc="upper right")
+        axis.plot([], [], color="red", label=f"anomalies ({len(anomalies)})")
+    axis.set_ylabel("loss")
+    axis.legend(loc="upper right")
 
-    axes[1].plot(steps, [r.get("items_per_s", 0.0) for r in rows], linewidth=1)
-    axes[1].set_ylabel("items/s")
 
+def plot_throughput_and_wait(axes, steps: list, rows: list[dict]) -> None:
+    """Items/s (``axes[0]``) and the data wait's share of each step, with the dashed 10% line (``axes[1]``)."""
+    axes[0].plot(steps, [r.get("items_per_s", 0.0) for r in rows], linewidth=1)
+    axes[0].set_ylabel("items/s")
     share = [100 * r["data_time_s"] / r["step_time_s"] if r.get("step_time_s") else 0.0 for r in rows]
-    axes[2].plot(steps, share, linewidth=1)
-    axes[2].axhline(10, color="gray", linestyle="--", linewidth=1)
-    axes[2].set_ylabel("data wait, % of step")
-    axes[2].set_ylim(0, 100)
+    axes[1].plot(steps, share, linewidth=1)
+    axes[1].axhline(10, color="gray", linestyle="--", linewidth=1)
+    axes[1].set_ylabel("data wait, % of step")
+    axes[1].set_ylim(0, 100)
 
+
+def plot_grad_norm(axis, rows: list[dict], phase_norms: list[str]) -> None:
+    """The gradient-norm panel (log scale): one line per phase (``grad_norm_<phase>``), or the one norm."""
     if phase_norms:
         for key in phase_norms:
-            axes[3].semilogy(*series(rows, key, positive=True), linewidth=1, label=key[len("grad_norm_"):])
-        axes[3].legend(loc="upper right")
+            axis.semilogy(*series(rows, key, positive=True), linewidth=1, label=key[len("grad_norm_"):])
+        axis.legend(loc="upper right")
     else:
         norms = [(r["step"], r["grad_norm"]) for r in rows if r.get("grad_norm") is not None and r["grad_norm"] > 0]
         if norms:
-            axes[3].semilogy(*zip(*norms), linewidth=1)
-    axes[3].set_ylabel("gradient norm")
+            axis.semilogy(*zip(*norms), linewidth=1)
+    axis.set_ylabel("gradient norm")
 
-    panel = 4
+
+def plot_extra_panels(axes, rows: list[dict], memory: list[dict], phase_losses: list[str], metrics: list[str]) -> None:
+    """The panels after the first four, in order: memory per rank (when rows carry it), every phase's loss (when
+    there are phases), one per named loss or metric."""
+    panel = 0
     if memory:
         for rank in range(len(memory[0]["memory_gib"])):
             axes[panel].plot([r["step"] for r in memory], [r["memory_gib"][rank] for r in memory],
@@ -132,6 +118,35 @@ def plot_run(output_dir: Path, out: Path) -> Path:
         axes[panel].plot(*series(rows, key), linewidth=1)
         axes[panel].set_ylabel(key)
         panel += 1
+
+
+def plot_run(output_dir: Path, out: Path) -> Path:
+    """Draw the run in ``output_dir`` into the PNG ``out``; returns ``out``.
+
+    Raises:
+        ValueError: no ``metrics.jsonl`` rows, or a damaged line in one of the files.
+    """
+    rows = read_jsonl(output_dir / "metrics.jsonl")
+    if not rows:
+        raise ValueError(f"{output_dir / 'metrics.jsonl'}: no logged steps (is {output_dir} a train.py output "
+                         "folder?)")
+    val = read_jsonl(output_dir / "val_metrics.jsonl")
+    anomalies = read_jsonl(output_dir / "anomalies.jsonl")
+    steps = [r["step"] for r in rows]
+    memory = [r for r in rows if r.get("memory_gib")]
+    named = list(dict.fromkeys(key for r in rows for key in r.get("losses", {})))
+    phase_losses = [key for key in named if key.startswith("loss_")]
+    phase_norms = [key for key in named if key.startswith("grad_norm_")]
+    metrics = [key for key in named if key not in phase_losses and key not in phase_norms]
+    panels = 4 + bool(memory) + bool(phase_losses) + len(metrics)
+
+    figure = Figure(figsize=(10, 2.4 * panels))
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(panels, 1, sharex=True)
+    plot_loss(axes[0], steps, rows, val, anomalies)
+    plot_throughput_and_wait(axes[1:3], steps, rows)
+    plot_grad_norm(axes[3], rows, phase_norms)
+    plot_extra_panels(axes[4:], rows, memory, phase_losses, metrics)
     axes[-1].set_xlabel("step")
     figure.suptitle(f"{output_dir}: {len(rows)} logged steps, last step {steps[-1]}")
     figure.tight_layout()
@@ -141,6 +156,7 @@ def plot_run(output_dir: Path, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Plot the run the command line names. Returns the exit status: 0, or 1 after one ``ERROR:`` line."""
     parser = argparse.ArgumentParser(description="Plot a train.py run (loss, throughput, data wait, gradient "
                                                  "norm, memory) into one PNG.")
     parser.add_argument("output_dir", type=Path, help="the run's --output-dir")

@@ -1,11 +1,11 @@
 """Compute the log-mel of every utterance once and cache it for Tacotron2 training.
 
-    python scripts/preprocess.py --config config.json [--dataset-path DIR] [--workers N] [--overwrite]
+    python -m scripts.preprocess --config config.json [--dataset-path DIR] [--workers N] [--overwrite]
 
 Reads the ``audio`` and ``data`` sections of the config, lists the training and validation utterances
-(:func:`utils.data_utils.load_splits`) and writes ``<dataset_path>/<tacotron2.mel_cache_dir>/<id>.pt``: a float32
+(:func:`utils.data.corpus.load_splits`) and writes ``<dataset_path>/<tacotron2.mel_cache_dir>/<id>.pt``: a float32
 tensor ``(n_mels, frames)`` made by :class:`utils.data.audio.MelSpectrogram`, which
-:class:`utils.text_mel_data.TextMelDataset` then loads instead of decoding the wav each epoch.
+:class:`models.tacotron2.data.TextMelDataset` then loads instead of decoding the wav each epoch.
 
 * Resumable: mels already in the cache are skipped unless ``--overwrite`` is given.
 * Atomic: each mel is written to a temporary file in the cache folder and renamed into place, so an
@@ -21,7 +21,6 @@ still written.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -29,19 +28,14 @@ from multiprocessing import Pool
 from pathlib import Path
 from typing import Optional, Sequence
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-if str(PROJECT_ROOT) not in sys.path:
-    sys.path.insert(0, str(PROJECT_ROOT))
+import torch
+from tqdm import tqdm
 
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from models import config_schemas  # noqa: E402
-from utils.data.audio import MelSpectrogram  # noqa: E402
-from utils.config import AudioConfig, Config, ConfigError, load_config  # noqa: E402
-from utils.data.corpus import DataError, load_splits  # noqa: E402
-from utils.data.audio import load_wav  # noqa: E402
-from models.tacotron2.data import CACHE_SETTINGS_FILE, check_cache_settings, mel_cache_path  # noqa: E402
+from models import config_schemas
+from models.tacotron2.data import CACHE_SETTINGS_FILE, check_cache_settings, mel_cache_path
+from utils.config import AudioConfig, Config, ConfigError, load_config
+from utils.data.audio import MelSpectrogram, load_wav
+from utils.data.corpus import DataError, load_splits
 
 _worker_mel: Optional[MelSpectrogram] = None
 _worker_rate: int = 0
@@ -71,6 +65,39 @@ def _write_mel(job: tuple[str, str, str]) -> tuple[str, Optional[str]]:
         tmp.unlink(missing_ok=True)
         return utt_id, f"{utt_id}: {err}"
     return utt_id, None
+
+
+def _results(jobs: list[tuple[str, str, str]], audio_cfg: AudioConfig, workers: int):
+    """``(id, error or None)`` of each job as it is done, and the pool doing them (``None``: done in this process,
+    for one worker or at most one job); the caller closes the pool."""
+    if workers == 1 or len(jobs) <= 1:
+        _init_worker(audio_cfg, None)
+        return map(_write_mel, jobs), None
+    pool = Pool(workers, initializer=_init_worker, initargs=(audio_cfg, 1))
+    return pool.imap_unordered(_write_mel, jobs, chunksize=4), pool
+
+
+def _write_all(jobs: list[tuple[str, str, str]], cfg: Config, workers: int, progress: bool, cache_dir: Path,
+               counts: dict[str, int]) -> list[str]:
+    """Do ``jobs`` (``(id, wav path, mel path)``) on ``workers`` processes with a tqdm bar, counting ``written`` and
+    ``failed`` in ``counts``; returns the error lines."""
+    errors = []
+    bar = tqdm(total=len(jobs), unit="utt", desc=f"mels -> {cache_dir}", disable=not progress)
+    results, pool = _results(jobs, cfg.audio, workers)
+    try:
+        for _, error in results:
+            if error is None:
+                counts["written"] += 1
+            else:
+                counts["failed"] += 1
+                errors.append(error)
+            bar.update()
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.close()
+            pool.join()
+    return errors
 
 
 def preprocess(cfg: Config, workers: Optional[int] = None, overwrite: bool = False,
@@ -103,7 +130,7 @@ def preprocess(cfg: Config, workers: Optional[int] = None, overwrite: bool = Fal
     if not overwrite:
         check_cache_settings(cache_dir, cfg.audio)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    (cache_dir / CACHE_SETTINGS_FILE).write_text(json.dumps(dataclasses.asdict(cfg.audio), indent=2) + "\n")
+    (cache_dir / CACHE_SETTINGS_FILE).write_text(json.dumps(cfg.audio.model_dump(), indent=2) + "\n")
 
     jobs = []
     for utt in utterances.values():
@@ -111,34 +138,14 @@ def preprocess(cfg: Config, workers: Optional[int] = None, overwrite: bool = Fal
         if overwrite or not out.is_file():
             jobs.append((utt.id, str(utt.wav_path), str(out)))
     counts = {"total": len(utterances), "written": 0, "skipped": len(utterances) - len(jobs), "failed": 0}
-    errors = []
-    bar = tqdm(total=len(jobs), unit="utt", desc=f"mels -> {cache_dir}", disable=not progress)
-    if workers == 1 or len(jobs) <= 1:
-        _init_worker(cfg.audio, None)
-        results = map(_write_mel, jobs)
-        pool = None
-    else:
-        pool = Pool(workers, initializer=_init_worker, initargs=(cfg.audio, 1))
-        results = pool.imap_unordered(_write_mel, jobs, chunksize=4)
-    try:
-        for _, error in results:
-            if error is None:
-                counts["written"] += 1
-            else:
-                counts["failed"] += 1
-                errors.append(error)
-            bar.update()
-    finally:
-        bar.close()
-        if pool is not None:
-            pool.close()
-            pool.join()
-    for error in errors:
+    for error in _write_all(jobs, cfg, workers, progress, cache_dir, counts):
         print(f"ERROR: {error}", file=sys.stderr)
     return counts
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Fill the mel cache of the config the command line names. Returns the exit status: 0, or 1 when the config,
+    the corpus or a mel failed (one ``ERROR:`` line each)."""
     parser = argparse.ArgumentParser(description="Cache the log-mel of every utterance for Tacotron2 training.")
     parser.add_argument("--config", required=True, help="config.json (audio and data sections are used)")
     parser.add_argument("--dataset-path", help="override data.dataset_path")

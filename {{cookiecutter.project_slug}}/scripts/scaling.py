@@ -1,7 +1,7 @@
 """More processes, more speed? The same short training on 1, 2, ... N processes, side by side.
 
-    python scripts/scaling.py --model NAME --dataset-path data/LJSpeech-1.1             # 1, 2, 4, ... GPUs
-    python scripts/scaling.py --model NAME --dataset-path DIR --procs 1 2 --tiny --steps 20  # CPU try
+    python -m scripts.scaling --model NAME --dataset-path data/LJSpeech-1.1             # 1, 2, 4, ... GPUs
+    python -m scripts.scaling --model NAME --dataset-path DIR --procs 1 2 --tiny --steps 20  # CPU try
 
 For each process count, ``multiproc.py --nproc-per-node P train.py --max-steps STEPS`` runs into
 ``OUT/procs_P`` (``--resume none``: every run starts fresh), then the items/s of its logged steps after the
@@ -11,7 +11,7 @@ section's batch size, so the global batch grows with P (weak scaling, as data pa
 Prints one row per process count: items/s, speed-up over the smallest count, and scaling efficiency
 (items/s / (P x items/s per process of the smallest count); 100% is perfect), writes ``OUT/scaling.json``
 and ``OUT/scaling.png`` (items/s against processes, with the ideal line). Where efficiency falls far below
-100%, look at the run's ``collective_wait_s`` and ``data_wait_s`` per rank (``scripts/plot_run.py``).
+100%, look at the run's ``collective_wait_s`` and ``data_wait_s`` per rank (``python -m scripts.plot_run``).
 
 Each run shows a tqdm progress bar on stderr (optimizer steps logged so far, out of ``--steps``, read from
 the run's ``metrics.jsonl``); the run's own output goes to ``OUT/procs_P/launcher.log``.
@@ -29,6 +29,9 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,8 +45,6 @@ REDRAW_S = 10.0
 
 def default_procs() -> list[int]:
     """1, 2, 4, ... up to the visible GPUs (and that count itself); ``[1, 2]`` without CUDA."""
-    import torch
-
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus < 2:
         return [1, 2]
@@ -115,9 +116,6 @@ def measure(procs: int, args: argparse.Namespace, out: Path) -> float:
 
 def plot(results: list[dict], path: Path) -> None:
     """items/s against processes, with the ideal line, into the PNG ``path``."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     figure = Figure(figsize=(6, 4))
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
@@ -137,8 +135,10 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the runs the command line asks for, print and write their items/s. Returns the exit status: 0, or 1
+    after one ``ERROR:`` line."""
     parser = argparse.ArgumentParser(description="Items/s and scaling efficiency of train.py on 1..N processes.")
-    parser.add_argument("--model", required=True, help="a model registered in model.py")
+    parser.add_argument("--model", required=True, help="a registered model (models/__init__.py)")
     parser.add_argument("--dataset-path", required=True)
     parser.add_argument("--config", default=str(ROOT / "config.json"))
     parser.add_argument("--procs", type=int, nargs="+", help="process counts (default: 1, 2, 4, ... GPUs)")

@@ -1,4 +1,4 @@
-"""Helpers shared by the project's tests; also puts the project root on ``sys.path``.
+"""Helpers shared by the project's tests (pytest puts the project root on ``sys.path``: ``pytest.ini``).
 
 * :data:`TEST_MODEL`: the model the generic tests (loop, resume, DDP, bad input) train: the environment
   variable ``TEST_MODEL`` if set, else the first registered model in alphabetical order.
@@ -29,9 +29,12 @@ between the moment a test picks it and the moment its job listens there.
 
 import atexit
 import builtins
+import contextlib
 import functools
+import io
 import os
 import random
+import shlex
 import shutil
 import signal
 import socket
@@ -42,11 +45,17 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import pytest
+import soundfile as sf
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import train
+from models import MODELS, config_schemas
+from utils.config import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
 """Test processes running at once (``pytest -n N``). Each takes its share of the cores for the work it does itself
@@ -55,17 +64,11 @@ torch does by default, and each compiling with a pool as large as the machine, s
 order of magnitude. The jobs tests launch run one thread per process (:func:`clean_env`)."""
 if XDIST_WORKERS > 1:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-
-from models import MODELS  # noqa: E402  (needs ROOT on sys.path)
-
-if XDIST_WORKERS > 1:
-    import torch
-
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
 
 TEST_MODEL = os.environ.get("TEST_MODEL") or (sorted(MODELS)[0] if MODELS else None)
 if TEST_MODEL is not None and TEST_MODEL not in MODELS:
-    raise pytest.UsageError(f"TEST_MODEL={TEST_MODEL} is not registered in model.py ({', '.join(MODELS)})")
+    raise pytest.UsageError(f"TEST_MODEL={TEST_MODEL} is not registered in models/__init__.py ({', '.join(MODELS)})")
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE",
                  "GROUP_RANK", "NODE_RANK", "TORCHELASTIC_RUN_ID", "KUBERNETES_SERVICE_HOST", "MULTIPROC_PID",
@@ -117,8 +120,6 @@ def bound(work_s: float, starts: int = 2) -> float:
 
 def visible_gpus() -> int:
     """GPUs this process sees (0 without CUDA)."""
-    import torch
-
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -240,11 +241,6 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
 def tiny_checkpoint(name: str, path) -> Path:
     """An untrained checkpoint of model ``name`` in the tiny config, as ``inference.py`` reads it: enough to
     test its option handling without training. Returns ``path``."""
-    import torch
-
-    from models import config_schemas
-    from utils.config import load_config
-
     cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
     torch.manual_seed(0)
     model = MODELS[name].build_model(cfg)
@@ -264,11 +260,10 @@ class OpensAFile:
 
 @pytest.fixture
 def fresh_dynamo():
-    """Compile from scratch and count this test's graphs only (``torch._dynamo.utils.counters``)."""
-    import torch._dynamo
-    from torch._dynamo.utils import counters
-
+    """Compile from scratch and count this test's graphs only (``torch._dynamo.utils.counters``). ``torch._dynamo``
+    is loaded here, on first use (torch's lazy attribute): after ``TORCHINDUCTOR_COMPILE_THREADS`` is set above."""
     torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
     counters.clear()
     yield counters
     torch._dynamo.reset()
@@ -283,9 +278,6 @@ def synth_corpus(root, n: int = 24, seconds: float = 0.6, sampling_rate: int = 2
     ``loud_noise``: utterance ids (``SYN-0015``) whose audio is replaced by loud white noise (standard deviation
     0.5 of full scale, clipped at 0.99; the voiced clips peak near 0.3), a damaged clip in the middle of a corpus.
     """
-    import numpy as np
-    import soundfile as sf
-
     root = Path(root)
     (root / "wavs").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -322,11 +314,6 @@ def train_with_validation_every_step(model: str, corpus, out) -> str:
 
 def tensorboard_audio(run_dir) -> dict:
     """``{tag: [(step, sample rate in Hz, samples (T,) float32 in [-1, 1]), ...]}`` of a run's TensorBoard log."""
-    import io
-
-    import soundfile as sf
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     events = EventAccumulator(str(Path(run_dir) / "tensorboard"), size_guidance={"audio": 0})
     events.Reload()
     clips = {}
@@ -404,11 +391,6 @@ def finish_all(procs: list, timeout: float) -> list[str]:
 def perturbed_tiny_model(name: str):
     """``(model, cfg)``: model ``name`` in the tiny config, every weight moved off its initial value (a layer that
     starts at zero included): a stand-in for trained weights, for tests of weights in other formats."""
-    import torch
-
-    from models import config_schemas
-    from utils.config import load_config
-
     cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
     torch.manual_seed(0)
     model = MODELS[name].build_model(cfg)
@@ -445,13 +427,6 @@ def train_from_and_infer(tmp_path, name: str, weights, infer_args: list) -> None
 def run_train_main(argv: list) -> tuple[int, str, str]:
     """``train.main(argv)`` in this process, its signal handlers and TF32/cuDNN flags restored after; (exit code,
     stdout, stderr)."""
-    import contextlib
-    import io
-
-    import torch
-
-    import train
-
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     backends = torch.backends
     flags = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark)
@@ -478,8 +453,6 @@ def launch_command(path) -> list[str]:
     Skips the calling test without PyYAML (``pip install -r requirements-launch.txt``). Raises :class:`ValueError`
     for a file that is none of these, or a ``run`` block of several commands.
     """
-    import shlex
-
     yaml = pytest.importorskip("yaml", reason="PyYAML reads the launch files: pip install -r requirements-launch.txt")
     doc = yaml.safe_load(Path(path).read_text())
     kind = doc.get("kind") if isinstance(doc, dict) else None

@@ -1,5 +1,5 @@
-"""Activation checkpointing (utils.training.activation_checkpoint): the gradients of the plain model for every model that
-names its blocks, on one process and under DDP and FSDP on 2 gloo ranks, and the activation memory it saves."""
+"""Activation checkpointing (utils.training.activation_checkpoint): the gradients of the plain model for every model
+that names its blocks, on one process and under DDP and FSDP on 2 gloo ranks, and the activation memory it saves."""
 
 import os
 import textwrap
@@ -10,10 +10,10 @@ from torch import nn
 
 from conftest import ROOT, run_ranks
 from models import MODELS, config_schemas
-from utils.training.activation_checkpoint import apply_activation_checkpointing, is_checkpointed
 from utils.config import load_config
+from utils.training.activation_checkpoint import apply_activation_checkpointing, is_checkpointed
 
-WITH_BLOCKS = sorted(name for name, spec in MODELS.items() if spec.blocks is not None)
+WITH_BLOCKS = sorted(name for name, spec in MODELS.items() if spec.training.blocks is not None)
 
 
 def tiny_config():
@@ -24,32 +24,40 @@ def loss_and_gradients(name: str, mode: str, every: int = 2):
     """One forward and backward of model ``name`` (tiny config, training mode: dropout on) on a fixed synthetic
     batch, its blocks checkpointed as ``mode`` says; every phase's loss for a model with several."""
     spec, cfg = MODELS[name], tiny_config()
+    training = spec.training
     torch.manual_seed(0)
     model = spec.build_model(cfg).train()
-    wrapped = apply_activation_checkpointing(spec.blocks(model), mode, every)
-    case = spec.benchmark_cases[0].tiny
-    batch = spec.synthetic_batch(cfg, case.batch_size, torch.Generator().manual_seed(1), **case.batch_kwargs)
-    if spec.on_device is not None:
-        batch = spec.on_device(batch, cfg)
+    wrapped = apply_activation_checkpointing(training.blocks(model), mode, every)
+    batch = tiny_batch(spec, cfg)
     torch.manual_seed(2)  # the dropout masks
-    if spec.phases:
-        nets = spec.networks(model)
-        loss = sum(spec.train_step(phase, nets, batch)[0] for phase in spec.phases)
+    if training.phases is not None:
+        nets = training.phases.networks(model)
+        loss = sum(training.phases.train_step(phase, nets, batch)[0] for phase in training.phases.names)
     else:
-        loss = spec.build_criterion(cfg)(model(batch), batch)
+        loss = training.build_criterion(cfg)(model(batch), batch)
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return loss.detach(), grads, wrapped, model
 
 
-@pytest.mark.skipif(not WITH_BLOCKS, reason="no registered model names its blocks (ModelSpec.blocks)")
+def tiny_batch(spec, cfg) -> dict:
+    """The synthetic batch of the model's first benchmark case (its tiny form), moved through ``Training.on_device``
+    when the model has one."""
+    case = spec.benchmark.cases[0].tiny
+    batch = spec.benchmark.synthetic_batch(cfg, case.batch_size, torch.Generator().manual_seed(1), **case.batch_kwargs)
+    if spec.training.on_device is not None:
+        batch = spec.training.on_device(batch, cfg)
+    return batch
+
+
+@pytest.mark.skipif(not WITH_BLOCKS, reason="no registered model names its blocks (Training.blocks)")
 @pytest.mark.parametrize("name", WITH_BLOCKS)
 def test_checkpointed_blocks_give_the_gradients_of_the_plain_model(name):
     loss, grads, _, plain = loss_and_gradients(name, "none")
     assert grads, "nothing was trained"
     for mode in ("full", "selective"):
         other_loss, other_grads, wrapped, model = loss_and_gradients(name, mode)
-        blocks = MODELS[name].blocks(model)
+        blocks = MODELS[name].training.blocks(model)
         assert wrapped == (blocks if mode == "full" else blocks[::2]) and all(map(is_checkpointed, wrapped))
         assert model.state_dict().keys() == plain.state_dict().keys(), "state-dict keys must not change"
         torch.testing.assert_close(other_loss, loss, rtol=1e-6, atol=1e-6)
@@ -106,7 +114,6 @@ WORKER = textwrap.dedent('''
     import gc
     import sys
     import torch
-    sys.path.insert(0, sys.argv[2])
     import distributed as D
     from test_activation_checkpoint import deep_stack
     from utils.training.activation_checkpoint import apply_activation_checkpointing
@@ -142,7 +149,7 @@ def test_checkpointing_under_ddp_and_fsdp_on_two_ranks_keeps_the_gradients(tmp_p
             torch.testing.assert_close(grads[run][key], reference[key], rtol=1e-5, atol=1e-7, msg=f"{run}: {key}")
 
 
-FAST = sorted(name for name in WITH_BLOCKS if MODELS[name].optimize_for_training is not None)
+FAST = sorted(name for name in WITH_BLOCKS if MODELS[name].training.optimize_for_training is not None)
 
 
 @pytest.mark.skipif(not FAST, reason="no registered model has both blocks and a fast path (optimize_for_training)")
@@ -152,18 +159,15 @@ def test_checkpointed_blocks_work_with_the_fast_path(fresh_dynamo):
     the fast path without checkpointing (the first such model; compiling on a CPU takes a while)."""
     name = FAST[0]
     spec, cfg = MODELS[name], tiny_config()
-    case = spec.benchmark_cases[0].tiny
     grads = {}
     for mode in ("none", "full"):
         torch.manual_seed(0)
         model = spec.build_model(cfg).train()
-        apply_activation_checkpointing(spec.blocks(model), mode)
-        model = spec.optimize_for_training(model, cfg)
-        batch = spec.synthetic_batch(cfg, case.batch_size, torch.Generator().manual_seed(1), **case.batch_kwargs)
-        if spec.on_device is not None:
-            batch = spec.on_device(batch, cfg)
+        apply_activation_checkpointing(spec.training.blocks(model), mode)
+        model = spec.training.optimize_for_training(model, cfg)
+        batch = tiny_batch(spec, cfg)
         torch.manual_seed(2)
-        spec.build_criterion(cfg)(model(batch), batch).backward()
+        spec.training.build_criterion(cfg)(model(batch), batch).backward()
         grads[mode] = {key: p.grad for key, p in model.named_parameters() if p.grad is not None}
     assert grads["full"].keys() == grads["none"].keys() and grads["none"]
     for key in grads["none"]:

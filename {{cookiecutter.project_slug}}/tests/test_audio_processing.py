@@ -1,4 +1,4 @@
-"""Tests of utils/audio_processing.py: mel framing and values, log compression, Griffin-Lim, save_wav."""
+"""Tests of utils/data/audio.py: mel framing and values, log compression, Griffin-Lim, save_wav."""
 
 import librosa
 import numpy as np

@@ -29,6 +29,8 @@ import inference
 import train
 from conftest import ROOT, TEST_MODEL, OpensAFile, clean_env, synth_corpus
 from models import MODELS
+from utils.data import check as data_check
+from utils.training.settings import check_settings
 
 MODEL = TEST_MODEL
 CONFIG = os.path.join(ROOT, "config.json")
@@ -206,13 +208,20 @@ def test_a_missing_config_file_is_named(capsys, tmp_path):
     assert the_error(code, err, out) == f"ERROR: config file not found: {tmp_path / 'nope.json'}"
 
 
+def with_hook(spec, hook: str, function):
+    """``spec`` with its ``build_model`` or its ``training.build_datasets`` (``hook``) replaced by ``function``."""
+    if hook == "build_model":
+        return dataclasses.replace(spec, build_model=function)
+    return dataclasses.replace(spec, training=dataclasses.replace(spec.training, **{hook: function}))
+
+
 @pytest.mark.parametrize("hook", ["build_model", "build_datasets"])
 def test_a_value_the_model_refuses_is_one_line_naming_its_section(capsys, corpus, tmp_path, monkeypatch, hook):
     """A model's builder raising ValueError (what a model does with a value its config type allows but it
     cannot use) is a config error of the model's section."""
     def refuse(cfg):
         raise ValueError("width must be even, got 7")
-    monkeypatch.setitem(MODELS, MODEL, dataclasses.replace(MODELS[MODEL], **{hook: refuse}))
+    monkeypatch.setitem(MODELS, MODEL, with_hook(MODELS[MODEL], hook, refuse))
     code, out, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out"))
     assert the_error(code, err, out) == f"ERROR: rank 0: {MODEL} config: width must be even, got 7"
 
@@ -221,12 +230,13 @@ def test_a_value_the_model_refuses_is_one_line_naming_its_section(capsys, corpus
 def test_length_buckets_for_a_model_of_fixed_length_items_are_refused(variable_length):
     from utils.config import ConfigError
     cfg = train.load_run_config(train.parse_args(["--set", "data.batching=buckets"]))
-    spec = dataclasses.replace(MODELS[MODEL], variable_length=variable_length)
+    spec = MODELS[MODEL]
+    spec = dataclasses.replace(spec, training=dataclasses.replace(spec.training, variable_length=variable_length))
     if variable_length:
-        train.check_settings(spec, MODEL, cfg)
+        check_settings(spec, cfg)
         return
     with pytest.raises(ConfigError, match=f"data.batching=buckets: model '{MODEL}' trains on items of one length"):
-        train.check_settings(spec, MODEL, cfg)  # before any model, process group or data
+        check_settings(spec, cfg)  # before any model, process group or data
 
 
 def test_a_bad_launcher_environment_is_one_line(capsys, corpus, tmp_path, monkeypatch):
@@ -242,8 +252,8 @@ def test_a_missing_dataset_folder_is_named(capsys, tmp_path, precious):
     before = snapshot(precious)
     code, out, err = run_train(capsys, "--dataset-path", str(tmp_path / "no_corpus"), "--output-dir", str(precious))
     assert the_error(code, err, out) == f"ERROR: rank 0: dataset folder not found: {tmp_path / 'no_corpus'} (get " \
-                                        "LJSpeech with scripts/dataset.sh data, or a small demo corpus with python " \
-                                        "scripts/make_demo_corpus.py --output data/demo, or point --dataset-path at " \
+                                        "LJSpeech with scripts/dataset.sh data, or a small demo corpus with python -m " \
+                                        "scripts.make_demo_corpus --output data/demo, or point --dataset-path at " \
                                         "a folder in the LJSpeech layout)"
     assert snapshot(precious) == before
 
@@ -377,7 +387,7 @@ def test_bad_clips_are_skipped_and_listed_with_on_bad_clip_skip(capsys, bad_corp
 def test_a_clip_damaged_after_the_start_up_check_is_one_error_line(capsys, own_corpus, tmp_path, model,
                                                                  monkeypatch):
     """A wav that goes bad while the run is on (the start-up check passed it): one line naming it."""
-    monkeypatch.setattr(train, "check_corpus", lambda *args, **kwargs: [])
+    monkeypatch.setattr(data_check, "check_corpus", lambda *args, **kwargs: [])
     for index in range(1, N_UTTERANCES + 1):  # whichever clip is drawn first
         wav_of(own_corpus, index).write_bytes(b"RIFF, but not really a wav file at all" * 20)
     code, out, err = run_train(capsys, "--model", model, "--dataset-path", str(own_corpus),
@@ -629,8 +639,8 @@ def test_inference_names_a_checkpoint_of_an_unknown_model(capsys, finished, tmp_
     other = tmp_path / "other.pt"
     torch.save(state, other)
     code, out, err = run_inference(capsys, "--checkpoint", str(other), "--output", str(tmp_path / "x.wav"))
-    assert the_error(code, err, out).startswith(f"ERROR: {other} holds a model 'another_model' that model.py does "
-                                                "not define")
+    assert the_error(code, err, out).startswith(f"ERROR: {other} holds a model 'another_model' that "
+                                                "models/__init__.py does not register")
 
 
 def test_inference_names_a_checkpoint_whose_config_has_an_unknown_key(capsys, finished, tmp_path):
@@ -668,7 +678,8 @@ def test_inference_names_an_option_the_checkpoints_model_does_not_take(capsys, f
     line = the_error(code, err, out)
     assert line.startswith(f"ERROR: --no-such-option: not an option of {checkpoint}, a {MODEL} checkpoint; it takes "), line
     assert f"(python inference.py --checkpoint {checkpoint} --help)" in line
-    others = {name: spec for name, spec in MODELS.items() if name != MODEL and spec.add_inference_args is not None}
+    others = {name: spec for name, spec in MODELS.items() if name != MODEL and spec.inference is not None
+              and (spec.inference.add_args is not None or spec.inference.takes_vocoder)}
     for name, spec in others.items():  # another model's option, given to this model's checkpoint, is named so
         parser = inference.build_parser([name])
         own = inference.build_parser([MODEL])
@@ -707,48 +718,84 @@ def set_row(corpus: Path, index: int, row: str) -> None:
     (corpus / "metadata.csv").write_text("\n".join(lines) + "\n")
 
 
+def _malformed_line(corpus: Path, index: int, wav: Path, utt: str) -> tuple[str, str, str]:
+    set_row(corpus, index, f"{utt} no separator")
+    return (f"metadata.csv:{index}", f"{corpus / 'metadata.csv'}:{index}", "malformed line: expected "
+            f"'id|raw text|normalized text', got '{utt} no separator'")
+
+
+def _repeated_id(corpus: Path, index: int, wav: Path, utt: str) -> tuple[str, str, str]:
+    with open(corpus / "metadata.csv", "a") as metadata:
+        metadata.write(f"{utt}|Once more.|Once more.\n")
+    line = len((corpus / "metadata.csv").read_text().splitlines())
+    return f"metadata.csv:{line}", str(wav), f"utterance id '{utt}' appears twice (first on line {index}"
+
+
+def _empty_transcript(corpus: Path, index: int, wav: Path, utt: str) -> tuple[str, str, str]:
+    set_row(corpus, index, f"{utt}||")
+    return utt, str(wav), f"empty transcript (metadata.csv line {index})"
+
+
+def _emoji_transcript(corpus: Path, index: int, wav: Path, utt: str) -> tuple[str, str, str]:
+    set_row(corpus, index, f"{utt}|\U0001F389 \U0001F680|\U0001F389 \U0001F680")
+    return utt, str(wav), "transcript '\U0001F389 \U0001F680' has no letter or digit"
+
+
+def _missing_wav(corpus: Path, index: int, wav: Path, utt: str) -> tuple[str, str, str]:
+    wav.unlink()
+    return utt, str(wav), f"wav not found (metadata.csv line {index})"
+
+
+def _folder(corpus: Path, index: int, wav: Path, utt: str) -> tuple[str, str, str]:
+    wav.unlink()
+    wav.mkdir()
+    return utt, str(wav), f"is a folder, not a wav file (metadata.csv line {index})"
+
+
+def _silent(corpus: Path, index: int, wav: Path, utt: str) -> tuple[str, str, str]:
+    sf.write(wav, np.zeros(13000, np.float32), 22050, subtype="PCM_16")
+    return utt, str(wav), "silent: every sample is zero"
+
+
+def _too_short(corpus: Path, index: int, wav: Path, utt: str) -> tuple[str, str, str]:
+    sf.write(wav, np.full(100, 0.1, np.float32), 22050, subtype="PCM_16")
+    return utt, str(wav), "too short: 100 samples"
+
+
+def _truncated(corpus: Path, index: int, wav: Path, utt: str) -> tuple[str, str, str]:
+    wav.write_bytes(wav.read_bytes()[:3000])
+    return utt, str(wav), "truncated wav file (data chunk declares"
+
+
+def _not_a_sound_file(corpus: Path, index: int, wav: Path, utt: str) -> tuple[str, str, str]:
+    wav.write_bytes(b"RIFF, but not really a wav file at all" * 20)
+    return utt, str(wav), "unreadable header ("
+
+
+def _eight_bit(corpus: Path, index: int, wav: Path, utt: str) -> None:
+    audio, rate = sf.read(wav, dtype="float32")
+    sf.write(wav, audio, rate, subtype="PCM_U8")
+    return None
+
+
+DAMAGES = {"malformed line": _malformed_line, "repeated id": _repeated_id, "empty transcript": _empty_transcript,
+           "emoji transcript": _emoji_transcript, "missing wav": _missing_wav, "folder": _folder,
+           "silent": _silent, "too short": _too_short, "truncated": _truncated,
+           "not a sound file": _not_a_sound_file, "8-bit": _eight_bit}
+"""Kind of bad clip -> ``(corpus, index, wav path, utterance id) -> (id, path, reason) | None``: what :func:`damage`
+does to the utterance."""
+
+
 def damage(corpus: Path, index: int, kind: str) -> tuple[str, str, str]:
     """Make utterance ``index`` of ``corpus`` bad in the way ``kind`` says; returns the (id, path, reason) its
-    bad clip is listed with (``None`` for the 8-bit clip, which is not bad: soundfile reads it as float)."""
-    wav, utt = wav_of(corpus, index), f"SYN-{index:04d}"
-    if kind == "malformed line":
-        set_row(corpus, index, f"{utt} no separator")
-        return (f"metadata.csv:{index}", f"{corpus / 'metadata.csv'}:{index}", "malformed line: expected "
-                f"'id|raw text|normalized text', got '{utt} no separator'")
-    if kind == "repeated id":
-        with open(corpus / "metadata.csv", "a") as metadata:
-            metadata.write(f"{utt}|Once more.|Once more.\n")
-        line = len((corpus / "metadata.csv").read_text().splitlines())
-        return f"metadata.csv:{line}", str(wav), f"utterance id '{utt}' appears twice (first on line {index}"
-    if kind == "empty transcript":
-        set_row(corpus, index, f"{utt}||")
-        return utt, str(wav), f"empty transcript (metadata.csv line {index})"
-    if kind == "emoji transcript":
-        set_row(corpus, index, f"{utt}|\U0001F389 \U0001F680|\U0001F389 \U0001F680")
-        return utt, str(wav), "transcript '\U0001F389 \U0001F680' has no letter or digit"
-    if kind in ("missing wav", "folder"):
-        wav.unlink()
-        if kind == "folder":
-            wav.mkdir()
-            return utt, str(wav), f"is a folder, not a wav file (metadata.csv line {index})"
-        return utt, str(wav), f"wav not found (metadata.csv line {index})"
-    if kind == "silent":
-        sf.write(wav, np.zeros(13000, np.float32), 22050, subtype="PCM_16")
-        return utt, str(wav), "silent: every sample is zero"
-    if kind == "too short":
-        sf.write(wav, np.full(100, 0.1, np.float32), 22050, subtype="PCM_16")
-        return utt, str(wav), "too short: 100 samples"
-    if kind == "truncated":
-        wav.write_bytes(wav.read_bytes()[:3000])
-        return utt, str(wav), "truncated wav file (data chunk declares"
-    if kind == "not a sound file":
-        wav.write_bytes(b"RIFF, but not really a wav file at all" * 20)
-        return utt, str(wav), "unreadable header ("
-    if kind == "8-bit":
-        audio, rate = sf.read(wav, dtype="float32")
-        sf.write(wav, audio, rate, subtype="PCM_U8")
-        return None
-    raise ValueError(kind)
+    bad clip is listed with (``None`` for the 8-bit clip, which is not bad: soundfile reads it as float).
+
+    Raises:
+        ValueError: ``kind`` is not one of :data:`DAMAGES`.
+    """
+    if kind not in DAMAGES:
+        raise ValueError(kind)
+    return DAMAGES[kind](corpus, index, wav_of(corpus, index), f"SYN-{index:04d}")
 
 
 KINDS = ["malformed line", "repeated id", "empty transcript", "emoji transcript", "missing wav", "folder", "silent",
@@ -766,14 +813,14 @@ def tiny_config(corpus: Path, mode: str):
 @pytest.mark.parametrize("mode", ["error", "skip"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_kind_of_bad_clip_is_named_or_skipped_at_start_up(capsys, own_corpus, tmp_path, monkeypatch, kind, mode):
-    """``train.prepare_run``, rank 0's start-up check: ``error`` names the clip in one message; ``skip`` lists it
+    """``utils.data.check.prepare_run``, rank 0's start-up check: ``error`` names the clip in one message; ``skip`` lists it
     in skipped_clips.txt and a warning line and returns its id, which (in ``data.exclude``) leaves it out of both
     datasets. An 8-bit clip is no bad clip: it is read as float, and it stays in the datasets."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     expected = damage(own_corpus, 3, kind)
     cfg = tiny_config(own_corpus, mode)
     spec = MODELS[MODEL]
-    outcome, found = train.prepare_run(cfg, spec, tmp_path / "out")
+    outcome, found = data_check.prepare_run(cfg, spec, tmp_path / "out")
     err = capsys.readouterr().err
     listing = tmp_path / "out" / "skipped_clips.txt"
     if expected is None:  # the 8-bit clip
@@ -792,7 +839,7 @@ def test_each_kind_of_bad_clip_is_named_or_skipped_at_start_up(capsys, own_corpu
         assert f"warning: leaving out 1 bad clip(s), listed in {listing} (1 bad clip(s): '{clip_id}' ({path}): " \
                f"{reason}" in err, err
         cfg.data.exclude = found  # what train.py does with the outcome
-    datasets = spec.build_datasets(cfg)
+    datasets = spec.training.build_datasets(cfg)
     ids = [utt.id for dataset in datasets for utt in dataset.utterances]
     if expected is None:
         assert "SYN-0003" in ids

@@ -20,8 +20,10 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import ROOT, bound, clean_env
-from utils.checkpoint.files import CheckpointError, atomic_write_bytes, load_checkpoint, load_model_state, remove_stale_temporaries
+from conftest import bound, clean_env
+from utils.checkpoint.files import (CheckpointError, atomic_write_bytes, load_checkpoint, load_model_state,
+                                    remove_stale_temporaries)
+from utils.checkpoint.resume import config_changes
 from utils.checkpoint.state import capture_rng_state, list_checkpoints, restore_rng_state, save_checkpoint
 
 
@@ -124,8 +126,7 @@ def test_temporaries_of_dead_processes_are_removed_by_the_next_save(tmp_path):
 WRITER = textwrap.dedent('''
     import os, sys
     import torch
-    sys.path.insert(0, sys.argv[2])
-    from utils.checkpoint import save_checkpoint
+    from utils.checkpoint.state import save_checkpoint
 
     out = sys.argv[1]
     for line in sys.stdin:
@@ -154,7 +155,7 @@ def test_sigkill_in_the_middle_of_saves_leaves_checkpoint_last_loadable(tmp_path
     out.mkdir()
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
-    proc = subprocess.Popen([sys.executable, str(script), str(out), ROOT], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(script), str(out)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=clean_env(1))
     lines = queue.Queue()
@@ -361,8 +362,6 @@ def test_rng_state_survives_a_weights_only_round_trip(tmp_path):
 
 
 def test_config_changes_are_named_as_config_json_writes_them():
-    from utils.checkpoint.resume import config_changes
-
     before = {"train": {"compile": False, "grad_clip": 0.0, "lr_schedule": "constant"}, "data": {"exclude": ()}}
     now = {"train": {"compile": True, "grad_clip": 0.5, "lr_schedule": "cosine"}, "data": {"exclude": ("LJ001",)}}
     assert config_changes(before, now) == ['data.exclude: [] -> ["LJ001"]', "train.compile: false -> true",

@@ -1,36 +1,39 @@
 """Tests of utils/config.py: every bad key or value is refused with a ConfigError that names it."""
 
-import dataclasses
 import json
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
+import annotated_types
 import pytest
+from pydantic import Field, ValidationError
 
 from conftest import ROOT
 from models import MODELS
-from utils.config import (SHARED_SECTIONS, AudioConfig, Config, ConfigError, TrainConfig, build_config,
-                          config_from_dict, load_config, parse_override, setting)
+from utils.config import (SHARED_SECTIONS, AudioConfig, Config, ConfigError, DataConfig, Section, TrainConfig,
+                          build_config, config_from_dict, load_config, parse_override)
+
+Count = Annotated[int, Field(ge=1)]
+"""An int >= 1: the bound of each item of a list or tuple."""
 
 
-@dataclasses.dataclass
-class ToyModelConfig:
-    """A model section as model.py would declare one (independent of the example models), with a field of
-    each type form the config reads and bounds declared with ``setting``."""
+class ToyModelConfig(Section):
+    """A model section as a model declares one (independent of the example models), with a field of each type
+    form the config reads and bounds declared with ``Field`` (on the field, or on each item through ``Annotated``)."""
 
     width: int = 8
-    names: list[str] = dataclasses.field(default_factory=lambda: ["a"])
-    batch_size: int = setting(4, ge=1)
-    learning_rate: float = setting(1e-3, gt=0)
-    weight_decay: float = setting(0.0, ge=0)
-    scale: Optional[float] = setting(None, gt=0, le=10)
+    names: list[str] = Field(default_factory=lambda: ["a"])
+    batch_size: int = Field(4, ge=1)
+    learning_rate: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    scale: Optional[float] = Field(None, gt=0, le=10)
     gain: float | None = None
-    dims: tuple[int, ...] = setting((2, 2), ge=1)
+    dims: tuple[Count, ...] = (2, 2)
     size: tuple[int, int] = (3, 4)
     pair: tuple[int, str] = (1, "a")
-    sizes: list[int] = setting(default_factory=lambda: [1], ge=1)
+    sizes: list[Count] = Field(default_factory=lambda: [1])
     mode: Literal["a", "b"] = "a"
     level: Literal[1, 2] = 1
-    weights: dict[str, float] = setting(default_factory=dict, ge=0)
+    weights: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
     crop: Optional[list[int]] = None
     window: tuple[int, int] | None = None
     label: Optional[str] = None
@@ -55,7 +58,7 @@ def shape(value):
 
 # --- keys and sections ------------------------------------------------------------------------------------
 
-def test_left_out_keys_take_the_dataclass_defaults():
+def test_left_out_keys_take_the_section_defaults():
     cfg = build({"train": {"max_steps": 7}})
     assert cfg.train.max_steps == 7
     assert cfg.train.seed == TrainConfig().seed and cfg.audio == AudioConfig()
@@ -189,6 +192,7 @@ def test_set_reads_null_and_bare_strings_by_the_field_type(text, expected):
     ("level", 3, "config key 'toy.level' must be one of 1, 2, got 3"),
     ("level", True, "config key 'toy.level' must be one of 1, 2, got True"),
     ("level", "1", "config key 'toy.level' must be one of 1, 2, got '1'"),
+    ("level", 1.0, "config key 'toy.level' must be one of 1, 2, got 1.0"),
     ("weights", [1], "config key 'toy.weights' must be an object {str: float}, got list [1]"),
     ("weights", {"x": "y"}, "config key 'toy.weights[\"x\"]' must be float, got str 'y'"),
     ("crop", "a", "config key 'toy.crop' must be list[int] or None, got str 'a'"),
@@ -216,6 +220,7 @@ def test_wrong_value_of_a_type_form_is_one_line_naming_the_type(key, value, mess
     ("toy.mode=null", "config key 'toy.mode' must be one of a, b, got 'null'"),
     ("toy.level=3", "config key 'toy.level' must be one of 1, 2, got 3"),
     ("toy.level=one", "config key 'toy.level' must be one of 1, 2, got 'one'"),
+    ("toy.level=true", "config key 'toy.level' must be one of 1, 2, got True"),
     ('toy.weights={"x": "y"}', "config key 'toy.weights[\"x\"]' must be float, got str 'y'"),
     ("toy.crop=a", "config key 'toy.crop' must be list[int] or None, got str 'a'"),
     ("toy.window=[1]", "config key 'toy.window' must be a list of 2 ints or None, got list [1]"),
@@ -226,18 +231,23 @@ def test_bad_set_of_a_type_form_is_one_line_naming_the_type(text, message):
     assert str(info.value) == f"--set {text}: {message}"
 
 
+def test_a_python_value_json_cannot_hold_is_refused_naming_its_key():
+    with pytest.raises(ConfigError, match=r"^config: config key 'data.exclude' must be list\[str\], got set \{'a'\}$"):
+        build({"data": {"exclude": {"a"}}})
+
+
 def test_a_huge_int_for_a_float_is_refused_as_not_finite():
     with pytest.raises(ConfigError, match=r"config key 'toy.scale' must be a finite float, got 1000"):
         build({"toy": {"scale": 10**400}})
 
 
 def test_a_field_type_the_config_cannot_read_is_a_type_error_naming_it():
-    @dataclasses.dataclass
-    class Odd:
-        tags: set[str] = dataclasses.field(default_factory=set)
-
     with pytest.raises(TypeError, match=r"^config field Odd.tags: type set\[str\] is not supported"):
-        build_config({}, {**SCHEMAS, "odd": Odd})
+        class Odd(Section):  # found when the class is defined, whether or not a config sets the field
+            tags: set[str] = Field(default_factory=set)
+    with pytest.raises(TypeError, match=r"^config field NoDefault.width needs a default"):
+        class NoDefault(Section):
+            width: int
 
 
 # --- --set overrides --------------------------------------------------------------------------------------
@@ -403,41 +413,65 @@ def test_bounds_are_not_applied_to_none_and_hold_at_their_limits():
     assert build(overrides=["toy.scale=null"]).toy.scale is None
 
 
-def test_setting_keeps_bounds_and_help_in_the_field_metadata():
-    @dataclasses.dataclass
-    class Section:
-        rate: float = setting(0.5, gt=0, lt=1, help="keep probability")
-        steps: list[int] = setting(default_factory=lambda: [1], ge=1)
-        plain: int = setting(3)
+def test_fields_keep_their_bounds_and_descriptions():
+    class Sec(Section):
+        rate: float = Field(0.5, gt=0, lt=1, description="keep probability")
+        steps: list[Count] = Field(default_factory=lambda: [1])
+        plain: int = 3
 
-    fields = {field.name: field for field in dataclasses.fields(Section)}
-    assert dict(fields["rate"].metadata) == {"gt": 0, "lt": 1, "help": "keep probability"}
-    assert dict(fields["steps"].metadata) == {"ge": 1} and dict(fields["plain"].metadata) == {}
-    assert Section() == Section(0.5, [1], 3) and Section().steps is not Section().steps
-    cfg = build_config({"sec": {"rate": 0.25}}, {"sec": Section})
+    fields = Sec.model_fields
+    assert fields["rate"].metadata == [annotated_types.Gt(0), annotated_types.Lt(1)]
+    assert fields["rate"].description == "keep probability"
+    assert fields["steps"].metadata == [] and fields["plain"].metadata == [] and fields["plain"].description is None
+    assert Sec() == Sec(rate=0.5, steps=[1], plain=3) and Sec().steps is not Sec().steps
+    cfg = build_config({"sec": {"rate": 0.25}}, {"sec": Sec})
     assert cfg.sec.rate == 0.25
     with pytest.raises(ConfigError, match=r"^config: config key 'sec.rate' must be < 1, got 1.0$"):
-        build_config({"sec": {"rate": 1}}, {"sec": Section})
+        build_config({"sec": {"rate": 1}}, {"sec": Sec})
+    with pytest.raises(ConfigError, match=r"^config: config key 'sec.steps\[1\]' must be >= 1, got 0$"):
+        build_config({"sec": {"steps": [1, 0]}}, {"sec": Sec})
 
 
-def test_setting_refuses_a_default_out_of_its_bounds_and_a_bound_that_is_no_number():
-    with pytest.raises(ValueError, match=r"^setting\(\): the default must be >= 1, got 0$"):
-        setting(0, ge=1)
-    with pytest.raises(ValueError, match=r"^setting\(\): the default\[1\] must be > 0, got -1$"):
-        setting((1, -1), gt=0)
-    with pytest.raises(TypeError, match=r"^setting\(\): le must be a number, got str '5'$"):
-        setting(1, le="5")
-    with pytest.raises(ValueError, match="cannot specify both default and default_factory"):
-        setting(1, default_factory=list)
+def test_a_default_out_of_its_bounds_and_a_bound_that_is_no_number_are_refused_where_the_class_is_defined():
+    with pytest.raises(ValueError,
+                       match=r"^the defaults of Low break its rules: config key 'Low.x' must be >= 1, got 0$"):
+        class Low(Section):
+            x: int = Field(0, ge=1)
+    with pytest.raises(ValueError, match=r"config key 'Items.xs\[1\]' must be > 0, got -1$"):
+        class Items(Section):
+            xs: tuple[Annotated[int, Field(gt=0)], ...] = (1, -1)
+    with pytest.raises(ValueError, match=r"config key 'Listed.xs' must be a list of 2 ints, got list \[1, 2\]$"):
+        class Listed(Section):
+            xs: tuple[int, int] = [1, 2]  # a default is Python: a tuple field's default is a tuple
+    with pytest.raises(Exception, match="must be real number, not str"):  # pydantic's SchemaError
+        class Bound(Section):
+            x: float = Field(1.0, le="x")
+    with pytest.raises(TypeError, match="cannot specify both default and default_factory"):
+        Field(1, default_factory=list)
 
 
 def test_shared_sections_declare_their_bounds_and_choices_on_the_fields():
-    fields = {field.name: field for field in dataclasses.fields(TrainConfig)}
-    assert dict(fields["seed"].metadata) == {"ge": 0, "le": 2**31 - 1}
-    assert dict(fields["dist_timeout_s"].metadata) == {"gt": 0}
+    fields = TrainConfig.model_fields
+    assert fields["seed"].metadata == [annotated_types.Ge(0), annotated_types.Le(2**31 - 1)]
+    assert fields["dist_timeout_s"].metadata == [annotated_types.Gt(0)]
+    assert fields["precision"].annotation == Literal["fp32", "tf32", "bf16", "fp16"]
     assert parse_override("train.precision=bf16", SCHEMAS)[2] == "bf16"
     with pytest.raises(ConfigError, match=r"'train.precision' must be one of fp32, tf32, bf16, fp16, got 'fp64'$"):
         parse_override("train.precision=fp64", SCHEMAS)
+
+
+def test_sections_are_mutable_compare_by_value_and_refuse_unknown_attributes():
+    cfg, other = build(), build()
+    cfg.data.exclude = sorted({*cfg.data.exclude, "LJ001-0001"})  # what the start-up check of the corpus does
+    assert cfg.data.exclude == ["LJ001-0001"] and other.data.exclude == []
+    assert cfg.audio == other.audio and cfg.audio == AudioConfig()
+    other.audio.hop_length = 128
+    assert cfg.audio != other.audio
+    assert DataConfig(dataset_path="x", exclude=["a"]).exclude == ["a"]
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        AudioConfig(hop=1)
+    with pytest.raises(ValidationError, match="must not exceed audio.n_fft"):
+        AudioConfig(n_fft=512)
 
 
 # --- files ------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Tests of distributed.py: launcher-environment parsing, and real 2-process gloo jobs on CPU.
+"""Tests of distributed.py and of the launcher-environment parsing it uses (utils/launch.py), and real 2-process gloo
+jobs on CPU.
 
 The multi-process tests start two real Python processes with the variables a launcher would set
 (torchrun, SLURM, OpenMPI) and compare what they computed with a single-process computation.
@@ -18,6 +19,7 @@ from torch import nn
 import distributed as D
 from conftest import (LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, TEST_MODEL, bound, clean_env, finish, finish_all,
                       free_port, synth_corpus)
+from utils.launch import available_cpus, cpu_threads, detect_launcher_env, expand_nodelist, slurm_port
 
 # Run by each rank: python worker.py <mode> <out_dir>. Also imported by the test (runpy) for
 # make_model / make_data, so the reference and the ranks build exactly the same things.
@@ -192,7 +194,7 @@ def test_python_on_path_runs_this_interpreter_with_its_packages(tmp_path):
 
 def test_two_slurm_steps_of_one_job_train_side_by_side_through_the_sbatch_script(tmp_path):
     """scripts/slurm/train.sbatch under an emulated srun, twice at once in one allocation (steps 0 and 1): each
-    step gets its own port (distributed.slurm_port of job and step id), its own process group, and finishes."""
+    step gets its own port (utils.launch.slurm_port of job and step id), its own process group, and finishes."""
     corpus = synth_corpus(tmp_path / "corpus", n=12)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -209,7 +211,7 @@ def test_two_slurm_steps_of_one_job_train_side_by_side_through_the_sbatch_script
              "--max-steps", "3", "--dataset-path", str(corpus), "--set", "train.val_interval=100"],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True)
-    assert D.slurm_port(4242, 0) != D.slurm_port(4242, 1)
+    assert slurm_port(4242, 0) != slurm_port(4242, 1)
     for step, proc in steps.items():
         code, output = finish(proc)
         assert code == 0, output
@@ -313,61 +315,61 @@ def test_init_distributed_rejects_bad_timeout(no_launcher):
 def test_detect_torchrun():
     env = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1",
            "MASTER_PORT": "29400", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}  # torchrun wins
-    assert D.detect_launcher_env(env) == {"launcher": "torchrun", "rank": 3, "local_rank": 1,
-                                          "world_size": 4, "master_addr": "10.0.0.1",
-                                          "master_port": 29400}
+    assert detect_launcher_env(env) == {"launcher": "torchrun", "rank": 3, "local_rank": 1,
+                                        "world_size": 4, "master_addr": "10.0.0.1",
+                                        "master_port": 29400}
 
 
 def test_detect_slurm_with_nodelist_expansion():
     env = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "123456",
            "SLURM_NODELIST": "gpu[003-005],gpu010"}
-    got = D.detect_launcher_env(env, use_scontrol=False)
+    got = detect_launcher_env(env, use_scontrol=False)
     assert got == {"launcher": "slurm", "rank": 5, "local_rank": 1, "world_size": 8,
-                   "master_addr": "gpu003", "master_port": D.slurm_port(123456, 0)}
+                   "master_addr": "gpu003", "master_port": slurm_port(123456, 0)}
     # the step's node list wins over the job's; MASTER_ADDR / MASTER_PORT override both
     env["SLURM_STEP_NODELIST"] = "node[07,01-02]"
-    assert D.detect_launcher_env(env, use_scontrol=False)["master_addr"] == "node07"
+    assert detect_launcher_env(env, use_scontrol=False)["master_addr"] == "node07"
     env.update(MASTER_ADDR="head", MASTER_PORT="31000")
-    got = D.detect_launcher_env(env, use_scontrol=False)
+    got = detect_launcher_env(env, use_scontrol=False)
     assert (got["master_addr"], got["master_port"]) == ("head", 31000)
 
 
 def test_slurm_port_differs_per_step_and_stays_below_the_ephemeral_range():
     """Two steps of one job running at once must not share a port; ports stay in 15000..31999."""
-    ports = {(job, step): D.slurm_port(job, step) for job in (1, 19999, 123456, 2**31 - 1) for step in range(8)}
+    ports = {(job, step): slurm_port(job, step) for job in (1, 19999, 123456, 2**31 - 1) for step in range(8)}
     assert all(15000 <= port < 32768 for port in ports.values()), ports
     for job in (1, 19999, 123456, 2**31 - 1):
         assert len({ports[(job, step)] for step in range(8)}) == 8, job
     env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "19999", "SLURM_NODELIST": "n1"}
-    first = D.detect_launcher_env({**env, "SLURM_STEP_ID": "0"}, use_scontrol=False)["master_port"]
-    second = D.detect_launcher_env({**env, "SLURM_STEP_ID": "1"}, use_scontrol=False)["master_port"]
+    first = detect_launcher_env({**env, "SLURM_STEP_ID": "0"}, use_scontrol=False)["master_port"]
+    second = detect_launcher_env({**env, "SLURM_STEP_ID": "1"}, use_scontrol=False)["master_port"]
     assert first != second and max(first, second) < 32768
-    override = D.detect_launcher_env({**env, "MASTER_ADDR": "head", "MASTER_PORT": "40000"}, use_scontrol=False)
+    override = detect_launcher_env({**env, "MASTER_ADDR": "head", "MASTER_PORT": "40000"}, use_scontrol=False)
     assert (override["master_addr"], override["master_port"]) == ("head", 40000)
 
 
 def test_detect_openmpi():
     env = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
            "OMPI_COMM_WORLD_SIZE": "4", "MASTER_ADDR": "h0", "MASTER_PORT": "29500"}
-    assert D.detect_launcher_env(env) == {"launcher": "openmpi", "rank": 2, "local_rank": 0,
-                                          "world_size": 4, "master_addr": "h0",
-                                          "master_port": 29500}
+    assert detect_launcher_env(env) == {"launcher": "openmpi", "rank": 2, "local_rank": 0,
+                                        "world_size": 4, "master_addr": "h0",
+                                        "master_port": 29500}
     del env["MASTER_ADDR"]
     with pytest.raises(ValueError, match="OpenMPI launch needs MASTER_ADDR and MASTER_PORT"):
-        D.detect_launcher_env(env)
+        detect_launcher_env(env)
 
 
 def test_a_platform_rank_with_one_process_per_node_or_under_a_launcher_is_a_process_rank():
     """PyTorchJob with one process per pod (its RANK is then the process's), and torchrun or multiproc.py started
     under it (they set LOCAL_RANK and the process ranks)."""
     platform = {"RANK": "1", "WORLD_SIZE": "2", "PET_NPROC_PER_NODE": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
-    assert D.detect_launcher_env(platform)["rank"] == 1
+    assert detect_launcher_env(platform)["rank"] == 1
     launched = {**platform, "PET_NPROC_PER_NODE": "2", "WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}
-    assert D.detect_launcher_env(launched)["rank"] == 3
+    assert detect_launcher_env(launched)["rank"] == 3
 
 
 def test_detect_none():
-    assert D.detect_launcher_env({"PATH": "/bin"}) == {
+    assert detect_launcher_env({"PATH": "/bin"}) == {
         "launcher": "none", "rank": 0, "local_rank": 0, "world_size": 1,
         "master_addr": None, "master_port": None}
 
@@ -386,7 +388,7 @@ def test_detect_none():
 ])
 def test_detect_rejects_bad_environments(env, message):
     with pytest.raises(ValueError, match=message):
-        D.detect_launcher_env(env, use_scontrol=False)
+        detect_launcher_env(env, use_scontrol=False)
 
 
 @pytest.mark.parametrize("nodelist, hosts", [
@@ -397,20 +399,21 @@ def test_detect_rejects_bad_environments(env, message):
     ("r[1-2]n[1,3]", ["r1n1", "r1n3", "r2n1", "r2n3"]),
 ])
 def test_expand_nodelist(nodelist, hosts):
-    assert D.expand_nodelist(nodelist) == hosts
+    assert expand_nodelist(nodelist) == hosts
 
 
 @pytest.mark.parametrize("nodelist", ["", "node[01-02", "node01]", "n[5-3]", "n[a-b]", "a,,b"])
 def test_expand_nodelist_rejects_malformed(nodelist):
     with pytest.raises(ValueError, match="SLURM node list"):
-        D.expand_nodelist(nodelist)
+        expand_nodelist(nodelist)
 
 
 def test_cpu_threads_are_a_fair_share_of_the_cpus_this_process_may_use():
     """One process bound to one CPU (as taskset or a scheduler binds it) gets one thread, whatever the host has."""
-    script = ("import os, distributed as D\nos.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})\n"
-              "print(D.available_cpus(), D.cpu_threads(1), D.cpu_threads(4))")
+    script = ("import os\nfrom utils.launch import available_cpus, cpu_threads\n"
+              "os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})\n"
+              "print(available_cpus(), cpu_threads(1), cpu_threads(4))")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=clean_env(1), capture_output=True, text=True,
                           timeout=bound(60, 1))
     assert done.returncode == 0 and done.stdout.split() == ["1.0", "1", "1"], done.stderr
-    assert D.cpu_threads(1) == max(1, int(D.available_cpus())) and D.available_cpus() <= (os.cpu_count() or 1)
+    assert cpu_threads(1) == max(1, int(available_cpus())) and available_cpus() <= (os.cpu_count() or 1)

@@ -3,8 +3,10 @@
 * Every text file of the project (code, comments, docstrings, README, ``docs/``, configs, scripts) is scanned
   for paths of a benchmark folder or a sibling folder that exist only where the template was developed,
   and for issue numbers of a tracker the project does not have.
-* ``docs/own_model_example.py``, the file the manual's (``docs/manual.md``) "Your own model" offers, registers a
-  model that loads its config, reads a corpus, trains (its loss falls) and is not imported by ``model.py``.
+* ``docs/own_model_example.py``, the file the manual's (``docs/manual.md``) "Your own model" offers, defines a
+  model's ``SPEC`` that, listed in the registry (``models/__init__.py``), loads its config, reads a corpus, trains (its
+  loss falls); the registry does not import it from ``docs/``. The manual and both example files show a model as it
+  is now: a ``SPEC = ModelSpec(...)`` listed in ``models/__init__.py``.
 * ``docs/two_optimizer_example.py``, the manual's model with two optimizers, is offered the same way, works
   with the project's config as it is, and trains both of its phases with the loop's own functions: each phase
   updates only its network, and its named mel L1 falls.
@@ -23,6 +25,7 @@ from conftest import ROOT, clean_env, synth_corpus
 
 PROJECT = Path(ROOT)
 EXAMPLE = PROJECT / "docs" / "own_model_example.py"
+TWO_OPTIMIZER_EXAMPLE = PROJECT / "docs" / "two_optimizer_example.py"
 
 FORBIDDEN = {
     "a benchmark folder of the template's workspace": re.compile(r"shared/+bench"),
@@ -100,28 +103,48 @@ def test_the_manual_offers_the_example_file_and_model_py_points_to_it():
     assert EXAMPLE.is_file()
 
 
-EXAMPLE_CHECK = """
+def test_the_manual_and_the_example_files_show_the_registry_as_it_is():
+    """A model is a ``SPEC = ModelSpec(name=..., ...)`` listed in ``models/__init__.py`` (``model.register`` is gone):
+    the manual's "Your own model" says so, and both example files end with their ``SPEC`` and say where to list it."""
+    manual = (PROJECT / "docs" / "manual.md").read_text()
+    section = manual.split("## Your own model", 1)[1].split("\n## ", 1)[0]
+    assert "models/__init__.py" in section and "ModelSpec(" in section and "register(" not in section
+    for example in (EXAMPLE, TWO_OPTIMIZER_EXAMPLE):
+        text = example.read_text()
+        assert "register(" not in text and "\nSPEC = ModelSpec(" in text, example
+        assert "models/__init__.py" in text.split('"""')[1], example  # its docstring: where to list it
+
+
+REGISTER = """
 import importlib.util, sys
 from pathlib import Path
-import torch
-from models import MODELS, config_schemas
+from models import MODELS, registry
 docs = Path(sys.argv[1]).resolve().parent
 loaded = [getattr(module, "__file__", None) for module in list(sys.modules.values())]
-assert not [f for f in loaded if f and Path(f).resolve().parent == docs], "model.py imported docs/"
-if "melae" not in MODELS:  # (a project that already holds models/melae.py, the copy the manual makes, tests that)
-    spec = importlib.util.spec_from_file_location("models.melae", sys.argv[1])
+assert not [f for f in loaded if f and Path(f).resolve().parent == docs], "models/__init__.py imported docs/"
+if NAME not in MODELS:  # (a project that already lists models/NAME.py, the copy the manual makes, tests that)
+    spec = importlib.util.spec_from_file_location(f"models.{NAME}", sys.argv[1])
     module = importlib.util.module_from_spec(spec)
-    sys.modules["models.melae"] = module
+    sys.modules[f"models.{NAME}"] = module
     spec.loader.exec_module(module)
+    assert module.SPEC.name == NAME, module.SPEC.name
+    MODELS.update(registry(*MODELS.values(), module.SPEC))  # what listing it in models/__init__.py does
+"""
+"""Python source that puts the model file ``sys.argv[1]`` (defining ``SPEC``, the model ``NAME``) in the registry as
+``models/__init__.py`` would list it, after checking that the registry itself imported nothing from ``docs/``."""
+
+EXAMPLE_CHECK = 'NAME = "melae"' + REGISTER + """
+import torch
+from models import MODELS, config_schemas
 from utils.config import build_config
 cfg = build_config({}, config_schemas(), overrides=[f"data.dataset_path={sys.argv[2]}", "data.val_size=2"])
 melae = MODELS["melae"]
-train_set, val_set = melae.build_datasets(cfg)
-batch = melae.collate_fn([train_set[i] for i in range(cfg.melae.batch_size)])
+train_set, val_set = melae.training.build_datasets(cfg)
+batch = melae.training.collate_fn([train_set[i] for i in range(cfg.melae.batch_size)])
 torch.manual_seed(0)
 model = melae.build_model(cfg)
-criterion = melae.build_criterion(cfg)
-optimizer = melae.build_optimizer(model, cfg.melae, torch.device("cpu"))
+criterion = melae.training.build_criterion(cfg)
+optimizer = melae.training.build_optimizer(model, cfg.melae, torch.device("cpu"))
 losses = []
 for _ in range(30):
     optimizer.zero_grad()
@@ -130,7 +153,7 @@ for _ in range(30):
     optimizer.step()
     losses.append(float(loss))
 frames = batch["mel"].shape[0] * batch["mel"].shape[2]
-print(len(train_set), len(val_set), melae.count_items(batch), frames, losses[0], losses[-1])
+print(len(train_set), len(val_set), melae.training.count_items(batch), frames, losses[0], losses[-1])
 """
 
 
@@ -147,39 +170,33 @@ def test_the_example_model_file_loads_reads_a_corpus_and_learns(tmp_path):
     assert float(last) < 0.8 * float(first), (first, last)  # 30 Adam steps on one batch: it learns
 
 
-TWO_OPTIMIZER_EXAMPLE = PROJECT / "docs" / "two_optimizer_example.py"
-
-TWO_OPTIMIZER_CHECK = """
-import importlib.util, json, sys
-from pathlib import Path
+TWO_OPTIMIZER_CHECK = 'NAME = "gan_vocoder"' + REGISTER + """
+import json
 import torch
-import train
 from models import MODELS, config_schemas
-if "gan_vocoder" not in MODELS:  # (a project that already holds models/gan_vocoder.py, the manual's copy, tests that)
-    spec = importlib.util.spec_from_file_location("models.gan_vocoder", sys.argv[1])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["models.gan_vocoder"] = module
-    spec.loader.exec_module(module)
 from utils.config import load_config
+from utils.training.optim import build_optimizers, build_scheduler, setup_precision
+from utils.training.setup import build_phases
+from utils.training.step import forward_backward
 # The project's config.json as --tiny reads it: it has no gan_vocoder section, the defaults apply.
 cfg = load_config("config.json", config_schemas(), tiny=True,
                   overrides=[f"data.dataset_path={sys.argv[2]}", "data.val_size=2"])
 gan = MODELS["gan_vocoder"]
-train_set, val_set = gan.build_datasets(cfg)
-batch = gan.collate_fn([train_set[i] for i in range(cfg.gan_vocoder.batch_size)])
+train_set, val_set = gan.training.build_datasets(cfg)
+batch = gan.training.collate_fn([train_set[i] for i in range(cfg.gan_vocoder.batch_size)])
 torch.manual_seed(0)
 model = gan.build_model(cfg)
 cpu = torch.device("cpu")
-optimizers = train.build_optimizers(gan, "gan_vocoder", model, cfg.gan_vocoder, cpu)
-schedulers = {name: train.build_scheduler(gan, "gan_vocoder", name, opt, cfg) for name, opt in optimizers.items()}
-phases = train.build_phases(gan, "gan_vocoder", model, optimizers, schedulers, cfg)
-fp32, scaler = train.setup_precision("fp32", cpu)
-networks = gan.networks(model)
+optimizers = build_optimizers(gan, model, cfg.gan_vocoder, cpu)
+schedulers = {name: build_scheduler(gan, name, opt, cfg) for name, opt in optimizers.items()}
+phases = build_phases(gan, model, optimizers, schedulers, cfg)
+fp32, scaler = setup_precision("fp32", cpu)
+networks = gan.training.phases.networks(model)
 steps = []
 for _ in range(20):
     step = {}
     for phase in phases:
-        result = train.forward_backward(phase, phases, gan.train_step, [batch], scaler, fp32, 1, 0.0)
+        result = forward_backward(phase, phases, gan.training.phases.train_step, [batch], scaler, fp32, 0.0)
         step[phase.name] = {
             "loss": float(result.loss), "metrics": {name: float(value) for name, value in result.metrics.items()},
             "with_grads": sorted(name for name, net in networks.items()
@@ -189,8 +206,8 @@ for _ in range(20):
         phase.optimizer.zero_grad(set_to_none=True)
     steps.append(step)
 with torch.no_grad():
-    val_loss = float(gan.build_criterion(cfg)(model(batch), batch))
-    audio = gan.vocode(model, batch["mel"][0], cfg)
+    val_loss = float(gan.training.build_criterion(cfg)(model(batch), batch))
+    audio = gan.inference.vocode(model, batch["mel"][0], cfg)
 lr = [opt.param_groups[0]["lr"] for opt in optimizers.values()]
 for phase in phases:
     phase.scheduler.step()
@@ -200,7 +217,7 @@ print(json.dumps({
     "one_optimizer_each": sorted(id(p) for opt in optimizers.values() for group in opt.param_groups
                                  for p in group["params"]) == sorted(id(p) for p in model.parameters()),
     "steps": steps, "val_loss": val_loss, "audio": list(audio.shape), "mel": list(batch["mel"].shape),
-    "hop": cfg.audio.hop_length, "items": gan.count_items(batch), "samples": batch["audio"].numel()}))
+    "hop": cfg.audio.hop_length, "items": gan.training.count_items(batch), "samples": batch["audio"].numel()}))
 """
 
 
@@ -214,10 +231,10 @@ def test_the_manual_offers_the_two_optimizer_example_file():
 
 @pytest.mark.slow
 def test_the_two_optimizer_example_trains_both_phases_and_its_mel_l1_falls(tmp_path):
-    """The file loads beside the project's models, and with the loop's own functions (``train.build_optimizers``,
-    ``build_phases``, ``forward_backward``) on one batch of a corpus, 20 steps of its two phases: each phase
-    gives gradients to its own network only, the generator's loss is its two named terms as documented, the
-    mel L1 falls, and the per-epoch schedule, validation criterion and vocoder hook work."""
+    """The file loads beside the project's models, and with the loop's own functions (``build_optimizers``,
+    ``build_scheduler``, ``build_phases``, ``forward_backward`` of ``utils.training``) on one batch of a corpus, 20
+    steps of its two phases: each phase gives gradients to its own network only, the generator's loss is its two named
+    terms as documented, the mel L1 falls, and the per-epoch schedule, validation criterion and vocoder hook work."""
     corpus = synth_corpus(tmp_path / "corpus", n=8)
     env = clean_env(1)
     done = subprocess.run([sys.executable, "-c", TWO_OPTIMIZER_CHECK, str(TWO_OPTIMIZER_EXAMPLE), str(corpus)],

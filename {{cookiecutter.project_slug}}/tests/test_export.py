@@ -1,12 +1,12 @@
-"""After training: release checkpoints (scripts/export.py --format release), EMA weights at inference, fine-tuning
+"""After training: release checkpoints (python -m scripts.export --format release), EMA weights at inference, fine-tuning
 from a full checkpoint with --init-from. Every registered model, each trained a few tiny steps by train.py (in this
 process: a few seconds each)."""
 
-import dataclasses
 import json
 
 import pytest
 import torch
+from torch.utils.data import default_collate
 
 import inference
 from conftest import run_train_main, synth_corpus
@@ -40,12 +40,10 @@ def train_args(name, corpus, out, *extra):
 def outputs(path, name, seed=0):
     """The model of checkpoint ``path`` (as ``inference.py`` loads it) on a batch of its corpus's first validation
     utterance, in eval mode: the forward's tensors, flattened into one list."""
-    from torch.utils.data import default_collate
-
     _, model, cfg = inference.load_trained(path, torch.device("cpu"))
     spec = MODELS[name]
-    _, val_set = spec.build_datasets(cfg)  # the corpus the checkpoint's config names
-    batch = (spec.collate_fn or default_collate)([val_set[0], val_set[0]])
+    _, val_set = spec.training.build_datasets(cfg)  # the corpus the checkpoint's config names
+    batch = (spec.training.collate_fn or default_collate)([val_set[0], val_set[0]])
     torch.manual_seed(seed)  # Tacotron2's prenet keeps its dropout at inference, as NVIDIA's does
     with torch.no_grad():
         result = model(batch)
@@ -58,8 +56,6 @@ def outputs(path, name, seed=0):
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
     return flat
-
-
 
 
 def test_a_release_is_smaller_loads_weights_only_and_gives_the_full_checkpoints_output(trained, corpus, tmp_path,
@@ -80,8 +76,9 @@ def test_a_release_is_smaller_loads_weights_only_and_gives_the_full_checkpoints_
     assert len(loaded["model"]) == sum(in_modules(key, modules) for key in saved["model"])
     for a, b in zip(outputs(full, name), outputs(release, name), strict=True):
         assert (a - b).abs().max() <= 1e-6
-    if MODELS[name].vocode is not None:  # a vocoder: inference.py writes the same file from both (a text model's
-        wavs = []                        # command line is tested with the model)
+    vocoder = MODELS[name].inference is not None and MODELS[name].inference.vocode is not None
+    if vocoder:  # a vocoder: inference.py writes the same file from both (a text model's command line is tested with
+        wavs = []  # the model)
         for source in (full, release):
             wavs.append(tmp_path / f"{source.stem}.wav")
             assert inference.main(["--checkpoint", str(source), "--device", "cpu", "--output", str(wavs[-1]),
@@ -105,7 +102,7 @@ def test_inference_runs_the_ema_weights_when_the_checkpoint_has_them(trained):
 def test_fine_tuning_from_a_full_checkpoint_starts_at_step_0_with_its_weights(trained, corpus, tmp_path):
     name, run = trained
     out = tmp_path / "fine_tuned"
-    fields = {field.name for field in dataclasses.fields(MODELS[name].config_cls)}
+    fields = set(MODELS[name].config_cls.model_fields)
     lr = ["--set", f"{name}.learning_rate=1e-9"] if "learning_rate" in fields else []
     code, output, errors = run_train_main(train_args(name, corpus, out, "--max-steps", "1", "--init-from",
                                                      str(run / "checkpoint_last.pt"), *lr))

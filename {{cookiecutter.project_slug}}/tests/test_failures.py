@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from conftest import ROOT, TEST_MODEL, alive, bound, clean_env, finish, planted, synth_corpus
-
 from utils.run import LOCK_NAME, RunLock
 
 pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
@@ -224,10 +223,9 @@ def test_the_lock_of_a_dead_run_is_taken_over_with_a_note(tmp_path):
     assert note is not None and "no longer running (pid 999999 on elsewhere" in note
     assert f"pid {os.getpid()} " in (tmp_path / LOCK_NAME).read_text()
     other = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-        import sys; sys.path.insert(0, {ROOT!r})
-        from utils.checkpoint import RunLock
+        from utils.run import RunLock
         RunLock({str(tmp_path)!r}).acquire()
-    """)], capture_output=True, text=True)
+    """)], cwd=ROOT, capture_output=True, text=True)
     assert other.returncode != 0 and "is in use by another run (pid" in other.stderr, other.stderr
     lock.release()
     assert not (tmp_path / LOCK_NAME).exists()

@@ -1,4 +1,4 @@
-"""The fast path (``train.compile``) keeps the mathematics of the eager path; ``scripts/benchmark.py`` runs.
+"""The fast path (``train.compile``) keeps the mathematics of the eager path; ``python -m scripts.benchmark`` runs.
 
 Whole models are compiled with the ``aot_eager`` backend: Dynamo's capture and AOTAutograd's forward and
 backward graphs, exactly what Inductor receives, without Inductor's C++ code generation (minutes on a small
@@ -8,43 +8,49 @@ CPU). One test per model compiles with Inductor itself, on the smallest model.
 import argparse
 import contextlib
 import copy
+import dataclasses
 import json
+import os
+import re
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
+import torch._dynamo.config as dynamo_config
+import torch._inductor.config as inductor_config
 from torch._dynamo.utils import counters
 
 from conftest import ROOT, bound, clean_env, synth_corpus
+from model import BenchmarkCase
 from models import MODELS, config_schemas
-from scripts import benchmark
-from utils.config import build_config
+from scripts import benchmark, benchmark_step
+from utils.config import build_config, load_config
 
 CPU = torch.device("cpu")
-FAST_MODELS = [name for name, spec in MODELS.items() if spec.optimize_for_training is not None]
-BATCH_MODELS = [name for name, spec in MODELS.items() if spec.synthetic_batch is not None]
+FAST_MODELS = [name for name, spec in MODELS.items() if spec.training.optimize_for_training is not None]
+BATCH_MODELS = [name for name, spec in MODELS.items() if spec.benchmark is not None]
 WITHOUT_BATCHES = sorted(set(MODELS) - set(BATCH_MODELS))
 
 
 def bench_args(*argv: str) -> argparse.Namespace:
-    """``scripts/benchmark.py`` arguments for a tiny CPU run with the aot_eager backend, plus ``argv``."""
+    """``python -m scripts.benchmark`` arguments for a tiny CPU run with the aot_eager backend, plus ``argv``."""
     return benchmark.parse_args(["--tiny", "--device", "cpu", "--backend", "aot_eager", *argv])
 
 
 def first_tiny_case(name):
     """``(name, case)``: model ``name``'s first benchmark case."""
-    return next(pair for pair in benchmark.cases_for([name]))
+    return next(pair for pair in benchmark_step.cases_for([name]))
 
 
 @contextlib.contextmanager
 def process_settings_kept():
-    """Puts back, on leaving, what ``scripts/benchmark.py`` and the fast paths set for the whole process: the TF32
-    and cuDNN flags (``train.setup_precision``), Inductor's ``fallback_random`` (``benchmark.check_case``) and
-    Dynamo's recompile limit (``optimize_for_training``), so no later test runs under this one's settings."""
-    import torch._dynamo.config as dynamo_config
-    import torch._inductor.config as inductor_config
-
+    """Puts back, on leaving, what ``python -m scripts.benchmark`` and the fast paths set for the whole process: the
+    TF32 and cuDNN flags (``utils.training.optim.setup_precision``), Inductor's ``fallback_random``
+    (``benchmark_step.check_case``) and Dynamo's recompile limit (``optimize_for_training``), so no later test runs
+    under this one's settings."""
     limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
     backends = torch.backends
     flags = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark)
@@ -64,9 +70,6 @@ def _fresh_dynamo(fresh_dynamo):
 
 
 def test_process_settings_kept_undoes_what_the_check_sets():
-    import torch._dynamo.config as dynamo_config
-    import torch._inductor.config as inductor_config
-
     limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
     before = (inductor_config.fallback_random, getattr(dynamo_config, limit), torch.backends.cuda.matmul.allow_tf32,
               torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
@@ -83,7 +86,7 @@ def test_process_settings_kept_undoes_what_the_check_sets():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FAST_MODELS)
 def test_fast_path_loss_matches_eager_fp32_and_bf16_is_close(name):
-    rows = benchmark.check_case(*first_tiny_case(name), bench_args(), CPU)
+    rows = benchmark_step.check_case(*first_tiny_case(name), bench_args(), CPU)
     by_mode = {row["mode"]: row for row in rows}
     fp32, bf16 = by_mode["check-fp32"], by_mode["check-amp-bf16"]
     assert fp32["loss_rel_diff"] < 1e-5, fp32
@@ -105,18 +108,19 @@ def test_check_catches_a_fast_path_that_changes_the_mathematics(name, monkeypatc
                 param.mul_(1.01)
         return model
 
-    monkeypatch.setitem(MODELS, name, type(spec)(**{**spec.__dict__, "optimize_for_training": wrong}))
-    rows = benchmark.check_case(*first_tiny_case(name), bench_args(), CPU)
+    monkeypatch.setitem(MODELS, name, dataclasses.replace(
+        spec, training=dataclasses.replace(spec.training, optimize_for_training=wrong)))
+    rows = benchmark_step.check_case(*first_tiny_case(name), bench_args(), CPU)
     assert not rows[0]["ok"] and rows[0]["loss_rel_diff"] > 1e-5, rows[0]
 
 
 @pytest.mark.parametrize("name", FAST_MODELS)
 def test_fast_path_keeps_parameters_and_checkpoint_keys(name):
     spec = MODELS[name]
-    cfg, _ = benchmark.case_config(*first_tiny_case(name), bench_args())
+    cfg, _ = benchmark_step.case_config(*first_tiny_case(name), bench_args())
     torch.manual_seed(0)
     eager = spec.build_model(cfg)
-    fast = spec.optimize_for_training(copy.deepcopy(eager), cfg, backend="aot_eager")
+    fast = spec.training.optimize_for_training(copy.deepcopy(eager), cfg, backend="aot_eager")
     assert list(fast.state_dict()) == list(eager.state_dict())
     fast.load_state_dict(eager.state_dict())  # an eager checkpoint loads into the fast model and back
     eager.load_state_dict(fast.state_dict())
@@ -130,7 +134,7 @@ def test_train_compile_is_off_by_default_and_settable():
 @pytest.mark.slow
 def test_benchmark_cpu_smoke_writes_a_row_per_case_and_precision(tmp_path):
     out = tmp_path / "out.json"
-    proc = subprocess.run([sys.executable, "scripts/benchmark.py", "--tiny", "--device", "cpu", "--json", str(out),
+    proc = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--tiny", "--device", "cpu", "--json", str(out),
                            "--steps", "1", "--warmup", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=clean_env(1))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -140,8 +144,9 @@ def test_benchmark_cpu_smoke_writes_a_row_per_case_and_precision(tmp_path):
         assert not out.exists() or json.loads(out.read_text()) == []
         return
     rows = json.loads(out.read_text())
-    expected = {(benchmark.case_name(name, case, benchmark.case_config(name, case, bench_args())[1], True), mode)
-                for name, case in benchmark.cases_for(list(MODELS)) for mode in ("tf32", "amp-bf16", "amp-fp16")}
+    expected = {(benchmark_step.case_name(name, case, benchmark_step.case_config(name, case, bench_args())[1], True),
+                 mode)
+                for name, case in benchmark_step.cases_for(list(MODELS)) for mode in ("tf32", "amp-bf16", "amp-fp16")}
     assert {(row["case"], row["mode"]) for row in rows} == expected
     for row in rows:
         assert "error" not in row, row
@@ -163,7 +168,7 @@ def test_benchmark_refuses_bad_arguments(argv, capsys):
 @pytest.mark.skipif(not BATCH_MODELS, reason="no registered model has a synthetic_batch to time")
 def test_benchmark_compare_adds_the_ratio(tmp_path, monkeypatch, capsys):
     name, case = first_tiny_case(BATCH_MODELS[0])
-    row_name = benchmark.case_name(name, case, benchmark.case_config(name, case, bench_args())[1], True)
+    row_name = benchmark_step.case_name(name, case, benchmark_step.case_config(name, case, bench_args())[1], True)
     reference = tmp_path / "ref.json"
     reference.write_text(json.dumps([{"case": row_name, "mode": "tf32", "step_s": 1.0, "items_per_s": 1000}]))
     out = tmp_path / "ours.json"
@@ -211,17 +216,12 @@ PROGRESS_BAR = rb"\d+/\d+ \["
 
 
 def test_benchmark_loader_on_a_cpu_without_tiny_shows_progress_within_10_s(tmp_path):
-    import os
-    import re
-    import threading
-    import time
-
     corpus = synth_corpus(tmp_path / "corpus", n=12)
     name = next(iter(MODELS))
     out = tmp_path / "rows.json"
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "scripts/benchmark.py", "--loader", "--device", "cpu", "--model", name,
-                             "--dataset-path", str(corpus), "--workers", "0", "--steps", "3", "--json", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "scripts.benchmark", "--loader", "--device", "cpu", "--model",
+                             name, "--dataset-path", str(corpus), "--workers", "0", "--steps", "3", "--json", str(out)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env=clean_env(1))
     received: list[bytes] = []
@@ -254,7 +254,7 @@ def test_benchmark_loader_on_a_cpu_without_tiny_shows_progress_within_10_s(tmp_p
     rows = json.loads(out.read_text())
     assert {row["case"] for row in rows} == {f"train_{name}", f"loader_{name}_wav"}
     assert all(row["tiny"] is True for row in rows), rows
-    tiny_batch = benchmark.load_config(f"{ROOT}/config.json", config_schemas(), tiny=True).section(name).batch_size
+    tiny_batch = load_config(f"{ROOT}/config.json", config_schemas(), tiny=True).section(name).batch_size
     assert all(row["batch_size"] == tiny_batch for row in rows), rows  # the tiny block's batch, not the full one
 
 
@@ -273,35 +273,31 @@ def test_benchmark_on_a_cpu_is_tiny_unless_full_size_is_asked(capsys):
 
 def test_median_step_time_shows_a_progress_bar_unless_told_not_to(capsys):
     calls = []
-    seconds = benchmark.median_step_time(lambda: calls.append(1), 1, 3, CPU, "toy steps")
+    seconds = benchmark_step.median_step_time(lambda: calls.append(1), 1, 3, CPU, "toy steps")
     assert len(calls) == 4 and seconds >= 0
     captured = capsys.readouterr()
     assert "toy steps" in captured.err and "/4 [" in captured.err and captured.out == ""
-    benchmark.median_step_time(lambda: calls.append(1), 1, 3, CPU, "toy steps", progress=False)
+    benchmark_step.median_step_time(lambda: calls.append(1), 1, 3, CPU, "toy steps", progress=False)
     assert capsys.readouterr().err == ""
 
 
 def test_tiny_rows_are_named_after_the_tiny_shape_they_time():
-    import dataclasses
-
-    from model import BenchmarkCase
-
     full = BenchmarkCase("toy256_b12_s16000", (), 12, {"segment_length": 16000},
                          tiny=BenchmarkCase("", (), 2, {"segment_length": 2048, "ranges": (1, 4), "flag": True}))
-    assert benchmark.case_name("toy", full, full, False) == "toy256_b12_s16000"
-    assert benchmark.case_name("toy", full, full.tiny, True) == "tiny_toy_b2_s2048"  # tuples and bools left out
+    assert benchmark_step.case_name("toy", full, full, False) == "toy256_b12_s16000"
+    assert benchmark_step.case_name("toy", full, full.tiny, True) == "tiny_toy_b2_s2048"  # tuples and bools left out
     named = dataclasses.replace(full, tiny=BenchmarkCase("small", (), 2))
-    assert benchmark.case_name("toy", named, named.tiny, True) == "tiny_small"
+    assert benchmark_step.case_name("toy", named, named.tiny, True) == "tiny_small"
     default = BenchmarkCase("toy_default", (), 0)
-    assert benchmark.case_name("toy", default, dataclasses.replace(default, batch_size=4), False) == "toy_b4"
-    assert benchmark.case_name("toy", default, dataclasses.replace(default, batch_size=4), True) == "tiny_toy_b4"
+    assert benchmark_step.case_name("toy", default, dataclasses.replace(default, batch_size=4), False) == "toy_b4"
+    assert benchmark_step.case_name("toy", default, dataclasses.replace(default, batch_size=4), True) == "tiny_toy_b4"
     without_tiny = BenchmarkCase("toy_b8_s100", (), 8, {"segment_length": 100})  # --tiny config, its own shape
-    assert benchmark.case_name("toy", without_tiny, without_tiny, True) == "tiny_toy_b8_s100"
+    assert benchmark_step.case_name("toy", without_tiny, without_tiny, True) == "tiny_toy_b8_s100"
 
     names = []
-    for name, case in benchmark.cases_for(BATCH_MODELS):
-        _, shape = benchmark.case_config(name, case, bench_args())
-        tiny_name = benchmark.case_name(name, case, shape, True)
+    for name, case in benchmark_step.cases_for(BATCH_MODELS):
+        _, shape = benchmark_step.case_config(name, case, bench_args())
+        tiny_name = benchmark_step.case_name(name, case, shape, True)
         assert tiny_name.startswith(f"tiny_{name}_b{shape.batch_size}") or tiny_name == f"tiny_{shape.name}"
         assert tiny_name != case.name
         names.append(tiny_name)
@@ -310,18 +306,16 @@ def test_tiny_rows_are_named_after_the_tiny_shape_they_time():
 
 @pytest.mark.skipif(not BATCH_MODELS, reason="no registered model has a synthetic_batch to time")
 def test_a_tiny_row_says_it_is_tiny_and_times_what_its_name_says():
-    import re
-
     name, case = first_tiny_case(BATCH_MODELS[0])
     args = bench_args("--eager", "--precision", "fp32", "--steps", "1", "--warmup", "0", "--no-progress")
-    row = benchmark.bench_case(name, case, "fp32", args, CPU)
+    row = benchmark_step.bench_case(name, case, "fp32", args, CPU)
     assert "error" not in row, row
-    _, shape = benchmark.case_config(name, case, args)
-    assert row["case"] == benchmark.case_name(name, case, shape, True) and row["case"].startswith("tiny_")
+    _, shape = benchmark_step.case_config(name, case, args)
+    assert row["case"] == benchmark_step.case_name(name, case, shape, True) and row["case"].startswith("tiny_")
     assert row["tiny"] is True and row.get("full_size_case", case.name) == case.name
     assert int(re.search(r"_b(\d+)", row["case"]).group(1)) == shape.batch_size
-    batch = MODELS[name].synthetic_batch(benchmark.case_config(name, case, args)[0], shape.batch_size,
-                                         torch.Generator().manual_seed(0), **shape.batch_kwargs)
-    assert row["items_per_step"] == MODELS[name].count_items(batch)  # the tiny batch's items, not the full one's
+    batch = MODELS[name].benchmark.synthetic_batch(benchmark_step.case_config(name, case, args)[0], shape.batch_size,
+                                                   torch.Generator().manual_seed(0), **shape.batch_kwargs)
+    assert row["items_per_step"] == MODELS[name].training.count_items(batch)  # the tiny batch's items, not the full one's
     full = benchmark.parse_args(["--device", "cpu", "--full-size"])
-    assert benchmark.shape_fields(name, case, full) == {"tiny": False}
+    assert benchmark_step.shape_fields(name, case, full) == {"tiny": False}

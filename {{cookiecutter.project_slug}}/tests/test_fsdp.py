@@ -17,10 +17,11 @@ import torch
 
 import inference
 from conftest import ROOT, TEST_MODEL, bound, clean_env, descendants, finish, start_job, synth_corpus
-
 from models import MODELS, config_schemas
+from utils.checkpoint.resume import world_size_change
 from utils.checkpoint.sharded import load_sharded_model, read_train_state
 from utils.config import load_config
+from utils.data.samplers import ResumableDistributedSampler
 
 pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
 
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "n
 COMMON = ["--config", "config.json", "--tiny", "--set", "train.log_interval=1", "--set", "train.keep_last=0",
           "--set", "train.val_interval=1000", "--set", "data.num_workers=0", "--set", "train.precision=fp32"]
 FSDP = ["--set", "train.parallelism=fsdp"]
-TRAINED = sorted(name for name, spec in MODELS.items() if not spec.phases)  # FSDP refuses several optimizers
+TRAINED = sorted(name for name, spec in MODELS.items() if not spec.phase_names)  # FSDP refuses several optimizers
 # The model of the single-model tests: the generic tests' one, unless it has several optimizers.
 MODEL = TEST_MODEL if TEST_MODEL in TRAINED else (TRAINED or [None])[0]
 needs_one = pytest.mark.skipif(MODEL is None, reason="every registered model trains several optimizers, which "
@@ -263,8 +264,6 @@ def test_a_full_disk_during_a_sharded_save_ends_every_rank_with_one_line_and_kee
 def test_an_epoch_continued_on_another_number_of_ranks_reads_every_sample_once(before, now):
     """The samples read before the stop and after the resume make up the epoch's order: none twice, none left out
     but the few that do not fill a global batch (``drop_last``)."""
-    from utils.data.samplers import ResumableDistributedSampler
-
     n, batch, batches_read = 103, 4, 5
 
     def shards(world_size, start):
@@ -285,8 +284,6 @@ def test_an_epoch_continued_on_another_number_of_ranks_reads_every_sample_once(b
 
 
 def test_the_global_batch_is_kept_when_the_new_world_size_divides_it_and_named_when_not():
-    from utils.checkpoint.resume import world_size_change
-
     assert world_size_change(2, 1, 2, 4, 1) == (1, None)
     assert world_size_change(2, 2, 2, 4, 1) == (2, None)  # an accumulation an earlier resume set keeps its batch
     kept, line = world_size_change(4, 1, 2, 4, 1)

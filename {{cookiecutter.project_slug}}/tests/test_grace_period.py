@@ -1,4 +1,4 @@
-"""A stop inside the platform's grace period, for every model of the project: ``scripts/grace_period.py`` times
+"""A stop inside the platform's grace period, for every model of the project: ``python -m scripts.grace_period`` times
 SIGTERM to a durable checkpoint on the shipped TrainJob's own command, and a grace period too short for a checkpoint
 is said at start-up. (The platforms' replays are in ``test_platforms.py``.)"""
 
@@ -26,7 +26,7 @@ def corpus(tmp_path_factory):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_the_trainjob_command_of_each_model_stops_inside_kubernetes_grace_period(name, corpus, tmp_path):
-    """``scripts/grace_period.py`` on the TrainJob's own command under Trainer v2's variables (one node of 2
+    """``python -m scripts.grace_period`` on the TrainJob's own command under Trainer v2's variables (one node of 2
     processes, tiny config): the checkpoint is durable and every process gone within Kubernetes' 30 s, exit 143."""
     cmd = launch_command(TRAINJOB)
     at = cmd.index("train.py")
@@ -34,7 +34,7 @@ def test_the_trainjob_command_of_each_model_stops_inside_kubernetes_grace_period
     train_args[train_args.index("--dataset-path") + 1] = str(corpus)
     del train_args[train_args.index("--output-dir"):train_args.index("--output-dir") + 2]  # the script's own
     env = clean_env(2, **IN_A_POD, PET_NNODES="1", PET_NPROC_PER_NODE="2")
-    done = subprocess.run([sys.executable, "scripts/grace_period.py", "--after-steps", "2",
+    done = subprocess.run([sys.executable, "-m", "scripts.grace_period", "--after-steps", "2",
                            f"--launcher={' '.join(cmd[2:at])}", "--json", str(tmp_path / "stop.json"), "--",
                            *train_args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=bound(120, 3))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -1,12 +1,10 @@
-"""A vocoder fine-tuned on Tacotron2's teacher-forced ("ground-truth aligned") mels: ``scripts/dump_gta_mels.py`` on
-two ranks, the frame rule of every file it writes, ``data.mel_dir`` in :class:`utils.data_utils.AudioMelDataset`
+"""A vocoder fine-tuned on Tacotron2's teacher-forced ("ground-truth aligned") mels: ``scripts.dump_gta_mels`` on
+two ranks, the frame rule of every file it writes, ``data.mel_dir`` in :class:`utils.data.datasets.AudioMelDataset`
 (audio and mel cropped together on frame boundaries) and a vocoder whose loss falls on those mels.
 
 The fast tests run the script in this process (one rank) and the dataset directly; the ``slow`` ones launch the
 script on 2 processes with ``multiproc.py`` and train the project's vocoder with ``train.py``."""
 
-import dataclasses
-import importlib.util
 import json
 import os
 import shutil
@@ -17,30 +15,20 @@ import pytest
 import soundfile as sf
 import torch
 
+import train
 from conftest import LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, bound, finish, start_job, synth_corpus, tiny_checkpoint
 from models import MODELS, config_schemas
-from utils.data.audio import MelSpectrogram
+from scripts import dump_gta_mels
 from utils.config import load_config
-from utils.data.datasets import SILENCE_LOG_MEL, AudioMelDataset
+from utils.data.audio import MelSpectrogram, load_wav
 from utils.data.corpus import DataError, Utterance, load_splits
-from utils.data.audio import load_wav
+from utils.data.datasets import SILENCE_LOG_MEL, AudioMelDataset
 
 VOCODER = "waveglow" if "waveglow" in MODELS else "hifigan"
 """The project's vocoder (this file exists in projects with Tacotron2 and one of them)."""
 
 SEGMENT = 4096
 """Crop of the dataset tests, in samples: 16 frames of 256."""
-
-
-def dump_script():
-    """``scripts/dump_gta_mels.py`` as a module (registered in ``sys.modules``, as its dataclasses would need)."""
-    if "dump_gta_mels" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("dump_gta_mels", os.path.join(ROOT, "scripts",
-                                                                                     "dump_gta_mels.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["dump_gta_mels"]
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +50,8 @@ def one_process(monkeypatch):
 
 
 def dump(capsys, *args) -> tuple[int, str, str]:
-    """``scripts/dump_gta_mels.py ARGS`` in this process: ``(exit status, stdout, stderr)``."""
-    code = dump_script().main(["--device", "cpu", "--no-progress", *map(str, args)])
+    """``python -m scripts.dump_gta_mels ARGS`` in this process: ``(exit status, stdout, stderr)``."""
+    code = dump_gta_mels.main(["--device", "cpu", "--no-progress", *map(str, args)])
     said = capsys.readouterr()
     return code, said.out, said.err
 
@@ -209,7 +197,7 @@ def test_a_missing_mel_or_a_wrong_frame_count_is_one_line_naming_the_utterance_a
     assert "\n" not in message and "'SYN-0003'" in message and str(mels / "SYN-0003.pt") in message, message
     assert "frames; its audio" in message, message
 
-    (mels / "_audio_config.json").write_text(json.dumps({**dataclasses.asdict(cfg), "hop_length": 200}))
+    (mels / "_audio_config.json").write_text(json.dumps({**cfg.model_dump(), "hop_length": 200}))
     with pytest.raises(DataError, match="other audio settings .*hop_length: mels 200, config 256"):
         AudioMelDataset(utts, cfg, SEGMENT, mel_dir=mels)
     (mels / "_audio_config.json").unlink()
@@ -218,12 +206,10 @@ def test_a_missing_mel_or_a_wrong_frame_count_is_one_line_naming_the_utterance_a
 
 
 def test_the_vocoder_reads_data_mel_dir_and_mel_on_device_with_it_is_refused_before_any_data(corpus, tmp_path):
-    import train
-
     mels = real_mels(corpus, tmp_path / "mels")
     cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True,
                       overrides=[f"data.dataset_path={corpus}", f"data.mel_dir={mels}"])
-    train_set, val_set = MODELS[VOCODER].build_datasets(cfg)
+    train_set, val_set = MODELS[VOCODER].training.build_datasets(cfg)
     item = val_set[0]  # the first crop: the file's first frames
     assert train_set.mel_dir == val_set.mel_dir == mels
     frames = getattr(cfg, VOCODER).segment_length // 256
@@ -244,10 +230,10 @@ def test_the_vocoder_reads_data_mel_dir_and_mel_on_device_with_it_is_refused_bef
 
 @pytest.fixture(scope="module")
 def dumped(corpus, checkpoint, tmp_path_factory):
-    """``multiproc.py --nproc-per-node 2 scripts/dump_gta_mels.py``: ``(exit status, output, mel folder, logs)``."""
+    """``multiproc.py --nproc-per-node 2 -m scripts.dump_gta_mels``: ``(exit status, output, mel folder, logs)``."""
     out = tmp_path_factory.mktemp("gta_dump")
     cmd = [sys.executable, "multiproc.py", "--nproc-per-node", "2", "--log-dir", str(out / "logs"),
-           "scripts/dump_gta_mels.py", "--checkpoint", str(checkpoint), "--dataset-path", str(corpus), "--output",
+           "-m", "scripts.dump_gta_mels", "--checkpoint", str(checkpoint), "--dataset-path", str(corpus), "--output",
            str(out / "mels"), "--device", "cpu", "--batch-size", "2"]
     code, output = finish(start_job(cmd, out, nproc=2), timeout=bound(120))
     return code, output, out / "mels", out / "logs"

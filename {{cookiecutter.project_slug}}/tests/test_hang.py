@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import distributed as D
 from conftest import ROOT, TEST_MODEL, bound, clean_env, free_port, rank_pids, synth_corpus
 
 pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
@@ -154,8 +155,8 @@ def test_train_py_names_the_rank_when_another_one_hangs(tmp_path):
            str(corpus), "--output-dir", str(out), "--set", "data.num_workers=0", "--set", "train.log_interval=1",
            "--set", "train.val_interval=100000", "--set", "train.checkpoint_interval=100000",
            "--set", f"train.dist_timeout_s={timeout_s}"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(2, cpu_only=True), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(2, cpu_only=True), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     stopped = None
     try:
         deadline = time.monotonic() + bound(120)
@@ -186,8 +187,7 @@ def test_train_py_names_the_rank_when_another_one_hangs(tmp_path):
 
 def test_collective_converts_only_communication_errors(monkeypatch):
     """What ``collective()`` turns into a CollectiveError (in this process: no collective runs here)."""
-    import distributed as D
-    monkeypatch.setattr(D, "_timeout_s", 600.0)
+    monkeypatch.setattr("utils.collectives._timeout_s", 600.0)  # the process group's timeout, where collective() reads it
     with pytest.raises(RuntimeError, match="out of memory") as info:  # not a communication error: unchanged
         with D.collective("gradient all-reduce"):
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")

@@ -14,10 +14,11 @@ from conftest import clean_env, synth_corpus
 from models import MODELS
 from modules.hifigan import (Discriminator, Generator, discriminator_loss, feature_matching_loss,
                              generator_adversarial_loss)
-from utils.data.audio import MelSpectrogram
+from models.hifigan import network as hg
+from models.hifigan.data import build_datasets, mel_on_device, synthetic_batch
+from models.hifigan.inference import log_validation, vocode
 from utils.config import SHARED_SECTIONS, ConfigError, build_config, config_from_dict
-
-import models.hifigan as hg  # noqa: E402
+from utils.data.audio import MelSpectrogram
 
 SPEC = MODELS["hifigan"]
 
@@ -137,7 +138,7 @@ def test_losses_have_their_known_values():
 def test_discriminator_phase_trains_the_discriminator_only():
     model, cfg = tiny_model()
     nets = hg.networks(model)
-    batch = hg.synthetic_batch(cfg, 2, torch.Generator().manual_seed(0))
+    batch = synthetic_batch(cfg, 2, torch.Generator().manual_seed(0))
     loss, metrics = run_phase(nets, "discriminator", batch, freeze_others=False)  # no_grad alone keeps G out
     assert metrics == {} and torch.isfinite(loss) and loss.item() > 0  # train.py logs it as loss_discriminator
     assert all(p.grad is None for p in model.generator.parameters())
@@ -147,7 +148,7 @@ def test_discriminator_phase_trains_the_discriminator_only():
 def test_generator_phase_trains_the_generator_through_the_frozen_discriminator():
     model, cfg = tiny_model()
     nets = hg.networks(model)
-    batch = hg.synthetic_batch(cfg, 2, torch.Generator().manual_seed(0))
+    batch = synthetic_batch(cfg, 2, torch.Generator().manual_seed(0))
     loss, metrics = run_phase(nets, "generator", batch)
     assert set(metrics) == {"g_adv", "g_fm", "mel_l1"}
     assert all(torch.isfinite(value) and value.dim() == 0 and not value.requires_grad for value in metrics.values())
@@ -184,7 +185,7 @@ def test_optimizers_and_schedulers():
     model, _ = tiny_model()
     cfg = config(tiny=False)
     optimizers = hg.build_optimizer(model, cfg.hifigan, torch.device("cpu"))
-    assert list(optimizers) == list(hg.PHASES) == list(SPEC.phases)
+    assert list(optimizers) == list(hg.PHASES) == list(SPEC.training.phases.names)
     for name, optimizer in optimizers.items():
         assert isinstance(optimizer, torch.optim.AdamW)
         group = optimizer.param_groups[0]
@@ -231,21 +232,21 @@ def test_dataset_crops_line_up_with_the_generator(tmp_path):
     batches = {}
     for on_device in (False, True):
         cfg = config(f"data.dataset_path={corpus}", f"hifigan.mel_on_device={str(on_device).lower()}")
-        train_set, val_set = hg.build_datasets(cfg)
+        train_set, val_set = build_datasets(cfg)
         items = [train_set[i] for i in range(2)]
-        batches[on_device] = hg.mel_on_device(SPEC.collate_fn(items), cfg)
+        batches[on_device] = mel_on_device(SPEC.training.collate_fn(items), cfg)
     batch = batches[False]
     assert batch["audio"].shape == (2, 2048) and batch["mel"].shape == (2, 80, 2048 // HOP)
     assert (batches[True]["mel"] - batch["mel"]).abs().max() < 1e-5  # the device's batched STFT, the workers' one
     model, _ = tiny_model()
     with torch.no_grad():
         assert model(batch).shape == batch["audio"].shape
-    assert SPEC.count_items(batch) == 2 * 2048
+    assert SPEC.training.count_items(batch) == 2 * 2048
 
 
 def test_validation_criterion_is_the_mel_l1():
     cfg = config()
-    criterion = SPEC.build_criterion(cfg)
+    criterion = SPEC.training.build_criterion(cfg)
     batch = harmonic_batch(cfg)
     assert criterion(batch["audio"], batch).item() == 0.0
     assert criterion(torch.zeros(2, 2048 + HOP), batch).item() > 1.0  # cut to the real length, silence is far off
@@ -253,11 +254,11 @@ def test_validation_criterion_is_the_mel_l1():
 
 def test_synthetic_batch_and_benchmark_cases():
     cfg = config()
-    batch = SPEC.synthetic_batch(cfg, 3, torch.Generator().manual_seed(0))
+    batch = SPEC.benchmark.synthetic_batch(cfg, 3, torch.Generator().manual_seed(0))
     assert batch["mel"].shape == (3, 80, 8) and batch["audio"].shape == (3, 2048) and len(batch["ids"]) == 3
     with pytest.raises(ValueError, match="multiple of audio.hop_length=256"):
-        SPEC.synthetic_batch(cfg, 1, torch.Generator(), segment_length=1000)
-    for case in SPEC.benchmark_cases:
+        SPEC.benchmark.synthetic_batch(cfg, 1, torch.Generator(), segment_length=1000)
+    for case in SPEC.benchmark.cases:
         tiny = build_config({}, SCHEMAS, overrides=[*case.overrides, *case.tiny.overrides])
         assert tiny.hifigan.upsample_initial_channel == hg.TINY_OVERRIDES["upsample_initial_channel"]
         assert build_config({}, SCHEMAS, overrides=case.overrides).hifigan.segment_length == 8192
@@ -266,7 +267,7 @@ def test_synthetic_batch_and_benchmark_cases():
 def test_vocode_gives_frames_times_hop_samples_in_range():
     model, cfg = tiny_model()
     model.eval()
-    audio = SPEC.vocode(model, torch.randn(80, 9), cfg)
+    audio = SPEC.inference.vocode(model, torch.randn(80, 9), cfg)
     assert audio.shape == (9 * HOP,) and audio.dtype == torch.float32
     assert audio.abs().max() <= 1.0 and torch.isfinite(audio).all()
 
@@ -277,24 +278,25 @@ def test_infer_writes_the_wav_of_a_mel_file_or_of_a_wavs_mel(tmp_path, capsys):
     torch.save(torch.randn(1, 80, 5), tmp_path / "mel.pt")
     args = argparse.Namespace(mel=str(tmp_path / "mel.pt"), wav=None, output=str(tmp_path / "out.wav"),
                               checkpoint="hifigan.pt")
-    assert SPEC.infer(model, cfg, args, torch.device("cpu")) == [tmp_path / "out.wav"]
+    assert SPEC.inference.infer(model, cfg, args, torch.device("cpu")) == [tmp_path / "out.wav"]
     info = sf.info(str(tmp_path / "out.wav"))
     assert (info.samplerate, info.frames) == (22050, 5 * HOP)
     sf.write(tmp_path / "clip.wav", harmonic_batch(cfg, items=1)["audio"][0].numpy(), 22050, subtype="PCM_16")
     args = argparse.Namespace(mel=None, wav=str(tmp_path / "clip.wav"), output=str(tmp_path / "copy.wav"),
                               checkpoint="hifigan.pt")
-    SPEC.infer(model, cfg, args, torch.device("cpu"))  # copy-synthesis: 2048 samples are 8 frames, 8 * 256 out
+    SPEC.inference.infer(model, cfg, args, torch.device("cpu"))  # copy-synthesis: 2048 samples, 8 frames, 8 * 256 out
     assert sf.info(str(tmp_path / "copy.wav")).frames == 2048
     with pytest.raises(ValueError, match="is a HiFi-GAN checkpoint: give --mel or --wav"):
-        SPEC.infer(model, cfg, argparse.Namespace(mel=None, wav=None, output="x.wav", checkpoint="hifigan.pt"),
-                   torch.device("cpu"))
+        SPEC.inference.infer(model, cfg, argparse.Namespace(mel=None, wav=None, output="x.wav",
+                                                            checkpoint="hifigan.pt"), torch.device("cpu"))
 
 
 def test_registered_with_the_multi_optimizer_contract():
-    assert SPEC.config_cls is hg.HiFiGANConfig and SPEC.phases == ("discriminator", "generator")
-    assert SPEC.networks is hg.networks and SPEC.train_step is hg.train_step
-    assert SPEC.build_scheduler is hg.build_scheduler and SPEC.build_optimizer is hg.build_optimizer
-    assert SPEC.log_validation is hg.log_validation and SPEC.vocode is hg.vocode
+    phases = SPEC.training.phases
+    assert SPEC.config_cls is hg.HiFiGANConfig and phases.names == ("discriminator", "generator")
+    assert phases.networks is hg.networks and phases.train_step is hg.train_step
+    assert phases.build_scheduler is hg.build_scheduler and SPEC.training.build_optimizer is hg.build_optimizer
+    assert SPEC.training.log_validation is log_validation and SPEC.inference.vocode is vocode
     model, _ = tiny_model()
     assert set(model.state_dict()) == {f"{name}.{key}" for name, net in hg.networks(model).items()
                                        for key in net.state_dict()}  # nothing but the two networks' weights
@@ -450,7 +452,7 @@ def test_the_benchmark_times_both_phases_and_reports_every_named_loss():
 
     from conftest import ROOT
 
-    done = subprocess.run([sys.executable, "scripts/benchmark.py", "--tiny", "--device", "cpu", "--steps", "2",
+    done = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--tiny", "--device", "cpu", "--steps", "2",
                            "--warmup", "1", "--precision", "fp32", "--cases", "tiny_hifigan_b2_s2048",
                            "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=clean_env(1))
@@ -463,7 +465,7 @@ def test_the_benchmark_times_both_phases_and_reports_every_named_loss():
 
 @pytest.mark.parametrize("setting, message", [
     ("train.lr_schedule=cosine", "train.lr_schedule=cosine, train.warmup_steps=0: model 'hifigan' builds its own LR "
-                                 "schedulers (ModelSpec.build_scheduler), which these settings would not change"),
+                                 "schedulers (Phases.build_scheduler), which these settings would not change"),
     ("train.warmup_steps=100", "train.lr_schedule=constant, train.warmup_steps=100: model 'hifigan' builds its own"),
     ("train.parallelism=fsdp", "train.parallelism=fsdp with model 'hifigan', which trains several optimizers"),
 ])
@@ -484,7 +486,7 @@ def test_what_it_cannot_honour_is_refused_in_one_line_before_any_data_is_read(tm
     assert not (tmp_path / "out").exists()  # refused before the output folder, the process group, the corpus
 
 
-# --- jik876/hifi-gan's generator files (utils.published, read_published) -------------------------------------------
+# --- jik876/hifi-gan's generator files (utils.checkpoint.published, read_published) --------------------------------
 
 def jik876_generator_file(path):
     """A generator file as jik876/hifi-gan's training writes it (``{"generator": state_dict}``: old weight norm,

@@ -27,6 +27,7 @@ import typing
 from pathlib import Path, PurePosixPath
 
 import pytest
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from conftest import launch_command
 
@@ -85,8 +86,6 @@ def walk_pydantic(value, annotation, path: str, problems: list) -> None:
     a oneOf wrapper (``Quantity``, ``IntOrString``) is parsed with its own ``from_dict``; any other leaf is
     validated strictly by the field's type (``StrictInt``, ``StrictStr``...).
     """
-    from pydantic import BaseModel, TypeAdapter, ValidationError
-
     annotation = _strip_optional(annotation)
     if value is None:
         problems.append(f"{path}: null")
@@ -96,43 +95,59 @@ def walk_pydantic(value, annotation, path: str, problems: list) -> None:
         inner = _strip_optional(typing.get_args(inner)[0])
     origin = typing.get_origin(inner)
     if origin in (list, typing.List):
-        if not isinstance(value, list):
-            problems.append(f"{path}: a list is expected, not {type(value).__name__}")
-            return
-        for i, item in enumerate(value):
-            walk_pydantic(item, typing.get_args(inner)[0], f"{path}[{i}]", problems)
+        _walk_pydantic_list(value, typing.get_args(inner)[0], path, problems)
     elif origin in (dict, typing.Dict):
-        if not isinstance(value, dict):
-            problems.append(f"{path}: a mapping is expected, not {type(value).__name__}")
-            return
-        for key, item in value.items():
-            if not isinstance(key, str):
-                problems.append(f"{path}: key {key!r} is not a string")
-            walk_pydantic(item, typing.get_args(inner)[1], f"{path}.{key}", problems)
+        _walk_pydantic_dict(value, typing.get_args(inner)[1], path, problems)
     elif isinstance(inner, type) and issubclass(inner, BaseModel):
-        if "actual_instance" in inner.model_fields:  # oneOf: a scalar of one of several types
-            try:
-                inner.from_dict(value)
-            except (ValueError, ValidationError) as err:
-                problems.append(f"{path}: {value!r} is not a {inner.__name__}: {str(err).splitlines()[0]}")
-            return
-        if not isinstance(value, dict):
-            problems.append(f"{path}: a {inner.__name__} mapping is expected, not {type(value).__name__}")
-            return
-        fields = {field.alias or name: field for name, field in inner.model_fields.items()}
-        for key, item in value.items():
-            if key not in fields:
-                problems.append(f"{path}.{key}: not a field of {inner.__name__} (its fields: {', '.join(fields)})")
-            else:
-                walk_pydantic(item, _field_annotation(fields[key]), f"{path}.{key}", problems)
-        for key, field in fields.items():
-            if field.is_required() and key not in value:
-                problems.append(f"{path}.{key}: required by {inner.__name__}, missing")
+        _walk_pydantic_model(value, inner, path, problems)
     else:
         try:
             TypeAdapter(annotation).validate_python(value, strict=True)
         except ValidationError as err:
             problems.append(f"{path}: {value!r} refused: {err.errors()[0]['msg']}")
+
+
+def _walk_pydantic_list(value, item_type, path: str, problems: list) -> None:
+    """:func:`walk_pydantic` of a ``list[item_type]``."""
+    if not isinstance(value, list):
+        problems.append(f"{path}: a list is expected, not {type(value).__name__}")
+        return
+    for i, item in enumerate(value):
+        walk_pydantic(item, item_type, f"{path}[{i}]", problems)
+
+
+def _walk_pydantic_dict(value, item_type, path: str, problems: list) -> None:
+    """:func:`walk_pydantic` of a ``dict[str, item_type]``."""
+    if not isinstance(value, dict):
+        problems.append(f"{path}: a mapping is expected, not {type(value).__name__}")
+        return
+    for key, item in value.items():
+        if not isinstance(key, str):
+            problems.append(f"{path}: key {key!r} is not a string")
+        walk_pydantic(item, item_type, f"{path}.{key}", problems)
+
+
+def _walk_pydantic_model(value, model: type, path: str, problems: list) -> None:
+    """:func:`walk_pydantic` of a pydantic model: a oneOf wrapper parsed by its ``from_dict``, else a mapping of its
+    fields' wire names holding every required one."""
+    if "actual_instance" in model.model_fields:  # oneOf: a scalar of one of several types
+        try:
+            model.from_dict(value)
+        except (ValueError, ValidationError) as err:
+            problems.append(f"{path}: {value!r} is not a {model.__name__}: {str(err).splitlines()[0]}")
+        return
+    if not isinstance(value, dict):
+        problems.append(f"{path}: a {model.__name__} mapping is expected, not {type(value).__name__}")
+        return
+    fields = {field.alias or name: field for name, field in model.model_fields.items()}
+    for key, item in value.items():
+        if key not in fields:
+            problems.append(f"{path}.{key}: not a field of {model.__name__} (its fields: {', '.join(fields)})")
+        else:
+            walk_pydantic(item, _field_annotation(fields[key]), f"{path}.{key}", problems)
+    for key, field in fields.items():
+        if field.is_required() and key not in value:
+            problems.append(f"{path}.{key}: required by {model.__name__}, missing")
 
 
 def trainjob_problems(doc) -> list:
@@ -205,20 +220,30 @@ def walk_openapi(value, type_name: str, path: str, problems: list):
             return None
         return [walk_openapi(item, listed.group(1), f"{path}[{i}]", problems) for i, item in enumerate(value)]
     if mapped:
-        if not isinstance(value, dict):
-            problems.append(f"{path}: a mapping is expected ({type_name}), not {type(value).__name__}")
-            return None
-        built = {}
-        for key, item in value.items():
-            if not _scalar_ok(key, mapped.group(1)):
-                problems.append(f"{path}: key {key!r} is not a {mapped.group(1)}")
-            built[key] = walk_openapi(item, mapped.group(2), f"{path}.{key}", problems)
-        return built
+        return _walk_openapi_dict(value, type_name, mapped.group(1), mapped.group(2), path, problems)
     cls = _openapi_class(type_name)
     if cls is None:
         if not _scalar_ok(value, type_name):
             problems.append(f"{path}: {value!r} is not of type {type_name}")
         return value
+    return _walk_openapi_model(value, cls, type_name, path, problems)
+
+
+def _walk_openapi_dict(value, type_name: str, key_kind: str, item_type: str, path: str, problems: list):
+    """:func:`walk_openapi` of a ``dict(key_kind, item_type)``: the mapping built, or ``None``."""
+    if not isinstance(value, dict):
+        problems.append(f"{path}: a mapping is expected ({type_name}), not {type(value).__name__}")
+        return None
+    built = {}
+    for key, item in value.items():
+        if not _scalar_ok(key, key_kind):
+            problems.append(f"{path}: key {key!r} is not a {key_kind}")
+        built[key] = walk_openapi(item, item_type, f"{path}.{key}", problems)
+    return built
+
+
+def _walk_openapi_model(value, cls: type, type_name: str, path: str, problems: list):
+    """:func:`walk_openapi` of a generated model class: built from the mapping's fields, or ``None``."""
     if not isinstance(value, dict):
         problems.append(f"{path}: a {type_name} mapping is expected, not {type(value).__name__}")
         return None

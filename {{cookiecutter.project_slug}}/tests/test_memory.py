@@ -1,22 +1,21 @@
-"""scripts/memory.py on 2 CPU processes: what the user runs to see per-rank memory (DDP vs FSDP, activation
+"""``python -m scripts.memory`` on 2 CPU processes: what the user runs to see per-rank memory (DDP vs FSDP, activation
 checkpointing) and the stall of a checkpoint save (sync vs async)."""
 
-import importlib.util
 import json
-import os
 import sys
 
 import pytest
 
-from conftest import ROOT, bound, finish, start_job
-
+from conftest import bound, finish, start_job
+from models import MODELS
+from scripts import memory
 
 pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
 
 
 def test_memory_script_shows_fsdp_halving_the_state_and_checkpointing_the_activations(tmp_path):
     out = tmp_path / "memory.json"
-    proc = start_job([sys.executable, "scripts/memory.py", "--tiny", "--json", str(out)], tmp_path, nproc=2)
+    proc = start_job([sys.executable, "-m", "scripts.memory", "--tiny", "--json", str(out)], tmp_path, nproc=2)
     code, output = finish(proc, timeout=bound(240))
     assert code == 0, output[-4000:]
     assert "measured fsdp / activation checkpointing full" in output  # progress while it runs
@@ -42,34 +41,23 @@ def test_memory_script_shows_fsdp_halving_the_state_and_checkpointing_the_activa
     assert "fsdp_over_ddp_state 0.500" in output
 
 
-def memory_script():
-    """scripts/memory.py imported in this process (its checks come before any rank is started)."""
-    spec = importlib.util.spec_from_file_location("memory_script", os.path.join(ROOT, "scripts", "memory.py"))
-    script = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = script  # its dataclasses look their module up there
-    spec.loader.exec_module(script)
-    return script
-
-
 def test_memory_script_refuses_bad_arguments_in_one_line(tmp_path, capsys):
-    script = memory_script()
+    """In this process: its checks come before any rank is started."""
     for args, words in ((["--nproc", "1"], "--nproc must be >= 2"), (["--depth", "0"], "--depth must be >= 1"),
                         (["--json", str(tmp_path / "missing" / "m.json")], "does not exist")):
-        assert script.main(args) == 1
+        assert memory.main(args) == 1
         err = capsys.readouterr().err
         assert words in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_memory_script_measures_a_model_of_the_project(tmp_path):
-    from models import MODELS
-
-    measurable = sorted(name for name, spec in MODELS.items() if spec.blocks is not None and not spec.phases
-                        and spec.synthetic_batch is not None and spec.benchmark_cases)
+    measurable = sorted(name for name, spec in MODELS.items() if spec.training.blocks is not None
+                        and not spec.phase_names and spec.benchmark is not None and spec.benchmark.cases)
     if not measurable:
         pytest.skip("no registered model has blocks, a synthetic batch and one optimizer")
     name, out = measurable[0], tmp_path / "memory.json"
-    proc = start_job([sys.executable, "scripts/memory.py", "--tiny", "--model", name, "--no-stall", "--json", str(out)],
-                     tmp_path, nproc=2)
+    proc = start_job([sys.executable, "-m", "scripts.memory", "--tiny", "--model", name, "--no-stall", "--json",
+                      str(out)], tmp_path, nproc=2)
     code, output = finish(proc, timeout=bound(240))
     assert code == 0, output[-4000:]
     assert f"memory: 2 processes, model '{name}' (tiny size)" in output
@@ -79,7 +67,7 @@ def test_memory_script_measures_a_model_of_the_project(tmp_path):
 
 
 def test_memory_script_refuses_a_model_it_cannot_measure(tmp_path, capsys):
-    script = memory_script()
-    assert script.main(["--model", "no_such_model"]) == 1
+    assert memory.main(["--model", "no_such_model"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("ERROR: --model no_such_model: model.py registers no such model"), err
+    assert len(err) == 1 and err[0].startswith("ERROR: --model no_such_model: models/__init__.py registers no such "
+                                               "model"), err

@@ -83,6 +83,30 @@ def test_failing_rank_stops_the_job_and_is_named(tmp_path):
     assert "stderr line of rank 1" in (tmp_path / log).read_text()
 
 
+def test_a_module_runs_on_every_rank_as_python_m_runs_it(tmp_path):
+    """``multiproc.py -m package.module``: each rank runs the module as ``python -m`` does (its ``__main__`` part; the
+    launcher only imports it, for a ``check_command_line`` it may have), with the arguments after the module name."""
+    package = tmp_path / "jobs"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "ranks.py").write_text("def main():\n" + textwrap.indent(SCRIPT, "    ") +
+                                      "\n\nif __name__ == '__main__':\n    main()\n")
+    env = clean_env(2, cpu_only=True)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    done = subprocess.run([sys.executable, MULTIPROC, "--nproc-per-node", "2", "--log-dir", "logs", "-m", "jobs.ranks",
+                           str(tmp_path), "--flag"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=bound(120, 3))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(2):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert seen["rank_sum"] == 1.0 and seen["local_rank"] == rank and seen["argv"] == [str(tmp_path), "--flag"]
+    missing = subprocess.run([sys.executable, MULTIPROC, "--nproc-per-node", "2", "-m", "no_such_package.job"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=bound(60, 1))
+    assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
+        "multiproc: ERROR: module not found: no_such_package.job (run multiproc.py from the project's folder)"], \
+        missing.stderr
+
+
 def test_missing_script_is_one_line_and_exit_2(tmp_path):
     done, _ = launch(tmp_path, "--nproc-per-node", "2", "no_such_script.py", "--x")
     assert done.returncode == 2
@@ -145,8 +169,8 @@ def test_a_node_whose_node_0_never_answers_is_reported(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--dataset-path", "no_corpus_here"], "dataset folder not found: no_corpus_here (get LJSpeech with "
-                                           "scripts/dataset.sh data, or a small demo corpus with python "
-                                           "scripts/make_demo_corpus.py --output data/demo"),
+                                           "scripts/dataset.sh data, or a small demo corpus with python -m "
+                                           "scripts.make_demo_corpus --output data/demo"),
     (["--set", "train.max_steps=abc"], "--set train.max_steps=abc: config key 'train.max_steps' must be int"),
     (["--no-such-option"], "unrecognized arguments: --no-such-option (python train.py --help lists the options)"),
 ], ids=["missing-corpus", "bad-set", "bad-option"])

@@ -1,32 +1,35 @@
-"""ONNX export (``utils/onnx_export.py``; ``scripts/export.py --format onnx``): every registered model with
-``ModelSpec.export_parts`` exports its inference path, and ONNX Runtime on the CPU gives the eager model's outputs
+"""ONNX export (``utils/onnx_export.py``; ``python -m scripts.export --format onnx``): every registered model with
+an ``Export`` group (``Export.parts``) exports its inference path, and ONNX Runtime on the CPU gives the eager model's outputs
 within 1e-4 on perturbed tiny weights, at the parts' example sizes and at other lengths and batch sizes; the files
 declare those axes variable (a model's own loop over its files is tested with the model). A model without the hook, a part that cannot be exported, a length baked into the graph and a wrapper that does not
 compute what the model does are each refused with a one-line :class:`ExportError`."""
 
 import dataclasses
+import importlib.util
 
 import pytest
+import torch
+from torch import nn
 
-onnx = pytest.importorskip("onnx")
-pytest.importorskip("onnxruntime")
+from conftest import perturbed_tiny_model
+from model import Export
+from models import MODELS
+from utils.onnx_export import ExportError, ExportPart, export_model
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(name) is None for name in ("onnx", "onnxruntime")),
+                                reason="ONNX export needs the onnx and onnxruntime packages")
 
-from conftest import perturbed_tiny_model  # noqa: E402
-from models import MODELS  # noqa: E402
-from utils.onnx_export import ExportError, ExportPart, export_model  # noqa: E402
-
-EXPORTABLE = [name for name in sorted(MODELS) if MODELS[name].export_parts is not None]
+EXPORTABLE = [name for name in sorted(MODELS) if MODELS[name].export is not None]
 TOLERANCE = 1e-4
 
 
 @pytest.mark.parametrize("name", EXPORTABLE)
 def test_export_matches_eager_at_two_lengths(name, tmp_path):
+    import onnx  # an optional dependency (the module is skipped without it)
+
     model, cfg = perturbed_tiny_model(name)
-    parts = {part.name: part for part in MODELS[name].export_parts(model.eval(), cfg)}
-    rows = export_model(name, model, cfg, tmp_path, progress=False)
+    parts = {part.name: part for part in MODELS[name].export.parts(model.eval(), cfg)}
+    rows = export_model(MODELS[name], model, cfg, tmp_path, progress=False)
     assert [row["part"] for row in rows] == list(parts)
     for row in rows:
         part = parts[row["part"]]
@@ -49,13 +52,14 @@ def test_export_matches_eager_at_two_lengths(name, tmp_path):
         assert spread > max(1e-5, 100 * row["max_abs_diff"]), (part.name, spread, row["max_abs_diff"])
 
 
-def test_model_without_export_parts_is_refused(tmp_path, monkeypatch):
+def test_model_without_export_parts_is_refused(tmp_path):
     name = sorted(MODELS)[0]
-    monkeypatch.setitem(MODELS, name, dataclasses.replace(MODELS[name], export_parts=None))
+    spec = dataclasses.replace(MODELS[name], export=None)
     with pytest.raises(ExportError) as err:
-        export_model(name, nn.Linear(2, 2), None, tmp_path, progress=False)
+        export_model(spec, nn.Linear(2, 2), None, tmp_path, progress=False)
     message = str(err.value)
-    assert "\n" not in message and name in message and "export_parts" in message and "register(" in message
+    assert "\n" not in message and name in message and "no Export group" in message  # what is missing, and where
+    assert "export=Export(parts=" in message and "ModelSpec" in message  # to add it
     assert not any(tmp_path.iterdir())
 
 
@@ -77,14 +81,13 @@ BAD_PARTS = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_PARTS))
-def test_bad_part_is_refused_naming_it(case, tmp_path, monkeypatch):
+def test_bad_part_is_refused_naming_it(case, tmp_path):
     module, reference, expected = BAD_PARTS[case]
     part = ExportPart(name=case, module=module, inputs=(torch.rand(2, 3, 3),), other_inputs=(torch.rand(2, 5, 5),),
                       input_names=("x",), output_names=("y",), dynamic_axes={"x": {1: "n", 2: "m"}},
                       reference=reference)
-    name = sorted(MODELS)[0]
-    monkeypatch.setitem(MODELS, name, dataclasses.replace(MODELS[name], export_parts=lambda model, cfg: [part]))
+    spec = dataclasses.replace(MODELS[sorted(MODELS)[0]], export=Export(parts=lambda model, cfg: [part]))
     with pytest.raises(ExportError) as err:
-        export_model(name, nn.Linear(2, 2), None, tmp_path, progress=False)
+        export_model(spec, nn.Linear(2, 2), None, tmp_path, progress=False)
     message = str(err.value)
     assert "\n" not in message and f"export part {case!r}" in message and expected in message, message

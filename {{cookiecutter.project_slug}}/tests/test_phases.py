@@ -1,23 +1,34 @@
-"""Models with several optimizers (``ModelSpec.phases``): what the loop does for each phase, on a toy GAN.
+"""Models with several optimizers (``Training.phases``, a :class:`model.Phases`): what the loop does for each phase, on a toy GAN.
 
 The toy has a generator and a discriminator of a few linear layers, and a ``train_step`` shaped like a GAN
 vocoder's: the discriminator's phase on real and detached fake samples, then the generator's phase through the
-frozen discriminator. The loop's own functions run it (``train.build_phases``, ``train.forward_backward``); the
+frozen discriminator. The loop's own functions run it (``utils.training.setup.build_phases``, ``utils.training.step.forward_backward``); the
 communication test runs them on 2 real gloo processes and counts what each network's DDP all-reduces.
 """
 
+import dataclasses
+import json
 import os
 import textwrap
+
+import matplotlib.image
 
 import pytest
 import torch
 from torch import nn
 
-import train
 from conftest import ROOT, run_ranks
-from model import ModelSpec
-from utils.config import load_config
+from model import ModelSpec, Phases, Training
 from models import config_schemas
+from scripts import plot_run
+from utils.checkpoint.files import CheckpointError
+from utils.checkpoint.state import NamedStates
+from utils.config import ConfigError, load_config
+from utils.training.guards import TrainingError
+from utils.training.optim import build_optimizers, build_scheduler, setup_precision
+from utils.training.settings import check_settings
+from utils.training.setup import build_phases
+from utils.training.step import forward_backward
 
 PHASES = ("discriminator", "generator")
 
@@ -45,14 +56,19 @@ def toy_step(phase, nets, batch):
     return adversarial + 10 * l1, {"adv": adversarial.detach(), "l1": l1.detach()}
 
 
-TOY_SPEC = ModelSpec(config_cls=object, build_model=lambda cfg: ToyGAN(), build_criterion=lambda cfg: None,
-                     build_datasets=lambda cfg: ((), ()), collate_fn=None, count_items=len,
-                     build_optimizer=lambda model, model_cfg, device: {
-                         "discriminator": torch.optim.AdamW(model.discriminator.parameters(), lr=1e-3),
-                         "generator": torch.optim.AdamW(model.generator.parameters(), lr=1e-3)},
-                     phases=PHASES, networks=lambda model: {"discriminator": model.discriminator,
-                                                            "generator": model.generator},
-                     train_step=toy_step)
+TOY_SPEC = ModelSpec(name="toy", config_cls=object, build_model=lambda cfg: ToyGAN(), training=Training(
+    build_criterion=lambda cfg: None, build_datasets=lambda cfg: ((), ()), collate_fn=None, count_items=len,
+    build_optimizer=lambda model, model_cfg, device: {
+        "discriminator": torch.optim.AdamW(model.discriminator.parameters(), lr=1e-3),
+        "generator": torch.optim.AdamW(model.generator.parameters(), lr=1e-3)},
+    phases=Phases(names=PHASES, networks=lambda model: {"discriminator": model.discriminator,
+                                                        "generator": model.generator},
+                  train_step=toy_step)))
+
+
+def with_phases(spec: ModelSpec, phases) -> ModelSpec:
+    """``spec`` with its ``Training.phases`` replaced (``None``: one optimizer)."""
+    return dataclasses.replace(spec, training=dataclasses.replace(spec.training, phases=phases))
 
 
 def toy_config():
@@ -67,18 +83,18 @@ def toy_batch(rows: slice = slice(None), n: int = 8) -> dict:
 def build(seed: int = 0):
     torch.manual_seed(seed)
     model, cfg = ToyGAN(), toy_config()
-    optimizers = train.build_optimizers(TOY_SPEC, "toy", model, None, torch.device("cpu"))
-    schedulers = {name: train.build_scheduler(TOY_SPEC, "toy", name, opt, cfg) for name, opt in optimizers.items()}
-    return model, train.build_phases(TOY_SPEC, "toy", model, optimizers, schedulers, cfg)
+    optimizers = build_optimizers(TOY_SPEC, model, None, torch.device("cpu"))
+    schedulers = {name: build_scheduler(TOY_SPEC, name, opt, cfg) for name, opt in optimizers.items()}
+    return model, build_phases(TOY_SPEC, model, optimizers, schedulers, cfg)
 
 
 def test_accumulating_two_halves_gives_the_gradients_of_the_whole_batch():
-    fp32, scaler = train.setup_precision("fp32", torch.device("cpu"))
+    fp32, scaler = setup_precision("fp32", torch.device("cpu"))
     grads = []
     for micro in ([toy_batch()], [toy_batch(slice(0, 4)), toy_batch(slice(4, 8))]):
         model, phases = build()
         for phase in phases:
-            train.forward_backward(phase, phases, toy_step, micro, scaler, fp32, 1, 0.0)
+            forward_backward(phase, phases, toy_step, micro, scaler, fp32, 0.0)
         grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) == 8
     for name in grads[0]:
@@ -86,14 +102,14 @@ def test_accumulating_two_halves_gives_the_gradients_of_the_whole_batch():
 
 
 def test_a_phase_trains_only_its_network_and_logs_its_metrics():
-    fp32, scaler = train.setup_precision("fp32", torch.device("cpu"))
+    fp32, scaler = setup_precision("fp32", torch.device("cpu"))
     model, phases = build()
-    result = train.forward_backward(phases[0], phases, toy_step, [toy_batch()], scaler, fp32, 1, 0.0)
+    result = forward_backward(phases[0], phases, toy_step, [toy_batch()], scaler, fp32, 0.0)
     assert all(p.grad is None for p in model.generator.parameters())
     assert all(p.grad is not None for p in model.discriminator.parameters())
     assert result.metrics == {} and torch.isfinite(result.loss) and result.grad_norm > 0
     model.discriminator.zero_grad(set_to_none=True)
-    result = train.forward_backward(phases[1], phases, toy_step, [toy_batch()], scaler, fp32, 1, 0.0)
+    result = forward_backward(phases[1], phases, toy_step, [toy_batch()], scaler, fp32, 0.0)
     assert all(p.grad is None for p in model.discriminator.parameters()), "the frozen discriminator gets none"
     assert all(p.requires_grad for p in model.parameters()), "the freeze is taken back after the phase"
     assert set(result.metrics) == {"adv", "l1"}
@@ -101,13 +117,10 @@ def test_a_phase_trains_only_its_network_and_logs_its_metrics():
 
 
 def test_several_optimizers_and_their_schedulers_round_trip_through_a_checkpoint(tmp_path):
-    from utils.checkpoint.files import CheckpointError
-    from utils.checkpoint.state import NamedStates
-
     model, phases = build()
-    fp32, scaler = train.setup_precision("fp32", torch.device("cpu"))
+    fp32, scaler = setup_precision("fp32", torch.device("cpu"))
     for phase in phases:
-        train.forward_backward(phase, phases, toy_step, [toy_batch()], scaler, fp32, 1, 0.0)
+        forward_backward(phase, phases, toy_step, [toy_batch()], scaler, fp32, 0.0)
         phase.optimizer.step()
         phase.scheduler.step()
     saved = {"optimizer": NamedStates({p.name: p.optimizer for p in phases}).state_dict(),
@@ -131,23 +144,23 @@ def test_several_optimizers_and_their_schedulers_round_trip_through_a_checkpoint
 
 def test_a_bad_optimizer_contract_is_one_clear_error():
     cfg = toy_config()
-    one = ModelSpec(**{**TOY_SPEC.__dict__, "phases": ()})
-    for spec, message in ((one, "not an optimizer; a model with several optimizers names them in ModelSpec.phases"),
-                          (ModelSpec(**{**TOY_SPEC.__dict__, "phases": ("critic", "generator")}),
-                           "must return a dict of one optimizer per phase (critic, generator)")):
+    one = with_phases(TOY_SPEC, None)
+    critic = with_phases(TOY_SPEC, dataclasses.replace(TOY_SPEC.training.phases, names=("critic", "generator")))
+    for spec, message in ((one, "not an optimizer; a model with several optimizers names them in Training.phases"),
+                          (critic, "must return a dict of one optimizer per phase (critic, generator)")):
         try:
-            train.build_optimizers(spec, "toy", ToyGAN(), None, torch.device("cpu"))
-        except train.TrainingError as err:
+            build_optimizers(spec, ToyGAN(), None, torch.device("cpu"))
+        except TrainingError as err:
             assert message in str(err), str(err)
         else:
             raise AssertionError(message)
-    no_networks = ModelSpec(**{**TOY_SPEC.__dict__, "networks": None})
+    no_networks = with_phases(TOY_SPEC, dataclasses.replace(TOY_SPEC.training.phases, networks=None))
     model = ToyGAN()
-    optimizers = train.build_optimizers(no_networks, "toy", model, None, torch.device("cpu"))
+    optimizers = build_optimizers(no_networks, model, None, torch.device("cpu"))
     try:
-        train.build_phases(no_networks, "toy", model, optimizers, {n: (None, "step") for n in optimizers}, cfg)
-    except train.TrainingError as err:
-        assert "ModelSpec.networks must map each phase" in str(err)
+        build_phases(no_networks, model, optimizers, {n: (None, "step") for n in optimizers}, cfg)
+    except TrainingError as err:
+        assert "Phases.networks must map each phase" in str(err)
     else:
         raise AssertionError("phases without networks must be refused")
 
@@ -160,10 +173,10 @@ COUNT_WORKER = textwrap.dedent('''
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-    sys.path.insert(0, sys.argv[2])
     import distributed as D
-    import train
     from test_phases import build, toy_batch, toy_step
+    from utils.training.optim import setup_precision
+    from utils.training.step import forward_backward
 
     info = D.init_distributed()
     model, phases = build()
@@ -178,11 +191,11 @@ COUNT_WORKER = textwrap.dedent('''
     during = ["?"]
     for phase in phases:
         phase.net.register_comm_hook(None, counting(phase.name, during))
-    fp32, scaler = train.setup_precision("fp32", torch.device("cpu"))
+    fp32, scaler = setup_precision("fp32", torch.device("cpu"))
     half = slice(info.rank * 4, info.rank * 4 + 4)
     for phase in phases:
         during[0] = phase.name
-        train.forward_backward(phase, phases, toy_step, [toy_batch(half)], scaler, fp32, 2, 0.0)
+        forward_backward(phase, phases, toy_step, [toy_batch(half)], scaler, fp32, 0.0)
         phase.optimizer.step()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     torch.save({"sent": sent, "grads": grads}, f"{sys.argv[1]}/rank{info.rank}.pt")
@@ -208,12 +221,6 @@ def test_the_generator_step_all_reduces_no_discriminator_gradient(tmp_path):
 
 
 def test_plot_run_draws_a_panel_per_phase_loss_and_per_named_loss(tmp_path):
-    import json
-
-    import matplotlib.image
-
-    from scripts import plot_run
-
     names = {"loss_discriminator": 2.0, "loss_generator": 9.0, "grad_norm_discriminator": 3.0,
              "grad_norm_generator": 40.0, "adv": 1.0, "l1": 0.8}
     rows = [{"step": s, "loss": 9.0 - s / 10, "items_per_s": 100.0, "step_time_s": 0.1, "data_time_s": 0.01,
@@ -225,10 +232,8 @@ def test_plot_run_draws_a_panel_per_phase_loss_and_per_named_loss(tmp_path):
 
 
 def test_fsdp_of_a_model_with_several_optimizers_is_refused_with_a_reason():
-    from utils.config import ConfigError
-
     cfg = toy_config()
     cfg.train.parallelism = "fsdp"
     with pytest.raises(ConfigError, match="trains several optimizers \\(discriminator, generator\\).*use "
                                           "train.parallelism=ddp"):
-        train.check_settings(TOY_SPEC, "toy", cfg)  # before any model, process group or data
+        check_settings(TOY_SPEC, cfg)  # before any model, process group or data

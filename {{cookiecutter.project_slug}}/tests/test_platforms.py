@@ -2,8 +2,8 @@
 own commands, and a stop inside Kubernetes' grace period.
 
 Every replay is two "nodes" of two processes on 127.0.0.1 (gloo on the CPU), set up as the platform sets up its
-nodes (variables from the platforms' own sources, named in ``multiproc.platform_topology``,
-``distributed.detect_launcher_env`` and ``utils.platforms``), and must train with the losses of ``multiproc.py
+nodes (variables from the platforms' own sources, named in ``utils.launch``: ``platform_topology``,
+``detect_launcher_env`` and the platforms' folders), and must train with the losses of ``multiproc.py
 --nproc-per-node 4`` at every step. The contradictory environments are one error line each.
 """
 
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import multiproc
 from conftest import IN_A_POD, ROOT, TEST_MODEL, bound, clean_env, finish, free_port, launch_command, synth_corpus
-from utils.launch import default_dataset_path, default_output_dir, hyperparameter_argv, tensorboard_dir
+from utils.launch import (default_dataset_path, default_output_dir, hyperparameter_argv, platform_topology,
+                          tensorboard_dir)
 
 STEPS = 4
 TRAIN_ARGS = ["--model", TEST_MODEL, "--tiny", "--max-steps", str(STEPS), "--set", "train.log_interval=1",
@@ -228,7 +228,7 @@ def test_multiproc_inside_a_launcher_that_started_the_processes_is_one_error_lin
     ({}, {}),
 ], ids=["trainjob", "pytorchjob", "skypilot", "vertex", "none"])
 def test_platform_topology_reads_each_platform_in_the_documented_order(environ, expected):
-    assert multiproc.platform_topology(environ)[1] == expected
+    assert platform_topology(environ)[1] == expected
 
 
 def test_platform_folders_and_sagemaker_arguments():

@@ -1,8 +1,7 @@
-"""Weights from elsewhere (utils/published.py): a checkpoint of this project given to ``--init-from`` or to
-scripts/import_weights.py, and what is refused in one line. Each example model's own published format (NVIDIA's,
+"""Weights from elsewhere (utils/checkpoint/published.py): a checkpoint of this project given to ``--init-from`` or to
+``python -m scripts.import_weights``, and what is refused in one line. Each example model's own published format (NVIDIA's,
 jik876's) is tested in that model's test file, with a file laid out as that project writes it."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -11,9 +10,10 @@ import torch
 
 from conftest import ROOT, TEST_MODEL, bound, finish, start_job, synth_corpus, tiny_checkpoint
 from models import MODELS, config_schemas
+from scripts import import_weights
 from utils.checkpoint.files import CheckpointError
-from utils.config import load_config
 from utils.checkpoint.published import read_weights
+from utils.config import load_config
 
 pytestmark = pytest.mark.skipif(TEST_MODEL is None, reason="no model is registered in model.py")
 
@@ -38,17 +38,14 @@ def test_a_checkpoint_of_this_project_is_read_and_a_file_of_no_known_format_is_o
 
 
 def test_import_weights_names_what_it_cannot_do_in_one_line(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("import_weights", Path(ROOT) / "scripts" / "import_weights.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     checkpoint = tiny_checkpoint(TEST_MODEL, tmp_path / "own.pt")
     out = tmp_path / "copy.pt"
-    assert script.main([str(checkpoint), "--output", str(out), "--tiny"]) == 0
+    assert import_weights.main([str(checkpoint), "--output", str(out), "--tiny"]) == 0
     assert f"wrote {out}: model '{TEST_MODEL}'" in capsys.readouterr().out
     for args, message in (([str(checkpoint), "--output", str(out), "--tiny"], "exists; pass --force"),
                           ([str(tmp_path / "nope.pt"), "--output", str(tmp_path / "x.pt")], "no such file"),
                           ([str(checkpoint), "--output", str(tmp_path / "no" / "x.pt")], "does not exist")):
-        assert script.main(args) == 1
+        assert import_weights.main(args) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("ERROR: ") and message in err[0], err
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT, visible_gpus
+from scripts import plot_run
 from utils.run_log import BalanceMonitor, RunLog, StepWindow, device_memory, stray_gpu_mib
 from utils.training.guards import SpikeMonitor
 
@@ -114,8 +115,6 @@ def test_data_wait_warning_skips_the_warm_up_and_repeats_rarely(tmp_path, capsys
 
 
 def test_plot_run_draws_a_run_written_by_run_log(tmp_path, capsys):
-    from scripts import plot_run
-
     log = RunLog(tmp_path, enabled=True, total_steps=40, initial_step=0)
     for step in range(1, 41):
         log.metrics({"step": step, "epoch": 1, "loss": 3.0 / step, "lr": 1e-3, "items_per_s": 1000.0,
@@ -136,8 +135,6 @@ def test_plot_run_draws_a_run_written_by_run_log(tmp_path, capsys):
     (lambda d: (d / "metrics.jsonl").write_text('{"step": 1}\nnot json\n'), "metrics.jsonl:2: not a JSON line"),
 ])
 def test_plot_run_refuses_a_folder_without_a_run(tmp_path, capsys, setup, message):
-    from scripts import plot_run
-
     setup(tmp_path)
     assert plot_run.main([str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip().splitlines()

@@ -1,7 +1,10 @@
 """Sharded checkpoints (utils.checkpoint.ShardedCheckpointer) in one process: folders that appear complete or not
 at all, the checkpoint_last link, keep_last, the fallback past a damaged folder; inference.py from a folder and from
-its consolidated file (scripts/consolidate_checkpoint.py). Written by 2 real processes: tests/test_fsdp.py."""
+its consolidated file (python -m scripts.consolidate_checkpoint). Written by 2 real processes: tests/test_fsdp.py."""
 
+import contextlib
+import importlib
+import io
 import os
 import subprocess
 from pathlib import Path
@@ -9,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import inference
 from conftest import ROOT, TEST_MODEL, synth_corpus
 from models import MODELS, config_schemas
+from utils.checkpoint.resume import resume_path
 from utils.checkpoint.sharded import ShardedCheckpointer, list_sharded_checkpoints, sharded_train_state
 from utils.checkpoint.state import TrainState
-from utils.checkpoint.resume import resume_path
 from utils.config import load_config
 
 pytestmark = pytest.mark.skipif(TEST_MODEL is None, reason="no model is registered in model.py")
@@ -38,16 +42,10 @@ def write_checkpoints(out, steps, keep_last=0):
 
 
 def run(*args, check=True):
-    """``python SCRIPT ARGS`` of the project's own command line, in this process (the scripts' ``main``): its exit
-    status and output, as a subprocess would give them."""
-    import contextlib
-    import importlib.util
-    import io
-
+    """``python -m MODULE ARGS`` of the project's own command line (``inference``, ``scripts.consolidate_checkpoint``),
+    in this process (the module's ``main``): its exit status and output, as a subprocess would give them."""
     script, argv = args[0], list(args[1:])
-    spec = importlib.util.spec_from_file_location(Path(script).stem, os.path.join(ROOT, script))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module(script)
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -92,8 +90,8 @@ def test_a_bit_flip_inside_a_shard_is_found_and_the_intact_checkpoint_taken(tmp_
     write_checkpoints(tmp_path, [2, 4, 6], keep_last=0)
     shard = max((tmp_path / "checkpoint_6").glob("*.distcp"), key=lambda p: p.stat().st_size)
     flip_bytes(shard)
-    for args in (["inference.py", "--checkpoint", str(tmp_path / "checkpoint_6"), "--output", str(tmp_path / "x.wav")],
-                 ["scripts/consolidate_checkpoint.py", str(tmp_path / "checkpoint_6"), "--output",
+    for args in (["inference", "--checkpoint", str(tmp_path / "checkpoint_6"), "--output", str(tmp_path / "x.wav")],
+                 ["scripts.consolidate_checkpoint", str(tmp_path / "checkpoint_6"), "--output",
                   str(tmp_path / "x.pt")]):
         done = run(*args, check=False)
         errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR:")]
@@ -118,53 +116,52 @@ def saved(tmp_path_factory):
 def test_consolidation_writes_one_file_with_the_same_weights_and_keeps_an_existing_one(saved, tmp_path):
     out, model = saved
     target = tmp_path / "whole.pt"
-    done = run("scripts/consolidate_checkpoint.py", str(out / "checkpoint_last"), "--output", str(target))
+    done = run("scripts.consolidate_checkpoint", str(out / "checkpoint_last"), "--output", str(target))
     assert f"wrote {target}" in done.stdout and f"model '{TEST_MODEL}' at step 3" in done.stdout
     state = torch.load(target, weights_only=True)
     assert state["model_name"] == TEST_MODEL and state["step"] == 3 and "optimizer" in state
     for key, value in model.state_dict().items():
         assert torch.equal(state["model"][key], value), key
-    again = run("scripts/consolidate_checkpoint.py", str(out / "checkpoint_last"), "--output", str(target),
+    again = run("scripts.consolidate_checkpoint", str(out / "checkpoint_last"), "--output", str(target),
                 check=False)
     assert again.returncode == 1 and again.stderr.startswith("ERROR:") and "exists" in again.stderr
     small = tmp_path / "model.pt"
-    run("scripts/consolidate_checkpoint.py", str(out / "checkpoint_3"), "--output", str(small), "--model-only")
+    run("scripts.consolidate_checkpoint", str(out / "checkpoint_3"), "--output", str(small), "--model-only")
     assert "optimizer" not in torch.load(small, weights_only=True) and small.stat().st_size < target.stat().st_size
 
 
 def test_inference_reads_a_sharded_folder_and_its_consolidated_file_alike(saved, tmp_path):
-    import inference
-
     out, model = saved
+    spec = MODELS[TEST_MODEL]
     target = tmp_path / "whole.pt"
-    run("scripts/consolidate_checkpoint.py", str(out / "checkpoint_last"), "--output", str(target))
+    run("scripts.consolidate_checkpoint", str(out / "checkpoint_last"), "--output", str(target))
     for source in (out / "checkpoint_last", target):
         name, loaded, cfg = inference.load_trained(source, torch.device("cpu"))
         assert name == TEST_MODEL and cfg.section(TEST_MODEL) is not None
         for key, value in model.state_dict().items():
             assert torch.equal(loaded.state_dict()[key], value), (source, key)
     for source in (out / "checkpoint_last", target):  # the checkpoint's model options, read from either
-        assert f"{TEST_MODEL} options" in run("inference.py", "--checkpoint", str(source), "--help").stdout \
-            or MODELS[TEST_MODEL].add_inference_args is None
-    if MODELS[TEST_MODEL].vocode is None:
+        assert f"{TEST_MODEL} options" in run("inference", "--checkpoint", str(source), "--help").stdout \
+            or spec.inference is None or spec.inference.add_args is None
+    if spec.inference is None or spec.inference.vocode is None:
         return  # the vocoders' command line is known here; a text-to-mel model's is checked by its own tests
     wav = sorted((synth_corpus(tmp_path / "corpus", n=1) / "wavs").glob("*.wav"))[0]
     for source in (out / "checkpoint_last", target):
-        done = run("inference.py", "--checkpoint", str(source), "--wav", str(wav), "--output",
+        done = run("inference", "--checkpoint", str(source), "--wav", str(wav), "--output",
                    str(tmp_path / f"{source.name}.wav"))
         assert "wrote" in done.stdout and (tmp_path / f"{source.name}.wav").stat().st_size > 1000
 
 
 def test_a_folder_that_is_no_checkpoint_is_one_error_line(tmp_path):
-    for args in (["inference.py", "--checkpoint", str(tmp_path), "--output", str(tmp_path / "x.wav")],
-                 ["scripts/consolidate_checkpoint.py", str(tmp_path), "--output", str(tmp_path / "x.pt")]):
+    for args in (["inference", "--checkpoint", str(tmp_path), "--output", str(tmp_path / "x.wav")],
+                 ["scripts.consolidate_checkpoint", str(tmp_path), "--output", str(tmp_path / "x.pt")]):
         done = run(*args, check=False)
         errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR:")]
         assert done.returncode == 1 and len(errors) == 1 and "not a sharded checkpoint" in errors[0], done.stderr
-    done = run("scripts/consolidate_checkpoint.py", str(tmp_path / "gone"), "--output", str(tmp_path / "x.pt"),
+    done = run("scripts.consolidate_checkpoint", str(tmp_path / "gone"), "--output", str(tmp_path / "x.pt"),
                check=False)
     assert done.returncode == 1 and done.stderr.strip() == f"ERROR: {tmp_path / 'gone'}: no such file or folder"
-    done = run("scripts/consolidate_checkpoint.py", str(tmp_path), "--output", str(tmp_path / "no" / "x.pt"),
+    done = run("scripts.consolidate_checkpoint", str(tmp_path), "--output", str(tmp_path / "no" / "x.pt"),
                check=False)
     assert done.stderr.strip() == f"ERROR: --output {tmp_path / 'no' / 'x.pt'}: the folder {tmp_path / 'no'} does " \
                                   "not exist"

@@ -1,7 +1,6 @@
 """Tacotron2: model size and shapes, loss and masking, inference stopping, data pipeline, preprocessing."""
 
 import copy
-import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -15,16 +14,15 @@ from torch._dynamo.utils import counters
 import inference
 from conftest import clean_env, run_train_main, tiny_checkpoint
 from models import MODELS
-from models.tacotron2.network import Tacotron2, Tacotron2Config, Tacotron2Loss
-from models.tacotron2.data import build_datasets, count_items
+from models.tacotron2.data import TextMelCollate, TextMelDataset, build_datasets, count_items
 from models.tacotron2.inference import log_validation
+from models.tacotron2.network import Tacotron2, Tacotron2Config, Tacotron2Loss
 from modules.layers import ConvNorm
 from scripts import preprocess
-from utils.data.audio import MelSpectrogram
 from utils.config import SHARED_SECTIONS, AudioConfig, build_config
+from utils.data.audio import MelSpectrogram
 from utils.data.corpus import DataError, Utterance, read_ljspeech
 from utils.plotting import figure_to_array, plot_alignment
-from models.tacotron2.data import TextMelCollate, TextMelDataset
 
 N_MELS = 12
 TINY = dict(symbols_embedding_dim=32, encoder_embedding_dim=32, encoder_n_convolutions=2, encoder_kernel_size=5,
@@ -208,7 +206,7 @@ def test_config_section_loads_and_is_checked():
     spec = MODELS["tacotron2"]
     assert spec.config_cls is Tacotron2Config
     for field in ("batch_size", "learning_rate", "weight_decay"):
-        assert field in {f.name for f in dataclasses.fields(Tacotron2Config)}
+        assert field in Tacotron2Config.model_fields
 
 
 def test_collate_sorts_pads_and_builds_gate_targets():
@@ -265,14 +263,14 @@ def test_dataset_rejects_empty_transcripts_and_stale_caches(tmp_path):
     with pytest.raises(DataError, match="'u1' has an empty transcript"):
         TextMelDataset([Utterance("u1", root / "wavs/u1.wav", "  ")], AUDIO)
     (root / "mels").mkdir()
-    stale = dataclasses.replace(AUDIO, hop_length=32)
-    (root / "mels/_audio_config.json").write_text(json.dumps(dataclasses.asdict(stale)))
+    stale = {**AUDIO.model_dump(), "hop_length": 32}
+    (root / "mels/_audio_config.json").write_text(json.dumps(stale))
     with pytest.raises(DataError, match="hop_length"):
         TextMelDataset([Utterance("u1", root / "wavs/u1.wav", "Hi.")], AUDIO, root / "mels")
 
 
 def write_config(tmp_path: Path, root: Path) -> Path:
-    config = {"audio": dataclasses.asdict(AUDIO), "data": {"dataset_path": str(root), "val_size": 1},
+    config = {"audio": AUDIO.model_dump(), "data": {"dataset_path": str(root), "val_size": 1},
               "tacotron2": {**TINY, "max_mel_frames": 200, "batch_size": 2}}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
@@ -312,21 +310,21 @@ def test_spec_datasets_and_validation_pictures(tmp_path):
 
     root = write_corpus(tmp_path / "corpus", {f"u{i}": 0.2 + 0.05 * i for i in range(4)})
     schemas = {**SHARED_SECTIONS, "tacotron2": Tacotron2Config}
-    cfg = build_config({"audio": dataclasses.asdict(AUDIO), "data": {"dataset_path": str(root), "val_size": 1},
+    cfg = build_config({"audio": AUDIO.model_dump(), "data": {"dataset_path": str(root), "val_size": 1},
                         "tacotron2": TINY}, schemas)
     spec = MODELS["tacotron2"]
-    train_ds, val_ds = spec.build_datasets(cfg)
+    train_ds, val_ds = spec.training.build_datasets(cfg)
     assert (len(train_ds), len(val_ds)) == (3, 1)
-    batch = spec.collate_fn([train_ds[0], train_ds[2]])
+    batch = spec.training.collate_fn([train_ds[0], train_ds[2]])
     net = spec.build_model(cfg).eval()
     with torch.no_grad():
         outputs = net(batch)
-    loss = spec.build_criterion(cfg)(outputs, batch)
-    assert torch.isfinite(loss) and spec.count_items(batch) == int(batch["mel_lengths"].sum())
+    loss = spec.training.build_criterion(cfg)(outputs, batch)
+    assert torch.isfinite(loss) and spec.training.count_items(batch) == int(batch["mel_lengths"].sum())
     log_validation(net, batch, outputs, 7, None, tmp_path / "out")
     assert (tmp_path / "out/alignment_7.png").stat().st_size > 0
     with SummaryWriter(tmp_path / "tb") as writer:
-        spec.log_validation(net, batch, outputs, 8, writer, tmp_path / "out")
+        spec.training.log_validation(net, batch, outputs, 8, writer, tmp_path / "out")
     assert (tmp_path / "out/alignment_8.png").is_file() and list((tmp_path / "tb").glob("events.*"))
 
 
@@ -339,8 +337,8 @@ def test_plot_alignment_checks_input(tmp_path):
 
 def test_registered_with_the_contract():
     spec = MODELS["tacotron2"]
-    assert spec.build_datasets is build_datasets and spec.count_items is count_items
-    assert spec.infer is not None and spec.synthetic_batch is not None and spec.benchmark_cases
+    assert spec.training.build_datasets is build_datasets and spec.training.count_items is count_items
+    assert spec.inference.infer is not None and spec.benchmark.synthetic_batch is not None and spec.benchmark.cases
 
 
 def tiny_tacotron2(text_bucket=1):
@@ -508,7 +506,7 @@ def test_validation_audio_draws_the_same_noise_and_leaves_the_training_random_st
 
     root = write_corpus(tmp_path / "corpus", {f"u{i}": 0.2 + 0.05 * i for i in range(4)})
     schemas = {**SHARED_SECTIONS, "tacotron2": Tacotron2Config}
-    cfg = build_config({"audio": dataclasses.asdict(AUDIO), "data": {"dataset_path": str(root), "val_size": 1},
+    cfg = build_config({"audio": AUDIO.model_dump(), "data": {"dataset_path": str(root), "val_size": 1},
                         "tacotron2": TINY}, schemas)
     net = MODELS["tacotron2"].build_model(cfg).eval()
     batch = TextMelCollate()([build_datasets(cfg)[0][i] for i in (0, 1)])
@@ -721,7 +719,7 @@ def test_text_to_speech_through_a_vocoder_checkpoint(tmp_path, vocoder):
     assert info.samplerate == 22050 and info.frames > 0 and info.frames % 256 == 0
 
 
-# --- NVIDIA/tacotron2's checkpoints (utils.published, read_published) ---------------------------------------------
+# --- NVIDIA/tacotron2's checkpoints (utils.checkpoint.published, read_published) ----------------------------------
 
 def as_nvidia_tacotron2(key: str) -> str:
     """This project's Tacotron2 key -> NVIDIA's: its ConvNorm/LinearNorm wrappers (``.conv.``, ``.linear_layer.``) and
@@ -764,15 +762,10 @@ def test_nvidias_tacotron2_checkpoint_loads_exactly(tmp_path):
 
 
 def test_published_tacotron2_weights_become_a_checkpoint_inference_reads(tmp_path, capsys):
-    """scripts/import_weights.py: NVIDIA's checkpoint -> this project's, and inference.py speaks from it."""
-    import importlib.util
-
-    from conftest import ROOT
+    """scripts.import_weights: NVIDIA's checkpoint -> this project's, and inference.py speaks from it."""
+    from scripts import import_weights as script
 
     model, _ = nvidia_checkpoint(tmp_path / "t.pt")
-    spec = importlib.util.spec_from_file_location("import_weights", Path(ROOT) / "scripts" / "import_weights.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     out = tmp_path / "tacotron2.pt"
     assert script.main([str(tmp_path / "t.pt"), "--output", str(out), "--tiny"]) == 0
     assert f"wrote {out}: model 'tacotron2' from NVIDIA/tacotron2's checkpoint" in capsys.readouterr().out
@@ -792,7 +785,7 @@ def test_a_run_starts_from_nvidias_tacotron2_weights(tmp_path):
 
 
 def test_the_onnx_decoder_loop_gives_the_mels_of_inference(tmp_path):
-    """scripts/export.py's three Tacotron2 files (encoder, decoder step, postnet) run by ``run_onnx``'s decoder loop
+    """scripts.export's three Tacotron2 files (encoder, decoder step, postnet) run by ``run_onnx``'s decoder loop
     give :meth:`Tacotron2.inference`'s mels and gates (ONNX Runtime, CPU)."""
     pytest.importorskip("onnxruntime")
     from conftest import perturbed_tiny_model
@@ -802,7 +795,7 @@ def test_the_onnx_decoder_loop_gives_the_mels_of_inference(tmp_path):
     model, cfg = perturbed_tiny_model("tacotron2")
     # Eager inference draws the pre-net's dropout masks itself; with dropout off both loops are deterministic.
     model.decoder.prenet.dropout = 0.0
-    export_model("tacotron2", model, cfg, tmp_path, progress=False)
+    export_model(MODELS["tacotron2"], model, cfg, tmp_path, progress=False)
     steps = 6
     model.decoder.max_decoder_steps, model.decoder.gate_threshold = steps, 1.0  # never stops early
     text = torch.randint(1, cfg.tacotron2.n_symbols, (1, 11), generator=torch.Generator().manual_seed(1))
@@ -817,8 +810,8 @@ def test_the_onnx_decoder_loop_gives_the_mels_of_inference(tmp_path):
 
 
 def test_a_release_checkpoint_speaks_like_the_full_one(tmp_path, capsys):
-    """``scripts/export.py --format release`` of a Tacotron2 checkpoint: ``inference.py --text`` writes the same wav
-    from both (same seed: the prenet's dropout and Griffin-Lim's phases are drawn alike)."""
+    """``python -m scripts.export --format release`` of a Tacotron2 checkpoint: ``inference.py --text`` writes the
+    same wav from both (same seed: the prenet's dropout and Griffin-Lim's phases are drawn alike)."""
     from scripts import export
 
     full = tiny_checkpoint("tacotron2", tmp_path / "full.pt")

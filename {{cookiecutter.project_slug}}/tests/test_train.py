@@ -19,9 +19,10 @@ import pytest
 import torch
 
 import train
-from conftest import (ROOT, TEST_MODEL, alive, clean_env, descendants, finish, free_port, rank_pids, run_ranks, start_job, synth_corpus)
-
-from models import MODELS
+from conftest import (ROOT, TEST_MODEL, alive, clean_env, descendants, finish, free_port, rank_pids, run_ranks,
+                      start_job, synth_corpus)
+from models import MODELS, config_schemas
+from utils.config import load_config
 from utils.run_log import RunLog
 
 pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
@@ -262,7 +263,6 @@ import os
 import sys
 import threading
 
-import conftest  # noqa: F401  (the project on sys.path)
 import torch.distributed as dist
 
 import train
@@ -364,35 +364,39 @@ def nan_loss(monkeypatch):
             return calls["poison"](loss)
         return loss
 
-    if spec.phases:  # a model with several optimizers: its last phase's loss (the generator's, say)
+    phases = spec.training.phases
+    if phases is not None:  # a model with several optimizers: its last phase's loss (the generator's, say)
         def train_step(phase, nets, batch):
-            loss, metrics = spec.train_step(phase, nets, batch)
-            return (poison(loss) if phase == spec.phases[-1] else loss), metrics
-        monkeypatch.setitem(MODELS, MODEL, dataclasses.replace(spec, train_step=train_step))
+            loss, metrics = phases.train_step(phase, nets, batch)
+            return (poison(loss) if phase == phases.names[-1] else loss), metrics
+        monkeypatch.setitem(MODELS, MODEL, with_training(spec, phases=dataclasses.replace(phases,
+                                                                                          train_step=train_step)))
         return calls
 
     def build_criterion(cfg):
-        criterion = spec.build_criterion(cfg)
+        criterion = spec.training.build_criterion(cfg)
 
         def poisoned(outputs, batch):
             loss = criterion(outputs, batch)
             return poison(loss) if torch.is_grad_enabled() else loss  # a training step, not validation
         return poisoned
-    monkeypatch.setitem(MODELS, MODEL, dataclasses.replace(spec, build_criterion=build_criterion))
+    monkeypatch.setitem(MODELS, MODEL, with_training(spec, build_criterion=build_criterion))
     return calls
+
+
+def with_training(spec, **changes):
+    """``spec`` with these fields of its ``Training`` group replaced (``dataclasses.replace`` of the nested group)."""
+    return dataclasses.replace(spec, training=dataclasses.replace(spec.training, **changes))
 
 
 def poisoned_weights(state: dict) -> dict:
     """The weights of a checkpoint that the poisoned loss trains: all of them, or for a model with several
     optimizers those of its last phase's network (the earlier phases' updates are not the poisoned step's)."""
     spec = MODELS[MODEL]
-    if not spec.phases:
+    if not spec.phase_names:
         return state
-    from models import config_schemas
-    from utils.config import load_config
-
     model = spec.build_model(load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True))
-    net = spec.networks(model)[spec.phases[-1]]
+    net = spec.training.phases.networks(model)[spec.phase_names[-1]]
     owned = {id(tensor) for tensor in net.state_dict(keep_vars=True).values()}
     return {k: v for k, v in state.items() if id(model.state_dict(keep_vars=True)[k]) in owned}
 
@@ -428,20 +432,20 @@ def updates(state: dict) -> dict:
     """``{phase: (optimizer steps taken, scheduler steps taken)}`` of a checkpoint (Adam's per-parameter step count;
     the scheduler's ``last_epoch``); one phase, ``"model"``, for a one-loss model."""
     spec = MODELS[MODEL]
-    optimizers = state["optimizer"] if spec.phases else {"model": state["optimizer"]}
-    schedulers = state["scheduler"] if spec.phases else {"model": state["scheduler"]}
+    optimizers = state["optimizer"] if spec.phase_names else {"model": state["optimizer"]}
+    schedulers = state["scheduler"] if spec.phase_names else {"model": state["scheduler"]}
     return {phase: (int(max((s["step"] for s in optimizers[phase]["state"].values()), default=0)),
                     schedulers[phase]["last_epoch"]) for phase in optimizers}
 
 
 def stepped_per_step(phase: str) -> bool:
     """Whether the scheduler of ``phase`` steps with every optimizer step (not per epoch)."""
-    spec = MODELS[MODEL]
-    if spec.build_scheduler is None:
+    phases = MODELS[MODEL].training.phases
+    if phases is None or phases.build_scheduler is None:
         return True
     cfg = train.load_run_config(train.parse_args(["--config", "config.json", "--model", MODEL, "--tiny"]))
     probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    return spec.build_scheduler(phase, probe, cfg)[1] == "step"
+    return phases.build_scheduler(phase, probe, cfg)[1] == "step"
 
 
 def test_fp16_overflows_skip_the_update_and_its_schedule_and_are_counted(capsys, nan_loss, corpus, tmp_path):
@@ -461,13 +465,13 @@ def test_fp16_overflows_skip_the_update_and_its_schedule_and_are_counted(capsys,
                                 "--set", "train.checkpoint_interval=100", "--set", "train.log_interval=1")
     assert code == 0, err
     state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=True)
-    last = spec.phases[-1] if spec.phases else "model"
+    last = spec.phase_names[-1] if spec.phase_names else "model"
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
 
     def norm(row, phase):  # the phase's gradient norm of the step (a one-loss model logs it as grad_norm)
-        return row["losses"][f"grad_norm_{phase}"] if spec.phases else row["grad_norm"]
-    skipped = {phase: [r["step"] for r in rows if norm(r, phase) is None] for phase in (spec.phases or ["model"])}
+        return row["losses"][f"grad_norm_{phase}"] if spec.phase_names else row["grad_norm"]
+    skipped = {phase: [r["step"] for r in rows if norm(r, phase) is None] for phase in (spec.phase_names or ["model"])}
     assert set(forced) <= set(skipped[last]), skipped  # every forced overflow is a skipped update, logged as null
     assert sum(r["fp16_overflows"] for r in rows) == sum(len(s) for s in skipped.values())
     assert state["skipped_updates"] == rows[-1]["skipped_updates"] == {p: len(s) for p, s in skipped.items() if s}
@@ -512,7 +516,7 @@ register_optimizer_step_post_hook(_break)
 
 def test_weights_that_are_not_finite_are_never_saved_nor_make_a_good_checkpoint_go(corpus, tmp_path):
     spec = MODELS[MODEL]
-    broken_at = -(-3 // len(spec.phases or "x"))  # the step of the third optimizer step
+    broken_at = -(-3 // len(spec.phase_names or "x"))  # the step of the third optimizer step
     code, output = finish(launch(tmp_path, corpus, "--max-steps", "8", "--set", "train.checkpoint_interval=1", "--set",
                                  "train.keep_last=1", plant=BREAK_WEIGHTS))
     errors = [line for line in output.splitlines() if line.startswith("ERROR:")]
@@ -633,7 +637,7 @@ def test_a_rank_with_extra_memory_and_a_slow_rank_are_named(corpus, tmp_path):
 
 
 def test_scaling_script_tables_and_plots_1_and_2_processes(corpus, tmp_path):
-    done = subprocess.run([sys.executable, "scripts/scaling.py", "--model", MODEL, "--tiny", "--procs", "1", "2",
+    done = subprocess.run([sys.executable, "-m", "scripts.scaling", "--model", MODEL, "--tiny", "--procs", "1", "2",
                            "--steps", "6", "--skip", "2", "--dataset-path", str(corpus), "--out", str(tmp_path)],
                           cwd=ROOT, env=clean_env(2), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -670,13 +674,15 @@ def test_a_slow_input_pipeline_is_named_with_a_fix_this_project_has(corpus, tmp_
     assert code == 0, output
     warnings = [line for line in output.splitlines() if "per step for data" in line]
     assert len(warnings) == 1, output  # once, past the warm-up, not every step
-    assert warnings[0].endswith(f"{MODELS[MODEL].data_advice} (data.num_workers is 1)"), warnings[0]
+    assert warnings[0].endswith(f"{MODELS[MODEL].training.data_advice} (data.num_workers is 1)"), warnings[0]
     for script in re.findall(r"scripts/\S+\.(?:py|sh)", warnings[0]):  # a fix the project has
         assert os.path.isfile(os.path.join(ROOT, script)), script
+    for module in re.findall(r"-m (scripts\.\w+)", warnings[0]):  # ... or names as a module
+        assert os.path.isfile(os.path.join(ROOT, *module.split(".")) + ".py"), module
 
 
 def test_scaling_script_shows_each_runs_progress_and_keeps_its_output(corpus, tmp_path):
-    done = subprocess.run([sys.executable, "scripts/scaling.py", "--model", MODEL, "--tiny", "--procs", "1",
+    done = subprocess.run([sys.executable, "-m", "scripts.scaling", "--model", MODEL, "--tiny", "--procs", "1",
                            "--steps", "3", "--skip", "1", "--dataset-path", str(corpus), "--out", str(tmp_path)],
                           cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -108,7 +108,7 @@ def test_bad_configs_are_refused():
 def test_registered_with_the_contract():
     spec = MODELS["waveglow"]
     assert spec.config_cls is WaveGlowConfig
-    assert spec.count_items({"audio": torch.zeros(3, 100)}) == 300
+    assert spec.training.count_items({"audio": torch.zeros(3, 100)}) == 300
 
 
 @pytest.mark.slow

@@ -1,37 +1,29 @@
-"""Multi-process (data-parallel) training helpers, backed by ``torch.distributed``.
+"""Which launcher and platform started this process, read from the environment in one place.
 
-The names follow the NVIDIA multi-GPU training layout (``init_distributed``,
-``apply_gradient_allreduce``, ``reduce_tensor``); the work is done by PyTorch itself:
-process groups by :func:`torch.distributed.init_process_group` (``env://``), gradient
-all-reduce by :class:`torch.nn.parallel.DistributedDataParallel`, collectives by
-:func:`torch.distributed.all_reduce`.
+* Per process (:func:`detect_launcher_env`, read by ``distributed.init_distributed``): rank, local rank, world size and
+  rendezvous address from torchrun (``multiproc.py``, Azure ML, Ray Train), SLURM (``srun``) or OpenMPI (``mpirun``).
+* Per node (:func:`platform_topology`, read by ``multiproc.py`` for the options its command line leaves out): torchrun's
+  ``PET_*`` (Kubeflow TrainJob, PyTorchJob), SkyPilot's ``SKYPILOT_*``, a per-node launcher's ``WORLD_SIZE``/``RANK``
+  (Vertex AI, PAI).
+* Per run (``train.py``): the output folder (``--output-dir``, else Vertex AI's ``AIP_CHECKPOINT_DIR``, else SageMaker's
+  ``/opt/ml/checkpoints``, else ``output``), the corpus (``--dataset-path``, else SageMaker's ``SM_CHANNEL_TRAINING``),
+  TensorBoard's folder (Vertex AI's ``AIP_TENSORBOARD_LOG_DIR``), SageMaker's ``--name value`` hyperparameters
+  (:func:`hyperparameter_argv`); the CPUs a process may use (:func:`available_cpus`), and the kernel's signal when the
+  launcher dies (:func:`die_with_launcher`).
 
-Typical use in a training script started by ``multiproc.py`` (torchrun), ``srun`` or ``mpirun``::
-
-    info = init_distributed()                 # reads the launcher's environment
-    model = apply_gradient_allreduce(MyNet().to(info.device))
-    ...
-    loss_for_logging = reduce_tensor(loss.detach())   # mean over all ranks
-    if info.is_main:
-        torch.save(unwrap_model(model).state_dict(), "checkpoint.pt")
-    cleanup()
-
-A model too big for one GPU per replica is sharded instead: ``apply_gradient_allreduce(model, "fsdp",
-blocks=...)`` applies FSDP2's ``fully_shard`` per block (``train.parallelism=fsdp``), and :func:`no_sync` /
-:func:`full_value` cover gradient accumulation and the sharded gradient norm for either kind.
-
-Every helper here is safe to call in a plain single process (no launcher, world size 1):
-nothing is initialised and the helpers degrade to identities.
-
-Sources: https://pytorch.org/docs/stable/distributed.html (env:// initialisation, ``device_id``),
-https://pytorch.org/docs/stable/notes/ddp.html (gradient buckets, overlap with backward),
-https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES (SLURM variables),
-https://docs.open-mpi.org/en/main/tuning-apps/environment-var.html (OMPI_COMM_WORLD_* variables).
+Vertex AI gives ``gs://bucket/path`` URIs; the job sees the bucket under ``/gcs/bucket/path`` (Cloud Storage FUSE).
+Sources: https://pytorch.org/docs/stable/elastic/run.html (torchrun's variables),
+https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES (SLURM),
+https://docs.open-mpi.org/en/main/tuning-apps/environment-var.html (OpenMPI), Vertex AI's "Prepare training code",
+SageMaker's training toolkit (``SM_CHANNEL_<NAME>``, ``/opt/ml/checkpoints``), SkyPilot's and Kubeflow's documentation.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import signal
+import ctypes
 
 import os
 import re
@@ -51,6 +43,7 @@ _SLURM_PORT_BASE, _SLURM_PORT_SPAN = 15000, 17000  # ports 15000..31999: below L
 # Launcher environment
 # --------------------------------------------------------------------------------------------
 
+
 def _int_var(environ: Mapping[str, str], name: str) -> int:
     value = environ[name]
     try:
@@ -58,17 +51,16 @@ def _int_var(environ: Mapping[str, str], name: str) -> int:
     except ValueError:
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
+
 def expand_nodelist(nodelist: str) -> list[str]:
     """Expand a SLURM host list the way ``scontrol show hostnames`` does, without SLURM.
 
-    ``"node[01-04,07]"`` -> ``["node01", "node02", "node03", "node04", "node07"]``;
-    ``"gpu[003-005],gpu010"`` -> ``["gpu003", "gpu004", "gpu005", "gpu010"]``. Zero padding is
-    kept (the width of the range's lower bound, as SLURM does); several bracket groups in one
-    name (``"r[1-2]n[1-2]"``) expand to their product.
+    ``"node[01-04,07]"`` -> ``["node01", "node02", "node03", "node04", "node07"]``; ``"gpu[003-005],gpu010"`` ->
+    ``["gpu003", "gpu004", "gpu005", "gpu010"]``. Zero padding is kept (the width of the range's lower bound, as SLURM
+    does); several bracket groups in one name (``"r[1-2]n[1-2]"``) expand to their product.
 
     Raises:
-        ValueError: the list is empty, brackets are unbalanced, or a range is malformed
-            (``"n[5-3]"``, ``"n[a-b]"``).
+        ValueError: the list is empty, brackets are unbalanced, or a range is malformed (``"n[5-3]"``, ``"n[a-b]"``).
 
     Source: https://slurm.schedmd.com/scontrol.html (``show hostnames``).
     """
@@ -76,25 +68,8 @@ def expand_nodelist(nodelist: str) -> list[str]:
     if not text:
         raise ValueError("SLURM node list is empty")
     # split on commas that are not inside brackets
-    names, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch == "[":
-            depth += 1
-            if depth > 1:
-                raise ValueError(f"SLURM node list {nodelist!r} has nested brackets")
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"SLURM node list {nodelist!r} has an unmatched ']'")
-        elif ch == "," and depth == 0:
-            names.append(text[start:i])
-            start = i + 1
-    if depth != 0:
-        raise ValueError(f"SLURM node list {nodelist!r} has an unmatched '['")
-    names.append(text[start:])
-
     hosts: list[str] = []
-    for name in names:
+    for name in _split_outside_brackets(text, nodelist):
         if not name:
             raise ValueError(f"SLURM node list {nodelist!r} has an empty host name")
         expanded = [""]
@@ -105,6 +80,28 @@ def expand_nodelist(nodelist: str) -> list[str]:
             expanded = [prefix + c for prefix in expanded for c in choices]
         hosts.extend(expanded)
     return hosts
+
+
+def _split_outside_brackets(text: str, nodelist: str) -> list[str]:
+    """``text`` split on the commas that are not inside brackets.
+
+    Raises:
+        ValueError: nested or unbalanced brackets.
+    """
+    names, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if depth > 1:
+            raise ValueError(f"SLURM node list {nodelist!r} has nested brackets")
+        if depth < 0:
+            raise ValueError(f"SLURM node list {nodelist!r} has an unmatched ']'")
+        if ch == "," and depth == 0:
+            names.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"SLURM node list {nodelist!r} has an unmatched '['")
+    return [*names, text[start:]]
+
 
 def _expand_range_group(group: str, nodelist: str) -> list[str]:
     out = []
@@ -120,15 +117,17 @@ def _expand_range_group(group: str, nodelist: str) -> list[str]:
         out.extend(str(n).zfill(len(lo)) for n in range(int(lo), int(hi) + 1))
     return out
 
+
 def slurm_port(job_id: int, step_id: int) -> int:
     """The rendezvous port of a SLURM job step when ``MASTER_PORT`` is not given: 15000..31999.
 
-    Derived from the job id *and* the step id, so two ``srun`` steps of one allocation running at once get
-    different ports (each its own process group), and kept below 32768, where Linux's ephemeral ports (the
-    ones the kernel hands out for outgoing connections) begin. Steps of one job never collide unless their ids
-    differ by a multiple of 17000; other jobs on the same nodes may, rarely: give ``MASTER_PORT`` then.
+    Derived from the job id *and* the step id, so two ``srun`` steps of one allocation running at once get different
+    ports (each its own process group), and kept below 32768, where Linux's ephemeral ports (the ones the kernel hands
+    out for outgoing connections) begin. Steps of one job never collide unless their ids differ by a multiple of 17000;
+    other jobs on the same nodes may, rarely: give ``MASTER_PORT`` then.
     """
     return _SLURM_PORT_BASE + (job_id * 1_000_003 + step_id) % _SLURM_PORT_SPAN
+
 
 def _first_slurm_host(nodelist: str, use_scontrol: bool) -> str:
     """First host of a SLURM node list, by ``scontrol show hostnames`` if present, else parsed."""
@@ -145,85 +144,115 @@ def _first_slurm_host(nodelist: str, use_scontrol: bool) -> str:
                 return hosts[0]
     return expand_nodelist(nodelist)[0]
 
+
 def detect_launcher_env(environ: Mapping[str, str], use_scontrol: bool = True) -> dict:
     """Work out rank, local rank, world size and rendezvous address from a launcher's variables.
 
-    Launchers are tried in this order (the first whose variables are present wins, so
-    torchrun started inside an ``srun`` step is seen as torchrun):
+    Launchers are tried in this order (the first whose variables are present wins, so torchrun started inside an
+    ``srun`` step is seen as torchrun):
 
-    * torchrun / ``multiproc.py``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (defaults to ``RANK``),
-      ``MASTER_ADDR``, ``MASTER_PORT``; also Azure ML and Ray Train, which set them per process. A ``RANK`` without
-      ``LOCAL_RANK`` beside ``PET_NPROC_PER_NODE`` > 1 is a node's index (Kubeflow's PyTorchJob started the script
-      without a launcher): refused, never read as a process's rank.
-    * SLURM (``srun``): ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``; the address is the
-      first host of ``SLURM_STEP_NODELIST`` (else ``SLURM_JOB_NODELIST`` / ``SLURM_NODELIST``), the
-      port :func:`slurm_port` of ``SLURM_JOB_ID`` and ``SLURM_STEP_ID`` (29500 without a job id).
-      ``MASTER_ADDR`` / ``MASTER_PORT`` in the environment override both.
-    * OpenMPI (``mpirun``): ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_LOCAL_RANK``,
-      ``OMPI_COMM_WORLD_SIZE``; ``MASTER_ADDR`` and ``MASTER_PORT`` must be given (``mpirun -x``).
+    * torchrun / ``multiproc.py``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (defaults to ``RANK``), ``MASTER_ADDR``,
+      ``MASTER_PORT``; also Azure ML and Ray Train, which set them per process. A ``RANK`` without ``LOCAL_RANK`` beside
+      ``PET_NPROC_PER_NODE`` > 1 is a node's index (Kubeflow's PyTorchJob started the script without a launcher):
+      refused, never read as a process's rank.
+    * SLURM (``srun``): ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``; the address is the first host of
+      ``SLURM_STEP_NODELIST`` (else ``SLURM_JOB_NODELIST`` / ``SLURM_NODELIST``), the port :func:`slurm_port` of
+      ``SLURM_JOB_ID`` and ``SLURM_STEP_ID`` (29500 without a job id). ``MASTER_ADDR`` / ``MASTER_PORT`` in the
+      environment override both.
+    * OpenMPI (``mpirun``): ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_LOCAL_RANK``, ``OMPI_COMM_WORLD_SIZE``;
+      ``MASTER_ADDR`` and ``MASTER_PORT`` must be given (``mpirun -x``).
     * none of them: a plain single process (rank 0 of 1).
 
     Args:
         environ: the variables to read, usually ``os.environ``; not modified.
-        use_scontrol: expand the SLURM node list with ``scontrol show hostnames`` when that
-            program is on ``PATH`` (falls back on :func:`expand_nodelist`).
+        use_scontrol: expand the SLURM node list with ``scontrol show hostnames`` when that program is on ``PATH``
+            (falls back on :func:`expand_nodelist`).
 
     Returns:
-        ``{"launcher": "torchrun" | "slurm" | "openmpi" | "none", "rank": int, "local_rank": int,
-        "world_size": int, "master_addr": str | None, "master_port": int | None}``; the address and
-        port are ``None`` only for a single process.
+        ``{"launcher": "torchrun" | "slurm" | "openmpi" | "none", "rank": int, "local_rank": int, "world_size": int,
+        "master_addr": str | None, "master_port": int | None}``; the address and port are ``None`` only for a single
+        process.
 
     Raises:
-        ValueError: a variable is not an integer, only one of ``RANK`` / ``WORLD_SIZE`` is set,
-            the values are inconsistent (``rank >= world_size``, negative, port out of range), or a
-            multi-process launch lacks ``MASTER_ADDR`` / ``MASTER_PORT``.
+        ValueError: a variable is not an integer, only one of ``RANK`` / ``WORLD_SIZE`` is set, the values are
+            inconsistent (``rank >= world_size``, negative, port out of range), or a multi-process launch lacks
+            ``MASTER_ADDR`` / ``MASTER_PORT``.
     """
     env = environ
     master_addr = env.get("MASTER_ADDR") or None
     master_port: Optional[int] = _int_var(env, "MASTER_PORT") if env.get("MASTER_PORT") else None
-
     if "RANK" in env or "WORLD_SIZE" in env:
-        missing = [v for v in ("RANK", "WORLD_SIZE") if v not in env]
-        if missing:
-            raise ValueError(f"{missing[0]} is not set although "
-                             f"{'WORLD_SIZE' if missing[0] == 'RANK' else 'RANK'} is")
-        launcher = "torchrun"
-        rank, world_size = _int_var(env, "RANK"), _int_var(env, "WORLD_SIZE")
-        local_rank = _int_var(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
-        per_node = env.get("PET_NPROC_PER_NODE", "").strip()
-        if "LOCAL_RANK" not in env and per_node.isdigit() and int(per_node) > 1:
-            raise ValueError(f"RANK={rank} and WORLD_SIZE={world_size} without LOCAL_RANK, and PET_NPROC_PER_NODE="
-                             f"{per_node}: RANK is the platform's node (pod) index, not a process's rank (Kubeflow's "
-                             "PyTorchJob); start the job with python multiproc.py train.py ... (it reads PET_* and "
-                             f"starts {per_node} processes per node) or torchrun")
+        launcher, (rank, local_rank, world_size) = "torchrun", _torchrun_ranks(env)
     elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        launcher = "slurm"
-        rank, world_size = _int_var(env, "SLURM_PROCID"), _int_var(env, "SLURM_NTASKS")
-        local_rank = _int_var(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0
-        if master_addr is None and world_size > 1:
-            nodelist = next((env[v] for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
-                                              "SLURM_NODELIST") if env.get(v)), None)
-            if nodelist is None:
-                raise ValueError("SLURM launch: none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, "
-                                 "SLURM_NODELIST is set and MASTER_ADDR is not given")
-            master_addr = _first_slurm_host(nodelist, use_scontrol)
-        if master_port is None:
-            step = next((v for v in ("SLURM_STEP_ID", "SLURM_STEPID") if env.get(v)), None)
-            master_port = (slurm_port(_int_var(env, "SLURM_JOB_ID"), _int_var(env, step) if step else 0)
-                           if env.get("SLURM_JOB_ID") else DEFAULT_MASTER_PORT)
+        launcher, (rank, local_rank, world_size) = "slurm", _ranks(env, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS")
+        master_addr, master_port = _slurm_address(env, world_size, master_addr, master_port, use_scontrol)
     elif "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
         launcher = "openmpi"
-        rank = _int_var(env, "OMPI_COMM_WORLD_RANK")
-        world_size = _int_var(env, "OMPI_COMM_WORLD_SIZE")
-        local_rank = (_int_var(env, "OMPI_COMM_WORLD_LOCAL_RANK")
-                      if "OMPI_COMM_WORLD_LOCAL_RANK" in env else 0)
+        rank, local_rank, world_size = _ranks(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                              "OMPI_COMM_WORLD_SIZE")
         if world_size > 1 and (master_addr is None or master_port is None):
             raise ValueError("OpenMPI launch needs MASTER_ADDR and MASTER_PORT in the environment "
                              "(e.g. mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500 ...)")
     else:
         return {"launcher": "none", "rank": 0, "local_rank": 0, "world_size": 1,
                 "master_addr": None, "master_port": None}
+    _check_topology(launcher, rank, local_rank, world_size, master_addr, master_port)
+    return {"launcher": launcher, "rank": rank, "local_rank": local_rank, "world_size": world_size,
+            "master_addr": master_addr, "master_port": master_port}
 
+
+def _ranks(env: Mapping[str, str], rank: str, local_rank: str, world_size: str) -> tuple[int, int, int]:
+    """``(rank, local rank, world size)`` from the variables of these names (local rank 0 when unset)."""
+    return _int_var(env, rank), _int_var(env, local_rank) if local_rank in env else 0, _int_var(env, world_size)
+
+
+def _torchrun_ranks(env: Mapping[str, str]) -> tuple[int, int, int]:
+    """torchrun's ``RANK``, ``LOCAL_RANK`` (``RANK`` when unset) and ``WORLD_SIZE``.
+
+    Raises:
+        ValueError: one of ``RANK``/``WORLD_SIZE`` without the other, or a ``RANK`` without ``LOCAL_RANK`` beside
+            ``PET_NPROC_PER_NODE`` > 1: a node's index (Kubeflow's PyTorchJob started the script without a launcher).
+    """
+    missing = [v for v in ("RANK", "WORLD_SIZE") if v not in env]
+    if missing:
+        raise ValueError(f"{missing[0]} is not set although "
+                         f"{'WORLD_SIZE' if missing[0] == 'RANK' else 'RANK'} is")
+    rank, world_size = _int_var(env, "RANK"), _int_var(env, "WORLD_SIZE")
+    local_rank = _int_var(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
+    per_node = env.get("PET_NPROC_PER_NODE", "").strip()
+    if "LOCAL_RANK" not in env and per_node.isdigit() and int(per_node) > 1:
+        raise ValueError(f"RANK={rank} and WORLD_SIZE={world_size} without LOCAL_RANK, and PET_NPROC_PER_NODE="
+                         f"{per_node}: RANK is the platform's node (pod) index, not a process's rank (Kubeflow's "
+                         "PyTorchJob); start the job with python multiproc.py train.py ... (it reads PET_* and "
+                         f"starts {per_node} processes per node) or torchrun")
+    return rank, local_rank, world_size
+
+
+def _slurm_address(env: Mapping[str, str], world_size: int, master_addr: Optional[str], master_port: Optional[int],
+                   use_scontrol: bool) -> tuple[Optional[str], int]:
+    """The rendezvous address of a SLURM step: ``MASTER_ADDR``/``MASTER_PORT`` when given, else the first host of the
+    step's node list and :func:`slurm_port` of the job and step ids (29500 without a job id).
+
+    Raises:
+        ValueError: several tasks, no ``MASTER_ADDR`` and no node list.
+    """
+    if master_addr is None and world_size > 1:
+        nodelist = next((env[v] for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
+                                          "SLURM_NODELIST") if env.get(v)), None)
+        if nodelist is None:
+            raise ValueError("SLURM launch: none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, "
+                             "SLURM_NODELIST is set and MASTER_ADDR is not given")
+        master_addr = _first_slurm_host(nodelist, use_scontrol)
+    if master_port is None:
+        step = next((v for v in ("SLURM_STEP_ID", "SLURM_STEPID") if env.get(v)), None)
+        master_port = (slurm_port(_int_var(env, "SLURM_JOB_ID"), _int_var(env, step) if step else 0)
+                       if env.get("SLURM_JOB_ID") else DEFAULT_MASTER_PORT)
+    return master_addr, master_port
+
+
+def _check_topology(launcher: str, rank: int, local_rank: int, world_size: int, master_addr: Optional[str],
+                    master_port: Optional[int]) -> None:
+    """Refuse inconsistent launcher values (one line naming the launcher)."""
     if world_size < 1:
         raise ValueError(f"{launcher}: world size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
@@ -234,13 +263,12 @@ def detect_launcher_env(environ: Mapping[str, str], use_scontrol: bool = True) -
         raise ValueError(f"{launcher}: world size {world_size} needs MASTER_ADDR and MASTER_PORT")
     if master_port is not None and not 0 < master_port < 65536:
         raise ValueError(f"{launcher}: MASTER_PORT must be in 1..65535, got {master_port}")
-    return {"launcher": launcher, "rank": rank, "local_rank": local_rank, "world_size": world_size,
-            "master_addr": master_addr, "master_port": master_port}
+
 
 def available_cpus() -> float:
-    """CPUs this process may use: its affinity mask (``taskset``, a scheduler's binding), capped by the cgroup's CPU
-    quota (what a container or a job scheduler grants; cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``). Not the
-    host's core count, which ``os.cpu_count()`` and OpenMP's default see."""
+    """CPUs this process may use: its affinity mask (``taskset``, a scheduler's binding), capped by the cgroup's CPU quota
+    (what a container or a job scheduler grants; cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``). Not the host's core
+    count, which ``os.cpu_count()`` and OpenMP's default see."""
     cpus = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
     for quota_file, period_file in (("/sys/fs/cgroup/cpu.max", None),
                                     ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
@@ -254,27 +282,29 @@ def available_cpus() -> float:
         break
     return max(cpus, 1.0)
 
+
 def cpu_threads(local_world_size: int = 1) -> int:
-    """Intra-op threads for one of ``local_world_size`` processes of this machine computing on its CPUs: their fair
-    share of :func:`available_cpus`, at least 1. (PyTorch's default, every core of the host, makes one process on a
-    2-CPU container of a 64-core host run ten times slower, and several processes fight over the same cores.)"""
+    """Intra-op threads for one of ``local_world_size`` processes of this machine computing on its CPUs: their fair share
+    of :func:`available_cpus`, at least 1. (PyTorch's default, every core of the host, makes one process on a 2-CPU
+    container of a 64-core host run ten times slower, and several processes fight over the same cores.)"""
     return max(1, int(available_cpus() // max(local_world_size, 1)))
 
+
 def platform_topology(environ) -> tuple[str, dict]:
-    """The launch options a platform gives this node in its environment: ``(platform, {option: value})``, the
-    values still strings, from the first of these whose variables are present (the order is the documented one):
+    """The launch options a platform gives this node in its environment: ``(platform, {option: value})``, the values still
+    strings, from the first of these whose variables are present (the order is the documented one):
 
     1. torchrun's ``PET_<OPTION>`` (``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``,
        ``PET_MASTER_PORT``): Kubeflow's TrainJob sets only these; a PyTorchJob sets the address and port as plain
        ``MASTER_ADDR``/``MASTER_PORT``, read when the ``PET_`` ones are absent.
-    2. SkyPilot: ``SKYPILOT_NUM_NODES``, ``SKYPILOT_NODE_RANK``, ``SKYPILOT_NUM_GPUS_PER_NODE`` (when > 0), the
-       address from the first line of ``SKYPILOT_NODE_IPS``, the port from ``MASTER_PORT`` when set.
+    2. SkyPilot: ``SKYPILOT_NUM_NODES``, ``SKYPILOT_NODE_RANK``, ``SKYPILOT_NUM_GPUS_PER_NODE`` (when > 0), the address
+       from the first line of ``SKYPILOT_NODE_IPS``, the port from ``MASTER_PORT`` when set.
     3. A per-node launcher (Vertex AI, Alibaba PAI): ``WORLD_SIZE`` nodes, this one ``RANK``, at ``MASTER_ADDR``:
        ``MASTER_PORT``, with no ``LOCAL_RANK`` (that would make them a process's variables).
 
     Returns ``("", {})`` when none is present. Raises :class:`ValueError` (one line) for ``LOCAL_RANK`` beside
-    ``RANK``/``WORLD_SIZE`` and no ``PET_`` variable: this process is already one of the processes a launcher
-    started (torchrun, Azure ML), which must run ``train.py`` itself, not a second launcher.
+    ``RANK``/``WORLD_SIZE`` and no ``PET_`` variable: this process is already one of the processes a launcher started
+    (torchrun, Azure ML), which must run ``train.py`` itself, not a second launcher.
     """
     def present(*names):
         return {name: environ[name].strip() for name in names if environ.get(name, "").strip()}
@@ -305,17 +335,21 @@ def platform_topology(environ) -> tuple[str, dict]:
         return "a per-node launcher's WORLD_SIZE (nodes) and RANK (this node)", found
     return "", {}
 
+
 SAGEMAKER_CHECKPOINTS = "/opt/ml/checkpoints"
 """SageMaker's default ``checkpoint_local_path``: synced with ``checkpoint_s3_uri`` during and after a job."""
+
 
 def on_sagemaker(environ: Mapping[str, str]) -> bool:
     """Whether this process runs in a SageMaker training job (its toolkit sets ``SM_TRAINING_ENV`` and
     ``SM_CURRENT_HOST``)."""
     return bool(environ.get("SM_TRAINING_ENV") or environ.get("SM_CURRENT_HOST"))
 
+
 def gcs_fuse_path(uri: str) -> str:
     """``gs://bucket/path`` as the job's file system shows it (``/gcs/bucket/path``); other paths unchanged."""
     return "/gcs/" + uri[len("gs://"):] if uri.startswith("gs://") else uri
+
 
 def default_output_dir(environ: Mapping[str, str]) -> str:
     """The output folder of a run started without ``--output-dir`` (the order in the module's docstring)."""
@@ -325,23 +359,27 @@ def default_output_dir(environ: Mapping[str, str]) -> str:
         return SAGEMAKER_CHECKPOINTS
     return "output"
 
+
 def default_dataset_path(environ: Mapping[str, str]) -> Optional[str]:
-    """SageMaker's ``training`` channel (``SM_CHANNEL_TRAINING``) for a run started without ``--dataset-path``, or
-    ``None`` (then the config's ``data.dataset_path``)."""
+    """SageMaker's ``training`` channel (``SM_CHANNEL_TRAINING``) for a run started without ``--dataset-path``, or ``None``
+    (then the config's ``data.dataset_path``)."""
     return environ.get("SM_CHANNEL_TRAINING", "").strip() or None
 
+
 def tensorboard_dir(environ: Mapping[str, str], output_dir: str) -> str:
-    """Where TensorBoard's event files go: Vertex AI's ``AIP_TENSORBOARD_LOG_DIR`` when set (its TensorBoard reads
-    them from there), else ``<output_dir>/tensorboard``."""
+    """Where TensorBoard's event files go: Vertex AI's ``AIP_TENSORBOARD_LOG_DIR`` when set (its TensorBoard reads them
+    from there), else ``<output_dir>/tensorboard``."""
     given = environ.get("AIP_TENSORBOARD_LOG_DIR", "").strip()
     return gcs_fuse_path(given) if given else f"{output_dir.rstrip('/')}/tensorboard"
 
+
 FLAG_VALUES = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False, "": False}
 
+
 def hyperparameter_argv(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
-    """SageMaker's hyperparameter style made into this script's: ``--section.key value`` and
-    ``--section.key=value`` become ``--set section.key=value``; a flag in ``flags`` (e.g. ``--tiny``) followed by
-    a boolean word (``True``, ``false``, ``1``...) is kept or dropped by it. Everything else is returned as given.
+    """SageMaker's hyperparameter style made into this script's: ``--section.key value`` and ``--section.key=value`` become
+    ``--set section.key=value``; a flag in ``flags`` (e.g. ``--tiny``) followed by a boolean word (``True``, ``false``,
+    ``1``...) is kept or dropped by it. Everything else is returned as given.
     """
     out, i = [], 0
     while i < len(argv):
@@ -363,3 +401,36 @@ def hyperparameter_argv(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
             out.append(arg)
         i += 1
     return out
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_launcher(sig: int = signal.SIGTERM) -> bool:
+    """Have the kernel send ``sig`` to this process when its launcher dies (Linux ``PR_SET_PDEATHSIG``).
+
+    torchrun (and ``multiproc.py``, a front over it) starts every rank in a session of its own, so a launcher killed
+    with SIGKILL would leave its ranks training on, unsupervised. With SIGTERM a rank of ``train.py`` stops as on any
+    stop request: it finishes its step, rank 0 saves, and it exits. Armed only under a torchrun-style launcher
+    (``TORCHELASTIC_RUN_ID`` set). ``multiproc.py`` exports its pid as ``MULTIPROC_PID``: when this process's parent is
+    already another one, the launcher died before this call, and ``sig`` is sent at once.
+
+    Returns:
+        whether it was armed (``False`` off Linux, without such a launcher, or if ``prctl`` failed).
+
+    Source: prctl(2), ``PR_SET_PDEATHSIG``.
+    """
+    if sys.platform != "linux" or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        logger.debug("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+        return False
+    launcher = os.environ.get("MULTIPROC_PID", "")
+    if launcher.isdigit() and os.getppid() != int(launcher):
+        os.kill(os.getpid(), sig)
+    return True
+
+# --------------------------------------------------------------------------------------------
+# Process group
+# --------------------------------------------------------------------------------------------

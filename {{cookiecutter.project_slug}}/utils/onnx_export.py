@@ -1,23 +1,23 @@
 """ONNX export of a model's inference path, each file checked with ONNX Runtime against the eager model.
 
-A model says what to export through ``ModelSpec.export_parts(model, cfg)``: a list of :class:`ExportPart`, each
-an ``nn.Module`` wrapper around the model's own layers with example inputs, the names of its inputs and outputs
-and the axes that vary from call to call (batch, text length, mel frames, audio samples). A model whose inference
-is a loop exports the loop's body: Tacotron2 is split as NVIDIA deploys it (DeepLearningExamples'
-``PyTorch/SpeechSynthesis/Tacotron2/tensorrt`` conversion script): an encoder, one decoder step whose recurrent
-state and attention are explicit inputs and outputs, and a post-net; the caller runs the loop.
+A model says what to export through ``ModelSpec.export_parts(model, cfg)``: a list of :class:`ExportPart`, each an
+``nn.Module`` wrapper around the model's own layers with example inputs, the names of its inputs and outputs and the
+axes that vary from call to call (batch, text length, mel frames, audio samples). A model whose inference is a loop
+exports the loop's body: Tacotron2 is split as NVIDIA deploys it (DeepLearningExamples'
+``PyTorch/SpeechSynthesis/Tacotron2/tensorrt`` conversion script): an encoder, one decoder step whose recurrent state
+and attention are explicit inputs and outputs, and a post-net; the caller runs the loop.
 
-:func:`export_model` writes ``<folder>/<part>.onnx`` for each part, then runs every file with ONNX Runtime on the
-CPU twice, on the part's example inputs and on a second set of other lengths (and batch size), and compares each
-output with the eager model's. The second run is the proof that the dynamic axes work: a length the trace baked
-into the graph as a constant fails there. This is what ``scripts/export.py --format onnx`` runs.
+:func:`export_model` writes ``<folder>/<part>.onnx`` for each part, then runs every file with ONNX Runtime on the CPU
+twice, on the part's example inputs and on a second set of other lengths (and batch size), and compares each output with
+the eager model's. The second run is the proof that the dynamic axes work: a length the trace baked into the graph as a
+constant fails there. This is what ``scripts/export.py --format onnx`` runs.
 
 Exporter: the TorchScript-based ``torch.onnx.export(..., dynamo=False)`` (tracing, dynamic axes by name, opset
-:data:`OPSET`). The ``torch.export``-based exporter (``dynamo=True``, PyTorch's default since 2.9) is not used:
-in PyTorch 2.13 it specialises the time axis of ``nn.LSTM`` (Tacotron2's encoder) to the example's length
-(``torch.export`` cannot keep it symbolic; pytorch/pytorch#191855), and it takes several times longer. The traced
-exporter is deprecated upstream; its deprecation warning is silenced here, and the second-length run above is
-what catches a trace that went wrong.
+:data:`OPSET`). The ``torch.export``-based exporter (``dynamo=True``, PyTorch's default since 2.9) is not used: in
+PyTorch 2.13 it specialises the time axis of ``nn.LSTM`` (Tacotron2's encoder) to the example's length (``torch.export``
+cannot keep it symbolic; pytorch/pytorch#191855), and it takes several times longer. The traced exporter is deprecated
+upstream; its deprecation warning is silenced here, and the second-length run above is what catches a trace that went
+wrong.
 
 Needs the ``onnx`` and ``onnxruntime`` packages (``requirements.txt``); nothing here imports them before
 :func:`export_model` runs.
@@ -58,16 +58,16 @@ class ExportPart:
         module: the wrapper to export; ``forward(*inputs)`` returns one tensor or a tuple of them, in the order of
             ``output_names``. It may hold sub-modules of the model (shared, not copied).
         inputs: example inputs, traced by the exporter and checked with ONNX Runtime.
-        other_inputs: a second set of the same inputs with other sizes along (some of) the dynamic axes: other
-            lengths, another batch size; the exported file must give the eager outputs for these too.
+        other_inputs: a second set of the same inputs with other sizes along (some of) the dynamic axes: other lengths,
+            another batch size; the exported file must give the eager outputs for these too.
         input_names, output_names: the names in the ONNX graph (unique across both lists: ONNX names values).
-        dynamic_axes: ``{input or output name: {axis: axis name}}``, the axes that vary (e.g.
-            ``{"mel": {0: "batch", 2: "frames"}}``); the same axis name on several tensors means the same size.
-        reference: the eager computation the outputs are checked against, called with the inputs (default:
-            ``module`` itself). A wrapper that reaches the same result by another route than the model (no packed
-            sequences, inverse weights computed once) names the model's own route here.
-        tolerance: the largest max-abs difference between ONNX Runtime and eager accepted, in output units
-            (float32 on the CPU gives ~1e-6 on a tiny model; a full-size one accumulates more).
+        dynamic_axes: ``{input or output name: {axis: axis name}}``, the axes that vary (e.g. ``{"mel": {0: "batch", 2:
+            "frames"}}``); the same axis name on several tensors means the same size.
+        reference: the eager computation the outputs are checked against, called with the inputs (default: ``module``
+            itself). A wrapper that reaches the same result by another route than the model (no packed sequences,
+            inverse weights computed once) names the model's own route here.
+        tolerance: the largest max-abs difference between ONNX Runtime and eager accepted, in output units (float32 on
+            the CPU gives ~1e-6 on a tiny model; a full-size one accumulates more).
         description: one line on what goes in and out, with shapes, for the export log.
     """
 
@@ -83,9 +83,9 @@ class ExportPart:
     description: str = ""
 
     def check(self) -> None:
-        """Raise :class:`ExportError` (one line) if the part does not describe itself consistently: input counts,
-        ranks and dtypes of the two example sets, duplicate names, dynamic axes of unknown tensors or out of range,
-        or a second input set with the same shapes as the first (its run would prove nothing)."""
+        """Raise :class:`ExportError` (one line) if the part does not describe itself consistently: input counts, ranks and
+        dtypes of the two example sets, duplicate names, dynamic axes of unknown tensors or out of range, or a second
+        input set with the same shapes as the first (its run would prove nothing)."""
         where = f"export part {self.name!r}"
         if not self.name.isidentifier():
             raise ExportError(f"{where}: the name must be an identifier (it names the file)")
@@ -99,6 +99,12 @@ class ExportPart:
             if first.dim() != second.dim() or first.dtype != second.dtype:
                 raise ExportError(f"{where}: input {name!r} is {first.dtype} {tuple(first.shape)} in one example set "
                                   f"and {second.dtype} {tuple(second.shape)} in the other")
+        self._check_dynamic_axes(where, names)
+        if all(first.shape == second.shape for first, second in zip(self.inputs, self.other_inputs)):
+            raise ExportError(f"{where}: other_inputs have the shapes of inputs; give other lengths to check the "
+                              "dynamic axes")
+
+    def _check_dynamic_axes(self, where: str, names: list[str]) -> None:
         for name, axes in self.dynamic_axes.items():
             if name not in names:
                 raise ExportError(f"{where}: dynamic_axes names {name!r}, which is no input or output")
@@ -106,14 +112,11 @@ class ExportPart:
                 rank = self.inputs[self.input_names.index(name)].dim()
                 if any(not 0 <= axis < rank for axis in axes):
                     raise ExportError(f"{where}: dynamic axes {sorted(axes)} of {name!r} out of range for rank {rank}")
-        if all(first.shape == second.shape for first, second in zip(self.inputs, self.other_inputs)):
-            raise ExportError(f"{where}: other_inputs have the shapes of inputs; give other lengths to check the "
-                              "dynamic axes")
 
 
 def export_model(spec: Any, model: nn.Module, cfg: Any, folder: Path, progress: bool = True) -> list[dict]:
-    """Export the inference path of the model of ``spec`` (a :class:`model.ModelSpec`) to ONNX, one file per part,
-    each checked against the eager model.
+    """Export the inference path of the model of ``spec`` (a :class:`model.ModelSpec`) to ONNX, one file per part, each
+    checked against the eager model.
 
     Builds the parts with ``Export.parts(model, cfg)`` of the spec (:class:`ExportPart`), exports each with the
     TorchScript-based ``torch.onnx.export`` (opset :data:`OPSET`, constants folded, weights inside the file) to
@@ -131,13 +134,13 @@ def export_model(spec: Any, model: nn.Module, cfg: Any, folder: Path, progress: 
 
     Returns:
         One row per part: ``{"part": name, "path": Path of the .onnx file, "max_abs_diff": float (largest
-        |ONNX Runtime - eager| over every output of both runs, in output units), "inputs": [{input name: shape},
-        {input name: shape}] (the two runs' input shapes)}``.
+        |ONNX Runtime - eager| over every output of both runs, in output units), "inputs": [{input name: shape}, {input
+        name: shape}] (the two runs' input shapes)}``.
 
     Raises:
-        ExportError: one line: the model has no ``Export`` group (and what to add), it is not on the CPU in
-            float32, ``onnx`` or ``onnxruntime`` is not installed, a part is malformed, fails to export (naming
-            the part and the exporter's error) or to load, or differs from eager by more than its tolerance.
+        ExportError: one line: the model has no ``Export`` group (and what to add), it is not on the CPU in float32,
+            ``onnx`` or ``onnxruntime`` is not installed, a part is malformed, fails to export (naming the part and the
+            exporter's error) or to load, or differs from eager by more than its tolerance.
     """
     onnxruntime = _checked_exportable(spec, model)
     model.eval()
@@ -172,8 +175,8 @@ def export_model(spec: Any, model: nn.Module, cfg: Any, folder: Path, progress: 
 
 
 def _checked_exportable(spec: Any, model: nn.Module) -> Any:
-    """The ``onnxruntime`` module, once the model can be exported: it has an ``Export`` group, is on the CPU in
-    float32, and ONNX's packages are installed (an optional dependency).
+    """The ``onnxruntime`` module, once the model can be exported: it has an ``Export`` group, is on the CPU in float32,
+    and ONNX's packages are installed (an optional dependency).
 
     Raises:
         ExportError: what is missing, in one line.

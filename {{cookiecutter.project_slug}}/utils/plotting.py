@@ -1,12 +1,11 @@
-"""Pictures of attention alignments, mel spectrograms and stop gates (PNG files or TensorBoard), and audio
-clips for TensorBoard.
+"""Pictures of attention alignments, mel spectrograms and stop gates (PNG files or TensorBoard), and audio clips for
+TensorBoard.
 
-Figures are plain :class:`matplotlib.figure.Figure` objects drawn with the Agg canvas: no GUI backend
-and no pyplot state, so nothing is left open between calls and the functions are safe in DataLoader
-workers or on headless servers. Pass a figure to ``SummaryWriter.add_figure`` or turn it into an array
-with :func:`figure_to_array`. Audio goes through :func:`add_audio`; :func:`fixed_random_state` makes a
-model's sampling draw the same noise at every validation, and :func:`first_time` lets a clip that never
-changes (the ground truth) be written once.
+Figures are plain :class:`matplotlib.figure.Figure` objects drawn with the Agg canvas: no GUI backend and no pyplot
+state, so nothing is left open between calls and the functions are safe in DataLoader workers or on headless servers.
+Pass a figure to ``SummaryWriter.add_figure`` or turn it into an array with :func:`figure_to_array`. Audio goes through
+:func:`add_audio`; :func:`fixed_random_state` makes a model's sampling draw the same noise at every validation, and
+:func:`first_time` lets a clip that never changes (the ground truth) be written once.
 """
 
 from __future__ import annotations
@@ -134,14 +133,14 @@ def add_audio(writer: Any, tag: str, audio: ArrayLike, step: int, sampling_rate:
     Args:
         writer: a ``SummaryWriter``.
         tag: the clip's name in TensorBoard's audio tab.
-        audio: ``(samples,)`` float samples in [-1, 1] (tensor on any device, or numpy array); values outside
-            are clipped.
+        audio: ``(samples,)`` float samples in [-1, 1] (tensor on any device, or numpy array); values outside are
+            clipped.
         step: the training step it belongs to.
         sampling_rate: Hz.
 
     Returns:
-        ``True`` if the clip was added; ``False`` (with a warning, training goes on) when it holds NaN or
-        infinite values, e.g. a diverged model's output.
+        ``True`` if the clip was added; ``False`` (with a warning, training goes on) when it holds NaN or infinite
+        values, e.g. a diverged model's output.
 
     Raises:
         ValueError: ``audio`` is not 1-D or is empty.
@@ -162,8 +161,8 @@ _WRITTEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # writer -> t
 def first_time(writer: Any, tag: str) -> bool:
     """``True`` the first time it is asked about ``tag`` for this ``writer`` (this process), ``False`` after.
 
-    For media that do not change during a run (the ground-truth audio of the fixed validation utterance):
-    written at the first validation only. A resumed run has a new writer, so it writes them once more.
+    For media that do not change during a run (the ground-truth audio of the fixed validation utterance): written at the
+    first validation only. A resumed run has a new writer, so it writes them once more.
     """
     seen = _WRITTEN.setdefault(writer, set())
     if tag in seen:
@@ -176,9 +175,9 @@ def first_time(writer: Any, tag: str) -> bool:
 def fixed_random_state(device: torch.device, seed: int = 0) -> Iterator[None]:
     """Run the block with the CPU's random generator, and a CUDA ``device``'s, seeded with ``seed``; restore them after.
 
-    Sampling done for a validation clip (WaveGlow's Gaussian noise, Tacotron2's pre-net dropout) then draws
-    the same numbers at every validation, so two clips differ only by what the model learned in between;
-    and the training run's own random stream (dropout, crops) is left exactly as it was.
+    Sampling done for a validation clip (WaveGlow's Gaussian noise, Tacotron2's pre-net dropout) then draws the same
+    numbers at every validation, so two clips differ only by what the model learned in between; and the training run's
+    own random stream (dropout, crops) is left exactly as it was.
     """
     device = torch.device(device)
     cuda = device.type == "cuda"

@@ -1,19 +1,7 @@
-"""Train a model of ``model.py`` on one process, one GPU per process, or many machines.
-
-    python train.py --config config.json                              # one process
-    python multiproc.py train.py --config config.json                 # one process per GPU (DDP)
-    python multiproc.py --nproc-per-node 2 train.py --config config.json --tiny   # CPU smoke run
-
-The loop knows no model: it takes a :class:`model.ModelSpec` from ``model.MODELS``. Each step reads
-``grad_accumulation`` micro-batches; DistributedDataParallel all-reduces the gradients (averaged over
-ranks) during the last micro-batch's backward, so every replica takes the same optimizer step (with
-``train.parallelism=fsdp``, FSDP2 reduce-scatters them and each rank updates its shard). Then one
-small all-reduce per step agrees on the loss, on whether it is finite, and on whether a rank was asked to
-stop (SIGTERM/SIGUSR1/SIGINT). Only rank 0 writes: progress bar, TensorBoard, ``metrics.jsonl``, checkpoints.
-
-A checkpoint holds everything the next step depends on (weights, optimizer, LR schedule, GradScaler,
-step, epoch and position inside it, every rank's RNG states), so ``--resume auto`` continues exactly
-where the run stopped; on another number of processes it continues from the same sample of the epoch.
+"""A run's life outside the loop: stop signals (SIGTERM, SIGUSR1, SIGINT: finish the step, save, exit), DataLoader
+workers that leave stop signals to their rank, the output folder (writable, one run at a time: :class:`RunLock`), the
+grace period a stop must fit (:class:`GracePeriod`), the last checkpoint to name in error lines, and provenance (the
+project's git commit).
 """
 
 from __future__ import annotations
@@ -38,9 +26,9 @@ import socket
 
 class GracePeriod:
     """Whether a checkpoint fits the time the launcher gives the ranks after a stop signal (``multiproc.py
-    --stop-timeout``, handed to the ranks as ``MULTIPROC_STOP_TIMEOUT``; without it nothing is checked): said once,
-    at start-up from an estimate (the checkpoint's size over the output folder's durable write speed), or else after
-    the first save that took longer, with its step, than the grace period."""
+    --stop-timeout``, handed to the ranks as ``MULTIPROC_STOP_TIMEOUT``; without it nothing is checked): said once, at
+    start-up from an estimate (the checkpoint's size over the output folder's durable write speed), or else after the
+    first save that took longer, with its step, than the grace period."""
 
     def __init__(self, environ):
         value = environ.get("MULTIPROC_STOP_TIMEOUT", "").strip()
@@ -71,6 +59,7 @@ class GracePeriod:
         return (f"warning: step {step}: the checkpoint took {save_s:.1f} s after a step of {step_s:.1f} s; "
                 + self._advice(1.5 * (save_s + step_s) + 5))
 
+
 def check_output_dir(path: Path) -> None:
     """Create the output folder and make sure it is writable (before any training time is spent)."""
     try:
@@ -80,6 +69,7 @@ def check_output_dir(path: Path) -> None:
         probe.unlink()
     except OSError as err:
         raise ConfigError(f"output folder {path} is not writable: {err.strerror or err}") from None
+
 
 def git_commit() -> str | None:
     """The project's git commit, when it is a git checkout (provenance for checkpoints)."""
@@ -92,17 +82,18 @@ def git_commit() -> str | None:
         return None
     return out.stdout.strip() or None
 
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 """What a scheduler or a person sends to stop a run: SIGTERM, SIGUSR1 (SLURM, Kubernetes, torchrun) and SIGINT
 (Ctrl-C)."""
 
+
 class StopRequest:
     """Remembers a stop signal (:data:`STOP_SIGNALS`) instead of dying of it.
 
-    The loop finishes its step, all ranks agree (the flag rides in the per-step all-reduce), rank 0 saves a
-    checkpoint, and the run exits cleanly. A repeated signal changes nothing (a launcher may pass on a signal
-    the rank also got directly); the third Ctrl-C raises ``KeyboardInterrupt``, which stops the rank at once
-    without a checkpoint.
+    The loop finishes its step, all ranks agree (the flag rides in the per-step all-reduce), rank 0 saves a checkpoint,
+    and the run exits cleanly. A repeated signal changes nothing (a launcher may pass on a signal the rank also got
+    directly); the third Ctrl-C raises ``KeyboardInterrupt``, which stops the rank at once without a checkpoint.
     """
 
     def __init__(self):
@@ -119,13 +110,14 @@ class StopRequest:
                 raise KeyboardInterrupt
         self.signal_name = self.signal_name or signal.Signals(signum).name
 
+
 def end_dataloader_workers() -> list[int]:
     """End the DataLoader workers of this process that are still running; returns the pids it had to kill.
 
-    On an error the loaders' iterators may outlive the loop (held by the exception's traceback), and their
-    workers ignore stop signals (:func:`ignore_stop_signals`), so Python's exit, which terminates and then joins
-    its child processes, would wait for them forever. A garbage collection first lets PyTorch shut them down
-    its own way; any worker still running after that is killed (SIGKILL: it holds nothing worth saving).
+    On an error the loaders' iterators may outlive the loop (held by the exception's traceback), and their workers
+    ignore stop signals (:func:`ignore_stop_signals`), so Python's exit, which terminates and then joins its child
+    processes, would wait for them forever. A garbage collection first lets PyTorch shut them down its own way; any
+    worker still running after that is killed (SIGKILL: it holds nothing worth saving).
     """
     gc.collect()
     killed = []
@@ -137,11 +129,13 @@ def end_dataloader_workers() -> list[int]:
             killed.append(child.pid)
     return killed
 
+
 def last_checkpoint_path(output_dir: Path) -> Optional[Path]:
-    """The ``checkpoint_last`` link of sharded checkpoints or ``OUTPUT/checkpoint_last.pt``, whichever exists
-    (the link first), else ``None``."""
+    """The ``checkpoint_last`` link of sharded checkpoints or ``OUTPUT/checkpoint_last.pt``, whichever exists (the link
+    first), else ``None``."""
     last, link = output_dir / "checkpoint_last.pt", output_dir / "checkpoint_last"
     return link if link.is_dir() else last if last.is_file() else None
+
 
 def last_checkpoint(output_dir: Path) -> str:
     """:func:`last_checkpoint_path` for error messages, with the folder a link names; else ``"none yet"``."""
@@ -150,30 +144,33 @@ def last_checkpoint(output_dir: Path) -> str:
         return "none yet"
     return f"{path} ({os.readlink(path)})" if path.is_symlink() else str(path)
 
+
 def ignore_stop_signals(worker_id: int) -> None:
     """DataLoader ``worker_init_fn``: a worker leaves stop signals to its rank, which shuts it down.
 
-    A scheduler signals every process of a job, DataLoader workers included; a worker that died of SIGTERM
-    would make its rank fail ("DataLoader worker ... is killed by signal") instead of stopping cleanly.
-    Signals that arrived before this ran were blocked (:func:`stop_signals_blocked`) and are dropped here.
+    A scheduler signals every process of a job, DataLoader workers included; a worker that died of SIGTERM would make
+    its rank fail ("DataLoader worker ... is killed by signal") instead of stopping cleanly. Signals that arrived before
+    this ran were blocked (:func:`stop_signals_blocked`) and are dropped here.
     """
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
+
 @contextlib.contextmanager
 def stop_signals_blocked():
-    """Hold stop signals back (not lost: delivered on leaving) while DataLoader workers are started, so that a
-    worker starts with them blocked until :func:`ignore_stop_signals` ignores them."""
+    """Hold stop signals back (not lost: delivered on leaving) while DataLoader workers are started, so that a worker
+    starts with them blocked until :func:`ignore_stop_signals` ignores them."""
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
+
 def take_output_dir(output_dir: Path, lock: RunLock) -> tuple[str, Optional[str]]:
-    """Rank 0: create the output folder and hold its :class:`utils.checkpoint.RunLock` (one run per folder).
-    Returns ``("ok", None)`` or ``("error", message)``, which rank 0 broadcasts."""
+    """Rank 0: create the output folder and hold its :class:`utils.checkpoint.RunLock` (one run per folder). Returns
+    ``("ok", None)`` or ``("error", message)``, which rank 0 broadcasts."""
     try:
         check_output_dir(output_dir)
         note = lock.acquire()
@@ -183,14 +180,16 @@ def take_output_dir(output_dir: Path, lock: RunLock) -> tuple[str, Optional[str]
         print(note, file=sys.stderr, flush=True)
     return "ok", None
 
+
 LOCK_NAME = ".run.lock"
+
 
 class RunLock:
     """One run per output folder: rank 0 holds an exclusive ``flock`` on ``OUTPUT/.run.lock`` for the whole run.
 
-    The file names the holder (pid, host, start time). The kernel drops the lock when its process ends, however it
-    ends, so a lock file left by a dead run is free to take; :meth:`acquire` then says whose it was. (On a network
-    file system this relies on its lock support, as NFSv4 has.)
+    The file names the holder (pid, host, start time). The kernel drops the lock when its process ends, however it ends,
+    so a lock file left by a dead run is free to take; :meth:`acquire` then says whose it was. (On a network file system
+    this relies on its lock support, as NFSv4 has.)
     """
 
     def __init__(self, output_dir: str | Path):
@@ -201,8 +200,8 @@ class RunLock:
         """Take the lock; returns a note when a dead run's lock file was taken over, else ``None``.
 
         Raises:
-            CheckpointError: another living run holds the folder (its holder line is named), or the lock file
-                cannot be opened.
+            CheckpointError: another living run holds the folder (its holder line is named), or the lock file cannot be
+                opened.
         """
         while True:
             try:
@@ -242,3 +241,72 @@ class RunLock:
         self.path.unlink(missing_ok=True)
         self.handle.close()  # closing the last descriptor drops the flock
         self.handle = None
+
+
+def stop_exit_code(signal_name: str, chosen: int | None, environ) -> int:
+    """The exit code after a stop signal that every rank obeyed (checkpoint saved): ``chosen`` when given; 130 after SIGINT
+    (Ctrl-C); inside Kubernetes (``KUBERNETES_SERVICE_HOST`` set, as in every pod) 128 + the signal (143 for SIGTERM),
+    because a pod that exits 0 is a finished pod to a Job (a TrainJob's JobSet, a PyTorchJob) and the job would end as
+    complete instead of being restarted, while Kubeflow reads 128..255 as retryable; elsewhere 0 (a terminal, SLURM: the
+    stop was asked for and done)."""
+    if chosen is not None:
+        return chosen
+    if signal_name == "SIGINT":
+        return 130
+    return 128 + int(signal.Signals[signal_name]) if environ.get("KUBERNETES_SERVICE_HOST") else 0
+
+
+def child_pids() -> list[int]:
+    """Pids of this process's living children (torchrun's workers), from /proc; empty off Linux."""
+    me, found = os.getpid(), []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):  # the process ended while being read
+            continue
+    return found
+
+
+class StopForwarder:
+    """Passes SIGTERM, SIGUSR1 and SIGINT on to every rank, and kills the ranks if they outstay the timeout.
+
+    The first signal starts the clock (``stop_timeout`` seconds); a repeat is passed on again (a rank treats it as the
+    same request). :attr:`signal_name` is the first signal received, or ``None``.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+    def __init__(self, stop_timeout: float):
+        self.stop_timeout = stop_timeout
+        self.signal_name: str | None = None
+        self.deadline: float | None = None
+        self.killed = False
+
+    def install(self) -> None:
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signal_name is None:
+            self.signal_name, self.deadline = name, time.monotonic() + self.stop_timeout
+            print(f"multiproc: {name}: every rank finishes its step and rank 0 saves a checkpoint (ranks still "
+                  f"running in {self.stop_timeout:g} s are killed)", file=sys.stderr, flush=True)
+        for pid in child_pids():
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:  # it has just exited
+                continue
+
+    def enforce(self) -> None:
+        """SIGKILL the ranks once the deadline has passed (called while waiting for them)."""
+        if self.deadline is not None and not self.killed and time.monotonic() > self.deadline:
+            self.killed = True
+            print(f"multiproc: the ranks did not stop within {self.stop_timeout:g} s of {self.signal_name}; "
+                  "killing them", file=sys.stderr, flush=True)
+            for pid in child_pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue

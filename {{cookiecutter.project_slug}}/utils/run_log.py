@@ -1,7 +1,7 @@
 """What a run writes besides checkpoints: progress bar, ``metrics.jsonl``, TensorBoard, anomalies.
 
-Only rank 0 writes; on every other rank :class:`RunLog` is built with ``enabled=False`` and each method
-does nothing, so the training loop needs no ``if rank == 0`` around its logging.
+Only rank 0 writes; on every other rank :class:`RunLog` is built with ``enabled=False`` and each method does nothing, so
+the training loop needs no ``if rank == 0`` around its logging.
 """
 
 from __future__ import annotations
@@ -25,22 +25,23 @@ SCALARS = ("loss", "lr", "items_per_s", "step_time_s", "data_time_s", "grad_norm
 PER_RANK = ("memory_gib", "memory_allocated_gib", "stray_gpu_mib", "compute_s", "data_wait_s",
             "collective_wait_s")  # lists in a row, one value per rank (memory_allocated_gib on GPUs only)
 
+
 def peak_memory_gib(device: torch.device) -> float:
-    """This process's peak memory so far, GiB: ``torch.cuda.max_memory_reserved`` on a GPU (what the
-    caching allocator took from the device: what another process cannot have), the peak resident set size
-    (``ru_maxrss``) on the CPU."""
+    """This process's peak memory so far, GiB: ``torch.cuda.max_memory_reserved`` on a GPU (what the caching allocator took
+    from the device: what another process cannot have), the peak resident set size (``ru_maxrss``) on the CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_reserved(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
-def stray_gpu_mib(pid: int, own_gpu: str, processes: dict[str, list[tuple[int, int]]]) -> float:
-    """MiB that process ``pid`` holds on GPUs other than its own, in ``processes``: NVML's view of the node,
-    ``{GPU UUID: [(pid, bytes used), ...]}`` (UUIDs compared without NVML's ``GPU-`` prefix, ignoring case).
 
-    Anything above zero is a CUDA context on the wrong device: a ``torch.cuda`` call (or a library's) that
-    ran before ``torch.cuda.set_device``, the classic "GPU 0 holds extra memory" of one process per rank.
-    ``nan`` when the view does not show ``pid`` on ``own_gpu`` at all: NVML inside a container lists the
-    host's process ids, so nothing can be said about this process.
+def stray_gpu_mib(pid: int, own_gpu: str, processes: dict[str, list[tuple[int, int]]]) -> float:
+    """MiB that process ``pid`` holds on GPUs other than its own, in ``processes``: NVML's view of the node, ``{GPU UUID:
+    [(pid, bytes used), ...]}`` (UUIDs compared without NVML's ``GPU-`` prefix, ignoring case).
+
+    Anything above zero is a CUDA context on the wrong device: a ``torch.cuda`` call (or a library's) that ran before
+    ``torch.cuda.set_device``, the classic "GPU 0 holds extra memory" of one process per rank. ``nan`` when the view
+    does not show ``pid`` on ``own_gpu`` at all: NVML inside a container lists the host's process ids, so nothing can be
+    said about this process.
     """
     def plain(uuid: str) -> str:
         return uuid.lower().removeprefix("gpu-")
@@ -49,6 +50,7 @@ def stray_gpu_mib(pid: int, own_gpu: str, processes: dict[str, list[tuple[int, i
     if not any(p == pid for gpu, procs in processes.items() if plain(gpu) == own for p, _ in procs):
         return math.nan
     return sum(used for gpu, procs in processes.items() if plain(gpu) != own for p, used in procs if p == pid) / 2**20
+
 
 @functools.cache
 def _nvml():
@@ -63,9 +65,10 @@ def _nvml():
         return None
     return pynvml
 
+
 def gpu_processes() -> dict[str, list[tuple[int, int]]] | None:
-    """NVML's view of this node's GPUs, ``{UUID: [(pid, bytes used), ...]}`` for every GPU of the node (NVML
-    ignores ``CUDA_VISIBLE_DEVICES``); None when NVML cannot be read."""
+    """NVML's view of this node's GPUs, ``{UUID: [(pid, bytes used), ...]}`` for every GPU of the node (NVML ignores
+    ``CUDA_VISIBLE_DEVICES``); None when NVML cannot be read."""
     nvml = _nvml()
     if nvml is None:
         return None
@@ -80,10 +83,11 @@ def gpu_processes() -> dict[str, list[tuple[int, int]]] | None:
     except nvml.NVMLError:
         return None
 
+
 def device_memory(device: torch.device) -> dict[str, float]:
-    """This process's memory for :class:`BalanceMonitor`: ``memory_gib`` (see :func:`peak_memory_gib`); on a GPU
-    also ``memory_allocated_gib`` (peak ``torch.cuda.max_memory_allocated``: tensors alone, without the
-    allocator's cache) and ``stray_gpu_mib`` (:func:`stray_gpu_mib`; ``nan`` when NVML cannot tell)."""
+    """This process's memory for :class:`BalanceMonitor`: ``memory_gib`` (see :func:`peak_memory_gib`); on a GPU also
+    ``memory_allocated_gib`` (peak ``torch.cuda.max_memory_allocated``: tensors alone, without the allocator's cache)
+    and ``stray_gpu_mib`` (:func:`stray_gpu_mib`; ``nan`` when NVML cannot tell)."""
     memory = {"memory_gib": peak_memory_gib(device)}
     if device.type == "cuda":
         memory["memory_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
@@ -91,27 +95,27 @@ def device_memory(device: torch.device) -> dict[str, float]:
         memory["stray_gpu_mib"] = math.nan if view is None or own is None else stray_gpu_mib(os.getpid(), str(own), view)
     return memory
 
+
 class BalanceMonitor:
     """Rank 0's view of the ranks' balance at each log interval; returns warnings, never raises.
 
-    * memory: a rank whose peak memory exceeds the median of the ranks by more than ``memory_share``
-      (e.g. 0.2: 20%) and by more than ``memory_floor_gib`` is named (the classic cause: every rank created a
-      CUDA context on GPU 0);
+    * memory: a rank whose peak memory exceeds the median of the ranks by more than ``memory_share`` (e.g. 0.2: 20%) and
+      by more than ``memory_floor_gib`` is named (the classic cause: every rank created a CUDA context on GPU 0);
     * stray GPU memory: a rank that holds memory on a GPU other than its own (``stray_gpu_mib`` above
-      ``stray_floor_mib``; read from NVML) is named; when NVML cannot tell (no nvidia-ml-py, no driver
-      access, a container's process ids), rank 0 says once that this check is off;
-    * straggler: a rank whose compute time per step (its forward passes and losses: the part of a step with
-      no collective to wait in once the ranks are in step) exceeds the median of the *other* ranks by more than
+      ``stray_floor_mib``; read from NVML) is named; when NVML cannot tell (no nvidia-ml-py, no driver access, a
+      container's process ids), rank 0 says once that this check is off;
+    * straggler: a rank whose compute time per step (its forward passes and losses: the part of a step with no
+      collective to wait in once the ranks are in step) exceeds the median of the *other* ranks by more than
       ``straggler_share`` and ``straggler_floor_s``, in ``patience`` log intervals in a row, is named. With
       ``clock="cpu"`` (ranks computing on the CPU) the times are CPU seconds of the rank's process
-      (``time.process_time``): ranks that share a machine's cores wait for a core in turns, which lengthens their
-      wall time but is not a slower rank; a rank that computes more shows in its CPU seconds. With ``"wall"`` (GPUs)
-      they are seconds of wall time.
+      (``time.process_time``): ranks that share a machine's cores wait for a core in turns, which lengthens their wall
+      time but is not a slower rank; a rank that computes more shows in its CPU seconds. With ``"wall"`` (GPUs) they are
+      seconds of wall time.
 
     The floors keep noise quiet: rank 0 also writes logs and checkpoints, and on a loaded machine tiny models' ranks
     differ by 25% (15 ms of CPU time in a 60 ms step, seen on a 16-core host running 16 test jobs at once) without
-    either being a straggler; a straggler costs the job its extra time in every step, 50 ms by default.
-    Each warning is repeated at most once per ``repeat`` steps.
+    either being a straggler; a straggler costs the job its extra time in every step, 50 ms by default. Each warning is
+    repeated at most once per ``repeat`` steps.
     """
 
     def __init__(self, memory_share: float = 0.2, straggler_share: float = 0.2, patience: int = 3,
@@ -163,8 +167,8 @@ class BalanceMonitor:
         return self._once(step, found)
 
     def _once(self, step: int, found: list[tuple[str, str]]) -> list[str]:
-        """The ``(kind, message)`` pairs as warning lines, each kind at most once per ``repeat`` steps (the
-        note that stray memory is unchecked only once)."""
+        """The ``(kind, message)`` pairs as warning lines, each kind at most once per ``repeat`` steps (the note that stray
+        memory is unchecked only once)."""
         messages = []
         for kind, message in found:
             if kind not in self.warned or (step - self.warned[kind] >= self.repeat and kind != "stray-unknown"):
@@ -172,11 +176,12 @@ class BalanceMonitor:
                 messages.append(f"{'note' if kind == 'stray-unknown' else 'warning'}: step {step}: {message}")
         return messages
 
+
 class StepWindow:
     """Sums over the steps since the last log line; :meth:`row` turns them into one ``metrics.jsonl`` row.
 
-    ``loss`` is averaged over the finite steps only (a skipped step has no loss to average);
-    ``items_per_s`` is items of all ranks over rank 0's wall time of the window.
+    ``loss`` is averaged over the finite steps only (a skipped step has no loss to average); ``items_per_s`` is items of
+    all ranks over rank 0's wall time of the window.
     """
 
     def __init__(self):
@@ -188,11 +193,11 @@ class StepWindow:
     def add(self, loss: float | None, items: float, step_time: float, data_time: float,
             wait_time: float = 0.0, compute_time: float = 0.0, losses: dict | None = None,
             overflows: int = 0) -> None:
-        """Record one optimizer step (``loss`` None for a skipped step); times in seconds (``wait_time``:
-        spent in the step's blocking all-reduce, waiting for the slowest rank; ``compute_time``: forward
-        passes and losses). ``losses``: the step's named losses and metrics of a model with several phases
-        (each averaged over the window's steps where it is finite: an fp16 overflow's gradient norm is not a number to
-        average, it is counted in ``overflows``); ``overflows``: fp16 optimizer steps the GradScaler skipped."""
+        """Record one optimizer step (``loss`` None for a skipped step); times in seconds (``wait_time``: spent in the
+        step's blocking all-reduce, waiting for the slowest rank; ``compute_time``: forward passes and losses).
+        ``losses``: the step's named losses and metrics of a model with several phases (each averaged over the window's
+        steps where it is finite: an fp16 overflow's gradient norm is not a number to average, it is counted in
+        ``overflows``); ``overflows``: fp16 optimizer steps the GradScaler skipped."""
         self.steps += 1
         self.overflows += overflows
         if loss is not None:
@@ -216,8 +221,8 @@ class StepWindow:
                 "compute_s": self.compute_time / steps}
 
     def row(self, **extra: Any) -> dict[str, Any]:
-        """``{loss, losses (several phases only), items_per_s, step_time_s, data_time_s, fp16_overflows, **extra}``
-        for the window (``loss`` NaN if none; a named value that was never finite in the window is ``None``)."""
+        """``{loss, losses (several phases only), items_per_s, step_time_s, data_time_s, fp16_overflows, **extra}`` for the
+        window (``loss`` NaN if none; a named value that was never finite in the window is ``None``)."""
         named = {"losses": {name: value / self.counts[name] if self.counts[name] else None
                             for name, value in self.losses.items()}} if self.losses else {}
         return {**extra, "loss": self.loss / self.good if self.good else math.nan, **named,
@@ -225,15 +230,16 @@ class StepWindow:
                 "step_time_s": self.step_time / self.steps, "data_time_s": self.data_time / self.steps,
                 "fp16_overflows": self.overflows}
 
+
 class RunLog:
     """Rank 0's writer: progress bar, ``metrics.jsonl``, ``val_metrics.jsonl``, ``anomalies.jsonl``, TensorBoard.
 
     Args:
         output_dir: the run's folder (created by the caller).
         enabled: False on every rank but 0: then nothing is opened or written.
-        total_steps / initial_step: for the progress bar (a resumed run starts part-way).
-        data_advice: what the data-wait warning tells the user to do (``ModelSpec.data_advice``).
-        tensorboard: the folder of TensorBoard's event files (default: ``<output_dir>/tensorboard``).
+        total_steps / initial_step: for the progress bar (a resumed run starts part-way). data_advice: what the
+        data-wait warning tells the user to do (``ModelSpec.data_advice``). tensorboard: the folder of TensorBoard's
+        event files (default: ``<output_dir>/tensorboard``).
     """
 
     DATA_WAIT_SHARE = 0.1
@@ -268,8 +274,8 @@ class RunLog:
         self.progress.update(1)
 
     def metrics(self, row: dict[str, Any]) -> None:
-        """Append a training row; warn when waiting for data takes more than :attr:`DATA_WAIT_SHARE` of the step
-        (past the warm-up, rate-limited)."""
+        """Append a training row; warn when waiting for data takes more than :attr:`DATA_WAIT_SHARE` of the step (past the
+        warm-up, rate-limited)."""
         if not self.enabled:
             return
         step = row["step"]
@@ -305,8 +311,8 @@ class RunLog:
         self.print(f"step {step}: validation loss {val_loss:.4f}")
 
     def anomaly(self, step: int, kind: str, message: str, ids: list) -> None:
-        """A non-finite or spiking step: a row of ``anomalies.jsonl`` with the utterance ids of its batch (all ranks),
-        and a warning line on the console (at most :attr:`ANOMALY_LINES` per log interval)."""
+        """A non-finite or spiking step: a row of ``anomalies.jsonl`` with the utterance ids of its batch (all ranks), and
+        a warning line on the console (at most :attr:`ANOMALY_LINES` per log interval)."""
         if not self.enabled:
             return
         self._append("anomalies.jsonl", {"step": step, "kind": kind, "message": message, "ids": ids})
@@ -327,12 +333,14 @@ class RunLog:
             self._metrics.close()
             self.writer.close()
 
+
 def one_line(err: BaseException) -> str:
     """The error's message on one line; for an error re-raised from a DataLoader worker, the original one."""
     lines = [line for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
     if any("Original Traceback" in line for line in lines):  # "module.DataError: truncated wav file: ..."
         return lines[-1].split(": ", 1)[-1]
     return lines[0]
+
 
 @contextlib.contextmanager
 def one_line_warnings():

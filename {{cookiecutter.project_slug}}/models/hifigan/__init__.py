@@ -1,9 +1,9 @@
-"""HiFi-GAN (mel -> audio), a GAN trained with two optimizers: the model's spec. Its parts: ``network`` (config
-section, generator and discriminators, losses, the phases' step), ``data``, ``inference``, ``export`` (ONNX),
-``published`` (jik876's generator files).
+"""HiFi-GAN (mel -> audio), a GAN trained with two optimizers: the model's spec. Its parts: ``network`` (config section,
+generator and discriminators, losses, the phases' step), ``data``, ``inference``, ``export`` (ONNX), ``published``
+(jik876's generator files).
 
-Source: Kong, Kim and Bae, "HiFi-GAN: Generative Adversarial Networks for Efficient and High Fidelity Speech
-Synthesis" (NeurIPS 2020), and jik876/hifi-gan for sizes and defaults (the layers: ``modules/hifigan.py``).
+Source: Kong, Kim and Bae, "HiFi-GAN: Generative Adversarial Networks for Efficient and High Fidelity Speech Synthesis"
+(NeurIPS 2020), and jik876/hifi-gan for sizes and defaults (the layers: ``modules/hifigan.py``).
 """
 
 from model import Benchmark, BenchmarkCase, Export, Inference, ModelSpec, Phases, Published, Training

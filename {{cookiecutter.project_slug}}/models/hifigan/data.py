@@ -1,26 +1,5 @@
-"""HiFi-GAN (mel -> audio): config, model, losses, two-phase training step, data, inference, benchmark shapes.
-
-Source: Kong, Kim and Bae, "HiFi-GAN: Generative Adversarial Networks for Efficient and High Fidelity Speech
-Synthesis" (NeurIPS 2020); defaults are the paper's V1 (Appendix A; 13.92M generator parameters, Table 1)
-and its training set-up (Section 3: AdamW with betas 0.8/0.99 and weight decay 0.01, learning rate 2e-4
-decayed by 0.999 every epoch, batch 16; 8192-sample crops as in the authors' V1 configuration). The
-layers are in ``modules/hifigan.py``; this file assembles them and tells ``train.py`` and ``inference.py``
-how to use them.
-
-The mel front end is the project's shared one (``utils.data.audio.MelSpectrogram`` with the ``audio``
-section: 22050 Hz, hop 256, 80 mels), the same as Tacotron2's and WaveGlow's, so one HiFi-GAN checkpoint
-vocodes Tacotron2's mels. The mel L1 loss compares mels made by that same front end (the authors' code
-takes the loss's mel up to the Nyquist frequency instead; here one front end serves both).
-
-Training alternates two optimizers (``ModelSpec.phases``): the discriminator step (MPD + MSD on real audio and
-on the generator's output, LSGAN loss), then the generator step (LSGAN adversarial loss, feature matching x2,
-mel L1 x45). :data:`TINY_OVERRIDES` is the ``hifigan`` entry of ``config.json``'s ``tiny`` block (a CPU smoke
-run: a full discriminator + generator step pair takes a fraction of a second)::
-
-    "hifigan": {"upsample_initial_channel": 32, "resblock_kernel_sizes": [3, 7],
-                "resblock_dilation_sizes": [[1, 3], [1, 3]], "mpd_channels": [4, 8, 16, 32, 32],
-                "msd_channels": [16, 16, 16, 32, 32, 32, 32], "segment_length": 2048, "batch_size": 2,
-                "learning_rate": 0.001}
+"""HiFi-GAN's data: audio crops with their mels (or mels computed on the device), and synthetic batches for the
+benchmark.
 """
 
 from __future__ import annotations
@@ -36,16 +15,16 @@ from models.hifigan.network import mel_function
 
 
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
-    """Train and validation :class:`AudioMelDataset` of ``hifigan.segment_length`` crops (random for training,
-    the first crop for validation); mels ``(n_mels, segment_length // hop_length)``.
+    """Train and validation :class:`AudioMelDataset` of ``hifigan.segment_length`` crops (random for training, the first
+    crop for validation); mels ``(n_mels, segment_length // hop_length)``.
 
-    With ``data.mel_dir`` the mels are read from that folder and cropped with the audio on frame boundaries:
-    fine-tuning on Tacotron2's teacher-forced mels (``scripts/dump_gta_mels.py``), as jik876/hifi-gan's
-    ``--fine_tuning`` does with its ``ft_dataset`` mels.
+    With ``data.mel_dir`` the mels are read from that folder and cropped with the audio on frame boundaries: fine-tuning
+    on Tacotron2's teacher-forced mels (``scripts/dump_gta_mels.py``), as jik876/hifi-gan's ``--fine_tuning`` does with
+    its ``ft_dataset`` mels.
 
     Raises:
-        ValueError: ``segment_length`` not a multiple of ``audio.hop_length`` (the generator's output would
-            not line up with the crop).
+        ValueError: ``segment_length`` not a multiple of ``audio.hop_length`` (the generator's output would not line up
+            with the crop).
         DataError: see :class:`AudioMelDataset` (``data.mel_dir`` missing a mel, made with other settings).
     """
     seg = cfg.hifigan.segment_length
@@ -58,20 +37,22 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
                             mel_dir=mel_dir),
             AudioMelDataset(val_utts, cfg.audio, seg, random_crop=False, with_mel=with_mel, mel_dir=mel_dir))
 
+
 def mel_on_device(batch: Batch, cfg: Config) -> Batch:
-    """Add ``batch["mel"]`` ``(B, n_mels, frames)``, the log-mel of ``batch["audio"]`` ``(B, samples)``, on the
-    audio's device (``hifigan.mel_on_device``); a batch that has its mel already is returned as it is."""
+    """Add ``batch["mel"]`` ``(B, n_mels, frames)``, the log-mel of ``batch["audio"]`` ``(B, samples)``, on the audio's
+    device (``hifigan.mel_on_device``); a batch that has its mel already is returned as it is."""
     if "mel" in batch:
         return batch
     with torch.no_grad():
         return {**batch, "mel": mel_function(cfg.audio, batch["audio"].device)(batch["audio"])}
 
+
 def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
                     segment_length: Optional[int] = None) -> Batch:
     """Random HiFi-GAN batch of the training shapes.
 
-    ``{"mel": (B, n_mels, segment // hop_length) standard normal, "audio": (B, segment) normal with standard
-    deviation 0.1, "ids": [str] * B}``, float32 on the CPU.
+    ``{"mel": (B, n_mels, segment // hop_length) standard normal, "audio": (B, segment) normal with standard deviation
+    0.1, "ids": [str] * B}``, float32 on the CPU.
 
     Args:
         cfg: the config (``audio.n_mels``, ``audio.hop_length``, ``hifigan.segment_length``).

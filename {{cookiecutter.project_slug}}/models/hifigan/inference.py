@@ -1,26 +1,5 @@
-"""HiFi-GAN (mel -> audio): config, model, losses, two-phase training step, data, inference, benchmark shapes.
-
-Source: Kong, Kim and Bae, "HiFi-GAN: Generative Adversarial Networks for Efficient and High Fidelity Speech
-Synthesis" (NeurIPS 2020); defaults are the paper's V1 (Appendix A; 13.92M generator parameters, Table 1)
-and its training set-up (Section 3: AdamW with betas 0.8/0.99 and weight decay 0.01, learning rate 2e-4
-decayed by 0.999 every epoch, batch 16; 8192-sample crops as in the authors' V1 configuration). The
-layers are in ``modules/hifigan.py``; this file assembles them and tells ``train.py`` and ``inference.py``
-how to use them.
-
-The mel front end is the project's shared one (``utils.data.audio.MelSpectrogram`` with the ``audio``
-section: 22050 Hz, hop 256, 80 mels), the same as Tacotron2's and WaveGlow's, so one HiFi-GAN checkpoint
-vocodes Tacotron2's mels. The mel L1 loss compares mels made by that same front end (the authors' code
-takes the loss's mel up to the Nyquist frequency instead; here one front end serves both).
-
-Training alternates two optimizers (``ModelSpec.phases``): the discriminator step (MPD + MSD on real audio and
-on the generator's output, LSGAN loss), then the generator step (LSGAN adversarial loss, feature matching x2,
-mel L1 x45). :data:`TINY_OVERRIDES` is the ``hifigan`` entry of ``config.json``'s ``tiny`` block (a CPU smoke
-run: a full discriminator + generator step pair takes a fraction of a second)::
-
-    "hifigan": {"upsample_initial_channel": 32, "resblock_kernel_sizes": [3, 7],
-                "resblock_dilation_sizes": [[1, 3], [1, 3]], "mpd_channels": [4, 8, 16, 32, 32],
-                "msd_channels": [16, 16, 16, 32, 32, 32, 32], "segment_length": 2048, "batch_size": 2,
-                "learning_rate": 0.001}
+"""HiFi-GAN at inference: vocoding a mel (``inference.py --mel`` or ``--wav``; another model's vocoder) and the audio
+of a validation batch for TensorBoard.
 """
 
 from __future__ import annotations
@@ -45,21 +24,22 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--mel", help="a torch tensor file (n_mels, frames) to vocode")
     source.add_argument("--wav", help="a wav whose mel is vocoded (copy-synthesis)")
 
+
 @torch.no_grad()
 def vocode(model: nn.Module, mel: torch.Tensor, cfg: Config) -> torch.Tensor:
     """Mel ``(n_mels, frames)`` -> audio ``(frames * hop_length,)`` in [-1, 1] (tanh output), float32 on the CPU."""
     device = next(model.generator.parameters()).device
     return model.generator(mel.unsqueeze(0).to(device))[0, 0].float().cpu()
 
+
 def log_validation(model: nn.Module, batch: Batch, outputs: torch.Tensor, step: int, writer: Any, output_dir: Any,
                    cfg: Optional[Config] = None) -> None:
     """Audio of the first utterance of a validation batch, for TensorBoard's audio tab.
 
-    ``audio/vocoded``: the generator's output for that item, ``outputs[0]`` ``(samples,)`` (the validation crop:
-    the first ``hifigan.segment_length`` samples of the clip; the loader does not shuffle, so it is the same
-    utterance at every validation), at ``audio.sampling_rate`` Hz. ``audio/ground_truth``: the item's audio
-    ``batch["audio"][0]``, at the first validation of the run only. Nothing is written without a ``writer`` or
-    a ``cfg``.
+    ``audio/vocoded``: the generator's output for that item, ``outputs[0]`` ``(samples,)`` (the validation crop: the
+    first ``hifigan.segment_length`` samples of the clip; the loader does not shuffle, so it is the same utterance at
+    every validation), at ``audio.sampling_rate`` Hz. ``audio/ground_truth``: the item's audio ``batch["audio"][0]``, at
+    the first validation of the run only. Nothing is written without a ``writer`` or a ``cfg``.
 
     Args:
         model: the :class:`HiFiGAN` (unused: ``outputs`` holds its audio).
@@ -75,6 +55,7 @@ def log_validation(model: nn.Module, batch: Batch, outputs: torch.Tensor, step: 
     add_audio(writer, "audio/vocoded", outputs[0].float(), step, cfg.audio.sampling_rate)
     if first_time(writer, "audio/ground_truth"):
         add_audio(writer, "audio/ground_truth", batch["audio"][0].float(), step, cfg.audio.sampling_rate)
+
 
 def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch.device) -> list[Path]:
     """``inference.py`` for HiFi-GAN: vocode ``--mel`` or the mel of ``--wav`` into the wav ``--output``.

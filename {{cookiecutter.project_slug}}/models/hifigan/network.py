@@ -1,48 +1,36 @@
-"""HiFi-GAN (mel -> audio): config, model, losses, two-phase training step, data, inference, benchmark shapes.
+"""HiFi-GAN's config section, networks (generator + multi-period and multi-scale discriminators), losses and the
+two-phase training step (discriminator, then generator), with its optimizers and per-epoch learning-rate decay.
 
-Source: Kong, Kim and Bae, "HiFi-GAN: Generative Adversarial Networks for Efficient and High Fidelity Speech
-Synthesis" (NeurIPS 2020); defaults are the paper's V1 (Appendix A; 13.92M generator parameters, Table 1)
-and its training set-up (Section 3: AdamW with betas 0.8/0.99 and weight decay 0.01, learning rate 2e-4
-decayed by 0.999 every epoch, batch 16; 8192-sample crops as in the authors' V1 configuration). The
-layers are in ``modules/hifigan.py``; this file assembles them and tells ``train.py`` and ``inference.py``
-how to use them.
-
-The mel front end is the project's shared one (``utils.data.audio.MelSpectrogram`` with the ``audio``
-section: 22050 Hz, hop 256, 80 mels), the same as Tacotron2's and WaveGlow's, so one HiFi-GAN checkpoint
-vocodes Tacotron2's mels. The mel L1 loss compares mels made by that same front end (the authors' code
-takes the loss's mel up to the Nyquist frequency instead; here one front end serves both).
-
-Training alternates two optimizers (``ModelSpec.phases``): the discriminator step (MPD + MSD on real audio and
-on the generator's output, LSGAN loss), then the generator step (LSGAN adversarial loss, feature matching x2,
-mel L1 x45). :data:`TINY_OVERRIDES` is the ``hifigan`` entry of ``config.json``'s ``tiny`` block (a CPU smoke
-run: a full discriminator + generator step pair takes a fraction of a second)::
-
-    "hifigan": {"upsample_initial_channel": 32, "resblock_kernel_sizes": [3, 7],
-                "resblock_dilation_sizes": [[1, 3], [1, 3]], "mpd_channels": [4, 8, 16, 32, 32],
-                "msd_channels": [16, 16, 16, 32, 32, 32, 32], "segment_length": 2048, "batch_size": 2,
-                "learning_rate": 0.001}
+Source: Kong, Kim and Bae, "HiFi-GAN" (NeurIPS 2020), and jik876/hifi-gan for sizes and defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 from model import Batch
 from modules.hifigan import (Discriminator, Generator, discriminator_loss, feature_matching_loss,
                              generator_adversarial_loss)
 from utils.data.audio import MelSpectrogram
-from utils.config import AudioConfig, Config, setting
+from utils.config import AudioConfig, Config, Section
 
 
 PHASES = ("discriminator", "generator")
 """Optimizer names in update order: the discriminator learns from the current generator first."""
 
-@dataclasses.dataclass
-class HiFiGANConfig:
+
+Size = Annotated[int, Field(ge=1)]
+"""An item of the section's tuples of sizes, rates and widths: at least 1."""
+Beta = Annotated[float, Field(ge=0, lt=1)]
+"""An Adam beta: in [0, 1)."""
+
+
+class HiFiGANConfig(Section):
     """The ``hifigan`` section of ``config.json`` (defaults: the paper's V1 and training set-up).
 
     Generator (Section 2.2, Appendix A): ``upsample_rates`` and ``upsample_kernel_sizes`` of the transposed
@@ -58,25 +46,26 @@ class HiFiGANConfig:
     the audio; the batch's mels are computed on the device in the step.
     """
 
-    upsample_rates: tuple[int, ...] = setting((8, 8, 2, 2), ge=1)
-    upsample_kernel_sizes: tuple[int, ...] = setting((16, 16, 4, 4), ge=1)
-    upsample_initial_channel: int = setting(512, ge=1)
+    upsample_rates: tuple[Size, ...] = (8, 8, 2, 2)
+    upsample_kernel_sizes: tuple[Size, ...] = (16, 16, 4, 4)
+    upsample_initial_channel: int = Field(512, ge=1)
     resblock: Literal[1, 2] = 1
-    resblock_kernel_sizes: tuple[int, ...] = setting((3, 7, 11), ge=1)
-    resblock_dilation_sizes: tuple[tuple[int, ...], ...] = setting(((1, 3, 5), (1, 3, 5), (1, 3, 5)), ge=1)
-    mpd_periods: tuple[int, ...] = setting((2, 3, 5, 7, 11), ge=1)
-    mpd_channels: tuple[int, int, int, int, int] = setting((32, 128, 512, 1024, 1024), ge=1)
-    msd_scales: int = setting(3, ge=1)
-    msd_channels: tuple[int, int, int, int, int, int, int] = setting((128, 128, 256, 512, 1024, 1024, 1024), ge=1)
-    segment_length: int = setting(8192, ge=1)
-    batch_size: int = setting(16, ge=1)
-    learning_rate: float = setting(2e-4, gt=0)
-    adam_betas: tuple[float, float] = setting((0.8, 0.99), ge=0, lt=1)
-    weight_decay: float = setting(0.01, ge=0)
-    lr_decay: float = setting(0.999, gt=0, le=1)
-    mel_loss_weight: float = setting(45.0, ge=0)
-    feature_loss_weight: float = setting(2.0, ge=0)
+    resblock_kernel_sizes: tuple[Size, ...] = (3, 7, 11)
+    resblock_dilation_sizes: tuple[tuple[Size, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    mpd_periods: tuple[Size, ...] = (2, 3, 5, 7, 11)
+    mpd_channels: tuple[Size, Size, Size, Size, Size] = (32, 128, 512, 1024, 1024)
+    msd_scales: int = Field(3, ge=1)
+    msd_channels: tuple[Size, Size, Size, Size, Size, Size, Size] = (128, 128, 256, 512, 1024, 1024, 1024)
+    segment_length: int = Field(8192, ge=1)
+    batch_size: int = Field(16, ge=1)
+    learning_rate: float = Field(2e-4, gt=0)
+    adam_betas: tuple[Beta, Beta] = (0.8, 0.99)
+    weight_decay: float = Field(0.01, ge=0)
+    lr_decay: float = Field(0.999, gt=0, le=1)
+    mel_loss_weight: float = Field(45.0, ge=0)
+    feature_loss_weight: float = Field(2.0, ge=0)
     mel_on_device: bool = False
+
 
 TINY_OVERRIDES: dict[str, Any] = {
     "upsample_initial_channel": 32,
@@ -90,6 +79,7 @@ TINY_OVERRIDES: dict[str, Any] = {
 }
 """The ``hifigan`` entry of ``config.json``'s ``tiny`` block (JSON values, as the file holds them)."""
 
+
 @dataclasses.dataclass(frozen=True)
 class LossSettings:
     """What :func:`train_step` needs besides the networks: the mel front end's settings and the loss weights."""
@@ -97,6 +87,7 @@ class LossSettings:
     audio: AudioConfig
     mel_loss_weight: float
     feature_loss_weight: float
+
 
 class HiFiGAN(nn.Module):
     """HiFi-GAN: ``generator`` (mel -> audio) and ``discriminator`` (the MPD and the MSD in one module).
@@ -133,9 +124,11 @@ class HiFiGAN(nn.Module):
         """Vocode ``batch["mel"]`` ``(B, n_mels, frames)`` -> audio ``(B, frames * hop_length)`` in [-1, 1]."""
         return self.generator(batch["mel"]).squeeze(1)
 
+
 def networks(model: nn.Module) -> dict[str, nn.Module]:
     """The network each optimizer trains (``ModelSpec.networks``)."""
     return {"discriminator": model.discriminator, "generator": model.generator}
+
 
 def build_optimizer(model: nn.Module, model_cfg: HiFiGANConfig,
                     device: torch.device) -> dict[str, torch.optim.Optimizer]:
@@ -144,18 +137,22 @@ def build_optimizer(model: nn.Module, model_cfg: HiFiGANConfig,
                                     weight_decay=model_cfg.weight_decay, fused=device.type == "cuda")
             for name, net in networks(model).items()}
 
+
 def build_scheduler(phase: str, optimizer: torch.optim.Optimizer, cfg: Config) -> tuple[Any, str]:
     """The learning rate times ``hifigan.lr_decay`` (0.999) after every epoch, for either network (Section 3)."""
     return torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.hifigan.lr_decay), "epoch"
 
+
 _MELS: dict = {}  # (device, audio settings) -> MelSpectrogram on that device
+
 
 def mel_function(audio_cfg: AudioConfig, device: torch.device) -> MelSpectrogram:
     """The project's :class:`MelSpectrogram` for ``audio_cfg``, built once per device."""
-    key = (str(device), dataclasses.astuple(audio_cfg))
+    key = (str(device), tuple(audio_cfg.model_dump().values()))
     if key not in _MELS:
         _MELS[key] = MelSpectrogram.from_config(audio_cfg).to(device)
     return _MELS[key]
+
 
 def aligned(real: torch.Tensor, fake: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Both audio tensors (any shape ending in samples) cut to the shorter one's length. The generator gives
@@ -163,6 +160,7 @@ def aligned(real: torch.Tensor, fake: torch.Tensor) -> tuple[torch.Tensor, torch
     ``segment_length`` is a multiple of the hop, so this cuts nothing then."""
     n = min(real.shape[-1], fake.shape[-1])
     return real[..., :n], fake[..., :n]
+
 
 def mel_l1(fake: torch.Tensor, real: torch.Tensor, audio_cfg: AudioConfig) -> torch.Tensor:
     """Mel L1 loss (Eq. 3), unweighted: mean absolute difference of the log-mels of ``fake`` and ``real``
@@ -174,6 +172,7 @@ def mel_l1(fake: torch.Tensor, real: torch.Tensor, audio_cfg: AudioConfig) -> to
         with torch.no_grad():
             target = mel(real.float())
         return F.l1_loss(mel(fake.float()), target)
+
 
 class MelL1Loss(nn.Module):
     """The validation criterion: ``(generated audio (B, samples), batch) -> mel L1`` against ``batch["audio"]``.
@@ -188,6 +187,7 @@ class MelL1Loss(nn.Module):
 
     def forward(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
         return mel_l1(outputs, batch["audio"], self.audio_cfg)
+
 
 def train_step(phase: str, nets: dict[str, nn.Module], batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One phase of the GAN step (``ModelSpec.train_step``; Section 2.4).
@@ -229,6 +229,7 @@ def train_step(phase: str, nets: dict[str, nn.Module], batch: Batch) -> tuple[to
         loss = g_adv + settings.feature_loss_weight * g_fm + settings.mel_loss_weight * loss_mel
         return loss, {"g_adv": g_adv.detach(), "g_fm": g_fm.detach(), "mel_l1": loss_mel.detach()}
     raise ValueError(f"hifigan train_step: unknown phase {phase!r}, expected one of {', '.join(PHASES)}")
+
 
 def blocks(model: HiFiGAN) -> list[nn.Module]:
     """``ModelSpec.blocks``: the generator's multi-receptive-field blocks, the period discriminators and the scale

@@ -1,9 +1,9 @@
-"""Tacotron2 (text -> mel): the model's spec. Its parts: ``network`` (config section, model, loss, fast path),
-``data`` (text-mel datasets, corpus checks, synthetic batches), ``text`` (the text front end), ``inference``,
-``export`` (ONNX), ``published`` (NVIDIA's checkpoints).
+"""Tacotron2 (text -> mel): the model's spec. Its parts: ``network`` (config section, model, loss, fast path), ``data``
+(text-mel datasets, corpus checks, synthetic batches), ``text`` (the text front end), ``inference``, ``export`` (ONNX),
+``published`` (NVIDIA's checkpoints).
 
-Source: Shen et al., "Natural TTS Synthesis by Conditioning WaveNet on Mel Spectrogram Predictions" (ICASSP 2018),
-and NVIDIA's Tacotron2 for sizes and defaults (the layers: ``modules/tacotron2.py``).
+Source: Shen et al., "Natural TTS Synthesis by Conditioning WaveNet on Mel Spectrogram Predictions" (ICASSP 2018), and
+NVIDIA's Tacotron2 for sizes and defaults (the layers: ``modules/tacotron2.py``).
 """
 
 from model import Benchmark, BenchmarkCase, Export, Inference, ModelSpec, Published, Training
@@ -30,7 +30,7 @@ SPEC = ModelSpec(
         collate_fn=TextMelCollate(),
         count_items=count_items,
         check_text=check_text,
-        data_advice="raise data.num_workers, or cache the mels once with scripts/preprocess.py",
+        data_advice="raise data.num_workers, or cache the mels once with python -m scripts.preprocess",
         variable_length=True,
         log_validation=log_validation,
         optimize_for_training=optimize_for_training,

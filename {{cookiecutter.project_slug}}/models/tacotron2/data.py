@@ -1,16 +1,14 @@
 """Text + mel pairs for Tacotron2: the dataset, its mel cache, and the padding collate function.
 
-Follows NVIDIA's Tacotron2 reference (``data_utils.TextMelLoader`` / ``TextMelCollate``): text is
-cleaned and mapped to symbol ids, the target is the utterance's log-mel, a batch is sorted by text length
-(longest first, as ``pack_padded_sequence`` prefers) and padded, and the stop-gate target is 1 from the
-last real frame on. Mels come from the cache written by ``scripts/preprocess.py``
-(``<dataset_path>/<mel_cache_dir>/<id>.pt``) when it holds the utterance, else they are computed from
-the wav.
+Follows NVIDIA's Tacotron2 reference (``data_utils.TextMelLoader`` / ``TextMelCollate``): text is cleaned and mapped to
+symbol ids, the target is the utterance's log-mel, a batch is sorted by text length (longest first, as
+``pack_padded_sequence`` prefers) and padded, and the stop-gate target is 1 from the last real frame on. Mels come from
+the cache written by ``scripts/preprocess.py`` (``<dataset_path>/<mel_cache_dir>/<id>.pt``) when it holds the utterance,
+else they are computed from the wav.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import pickle
@@ -37,6 +35,7 @@ PathLike = Union[str, Path]
 CACHE_SETTINGS_FILE = "_audio_config.json"
 """Name of the file in the mel cache that records the audio settings the mels were made with."""
 
+
 def mel_cache_path(dataset_path: PathLike, mel_cache_dir: str) -> Optional[Path]:
     """``<dataset_path>/<mel_cache_dir>``, or ``None`` when ``mel_cache_dir`` is empty (no cache).
 
@@ -45,15 +44,15 @@ def mel_cache_path(dataset_path: PathLike, mel_cache_dir: str) -> Optional[Path]
         return None
     return Path(dataset_path) / mel_cache_dir
 
+
 def check_cache_settings(cache_dir: Path, audio_cfg: AudioConfig) -> None:
     """Raise if ``cache_dir`` records audio settings that differ from ``audio_cfg``.
 
-    ``scripts/preprocess.py`` writes the settings to ``cache_dir / CACHE_SETTINGS_FILE``; a cache without
-    that file (or a missing folder) passes.
+    ``scripts/preprocess.py`` writes the settings to ``cache_dir / CACHE_SETTINGS_FILE``; a cache without that file (or
+    a missing folder) passes.
 
     Raises:
-        DataError: the recorded settings differ (the message names the differing keys) or the file is
-            not readable JSON.
+        DataError: the recorded settings differ (the message names the differing keys) or the file is not readable JSON.
     """
     settings_file = cache_dir / CACHE_SETTINGS_FILE
     if not settings_file.is_file():
@@ -62,29 +61,29 @@ def check_cache_settings(cache_dir: Path, audio_cfg: AudioConfig) -> None:
         recorded = json.loads(settings_file.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise DataError(f"cannot read mel cache settings {settings_file}: {err}") from None
-    current = dataclasses.asdict(audio_cfg)
+    current = audio_cfg.model_dump()
     differing = [f"{key}: cache {recorded.get(key)!r}, config {value!r}"
                  for key, value in current.items() if recorded.get(key) != value]
     if differing:
         raise DataError(f"mel cache {cache_dir} was made with other audio settings ({'; '.join(differing)}); "
-                        "rerun scripts/preprocess.py with --overwrite or change tacotron2.mel_cache_dir")
+                        "rerun python -m scripts.preprocess with --overwrite or change tacotron2.mel_cache_dir")
+
 
 class TextMelDataset(Dataset):
     """Items ``{"text": LongTensor (L,), "mel": FloatTensor (n_mels, T), "id": str}`` for Tacotron2.
 
-    ``text`` holds symbol ids of the cleaned transcript (:func:`models.tacotron2.text.text_to_sequence`); ``mel`` is
-    the log-mel of the wav (:class:`utils.data.audio.MelSpectrogram`), read from the mel cache when
-    ``<cache>/<id>.pt`` exists (``torch.load(weights_only=True)``) and computed otherwise.
+    ``text`` holds symbol ids of the cleaned transcript (:func:`models.tacotron2.text.text_to_sequence`); ``mel`` is the
+    log-mel of the wav (:class:`utils.data.audio.MelSpectrogram`), read from the mel cache when ``<cache>/<id>.pt``
+    exists (``torch.load(weights_only=True)``) and computed otherwise.
 
     Overlong utterances are left out at construction and counted: those whose clip would give more than
-    ``max_mel_frames`` mel frames (computed from the header's length and sample rate with
-    ``soundfile.info``, so no audio is decoded) and those whose cleaned text has more than
-    ``max_text_len`` symbols. They are dropped, never cut: with teacher forcing the decoder is fed the whole
-    target mel, and a mel cut short would train the stop gate to go on where the transcript ends and the
-    attention to skip the transcript's unspoken end. The count is :attr:`skipped` (their ids
-    :attr:`skipped_ids`) and one ``UserWarning`` line says how many of how many were skipped, by which
-    setting (with its value) and how long the longest was. When none is left, the :class:`DataError` says the
-    same and how far to raise the setting.
+    ``max_mel_frames`` mel frames (computed from the header's length and sample rate with ``soundfile.info``, so no
+    audio is decoded) and those whose cleaned text has more than ``max_text_len`` symbols. They are dropped, never cut:
+    with teacher forcing the decoder is fed the whole target mel, and a mel cut short would train the stop gate to go on
+    where the transcript ends and the attention to skip the transcript's unspoken end. The count is :attr:`skipped`
+    (their ids :attr:`skipped_ids`) and one ``UserWarning`` line says how many of how many were skipped, by which
+    setting (with its value) and how long the longest was. When none is left, the :class:`DataError` says the same and
+    how far to raise the setting.
 
     Args:
         utterances: from :func:`utils.data_utils.load_splits`.
@@ -92,17 +91,17 @@ class TextMelDataset(Dataset):
         mel_cache: the cache folder (:func:`mel_cache_path`), or ``None`` (always compute from the wav).
         text_cleaners: cleaner names for :func:`models.tacotron2.text.text_to_sequence`.
         max_mel_frames: skip clips longer than this many frames; ``None``: no limit.
-        max_text_len: skip texts longer than this many symbols; ``None``: no limit (texts are then
-            cleaned lazily, in ``__getitem__``).
+        max_text_len: skip texts longer than this many symbols; ``None``: no limit (texts are then cleaned lazily, in
+            ``__getitem__``).
         split: what the utterances are (``"training"``, ``"validation"``), for the messages; ``""``: nothing.
         setting_prefix: put before the setting names in the messages (``"tacotron2."`` names
             ``tacotron2.max_mel_frames``, the config key to change).
 
     Raises:
-        DataError: an utterance has an empty transcript (the message names its id), a wav header cannot be
-            read, the cache was made with other audio settings, ``utterances`` is empty, every utterance was
-            skipped (the message names the setting, its value, and the longest clip or text), or (in
-            ``__getitem__``) a cached mel is malformed or a text has no symbol left after cleaning.
+        DataError: an utterance has an empty transcript (the message names its id), a wav header cannot be read, the
+            cache was made with other audio settings, ``utterances`` is empty, every utterance was skipped (the message
+            names the setting, its value, and the longest clip or text), or (in ``__getitem__``) a cached mel is
+            malformed or a text has no symbol left after cleaning.
         ValueError: ``max_mel_frames`` or ``max_text_len`` < 1, or an unknown text cleaner name.
     """
 
@@ -129,46 +128,55 @@ class TextMelDataset(Dataset):
         what = f"{split} utterances" if split else "utterances"
         if not utterances:
             raise DataError(f"TextMelDataset: no {what} given")
+        too_long = self._keep_fitting(utterances)
+        self._report_skipped(too_long, len(utterances), what, setting_prefix)
+
+    def _keep_fitting(self, utterances: Sequence[Utterance]) -> tuple[list[int], list[int]]:
+        """Keep the utterances within ``max_mel_frames`` and ``max_text_len`` (their transcripts encoded once, here: a
+        dropped symbol is reported once per run); returns the frame counts and the symbol counts of those left out."""
         too_long_audio: list[int] = []  # the frame counts of the clips left out
         too_long_text: list[int] = []  # the symbol counts of the texts left out
         for utt in utterances:
             if not utt.text.strip():
                 raise DataError(f"utterance '{utt.id}' has an empty transcript ({utt.wav_path})")
-            if max_mel_frames is not None:
-                frames = self._estimated_frames(utt)
-                if frames > max_mel_frames:
-                    too_long_audio.append(frames)
-                    self.skipped_ids.append(utt.id)
-                    continue
-            sequence = self._encode(utt)  # every transcript once, here: a dropped symbol is reported once per run
-            if max_text_len is not None and len(sequence) > max_text_len:
+            frames = self._estimated_frames(utt) if self.max_mel_frames is not None else 0
+            if self.max_mel_frames is not None and frames > self.max_mel_frames:
+                too_long_audio.append(frames)
+                self.skipped_ids.append(utt.id)
+                continue
+            sequence = self._encode(utt)
+            if self.max_text_len is not None and len(sequence) > self.max_text_len:
                 too_long_text.append(len(sequence))
                 self.skipped_ids.append(utt.id)
                 continue
             self._sequences[utt.id] = sequence
             self.utterances.append(utt)
-        audio_key, text_key = f"{setting_prefix}max_mel_frames", f"{setting_prefix}max_text_len"
+        return too_long_audio, too_long_text
+
+    def _report_skipped(self, too_long: tuple[list[int], list[int]], given: int, what: str, prefix: str) -> None:
+        """One warning line for the utterances left out; a :class:`DataError` when none is left."""
+        (audio, text), audio_key, text_key = too_long, f"{prefix}max_mel_frames", f"{prefix}max_text_len"
         if not self.utterances:
             reasons, fixes = [], []
-            if too_long_audio:
-                reasons.append(f"{audio_key} is {max_mel_frames}: {len(too_long_audio)} of {len(utterances)} "
-                               f"{what} are longer (longest {max(too_long_audio)} frames)")
-                fixes.append(f"{audio_key} to at least {max(too_long_audio)}")
-            if too_long_text:
-                reasons.append(f"{text_key} is {max_text_len}: {len(too_long_text)} of {len(utterances)} {what} "
-                               f"have more symbols (longest {max(too_long_text)})")
-                fixes.append(f"{text_key} to at least {max(too_long_text)}")
+            if audio:
+                reasons.append(f"{audio_key} is {self.max_mel_frames}: {len(audio)} of {given} {what} are longer "
+                               f"(longest {max(audio)} frames)")
+                fixes.append(f"{audio_key} to at least {max(audio)}")
+            if text:
+                reasons.append(f"{text_key} is {self.max_text_len}: {len(text)} of {given} {what} have more symbols "
+                               f"(longest {max(text)})")
+                fixes.append(f"{text_key} to at least {max(text)}")
             raise DataError(f"{'; '.join(reasons)}; no {what} left: raise {' and '.join(fixes)}")
         if self.skipped:
             reasons = []
-            if too_long_audio:
-                reasons.append(f"{len(too_long_audio)} longer than {audio_key}={max_mel_frames} mel frames, the "
-                               f"longest {max(too_long_audio)}")
-            if too_long_text:
-                reasons.append(f"{len(too_long_text)} with more than {text_key}={max_text_len} symbols, the "
-                               f"longest {max(too_long_text)}")
-            warnings.warn(f"TextMelDataset: skipped {self.skipped} of {len(utterances)} {what} "
-                          f"({'; '.join(reasons)}); raise the setting to keep them", stacklevel=2)
+            if audio:
+                reasons.append(f"{len(audio)} longer than {audio_key}={self.max_mel_frames} mel frames, the "
+                               f"longest {max(audio)}")
+            if text:
+                reasons.append(f"{len(text)} with more than {text_key}={self.max_text_len} symbols, the "
+                               f"longest {max(text)}")
+            warnings.warn(f"TextMelDataset: skipped {self.skipped} of {given} {what} "
+                          f"({'; '.join(reasons)}); raise the setting to keep them", stacklevel=3)
 
     @property
     def skipped(self) -> int:
@@ -232,6 +240,7 @@ class TextMelDataset(Dataset):
             sequence = self._encode(utt)
         return {"text": torch.tensor(sequence, dtype=torch.long), "mel": self.load_mel(utt), "id": utt.id}
 
+
 class TextMelCollate:
     """Batch :class:`TextMelDataset` items: sort by text length (descending), pad, build gate targets.
 
@@ -245,12 +254,12 @@ class TextMelCollate:
     * ``"ids"``: list of ``B`` utterance ids, in the sorted order.
 
     Args:
-        pad_to_multiple: ``T_max`` is rounded up to a multiple of this (e.g. ``n_frames_per_step`` or a
-            bucket size that limits the number of distinct shapes).
+        pad_to_multiple: ``T_max`` is rounded up to a multiple of this (e.g. ``n_frames_per_step`` or a bucket size that
+            limits the number of distinct shapes).
 
     Raises:
-        ValueError: ``pad_to_multiple < 1``; (on call) no items, or items whose mels differ in ``n_mels``,
-            or an empty text or mel.
+        ValueError: ``pad_to_multiple < 1``; (on call) no items, or items whose mels differ in ``n_mels``, or an empty
+            text or mel.
     """
 
     def __init__(self, pad_to_multiple: int = 1):
@@ -285,16 +294,17 @@ class TextMelCollate:
         return {"text": text, "text_lengths": text_lengths, "mel": mel, "gate": gate,
                 "mel_lengths": mel_lengths, "ids": [item["id"] for item in ordered]}
 
+
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     """Train and validation :class:`utils.text_mel_data.TextMelDataset` from ``cfg.data`` splits.
 
-    Clips longer than ``tacotron2.max_mel_frames`` (when > 0) are left out of both (whole clips: teacher
-    forcing needs the whole mel), with one warning line per split saying how many and the setting's value.
+    Clips longer than ``tacotron2.max_mel_frames`` (when > 0) are left out of both (whole clips: teacher forcing needs
+    the whole mel), with one warning line per split saying how many and the setting's value.
 
     Raises:
-        DataError: the splits cannot be read (:func:`utils.data_utils.load_splits`), or the setting leaves no
-            training or no validation utterance (the message names ``tacotron2.max_mel_frames``, its value and
-            the longest clip's frame count).
+        DataError: the splits cannot be read (:func:`utils.data_utils.load_splits`), or the setting leaves no training
+            or no validation utterance (the message names ``tacotron2.max_mel_frames``, its value and the longest clip's
+            frame count).
     """
     train_utts, val_utts = load_splits(cfg.data)
     model_cfg = cfg.tacotron2
@@ -304,9 +314,11 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
                                 max_mel_frames=max_frames, split=split, setting_prefix="tacotron2.")
                  for utts, split in ((train_utts, "training"), (val_utts, "validation")))
 
+
 def count_items(batch: Batch) -> int:
     """Mel frames in the batch (padding excluded)."""
     return int(batch["mel_lengths"].sum())
+
 
 def check_text(text: str, cfg: Config) -> str | None:
     """The start-up corpus check for a transcript: ``None`` if some character maps to a symbol after cleaning."""
@@ -316,24 +328,24 @@ def check_text(text: str, cfg: Config) -> str | None:
             return None
     return f"transcript {text!r} has no symbol of the Tacotron2 symbol table after cleaning"
 
+
 def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
                               text_lengths: tuple[int, int] = (60, 160), mel_lengths: tuple[int, int] = (300, 800),
                               longest_mel: int = 800) -> Batch:
     """Random padded Tacotron2 batch, laid out as :class:`utils.text_mel_data.TextMelCollate` lays it out.
 
-    Lengths are drawn exactly as NVIDIA's reference benchmark harness draws them (same calls
-    on the same generator, so a generator seeded 0 gives the same lengths and the same mel-frame count):
-    text lengths uniform in ``[text_lengths[0], text_lengths[1])`` sorted descending, mel lengths uniform
-    in ``[mel_lengths[0], mel_lengths[1])`` with the first set to ``longest_mel``. Symbols are uniform in
-    ``[1, n_symbols)``, mels standard normal; padding is zero, the gate target 1 from each last frame on.
+    Lengths are drawn exactly as NVIDIA's reference benchmark harness draws them (same calls on the same generator, so a
+    generator seeded 0 gives the same lengths and the same mel-frame count): text lengths uniform in ``[text_lengths[0],
+    text_lengths[1])`` sorted descending, mel lengths uniform in ``[mel_lengths[0], mel_lengths[1])`` with the first set
+    to ``longest_mel``. Symbols are uniform in ``[1, n_symbols)``, mels standard normal; padding is zero, the gate
+    target 1 from each last frame on.
 
     Returns:
-        ``{"text": (B, L) long, "text_lengths": (B,), "mel": (B, n_mels, T), "gate": (B, T),
-        "mel_lengths": (B,), "ids": [str] * B}`` on the CPU, ``L``/``T`` the longest lengths.
+        ``{"text": (B, L) long, "text_lengths": (B,), "mel": (B, n_mels, T), "gate": (B, T), "mel_lengths": (B,), "ids":
+        [str] * B}`` on the CPU, ``L``/``T`` the longest lengths.
 
     Raises:
-        ValueError: ``batch_size < 1``, an empty or non-positive length range, or ``longest_mel`` below
-            the mel range.
+        ValueError: ``batch_size < 1``, an empty or non-positive length range, or ``longest_mel`` below the mel range.
     """
     if batch_size < 1:
         raise ValueError(f"synthetic_batch: batch_size must be >= 1, got {batch_size}")

@@ -1,9 +1,5 @@
-"""Tacotron2 (text -> mel): config, model, loss, data, fast path, inference, benchmark shapes, registration.
-
-Source: Shen et al. 2018, "Natural TTS synthesis by conditioning WaveNet on mel spectrogram predictions"
-(ICASSP); sizes, initialisation and dropout follow NVIDIA's reference implementation. The layers are in
-``modules/tacotron2.py`` (encoder, attention decoder, post-net); the text front end in ``utils/text``; the
-text/mel dataset in ``utils/text_mel_data.py``.
+"""Tacotron2's ONNX export: encoder, one decoder step and postnet as three files, and the free-running loop over them
+with ONNX Runtime (``scripts/export.py --format onnx``).
 """
 
 from __future__ import annotations
@@ -30,15 +26,16 @@ DECODER_STATE = ("attention_hidden", "attention_cell", "decoder_hidden", "decode
 
 _STATE_KEYS = {"attention_weights": "weights", "attention_weights_cum": "weights_cum", "attention_context": "context"}
 
+
 class EncoderExport(nn.Module):
-    """Embedding, encoder and the attention's memory projection: ``text`` ``(B, L)`` int64 symbol ids and
-    ``text_lengths`` ``(B,)`` int64 -> ``memory`` ``(B, L, encoder_dim)``, ``processed_memory`` ``(B, L,
-    attention_dim)``, ``mask`` ``(B, L)`` bool (``True`` at padded positions).
+    """Embedding, encoder and the attention's memory projection: ``text`` ``(B, L)`` int64 symbol ids and ``text_lengths``
+    ``(B,)`` int64 -> ``memory`` ``(B, L, encoder_dim)``, ``processed_memory`` ``(B, L, attention_dim)``, ``mask`` ``(B,
+    L)`` bool (``True`` at padded positions).
 
     The same result as ``Encoder.forward(embedded, text_lengths)`` (zeros past each length) without
     ``pack_padded_sequence``, which does not export: the bidirectional LSTM runs as two one-way LSTMs sharing its
-    weights, the backward one on each text reversed within its length (a gather), its outputs put back in order
-    by the same gather. For one unpadded text (what :meth:`Tacotron2.inference` encodes) that is the plain BiLSTM.
+    weights, the backward one on each text reversed within its length (a gather), its outputs put back in order by the
+    same gather. For one unpadded text (what :meth:`Tacotron2.inference` encodes) that is the plain BiLSTM.
     """
 
     def __init__(self, model: Tacotron2):
@@ -69,19 +66,20 @@ class EncoderExport(nn.Module):
         memory = torch.cat((forward_out, backward_out), dim=2) * keep.unsqueeze(2)
         return memory, self.memory_layer(memory), ~keep
 
+
 class DecoderStepExport(nn.Module):
     """One decoder step (``Decoder._step``) with the pre-net in front and every state an input and an output.
 
     Inputs: ``previous_frame`` ``(B, n_mels)`` (zeros at the first step), ``prenet_noise`` ``(2, B, prenet_dim)``
     uniform in [0, 1) (fresh at every step), the :data:`DECODER_STATE` (``(B, attention_rnn_dim)`` x2, ``(B,
-    decoder_rnn_dim)`` x2, attention weights and their running sum ``(B, L)``, context ``(B, encoder_dim)``; zeros
-    at the first step), then the encoder's ``memory``, ``processed_memory`` and ``mask``. Outputs: ``frame`` ``(B,
+    decoder_rnn_dim)`` x2, attention weights and their running sum ``(B, L)``, context ``(B, encoder_dim)``; zeros at
+    the first step), then the encoder's ``memory``, ``processed_memory`` and ``mask``. Outputs: ``frame`` ``(B,
     n_mels)``, ``gate`` ``(B,)`` (stop logit) and the ``next_`` state.
 
-    The pre-net's dropout stays on at inference (Shen et al.; :class:`modules.tacotron2.Prenet`): the random draw
-    is the ``prenet_noise`` input, a unit kept where its noise is >= the dropout probability and scaled by
-    ``1 / (1 - p)``, so the file is deterministic and checkable and the caller owns the random numbers. NVIDIA's
-    export draws the mask inside the graph instead.
+    The pre-net's dropout stays on at inference (Shen et al.; :class:`modules.tacotron2.Prenet`): the random draw is the
+    ``prenet_noise`` input, a unit kept where its noise is >= the dropout probability and scaled by ``1 / (1 - p)``, so
+    the file is deterministic and checkable and the caller owns the random numbers. NVIDIA's export draws the mask
+    inside the graph instead.
     """
 
     def __init__(self, decoder: Decoder):
@@ -100,6 +98,7 @@ class DecoderStepExport(nn.Module):
         frame, gate, state = self.decoder._step(x, state, memory, processed_memory, mask)
         return (frame, gate, *(state[_STATE_KEYS.get(name, name)] for name in DECODER_STATE))
 
+
 class PostnetExport(nn.Module):
     """The post-net residual: ``mel`` ``(B, n_mels, T)`` (the decoder's frames) -> ``mel_postnet`` ``(B, n_mels, T)``."""
 
@@ -110,11 +109,12 @@ class PostnetExport(nn.Module):
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
         return mel + self.postnet(mel)
 
+
 def export_parts(model: Tacotron2, cfg: Config) -> list[ExportPart]:
     """``ModelSpec.export_parts``: ``encoder``, ``decoder_step`` and ``postnet`` (:class:`EncoderExport`,
-    :class:`DecoderStepExport`, :class:`PostnetExport`); batch, text length and mel frames dynamic, each checked
-    on one unpadded item and on a padded batch of two. The encoder is checked against ``Encoder.forward`` with
-    packed sequences; :func:`run_onnx` runs the three files as :meth:`Tacotron2.inference` runs the model."""
+    :class:`DecoderStepExport`, :class:`PostnetExport`); batch, text length and mel frames dynamic, each checked on one
+    unpadded item and on a padded batch of two. The encoder is checked against ``Encoder.forward`` with packed
+    sequences; :func:`run_onnx` runs the three files as :meth:`Tacotron2.inference` runs the model."""
     gen = torch.Generator().manual_seed(0)
     c, n_mels = cfg.tacotron2, cfg.audio.n_mels
     decoder = model.decoder
@@ -167,13 +167,14 @@ def export_parts(model: Tacotron2, cfg: Config) -> list[ExportPart]:
                    description=f"mel (B, {n_mels}, T) -> mel_postnet (B, {n_mels}, T)"),
     ]
 
+
 def run_onnx(folder: Path, text: torch.Tensor, text_lengths: torch.Tensor, cfg: Config,
              max_steps: int | None = None, gate_threshold: float | None = None,
              generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Synthesize with the exported files (``encoder.onnx``, ``decoder_step.onnx``, ``postnet.onnx`` in ``folder``)
-    and ONNX Runtime on the CPU, as :meth:`Tacotron2.inference` does with the model: the free-running decoder loop,
-    stopped after the step at which every item's ``sigmoid(gate)`` exceeded ``gate_threshold``, or at ``max_steps``.
-    A reference for deploying the files elsewhere (NVIDIA's ``tensorrt/inference_trt.py`` runs the same loop).
+    """Synthesize with the exported files (``encoder.onnx``, ``decoder_step.onnx``, ``postnet.onnx`` in ``folder``) and
+    ONNX Runtime on the CPU, as :meth:`Tacotron2.inference` does with the model: the free-running decoder loop, stopped
+    after the step at which every item's ``sigmoid(gate)`` exceeded ``gate_threshold``, or at ``max_steps``. A reference
+    for deploying the files elsewhere (NVIDIA's ``tensorrt/inference_trt.py`` runs the same loop).
 
     Args:
         folder: where :func:`utils.onnx_export.export_model` wrote the files.
@@ -185,8 +186,8 @@ def run_onnx(folder: Path, text: torch.Tensor, text_lengths: torch.Tensor, cfg: 
         generator: draws the pre-net's dropout noise (default: torch's global one).
 
     Returns:
-        ``(mel_postnet (B, n_mels, T), gate logits (B, T))``; items that stopped early run on to the batch's last
-        step (trim each at its first gate crossing).
+        ``(mel_postnet (B, n_mels, T), gate logits (B, T))``; items that stopped early run on to the batch's last step
+        (trim each at its first gate crossing).
 
     Raises:
         ImportError: onnxruntime is not installed.

@@ -1,9 +1,5 @@
-"""Tacotron2 (text -> mel): config, model, loss, data, fast path, inference, benchmark shapes, registration.
-
-Source: Shen et al. 2018, "Natural TTS synthesis by conditioning WaveNet on mel spectrogram predictions"
-(ICASSP); sizes, initialisation and dropout follow NVIDIA's reference implementation. The layers are in
-``modules/tacotron2.py`` (encoder, attention decoder, post-net); the text front end in ``utils/text``; the
-text/mel dataset in ``utils/text_mel_data.py``.
+"""Tacotron2 at inference: text -> mel -> wav (a vocoder checkpoint, or Griffin-Lim), and rank 0's validation pictures
+and audio for TensorBoard (alignment, mel, gate).
 """
 
 from __future__ import annotations
@@ -28,24 +24,24 @@ def log_validation(model: nn.Module, batch: Batch, outputs: dict[str, torch.Tens
                    writer: Any, output_dir: Any, cfg: Config | None = None) -> None:
     """Pictures and audio of the first utterance of a validation batch.
 
-    Always saves ``output_dir/alignment_<step>.png``; with a TensorBoard ``writer`` also adds the figures
-    ``alignment``, ``mel_target``, ``mel_predicted`` (post-net output) and ``gate``. Padding is cut off.
+    Always saves ``output_dir/alignment_<step>.png``; with a TensorBoard ``writer`` also adds the figures ``alignment``,
+    ``mel_target``, ``mel_predicted`` (post-net output) and ``gate``. Padding is cut off.
 
-    With a ``writer`` and the run's ``cfg``, also audio made with Griffin-Lim (:func:`griffin_lim_clip`; no
-    vocoder needed), at most :data:`LOG_AUDIO_SECONDS` of each, at ``audio.sampling_rate`` Hz:
+    With a ``writer`` and the run's ``cfg``, also audio made with Griffin-Lim (:func:`griffin_lim_clip`; no vocoder
+    needed), at most :data:`LOG_AUDIO_SECONDS` of each, at ``audio.sampling_rate`` Hz:
     ``audio/teacher_forced_griffin_lim`` (the post-net mel ``outputs["mel_postnet"][0]``),
-    ``audio/free_running_griffin_lim`` (:meth:`Tacotron2.inference` from the item's text, the same pre-net
-    dropout at every validation, see :func:`free_running_mel`), and at the first validation of the run only
+    ``audio/free_running_griffin_lim`` (:meth:`Tacotron2.inference` from the item's text, the same pre-net dropout at
+    every validation, see :func:`free_running_mel`), and at the first validation of the run only
     ``audio/target_griffin_lim`` (the target mel: what Griffin-Lim makes of a perfect mel) and the text
-    ``audio/utterance`` (id and transcript). The validation loader does not shuffle and the collate sorts a
-    batch by text length, so the first item is the same utterance at every validation.
+    ``audio/utterance`` (id and transcript). The validation loader does not shuffle and the collate sorts a batch by
+    text length, so the first item is the same utterance at every validation.
 
     Args:
         model: the :class:`Tacotron2` (unwrapped, in eval mode).
-        batch: from :class:`utils.text_mel_data.TextMelCollate`: ``{"text": (B, L), "text_lengths": (B,),
-            "mel": (B, n_mels, T), "gate": (B, T), "mel_lengths": (B,), "ids": [str] * B}``.
-        outputs: :meth:`Tacotron2.forward` of ``batch``: ``{"mel_postnet": (B, n_mels, T), "gate": (B, T),
-            "alignments": (B, T, L), ...}``.
+        batch: from :class:`utils.text_mel_data.TextMelCollate`: ``{"text": (B, L), "text_lengths": (B,), "mel": (B,
+            n_mels, T), "gate": (B, T), "mel_lengths": (B,), "ids": [str] * B}``.
+        outputs: :meth:`Tacotron2.forward` of ``batch``: ``{"mel_postnet": (B, n_mels, T), "gate": (B, T), "alignments":
+            (B, T, L), ...}``.
         step: the training step.
         writer: a ``SummaryWriter`` or ``None``.
         output_dir: the run's folder.
@@ -76,6 +72,7 @@ def log_validation(model: nn.Module, batch: Batch, outputs: dict[str, torch.Tens
     _add_griffin_lim(writer, "audio/free_running_griffin_lim", free_running_mel(model, text, max_frames), step,
                      audio_cfg)
 
+
 LOG_AUDIO_SECONDS = 3.0
 """Longest clip :func:`log_validation` turns into audio, in seconds (Griffin-Lim of 3 s with
 :data:`LOG_GRIFFIN_LIM_ITERS` iterations takes about a second of CPU time)."""
@@ -83,15 +80,16 @@ LOG_AUDIO_SECONDS = 3.0
 LOG_GRIFFIN_LIM_ITERS = 32
 """Griffin-Lim iterations of the validation clips: enough to hear the words, far from vocoder quality."""
 
+
 def griffin_lim_clip(log_mel: torch.Tensor, audio_cfg: AudioConfig,
                      n_iter: int = LOG_GRIFFIN_LIM_ITERS) -> torch.Tensor:
     """A log-mel ``(n_mels, frames)`` made audible: ``(frames * hop_length,)`` float32 samples on the CPU at
     ``audio_cfg.sampling_rate`` Hz, clipped to [-1, 1].
 
-    :func:`utils.data.audio.griffin_lim` (``inference.py``'s Griffin-Lim) gives ``(frames - 1) *
-    hop_length`` samples (librosa's frames are centred on their first sample); the last hop is filled with
-    zeros so that the clip lasts as long as the mel. A mel too short for that to fill one STFT window
-    (``(frames - 1) * hop_length < n_fft``, 4 frames or fewer by default) gives silence.
+    :func:`utils.data.audio.griffin_lim` (``inference.py``'s Griffin-Lim) gives ``(frames - 1) * hop_length`` samples
+    (librosa's frames are centred on their first sample); the last hop is filled with zeros so that the clip lasts as
+    long as the mel. A mel too short for that to fill one STFT window (``(frames - 1) * hop_length < n_fft``, 4 frames
+    or fewer by default) gives silence.
 
     Raises:
         ValueError: see :func:`utils.data.audio.griffin_lim` (wrong shape, NaN or inf).
@@ -102,12 +100,13 @@ def griffin_lim_clip(log_mel: torch.Tensor, audio_cfg: AudioConfig,
     audio = torch.from_numpy(griffin_lim(log_mel, audio_cfg, n_iter)).clamp(-1.0, 1.0)
     return F.pad(audio, (0, max(0, samples - audio.numel())))[:samples]
 
-def free_running_mel(model: Tacotron2, text: torch.Tensor, max_frames: int) -> torch.Tensor:
-    """The post-net mel ``(n_mels, T)`` that :meth:`Tacotron2.inference` makes of symbol ids ``text`` ``(L,)``,
-    cut at ``max_frames`` frames (``T <= max_frames``; decoding stops there, without the usual warning).
 
-    Runs under :func:`utils.plotting.fixed_random_state`: the pre-net's dropout (on at inference too) draws
-    the same masks at every call, and the training run's random stream is left as it was.
+def free_running_mel(model: Tacotron2, text: torch.Tensor, max_frames: int) -> torch.Tensor:
+    """The post-net mel ``(n_mels, T)`` that :meth:`Tacotron2.inference` makes of symbol ids ``text`` ``(L,)``, cut at
+    ``max_frames`` frames (``T <= max_frames``; decoding stops there, without the usual warning).
+
+    Runs under :func:`utils.plotting.fixed_random_state`: the pre-net's dropout (on at inference too) draws the same
+    masks at every call, and the training run's random stream is left as it was.
     """
     decoder = model.decoder
     limit = decoder.max_decoder_steps
@@ -120,9 +119,10 @@ def free_running_mel(model: Tacotron2, text: torch.Tensor, max_frames: int) -> t
         decoder.max_decoder_steps = limit
     return mel.float()
 
+
 def _add_griffin_lim(writer: Any, tag: str, log_mel: torch.Tensor, step: int, audio_cfg: AudioConfig) -> None:
-    """Add :func:`griffin_lim_clip` of ``log_mel`` ``(n_mels, frames)`` to TensorBoard as ``tag``; a mel with NaN
-    or inf (a diverged model) is left out with a warning instead."""
+    """Add :func:`griffin_lim_clip` of ``log_mel`` ``(n_mels, frames)`` to TensorBoard as ``tag``; a mel with NaN or inf (a
+    diverged model) is left out with a warning instead."""
     if not torch.isfinite(log_mel).all():
         warnings.warn(f"step {step}: the mel of '{tag}' holds NaN or infinite values; no audio")
         return
@@ -130,17 +130,18 @@ def _add_griffin_lim(writer: Any, tag: str, log_mel: torch.Tensor, step: int, au
 
 # --- inference.py --------------------------------------------------------------------------------------------
 
+
 def add_inference_args(parser: argparse.ArgumentParser) -> None:
-    """Tacotron2's ``inference.py`` options: the text (``inference.py`` adds ``--vocoder`` when the project has a
-    vocoder model: ``Inference.takes_vocoder``)."""
+    """Tacotron2's ``inference.py`` options: the text (``inference.py`` adds ``--vocoder`` when the project has a vocoder
+    model: ``Inference.takes_vocoder``)."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--text", help="the sentence to speak")
     source.add_argument("--text-file", help="a UTF-8 file of sentences, one wav per line (--output: a folder)")
 
 
 def read_lines(args: argparse.Namespace) -> tuple[list[str], list[Path]]:
-    """The sentences to speak and the wav each goes to (``--text`` -> ``--output``; ``--text-file`` -> one wav a
-    line in the folder ``--output``).
+    """The sentences to speak and the wav each goes to (``--text`` -> ``--output``; ``--text-file`` -> one wav a line in
+    the folder ``--output``).
 
     Raises:
         ValueError: no text given, an empty ``--text``, or an output that is not a .wav path / is a file.
@@ -167,6 +168,7 @@ def read_lines(args: argparse.Namespace) -> tuple[list[str], list[Path]]:
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--output {out_dir} is a file; with --text-file it is the folder the wavs go to")
     return lines, [out_dir / f"line_{i:03d}.wav" for i in range(1, len(lines) + 1)]
+
 
 def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch.device) -> list[Path]:
     """``inference.py`` for Tacotron2: each text -> mel -> audio (the ``--vocoder`` checkpoint's ``mel -> audio``, which

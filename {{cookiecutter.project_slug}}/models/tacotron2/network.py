@@ -1,25 +1,24 @@
-"""Tacotron2 (text -> mel): config, model, loss, data, fast path, inference, benchmark shapes, registration.
+"""Tacotron2's config section, model (encoder, attention decoder, postnet; teacher forcing and free-running
+inference), its loss (mel before and after the postnet, stop gate) and its fast path (``torch.compile``).
 
-Source: Shen et al. 2018, "Natural TTS synthesis by conditioning WaveNet on mel spectrogram predictions"
-(ICASSP); sizes, initialisation and dropout follow NVIDIA's reference implementation. The layers are in
-``modules/tacotron2.py`` (encoder, attention decoder, post-net); the text front end in ``utils/text``; the
-text/mel dataset in ``utils/text_mel_data.py``.
+Source: Shen et al., "Natural TTS Synthesis by Conditioning WaveNet on Mel Spectrogram Predictions" (ICASSP 2018), and
+NVIDIA's Tacotron2 for sizes and defaults (the layers: ``modules/tacotron2.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 from model import Batch
 from modules.tacotron2 import Decoder, Encoder, Postnet, get_padding_mask
-from utils.config import Config, setting
+from utils.config import Config, Section
 from models.tacotron2.text.symbols import symbols
+import torch._dynamo
 
 
-@dataclasses.dataclass
-class Tacotron2Config:
+class Tacotron2Config(Section):
     """The ``tacotron2`` section of ``config.json`` (defaults: NVIDIA's LJSpeech hyper-parameters).
 
     Sizes are in units/channels; ``*_kernel_size`` in characters (encoder), encoder steps (attention
@@ -32,31 +31,32 @@ class Tacotron2Config:
     section. ``batch_size`` is per process; ``learning_rate`` and ``weight_decay`` are Adam's.
     """
 
-    n_symbols: int = setting(len(symbols), ge=1)
-    symbols_embedding_dim: int = setting(512, ge=1)
-    encoder_n_convolutions: int = setting(3, ge=0)
-    encoder_embedding_dim: int = setting(512, ge=2)
-    encoder_kernel_size: int = setting(5, ge=1)
-    attention_rnn_dim: int = setting(1024, ge=1)
-    attention_dim: int = setting(128, ge=1)
-    attention_location_n_filters: int = setting(32, ge=1)
-    attention_location_kernel_size: int = setting(31, ge=1)
-    decoder_rnn_dim: int = setting(1024, ge=1)
-    prenet_dim: int = setting(256, ge=1)
-    max_decoder_steps: int = setting(1000, ge=1)
-    gate_threshold: float = setting(0.5, gt=0, lt=1)
-    p_attention_dropout: float = setting(0.1, ge=0, lt=1)
-    p_decoder_dropout: float = setting(0.1, ge=0, lt=1)
-    postnet_embedding_dim: int = setting(512, ge=1)
-    postnet_kernel_size: int = setting(5, ge=1)
-    postnet_n_convolutions: int = setting(5, ge=2)
-    text_cleaners: list[str] = dataclasses.field(default_factory=lambda: ["english_cleaners"])
-    max_mel_frames: int = setting(1000, ge=0)
+    n_symbols: int = Field(len(symbols), ge=1)
+    symbols_embedding_dim: int = Field(512, ge=1)
+    encoder_n_convolutions: int = Field(3, ge=0)
+    encoder_embedding_dim: int = Field(512, ge=2)
+    encoder_kernel_size: int = Field(5, ge=1)
+    attention_rnn_dim: int = Field(1024, ge=1)
+    attention_dim: int = Field(128, ge=1)
+    attention_location_n_filters: int = Field(32, ge=1)
+    attention_location_kernel_size: int = Field(31, ge=1)
+    decoder_rnn_dim: int = Field(1024, ge=1)
+    prenet_dim: int = Field(256, ge=1)
+    max_decoder_steps: int = Field(1000, ge=1)
+    gate_threshold: float = Field(0.5, gt=0, lt=1)
+    p_attention_dropout: float = Field(0.1, ge=0, lt=1)
+    p_decoder_dropout: float = Field(0.1, ge=0, lt=1)
+    postnet_embedding_dim: int = Field(512, ge=1)
+    postnet_kernel_size: int = Field(5, ge=1)
+    postnet_n_convolutions: int = Field(5, ge=2)
+    text_cleaners: list[str] = Field(default_factory=lambda: ["english_cleaners"])
+    max_mel_frames: int = Field(1000, ge=0)
     mel_cache_dir: str = "mels"
     mask_padding: bool = True
-    batch_size: int = setting(64, ge=1)
-    learning_rate: float = setting(1e-3, gt=0)
-    weight_decay: float = setting(1e-6, ge=0)
+    batch_size: int = Field(64, ge=1)
+    learning_rate: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(1e-6, ge=0)
+
 
 class Tacotron2(nn.Module):
     """Tacotron2: characters -> mel spectrogram, with a stop gate and attention alignments.
@@ -158,6 +158,7 @@ class Tacotron2(nn.Module):
         mel_postnet = mel_out + self.postnet(mel_out)
         return mel_postnet, gate_out, alignments
 
+
 class Tacotron2Loss(nn.Module):
     """``MSE(mel) + MSE(post-net mel) + BCE-with-logits(gate)``, each averaged over real frames only.
 
@@ -196,10 +197,12 @@ class Tacotron2Loss(nn.Module):
                            "gate": gate_loss.detach()}
         return mel_loss + postnet_loss + gate_loss
 
+
 TEXT_BUCKET = 32
 """Symbols the fast path pads the text axis to a multiple of: LJSpeech's texts (<= ~190 symbols) give 6
 shapes, and the padding (masked, so it changes no output) adds at most 31 positions to the attention's
 per-step tensors, which autograd keeps for every decoder step (at batch 128, 159 symbols: 160)."""
+
 
 def optimize_for_training(model: nn.Module, cfg: Config, text_bucket: int = TEXT_BUCKET,
                                     **compile_kwargs) -> nn.Module:
@@ -228,7 +231,6 @@ def optimize_for_training(model: nn.Module, cfg: Config, text_bucket: int = TEXT
     """
     if not isinstance(model, Tacotron2):
         raise TypeError(f"optimize_for_training expects a Tacotron2, got {type(model).__name__}")
-    import torch._dynamo  # noqa: F401  (makes torch._dynamo.config reachable)
     dynamo_config = torch._dynamo.config
     limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
     setattr(dynamo_config, limit, max(getattr(dynamo_config, limit), 64))

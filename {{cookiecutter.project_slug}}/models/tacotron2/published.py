@@ -1,10 +1,4 @@
-"""Tacotron2 (text -> mel): config, model, loss, data, fast path, inference, benchmark shapes, registration.
-
-Source: Shen et al. 2018, "Natural TTS synthesis by conditioning WaveNet on mel spectrogram predictions"
-(ICASSP); sizes, initialisation and dropout follow NVIDIA's reference implementation. The layers are in
-``modules/tacotron2.py`` (encoder, attention decoder, post-net); the text front end in ``utils/text``; the
-text/mel dataset in ``utils/text_mel_data.py``.
-"""
+"""NVIDIA's Tacotron2 checkpoints (``tacotron2_statedict.pt``; its ``train.py`` checkpoints), read into this model."""
 
 from __future__ import annotations
 
@@ -16,10 +10,10 @@ from utils.checkpoint.published import Weights
 
 def read_published(loaded: Any, cfg: Config) -> Weights | None:
     """NVIDIA/tacotron2's checkpoints (``tacotron2_statedict.pt``; ``{"state_dict", "iteration", "optimizer",
-    "learning_rate"}``), or ``None`` for another format. The same network as this one: NVIDIA wraps each convolution
-    and linear layer in a ``ConvNorm``/``LinearNorm`` (``.conv.``, ``.linear_layer.`` in its keys) and names the
-    attention ``attention_layer``, with a ``location_layer`` inside. (Read from NVIDIA's checkpoint code for the
-    layout; its outputs from the same weights equal this model's.)"""
+    "learning_rate"}``), or ``None`` for another format. The same network as this one: NVIDIA wraps each convolution and
+    linear layer in a ``ConvNorm``/``LinearNorm`` (``.conv.``, ``.linear_layer.`` in its keys) and names the attention
+    ``attention_layer``, with a ``location_layer`` inside. (Read from NVIDIA's checkpoint code for the layout; its
+    outputs from the same weights equal this model's.)"""
     state = loaded.get("state_dict") if isinstance(loaded, dict) else None
     if not isinstance(state, dict) or "embedding.weight" not in state or not any(".linear_layer." in k for k in state):
         return None

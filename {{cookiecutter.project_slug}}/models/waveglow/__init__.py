@@ -1,9 +1,8 @@
-"""WaveGlow (mel -> audio): the model's spec. Its parts: ``network`` (config section, flow, loss, fast path),
-``data`` (datasets, on-device mels, synthetic batches), ``inference``, ``export`` (ONNX), ``published`` (NVIDIA's
-checkpoints).
+"""WaveGlow (mel -> audio): the model's spec. Its parts: ``network`` (config section, flow, loss, fast path), ``data``
+(datasets, on-device mels, synthetic batches), ``inference``, ``export`` (ONNX), ``published`` (NVIDIA's checkpoints).
 
-Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis"
-(ICASSP 2019); layer sizes and defaults from NVIDIA's reference implementation (the layers: ``modules/waveglow.py``).
+Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis" (ICASSP 2019);
+layer sizes and defaults from NVIDIA's reference implementation (the layers: ``modules/waveglow.py``).
 """
 
 from model import Benchmark, BenchmarkCase, Export, Inference, ModelSpec, Published, Training

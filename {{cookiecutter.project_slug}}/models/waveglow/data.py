@@ -1,13 +1,9 @@
-"""WaveGlow (mel -> audio): config, model, loss, data, fast path, inference, benchmark shapes, registration.
-
-Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis"
-(ICASSP 2019); layer sizes and defaults from NVIDIA's reference implementation. The layers are in
-``modules/waveglow.py``; this file assembles them and tells ``train.py`` and ``inference.py`` how to use them.
+"""WaveGlow's data: audio crops with their mels (or mels computed on the device), and synthetic batches for the
+benchmark.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 import torch
 from torch.utils.data import Dataset
@@ -21,9 +17,8 @@ from utils.data.corpus import load_splits
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     """Train and validation :class:`AudioMelDataset` (random crops for training, first crop for validation).
 
-    With ``data.mel_dir`` the mels are read from that folder (e.g. Tacotron2's teacher-forced mels, to fine-tune on
-    what Tacotron2 predicts: Shen et al. 2018's recipe for its vocoder) and cropped with the audio on frame
-    boundaries.
+    With ``data.mel_dir`` the mels are read from that folder (e.g. Tacotron2's teacher-forced mels, to fine-tune on what
+    Tacotron2 predicts: Shen et al. 2018's recipe for its vocoder) and cropped with the audio on frame boundaries.
 
     Raises:
         DataError: see :class:`AudioMelDataset` (``data.mel_dir`` missing a mel, made with other settings).
@@ -36,27 +31,30 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
                             mel_dir=mel_dir),
             AudioMelDataset(val_utts, cfg.audio, seg, random_crop=False, with_mel=with_mel, mel_dir=mel_dir))
 
+
 _MELS: dict = {}  # (device, audio settings) -> MelSpectrogram on that device
 
+
 def mel_on_device(batch: Batch, cfg: Config) -> Batch:
-    """Add ``batch["mel"]`` ``(B, n_mels, frames)``, the log-mel of ``batch["audio"]`` ``(B, samples)``, on the
-    audio's device (``waveglow.mel_on_device``); a batch that has its mel already is returned as it is.
-    The same :class:`MelSpectrogram` as the workers' (equal to float32 rounding: batched vs single STFT)."""
+    """Add ``batch["mel"]`` ``(B, n_mels, frames)``, the log-mel of ``batch["audio"]`` ``(B, samples)``, on the audio's
+    device (``waveglow.mel_on_device``); a batch that has its mel already is returned as it is. The same
+    :class:`MelSpectrogram` as the workers' (equal to float32 rounding: batched vs single STFT)."""
     if "mel" in batch:
         return batch
-    key = (str(batch["audio"].device), dataclasses.astuple(cfg.audio))
+    key = (str(batch["audio"].device), tuple(cfg.audio.model_dump().values()))
     if key not in _MELS:
         _MELS[key] = MelSpectrogram.from_config(cfg.audio).to(batch["audio"].device)
     with torch.no_grad():
         return {**batch, "mel": _MELS[key](batch["audio"])}
 
+
 def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
                     segment_length: Optional[int] = None) -> Batch:
     """Random WaveGlow batch with the shapes of NVIDIA's reference benchmark harness.
 
-    ``{"mel": (B, n_mels, segment // hop_length + 1) standard normal, "audio": (B, segment) normal with
-    standard deviation 0.1, "ids": [str] * B}``, float32 on the CPU. (The data pipeline's centred STFT
-    gives one frame fewer; the reference's count is kept so both benchmarks run the same shapes.)
+    ``{"mel": (B, n_mels, segment // hop_length + 1) standard normal, "audio": (B, segment) normal with standard
+    deviation 0.1, "ids": [str] * B}``, float32 on the CPU. (The data pipeline's centred STFT gives one frame fewer; the
+    reference's count is kept so both benchmarks run the same shapes.)
 
     Args:
         cfg: the config (``audio.n_mels``, ``audio.hop_length``, ``waveglow.segment_length``, ``waveglow.n_group``).

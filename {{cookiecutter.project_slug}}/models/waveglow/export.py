@@ -1,9 +1,4 @@
-"""WaveGlow (mel -> audio): config, model, loss, data, fast path, inference, benchmark shapes, registration.
-
-Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis"
-(ICASSP 2019); layer sizes and defaults from NVIDIA's reference implementation. The layers are in
-``modules/waveglow.py``; this file assembles them and tells ``train.py`` and ``inference.py`` how to use them.
-"""
+"""WaveGlow's ONNX export: the inverse flow with the noise as an input (``scripts/export.py --format onnx``)."""
 
 from __future__ import annotations
 
@@ -22,10 +17,10 @@ class WaveGlowInferExport(nn.Module):
     ``(B, n_group, steps)`` -> ``audio`` ``(B, steps * n_group)`` in [-1, 1].
 
     The flows run backwards as in :meth:`WaveGlow.reverse`, with two changes that leave the result as it is (up to
-    float32 rounding) and make the graph simpler: each invertible 1x1 convolution's inverse weight is computed
-    once, here (a constant of the file, not a matrix inverse per call; NVIDIA's export does the same), and the
-    upsampled mel is grouped by a reshape instead of ``unfold``. ``steps`` is ``frames * hop_length // n_group``
-    for the whole mel (what ``infer`` draws); fewer steps vocode a prefix.
+    float32 rounding) and make the graph simpler: each invertible 1x1 convolution's inverse weight is computed once,
+    here (a constant of the file, not a matrix inverse per call; NVIDIA's export does the same), and the upsampled mel
+    is grouped by a reshape instead of ``unfold``. ``steps`` is ``frames * hop_length // n_group`` for the whole mel
+    (what ``infer`` draws); fewer steps vocode a prefix.
     """
 
     def __init__(self, model: WaveGlow):
@@ -56,12 +51,13 @@ class WaveGlowInferExport(nn.Module):
                 x = torch.cat([z[:, offset:offset + self.cfg.n_early_size], x], dim=1)
         return x.transpose(1, 2).reshape(batch, -1).clamp(-1.0, 1.0)
 
+
 def export_parts(model: WaveGlow, cfg: Config) -> list[ExportPart]:
-    """``ModelSpec.export_parts``: one part, ``waveglow``: ``mel`` ``(B, n_mels, frames)`` and the noise ``z``
-    ``(B, n_group, frames * hop_length // n_group)``, drawn by the caller from N(0, sigma^2) (sigma:
-    ``waveglow.infer_sigma``, 0.6) -> ``audio`` ``(B, samples)`` in [-1, 1]; batch, frames and steps dynamic (checked
-    at 1 x 24 and 2 x 13 frames). Checked against :meth:`WaveGlow.reverse` on the same noise (what ``infer`` runs).
-    Source: NVIDIA DeepLearningExamples, ``tensorrt/convert_waveglow2onnx.py`` (inputs ``mel`` and ``z``)."""
+    """``ModelSpec.export_parts``: one part, ``waveglow``: ``mel`` ``(B, n_mels, frames)`` and the noise ``z`` ``(B,
+    n_group, frames * hop_length // n_group)``, drawn by the caller from N(0, sigma^2) (sigma: ``waveglow.infer_sigma``,
+    0.6) -> ``audio`` ``(B, samples)`` in [-1, 1]; batch, frames and steps dynamic (checked at 1 x 24 and 2 x 13
+    frames). Checked against :meth:`WaveGlow.reverse` on the same noise (what ``infer`` runs). Source: NVIDIA
+    DeepLearningExamples, ``tensorrt/convert_waveglow2onnx.py`` (inputs ``mel`` and ``z``)."""
     gen = torch.Generator().manual_seed(0)
     n_mels, g, hop = cfg.audio.n_mels, cfg.waveglow.n_group, cfg.audio.hop_length
     sigma = cfg.waveglow.infer_sigma

@@ -1,8 +1,5 @@
-"""WaveGlow (mel -> audio): config, model, loss, data, fast path, inference, benchmark shapes, registration.
-
-Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis"
-(ICASSP 2019); layer sizes and defaults from NVIDIA's reference implementation. The layers are in
-``modules/waveglow.py``; this file assembles them and tells ``train.py`` and ``inference.py`` how to use them.
+"""WaveGlow at inference: vocoding a mel (``inference.py --mel`` or ``--wav``; another model's vocoder) and the audio
+of a validation batch for TensorBoard.
 """
 
 from __future__ import annotations
@@ -28,28 +25,30 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--wav", help="a wav whose mel is vocoded (copy-synthesis)")
     parser.add_argument("--sigma", type=float, help="noise scale (default: waveglow.infer_sigma, 0.6)")
 
+
 def vocode(model: nn.Module, mel: torch.Tensor, cfg: Config, sigma: Optional[float] = None) -> torch.Tensor:
     """Mel ``(n_mels, frames)`` -> audio ``(samples,)`` in [-1, 1] on the CPU (``sigma``: ``waveglow.infer_sigma``)."""
     device = next(model.parameters()).device
     sigma = cfg.waveglow.infer_sigma if sigma is None else sigma
     return model.infer(mel.unsqueeze(0).to(device), sigma=sigma)[0].float().cpu()
 
+
 LOG_AUDIO_SECONDS = 2.0
 """Longest clip vocoded for TensorBoard at each validation, in seconds (the validation crop,
 ``waveglow.segment_length`` samples, is usually shorter)."""
+
 
 def log_validation(model: nn.Module, batch: Batch, outputs, step: int, writer: Any, output_dir: Any,
                    cfg: Optional[Config] = None) -> None:
     """Audio of the first utterance of a validation batch, for TensorBoard's audio tab.
 
-    ``audio/vocoded``: the mel of that item ``batch["mel"][0]`` ``(n_mels, frames)``, at most
-    :data:`LOG_AUDIO_SECONDS` of it, vocoded by :func:`vocode` (``waveglow.infer_sigma``) with the same noise
-    at every validation (:func:`utils.plotting.fixed_random_state`): ``frames * hop_length`` samples at
-    ``audio.sampling_rate`` Hz. ``audio/ground_truth``: the item's audio ``batch["audio"][0]``, as many
-    samples, at the first validation of the run only. The validation set's crops are the first
-    ``segment_length`` samples of each clip and its loader does not shuffle, so it is the same utterance
-    and the same crop every time. Nothing is written without a ``writer`` or a ``cfg`` (``output_dir`` and
-    ``outputs`` are not used).
+    ``audio/vocoded``: the mel of that item ``batch["mel"][0]`` ``(n_mels, frames)``, at most :data:`LOG_AUDIO_SECONDS`
+    of it, vocoded by :func:`vocode` (``waveglow.infer_sigma``) with the same noise at every validation
+    (:func:`utils.plotting.fixed_random_state`): ``frames * hop_length`` samples at ``audio.sampling_rate`` Hz.
+    ``audio/ground_truth``: the item's audio ``batch["audio"][0]``, as many samples, at the first validation of the run
+    only. The validation set's crops are the first ``segment_length`` samples of each clip and its loader does not
+    shuffle, so it is the same utterance and the same crop every time. Nothing is written without a ``writer`` or a
+    ``cfg`` (``output_dir`` and ``outputs`` are not used).
 
     Args:
         model: the :class:`WaveGlow` (unwrapped, in eval mode).
@@ -70,6 +69,7 @@ def log_validation(model: nn.Module, batch: Batch, outputs, step: int, writer: A
     add_audio(writer, "audio/vocoded", audio, step, rate)
     if first_time(writer, "audio/ground_truth"):
         add_audio(writer, "audio/ground_truth", batch["audio"][0, :frames * hop], step, rate)
+
 
 def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch.device) -> list[Path]:
     """``inference.py`` for WaveGlow: vocode ``--mel`` or the mel of ``--wav`` into the wav ``--output``.

@@ -1,22 +1,21 @@
-"""WaveGlow (mel -> audio): config, model, loss, data, fast path, inference, benchmark shapes, registration.
+"""WaveGlow's config section, the flow (audio <-> Gaussian noise, conditioned on mels), its loss (negative
+log-likelihood per sample) and its fast path (``torch.compile``).
 
-Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis"
-(ICASSP 2019); layer sizes and defaults from NVIDIA's reference implementation. The layers are in
-``modules/waveglow.py``; this file assembles them and tells ``train.py`` and ``inference.py`` how to use them.
+Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis" (ICASSP 2019);
+layer sizes and defaults from NVIDIA's reference implementation (the layers: ``modules/waveglow.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import torch
+from pydantic import Field
 from torch import nn
 from model import Batch
 from modules.waveglow import WN, Invertible1x1Conv, at_least_fp32
-from utils.config import Config, setting
+from utils.config import Config, Section
 
 
-@dataclasses.dataclass
-class WaveGlowConfig:
+class WaveGlowConfig(Section):
     """The ``waveglow`` section of ``config.json`` (defaults: NVIDIA's published LJSpeech model).
 
     ``n_group`` audio samples are squeezed into channels; every ``n_early_every`` flows,
@@ -28,20 +27,21 @@ class WaveGlowConfig:
     batched ``torch.stft``: microseconds on a GPU, and the workers' heaviest work gone).
     """
 
-    n_flows: int = setting(12, ge=1)
-    n_group: int = setting(8, ge=2)
-    n_early_every: int = setting(4, ge=1)
-    n_early_size: int = setting(2, ge=0)
-    wn_layers: int = setting(8, ge=1)
-    wn_channels: int = setting(256, ge=1)
-    wn_kernel_size: int = setting(3, ge=1)
-    sigma: float = setting(1.0, ge=0)
-    infer_sigma: float = setting(0.6, ge=0)
-    segment_length: int = setting(16000, ge=1)
-    batch_size: int = setting(12, ge=1)
-    learning_rate: float = setting(1e-4, gt=0)
-    weight_decay: float = setting(0.0, ge=0)
+    n_flows: int = Field(12, ge=1)
+    n_group: int = Field(8, ge=2)
+    n_early_every: int = Field(4, ge=1)
+    n_early_size: int = Field(2, ge=0)
+    wn_layers: int = Field(8, ge=1)
+    wn_channels: int = Field(256, ge=1)
+    wn_kernel_size: int = Field(3, ge=1)
+    sigma: float = Field(1.0, ge=0)
+    infer_sigma: float = Field(0.6, ge=0)
+    segment_length: int = Field(16000, ge=1)
+    batch_size: int = Field(12, ge=1)
+    learning_rate: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
     mel_on_device: bool = False
+
 
 class WaveGlow(nn.Module):
     """WaveGlow: a normalising flow from audio to Gaussian noise, conditioned on mel spectrograms.
@@ -146,6 +146,7 @@ class WaveGlow(nn.Module):
         z = sigma * torch.randn(mel.shape[0], g, samples // g, device=mel.device, dtype=mel.dtype)
         return self.reverse(mel, z).clamp(-1.0, 1.0)
 
+
 class WaveGlowLoss(nn.Module):
     """Negative log-likelihood of the flow per audio sample (NVIDIA's reference normalisation).
 
@@ -163,6 +164,7 @@ class WaveGlowLoss(nn.Module):
         log_det_total = sum(log_det_list)
         nll = (z * z).sum() / (2 * self.sigma ** 2) - log_s_total - log_det_total
         return nll / z.numel()
+
 
 def optimize_for_training(model: nn.Module, cfg: Config, **compile_kwargs) -> nn.Module:
     """WaveGlow's fast path: ``torch.compile`` of the whole flow, in place (``nn.Module.compile``).

@@ -1,8 +1,5 @@
-"""WaveGlow (mel -> audio): config, model, loss, data, fast path, inference, benchmark shapes, registration.
-
-Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis"
-(ICASSP 2019); layer sizes and defaults from NVIDIA's reference implementation. The layers are in
-``modules/waveglow.py``; this file assembles them and tells ``train.py`` and ``inference.py`` how to use them.
+"""NVIDIA/waveglow's checkpoints (``waveglow_256channels_*.pt``, a pickled module), read into this model without
+running anything of the file.
 """
 
 from __future__ import annotations
@@ -18,11 +15,12 @@ PICKLED_CLASSES = ("glow.WaveGlow", "glow.WN", "glow.Invertible1x1Conv", "torch.
                    "torch.nn.utils.weight_norm.WeightNorm")
 """What NVIDIA's published WaveGlow file pickles: its ``glow`` classes, torch's modules and old weight norm hook."""
 
+
 def read_published(loaded: Any, cfg: Config) -> Weights | None:
-    """NVIDIA/waveglow's checkpoints (``waveglow_256channels_*.pt``; ``{"model": <the pickled glow.WaveGlow>,
-    "iteration", "optimizer", "learning_rate"}``), or ``None`` for another format. The pickled module arrives as
-    records (:data:`PICKLED_CLASSES`, never run); its parameters are renamed: ``WN.<i>`` -> ``flows.<i>``
-    (``in_layers`` -> ``dilated``, ``res_skip_layers`` -> ``res_skip``, ``cond_layer`` -> ``cond``), old weight norm's
+    """NVIDIA/waveglow's checkpoints (``waveglow_256channels_*.pt``; ``{"model": <the pickled glow.WaveGlow>, "iteration",
+    "optimizer", "learning_rate"}``), or ``None`` for another format. The pickled module arrives as records
+    (:data:`PICKLED_CLASSES`, never run); its parameters are renamed: ``WN.<i>`` -> ``flows.<i>`` (``in_layers`` ->
+    ``dilated``, ``res_skip_layers`` -> ``res_skip``, ``cond_layer`` -> ``cond``), old weight norm's
     ``weight_g``/``weight_v`` -> the parametrization, and ``convinv.<i>.conv``'s ``(c, c, 1)`` weight -> the ``(c, c)``
     matrix ``convs.<i>``. (Read from NVIDIA's checkpoint code for the layout; its forward pass from the same weights
     equals this model's.)"""

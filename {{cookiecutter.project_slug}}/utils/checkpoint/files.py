@@ -1,8 +1,6 @@
-"""Checkpoints: the training state, atomic writes, safe loading, resuming, and pruning of old files.
-
-A checkpoint is a plain dict of tensors and Python primitives, so it loads with
-``torch.load(weights_only=True)``: a file holding arbitrary pickled objects is refused, never executed.
-:func:`training_checkpoint` builds the dict ``train.py`` saves, :func:`resume_training` puts one back.
+"""Checkpoint files: written atomically (a reader sees the old file or the new one), loaded safely
+(``torch.load(weights_only=True)``: a file holding arbitrary pickled objects is refused, never executed), checked for
+damage (the zip archive's CRCs; CRC-32 listings of sharded folders), and loaded into a model key by key.
 """
 
 from __future__ import annotations
@@ -23,11 +21,12 @@ from utils.run_log import one_line
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, unreadable, unsafe, or does not fit the model."""
 
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never a torn one.
 
-    The bytes go to a temporary file in the same folder, are flushed and fsync'ed, then
-    ``os.replace`` swaps the file in; a process killed mid-write leaves the old file untouched.
+    The bytes go to a temporary file in the same folder, are flushed and fsync'ed, then ``os.replace`` swaps the file
+    in; a process killed mid-write leaves the old file untouched.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -42,6 +41,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             tmp.unlink()
     fsync_dir(path.parent)
 
+
 def fsync_dir(path: str | Path) -> None:
     """Make a folder's entries durable (a rename, a new link), as ``fsync`` does for a file's bytes."""
     dir_fd = os.open(path, os.O_RDONLY)
@@ -50,9 +50,10 @@ def fsync_dir(path: str | Path) -> None:
     finally:
         os.close(dir_fd)
 
+
 def durable_write_speed(folder: str | Path, nbytes: int) -> float:
-    """Bytes per second of a durable write into ``folder``, as a checkpoint's is: ``nbytes`` (capped at 64 MiB)
-    written, fsync'ed and removed again. Fsync's fixed cost makes a small probe slow, which errs on the safe side.
+    """Bytes per second of a durable write into ``folder``, as a checkpoint's is: ``nbytes`` (capped at 64 MiB) written,
+    fsync'ed and removed again. Fsync's fixed cost makes a small probe slow, which errs on the safe side.
 
     Raises:
         OSError: the folder cannot be written.
@@ -69,6 +70,7 @@ def durable_write_speed(folder: str | Path, nbytes: int) -> float:
         probe.unlink(missing_ok=True)
     return size / max(time.perf_counter() - start, 1e-6)
 
+
 def serialized(state: Any, where: str | Path) -> bytes:
     """``torch.save`` bytes of ``state``, refused when :func:`load_checkpoint` would refuse them.
 
@@ -84,24 +86,27 @@ def serialized(state: Any, where: str | Path) -> bytes:
                               f"load refuses ({', '.join(unsafe)}); store tensors and Python primitives only")
     return data
 
+
 def write_failure(step: int, output_dir: Path, reason: str, kept: list[Path]) -> CheckpointError:
     """The error of a checkpoint that could not be written (``reason``: a full disk, a quota), naming the ones kept."""
     names = dict.fromkeys(path.name for path in kept)
     return CheckpointError(f"could not write the step {step} checkpoint in {output_dir}: {reason}; "
                            f"earlier checkpoints are kept ({', '.join(names) or 'none written yet'})")
 
+
 def prune(checkpoints: list[Path], keep_last: int, remove) -> None:
-    """Call ``remove`` on all but the newest ``keep_last - 1`` of ``checkpoints`` (oldest first; the one just
-    written, not in the list, is the last kept); ``keep_last`` 0 keeps all."""
+    """Call ``remove`` on all but the newest ``keep_last - 1`` of ``checkpoints`` (oldest first; the one just written, not
+    in the list, is the last kept); ``keep_last`` 0 keeps all."""
     if keep_last > 0:
         for old in checkpoints[:max(0, len(checkpoints) - (keep_last - 1))]:
             remove(old)
 
+
 def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
     """Delete the temporary files of :func:`atomic_write_bytes` left by processes that no longer run.
 
-    A process killed mid-save (SIGKILL, out of memory) leaves ``.checkpoint_*.pt.tmp<pid>`` behind, as
-    large as a checkpoint; without this they would pile up over preemptions. Returns what was removed.
+    A process killed mid-save (SIGKILL, out of memory) leaves ``.checkpoint_*.pt.tmp<pid>`` behind, as large as a
+    checkpoint; without this they would pile up over preemptions. Returns what was removed.
     """
     removed = []
     for path in Path(output_dir).glob(".checkpoint_*.pt.tmp*"):
@@ -112,6 +117,7 @@ def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
         removed.append(path)
     return removed
 
+
 def _process_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -121,12 +127,13 @@ def _process_exists(pid: int) -> bool:
         return True
     return True
 
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a checkpoint with ``weights_only=True``.
 
     Raises:
-        CheckpointError: the file is missing, truncated or not a checkpoint, or holds pickled objects
-            other than tensors and primitives (refused without being executed).
+        CheckpointError: the file is missing, truncated or not a checkpoint, or holds pickled objects other than tensors
+            and primitives (refused without being executed).
     """
     path = Path(path)
     if not path.is_file():
@@ -150,12 +157,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path} is not a checkpoint of this project (no 'model' entry)")
     return state
 
+
 def _load_failure(err: BaseException) -> str:
     """One line on why ``torch.load`` failed; for a weights_only refusal, the refused global or opcode.
 
-    torch's refusal is a paragraph of advice (including how to allowlist the global, which is not advice to
-    follow for a file of unknown origin); the line that matters reads like "WeightsUnpickler error:
-    Unsupported global: GLOBAL io.open ..." or "Trying to load unsupported GLOBAL posix.system ...".
+    torch's refusal is a paragraph of advice (including how to allowlist the global, which is not advice to follow for a
+    file of unknown origin); the line that matters reads like "WeightsUnpickler error: Unsupported global: GLOBAL
+    io.open ..." or "Trying to load unsupported GLOBAL posix.system ...".
     """
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     if not lines:
@@ -166,6 +174,7 @@ def _load_failure(err: BaseException) -> str:
     detail = " ".join(line for line in lines[1:] if not line.startswith(boilerplate))
     detail = detail.rpartition("WeightsUnpickler error:")[2].split(" Please use ")[0].strip()
     return f"refused by weights_only=True, nothing was run: {detail or lines[0]}"
+
 
 def load_model_state(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
     """Load ``state_dict`` into ``model`` strictly, naming every missing, unexpected or misshapen key.
@@ -194,10 +203,11 @@ def load_model_state(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]
         raise CheckpointError(f"{source} does not fit this model: {'; '.join(parts)}")
     model.load_state_dict(state_dict)
 
+
 def intact(path: str | Path) -> Optional[str]:
-    """Why the checkpoint file at ``path`` is damaged (cut short, corrupted, not a ``torch.save`` archive), or
-    ``None`` when every member of its zip archive reads back with a matching CRC. Reads the whole file once;
-    runs no code from it (whether its contents are safe is :func:`load_checkpoint`'s question)."""
+    """Why the checkpoint file at ``path`` is damaged (cut short, corrupted, not a ``torch.save`` archive), or ``None``
+    when every member of its zip archive reads back with a matching CRC. Reads the whole file once; runs no code from it
+    (whether its contents are safe is :func:`load_checkpoint`'s question)."""
     try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
@@ -205,9 +215,11 @@ def intact(path: str | Path) -> Optional[str]:
         return f"damaged ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
     return None if bad is None else f"damaged (member {bad} fails its CRC check)"
 
+
 CHECKSUMS_NAME = "checksums.json"
 """The file of a sharded checkpoint's folder that lists every other file of it with its size and CRC-32, written once
 all shards are (:meth:`ShardedCheckpointer._complete`): what the zip archive's own CRCs are to a single file."""
+
 
 def file_crc32(path: Path) -> str:
     """The CRC-32 of a file's bytes, as 8 hexadecimal digits (read in chunks of 8 MiB)."""
@@ -217,15 +229,17 @@ def file_crc32(path: Path) -> str:
             crc = zlib.crc32(chunk, crc)
     return f"{crc:08x}"
 
+
 def write_checksums(folder: Path) -> None:
     """Write :data:`CHECKSUMS_NAME` for every file of ``folder`` (atomically)."""
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS_NAME)
     listing = {p.name: {"bytes": p.stat().st_size, "crc32": file_crc32(p)} for p in files}
     atomic_write_bytes(folder / CHECKSUMS_NAME, json.dumps(listing, indent=1).encode())
 
+
 def checksum_problem(folder: Path) -> Optional[str]:
-    """Why a file of ``folder`` does not match :data:`CHECKSUMS_NAME` (missing, another size, another CRC-32), or
-    ``None``; also ``None`` without that file (a folder written before checksums existed: sizes are checked by
+    """Why a file of ``folder`` does not match :data:`CHECKSUMS_NAME` (missing, another size, another CRC-32), or ``None``;
+    also ``None`` without that file (a folder written before checksums existed: sizes are checked by
     :func:`sharded_intact` instead). Reads every listed file once; remembered per folder and modification time."""
     listing_path = folder / CHECKSUMS_NAME
     if not listing_path.is_file():
@@ -250,5 +264,6 @@ def checksum_problem(folder: Path) -> Optional[str]:
                 break
         _verified[key] = problem
     return _verified[key]
+
 
 _verified: dict[tuple[str, int], Optional[str]] = {}

@@ -1,14 +1,14 @@
 """Weights from elsewhere, read into this project's models: ``train.py --init-from`` and ``scripts/import_weights.py``.
 
 :func:`read_weights` takes a checkpoint of this project's ``train.py`` (its model's weights), or a checkpoint another
-project published, in that project's own format: each model of ``model.py`` reads the formats of its reference
-project (``Published.read`` of its spec; the example models: NVIDIA's checkpoints for its Tacotron2 and WaveGlow,
-jik876's generator files for HiFi-GAN) and renames their keys to its own. :func:`load_into` puts the result into a
-model, naming whatever does not fit.
+project published, in that project's own format: each model of ``model.py`` reads the formats of its reference project
+(``Published.read`` of its spec; the example models: NVIDIA's checkpoints for its Tacotron2 and WaveGlow, jik876's
+generator files for HiFi-GAN) and renames their keys to its own. :func:`load_into` puts the result into a model, naming
+whatever does not fit.
 
-Nothing in a file runs. ``torch.load(weights_only=True)`` reads what is plain data; a file that pickles whole
-modules (NVIDIA's WaveGlow does) is read with each pickled class a model names (``Published.pickled_classes``)
-replaced by a :class:`Record` of its attributes, whose parameters :func:`record_parameters` collects.
+Nothing in a file runs. ``torch.load(weights_only=True)`` reads what is plain data; a file that pickles whole modules
+(NVIDIA's WaveGlow does) is read with each pickled class a model names (``Published.pickled_classes``) replaced by a
+:class:`Record` of its attributes, whose parameters :func:`record_parameters` collects.
 """
 
 from __future__ import annotations
@@ -27,17 +27,19 @@ from utils.checkpoint.resume import read_checkpoint
 
 @dataclasses.dataclass
 class Weights:
-    """Weights read by :func:`read_weights`: ``source`` (what the file is, for the run's log line), ``model_name``
-    (the model of ``model.py`` they belong to), ``state`` (this project's key names) and ``partial`` (key prefixes of
-    the model's networks the file does not hold, which keep their fresh initialisation)."""
+    """Weights read by :func:`read_weights`: ``source`` (what the file is, for the run's log line), ``model_name`` (the
+    model of ``model.py`` they belong to), ``state`` (this project's key names) and ``partial`` (key prefixes of the
+    model's networks the file does not hold, which keep their fresh initialisation)."""
 
     source: str
     model_name: str
     state: dict[str, torch.Tensor]
     partial: tuple[str, ...] = ()
 
+
 class Record:
     """What a pickled module of a published file becomes: its attributes (``__dict__``), no behaviour."""
+
 
 def record_parameters(record: Record, prefix: str = "") -> dict[str, torch.Tensor]:
     """The parameters and buffers of a pickled module's :class:`Record` and of its sub-modules, by the keys its
@@ -52,11 +54,13 @@ def record_parameters(record: Record, prefix: str = "") -> dict[str, torch.Tenso
             found.update(record_parameters(child, f"{prefix}{name}."))
     return found
 
+
 def weight_norm_key(key: str) -> str:
-    """Old-style weight norm's ``<layer>.weight_g``/``<layer>.weight_v`` as
-    ``torch.nn.utils.parametrizations.weight_norm`` names them (``...parametrizations.weight.original0``/``1``)."""
+    """Old-style weight norm's ``<layer>.weight_g``/``<layer>.weight_v`` as ``torch.nn.utils.parametrizations.weight_norm``
+    names them (``...parametrizations.weight.original0``/``1``)."""
     return re.sub(r"\.weight_g$", ".parametrizations.weight.original0",
                   re.sub(r"\.weight_v$", ".parametrizations.weight.original1", key))
+
 
 def _load(path: Path, pickled_classes: tuple[str, ...]) -> Any:
     """``torch.load(weights_only=True)``, with ``pickled_classes`` (``module.Class``) read as :class:`Record` s.
@@ -72,15 +76,15 @@ def _load(path: Path, pickled_classes: tuple[str, ...]) -> Any:
     except Exception as err:  # noqa: BLE001 - untrusted input: every failure is this one line
         raise CheckpointError(f"--init-from {path}: cannot load it safely: {_load_failure(err)}") from None
 
+
 def read_weights(path: str | Path, models: dict[str, Any], cfg: Any) -> Weights:
-    """The weights in ``path`` in this project's key names, and the model of ``models`` (``model.MODELS``) they
-    belong to: a checkpoint of ``train.py`` (a sharded folder: ``state`` is left empty, for
-    ``utils.checkpoint.load_sharded_model``), or a published format some model's ``Published.read`` takes.
-    ``cfg``: this run's config (a format may need its sizes).
+    """The weights in ``path`` in this project's key names, and the model of ``models`` (``model.MODELS``) they belong to:
+    a checkpoint of ``train.py`` (a sharded folder: ``state`` is left empty, for
+    ``utils.checkpoint.load_sharded_model``), or a published format some model's ``Published.read`` takes. ``cfg``: this
+    run's config (a format may need its sizes).
 
     Raises:
-        CheckpointError: a missing or unreadable file, a model this project does not have, or a format no model
-            reads.
+        CheckpointError: a missing or unreadable file, a model this project does not have, or a format no model reads.
     """
     path = Path(path)
     if not path.exists():
@@ -89,7 +93,7 @@ def read_weights(path: str | Path, models: dict[str, Any], cfg: Any) -> Weights:
         state = read_checkpoint(path)
         name = state.get("model_name")
         if name not in models:
-            raise CheckpointError(f"--init-from {path}: it holds a '{name}' model, which model.py does not define")
+            raise CheckpointError(f"--init-from {path}: it holds a '{name}' model, which models/__init__.py does not register")
         if is_sharded(path):
             return Weights(f"a sharded checkpoint of model '{name}'", name, {})
         return Weights(f"a checkpoint of model '{name}' at step {state.get('step')}", name, state["model"])
@@ -102,6 +106,7 @@ def read_weights(path: str | Path, models: dict[str, Any], cfg: Any) -> Weights:
     raise CheckpointError(f"--init-from {path}: not a checkpoint of this project, nor a published checkpoint a model "
                           f"of models/ reads ({', '.join(sorted(readers)) or 'none reads any'}: Published.read)")
 
+
 def _is_ours(path: Path) -> bool:
     """Whether a file is a checkpoint of this project's ``train.py`` (it names its model)."""
     try:
@@ -109,9 +114,10 @@ def _is_ours(path: Path) -> bool:
     except CheckpointError:
         return False
 
+
 def load_into(model: torch.nn.Module, weights: Weights, source: str) -> list[str]:
-    """Copy ``weights.state`` into ``model`` (its key names must match, shapes included): every key of the model
-    outside ``weights.partial`` must be given, and every given key must be the model's.
+    """Copy ``weights.state`` into ``model`` (its key names must match, shapes included): every key of the model outside
+    ``weights.partial`` must be given, and every given key must be the model's.
 
     Returns:
         the key prefixes that kept their initialisation (``weights.partial``).

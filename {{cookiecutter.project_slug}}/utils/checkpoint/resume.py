@@ -1,19 +1,6 @@
-"""Train a model of ``model.py`` on one process, one GPU per process, or many machines.
-
-    python train.py --config config.json                              # one process
-    python multiproc.py train.py --config config.json                 # one process per GPU (DDP)
-    python multiproc.py --nproc-per-node 2 train.py --config config.json --tiny   # CPU smoke run
-
-The loop knows no model: it takes a :class:`model.ModelSpec` from ``model.MODELS``. Each step reads
-``grad_accumulation`` micro-batches; DistributedDataParallel all-reduces the gradients (averaged over
-ranks) during the last micro-batch's backward, so every replica takes the same optimizer step (with
-``train.parallelism=fsdp``, FSDP2 reduce-scatters them and each rank updates its shard). Then one
-small all-reduce per step agrees on the loss, on whether it is finite, and on whether a rank was asked to
-stop (SIGTERM/SIGUSR1/SIGINT). Only rank 0 writes: progress bar, TensorBoard, ``metrics.jsonl``, checkpoints.
-
-A checkpoint holds everything the next step depends on (weights, optimizer, LR schedule, GradScaler,
-step, epoch and position inside it, every rank's RNG states), so ``--resume auto`` continues exactly
-where the run stopped; on another number of processes it continues from the same sample of the epoch.
+"""Resuming: which checkpoint ``--resume`` means (``auto`` falls back from a damaged one to the newest intact one),
+agreed by every rank, and putting it back: weights, optimizer, schedule, scaler, EMA, RNG states and the data position,
+with the gradient accumulation that keeps the global batch on another number of processes.
 """
 
 from __future__ import annotations
@@ -36,8 +23,8 @@ from utils.checkpoint.state import STATEFUL_PARTS, list_checkpoints, restore_rng
 
 
 def agreed_resume_path(resume: str, output_dir: Path, rank: int):
-    """The checkpoint to resume from, decided by rank 0 (:func:`utils.checkpoint.resume_path`); every rank
-    must see the same file there (or none), which holds when ``--output-dir`` is one shared folder.
+    """The checkpoint to resume from, decided by rank 0 (:func:`utils.checkpoint.resume_path`); every rank must see the
+    same file there (or none), which holds when ``--output-dir`` is one shared folder.
 
     Raises:
         CheckpointError: on every rank, when rank 0's decision fails or a rank sees another file than rank 0.
@@ -69,22 +56,22 @@ def agreed_resume_path(resume: str, output_dir: Path, rank: int):
                               "--output-dir must be one folder shared by every node (a network file system)")
     return path
 
+
 def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], list[str]]:
     """The checkpoint ``--resume`` names, and notes to print about the choice.
 
-    * ``auto``: ``OUTPUT/checkpoint_last.pt`` or, for sharded checkpoints, the ``OUTPUT/checkpoint_last`` link
-      (the newer of the two when both are there); when it is missing or damaged (:func:`intact`,
-      :func:`sharded_intact`), the newest intact numbered checkpoint, with a note saying which was used and why;
-      ``None`` when the folder holds none. Damaged numbered checkpoints passed over are renamed
-      ``<name>.damaged`` (kept for a look, out of the way): pruning (``keep_last``) counts only intact
-      checkpoints, so an intact one is never removed in favour of a damaged one.
+    * ``auto``: ``OUTPUT/checkpoint_last.pt`` or, for sharded checkpoints, the ``OUTPUT/checkpoint_last`` link (the
+      newer of the two when both are there); when it is missing or damaged (:func:`intact`, :func:`sharded_intact`), the
+      newest intact numbered checkpoint, with a note saying which was used and why; ``None`` when the folder holds none.
+      Damaged numbered checkpoints passed over are renamed ``<name>.damaged`` (kept for a look, out of the way): pruning
+      (``keep_last``) counts only intact checkpoints, so an intact one is never removed in favour of a damaged one.
     * ``none``: ``None``, on a folder that holds no checkpoint.
     * anything else: that file or sharded checkpoint folder.
 
     Raises:
-        CheckpointError: ``none`` on a folder with checkpoints (they would be overwritten); ``auto`` on a folder
-            whose every checkpoint is damaged (starting from step 0 would overwrite the only copies of progress);
-            a path that is neither a checkpoint file nor a sharded checkpoint folder.
+        CheckpointError: ``none`` on a folder with checkpoints (they would be overwritten); ``auto`` on a folder whose
+            every checkpoint is damaged (starting from step 0 would overwrite the only copies of progress); a path that
+            is neither a checkpoint file nor a sharded checkpoint folder.
     """
     output_dir = Path(output_dir)
     lasts = sorted((path for path in (output_dir / "checkpoint_last.pt", output_dir / "checkpoint_last")
@@ -92,25 +79,7 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
     numbered = sorted([*list_checkpoints(output_dir), *list_sharded_checkpoints(output_dir)],
                       key=lambda path: int(path.name.split("_")[1].split(".")[0]))
     if resume == "auto":
-        notes, problems, damaged = [], [], []
-        for path in [*lasts, *reversed(numbered)]:
-            problem = sharded_intact(path) if path.is_dir() else intact(path) if path.is_file() else "not a file"
-            if problem is None:
-                if problems:
-                    aside = [f"{old.name} -> {move_aside(old).name}" for old in damaged]
-                    notes.append(f"warning: {'; '.join(problems)}: resuming from {path}, the newest intact checkpoint"
-                                 + (f" (the damaged one(s) renamed: {', '.join(aside)})" if aside else ""))
-                return path, notes
-            problems.append(f"{path} is {problem}")
-            if path in numbered:
-                damaged.append(path)
-        if problems:
-            raise CheckpointError(f"every checkpoint in {output_dir} is damaged ({'; '.join(problems)}); nothing was "
-                                  "overwritten: move them aside to start afresh, or pass --resume PATH")
-        if (output_dir / "checkpoint_last").is_symlink():
-            raise CheckpointError(f"{output_dir / 'checkpoint_last'} names a folder that is gone; move it aside or "
-                                  "pass --resume PATH")
-        return None, []
+        return _newest_intact(output_dir, lasts, numbered)
     if resume == "none":
         if lasts or numbered or (output_dir / "checkpoint_last").is_symlink():
             raise CheckpointError(f"{output_dir} already holds checkpoints, which --resume none would overwrite; "
@@ -123,9 +92,38 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
         raise CheckpointError(f"--resume {resume}: the sharded checkpoint is {problem}")
     return Path(resume), []
 
+
+def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path]) -> tuple[Optional[Path], list[str]]:
+    """``--resume auto``: the newest intact of the ``checkpoint_last`` file or link (``lasts``, newest first), then the
+    ``numbered`` checkpoints from the newest step down; the damaged numbered ones passed over are moved aside.
+
+    Raises:
+        CheckpointError: every checkpoint is damaged, or the ``checkpoint_last`` link names a folder that is gone.
+    """
+    notes, problems, damaged = [], [], []
+    for path in [*lasts, *reversed(numbered)]:
+        problem = sharded_intact(path) if path.is_dir() else intact(path) if path.is_file() else "not a file"
+        if problem is None:
+            if problems:
+                aside = [f"{old.name} -> {move_aside(old).name}" for old in damaged]
+                notes.append(f"warning: {'; '.join(problems)}: resuming from {path}, the newest intact checkpoint"
+                             + (f" (the damaged one(s) renamed: {', '.join(aside)})" if aside else ""))
+            return path, notes
+        problems.append(f"{path} is {problem}")
+        if path in numbered:
+            damaged.append(path)
+    if problems:
+        raise CheckpointError(f"every checkpoint in {output_dir} is damaged ({'; '.join(problems)}); nothing was "
+                              "overwritten: move them aside to start afresh, or pass --resume PATH")
+    if (output_dir / "checkpoint_last").is_symlink():
+        raise CheckpointError(f"{output_dir / 'checkpoint_last'} names a folder that is gone; move it aside or "
+                              "pass --resume PATH")
+    return None, []
+
+
 def move_aside(path: Path) -> Path:
-    """Rename a damaged checkpoint (file or folder) to ``<name>.damaged`` (``.damaged2``, ... when taken); returns the
-    new path."""
+    """Rename a damaged checkpoint (file or folder) to ``<name>.damaged`` (``.damaged2``, ... when taken); returns the new
+    path."""
     for n in range(1, 1000):
         target = path.with_name(f"{path.name}.damaged{n if n > 1 else ''}")
         if not target.exists():
@@ -133,10 +131,11 @@ def move_aside(path: Path) -> Path:
             return target
     raise CheckpointError(f"cannot rename the damaged {path}: too many .damaged copies beside it")
 
+
 def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
-    """``"section.key: old -> new"`` for every setting that differs between two ``Config.to_dict()`` dicts
-    (a key only one of them has counts as changed), except the ``section.key`` names in ``ignore``; values as JSON
-    writes them (``false -> true``)."""
+    """``"section.key: old -> new"`` for every setting that differs between two ``Config.to_dict()`` dicts (a key only one
+    of them has counts as changed), except the ``section.key`` names in ``ignore``; values as JSON writes them (``false
+    -> true``)."""
     changes = []
     for section in sorted(set(before) | set(now)):
         old, new = before.get(section, {}), now.get(section, {})
@@ -148,42 +147,44 @@ def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], ignore: tu
                 changes.append(f"{name}: {as_json(old.get(key, 'unset'))} -> {as_json(new.get(key, 'unset'))}")
     return changes
 
+
 def as_json(value: Any) -> str:
     """A config value as ``config.json`` and ``--set`` write it (``true``, ``null``, ``[1, 2]``); a string as is."""
     return value if isinstance(value, str) else json.dumps(list(value) if isinstance(value, tuple) else value)
+
 
 def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str, Any], model_name: str,
                     rank: int, world_size: int, map_location: str | torch.device = "cpu",
                     config: Optional[Mapping[str, Any]] = None,
                     train_utterances: Optional[int] = None, ema=None) -> tuple[TrainState, dict[str, Any]]:
     """Put a checkpoint back: weights, optimizer, schedule, scaler, this rank's RNG states. A single file of
-    :func:`training_checkpoint`, or a sharded folder of :class:`ShardedCheckpointer` (re-cut for this world
-    size: every rank must call it then).
+    :func:`training_checkpoint`, or a sharded folder of :class:`ShardedCheckpointer` (re-cut for this world size: every
+    rank must call it then).
 
     Args:
         path: the checkpoint file or folder.
-        model: the plain model (or, for a sharded checkpoint, the FSDP-sharded one; never a DDP wrapper), built
-            with the checkpoint's config.
+        model: the plain model (or, for a sharded checkpoint, the FSDP-sharded one; never a DDP wrapper), built with the
+            checkpoint's config.
         parts: the objects of :data:`STATEFUL_PARTS`, freshly built.
         model_name: the model being trained (the checkpoint must hold the same).
         rank, world_size: this process; RNG states are restored only when the world size is the same.
         map_location: where tensors are loaded.
         config: this run's ``Config.to_dict()``; rank 0 names the settings that differ from the checkpoint's
             (``train.max_steps`` aside: raising it is how a run is continued).
-        train_utterances: this run's training utterances; rank 0 warns when the checkpoint's corpus had
-            another number (the epoch's order, and so the data position, is not the same any more).
-        ema: this run's :class:`utils.training.ema.EMA` (``train.ema_decay``), or ``None``: its averages are loaded from the
-            checkpoint (``"ema"``), or start afresh from the loaded weights when the checkpoint has none (rank 0
+        train_utterances: this run's training utterances; rank 0 warns when the checkpoint's corpus had another number
+            (the epoch's order, and so the data position, is not the same any more).
+        ema: this run's :class:`utils.training.ema.EMA` (``train.ema_decay``), or ``None``: its averages are loaded from
+            the checkpoint (``"ema"``), or start afresh from the loaded weights when the checkpoint has none (rank 0
             says so).
 
     Returns:
-        The loop's :class:`TrainState` at the checkpoint (``samples_in_epoch`` is worked out for a checkpoint
-        that predates it), and ``{"world_size": processes that wrote it, "grad_accumulation": the accumulation
-        it trained with, "config": its config}``.
+        The loop's :class:`TrainState` at the checkpoint (``samples_in_epoch`` is worked out for a checkpoint that
+        predates it), and ``{"world_size": processes that wrote it, "grad_accumulation": the accumulation it trained
+        with, "config": its config}``.
 
     Raises:
-        CheckpointError: an unreadable or unsafe file, another model, weights that do not fit, or a
-            weights-only file that lacks the training state.
+        CheckpointError: an unreadable or unsafe file, another model, weights that do not fit, or a weights-only file
+            that lacks the training state.
     """
     sharded = is_sharded(path)
     saved = read_checkpoint(path, map_location, verify=rank == 0)  # rank 0 verified a sharded folder's every file
@@ -191,6 +192,29 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
         raise CheckpointError(f"{path} holds a '{saved.get('model_name')}' model, not '{model_name}'")
     if not sharded:  # the weights first: a state dict of another network is named key by key
         load_model_state(model, saved["model"], str(path))
+    _check_training_state(saved, path, sharded)
+    _load_parts(saved, path, model, parts, ema, rank, sharded)
+    saved_config = saved.get("config") if isinstance(saved.get("config"), Mapping) else {}
+    written_by = len(saved["rng"])
+    if written_by == world_size:
+        restore_rng_state(saved["rng"][rank])
+    if rank == 0:
+        _warn_changes(saved, path, saved_config, config, train_utterances)
+    fields = [field.name for field in dataclasses.fields(TrainState)]
+    state = TrainState(**{key: saved[key] for key in fields if key in saved})
+    accumulation = saved.get("grad_accumulation", saved_config.get("train", {}).get("grad_accumulation", 1))
+    if "samples_in_epoch" not in saved:  # written before the position was kept in global samples
+        batch_size = saved_config.get(model_name, {}).get("batch_size", 0)
+        state.samples_in_epoch = state.batch_in_epoch * batch_size * written_by
+    return state, {"world_size": written_by, "grad_accumulation": accumulation, "config": saved_config}
+
+
+def _check_training_state(saved: Mapping[str, Any], path, sharded: bool) -> None:
+    """Refuse a checkpoint that lacks what a resume puts back (a weights-only file, a release).
+
+    Raises:
+        CheckpointError: naming the missing entries.
+    """
     fields = [field.name for field in dataclasses.fields(TrainState)]
     optional = ("skipped_steps", "samples_in_epoch", "skipped_updates", "skips_in_a_row")
     missing = [key for key in (*STATEFUL_PARTS, *fields, "rng") if key not in saved and key not in optional
@@ -198,6 +222,15 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
     if missing:
         raise CheckpointError(f"{path} is not a training checkpoint of train.py (it has no {', '.join(missing)}); "
                               "--resume needs one written by train.py")
+
+
+def _load_parts(saved: Mapping[str, Any], path, model, parts: Mapping[str, Any], ema, rank: int, sharded: bool) -> None:
+    """Put back the optimizer(s), scheduler(s), scaler and EMA (a sharded folder's model and optimizer shards too);
+    an EMA the checkpoint lacks starts afresh from its weights (rank 0 says so).
+
+    Raises:
+        CheckpointError: the EMA or a sharded entry does not fit this run.
+    """
     with_ema = ema is not None and (saved.get("ema_saved", False) if sharded else "ema" in saved)
     if sharded:
         optimizer = parts["optimizer"]
@@ -216,40 +249,37 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
     for name in STATEFUL_PARTS:
         if not (sharded and name == "optimizer"):
             parts[name].load_state_dict(saved[name])
-    saved_config = saved.get("config") if isinstance(saved.get("config"), Mapping) else {}
-    written_by = len(saved["rng"])
-    if written_by == world_size:
-        restore_rng_state(saved["rng"][rank])
-    if rank == 0 and config is not None and saved_config:
+
+
+def _warn_changes(saved: Mapping[str, Any], path, saved_config: Mapping[str, Any],
+                  config: Optional[Mapping[str, Any]], train_utterances: Optional[int]) -> None:
+    """Rank 0's warnings: settings that differ from the checkpoint's (``train.max_steps`` aside), a corpus of another
+    size (the epoch's order and position are then not the ones the run stopped at)."""
+    if config is not None and saved_config:
         changes = config_changes(saved_config, config, ignore=("train.max_steps",))
         if changes:
             print(f"warning: the config differs from the one {path} was trained with: {'; '.join(changes)}",
                   file=sys.stderr, flush=True)
     known = saved.get("train_utterances")
-    if rank == 0 and train_utterances is not None and known is not None and known != train_utterances:
+    if train_utterances is not None and known is not None and known != train_utterances:
         print(f"warning: the corpus changed since {path} ({known} -> {train_utterances} training utterances): the "
               "run continues from its step, but the epoch's order and position are not the ones it stopped at",
               file=sys.stderr, flush=True)
-    state = TrainState(**{key: saved[key] for key in fields if key in saved})
-    accumulation = saved.get("grad_accumulation", saved_config.get("train", {}).get("grad_accumulation", 1))
-    if "samples_in_epoch" not in saved:  # written before the position was kept in global samples
-        batch_size = saved_config.get(model_name, {}).get("batch_size", 0)
-        state.samples_in_epoch = state.batch_in_epoch * batch_size * written_by
-    return state, {"world_size": written_by, "grad_accumulation": accumulation, "config": saved_config}
+
 
 def world_size_change(written_by: int, accumulation: int, world_size: int, batch_size: int,
                       requested: int) -> tuple[int, Optional[str]]:
     """The gradient accumulation a resumed run trains with, and the line saying so, when the config's
-    ``train.grad_accumulation`` is the one the checkpoint's run was started with (a value changed since is the user's
-    to honour, not this function's).
+    ``train.grad_accumulation`` is the one the checkpoint's run was started with (a value changed since is the user's to
+    honour, not this function's).
 
-    The global batch (``batch_size * grad_accumulation * world_size`` samples per optimizer step) is kept: on the
-    same number of processes with the accumulation the checkpoint trained with (which an earlier resume on another
-    number may have set); on another number when it divides the global batch. Otherwise the accumulation that comes
-    closest to it (at least 1) is taken and the line says plainly that the global batch changed: an accumulation set
-    automatically by an earlier resume is never carried over as if the user had asked for it. The data position
-    carries over in global samples either way; the ranks' random streams (dropout) restart, so the run does not
-    repeat the uninterrupted one exactly.
+    The global batch (``batch_size * grad_accumulation * world_size`` samples per optimizer step) is kept: on the same
+    number of processes with the accumulation the checkpoint trained with (which an earlier resume on another number may
+    have set); on another number when it divides the global batch. Otherwise the accumulation that comes closest to it
+    (at least 1) is taken and the line says plainly that the global batch changed: an accumulation set automatically by
+    an earlier resume is never carried over as if the user had asked for it. The data position carries over in global
+    samples either way; the ranks' random streams (dropout) restart, so the run does not repeat the uninterrupted one
+    exactly.
 
     Args:
         written_by: processes that wrote the checkpoint; ``accumulation``: the accumulation it trained with.
@@ -274,11 +304,12 @@ def world_size_change(written_by: int, accumulation: int, world_size: int, batch
                      f"{world_size}: the global batch changes {before} -> {after} ({batch_size} x {closest} x "
                      f"{world_size}; no train.grad_accumulation keeps {before}); {tail}")
 
+
 def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", verify: bool = True) -> dict[str, Any]:
     """A checkpoint's entries: the whole dict of a single file (:func:`load_checkpoint`); for a sharded folder its
     :data:`TRAIN_STATE_NAME` (model name, config, position; the weights are read by :func:`load_sharded`), once
-    :func:`sharded_intact` (every file against its checksum) passes, unless ``verify`` is false (a rank whose
-    rank 0 verified the folder).
+    :func:`sharded_intact` (every file against its checksum) passes, unless ``verify`` is false (a rank whose rank 0
+    verified the folder).
 
     Raises:
         CheckpointError: neither a readable checkpoint file nor an intact sharded checkpoint folder.

@@ -1,7 +1,7 @@
 """The loop's checkpoints: when a step saves, every rank hands its RNG states to rank 0, which writes one file
-(``train.parallelism=ddp``: :func:`utils.checkpoint.state.save_checkpoint`), or every rank writes its shards
-(``fsdp``: :class:`utils.checkpoint.sharded.ShardedCheckpointer`, in the background with ``train.async_checkpoint``).
-Weights holding NaN or inf are never saved: the last checkpoint stays the last good one, and no good one is pruned.
+(``train.parallelism=ddp``: :func:`utils.checkpoint.state.save_checkpoint`), or every rank writes its shards (``fsdp``:
+:class:`utils.checkpoint.sharded.ShardedCheckpointer`, in the background with ``train.async_checkpoint``). Weights
+holding NaN or inf are never saved: the last checkpoint stays the last good one, and no good one is pruned.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from utils.training.guards import TrainingError, nonfinite_weight
 
 
 class Saver:
-    """Saves the run's state at a step, completes background saves, and warns when a save cannot fit the grace period
-    after a stop signal (:class:`utils.run.GracePeriod`: at start-up from an estimate, else after the first save that
-    took too long).
+    """Saves the run's state at a step, completes background saves, and warns when a save cannot fit the grace period after
+    a stop signal (:class:`utils.run.GracePeriod`: at start-up from an estimate, else after the first save that took too
+    long).
 
     Args:
         model: the trained model (DDP- or FSDP-wrapped; its plain module is saved).
@@ -100,8 +100,8 @@ class Saver:
             self.log.print(f"step {self.state.step}: saved {done} (written in the background)")
 
     def finish(self) -> None:
-        """Wait for a checkpoint being written in the background (``train.async_checkpoint``) and complete it: a run
-        never ends with half a checkpoint."""
+        """Wait for a checkpoint being written in the background (``train.async_checkpoint``) and complete it: a run never
+        ends with half a checkpoint."""
         if self.checkpointer is not None and self.checkpointer.pending is not None:
             with collective("background checkpoint save"):
                 done = self.checkpointer.wait()

@@ -1,8 +1,6 @@
-"""Checkpoints: the training state, atomic writes, safe loading, resuming, and pruning of old files.
-
-A checkpoint is a plain dict of tensors and Python primitives, so it loads with
-``torch.load(weights_only=True)``: a file holding arbitrary pickled objects is refused, never executed.
-:func:`training_checkpoint` builds the dict ``train.py`` saves, :func:`resume_training` puts one back.
+"""Sharded checkpoints (``train.parallelism=fsdp``): one folder per step, written by every rank through
+``torch.distributed.checkpoint`` (in the background if asked), completed by rank 0 (a CRC-32 listing, a rename, the
+``checkpoint_last`` link), checked file by file before a load, and loaded on any number of ranks (resharded).
 """
 
 from __future__ import annotations
@@ -19,17 +17,25 @@ import torch
 from utils.run_log import one_line
 from utils.checkpoint.files import CheckpointError, _load_failure, atomic_write_bytes, checksum_problem, fsync_dir, intact, prune, serialized, write_checksums, write_failure
 from utils.checkpoint.state import STATEFUL_PARTS, TrainState
+from distributed import broadcast_object
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+import datetime
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
 
 def sharded_train_state(parts: Mapping[str, Any], state: TrainState, rng: list, **info: Any) -> dict[str, Any]:
-    """Rank 0's :data:`TRAIN_STATE_NAME` of a sharded checkpoint: :func:`training_checkpoint` without the model
-    and optimizer states, which every rank writes as shards."""
+    """Rank 0's :data:`TRAIN_STATE_NAME` of a sharded checkpoint: :func:`training_checkpoint` without the model and
+    optimizer states, which every rank writes as shards."""
     return {**{name: parts[name].state_dict() for name in STATEFUL_PARTS if name != "optimizer"},
             **dataclasses.asdict(state), "rng": rng, **info}
 
 # --------------------------------------------------------------------------------------------
 # Sharded checkpoints (train.parallelism=fsdp): one folder per step, written by every rank
 # --------------------------------------------------------------------------------------------
+
 
 TRAIN_STATE_NAME = "train_state.pt"
 """The file of a sharded checkpoint's folder that rank 0 writes: everything but the model and optimizer states
@@ -38,10 +44,12 @@ TRAIN_STATE_NAME = "train_state.pt"
 
 SHARDED_RE = re.compile(r"^checkpoint_(\d+)$")
 
+
 def is_sharded(path: str | Path) -> bool:
-    """Whether ``path`` is a sharded checkpoint: a folder (``checkpoint_<step>/`` or the ``checkpoint_last`` link
-    to one) written by :class:`ShardedCheckpointer`, rather than one ``.pt`` file."""
+    """Whether ``path`` is a sharded checkpoint: a folder (``checkpoint_<step>/`` or the ``checkpoint_last`` link to one)
+    written by :class:`ShardedCheckpointer`, rather than one ``.pt`` file."""
     return Path(path).is_dir()
+
 
 def list_sharded_checkpoints(output_dir: str | Path) -> list[Path]:
     """Complete sharded checkpoints (``checkpoint_<step>/`` folders) in ``output_dir``, oldest step first."""
@@ -49,11 +57,11 @@ def list_sharded_checkpoints(output_dir: str | Path) -> list[Path]:
              if (m := SHARDED_RE.match(p.name)) and p.is_dir() and not p.is_symlink()]
     return [p for _, p in sorted(found)]
 
+
 def sharded_intact(path: str | Path) -> Optional[str]:
-    """Why the sharded checkpoint folder at ``path`` is damaged, or ``None``: every file matches its size and CRC-32
-    in :data:`CHECKSUMS_NAME`, its DCP ``.metadata`` reads, every shard file it names is there and long enough, and
+    """Why the sharded checkpoint folder at ``path`` is damaged, or ``None``: every file matches its size and CRC-32 in
+    :data:`CHECKSUMS_NAME`, its DCP ``.metadata`` reads, every shard file it names is there and long enough, and
     :data:`TRAIN_STATE_NAME` passes :func:`intact`."""
-    from torch.distributed.checkpoint import FileSystemReader
     path = Path(path)
     if not path.exists():
         return "not found"
@@ -81,6 +89,7 @@ def sharded_intact(path: str | Path) -> Optional[str]:
     problem = intact(path / TRAIN_STATE_NAME)
     return None if problem is None else f"damaged ({TRAIN_STATE_NAME}: {problem})"
 
+
 def read_train_state(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """The :data:`TRAIN_STATE_NAME` dict of a sharded checkpoint folder (``weights_only=True``).
 
@@ -98,6 +107,7 @@ def read_train_state(path: str | Path, map_location: str | torch.device = "cpu")
     except Exception as err:  # noqa: BLE001 - untrusted input, as in load_checkpoint
         raise CheckpointError(f"cannot load {file} safely: {_load_failure(err)}") from err
 
+
 @contextlib.contextmanager
 def _quiet_single_process_dcp():
     """DCP warns on every load without a process group that it assumes one process; that is the intent here."""
@@ -106,30 +116,28 @@ def _quiet_single_process_dcp():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to.*")
         yield
 
+
 def load_sharded_model(path: str | Path, model: torch.nn.Module) -> None:
-    """Load the model weights of a sharded checkpoint folder into ``model``: a plain module in one process
-    (inference; the shards are put together) or the run's own model, plain, DDP's or sharded by FSDP on any number
-    of ranks (the shards are re-cut for this world size). Uses ``torch.distributed.checkpoint``.
+    """Load the model weights of a sharded checkpoint folder into ``model``: a plain module in one process (inference; the
+    shards are put together) or the run's own model, plain, DDP's or sharded by FSDP on any number of ranks (the shards
+    are re-cut for this world size). Uses ``torch.distributed.checkpoint``.
 
     Raises:
         CheckpointError: the folder does not hold weights of this model (missing or misshapen entries, named).
     """
     load_sharded(path, model, [])
 
+
 def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list,
                  extra: Optional[dict[str, Any]] = None) -> None:
-    """Load the model (and, when ``optimizers`` are given, their states) of a sharded checkpoint folder, on any
-    world size (every rank calls it; resharded on load). ``model`` is the plain or FSDP-sharded model, not a DDP
-    wrapper. ``extra``: further entries the save wrote (``{"ema": {name: tensor}}``), loaded into the given tensors
-    in place. Source: ``torch.distributed.checkpoint.state_dict.get_state_dict`` / ``set_state_dict``.
+    """Load the model (and, when ``optimizers`` are given, their states) of a sharded checkpoint folder, on any world size
+    (every rank calls it; resharded on load). ``model`` is the plain or FSDP-sharded model, not a DDP wrapper.
+    ``extra``: further entries the save wrote (``{"ema": {name: tensor}}``), loaded into the given tensors in place.
+    Source: ``torch.distributed.checkpoint.state_dict.get_state_dict`` / ``set_state_dict``.
 
     Raises:
         CheckpointError: missing or misshapen entries (named), or an unreadable folder.
     """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
     path = Path(path)
     with _quiet_single_process_dcp():
         model_state, optim_state = get_state_dict(model, optimizers)
@@ -142,13 +150,15 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list,
             raise CheckpointError(f"cannot read {path}: {dcp_cause(err)}") from None
         set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
 
+
 def dcp_cause(err: BaseException) -> str:
-    """One line from a ``CheckpointException`` (DCP's error of a save or load, holding every failed rank's own error):
-    the first failed rank and what it raised (for a full disk, the OS's words)."""
+    """One line from a ``CheckpointException`` (DCP's error of a save or load, holding every failed rank's own error): the
+    first failed rank and what it raised (for a full disk, the OS's words)."""
     for rank, (cause, _trace) in sorted(getattr(err, "failures", {}).items()):
         text = cause.strerror if isinstance(cause, OSError) and cause.strerror else one_line(cause)
         return f"rank {rank}: {type(cause).__name__}: {text}"
     return one_line(err)
+
 
 def _dcp_failure(err: BaseException) -> str:
     text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
@@ -158,26 +168,24 @@ def _dcp_failure(err: BaseException) -> str:
         return f"missing {', '.join(missing[:5])}{more}"
     return text[:400] or type(err).__name__
 
+
 class ShardedCheckpointer:
-    """Writes sharded checkpoints: every rank saves its own shards through ``torch.distributed.checkpoint`` (DCP),
-    in parallel, into ``OUTPUT/.checkpoint_<step>.partial/``; once all are written, rank 0 renames the folder to
-    ``checkpoint_<step>/`` and points the ``checkpoint_last`` link at it. A step folder thus appears complete or
-    not at all, and a run killed mid-save leaves ``checkpoint_last`` on the previous one.
+    """Writes sharded checkpoints: every rank saves its own shards through ``torch.distributed.checkpoint`` (DCP), in
+    parallel, into ``OUTPUT/.checkpoint_<step>.partial/``; once all are written, rank 0 renames the folder to
+    ``checkpoint_<step>/`` and points the ``checkpoint_last`` link at it. A step folder thus appears complete or not at
+    all, and a run killed mid-save leaves ``checkpoint_last`` on the previous one.
 
-    With ``async_save`` the state is copied to host memory (a stall of one copy), then written by a background
-    thread over its own gloo process group (sharing the training's group with the background collectives can
-    hang: torchtitan keeps them apart the same way); the run continues meanwhile. :meth:`save` waits for the
-    previous save first, and :meth:`wait` must be called before the process ends.
+    With ``async_save`` the state is copied to host memory (a stall of one copy), then written by a background thread
+    over its own gloo process group (sharing the training's group with the background collectives can hang: torchtitan
+    keeps them apart the same way); the run continues meanwhile. :meth:`save` waits for the previous save first, and
+    :meth:`wait` must be called before the process ends.
 
-    Every rank constructs it (the async process group is a collective) and calls :meth:`save`/:meth:`wait`.
-    Source: https://pytorch.org/docs/stable/distributed.checkpoint.html (``save``, ``async_save``).
+    Every rank constructs it (the async process group is a collective) and calls :meth:`save`/:meth:`wait`. Source:
+    https://pytorch.org/docs/stable/distributed.checkpoint.html (``save``, ``async_save``).
     """
 
     def __init__(self, output_dir: str | Path, rank: int, async_save: bool = False, keep_last: int = 0,
                  timeout_s: float = 1800.0):
-        import datetime
-        import torch.distributed as dist
-
         self.output_dir, self.rank, self.keep_last = Path(output_dir), rank, keep_last
         self.async_save = async_save
         self.group = None
@@ -187,18 +195,13 @@ class ShardedCheckpointer:
 
     def save(self, step: int, model: torch.nn.Module, optimizers: list, train_state: Optional[dict],
              extra: Optional[dict[str, Any]] = None) -> Path:
-        """Save ``model`` (plain or FSDP-sharded, not a DDP wrapper) and ``optimizers`` as step ``step``;
-        ``train_state`` (rank 0's; ``None`` on the others) goes to :data:`TRAIN_STATE_NAME`; ``extra``: further
-        sharded entries (``{"ema": {name: tensor}}``). Returns the folder the checkpoint has (async: will have) once
-        complete.
+        """Save ``model`` (plain or FSDP-sharded, not a DDP wrapper) and ``optimizers`` as step ``step``; ``train_state``
+        (rank 0's; ``None`` on the others) goes to :data:`TRAIN_STATE_NAME`; ``extra``: further sharded entries
+        (``{"ema": {name: tensor}}``). Returns the folder the checkpoint has (async: will have) once complete.
 
         Raises:
             CheckpointError: a shard or file could not be written (a full disk); earlier checkpoints are kept.
         """
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        from distributed import broadcast_object
-
         self.wait()
         partial = self.output_dir / f".checkpoint_{step}.partial"
         failure = None
@@ -220,9 +223,6 @@ class ShardedCheckpointer:
         return self.output_dir / f"checkpoint_{step}"
 
     def _write(self, state: dict, partial: Path, step: int) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.api import CheckpointException
-
         try:
             if self.async_save:
                 self.pending = (dcp.async_save(state, checkpoint_id=str(partial), process_group=self.group), step)
@@ -235,8 +235,8 @@ class ShardedCheckpointer:
             raise self._write_error(step, dcp_cause(err)) from None
 
     def poll(self) -> Optional[Path]:
-        """Complete a background save that has finished (rank 0 renames it into place); its folder, or ``None``.
-        Costs nothing while it runs: call it every step."""
+        """Complete a background save that has finished (rank 0 renames it into place); its folder, or ``None``. Costs
+        nothing while it runs: call it every step."""
         if self.pending is None or not self.pending[0].done():
             return None
         return self.wait()
@@ -247,8 +247,6 @@ class ShardedCheckpointer:
         Raises:
             CheckpointError: the background save failed (earlier checkpoints are kept).
         """
-        from torch.distributed.checkpoint.api import CheckpointException
-
         if self.pending is None:
             return None
         future, step = self.pending

@@ -1,8 +1,7 @@
-"""Checkpoints: the training state, atomic writes, safe loading, resuming, and pruning of old files.
-
-A checkpoint is a plain dict of tensors and Python primitives, so it loads with
-``torch.load(weights_only=True)``: a file holding arbitrary pickled objects is refused, never executed.
-:func:`training_checkpoint` builds the dict ``train.py`` saves, :func:`resume_training` puts one back.
+"""What a single-file checkpoint holds and how it is written: the loop's position (:class:`TrainState`), every rank's
+RNG states, the optimizer(s), scheduler(s) and GradScaler, and provenance (:func:`training_checkpoint`), saved as
+``checkpoint_<step>.pt`` and ``checkpoint_last.pt`` with the newest ``keep_last`` kept (:func:`save_checkpoint`); and the
+release format that inference needs alone (:func:`release_checkpoint`).
 """
 
 from __future__ import annotations
@@ -15,9 +14,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes, fsync_dir, prune, remove_stale_temporaries, serialized, write_failure
+from utils.training.ema import in_modules
 
 
 CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)\.pt$")
+
 
 def checkpoint_bytes(modules: Sequence[torch.nn.Module], optimizer_moments: int = 2, averages: int = 0) -> int:
     """The size of a training checkpoint of ``modules`` (bytes, about): their weights and buffers, plus
@@ -25,6 +26,7 @@ def checkpoint_bytes(modules: Sequence[torch.nn.Module], optimizer_moments: int 
     weights = sum(t.numel() * t.element_size() for m in modules for t in [*m.parameters(), *m.buffers()])
     trainable = sum(t.numel() * t.element_size() for m in modules for t in m.parameters() if t.requires_grad)
     return weights + (optimizer_moments + averages) * trainable
+
 
 def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, keep_last: int = 0) -> Path:
     """Write ``checkpoint_<step>.pt`` and ``checkpoint_last.pt`` atomically; keep the newest ``keep_last``. A
@@ -35,15 +37,15 @@ def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, ke
         output_dir: the run's output folder (must exist).
         state: plain dict of tensors and primitives (see :func:`load_checkpoint`).
         step: optimizer step, used in the file name.
-        keep_last: how many numbered checkpoints to keep (0 keeps all), the newest by step; the one just
-            written and ``checkpoint_last.pt`` always stay.
+        keep_last: how many numbered checkpoints to keep (0 keeps all), the newest by step; the one just written and
+            ``checkpoint_last.pt`` always stay.
 
     Returns:
         the path of the numbered checkpoint.
 
     Raises:
-        CheckpointError: ``state`` holds objects that :func:`load_checkpoint` would refuse (nothing is written),
-            or a file cannot be written (a full disk: no earlier checkpoint is touched).
+        CheckpointError: ``state`` holds objects that :func:`load_checkpoint` would refuse (nothing is written), or a
+            file cannot be written (a full disk: no earlier checkpoint is touched).
     """
     output_dir = Path(output_dir)
     remove_stale_temporaries(output_dir)
@@ -63,21 +65,24 @@ def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, ke
     prune([path for path in list_checkpoints(output_dir) if path != numbered], keep_last, Path.unlink)
     return numbered
 
+
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
     """Numbered checkpoints in ``output_dir``, oldest step first."""
     found = [(int(m.group(1)), p) for p in Path(output_dir).glob("checkpoint_*.pt")
              if (m := CHECKPOINT_RE.match(p.name))]
     return [p for _, p in sorted(found)]
 
+
 def capture_rng_state() -> dict[str, Any]:
-    """This process's random number generator states (Python, NumPy, torch CPU and CUDA) as tensors and
-    primitives, so they load with ``weights_only=True``."""
+    """This process's random number generator states (Python, NumPy, torch CPU and CUDA) as tensors and primitives, so they
+    load with ``weights_only=True``."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {"python": random.getstate(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos,
                                                     has_gauss, cached], "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
 
 def restore_rng_state(state: dict[str, Any]) -> None:
     """Put back the generator states of :func:`capture_rng_state`."""
@@ -93,6 +98,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 # Training state: what train.py saves and resumes
 # --------------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class TrainState:
     """Where the training loop is.
@@ -102,8 +108,8 @@ class TrainState:
         epoch: the epoch being read.
         batch_in_epoch: batches of that epoch this rank has read.
         skipped_steps: steps skipped for a non-finite loss or gradient norm, or a spike (``train.on_spike=skip``).
-        samples_in_epoch: samples of that epoch's order all ranks together have read (a resumed run skips them,
-            on any number of processes: the data position in global samples).
+        samples_in_epoch: samples of that epoch's order all ranks together have read (a resumed run skips them, on any
+            number of processes: the data position in global samples).
         skipped_updates: per optimizer (phase name), its updates skipped for any reason (also fp16 overflows).
         skips_in_a_row: per optimizer, how many of its latest updates were skipped in a row.
     """
@@ -116,12 +122,14 @@ class TrainState:
     skipped_updates: dict = dataclasses.field(default_factory=dict)
     skips_in_a_row: dict = dataclasses.field(default_factory=dict)
 
+
 STATEFUL_PARTS = ("optimizer", "scheduler", "scaler")
 """The objects besides the model whose ``state_dict`` a training checkpoint holds, by these names."""
 
+
 class NamedStates(dict):
-    """Several stateful objects under one checkpoint entry, by name: the optimizers of a model with several
-    phases (``{"discriminator": ..., "generator": ...}``), or their schedulers. Saved as ``{name: state_dict}``."""
+    """Several stateful objects under one checkpoint entry, by name: the optimizers of a model with several phases
+    (``{"discriminator": ..., "generator": ...}``), or their schedulers. Saved as ``{name: state_dict}``."""
 
     def state_dict(self) -> dict[str, Any]:
         return {name: part.state_dict() for name, part in self.items()}
@@ -137,6 +145,7 @@ class NamedStates(dict):
             raise CheckpointError(f"the checkpoint holds states for {found}, this run has {sorted(self)}")
         for name, part in self.items():
             part.load_state_dict(states[name])
+
 
 def training_checkpoint(model: torch.nn.Module, parts: Mapping[str, Any], state: TrainState, rng: list,
                         **info: Any) -> dict[str, Any]:
@@ -155,8 +164,10 @@ def training_checkpoint(model: torch.nn.Module, parts: Mapping[str, Any], state:
     return {"model": model.state_dict(), **{name: parts[name].state_dict() for name in STATEFUL_PARTS},
             **dataclasses.asdict(state), "rng": rng, **info}
 
+
 RELEASE_FORMAT = "release"
 """The ``format`` entry of a release checkpoint (:func:`release_checkpoint`)."""
+
 
 def release_checkpoint(model_name: str, model_state: Mapping[str, torch.Tensor], modules: tuple[str, ...],
                        config: Mapping[str, Any], step: Any, ema_weights: bool, source: str) -> dict[str, Any]:
@@ -165,8 +176,6 @@ def release_checkpoint(model_name: str, model_state: Mapping[str, torch.Tensor],
     config, and where they come from. No optimizer, scheduler, scaler, RNG or data position: it loads with
     ``weights_only=True``, ``inference.py`` runs it, and ``train.py --init-from`` starts a run from it.
     """
-    from utils.training.ema import in_modules
-
     weights = {key: value.detach().cpu().clone() for key, value in model_state.items() if in_modules(key, modules)}
     return {"format": RELEASE_FORMAT, "model_name": model_name, "config": dict(config), "step": step,
             "model": weights, "ema_weights": ema_weights, "source": source, "torch_version": str(torch.__version__)}

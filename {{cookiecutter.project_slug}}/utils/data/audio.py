@@ -1,9 +1,9 @@
 """Audio features: log-mel spectrograms, their Griffin-Lim inversion, and writing wav files.
 
-The mel recipe follows NVIDIA's Tacotron2/WaveGlow reference (``stft.py`` / ``layers.py``): a magnitude
-STFT with a periodic Hann window, reflect padding of ``(n_fft - hop_length) // 2`` samples on both sides
-and ``center=False``, a Slaney-style mel filterbank from librosa, and ``log(clamp(mel, 1e-5))``
-compression. Mels made here therefore match mels made by NVIDIA's code for the same settings.
+The mel recipe follows NVIDIA's Tacotron2/WaveGlow reference (``stft.py`` / ``layers.py``): a magnitude STFT with a
+periodic Hann window, reflect padding of ``(n_fft - hop_length) // 2`` samples on both sides and ``center=False``, a
+Slaney-style mel filterbank from librosa, and ``log(clamp(mel, 1e-5))`` compression. Mels made here therefore match mels
+made by NVIDIA's code for the same settings.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ ArrayLike = Union[torch.Tensor, np.ndarray]
 def dynamic_range_compression(x: torch.Tensor, C: float = 1.0, clip_val: float = 1e-5) -> torch.Tensor:
     """Log-compress a magnitude spectrogram: ``log(clamp(x, min=clip_val) * C)``.
 
-    NVIDIA Tacotron2 reference (``audio_processing.dynamic_range_compression``). Any shape; values of
-    ``x`` are linear magnitudes (>= 0). The floor ``clip_val`` keeps silence at ``log(1e-5) ~ -11.5``.
+    NVIDIA Tacotron2 reference (``audio_processing.dynamic_range_compression``). Any shape; values of ``x`` are linear
+    magnitudes (>= 0). The floor ``clip_val`` keeps silence at ``log(1e-5) ~ -11.5``.
     """
     return torch.log(torch.clamp(x, min=clip_val) * C)
 
@@ -49,13 +49,13 @@ def dynamic_range_decompression(x: torch.Tensor, C: float = 1.0) -> torch.Tensor
 class MelSpectrogram(nn.Module):
     """Waveform -> log-mel spectrogram, framed exactly like NVIDIA's Tacotron2/WaveGlow ``TacotronSTFT``.
 
-    Audio ``(B, T)`` or ``(T,)`` float samples in [-1, 1] becomes ``(B, n_mels, frames)`` or
-    ``(n_mels, frames)``, with ``frames = (T + 2 * pad - n_fft) // hop_length + 1`` and
-    ``pad = (n_fft - hop_length) // 2`` (about ``T / hop_length`` frames).
+    Audio ``(B, T)`` or ``(T,)`` float samples in [-1, 1] becomes ``(B, n_mels, frames)`` or ``(n_mels, frames)``, with
+    ``frames = (T + 2 * pad - n_fft) // hop_length + 1`` and ``pad = (n_fft - hop_length) // 2`` (about ``T /
+    hop_length`` frames).
 
-    Method (NVIDIA reference): reflect-pad by ``pad`` on both sides, ``torch.stft`` with ``center=False``
-    and a periodic Hann window of ``win_length`` samples, magnitude, project onto a Slaney mel filterbank
-    (``librosa.filters.mel``, ``htk=False``, ``norm="slaney"``), then ``log(clamp(mel, 1e-5))``.
+    Method (NVIDIA reference): reflect-pad by ``pad`` on both sides, ``torch.stft`` with ``center=False`` and a periodic
+    Hann window of ``win_length`` samples, magnitude, project onto a Slaney mel filterbank (``librosa.filters.mel``,
+    ``htk=False``, ``norm="slaney"``), then ``log(clamp(mel, 1e-5))``.
 
     Args:
         sampling_rate: Hz.
@@ -67,8 +67,8 @@ class MelSpectrogram(nn.Module):
         fmax: highest filter edge in Hz (``None``: ``sampling_rate / 2``).
 
     Raises:
-        ValueError: a setting is not positive, ``win_length > n_fft``, ``hop_length > n_fft`` or the
-            band edges are not ``0 <= fmin < fmax <= sampling_rate / 2``.
+        ValueError: a setting is not positive, ``win_length > n_fft``, ``hop_length > n_fft`` or the band edges are not
+            ``0 <= fmin < fmax <= sampling_rate / 2``.
     """
 
     def __init__(self, sampling_rate: int, n_fft: int, hop_length: int, win_length: int, n_mels: int,
@@ -109,8 +109,8 @@ class MelSpectrogram(nn.Module):
 
     @property
     def min_samples(self) -> int:
-        """The fewest samples :meth:`forward` can frame: ``max(n_fft - 2 * pad, pad + 1)`` (reflect padding needs
-        more samples than ``pad``)."""
+        """The fewest samples :meth:`forward` can frame: ``max(n_fft - 2 * pad, pad + 1)`` (reflect padding needs more
+        samples than ``pad``)."""
         return max(self.n_fft - 2 * self.pad, self.pad + 1)
 
     def num_frames(self, num_samples: int) -> int:
@@ -121,8 +121,8 @@ class MelSpectrogram(nn.Module):
         """Log-mel of ``audio``: ``(B, T)`` -> ``(B, n_mels, frames)``, ``(T,)`` -> ``(n_mels, frames)``.
 
         Raises:
-            ValueError: ``audio`` is not 1-D or 2-D, is not floating point, or is too short to frame
-                (fewer than ``max(n_fft - 2 * pad, pad + 1)`` samples).
+            ValueError: ``audio`` is not 1-D or 2-D, is not floating point, or is too short to frame (fewer than
+                ``max(n_fft - 2 * pad, pad + 1)`` samples).
         """
         if audio.dim() not in (1, 2):
             raise ValueError(f"MelSpectrogram expects audio of shape (B, T) or (T,), got {tuple(audio.shape)}")
@@ -149,10 +149,9 @@ def griffin_lim(log_mel: ArrayLike, audio_cfg: AudioConfig, n_iter: int = 60, se
     """Rough waveform from a log-mel spectrogram, for listening checks without a vocoder.
 
     Undoes the log compression (``exp``), inverts the mel filterbank with ``librosa.feature.inverse.mel_to_stft``
-    (magnitude spectrogram, ``power=1.0``, the same Slaney filter settings as :class:`MelSpectrogram`) and
-    reconstructs the phase with ``librosa.griffinlim`` (``n_iter`` iterations): what
-    ``librosa.feature.inverse.mel_to_audio`` does, with the random initial phases drawn from ``seed``, so the
-    same mel gives the same audio.
+    (magnitude spectrogram, ``power=1.0``, the same Slaney filter settings as :class:`MelSpectrogram`) and reconstructs
+    the phase with ``librosa.griffinlim`` (``n_iter`` iterations): what ``librosa.feature.inverse.mel_to_audio`` does,
+    with the random initial phases drawn from ``seed``, so the same mel gives the same audio.
 
     Args:
         log_mel: ``(n_mels, frames)`` log-mel, tensor (any device) or numpy array.
@@ -161,12 +160,12 @@ def griffin_lim(log_mel: ArrayLike, audio_cfg: AudioConfig, n_iter: int = 60, se
         seed: seed of the initial phases; ``None``: a fresh random draw each call.
 
     Returns:
-        float32 numpy array ``(samples,)`` at ``audio_cfg.sampling_rate`` Hz, about
-        ``frames * hop_length`` samples (not clipped).
+        float32 numpy array ``(samples,)`` at ``audio_cfg.sampling_rate`` Hz, about ``frames * hop_length`` samples (not
+        clipped).
 
     Raises:
-        ValueError: ``log_mel`` is not 2-D, its first axis is not ``audio_cfg.n_mels``, it holds NaN/inf,
-            or ``n_iter`` < 1.
+        ValueError: ``log_mel`` is not 2-D, its first axis is not ``audio_cfg.n_mels``, it holds NaN/inf, or ``n_iter``
+            < 1.
     """
     if isinstance(log_mel, torch.Tensor):
         log_mel = log_mel.detach().cpu().float().numpy()
@@ -191,8 +190,8 @@ def check_wav_output(path: Union[str, Path]) -> Path:
     """``path`` as a :class:`~pathlib.Path` if :func:`save_wav` can write a wav there, before any work is done.
 
     Raises:
-        ValueError: ``path`` is an existing folder, or its name does not end in ``.wav`` (this project writes
-            16-bit PCM WAV only; convert with ffmpeg or sox for other formats).
+        ValueError: ``path`` is an existing folder, or its name does not end in ``.wav`` (this project writes 16-bit PCM
+            WAV only; convert with ffmpeg or sox for other formats).
     """
     path = Path(path)
     if path.is_dir():
@@ -208,8 +207,8 @@ def save_wav(path: Union[str, Path], audio: ArrayLike, sampling_rate: int) -> Pa
 
     Args:
         path: output file.
-        audio: ``(T,)`` float samples in [-1, 1], tensor (any device) or numpy array; values outside
-            are clipped to [-1, 1].
+        audio: ``(T,)`` float samples in [-1, 1], tensor (any device) or numpy array; values outside are clipped to [-1,
+            1].
         sampling_rate: Hz.
 
     Returns:
@@ -243,8 +242,8 @@ full-scale units) and silent (a peak): none of them happens in speech a trained 
 
 
 def audio_problems(audio: ArrayLike) -> list[str]:
-    """What is wrong with audio as speech: ``["is 77% clipped (samples at full scale)", "has a DC offset of
-    0.171 (its mean; speech's is near 0)", "is nearly silent (peak 2e-04)"]``, or ``[]``.
+    """What is wrong with audio as speech: ``["is 77% clipped (samples at full scale)", "has a DC offset of 0.171 (its
+    mean; speech's is near 0)", "is nearly silent (peak 2e-04)"]``, or ``[]``.
 
     Args:
         audio: ``(T,)`` float samples, full scale 1.0 (before any clipping to [-1, 1]).
@@ -266,8 +265,8 @@ def audio_problems(audio: ArrayLike) -> list[str]:
 def check_wav_not_truncated(path: Path) -> None:
     """Raise DataError if a RIFF/WAVE file's ``data`` chunk claims more bytes than the file holds.
 
-    libsndfile silently returns the samples that are there when a wav was cut short (an interrupted copy
-    or download), so this walks the RIFF chunk headers to compare. Other formats are not checked.
+    libsndfile silently returns the samples that are there when a wav was cut short (an interrupted copy or download),
+    so this walks the RIFF chunk headers to compare. Other formats are not checked.
     """
     with open(path, "rb") as f:
         header = f.read(12)
@@ -288,20 +287,21 @@ def check_wav_not_truncated(path: Path) -> None:
                 return
             f.seek(size + (size % 2), 1)
 
+
 def load_wav(path: PathLike, sampling_rate: int) -> torch.Tensor:
     """Read a sound file as mono float samples in [-1, 1] at ``sampling_rate`` Hz.
 
-    Reads with soundfile (float32, so 16-bit PCM is divided by 32768 as in NVIDIA's
-    ``load_wav_to_torch`` + ``/ max_wav_value``), averages the channels of multi-channel files, and
-    resamples with ``librosa.resample`` when the file's rate differs (expected, e.g. 16 kHz TTS output).
-    Resampling may overshoot full scale slightly, so the result is clipped to [-1, 1].
+    Reads with soundfile (float32, so 16-bit PCM is divided by 32768 as in NVIDIA's ``load_wav_to_torch`` + ``/
+    max_wav_value``), averages the channels of multi-channel files, and resamples with ``librosa.resample`` when the
+    file's rate differs (expected, e.g. 16 kHz TTS output). Resampling may overshoot full scale slightly, so the result
+    is clipped to [-1, 1].
 
     Returns:
         float32 tensor ``(T,)``.
 
     Raises:
-        DataError: the file is missing, unreadable, truncated, empty, or holds NaN/inf samples (the
-            message names the file).
+        DataError: the file is missing, unreadable, truncated, empty, or holds NaN/inf samples (the message names the
+            file).
     """
     path = Path(path)
     if not path.is_file():

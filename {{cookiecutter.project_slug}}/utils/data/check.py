@@ -1,27 +1,27 @@
-"""The corpus check ``train.py`` runs before training: every clip readable, whole, long enough, not silent,
-with a transcript.
+"""The corpus check ``train.py`` runs before training: every clip readable, whole, long enough, not silent, with a
+transcript.
 
-A bad clip found at step 30 000 costs a crashed run (and the same crash again after every resume); found at
-start-up it costs a line. :func:`check_corpus` reads every clip's header, and its samples only until one is
-not silent (the first block, for any clip with sound in its first second or so) in integer (PCM) wavs, which
-cannot hold anything but numbers, and all of its samples in float wavs, in parallel threads, and finds:
+A bad clip found at step 30 000 costs a crashed run (and the same crash again after every resume); found at start-up it
+costs a line. :func:`check_corpus` reads every clip's header, and its samples only until one is not silent (the first
+block, for any clip with sound in its first second or so) in integer (PCM) wavs, which cannot hold anything but numbers,
+and all of its samples in float wavs, in parallel threads, and finds:
 
 * clips whose wav is missing or is a folder, or whose header cannot be read (not a sound file, no permission);
 * truncated wavs: a ``data`` chunk that promises more bytes than the file holds (an interrupted copy);
 * clips shorter than ``min_samples`` at the training sampling rate (too short for one STFT window);
-* silent clips: no sample above :data:`SILENCE_PEAK` of full scale (an all-zero recording), and NaN or
-  infinite samples anywhere in a float wav;
+* silent clips: no sample above :data:`SILENCE_PEAK` of full scale (an all-zero recording), and NaN or infinite samples
+  anywhere in a float wav;
 * transcripts with no letter or digit (an emoji-only or empty row), and whatever the model's own check refuses
   (``ModelSpec.check_text``: a text-to-speech model refuses a transcript with no symbol of its table).
 
 The corpus lines that name no usable clip (malformed lines, missing wavs) are found earlier, by
 :func:`utils.data_utils.load_splits` with its ``bad`` list; ``train.py`` lists both together.
 
-Any sample format soundfile reads is fine: 8-bit unsigned PCM, for one, is read as float in [-1, 1) like
-16-bit PCM (its 128 is silence), so an 8-bit clip passes the check and trains.
+Any sample format soundfile reads is fine: 8-bit unsigned PCM, for one, is read as float in [-1, 1) like 16-bit PCM (its
+128 is silence), so an 8-bit clip passes the check and trains.
 
-What each clip's reading found is cached (:func:`default_cache_file`: outside the corpus and the run's output
-folder) by path, size and modification time, so a second run over a large corpus reads only what changed.
+What each clip's reading found is cached (:func:`default_cache_file`: outside the corpus and the run's output folder) by
+path, size and modification time, so a second run over a large corpus reads only what changed.
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ enough for nearly every recording), then larger ones (3 s at 22050 Hz)."""
 
 
 def _loudest_until_sound(path: Path) -> float:
-    """The peak of ``path``'s samples (full-scale units, all channels), read block by block. An integer (PCM) wav is
-    read only until the first block holding a sample above :data:`SILENCE_PEAK` (for a clip with sound the result
-    is then only known to be above it); a float wav is read to its end, since any of its samples may be NaN.
+    """The peak of ``path``'s samples (full-scale units, all channels), read block by block. An integer (PCM) wav is read
+    only until the first block holding a sample above :data:`SILENCE_PEAK` (for a clip with sound the result is then
+    only known to be above it); a float wav is read to its end, since any of its samples may be NaN.
 
     Raises:
         DataError: a float wav holds NaN or infinite samples (the first one is named).
@@ -88,8 +88,8 @@ def _loudest_until_sound(path: Path) -> float:
 
 
 def _inspect(path: Path) -> dict:
-    """``{"frames", "rate", "silent_peak"}`` of a sound file (``silent_peak``: its peak when it is silent, else
-    ``None``), or ``{"error": reason}``: what :func:`check_corpus` caches per clip."""
+    """``{"frames", "rate", "silent_peak"}`` of a sound file (``silent_peak``: its peak when it is silent, else ``None``),
+    or ``{"error": reason}``: what :func:`check_corpus` caches per clip."""
     if path.is_dir():
         return {"error": "is a folder, not a wav file"}
     if not path.exists():
@@ -135,21 +135,16 @@ def check_corpus(utterances: Sequence[Utterance], sampling_rate: int, min_sample
         sampling_rate: the training rate in Hz (a clip at another rate is resampled: its length is converted).
         min_samples: the fewest samples a clip may have at ``sampling_rate``.
         text_check: the model's own transcript check: ``text -> reason`` or ``None`` when the text is fine.
-        cache_file: where what was read of each clip (header, silence) is cached (JSON; read if present,
-            rewritten; a cache that cannot be written is left unwritten); ``None``: no cache.
+        cache_file: where what was read of each clip (header, silence) is cached (JSON; read if present, rewritten; a
+            cache that cannot be written is left unwritten); ``None``: no cache.
         workers: reading threads (default: 4 per CPU core, at most 32).
         progress: show a progress bar.
 
     Returns:
-        the bad clips (:class:`~utils.data_utils.BadClip`: id, wav path, reason); empty when all are fine.
-        A clip has one reason, the first found in the order of the module's list.
+        the bad clips (:class:`~utils.data_utils.BadClip`: id, wav path, reason); empty when all are fine. A clip has
+        one reason, the first found in the order of the module's list.
     """
-    cache: dict = {}
-    if cache_file is not None and cache_file.is_file():
-        try:
-            cache = json.loads(cache_file.read_text())
-        except (OSError, json.JSONDecodeError):  # a damaged cache is rebuilt, never trusted
-            cache = {}
+    cache = _read_cache(cache_file)
     keys = {utt.id: _stat_key(utt.wav_path) for utt in utterances}
     todo = [utt for utt in utterances if keys[utt.id] is None or cache.get(str(utt.wav_path), {}).get("key")
             != keys[utt.id]]
@@ -160,27 +155,10 @@ def check_corpus(utterances: Sequence[Utterance], sampling_rate: int, min_sample
                                 disable=not progress or len(todo) < 1000):
             cache[str(utt.wav_path)] = {"key": keys[utt.id], **header}
     if cache_file is not None and todo:
-        tmp = cache_file.with_name(f".{cache_file.name}.tmp{os.getpid()}")
-        try:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(cache))
-            os.replace(tmp, cache_file)
-        except OSError:  # a read-only home: the check still ran, the next run reads the headers again
-            tmp.unlink(missing_ok=True)
-
+        _write_cache(cache_file, cache)
     bad = []
     for utt in utterances:
-        header = cache[str(utt.wav_path)]
-        reason = header.get("error")
-        if reason is None:
-            samples = header["frames"] * sampling_rate // header["rate"]
-            if samples < min_samples:
-                reason = (f"too short: {samples} samples at {sampling_rate} Hz, fewer than {min_samples} (one STFT "
-                          "window)")
-            elif header["silent_peak"] is not None:
-                reason = ("silent: every sample is zero" if header["silent_peak"] == 0 else
-                          f"silent: its loudest sample is {header['silent_peak']:.1e} of full scale, at most "
-                          f"{SILENCE_PEAK:.0e}")
+        reason = _clip_problem(cache[str(utt.wav_path)], sampling_rate, min_samples)
         if reason is None and not any(ch.isalnum() for ch in utt.text):
             reason = f"transcript {utt.text!r} has no letter or digit"
         if reason is None and text_check is not None:
@@ -188,6 +166,44 @@ def check_corpus(utterances: Sequence[Utterance], sampling_rate: int, min_sample
         if reason is not None:
             bad.append(BadClip(utt.id, str(utt.wav_path), reason))
     return bad
+
+
+def _read_cache(cache_file: Optional[Path]) -> dict:
+    """What an earlier check read of each clip; empty without a cache file or for a damaged one (rebuilt, never
+    trusted)."""
+    if cache_file is None or not cache_file.is_file():
+        return {}
+    try:
+        return json.loads(cache_file.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _write_cache(cache_file: Path, cache: dict) -> None:
+    """Replace the cache file atomically; a folder that cannot be written (a read-only home) keeps none: the check
+    still ran, the next run reads the headers again."""
+    tmp = cache_file.with_name(f".{cache_file.name}.tmp{os.getpid()}")
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(cache))
+        os.replace(tmp, cache_file)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _clip_problem(header: dict, sampling_rate: int, min_samples: int) -> Optional[str]:
+    """Why a clip read as ``header`` (:func:`_inspect`) cannot be trained on: unreadable, too short, silent; or
+    ``None``."""
+    if header.get("error") is not None:
+        return header["error"]
+    samples = header["frames"] * sampling_rate // header["rate"]
+    if samples < min_samples:
+        return f"too short: {samples} samples at {sampling_rate} Hz, fewer than {min_samples} (one STFT window)"
+    if header["silent_peak"] is not None:
+        return ("silent: every sample is zero" if header["silent_peak"] == 0 else
+                f"silent: its loudest sample is {header['silent_peak']:.1e} of full scale, at most "
+                f"{SILENCE_PEAK:.0e}")
+    return None
 
 
 def describe(bad: Sequence[BadClip], shown: int = 20) -> str:
@@ -198,18 +214,17 @@ def describe(bad: Sequence[BadClip], shown: int = 20) -> str:
 
 
 def prepare_run(cfg: Config, spec: ModelSpec, output_dir: Path) -> tuple[str, object]:
-    """Rank 0's checks before any training time is spent: a writable output folder, then every clip of the
-    corpus (:mod:`utils.data.check`). The outcome is ``("error", message)`` or ``("skip", ids to leave out)``,
-    which rank 0 broadcasts so that every rank acts on it.
+    """Rank 0's checks before any training time is spent: a writable output folder, then every clip of the corpus
+    (:mod:`utils.data.check`). The outcome is ``("error", message)`` or ``("skip", ids to leave out)``, which rank 0
+    broadcasts so that every rank acts on it.
 
-    Bad clips are of two kinds, listed together (first the corpus lines, in file order, then the clips, in
-    corpus order): corpus lines that name no usable clip (a malformed line, listed as ``metadata.csv:<line>``;
-    a repeated id; an empty transcript; a wav that is missing or a folder: :func:`load_splits` with a ``bad``
-    list), and clips that cannot be trained on (unreadable, truncated, too short, silent, a transcript without
-    a usable character: :func:`check_corpus`). With ``data.on_bad_clip=skip`` they are listed in
-    ``OUTPUT/skipped_clips.txt`` (id, path, reason per line), a warning line says how many and names the first
-    20, and their ids are returned for ``data.exclude``; with ``error`` the message names the first 20 and how many
-    there are.
+    Bad clips are of two kinds, listed together (first the corpus lines, in file order, then the clips, in corpus
+    order): corpus lines that name no usable clip (a malformed line, listed as ``metadata.csv:<line>``; a repeated id;
+    an empty transcript; a wav that is missing or a folder: :func:`load_splits` with a ``bad`` list), and clips that
+    cannot be trained on (unreadable, truncated, too short, silent, a transcript without a usable character:
+    :func:`check_corpus`). With ``data.on_bad_clip=skip`` they are listed in ``OUTPUT/skipped_clips.txt`` (id, path,
+    reason per line), a warning line says how many and names the first 20, and their ids are returned for
+    ``data.exclude``; with ``error`` the message names the first 20 and how many there are.
     """
     listed: list = []  # the corpus lines load_splits refused (BadClip)
     try:

@@ -1,16 +1,12 @@
-"""Reading a speech corpus: utterance lists, train/validation splits, wav loading, and the audio+mel dataset.
+"""Reading a speech corpus: utterance lists and train/validation splits.
 
-Two corpus descriptions are understood:
-
-* the LJSpeech layout, a folder with ``metadata.csv`` (``id|raw text|normalized text``) and
-  ``wavs/<id>.wav``;
-* NVIDIA-style filelists, ``path|text`` lines, paths relative to the dataset folder (or absolute).
-
-Every problem with the data (a missing folder or file, a malformed line, an unreadable wav) is a
-:class:`DataError` whose one-line message names the file, and the line or utterance id where there is one.
-A problem of one line (a malformed line, a missing wav) can instead be collected as a :class:`BadClip`
-(the ``bad`` argument of the readers), so that ``train.py`` lists it with the other bad clips and, with
-``data.on_bad_clip=skip``, trains without it.
+Two corpus descriptions are understood: the LJSpeech layout, a folder with ``metadata.csv`` (``id|raw text|normalized
+text``) and ``wavs/<id>.wav``; and NVIDIA-style filelists, ``path|text`` lines, paths relative to the dataset folder (or
+absolute). Every problem with the data (a missing folder or file, a malformed line, an unreadable wav) is a
+:class:`DataError` whose one-line message names the file, and the line or utterance id where there is one. A problem
+of one line (a malformed line, a missing wav) can instead be collected as a :class:`BadClip` (the ``bad`` argument of
+the readers), so that ``train.py`` lists it with the other bad clips and, with ``data.on_bad_clip=skip``, trains without
+it.
 """
 
 from __future__ import annotations
@@ -22,12 +18,15 @@ from utils.config import DataConfig
 
 PathLike = Union[str, Path]
 
+
 class DataError(ValueError):
     """The corpus is missing, malformed or unreadable; the message names the file (and line or id)."""
 
-GET_DATA = ("get LJSpeech with scripts/dataset.sh data, or a small demo corpus with python scripts/make_demo_corpus.py "
+
+GET_DATA = ("get LJSpeech with scripts/dataset.sh data, or a small demo corpus with python -m scripts.make_demo_corpus "
             "--output data/demo, or point --dataset-path at a folder in the LJSpeech layout")
 """How to get a corpus: said where one is missing."""
+
 
 class Utterance(NamedTuple):
     """One recording: its id (the wav's file stem), the wav's path, and its transcript."""
@@ -35,6 +34,7 @@ class Utterance(NamedTuple):
     id: str
     wav_path: Path
     text: str
+
 
 def _read_lines(path: Path, what: str) -> list[tuple[int, str]]:
     """Non-blank lines of a UTF-8 text file as ``(line number, line)``; DataError if missing/empty/not UTF-8."""
@@ -53,9 +53,9 @@ def _read_lines(path: Path, what: str) -> list[tuple[int, str]]:
         raise DataError(f"{what} is empty: {path}")
     return lines
 
+
 class BadClip(NamedTuple):
-    """One utterance (or corpus line) that cannot be trained on: its id, its wav (or the list file and line),
-    and why.
+    """One utterance (or corpus line) that cannot be trained on: its id, its wav (or the list file and line), and why.
 
     A line without a usable id (too few fields, an empty id, an id already used) gets the id ``<file name>:<line>``
     (``metadata.csv:7``), which ``data.exclude`` accepts like any other id.
@@ -65,12 +65,14 @@ class BadClip(NamedTuple):
     path: str
     reason: str
 
+
 class _LineIssue(NamedTuple):
-    """A corpus line :func:`read_ljspeech` / :func:`read_filelist` refused: as a :class:`BadClip`, and as the
-    message raised when the caller collects none."""
+    """A corpus line :func:`read_ljspeech` / :func:`read_filelist` refused: as a :class:`BadClip`, and as the message
+    raised when the caller collects none."""
 
     clip: BadClip
     message: str
+
 
 def _wav_problem(wav_path: Path) -> Optional[str]:
     """Why ``wav_path`` is no wav file (``"wav not found"``, ``"is a folder, not a wav file"``), or ``None``."""
@@ -79,6 +81,7 @@ def _wav_problem(wav_path: Path) -> Optional[str]:
     if wav_path.is_dir():
         return "is a folder, not a wav file"
     return "wav not found"
+
 
 def _scan_ljspeech(root: Path) -> tuple[list[Utterance], list[_LineIssue]]:
     """:func:`read_ljspeech`'s work: the good rows as utterances, the bad ones as issues, in file order."""
@@ -119,6 +122,7 @@ def _scan_ljspeech(root: Path) -> tuple[list[Utterance], list[_LineIssue]]:
         utterances.append(Utterance(utt_id, wav_path, text))
     return utterances, issues
 
+
 def _scan_filelist(filelist: Path, root: Path) -> tuple[list[Utterance], list[_LineIssue]]:
     """:func:`read_filelist`'s work: the good lines as utterances, the bad ones as issues, in file order."""
     utterances: list[Utterance] = []
@@ -143,6 +147,7 @@ def _scan_filelist(filelist: Path, root: Path) -> tuple[list[Utterance], list[_L
         utterances.append(Utterance(wav_path.stem, wav_path, fields[1].strip()))
     return utterances, issues
 
+
 def _settle(issues: Sequence[_LineIssue], bad: Optional[list[BadClip]]) -> None:
     """Raise the first issue's message when the caller collects none (``bad is None``), else collect them."""
     if not issues:
@@ -152,49 +157,52 @@ def _settle(issues: Sequence[_LineIssue], bad: Optional[list[BadClip]]) -> None:
         raise DataError(f"{issues[0].message}{more}")
     bad.extend(issue.clip for issue in issues)
 
+
 def read_ljspeech(dataset_path: PathLike, bad: Optional[list[BadClip]] = None) -> list[Utterance]:
     """Utterances of an LJSpeech-layout corpus, in ``metadata.csv`` order.
 
-    ``metadata.csv`` is UTF-8, pipe separated, without a header: ``id|raw text|normalized text`` (the
-    third column may be left out). The normalized text is used when present and non-empty, else the raw
-    text. Fields are split on ``|`` only (no CSV quoting: transcripts may contain quotes). Blank lines
-    are ignored. The wav of utterance ``id`` is ``wavs/<id>.wav``.
+    ``metadata.csv`` is UTF-8, pipe separated, without a header: ``id|raw text|normalized text`` (the third column may
+    be left out). The normalized text is used when present and non-empty, else the raw text. Fields are split on ``|``
+    only (no CSV quoting: transcripts may contain quotes). Blank lines are ignored. The wav of utterance ``id`` is
+    ``wavs/<id>.wav``.
 
-    A bad row is one clip, not the whole corpus: a malformed line (not 2 or 3 fields, or an empty id; listed
-    as ``metadata.csv:<line>``), an id already used (the later line, as ``metadata.csv:<line>``), an empty
-    transcript, a wav that is missing or is a folder. With ``bad`` given, each is appended to it as a
-    :class:`BadClip` and left out; without, the first one raises.
+    A bad row is one clip, not the whole corpus: a malformed line (not 2 or 3 fields, or an empty id; listed as
+    ``metadata.csv:<line>``), an id already used (the later line, as ``metadata.csv:<line>``), an empty transcript, a
+    wav that is missing or is a folder. With ``bad`` given, each is appended to it as a :class:`BadClip` and left out;
+    without, the first one raises.
 
     Args:
         dataset_path: the corpus folder.
         bad: a list collecting the bad rows, or ``None`` (raise on the first).
 
     Raises:
-        DataError: the folder or ``metadata.csv`` is missing, ``metadata.csv`` is empty or not UTF-8; without
-            ``bad``, also a bad row (the message names the line number, and the id and path where there are).
+        DataError: the folder or ``metadata.csv`` is missing, ``metadata.csv`` is empty or not UTF-8; without ``bad``,
+            also a bad row (the message names the line number, and the id and path where there are).
     """
     utterances, issues = _scan_ljspeech(Path(dataset_path))
     _settle(issues, bad)
     return utterances
 
+
 def read_filelist(filelist_path: PathLike, dataset_path: PathLike,
                   bad: Optional[list[BadClip]] = None) -> list[Utterance]:
     """Utterances of an NVIDIA-style filelist (``path|text`` lines, UTF-8), in file order.
 
-    A relative path is taken relative to ``dataset_path``; an absolute one is used as is. The id of each
-    utterance is its wav's file stem. Blank lines are ignored.
+    A relative path is taken relative to ``dataset_path``; an absolute one is used as is. The id of each utterance is
+    its wav's file stem. Blank lines are ignored.
 
-    A bad line is one clip, not the whole list: a line that is not ``path|text`` with both parts non-empty
-    (listed as ``<filelist name>:<line>``), a wav that is missing or is a folder. With ``bad`` given, each is
-    appended to it as a :class:`BadClip` and left out; without, the first one raises.
+    A bad line is one clip, not the whole list: a line that is not ``path|text`` with both parts non-empty (listed as
+    ``<filelist name>:<line>``), a wav that is missing or is a folder. With ``bad`` given, each is appended to it as a
+    :class:`BadClip` and left out; without, the first one raises.
 
     Raises:
-        DataError: the filelist is missing, empty or not UTF-8; without ``bad``, also a bad line (the message
-            names the line number, and the id and path where there are).
+        DataError: the filelist is missing, empty or not UTF-8; without ``bad``, also a bad line (the message names the
+            line number, and the id and path where there are).
     """
     utterances, issues = _scan_filelist(Path(filelist_path), Path(dataset_path))
     _settle(issues, bad)
     return utterances
+
 
 def _find_filelist(name: str, dataset_path: Path, key: str) -> Path:
     """``name`` if it exists as given, else ``dataset_path / name``; DataError naming both if neither exists."""
@@ -206,19 +214,19 @@ def _find_filelist(name: str, dataset_path: Path, key: str) -> Path:
         return inside
     raise DataError(f"data.{key} not found: {given} (also looked for {inside})")
 
+
 def load_splits(data_cfg: DataConfig,
                 bad: Optional[list[BadClip]] = None) -> tuple[list[Utterance], list[Utterance]]:
     """The training and validation utterances described by the ``data`` section of the config.
 
-    With ``data_cfg.training_files`` set, both filelists are read (:func:`read_filelist`); a relative
-    filelist path is tried as given, then relative to ``dataset_path``. Otherwise ``metadata.csv`` is read
-    (:func:`read_ljspeech`) and its last ``min(val_size, max(1, len // 10))`` utterances validate, which
-    keeps at least one utterance on each side.
+    With ``data_cfg.training_files`` set, both filelists are read (:func:`read_filelist`); a relative filelist path is
+    tried as given, then relative to ``dataset_path``. Otherwise ``metadata.csv`` is read (:func:`read_ljspeech`) and
+    its last ``min(val_size, max(1, len // 10))`` utterances validate, which keeps at least one utterance on each side.
 
     Utterances whose id is in ``data_cfg.exclude`` are left out, and so are bad lines whose id is there
-    (``metadata.csv:7`` for a malformed line): ``train.py`` adds the clips and lines its start-up check
-    refused there, with ``data.on_bad_clip=skip``. The other bad lines (:func:`read_ljspeech`) are appended to
-    ``bad`` when it is given, else the first raises.
+    (``metadata.csv:7`` for a malformed line): ``train.py`` adds the clips and lines its start-up check refused there,
+    with ``data.on_bad_clip=skip``. The other bad lines (:func:`read_ljspeech`) are appended to ``bad`` when it is
+    given, else the first raises.
 
     Args:
         data_cfg: the ``data`` section.
@@ -228,9 +236,9 @@ def load_splits(data_cfg: DataConfig,
         ``(train_utterances, val_utterances)``.
 
     Raises:
-        DataError: anything :func:`read_filelist` / :func:`read_ljspeech` raise; ``training_files``
-            without ``validation_files``; ``val_size < 1``; fewer than 2 utterances left (metadata.csv), or
-            none on one side (filelists).
+        DataError: anything :func:`read_filelist` / :func:`read_ljspeech` raise; ``training_files`` without
+            ``validation_files``; ``val_size < 1``; fewer than 2 utterances left (metadata.csv), or none on one side
+            (filelists).
     """
     root = Path(data_cfg.dataset_path)
     excluded = set(data_cfg.exclude)

@@ -1,21 +1,9 @@
-"""Reading a speech corpus: utterance lists, train/validation splits, wav loading, and the audio+mel dataset.
-
-Two corpus descriptions are understood:
-
-* the LJSpeech layout, a folder with ``metadata.csv`` (``id|raw text|normalized text``) and
-  ``wavs/<id>.wav``;
-* NVIDIA-style filelists, ``path|text`` lines, paths relative to the dataset folder (or absolute).
-
-Every problem with the data (a missing folder or file, a malformed line, an unreadable wav) is a
-:class:`DataError` whose one-line message names the file, and the line or utterance id where there is one.
-A problem of one line (a malformed line, a missing wav) can instead be collected as a :class:`BadClip`
-(the ``bad`` argument of the readers), so that ``train.py`` lists it with the other bad clips and, with
-``data.on_bad_clip=skip``, trains without it.
+"""The audio+mel dataset of the vocoders (random crops, or mels read from ``data.mel_dir``), its collate function,
+the epoch shared with DataLoader workers, and ``inference.py``'s ``--mel``/``--wav`` reader.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import multiprocessing
 import pickle
@@ -32,11 +20,11 @@ from utils.data.corpus import DataError, PathLike, Utterance
 class SharedEpoch:
     """An epoch number set in the training process and read live by its DataLoader workers.
 
-    Persistent workers (``DataLoader(persistent_workers=True)``) hold their own copy of the dataset, made
-    when they started: a plain ``self.epoch = n`` set later never reaches them, and every epoch would draw
-    epoch 0's random crops. This keeps the number in shared memory instead (a ``multiprocessing.Value``),
-    so ``value`` is the same in the process and in every worker it forks. A dataset whose items depend on the
-    epoch keeps it here and sets it in ``set_epoch`` (``train.py`` calls that before each epoch).
+    Persistent workers (``DataLoader(persistent_workers=True)``) hold their own copy of the dataset, made when they
+    started: a plain ``self.epoch = n`` set later never reaches them, and every epoch would draw epoch 0's random crops.
+    This keeps the number in shared memory instead (a ``multiprocessing.Value``), so ``value`` is the same in the
+    process and in every worker it forks. A dataset whose items depend on the epoch keeps it here and sets it in
+    ``set_epoch`` (``train.py`` calls that before each epoch).
     """
 
     def __init__(self, epoch: int = 0):
@@ -50,25 +38,27 @@ class SharedEpoch:
     def value(self, epoch: int) -> None:
         self._shared.value = epoch
 
+
 MEL_SETTINGS_FILE = "_audio_config.json"
-"""The file of a mel folder that records the ``audio`` settings its mels were made with (``dataclasses.asdict`` of
+"""The file of a mel folder that records the ``audio`` settings its mels were made with (``model_dump()`` of
 :class:`utils.config.AudioConfig` as JSON): what ``scripts/dump_gta_mels.py`` writes next to its mels."""
 
 SILENCE_LOG_MEL = float(dynamic_range_compression(torch.zeros(())))
 """The log-mel value of silence, ``log(1e-5)`` (about -11.51): what :class:`~utils.data.audio.MelSpectrogram`
 gives for zero samples, and what pads a mel read from ``data.mel_dir`` when its clip is shorter than a crop."""
 
+
 def check_mel_dir(mel_dir: Path, audio_cfg: AudioConfig, utterances: Sequence[Utterance]) -> None:
-    """Refuse a mel folder (``data.mel_dir``) that cannot serve ``utterances``, before any audio is read: a missing
-    folder, mels recorded (:data:`MEL_SETTINGS_FILE`, when there) with other audio settings, or an utterance without
-    its ``<mel_dir>/<id>.pt`` (only the files' existence is checked here; their contents when an item is read).
+    """Refuse a mel folder (``data.mel_dir``) that cannot serve ``utterances``, before any audio is read: a missing folder,
+    mels recorded (:data:`MEL_SETTINGS_FILE`, when there) with other audio settings, or an utterance without its
+    ``<mel_dir>/<id>.pt`` (only the files' existence is checked here; their contents when an item is read).
 
     Raises:
-        DataError: one line naming the folder, the differing settings, or the first utterance without a mel file
-            (its id and the file) and how many there are.
+        DataError: one line naming the folder, the differing settings, or the first utterance without a mel file (its id
+            and the file) and how many there are.
     """
     if not mel_dir.is_dir():
-        raise DataError(f"data.mel_dir {mel_dir} is not a folder (dump mels there with scripts/dump_gta_mels.py, or "
+        raise DataError(f"data.mel_dir {mel_dir} is not a folder (dump mels there with python -m scripts.dump_gta_mels, or "
                         "set data.mel_dir=\"\" to compute the mels from the audio)")
     settings_file = mel_dir / MEL_SETTINGS_FILE
     if settings_file.is_file():
@@ -79,7 +69,7 @@ def check_mel_dir(mel_dir: Path, audio_cfg: AudioConfig, utterances: Sequence[Ut
         if not isinstance(recorded, dict):
             raise DataError(f"{settings_file}: expected a JSON object of audio settings")
         differing = [f"{key}: mels {recorded.get(key)!r}, config {value!r}"
-                     for key, value in dataclasses.asdict(audio_cfg).items() if recorded.get(key) != value]
+                     for key, value in audio_cfg.model_dump().items() if recorded.get(key) != value]
         if differing:
             raise DataError(f"the mels in {mel_dir} were made with other audio settings ({'; '.join(differing)}): "
                             "set the audio section to theirs, or dump them again with this one")
@@ -89,12 +79,13 @@ def check_mel_dir(mel_dir: Path, audio_cfg: AudioConfig, utterances: Sequence[Ut
         raise DataError(f"no mel for utterance '{missing[0].id}': {mel_dir / (missing[0].id + '.pt')} not found{more}; "
                         "dump it into data.mel_dir, or leave the utterance out with data.exclude")
 
+
 def load_mel_file(path: Path, utt_id: str, n_mels: int) -> torch.Tensor:
     """The mel ``(n_mels, frames)`` float32 of utterance ``utt_id`` in ``path`` (a tensor saved with ``torch.save``).
 
     Raises:
-        DataError: the file is missing or unreadable, or holds no finite float tensor ``(n_mels, frames)``; the
-            message names the utterance and the file.
+        DataError: the file is missing or unreadable, or holds no finite float tensor ``(n_mels, frames)``; the message
+            names the utterance and the file.
     """
     try:
         mel = torch.load(path, map_location="cpu", weights_only=True)
@@ -111,35 +102,34 @@ def load_mel_file(path: Path, utt_id: str, n_mels: int) -> torch.Tensor:
         raise DataError(f"the mel of utterance '{utt_id}' ({path}) holds NaN or infinite values")
     return mel.float()
 
+
 class AudioMelDataset(Dataset):
     """Fixed-length audio segments and their log-mels: NVIDIA WaveGlow's ``Mel2Samp`` recipe.
 
-    Item ``i`` loads utterance ``i``'s wav (:func:`load_wav`), takes ``segment_length`` samples from it
-    (a random crop drawn from a generator seeded by ``(seed, epoch, i)``, so a resumed run crops exactly
-    as the uninterrupted one whatever the worker layout; or the first ``segment_length`` samples when
-    ``random_crop=False``, for a deterministic validation set), pads
-    clips shorter than that with zeros at the end, and computes the log-mel of the segment with one
-    :class:`~utils.data.audio.MelSpectrogram` built for the dataset.
+    Item ``i`` loads utterance ``i``'s wav (:func:`load_wav`), takes ``segment_length`` samples from it (a random crop
+    drawn from a generator seeded by ``(seed, epoch, i)``, so a resumed run crops exactly as the uninterrupted one
+    whatever the worker layout; or the first ``segment_length`` samples when ``random_crop=False``, for a deterministic
+    validation set), pads clips shorter than that with zeros at the end, and computes the log-mel of the segment with
+    one :class:`~utils.data.audio.MelSpectrogram` built for the dataset.
 
-    Items are dicts: ``{"mel": (n_mels, frames) float32, "audio": (segment_length,) float32, "id": str}``
-    with ``frames = MelSpectrogram.num_frames(segment_length)`` (about ``segment_length / hop_length``).
-    Batch them with :func:`collate_audio_mel`.
+    Items are dicts: ``{"mel": (n_mels, frames) float32, "audio": (segment_length,) float32, "id": str}`` with ``frames
+    = MelSpectrogram.num_frames(segment_length)`` (about ``segment_length / hop_length``). Batch them with
+    :func:`collate_audio_mel`.
 
     With ``mel_dir`` (``data.mel_dir``) the mels are read, not computed: ``<mel_dir>/<id>.pt``, the whole utterance's
     mel ``(n_mels, frames)`` (e.g. Tacotron2's teacher-forced, "ground-truth aligned" mels from
     ``scripts/dump_gta_mels.py``), and a vocoder learns to turn *those* into the real audio: the fine-tuning of
     jik876/hifi-gan (``--fine_tuning``, its ``MelDataset``) and of Shen et al. 2018's WaveNet on Tacotron2's
     predictions. A mel must have exactly ``MelSpectrogram.num_frames(T)`` frames for the ``T`` samples of its clip
-    (:func:`load_wav` at ``audio.sampling_rate``): ``(T + 2 * pad - n_fft) // hop_length + 1`` with
-    ``pad = (n_fft - hop_length) // 2``; frame ``k`` then covers samples ``k * hop_length`` to
-    ``(k + 1) * hop_length`` (its window is centred there). Audio and mel are cropped together on frame boundaries:
-    a frame ``f`` drawn uniformly from ``[0, frames - segment_length // hop_length]`` by the same seeded generator
-    as above (``(seed, epoch, i)``; ``f = 0`` without ``random_crop``), mel frames ``f`` to
-    ``f + segment_length // hop_length`` (end excluded) and samples ``f * hop_length`` to
-    ``f * hop_length + segment_length``, so ``segment_length`` must be a multiple of ``hop_length``. A clip with
-    fewer frames than that keeps its mel and the audio of those frames, padded with silence to the crop: zeros for
-    the audio and :data:`SILENCE_LOG_MEL` for the mel, the mel of zeros (jik876 pads the mel with 0 instead, the
-    log of a loud spectrum). Items then hold ``segment_length // hop_length`` mel frames.
+    (:func:`load_wav` at ``audio.sampling_rate``): ``(T + 2 * pad - n_fft) // hop_length + 1`` with ``pad = (n_fft -
+    hop_length) // 2``; frame ``k`` then covers samples ``k * hop_length`` to ``(k + 1) * hop_length`` (its window is
+    centred there). Audio and mel are cropped together on frame boundaries: a frame ``f`` drawn uniformly from ``[0,
+    frames - segment_length // hop_length]`` by the same seeded generator as above (``(seed, epoch, i)``; ``f = 0``
+    without ``random_crop``), mel frames ``f`` to ``f + segment_length // hop_length`` (end excluded) and samples ``f *
+    hop_length`` to ``f * hop_length + segment_length``, so ``segment_length`` must be a multiple of ``hop_length``. A
+    clip with fewer frames than that keeps its mel and the audio of those frames, padded with silence to the crop: zeros
+    for the audio and :data:`SILENCE_LOG_MEL` for the mel, the mel of zeros (jik876 pads the mel with 0 instead, the log
+    of a loud spectrum). Items then hold ``segment_length // hop_length`` mel frames.
 
     Args:
         utterances: from :func:`read_ljspeech`, :func:`read_filelist` or :func:`load_splits`.
@@ -148,14 +138,14 @@ class AudioMelDataset(Dataset):
         random_crop: random (training) or first-segment (validation) crops.
         seed: base seed of the crops; :meth:`set_epoch` changes them every epoch.
         with_mel: compute each crop's mel here (in the DataLoader workers); ``False``: items hold audio only.
-        mel_dir: a folder of mels to read instead (a path as given, relative to the current folder); ``None`` or
-            ``""``: compute them from the audio.
+        mel_dir: a folder of mels to read instead (a path as given, relative to the current folder); ``None`` or ``""``:
+            compute them from the audio.
 
     Raises:
         DataError: ``utterances`` is empty, or ``mel_dir`` cannot serve them (:func:`check_mel_dir`: the folder, its
-            recorded audio settings, a missing ``<id>.pt``) (here); a wav cannot be loaded, or a mel file is
-            unreadable, misshapen or has another number of frames than its audio gives (in ``__getitem__``;
-            the message names the utterance and the file).
+            recorded audio settings, a missing ``<id>.pt``) (here); a wav cannot be loaded, or a mel file is unreadable,
+            misshapen or has another number of frames than its audio gives (in ``__getitem__``; the message names the
+            utterance and the file).
         ValueError: ``segment_length`` is too short to make a mel frame, or with ``mel_dir`` is not a multiple of
             ``hop_length``, or ``mel_dir`` comes with ``with_mel=False``.
     """
@@ -197,13 +187,13 @@ class AudioMelDataset(Dataset):
         return self._epoch.value
 
     def set_epoch(self, epoch: int) -> None:
-        """Draw other crops in epoch ``epoch`` (set before the epoch's batches are requested, like the
-        sampler's); persistent DataLoader workers see it too (:class:`SharedEpoch`)."""
+        """Draw other crops in epoch ``epoch`` (set before the epoch's batches are requested, like the sampler's);
+        persistent DataLoader workers see it too (:class:`SharedEpoch`)."""
         self._epoch.value = epoch
 
     def _start(self, index: int, choices: int) -> int:
-        """The crop's start in ``[0, choices)`` (samples, or frames with ``mel_dir``): drawn from a generator seeded
-        by ``(seed, epoch, index)`` for training crops, 0 for validation ones."""
+        """The crop's start in ``[0, choices)`` (samples, or frames with ``mel_dir``): drawn from a generator seeded by
+        ``(seed, epoch, index)`` for training crops, 0 for validation ones."""
         if not self.random_crop:
             return 0
         rng = torch.Generator().manual_seed(hash((self.seed, self.epoch, index)) & 0x7FFF_FFFF_FFFF)
@@ -251,12 +241,13 @@ class AudioMelDataset(Dataset):
             mel = self.mel(audio)
         return {"mel": mel, "audio": audio, "id": utt.id}
 
+
 def collate_audio_mel(items: Sequence[dict]) -> dict:
     """Stack :class:`AudioMelDataset` items into a batch dict.
 
     Returns:
-        ``{"mel": (B, n_mels, frames), "audio": (B, segment_length), "ids": [str] * B}``; without ``"mel"``
-        when the items have none (``AudioMelDataset(with_mel=False)``).
+        ``{"mel": (B, n_mels, frames), "audio": (B, segment_length), "ids": [str] * B}``; without ``"mel"`` when the
+        items have none (``AudioMelDataset(with_mel=False)``).
 
     Raises:
         ValueError: ``items`` is empty or the items' shapes differ (the message names the ids).
@@ -274,9 +265,10 @@ def collate_audio_mel(items: Sequence[dict]) -> dict:
     return {**{key: torch.stack([item[key] for item in items]) for key in keys},
             "ids": [item["id"] for item in items]}
 
+
 def read_mel(args, cfg) -> torch.Tensor:
-    """The mel ``(n_mels, frames)`` a vocoder's ``inference.py`` run vocodes: from ``--mel`` (a tensor file saved
-    with ``torch.save``) or the log-mel of ``--wav`` (``args.mel``, ``args.wav``; ``cfg.audio``), float32.
+    """The mel ``(n_mels, frames)`` a vocoder's ``inference.py`` run vocodes: from ``--mel`` (a tensor file saved with
+    ``torch.save``) or the log-mel of ``--wav`` (``args.mel``, ``args.wav``; ``cfg.audio``), float32.
 
     Raises:
         DataError: a missing, unreadable or misshapen file, or a wav too short for one STFT window.

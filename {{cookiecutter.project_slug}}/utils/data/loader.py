@@ -1,19 +1,5 @@
-"""Train a model of ``model.py`` on one process, one GPU per process, or many machines.
-
-    python train.py --config config.json                              # one process
-    python multiproc.py train.py --config config.json                 # one process per GPU (DDP)
-    python multiproc.py --nproc-per-node 2 train.py --config config.json --tiny   # CPU smoke run
-
-The loop knows no model: it takes a :class:`model.ModelSpec` from ``model.MODELS``. Each step reads
-``grad_accumulation`` micro-batches; DistributedDataParallel all-reduces the gradients (averaged over
-ranks) during the last micro-batch's backward, so every replica takes the same optimizer step (with
-``train.parallelism=fsdp``, FSDP2 reduce-scatters them and each rank updates its shard). Then one
-small all-reduce per step agrees on the loss, on whether it is finite, and on whether a rank was asked to
-stop (SIGTERM/SIGUSR1/SIGINT). Only rank 0 writes: progress bar, TensorBoard, ``metrics.jsonl``, checkpoints.
-
-A checkpoint holds everything the next step depends on (weights, optimizer, LR schedule, GradScaler,
-step, epoch and position inside it, every rank's RNG states), so ``--resume auto`` continues exactly
-where the run stopped; on another number of processes it continues from the same sample of the epoch.
+"""From dataset to device: the DataLoader of a rank's shard (workers, pinned memory, its own generator), the endless
+stream of batches that keeps the loop's position in the epoch, and a step's micro-batches on the device.
 """
 
 from __future__ import annotations
@@ -30,22 +16,24 @@ from utils.run import ignore_stop_signals, stop_signals_blocked
 
 
 def to_device(batch: dict, device: torch.device, prepare: Optional[Callable[[dict], dict]] = None) -> dict:
-    """Move every tensor of a batch dict to ``device`` (non-blocking from pinned memory), then apply
-    ``prepare`` if given (the model's ``on_device`` hook, from :func:`on_device_hook`)."""
+    """Move every tensor of a batch dict to ``device`` (non-blocking from pinned memory), then apply ``prepare`` if given
+    (the model's ``on_device`` hook, from :func:`on_device_hook`)."""
     batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
     return batch if prepare is None else prepare(batch)
+
 
 def on_device_hook(spec: ModelSpec, cfg: Config) -> Optional[Callable[[dict], dict]]:
     """The model's ``ModelSpec.on_device`` bound to ``cfg`` (``batch -> batch``), or None when it has none."""
     return (lambda batch: spec.training.on_device(batch, cfg)) if spec.training.on_device is not None else None
 
+
 def make_loader(dataset, spec: ModelSpec, cfg: Config, batch_size: int, rank: int, world_size: int, train: bool,
                 device: torch.device) -> DataLoader:
     """A DataLoader over this rank's shard, with workers and pinned memory on CUDA.
 
-    With ``data.persistent_workers`` the workers live for the whole run (no start-up at every epoch
-    boundary); the dataset's epoch reaches them through shared memory (``utils.data_utils.SharedEpoch``),
-    and random crops are seeded by seed, epoch and index, which is what makes a resumed run exact.
+    With ``data.persistent_workers`` the workers live for the whole run (no start-up at every epoch boundary); the
+    dataset's epoch reaches them through shared memory (``utils.data_utils.SharedEpoch``), and random crops are seeded
+    by seed, epoch and index, which is what makes a resumed run exact.
     """
     if train and cfg.data.batching == "buckets":  # one batch of similar lengths per step (LengthBucketSampler)
         if not callable(getattr(dataset, "lengths", None)):
@@ -66,18 +54,20 @@ def make_loader(dataset, spec: ModelSpec, cfg: Config, batch_size: int, rank: in
                       worker_init_fn=ignore_stop_signals if workers else None,
                       persistent_workers=bool(workers) and cfg.data.persistent_workers)
 
+
 def epoch_order(loader: DataLoader) -> tuple[Any, int]:
-    """The loader's sampler that orders its epochs (``set_epoch(epoch, start=k)``, ``num_replicas``) and the
-    samples one step of all ranks reads (the global batch, without accumulation)."""
+    """The loader's sampler that orders its epochs (``set_epoch(epoch, start=k)``, ``num_replicas``) and the samples one
+    step of all ranks reads (the global batch, without accumulation)."""
     if isinstance(loader.batch_sampler, LengthBucketSampler):
         return loader.batch_sampler, loader.batch_sampler.batch_size * loader.batch_sampler.num_replicas
     return loader.sampler, loader.batch_size * loader.sampler.num_replicas
 
+
 def batch_stream(loader: DataLoader, state: TrainState):
     """Endless batches; each epoch reshuffles the shards (``set_epoch``), a resumed one skips what was read.
 
-    Keeps ``state.epoch``, ``state.batch_in_epoch`` and ``state.samples_in_epoch`` (global: every rank's batch)
-    up to date, so a checkpoint taken between two batches records exactly where the stream is.
+    Keeps ``state.epoch``, ``state.batch_in_epoch`` and ``state.samples_in_epoch`` (global: every rank's batch) up to
+    date, so a checkpoint taken between two batches records exactly where the stream is.
     """
     sampler, global_batch = epoch_order(loader)
     while True:
@@ -92,6 +82,7 @@ def batch_stream(loader: DataLoader, state: TrainState):
             yield batch
         state.epoch, state.batch_in_epoch, state.samples_in_epoch = state.epoch + 1, 0, 0
 
+
 def next_micro_batches(batches, spec: ModelSpec, accum: int, device: torch.device, prepare=None):
     """The step's ``accum`` micro-batches on the device (``prepare``: the model's ``on_device`` hook, from
     :func:`on_device_hook`), with the items and utterance ids they hold and the seconds spent waiting for them."""
@@ -103,9 +94,9 @@ def next_micro_batches(batches, spec: ModelSpec, accum: int, device: torch.devic
         ids += batch.get("ids", [])
     return micro, items, ids, time.perf_counter() - t_data
 
+
 def epochs_done(state: TrainState, loader: DataLoader) -> int:
-    """Epochs read to the end: the current one counts once its last batch is read, i.e. when fewer samples than
-    one global batch are left of it (the loop's position moves to the next epoch only when the next batch is
-    asked for)."""
+    """Epochs read to the end: the current one counts once its last batch is read, i.e. when fewer samples than one global
+    batch are left of it (the loop's position moves to the next epoch only when the next batch is asked for)."""
     left = len(loader.dataset) - state.samples_in_epoch
     return state.epoch + (left < epoch_order(loader)[1])

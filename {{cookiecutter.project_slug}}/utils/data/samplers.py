@@ -1,16 +1,6 @@
-"""Reading a speech corpus: utterance lists, train/validation splits, wav loading, and the audio+mel dataset.
-
-Two corpus descriptions are understood:
-
-* the LJSpeech layout, a folder with ``metadata.csv`` (``id|raw text|normalized text``) and
-  ``wavs/<id>.wav``;
-* NVIDIA-style filelists, ``path|text`` lines, paths relative to the dataset folder (or absolute).
-
-Every problem with the data (a missing folder or file, a malformed line, an unreadable wav) is a
-:class:`DataError` whose one-line message names the file, and the line or utterance id where there is one.
-A problem of one line (a malformed line, a missing wav) can instead be collected as a :class:`BadClip`
-(the ``bad`` argument of the readers), so that ``train.py`` lists it with the other bad clips and, with
-``data.on_bad_clip=skip``, trains without it.
+"""Which items each rank reads in which order: a resumable ``DistributedSampler`` (an epoch continues from any sample,
+on any number of ranks) and length buckets (batches of similar lengths for variable-length models, each utterance once
+per epoch across ranks), with the padding they save.
 """
 
 from __future__ import annotations
@@ -21,15 +11,14 @@ from torch.utils.data import DistributedSampler
 
 
 class ResumableDistributedSampler(DistributedSampler):
-    """A :class:`~torch.utils.data.DistributedSampler` that can start an epoch part-way through, on any number of
-    ranks.
+    """A :class:`~torch.utils.data.DistributedSampler` that can start an epoch part-way through, on any number of ranks.
 
-    ``set_epoch(epoch, start=k)`` makes the next pass leave out the first ``k`` samples of that epoch's order
-    (shuffled by ``seed + epoch``, the parent's order, which does not depend on the number of ranks): the ones
-    all ranks together already trained on, ``k`` counted in global samples. The rest is split across this run's
-    ranks as the parent splits a whole epoch (rank ``r`` takes every ``num_replicas``-th sample from its
-    ``r``-th; ``drop_last`` drops the remainder, otherwise it is padded from the start). With the same number of
-    ranks a resumed epoch is exactly the rest of the uninterrupted one; the pass after it is whole again.
+    ``set_epoch(epoch, start=k)`` makes the next pass leave out the first ``k`` samples of that epoch's order (shuffled
+    by ``seed + epoch``, the parent's order, which does not depend on the number of ranks): the ones all ranks together
+    already trained on, ``k`` counted in global samples. The rest is split across this run's ranks as the parent splits
+    a whole epoch (rank ``r`` takes every ``num_replicas``-th sample from its ``r``-th; ``drop_last`` drops the
+    remainder, otherwise it is padded from the start). With the same number of ranks a resumed epoch is exactly the rest
+    of the uninterrupted one; the pass after it is whole again.
     """
 
     def __init__(self, *args, **kwargs):
@@ -64,40 +53,40 @@ class ResumableDistributedSampler(DistributedSampler):
     def __len__(self) -> int:
         return self.num_samples if self.start == 0 else len(self._rest())
 
+
 class LengthBucketSampler:
     """A distributed batch sampler whose batches hold utterances of similar length (``data.batching=buckets``).
 
-    Padding is wasted compute for a variable-length model: a random batch of LJSpeech-like clips (1-10 s) is
-    padded to its longest, so a large share of its mel frames is padding. Here an epoch's order is built as
-    follows, by ``seed + epoch`` alone (not by the number of ranks, nor by ``num_workers``: batches are made in
-    the main process):
+    Padding is wasted compute for a variable-length model: a random batch of LJSpeech-like clips (1-10 s) is padded to
+    its longest, so a large share of its mel frames is padding. Here an epoch's order is built as follows, by ``seed +
+    epoch`` alone (not by the number of ranks, nor by ``num_workers``: batches are made in the main process):
 
     1. the indices are shuffled;
-    2. each run of ``pool * batch_size`` of them is sorted by length and cut into micro-batches of ``batch_size``
-       (the last pool's incomplete micro-batch, fewer than ``batch_size`` utterances, is left out this epoch);
+    2. each run of ``pool * batch_size`` of them is sorted by length and cut into micro-batches of ``batch_size`` (the
+       last pool's incomplete micro-batch, fewer than ``batch_size`` utterances, is left out this epoch);
     3. the micro-batches are shuffled.
 
-    Optimizer step ``s`` of ``num_replicas`` ranks takes micro-batches ``s * num_replicas`` to
-    ``s * num_replicas + num_replicas - 1``, rank ``r`` the ``r``-th of them; micro-batches that do not fill a
-    last step are left out too. So each utterance is read at most once per epoch across the ranks, and at most
-    ``batch_size * num_replicas - 1`` are left out of an epoch (the same count as the random sampler's
-    ``drop_last``; other utterances each epoch). ``set_epoch(epoch, start=k)`` leaves out the first ``k`` global
-    samples (``k`` a multiple of ``batch_size``, as every step's samples are) of that epoch's order: resumed on
-    the same number of ranks the epoch goes on exactly as the uninterrupted one; on another number, the rest of
-    the same order is shared among the new ranks, each utterance still read once. This is the idea of VITS'
-    ``DistributedBucketSampler`` and of NVIDIA NeMo's semi-sorted batches, made resumable.
+    Optimizer step ``s`` of ``num_replicas`` ranks takes micro-batches ``s * num_replicas`` to ``s * num_replicas +
+    num_replicas - 1``, rank ``r`` the ``r``-th of them; micro-batches that do not fill a last step are left out too. So
+    each utterance is read at most once per epoch across the ranks, and at most ``batch_size * num_replicas - 1`` are
+    left out of an epoch (the same count as the random sampler's ``drop_last``; other utterances each epoch).
+    ``set_epoch(epoch, start=k)`` leaves out the first ``k`` global samples (``k`` a multiple of ``batch_size``, as
+    every step's samples are) of that epoch's order: resumed on the same number of ranks the epoch goes on exactly as
+    the uninterrupted one; on another number, the rest of the same order is shared among the new ranks, each utterance
+    still read once. This is the idea of VITS' ``DistributedBucketSampler`` and of NVIDIA NeMo's semi-sorted batches,
+    made resumable.
 
     Args:
         lengths: each item's length (mel frames, samples, symbols: what the collate function pads), ``(N,)``.
         batch_size: utterances per micro-batch (one rank's batch).
         num_replicas, rank: the world size and this process's rank.
         seed: the shuffling seed (``train.seed``).
-        pool: micro-batches sorted together (``data.bucket_pool``): larger pools pad less, smaller ones mix
-            lengths more.
+        pool: micro-batches sorted together (``data.bucket_pool``): larger pools pad less, smaller ones mix lengths
+            more.
 
     Raises:
-        ValueError: ``batch_size``, ``pool`` or ``num_replicas`` < 1, ``rank`` outside ``[0, num_replicas)``, a
-            length < 1, or a ``start`` that is not a multiple of ``batch_size``.
+        ValueError: ``batch_size``, ``pool`` or ``num_replicas`` < 1, ``rank`` outside ``[0, num_replicas)``, a length <
+            1, or a ``start`` that is not a multiple of ``batch_size``.
     """
 
     def __init__(self, lengths: Sequence[int], batch_size: int, num_replicas: int = 1, rank: int = 0,
@@ -147,24 +136,25 @@ class LengthBucketSampler:
         yield from batches
 
     def __len__(self) -> int:
-        """This rank's micro-batches of the epoch, counted without building its order (how many full micro-batches
-        each pool gives does not depend on the order)."""
+        """This rank's micro-batches of the epoch, counted without building its order (how many full micro-batches each
+        pool gives does not depend on the order)."""
         full_pools, left = divmod(len(self.lengths), self.pool * self.batch_size)
         rest = max(full_pools * self.pool + left // self.batch_size - self.start // self.batch_size, 0)
         return rest // self.num_replicas
 
+
 def random_batches(count: int, batch_size: int, seed: int = 0) -> list[list[int]]:
-    """The full batches of one shuffled pass over ``count`` items (``data.batching=random`` on one rank, epoch 0):
-    what :func:`padding_fraction` compares bucketed batches with."""
+    """The full batches of one shuffled pass over ``count`` items (``data.batching=random`` on one rank, epoch 0): what
+    :func:`padding_fraction` compares bucketed batches with."""
     generator = torch.Generator()
     generator.manual_seed(seed)
     order = torch.randperm(count, generator=generator).tolist()
     return [order[i:i + batch_size] for i in range(0, count - batch_size + 1, batch_size)]
 
+
 def padding_fraction(batches: Sequence[Sequence[int]], lengths: Sequence[int]) -> float:
-    """The share of a padded batch's positions that are padding, over ``batches`` (lists of item indices):
-    ``sum(len(b) * max(lengths of b) - sum(lengths of b)) / sum(len(b) * max(lengths of b))``; 0.0 when there is
-    no batch."""
+    """The share of a padded batch's positions that are padding, over ``batches`` (lists of item indices): ``sum(len(b) *
+    max(lengths of b) - sum(lengths of b)) / sum(len(b) * max(lengths of b))``; 0.0 when there is no batch."""
     padded = real = 0
     for batch in batches:
         sizes = [int(lengths[i]) for i in batch]

@@ -1,18 +1,18 @@
-"""Activation checkpointing: chosen blocks keep only their inputs in the forward pass and run their forward again
-during the backward pass, trading about one more forward of compute for their activation memory.
+"""Activation checkpointing: chosen blocks keep only their inputs in the forward pass and run their forward again during
+the backward pass, trading about one more forward of compute for their activation memory.
 
-``train.activation_checkpointing`` picks the blocks among ``ModelSpec.blocks``: ``full`` every one, ``selective``
-every ``train.activation_checkpointing_every``-th one (torchtitan's per-layer selective mode), ``none`` none.
+``train.activation_checkpointing`` picks the blocks among ``ModelSpec.blocks``: ``full`` every one, ``selective`` every
+``train.activation_checkpointing_every``-th one (torchtitan's per-layer selective mode), ``none`` none.
 
-The block's module tree, parameters and state-dict keys stay as they are (checkpoints load either way): only the
-block's ``forward`` is replaced, by one that runs the original through
-:func:`torch.utils.checkpoint.checkpoint` (non-reentrant; the random number generator state is saved and put back
-for the recomputation, so dropout draws the same masks and the gradients are those of the plain model). FSDP2's
-``fully_shard`` of the same block hooks around its ``__call__``, outside this forward, so the recomputation runs
-while the block's weights are gathered: the order torchtitan applies them in (checkpoint inside, shard outside).
+The block's module tree, parameters and state-dict keys stay as they are (checkpoints load either way): only the block's
+``forward`` is replaced, by one that runs the original through :func:`torch.utils.checkpoint.checkpoint` (non-reentrant;
+the random number generator state is saved and put back for the recomputation, so dropout draws the same masks and the
+gradients are those of the plain model). FSDP2's ``fully_shard`` of the same block hooks around its ``__call__``,
+outside this forward, so the recomputation runs while the block's weights are gathered: the order torchtitan applies
+them in (checkpoint inside, shard outside).
 
-Sources: https://pytorch.org/docs/stable/checkpoint.html; Chen et al., "Training Deep Nets with Sublinear Memory
-Cost" (2016); pytorch/torchtitan's ``apply_ac``.
+Sources: https://pytorch.org/docs/stable/checkpoint.html; Chen et al., "Training Deep Nets with Sublinear Memory Cost"
+(2016); pytorch/torchtitan's ``apply_ac``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """An exponential moving average (EMA) of a model's weights, for validation and inference (``train.ema_decay``).
 
-After every real optimizer step, ``ema = decay * ema + (1 - decay) * weights`` for each floating-point parameter
-of the networks inference uses (``ModelSpec.inference_modules``; the whole model when it names none). Training goes
-on with the raw weights; validation puts the average in their place for its forward passes (:meth:`EMA.applied`)
-and checkpoints carry it beside them (``"ema"``). The method is Polyak averaging as speech models keep it
-(BigVGAN, Vocos, VITS-style models); ``torch.optim.swa_utils.get_ema_multi_avg_fn`` computes the same update, but
-``AveragedModel`` keeps a deep copy of whole modules, which does not fit a model that FSDP2 shards: here each
-average is a tensor like its parameter (a ``DTensor`` shard under FSDP, updated where it lies, saved and re-cut by
-``torch.distributed.checkpoint`` as the weights are).
+After every real optimizer step, ``ema = decay * ema + (1 - decay) * weights`` for each floating-point parameter of the
+networks inference uses (``ModelSpec.inference_modules``; the whole model when it names none). Training goes on with the
+raw weights; validation puts the average in their place for its forward passes (:meth:`EMA.applied`) and checkpoints
+carry it beside them (``"ema"``). The method is Polyak averaging as speech models keep it (BigVGAN, Vocos, VITS-style
+models); ``torch.optim.swa_utils.get_ema_multi_avg_fn`` computes the same update, but ``AveragedModel`` keeps a deep
+copy of whole modules, which does not fit a model that FSDP2 shards: here each average is a tensor like its parameter (a
+``DTensor`` shard under FSDP, updated where it lies, saved and re-cut by ``torch.distributed.checkpoint`` as the weights
+are).
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ class EMA:
 
     @torch.no_grad()
     def update(self, network: nn.Module | None = None) -> None:
-        """Move the averages towards the current weights: those of ``network`` only (the one an optimizer just
-        stepped, for a model with several), or all."""
+        """Move the averages towards the current weights: those of ``network`` only (the one an optimizer just stepped, for
+        a model with several), or all."""
         names = list(self.params) if network is None else self._names_in(network)
         for name in names:
             self.averages[name].lerp_(self.params[name].detach(), 1.0 - self.decay)
@@ -98,8 +98,8 @@ class EMA:
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:
-        """Within the block the model's averaged parameters hold their averages; the raw weights come back after it
-        (also on an error)."""
+        """Within the block the model's averaged parameters hold their averages; the raw weights come back after it (also
+        on an error)."""
         with torch.no_grad():
             raw = {name: param.detach().clone() for name, param in self.params.items()}
             for name, param in self.params.items():

@@ -1,7 +1,7 @@
-"""What one step checks beyond the loop's lines: the ranks' agreement on its numbers (one small all-reduce per
-phase), non-finite losses and gradients, loss and gradient-norm spikes (``train.on_nonfinite``, ``train.on_spike``:
-log, skip the update, or stop), runs of skipped updates (``train.max_skips_in_a_row``), and weights that are no
-longer finite (never saved). Every verdict is made from all-reduced values, so every rank reaches the same one.
+"""What one step checks beyond the loop's lines: the ranks' agreement on its numbers (one small all-reduce per phase),
+non-finite losses and gradients, loss and gradient-norm spikes (``train.on_nonfinite``, ``train.on_spike``: log, skip
+the update, or stop), runs of skipped updates (``train.max_skips_in_a_row``), and weights that are no longer finite
+(never saved). Every verdict is made from all-reduced values, so every rank reaches the same one.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ class TrainingError(RuntimeError):
 
 
 class Agreed(NamedTuple):
-    """A phase's numbers as every rank sees them after :func:`agree`: the mean loss and gradient norm, how many ranks saw
-    a non-finite one, the mean of each named metric, the sums of the counts, and the seconds this rank waited in the
+    """A phase's numbers as every rank sees them after :func:`agree`: the mean loss and gradient norm, how many ranks saw a
+    non-finite one, the mean of each named metric, the sums of the counts, and the seconds this rank waited in the
     all-reduce (mostly for the slowest rank)."""
 
     loss: float
@@ -56,8 +56,8 @@ def agree(result: PhaseResult, scaler, world_size: int, device: torch.device, co
 
 def spike(loss: float, grad_norm: float, monitors: tuple[SpikeMonitor, SpikeMonitor], of: str = "") -> str | None:
     """What spiked this step (``"loss 9.1 is above 6 (3x the highest of its last 100 steps, 2)"``, the gradient norm
-    likewise; ``of``: the phase, ``"loss of generator 9.1 ..."``), or ``None``. Both monitors see every finite step;
-    a spike does not enter their windows."""
+    likewise; ``of``: the phase, ``"loss of generator 9.1 ..."``), or ``None``. Both monitors see every finite step; a
+    spike does not enter their windows."""
     found = []
     for name, value, monitor in (("loss", loss, monitors[0]), ("gradient norm", grad_norm, monitors[1])):
         if monitor.is_spike(value):
@@ -66,8 +66,8 @@ def spike(loss: float, grad_norm: float, monitors: tuple[SpikeMonitor, SpikeMoni
 
 
 def nonfinite_weight(model: torch.nn.Module) -> Optional[str]:
-    """The name of the first floating-point parameter or buffer of ``model`` holding NaN or inf (this rank's shard of
-    it under FSDP), or ``None``. One device synchronisation."""
+    """The name of the first floating-point parameter or buffer of ``model`` holding NaN or inf (this rank's shard of it
+    under FSDP), or ``None``. One device synchronisation."""
     named = [(name, tensor.to_local() if isinstance(tensor, DTensor) else tensor)
              for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_floating_point()]
     if not named:
@@ -79,13 +79,13 @@ def nonfinite_weight(model: torch.nn.Module) -> Optional[str]:
 def count_skips(state: TrainState, phase: str, skipped: bool, searching: bool, limit: int, step: int, of: str,
                 last: str) -> None:
     """Count a phase's skipped update (a non-finite loss or gradient, a spike skipped by policy, an fp16 overflow the
-    GradScaler skipped) in ``state.skipped_updates`` and its run of skips in ``state.skips_in_a_row``; an overflow
-    while the GradScaler is still searching its scale (``searching``) neither extends nor breaks that run.
+    GradScaler skipped) in ``state.skipped_updates`` and its run of skips in ``state.skips_in_a_row``; an overflow while
+    the GradScaler is still searching its scale (``searching``) neither extends nor breaks that run.
 
     Raises:
         TrainingError: ``limit`` (``train.max_skips_in_a_row``; 0: none) updates in a row were skipped: the run does not
-            recover by skipping (a learning rate far too high, weights already broken), so it stops naming the last
-            good checkpoint.
+            recover by skipping (a learning rate far too high, weights already broken), so it stops naming the last good
+            checkpoint.
     """
     if skipped:
         state.skipped_updates[phase] = state.skipped_updates.get(phase, 0) + 1
@@ -101,18 +101,18 @@ def count_skips(state: TrainState, phase: str, skipped: bool, searching: bool, l
 class SpikeMonitor:
     """Flags a spike of one series (a phase's loss, or its gradient norm): a step far above the recent past.
 
-    The value is compared with the highest (and lowest) of the last ``window`` values of the series: it is a spike
-    when above ``limit = high + (factor - 1) * max(|high|, high - low)``. For a positive series (gradient norms, most
-    losses) that is ``factor * high``; the ``|high|`` and ``high - low`` terms keep the rule meaningful for losses
-    below or around zero (WaveGlow's negative log-likelihood). Checks start after ``warmup`` values; spikes do not
-    enter the window; ``factor <= 0`` disables the check.
+    The value is compared with the highest (and lowest) of the last ``window`` values of the series: it is a spike when
+    above ``limit = high + (factor - 1) * max(|high|, high - low)``. For a positive series (gradient norms, most losses)
+    that is ``factor * high``; the ``|high|`` and ``high - low`` terms keep the rule meaningful for losses below or
+    around zero (WaveGlow's negative log-likelihood). Checks start after ``warmup`` values; spikes do not enter the
+    window; ``factor <= 0`` disables the check.
 
     Why the recent highest and not a mean: gradient norms are heavy-tailed and grow early in training. Measured on
-    full-size runs (one H100, bf16 and tf32, the first 260-990 steps): WaveGlow's gradient norm grows about 40x in
-    its first hundred steps and then reaches 4-7x its median every few dozen steps; HiFi-GAN's discriminator's
-    2.5-4x; a rule "3x the running mean" fired 3 to 23 times in every one of those healthy runs, the rule here not
-    once. A real fault is far above anything seen lately: a clip of loud noise gives WaveGlow a gradient norm of
-    4-17x its recent highest; an exploding loss grows without bound.
+    full-size runs (one H100, bf16 and tf32, the first 260-990 steps): WaveGlow's gradient norm grows about 40x in its
+    first hundred steps and then reaches 4-7x its median every few dozen steps; HiFi-GAN's discriminator's 2.5-4x; a
+    rule "3x the running mean" fired 3 to 23 times in every one of those healthy runs, the rule here not once. A real
+    fault is far above anything seen lately: a clip of loud noise gives WaveGlow a gradient norm of 4-17x its recent
+    highest; an exploding loss grows without bound.
     """
 
     def __init__(self, factor: float, warmup: int = 20, window: int = 100):
@@ -134,8 +134,8 @@ class SpikeMonitor:
         return False
 
     def describe(self, name: str, value: float) -> str:
-        """``"gradient norm 22.5 is above 8.6 (3x the highest of its last 100 steps, 2.87)"``, for a spike just
-        found (the window is as the check saw it)."""
+        """``"gradient norm 22.5 is above 8.6 (3x the highest of its last 100 steps, 2.87)"``, for a spike just found (the
+        window is as the check saw it)."""
         return (f"{name} {value:.4g} is above {self.limit():.4g} ({self.factor:g}x the highest of its last "
                 f"{len(self.recent)} steps, {max(self.recent):.4g})")
 
@@ -143,16 +143,16 @@ class SpikeMonitor:
 class Anomalies:
     """The step's verdicts on one phase, by ``train.on_nonfinite`` and ``train.on_spike``: a non-finite loss or gradient
     norm, or a spike (:func:`spike`), is logged (``anomalies.jsonl``, with the utterance ids of every rank's batch),
-    skipped (the optimizer's gradients dropped, its buffers taken back, counted in ``TrainState.skipped_steps``) or stops
-    the run naming the last good checkpoint; skipped updates are counted (:func:`count_skips`)."""
+    skipped (the optimizer's gradients dropped, its buffers taken back, counted in ``TrainState.skipped_steps``) or
+    stops the run naming the last good checkpoint; skipped updates are counted (:func:`count_skips`)."""
 
     def __init__(self, train_cfg, scaler, state: TrainState, log: RunLog, output_dir, phases: int):
         self.cfg, self.scaler, self.state, self.log, self.output_dir = train_cfg, scaler, state, log, output_dir
         self.several = phases > 1
 
     def judge(self, step: int, phase: Phase, agreed: Agreed, ids: list) -> tuple[bool, bool]:
-        """``(overflow, skipped)`` of ``phase``'s update this step, from the ranks' agreed numbers: an fp16 overflow
-        (the GradScaler skips it) and whether it is skipped at all (an overflow, or an anomaly the policy skips).
+        """``(overflow, skipped)`` of ``phase``'s update this step, from the ranks' agreed numbers: an fp16 overflow (the
+        GradScaler skips it) and whether it is skipped at all (an overflow, or an anomaly the policy skips).
 
         Raises:
             TrainingError: an anomaly with the policy ``stop``.

@@ -21,8 +21,8 @@ from utils.training.guards import TrainingError
 def setup_precision(precision: str, device: torch.device):
     """Return ``(autocast context factory, GradScaler)`` for ``fp32 | tf32 | bf16 | fp16``.
 
-    TF32 matmuls/convolutions are enabled for every mode but fp32. The scaler is enabled for fp16 only
-    (elsewhere it passes gradients through unchanged). Source: PyTorch's AMP recipe (``torch.amp``).
+    TF32 matmuls/convolutions are enabled for every mode but fp32. The scaler is enabled for fp16 only (elsewhere it
+    passes gradients through unchanged). Source: PyTorch's AMP recipe (``torch.amp``).
     """
     allow_tf32 = precision != "fp32"
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
@@ -52,8 +52,8 @@ def lr_lambda(cfg: Config):
 
 
 def build_optimizers(spec: ModelSpec, model, model_cfg, device: torch.device) -> dict:
-    """``{phase: optimizer}`` from ``Training.build_optimizer``: ``{"model": optimizer}`` for a one-loss model,
-    one per ``Phases.names`` otherwise.
+    """``{phase: optimizer}`` from ``Training.build_optimizer``: ``{"model": optimizer}`` for a one-loss model, one per
+    ``Phases.names`` otherwise.
 
     Raises:
         TrainingError: it returned something else (e.g. a dict from a model that declares no phases).

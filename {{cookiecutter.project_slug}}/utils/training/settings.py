@@ -1,5 +1,5 @@
-"""Settings a model cannot honour, refused before any process group, data or model exists: a setting is honoured or
-refused in one line, never silently ignored (:func:`check_settings`)."""
+"""Settings a model cannot honour, refused before any process group, data or model exists: a setting is honoured or refused
+in one line, never silently ignored (:func:`check_settings`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Everything the loop uses, built once per run in a fixed order (:func:`build_run`): the corpus checked by rank 0,
-the checkpoint to resume from, the model (seeded, ``--init-from``, activation checkpointing, FSDP sharding), precision,
+"""Everything the loop uses, built once per run in a fixed order (:func:`build_run`): the corpus checked by rank 0, the
+checkpoint to resume from, the model (seeded, ``--init-from``, activation checkpointing, FSDP sharding), precision,
 criterion, EMA, optimizers and schedulers, data loaders, the resumed position, the phases (DDP-wrapped networks), the
 run log and the saver. The order is part of the behaviour: every random draw happens where it always did, so a run
 repeats bit for bit.
@@ -45,8 +45,8 @@ from utils.training.step import BufferGuard, Phase, clock_name, one_loss_step
 
 @dataclasses.dataclass
 class Run:
-    """What the loop in ``train.py`` reads and steps: the model's phases (one per optimizer), precision, the batches,
-    the position (``state``), the moving average, the log and the saver."""
+    """What the loop in ``train.py`` reads and steps: the model's phases (one per optimizer), precision, the batches, the
+    position (``state``), the moving average, the log and the saver."""
 
     spec: ModelSpec
     cfg: Config
@@ -72,8 +72,8 @@ class Run:
 
 
 def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Config, dist: DistInfo) -> Optional[Run]:
-    """The run of ``models[args.model]`` (``models``: the registry, for ``--init-from`` files of any model) as ``args``
-    and ``cfg`` ask, once rank 0 holds the output folder; ``None`` when the output folder's checkpoint is at
+    """The run of ``models[args.model]`` (``models``: the registry, for ``--init-from`` files of any model) as ``args`` and
+    ``cfg`` ask, once rank 0 holds the output folder; ``None`` when the output folder's checkpoint is at
     ``train.max_steps`` already (said in one line).
 
     Raises:
@@ -167,10 +167,10 @@ def initialise(model: torch.nn.Module, models: dict[str, ModelSpec], spec: Model
 
 
 def prepare_model(spec: ModelSpec, model, cfg: Config) -> None:
-    """What ``train.activation_checkpointing`` and ``train.parallelism=fsdp`` do to the model, in place, before
-    its optimizers are built (FSDP replaces the parameters by their shards): checkpoint the chosen blocks of
-    ``Training.blocks``, then shard each phase's network, block by block, then its root (the order torchtitan
-    uses: recomputation inside, sharding outside). The combinations that cannot work were refused earlier
+    """What ``train.activation_checkpointing`` and ``train.parallelism=fsdp`` do to the model, in place, before its
+    optimizers are built (FSDP replaces the parameters by their shards): checkpoint the chosen blocks of
+    ``Training.blocks``, then shard each phase's network, block by block, then its root (the order torchtitan uses:
+    recomputation inside, sharding outside). The combinations that cannot work were refused earlier
     (:func:`utils.training.settings.check_settings`).
 
     Raises:
@@ -193,8 +193,8 @@ def prepare_model(spec: ModelSpec, model, cfg: Config) -> None:
 
 
 def build_ema(spec: ModelSpec, model, cfg: Config) -> Optional[EMA]:
-    """``train.ema_decay``'s moving average of the weights of ``Inference.modules`` (:class:`utils.training.ema.EMA`)
-    of the plain or FSDP-sharded ``model``, or ``None`` when the decay is 0.
+    """``train.ema_decay``'s moving average of the weights of ``Inference.modules`` (:class:`utils.training.ema.EMA`) of
+    the plain or FSDP-sharded ``model``, or ``None`` when the decay is 0.
 
     Raises:
         ConfigError: the model's inference modules name no parameter.
@@ -226,8 +226,8 @@ def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo) -> tuple:
 
 def resume(spec: ModelSpec, path: Path, model, parts: dict, cfg: Config, dist: DistInfo, ema: Optional[EMA],
            train_utterances: int) -> tuple[TrainState, int]:
-    """The checkpoint at ``path`` put back (:func:`utils.checkpoint.resume.resume_training`): the loop's position,
-    and the gradient accumulation that keeps the global batch on another number of processes.
+    """The checkpoint at ``path`` put back (:func:`utils.checkpoint.resume.resume_training`): the loop's position, and the
+    gradient accumulation that keeps the global batch on another number of processes.
 
     Raises:
         CheckpointError: a single-file checkpoint for an FSDP run, or what ``resume_training`` raises.
@@ -259,7 +259,7 @@ def phase_networks(spec: ModelSpec, model) -> dict:
         TrainingError: ``Phases.networks`` does not name one network per phase.
     """
     phases = spec.training.phases
-    nets = {"model": model} if phases is None else phases.networks(model)
+    nets = {"model": model} if phases is None else phases.networks(model) if phases.networks is not None else None
     if not isinstance(nets, dict) or set(nets) != set(spec.phase_names or ("model",)):
         raise TrainingError(f"model '{spec.name}': Phases.networks must map each phase "
                             f"({', '.join(spec.phase_names or ('model',))}) to the network it trains")
@@ -267,8 +267,8 @@ def phase_networks(spec: ModelSpec, model) -> dict:
 
 
 def build_phases(spec: ModelSpec, model, optimizers: dict, schedulers: dict, cfg: Config) -> list[Phase]:
-    """One :class:`Phase` per optimizer, each network wrapped for the gradient all-reduce on its own (DDP; under
-    FSDP, :func:`prepare_model` has sharded it already).
+    """One :class:`Phase` per optimizer, each network wrapped for the gradient all-reduce on its own (DDP; under FSDP,
+    :func:`prepare_model` has sharded it already).
 
     Raises:
         TrainingError: ``Phases.networks`` does not name one network per phase.
@@ -282,8 +282,8 @@ def build_phases(spec: ModelSpec, model, optimizers: dict, schedulers: dict, cfg
 
 def announce(spec: ModelSpec, cfg: Config, dist: DistInfo, log: RunLog, output_dir: Path, train_loader: DataLoader,
              sizes: tuple[int, int], accumulation: int, ema: Optional[EMA]) -> None:
-    """Rank 0: the run's config beside its checkpoints (``config.json``) and its first lines: what trains where, how
-    big the global batch is, and the padding that length buckets save."""
+    """Rank 0: the run's config beside its checkpoints (``config.json``) and its first lines: what trains where, how big
+    the global batch is, and the padding that length buckets save."""
     atomic_write_bytes(output_dir / "config.json", json.dumps(cfg.to_dict(), indent=2).encode())
     device, batch_size = dist.device, cfg.section(spec.name).batch_size
     threads = f" ({torch.get_num_threads()} threads)" if device.type == "cpu" else ""

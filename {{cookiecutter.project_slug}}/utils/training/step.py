@@ -1,5 +1,5 @@
-"""One training step's mechanics beyond the loop's lines: the phases (one per optimizer), forward and backward
-over the accumulated micro-batches with the gradient all-reduce on the last one, unscaling and clipping.
+"""One training step's mechanics beyond the loop's lines: the phases (one per optimizer), forward and backward over the
+accumulated micro-batches with the gradient all-reduce on the last one, unscaling and clipping.
 
 A one-loss model has one phase, ``"model"``; a model with several optimizers (:class:`model.Phases`: a GAN's
 discriminator, then generator) has one per optimizer, each over the same micro-batches, its network wrapped for the
@@ -22,15 +22,15 @@ from distributed import collective, full_value, no_sync
 
 @dataclasses.dataclass
 class Phase:
-    """One optimizer's share of a training step. A one-loss model has one phase, ``"model"``; a model with
-    several optimizers (:class:`model.Phases`) has one per optimizer, run in order (a GAN: the discriminator's,
-    then the generator's), each over the same micro-batches.
+    """One optimizer's share of a training step. A one-loss model has one phase, ``"model"``; a model with several
+    optimizers (:class:`model.Phases`) has one per optimizer, run in order (a GAN: the discriminator's, then the
+    generator's), each over the same micro-batches.
 
     Attributes:
         name: the optimizer's name (``Phases.names``), or ``"model"``.
         plain: the network this optimizer trains, unwrapped.
-        net: ``plain`` wrapped by :func:`distributed.apply_gradient_allreduce` (DDP: its gradients are
-            all-reduced during this phase's backward only).
+        net: ``plain`` wrapped by :func:`distributed.apply_gradient_allreduce` (DDP: its gradients are all-reduced
+            during this phase's backward only).
         optimizer, scheduler: its optimizer and LR scheduler; ``interval``: ``"step"`` or ``"epoch"``, when the
             scheduler steps.
         monitors: spike monitors of its loss and its gradient norm (:class:`utils.training.guards.SpikeMonitor`).
@@ -49,9 +49,9 @@ class Phase:
 
 @dataclasses.dataclass
 class PhaseResult:
-    """What one phase measured over the step's micro-batches: its loss summed over them (a device scalar, of the
-    mean loss), the gradient norm of its network, its named metrics (device scalars, summed likewise) and the
-    seconds spent in forward passes."""
+    """What one phase measured over the step's micro-batches: its loss summed over them (a device scalar, of the mean
+    loss), the gradient norm of its network, its named metrics (device scalars, summed likewise) and the seconds spent
+    in forward passes."""
 
     loss: torch.Tensor
     grad_norm: torch.Tensor
@@ -60,11 +60,11 @@ class PhaseResult:
 
 
 class BufferGuard:
-    """Takes back what a skipped step did to the model's buffers (BatchNorm's running statistics and batch
-    count): a skipped step leaves the model exactly as it was, not only its weights.
+    """Takes back what a skipped step did to the model's buffers (BatchNorm's running statistics and batch count): a
+    skipped step leaves the model exactly as it was, not only its weights.
 
-    :meth:`save` before the step's forward (one copy of every buffer: a few kilobytes for BatchNorm),
-    :meth:`restore` when the step is skipped. Without buffers both do nothing.
+    :meth:`save` before the step's forward (one copy of every buffer: a few kilobytes for BatchNorm), :meth:`restore`
+    when the step is skipped. Without buffers both do nothing.
     """
 
     def __init__(self, model: torch.nn.Module):
@@ -89,8 +89,8 @@ def one_loss_step(criterion):
 
 @contextlib.contextmanager
 def frozen(modules):
-    """Parameters of ``modules`` need no gradient inside the block (their earlier flags come back after it): the
-    other phases' networks, so that a phase's backward neither computes nor all-reduces their gradients."""
+    """Parameters of ``modules`` need no gradient inside the block (their earlier flags come back after it): the other
+    phases' networks, so that a phase's backward neither computes nor all-reduces their gradients."""
     flags = [(param, param.requires_grad) for module in modules for param in module.parameters()]
     for param, _ in flags:
         param.requires_grad_(False)
@@ -103,11 +103,11 @@ def frozen(modules):
 
 def forward_backward(phase: Phase, phases: list, step_fn, micro: list, scaler, autocast,
                      grad_clip: float) -> PhaseResult:
-    """One phase over the step's micro-batches: forward and backward of each, then unscaling and clipping of the
-    phase's gradients (no optimizer step yet). ``step_fn(phase, nets, batch) -> (loss, {name: scalar})``.
+    """One phase over the step's micro-batches: forward and backward of each, then unscaling and clipping of the phase's
+    gradients (no optimizer step yet). ``step_fn(phase, nets, batch) -> (loss, {name: scalar})``.
 
-    The phase's DDP all-reduces (FSDP reduce-scatters) its gradients during the last micro-batch's backward
-    only (:func:`distributed.no_sync` before it). ``nets`` gives the other phases' networks unwrapped and frozen
+    The phase's DDP all-reduces (FSDP reduce-scatters) its gradients during the last micro-batch's backward only
+    (:func:`distributed.no_sync` before it). ``nets`` gives the other phases' networks unwrapped and frozen
     (:func:`frozen`). fp16 losses are scaled by the one GradScaler of the step, as PyTorch's AMP recipe for several
     optimizers has it.
     """
@@ -141,9 +141,9 @@ def clock_name(device: torch.device) -> str:
 
 
 def compute_clock(device: torch.device) -> Callable[[], float]:
-    """How a rank's compute time is measured for the straggler check (:class:`utils.run_log.BalanceMonitor`): CPU
-    seconds of this process on the CPU (ranks sharing a machine's cores wait for one in turns, which is not slower
-    computing), wall seconds on a GPU."""
+    """How a rank's compute time is measured for the straggler check (:class:`utils.run_log.BalanceMonitor`): CPU seconds
+    of this process on the CPU (ranks sharing a machine's cores wait for one in turns, which is not slower computing),
+    wall seconds on a GPU."""
     return time.process_time if device.type == "cpu" else time.perf_counter
 
 
@@ -162,8 +162,8 @@ class StepTally:
     stepped: dict = dataclasses.field(default_factory=dict)
 
     def add(self, phase: Phase, several: bool, result: PhaseResult, agreed, overflow: bool, skipped: bool) -> None:
-        """One phase: what it measured (``result``) and what the ranks agreed on
-        (:class:`utils.training.guards.Agreed`)."""
+        """One phase: what it measured (``result``) and what the ranks agreed on (:class:`utils.training.guards.Agreed`).
+        """
         loss, grad_norm, n_bad, metrics = agreed.loss, agreed.grad_norm, agreed.n_bad, agreed.metrics
         self.compute_time += result.compute_time
         self.wait_time += agreed.wait_s
@@ -175,9 +175,9 @@ class StepTally:
 
 
 def step_schedulers(phases: list[Phase], stepped: dict, epochs_seen: int, epochs_done: int) -> int:
-    """After the step's optimizer steps: each phase's scheduler steps per applied update (``"step"``; a skipped update
-    does not advance its schedule) or per epoch ended in this step (``"epoch"``); gradients are dropped. Returns the
-    epochs now seen."""
+    """After the step's optimizer steps: each phase's scheduler steps per applied update (``"step"``; a skipped update does
+    not advance its schedule) or per epoch ended in this step (``"epoch"``); gradients are dropped. Returns the epochs
+    now seen."""
     for phase in phases:
         if phase.interval == "step" and stepped[phase.name]:
             phase.scheduler.step()

@@ -18,8 +18,8 @@ from utils.training.setup import Run
 
 
 def validate_run(run: Run, step: int) -> float:
-    """:func:`validate` of the run's model (its one DDP-wrapped network, or the whole model of several phases), under
-    its EMA weights when it keeps them."""
+    """:func:`validate` of the run's model (its one DDP-wrapped network, or the whole model of several phases), under its
+    EMA weights when it keeps them."""
     model = run.phases[0].net if len(run.phases) == 1 else run.model
     with run.ema.applied() if run.ema is not None else contextlib.nullcontext():  # the weights inference uses
         return validate(model, run.criterion, run.val_loader, run.dist.device, run.autocast, run.spec, run.prepare,
@@ -29,8 +29,8 @@ def validate_run(run: Run, step: int) -> float:
 @torch.no_grad()
 def validate(model, criterion, loader, device, autocast, spec, prepare, step, writer, output_dir, is_main,
              cfg=None) -> float:
-    """Mean validation loss over all ranks' shards (summed then all-reduced); rank 0 draws pictures.
-    ``prepare``: the model's ``on_device`` hook (:func:`on_device_hook`) or None."""
+    """Mean validation loss over all ranks' shards (summed then all-reduced); rank 0 draws pictures. ``prepare``: the
+    model's ``on_device`` hook (:func:`on_device_hook`) or None."""
     model.eval()
     total = torch.zeros(2, device=device, dtype=torch.float64)  # (sum of losses, number of batches)
     with stop_signals_blocked():
@@ -51,9 +51,9 @@ def validate(model, criterion, loader, device, autocast, spec, prepare, step, wr
 
 
 def whole_model(model, spec: ModelSpec, cfg: Config, device: torch.device, is_main: bool):
-    """The model with all its weights on rank 0, for what rank 0 runs alone (validation pictures and audio):
-    the plain module under DDP; under FSDP a copy built from the gathered weights (every rank calls this: the
-    gathering is a collective; the other ranks get ``None``). Source:
+    """The model with all its weights on rank 0, for what rank 0 runs alone (validation pictures and audio): the plain
+    module under DDP; under FSDP a copy built from the gathered weights (every rank calls this: the gathering is a
+    collective; the other ranks get ``None``). Source:
     ``torch.distributed.checkpoint.state_dict.get_model_state_dict(full_state_dict=True, cpu_offload=True)``."""
     plain = unwrap_model(model)
     if not sharded_by_fsdp(plain):

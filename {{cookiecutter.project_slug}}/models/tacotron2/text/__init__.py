@@ -1,11 +1,11 @@
 """Text front end: clean a transcript and map it to the integer ids Tacotron2 embeds.
 
-``text_to_sequence("Dr. Who?")`` cleans the text with the named cleaners (:mod:`models.tacotron2.text.cleaners`)
-and looks every character up in the symbol table (:mod:`models.tacotron2.text.symbols`). As in NVIDIA's Tacotron2
-reference, ARPAbet phones may be written inline between curly braces: ``"Turn {L EH1 F T} here"``.
+``text_to_sequence("Dr. Who?")`` cleans the text with the named cleaners (:mod:`models.tacotron2.text.cleaners`) and
+looks every character up in the symbol table (:mod:`models.tacotron2.text.symbols`). As in NVIDIA's Tacotron2 reference,
+ARPAbet phones may be written inline between curly braces: ``"Turn {L EH1 F T} here"``.
 
-A character that is not in the table (after cleaning) is dropped with a :class:`UserWarning` that names
-it; it never raises.
+A character that is not in the table (after cleaning) is dropped with a :class:`UserWarning` that names it; it never
+raises.
 """
 
 from __future__ import annotations
@@ -37,20 +37,19 @@ def text_to_sequence(text: str, cleaner_names: Sequence[str] = ("english_cleaner
     """Clean ``text`` and convert it to a list of symbol ids.
 
     Args:
-        text: a transcript; ``{...}`` spans hold space-separated ARPAbet phones (``{HH AH0 L OW1}``),
-            which are not cleaned.
+        text: a transcript; ``{...}`` spans hold space-separated ARPAbet phones (``{HH AH0 L OW1}``), which are not
+            cleaned.
         cleaner_names: cleaners to apply in order (names from :data:`models.tacotron2.text.cleaners.CLEANERS`).
 
     Returns:
-        Symbol ids (``0 < id < len(symbols)``; id 0 is padding and never produced). May be empty if
-        nothing in ``text`` maps to a symbol.
+        Symbol ids (``0 < id < len(symbols)``; id 0 is padding and never produced). May be empty if nothing in ``text``
+        maps to a symbol.
 
     Raises:
         ValueError: an unknown cleaner name.
 
-    Warns:
-        UserWarning: naming each character (or phone) that is not in the symbol table and was dropped, the
-            first time this process drops it (later transcripts holding it are not reported again).
+    Warns: UserWarning: naming each character (or phone) that is not in the symbol table and was dropped, the first time
+    this process drops it (later transcripts holding it are not reported again).
     """
     ids: list[int] = []
     dropped: list[str] = []

@@ -1,13 +1,12 @@
 """Text normalisation run before text is mapped to symbol ids ("cleaners").
 
-A cleaner is a function ``str -> str``; :func:`models.tacotron2.text.text_to_sequence` applies the ones named in
-the model config (``text_cleaners``) in order. The set mirrors NVIDIA's Tacotron2 reference
-(``text/cleaners.py``):
+A cleaner is a function ``str -> str``; :func:`models.tacotron2.text.text_to_sequence` applies the ones named in the
+model config (``text_cleaners``) in order. The set mirrors NVIDIA's Tacotron2 reference (``text/cleaners.py``):
 
 * ``basic_cleaners``: lowercase and collapse whitespace (any language in the Latin alphabet);
 * ``transliteration_cleaners``: also transliterate to ASCII with ``unidecode`` (non-English text);
-* ``english_cleaners``: ASCII, lowercase, numbers spelled out, abbreviations expanded, whitespace
-  collapsed (the pipeline used for LJSpeech).
+* ``english_cleaners``: ASCII, lowercase, numbers spelled out, abbreviations expanded, whitespace collapsed (the
+  pipeline used for LJSpeech).
 """
 
 from __future__ import annotations
@@ -69,8 +68,8 @@ def convert_to_ascii(text: str) -> str:
 def expand_abbreviations(text: str) -> str:
     """Expand English abbreviations such as ``"Dr."`` -> ``"doctor"`` and ``"St."`` -> ``"saint"``.
 
-    The list is NVIDIA's (mr, mrs, dr, st, co, jr, maj, gen, drs, rev, lt, hon, sgt, capt, esq, ltd,
-    col, ft). Expansions are lowercase; the full stop is consumed.
+    The list is NVIDIA's (mr, mrs, dr, st, co, jr, maj, gen, drs, rev, lt, hon, sgt, capt, esq, ltd, col, ft).
+    Expansions are lowercase; the full stop is consumed.
     """
     for pattern, expansion in _ABBREVIATIONS:
         text = pattern.sub(expansion, text)
@@ -95,8 +94,7 @@ def transliteration_cleaners(text: str) -> str:
 def english_cleaners(text: str) -> str:
     """The English pipeline: ASCII, lowercase, numbers, abbreviations, whitespace.
 
-    ``"Dr. Smith paid $3.50 on the 2nd."`` -> ``"doctor smith paid three dollars, fifty cents on the
-    second."``
+    ``"Dr. Smith paid $3.50 on the 2nd."`` -> ``"doctor smith paid three dollars, fifty cents on the second."``
     """
     # Numbers go first because unidecode turns "£" into "PS"; the second pass catches digits that only
     # transliteration produced (full-width or superscript digits).

@@ -1,28 +1,25 @@
 """Spell out numbers in English text before it is turned into symbols.
 
-The rules follow NVIDIA's Tacotron2 reference (``text/numbers.py``, itself from Keith Ito's Tacotron):
-thousands separators are dropped, ``£`` and ``$`` amounts become pounds / dollars and cents, ordinals
-(``1st``, ``22nd``) become ordinal words, and plain integers become cardinal words, read as years
-between 1000 and 3000 ("nineteen eighty-four", "two thousand five"). Spelling uses the ``inflect``
-package.
+The rules follow NVIDIA's Tacotron2 reference (``text/numbers.py``, itself from Keith Ito's Tacotron): thousands
+separators are dropped, ``£`` and ``$`` amounts become pounds / dollars and cents, ordinals (``1st``, ``22nd``) become
+ordinal words, and plain integers become cardinal words, read as years between 1000 and 3000 ("nineteen eighty-four",
+"two thousand five"). Spelling uses the ``inflect`` package.
 
-Two deliberate differences from the reference: decimals are read digit by digit after "point"
-("3.14" -> "three point one four"; NVIDIA says "three point fourteen"), and dollar amounts are spelled
-as amounts, not years ("$1,250" -> "one thousand, two hundred fifty dollars"; NVIDIA says "twelve
-fifty dollars").
+Two deliberate differences from the reference: decimals are read digit by digit after "point" ("3.14" -> "three point
+one four"; NVIDIA says "three point fourteen"), and dollar amounts are spelled as amounts, not years ("$1,250" -> "one
+thousand, two hundred fifty dollars"; NVIDIA says "twelve fifty dollars").
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import inflect
 
 
 @functools.lru_cache(maxsize=None)
 def _engine():
     """inflect's engine, built on first use (importing and building it takes seconds)."""
-    import inflect
-
     return inflect.engine()
 
 
@@ -92,9 +89,9 @@ def _expand_number(match: re.Match) -> str:
 def normalize_numbers(text: str) -> str:
     """Replace every number in ``text`` with English words.
 
-    Examples: ``"$3.50"`` -> ``"three dollars, fifty cents"``; ``"£12"`` -> ``"twelve pounds"``;
-    ``"1,000,000"`` -> ``"one million"``; ``"3.14"`` -> ``"three point one four"``;
-    ``"21st"`` -> ``"twenty-first"``; ``"1984"`` -> ``"nineteen eighty-four"``.
+    Examples: ``"$3.50"`` -> ``"three dollars, fifty cents"``; ``"£12"`` -> ``"twelve pounds"``; ``"1,000,000"`` ->
+    ``"one million"``; ``"3.14"`` -> ``"three point one four"``; ``"21st"`` -> ``"twenty-first"``; ``"1984"`` ->
+    ``"nineteen eighty-four"``.
 
     Args:
         text: any string (case is kept; only digit runs and their ``$``/``£``/suffixes change).

@@ -1,0 +1,183 @@
+"""The ``--loader`` and ``--padding`` parts of ``python -m scripts.benchmark`` (its docstring says what they
+measure): the training DataLoader's items/s against the train step's, and the padded share of batches."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from model import ModelSpec
+from models import MODELS
+from scripts.benchmark_step import (BenchmarkError, make_train_step, median_step_time, progress_bar, release,
+                                    skip_note, synchronize)
+from train import load_run_config
+from utils.checkpoint.state import TrainState
+from utils.config import Config
+from utils.data.loader import batch_stream, make_loader, to_device
+from utils.data.samplers import LengthBucketSampler, padding_fraction, random_batches
+
+
+def run_config(args: argparse.Namespace, tiny: bool, extra: tuple[str, ...] = ()) -> Config:
+    """``train.py``'s config for this run (``train.load_run_config``): ``--config``, ``--set`` then ``extra``,
+    ``--dataset-path``; the tiny block with ``tiny``."""
+    return load_run_config(argparse.Namespace(config=args.config, tiny=tiny, set=[*args.set, *extra],
+                                              dataset_path=args.dataset_path, max_steps=None))
+
+
+def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str],
+                emit: Callable[[dict], None]) -> list[dict]:
+    """Loader throughput rows for ``models`` (see :mod:`scripts.benchmark`), each passed to ``emit`` as it is
+    measured: first the train step on a real batch (``train_<model>``), then every ``--workers`` count.
+
+    A dataset with a ``cache_dir`` attribute (a mel cache) that holds ``.pt`` files is timed twice: with the
+    cache switched off (``cache_dir = None``: audio decoded, mels computed) and with it.
+
+    Raises:
+        BenchmarkError: a dataset too small for one batch of the configured batch size.
+    """
+    rows = []
+    for name in models:
+        spec = MODELS[name]
+        train_set, _ = spec.training.build_datasets(run_config(args, args.tiny, ("data.num_workers=0",)))
+        rows.append(step_on_real_batch(spec, run_config(args, args.tiny, ("data.num_workers=0",)), train_set, args,
+                                       device))
+        emit(rows[-1])
+        cache = getattr(train_set, "cache_dir", None)
+        variants = [("wav", None)]
+        if cache is not None and Path(cache).is_dir() and any(Path(cache).glob("*.pt")):
+            variants.append(("cached_mels", cache))
+        for label, cache_dir in variants:
+            if cache is not None:
+                train_set.cache_dir = cache_dir
+            for workers in args.workers:
+                rows.append(time_loader(spec, run_config(args, args.tiny, (f"data.num_workers={workers}",)),
+                                        train_set, f"loader_{name}_{label}", args.steps, device, args.progress))
+                rows[-1]["tiny"] = bool(args.tiny)
+                emit(rows[-1])
+    return rows
+
+
+def padding_rows(args: argparse.Namespace, models: list[str], emit: Callable[[dict], None]) -> list[dict]:
+    """``padding_<model>`` rows (see :mod:`scripts.benchmark`) for every model of ``models`` with
+    ``Training.variable_length``, each passed to ``emit``; the others are skipped with a line saying so.
+
+    Raises:
+        BenchmarkError: no model of ``models`` has items of different lengths, or the corpus holds fewer
+            training utterances than one batch.
+    """
+    rows = []
+    for name in models:
+        if not MODELS[name].training.variable_length:
+            skip_note(name, "its items all have one length (ModelSpec.variable_length is not set): no padding")
+            continue
+        cfg = run_config(args, args.explicit_tiny)
+        train_set, _ = MODELS[name].training.build_datasets(cfg)
+        lengths = train_set.lengths()
+        batch_size = cfg.section(name).batch_size
+        if len(lengths) < batch_size:
+            raise BenchmarkError(f"{len(lengths)} training utterances are too few for one batch of {batch_size}; "
+                                 f"use --set {name}.batch_size=N")
+        for batching, batches in (
+                ("random", random_batches(len(lengths), batch_size, cfg.train.seed)),
+                ("buckets", LengthBucketSampler(lengths, batch_size, seed=cfg.train.seed,
+                                                pool=cfg.data.bucket_pool).epoch_batches())):
+            rows.append({"case": f"padding_{name}", "mode": "padding", "batching": batching, "batch_size": batch_size,
+                         "utterances": len(lengths), "batches": len(batches),
+                         "padding_fraction": round(padding_fraction(batches, lengths), 4)})
+            emit(rows[-1])
+    if not rows:
+        raise BenchmarkError(f"--padding: none of {', '.join(models)} has items of different lengths")
+    return rows
+
+
+def training_loader(spec: ModelSpec, cfg: Config, train_set, device: torch.device):
+    """``train.py``'s training DataLoader over ``train_set`` for one process.
+
+    Raises:
+        BenchmarkError: the dataset is too small for one batch.
+    """
+    batch_size = cfg.section(spec.name).batch_size
+    loader = make_loader(train_set, spec, cfg, batch_size, 0, 1, True, device)
+    if len(loader) == 0:
+        raise BenchmarkError(f"{len(train_set)} training utterances are too few for one batch of {batch_size}; "
+                             f"use --tiny or --set {spec.name}.batch_size=N")
+    return loader
+
+
+def step_on_real_batch(spec: ModelSpec, cfg: Config, train_set, args: argparse.Namespace,
+                       device: torch.device) -> dict:
+    """Items/s of ``train.py``'s step (forward, loss, backward, optimizer; eager, ``train.precision``) on the
+    first real batch of ``train_set``: what the loader has to keep up with on this device.
+
+    Raises:
+        BenchmarkError: the dataset is too small for one batch.
+    """
+    name = spec.name
+    batch_size = cfg.section(name).batch_size
+    loader = training_loader(spec, cfg, train_set, device)
+    batch = next(iter(loader))
+    items = spec.training.count_items(batch)
+    torch.manual_seed(0)
+    model = spec.build_model(cfg).to(device)
+    step = make_train_step(model, spec.training.build_criterion(cfg), to_device(batch, device), cfg, spec,
+                           cfg.train.precision, device)
+    seconds = median_step_time(step, args.warmup, min(args.steps, 5 if device.type == "cpu" else 20), device,
+                               f"train_{name} ({cfg.train.precision}, batch {batch_size})", args.progress)
+    release(device)
+    return {"case": f"train_{name}", "mode": "train", "precision": cfg.train.precision, "batch_size": batch_size,
+            "step_s": round(seconds, 4), "items_per_s": round(items / seconds), "tiny": bool(args.tiny)}
+
+
+def print_loader_table(rows: list[dict]) -> None:
+    """Loader items/s per worker count beside the train step's, and how many workers keep up."""
+    step = {r["case"][len("train_"):]: r["items_per_s"] for r in rows if r["mode"] == "train"}
+    loaders: dict[str, dict[int, int]] = {}
+    for r in rows:
+        if r["mode"] == "loader":
+            loaders.setdefault(r["case"], {})[r["workers"]] = r["items_per_s"]
+    counts = sorted({w for by_workers in loaders.values() for w in by_workers})
+    print("\n| loader | " + " | ".join(f"{w} workers" for w in counts) + " | train step | workers needed |")
+    print("|---" * (len(counts) + 3) + "|")
+    for case, by_workers in loaders.items():
+        model = next(name for name in step if case.startswith(f"loader_{name}_"))
+        enough = [w for w in counts if by_workers.get(w, 0) >= step[model]]
+        needed = str(enough[0]) if enough else f"more than {counts[-1]}"
+        print(f"| {case} | " + " | ".join(f"{by_workers.get(w, 0):,}" for w in counts)
+              + f" | {step[model]:,} | {needed} |")
+
+
+def time_loader(spec: ModelSpec, cfg: Config, train_set, label: str, batches: int, device: torch.device,
+                progress: bool = True) -> dict:
+    """Items/s of ``train.py``'s training DataLoader over ``train_set``, ``batches`` batches after the first one.
+
+    The batches come from :func:`utils.data.loader.batch_stream` (epochs restart as in training) and are moved to
+    ``device`` as ``train.py`` moves them (non-blocking from pinned memory). With ``progress``, a tqdm bar
+    on stderr counts the ``batches + 1`` batches.
+
+    Raises:
+        BenchmarkError: the dataset is too small for one batch.
+    """
+    batch_size = cfg.section(spec.name).batch_size
+    loader = training_loader(spec, cfg, train_set, device)
+    stream = batch_stream(loader, TrainState())
+    with progress_bar(batches + 1, f"{label} ({cfg.data.num_workers} workers)", "batch", progress) as bar:
+        begin = time.perf_counter()
+        to_device(next(stream), device)
+        first = time.perf_counter() - begin
+        bar.update()
+        items = 0
+        begin = time.perf_counter()
+        for _ in range(batches):
+            batch = next(stream)
+            items += spec.training.count_items(batch)
+            to_device(batch, device)
+            bar.update()
+        synchronize(device)
+        seconds = time.perf_counter() - begin
+    return {"case": label, "mode": "loader", "workers": cfg.data.num_workers, "batch_size": batch_size,
+            "batches": batches, "items_per_s": round(items / seconds), "batches_per_s": round(batches / seconds, 2),
+            "first_batch_s": round(first, 3), "utterances": len(train_set)}
