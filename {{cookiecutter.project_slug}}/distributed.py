@@ -36,6 +36,7 @@ import gc
 import logging
 import os
 from typing import Optional, Sequence
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -48,7 +49,6 @@ from utils.collectives import CollectiveError as CollectiveError  # re-exported:
 from utils.collectives import CollectiveTimeout as CollectiveTimeout
 from utils.collectives import collective, remember_timeout
 from utils.launch import _int_var, detect_launcher_env, die_with_launcher
-
 
 logger = logging.getLogger(__name__)
 

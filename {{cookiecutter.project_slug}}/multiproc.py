@@ -66,6 +66,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+
 import torch
 from torch.distributed import DistError, TCPStore
 from torch.distributed import run as torchrun
@@ -76,7 +77,6 @@ from torch.distributed.launcher.api import elastic_launch
 
 from utils.launch import platform_topology
 from utils.run import StopForwarder, stop_exit_code
-
 
 ROOT = Path(__file__).resolve().parent
 """The project's folder: a training script in it is imported by its dotted name for :func:`preflight`."""

@@ -37,8 +37,8 @@ from torch import nn
 
 from model import Inference, ModelSpec, Training
 from utils.config import Config, Section
-from utils.data.datasets import AudioMelDataset, collate_audio_mel, read_mel
 from utils.data.corpus import load_splits
+from utils.data.datasets import AudioMelDataset, collate_audio_mel, read_mel
 
 
 class MelAEConfig(Section):

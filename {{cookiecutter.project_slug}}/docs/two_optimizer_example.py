@@ -59,10 +59,10 @@ from torch import nn
 
 from distributed import unwrap_model
 from model import Inference, ModelSpec, Phases, Training
-from utils.data.audio import MelSpectrogram, check_wav_output, save_wav
-from utils.config import AudioConfig, Config, Section
-from utils.data.datasets import AudioMelDataset, collate_audio_mel, read_mel
+from utils.config import Config, Section
+from utils.data.audio import AudioConfig, MelSpectrogram, check_wav_output, save_wav
 from utils.data.corpus import load_splits
+from utils.data.datasets import AudioMelDataset, collate_audio_mel, read_mel
 
 PHASES = ("discriminator", "generator")
 """The optimizers, in update order: the discriminator learns from the current generator first."""

@@ -3,10 +3,8 @@
 Adding a model is two lines: its import and its ``SPEC`` in the list (``model.py`` says what a spec holds)."""
 
 from model import ModelSpec
-from models import hifigan
-from models import tacotron2
-from models import waveglow
-from utils.config import SHARED_SECTIONS
+from models import hifigan, tacotron2, waveglow
+from utils.training.settings import SHARED_SECTIONS
 
 
 def registry(*specs: ModelSpec) -> dict[str, ModelSpec]:

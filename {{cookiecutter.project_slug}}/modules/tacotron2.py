@@ -20,10 +20,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm import tqdm
 
 from modules.attention import LocationSensitiveAttention
 from modules.layers import ConvNorm, LinearNorm
-from tqdm import tqdm
 
 
 def get_padding_mask(lengths: torch.Tensor, max_len: Optional[int] = None) -> torch.Tensor:

@@ -12,8 +12,8 @@ import torch
 
 from model import ModelSpec
 from models import MODELS
-from scripts.benchmark_step import (BenchmarkError, make_train_step, median_step_time, progress_bar, release,
-                                    skip_note, synchronize)
+from scripts.benchmark_step import (BenchmarkError, make_train_step, median_step_time, progress_bar, release, skip_note,
+                                    synchronize)
 from train import load_run_config
 from utils.checkpoint.state import TrainState
 from utils.config import Config

@@ -33,8 +33,8 @@ from tqdm import tqdm
 
 from models import config_schemas
 from models.tacotron2.data import CACHE_SETTINGS_FILE, check_cache_settings, mel_cache_path
-from utils.config import AudioConfig, Config, ConfigError, load_config
-from utils.data.audio import MelSpectrogram, load_wav
+from utils.config import Config, ConfigError, load_config
+from utils.data.audio import AudioConfig, MelSpectrogram, load_wav
 from utils.data.corpus import DataError, load_splits
 
 _worker_mel: Optional[MelSpectrogram] = None

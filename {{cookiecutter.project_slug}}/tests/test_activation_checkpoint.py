@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 import torch
+from conftest import ROOT, run_ranks
 from torch import nn
 
-from conftest import ROOT, run_ranks
 from models import MODELS, config_schemas
 from utils.config import load_config
 from utils.training.activation_checkpoint import apply_activation_checkpointing, is_checkpointed

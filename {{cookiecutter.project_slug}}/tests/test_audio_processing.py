@@ -6,9 +6,8 @@ import pytest
 import soundfile as sf
 import torch
 
-from utils.data.audio import (MelSpectrogram, dynamic_range_compression, dynamic_range_decompression,
-                                    griffin_lim, save_wav)
-from utils.config import AudioConfig
+from utils.data.audio import (AudioConfig, MelSpectrogram, dynamic_range_compression, dynamic_range_decompression,
+                              griffin_lim, save_wav)
 
 SR = 22050
 

@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from conftest import ROOT, TEST_MODEL, OpensAFile, clean_env, synth_corpus
 
 import inference
 import train
-from conftest import ROOT, TEST_MODEL, OpensAFile, clean_env, synth_corpus
 from models import MODELS
 from utils.data import check as data_check
 from utils.training.settings import check_settings

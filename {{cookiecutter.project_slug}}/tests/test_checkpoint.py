@@ -18,9 +18,9 @@ import zipfile
 import numpy as np
 import pytest
 import torch
+from conftest import bound, clean_env
 from torch import nn
 
-from conftest import bound, clean_env
 from utils.checkpoint.files import (CheckpointError, atomic_write_bytes, load_checkpoint, load_model_state,
                                     remove_stale_temporaries)
 from utils.checkpoint.resume import config_changes

@@ -5,12 +5,14 @@ from typing import Annotated, Literal, Optional, Union
 
 import annotated_types
 import pytest
+from conftest import ROOT
 from pydantic import Field, ValidationError
 
-from conftest import ROOT
 from models import MODELS
-from utils.config import (SHARED_SECTIONS, AudioConfig, Config, ConfigError, DataConfig, Section, TrainConfig,
-                          build_config, config_from_dict, load_config, parse_override)
+from utils.config import Config, ConfigError, Section, build_config, config_from_dict, load_config, parse_override
+from utils.data.audio import AudioConfig
+from utils.data.corpus import DataConfig
+from utils.training.settings import SHARED_SECTIONS, TrainConfig
 
 Count = Annotated[int, Field(ge=1)]
 """An int >= 1: the bound of each item of a list or tuple."""

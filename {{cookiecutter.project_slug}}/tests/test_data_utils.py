@@ -11,10 +11,9 @@ import soundfile as sf
 import torch
 from torch.utils.data import DataLoader
 
-from utils.config import AudioConfig, DataConfig
+from utils.data.audio import AudioConfig, load_wav
+from utils.data.corpus import DataConfig, DataError, Utterance, load_splits, read_filelist, read_ljspeech
 from utils.data.datasets import AudioMelDataset, collate_audio_mel
-from utils.data.corpus import DataError, Utterance, load_splits, read_filelist, read_ljspeech
-from utils.data.audio import load_wav
 
 SR = 22050
 

@@ -14,11 +14,11 @@ import textwrap
 
 import pytest
 import torch
+from conftest import (LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, TEST_MODEL, bound, clean_env, finish, finish_all,
+                      free_port, synth_corpus)
 from torch import nn
 
 import distributed as D
-from conftest import (LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, TEST_MODEL, bound, clean_env, finish, finish_all,
-                      free_port, synth_corpus)
 from utils.launch import available_cpus, cpu_threads, detect_launcher_env, expand_nodelist, slurm_port
 
 # Run by each rank: python worker.py <mode> <out_dir>. Also imported by the test (runpy) for

@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, clean_env, synth_corpus
 
 PROJECT = Path(ROOT)

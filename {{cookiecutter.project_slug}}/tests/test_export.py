@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
+from conftest import run_train_main, synth_corpus
 from torch.utils.data import default_collate
 
 import inference
-from conftest import run_train_main, synth_corpus
 from models import MODELS
 from scripts import export
 from utils.training.ema import in_modules

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import ROOT, TEST_MODEL, alive, bound, clean_env, finish, planted, synth_corpus
+
 from utils.run import LOCK_NAME, RunLock
 
 pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out

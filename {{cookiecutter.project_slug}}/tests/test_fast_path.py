@@ -21,9 +21,9 @@ import pytest
 import torch
 import torch._dynamo.config as dynamo_config
 import torch._inductor.config as inductor_config
+from conftest import ROOT, bound, clean_env, synth_corpus
 from torch._dynamo.utils import counters
 
-from conftest import ROOT, bound, clean_env, synth_corpus
 from model import BenchmarkCase
 from models import MODELS, config_schemas
 from scripts import benchmark, benchmark_step

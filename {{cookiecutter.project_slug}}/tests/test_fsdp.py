@@ -14,9 +14,9 @@ import time
 
 import pytest
 import torch
+from conftest import ROOT, TEST_MODEL, bound, clean_env, descendants, finish, start_job, synth_corpus
 
 import inference
-from conftest import ROOT, TEST_MODEL, bound, clean_env, descendants, finish, start_job, synth_corpus
 from models import MODELS, config_schemas
 from utils.checkpoint.resume import world_size_change
 from utils.checkpoint.sharded import load_sharded_model, read_train_state

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import IN_A_POD, ROOT, TEST_MODEL, bound, clean_env, launch_command, synth_corpus
+
 from models import MODELS
 
 pytestmark = pytest.mark.slow  # real jobs: python -m pytest -m "not slow" leaves them out

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 import torch
+from conftest import LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, bound, finish, start_job, synth_corpus, tiny_checkpoint
 
 import train
-from conftest import LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, bound, finish, start_job, synth_corpus, tiny_checkpoint
 from models import MODELS, config_schemas
 from scripts import dump_gta_mels
 from utils.config import load_config

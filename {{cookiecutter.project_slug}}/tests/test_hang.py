@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, TEST_MODEL, bound, clean_env, free_port, rank_pids, synth_corpus
 
 import distributed as D
-from conftest import ROOT, TEST_MODEL, bound, clean_env, free_port, rank_pids, synth_corpus
 
 pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
 

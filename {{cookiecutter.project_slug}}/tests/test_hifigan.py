@@ -8,17 +8,18 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from conftest import clean_env, synth_corpus
 from torch.nn.utils import parametrize
 
-from conftest import clean_env, synth_corpus
 from models import MODELS
-from modules.hifigan import (Discriminator, Generator, discriminator_loss, feature_matching_loss,
-                             generator_adversarial_loss)
 from models.hifigan import network as hg
 from models.hifigan.data import build_datasets, mel_on_device, synthetic_batch
 from models.hifigan.inference import log_validation, vocode
-from utils.config import SHARED_SECTIONS, ConfigError, build_config, config_from_dict
+from modules.hifigan import (Discriminator, Generator, discriminator_loss, feature_matching_loss,
+                             generator_adversarial_loss)
+from utils.config import ConfigError, build_config, config_from_dict
 from utils.data.audio import MelSpectrogram
+from utils.training.settings import SHARED_SECTIONS
 
 SPEC = MODELS["hifigan"]
 
@@ -513,6 +514,7 @@ def jik876_generator_file(path):
 
 def test_jik876s_generator_file_loads_exactly_and_the_discriminators_start_afresh(tmp_path):
     from conftest import perturbed_tiny_model
+
     from utils.checkpoint.published import load_into, read_weights
 
     model, cfg = jik876_generator_file(tmp_path / "g_02500000")

@@ -27,9 +27,8 @@ import typing
 from pathlib import Path, PurePosixPath
 
 import pytest
-from pydantic import BaseModel, TypeAdapter, ValidationError
-
 from conftest import launch_command
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 PROJECT = Path(__file__).resolve().parents[1]
 SLUG = PROJECT.name

@@ -5,8 +5,8 @@ import json
 import sys
 
 import pytest
-
 from conftest import bound, finish, start_job
+
 from models import MODELS
 from scripts import memory
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 import torch
+from conftest import ROOT, bound, clean_env, free_port
 
 import multiproc
-from conftest import ROOT, bound, clean_env, free_port
 
 MULTIPROC = os.path.join(ROOT, "multiproc.py")
 

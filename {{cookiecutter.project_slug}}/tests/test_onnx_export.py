@@ -9,9 +9,9 @@ import importlib.util
 
 import pytest
 import torch
+from conftest import perturbed_tiny_model
 from torch import nn
 
-from conftest import perturbed_tiny_model
 from model import Export
 from models import MODELS
 from utils.onnx_export import ExportError, ExportPart, export_model

@@ -12,12 +12,11 @@ import os
 import textwrap
 
 import matplotlib.image
-
 import pytest
 import torch
+from conftest import ROOT, run_ranks
 from torch import nn
 
-from conftest import ROOT, run_ranks
 from model import ModelSpec, Phases, Training
 from models import config_schemas
 from scripts import plot_run

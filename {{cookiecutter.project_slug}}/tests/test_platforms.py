@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import IN_A_POD, ROOT, TEST_MODEL, bound, clean_env, finish, free_port, launch_command, synth_corpus
+
 from utils.launch import (default_dataset_path, default_output_dir, hyperparameter_argv, platform_topology,
                           tensorboard_dir)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import ROOT, TEST_MODEL, bound, finish, start_job, synth_corpus, tiny_checkpoint
+
 from models import MODELS, config_schemas
 from scripts import import_weights
 from utils.checkpoint.files import CheckpointError

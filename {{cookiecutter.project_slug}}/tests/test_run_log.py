@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import ROOT, visible_gpus
+
 from scripts import plot_run
 from utils.run_log import BalanceMonitor, RunLog, StepWindow, device_memory, stray_gpu_mib
 from utils.training.guards import SpikeMonitor

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, TEST_MODEL, synth_corpus
 
 import inference
-from conftest import ROOT, TEST_MODEL, synth_corpus
 from models import MODELS, config_schemas
 from utils.checkpoint.resume import resume_path
 from utils.checkpoint.sharded import ShardedCheckpointer, list_sharded_checkpoints, sharded_train_state

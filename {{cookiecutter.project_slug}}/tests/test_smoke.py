@@ -5,6 +5,7 @@ model the generic tests train. Two processes train a few tiny steps through ``mu
 import sys
 
 from conftest import TEST_MODEL, bound, finish, start_job, synth_corpus
+
 from models import MODELS
 
 

@@ -9,20 +9,21 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from conftest import clean_env, run_train_main, tiny_checkpoint
 from torch._dynamo.utils import counters
 
 import inference
-from conftest import clean_env, run_train_main, tiny_checkpoint
 from models import MODELS
 from models.tacotron2.data import TextMelCollate, TextMelDataset, build_datasets, count_items
 from models.tacotron2.inference import log_validation
 from models.tacotron2.network import Tacotron2, Tacotron2Config, Tacotron2Loss
 from modules.layers import ConvNorm
 from scripts import preprocess
-from utils.config import SHARED_SECTIONS, AudioConfig, build_config
-from utils.data.audio import MelSpectrogram
+from utils.config import build_config
+from utils.data.audio import AudioConfig, MelSpectrogram
 from utils.data.corpus import DataError, Utterance, read_ljspeech
 from utils.plotting import figure_to_array, plot_alignment
+from utils.training.settings import SHARED_SECTIONS
 
 N_MELS = 12
 TINY = dict(symbols_embedding_dim=32, encoder_embedding_dim=32, encoder_n_convolutions=2, encoder_kernel_size=5,
@@ -439,6 +440,7 @@ def precision_flags_kept():
 @pytest.mark.slow
 def test_loader_benchmark_reads_cached_mels(tmp_path, precision_flags_kept):
     from conftest import ROOT, synth_corpus
+
     from scripts import benchmark
 
     corpus = synth_corpus(tmp_path / "corpus", n=8)
@@ -533,6 +535,7 @@ def test_validation_writes_griffin_lim_audio_of_a_fixed_utterance_to_tensorboard
     import os
 
     from conftest import ROOT, synth_corpus, tensorboard_audio, train_with_validation_every_step
+
     from models import config_schemas
     from models.tacotron2.inference import LOG_AUDIO_SECONDS
     from utils.config import load_config
@@ -582,10 +585,10 @@ def long_clip_corpus(root: Path, n: int = 6) -> Path:
 def test_tiny_trains_on_ljspeech_length_clips(tmp_path):
     """``python train.py --model tacotron2 --tiny`` on clips of 6 to 10.2 s: every clip is kept (the tiny
     max_mel_frames covers 10+ s), a few steps train, validation runs, exit 0."""
-    from conftest import ROOT, clean_env, finish
-
     import subprocess
     import sys
+
+    from conftest import ROOT, clean_env, finish
 
     corpus = long_clip_corpus(tmp_path / "corpus")
     assert sf.info(str(corpus / "wavs" / "SYN-0001.wav")).duration > 10
@@ -705,6 +708,7 @@ def test_text_to_speech_through_a_vocoder_checkpoint(tmp_path, vocoder):
     import sys
 
     from conftest import ROOT, tiny_checkpoint
+
     from models import MODELS
 
     if vocoder not in MODELS:
@@ -789,6 +793,7 @@ def test_the_onnx_decoder_loop_gives_the_mels_of_inference(tmp_path):
     give :meth:`Tacotron2.inference`'s mels and gates (ONNX Runtime, CPU)."""
     pytest.importorskip("onnxruntime")
     from conftest import perturbed_tiny_model
+
     from models.tacotron2.export import run_onnx
     from utils.onnx_export import export_model
 

@@ -17,10 +17,10 @@ import time
 
 import pytest
 import torch
-
-import train
 from conftest import (ROOT, TEST_MODEL, alive, clean_env, descendants, finish, free_port, rank_pids, run_ranks,
                       start_job, synth_corpus)
+
+import train
 from models import MODELS, config_schemas
 from utils.config import load_config
 from utils.run_log import RunLog

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from conftest import ROOT, synth_corpus, tensorboard_audio, tiny_checkpoint, train_with_validation_every_step
 from torch._dynamo.utils import counters
 
 import inference
-from conftest import ROOT, synth_corpus, tensorboard_audio, tiny_checkpoint, train_with_validation_every_step
 from models import MODELS
 from models.waveglow.network import WaveGlow, WaveGlowConfig, WaveGlowLoss
 from modules.waveglow import WN, Invertible1x1Conv
@@ -276,9 +276,8 @@ def nvidia_pickled_waveglow(path, marker):
     import sys
     import types
 
-    from torch import nn
-
     from conftest import old_weight_norm_names, perturbed_tiny_model
+    from torch import nn
 
     model, cfg = perturbed_tiny_model("waveglow")
     glow = types.ModuleType("glow")

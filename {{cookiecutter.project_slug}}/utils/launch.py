@@ -20,19 +20,17 @@ SageMaker's training toolkit (``SM_CHANNEL_<NAME>``, ``/opt/ml/checkpoints``), S
 
 from __future__ import annotations
 
-import logging
-import sys
-import signal
 import ctypes
-
+import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
-from collections.abc import Mapping, Sequence
-
 
 logger = logging.getLogger(__name__)
 

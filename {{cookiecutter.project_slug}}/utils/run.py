@@ -7,21 +7,22 @@ project's git commit).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import multiprocessing
 import os
 import signal
-import threading
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Optional
+
 from utils.checkpoint.files import CheckpointError, durable_write_speed
 from utils.config import ConfigError
 from utils.run_log import one_line
-import fcntl
-import socket
 
 
 class GracePeriod:

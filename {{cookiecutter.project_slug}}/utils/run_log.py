@@ -16,9 +16,10 @@ import statistics
 import warnings
 from pathlib import Path
 from typing import Any, Optional
-import torch
-from tqdm import tqdm
 
+import torch
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
 
 SCALARS = ("loss", "lr", "items_per_s", "step_time_s", "data_time_s", "grad_norm", "fp16_overflows")
 
@@ -261,7 +262,6 @@ class RunLog:
                              unit="step", dynamic_ncols=True)
         self.writer = self._metrics = None
         if enabled:
-            from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(tensorboard or str(self.output_dir / "tensorboard"))
             self._metrics = open(self.output_dir / "metrics.jsonl", "a")
 

@@ -10,8 +10,8 @@ from model import Benchmark, BenchmarkCase, Export, Inference, ModelSpec, Phases
 from models.hifigan.data import build_datasets, mel_on_device, synthetic_batch
 from models.hifigan.export import export_parts
 from models.hifigan.inference import add_inference_args, infer, log_validation, vocode
-from models.hifigan.network import (PHASES, TINY_OVERRIDES, HiFiGAN, HiFiGANConfig, MelL1Loss, blocks,
-                                    build_optimizer, build_scheduler, networks, train_step)
+from models.hifigan.network import (PHASES, TINY_OVERRIDES, HiFiGAN, HiFiGANConfig, MelL1Loss, blocks, build_optimizer,
+                                    build_scheduler, networks, train_step)
 from models.hifigan.published import read_published
 from utils.data.datasets import collate_audio_mel
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from modules.hifigan import (Generator)
+
+from models.hifigan.network import HiFiGAN
+from modules.hifigan import Generator
 from utils.config import Config
 from utils.onnx_export import ExportPart
-from models.hifigan.network import HiFiGAN
-
 
 # --- scripts/export.py --format onnx ------------------------------------------------------------------------------
 

@@ -9,16 +9,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from typing import Annotated, Any, Literal
+
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
+
 from model import Batch
 from modules.hifigan import (Discriminator, Generator, discriminator_loss, feature_matching_loss,
                              generator_adversarial_loss)
-from utils.data.audio import MelSpectrogram
-from utils.config import AudioConfig, Config, Section
-
+from utils.config import Config, Section
+from utils.data.audio import AudioConfig, MelSpectrogram
 
 PHASES = ("discriminator", "generator")
 """Optimizer names in update order: the discriminator learns from the current generator first."""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 from typing import Any
-from utils.config import Config
+
 from utils.checkpoint.published import Weights, weight_norm_key
+from utils.config import Config
 
 
 def read_published(loaded: Any, cfg: Config) -> Weights | None:

@@ -15,20 +15,18 @@ import pickle
 import warnings
 from pathlib import Path
 from typing import Optional, Sequence, Union
+
 import soundfile as sf
 import torch
 from torch.utils.data import Dataset
-from utils.data.audio import MelSpectrogram
-from utils.config import AudioConfig
-from utils.data.corpus import DataError, Utterance
-from utils.data.audio import load_wav
+
+from model import Batch
 from models.tacotron2.text import text_to_sequence
 from models.tacotron2.text.cleaners import clean_text
-from model import Batch
 from modules.tacotron2 import get_padding_mask
 from utils.config import Config
-from utils.data.corpus import load_splits
-
+from utils.data.audio import AudioConfig, MelSpectrogram, load_wav
+from utils.data.corpus import DataError, Utterance, load_splits
 
 PathLike = Union[str, Path]
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from models.tacotron2.network import Tacotron2
 from modules.tacotron2 import Decoder, Postnet, get_padding_mask
 from utils.config import Config
 from utils.onnx_export import ExportPart
-from models.tacotron2.network import Tacotron2
-
 
 # --- scripts/export.py --format onnx ------------------------------------------------------------------------------
 # Split as NVIDIA deploys Tacotron2 (DeepLearningExamples, PyTorch/SpeechSynthesis/Tacotron2/tensorrt/

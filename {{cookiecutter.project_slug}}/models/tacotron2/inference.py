@@ -8,16 +8,18 @@ import argparse
 import warnings
 from pathlib import Path
 from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from model import Batch
-from utils.data.audio import check_wav_output, griffin_lim, save_wav
-from utils.config import AudioConfig, Config
+from models.tacotron2.network import Tacotron2
+from models.tacotron2.text import sequence_to_text, text_to_sequence
+from utils.config import Config
+from utils.data.audio import AudioConfig, check_wav_output, griffin_lim, save_wav
 from utils.data.corpus import DataError
 from utils.plotting import add_audio, first_time, fixed_random_state, plot_alignment, plot_gate, plot_spectrogram
-from models.tacotron2.text import sequence_to_text, text_to_sequence
-from models.tacotron2.network import Tacotron2
 
 
 def log_validation(model: nn.Module, batch: Batch, outputs: dict[str, torch.Tensor], step: int,

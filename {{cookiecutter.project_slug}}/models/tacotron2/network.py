@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
+
 from model import Batch
+from models.tacotron2.text.symbols import symbols
 from modules.tacotron2 import Decoder, Encoder, Postnet, get_padding_mask
 from utils.config import Config, Section
-from models.tacotron2.text.symbols import symbols
-import torch._dynamo
 
 
 class Tacotron2Config(Section):

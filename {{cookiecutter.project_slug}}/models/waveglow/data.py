@@ -5,13 +5,15 @@ benchmark.
 from __future__ import annotations
 
 from typing import Optional
+
 import torch
 from torch.utils.data import Dataset
+
 from model import Batch
-from utils.data.audio import MelSpectrogram
 from utils.config import Config
-from utils.data.datasets import AudioMelDataset
+from utils.data.audio import MelSpectrogram
 from utils.data.corpus import load_splits
+from utils.data.datasets import AudioMelDataset
 
 
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:

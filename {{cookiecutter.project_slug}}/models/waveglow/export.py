@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from models.waveglow.network import WaveGlow
 from modules.waveglow import at_least_fp32
 from utils.config import Config
 from utils.onnx_export import ExportPart
-from models.waveglow.network import WaveGlow
-
 
 # --- scripts/export.py --format onnx ------------------------------------------------------------------------------
 

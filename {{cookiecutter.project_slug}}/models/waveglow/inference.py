@@ -7,14 +7,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 from typing import Any, Optional
+
 import torch
 from torch import nn
+
 from model import Batch
-from utils.data.audio import check_wav_output, save_wav
 from utils.config import Config
+from utils.data.audio import check_wav_output, save_wav
 from utils.data.datasets import read_mel
 from utils.plotting import add_audio, first_time, fixed_random_state
-
 
 # --- inference.py --------------------------------------------------------------------------------------------
 

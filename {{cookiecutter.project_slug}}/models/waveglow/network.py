@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 from torch import nn
+
 from model import Batch
 from modules.waveglow import WN, Invertible1x1Conv, at_least_fp32
 from utils.config import Config, Section

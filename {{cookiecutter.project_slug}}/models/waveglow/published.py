@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 from typing import Any
-from utils.config import Config
-from utils.checkpoint.published import Record, Weights, record_parameters, weight_norm_key
 
+from utils.checkpoint.published import Record, Weights, record_parameters, weight_norm_key
+from utils.config import Config
 
 PICKLED_CLASSES = ("glow.WaveGlow", "glow.WN", "glow.Invertible1x1Conv", "torch.nn.modules.conv.Conv1d",
                    "torch.nn.modules.conv.ConvTranspose1d", "torch.nn.modules.container.ModuleList",

@@ -14,7 +14,9 @@ import zipfile
 import zlib
 from pathlib import Path
 from typing import Any, Mapping, Optional
+
 import torch
+
 from utils.run_log import one_line
 
 

@@ -19,10 +19,12 @@ import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
+
 import torch
+
 from utils.checkpoint.files import CheckpointError, _load_failure
-from utils.checkpoint.sharded import is_sharded
 from utils.checkpoint.resume import read_checkpoint
+from utils.checkpoint.sharded import is_sharded
 
 
 @dataclasses.dataclass

@@ -10,16 +10,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
+
 import torch
+
 from distributed import all_gather_object, broadcast_object
-from utils.checkpoint.files import CheckpointError
-from utils.checkpoint.state import NamedStates, TrainState
-from utils.checkpoint.sharded import is_sharded
-from typing import Mapping
-from utils.checkpoint.files import intact, load_checkpoint, load_model_state
-from utils.checkpoint.sharded import list_sharded_checkpoints, load_sharded, read_train_state, sharded_intact
-from utils.checkpoint.state import STATEFUL_PARTS, list_checkpoints, restore_rng_state
+from utils.checkpoint.files import CheckpointError, intact, load_checkpoint, load_model_state
+from utils.checkpoint.sharded import (is_sharded, list_sharded_checkpoints, load_sharded, read_train_state,
+                                      sharded_intact)
+from utils.checkpoint.state import STATEFUL_PARTS, NamedStates, TrainState, list_checkpoints, restore_rng_state
 
 
 def agreed_resume_path(resume: str, output_dir: Path, rank: int):

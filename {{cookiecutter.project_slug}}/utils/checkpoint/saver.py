@@ -13,12 +13,11 @@ from typing import Any, Optional
 
 import torch
 
-from distributed import (CollectiveError, all_gather_object, broadcast_buffers, collective, reduce_tensor,
-                         unwrap_model)
+from distributed import CollectiveError, all_gather_object, broadcast_buffers, collective, reduce_tensor, unwrap_model
 from utils.checkpoint.files import CheckpointError
 from utils.checkpoint.sharded import ShardedCheckpointer, sharded_train_state
-from utils.checkpoint.state import NamedStates, TrainState, capture_rng_state, checkpoint_bytes, save_checkpoint
-from utils.checkpoint.state import training_checkpoint
+from utils.checkpoint.state import (NamedStates, TrainState, capture_rng_state, checkpoint_bytes, save_checkpoint,
+                                    training_checkpoint)
 from utils.config import Config
 from utils.run import GracePeriod, git_commit, last_checkpoint
 from utils.run_log import RunLog, one_line

@@ -7,23 +7,26 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import os
 import re
 import shutil
 import warnings
 from pathlib import Path
 from typing import Any, Mapping, Optional
+
 import torch
-from utils.run_log import one_line
-from utils.checkpoint.files import CheckpointError, _load_failure, atomic_write_bytes, checksum_problem, fsync_dir, intact, prune, serialized, write_checksums, write_failure
-from utils.checkpoint.state import STATEFUL_PARTS, TrainState
-from distributed import broadcast_object
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-import datetime
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
+
+from distributed import broadcast_object
+from utils.checkpoint.files import (CheckpointError, _load_failure, atomic_write_bytes, checksum_problem, fsync_dir,
+                                    intact, prune, serialized, write_checksums, write_failure)
+from utils.checkpoint.state import STATEFUL_PARTS, TrainState
+from utils.run_log import one_line
 
 
 def sharded_train_state(parts: Mapping[str, Any], state: TrainState, rng: list, **info: Any) -> dict[str, Any]:

@@ -11,11 +11,13 @@ import random
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
 import numpy as np
 import torch
-from utils.checkpoint.files import CheckpointError, atomic_write_bytes, fsync_dir, prune, remove_stale_temporaries, serialized, write_failure
-from utils.training.ema import in_modules
 
+from utils.checkpoint.files import (CheckpointError, atomic_write_bytes, fsync_dir, prune, remove_stale_temporaries,
+                                    serialized, write_failure)
+from utils.training.ema import in_modules
 
 CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)\.pt$")
 

@@ -9,6 +9,7 @@ made by NVIDIA's code for the same settings.
 from __future__ import annotations
 
 import inspect
+import struct
 import warnings
 from pathlib import Path
 from typing import Optional, Union
@@ -17,16 +18,43 @@ import librosa
 import numpy as np
 import soundfile as sf
 import torch
+from pydantic import Field, model_validator
 from torch import nn
 
-from utils.config import AudioConfig
-import struct
+from utils.config import Section, cross_check_error
 from utils.data.corpus import DataError, PathLike
 
 GRIFFINLIM_SEED = "rng" if "rng" in inspect.signature(librosa.griffinlim).parameters else "random_state"
 """The seed's keyword of :func:`librosa.griffinlim`: ``random_state`` until librosa 1.0 renamed it ``rng``."""
 
 ArrayLike = Union[torch.Tensor, np.ndarray]
+
+
+class AudioConfig(Section):
+    """The ``audio`` section: signal settings shared by every model (NVIDIA's LJSpeech defaults)."""
+
+    sampling_rate: int = Field(22050, gt=0)  # Hz
+    n_fft: int = Field(1024, gt=0)  # samples
+    hop_length: int = Field(256, gt=0)  # samples between frames
+    win_length: int = Field(1024, gt=0)  # samples
+    n_mels: int = Field(80, gt=0)
+    fmin: float = Field(0.0, ge=0)  # Hz
+    fmax: float = 8000.0  # Hz
+    max_wav_value: float = Field(32768.0, gt=0)  # full scale of 16-bit PCM
+
+    @model_validator(mode="after")
+    def consistent(self) -> "AudioConfig":
+        """The window and the hop fit in the FFT; ``fmin < fmax <= sampling_rate / 2`` (Nyquist)."""
+        for key in ("win_length", "hop_length"):
+            if getattr(self, key) > self.n_fft:
+                raise cross_check_error(f"config key 'audio.{key}' ({getattr(self, key)}) must not exceed "
+                                        f"audio.n_fft ({self.n_fft})", key, "n_fft")
+        if not (self.fmin < self.fmax and 2 * self.fmax <= self.sampling_rate):
+            raise cross_check_error(
+                "config keys 'audio.fmin' and 'audio.fmax' must satisfy fmin < fmax <= sampling_rate / 2, "
+                f"got fmin={self.fmin}, fmax={self.fmax}, sampling_rate={self.sampling_rate}",
+                "fmin", "fmax", "sampling_rate")
+        return self
 
 
 def dynamic_range_compression(x: torch.Tensor, C: float = 1.0, clip_val: float = 1e-5) -> torch.Tensor:
@@ -102,7 +130,7 @@ class MelSpectrogram(nn.Module):
 
     @classmethod
     def from_config(cls, audio_cfg: AudioConfig) -> "MelSpectrogram":
-        """Build from the ``audio`` section of the config (see :class:`utils.config.AudioConfig`)."""
+        """Build from the ``audio`` section of the config (see :class:`utils.data.audio.AudioConfig`)."""
         return cls(sampling_rate=audio_cfg.sampling_rate, n_fft=audio_cfg.n_fft,
                    hop_length=audio_cfg.hop_length, win_length=audio_cfg.win_length,
                    n_mels=audio_cfg.n_mels, fmin=audio_cfg.fmin, fmax=audio_cfg.fmax)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -37,16 +38,13 @@ import numpy as np
 import soundfile as sf
 from tqdm import tqdm
 
-from utils.data.corpus import BadClip, DataError, Utterance
-from utils.data.audio import check_wav_not_truncated
-import sys
 from model import ModelSpec
-from utils.data.audio import MelSpectrogram
 from utils.checkpoint.files import atomic_write_bytes
 from utils.config import Config, ConfigError
-from utils.data.corpus import load_splits
-from utils.run_log import one_line
+from utils.data.audio import MelSpectrogram, check_wav_not_truncated
+from utils.data.corpus import BadClip, DataError, Utterance, load_splits
 from utils.run import check_output_dir
+from utils.run_log import one_line
 
 __all__ = ["BadClip", "SILENCE_PEAK", "check_corpus", "default_cache_file", "describe"]
 

@@ -12,11 +12,40 @@ it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple, Optional, Sequence, Union
-from utils.config import DataConfig
+from typing import Literal, NamedTuple, Optional, Sequence, Union
 
+from pydantic import Field
+
+from utils.config import Section
 
 PathLike = Union[str, Path]
+
+
+class DataConfig(Section):
+    """The ``data`` section: where the corpus is and how it is loaded."""
+
+    dataset_path: str = "data/LJSpeech-1.1"  # an LJSpeech-layout folder: metadata.csv + wavs/
+    # optional NVIDIA-style filelists (path|text, relative to the dataset folder); empty: metadata.csv is split and
+    # its last val_size utterances validate
+    training_files: str = ""
+    validation_files: str = ""
+    val_size: int = Field(100, ge=1)
+    num_workers: int = Field(4, ge=0)  # DataLoader workers per rank, each keeping prefetch_factor batches ready
+    prefetch_factor: int = Field(2, ge=1)
+    # workers live for the whole run; an epoch the items depend on reaches them through datasets.SharedEpoch
+    persistent_workers: bool = True
+    # bad clips and lines found by the start-up check (malformed or repeated line, empty transcript, missing,
+    # unreadable, truncated, silent or too short wav, transcript without a usable character): error names them all
+    # and stops; skip trains without them and lists them in OUTPUT/skipped_clips.txt
+    on_bad_clip: Literal["error", "skip"] = "error"
+    exclude: list[str] = Field(default_factory=list)  # utterance ids left out (a malformed line's: metadata.csv:LINE)
+    # random: any lengths together, padded to the longest; buckets: similar lengths together (samplers.
+    # LengthBucketSampler) for a model whose items differ in length (Training.variable_length)
+    batching: Literal["random", "buckets"] = "random"
+    bucket_pool: int = Field(64, ge=1)  # micro-batches sorted by length together
+    # mels to train a vocoder on instead of its audio's (<mel_dir>/<id>.pt, (n_mels, frames): Tacotron2's
+    # teacher-forced mels from python -m scripts.dump_gta_mels); empty: mels computed from the audio
+    mel_dir: str = ""
 
 
 class DataError(ValueError):

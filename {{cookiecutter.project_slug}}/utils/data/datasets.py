@@ -9,11 +9,11 @@ import multiprocessing
 import pickle
 from pathlib import Path
 from typing import Optional, Sequence
+
 import torch
 from torch.utils.data import Dataset
-from utils.data.audio import MelSpectrogram, dynamic_range_compression
-from utils.config import AudioConfig
-from utils.data.audio import load_wav
+
+from utils.data.audio import AudioConfig, MelSpectrogram, dynamic_range_compression, load_wav
 from utils.data.corpus import DataError, PathLike, Utterance
 
 
@@ -41,7 +41,7 @@ class SharedEpoch:
 
 MEL_SETTINGS_FILE = "_audio_config.json"
 """The file of a mel folder that records the ``audio`` settings its mels were made with (``model_dump()`` of
-:class:`utils.config.AudioConfig` as JSON): what ``scripts/dump_gta_mels.py`` writes next to its mels."""
+:class:`utils.data.audio.AudioConfig` as JSON): what ``scripts/dump_gta_mels.py`` writes next to its mels."""
 
 SILENCE_LOG_MEL = float(dynamic_range_compression(torch.zeros(())))
 """The log-mel value of silence, ``log(1e-5)`` (about -11.51): what :class:`~utils.data.audio.MelSpectrogram`

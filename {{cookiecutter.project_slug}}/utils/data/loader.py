@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import time
 from typing import Any, Callable, Optional
+
 import torch
 from torch.utils.data import DataLoader
+
 from model import ModelSpec
 from utils.checkpoint.state import TrainState
 from utils.config import Config, ConfigError

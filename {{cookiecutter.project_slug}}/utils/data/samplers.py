@@ -6,6 +6,7 @@ per epoch across ranks), with the padding they save.
 from __future__ import annotations
 
 from typing import Sequence
+
 import torch
 from torch.utils.data import DistributedSampler
 

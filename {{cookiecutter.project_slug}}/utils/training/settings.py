@@ -1,14 +1,73 @@
-"""Settings a model cannot honour, refused before any process group, data or model exists: a setting is honoured or refused
-in one line, never silently ignored (:func:`check_settings`)."""
+"""The loop's settings (:class:`TrainConfig`, the ``train`` section; with the ``audio`` and ``data`` sections, declared
+beside the code that reads them, the sections every model shares: :data:`SHARED_SECTIONS`), and the settings a model
+cannot honour, refused before any process group, data or model exists: a setting is honoured or refused in one line,
+never silently ignored (:func:`check_settings`)."""
 
 from __future__ import annotations
 
 import contextlib
+from typing import Literal
+
+from pydantic import Field
 
 from model import ModelSpec
-from utils.config import Config, ConfigError, TrainConfig
-from utils.data.corpus import DataError
+from utils.config import Config, ConfigError, Section
+from utils.data.audio import AudioConfig
+from utils.data.corpus import DataConfig, DataError
 from utils.run_log import one_line
+
+
+class TrainConfig(Section):
+    """The ``train`` section: the loop's settings. Intervals are in optimizer steps."""
+
+    seed: int = Field(1234, ge=0, le=2**31 - 1)  # NumPy takes seeds below 2**32, and each rank adds its rank
+    precision: Literal["fp32", "tf32", "bf16", "fp16"] = "tf32"  # fp16 uses a GradScaler
+    max_steps: int = Field(500000, ge=1)
+    grad_accumulation: int = Field(1, ge=1)  # micro-batches per step: batch_size * grad_accumulation * world_size
+    grad_clip: float = Field(0.0, ge=0)  # the largest gradient norm; 0: no clipping
+    # constant, or cosine to 1% at max_steps, after warmup_steps of linear warm-up (a model with its own
+    # schedulers, Phases.build_scheduler, refuses both)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    log_interval: int = Field(10, ge=1)
+    val_interval: int = Field(1000, ge=1)
+    checkpoint_interval: int = Field(1000, ge=1)
+    keep_last: int = Field(5, ge=0)  # numbered checkpoints kept; 0: all
+    on_nonfinite: Literal["skip", "stop"] = "skip"  # a NaN/inf loss or gradient norm: skip the step, or stop
+    # an optimizer whose update was skipped this many steps in a row (non-finite, spike, fp16 overflow) stops the run
+    # naming the last good checkpoint; 0: never
+    max_skips_in_a_row: int = Field(20, ge=0)
+    # a loss or gradient norm above factor x the highest of its last 100 steps (guards.SpikeMonitor, after
+    # spike_warmup steps) is a spike, written to anomalies.jsonl with the batch's ids (0: no check); on_spike: log it,
+    # skip the step, or stop the run naming the last good checkpoint
+    spike_factor: float = Field(3.0, ge=0)
+    spike_warmup: int = Field(20, ge=1)
+    # a rank whose peak memory (compute time per step, 3 log intervals in a row) is this share above the ranks'
+    # median is named in a warning (CPU seconds when the ranks compute on the CPU)
+    memory_imbalance: float = Field(0.2, gt=0)
+    straggler_share: float = Field(0.2, gt=0)
+    on_spike: Literal["log", "skip", "stop"] = "log"
+    dist_timeout_s: float = Field(600.0, gt=0)  # seconds a collective waits for a hung rank before the run fails
+    cudnn_benchmark: bool = True  # cuDNN times its algorithms for each new input shape
+    # train through the model's fast path (Training.optimize_for_training, e.g. torch.compile with static shapes):
+    # the same mathematics as eager; the first steps include compilation (tens of seconds on a GPU)
+    compile: bool = False
+    # ddp: every rank holds the whole model, gradients and optimizer state; fsdp (FSDP2): each rank 1/world_size of
+    # them, per block of Training.blocks (bf16: bf16 compute, fp32 master weights and reduction; sharded checkpoints)
+    parallelism: Literal["ddp", "fsdp"] = "ddp"
+    reshard_after_forward: bool = True  # fsdp: free a block's gathered weights after its forward
+    # none; full: every block of Training.blocks recomputes its forward in the backward instead of keeping its
+    # activations; selective: every activation_checkpointing_every-th block
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    activation_checkpointing_every: int = Field(2, ge=1)
+    async_checkpoint: bool = False  # fsdp: copy to host memory, write in the background while training goes on
+    # an average of the weights inference uses (Inference.modules), ema = decay * ema + (1 - decay) * weights after
+    # every real update (training.ema.EMA), for validation and inference; 0: none; typical 0.999 to 0.9999
+    ema_decay: float = Field(0.0, ge=0, lt=1)
+
+
+SHARED_SECTIONS: dict[str, type[Section]] = {"audio": AudioConfig, "data": DataConfig, "train": TrainConfig}
+"""The sections of ``config.json`` every model reads, beside one per model (``models.config_schemas``)."""
 
 
 @contextlib.contextmanager

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import functools
 import re
-import inflect
+
 
 
 @functools.lru_cache(maxsize=None)
 def _engine():
-    """inflect's engine, built on first use (importing and building it takes seconds)."""
+    """inflect's engine, built on first use: importing inflect takes ~2 s (its typeguard checks), which every process
+    that imports the models (a vocoder's ranks, the tests) would pay at start-up for text it never reads."""
+    import inflect
+
     return inflect.engine()
 
 
