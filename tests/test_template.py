@@ -53,6 +53,9 @@ def test_every_option_generates_a_clean_project(bake, model, license_):
             if path.suffix == ".py":
                 compile(text, str(path), "exec")  # a SyntaxError fails the test
 
+    registry = run([PY, "-c", "import models; print(' '.join(models.MODELS))"], cwd=project).stdout.split()
+    assert registry == sorted(chosen(model)), f"models/__init__.py registers {registry} for example_model={model}"
+
     config = json.loads((project / "config.json").read_text())
     for name in ("waveglow", "tacotron2"):
         assert (name in config) == (name in chosen(model))

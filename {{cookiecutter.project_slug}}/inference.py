@@ -1,15 +1,12 @@
-"""Turn a trained checkpoint into outputs (wav files for the example models).
+"""Turn a trained checkpoint into outputs (wav files for the example models)::
 
-    python inference.py --checkpoint out/checkpoint_last.pt --output out.wav [model options] python inference.py
-    --checkpoint out/checkpoint_last.pt --help      # the options of that checkpoint's model python inference.py
-    --checkpoint out/checkpoint_last --output out.wav   # a sharded checkpoint (FSDP) alike python inference.py
-    --checkpoint release.pt --output out.wav         # scripts/export.py --format release
+    python inference.py --checkpoint out/checkpoint_last.pt --output out.wav [model options]
+    python inference.py --checkpoint out/checkpoint_last.pt --help      # the options of that checkpoint's model
+    python inference.py --checkpoint out/checkpoint_last --output out.wav   # a sharded checkpoint (FSDP) alike
 
-The checkpoint says which model of ``models/`` it holds and carries its config, so no config file is needed. A
-checkpoint holding EMA weights (``train.ema_decay``) is run with them, and a line says so. The work itself is the
-model's inference hook (``Inference.infer`` of its spec), and its options come from the model (``Inference.add_args``);
-a model that makes mels (``Inference.takes_vocoder``) gets ``--vocoder CHECKPOINT``, a model that vocodes. Every failure
-is one ``ERROR:`` line and exit status 1; nothing is written then.
+The checkpoint names its model and carries its config. The work is the model's ``Inference.infer``, its options its
+``Inference.add_args``; a model that makes mels (``Inference.takes_vocoder``) gets ``--vocoder CHECKPOINT``. Every
+failure is one ``ERROR:`` line and exit status 1; nothing is written then.
 """
 
 from __future__ import annotations
@@ -33,14 +30,10 @@ from utils.training.ema import averaged_parameters, in_modules
 
 
 def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.Module, Config]:
-    """Rebuild the model stored in a training checkpoint, in eval mode on ``device``: a single file, a sharded checkpoint
-    folder (``train.parallelism=fsdp``), whose shards are put together in this process, or a release checkpoint
-    (``scripts/export.py --format release``: the weights of ``ModelSpec.inference_modules`` only; the other sub-modules
-    keep their initial values, which inference does not use). EMA weights in the checkpoint (``train.ema_decay``)
-    replace the raw ones, and a line on stderr says so.
-
-    Returns:
-        ``(model name, model, config)``.
+    """``(model name, model, config)`` of a checkpoint, the model in eval mode on ``device``: a single file, a sharded
+    folder (``train.parallelism=fsdp``, put together in this process), or a release checkpoint (``scripts/export.py
+    --format release``: ``ModelSpec.inference_modules`` only; the rest keeps its initial values, unused). EMA weights
+    (``train.ema_decay``) replace the raw ones, and a line on stderr says so.
 
     Raises:
         CheckpointError: unreadable or unsafe file, a model this project does not define, or weights that do not fit.
@@ -59,9 +52,8 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
     averaged = averaged_parameters(model, MODELS[name].inference_modules)
     ema = None
     if is_sharded(path):
-        ema = {key: torch.empty_like(param) for key, param in averaged.items()}
-        load_sharded(path, model, [], extra={"ema": ema} if state.get("ema_saved") else None)
-        ema = ema if state.get("ema_saved") else None
+        ema = {key: torch.empty_like(param) for key, param in averaged.items()} if state.get("ema_saved") else None
+        load_sharded(path, model, [], extra=None if ema is None else {"ema": ema})
     elif state.get("format") == RELEASE_FORMAT:  # the inference modules' weights; the rest stays as built
         kept = {key: value for key, value in model.state_dict().items()
                 if not in_modules(key, MODELS[name].inference_modules)}
@@ -81,12 +73,11 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
 
 
 def load_vocoder(path: str | None, checkpoint: str, cfg: Config, device: torch.device):
-    """The ``mel (n_mels, frames) -> audio (samples,)`` of the ``--vocoder`` checkpoint ``path`` (``Inference.vocode`` of
-    its model), or ``None`` without one (Griffin-Lim).
+    """The ``mel (n_mels, frames) -> audio (samples,)`` of the ``--vocoder`` checkpoint ``path`` (its model's
+    ``Inference.vocode``), or ``None`` without one (Griffin-Lim).
 
     Raises:
-        CheckpointError: the checkpoint holds a model that cannot vocode, or other audio settings than ``cfg`` (those of
-            ``checkpoint``).
+        CheckpointError: its model cannot vocode, or its audio settings differ from ``cfg`` (``checkpoint``'s).
     """
     if not path:
         return None
@@ -95,8 +86,8 @@ def load_vocoder(path: str | None, checkpoint: str, cfg: Config, device: torch.d
     if spec is None or spec.vocode is None:
         raise CheckpointError(f"--vocoder {path} holds a '{name}' model, which is not a vocoder")
     if voc_cfg.audio != cfg.audio:
-        raise CheckpointError(f"--vocoder {path} was trained with other audio settings than "
-                              f"{checkpoint}: {voc_cfg.audio} vs {cfg.audio}")
+        raise CheckpointError(f"--vocoder {path} was trained with other audio settings than {checkpoint}: "
+                              f"{voc_cfg.audio} vs {cfg.audio}")
     return lambda mel: spec.vocode(vocoder, mel, voc_cfg)
 
 
@@ -112,12 +103,11 @@ def parse_device(text: str) -> torch.device:
         raise ValueError(f"--device {text}: not a device name; use cpu, cuda or cuda:N") from None
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"--device {text}: use cpu, cuda or cuda:N")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {text}: CUDA is not available here (this torch build or machine has no "
-                             "GPU); use --device cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {text}: only {torch.cuda.device_count()} GPU(s) are visible")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {text}: CUDA is not available here (this torch build or machine has no GPU); use "
+                         "--device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {text}: only {torch.cuda.device_count()} GPU(s) are visible")
     return device
 
 
@@ -133,21 +123,21 @@ def build_parser(model_names: list[str]) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the random draws (a vocoder's noise, a prenet's dropout, Griffin-Lim's "
                              "phases): the same checkpoint and input give the same output (default 0)")
+    vocoders = [other for other, each in MODELS.items() if each.inference and each.inference.vocode]
     for name in model_names:
         spec = MODELS[name].inference
         group = parser.add_argument_group(f"{name} options")
         if spec is not None and spec.add_args is not None:
             spec.add_args(group)
-        vocoders = [other for other, each in MODELS.items() if each.inference and each.inference.vocode]
         if spec is not None and spec.takes_vocoder and vocoders:
-            group.add_argument("--vocoder", help=f"a {' or '.join(vocoders)} checkpoint to vocode with "
-                                                 "(default: Griffin-Lim)")
+            group.add_argument("--vocoder",
+                               help=f"a {' or '.join(vocoders)} checkpoint to vocode with (default: Griffin-Lim)")
     return parser
 
 
 def unknown_options(unknown: list[str], name: str, checkpoint: str) -> str:
-    """The line for options the checkpoint's model does not take: which model takes them instead, if one does, and what
-    this one takes."""
+    """The line for options the checkpoint's model does not take: which model takes them, if one does, and what this
+    one takes."""
     options = [action.option_strings[0] for action in build_parser([name])._actions if action.option_strings
                and action.option_strings[0] not in ("-h", "--checkpoint", "--output", "--device")]
     flags = [arg for arg in unknown if arg.startswith("-")] or unknown
@@ -160,6 +150,7 @@ def unknown_options(unknown: list[str], name: str, checkpoint: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python inference.py``: 0, 1 after an ``ERROR:`` line, 2 for bad options (argparse's, or its model's)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--checkpoint")
@@ -168,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         state = None if known.checkpoint is None else read_checkpoint(known.checkpoint)
         name = None if state is None else state.get("model_name")
         if state is not None and name not in MODELS:
-            raise CheckpointError(f"{known.checkpoint} holds a model '{name}' that models/__init__.py does not register "
-                                  f"(known: {', '.join(MODELS) or 'none'})")
+            raise CheckpointError(f"{known.checkpoint} holds a model '{name}' that models/__init__.py does not "
+                                  f"register (known: {', '.join(MODELS) or 'none'})")
     except CheckpointError as err:
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1
@@ -178,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"ERROR: {unknown_options(unknown, name, known.checkpoint)}", file=sys.stderr)
         return 2
-    output = Path(args.output)
-    if not output.parent.is_dir():
+    if not (output := Path(args.output)).parent.is_dir():
         print(f"ERROR: --output {output}: the folder {output.parent} does not exist", file=sys.stderr)
         return 1
     spec = MODELS[name]

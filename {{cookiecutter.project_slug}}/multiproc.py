@@ -1,61 +1,23 @@
 """Start one training process per GPU: a thin front over torchrun (``torch.distributed.run``).
 
-Usage::
+Usage (the whole story: docs/manual.md)::
 
     python multiproc.py [--nproc-per-node N] [--log-dir logs] [--max-restarts K] train.py [args...]
     python multiproc.py --nnodes 2 --node-rank R --master-addr HOST [--master-port P] train.py ...
     python multiproc.py [options] -m scripts.NAME [args...]        # a module, as python -m runs it
 
-* ``--nproc-per-node`` defaults to the number of visible GPUs (``torch.cuda.device_count()``, which honours
-  ``CUDA_VISIBLE_DEVICES``), or 2 on a machine without CUDA (gloo on CPU).
-* Single node (the default, like ``torchrun --standalone``): rendezvous on 127.0.0.1 on a port the launcher holds from
-  the start (its rendezvous store listens on a port the kernel picks, so no other program can take it between the choice
-  and the launch); ``--master-port`` names one instead, refused in one line when in use.
-* Several nodes: every node's launcher first checks in at ``--master-addr:--master-port`` (node 0 listens there); a node
-  that does not come within ``--rdzv-timeout`` seconds (300) ends the launch with one line saying how many nodes joined,
-  instead of waiting forever.
-* Global rank 0 prints to this console; every other rank's stdout and stderr go to ``<log-dir>/rank_<r>.stdout.log`` and
-  ``<log-dir>/rank_<r>.stderr.log`` (global rank; the files of a restart ``k`` > 0 are
-  ``rank_<r>.attempt<k>.stdout.log``), and each rank's ``torch.distributed.elastic`` error record (if any) in
-  ``rank_<r>.error.json``.
-* When a rank fails, torchrun stops the others; this prints which rank failed and where its log is, and exits with that
-  rank's exit code (1 if it died from a signal). torchrun's own log lines (the signals it sends, the exit codes it sees)
-  go to ``<log-dir>/launcher.log``, not to the console.
-* SIGTERM, SIGUSR1 (what SLURM and Kubernetes send before they stop a job) and SIGINT (Ctrl-C) are passed on to every
-  rank, which finishes its step; rank 0 saves a checkpoint; the launcher exits once they are done: 0, or 128 + the
-  signal inside Kubernetes (143 for SIGTERM: a pod that exits 0 ends its Job as complete, while Kubeflow restarts on
-  128..255), 130 after Ctrl-C; ``--stop-exit-code`` chooses. Ranks still running ``--stop-timeout`` seconds (the grace
-  period, 25 by default: inside Kubernetes' 30) later are killed, and the ranks warn at start-up when a checkpoint is
-  unlikely to be saved within it. If this launcher is killed outright (SIGKILL), its ranks get SIGTERM from the kernel
-  (see ``distributed.die_with_launcher``): nothing trains on unsupervised.
-* Options not given on the command line are read from the platform's environment (:func:`platform_topology`, in this
-  order): torchrun's ``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``
-  (Kubeflow's TrainJob and PyTorchJob; the latter's ``MASTER_ADDR``/``MASTER_PORT`` too); SkyPilot's
-  ``SKYPILOT_NUM_NODES``, ``SKYPILOT_NODE_RANK``, ``SKYPILOT_NODE_IPS``, ``SKYPILOT_NUM_GPUS_PER_NODE``; a per-node
-  launcher's ``WORLD_SIZE`` (nodes), ``RANK`` (this node), ``MASTER_ADDR``, ``MASTER_PORT`` (Vertex AI, PAI). Under
-  those platforms ``python multiproc.py train.py ...`` is the whole command, and it stops cleanly on SIGTERM where a
-  bare ``torchrun`` exits 1 with a traceback. Started with a process's ``LOCAL_RANK`` (inside torchrun or Azure ML,
-  which start the processes themselves) it refuses in one line.
-* Everything after the training script is passed to it untouched. A script that defines ``check_command_line(argv) ->
-  error line or None`` (``train.py`` does) is asked first, in this process: a bad option, config or corpus is then one
-  ``multiproc: ERROR:`` line within seconds, before any rank starts.
-
-Each process gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` in its environment;
-``distributed.init_distributed()`` reads them.
-
-The launch itself is torchrun's: the options are parsed by ``torch.distributed.run``'s own parser and the job runs under
-``torch.distributed.launcher.api.elastic_launch``. Replaced are the log layout (a
-:class:`~torch.distributed.elastic.multiprocessing.LogsSpecs`, the hook torchrun offers for that, because torchrun's
-default puts logs in a randomly named sub-directory) and the handling of stop signals: torchrun's agent runs in a thread
-of this process (it installs signal handlers only in the main thread), so the main thread can pass a signal on and wait
-for the ranks to stop, where torchrun itself would wait 30 s and kill them. Source:
-https://pytorch.org/docs/stable/elastic/run.html
+Options left out come from the visible GPUs and the platform (``utils.launch.platform_topology``). Rank 0 prints here,
+rank r > 0 into ``<log-dir>/rank_<r>.*``; a failed rank is named with its log, and its exit code is ours. Stop signals
+go on to every rank, which finishes its step while rank 0 saves (``utils.run.StopForwarder``). The script's own
+``check_command_line(argv)`` is asked first (:func:`preflight`). Each rank gets ``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``. torchrun's own parser and ``elastic_launch`` run the job; its agent
+runs in a thread, so the main thread can pass a signal on and wait for the ranks, where torchrun kills them after 30 s.
+Source: https://pytorch.org/docs/stable/elastic/run.html
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import importlib
 import importlib.util
@@ -78,16 +40,13 @@ from torch.distributed.launcher.api import elastic_launch
 from utils.launch import platform_topology
 from utils.run import StopForwarder, stop_exit_code
 
-ROOT = Path(__file__).resolve().parent
-"""The project's folder: a training script in it is imported by its dotted name for :func:`preflight`."""
-
-DEFAULT_STOP_TIMEOUT_S = 25.0
-"""The default grace period after a stop signal: inside the 30 s after which Kubernetes kills a pod it stopped
-(``terminationGracePeriodSeconds``), with a few seconds for the launcher's own exit."""
+ROOT = Path(__file__).resolve().parent  # the project's folder: a script in it is imported by its dotted name
+DEFAULT_STOP_TIMEOUT_S = 25.0  # grace period after a stop signal: inside Kubernetes' 30 s, with time for our own exit
 
 
 class RankLogs(LogsSpecs):
-    """Torchrun log layout: global rank 0 on the console, rank r > 0 in ``<log_dir>/rank_<r>.*``."""
+    """Torchrun log layout: global rank 0 on the console, rank r > 0 in ``<log_dir>/rank_<r>.stdout.log`` and
+    ``.stderr.log`` (restart k > 0: ``rank_<r>.attempt<k>.*``); error records in ``rank_<r>.error.json``."""
 
     def __init__(self, log_dir: str):
         super().__init__(log_dir=log_dir)
@@ -103,11 +62,9 @@ class RankLogs(LogsSpecs):
         dest = LogsDest()
         for local_rank, env in envs.items():
             rank, attempt = env["RANK"], int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
-            stem = os.path.join(self._root_log_dir,
-                                f"rank_{rank}" + (f".attempt{attempt}" if attempt else ""))
+            stem = os.path.join(self._root_log_dir, f"rank_{rank}" + (f".attempt{attempt}" if attempt else ""))
             dest.error_files[local_rank] = env["TORCHELASTIC_ERROR_FILE"] = stem + ".error.json"
-            if os.path.exists(stem + ".error.json"):  # a stale one would be read as this run's
-                os.remove(stem + ".error.json")
+            Path(stem + ".error.json").unlink(missing_ok=True)  # a stale one would be read as this run's
             if rank == "0":  # "" = inherit the launcher's console
                 dest.stdouts[local_rank] = dest.stderrs[local_rank] = ""
             else:
@@ -133,8 +90,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="processes on this node (default: visible GPUs, or 2 without CUDA)")
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
     p.add_argument("--node-rank", "--node_rank", type=int, default=0, help="this node's rank")
-    p.add_argument("--master-addr", "--master_addr", default=None,
-                   help="host of node 0 (required with --nnodes > 1)")
+    p.add_argument("--master-addr", "--master_addr", default=None, help="host of node 0 (required with --nnodes > 1)")
     p.add_argument("--master-port", "--master_port", type=int, default=None,
                    help="rendezvous port (default: a free one; 29500 with --nnodes > 1)")
     p.add_argument("--standalone", action="store_true",
@@ -156,7 +112,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments, untouched")
     args = p.parse_args(argv)
     args.platform = platform_defaults(args, argv, os.environ)
-
     _check_args(args)
     if args.nnodes == 1:
         args.master_addr = args.master_addr or "127.0.0.1"
@@ -166,49 +121,38 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    """Exit with one ``multiproc: ERROR:`` line for an option out of range or a contradiction; fills the default
-    ``--nproc-per-node`` (the visible GPUs, or 2 without CUDA)."""
+    """Exit with one ``multiproc: ERROR:`` line for the first option out of range or contradiction; fills the default
+    ``--nproc-per-node``."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.nproc_per_node is None:
         args.nproc_per_node = gpus or 2
-    if args.nproc_per_node < 1:
-        _fail(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
-    if gpus and args.nproc_per_node > gpus:
-        _fail(f"--nproc-per-node {args.nproc_per_node} but only {gpus} GPU(s) are visible")
-    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
-        _fail(f"--node-rank {args.node_rank} must be in 0..{args.nnodes - 1} "
-              f"(--nnodes {args.nnodes})")
-    if args.standalone and args.nnodes != 1:
-        _fail("--standalone means one node; drop --nnodes")
-    if args.master_port is not None and not 0 < args.master_port < 65536:
-        _fail(f"--master-port must be in 1..65535, got {args.master_port}")
-    if args.nnodes > 1 and not args.master_addr:
-        _fail("--nnodes > 1 needs --master-addr (the host of node 0)")
-    _check_run_args(args)
-
-
-def _check_run_args(args: argparse.Namespace) -> None:
-    """:func:`_check_args` of the options that are not the topology: restarts, timeouts, exit code, logs, script."""
-    if args.max_restarts < 0:
-        _fail(f"--max-restarts must be >= 0, got {args.max_restarts}")
-    for name in ("rdzv_timeout", "stop_timeout"):
-        if not 0 < getattr(args, name) < float("inf"):
-            _fail(f"--{name.replace('_', '-')} must be a positive number of seconds, got {getattr(args, name)}")
-    if args.stop_exit_code is not None and not 0 <= args.stop_exit_code < 256:
-        _fail(f"--stop-exit-code must be in 0..255, got {args.stop_exit_code}")
-    if os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
-        _fail(f"--log-dir {args.log_dir} exists and is not a directory")
-    if not args.module and not os.path.isfile(args.script):
-        _fail(f"training script not found: {args.script}")
+    nproc, nnodes, port, code = args.nproc_per_node, args.nnodes, args.master_port, args.stop_exit_code
+    checks = [
+        (nproc < 1, f"--nproc-per-node must be >= 1, got {nproc}"),
+        (gpus and nproc > gpus, f"--nproc-per-node {nproc} but only {gpus} GPU(s) are visible"),
+        (nnodes < 1 or not 0 <= args.node_rank < nnodes,
+         f"--node-rank {args.node_rank} must be in 0..{nnodes - 1} (--nnodes {nnodes})"),
+        (args.standalone and nnodes != 1, "--standalone means one node; drop --nnodes"),
+        (port is not None and not 0 < port < 65536, f"--master-port must be in 1..65535, got {port}"),
+        (nnodes > 1 and not args.master_addr, "--nnodes > 1 needs --master-addr (the host of node 0)"),
+        (args.max_restarts < 0, f"--max-restarts must be >= 0, got {args.max_restarts}"),
+        *((not 0 < seconds < float("inf"), f"--{name} must be a positive number of seconds, got {seconds}")
+          for name, seconds in (("rdzv-timeout", args.rdzv_timeout), ("stop-timeout", args.stop_timeout))),
+        (code is not None and not 0 <= code < 256, f"--stop-exit-code must be in 0..255, got {code}"),
+        (os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir),
+         f"--log-dir {args.log_dir} exists and is not a directory"),
+        (not args.module and not os.path.isfile(args.script), f"training script not found: {args.script}")]
+    for failed, message in checks:
+        if failed:
+            _fail(message)
     if args.module and importlib.util.find_spec(args.script.split(".")[0]) is None:
         _fail(f"module not found: {args.script} (run multiproc.py from the project's folder)")
 
 
 def platform_defaults(args: argparse.Namespace, argv: list[str], environ) -> str:
     """Fill the options the command line left out from :func:`platform_topology` (in place); returns the platform read
-    (``""``: none). ``nproc_per_node`` may also be ``auto`` or ``gpu`` (the visible GPUs, as the default) or ``cpu`` (2,
-    as without CUDA). One node keeps a free port of its own (the platform's address and port are for several). Exits
-    with one ``multiproc: ERROR:`` line for a value that is not a number or a contradiction."""
+    (``""``: none). ``nproc_per_node`` may be ``auto``/``gpu`` (the default) or ``cpu`` (2). One node keeps a free port
+    of its own. Exits with one ``multiproc: ERROR:`` line for a value that is not a number or a contradiction."""
     try:
         platform, found = platform_topology(environ)
     except ValueError as err:
@@ -231,16 +175,19 @@ def platform_defaults(args: argparse.Namespace, argv: list[str], environ) -> str
     return platform
 
 
-@contextlib.contextmanager
-def _quiet_native_stderr():
-    """Silence file descriptor 2 for a moment: c10d logs a failed connect attempt as a 30-line C++ stack trace there,
-    before raising the error this launcher turns into one line."""
+def _open_store(args: argparse.Namespace, port: int, is_master: bool) -> tuple[TCPStore | None, str]:
+    """A multi-tenant ``TCPStore`` (torchrun's static rendezvous reuses it in this process) at ``master_addr:port``, or
+    ``None`` and the error's first line. File descriptor 2 is silenced meanwhile: c10d logs a failed connect there as a
+    30-line C++ stack trace."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:
         with open(os.devnull, "w") as devnull:
             os.dup2(devnull.fileno(), 2)
-        yield
+        return TCPStore(args.master_addr, port, None, is_master, datetime.timedelta(seconds=args.rdzv_timeout),
+                        wait_for_workers=False, multi_tenant=True), ""
+    except (DistError, RuntimeError) as err:
+        return None, next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
     finally:
         os.dup2(saved, 2)
         os.close(saved)
@@ -251,52 +198,37 @@ class RendezvousError(RuntimeError):
 
 
 def host_store(args: argparse.Namespace) -> TCPStore:
-    """Single node: host the job's rendezvous store (a :class:`torch.distributed.TCPStore`, multi-tenant: torchrun's static
-    rendezvous reuses its server in this process) on ``--master-port``, or on a port the kernel picks, which
-    ``args.master_port`` then names. Held from here to the end of the run, so no other program can take the port.
+    """Single node: host the job's rendezvous store on ``--master-port``, or on a port the kernel picks (then set in
+    ``args``), held to the end so that no other program can take it.
 
     Raises:
         RendezvousError: ``--master-port`` is in use (or cannot be listened on).
     """
-    try:
-        with _quiet_native_stderr():
-            store = TCPStore(args.master_addr, args.master_port or 0, None, True,
-                             datetime.timedelta(seconds=args.rdzv_timeout), wait_for_workers=False, multi_tenant=True)
-    except (DistError, RuntimeError) as err:
-        reason = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        if "EADDRINUSE" in reason or "address already in use" in reason.lower():
-            raise RendezvousError(f"--master-port {args.master_port} is in use on {args.master_addr} (another job "
-                                  "listens there); leave --master-port out to take a free port, or choose another "
-                                  "one") from None
-        raise RendezvousError(f"cannot listen on {args.master_addr}:{args.master_port or 0}: {reason}") from None
+    store, reason = _open_store(args, args.master_port or 0, True)
+    if store is None and ("EADDRINUSE" in reason or "address already in use" in reason.lower()):
+        raise RendezvousError(f"--master-port {args.master_port} is in use on {args.master_addr} (another job listens "
+                              "there); leave --master-port out to take a free port, or choose another one")
+    if store is None:
+        raise RendezvousError(f"cannot listen on {args.master_addr}:{args.master_port or 0}: {reason}")
     args.master_port = store.port
     return store
 
 
 def wait_for_nodes(args: argparse.Namespace) -> TCPStore:
-    """Check in with the other nodes' launchers at ``master_addr:master_port`` within ``--rdzv-timeout``.
-
-    Node 0 hosts a :class:`torch.distributed.TCPStore` there (multi-tenant: torchrun's own rendezvous reuses the same
-    server in this process); every node adds itself under its ``--node-rank`` and waits until all ``--nnodes`` have. The
-    store is returned (keep it alive for the run).
+    """Check in with the other nodes' launchers at ``master_addr:master_port`` within ``--rdzv-timeout``: node 0 hosts
+    the store; every node adds its ``--node-rank`` and waits for all ``--nnodes``. Returns the store (keep it alive).
 
     Raises:
         RendezvousError: node 0 unreachable, a node rank claimed twice, or too few nodes before the timeout.
     """
     where = f"{args.master_addr}:{args.master_port}"
-    timeout = datetime.timedelta(seconds=args.rdzv_timeout)
-    try:
-        with _quiet_native_stderr():
-            store = TCPStore(args.master_addr, args.master_port, None, args.node_rank == 0, timeout,
-                             wait_for_workers=False, multi_tenant=True)
-    except (DistError, RuntimeError) as err:
-        reason = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        if args.node_rank == 0:
-            raise RendezvousError(f"rendezvous on {where} failed: {reason}") from None
-        raise RendezvousError(f"node {args.node_rank}: node 0 did not answer at {where} within "
-                              f"{args.rdzv_timeout:g} s (start it with --node-rank 0 --master-addr "
-                              f"{args.master_addr} --master-port {args.master_port}; check the address and the "
-                              f"firewall): {reason}") from None
+    store, reason = _open_store(args, args.master_port, args.node_rank == 0)
+    if store is None and args.node_rank == 0:
+        raise RendezvousError(f"rendezvous on {where} failed: {reason}")
+    if store is None:
+        raise RendezvousError(f"node {args.node_rank}: node 0 did not answer at {where} within {args.rdzv_timeout:g} s "
+                              f"(start it with --node-rank 0 --master-addr {args.master_addr} --master-port "
+                              f"{args.master_port}; check the address and the firewall): {reason}")
     if store.add(f"multiproc/node_{args.node_rank}", 1) > 1:
         raise RendezvousError(f"rendezvous on {where}: --node-rank {args.node_rank} was given to two nodes")
     joined = store.add("multiproc/joined", 1)
@@ -305,20 +237,17 @@ def wait_for_nodes(args: argparse.Namespace) -> TCPStore:
         if time.monotonic() > deadline:
             raise RendezvousError(f"rendezvous on {where}: {joined} of {args.nnodes} nodes joined within "
                                   f"{args.rdzv_timeout:g} s; start the others with --nnodes {args.nnodes} "
-                                  f"--master-addr {args.master_addr} --master-port {args.master_port} and their "
-                                  "own --node-rank")
+                                  f"--master-addr {args.master_addr} --master-port {args.master_port} and their own "
+                                  "--node-rank")
         time.sleep(0.5)
         joined = store.add("multiproc/joined", 0)
     return store
 
 
 def last_error_line(log_path: str | None) -> str:
-    """``": <what it said>"``: the last ``ERROR:`` line of a rank's stderr log without that prefix (so that the console
-    shows why a rank whose log is a file failed), or ``""`` without a log or such a line."""
-    if not log_path:
-        return ""
+    """``": <what it said>"`` from the last ``ERROR:`` line of a rank's stderr log, or ``""`` (no log, no such line)."""
     try:
-        lines = Path(log_path).read_text(errors="replace").splitlines()
+        lines = Path(log_path).read_text(errors="replace").splitlines() if log_path else []
     except OSError:
         return ""
     errors = [line for line in lines if line.startswith("ERROR: ")]
@@ -326,8 +255,8 @@ def last_error_line(log_path: str | None) -> str:
 
 
 def log_to_file(path: str) -> None:
-    """Send torchrun's own log records (``torch.distributed.elastic``: "Sending process ... closing signal", "failed
-    (exitcode: 1) ...") to ``path`` instead of the console, where this launcher says what happened in its own lines."""
+    """Send torchrun's own log records (``torch.distributed.elastic``) to ``path``, not the console, where this launcher
+    says what happened in its own lines."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -337,10 +266,8 @@ def log_to_file(path: str) -> None:
 
 
 def run_agent(config, entrypoint, cmd_args: list[str], stop: StopForwarder):
-    """torchrun's ``elastic_launch`` in a thread, while the main thread handles stop signals.
-
-    Returns what ``elastic_launch`` returns, or raises what it raised.
-    """
+    """torchrun's ``elastic_launch`` in a thread while the main thread handles stop signals; returns what it returns
+    or raises what it raised."""
     outcome: dict = {}
 
     def agent() -> None:
@@ -348,9 +275,7 @@ def run_agent(config, entrypoint, cmd_args: list[str], stop: StopForwarder):
             outcome["result"] = elastic_launch(config=config, entrypoint=entrypoint)(*cmd_args)
         except Exception as err:  # noqa: BLE001 - handed to the main thread, which reports or re-raises it
             outcome["error"] = err
-
-    # torchrun warns that it installs no signal handlers off the main thread: this thread is the main
-    # thread's choice, and StopForwarder does that work.
+    # torchrun warns that it installs no signal handlers off the main thread: StopForwarder does that work.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(
         lambda record: "child thread" not in record.getMessage())
     thread = threading.Thread(target=agent, name="torchrun-agent", daemon=True)
@@ -365,10 +290,9 @@ def run_agent(config, entrypoint, cmd_args: list[str], stop: StopForwarder):
 
 
 def preflight(script: str, script_args: list[str], module: bool = False) -> str | None:
-    """The training script's own check of its command line, when it has one (a top-level ``def check_command_line``): its
-    error line, or ``None``. The script is imported as a module, never run (its ``if __name__ == "__main__"`` part does
-    not run): a module name (``-m``) as it is, a file of this project's folder by its dotted name; a file elsewhere, or
-    one without that function, is not imported at all."""
+    """The script's own check of its command line (a top-level ``def check_command_line``): its error line, or
+    ``None``. The script is imported, never run: a module (``-m``) as named, a file of this project by its dotted name;
+    a file elsewhere, or one without that function, is not imported at all."""
     if module:
         name = script
     else:
@@ -381,32 +305,26 @@ def preflight(script: str, script_args: list[str], module: bool = False) -> str 
 
 
 def torchrun_config(args: argparse.Namespace):
-    """torchrun's ``(config, entrypoint, arguments)`` for this launch (its own parser reads them), with the log layout of
-    :class:`RankLogs` (returned too), torchrun's log records in ``<log-dir>/launcher.log``, and the variables the ranks
-    read (``MULTIPROC_PID``, ``MULTIPROC_STOP_TIMEOUT``; ``OMP_NUM_THREADS=1`` for several ranks, as torchrun sets it)."""
-    torchrun_argv = [
-        "--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
-        "--nproc-per-node", str(args.nproc_per_node), "--rdzv-backend", "static",
-        "--master-addr", args.master_addr, "--master-port", str(args.master_port),
-        "--max-restarts", str(args.max_restarts), "--log-dir", args.log_dir,
-        *(["--module"] if args.module else []), args.script, *args.script_args,
-    ]
+    """torchrun's ``(config, entrypoint, arguments)`` from its own parser, and the :class:`RankLogs` in the config; sets
+    the variables the ranks read (``MULTIPROC_PID``, ``MULTIPROC_STOP_TIMEOUT``; ``OMP_NUM_THREADS=1`` as torchrun)."""
+    torchrun_argv = ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank), "--nproc-per-node",
+                     str(args.nproc_per_node), "--rdzv-backend", "static", "--master-addr", args.master_addr,
+                     "--master-port", str(args.master_port), "--max-restarts", str(args.max_restarts), "--log-dir",
+                     args.log_dir, *(["--module"] if args.module else []), args.script, *args.script_args]
     if args.nproc_per_node > 1:  # what torchrun does anyway, without its warning banner
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ["MULTIPROC_PID"] = str(os.getpid())  # the ranks check it (utils.launch.die_with_launcher)
     os.environ["MULTIPROC_STOP_TIMEOUT"] = f"{args.stop_timeout:g}"  # train.py warns when a save cannot fit
     config, entrypoint, cmd_args = torchrun.config_from_args(torchrun.parse_args(torchrun_argv))
     log_to_file(os.path.join(args.log_dir, "launcher.log"))
-    logs = RankLogs(args.log_dir)
-    config.logs_specs = logs
+    config.logs_specs = logs = RankLogs(args.log_dir)
     return config, entrypoint, cmd_args, logs
 
 
 def failed_rank_status(err: ChildFailedError, logs: RankLogs) -> int:
-    """Say which rank failed (its last ``ERROR:`` line and its log) and return its exit code (1 for a signal). torchrun
-    also lists the ranks it stopped itself (SIGTERM, then SIGKILL): those are not causes."""
-    killed = (-signal.SIGTERM, -signal.SIGKILL)
-    causes = [r for r in sorted(err.failures) if err.failures[r].exitcode not in killed]
+    """Say which rank failed (its last ``ERROR:`` line and its log) and return its exit code (1 for a signal); the ranks
+    torchrun stopped itself (SIGTERM, SIGKILL) are not causes."""
+    causes = [r for r in sorted(err.failures) if err.failures[r].exitcode not in (-signal.SIGTERM, -signal.SIGKILL)]
     stopped = [r for r in sorted(err.failures) if r not in causes]
     for rank in causes or stopped:
         said = last_error_line(logs.paths.get(rank))
@@ -419,18 +337,16 @@ def failed_rank_status(err: ChildFailedError, logs: RankLogs) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the job; returns the exit status: 0 (also after a stop signal the ranks obeyed; 130 after Ctrl-C), the failed
-    rank's exit code, or 1 when the rendezvous fails (a node missing, ``--master-port`` in use)."""
+    """Run the job; returns the exit status: 0 (or :func:`stop_exit_code` after a stop signal), the failed rank's exit
+    code, 128 + the signal when the ranks had to be killed, or 1 when the check or the rendezvous fails."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    problem = preflight(args.script, args.script_args, args.module)
-    if problem is not None:
+    if (problem := preflight(args.script, args.script_args, args.module)) is not None:
         print(f"multiproc: ERROR: {problem}", file=sys.stderr, flush=True)
         return 1
     world = args.nnodes * args.nproc_per_node
     where = f"node {args.node_rank} of {args.nnodes}, " if args.nnodes > 1 else ""
     where += f"options from {args.platform}, " if args.platform else ""
-    print(f"multiproc: {where}{args.nproc_per_node} process{'es' * (args.nproc_per_node != 1)} "
-          f"(world size {world}), "
+    print(f"multiproc: {where}{args.nproc_per_node} process{'es' * (args.nproc_per_node != 1)} (world size {world}), "
           f"logs of ranks 1.. in {os.path.join(args.log_dir, '')}", flush=True)
     try:
         _store = host_store(args) if args.nnodes == 1 else wait_for_nodes(args)  # kept alive for the run

@@ -1,24 +1,23 @@
-"""The registry: every model this project trains, by name (``--model NAME``), in the order listed here.
-
-Adding a model is two lines: its import and its ``SPEC`` in the list (``model.py`` says what a spec holds)."""
+"""The models by name (``--model NAME``): one import line and one ``SPEC`` line each (the generator prunes by line)."""
 
 from model import ModelSpec
-from models import hifigan, tacotron2, waveglow
+from models import hifigan
+from models import tacotron2
+from models import waveglow
 from utils.training.settings import SHARED_SECTIONS
 
 
 def registry(*specs: ModelSpec) -> dict[str, ModelSpec]:
-    """``{name: spec}`` in the order given (``models/__init__.py``'s list).
+    """``{name: spec}`` in the order given (``model.py`` says what a spec holds).
 
     Raises:
-        ValueError: a name that is not an identifier, is a shared section (audio, data, train) or "tiny", or is given
-            twice.
+        ValueError: a name given twice, not an identifier, or that of a shared section (audio, data, train) or "tiny".
     """
     found: dict[str, ModelSpec] = {}
     for spec in specs:
         if not spec.name.isidentifier() or spec.name in SHARED_SECTIONS or spec.name == "tiny":
-            raise ValueError(f"model name {spec.name!r} must be an identifier other than "
-                             f"{', '.join(SHARED_SECTIONS)}, tiny")
+            shared = ", ".join(SHARED_SECTIONS)
+            raise ValueError(f"model name {spec.name!r} must be an identifier other than {shared}, tiny")
         if spec.name in found:
             raise ValueError(f"model name {spec.name!r} is registered twice")
         found[spec.name] = spec

@@ -1,14 +1,10 @@
 """Location-sensitive attention (Chorowski et al., 2015), as used by Tacotron2 (Shen et al., 2018).
 
-At every decoder step the energy of encoder position ``j`` is
-
-    e_j = v^T tanh(W q + V h_j + U f_j),
-
-where ``q`` is the attention-RNN output (query), ``h_j`` the encoder output (memory) and ``f_j`` the
-"location features": a 1-D convolution over the previous attention weights and their running sum, so the
-model knows where it attended before and tends to move forward monotonically. ``V h_j`` does not change
-during decoding and is computed once per utterance (:meth:`LocationSensitiveAttention.process_memory`).
-Sizes follow NVIDIA's Tacotron2 reference: 128-d attention space, 32 location filters of width 31.
+At every decoder step the energy of encoder position ``j`` is ``e_j = v^T tanh(W q + V h_j + U f_j)``, with ``q`` the
+attention-RNN output (query), ``h_j`` the encoder output (memory) and ``f_j`` the "location features": a 1-D convolution
+over the previous attention weights and their running sum, so the model knows where it attended before and tends to move
+forward monotonically. ``V h_j`` is computed once per utterance (``process_memory``). Sizes follow NVIDIA's Tacotron2
+reference: 128-d attention space, 32 location filters of width 31.
 """
 
 from __future__ import annotations
@@ -23,14 +19,9 @@ from modules.layers import ConvNorm, LinearNorm
 
 
 class LocationSensitiveAttention(nn.Module):
-    """Additive attention with location features from the previous and cumulative alignments.
-
-    Args:
-        query_dim: size of the query (the attention LSTM's hidden state), e.g. 1024.
-        memory_dim: size of an encoder output vector, e.g. 512.
-        attention_dim: size of the hidden space the energies are computed in (128 in the paper).
-        n_location_filters: channels of the location convolution (32).
-        location_kernel_size: width of the location convolution in encoder steps (31, odd).
+    """Additive attention with location features from the previous and cumulative alignments: a query of
+    ``query_dim`` (the attention LSTM's state), memory vectors of ``memory_dim``, energies computed in a space of
+    ``attention_dim``, ``n_location_filters`` location filters ``location_kernel_size`` encoder steps wide.
 
     Raises:
         ValueError: ``location_kernel_size`` is even.
@@ -52,13 +43,9 @@ class LocationSensitiveAttention(nn.Module):
 
     def energies(self, query: torch.Tensor, processed_memory: torch.Tensor,
                  attention_weights_cat: torch.Tensor) -> torch.Tensor:
-        """Unnormalised scores ``(B, L)`` of every encoder position for this step.
-
-        Args:
-            query: ``(B, query_dim)``.
-            processed_memory: ``(B, L, attention_dim)`` from :meth:`process_memory`.
-            attention_weights_cat: ``(B, 2, L)``: previous weights and cumulative weights.
-        """
+        """Unnormalised scores ``(B, L)`` of every encoder position for this step, from ``query`` ``(B, query_dim)``,
+        ``processed_memory`` ``(B, L, attention_dim)`` and ``attention_weights_cat`` ``(B, 2, L)`` (previous and
+        cumulative weights)."""
         processed_query = self.query_layer(query).unsqueeze(1)  # (B, 1, A)
         location = self.location_dense(self.location_conv(attention_weights_cat).transpose(1, 2))  # (B, L, A)
         return self.v(torch.tanh(processed_query + location + processed_memory)).squeeze(-1)
@@ -66,18 +53,9 @@ class LocationSensitiveAttention(nn.Module):
     def forward(self, query: torch.Tensor, memory: torch.Tensor, processed_memory: torch.Tensor,
                 attention_weights_cat: torch.Tensor, mask: Optional[torch.Tensor] = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One attention step.
-
-        Args:
-            query: ``(B, query_dim)`` attention-RNN output.
-            memory: ``(B, L, memory_dim)`` encoder outputs.
-            processed_memory: ``(B, L, attention_dim)`` from :meth:`process_memory`.
-            attention_weights_cat: ``(B, 2, L)`` previous and cumulative attention weights.
-            mask: ``(B, L)`` bool, ``True`` at padded encoder positions (which get zero weight), or ``None``.
-
-        Returns:
-            ``(context, weights)``: ``context`` ``(B, memory_dim)`` is the weighted sum of ``memory``;
-            ``weights`` ``(B, L)`` float32, sums to 1 over the unmasked positions.
+        """One attention step over ``memory`` ``(B, L, memory_dim)``; the other inputs as in :meth:`energies`, and
+        ``mask`` ``(B, L)`` bool, ``True`` at padded encoder positions (they get zero weight), or ``None`` -> ``(context
+        (B, memory_dim), weights (B, L))``: the weighted sum of ``memory``, and float32 weights (sum 1 where unmasked).
 
         Raises:
             ValueError: ``mask`` does not have shape ``(B, L)``.
@@ -86,8 +64,8 @@ class LocationSensitiveAttention(nn.Module):
         if mask is not None:
             if mask.shape != energies.shape:
                 raise ValueError(f"attention mask has shape {tuple(mask.shape)}, expected {tuple(energies.shape)}")
-            # The most negative finite value of the energies' dtype (not -inf): safe in bf16/fp16 and
-            # gives a uniform, not NaN, distribution if a row were fully masked.
+            # The most negative finite value (not -inf): safe in bf16/fp16, and a fully masked row gives a uniform
+            # distribution, not NaN.
             energies = energies.masked_fill(mask, torch.finfo(energies.dtype).min)
         weights = F.softmax(energies.float(), dim=1)
         context = torch.bmm(weights.unsqueeze(1).to(memory.dtype), memory).squeeze(1)

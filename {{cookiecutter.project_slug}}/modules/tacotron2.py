@@ -1,16 +1,10 @@
-"""The parts of Tacotron2: pre-net, encoder, attention decoder and post-net.
-
-Architecture of Shen et al., 2018, "Natural TTS synthesis by conditioning WaveNet on mel spectrogram
-predictions" (ICASSP), with the sizes and the training details of NVIDIA's reference implementation
-(pre-net dropout that stays on at inference, dropout on the two decoder LSTM outputs, a post-net whose
-last layer is linear and batch-normalised). The decoder predicts one mel frame per step.
-
-Beyond the reference, padded positions are zeroed between the encoder convolutions and between the
-post-net convolutions (when a mask is given), so in evaluation mode the outputs at real positions do not
-depend on how much padding a batch carries.
-
-The full model (embedding + these parts) is ``model.Tacotron2``.
-"""
+"""The parts of Tacotron2: pre-net, encoder, attention decoder and post-net. Architecture of Shen et al., 2018, "Natural
+TTS synthesis by conditioning WaveNet on mel spectrogram predictions" (ICASSP), with the sizes and training details of
+NVIDIA's reference implementation (pre-net dropout that stays on at inference, dropout on the two decoder LSTM outputs,
+a linear, batch-normalised last post-net layer). The decoder predicts one mel frame per step. Beyond the reference,
+padded positions are zeroed between the encoder convolutions and (given a mask) between the post-net convolutions, so in
+evaluation mode the outputs at real positions do not depend on how much padding a batch carries. The full model is
+``models.tacotron2.network.Tacotron2``."""
 
 from __future__ import annotations
 
@@ -27,11 +21,8 @@ from modules.layers import ConvNorm, LinearNorm
 
 
 def get_padding_mask(lengths: torch.Tensor, max_len: Optional[int] = None) -> torch.Tensor:
-    """Boolean mask ``(B, max_len)`` that is ``True`` at padded positions (index >= length).
-
-    Args:
-        lengths: ``(B,)`` integer lengths.
-        max_len: mask width; ``lengths.max()`` when ``None``.
+    """Boolean mask ``(B, max_len)``, ``True`` at padded positions (index >= length), for ``lengths`` ``(B,)``;
+    ``max_len`` defaults to ``lengths.max()``.
 
     Raises:
         ValueError: ``lengths`` is not 1-D, or a length is negative or exceeds ``max_len``.
@@ -42,22 +33,14 @@ def get_padding_mask(lengths: torch.Tensor, max_len: Optional[int] = None) -> to
         max_len = int(lengths.max())
     if bool((lengths < 0).any()) or bool((lengths > max_len).any()):
         raise ValueError(f"lengths {lengths.tolist()} must lie in [0, {max_len}]")
-    positions = torch.arange(max_len, device=lengths.device)
-    return positions.unsqueeze(0) >= lengths.unsqueeze(1)
+    return torch.arange(max_len, device=lengths.device).unsqueeze(0) >= lengths.unsqueeze(1)
 
 
 def pad_memory(memory: torch.Tensor, mask: Optional[torch.Tensor], multiple: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad encoder outputs along the text axis to a multiple of ``multiple``, masking the new positions.
-
-    Args:
-        memory: ``(B, L, E)`` encoder outputs.
-        mask: ``(B, L)`` bool, ``True`` at padded positions, or ``None`` (no padding yet).
-        multiple: bucket size in symbols (>= 1).
-
-    Returns:
-        ``(memory (B, L', E), mask (B, L'))`` with ``L'`` the smallest multiple of ``multiple`` >= ``L``;
-        the added positions hold zeros and are ``True`` in the mask. Unchanged when ``L`` is already one.
+    """Pad encoder outputs ``(B, L, E)`` with zeros along the text axis to ``(B, L', E)``, ``L'`` the smallest multiple
+    of ``multiple`` >= ``L``; returns them and the mask ``(B, L')``, ``True`` at padded positions (those of ``mask``
+    ``(B, L)``, none if it is ``None``, and the added ones).
 
     Raises:
         ValueError: ``multiple < 1`` or a mask of another shape than ``(B, L)``.
@@ -67,29 +50,19 @@ def pad_memory(memory: torch.Tensor, mask: Optional[torch.Tensor], multiple: int
     batch, length = memory.size(0), memory.size(1)
     if mask is not None and mask.shape != (batch, length):
         raise ValueError(f"pad_memory: mask has shape {tuple(mask.shape)}, expected {(batch, length)}")
-    extra = -length % multiple
     if mask is None:
         mask = torch.zeros(batch, length, dtype=torch.bool, device=memory.device)
+    extra = -length % multiple
     if extra == 0:
         return memory, mask
-    memory = F.pad(memory, (0, 0, 0, extra))
-    mask = F.pad(mask, (0, extra), value=True)
-    return memory, mask
+    return F.pad(memory, (0, 0, 0, extra)), F.pad(mask, (0, extra), value=True)
 
 
 class Prenet(nn.Module):
-    """Bottleneck for the previous mel frame: ``len(sizes)`` x (linear, ReLU, dropout).
+    """Bottleneck for the previous mel frame, ``(..., in_dim) -> (..., sizes[-1])``: per size, linear, ReLU, dropout.
 
-    Dropout (probability :attr:`dropout`, 0.5) is applied in training *and* inference: Shen et al. (2018)
-    found that the noise it adds at synthesis time helps the decoder generalise, and NVIDIA's reference
-    does the same. Set ``prenet.dropout = 0.0`` only for deterministic tests.
-
-    Input ``(..., in_dim)`` -> output ``(..., sizes[-1])``.
-
-    Args:
-        in_dim: input features (``n_mels``).
-        sizes: output size of each layer, e.g. ``(256, 256)``.
-        dropout: drop probability.
+    The dropout (:attr:`dropout`) stays on at inference: Shen et al. (2018) found that its noise at synthesis helps the
+    decoder generalise, and NVIDIA's reference does the same. Set ``prenet.dropout = 0.0`` only for deterministic tests.
     """
 
     def __init__(self, in_dim: int, sizes: tuple[int, ...] = (256, 256), dropout: float = 0.5):
@@ -106,16 +79,8 @@ class Prenet(nn.Module):
 
 
 class Encoder(nn.Module):
-    """Character encoder: ``n_convolutions`` x (conv, batch norm, ReLU, dropout 0.5), then a BiLSTM.
-
-    Input: embedded text ``(B, embedding_dim, L)`` and lengths ``(B,)``; output ``(B, L, embedding_dim)``
-    (each LSTM direction has ``embedding_dim / 2`` units; outputs past a sequence's length are zero).
-
-    Args:
-        embedding_dim: channels of the input and of every layer (512).
-        n_convolutions: number of convolution blocks (3).
-        kernel_size: convolution width in characters (5, odd).
-        dropout: dropout after each convolution block (training only).
+    """Character encoder: ``n_convolutions`` x (conv ``kernel_size`` characters wide, batch norm, ReLU, dropout in
+    training), then a BiLSTM of ``embedding_dim / 2`` units per direction.
 
     Raises:
         ValueError: ``embedding_dim`` is odd or ``kernel_size`` is even.
@@ -130,18 +95,15 @@ class Encoder(nn.Module):
             nn.Sequential(ConvNorm(embedding_dim, embedding_dim, kernel_size=kernel_size, w_init_gain="relu"),
                           nn.BatchNorm1d(embedding_dim))
             for _ in range(n_convolutions)])
-        self.lstm = nn.LSTM(embedding_dim, embedding_dim // 2, num_layers=1, batch_first=True,
-                            bidirectional=True)
+        self.lstm = nn.LSTM(embedding_dim, embedding_dim // 2, num_layers=1, batch_first=True, bidirectional=True)
         self.dropout = dropout
 
     def forward(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Encode ``x`` ``(B, embedding_dim, L)``; ``lengths`` ``(B,)`` (``None``: no padding).
-
-        Returns:
-            ``(B, L, embedding_dim)``.
+        """Embedded text ``(B, embedding_dim, L)`` and ``lengths`` ``(B,)`` (``None``: no padding) -> ``(B, L,
+        embedding_dim)``, zero past each length.
 
         Raises:
-            ValueError: ``lengths`` has the wrong shape or a length outside ``[1, L]``.
+            ValueError: ``lengths`` has the wrong shape or a length below 1.
         """
         max_len = x.size(2)
         keep = None
@@ -158,25 +120,14 @@ class Encoder(nn.Module):
         x = x.transpose(1, 2)  # (B, L, C)
         self.lstm.flatten_parameters()
         if lengths is None:
-            outputs, _ = self.lstm(x)
-            return outputs
+            return self.lstm(x)[0]
         packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-        outputs, _ = self.lstm(packed)
-        outputs, _ = nn.utils.rnn.pad_packed_sequence(outputs, batch_first=True, total_length=max_len)
-        return outputs
+        return nn.utils.rnn.pad_packed_sequence(self.lstm(packed)[0], batch_first=True, total_length=max_len)[0]
 
 
 class Postnet(nn.Module):
-    """Residual mel refiner: ``n_convolutions`` x (conv, batch norm), tanh + dropout 0.5 except the last.
-
-    Input and output ``(B, n_mels, T)``; the model adds the output to the decoder's mel.
-
-    Args:
-        n_mels: mel channels.
-        embedding_dim: channels of the inner layers (512).
-        kernel_size: convolution width in frames (5, odd).
-        n_convolutions: number of layers (5, at least 2).
-        dropout: dropout after every layer (training only).
+    """Residual mel refiner: ``n_convolutions`` x (conv ``kernel_size`` frames wide, batch norm), each followed by tanh
+    but the last, and by dropout in training. The model adds its output to the decoder's mel.
 
     Raises:
         ValueError: ``n_convolutions < 2``.
@@ -188,19 +139,16 @@ class Postnet(nn.Module):
         if n_convolutions < 2:
             raise ValueError(f"Postnet: n_convolutions must be >= 2, got {n_convolutions}")
         channels = [n_mels] + [embedding_dim] * (n_convolutions - 1) + [n_mels]
-        layers = []
-        for i in range(n_convolutions):
-            last = i == n_convolutions - 1
-            layers.append(nn.Sequential(
-                ConvNorm(channels[i], channels[i + 1], kernel_size=kernel_size,
-                         w_init_gain="linear" if last else "tanh"),
-                nn.BatchNorm1d(channels[i + 1])))
-        self.convolutions = nn.ModuleList(layers)
+        self.convolutions = nn.ModuleList([
+            nn.Sequential(ConvNorm(channels[i], channels[i + 1], kernel_size=kernel_size,
+                                   w_init_gain="linear" if i == n_convolutions - 1 else "tanh"),
+                          nn.BatchNorm1d(channels[i + 1]))
+            for i in range(n_convolutions)])
         self.dropout = dropout
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``(B, n_mels, T) -> (B, n_mels, T)``; ``mask`` ``(B, T)`` bool is ``True`` at padded frames,
-        which are zeroed before every layer."""
+        """``(B, n_mels, T) -> (B, n_mels, T)``; the frames where ``mask`` ``(B, T)`` is ``True`` (padding) are zeroed
+        before every layer."""
         keep = None if mask is None else ~mask.unsqueeze(1)
         last = len(self.convolutions) - 1
         for i, conv in enumerate(self.convolutions):
@@ -214,26 +162,13 @@ class Postnet(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Autoregressive attention decoder producing one mel frame and one stop-gate logit per step.
-
-    Per step: pre-net on the previous frame; attention LSTM on (pre-net output, previous context);
-    location-sensitive attention gives a new context; decoder LSTM on (attention LSTM output, context);
-    linear projections of (decoder LSTM output, context) give the frame and the gate logit. Dropout
-    ``p_attention_dropout`` / ``p_decoder_dropout`` is applied to the two LSTM outputs in training
-    (NVIDIA's reference; the dropped-out value is also the state carried to the next step).
-
-    Args:
-        n_mels: mel channels per frame.
-        encoder_dim: size of an encoder output vector (512).
-        attention_rnn_dim: attention LSTM units (1024).
-        decoder_rnn_dim: decoder LSTM units (1024).
-        prenet_dim: pre-net layer size (256, two layers).
-        attention_dim, attention_location_n_filters, attention_location_kernel_size: see
-            :class:`modules.attention.LocationSensitiveAttention` (128, 32, 31).
-        max_decoder_steps: frames after which :meth:`inference` gives up (with a warning).
-        gate_threshold: stop probability above which :meth:`inference` stops.
-        p_attention_dropout, p_decoder_dropout: dropout on the LSTM outputs (0.1).
-    """
+    """Autoregressive attention decoder producing one mel frame and one stop-gate logit per step. Per step: pre-net on
+    the previous frame; attention LSTM on (pre-net output, previous context); location-sensitive attention
+    (:class:`modules.attention.LocationSensitiveAttention`) gives a new context; decoder LSTM on (attention LSTM output,
+    context); linear projections of (decoder LSTM output, context) give the frame and the gate logit. Dropout
+    ``p_attention_dropout`` / ``p_decoder_dropout`` on the two LSTM outputs in training (NVIDIA's reference; the
+    dropped-out value is also the state carried to the next step). :meth:`inference` stops at ``max_decoder_steps``
+    frames (with a warning) or once the stop probability exceeds ``gate_threshold``."""
 
     def __init__(self, n_mels: int, encoder_dim: int = 512, attention_rnn_dim: int = 1024,
                  decoder_rnn_dim: int = 1024, prenet_dim: int = 256, attention_dim: int = 128,
@@ -241,14 +176,10 @@ class Decoder(nn.Module):
                  max_decoder_steps: int = 1000, gate_threshold: float = 0.5, p_attention_dropout: float = 0.1,
                  p_decoder_dropout: float = 0.1):
         super().__init__()
-        self.n_mels = n_mels
-        self.encoder_dim = encoder_dim
-        self.attention_rnn_dim = attention_rnn_dim
-        self.decoder_rnn_dim = decoder_rnn_dim
-        self.max_decoder_steps = max_decoder_steps
-        self.gate_threshold = gate_threshold
-        self.p_attention_dropout = p_attention_dropout
-        self.p_decoder_dropout = p_decoder_dropout
+        self.n_mels, self.encoder_dim = n_mels, encoder_dim
+        self.attention_rnn_dim, self.decoder_rnn_dim = attention_rnn_dim, decoder_rnn_dim
+        self.max_decoder_steps, self.gate_threshold = max_decoder_steps, gate_threshold
+        self.p_attention_dropout, self.p_decoder_dropout = p_attention_dropout, p_decoder_dropout
         self.prenet = Prenet(n_mels, (prenet_dim, prenet_dim))
         self.attention_rnn = nn.LSTMCell(prenet_dim + encoder_dim, attention_rnn_dim)
         self.attention = LocationSensitiveAttention(attention_rnn_dim, encoder_dim, attention_dim,
@@ -256,38 +187,26 @@ class Decoder(nn.Module):
         self.decoder_rnn = nn.LSTMCell(attention_rnn_dim + encoder_dim, decoder_rnn_dim)
         self.linear_projection = LinearNorm(decoder_rnn_dim + encoder_dim, n_mels)
         self.gate_layer = LinearNorm(decoder_rnn_dim + encoder_dim, 1, w_init_gain="sigmoid")
-        # Fast path (off by default; see enable_fast_path): text-length bucket and the compiled step.
-        self.text_bucket = 1
+        self.text_bucket = 1  # the fast path (off until enable_fast_path)
         self._compiled_step = None
 
     def enable_fast_path(self, text_bucket: int = 32, **compile_kwargs) -> None:
         """Run the teacher-forced loop of :meth:`forward` through a compiled step function.
 
-        The decoder loop is launch-bound on a GPU: each of the ``T`` (up to ~800) steps makes about 245
-        small operator calls forward and backward together (counted on the CPU), each through Python,
-        the dispatcher and autograd. ``torch.compile`` of the *step* (not of the loop, which would unroll
-        ``T`` copies) turns a step into two calls (forward, backward) of 32 matrix products or
-        convolutions and ~33 fused elementwise kernels, compiled once and reused at every step. To keep
-        that one graph:
+        The loop is launch-bound on a GPU: each of the ``T`` (up to ~800) steps makes about 245 small operator calls
+        forward and backward, each through Python, the dispatcher and autograd. ``torch.compile`` of the *step* (not of
+        the loop, which would unroll ``T`` copies) turns a step into two calls (forward, backward) of 32 matrix products
+        and ~33 fused elementwise kernels, compiled once. To keep that one graph, the memory (encoder outputs, processed
+        memory, mask) is padded along the text axis to a multiple of ``text_bucket`` symbols (masked: zero attention
+        weight, the zeros the location convolution sees as padding anyway, so the outputs are unchanged and the
+        alignments are cut back to the text length); step 0 runs eagerly (its zero initial state, without gradient and
+        float32 under autocast, would need a second graph); the step has no host synchronisation (``fullgraph=True``
+        enforces it). :meth:`inference` stays eager. Dropout in the compiled step draws from Inductor's generator: the
+        same distribution, other samples (unless ``torch._inductor.config.fallback_random`` is set, as
+        ``scripts/benchmark.py --check`` does).
 
-        * the memory (encoder outputs, processed memory, mask) is padded along the text axis to a
-          multiple of ``text_bucket`` symbols, so batches of different text lengths share a few static
-          shapes. Padded positions are masked: their attention weight is exactly 0, the location
-          convolution sees the same zeros it would see as padding, so the outputs are unchanged (the
-          alignments are cut back to the batch's text length);
-        * step 0 runs eagerly: its state is the zero initial state (no gradient, float32 under autocast),
-          which would otherwise need a second graph;
-        * the step has no host synchronisation (no ``.item()``, no data-dependent Python branch), which
-          ``fullgraph=True`` enforces at compile time.
-
-        :meth:`inference` (free-running synthesis) stays eager. Dropout inside the compiled step draws
-        from Inductor's random generator: the same distribution, other samples than eager mode (unless
-        ``torch._inductor.config.fallback_random`` is set, as ``scripts/benchmark.py --check`` does).
-
-        Args:
-            text_bucket: pad the text axis to a multiple of this many symbols (>= 1; 1: no padding).
-            **compile_kwargs: passed to ``torch.compile`` (defaults ``fullgraph=True``, ``dynamic=False``;
-                tests pass ``backend="aot_eager"``; ``mode="reduce-overhead"`` adds CUDA graphs).
+        ``compile_kwargs`` go to ``torch.compile`` (defaults ``fullgraph=True``, ``dynamic=False``; tests pass
+        ``backend="aot_eager"``; ``mode="reduce-overhead"`` adds CUDA graphs).
 
         Raises:
             ValueError: ``text_bucket < 1``.
@@ -297,8 +216,8 @@ class Decoder(nn.Module):
         compile_kwargs.setdefault("fullgraph", True)
         compile_kwargs.setdefault("dynamic", False)
         self.text_bucket = text_bucket
-        # The unbound function, called with the module as first argument: a deep copy of the model then
-        # shares the compiled code but runs on its own parameters.
+        # The unbound function, called with the module first: a deep copy of the model shares the compiled code but
+        # runs on its own parameters.
         self._compiled_step = torch.compile(type(self)._step, **compile_kwargs)
 
     def disable_fast_path(self) -> None:
@@ -314,15 +233,11 @@ class Decoder(nn.Module):
         def zeros(*shape: int) -> torch.Tensor:
             return torch.zeros(*shape, device=memory.device, dtype=dtype)
 
-        return {
-            "attention_hidden": zeros(batch, self.attention_rnn_dim),
-            "attention_cell": zeros(batch, self.attention_rnn_dim),
-            "decoder_hidden": zeros(batch, self.decoder_rnn_dim),
-            "decoder_cell": zeros(batch, self.decoder_rnn_dim),
-            "weights": zeros(batch, max_len).float(),
-            "weights_cum": zeros(batch, max_len).float(),
-            "context": zeros(batch, self.encoder_dim),
-        }
+        attention, decoder = self.attention_rnn_dim, self.decoder_rnn_dim
+        return {"attention_hidden": zeros(batch, attention), "attention_cell": zeros(batch, attention),
+                "decoder_hidden": zeros(batch, decoder), "decoder_cell": zeros(batch, decoder),
+                "weights": zeros(batch, max_len).float(), "weights_cum": zeros(batch, max_len).float(),
+                "context": zeros(batch, self.encoder_dim)}
 
     def _step(self, prenet_out: torch.Tensor, state: dict[str, torch.Tensor], memory: torch.Tensor,
               processed_memory: torch.Tensor, mask: Optional[torch.Tensor]
@@ -337,8 +252,7 @@ class Decoder(nn.Module):
             torch.cat((attention_hidden, context), dim=-1), (state["decoder_hidden"], state["decoder_cell"]))
         decoder_hidden = F.dropout(decoder_hidden, self.p_decoder_dropout, self.training)
         features = torch.cat((decoder_hidden, context), dim=-1)
-        frame = self.linear_projection(features)
-        gate = self.gate_layer(features).squeeze(-1)
+        frame, gate = self.linear_projection(features), self.gate_layer(features).squeeze(-1)
         new_state = {"attention_hidden": attention_hidden, "attention_cell": attention_cell,
                      "decoder_hidden": decoder_hidden, "decoder_cell": decoder_cell,
                      "weights": weights, "weights_cum": state["weights_cum"] + weights, "context": context}
@@ -348,13 +262,9 @@ class Decoder(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Teacher-forced decoding: step ``t`` sees the ground-truth frame ``t - 1`` (a zero frame at t=0).
 
-        Args:
-            memory: encoder outputs ``(B, L, encoder_dim)``.
-            mels: target mels ``(B, n_mels, T)``.
-            memory_mask: ``(B, L)`` bool, ``True`` at padded text positions, or ``None``.
-
-        Returns:
-            ``(mel (B, n_mels, T), gate logits (B, T), alignments (B, T, L))``.
+        ``memory`` ``(B, L, encoder_dim)`` encoder outputs, ``mels`` ``(B, n_mels, T)`` targets, ``memory_mask`` ``(B,
+        L)`` bool, ``True`` at padded text positions (or ``None``) -> ``(mel (B, n_mels, T), gate logits (B, T),
+        alignments (B, T, L))``.
 
         Raises:
             ValueError: ``mels`` does not have ``n_mels`` channels, or batch sizes differ.
@@ -364,8 +274,7 @@ class Decoder(nn.Module):
         if mels.size(0) != memory.size(0):
             raise ValueError(f"Decoder: {mels.size(0)} mels for {memory.size(0)} encoded texts")
         go = mels.new_zeros(mels.size(0), self.n_mels, 1)
-        inputs = torch.cat((go, mels[:, :, :-1]), dim=2).permute(2, 0, 1)  # (T, B, n_mels)
-        inputs = self.prenet(inputs)
+        inputs = self.prenet(torch.cat((go, mels[:, :, :-1]), dim=2).permute(2, 0, 1))  # (T, B, prenet_dim)
         text_len = memory.size(1)
         if self.text_bucket > 1:
             memory, memory_mask = pad_memory(memory, memory_mask, self.text_bucket)
@@ -387,22 +296,15 @@ class Decoder(nn.Module):
         return torch.stack(frames, dim=2), torch.stack(gates, dim=1), alignments
 
     @torch.no_grad()
-    def inference(self, memory: torch.Tensor, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor,
-                                                                            torch.Tensor]:
-        """Free-running decoding: each step is fed the previous predicted frame.
+    def inference(self, memory: torch.Tensor, progress: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Free-running decoding of ``memory`` ``(B, L, encoder_dim)`` (no padding), each step fed the previous
+        predicted frame (``progress``: a bar of the frames decoded) -> ``(mel (B, n_mels, T), gate logits (B, T),
+        alignments (B, T, L))``, ``T`` the steps taken.
 
-        Stops after the step at which every item's stop probability ``sigmoid(gate)`` exceeded
-        :attr:`gate_threshold`; if that has not happened after :attr:`max_decoder_steps` frames it stops
-        there and emits a ``UserWarning`` (the usual sign of an attention failure or an untrained model).
-        Items of a batch that stopped early keep being decoded until the last one stops; trim them at
-        their first gate crossing.
-
-        Args:
-            memory: encoder outputs ``(B, L, encoder_dim)`` (no padding).
-            progress: show a progress bar of the frames decoded (up to :attr:`max_decoder_steps`).
-
-        Returns:
-            ``(mel (B, n_mels, T), gate logits (B, T), alignments (B, T, L))``, ``T`` the steps taken.
+        Stops after the step at which every item's ``sigmoid(gate)`` has exceeded :attr:`gate_threshold`, or at
+        :attr:`max_decoder_steps` frames with a ``UserWarning`` (the usual sign of an attention failure or an untrained
+        model). Items that stopped early run on to the last one; trim each at its first gate crossing.
         """
         bar = tqdm(total=self.max_decoder_steps, desc="decoding mel frames", unit="frame", disable=not progress,
                    leave=False)

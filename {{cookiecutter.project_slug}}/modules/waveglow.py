@@ -1,9 +1,8 @@
 """Building blocks of WaveGlow: the invertible 1x1 convolution and the WN coupling network.
 
-Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis"
-(ICASSP 2019), and NVIDIA's reference implementation for layer sizes and initialisation. Written for
-current PyTorch: weight norm through ``torch.nn.utils.parametrizations`` and determinants through
-``torch.linalg``.
+Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis" (ICASSP 2019),
+and NVIDIA's reference implementation for layer sizes and initialisation; weight norm through
+``torch.nn.utils.parametrizations``, determinants through ``torch.linalg``.
 """
 
 from __future__ import annotations
@@ -20,14 +19,11 @@ def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
 
 
 class Invertible1x1Conv(nn.Module):
-    """A learned orthogonal-initialised channel mixing ``z -> W z`` with an exact inverse.
+    """A learned, orthogonal-initialised channel mixing ``z -> W z`` of ``channels`` channels, with an exact inverse.
 
-    Args:
-        channels: number of channels ``C`` it mixes.
-
-    ``forward(z)`` takes ``(B, C, T)`` and returns ``(W z, log|det W| * B * T)``, the second term being
-    this layer's contribution to the flow's log-likelihood (Kingma and Dhariwal, Glow, 2018).
-    ``inverse(z)`` applies ``W^-1``. Determinant and inverse are taken in float32 even under autocast.
+    ``forward(z)``: ``(B, C, T)`` -> ``(W z, log|det W| * B * T)``, the second term being this layer's contribution to
+    the flow's log-likelihood (Kingma and Dhariwal, Glow, 2018). Determinant and inverse are taken in float32 even under
+    autocast.
     """
 
     def __init__(self, channels: int):
@@ -49,32 +45,24 @@ class Invertible1x1Conv(nn.Module):
 
 
 def add_gated_activation(x: torch.Tensor, cond: torch.Tensor, channels: int) -> torch.Tensor:
-    """WaveNet's gate on a sum: ``tanh(s[:, :C]) * sigmoid(s[:, C:])`` with ``s = x + cond``.
+    """WaveNet's gate on a sum, ``tanh(s[:, :C]) * sigmoid(s[:, C:])`` with ``s = x + cond``: ``(B, 2C, T)`` inputs ->
+    ``(B, C, T)``, ``C = channels``.
 
-    Shapes: ``x`` and ``cond`` ``(B, 2C, T)`` -> ``(B, C, T)``, ``C = channels``.
-
-    Written as one function of its two inputs so that ``torch.compile`` turns the add, ``tanh``,
-    ``sigmoid`` and product into a single elementwise kernel (one read of each input, one write); eager
-    mode runs the four operations one by one. NVIDIA's reference scripts the same function with
-    TorchScript (``fused_add_tanh_sigmoid_multiply``).
+    One function of its two inputs so that ``torch.compile`` fuses the add, ``tanh``, ``sigmoid`` and product into one
+    elementwise kernel (NVIDIA's reference scripts the same function with TorchScript:
+    ``fused_add_tanh_sigmoid_multiply``).
     """
     summed = x + cond
     return torch.tanh(summed[:, :channels]) * torch.sigmoid(summed[:, channels:])
 
 
 class WN(nn.Module):
-    """The non-causal WaveNet-like network that predicts an affine coupling's scale and shift.
+    """The non-causal WaveNet-like network that predicts an affine coupling's shift and log-scale.
 
-    Args:
-        in_channels: channels of the half of the audio it conditions on (``n_half``).
-        cond_channels: channels of the upsampled, grouped mel (``n_mels * n_group``).
-        n_layers: dilated layers; layer ``i`` has dilation ``2**i``.
-        channels: residual channels.
-        kernel_size: odd kernel size of the dilated convolutions.
-
-    ``forward(audio, cond)`` takes ``(B, in_channels, T)`` and ``(B, cond_channels, T)`` and returns
-    ``(B, 2 * in_channels, T)``: the first half is the shift ``b``, the second ``log s``.
-    The last convolution starts at zero, so every coupling starts as the identity.
+    ``in_channels``: the audio half it conditions on (``n_half``); ``cond_channels``: the upsampled, grouped mel
+    (``n_mels * n_group``); ``n_layers`` dilated layers (dilation ``2**i``) of ``channels`` residual channels and an odd
+    ``kernel_size``. ``forward(audio (B, in_channels, T), cond (B, cond_channels, T))`` -> ``(B, 2 * in_channels, T)``:
+    the shift ``b``, then ``log s``. The last convolution starts at zero, so every coupling starts as the identity.
 
     Raises:
         ValueError: an even ``kernel_size``.
@@ -101,7 +89,6 @@ class WN(nn.Module):
         nn.init.zeros_(self.end.bias)
 
     def forward(self, audio: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        """``(B, in_channels, T)`` audio half and ``(B, cond_channels, T)`` mel -> ``(B, 2 * in_channels, T)``."""
         x = self.start(audio)
         cond = self.cond(cond)
         skip = None  # the first layer's skip output starts the sum (no zero tensor to add to)
@@ -111,10 +98,8 @@ class WN(nn.Module):
             res_skip = self.res_skip[i](acts)
             if i < self.n_layers - 1:
                 x = x + res_skip[:, :c]
-                out = res_skip[:, c:]
-            else:
-                out = res_skip
-            skip = out if skip is None else skip + out
+                res_skip = res_skip[:, c:]
+            skip = res_skip if skip is None else skip + res_skip
         return self.end(skip)
 
 

@@ -9,73 +9,38 @@
     python -m scripts.benchmark --loader --dataset-path DIR       # input pipeline items/s
     python -m scripts.benchmark --padding --dataset-path DIR      # padded share of batches: random vs buckets
 
-Everything about a model comes from its ``ModelSpec`` (``model.py``); a model that lacks what a mode
-needs is skipped with a line saying so.
+Everything about a model comes from its ``ModelSpec``; a model that lacks what a mode needs is skipped with a line
+saying so. Progress bars go to stderr (``--no-progress`` hides them), rows and tables to stdout.
 
-**Train step** (default). For each case and precision: build the model with ``build_model`` (seed 0), its
-loss with ``Training.build_criterion``, one batch from ``Benchmark.synthetic_batch`` (seed 0) on the device, and
-time the step ``train.py`` runs: for each of the model's optimizers (one, or one per ``Phases.names``, e.g. a
-GAN's discriminator then generator) ``utils.training.step.forward_backward`` (forward and loss under autocast, backward
-through the GradScaler, unscale, gradient-norm clipping) and that optimizer's step; then the scaler update.
-The per-step all-reduce, checks and logging of ``train.py`` are left out. Timing as NVIDIA's reference
-harness times its models (the harness is not part of this project): ``--warmup`` untimed steps, then
-``--steps`` steps each timed with CUDA events (``time.perf_counter`` on the CPU), and the median (the upper
-one for an even count). One JSON row per case and precision: ``case``, ``mode`` (``tf32``, ``amp-bf16``, ``amp-fp16``: the
-reference's names), ``step_s``, ``items_per_s`` (``Training.count_items`` per second: audio samples or mel frames
-for the examples, as NVIDIA's tables), ``peak_gib`` (``torch.cuda.max_memory_allocated``, model and
-optimizer included; ``null`` on the CPU), plus ``path`` (``fast``/``eager``), ``tiny`` (true for the
-small shapes below), ``items_per_step``, ``params_m``, ``loss``. ``--compare REF.json`` adds
-``ratio_vs_reference`` (our items/s over the reference's, same case and mode).
+**Train step** (default): per case and precision, the model (seed 0) and one ``Benchmark.synthetic_batch`` (seed 0)
+through ``train.py``'s step (:func:`scripts.benchmark_step.make_train_step`), timed as NVIDIA's reference harness times
+its models: ``--warmup`` untimed steps, then the median of ``--steps`` steps timed with CUDA events (CPU:
+``time.perf_counter``). Rows: ``case``, ``mode`` (the reference's ``tf32``, ``amp-bf16``, ``amp-fp16``), ``step_s``,
+``items_per_s`` (``Training.count_items`` a second: audio samples or mel frames, as NVIDIA's tables), ``peak_gib``
+(``torch.cuda.max_memory_allocated``; ``null`` on the CPU), ``path`` (``fast``/``eager``), ``tiny``, ``items_per_step``,
+``params_m``, ``loss``; ``--compare REF.json`` adds ``ratio_vs_reference`` (items/s over the reference's). Cases are
+each model's ``Benchmark.cases`` (the reference's names and shapes) at the config dataclasses' defaults (NVIDIA's
+published LJSpeech models) plus the case's keys and ``--set``; a model without cases gets ``<name>_b<batch_size>`` from
+``config.json``. ``--tiny`` takes ``config.json``'s tiny block and each case's ``tiny`` shape, rows named after that
+shape (:func:`scripts.benchmark_step.case_name`) with ``full_size_case``; ``--cases`` takes either name. On a CPU tiny
+is the default (a full-size step takes minutes; ``--full-size`` anyway), and so is the eager path (compiling takes
+minutes; ``--fast``); the fast path, ``Training.optimize_for_training`` (``train.compile=true``), is CUDA's default.
 
-Cases are each model's ``Benchmark.cases`` (the example models carry the names and shapes of the
-reference); their settings are the config dataclasses' defaults (NVIDIA's published LJSpeech models,
-which the reference runs) plus the case's own keys, and ``--set`` changes them. ``--tiny`` takes
-``config.json`` with its ``tiny`` block instead and each case's smaller ``tiny`` shape, for a smoke run on a
-CPU. A model with a ``synthetic_batch`` but no cases gets one, ``<name>_b<batch_size>``, from
-``config.json``.
+**Check** (``--check``): the fast path's loss and gradients against eager float32 on the same batch and weights (seed
+0, every parameter moved by ``N(0, 0.01)`` so zero-initialised layers take part), in float32 (TF32 off) and bf16
+autocast: rows ``check-fp32`` and ``check-amp-bf16`` with ``loss_rel_diff``, ``limit`` (1e-5, 2e-2), ``ok``,
+``grad_rel_diff``. Inductor's random numbers fall back to eager's, so dropout draws the same masks in both paths.
 
-**Tiny rows are named after their tiny shape**, never after the full-size case they stand in for:
-``tiny_<model>_b<batch size>`` plus ``_<first letter of the key><value>`` for each integer keyword of
-``synthetic_batch`` (``tiny_waveglow_b2_s2048``: batch 2 of 2048-sample crops), or ``tiny_<name>`` when
-the case's ``tiny`` shape has a name of its own. Such rows carry ``"tiny": true`` and ``full_size_case``, the
-name of the full-size case. ``--cases`` takes either name.
+**Loader** (``--loader --dataset-path DIR``): the train step on the corpus's first batch (``train_<model>``: what the
+loader must keep up with), then ``train.py``'s DataLoader with each ``--workers`` count for ``--steps`` batches after
+the first (``first_batch_s``): rows ``loader_<model>_wav`` and, with a filled mel cache, ``loader_<model>_cached_mels``;
+then a table with the fewest workers that keep up (per process: each rank runs its own workers).
 
-**On a CPU, tiny is the default.** A full-size train step takes minutes on a CPU, so without ``--tiny`` and
-without ``--full-size`` a CPU run uses the tiny shapes and says so in one line; ``--full-size`` times the
-full-size models anyway, after one line saying what that costs. On CUDA, full size is the default.
+**Padding** (``--padding --dataset-path DIR``): per model with ``Training.variable_length``, the padded share of one
+epoch's batches (``lengths()``; only wav headers are read), ``data.batching=random`` vs ``buckets``, at the config's
+full-size batch unless ``--tiny``.
 
-**Progress.** Every timed case and every loader measurement shows a tqdm bar on stderr (steps or batches
-done, seconds each); JSON rows and tables go to stdout. ``--no-progress`` hides the bars.
-
-The fast path is ``Training.optimize_for_training`` (what ``train.compile=true`` selects). It is the
-default on CUDA; on the CPU the default is the eager path (compilation there takes minutes for the
-whole table) and ``--fast`` asks for it.
-
-**Check** (``--check``): for each case, the fast path's loss and gradients on the same weights (seed 0,
-then every parameter moved by ``N(0, 0.01)`` so that zero-initialised layers take part) and batch, in
-float32 (TF32 off) and in bf16 autocast, against the eager float32 loss. Rows: ``case``, ``mode``
-(``check-fp32``, ``check-amp-bf16``), ``loss_rel_diff``, ``limit`` (1e-5, 2e-2), ``ok``,
-``grad_rel_diff`` (for information). Inductor's random numbers fall back to eager's here, so dropout
-draws the same masks in both paths. The exit status is 1 when a row is not ok.
-
-**Loader** (``--loader --dataset-path DIR``): first the train step on the corpus's first real batch
-(row ``train_<model>``: items/s the loader must keep up with on this device), then the training dataset and
-DataLoader exactly as ``train.py`` builds them (``train.load_run_config``, ``utils.data.loader.make_loader``, pinned
-memory on CUDA) with each ``--workers`` count (1, 2, 4, 8), iterated for ``--steps`` batches after the first one
-(worker start-up, reported apart as ``first_batch_s``). Items are ``Training.count_items``. Rows
-``loader_<model>_wav`` (audio decoded, mels computed) and, when the dataset reads a mel cache (a
-``cache_dir`` attribute) that holds mels, ``loader_<model>_cached_mels``. A table ends the run: loader
-items/s per worker count beside the train step's, and the fewest workers that keep up (per process: with
-N GPUs on a node, each rank runs its own workers).
-
-**Padding** (``--padding --dataset-path DIR``): for each model whose items differ in length
-(``Training.variable_length``), the share of a padded batch that is padding over one epoch of the training
-dataset (``lengths()``, e.g. Tacotron2's mel frames), with ``data.batching=random`` and ``buckets``
-(:class:`utils.data.samplers.LengthBucketSampler`): rows ``padding_<model>`` with ``batching``, ``batch_size``,
-``utterances``, ``batches`` and ``padding_fraction``. Nothing is loaded but the wav headers, and the batch
-size is the config's full-size one unless ``--tiny`` is given.
-
-Exit status 0; 1 for a bad argument or config, or a failed check.
+Exit status 0; 2 for a bad argument; 1 for a bad config or corpus, or a failed check.
 """
 
 from __future__ import annotations
@@ -99,13 +64,11 @@ from utils.training.guards import TrainingError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
+# The line a CPU run prints before it starts: without --tiny or --full-size; with --full-size (what it will cost).
 CPU_TINY_NOTE = ("on a CPU a full-size train step takes minutes: using the tiny shapes (config.json's tiny "
                  "block, each case's tiny shape; rows named tiny_...); add --full-size to time full size anyway")
-"""The line a CPU run without ``--tiny`` or ``--full-size`` prints before it starts."""
-
 CPU_FULL_SIZE_NOTE = ("--full-size on a CPU: a full-size train step of the example models takes minutes (over "
                       "100 s on 2 cores), and each case runs --warmup + --steps of them; --tiny is the CPU smoke run")
-"""The line a CPU run with ``--full-size`` prints before it starts: what it will cost."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,23 +79,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cases", default="all", help="comma-separated case names (default: all of the models')")
     parser.add_argument("--precision", default="tf32,bf16,fp16",
                         help="comma-separated precisions among fp32, tf32, bf16, fp16 (default: tf32,bf16,fp16)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
-                        help="default: cuda when available, else cpu")
+    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available, else cpu")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--tiny", action="store_true",
                       help="config.json's tiny block and small batches (CPU smoke; the default on a CPU)")
     size.add_argument("--full-size", action="store_true",
                       help="full-size models and batches on a CPU too (minutes a step; the default on CUDA)")
     parser.add_argument("--json", dest="json_out", help="write the rows to this JSON file (after every row)")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="timed steps (default 20 on CUDA, 3 on the CPU; loader: batches, default 50)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5 on CUDA, 1 on the CPU)")
+    parser.add_argument("--steps", type=int, help="timed steps (default 20 on CUDA, 3 on the CPU; loader: batches, "
+                        "default 50)")
+    parser.add_argument("--warmup", type=int, help="untimed steps first (default 5 on CUDA, 1 on the CPU)")
     path = parser.add_mutually_exclusive_group()
     path.add_argument("--eager", action="store_true", help="force the plain eager path")
     path.add_argument("--fast", action="store_true", help="force the fast path (train.compile) on the CPU too")
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend of the fast path (default inductor)")
-    parser.add_argument("--compile-mode", default=None,
-                        help="torch.compile mode of the fast path (e.g. reduce-overhead, max-autotune)")
+    parser.add_argument("--backend", default="inductor",
+                        help="torch.compile backend of the fast path (default inductor)")
+    parser.add_argument("--compile-mode", help="torch.compile mode of the fast path (e.g. reduce-overhead, "
+                        "max-autotune)")
     parser.add_argument("--check", action="store_true",
                         help="compare the fast path's loss with the eager float32 loss instead of timing")
     parser.add_argument("--compare", metavar="REF_JSON", help="reference harness rows: add ratio_vs_reference")
@@ -151,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settle_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """``args.models`` and ``args.precisions`` from ``--model`` and ``--precision``; ``parser.error`` (exit 2) for a
-    name that is not registered or not a precision."""
+    """``args.models`` and ``args.precisions`` from ``--model`` and ``--precision``; ``parser.error`` (exit 2) for an
+    unknown name."""
     args.models = list(MODELS) if args.model == "all" else args.model.split(",")
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
@@ -164,15 +127,13 @@ def settle_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
 
 
 def settle_device_and_size(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """The device (cuda when available), the shapes (tiny by default on a CPU: ``args.size_note`` says so, or what
-    ``--full-size`` costs there; ``args.explicit_tiny``: ``--tiny`` was given) and the step counts' defaults."""
+    """The device, the shapes (tiny by default on a CPU: ``args.size_note`` says so, or what ``--full-size`` costs;
+    ``args.explicit_tiny``: ``--tiny`` was given) and the step counts' defaults."""
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available (use --device cpu)")
-    args.explicit_tiny = args.tiny
-    cpu = args.device == "cpu"
-    args.size_note = ""
+    args.explicit_tiny, cpu, args.size_note = args.tiny, args.device == "cpu", ""
     if cpu and not args.tiny and not args.full_size:
         args.tiny, args.size_note = True, CPU_TINY_NOTE
     elif cpu and args.full_size:
@@ -224,17 +185,13 @@ def print_table(rows: list[dict]) -> None:
 
 
 class Rows:
-    """The rows of a run as they are measured: each printed as one JSON line on stdout, all of them rewritten to
-    ``--json`` after every row, with ``ratio_vs_reference`` (our items/s over the ``--compare`` row's of the same
-    case and mode) where the reference has the row."""
+    """The rows as they are measured: each printed as a JSON line, all rewritten to ``--json`` after every row, with
+    ``ratio_vs_reference`` (items/s over the ``--compare`` row's of the same case and mode) where there is one."""
 
     def __init__(self, json_out: Optional[str], compare: Optional[str]):
-        self.json_out = json_out
-        self.reference = {}
-        if compare:
-            self.reference = {(r["case"], r["mode"]): r for r in json.loads(Path(compare).read_text())
-                              if "items_per_s" in r}
-        self.rows: list[dict] = []
+        self.json_out, self.rows = json_out, []
+        self.reference = {(r["case"], r["mode"]): r for r in json.loads(Path(compare).read_text())
+                          if "items_per_s" in r} if compare else {}
 
     def __call__(self, row: dict) -> None:
         ref = self.reference.get((row["case"], row["mode"]))
@@ -247,8 +204,8 @@ class Rows:
 
 
 def chosen_cases(args: argparse.Namespace) -> list[tuple[str, BenchmarkCase]]:
-    """The ``(model, case)`` pairs to run: every case of ``--model``'s models, or those ``--cases`` names (by the
-    case's own name or by its row's name).
+    """The ``(model, case)`` pairs to run: every case of ``--model``'s models, or those ``--cases`` names (either
+    name).
 
     Raises:
         BenchmarkError: ``--cases`` names none of them.
@@ -274,10 +231,9 @@ def run_checks(cases: list[tuple[str, BenchmarkCase]], args: argparse.Namespace,
             continue
         for row in check_case(name, case, args, device):
             emit(row)
-    rows = emit.rows
-    failed = [r for r in rows if not r["ok"]]
-    print(f"check: {len(rows) - len(failed)} of {len(rows)} rows within their limits", flush=True)
-    return 1 if failed else 0
+    ok = sum(r["ok"] for r in emit.rows)
+    print(f"check: {ok} of {len(emit.rows)} rows within their limits", flush=True)
+    return 1 if ok < len(emit.rows) else 0
 
 
 def run(args: argparse.Namespace, device: torch.device, emit: Rows) -> int:
@@ -301,8 +257,7 @@ def run(args: argparse.Namespace, device: torch.device, emit: Rows) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Run the benchmark the command line asks for. Returns the exit status: 0; 1 after one ``ERROR:`` line for a
-    bad config or corpus, or a benchmark that cannot run, or for a failed check."""
+    """Run the benchmark the command line asks for. Returns the exit status (see the module docstring)."""
     args = parse_args(argv)
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -1,5 +1,5 @@
 """The ``--loader`` and ``--padding`` parts of ``python -m scripts.benchmark`` (its docstring says what they
-measure): the training DataLoader's items/s against the train step's, and the padded share of batches."""
+measure)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from utils.data.samplers import LengthBucketSampler, padding_fraction, random_ba
 
 
 def run_config(args: argparse.Namespace, tiny: bool, extra: tuple[str, ...] = ()) -> Config:
-    """``train.py``'s config for this run (``train.load_run_config``): ``--config``, ``--set`` then ``extra``,
-    ``--dataset-path``; the tiny block with ``tiny``."""
+    """``train.py``'s config (``train.load_run_config``): ``--config``, ``--set``, ``extra``, ``--dataset-path``; the
+    tiny block with ``tiny``."""
     return load_run_config(argparse.Namespace(config=args.config, tiny=tiny, set=[*args.set, *extra],
                                               dataset_path=args.dataset_path, max_steps=None))
 
@@ -31,10 +31,9 @@ def run_config(args: argparse.Namespace, tiny: bool, extra: tuple[str, ...] = ()
 def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str],
                 emit: Callable[[dict], None]) -> list[dict]:
     """Loader throughput rows for ``models`` (see :mod:`scripts.benchmark`), each passed to ``emit`` as it is
-    measured: first the train step on a real batch (``train_<model>``), then every ``--workers`` count.
-
-    A dataset with a ``cache_dir`` attribute (a mel cache) that holds ``.pt`` files is timed twice: with the
-    cache switched off (``cache_dir = None``: audio decoded, mels computed) and with it.
+    measured: the train step on a real batch (``train_<model>``), then every ``--workers`` count. A dataset whose
+    ``cache_dir`` (a mel cache) holds ``.pt`` files is timed twice: with ``cache_dir = None`` (audio decoded, mels
+    computed) and with it.
 
     Raises:
         BenchmarkError: a dataset too small for one batch of the configured batch size.
@@ -62,12 +61,11 @@ def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str
 
 
 def padding_rows(args: argparse.Namespace, models: list[str], emit: Callable[[dict], None]) -> list[dict]:
-    """``padding_<model>`` rows (see :mod:`scripts.benchmark`) for every model of ``models`` with
-    ``Training.variable_length``, each passed to ``emit``; the others are skipped with a line saying so.
+    """``padding_<model>`` rows (see :mod:`scripts.benchmark`) of the ``models`` with ``Training.variable_length``,
+    each passed to ``emit``; the others are skipped with a line saying so.
 
     Raises:
-        BenchmarkError: no model of ``models`` has items of different lengths, or the corpus holds fewer
-            training utterances than one batch.
+        BenchmarkError: no such model, or fewer training utterances than one batch.
     """
     rows = []
     for name in models:
@@ -81,10 +79,9 @@ def padding_rows(args: argparse.Namespace, models: list[str], emit: Callable[[di
         if len(lengths) < batch_size:
             raise BenchmarkError(f"{len(lengths)} training utterances are too few for one batch of {batch_size}; "
                                  f"use --set {name}.batch_size=N")
-        for batching, batches in (
-                ("random", random_batches(len(lengths), batch_size, cfg.train.seed)),
-                ("buckets", LengthBucketSampler(lengths, batch_size, seed=cfg.train.seed,
-                                                pool=cfg.data.bucket_pool).epoch_batches())):
+        buckets = LengthBucketSampler(lengths, batch_size, seed=cfg.train.seed, pool=cfg.data.bucket_pool)
+        for batching, batches in (("random", random_batches(len(lengths), batch_size, cfg.train.seed)),
+                                  ("buckets", buckets.epoch_batches())):
             rows.append({"case": f"padding_{name}", "mode": "padding", "batching": batching, "batch_size": batch_size,
                          "utterances": len(lengths), "batches": len(batches),
                          "padding_fraction": round(padding_fraction(batches, lengths), 4)})
@@ -110,16 +107,14 @@ def training_loader(spec: ModelSpec, cfg: Config, train_set, device: torch.devic
 
 def step_on_real_batch(spec: ModelSpec, cfg: Config, train_set, args: argparse.Namespace,
                        device: torch.device) -> dict:
-    """Items/s of ``train.py``'s step (forward, loss, backward, optimizer; eager, ``train.precision``) on the
-    first real batch of ``train_set``: what the loader has to keep up with on this device.
+    """Items/s of ``train.py``'s step (eager, ``train.precision``) on the first real batch of ``train_set``: what the
+    loader has to keep up with on this device.
 
     Raises:
         BenchmarkError: the dataset is too small for one batch.
     """
-    name = spec.name
-    batch_size = cfg.section(name).batch_size
-    loader = training_loader(spec, cfg, train_set, device)
-    batch = next(iter(loader))
+    name, batch_size = spec.name, cfg.section(spec.name).batch_size
+    batch = next(iter(training_loader(spec, cfg, train_set, device)))
     items = spec.training.count_items(batch)
     torch.manual_seed(0)
     model = spec.build_model(cfg).to(device)
@@ -152,25 +147,20 @@ def print_loader_table(rows: list[dict]) -> None:
 
 def time_loader(spec: ModelSpec, cfg: Config, train_set, label: str, batches: int, device: torch.device,
                 progress: bool = True) -> dict:
-    """Items/s of ``train.py``'s training DataLoader over ``train_set``, ``batches`` batches after the first one.
-
-    The batches come from :func:`utils.data.loader.batch_stream` (epochs restart as in training) and are moved to
-    ``device`` as ``train.py`` moves them (non-blocking from pinned memory). With ``progress``, a tqdm bar
-    on stderr counts the ``batches + 1`` batches.
+    """Items/s of ``train.py``'s training DataLoader over ``train_set``, ``batches`` batches after the first one, from
+    :func:`utils.data.loader.batch_stream` (epochs restart as in training) and moved to ``device`` as ``train.py``
+    moves them. With ``progress``, a tqdm bar on stderr counts the ``batches + 1`` batches.
 
     Raises:
         BenchmarkError: the dataset is too small for one batch.
     """
-    batch_size = cfg.section(spec.name).batch_size
-    loader = training_loader(spec, cfg, train_set, device)
-    stream = batch_stream(loader, TrainState())
+    stream = batch_stream(training_loader(spec, cfg, train_set, device), TrainState())
     with progress_bar(batches + 1, f"{label} ({cfg.data.num_workers} workers)", "batch", progress) as bar:
         begin = time.perf_counter()
         to_device(next(stream), device)
         first = time.perf_counter() - begin
         bar.update()
-        items = 0
-        begin = time.perf_counter()
+        items, begin = 0, time.perf_counter()
         for _ in range(batches):
             batch = next(stream)
             items += spec.training.count_items(batch)
@@ -178,6 +168,7 @@ def time_loader(spec: ModelSpec, cfg: Config, train_set, label: str, batches: in
             bar.update()
         synchronize(device)
         seconds = time.perf_counter() - begin
-    return {"case": label, "mode": "loader", "workers": cfg.data.num_workers, "batch_size": batch_size,
-            "batches": batches, "items_per_s": round(items / seconds), "batches_per_s": round(batches / seconds, 2),
-            "first_batch_s": round(first, 3), "utterances": len(train_set)}
+    return {"case": label, "mode": "loader", "workers": cfg.data.num_workers,
+            "batch_size": cfg.section(spec.name).batch_size, "batches": batches, "items_per_s": round(items / seconds),
+            "batches_per_s": round(batches / seconds, 2), "first_batch_s": round(first, 3),
+            "utterances": len(train_set)}

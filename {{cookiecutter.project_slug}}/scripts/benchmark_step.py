@@ -1,6 +1,5 @@
 """The train-step and ``--check`` parts of ``python -m scripts.benchmark`` (its docstring says what they measure), and
-the timing both it and :mod:`scripts.benchmark_data` use: the cases, the step ``train.py`` runs, the median of timed
-steps, the progress bars."""
+the cases, train step, timing and progress bars that :mod:`scripts.benchmark_data` uses too."""
 
 from __future__ import annotations
 
@@ -23,11 +22,8 @@ from utils.training.optim import build_optimizers, setup_precision
 from utils.training.setup import build_phases
 from utils.training.step import forward_backward, one_loss_step
 
-PRECISION_MODES = {"fp32": "fp32", "tf32": "tf32", "bf16": "amp-bf16", "fp16": "amp-fp16"}
-"""Our ``train.precision`` names -> the reference harness's ``mode`` names."""
-
-CHECK_LIMITS = {"fp32": 1e-5, "bf16": 2e-2}
-"""Largest relative loss difference, fast path vs eager float32, per precision (no unit: a ratio)."""
+PRECISION_MODES = {"fp32": "fp32", "tf32": "tf32", "bf16": "amp-bf16", "fp16": "amp-fp16"}  # ours -> the reference's
+CHECK_LIMITS = {"fp32": 1e-5, "bf16": 2e-2}  # largest relative loss difference, fast path vs eager float32
 
 
 class BenchmarkError(RuntimeError):
@@ -40,11 +36,8 @@ def skip_note(name: str, what: str) -> None:
 
 
 def cases_for(models: list[str]) -> list[tuple[str, BenchmarkCase]]:
-    """``(model, case)`` pairs of ``models``: each model's ``Benchmark.cases``, or one case sized from
-    ``config.json`` (``<name>_b<batch_size>``) for a model that has random batches but no cases of its own.
-    A model without a ``Benchmark`` group (its ``synthetic_batch``) cannot be timed on random batches: it is skipped
-    with a line saying so.
-    """
+    """``(model, case)`` pairs of ``models``: each model's ``Benchmark.cases``, or one ``<name>_default`` case sized
+    from ``config.json``; a model without a ``Benchmark`` (random batches) is skipped with a line saying so."""
     found = []
     for name in models:
         spec = MODELS[name]
@@ -70,13 +63,10 @@ def case_config(name: str, case: BenchmarkCase, args: argparse.Namespace) -> tup
 
 
 def case_name(name: str, case: BenchmarkCase, shape: BenchmarkCase, tiny: bool) -> str:
-    """The row's case name: the case's own name at full size (a default case is ``<name>_b<batch_size>``).
-
-    With ``tiny``, a name built from the tiny ``shape`` that the rows actually time:
-    ``tiny_<model>_b<batch size>`` plus ``_<first letter of key><value>`` for every integer
-    ``batch_kwargs`` entry, in key order (``tiny_waveglow_b2_s2048``: batch 2, 2048-sample crops); or
-    ``tiny_<name>`` when ``case.tiny`` has a name of its own.
-    """
+    """The row's case name: the case's own name at full size (a default case is ``<name>_b<batch_size>``). With
+    ``tiny``, one from the tiny ``shape`` the rows time: ``tiny_<model>_b<batch size>`` plus ``_<first letter of
+    key><value>`` for every integer ``batch_kwargs`` entry, in key order (``tiny_waveglow_b2_s2048``: batch 2 of
+    2048-sample crops); or ``tiny_<name>`` when ``case.tiny`` has a name of its own."""
     if not tiny:
         return f"{name}_b{shape.batch_size}" if case.name.endswith("_default") else case.name
     if case.tiny is not None and case.tiny.name:
@@ -88,15 +78,13 @@ def case_name(name: str, case: BenchmarkCase, shape: BenchmarkCase, tiny: bool) 
 
 def shape_fields(name: str, case: BenchmarkCase, args: argparse.Namespace) -> dict[str, Any]:
     """``tiny`` for every row, and for a tiny row of a named case ``full_size_case``: the case it stands in for."""
-    fields: dict[str, Any] = {"tiny": bool(args.tiny)}
-    if args.tiny and not case.name.endswith("_default"):
-        fields["full_size_case"] = case.name
-    return fields
+    named = args.tiny and not case.name.endswith("_default")
+    return {"tiny": bool(args.tiny), **({"full_size_case": case.name} if named else {})}
 
 
 def progress_bar(total: int, desc: str, unit: str, enabled: bool) -> tqdm:
-    """A tqdm bar on stderr for ``total`` ``unit`` s (it is drawn at once, so a slow first step still shows
-    that work started); removed when closed, so that stdout's rows and tables stay readable."""
+    """A tqdm bar on stderr for ``total`` ``unit`` s, drawn at once (a slow first step still shows that work started)
+    and removed when closed (stdout's rows and tables stay readable)."""
     return tqdm(total=total, desc=desc, unit=unit, leave=False, file=sys.stderr, disable=not enabled,
                 dynamic_ncols=True)
 
@@ -107,60 +95,45 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_calls(step: Callable[[], Any], steps: int, device: torch.device, bar: tqdm) -> list[float]:
-    """Seconds of each of ``steps`` calls of ``step``: between two CUDA events on CUDA, ``time.perf_counter`` on the
-    CPU; ``bar`` advances after each."""
-    times = []
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(steps):
-            start.record()
-            step()
-            end.record()
-            torch.cuda.synchronize(device)
-            times.append(start.elapsed_time(end) / 1e3)
-            bar.update()
-    else:
-        for _ in range(steps):
-            begin = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - begin)
-            bar.update()
-    return times
+def _timed_call(step: Callable[[], Any], device: torch.device) -> float:
+    """Seconds of one call of ``step``: between two CUDA events on CUDA (the device's own time, queued work
+    included), ``time.perf_counter`` on the CPU."""
+    if device.type != "cuda":
+        begin = time.perf_counter()
+        step()
+        return time.perf_counter() - begin
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    step()
+    end.record()
+    torch.cuda.synchronize(device)
+    return start.elapsed_time(end) / 1e3
 
 
 def median_step_time(step: Callable[[], Any], warmup: int, steps: int, device: torch.device, desc: str = "steps",
                      progress: bool = True) -> float:
-    """Seconds per call of ``step``: ``warmup`` untimed calls, then the median of ``steps`` timed ones.
-
-    CUDA: each step between two CUDA events (the device's own time, queued work included); CPU:
-    ``time.perf_counter``. The median is ``sorted(times)[steps // 2]``, as in the reference harness.
-    With ``progress``, a tqdm bar ``desc`` on stderr counts the ``warmup + steps`` calls (the bar's own
-    drawing happens between timed calls, never inside one).
-    """
+    """Seconds per call of ``step``: ``warmup`` untimed calls, then the median of ``steps`` timed ones
+    (``sorted(times)[steps // 2]``, as in the reference harness). With ``progress``, a tqdm bar ``desc`` on stderr
+    counts the calls (drawn between timed calls, never inside one)."""
+    times = []
     with progress_bar(warmup + steps, desc, "step", progress) as bar:
         for _ in range(warmup):
             step()
             synchronize(device)
             bar.update()
-        times = _timed_calls(step, steps, device, bar)
-    times.sort()
-    return times[len(times) // 2]
+        for _ in range(steps):
+            times.append(_timed_call(step, device))
+            bar.update()
+    return sorted(times)[len(times) // 2]
 
 
 def make_train_step(model: torch.nn.Module, criterion: Callable, batch: dict, cfg: Config, spec: ModelSpec,
                     precision: str, device: torch.device) -> Callable[[], dict[str, torch.Tensor]]:
-    """The optimizer step of ``train.py`` (one micro-batch, one process) as a closure returning ``{"loss": the
-    detached loss of its last phase}``, with ``loss_<phase>`` and the named metrics of each phase for a model
-    with several optimizers (as ``train.py`` logs them).
-
-    The model's optimizers as ``train.py`` builds them (:func:`utils.training.optim.build_optimizers`: Adam by
-    default, fused on CUDA; one per ``Phases.names`` name for a model with several) and its phases
-    (:func:`utils.training.setup.build_phases`). Each step moves the same batch through the model's ``on_device``
-    hook, then for each phase in order runs :func:`utils.training.step.forward_backward` (forward and loss under
-    autocast from ``setup_precision``, backward through the GradScaler, unscale, clipping to ``train.grad_clip``)
-    and that phase's optimizer step; the scaler updates once per step and the gradients are cleared. The per-step
-    all-reduce, spike checks and LR schedule of ``train.py`` are left out.
+    """``train.py``'s optimizer step (one micro-batch, one process) as a closure returning ``{"loss": the last phase's
+    detached loss}``, plus ``loss_<phase>`` and each phase's metrics for a model of several optimizers (e.g. a GAN's
+    discriminator then generator): the batch through the ``on_device`` hook, then per phase
+    :func:`utils.training.step.forward_backward` (autocast, GradScaler, clipping to ``train.grad_clip``) and its
+    optimizer step; then the scaler update. ``train.py``'s all-reduce, spike checks and LR schedule are left out.
 
     Raises:
         TrainingError: the model's ``build_optimizer`` or ``networks`` do not match its phases.
@@ -188,17 +161,7 @@ def make_train_step(model: torch.nn.Module, criterion: Callable, batch: dict, cf
 
 def use_fast_path(args: argparse.Namespace, device: torch.device) -> bool:
     """``--eager`` / ``--fast`` if given, else the fast path on CUDA only."""
-    if args.eager:
-        return False
-    return args.fast or device.type == "cuda"
-
-
-def compile_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """``torch.compile`` keywords from ``--backend`` and ``--compile-mode``."""
-    kwargs: dict[str, Any] = {"backend": args.backend}
-    if args.compile_mode:
-        kwargs["mode"] = args.compile_mode
-    return kwargs
+    return not args.eager and (args.fast or device.type == "cuda")
 
 
 def synthetic_batch(spec: ModelSpec, cfg: Config, shape: BenchmarkCase) -> dict:
@@ -218,15 +181,19 @@ def build(spec: ModelSpec, cfg: Config, shape: BenchmarkCase, device: torch.devi
     model = spec.build_model(cfg).to(device).train()
     if fast:
         model = optimize(spec, model, cfg, args)
-    criterion = spec.training.build_criterion(cfg)
-    return model, criterion, to_device(synthetic_batch(spec, cfg, shape), device)
+    return model, spec.training.build_criterion(cfg), to_device(synthetic_batch(spec, cfg, shape), device)
 
 
 def optimize(spec: ModelSpec, model: torch.nn.Module, cfg: Config, args: argparse.Namespace) -> torch.nn.Module:
-    """``Training.optimize_for_training(model, cfg, **compile_kwargs)``, or a clear error when there is none."""
+    """``Training.optimize_for_training`` with ``--backend`` and ``--compile-mode``.
+
+    Raises:
+        BenchmarkError: the model has no fast path.
+    """
     if spec.training.optimize_for_training is None:
         raise BenchmarkError("this model has no fast path (ModelSpec.optimize_for_training); use --eager")
-    return spec.training.optimize_for_training(model, cfg, **compile_kwargs(args))
+    mode = {"mode": args.compile_mode} if args.compile_mode else {}
+    return spec.training.optimize_for_training(model, cfg, backend=args.backend, **mode)
 
 
 def release(device: torch.device) -> None:
@@ -251,8 +218,8 @@ def timed_fields(model: torch.nn.Module, items: int, seconds: float, last: dict,
 
 def bench_case(name: str, case: BenchmarkCase, precision: str, args: argparse.Namespace,
                device: torch.device) -> dict:
-    """Time one case at one precision; returns its JSON row (an ``error`` row if the GPU ran out of memory
-    or the compiler failed)."""
+    """Time one case at one precision; returns its JSON row (an ``error`` row if the GPU ran out of memory or the
+    compiler failed)."""
     cfg, shape = case_config(name, case, args)
     spec = MODELS[name]
     fast = use_fast_path(args, device) and spec.training.optimize_for_training is not None
@@ -265,10 +232,7 @@ def bench_case(name: str, case: BenchmarkCase, precision: str, args: argparse.Na
         model, criterion, batch = build(spec, cfg, shape, device, fast, args)
         step = make_train_step(model, criterion, batch, cfg, spec, precision, device)
         last = {}
-
-        def timed_step() -> None:
-            last["loss"] = step()
-        seconds = median_step_time(timed_step, args.warmup, args.steps, device,
+        seconds = median_step_time(lambda: last.update(loss=step()), args.warmup, args.steps, device,
                                    f"{row['case']} {row['mode']} ({row['path']})", args.progress)
         row.update(timed_fields(model, spec.training.count_items(batch), seconds, last, args, device))
     except (torch.cuda.OutOfMemoryError, RuntimeError) as err:  # compiler failures are RuntimeErrors too

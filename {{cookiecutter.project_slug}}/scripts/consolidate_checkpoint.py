@@ -4,15 +4,12 @@
     python -m scripts.consolidate_checkpoint out/checkpoint_20 --output model.pt
     python -m scripts.consolidate_checkpoint out/checkpoint_last --model-only    # weights and config only
 
-The shards of every rank are put together by PyTorch's own converter
-(``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``), in this one process and on the CPU; the entries
-of the folder's ``train_state.pt`` (model name, config, step, schedulers, ...) are added, so the file reads like a
-single-file checkpoint of ``train.py``: ``inference.py --checkpoint FILE`` takes it. Its ``optimizer`` entry is
-the optimizer state keyed by parameter name (the form of ``torch.distributed.checkpoint.state_dict``), not
-``Optimizer.state_dict()``'s numbering: to continue training, resume from the folder itself (on any number of
-processes). ``--model-only`` leaves the optimizer and the rest of the training state out (a third of the size
-with Adam). The default name ends in ``_consolidated.pt`` so that ``train.py`` never takes it for one of its
-own numbered checkpoints. The file is written atomically; an existing one is kept unless ``--force``.
+PyTorch's converter (``dcp_to_torch_save``) joins every rank's shards in this process, on the CPU, and the entries of
+the folder's ``train_state.pt`` are added: ``inference.py --checkpoint FILE`` takes it like a single-file checkpoint.
+Its ``optimizer`` is keyed by parameter name (``torch.distributed.checkpoint.state_dict``'s form), not numbered as
+``Optimizer.state_dict()``: resume training from the folder (on any number of processes). ``--model-only`` leaves the
+training state out (a third of the size with Adam). The default name ends in ``_consolidated.pt``, never taken by
+``train.py`` for one of its checkpoints. Written atomically; an existing file is kept unless ``--force``.
 
 Exit status 1 with one ``ERROR:`` line when the folder is not an intact sharded checkpoint or the output exists.
 """
@@ -32,8 +29,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.sharded import is_sharded, read_train_state, sharded_intact
 
-TRAINING_ONLY = ("optimizer", "scheduler", "scaler", "rng")
-"""Entries ``--model-only`` leaves out."""
+TRAINING_ONLY = ("optimizer", "scheduler", "scaler", "rng")  # the entries --model-only leaves out
 
 
 def consolidate(folder: str | Path, output: str | Path, model_only: bool = False) -> dict:
@@ -48,14 +44,12 @@ def consolidate(folder: str | Path, output: str | Path, model_only: bool = False
         raise CheckpointError(f"{folder}: no such file or folder")
     if not is_sharded(folder):
         raise CheckpointError(f"{folder} is not a sharded checkpoint folder (a .pt file is one file already)")
-    problem = sharded_intact(folder)
-    if problem is not None:
+    if (problem := sharded_intact(folder)) is not None:
         raise CheckpointError(f"{folder} is {problem}")
     info = read_train_state(folder)
     with tempfile.TemporaryDirectory() as scratch:
-        whole = Path(scratch) / "whole.pt"
-        dcp_to_torch_save(folder, whole)
-        state = torch.load(whole, map_location="cpu", weights_only=True)
+        dcp_to_torch_save(folder, Path(scratch) / "whole.pt")
+        state = torch.load(Path(scratch) / "whole.pt", map_location="cpu", weights_only=True)
     state.update({key: value for key, value in info.items() if key not in state})
     if model_only:
         state = {key: value for key, value in state.items() if key not in TRAINING_ONLY}
@@ -67,8 +61,7 @@ def consolidate(folder: str | Path, output: str | Path, model_only: bool = False
 
 def default_output(folder: Path) -> Path:
     """``out/checkpoint_20_consolidated.pt`` for ``out/checkpoint_20`` or for ``out/checkpoint_last`` naming it."""
-    real = Path(os.path.realpath(folder))
-    return folder.parent / f"{real.name}_consolidated.pt"
+    return folder.parent / f"{Path(os.path.realpath(folder)).name}_consolidated.pt"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,13 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="replace an existing output file")
     args = parser.parse_args(argv)
     output = args.output or default_output(args.folder)
-    if not output.parent.is_dir():
-        print(f"ERROR: --output {output}: the folder {output.parent} does not exist", file=sys.stderr)
-        return 1
-    if output.exists() and not args.force:
-        print(f"ERROR: {output} exists; pass --force to replace it, or --output another file", file=sys.stderr)
-        return 1
     try:
+        if not output.parent.is_dir():
+            raise CheckpointError(f"--output {output}: the folder {output.parent} does not exist")
+        if output.exists() and not args.force:
+            raise CheckpointError(f"{output} exists; pass --force to replace it, or --output another file")
         state = consolidate(args.folder, output, args.model_only)
     except (CheckpointError, OSError) as err:
         print(f"ERROR: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)

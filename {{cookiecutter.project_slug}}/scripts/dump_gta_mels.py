@@ -2,55 +2,26 @@
 
     python -m scripts.dump_gta_mels --checkpoint T2 --dataset-path D --output M [--batch-size N] [--device cpu|cuda]
     python multiproc.py --nproc-per-node 2 -m scripts.dump_gta_mels --checkpoint T2 --dataset-path D --output M
-
-and then the project's vocoder learns to turn those mels into the real audio (``data.mel_dir``, read by
-:class:`utils.data.datasets.AudioMelDataset`), e.g. starting from one trained on real mels::
-
     python multiproc.py train.py --model VOCODER --dataset-path D --init-from VOCODER_CHECKPOINT --set data.mel_dir=M
 
-Method: Tacotron2's training forward pass over each utterance, its decoder fed the ground-truth mel frames
-(teacher forcing), so the predicted mel has the real one's frames and lines up with the real audio sample for
-sample; the post-net's output (what inference hands a vocoder) is kept. Shen et al. 2018 (ICASSP) train their
-WaveNet vocoder on such "ground truth-aligned" predictions; jik876/hifi-gan fine-tunes on them (its README's
-"Fine-Tuning": mels made "using Tacotron2 with teacher-forcing", one file per wav, read with ``--fine_tuning``);
-the forward pass is NVIDIA's Tacotron2 reference's (``models/tacotron2.py``). The vocoder then learns Tacotron2's
-smoothing and small errors instead of meeting them first at synthesis.
+The last line fine-tunes the project's vocoder on those mels. Method: Tacotron2's training forward pass (NVIDIA's
+reference), the decoder fed the ground-truth mel (teacher forcing), so the post-net mel (what inference hands a vocoder)
+lines up with the real audio sample for sample: Shen et al. 2018 (ICASSP) train their WaveNet on such "ground
+truth-aligned" mels, jik876/hifi-gan fine-tunes on them (README, "Fine-Tuning"); the vocoder learns Tacotron2's
+smoothing and small errors instead of meeting them at synthesis. Eval mode, but the pre-net's dropout stays on as in
+training and inference, its masks drawn from ``--seed`` and the batch's ids.
 
-The frame rule, checked for every file written (a mismatch is an error naming the utterance, and no file): an
-utterance whose wav loads as ``T`` samples (:func:`utils.data.audio.load_wav`, resampled to ``audio.sampling_rate``)
-has ``frames = MelSpectrogram.num_frames(T) = (T + 2 * pad - n_fft) // hop_length + 1`` mel frames, with
-``pad = (n_fft - hop_length) // 2`` (``utils/data/audio.py``: reflect padding by ``pad`` on both sides,
-``center=False``). When ``n_fft - hop_length`` is even (LJSpeech: 1024 - 256) that is ``T // hop_length``; when odd,
-``(T - 1) // hop_length``. Frame ``k`` covers samples ``k * hop_length`` to ``(k + 1) * hop_length`` (its window is
-centred there). Tacotron2 predicts one frame per decoder step, as many as its target mel has.
+The frame rule, checked for every file written (a mismatch is an error naming the utterance): ``T`` samples give
+``MelSpectrogram.num_frames(T) = (T + 2 * pad - n_fft) // hop_length + 1`` frames, ``pad = (n_fft - hop_length) //
+2``: ``T // hop_length`` when ``n_fft - hop_length`` is even (LJSpeech: 1024 - 256), else ``(T - 1) // hop_length``;
+frame ``k`` covers samples ``k * hop_length`` to ``(k + 1) * hop_length``.
 
-* Data as Tacotron2 trained on it: the checkpoint's config (``audio``, the ``data`` splits and ``data.exclude``,
-  ``tacotron2.text_cleaners``, ``tacotron2.mel_cache_dir``) with ``data.dataset_path`` set to ``--dataset-path``;
-  every utterance of both splits (:func:`utils.data.corpus.load_splits`) once; its transcript cleaned as
-  ``tacotron2.text_cleaners`` says; its target mel from the cache of ``python -m scripts.preprocess`` when it holds
-  it, else from the wav (:class:`models.tacotron2.data.TextMelDataset`).
-* Left out, with one line naming them: utterances longer than ``tacotron2.max_mel_frames`` (the checkpoint's;
-  ``--max-mel-frames`` replaces it, 0 keeps all) and corpus lines that name no usable utterance. A vocoder trained
-  on the folder must leave them out too (``data.exclude``): it refuses an utterance without its mel.
-* Eval mode (batch norm statistics, no dropout in the decoder LSTMs and the post-net), but the pre-net's dropout
-  stays on, as in training and inference (Shen et al.; NVIDIA): its masks are drawn from ``--seed`` and the ids of
-  the batch. Batches hold utterances of similar lengths (from the wav headers); frames past an utterance's end are
-  zeroed before every post-net layer (as ``tacotron2.mask_padding=true`` does, whatever the checkpoint's setting), so
-  no padding reaches a kept frame.
-* Written: ``<output>/<id>.pt``, the post-net mel ``(n_mels, frames)`` float32 (log-mel, natural log of the
-  magnitude as the project's :class:`~utils.data.audio.MelSpectrogram`) with the padding removed, each file
-  atomically (:func:`utils.checkpoint.files.atomic_write_bytes`); ``<output>/_audio_config.json``, the audio settings
-  (as ``python -m scripts.preprocess`` records for its cache; a vocoder refuses mels of other settings); ``<output>/
-  _gta_source.json``, the checkpoint and a SHA-256 of its weights.
-* Resumable: mels already in the folder are skipped unless ``--overwrite``; a folder holding mels of other weights,
-  other settings or of something else (``.pt`` files without ``_gta_source.json``) is refused.
-* Several processes (``multiproc.py``, ``torchrun``, ``srun``; :func:`distributed.init_distributed` when the world
-  size is > 1): rank ``r`` of ``W`` takes utterances ``r, r + W, r + 2W, ...`` of the corpus list, so every
-  utterance is written by one process, once; each rank prints its share, rank 0 shows the progress bar of its
-  own share and prints the summary with every rank's counts.
-* Errors: a problem of the whole run (options, checkpoint, corpus, output folder) is one ``ERROR:`` line and exit
-  status 1 (2 for a bad option); a problem of one utterance (an unreadable wav, a mel off the frame rule, a text
-  without a symbol) is one ``ERROR:`` line naming it at the end, the others are still written, exit status 1.
+Written: ``<output>/<id>.pt`` for each utterance of both splits, with the checkpoint's config (resumable: those there
+are skipped unless ``--overwrite``), plus ``_audio_config.json`` and ``_gta_source.json`` (:func:`prepare_output`).
+Utterances longer than ``tacotron2.max_mel_frames`` (``--max-mel-frames``) and unusable corpus lines are left out,
+named in one line (a vocoder on the folder needs them in ``data.exclude``). With several processes (``multiproc.py``,
+``torchrun``, ``srun``), rank ``r`` of ``W`` writes utterances ``r, r + W, ...``. Errors: one ``ERROR:`` line each;
+exit status 2 for a bad option, 1 for a problem of the run or of an utterance (the others are still written).
 """
 
 from __future__ import annotations
@@ -83,19 +54,10 @@ from utils.data.datasets import MEL_SETTINGS_FILE
 from utils.launch import detect_launcher_env
 from utils.run_log import one_line, one_line_warnings
 
-SOURCE_FILE = "_gta_source.json"
-"""The file of the output folder that says which weights its mels come from (checkpoint path, SHA-256)."""
-
-DIST_TIMEOUT_S = 24 * 3600.0
-"""Seconds a rank waits for the others at the end (their shares take about as long as its own, but a resumed dump
-may have left more to do on one rank than on another; a rank that dies ends the job through its launcher)."""
-
-RENDEZVOUS_TIMEOUT_S = 600.0
-"""Seconds a rank waits for the others to join (each reads the checkpoint first): a rank that failed before it
-joined is not waited for all day."""
-
-SHOWN_IDS = 10
-"""Utterance ids named in a line about left-out utterances (then how many more)."""
+SOURCE_FILE = "_gta_source.json"  # which weights the folder's mels come from (checkpoint path, SHA-256)
+DIST_TIMEOUT_S = 24 * 3600.0  # seconds a rank waits for the others at the end (a resumed dump may be uneven)
+RENDEZVOUS_TIMEOUT_S = 600.0  # seconds a rank waits for the others to join: one that failed early is not waited for
+SHOWN_IDS = 10  # utterance ids named in a line about left-out utterances (then how many more)
 
 
 class UsageError(ValueError):
@@ -123,9 +85,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "(default 16)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cpu or cuda (default: cuda when available; rank r of a multi-process job takes cuda:r)")
-    parser.add_argument("--max-mel-frames", type=int, default=None,
-                        help="leave out longer utterances (default: the checkpoint's tacotron2.max_mel_frames; "
-                             "0: keep all)")
+    parser.add_argument("--max-mel-frames", type=int, help="leave out longer utterances (default: the checkpoint's "
+                        "tacotron2.max_mel_frames; 0: keep all)")
     parser.add_argument("--seed", type=int, default=1234, help="seed of the pre-net's dropout masks (default 1234)")
     parser.add_argument("--overwrite", action="store_true", help="compute the mels already in the folder again")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -141,8 +102,7 @@ def check_paths(args: argparse.Namespace) -> None:
     """The paths of the command line exist as what they must be (no file is read).
 
     Raises:
-        CheckpointError: no ``--checkpoint``.
-        DataError: ``--dataset-path`` is no folder, or ``--output`` is a file.
+        CheckpointError, DataError: no ``--checkpoint``; ``--dataset-path`` is no folder, or ``--output`` a file.
     """
     if not Path(args.checkpoint).exists():
         raise CheckpointError(f"--checkpoint {args.checkpoint}: not found")
@@ -153,8 +113,8 @@ def check_paths(args: argparse.Namespace) -> None:
 
 
 def check_command_line(argv: list[str]) -> Optional[str]:
-    """What ``multiproc.py`` asks before it starts any rank: the first problem of the options and paths, as one line,
-    or ``None`` (the checkpoint itself is read by every rank)."""
+    """``multiproc.py``'s question before it starts any rank: the first problem of the options and paths in one line,
+    or ``None``."""
     try:
         check_paths(parse_args(argv))
     except (UsageError, CheckpointError, DataError) as err:
@@ -179,7 +139,8 @@ def _read_json(path: Path) -> Any:
 
 
 def prepare_output(output: Path, cfg: Config, source: dict, overwrite: bool) -> None:
-    """Rank 0: make the output folder ready, its settings and source files written.
+    """Rank 0: make the output folder ready and write ``_audio_config.json`` (the audio settings: a vocoder refuses mels
+    of others) and ``_gta_source.json`` (the checkpoint, a SHA-256 of its weights, the cleaners).
 
     Raises:
         DataError: the folder is Tacotron2's own mel cache, or (without ``overwrite``) holds mels of other audio
@@ -197,12 +158,11 @@ def prepare_output(output: Path, cfg: Config, source: dict, overwrite: bool) -> 
                             "or --overwrite to make them all again")
         if recorded.is_file():
             before = _read_json(recorded)
-            if not isinstance(before, dict) or any(before.get(key) != source[key]
-                                                   for key in ("weights_sha256", "text_cleaners")):
-                said = before.get("checkpoint") if isinstance(before, dict) else None
+            before = before if isinstance(before, dict) else {}
+            if any(before.get(key) != source[key] for key in ("weights_sha256", "text_cleaners")):
                 raise DataError(f"--output {output} holds mels of other Tacotron2 weights or text cleaners (from "
-                                f"{said}): a vocoder would train on a mix; give another folder, or --overwrite to "
-                                "make them all again")
+                                f"{before.get('checkpoint')}): a vocoder would train on a mix; give another folder, or "
+                                "--overwrite to make them all again")
         elif any(output.glob("*.pt")):
             raise DataError(f"--output {output} holds .pt files that this script did not write (no {SOURCE_FILE}): "
                             "give an empty or new folder, or --overwrite")
@@ -215,7 +175,7 @@ def corpus(cfg: Config) -> tuple[list[Utterance], list[BadClip]]:
     """Every utterance of both splits once, in corpus order (training first), and the corpus lines left out.
 
     Raises:
-        DataError: the corpus cannot be listed (:func:`utils.data.corpus.load_splits`).
+        DataError: the corpus cannot be listed.
     """
     bad: list[BadClip] = []
     train_utts, val_utts = load_splits(cfg.data, bad=bad)
@@ -226,8 +186,8 @@ def corpus(cfg: Config) -> tuple[list[Utterance], list[BadClip]]:
 
 
 def header_samples(utt: Utterance, sampling_rate: int) -> int:
-    """The clip's length at ``sampling_rate`` from its header (for batching similar lengths); 0 when unreadable (the
-    wav's own error comes when it is loaded)."""
+    """The clip's samples at ``sampling_rate`` from its header (to batch similar lengths); 0 when unreadable (the
+    error comes when it is loaded)."""
     try:
         info = sf.info(str(utt.wav_path))
     except (sf.LibsndfileError, RuntimeError, OSError):
@@ -241,9 +201,7 @@ class GTAItems(Dataset):
     past ``max_frames``, or ``{"id", "error": line}`` when it cannot be read."""
 
     def __init__(self, text_mel: TextMelDataset, max_frames: Optional[int]):
-        self.text_mel = text_mel
-        self.max_frames = max_frames
-        self.mel_fn = text_mel.mel_transform
+        self.text_mel, self.max_frames, self.mel_fn = text_mel, max_frames, text_mel.mel_transform
 
     def __len__(self) -> int:
         return len(self.text_mel)
@@ -282,19 +240,10 @@ def teacher_forced(model: torch.nn.Module, batch: dict, device: torch.device, se
     return model(inputs)["mel_postnet"].float().cpu()
 
 
-def save_mel(path: Path, mel: torch.Tensor) -> None:
-    """``torch.save`` of ``mel`` ``(n_mels, frames)`` (a copy: a view would save its whole batch), atomically."""
-    buffer = io.BytesIO()
-    torch.save(mel.clone().contiguous(), buffer)
-    atomic_write_bytes(path, buffer.getvalue())
-
-
 def dump_share(model: torch.nn.Module, cfg: Config, share: list[Utterance], output: Path, args: argparse.Namespace,
                device: torch.device, progress: bool) -> dict:
-    """Write the mels of ``share`` (one rank's utterances) that are not there yet (all with ``--overwrite``).
-
-    Returns:
-        ``{"share", "written", "already", "left_out": [(id, frames)], "errors": [line]}``.
+    """Write the mels of ``share`` (one rank's utterances) that are not there yet (all with ``--overwrite``), each
+    ``(n_mels, frames)`` atomically; returns ``{"share", "written", "already", "left_out": [(id, frames)], "errors"}``.
 
     Raises:
         DataError, ValueError: the share's dataset cannot be built (a mel cache of other settings, an unknown cleaner).
@@ -336,7 +285,9 @@ def dump_share(model: torch.nn.Module, cfg: Config, share: list[Utterance], outp
                             "the target mel (tacotron2.mel_cache_dir?) was made from other audio: redo it with "
                             "python -m scripts.preprocess --overwrite")
                         continue
-                    save_mel(output / f"{utt_id}.pt", mels[j, :, :made])
+                    buffer = io.BytesIO()  # a copy of the mel: a view would save its whole batch
+                    torch.save(mels[j, :, :made].clone().contiguous(), buffer)
+                    atomic_write_bytes(output / f"{utt_id}.pt", buffer.getvalue())
                     report["written"] += 1
             bar.update(part["count"])
     finally:
@@ -381,9 +332,8 @@ def summarize(reports: list[dict], total: int, bad: list[BadClip], output: Path,
 
 @dataclasses.dataclass
 class Job:
-    """What every rank knows before the dump starts: its place (``rank`` of ``world``), its device, the Tacotron2
-    model and config of the checkpoint, the corpus (``utterances``; ``bad``: lines left out) and the ``source``
-    record of ``_gta_source.json``."""
+    """What every rank knows before the dump: its place (``rank`` of ``world``), device, the checkpoint's model and
+    config, the corpus (``bad``: lines left out) and the ``_gta_source.json`` record."""
 
     rank: int
     world: int
@@ -396,8 +346,7 @@ class Job:
 
 
 def prepare_job(args: argparse.Namespace) -> Job:
-    """This rank's :class:`Job`: the paths checked, the launcher's variables read, the checkpoint loaded (before any
-    process group: a sharded one is put together here) and the corpus listed.
+    """This rank's :class:`Job`: paths checked, launcher variables read, checkpoint loaded, corpus listed.
 
     Raises:
         CheckpointError: no checkpoint, an unreadable one, or one of another model.
@@ -419,9 +368,9 @@ def prepare_job(args: argparse.Namespace) -> Job:
 
 
 def dump_all(job: Job, output: Path, args: argparse.Namespace) -> Optional[list[dict]]:
-    """Every rank: rank 0 makes the output folder ready (:func:`prepare_output`), then each rank writes its share
-    (:func:`dump_share`). Returns every rank's report (a share that failed as a whole: ``{"fatal": line, "share"}``),
-    or ``None`` when the output folder cannot be used (rank 0 has said why in one ``ERROR:`` line)."""
+    """Every rank: rank 0 makes the output folder ready, then each rank writes its share. Returns every rank's report
+    (a share that failed as a whole: ``{"fatal": line, "share"}``), or ``None`` when the output folder cannot be used
+    (rank 0 has said why in one ``ERROR:`` line)."""
     rank, world = job.rank, job.world
     verdict = None
     if rank == 0:

@@ -4,21 +4,16 @@
     python -m scripts.export --checkpoint out/checkpoint_last --format release --output model.pt   # sharded alike
     python -m scripts.export --checkpoint out/checkpoint_last.pt --format onnx --output onnx/
 
-``--format release`` writes one file with the weights inference uses (``Inference.modules``: HiFi-GAN's
-generator without its discriminators; the whole model for the others), the EMA weights in their place when the run
-kept them (``train.ema_decay``), and the model's name and config: no optimizer, scheduler, scaler or RNG states. It
-loads with ``torch.load(weights_only=True)``; ``inference.py --checkpoint model.pt`` runs it and gives the output
-of the full checkpoint; ``train.py --init-from model.pt`` starts a new run from it. The full checkpoint stays the
-one to fine-tune from (every network and optimizer: ``train.py --init-from out/checkpoint_last.pt``, a fresh
-optimizer at step 0) or to resume.
+``--format release``: one file, loadable with ``torch.load(weights_only=True)``, of the weights inference uses
+(``Inference.modules``, e.g. HiFi-GAN's generator without its discriminators; EMA weights in their place when the run
+kept them), the model's name and config; no optimizer, scheduler, scaler or RNG states. ``inference.py --checkpoint``
+gives the full checkpoint's output from it and ``train.py --init-from`` starts a new run from it; resume or fine-tune
+from the full checkpoint to keep every network and optimizer. ``--format onnx``: each part of the inference path
+(``Export.parts``) as ``<output>/<part>.onnx``, run with onnxruntime on the CPU beside the PyTorch module, the largest
+absolute difference printed (:mod:`utils.onnx_export`).
 
-``--format onnx`` exports each part of the model's inference path (``Export.parts``: HiFi-GAN's
-generator, WaveGlow's inverse flow, Tacotron2's encoder, decoder step and postnet) to ``<output>/<part>.onnx``,
-runs each with onnxruntime on the CPU beside the PyTorch module on the same inputs, and prints the largest
-absolute difference per part (:mod:`utils.onnx_export`).
-
-Exit status 0; 1 with one ``ERROR:`` line for an unreadable checkpoint, an output that exists (``--force``
-replaces it), or a model that cannot be exported (the line says why). Nothing is left half-written.
+Exit status 0; 1 with one ``ERROR:`` line for an unreadable checkpoint, an output that exists (``--force`` replaces
+it), or a model that cannot be exported (the line says why). Nothing is left half-written.
 """
 
 from __future__ import annotations
@@ -74,16 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, required=True, help="release: the file; onnx: the folder")
     parser.add_argument("--force", action="store_true", help="replace an existing output")
     args = parser.parse_args(argv)
-    output = args.output
-    if not output.parent.is_dir():
-        print(f"ERROR: --output {output}: the folder {output.parent} does not exist", file=sys.stderr)
-        return 1
-    if output.exists() and not args.force and (args.format == "release" or any(output.glob("*.onnx"))):
-        print(f"ERROR: {output} exists; pass --force to replace it, or --output another "
-              f"{'file' if args.format == 'release' else 'folder'}", file=sys.stderr)
-        return 1
+    output, release_format = args.output, args.format == "release"
     try:
-        if args.format == "release":
+        if not output.parent.is_dir():
+            raise CheckpointError(f"--output {output}: the folder {output.parent} does not exist")
+        if output.exists() and not args.force and (release_format or any(output.glob("*.onnx"))):
+            raise CheckpointError(f"{output} exists; pass --force to replace it, or --output another "
+                                  f"{'file' if release_format else 'folder'}")
+        if release_format:
             release = export_release(args.checkpoint, output)
             modules = ", ".join(MODELS[release["model_name"]].inference_modules) or "the whole model"
             print(f"wrote {output} ({size_of(output) / 1e6:.2f} MB; the checkpoint: {size_of(args.checkpoint) / 1e6:.2f} "
@@ -92,15 +85,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         name, model, cfg = load_trained(args.checkpoint, torch.device("cpu"))
         output.mkdir(exist_ok=True)
-        try:
-            rows = export_model(MODELS[name], model, cfg, output)
-        except ExportError as err:
-            print(f"ERROR: {one_line(err)}", file=sys.stderr)
-            return 1
+        rows = export_model(MODELS[name], model, cfg, output)
         print(f"wrote {len(rows)} ONNX file(s) to {output}; the largest difference to PyTorch: "
               f"{max(row['max_abs_diff'] for row in rows):.1e}")
         return 0
-    except (CheckpointError, ConfigError, OSError) as err:
+    except (CheckpointError, ConfigError, ExportError, OSError) as err:
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1
 

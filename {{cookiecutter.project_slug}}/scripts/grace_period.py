@@ -2,23 +2,18 @@
 has exited. Set the platform's grace period (Kubernetes' ``terminationGracePeriodSeconds``, 30 s by default) and
 ``multiproc.py --stop-timeout`` from these numbers.
 
-Usage::
-
     python -m scripts.grace_period [--after-steps 5] [--json FILE] [-- launcher options] -- train.py's arguments
     python -m scripts.grace_period -- --config config.json --model waveglow --dataset-path data/LJSpeech-1.1
     python -m scripts.grace_period --launcher="--nproc-per-node 2" -- --config config.json --tiny
 
-It runs ``python multiproc.py [launcher options] train.py ARGS --output-dir TMP --set train.log_interval=1
---set train.checkpoint_interval=1000000000`` (the environment passes through, so a platform's variables such as
-Kubeflow's ``PET_*`` are read as in the job), waits until ``--after-steps`` steps are logged (past start-up and the
-first steps' warm-up), sends SIGTERM to the launcher as a platform does, and watches the output folder: the
-checkpoint counts as durable once ``checkpoint_last.pt`` (or the ``checkpoint_last`` link of sharded checkpoints) is
-in place, since both are written to a temporary name, fsync'ed and renamed. The output folder is a temporary one,
-removed after, unless ``--output-dir`` names one.
-
-Prints one line and, with ``--json``, writes ``{"sigterm_to_durable_s", "sigterm_to_exit_s", "exit_code",
-"stopped_at_step", "checkpoint_bytes", "traceback", "suggested_stop_timeout_s", "suggested_grace_period_s", ...}``.
-Exits 1 when the job failed, was killed, printed a traceback, or saved nothing.
+It runs ``python multiproc.py [launcher options] train.py ARGS --output-dir TMP`` (a temporary folder unless
+``--output-dir``) with a log line every step and no periodic checkpoint, in this environment (a platform's variables,
+e.g. Kubeflow's ``PET_*``, are read as in the job); sends the launcher SIGTERM once ``--after-steps`` steps are logged
+(past start-up and warm-up); and counts the checkpoint durable once ``checkpoint_last.pt`` (or the sharded
+``checkpoint_last`` link) is in place, both being written under a temporary name, fsync'ed and renamed. Prints one
+line; ``--json`` writes ``{"sigterm_to_durable_s", "sigterm_to_exit_s", "exit_code", "stopped_at_step",
+"checkpoint_bytes", "traceback", "suggested_stop_timeout_s", "suggested_grace_period_s", ...}``. Exits 1 when the job
+failed, was killed, printed a traceback, or saved nothing.
 """
 
 from __future__ import annotations
@@ -44,8 +39,7 @@ def logged_steps(output_dir: Path) -> int:
         lines = (output_dir / "metrics.jsonl").read_text().splitlines()
     except FileNotFoundError:
         return 0
-    steps = [json.loads(line)["step"] for line in lines if line.strip().endswith("}")]
-    return max(steps, default=0)
+    return max((json.loads(line)["step"] for line in lines if line.strip().endswith("}")), default=0)
 
 
 def durable_checkpoint(output_dir: Path, newer_than: float) -> Path | None:
@@ -65,9 +59,12 @@ def size_of(path: Path) -> int:
     return path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def measure(train_args: list[str], launcher: list[str], output_dir: Path, after_steps: int,
-            timeout_s: float) -> dict:
-    """Run the job, stop it after ``after_steps`` logged steps with SIGTERM, and time the stop (see the module)."""
+def measure(train_args: list[str], launcher: list[str], output_dir: Path, after_steps: int, timeout_s: float) -> dict:
+    """Run the job, SIGTERM it after ``after_steps`` logged steps and time the stop (see the module).
+
+    Raises:
+        RuntimeError: the job ended before ``after_steps``, or did not reach it or stop within ``timeout_s``.
+    """
     cmd = [sys.executable, "multiproc.py", *launcher, "train.py", *train_args, "--output-dir", str(output_dir),
            "--set", "train.log_interval=1", "--set", "train.checkpoint_interval=1000000000"]
     print("running:", shlex.join(cmd), flush=True)
@@ -120,8 +117,7 @@ def measure(train_args: list[str], launcher: list[str], output_dir: Path, after_
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Time a stop of the job the command line describes. Returns the exit status: 0; 2 without ``--``; 1 when the
-    job failed, was killed, printed a traceback or saved nothing."""
+    """Time a stop of the job the command line describes. Returns the exit status (see the module; 2 without ``--``)."""
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
         print("grace_period: ERROR: give train.py's arguments after --, e.g. -- --config config.json --model NAME",
@@ -130,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     split = argv.index("--")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--after-steps", type=int, default=5, help="steps logged before the SIGTERM (default 5)")
-    parser.add_argument("--launcher", default="", help="multiproc.py's options, one quoted string: --launcher=\"--nproc-per-node 2\"")
+    parser.add_argument("--launcher", default="",
+                        help="multiproc.py's options, one quoted string: --launcher=\"--nproc-per-node 2\"")
     parser.add_argument("--output-dir", help="the job's output folder (default: a temporary one, removed after)")
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds to wait for the steps, and again for the stop (default 1800)")

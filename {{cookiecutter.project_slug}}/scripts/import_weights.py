@@ -4,12 +4,9 @@ training, or to share them in this project's format.
     python -m scripts.import_weights PUBLISHED_FILE --output model.pt
     python inference.py --checkpoint model.pt --output out.wav ...
 
-Reads a checkpoint another project published for a registered model (``models/__init__.py``; each model reads its
-reference project's format, ``Published.read``: NVIDIA's for its Tacotron2 and WaveGlow, jik876's HiFi-GAN
-generator files; ``utils.checkpoint.published``: nothing in the file runs) into that model, built with ``--config`` (default
-``config.json``, full size: the published models' sizes and audio settings are its defaults; ``--set`` changes a
-value), and writes ``{"model", "model_name", "config", "step": 0}``, which ``inference.py --checkpoint`` reads
-like any checkpoint of ``train.py``. To fine-tune instead, give the published file to ``train.py --init-from``.
+Reads a file in a registered model's reference format (``Published.read``: NVIDIA's Tacotron2 and WaveGlow, jik876's
+HiFi-GAN generator; nothing in it runs) into the model of ``--config`` (full size by default: the published settings)
+and writes ``{"model", "model_name", "config", "step": 0}`` for ``inference.py``; ``train.py --init-from`` fine-tunes.
 
 Exit status 1 with one ``ERROR:`` line for a file of no known format, weights that do not fit the config, or an
 ``--output`` that exists (``--force`` replaces it) or whose folder does not.
@@ -33,8 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the published file as a checkpoint of this project. Returns the exit status: 0, or 1 after one
-    ``ERROR:`` line."""
+    """Write the published file as a checkpoint of this project. Returns the exit status: 0, or 1 after an error."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("weights", type=Path, help="the published file (NVIDIA Tacotron2/WaveGlow, jik876 HiFi-GAN)")
     parser.add_argument("--output", type=Path, required=True, help="the checkpoint to write (a .pt file)")

@@ -1,14 +1,11 @@
 """Build a small LJSpeech-layout corpus offline with a local text-to-speech engine (flite or espeak-ng).
 
-The result, ``DIR/metadata.csv`` (``id|text|text``) and ``DIR/wavs/LJ_DEMO_0001.wav`` ... (16-bit mono
-PCM at ``--sampling-rate`` Hz), loads with ``utils.data.corpus.read_ljspeech``, so the whole pipeline can
-be smoke-tested without downloading LJSpeech::
-
     python -m scripts.make_demo_corpus --output data/demo --num-utterances 60
 
-When more utterances than sentences are asked for, the sentences are spoken again with another voice
-or speaking rate, so no two utterances are the same recording. ``--seed`` jitters the speaking rate
-(+-5 %) reproducibly.
+The result, ``DIR/metadata.csv`` (``id|text|text``) and ``DIR/wavs/LJ_DEMO_0001.wav`` ... (16-bit mono PCM at
+``--sampling-rate`` Hz), loads with ``utils.data.corpus.read_ljspeech``: the whole pipeline can be smoke-tested without
+downloading LJSpeech. Sentences spoken again (more utterances than sentences) get another voice or speaking rate, so no
+two utterances are the same recording; ``--seed`` jitters the speaking rate (+-5 %) reproducibly.
 """
 
 from __future__ import annotations
@@ -32,38 +29,25 @@ from utils.data.corpus import DataError
 
 ENGINES = ("flite", "espeak-ng")
 NO_ENGINE_MESSAGE = "neither flite nor espeak-ng is installed (apt-get install flite)"
-
-# flite: 16 kHz voices worth varying between (awb_time only speaks clock times; kal is 8 kHz).
-FLITE_VOICES = ("slt", "rms", "awb", "kal16")
+FLITE_VOICES = ("slt", "rms", "awb", "kal16")  # 16 kHz voices worth varying (awb_time speaks clock times; kal: 8 kHz)
 ESPEAK_VOICES = ("en-us", "en-us+f3", "en-gb", "en-gb+f2")
 ESPEAK_DEFAULT_WPM = 175
 SPEEDS = (1.0, 0.87, 1.12)  # speaking-rate factors, >1 is faster; one round of voices per factor
 RATE_JITTER = 0.05  # each utterance's rate is also scaled by a seeded factor in [0.95, 1.05]
 
 DEMO_SENTENCES = (
-    "The morning train left the station exactly on time.",
-    "A small boat drifted slowly across the quiet harbor.",
-    "She wrote the numbers on the board, one after another.",
-    "Nobody expected the old bridge to hold so much weight.",
-    "Please close the window before the rain comes in.",
-    "The library opens at nine and closes at six in the evening.",
-    "He counted twelve sheep, then fell asleep in his chair.",
-    "Fresh bread was sold in the market every Saturday.",
-    "The committee will meet again next Thursday afternoon.",
-    "Bright lights flickered along the edge of the river.",
-    "Why would anyone leave a piano in the middle of a field?",
-    "The letter arrived three weeks after it was sent.",
-    "Farmers watched the sky and hoped for a gentle spring.",
-    "A careful reader notices the smallest changes in tone.",
-    "The engine coughed twice and then started with a roar.",
-    "Her brother painted the fence a pale shade of green.",
-    "Thunder rolled over the hills long into the night.",
-    "They followed the narrow path until it reached the sea.",
-    "The museum keeps a map that is four hundred years old.",
-    "Every student was asked to read one chapter aloud.",
+    "The morning train left the station exactly on time.", "A small boat drifted slowly across the quiet harbor.",
+    "She wrote the numbers on the board, one after another.", "Nobody expected the old bridge to hold so much weight.",
+    "Please close the window before the rain comes in.", "The library opens at nine and closes at six in the evening.",
+    "He counted twelve sheep, then fell asleep in his chair.", "Fresh bread was sold in the market every Saturday.",
+    "The committee will meet again next Thursday afternoon.", "Bright lights flickered along the edge of the river.",
+    "Why would anyone leave a piano in the middle of a field?", "The letter arrived three weeks after it was sent.",
+    "Farmers watched the sky and hoped for a gentle spring.", "A careful reader notices the smallest changes in tone.",
+    "The engine coughed twice and then started with a roar.", "Her brother painted the fence a pale shade of green.",
+    "Thunder rolled over the hills long into the night.", "They followed the narrow path until it reached the sea.",
+    "The museum keeps a map that is four hundred years old.", "Every student was asked to read one chapter aloud.",
     "The clock in the tower struck midnight, and the town went still.",
-    "A warm wind carried the smell of pine through the valley.",
-    "The doctor said that a long walk would do him good.",
+    "A warm wind carried the smell of pine through the valley.", "The doctor said that a long walk would do him good.",
     "Could you tell me the way to the nearest post office?",
     "Seven ships sailed from the port in the first week of May.",
     "The kettle whistled while the guests took off their coats.",
@@ -76,8 +60,7 @@ DEMO_SENTENCES = (
     "Workers repaired the road before the winter storms arrived.",
     "An old photograph showed the house as it looked in 1920.",
     "The speaker paused, smiled, and continued with her story.",
-    "Heavy clouds gathered above the mountains in the west.",
-    "The price of coffee rose sharply during the dry season.",
+    "Heavy clouds gathered above the mountains in the west.", "The price of coffee rose sharply during the dry season.",
     "He kept his promise, even though it cost him a great deal.",
     "At the end of the hall stood a door painted bright red.",
     "The festival ended with music, dancing, and fireworks over the lake.",
@@ -92,8 +75,7 @@ def pick_engine(engine: str) -> str:
     """The engine to use: ``auto`` is flite if installed, else espeak-ng.
 
     Raises:
-        DemoCorpusError: the named engine (or, for ``auto``, either engine) is not installed, or
-            ``engine`` is not one of ``auto``, ``flite``, ``espeak-ng``.
+        DemoCorpusError: an unknown engine, or none installed that ``engine`` names.
     """
     if engine == "auto":
         for name in ENGINES:
@@ -114,18 +96,12 @@ def _flite_voices() -> list[Optional[str]]:
     return [voice for voice in FLITE_VOICES if voice in available] or [None]
 
 
-def _variations(engine: str) -> list[tuple[Optional[str], float]]:
-    """``(voice, speed)`` pairs in the order they are used: every voice at speed 1, then slower, then faster."""
-    voices = _flite_voices() if engine == "flite" else list(ESPEAK_VOICES)
-    return [(voice, speed) for speed in SPEEDS for voice in voices]
-
-
 def _synth_command(engine: str, voice: Optional[str], speed: float, text_file: Path, wav_file: Path) -> list[str]:
-    """The command that speaks ``text_file`` into ``wav_file`` (text goes through a file, so a sentence
-    starting with '-' cannot be taken for an option)."""
+    """The command that speaks ``text_file`` into ``wav_file`` (a file, so that a sentence starting with '-' cannot be
+    taken for an option)."""
     if engine == "flite":
-        command = ["flite"] + (["-voice", voice] if voice else [])
-        return command + ["--setf", f"duration_stretch={1.0 / speed:.3f}", "-f", str(text_file), "-o", str(wav_file)]
+        return ["flite", *(["-voice", voice] if voice else []), "--setf", f"duration_stretch={1.0 / speed:.3f}", "-f",
+                str(text_file), "-o", str(wav_file)]
     return ["espeak-ng", "-v", voice or "en-us", "-s", str(round(ESPEAK_DEFAULT_WPM * speed)),
             "-w", str(wav_file), "-f", str(text_file)]
 
@@ -134,8 +110,7 @@ def read_sentences(path: Path) -> list[str]:
     """Non-blank lines of a UTF-8 text file, one sentence each.
 
     Raises:
-        DemoCorpusError: the file is missing, not UTF-8, has no sentences, or a line holds '|' (the
-            metadata separator; the message names the line number).
+        DemoCorpusError: the file is missing, not UTF-8, has no sentences, or a line (named) holds '|'.
     """
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -143,12 +118,10 @@ def read_sentences(path: Path) -> list[str]:
         raise DemoCorpusError(f"sentences file not found: {path}") from None
     except UnicodeDecodeError as err:
         raise DemoCorpusError(f"sentences file {path} is not UTF-8 text ({err})") from None
-    sentences = []
     for number, line in enumerate(lines, start=1):
         if "|" in line:
             raise DemoCorpusError(f"{path}:{number}: sentences must not contain '|' (the metadata separator)")
-        if line.strip():
-            sentences.append(line.strip())
+    sentences = [line.strip() for line in lines if line.strip()]
     if not sentences:
         raise DemoCorpusError(f"sentences file has no sentences: {path}")
     return sentences
@@ -161,16 +134,15 @@ def _prepare_output(output: Path, overwrite: bool) -> None:
     if (output / "metadata.csv").exists():
         if not overwrite:
             raise DemoCorpusError(f"{output} already holds a metadata.csv; pass --overwrite to replace the corpus")
-        # Remove the old corpus first, so a failed rebuild never leaves metadata naming deleted wavs.
-        (output / "metadata.csv").unlink()
+        (output / "metadata.csv").unlink()  # first: a failed rebuild never leaves metadata naming deleted wavs
         for old in (output / "wavs").glob("LJ_DEMO_*.wav"):
             old.unlink()
     (output / "wavs").mkdir(parents=True, exist_ok=True)
 
 
 def _check_arguments(sentences: list[str], num_utterances: int, sampling_rate: int) -> None:
-    """Raises :class:`DemoCorpusError` for no sentences, a sentence that is empty or holds '|' or a line break, fewer
-    than one utterance or a sampling rate that is not positive."""
+    """Raises :class:`DemoCorpusError` for no sentences, one that is empty or holds '|' or a line break, fewer than one
+    utterance or a sampling rate that is not positive."""
     if not sentences:
         raise DemoCorpusError("no sentences given")
     for sentence in sentences:
@@ -184,16 +156,16 @@ def _check_arguments(sentences: list[str], num_utterances: int, sampling_rate: i
 
 def _speak(engine: str, voice: Optional[str], speed: float, text: str, utt_id: str, scratch: Path,
            sampling_rate: int) -> torch.Tensor:
-    """``text`` spoken by ``engine`` with ``voice`` at ``speed``: float samples ``(samples,)`` in [-1, 1] at
-    ``sampling_rate`` Hz (:func:`utils.data.audio.load_wav`; the engine's files go to ``scratch``).
+    """``text`` spoken by ``engine`` with ``voice`` at ``speed`` (files in ``scratch``): float samples ``(samples,)`` in
+    [-1, 1] at ``sampling_rate`` Hz.
 
     Raises:
         DemoCorpusError: the engine failed or wrote an unusable wav (naming ``utt_id``).
     """
     text_file, raw_wav = scratch / "text.txt", scratch / "raw.wav"
     text_file.write_text(text + "\n", encoding="utf-8")
-    command = _synth_command(engine, voice, speed, text_file, raw_wav)
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    result = subprocess.run(_synth_command(engine, voice, speed, text_file, raw_wav), capture_output=True, text=True,
+                            check=False)
     if result.returncode != 0 or not raw_wav.is_file():
         detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
         raise DemoCorpusError(f"{engine} failed on {utt_id} (exit {result.returncode}): {detail[0]}")
@@ -208,41 +180,29 @@ def _speak(engine: str, voice: Optional[str], speed: float, text: str, utt_id: s
 def make_corpus(output, sentences: Optional[Sequence[str]] = None, num_utterances: int = 40,
                 engine: str = "auto", sampling_rate: int = 22050, seed: int = 1234,
                 overwrite: bool = False) -> Path:
-    """Speak ``num_utterances`` sentences into an LJSpeech-layout corpus at ``output``.
+    """Speak ``num_utterances`` of ``sentences`` (``None``: :data:`DEMO_SENTENCES`) into an LJSpeech-layout corpus at
+    ``output`` (created; ``overwrite`` replaces its ``LJ_DEMO_*.wav`` and ``metadata.csv``); returns it as a Path.
 
-    Utterance ``i`` (id ``LJ_DEMO_{i+1:04d}``) speaks ``sentences[i % len(sentences)]``; each pass over the
-    sentences uses the next voice/speed of the engine (all voices at normal speed, then slower, then
-    faster), and every utterance's speed is jittered by up to 5 % with ``random.Random(seed)``. The
-    engine's output (8-22.05 kHz) is resampled with librosa to ``sampling_rate`` Hz and written as 16-bit
-    mono PCM.
-
-    Args:
-        output: corpus folder (created).
-        sentences: texts to speak; ``None`` for the built-in :data:`DEMO_SENTENCES`.
-        num_utterances: how many wavs to write (>= 1).
-        engine: ``auto`` (flite, else espeak-ng), ``flite`` or ``espeak-ng``.
-        sampling_rate: Hz of the written wavs.
-        seed: seed of the speed jitter.
-        overwrite: replace an existing corpus (its ``LJ_DEMO_*.wav`` files and ``metadata.csv``).
-
-    Returns:
-        ``output`` as a :class:`~pathlib.Path`.
+    Utterance ``i`` (id ``LJ_DEMO_{i+1:04d}``) speaks ``sentences[i % len(sentences)]``; each pass over the sentences
+    uses the engine's next voice/speed (all voices at normal speed, then slower, then faster), and every utterance's
+    speed is jittered by up to 5 % with ``random.Random(seed)``. The engine's output (8-22.05 kHz) is resampled with
+    librosa to ``sampling_rate`` Hz and written as 16-bit mono PCM.
 
     Raises:
-        DemoCorpusError: no engine, bad arguments, a sentence holding '|' or a line break, an existing
-            corpus without ``overwrite``, or the engine failing (the message names the utterance).
+        DemoCorpusError: no engine, bad arguments, an existing corpus without ``overwrite``, or the engine failing
+            (the message names the utterance).
     """
     output = Path(output)
     sentences = list(DEMO_SENTENCES if sentences is None else sentences)
     _check_arguments(sentences, num_utterances, sampling_rate)
     engine = pick_engine(engine)
-    variations = _variations(engine)
+    voices = _flite_voices() if engine == "flite" else list(ESPEAK_VOICES)
+    variations = [(voice, speed) for speed in SPEEDS for voice in voices]  # every voice at speed 1, slower, faster
     rng = random.Random(seed)
     _prepare_output(output, overwrite)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        # The resampler's first use loads librosa and its kernels: seconds, a minute on a busy machine. Said and done
-        # here, so that the bar below moves from its first utterance on.
+        # The resampler's first use loads librosa and its kernels (up to a minute): done here, so the bar moves at once.
         print("loading the resampler (librosa) ...", end=" ", flush=True)
         librosa.resample(np.zeros(1024, dtype=np.float32), orig_sr=16000, target_sr=sampling_rate)
         print("done", flush=True)
@@ -262,10 +222,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command line entry point; returns the exit status (0 done, 1 error printed as one ``ERROR:`` line)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True, type=Path, help="corpus folder to create")
-    parser.add_argument("--sentences", type=Path, default=None,
+    parser.add_argument("--sentences", type=Path,
                         help="UTF-8 text file, one sentence a line (default: 40 built-in sentences)")
-    parser.add_argument("--num-utterances", type=int, default=None,
-                        help="number of wavs (default: one per sentence)")
+    parser.add_argument("--num-utterances", type=int, help="number of wavs (default: one per sentence)")
     parser.add_argument("--engine", choices=("auto",) + ENGINES, default="auto")
     parser.add_argument("--sampling-rate", type=int, default=22050, help="Hz of the written wavs")
     parser.add_argument("--seed", type=int, default=1234, help="seed of the speaking-rate jitter")

@@ -3,20 +3,12 @@
     python -m scripts.plot_run output                  # writes output/run.png
     python -m scripts.plot_run output --out run.png
 
-Reads what ``train.py`` wrote in the output folder: ``metrics.jsonl`` (one row per logged step),
-``val_metrics.jsonl`` and ``anomalies.jsonl`` (non-finite and spiking steps). The PNG has one panel per
-question, all over the same step axis:
-
-* **loss**: training loss per logged step and validation loss; anomalies are red ticks (a spike or a NaN
-  found after days is the pain this is for: look for ticks before the curve bends);
-* **throughput**: items/s summed over ranks (audio samples or mel frames): it should be flat;
-* **data wait**: the share of each step spent waiting for the DataLoader; above the dashed 10% line the
-  accelerator idles (raise ``data.num_workers``, use the model's mel cache);
-* **gradient norm** (before clipping, log scale): a climb often comes before a loss explosion;
-* **memory per rank** when the rows carry it (``memory_gib``: a list, one value per rank);
-* for a model with several optimizers (rows with ``losses``): one panel of every phase's loss
-  (``loss_<phase>``: the discriminator's and the generator's, say), one per named loss or metric of its
-  ``train_step`` (``mel_l1``, ...), and the gradient norm of each phase in the gradient-norm panel.
+Reads ``train.py``'s ``metrics.jsonl``, ``val_metrics.jsonl`` and ``anomalies.jsonl`` and draws one panel per question
+over one step axis: loss (anomalies as red ticks: a spike or NaN found after days is the pain this is for; look for
+ticks before the curve bends), items/s over ranks (it should be flat), the share of each step waiting for data (above
+the dashed 10% the accelerator idles: raise ``data.num_workers``, cache mels), the gradient norm before clipping (a
+climb often comes before a loss explosion), memory per rank, and for several optimizers each phase's loss and every
+named loss or metric of ``train_step``.
 
 Exit status 1 with one ``ERROR:`` line when the folder holds no readable ``metrics.jsonl``.
 """
@@ -33,16 +25,14 @@ from matplotlib.figure import Figure
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The complete JSON lines of ``path`` (a half-written last line of a running job is left out); ``[]`` if
-    the file does not exist.
+    """The complete JSON lines of ``path`` (a running job's half-written last line is left out); ``[]`` if none.
 
     Raises:
         ValueError: a complete line that is not JSON (naming the file and the line number).
     """
     if not path.is_file():
         return []
-    text = path.read_text(encoding="utf-8")
-    rows = []
+    text, rows = path.read_text(encoding="utf-8"), []
     for number, line in enumerate(text[:text.rfind("\n") + 1].splitlines(), start=1):
         if line.strip():
             try:
@@ -53,8 +43,8 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def series(rows: list[dict], key: str, positive: bool = False) -> tuple[list, list]:
-    """``(steps, values)`` of the named loss ``key`` (``row["losses"][key]``) in the rows that have it
-    (``positive``: only values above zero, for a log axis)."""
+    """``(steps, values)`` of ``row["losses"][key]`` in the rows that have it (``positive``: above zero, for a log
+    axis)."""
     found = [(r["step"], r["losses"][key]) for r in rows if r.get("losses", {}).get(key) is not None
              and (not positive or r["losses"][key] > 0)]
     return [step for step, _ in found], [value for _, value in found]
@@ -67,7 +57,7 @@ def plot_loss(axis, steps: list, rows: list[dict], val: list[dict], anomalies: l
         axis.plot([v["step"] for v in val], [v["val_loss"] for v in val], "o-", label="validation loss")
     for a in anomalies:
         axis.axvline(a["step"], color="red", alpha=0.4, linewidth=1)
-    if anomalies:
+    if anomalies:  # one legend entry for all the ticks
         axis.plot([], [], color="red", label=f"anomalies ({len(anomalies)})")
     axis.set_ylabel("loss")
     axis.legend(loc="upper right")
@@ -100,24 +90,22 @@ def plot_grad_norm(axis, rows: list[dict], phase_norms: list[str]) -> None:
 def plot_extra_panels(axes, rows: list[dict], memory: list[dict], phase_losses: list[str], metrics: list[str]) -> None:
     """The panels after the first four, in order: memory per rank (when rows carry it), every phase's loss (when
     there are phases), one per named loss or metric."""
-    panel = 0
+    axes = iter(axes)
     if memory:
+        axis = next(axes)
         for rank in range(len(memory[0]["memory_gib"])):
-            axes[panel].plot([r["step"] for r in memory], [r["memory_gib"][rank] for r in memory],
-                             label=f"rank {rank}")
-        axes[panel].set_ylabel("peak memory, GiB")
-        axes[panel].legend(loc="upper right")
-        panel += 1
+            axis.plot([r["step"] for r in memory], [r["memory_gib"][rank] for r in memory], label=f"rank {rank}")
+        axis.set_ylabel("peak memory, GiB")
+        axis.legend(loc="upper right")
     if phase_losses:
+        axis = next(axes)
         for key in phase_losses:
-            axes[panel].plot(*series(rows, key), linewidth=1, label=key[len("loss_"):])
-        axes[panel].set_ylabel("loss per phase")
-        axes[panel].legend(loc="upper right")
-        panel += 1
-    for key in metrics:
-        axes[panel].plot(*series(rows, key), linewidth=1)
-        axes[panel].set_ylabel(key)
-        panel += 1
+            axis.plot(*series(rows, key), linewidth=1, label=key[len("loss_"):])
+        axis.set_ylabel("loss per phase")
+        axis.legend(loc="upper right")
+    for key, axis in zip(metrics, axes):
+        axis.plot(*series(rows, key), linewidth=1)
+        axis.set_ylabel(key)
 
 
 def plot_run(output_dir: Path, out: Path) -> Path:
@@ -130,8 +118,7 @@ def plot_run(output_dir: Path, out: Path) -> Path:
     if not rows:
         raise ValueError(f"{output_dir / 'metrics.jsonl'}: no logged steps (is {output_dir} a train.py output "
                          "folder?)")
-    val = read_jsonl(output_dir / "val_metrics.jsonl")
-    anomalies = read_jsonl(output_dir / "anomalies.jsonl")
+    val, anomalies = read_jsonl(output_dir / "val_metrics.jsonl"), read_jsonl(output_dir / "anomalies.jsonl")
     steps = [r["step"] for r in rows]
     memory = [r for r in rows if r.get("memory_gib")]
     named = list(dict.fromkeys(key for r in rows for key in r.get("losses", {})))
@@ -139,7 +126,6 @@ def plot_run(output_dir: Path, out: Path) -> Path:
     phase_norms = [key for key in named if key.startswith("grad_norm_")]
     metrics = [key for key in named if key not in phase_losses and key not in phase_norms]
     panels = 4 + bool(memory) + bool(phase_losses) + len(metrics)
-
     figure = Figure(figsize=(10, 2.4 * panels))
     FigureCanvasAgg(figure)
     axes = figure.subplots(panels, 1, sharex=True)

@@ -2,20 +2,12 @@
 
     python -m scripts.preprocess --config config.json [--dataset-path DIR] [--workers N] [--overwrite]
 
-Reads the ``audio`` and ``data`` sections of the config, lists the training and validation utterances
-(:func:`utils.data.corpus.load_splits`) and writes ``<dataset_path>/<tacotron2.mel_cache_dir>/<id>.pt``: a float32
-tensor ``(n_mels, frames)`` made by :class:`utils.data.audio.MelSpectrogram`, which
-:class:`models.tacotron2.data.TextMelDataset` then loads instead of decoding the wav each epoch.
-
-* Resumable: mels already in the cache are skipped unless ``--overwrite`` is given.
-* Atomic: each mel is written to a temporary file in the cache folder and renamed into place, so an
-  interrupted run never leaves a half-written ``.pt``.
-* Parallel: a ``multiprocessing`` pool of ``--workers`` processes (default: all CPU cores).
-* The audio settings are recorded in ``<cache>/_audio_config.json``; a cache made with other settings is
-  refused (rerun with ``--overwrite``) here and by the dataset.
-
-An utterance whose wav cannot be read is reported at the end and the exit status is 1; the others are
-still written.
+Writes ``<dataset_path>/<tacotron2.mel_cache_dir>/<id>.pt``, the ``(n_mels, frames)`` float32 of
+:class:`utils.data.audio.MelSpectrogram` for every utterance of both splits, which
+:class:`models.tacotron2.data.TextMelDataset` loads instead of decoding the wav each epoch: resumable (``--overwrite``
+recomputes), atomic (a temporary file renamed into place), on a pool of ``--workers`` processes. The audio settings go
+to ``<cache>/_audio_config.json``; a cache of others is refused here and by the dataset. Unreadable wavs are reported
+at the end, the others written, exit status 1.
 """
 
 from __future__ import annotations
@@ -56,10 +48,8 @@ def _write_mel(job: tuple[str, str, str]) -> tuple[str, Optional[str]]:
     out = Path(out_path)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        audio = load_wav(wav_path, _worker_rate)
         with torch.no_grad():
-            mel = _worker_mel(audio).contiguous()
-        torch.save(mel, tmp)
+            torch.save(_worker_mel(load_wav(wav_path, _worker_rate)).contiguous(), tmp)
         os.replace(tmp, out)
     except (DataError, ValueError, OSError, RuntimeError) as err:
         tmp.unlink(missing_ok=True)
@@ -68,8 +58,8 @@ def _write_mel(job: tuple[str, str, str]) -> tuple[str, Optional[str]]:
 
 
 def _results(jobs: list[tuple[str, str, str]], audio_cfg: AudioConfig, workers: int):
-    """``(id, error or None)`` of each job as it is done, and the pool doing them (``None``: done in this process,
-    for one worker or at most one job); the caller closes the pool."""
+    """``(id, error or None)`` of each job as it is done, and the pool doing them, which the caller closes (``None``:
+    in this process, for one worker or at most one job)."""
     if workers == 1 or len(jobs) <= 1:
         _init_worker(audio_cfg, None)
         return map(_write_mel, jobs), None
@@ -86,10 +76,8 @@ def _write_all(jobs: list[tuple[str, str, str]], cfg: Config, workers: int, prog
     results, pool = _results(jobs, cfg.audio, workers)
     try:
         for _, error in results:
-            if error is None:
-                counts["written"] += 1
-            else:
-                counts["failed"] += 1
+            counts["written" if error is None else "failed"] += 1
+            if error is not None:
                 errors.append(error)
             bar.update()
     finally:
@@ -102,16 +90,8 @@ def _write_all(jobs: list[tuple[str, str, str]], cfg: Config, workers: int, prog
 
 def preprocess(cfg: Config, workers: Optional[int] = None, overwrite: bool = False,
                progress: bool = True) -> dict[str, int]:
-    """Fill the mel cache of ``cfg`` (see the module docstring).
-
-    Args:
-        cfg: checked config (``audio`` and ``data`` sections are used).
-        workers: processes; ``None``: ``os.cpu_count()``; 1 runs in this process.
-        overwrite: recompute mels that are already cached.
-        progress: show a tqdm bar.
-
-    Returns:
-        ``{"total": n, "written": n, "skipped": n, "failed": n}``.
+    """Fill the mel cache of ``cfg`` (see the module docstring) on ``workers`` processes (``None``: every core; 1: in
+    this process). Returns ``{"total": n, "written": n, "skipped": n, "failed": n}``.
 
     Raises:
         ConfigError: ``tacotron2.mel_cache_dir`` is empty or ``workers < 1``.
@@ -131,12 +111,8 @@ def preprocess(cfg: Config, workers: Optional[int] = None, overwrite: bool = Fal
         check_cache_settings(cache_dir, cfg.audio)
     cache_dir.mkdir(parents=True, exist_ok=True)
     (cache_dir / CACHE_SETTINGS_FILE).write_text(json.dumps(cfg.audio.model_dump(), indent=2) + "\n")
-
-    jobs = []
-    for utt in utterances.values():
-        out = cache_dir / f"{utt.id}.pt"
-        if overwrite or not out.is_file():
-            jobs.append((utt.id, str(utt.wav_path), str(out)))
+    jobs = [(utt.id, str(utt.wav_path), str(cache_dir / f"{utt.id}.pt")) for utt in utterances.values()
+            if overwrite or not (cache_dir / f"{utt.id}.pt").is_file()]
     counts = {"total": len(utterances), "written": 0, "skipped": len(utterances) - len(jobs), "failed": 0}
     for error in _write_all(jobs, cfg, workers, progress, cache_dir, counts):
         print(f"ERROR: {error}", file=sys.stderr)

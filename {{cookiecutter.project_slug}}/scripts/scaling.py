@@ -3,18 +3,12 @@
     python -m scripts.scaling --model NAME --dataset-path data/LJSpeech-1.1             # 1, 2, 4, ... GPUs
     python -m scripts.scaling --model NAME --dataset-path DIR --procs 1 2 --tiny --steps 20  # CPU try
 
-For each process count, ``multiproc.py --nproc-per-node P train.py --max-steps STEPS`` runs into
-``OUT/procs_P`` (``--resume none``: every run starts fresh), then the items/s of its logged steps after the
-first ``--skip`` (start-up, compilation, the first batches) are averaged. Each process keeps the model
-section's batch size, so the global batch grows with P (weak scaling, as data parallelism is used).
-
-Prints one row per process count: items/s, speed-up over the smallest count, and scaling efficiency
-(items/s / (P x items/s per process of the smallest count); 100% is perfect), writes ``OUT/scaling.json``
-and ``OUT/scaling.png`` (items/s against processes, with the ideal line). Where efficiency falls far below
-100%, look at the run's ``collective_wait_s`` and ``data_wait_s`` per rank (``python -m scripts.plot_run``).
-
-Each run shows a tqdm progress bar on stderr (optimizer steps logged so far, out of ``--steps``, read from
-the run's ``metrics.jsonl``); the run's own output goes to ``OUT/procs_P/launcher.log``.
+For each process count P, ``multiproc.py --nproc-per-node P train.py --max-steps STEPS --resume none`` runs into
+``OUT/procs_P`` (its output in ``launcher.log``; a tqdm bar on stderr counts its logged steps); the items/s of its steps
+after the first ``--skip`` (start-up, compilation) are averaged. Each process keeps the model's batch size, so the
+global batch grows with P (weak scaling). Prints per count items/s, speed-up and scaling efficiency (items/s / (P x the
+smallest count's items/s per process); 100% is perfect), and writes ``OUT/scaling.json`` and ``OUT/scaling.png``. Far
+below 100%? Look at the runs' ``collective_wait_s`` and ``data_wait_s`` per rank (``python -m scripts.plot_run``).
 
 Exit status 1 with one ``ERROR:`` line when a run fails (its last output lines are shown above it).
 """
@@ -36,22 +30,14 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 
-POLL_S = 0.5
-"""Seconds between two looks at a running job's ``metrics.jsonl`` (for the progress bar)."""
-
-REDRAW_S = 10.0
-"""Seconds without a new step after which the bar is drawn again anyway (its clock moves; logs stay short)."""
+POLL_S = 0.5  # seconds between two looks at a running job's metrics.jsonl (for the progress bar)
+REDRAW_S = 10.0  # seconds without a new step after which the bar is drawn again anyway (its clock moves)
 
 
 def default_procs() -> list[int]:
     """1, 2, 4, ... up to the visible GPUs (and that count itself); ``[1, 2]`` without CUDA."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus < 2:
-        return [1, 2]
-    counts = [1]
-    while counts[-1] * 2 <= gpus:
-        counts.append(counts[-1] * 2)
-    return counts if counts[-1] == gpus else [*counts, gpus]
+    return [1, 2] if gpus < 2 else sorted({*(2 ** i for i in range(gpus.bit_length())), gpus})
 
 
 def logged_rows(metrics: Path, offset: int) -> list[dict]:
@@ -65,10 +51,8 @@ def logged_rows(metrics: Path, offset: int) -> list[dict]:
 
 
 def measure(procs: int, args: argparse.Namespace, out: Path) -> float:
-    """Items/s of one run on ``procs`` processes (mean over the logged steps after ``args.skip``).
-
-    The run's console output goes to ``out/launcher.log``; a tqdm bar on stderr follows the steps it logs to
-    ``out/metrics.jsonl`` (only lines written by this run count: the file is appended to).
+    """Items/s of one run on ``procs`` processes (mean over the logged steps after ``args.skip``), its output in
+    ``out/launcher.log``, a tqdm bar on stderr following the steps it appends to ``out/metrics.jsonl``.
 
     Raises:
         RuntimeError: the run failed, or logged no step after ``args.skip``.
@@ -107,8 +91,7 @@ def measure(procs: int, args: argparse.Namespace, out: Path) -> float:
         print("\n".join(log.read_text(errors="replace").strip().splitlines()[-5:]), file=sys.stderr)
         raise RuntimeError(f"the run on {procs} process(es) exited {proc.returncode} (its last lines are above; "
                            f"all of it: {log})")
-    rows = logged_rows(metrics, offset)
-    timed = [r["items_per_s"] for r in rows if r["step"] > args.skip]
+    timed = [r["items_per_s"] for r in logged_rows(metrics, offset) if r["step"] > args.skip]
     if not timed:
         raise RuntimeError(f"the run on {procs} process(es) logged no step after --skip {args.skip}")
     return sum(timed) / len(timed)
@@ -126,9 +109,7 @@ def plot(results: list[dict], path: Path) -> None:
     for r in results:
         axes.annotate(f"{100 * r['efficiency']:.0f}%", (r["procs"], r["items_per_s"]), textcoords="offset points",
                       xytext=(4, -12))
-    axes.set_xlabel("processes")
-    axes.set_ylabel("items/s (all processes)")
-    axes.set_xticks(procs)
+    axes.set(xlabel="processes", ylabel="items/s (all processes)", xticks=procs)
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=100)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TEST_MODEL, alive, bound, clean_env, finish, planted, synth_corpus
+from conftest import ROOT, TEST_MODEL, alive, bound, clean_env, process_start_s, finish, planted, synth_corpus
 
 from utils.run import LOCK_NAME, RunLock
 
@@ -138,7 +138,7 @@ def ended_fast(proc: subprocess.Popen, limit_s: float = 60) -> tuple[int, str, f
     t0 = time.monotonic()
     code, output = finish(proc, timeout=bound(limit_s))
     took = time.monotonic() - t0
-    deadline = time.monotonic() + 5  # the session's last processes are being reaped
+    deadline = time.monotonic() + bound(5, starts=0) + process_start_s()  # the last processes are being reaped
     while session_pids(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not session_pids(proc.pid), f"left running: {session_pids(proc.pid)}\n{output[-3000:]}"
@@ -198,7 +198,7 @@ def test_a_second_run_into_a_busy_output_folder_is_refused(corpus, tmp_path):
     out, hold = tmp_path / "out", tmp_path / "hold"
     hold.touch()
     first = start(out, corpus, HOLD, HOLD=str(hold))
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + bound(60)
     while not (out / LOCK_NAME).exists() or not (out / LOCK_NAME).read_text():
         assert first.poll() is None and time.monotonic() < deadline, first.stdout.read()
         time.sleep(0.2)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import clean_env, synth_corpus
+from conftest import bound, clean_env, synth_corpus
 from torch.nn.utils import parametrize
 
 from models import MODELS
@@ -370,7 +370,7 @@ def test_a_sigterm_and_resume_end_equal_to_an_uninterrupted_run(gan_corpus, tmp_
     assert code == 0, output
     stopped = tmp_path / "stopped"
     proc = launch(stopped, gan_corpus, *steps, plant=SLOW)
-    deadline = time.monotonic() + 200
+    deadline = time.monotonic() + bound(100)
     while not ((stopped / "metrics.jsonl").exists() and any(r["step"] >= 5 for r in rows(stopped))):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
         time.sleep(0.1)

@@ -17,7 +17,7 @@ import time
 
 import pytest
 import torch
-from conftest import (ROOT, TEST_MODEL, alive, clean_env, descendants, finish, free_port, rank_pids, run_ranks,
+from conftest import (ROOT, TEST_MODEL, alive, bound, clean_env, descendants, finish, free_port, rank_pids, run_ranks,
                       start_job, synth_corpus)
 
 import train
@@ -238,10 +238,11 @@ def test_ranks_and_their_workers_die_with_a_killed_launcher(corpus, tmp_path):
     job = whole_job(proc)
     os.kill(proc.pid, signal.SIGKILL)  # no handler, no forwarding: the ranks must notice on their own
     proc.wait()
-    deadline = time.monotonic() + 10
+    limit = bound(10, starts=1)  # a rank finishes its step and saves; slower on a busy host
+    deadline = time.monotonic() + limit
     while alive(job) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not alive(job), "orphans left 10 s after the launcher was killed"
+    assert not alive(job), f"orphans left {limit:.0f} s after the launcher was killed"
     proc.communicate()
 
 

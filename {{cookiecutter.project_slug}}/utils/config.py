@@ -1,20 +1,11 @@
 """Configuration: read ``config.json``, apply its ``tiny`` block and ``--set`` overrides, check every key.
 
-``config.json`` is a JSON object of sections: ``audio``, ``data`` and ``train`` (below) and one per model, named after
-it and declared by the model's :class:`Section` (a pydantic model). An optional ``tiny`` object of the same shape holds
-the overrides ``--tiny`` applies (smoke runs on a CPU). Keys left out take the section's defaults.
-
-A section declares its keys' types, defaults, bounds (``batch_size: int = Field(12, ge=1)``; each item's through
+Each section (``audio``, ``data``, ``train``, one per model; the ``tiny`` block has the same shape) is a
+:class:`Section`: a pydantic model whose fields give types, defaults, bounds (``Field``; per item through
 ``Annotated``), choices (``Literal``) and checks across keys (a ``model_validator`` raising :func:`cross_check_error`).
-Values are read as JSON gives them, strictly: an int is taken for a float (and becomes one), a bool or a string is never
-a number, floats are finite, a list becomes a tuple for a tuple field. Types: ``bool``, ``int``, ``float``, ``str``,
-``Literal`` of strings or ints, ``list[X]``, ``tuple[X, ...]``, ``tuple[X, Y]``, ``dict[str, X]``, ``Optional`` and
-``Union`` of these, nested. Whatever is wrong is a :class:`ConfigError` of one line naming where the value came from
-(the file, its tiny block, the ``--set``), the key (``toy.sizes[1]``), what it allows and the value given.
-
-``--set section.key=value`` values are JSON literals (``3``, ``false``, ``null``, ``[1, 2]``); where that reading does
-not fit the field and the field takes a string, the text itself is the string (``train.precision=bf16``,
-``data.dataset_path=/data/ljs``).
+Values are read strictly as JSON gives them (an int becomes a float for a float field, a list a tuple for a tuple field;
+a bool or a string is never a number; floats are finite). Whatever is wrong is a one-line :class:`ConfigError` naming
+where the value came from (the file, its tiny block, the ``--set``), the key, what it allows and the value given.
 """
 
 from __future__ import annotations
@@ -36,11 +27,8 @@ class ConfigError(ValueError):
 _UNIONS = (typing.Union, types.UnionType)
 _NONE = type(None)
 _PLURALS = {bool: "bools", int: "ints", float: "floats", str: "strings"}
-_BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "less_than": ("lt", "<"),
-           "less_than_equal": ("le", "<=")}
-"""pydantic's error type of a broken bound -> (the bound's name in the error's context, how messages write it)."""
-_SHAPE = ("missing", "too_long", "too_short")
-"""pydantic's error types of a list of the wrong length for a ``tuple[X, Y]``: named before the errors of its items."""
+_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}  # bound errors
+_SHAPE = ("missing", "too_long", "too_short")  # a tuple[X, Y] of the wrong length: named before its items' errors
 
 
 def _bare(tp: Any) -> Any:
@@ -55,12 +43,8 @@ def _members(tp: Any) -> list[Any]:
 
 
 def _describe(tp: Any) -> str:
-    """How messages name the type ``tp``: ``int``, ``float or None``, ``one of a, b``, ``list[str]`` (also
-    ``tuple[str, ...]``), ``a list of 2 ints``, ``a list [int, str]``, ``an object {str: float}``.
-
-    Raises:
-        TypeError: ``tp`` is not a type a config holds (see the module docstring).
-    """
+    """How messages name ``tp``: ``int``, ``float or None``, ``one of a, b``, ``list[str]`` (``tuple[str, ...]`` too),
+    ``a list of 2 ints``, ``a list [int, str]``, ``an object {str: float}``; TypeError for a type JSON cannot hold."""
     tp = _bare(tp)
     origin, args = typing.get_origin(tp), tuple(_bare(arg) for arg in typing.get_args(tp))
     if tp in (bool, int, float, str, _NONE):
@@ -82,8 +66,7 @@ def _describe(tp: Any) -> str:
 
 
 def _bool_or_float_for_int_choice(tp: Any, value: Any) -> bool:
-    """Whether ``value`` is ``true`` or ``1.0`` for a ``Literal[1, 2]`` field, none of its choices: pydantic, even
-    strict, would read either as the choice ``1``."""
+    """Whether ``value`` is ``true`` or ``1.0`` for a ``Literal[1, 2]`` field: pydantic, even strict, reads it as 1."""
     members = _members(tp)
     return (len(members) == 1 and typing.get_origin(members[0]) is Literal and isinstance(value, (bool, float))
             and not any(type(choice) is type(value) for choice in typing.get_args(members[0])))
@@ -96,16 +79,13 @@ def _takes_text(tp: Any) -> bool:
                for member in _members(tp))
 
 
-# --- one line per validation error --------------------------------------------------------------------------
-
 def _place(section: str, cls: type[Section], loc: tuple) -> tuple[str, Any]:
-    """How messages name the place ``loc`` (pydantic's, in section ``section``) and the field type there:
-    ``("toy.sizes[1]", int)``. A union is named whole (pydantic's tags of its members in ``loc`` are dropped)."""
+    """The key at pydantic's ``loc`` in ``section`` and its type: ``("toy.sizes[1]", int)``; a union is named whole."""
     where, tp = f"{section}.{loc[0]}", cls.model_fields[loc[0]].annotation
     for part in loc[1:]:
         members = _members(tp)
         origin, args = typing.get_origin(members[0]), typing.get_args(members[0])
-        if len(members) > 1 or origin not in (list, tuple, dict):
+        if len(members) > 1 or origin not in (list, tuple, dict):  # pydantic's tags of a union's members
             break
         tp = args[1] if origin is dict else args[0] if origin is list or args[-1] is Ellipsis else args[part]
         where += f"[{json.dumps(part)}]"
@@ -113,17 +93,16 @@ def _place(section: str, cls: type[Section], loc: tuple) -> tuple[str, Any]:
 
 
 def _explain(section: str, cls: type[Section], error: Mapping[str, Any]) -> str:
-    """One pydantic error of section ``section`` as the message's text: the key, what it allows, the value given."""
+    """One pydantic error as the message's text: the key, what it allows, the value given."""
     kind, loc, value = error["type"], error["loc"], error["input"]
-    if not loc:  # a check across keys (model_validator): its own message
+    if not loc:  # a check across keys (model_validator)
         return error["msg"] if kind == "cross_check" else f"section '{section}': {error['msg']}"
     where, tp = _place(section, cls, loc[:-1] if kind == "missing" else loc)  # missing: an item of a fixed tuple
     if kind in _BOUNDS:
-        name, symbol = _BOUNDS[kind]
-        bound = error["ctx"][name]
+        (bound,) = error["ctx"].values()  # {"gt": 0}
         bound = int(bound) if isinstance(bound, float) and bound.is_integer() else bound
         number = float(value) if float in _members(tp) and isinstance(value, int) else value
-        return f"config key '{where}' must be {symbol} {bound}, got {number}"
+        return f"config key '{where}' must be {_BOUNDS[kind]} {bound}, got {number}"
     if kind == "finite_number":
         return f"config key '{where}' must be a finite float, got {value!r}"
     if kind.endswith("_type") or kind.startswith("int_parsing") or kind in ("literal_error", *_SHAPE):
@@ -133,10 +112,8 @@ def _explain(section: str, cls: type[Section], error: Mapping[str, Any]) -> str:
 
 
 def _read(cls: type[Section], values: Mapping[str, Any]) -> tuple[Optional[Section], list]:
-    """``values`` (JSON-typed: as ``json`` gives them) read as section ``cls``: ``(section, [])``, or ``(None,
-    errors)``: pydantic's, and those it lets pass (``true`` or ``1.0`` for a ``Literal[1, 2]``, which it reads as
-    ``1``) or cannot see (a value JSON cannot hold, passed from Python: a set, a Path). Reading them from JSON text is
-    what makes JSON lists tuples and refuses ``"3"`` for an int."""
+    """``values`` read as ``cls`` through JSON text (lists become tuples, ``"3"`` is no int): ``(section, [])`` or
+    ``(None, errors)``, with those pydantic lets pass (``true`` for ``Literal[1, 2]``) or cannot see (a set)."""
     found = []
     for key, value in values.items():
         try:
@@ -155,21 +132,18 @@ def _read(cls: type[Section], values: Mapping[str, Any]) -> tuple[Optional[Secti
 
 
 def _type_errors(errors: list, keys: typing.Iterable[str]) -> list:
-    """The errors at one of ``keys`` that are not a broken bound: those a layer is refused for by itself (a bound
-    is checked on the config as run, where a later layer may have repaired it)."""
+    """The errors at one of ``keys`` but bounds, which wait for the config as run (a later layer may repair them)."""
     order = {key: i for i, key in enumerate(keys)}
     errors = [error for error in errors if error["loc"] and error["loc"][0] in order and error["type"] not in _BOUNDS]
     return sorted(errors, key=lambda error: (order[error["loc"][0]], error["type"] not in _SHAPE))
 
 
 class Section(BaseModel):
-    """A section of ``config.json``: subclass it and declare its keys as fields, e.g.
-    ``width: int = Field(64, ge=1, description="channels")``. Strict (see the module docstring): unknown keys and
-    values of another type are refused. Instances are mutable: ``cfg.data.exclude = [...]``.
+    """A section of ``config.json``: subclass it and declare its keys as fields (``width: int = Field(64, ge=1)``).
+    Strict: unknown keys and values of another type are refused. Instances are mutable: ``cfg.data.exclude = [...]``.
 
     Raises:
-        TypeError: when the class is defined, a field without a default or of a type a config cannot hold (a
-            ``set``, a ``Path``: the config stays JSON).
+        TypeError: when the class is defined, a field without a default or of a type JSON cannot hold (a ``set``).
         ValueError: when the class is defined, a default out of its bounds or of the wrong type.
     """
 
@@ -192,22 +166,17 @@ class Section(BaseModel):
 
 
 def cross_check_error(message: str, *keys: str) -> PydanticCustomError:
-    """The error a section's ``model_validator`` raises when keys contradict each other: ``message`` is the config
-    error's text (name the keys and their values), ``keys`` the section's keys involved (the error then names the
-    place the last-applied of them came from)."""
+    """What a section's ``model_validator`` raises when keys contradict each other: ``message`` names them and their
+    values; ``keys`` are those involved (the error names where the last-applied of them came from)."""
     return PydanticCustomError("cross_check", "{message}", {"message": message, "keys": keys})
 
 
 class Config:
-    """Checked configuration: one :class:`Section` per section, reachable as attributes.
-
-    ``cfg.audio``, ``cfg.data``, ``cfg.train`` and ``cfg.<model name>`` (one per registered model).
-    """
+    """Checked configuration: one :class:`Section` per section as attributes (``cfg.audio``, ``cfg.<model name>``)."""
 
     def __init__(self, sections: Mapping[str, Section]):
         self._sections = dict(sections)
-        for name, value in self._sections.items():
-            setattr(self, name, value)
+        self.__dict__.update(self._sections)
 
     def section(self, name: str) -> Any:
         """The :class:`Section` named ``name``; raises :class:`ConfigError` if there is none."""
@@ -216,12 +185,9 @@ class Config:
         return self._sections[name]
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        """Plain dict (what checkpoints store; loads back with :func:`config_from_dict`). Tuples stay tuples
-        here and become lists in JSON; both load back as tuples."""
+        """Plain dict (what checkpoints store; :func:`config_from_dict` loads it back, tuples from JSON lists too)."""
         return {name: value.model_dump() for name, value in self._sections.items()}
 
-
-# --- reading layers ---------------------------------------------------------------------------------------
 
 def _section_cls(label: str, schemas: Mapping[str, type[Section]], section: str, values: Any) -> type[Section]:
     """The class of section ``section``, once the section and its keys (of ``values``) are known ones."""
@@ -238,8 +204,7 @@ def _section_cls(label: str, schemas: Mapping[str, type[Section]], section: str,
 
 
 def _check_layer(label: str, block: Any, schemas: Mapping[str, type[Section]]) -> dict[str, dict[str, Any]]:
-    """Check one layer of values (the file, its tiny block) by itself: its sections and keys exist, its values have
-    their fields' types; bounds and checks across keys wait for the config as run (:func:`_assemble`)."""
+    """Check one layer (the file, its tiny block) by itself: known sections and keys, values of their fields' types."""
     if not isinstance(block, Mapping):
         raise ConfigError(f"{label} must be a JSON object of sections, got {type(block).__name__}")
     for section, values in block.items():
@@ -253,11 +218,9 @@ def _check_layer(label: str, block: Any, schemas: Mapping[str, type[Section]]) -
 def parse_override(text: str, schemas: Mapping[str, type[Section]]) -> tuple[str, str, Any]:
     """Parse one ``section.key=value`` override into ``(section, key, value)``.
 
-    The value is read as a JSON literal (``null`` is ``None``, a list becomes a tuple for a tuple field, an int a
-    float for a float field). Where that fails, or gives a value the field does not take while the field takes a
-    string (``str``, ``Optional[str]``, a Literal of strings), the text itself is the value: ``data.dataset_path=123``
-    is ``"123"``, ``train.precision=bf16`` is ``"bf16"``. A value out of its bounds is returned as read: the config
-    it ends in is checked by :func:`build_config`.
+    The value is a JSON literal (``null``, ``3``, ``[1, 2]``: a tuple for a tuple field, a float for a float field);
+    where that fails or does not fit a field that takes a string, the text itself is the value
+    (``data.dataset_path=123`` is ``"123"``, ``train.precision=bf16``). Bounds are checked by :func:`build_config`.
 
     Raises:
         ConfigError: malformed text, unknown section or key, or a value of the wrong type.
@@ -282,14 +245,10 @@ def parse_override(text: str, schemas: Mapping[str, type[Section]]) -> tuple[str
     return section, key, getattr(read, key) if read is not None else value
 
 
-# --- building a Config --------------------------------------------------------------------------------------
-
 def _assemble(schemas: Mapping[str, type[Section]], source: str, layers: list[tuple[str, Mapping]]) -> Config:
-    """The config as run: ``layers`` (``(label, {section: {key: value}})``, applied in order) over the defaults,
-    every section read whole (bounds, checks across keys). An error names the layer its key came from (the
-    last-applied of a check's keys; ``source`` for a default)."""
-    values: dict[str, dict[str, Any]] = {}
-    origins: dict[tuple[str, str], tuple[int, str]] = {}
+    """The config as run: ``layers`` (``(label, {section: {key: value}})``) applied in order over the defaults; an error
+    names the layer its key came from (of a check's keys the last-applied; ``source`` for a default)."""
+    values, origins = {}, {}  # {section: {key: value}}, {(section, key): (layer's order, its label)}
     for order, (label, layer) in enumerate(layers):
         for section, kv in layer.items():
             values.setdefault(section, {}).update(kv)
@@ -308,53 +267,36 @@ def _assemble(schemas: Mapping[str, type[Section]], source: str, layers: list[tu
 
 def build_config(raw: Mapping[str, Any], schemas: Mapping[str, type[Section]], *, tiny: bool = False,
                  overrides: typing.Sequence[str] = (), source: str = "config") -> Config:
-    """Check ``raw`` against ``schemas``, apply the ``tiny`` block (if asked) then ``overrides``.
-
-    Args:
-        raw: the parsed config, ``{section: {key: value}, "tiny": {...}}``.
-        schemas: section name -> :class:`Section` subclass (shared sections plus one per model).
-        tiny: apply ``raw["tiny"]``.
-        overrides: ``section.key=value`` strings (see :func:`parse_override`), applied last.
-        source: name used in error messages (the file path).
+    """Check ``raw`` (``{section: {key: value}, "tiny": {...}}``) against ``schemas`` (section -> :class:`Section`),
+    apply the tiny block if ``tiny``, then ``overrides`` (:func:`parse_override`); ``source`` names the file in errors.
 
     Raises:
-        ConfigError: unknown sections or keys, wrong types (a Literal's value not one of its choices included), a
-            value out of its field's bounds (checked on the config as run, and on the config with the tiny block
-            applied, so a broken tiny block is found without ``--tiny`` too), audio settings that contradict each
-            other, ``--tiny`` without a tiny block.
+        ConfigError: unknown sections or keys, wrong types, values out of bounds or contradicting each other (also
+            in the tiny block without ``--tiny``), ``--tiny`` without a tiny block.
     """
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source} must be a JSON object of sections, got {type(raw).__name__}")
     raw = dict(raw)
     tiny_block = raw.pop("tiny", None)
-    layers = [(source, _check_layer(source, raw, schemas))]
-    tiny_layer = []
-    if tiny_block is not None:
-        label = f"{source} (tiny block)"
-        tiny_layer = [(label, _check_layer(label, tiny_block, schemas))]
-    elif tiny:
+    layers, label = [(source, _check_layer(source, raw, schemas))], f"{source} (tiny block)"
+    tiny_layer = [] if tiny_block is None else [(label, _check_layer(label, tiny_block, schemas))]
+    if tiny and not tiny_layer:
         raise ConfigError(f"{source}: --tiny given but the config has no 'tiny' block")
-    sets = []
-    for text in overrides:
-        section, key, value = parse_override(text, schemas)
-        sets.append((f"--set {text}", {section: {key: value}}))
+    parsed = [(text, parse_override(text, schemas)) for text in overrides]
+    sets = [(f"--set {text}", {section: {key: value}}) for text, (section, key, value) in parsed]
     config = _assemble(schemas, source, layers + (tiny_layer if tiny else []) + sets)
     if tiny_layer and not tiny:  # a broken tiny block is reported now, not on the first --tiny run
         _assemble(schemas, source, layers + tiny_layer)
     return config
 
 
-class _DuplicateKey(Exception):
-    """A JSON object names a key twice (raised while parsing, turned into a ConfigError)."""
-
-
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise _DuplicateKey(key)
-        seen[key] = value
-    return seen
+    """``json.loads``'s hook: the object, or a ConfigError naming the first key given twice."""
+    keys = [key for key, _ in pairs]
+    for i, key in enumerate(keys):
+        if key in keys[:i]:
+            raise ConfigError(f"key '{key}' appears twice in one object (JSON would keep only the last)")
+    return dict(pairs)
 
 
 def load_config(path: str | Path, schemas: Mapping[str, type[Section]], *, tiny: bool = False,
@@ -362,8 +304,7 @@ def load_config(path: str | Path, schemas: Mapping[str, type[Section]], *, tiny:
     """Read and check a JSON config file (see :func:`build_config`).
 
     Raises:
-        ConfigError: the file is missing or unreadable, not UTF-8 JSON, names a key twice in one object, or
-            fails the checks of :func:`build_config`.
+        ConfigError: the file is missing or unreadable, not UTF-8 JSON, names a key twice, or fails the checks.
     """
     path = Path(path)
     try:
@@ -376,15 +317,14 @@ def load_config(path: str | Path, schemas: Mapping[str, type[Section]], *, tiny:
         raise ConfigError(f"{path} is not UTF-8 text ({err})") from None
     except json.JSONDecodeError as err:
         raise ConfigError(f"{path} is not valid JSON: {err}") from None
-    except _DuplicateKey as err:
-        raise ConfigError(f"{path}: key '{err}' appears twice in one object (JSON would keep only the last)") from None
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
     return build_config(raw, schemas, tiny=tiny, overrides=overrides, source=str(path))
 
 
 def config_from_dict(data: Mapping[str, Any], schemas: Mapping[str, type[Section]]) -> Config:
-    """Rebuild a :class:`Config` from :meth:`Config.to_dict` output (e.g. from a checkpoint), as it is or
-    after a JSON round trip (lists become tuples again for tuple fields). Sections not in ``schemas`` (another
-    model's) are left out.
+    """Rebuild a :class:`Config` from :meth:`Config.to_dict` output (a checkpoint's, maybe through JSON), leaving out
+    sections not in ``schemas`` (another model's).
 
     Raises:
         ConfigError: as :func:`build_config`, naming the ``checkpoint config`` (e.g. a key since removed).

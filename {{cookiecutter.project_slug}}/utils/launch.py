@@ -1,21 +1,10 @@
-"""Which launcher and platform started this process, read from the environment in one place.
-
-* Per process (:func:`detect_launcher_env`, read by ``distributed.init_distributed``): rank, local rank, world size and
-  rendezvous address from torchrun (``multiproc.py``, Azure ML, Ray Train), SLURM (``srun``) or OpenMPI (``mpirun``).
-* Per node (:func:`platform_topology`, read by ``multiproc.py`` for the options its command line leaves out): torchrun's
-  ``PET_*`` (Kubeflow TrainJob, PyTorchJob), SkyPilot's ``SKYPILOT_*``, a per-node launcher's ``WORLD_SIZE``/``RANK``
-  (Vertex AI, PAI).
-* Per run (``train.py``): the output folder (``--output-dir``, else Vertex AI's ``AIP_CHECKPOINT_DIR``, else SageMaker's
-  ``/opt/ml/checkpoints``, else ``output``), the corpus (``--dataset-path``, else SageMaker's ``SM_CHANNEL_TRAINING``),
-  TensorBoard's folder (Vertex AI's ``AIP_TENSORBOARD_LOG_DIR``), SageMaker's ``--name value`` hyperparameters
-  (:func:`hyperparameter_argv`); the CPUs a process may use (:func:`available_cpus`), and the kernel's signal when the
-  launcher dies (:func:`die_with_launcher`).
-
-Vertex AI gives ``gs://bucket/path`` URIs; the job sees the bucket under ``/gcs/bucket/path`` (Cloud Storage FUSE).
-Sources: https://pytorch.org/docs/stable/elastic/run.html (torchrun's variables),
-https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES (SLURM),
-https://docs.open-mpi.org/en/main/tuning-apps/environment-var.html (OpenMPI), Vertex AI's "Prepare training code",
-SageMaker's training toolkit (``SM_CHANNEL_<NAME>``, ``/opt/ml/checkpoints``), SkyPilot's and Kubeflow's documentation.
+"""Which launcher and platform started this process, read from the environment in one place: per process
+(:func:`detect_launcher_env`: torchrun, SLURM, OpenMPI), per node (:func:`platform_topology`: Kubeflow, SkyPilot,
+Vertex AI, PAI), per run (Vertex AI's and SageMaker's folders, SageMaker's hyperparameters), the CPUs a process may
+use, and the kernel's signal when the launcher dies. Sources: https://pytorch.org/docs/stable/elastic/run.html,
+https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES,
+https://docs.open-mpi.org/en/main/tuning-apps/environment-var.html, the documentation of Vertex AI ("Prepare training
+code"), SageMaker's training toolkit (``SM_CHANNEL_<NAME>``, ``/opt/ml/checkpoints``), SkyPilot and Kubeflow.
 """
 
 from __future__ import annotations
@@ -37,10 +26,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_MASTER_PORT = 29500
 _SLURM_PORT_BASE, _SLURM_PORT_SPAN = 15000, 17000  # ports 15000..31999: below Linux's ephemeral range (32768-)
 
-# --------------------------------------------------------------------------------------------
-# Launcher environment
-# --------------------------------------------------------------------------------------------
-
 
 def _int_var(environ: Mapping[str, str], name: str) -> int:
     value = environ[name]
@@ -51,41 +36,30 @@ def _int_var(environ: Mapping[str, str], name: str) -> int:
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
-    """Expand a SLURM host list the way ``scontrol show hostnames`` does, without SLURM.
-
-    ``"node[01-04,07]"`` -> ``["node01", "node02", "node03", "node04", "node07"]``; ``"gpu[003-005],gpu010"`` ->
-    ``["gpu003", "gpu004", "gpu005", "gpu010"]``. Zero padding is kept (the width of the range's lower bound, as SLURM
-    does); several bracket groups in one name (``"r[1-2]n[1-2]"``) expand to their product.
+    """Expand a SLURM host list as ``scontrol show hostnames`` does (https://slurm.schedmd.com/scontrol.html), without
+    SLURM: ``"node[01-04,07]"`` -> ``["node01", "node02", "node03", "node04", "node07"]``, zero padding kept (the lower
+    bound's width); several bracket groups in one name (``"r[1-2]n[1-2]"``) expand to their product.
 
     Raises:
         ValueError: the list is empty, brackets are unbalanced, or a range is malformed (``"n[5-3]"``, ``"n[a-b]"``).
-
-    Source: https://slurm.schedmd.com/scontrol.html (``show hostnames``).
     """
     text = nodelist.strip()
     if not text:
         raise ValueError("SLURM node list is empty")
-    # split on commas that are not inside brackets
     hosts: list[str] = []
     for name in _split_outside_brackets(text, nodelist):
         if not name:
             raise ValueError(f"SLURM node list {nodelist!r} has an empty host name")
         expanded = [""]
         for literal, group in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", name):
-            choices = [literal]
-            if group:
-                choices = [literal + s for s in _expand_range_group(group, nodelist)]
+            choices = [literal + s for s in _expand_range_group(group, nodelist)] if group else [literal]
             expanded = [prefix + c for prefix in expanded for c in choices]
         hosts.extend(expanded)
     return hosts
 
 
 def _split_outside_brackets(text: str, nodelist: str) -> list[str]:
-    """``text`` split on the commas that are not inside brackets.
-
-    Raises:
-        ValueError: nested or unbalanced brackets.
-    """
+    """``text`` split on the commas that are not inside brackets; ValueError for nested or unbalanced brackets."""
     names, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         depth += {"[": 1, "]": -1}.get(ch, 0)
@@ -117,13 +91,8 @@ def _expand_range_group(group: str, nodelist: str) -> list[str]:
 
 
 def slurm_port(job_id: int, step_id: int) -> int:
-    """The rendezvous port of a SLURM job step when ``MASTER_PORT`` is not given: 15000..31999.
-
-    Derived from the job id *and* the step id, so two ``srun`` steps of one allocation running at once get different
-    ports (each its own process group), and kept below 32768, where Linux's ephemeral ports (the ones the kernel hands
-    out for outgoing connections) begin. Steps of one job never collide unless their ids differ by a multiple of 17000;
-    other jobs on the same nodes may, rarely: give ``MASTER_PORT`` then.
-    """
+    """The rendezvous port of a SLURM job step without ``MASTER_PORT``: 15000..31999, below Linux's ephemeral ports,
+    from the job *and* step ids (two steps of one allocation differ unless their ids differ by a multiple of 17000)."""
     return _SLURM_PORT_BASE + (job_id * 1_000_003 + step_id) % _SLURM_PORT_SPAN
 
 
@@ -137,44 +106,27 @@ def _first_slurm_host(nodelist: str, use_scontrol: bool) -> str:
         except (OSError, subprocess.TimeoutExpired) as err:
             logger.debug("scontrol failed (%s); parsing the node list ourselves", err)
         else:
-            hosts = done.stdout.split()
-            if done.returncode == 0 and hosts:
-                return hosts[0]
+            if done.returncode == 0 and done.stdout.split():
+                return done.stdout.split()[0]
     return expand_nodelist(nodelist)[0]
 
 
 def detect_launcher_env(environ: Mapping[str, str], use_scontrol: bool = True) -> dict:
-    """Work out rank, local rank, world size and rendezvous address from a launcher's variables.
+    """Rank, local rank, world size and rendezvous address from ``environ`` (not modified), of the first launcher
+    whose variables are present (so torchrun inside an ``srun`` step is torchrun):
 
-    Launchers are tried in this order (the first whose variables are present wins, so torchrun started inside an
-    ``srun`` step is seen as torchrun):
+    * torchrun (``multiproc.py``, Azure ML, Ray Train): ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (default ``RANK``).
+    * SLURM (``srun``): ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``; without ``MASTER_ADDR``/``MASTER_PORT``
+      the address of :func:`_slurm_address` (``use_scontrol``: expand the node list with ``scontrol`` on ``PATH``).
+    * OpenMPI (``mpirun -x MASTER_ADDR -x MASTER_PORT``): ``OMPI_COMM_WORLD_RANK``, ``..._LOCAL_RANK``, ``..._SIZE``.
+    * none: a plain single process (rank 0 of 1).
 
-    * torchrun / ``multiproc.py``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (defaults to ``RANK``), ``MASTER_ADDR``,
-      ``MASTER_PORT``; also Azure ML and Ray Train, which set them per process. A ``RANK`` without ``LOCAL_RANK`` beside
-      ``PET_NPROC_PER_NODE`` > 1 is a node's index (Kubeflow's PyTorchJob started the script without a launcher):
-      refused, never read as a process's rank.
-    * SLURM (``srun``): ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``; the address is the first host of
-      ``SLURM_STEP_NODELIST`` (else ``SLURM_JOB_NODELIST`` / ``SLURM_NODELIST``), the port :func:`slurm_port` of
-      ``SLURM_JOB_ID`` and ``SLURM_STEP_ID`` (29500 without a job id). ``MASTER_ADDR`` / ``MASTER_PORT`` in the
-      environment override both.
-    * OpenMPI (``mpirun``): ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_LOCAL_RANK``, ``OMPI_COMM_WORLD_SIZE``;
-      ``MASTER_ADDR`` and ``MASTER_PORT`` must be given (``mpirun -x``).
-    * none of them: a plain single process (rank 0 of 1).
-
-    Args:
-        environ: the variables to read, usually ``os.environ``; not modified.
-        use_scontrol: expand the SLURM node list with ``scontrol show hostnames`` when that program is on ``PATH``
-            (falls back on :func:`expand_nodelist`).
-
-    Returns:
-        ``{"launcher": "torchrun" | "slurm" | "openmpi" | "none", "rank": int, "local_rank": int, "world_size": int,
-        "master_addr": str | None, "master_port": int | None}``; the address and port are ``None`` only for a single
-        process.
+    Returns ``{"launcher": "torchrun" | "slurm" | "openmpi" | "none", "rank", "local_rank", "world_size",
+    "master_addr", "master_port"}``; the address and port (``MASTER_ADDR``/``MASTER_PORT``) are ``None`` only alone.
 
     Raises:
-        ValueError: a variable is not an integer, only one of ``RANK`` / ``WORLD_SIZE`` is set, the values are
-            inconsistent (``rank >= world_size``, negative, port out of range), or a multi-process launch lacks
-            ``MASTER_ADDR`` / ``MASTER_PORT``.
+        ValueError: a variable is not an integer, inconsistent values (``rank >= world_size``, negative, port out of
+            range, :func:`_torchrun_ranks`), or a multi-process launch without ``MASTER_ADDR``/``MASTER_PORT``.
     """
     env = environ
     master_addr = env.get("MASTER_ADDR") or None
@@ -185,9 +137,8 @@ def detect_launcher_env(environ: Mapping[str, str], use_scontrol: bool = True) -
         launcher, (rank, local_rank, world_size) = "slurm", _ranks(env, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS")
         master_addr, master_port = _slurm_address(env, world_size, master_addr, master_port, use_scontrol)
     elif "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
-        launcher = "openmpi"
-        rank, local_rank, world_size = _ranks(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-                                              "OMPI_COMM_WORLD_SIZE")
+        launcher, (rank, local_rank, world_size) = "openmpi", _ranks(
+            env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE")
         if world_size > 1 and (master_addr is None or master_port is None):
             raise ValueError("OpenMPI launch needs MASTER_ADDR and MASTER_PORT in the environment "
                              "(e.g. mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500 ...)")
@@ -213,8 +164,7 @@ def _torchrun_ranks(env: Mapping[str, str]) -> tuple[int, int, int]:
     """
     missing = [v for v in ("RANK", "WORLD_SIZE") if v not in env]
     if missing:
-        raise ValueError(f"{missing[0]} is not set although "
-                         f"{'WORLD_SIZE' if missing[0] == 'RANK' else 'RANK'} is")
+        raise ValueError(f"{missing[0]} is not set although {'WORLD_SIZE' if missing[0] == 'RANK' else 'RANK'} is")
     rank, world_size = _int_var(env, "RANK"), _int_var(env, "WORLD_SIZE")
     local_rank = _int_var(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
     per_node = env.get("PET_NPROC_PER_NODE", "").strip()
@@ -228,15 +178,12 @@ def _torchrun_ranks(env: Mapping[str, str]) -> tuple[int, int, int]:
 
 def _slurm_address(env: Mapping[str, str], world_size: int, master_addr: Optional[str], master_port: Optional[int],
                    use_scontrol: bool) -> tuple[Optional[str], int]:
-    """The rendezvous address of a SLURM step: ``MASTER_ADDR``/``MASTER_PORT`` when given, else the first host of the
-    step's node list and :func:`slurm_port` of the job and step ids (29500 without a job id).
-
-    Raises:
-        ValueError: several tasks, no ``MASTER_ADDR`` and no node list.
-    """
+    """The rendezvous address of a SLURM step: ``MASTER_ADDR``/``MASTER_PORT`` when given, else the first host of
+    ``SLURM_STEP_NODELIST`` (else ``SLURM_JOB_NODELIST``/``SLURM_NODELIST``) and :func:`slurm_port` of the job and step
+    ids (29500 without a job id). Raises ValueError for several tasks, no ``MASTER_ADDR`` and no node list."""
     if master_addr is None and world_size > 1:
-        nodelist = next((env[v] for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
-                                          "SLURM_NODELIST") if env.get(v)), None)
+        nodelist = next((env[v] for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") if env.get(v)),
+                        None)
         if nodelist is None:
             raise ValueError("SLURM launch: none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, "
                              "SLURM_NODELIST is set and MASTER_ADDR is not given")
@@ -264,9 +211,8 @@ def _check_topology(launcher: str, rank: int, local_rank: int, world_size: int, 
 
 
 def available_cpus() -> float:
-    """CPUs this process may use: its affinity mask (``taskset``, a scheduler's binding), capped by the cgroup's CPU quota
-    (what a container or a job scheduler grants; cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``). Not the host's core
-    count, which ``os.cpu_count()`` and OpenMP's default see."""
+    """CPUs this process may use: its affinity mask (``taskset``, a scheduler's binding), capped by the cgroup's CPU
+    quota (a container's or scheduler's grant; cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), not the host's cores."""
     cpus = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
     for quota_file, period_file in (("/sys/fs/cgroup/cpu.max", None),
                                     ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
@@ -282,36 +228,32 @@ def available_cpus() -> float:
 
 
 def cpu_threads(local_world_size: int = 1) -> int:
-    """Intra-op threads for one of ``local_world_size`` processes of this machine computing on its CPUs: their fair share
-    of :func:`available_cpus`, at least 1. (PyTorch's default, every core of the host, makes one process on a 2-CPU
-    container of a 64-core host run ten times slower, and several processes fight over the same cores.)"""
+    """Intra-op threads for one of ``local_world_size`` processes computing on this machine's CPUs: their fair share of
+    :func:`available_cpus`, at least 1 (PyTorch's default, every core of the host, runs a 2-CPU container of a 64-core
+    host ten times slower)."""
     return max(1, int(available_cpus() // max(local_world_size, 1)))
 
 
 def platform_topology(environ) -> tuple[str, dict]:
-    """The launch options a platform gives this node in its environment: ``(platform, {option: value})``, the values still
-    strings, from the first of these whose variables are present (the order is the documented one):
+    """The launch options a platform gives this node: ``(platform, {option: value})``, values still strings, from the
+    first present of (the documented order): torchrun's ``PET_<OPTION>`` (Kubeflow; under them a PyTorchJob's plain
+    ``MASTER_ADDR``/``MASTER_PORT``); SkyPilot's ``SKYPILOT_NUM_NODES``, ``SKYPILOT_NODE_RANK``,
+    ``SKYPILOT_NUM_GPUS_PER_NODE`` (when > 0), the first of ``SKYPILOT_NODE_IPS`` and ``MASTER_PORT``; a per-node
+    launcher's ``WORLD_SIZE`` nodes, this one ``RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` (Vertex AI, PAI); else
+    ``("", {})``.
 
-    1. torchrun's ``PET_<OPTION>`` (``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``,
-       ``PET_MASTER_PORT``): Kubeflow's TrainJob sets only these; a PyTorchJob sets the address and port as plain
-       ``MASTER_ADDR``/``MASTER_PORT``, read when the ``PET_`` ones are absent.
-    2. SkyPilot: ``SKYPILOT_NUM_NODES``, ``SKYPILOT_NODE_RANK``, ``SKYPILOT_NUM_GPUS_PER_NODE`` (when > 0), the address
-       from the first line of ``SKYPILOT_NODE_IPS``, the port from ``MASTER_PORT`` when set.
-    3. A per-node launcher (Vertex AI, Alibaba PAI): ``WORLD_SIZE`` nodes, this one ``RANK``, at ``MASTER_ADDR``:
-       ``MASTER_PORT``, with no ``LOCAL_RANK`` (that would make them a process's variables).
-
-    Returns ``("", {})`` when none is present. Raises :class:`ValueError` (one line) for ``LOCAL_RANK`` beside
-    ``RANK``/``WORLD_SIZE`` and no ``PET_`` variable: this process is already one of the processes a launcher started
-    (torchrun, Azure ML), which must run ``train.py`` itself, not a second launcher.
+    Raises:
+        ValueError: ``LOCAL_RANK`` set, without ``PET_``/SkyPilot variables: this process is one a launcher (torchrun,
+            Azure ML) started, which must run ``train.py`` itself, not a second launcher.
     """
     def present(*names):
         return {name: environ[name].strip() for name in names if environ.get(name, "").strip()}
 
     pet = present("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+    plain = present("MASTER_ADDR", "MASTER_PORT")
     if pet:
-        plain = {name.lower(): value for name, value in present("MASTER_ADDR", "MASTER_PORT").items()}
-        return "torchrun's PET_* variables (Kubeflow)", {**plain, **{name[len("PET_"):].lower(): value
-                                                                     for name, value in pet.items()}}
+        return "torchrun's PET_* variables (Kubeflow)", {name.lower().removeprefix("pet_"): value
+                                                         for name, value in {**plain, **pet}.items()}
     if present("SKYPILOT_NODE_RANK"):
         sky = present("SKYPILOT_NUM_NODES", "SKYPILOT_NODE_RANK", "SKYPILOT_NUM_GPUS_PER_NODE", "SKYPILOT_NODE_IPS",
                       "MASTER_PORT")
@@ -328,8 +270,7 @@ def platform_topology(environ) -> tuple[str, dict]:
         raise ValueError(f"LOCAL_RANK={ranks['LOCAL_RANK']} is set: this process is already one of the processes a "
                          "launcher started (torchrun, Azure ML); run train.py itself there, not multiproc.py")
     if "RANK" in ranks and "WORLD_SIZE" in ranks:
-        found = {"nnodes": ranks["WORLD_SIZE"], "node_rank": ranks["RANK"],
-                 **{name.lower(): value for name, value in present("MASTER_ADDR", "MASTER_PORT").items()}}
+        found = {"nnodes": ranks["WORLD_SIZE"], "node_rank": ranks["RANK"], **{k.lower(): v for k, v in plain.items()}}
         return "a per-node launcher's WORLD_SIZE (nodes) and RANK (this node)", found
     return "", {}
 
@@ -339,18 +280,18 @@ SAGEMAKER_CHECKPOINTS = "/opt/ml/checkpoints"
 
 
 def on_sagemaker(environ: Mapping[str, str]) -> bool:
-    """Whether this process runs in a SageMaker training job (its toolkit sets ``SM_TRAINING_ENV`` and
-    ``SM_CURRENT_HOST``)."""
+    """Whether this is a SageMaker training job (its toolkit sets ``SM_TRAINING_ENV`` and ``SM_CURRENT_HOST``)."""
     return bool(environ.get("SM_TRAINING_ENV") or environ.get("SM_CURRENT_HOST"))
 
 
 def gcs_fuse_path(uri: str) -> str:
-    """``gs://bucket/path`` as the job's file system shows it (``/gcs/bucket/path``); other paths unchanged."""
+    """Vertex AI's ``gs://bucket/path`` as the job sees it (``/gcs/bucket/path``, Cloud Storage FUSE); others as is."""
     return "/gcs/" + uri[len("gs://"):] if uri.startswith("gs://") else uri
 
 
 def default_output_dir(environ: Mapping[str, str]) -> str:
-    """The output folder of a run started without ``--output-dir`` (the order in the module's docstring)."""
+    """The output folder of a run without ``--output-dir``: Vertex AI's ``AIP_CHECKPOINT_DIR``, else SageMaker's
+    ``/opt/ml/checkpoints``, else ``output``."""
     if environ.get("AIP_CHECKPOINT_DIR", "").strip():
         return gcs_fuse_path(environ["AIP_CHECKPOINT_DIR"].strip())
     if on_sagemaker(environ):
@@ -359,14 +300,12 @@ def default_output_dir(environ: Mapping[str, str]) -> str:
 
 
 def default_dataset_path(environ: Mapping[str, str]) -> Optional[str]:
-    """SageMaker's ``training`` channel (``SM_CHANNEL_TRAINING``) for a run started without ``--dataset-path``, or ``None``
-    (then the config's ``data.dataset_path``)."""
+    """SageMaker's ``training`` channel (``SM_CHANNEL_TRAINING``) for a run without ``--dataset-path``, or ``None``."""
     return environ.get("SM_CHANNEL_TRAINING", "").strip() or None
 
 
 def tensorboard_dir(environ: Mapping[str, str], output_dir: str) -> str:
-    """Where TensorBoard's event files go: Vertex AI's ``AIP_TENSORBOARD_LOG_DIR`` when set (its TensorBoard reads them
-    from there), else ``<output_dir>/tensorboard``."""
+    """TensorBoard's folder: Vertex AI's ``AIP_TENSORBOARD_LOG_DIR`` when set, else ``<output_dir>/tensorboard``."""
     given = environ.get("AIP_TENSORBOARD_LOG_DIR", "").strip()
     return gcs_fuse_path(given) if given else f"{output_dir.rstrip('/')}/tensorboard"
 
@@ -375,28 +314,24 @@ FLAG_VALUES = {"true": True, "1": True, "yes": True, "false": False, "0": False,
 
 
 def hyperparameter_argv(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
-    """SageMaker's hyperparameter style made into this script's: ``--section.key value`` and ``--section.key=value`` become
-    ``--set section.key=value``; a flag in ``flags`` (e.g. ``--tiny``) followed by a boolean word (``True``, ``false``,
-    ``1``...) is kept or dropped by it. Everything else is returned as given.
-    """
+    """SageMaker's hyperparameter style made into this script's: ``--section.key value`` and ``--section.key=value``
+    become ``--set section.key=value``; a flag in ``flags`` (e.g. ``--tiny``) followed by a boolean word (``True``,
+    ``false``, ``1``...) is kept or dropped by it. Everything else is returned as given."""
     out, i = [], 0
     while i < len(argv):
-        arg = argv[i]
+        arg, following = argv[i], argv[i + 1] if i + 1 < len(argv) else None
         name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
-        if "." in name and not name.startswith("."):
-            if "=" in arg:
-                out += ["--set", arg[2:]]
-            elif i + 1 < len(argv):
-                out += ["--set", f"{name}={argv[i + 1]}"]
-                i += 1
-            else:
-                out.append(arg)  # no value: argparse names it
-        elif arg in flags and i + 1 < len(argv) and argv[i + 1].strip().lower() in FLAG_VALUES:
-            if FLAG_VALUES[argv[i + 1].strip().lower()]:
-                out.append(arg)
+        dotted = "." in name and not name.startswith(".")
+        if dotted and "=" in arg:
+            out += ["--set", arg[2:]]
+        elif dotted and following is not None:
+            out += ["--set", f"{name}={following}"]
+            i += 1
+        elif arg in flags and following is not None and following.strip().lower() in FLAG_VALUES:
+            out += [arg] if FLAG_VALUES[following.strip().lower()] else []
             i += 1
         else:
-            out.append(arg)
+            out.append(arg)  # also a dotted name without a value: argparse names it
         i += 1
     return out
 
@@ -405,19 +340,11 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def die_with_launcher(sig: int = signal.SIGTERM) -> bool:
-    """Have the kernel send ``sig`` to this process when its launcher dies (Linux ``PR_SET_PDEATHSIG``).
-
-    torchrun (and ``multiproc.py``, a front over it) starts every rank in a session of its own, so a launcher killed
-    with SIGKILL would leave its ranks training on, unsupervised. With SIGTERM a rank of ``train.py`` stops as on any
-    stop request: it finishes its step, rank 0 saves, and it exits. Armed only under a torchrun-style launcher
-    (``TORCHELASTIC_RUN_ID`` set). ``multiproc.py`` exports its pid as ``MULTIPROC_PID``: when this process's parent is
-    already another one, the launcher died before this call, and ``sig`` is sent at once.
-
-    Returns:
-        whether it was armed (``False`` off Linux, without such a launcher, or if ``prctl`` failed).
-
-    Source: prctl(2), ``PR_SET_PDEATHSIG``.
-    """
+    """Have the kernel send ``sig`` to this process when its launcher dies (prctl(2) ``PR_SET_PDEATHSIG``): torchrun
+    starts every rank in its own session, so a launcher killed with SIGKILL would leave its ranks training
+    unsupervised; on SIGTERM a rank finishes its step, rank 0 saves, and it exits. Armed only under a torchrun-style
+    launcher (``TORCHELASTIC_RUN_ID``); when the parent is no longer ``MULTIPROC_PID`` (``multiproc.py`` died before
+    this call), ``sig`` is sent at once. Returns whether it was armed (not off Linux, nor when ``prctl`` failed)."""
     if sys.platform != "linux" or "TORCHELASTIC_RUN_ID" not in os.environ:
         return False
     libc = ctypes.CDLL(None, use_errno=True)
@@ -428,7 +355,3 @@ def die_with_launcher(sig: int = signal.SIGTERM) -> bool:
     if launcher.isdigit() and os.getppid() != int(launcher):
         os.kill(os.getpid(), sig)
     return True
-
-# --------------------------------------------------------------------------------------------
-# Process group
-# --------------------------------------------------------------------------------------------

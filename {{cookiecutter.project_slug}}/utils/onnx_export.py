@@ -1,27 +1,11 @@
-"""ONNX export of a model's inference path, each file checked with ONNX Runtime against the eager model.
+"""ONNX export of a model's inference path, each file checked with ONNX Runtime against the eager model. A loop exports
+its body: Tacotron2 is split as NVIDIA deploys it (DeepLearningExamples' PyTorch/SpeechSynthesis/Tacotron2/tensorrt):
+an encoder, one decoder step with its recurrent state and attention as inputs and outputs, and a post-net.
 
-A model says what to export through ``ModelSpec.export_parts(model, cfg)``: a list of :class:`ExportPart`, each an
-``nn.Module`` wrapper around the model's own layers with example inputs, the names of its inputs and outputs and the
-axes that vary from call to call (batch, text length, mel frames, audio samples). A model whose inference is a loop
-exports the loop's body: Tacotron2 is split as NVIDIA deploys it (DeepLearningExamples'
-``PyTorch/SpeechSynthesis/Tacotron2/tensorrt`` conversion script): an encoder, one decoder step whose recurrent state
-and attention are explicit inputs and outputs, and a post-net; the caller runs the loop.
-
-:func:`export_model` writes ``<folder>/<part>.onnx`` for each part, then runs every file with ONNX Runtime on the CPU
-twice, on the part's example inputs and on a second set of other lengths (and batch size), and compares each output with
-the eager model's. The second run is the proof that the dynamic axes work: a length the trace baked into the graph as a
-constant fails there. This is what ``scripts/export.py --format onnx`` runs.
-
-Exporter: the TorchScript-based ``torch.onnx.export(..., dynamo=False)`` (tracing, dynamic axes by name, opset
-:data:`OPSET`). The ``torch.export``-based exporter (``dynamo=True``, PyTorch's default since 2.9) is not used: in
-PyTorch 2.13 it specialises the time axis of ``nn.LSTM`` (Tacotron2's encoder) to the example's length (``torch.export``
-cannot keep it symbolic; pytorch/pytorch#191855), and it takes several times longer. The traced exporter is deprecated
-upstream; its deprecation warning is silenced here, and the second-length run above is what catches a trace that went
-wrong.
-
-Needs the ``onnx`` and ``onnxruntime`` packages (``requirements.txt``); nothing here imports them before
-:func:`export_model` runs.
-"""
+Exporter: the traced ``torch.onnx.export(..., dynamo=False)``. The ``torch.export``-based one (the default since 2.9)
+specialises ``nn.LSTM``'s time axis to the example's length in PyTorch 2.13 (pytorch/pytorch#191855) and is slower. The
+traced exporter is deprecated (its warning is silenced); a run on inputs of other lengths catches a trace that baked a
+length in as a constant. Needs ``onnx`` and ``onnxruntime``, imported only when :func:`export_model` runs."""
 
 from __future__ import annotations
 
@@ -38,54 +22,36 @@ from torch import nn
 
 from utils.run_log import one_line
 
-OPSET = 17
-"""ONNX opset of the exported files: ONNX Runtime >= 1.11 and TensorRT >= 8.6 read it."""
+OPSET = 17  # ONNX opset of the exported files: ONNX Runtime >= 1.11 and TensorRT >= 8.6 read it
+Tensors = tuple[torch.Tensor, ...]
 
 
 class ExportError(ValueError):
     """The model cannot be exported, a part failed to export, or ONNX Runtime disagrees with the eager model."""
 
 
-Tensors = tuple[torch.Tensor, ...]
-
-
 @dataclasses.dataclass
 class ExportPart:
-    """One ONNX file of a model's inference path: ``<folder>/<name>.onnx``.
-
-    Attributes:
-        name: the file's stem (an identifier: ``generator``, ``encoder``, ``decoder_step``).
-        module: the wrapper to export; ``forward(*inputs)`` returns one tensor or a tuple of them, in the order of
-            ``output_names``. It may hold sub-modules of the model (shared, not copied).
-        inputs: example inputs, traced by the exporter and checked with ONNX Runtime.
-        other_inputs: a second set of the same inputs with other sizes along (some of) the dynamic axes: other lengths,
-            another batch size; the exported file must give the eager outputs for these too.
-        input_names, output_names: the names in the ONNX graph (unique across both lists: ONNX names values).
-        dynamic_axes: ``{input or output name: {axis: axis name}}``, the axes that vary (e.g. ``{"mel": {0: "batch", 2:
-            "frames"}}``); the same axis name on several tensors means the same size.
-        reference: the eager computation the outputs are checked against, called with the inputs (default: ``module``
-            itself). A wrapper that reaches the same result by another route than the model (no packed sequences,
-            inverse weights computed once) names the model's own route here.
-        tolerance: the largest max-abs difference between ONNX Runtime and eager accepted, in output units (float32 on
-            the CPU gives ~1e-6 on a tiny model; a full-size one accumulates more).
-        description: one line on what goes in and out, with shapes, for the export log.
+    """One ONNX file of a model's inference path, ``<folder>/<name>.onnx``: a wrapper around the model's layers (shared,
+    not copied), example inputs, the graph's names and the axes that vary (one axis name on several tensors: one size).
     """
 
-    name: str
-    module: nn.Module
-    inputs: Tensors
-    other_inputs: Tensors
-    input_names: tuple[str, ...]
+    name: str  # the file's stem, an identifier (``generator``, ``encoder``, ``decoder_step``)
+    module: nn.Module  # forward(*inputs) -> a tensor or a tuple of them, in the order of output_names
+    inputs: Tensors  # example inputs, traced by the exporter and checked with ONNX Runtime
+    other_inputs: Tensors  # the same with other sizes along (some) dynamic axes, lengths or batch: checked too
+    input_names: tuple[str, ...]  # the names in the ONNX graph, unique across inputs and outputs
     output_names: tuple[str, ...]
-    dynamic_axes: dict[str, dict[int, str]]
+    dynamic_axes: dict[str, dict[int, str]]  # {name: {axis: axis name}}, e.g. {"mel": {0: "batch", 2: "frames"}}
+    # The eager computation checked against (default: module), for a wrapper that takes another route than the model
+    # (no packed sequences, inverse weights computed once).
     reference: Optional[Callable[..., Any]] = None
-    tolerance: float = 1e-3
-    description: str = ""
+    tolerance: float = 1e-3  # the max abs difference accepted, in output units (float32 on a CPU: ~1e-6, tiny model)
+    description: str = ""  # one line on what goes in and out, with shapes, for the export log
 
     def check(self) -> None:
-        """Raise :class:`ExportError` (one line) if the part does not describe itself consistently: input counts, ranks and
-        dtypes of the two example sets, duplicate names, dynamic axes of unknown tensors or out of range, or a second
-        input set with the same shapes as the first (its run would prove nothing)."""
+        """Raise :class:`ExportError` (one line) on inconsistent input counts, ranks or dtypes, duplicate names, dynamic
+        axes of unknown tensors or out of range, or ``other_inputs`` of the same shapes (a run that proves nothing)."""
         where = f"export part {self.name!r}"
         if not self.name.isidentifier():
             raise ExportError(f"{where}: the name must be an identifier (it names the file)")
@@ -115,49 +81,33 @@ class ExportPart:
 
 
 def export_model(spec: Any, model: nn.Module, cfg: Any, folder: Path, progress: bool = True) -> list[dict]:
-    """Export the inference path of the model of ``spec`` (a :class:`model.ModelSpec`) to ONNX, one file per part, each
-    checked against the eager model.
-
-    Builds the parts with ``Export.parts(model, cfg)`` of the spec (:class:`ExportPart`), exports each with the
-    TorchScript-based ``torch.onnx.export`` (opset :data:`OPSET`, constants folded, weights inside the file) to
-    ``<folder>/<part>.onnx``, then runs it with ONNX Runtime's CPU provider on the part's example inputs and on its
-    second input set of other lengths, and compares every output with the eager reference (the same inputs, under
-    ``torch.no_grad``). Method: NVIDIA DeepLearningExamples' Tacotron2/WaveGlow ONNX export for TensorRT (its
-    ``tensorrt`` conversion scripts), with PyTorch's ``torch.onnx`` and ONNX Runtime's ``InferenceSession``.
-
-    Args:
-        spec: the model's spec.
-        model: the model, on the CPU, float32; it is put in evaluation mode (export is of inference).
-        cfg: the run's :class:`utils.config.Config` (the model's section and ``audio``).
-        folder: where the files go (created if missing; files of the same names are replaced).
-        progress: print one line per part as it is exported and checked.
+    """Export each :class:`ExportPart` of ``spec.export.parts(model, cfg)`` to ``<folder>/<part>.onnx`` (opset
+    :data:`OPSET`, constants folded, weights inside; the folder is created, same-named files replaced), run it with
+    ONNX Runtime's CPU provider on both input sets and compare every output with the eager reference. ``model``: on the
+    CPU in float32, put in eval mode; ``progress``: a line per part. Method: NVIDIA DeepLearningExamples'
+    Tacotron2/WaveGlow ONNX export for TensorRT, with ``torch.onnx`` and ONNX Runtime's ``InferenceSession``.
 
     Returns:
-        One row per part: ``{"part": name, "path": Path of the .onnx file, "max_abs_diff": float (largest
-        |ONNX Runtime - eager| over every output of both runs, in output units), "inputs": [{input name: shape}, {input
-        name: shape}] (the two runs' input shapes)}``.
+        One row per part: ``{"part": name, "path": the .onnx file, "max_abs_diff": largest |ONNX Runtime - eager| over
+        both runs, in output units, "inputs": [{input name: shape}, {...}] (the two runs')}``.
 
     Raises:
-        ExportError: one line: the model has no ``Export`` group (and what to add), it is not on the CPU in float32,
-            ``onnx`` or ``onnxruntime`` is not installed, a part is malformed, fails to export (naming the part and the
-            exporter's error) or to load, or differs from eager by more than its tolerance.
+        ExportError: one line: no ``Export`` group (and what to add), not on the CPU in float32, ``onnx`` or
+            ``onnxruntime`` missing, a part malformed, failing to export or load, or off eager beyond its tolerance.
     """
     onnxruntime = _checked_exportable(spec, model)
     model.eval()
     parts = spec.export.parts(model, cfg)
     if not parts:
         raise ExportError(f"model {spec.name!r}: Export.parts returned no part")
-    seen = set()
-    for part in parts:
+    for i, part in enumerate(parts):
         part.check()
-        if part.name in seen:
+        if part.name in (other.name for other in parts[:i]):
             raise ExportError(f"model {spec.name!r}: two export parts are named {part.name!r}")
-        seen.add(part.name)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    Path(folder).mkdir(parents=True, exist_ok=True)
     rows = []
     for part in parts:
-        path = folder / f"{part.name}.onnx"
+        path = Path(folder) / f"{part.name}.onnx"
         begin = time.monotonic()
         _export(part, path)
         session = _session(onnxruntime, part, path)
@@ -175,21 +125,16 @@ def export_model(spec: Any, model: nn.Module, cfg: Any, folder: Path, progress: 
 
 
 def _checked_exportable(spec: Any, model: nn.Module) -> Any:
-    """The ``onnxruntime`` module, once the model can be exported: it has an ``Export`` group, is on the CPU in float32,
-    and ONNX's packages are installed (an optional dependency).
-
-    Raises:
-        ExportError: what is missing, in one line.
-    """
-    name = spec.name
+    """The ``onnxruntime`` module, once the spec has an ``Export`` group, the model is on the CPU in float32 and ONNX's
+    (optional) packages are installed; else :class:`ExportError`, in one line."""
     if spec.export is None:
-        raise ExportError(f"model {name!r} cannot be exported to ONNX: its spec has no Export group; add "
+        raise ExportError(f"model {spec.name!r} cannot be exported to ONNX: its spec has no Export group; add "
                           "export=Export(parts=(model, cfg) -> [utils.onnx_export.ExportPart, ...]) to its ModelSpec")
     params = list(model.parameters()) + list(model.buffers())
     if any(p.device.type != "cpu" for p in params):
-        raise ExportError(f"model {name!r} must be on the CPU to be exported and checked: call model.cpu() first")
+        raise ExportError(f"model {spec.name!r} must be on the CPU to be exported and checked: call model.cpu() first")
     if any(p.is_floating_point() and p.dtype != torch.float32 for p in params):
-        raise ExportError(f"model {name!r} must be float32 to be exported and checked: call model.float() first")
+        raise ExportError(f"model {spec.name!r} must be float32 to be exported and checked: call model.float() first")
     try:
         import onnx  # noqa: F401  (torch.onnx.export writes with it)
         import onnxruntime
@@ -204,9 +149,8 @@ def _export(part: ExportPart, path: Path) -> None:
     part.module.eval()
     try:
         with warnings.catch_warnings(), torch.no_grad():
-            # The traced exporter's deprecation notice; tracer warnings about Python values taken from tensors and
-            # the LSTM export's warning about batch sizes other than the example's: the run on other_inputs (other
-            # lengths, another batch size) checks what they warn about.
+            # The deprecation notice; tracer warnings (Python values from tensors) and the LSTM's about other batch
+            # sizes: the run on other_inputs checks what they warn about.
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             warnings.filterwarnings("ignore", message="Exporting a model to ONNX with a batch_size other than 1")
@@ -241,8 +185,7 @@ def _compare(part: ExportPart, session: Any, inputs: Sequence[torch.Tensor]) -> 
                           ) from exc
     with torch.no_grad():
         expected = (part.reference or part.module)(*inputs)
-    if isinstance(expected, torch.Tensor):
-        expected = (expected,)
+    expected = (expected,) if isinstance(expected, torch.Tensor) else expected
     if len(expected) != len(got):
         raise ExportError(f"export part {part.name!r}: eager gives {len(expected)} outputs, ONNX Runtime {len(got)}")
     diff = 0.0

@@ -1,8 +1,5 @@
-"""A run's life outside the loop: stop signals (SIGTERM, SIGUSR1, SIGINT: finish the step, save, exit), DataLoader
-workers that leave stop signals to their rank, the output folder (writable, one run at a time: :class:`RunLock`), the
-grace period a stop must fit (:class:`GracePeriod`), the last checkpoint to name in error lines, and provenance (the
-project's git commit).
-"""
+"""A run's life outside the loop: stop signals (finish the step, save, exit; the launcher's side too), the output
+folder (writable, one run at a time), the grace period a stop must fit, the last checkpoint, the git commit."""
 
 from __future__ import annotations
 
@@ -26,10 +23,9 @@ from utils.run_log import one_line
 
 
 class GracePeriod:
-    """Whether a checkpoint fits the time the launcher gives the ranks after a stop signal (``multiproc.py
-    --stop-timeout``, handed to the ranks as ``MULTIPROC_STOP_TIMEOUT``; without it nothing is checked): said once, at
-    start-up from an estimate (the checkpoint's size over the output folder's durable write speed), or else after the
-    first save that took longer, with its step, than the grace period."""
+    """Whether a checkpoint fits the grace period after a stop signal (``multiproc.py --stop-timeout``, given to the
+    ranks as ``MULTIPROC_STOP_TIMEOUT``; without it nothing is checked): warned once, at start-up from an estimate (size
+    over the folder's durable write speed), or after the first save that took, with its step, longer."""
 
     def __init__(self, environ):
         value = environ.get("MULTIPROC_STOP_TIMEOUT", "").strip()
@@ -39,16 +35,15 @@ class GracePeriod:
     def _advice(self, need_s: float) -> str:
         self.warned = True
         return (f"the grace period after a stop signal is {self.seconds:g} s (multiproc.py --stop-timeout): a stop "
-                "would be killed before its checkpoint is durable; give --stop-timeout, and the platform's grace period "
-                f"above it (Kubernetes: terminationGracePeriodSeconds), more than {need_s:.0f} s")
+                "would be killed before its checkpoint is durable; give --stop-timeout, and the platform's grace "
+                f"period above it (Kubernetes: terminationGracePeriodSeconds), more than {need_s:.0f} s")
 
     def check_estimate(self, nbytes: int, folder: Path) -> Optional[str]:
         """The warning for a checkpoint of ``nbytes`` written into ``folder``, or ``None`` when it fits."""
         if self.seconds is None:
             return None
         speed = durable_write_speed(folder, nbytes)
-        save_s = nbytes / speed
-        if save_s <= self.seconds:
+        if (save_s := nbytes / speed) <= self.seconds:
             return None
         return (f"warning: a checkpoint takes ~{save_s:.1f} s ({nbytes / 1e6:.1f} MB at {speed / 1e6:.0f} MB/s into "
                 f"{folder}); " + self._advice(1.5 * save_s + 5))
@@ -79,23 +74,16 @@ def git_commit() -> str | None:
                              text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if out.returncode != 0:
-        return None
-    return out.stdout.strip() or None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-"""What a scheduler or a person sends to stop a run: SIGTERM, SIGUSR1 (SLURM, Kubernetes, torchrun) and SIGINT
-(Ctrl-C)."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)  # a scheduler's (SLURM, Kubernetes) and Ctrl-C
 
 
 class StopRequest:
-    """Remembers a stop signal (:data:`STOP_SIGNALS`) instead of dying of it.
-
-    The loop finishes its step, all ranks agree (the flag rides in the per-step all-reduce), rank 0 saves a checkpoint,
-    and the run exits cleanly. A repeated signal changes nothing (a launcher may pass on a signal the rank also got
-    directly); the third Ctrl-C raises ``KeyboardInterrupt``, which stops the rank at once without a checkpoint.
-    """
+    """Remembers a stop signal (:data:`STOP_SIGNALS`) instead of dying of it: the loop finishes its step, the ranks
+    agree (in the per-step all-reduce), rank 0 saves and the run exits. A repeat changes nothing (a launcher may pass on
+    a signal the rank also got); the third Ctrl-C raises ``KeyboardInterrupt``: the rank stops at once, unsaved."""
 
     def __init__(self):
         self.signal_name: str | None = None
@@ -113,13 +101,9 @@ class StopRequest:
 
 
 def end_dataloader_workers() -> list[int]:
-    """End the DataLoader workers of this process that are still running; returns the pids it had to kill.
-
-    On an error the loaders' iterators may outlive the loop (held by the exception's traceback), and their workers
-    ignore stop signals (:func:`ignore_stop_signals`), so Python's exit, which terminates and then joins its child
-    processes, would wait for them forever. A garbage collection first lets PyTorch shut them down its own way; any
-    worker still running after that is killed (SIGKILL: it holds nothing worth saving).
-    """
+    """End this process's DataLoader workers still running; returns the pids it had to kill (SIGKILL). On an error the
+    loaders' iterators may outlive the loop (held by the traceback), and their workers ignore stop signals, so Python's
+    exit (terminate, then join) would wait forever; a garbage collection first lets PyTorch shut them down its way."""
     gc.collect()
     killed = []
     for child in multiprocessing.active_children():
@@ -132,27 +116,21 @@ def end_dataloader_workers() -> list[int]:
 
 
 def last_checkpoint_path(output_dir: Path) -> Optional[Path]:
-    """The ``checkpoint_last`` link of sharded checkpoints or ``OUTPUT/checkpoint_last.pt``, whichever exists (the link
-    first), else ``None``."""
+    """``output_dir``'s ``checkpoint_last`` link (sharded), else its ``checkpoint_last.pt``, else ``None``."""
     last, link = output_dir / "checkpoint_last.pt", output_dir / "checkpoint_last"
     return link if link.is_dir() else last if last.is_file() else None
 
 
 def last_checkpoint(output_dir: Path) -> str:
     """:func:`last_checkpoint_path` for error messages, with the folder a link names; else ``"none yet"``."""
-    path = last_checkpoint_path(output_dir)
-    if path is None:
+    if (path := last_checkpoint_path(output_dir)) is None:
         return "none yet"
     return f"{path} ({os.readlink(path)})" if path.is_symlink() else str(path)
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: a worker leaves stop signals to its rank, which shuts it down.
-
-    A scheduler signals every process of a job, DataLoader workers included; a worker that died of SIGTERM would make
-    its rank fail ("DataLoader worker ... is killed by signal") instead of stopping cleanly. Signals that arrived before
-    this ran were blocked (:func:`stop_signals_blocked`) and are dropped here.
-    """
+    """DataLoader ``worker_init_fn``: a worker leaves stop signals to its rank (a scheduler signals every process; a
+    worker dead of SIGTERM would fail its rank). Signals blocked since its start (:func:`stop_signals_blocked`) drop."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
@@ -160,8 +138,8 @@ def ignore_stop_signals(worker_id: int) -> None:
 
 @contextlib.contextmanager
 def stop_signals_blocked():
-    """Hold stop signals back (not lost: delivered on leaving) while DataLoader workers are started, so that a worker
-    starts with them blocked until :func:`ignore_stop_signals` ignores them."""
+    """Hold stop signals back (delivered on leaving) while DataLoader workers start, so that they start with them
+    blocked until :func:`ignore_stop_signals`."""
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
@@ -170,8 +148,8 @@ def stop_signals_blocked():
 
 
 def take_output_dir(output_dir: Path, lock: RunLock) -> tuple[str, Optional[str]]:
-    """Rank 0: create the output folder and hold its :class:`utils.checkpoint.RunLock` (one run per folder). Returns
-    ``("ok", None)`` or ``("error", message)``, which rank 0 broadcasts."""
+    """Rank 0: create the output folder and hold its :class:`RunLock`. Returns ``("ok", None)`` or ``("error",
+    message)``, which rank 0 broadcasts."""
     try:
         check_output_dir(output_dir)
         note = lock.acquire()
@@ -186,12 +164,9 @@ LOCK_NAME = ".run.lock"
 
 
 class RunLock:
-    """One run per output folder: rank 0 holds an exclusive ``flock`` on ``OUTPUT/.run.lock`` for the whole run.
-
-    The file names the holder (pid, host, start time). The kernel drops the lock when its process ends, however it ends,
-    so a lock file left by a dead run is free to take; :meth:`acquire` then says whose it was. (On a network file system
-    this relies on its lock support, as NFSv4 has.)
-    """
+    """One run per output folder: rank 0 holds an exclusive ``flock`` on ``OUTPUT/.run.lock`` (naming pid, host and
+    start) for the whole run. The kernel drops it when the process ends, however it ends, so a dead run's file is free
+    to take (on a network file system this needs its lock support, as NFSv4 has)."""
 
     def __init__(self, output_dir: str | Path):
         self.path = Path(output_dir) / LOCK_NAME
@@ -201,8 +176,7 @@ class RunLock:
         """Take the lock; returns a note when a dead run's lock file was taken over, else ``None``.
 
         Raises:
-            CheckpointError: another living run holds the folder (its holder line is named), or the lock file cannot be
-                opened.
+            CheckpointError: another living run holds the folder (named), or the lock file cannot be opened.
         """
         while True:
             try:
@@ -217,12 +191,9 @@ class RunLock:
                 handle.close()
                 raise CheckpointError(f"{self.path.parent} is in use by another run ({holder}); wait for it or "
                                       "stop it, or train into another --output-dir") from None
-            try:
-                same_file = os.stat(self.path).st_ino == os.fstat(handle.fileno()).st_ino
-            except FileNotFoundError:
-                same_file = False
-            if same_file:
-                break
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(self.path).st_ino == os.fstat(handle.fileno()).st_ino:
+                    break
             handle.close()  # the holder removed the file between our open and our lock: lock the new one
         handle.seek(0)
         previous = handle.read().strip()
@@ -245,11 +216,9 @@ class RunLock:
 
 
 def stop_exit_code(signal_name: str, chosen: int | None, environ) -> int:
-    """The exit code after a stop signal that every rank obeyed (checkpoint saved): ``chosen`` when given; 130 after SIGINT
-    (Ctrl-C); inside Kubernetes (``KUBERNETES_SERVICE_HOST`` set, as in every pod) 128 + the signal (143 for SIGTERM),
-    because a pod that exits 0 is a finished pod to a Job (a TrainJob's JobSet, a PyTorchJob) and the job would end as
-    complete instead of being restarted, while Kubeflow reads 128..255 as retryable; elsewhere 0 (a terminal, SLURM: the
-    stop was asked for and done)."""
+    """The exit code after a stop signal every rank obeyed: ``chosen`` when given; 130 after SIGINT; inside Kubernetes
+    (``KUBERNETES_SERVICE_HOST``) 128 + the signal (143 for SIGTERM: a pod exiting 0 would end its Job as complete,
+    while Kubeflow retries 128..255); elsewhere 0."""
     if chosen is not None:
         return chosen
     if signal_name == "SIGINT":
@@ -270,13 +239,8 @@ def child_pids() -> list[int]:
 
 
 class StopForwarder:
-    """Passes SIGTERM, SIGUSR1 and SIGINT on to every rank, and kills the ranks if they outstay the timeout.
-
-    The first signal starts the clock (``stop_timeout`` seconds); a repeat is passed on again (a rank treats it as the
-    same request). :attr:`signal_name` is the first signal received, or ``None``.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+    """Passes stop signals (:data:`STOP_SIGNALS`) on to every rank, and kills the ranks (SIGKILL) if they outstay
+    ``stop_timeout`` seconds from the first; a repeat is passed on again. :attr:`signal_name`: the first, or None."""
 
     def __init__(self, stop_timeout: float):
         self.stop_timeout = stop_timeout
@@ -285,7 +249,7 @@ class StopForwarder:
         self.killed = False
 
     def install(self) -> None:
-        for sig in self.SIGNALS:
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
@@ -295,10 +259,8 @@ class StopForwarder:
             print(f"multiproc: {name}: every rank finishes its step and rank 0 saves a checkpoint (ranks still "
                   f"running in {self.stop_timeout:g} s are killed)", file=sys.stderr, flush=True)
         for pid in child_pids():
-            try:
+            with contextlib.suppress(ProcessLookupError):  # it has just exited
                 os.kill(pid, signum)
-            except ProcessLookupError:  # it has just exited
-                continue
 
     def enforce(self) -> None:
         """SIGKILL the ranks once the deadline has passed (called while waiting for them)."""
@@ -307,7 +269,5 @@ class StopForwarder:
             print(f"multiproc: the ranks did not stop within {self.stop_timeout:g} s of {self.signal_name}; "
                   "killing them", file=sys.stderr, flush=True)
             for pid in child_pids():
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    continue

@@ -1,8 +1,4 @@
-"""What a run writes besides checkpoints: progress bar, ``metrics.jsonl``, TensorBoard, anomalies.
-
-Only rank 0 writes; on every other rank :class:`RunLog` is built with ``enabled=False`` and each method does nothing, so
-the training loop needs no ``if rank == 0`` around its logging.
-"""
+"""What a run writes besides checkpoints: progress bar, ``metrics.jsonl``, TensorBoard, anomalies, ranks' balance."""
 
 from __future__ import annotations
 
@@ -22,35 +18,28 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 SCALARS = ("loss", "lr", "items_per_s", "step_time_s", "data_time_s", "grad_norm", "fp16_overflows")
-
 PER_RANK = ("memory_gib", "memory_allocated_gib", "stray_gpu_mib", "compute_s", "data_wait_s",
             "collective_wait_s")  # lists in a row, one value per rank (memory_allocated_gib on GPUs only)
 
 
 def peak_memory_gib(device: torch.device) -> float:
-    """This process's peak memory so far, GiB: ``torch.cuda.max_memory_reserved`` on a GPU (what the caching allocator took
-    from the device: what another process cannot have), the peak resident set size (``ru_maxrss``) on the CPU."""
+    """This process's peak memory so far, GiB: ``torch.cuda.max_memory_reserved`` on a GPU (what the caching allocator
+    took: what another process cannot have), the peak resident set size (``ru_maxrss``) on the CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_reserved(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 def stray_gpu_mib(pid: int, own_gpu: str, processes: dict[str, list[tuple[int, int]]]) -> float:
-    """MiB that process ``pid`` holds on GPUs other than its own, in ``processes``: NVML's view of the node, ``{GPU UUID:
-    [(pid, bytes used), ...]}`` (UUIDs compared without NVML's ``GPU-`` prefix, ignoring case).
-
-    Anything above zero is a CUDA context on the wrong device: a ``torch.cuda`` call (or a library's) that ran before
-    ``torch.cuda.set_device``, the classic "GPU 0 holds extra memory" of one process per rank. ``nan`` when the view
-    does not show ``pid`` on ``own_gpu`` at all: NVML inside a container lists the host's process ids, so nothing can be
-    said about this process.
-    """
-    def plain(uuid: str) -> str:
-        return uuid.lower().removeprefix("gpu-")
-
-    own = plain(own_gpu)
-    if not any(p == pid for gpu, procs in processes.items() if plain(gpu) == own for p, _ in procs):
+    """MiB that process ``pid`` holds on GPUs other than ``own_gpu`` in NVML's view ``processes``, ``{GPU UUID: [(pid,
+    bytes used), ...]}`` (UUIDs without NVML's ``GPU-`` prefix, any case). Above zero: a CUDA context on the wrong
+    device (a ``torch.cuda`` call before ``torch.cuda.set_device``). ``nan`` when the view does not show ``pid`` on
+    ``own_gpu`` (NVML in a container lists the host's process ids)."""
+    own = own_gpu.lower().removeprefix("gpu-")
+    view = [(gpu.lower().removeprefix("gpu-") == own, procs) for gpu, procs in processes.items()]
+    if not any(p == pid for is_own, procs in view if is_own for p, _ in procs):
         return math.nan
-    return sum(used for gpu, procs in processes.items() if plain(gpu) != own for p, used in procs if p == pid) / 2**20
+    return sum(used for is_own, procs in view if not is_own for p, used in procs if p == pid) / 2**20
 
 
 @functools.cache
@@ -68,8 +57,8 @@ def _nvml():
 
 
 def gpu_processes() -> dict[str, list[tuple[int, int]]] | None:
-    """NVML's view of this node's GPUs, ``{UUID: [(pid, bytes used), ...]}`` for every GPU of the node (NVML ignores
-    ``CUDA_VISIBLE_DEVICES``); None when NVML cannot be read."""
+    """NVML's view of every GPU of the node (it ignores ``CUDA_VISIBLE_DEVICES``), ``{UUID: [(pid, bytes used), ...]}``;
+    None when NVML cannot be read."""
     nvml = _nvml()
     if nvml is None:
         return None
@@ -86,63 +75,46 @@ def gpu_processes() -> dict[str, list[tuple[int, int]]] | None:
 
 
 def device_memory(device: torch.device) -> dict[str, float]:
-    """This process's memory for :class:`BalanceMonitor`: ``memory_gib`` (see :func:`peak_memory_gib`); on a GPU also
-    ``memory_allocated_gib`` (peak ``torch.cuda.max_memory_allocated``: tensors alone, without the allocator's cache)
-    and ``stray_gpu_mib`` (:func:`stray_gpu_mib`; ``nan`` when NVML cannot tell)."""
-    memory = {"memory_gib": peak_memory_gib(device)}
+    """This process's memory for :class:`BalanceMonitor`: ``memory_gib`` (:func:`peak_memory_gib`); on a GPU also
+    ``memory_allocated_gib`` (``torch.cuda.max_memory_allocated``: tensors alone) and ``stray_gpu_mib`` (``nan``
+    when NVML cannot tell)."""
+    out = {"memory_gib": peak_memory_gib(device)}
     if device.type == "cuda":
-        memory["memory_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        out["memory_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         view, own = gpu_processes(), getattr(torch.cuda.get_device_properties(device), "uuid", None)
-        memory["stray_gpu_mib"] = math.nan if view is None or own is None else stray_gpu_mib(os.getpid(), str(own), view)
-    return memory
+        out["stray_gpu_mib"] = math.nan if view is None or own is None else stray_gpu_mib(os.getpid(), str(own), view)
+    return out
 
 
 class BalanceMonitor:
-    """Rank 0's view of the ranks' balance at each log interval; returns warnings, never raises.
-
-    * memory: a rank whose peak memory exceeds the median of the ranks by more than ``memory_share`` (e.g. 0.2: 20%) and
-      by more than ``memory_floor_gib`` is named (the classic cause: every rank created a CUDA context on GPU 0);
-    * stray GPU memory: a rank that holds memory on a GPU other than its own (``stray_gpu_mib`` above
-      ``stray_floor_mib``; read from NVML) is named; when NVML cannot tell (no nvidia-ml-py, no driver access, a
-      container's process ids), rank 0 says once that this check is off;
-    * straggler: a rank whose compute time per step (its forward passes and losses: the part of a step with no
-      collective to wait in once the ranks are in step) exceeds the median of the *other* ranks by more than
-      ``straggler_share`` and ``straggler_floor_s``, in ``patience`` log intervals in a row, is named. With
-      ``clock="cpu"`` (ranks computing on the CPU) the times are CPU seconds of the rank's process
-      (``time.process_time``): ranks that share a machine's cores wait for a core in turns, which lengthens their wall
-      time but is not a slower rank; a rank that computes more shows in its CPU seconds. With ``"wall"`` (GPUs) they are
-      seconds of wall time.
-
-    The floors keep noise quiet: rank 0 also writes logs and checkpoints, and on a loaded machine tiny models' ranks
-    differ by 25% (15 ms of CPU time in a 60 ms step, seen on a 16-core host running 16 test jobs at once) without
-    either being a straggler; a straggler costs the job its extra time in every step, 50 ms by default. Each warning is
-    repeated at most once per ``repeat`` steps.
-    """
+    """Rank 0's view of the ranks' balance at each log interval: warnings (at most once per ``repeat`` steps each),
+    never an error. It names a rank whose peak memory exceeds the ranks' median by more than ``memory_share`` (0.2:
+    20%) and ``memory_floor_gib`` (classically: every rank made a CUDA context on GPU 0); a rank holding more than
+    ``stray_floor_mib`` on a GPU not its own (NVML; if NVML cannot tell, said once); a rank whose compute time per step
+    (forward passes and losses: no collective to wait in) exceeds the *other* ranks' median by more than
+    ``straggler_share`` and ``straggler_floor_s``, ``patience`` log intervals in a row: wall seconds (GPUs), or with
+    ``clock="cpu"`` CPU seconds, since ranks sharing cores wait for one in turns. The floors keep noise quiet (tiny
+    models' ranks on a loaded machine differ by 25%, 15 ms in a 60 ms step)."""
 
     def __init__(self, memory_share: float = 0.2, straggler_share: float = 0.2, patience: int = 3,
                  repeat: int = 500, memory_floor_gib: float = 0.25, straggler_floor_s: float = 0.05,
                  stray_floor_mib: float = 1.0, clock: str = "wall"):
         self.memory_share, self.straggler_share, self.stray_floor_mib = memory_share, straggler_share, stray_floor_mib
-        self.clock = clock
         self.memory_floor_gib, self.straggler_floor_s = memory_floor_gib, straggler_floor_s
-        self.patience, self.repeat = patience, repeat
-        self.slow_streak: dict[int, int] = {}
-        self.warned: dict[str, int] = {}
+        self.patience, self.repeat, self.clock = patience, repeat, clock
+        self.slow_streak: dict[int, int] = {}  # rank -> log intervals in a row it was slow
+        self.warned: dict[str, int] = {}  # warning kind -> the step it was last said
 
     def check(self, step: int, ranks: list[dict[str, float]]) -> list[str]:
         """``ranks``: per rank ``{"memory_gib", "compute_s", "data_wait_s", "collective_wait_s"}`` and, from
         :func:`device_memory`, optionally ``stray_gpu_mib``."""
-        found = []
         stray = [r.get("stray_gpu_mib", 0.0) for r in ranks]
-        for rank, mib in enumerate(stray):
-            if mib > self.stray_floor_mib:
-                found.append((f"stray{rank}", f"rank {rank} holds {mib:.0f} MiB on a GPU that is not its own: a CUDA "
-                                              "context on the wrong device (a torch.cuda call before "
-                                              "torch.cuda.set_device, in your code or a library's?)"))
+        found = [(f"stray{rank}", f"rank {rank} holds {mib:.0f} MiB on a GPU that is not its own: a CUDA context on "
+                  "the wrong device (a torch.cuda call before torch.cuda.set_device, in your code or a library's?)")
+                 for rank, mib in enumerate(stray) if mib > self.stray_floor_mib]
         if any(math.isnan(mib) for mib in stray):  # said once: see _once
             found.append(("stray-unknown", "memory held on other GPUs is not checked: NVML cannot be read or does not "
-                                           "show this job's processes (install nvidia-ml-py; in a container, the "
-                                           "host's process ids)"))
+                          "show this job's processes (install nvidia-ml-py; in a container, the host's process ids)"))
         if len(ranks) < 2:
             return self._once(step, found)
         memory = [r["memory_gib"] for r in ranks]
@@ -150,8 +122,8 @@ class BalanceMonitor:
         heavy = max(range(len(ranks)), key=lambda r: memory[r])
         if memory[heavy] > (1 + self.memory_share) * middle and memory[heavy] - middle > self.memory_floor_gib:
             found.append(("memory", f"rank {heavy} holds {memory[heavy]:.2f} GiB at its peak, "
-                                    f"{100 * (memory[heavy] / middle - 1):.0f}% above the median {middle:.2f} GiB "
-                                    "of the ranks (on GPUs: does every rank set its device before touching CUDA?)"))
+                          f"{100 * (memory[heavy] / middle - 1):.0f}% above the median {middle:.2f} GiB of the ranks "
+                          "(on GPUs: does every rank set its device before touching CUDA?)"))
         compute = [r["compute_s"] for r in ranks]
         others = [statistics.median(compute[:rank] + compute[rank + 1:]) for rank in range(len(ranks))]
         for rank, value in enumerate(compute):
@@ -168,8 +140,7 @@ class BalanceMonitor:
         return self._once(step, found)
 
     def _once(self, step: int, found: list[tuple[str, str]]) -> list[str]:
-        """The ``(kind, message)`` pairs as warning lines, each kind at most once per ``repeat`` steps (the note that stray
-        memory is unchecked only once)."""
+        """The ``(kind, message)`` pairs as lines, each kind at most once per ``repeat`` steps (stray-unknown once)."""
         messages = []
         for kind, message in found:
             if kind not in self.warned or (step - self.warned[kind] >= self.repeat and kind != "stray-unknown"):
@@ -179,26 +150,20 @@ class BalanceMonitor:
 
 
 class StepWindow:
-    """Sums over the steps since the last log line; :meth:`row` turns them into one ``metrics.jsonl`` row.
-
-    ``loss`` is averaged over the finite steps only (a skipped step has no loss to average); ``items_per_s`` is items of
-    all ranks over rank 0's wall time of the window.
-    """
+    """Sums over the steps since the last log line; :meth:`row` turns them into one ``metrics.jsonl`` row: ``loss``
+    averaged over the steps not skipped, ``items_per_s`` all ranks' items over rank 0's wall time of the window."""
 
     def __init__(self):
         self.steps = self.good = self.overflows = 0
         self.loss = self.items = self.step_time = self.data_time = self.wait_time = self.compute_time = 0.0
-        self.losses: dict[str, float] = {}
-        self.counts: dict[str, int] = {}
+        self.losses, self.counts = {}, {}  # per named value: the sum and the number of its finite values
 
-    def add(self, loss: float | None, items: float, step_time: float, data_time: float,
-            wait_time: float = 0.0, compute_time: float = 0.0, losses: dict | None = None,
-            overflows: int = 0) -> None:
-        """Record one optimizer step (``loss`` None for a skipped step); times in seconds (``wait_time``: spent in the
-        step's blocking all-reduce, waiting for the slowest rank; ``compute_time``: forward passes and losses).
-        ``losses``: the step's named losses and metrics of a model with several phases (each averaged over the window's
-        steps where it is finite: an fp16 overflow's gradient norm is not a number to average, it is counted in
-        ``overflows``); ``overflows``: fp16 optimizer steps the GradScaler skipped."""
+    def add(self, loss: float | None, items: float, step_time: float, data_time: float, wait_time: float = 0.0,
+            compute_time: float = 0.0, losses: dict | None = None, overflows: int = 0) -> None:
+        """Record one optimizer step (``loss`` None for a skipped step); times in seconds (``wait_time``: in the step's
+        blocking all-reduce, waiting for the slowest rank; ``compute_time``: forward passes and losses). ``losses``: a
+        model's named losses and metrics, each averaged over the steps where it is finite (an fp16 overflow's gradient
+        norm is counted in ``overflows``: the optimizer steps the GradScaler skipped)."""
         self.steps += 1
         self.overflows += overflows
         if loss is not None:
@@ -218,12 +183,11 @@ class StepWindow:
         """This rank's share of the window, per step, for :class:`BalanceMonitor` (seconds; memory in GiB)."""
         steps = max(self.steps, 1)
         return {**device_memory(device), "data_wait_s": self.data_time / steps,
-                "collective_wait_s": self.wait_time / steps,
-                "compute_s": self.compute_time / steps}
+                "collective_wait_s": self.wait_time / steps, "compute_s": self.compute_time / steps}
 
     def row(self, **extra: Any) -> dict[str, Any]:
-        """``{loss, losses (several phases only), items_per_s, step_time_s, data_time_s, fp16_overflows, **extra}`` for the
-        window (``loss`` NaN if none; a named value that was never finite in the window is ``None``)."""
+        """``{**extra, loss, losses (several phases only), items_per_s, step_time_s, data_time_s, fp16_overflows}`` of
+        the window (``loss`` NaN if none; a named value never finite in the window is ``None``)."""
         named = {"losses": {name: value / self.counts[name] if self.counts[name] else None
                             for name, value in self.losses.items()}} if self.losses else {}
         return {**extra, "loss": self.loss / self.good if self.good else math.nan, **named,
@@ -233,25 +197,15 @@ class StepWindow:
 
 
 class RunLog:
-    """Rank 0's writer: progress bar, ``metrics.jsonl``, ``val_metrics.jsonl``, ``anomalies.jsonl``, TensorBoard.
+    """Rank 0's writer into ``output_dir`` (created by the caller): progress bar (``total_steps``, from ``initial_step``
+    on a resume), ``metrics.jsonl``, ``val_metrics.jsonl``, ``anomalies.jsonl``, TensorBoard (``tensorboard``, default
+    ``<output_dir>/tensorboard``). With ``enabled=False`` (every other rank) nothing is opened and every method does
+    nothing, so the loop needs no ``if rank == 0``. ``data_advice``: what the data-wait warning tells the user to do."""
 
-    Args:
-        output_dir: the run's folder (created by the caller).
-        enabled: False on every rank but 0: then nothing is opened or written.
-        total_steps / initial_step: for the progress bar (a resumed run starts part-way). data_advice: what the
-        data-wait warning tells the user to do (``ModelSpec.data_advice``). tensorboard: the folder of TensorBoard's
-        event files (default: ``<output_dir>/tensorboard``).
-    """
-
-    DATA_WAIT_SHARE = 0.1
-    """The data-wait warning fires when waiting for data takes more than this share of the step ..."""
-    DATA_WAIT_WARMUP = 20
-    """... after this many steps of the run (worker start-up and the first batches are not the steady state) ..."""
-    DATA_WAIT_REPEAT = 500
-    """... and again at most once per this many steps."""
-    ANOMALY_LINES = 2
-    """At most this many anomaly warnings per log interval on the console; the others of the interval are counted in
-    one line at its end. Every anomaly, with its batch's utterance ids, is in ``anomalies.jsonl``."""
+    # The data-wait warning fires when waiting for data takes more than DATA_WAIT_SHARE of the step, past the first
+    # DATA_WAIT_WARMUP steps of the run (start-up is not the steady state), at most once per DATA_WAIT_REPEAT steps.
+    DATA_WAIT_SHARE, DATA_WAIT_WARMUP, DATA_WAIT_REPEAT = 0.1, 20, 500
+    ANOMALY_LINES = 2  # anomaly warnings per log interval on the console; the interval's others: one line at its end
 
     def __init__(self, output_dir: Path, enabled: bool, total_steps: int, initial_step: int,
                  data_advice: str = "raise data.num_workers", tensorboard: Optional[str] = None):
@@ -274,8 +228,8 @@ class RunLog:
         self.progress.update(1)
 
     def metrics(self, row: dict[str, Any]) -> None:
-        """Append a training row; warn when waiting for data takes more than :attr:`DATA_WAIT_SHARE` of the step (past the
-        warm-up, rate-limited)."""
+        """Append a training row (file, TensorBoard, progress bar); say the anomalies held back, and warn when waiting
+        for data takes too long (``DATA_WAIT_*``)."""
         if not self.enabled:
             return
         step = row["step"]
@@ -311,8 +265,8 @@ class RunLog:
         self.print(f"step {step}: validation loss {val_loss:.4f}")
 
     def anomaly(self, step: int, kind: str, message: str, ids: list) -> None:
-        """A non-finite or spiking step: a row of ``anomalies.jsonl`` with the utterance ids of its batch (all ranks), and
-        a warning line on the console (at most :attr:`ANOMALY_LINES` per log interval)."""
+        """A non-finite or spiking step: a row of ``anomalies.jsonl`` with its batch's utterance ids (all ranks), and a
+        warning line on the console (at most :attr:`ANOMALY_LINES` per log interval)."""
         if not self.enabled:
             return
         self._append("anomalies.jsonl", {"step": step, "kind": kind, "message": message, "ids": ids})

@@ -1,10 +1,6 @@
-"""HiFi-GAN (mel -> audio), a GAN trained with two optimizers: the model's spec. Its parts: ``network`` (config section,
-generator and discriminators, losses, the phases' step), ``data``, ``inference``, ``export`` (ONNX), ``published``
-(jik876's generator files).
-
-Source: Kong, Kim and Bae, "HiFi-GAN: Generative Adversarial Networks for Efficient and High Fidelity Speech Synthesis"
-(NeurIPS 2020), and jik876/hifi-gan for sizes and defaults (the layers: ``modules/hifigan.py``).
-"""
+"""HiFi-GAN (mel -> audio; two optimizers), the model's spec: Kong, Kim and Bae, "HiFi-GAN: Generative Adversarial
+Networks for Efficient and High Fidelity Speech Synthesis" (NeurIPS 2020), with jik876/hifi-gan's sizes and defaults
+(layers: ``modules/hifigan.py``)."""
 
 from model import Benchmark, BenchmarkCase, Export, Inference, ModelSpec, Phases, Published, Training
 from models.hifigan.data import build_datasets, mel_on_device, synthetic_batch

@@ -1,6 +1,4 @@
-"""HiFi-GAN's data: audio crops with their mels (or mels computed on the device), and synthetic batches for the
-benchmark.
-"""
+"""HiFi-GAN's data: audio crops with their mels (or mels computed on the device), and synthetic benchmark batches."""
 
 from __future__ import annotations
 
@@ -18,15 +16,12 @@ from utils.data.datasets import AudioMelDataset
 
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     """Train and validation :class:`AudioMelDataset` of ``hifigan.segment_length`` crops (random for training, the first
-    crop for validation); mels ``(n_mels, segment_length // hop_length)``.
-
-    With ``data.mel_dir`` the mels are read from that folder and cropped with the audio on frame boundaries: fine-tuning
-    on Tacotron2's teacher-forced mels (``scripts/dump_gta_mels.py``), as jik876/hifi-gan's ``--fine_tuning`` does with
-    its ``ft_dataset`` mels.
+    for validation); mels ``(n_mels, segment_length // hop_length)``. With ``data.mel_dir`` the mels are read from that
+    folder and cropped with the audio on frame boundaries: fine-tuning on Tacotron2's teacher-forced mels
+    (``scripts/dump_gta_mels.py``), as jik876/hifi-gan's ``--fine_tuning`` does.
 
     Raises:
-        ValueError: ``segment_length`` not a multiple of ``audio.hop_length`` (the generator's output would not line up
-            with the crop).
+        ValueError: ``segment_length`` not a multiple of ``audio.hop_length`` (the output would not line up).
         DataError: see :class:`AudioMelDataset` (``data.mel_dir`` missing a mel, made with other settings).
     """
     seg = cfg.hifigan.segment_length
@@ -42,7 +37,7 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
 
 def mel_on_device(batch: Batch, cfg: Config) -> Batch:
     """Add ``batch["mel"]`` ``(B, n_mels, frames)``, the log-mel of ``batch["audio"]`` ``(B, samples)``, on the audio's
-    device (``hifigan.mel_on_device``); a batch that has its mel already is returned as it is."""
+    device (``hifigan.mel_on_device``) unless the batch has one."""
     if "mel" in batch:
         return batch
     with torch.no_grad():
@@ -51,16 +46,9 @@ def mel_on_device(batch: Batch, cfg: Config) -> Batch:
 
 def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
                     segment_length: Optional[int] = None) -> Batch:
-    """Random HiFi-GAN batch of the training shapes.
-
-    ``{"mel": (B, n_mels, segment // hop_length) standard normal, "audio": (B, segment) normal with standard deviation
-    0.1, "ids": [str] * B}``, float32 on the CPU.
-
-    Args:
-        cfg: the config (``audio.n_mels``, ``audio.hop_length``, ``hifigan.segment_length``).
-        batch_size: items ``B``.
-        generator: the random stream (seeded by the caller).
-        segment_length: samples per item; ``None``: ``hifigan.segment_length``.
+    """Random HiFi-GAN batch of ``batch_size`` items of the training shapes: ``{"mel": (B, n_mels, segment //
+    hop_length) standard normal, "audio": (B, segment) normal with standard deviation 0.1, "ids": [str] * B}``, float32
+    on the CPU, ``segment`` the ``segment_length`` samples (default ``hifigan.segment_length``).
 
     Raises:
         ValueError: ``batch_size < 1`` or a segment that is not a positive multiple of ``audio.hop_length``.

@@ -10,11 +10,9 @@ from modules.hifigan import Generator
 from utils.config import Config
 from utils.onnx_export import ExportPart
 
-# --- scripts/export.py --format onnx ------------------------------------------------------------------------------
 
 class GeneratorExport(nn.Module):
-    """The generator as it is exported: mel ``(B, n_mels, frames)`` -> audio ``(B, frames * hop_length)`` in [-1, 1]
-    (:meth:`HiFiGAN.forward` without the batch dict)."""
+    """The generator as it is exported: mel ``(B, n_mels, frames)`` -> audio ``(B, frames * hop_length)`` in [-1, 1]."""
 
     def __init__(self, generator: Generator):
         super().__init__()
@@ -25,9 +23,8 @@ class GeneratorExport(nn.Module):
 
 
 def export_parts(model: HiFiGAN, cfg: Config) -> list[ExportPart]:
-    """``ModelSpec.export_parts``: one part, ``generator``: ``mel`` ``(B, n_mels, frames)`` (natural-log mel) -> ``audio``
-    ``(B, frames * hop_length)``, batch and frames dynamic (checked at 1 x 32 and 2 x 19 frames). No noise input: the
-    generator is deterministic (Section 2.2)."""
+    """``ModelSpec.export_parts``: one part, ``generator``: ``mel`` ``(B, n_mels, frames)`` (natural-log mel) ->
+    ``audio`` ``(B, frames * hop_length)``, batch and frames dynamic. No noise input: the generator is deterministic."""
     gen = torch.Generator().manual_seed(0)
     n_mels = cfg.audio.n_mels
     return [ExportPart(

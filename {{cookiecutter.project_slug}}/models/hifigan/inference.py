@@ -17,7 +17,6 @@ from utils.data.audio import check_wav_output, save_wav
 from utils.data.datasets import read_mel
 from utils.plotting import add_audio, first_time
 
-# --- inference.py --------------------------------------------------------------------------------------------
 
 def add_inference_args(parser: argparse.ArgumentParser) -> None:
     """HiFi-GAN's ``inference.py`` options: what to vocode, ``--mel`` or ``--wav``."""
@@ -35,21 +34,13 @@ def vocode(model: nn.Module, mel: torch.Tensor, cfg: Config) -> torch.Tensor:
 
 def log_validation(model: nn.Module, batch: Batch, outputs: torch.Tensor, step: int, writer: Any, output_dir: Any,
                    cfg: Optional[Config] = None) -> None:
-    """Audio of the first utterance of a validation batch, for TensorBoard's audio tab.
+    """Audio of the first utterance of a validation batch ``{"audio": (B, samples), ...}`` for TensorBoard; nothing
+    without a ``writer`` or a ``cfg`` (``model`` and ``output_dir`` are unused).
 
-    ``audio/vocoded``: the generator's output for that item, ``outputs[0]`` ``(samples,)`` (the validation crop: the
-    first ``hifigan.segment_length`` samples of the clip; the loader does not shuffle, so it is the same utterance at
-    every validation), at ``audio.sampling_rate`` Hz. ``audio/ground_truth``: the item's audio ``batch["audio"][0]``, at
-    the first validation of the run only. Nothing is written without a ``writer`` or a ``cfg``.
-
-    Args:
-        model: the :class:`HiFiGAN` (unused: ``outputs`` holds its audio).
-        batch: ``{"mel": (B, n_mels, frames), "audio": (B, samples), ...}``.
-        outputs: the generator's audio for ``batch``, ``(B, samples)`` in [-1, 1].
-        step: the training step.
-        writer: a ``SummaryWriter`` or ``None``.
-        output_dir: the run's folder (unused).
-        cfg: the run's config (``audio.sampling_rate``).
+    ``audio/vocoded``: the generator's output for it, ``outputs[0]`` (``outputs``: ``(B, samples)`` in [-1, 1]), at
+    ``audio.sampling_rate`` Hz; ``audio/ground_truth``: its audio, at the run's first validation only. The validation
+    crop is the first ``hifigan.segment_length`` samples of the clip and the loader does not shuffle, so it is the same
+    utterance at every validation.
     """
     if writer is None or cfg is None:
         return

@@ -1,5 +1,5 @@
-"""HiFi-GAN's config section, networks (generator + multi-period and multi-scale discriminators), losses and the
-two-phase training step (discriminator, then generator), with its optimizers and per-epoch learning-rate decay.
+"""HiFi-GAN's config section, networks, losses and the two-phase training step (discriminator, then generator), with
+its optimizers and per-epoch learning-rate decay.
 
 Source: Kong, Kim and Bae, "HiFi-GAN" (NeurIPS 2020), and jik876/hifi-gan for sizes and defaults.
 """
@@ -24,7 +24,6 @@ from utils.data.audio import AudioConfig, MelSpectrogram
 PHASES = ("discriminator", "generator")
 """Optimizer names in update order: the discriminator learns from the current generator first."""
 
-
 Size = Annotated[int, Field(ge=1)]
 """An item of the section's tuples of sizes, rates and widths: at least 1."""
 Beta = Annotated[float, Field(ge=0, lt=1)]
@@ -32,19 +31,17 @@ Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 class HiFiGANConfig(Section):
-    """The ``hifigan`` section of ``config.json`` (defaults: the paper's V1 and training set-up).
-
-    Generator (Section 2.2, Appendix A): ``upsample_rates`` and ``upsample_kernel_sizes`` of the transposed
-    convolutions (their product must be ``audio.hop_length``), ``upsample_initial_channel`` (``h_u``),
-    ``resblock`` type (1: V1/V2, 2: V3), ``resblock_kernel_sizes`` (``k_r``) and ``resblock_dilation_sizes``
-    (``D_r``) of the MRF blocks. Discriminators (Section 2.3): ``mpd_periods``, ``mpd_channels`` (a period
-    discriminator's 5 widths), ``msd_scales``, ``msd_channels`` (a scale discriminator's 7 widths; the
-    defaults are the authors' implementation's, smaller ones make CPU runs fast). ``segment_length``:
-    training crop in samples, a multiple of ``audio.hop_length``. ``batch_size`` per process. AdamW for both
-    networks: ``learning_rate``, ``adam_betas``, ``weight_decay``; the learning rate is multiplied by
-    ``lr_decay`` after every epoch. Generator loss weights (Eq. 5): ``feature_loss_weight`` (``lambda_fm``)
-    and ``mel_loss_weight`` (``lambda_mel``). ``mel_on_device``: the DataLoader workers only decode and crop
-    the audio; the batch's mels are computed on the device in the step.
+    """The ``hifigan`` section of ``config.json`` (defaults: the paper's V1 and training set-up). Generator (Section
+    2.2, Appendix A): ``upsample_rates`` and ``upsample_kernel_sizes`` of the transposed convolutions (the rates'
+    product must be ``audio.hop_length``), ``upsample_initial_channel`` (``h_u``), ``resblock`` type (1: V1/V2, 2: V3),
+    ``resblock_kernel_sizes`` (``k_r``) and ``resblock_dilation_sizes`` (``D_r``) of the MRF blocks. Discriminators
+    (Section 2.3): ``mpd_periods``, ``mpd_channels`` (a period discriminator's 5 widths), ``msd_scales``,
+    ``msd_channels`` (a scale discriminator's 7 widths; smaller ones make CPU runs fast). ``segment_length``: training
+    crop in samples, a multiple of ``audio.hop_length``; ``batch_size`` per process. AdamW for both networks
+    (``learning_rate``, ``adam_betas``, ``weight_decay``), the learning rate multiplied by ``lr_decay`` after every
+    epoch. Generator loss weights (Eq. 5): ``feature_loss_weight`` (``lambda_fm``), ``mel_loss_weight``
+    (``lambda_mel``). ``mel_on_device``: the workers only decode and crop the audio; the batch's mels are computed on
+    the device in the step.
     """
 
     upsample_rates: tuple[Size, ...] = (8, 8, 2, 2)
@@ -69,15 +66,9 @@ class HiFiGANConfig(Section):
 
 
 TINY_OVERRIDES: dict[str, Any] = {
-    "upsample_initial_channel": 32,
-    "resblock_kernel_sizes": [3, 7],
-    "resblock_dilation_sizes": [[1, 3], [1, 3]],
-    "mpd_channels": [4, 8, 16, 32, 32],
-    "msd_channels": [16, 16, 16, 32, 32, 32, 32],
-    "segment_length": 2048,
-    "batch_size": 2,
-    "learning_rate": 0.001,
-}
+    "upsample_initial_channel": 32, "resblock_kernel_sizes": [3, 7], "resblock_dilation_sizes": [[1, 3], [1, 3]],
+    "mpd_channels": [4, 8, 16, 32, 32], "msd_channels": [16, 16, 16, 32, 32, 32, 32], "segment_length": 2048,
+    "batch_size": 2, "learning_rate": 0.001}
 """The ``hifigan`` entry of ``config.json``'s ``tiny`` block (JSON values, as the file holds them)."""
 
 
@@ -91,16 +82,13 @@ class LossSettings:
 
 
 class HiFiGAN(nn.Module):
-    """HiFi-GAN: ``generator`` (mel -> audio) and ``discriminator`` (the MPD and the MSD in one module).
-
-    Args:
-        cfg: a :class:`HiFiGANConfig`.
-        audio_cfg: the ``audio`` section (``n_mels``, ``hop_length`` and the mel front end of the losses).
+    """HiFi-GAN: ``generator`` (mel -> audio) and ``discriminator`` (the MPD and the MSD in one module), built from a
+    :class:`HiFiGANConfig` and the ``audio`` section (``n_mels``, ``hop_length``, the losses' mel front end).
 
     Raises:
-        ValueError: settings the layers refuse (see :class:`modules.hifigan.Generator` and
-            :class:`modules.hifigan.Discriminator`), upsampling rates whose product is not
-            ``audio.hop_length``, or a ``segment_length`` that is not a multiple of it.
+        ValueError: settings the layers refuse (:class:`modules.hifigan.Generator`,
+            :class:`modules.hifigan.Discriminator`), upsampling rates whose product is not ``audio.hop_length``, or a
+            ``segment_length`` that is not a multiple of it.
     """
 
     def __init__(self, cfg: HiFiGANConfig, audio_cfg: AudioConfig):
@@ -117,8 +105,8 @@ class HiFiGAN(nn.Module):
                                    cfg.upsample_initial_channel, cfg.resblock_kernel_sizes,
                                    cfg.resblock_dilation_sizes, cfg.resblock)
         self.discriminator = Discriminator(cfg.mpd_periods, cfg.mpd_channels, cfg.msd_scales, cfg.msd_channels)
-        # train_step sees only the networks, so the settings of its losses travel with the generator (a plain
-        # attribute: no parameters, no buffers, nothing in the state dict).
+        # train_step sees only the networks, so its loss settings travel with the generator (a plain attribute: nothing
+        # in the state dict).
         self.generator.loss_settings = LossSettings(audio_cfg, cfg.mel_loss_weight, cfg.feature_loss_weight)
 
     def forward(self, batch: Batch) -> torch.Tensor:
@@ -156,17 +144,15 @@ def mel_function(audio_cfg: AudioConfig, device: torch.device) -> MelSpectrogram
 
 
 def aligned(real: torch.Tensor, fake: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both audio tensors (any shape ending in samples) cut to the shorter one's length. The generator gives
-    ``frames * hop_length`` samples; the dataset's crops are ``segment_length``, the same number when
-    ``segment_length`` is a multiple of the hop, so this cuts nothing then."""
+    """Both audio tensors (any shape ending in samples) cut to the shorter one's length: the generator gives ``frames *
+    hop_length`` samples, the same number as the crops when ``segment_length`` is a multiple of the hop."""
     n = min(real.shape[-1], fake.shape[-1])
     return real[..., :n], fake[..., :n]
 
 
 def mel_l1(fake: torch.Tensor, real: torch.Tensor, audio_cfg: AudioConfig) -> torch.Tensor:
-    """Mel L1 loss (Eq. 3), unweighted: mean absolute difference of the log-mels of ``fake`` and ``real``
-    audio ``(B, samples)`` (cut to a common length), in float32 outside autocast. Gradients reach ``fake``;
-    the real audio's mel is a constant."""
+    """Mel L1 loss (Eq. 3), unweighted: the mean absolute difference of the log-mels of ``fake`` and ``real`` audio
+    ``(B, samples)`` (cut to a common length), in float32 outside autocast. Gradients reach ``fake`` only."""
     real, fake = aligned(real, fake)
     mel = mel_function(audio_cfg, fake.device)
     with torch.autocast(fake.device.type, enabled=False):
@@ -176,11 +162,8 @@ def mel_l1(fake: torch.Tensor, real: torch.Tensor, audio_cfg: AudioConfig) -> to
 
 
 class MelL1Loss(nn.Module):
-    """The validation criterion: ``(generated audio (B, samples), batch) -> mel L1`` against ``batch["audio"]``.
-
-    The generator step's own losses are in :func:`train_step`; validation has no discriminator step, and the
-    mel L1 (unweighted, in log-mel units) is the number to compare between runs.
-    """
+    """The validation criterion: ``(generated audio (B, samples), batch) -> mel L1`` against ``batch["audio"]``
+    (validation has no discriminator step; the unweighted mel L1, in log-mel units, compares runs)."""
 
     def __init__(self, audio_cfg: AudioConfig):
         super().__init__()
@@ -191,19 +174,12 @@ class MelL1Loss(nn.Module):
 
 
 def train_step(phase: str, nets: dict[str, nn.Module], batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One phase of the GAN step (``ModelSpec.train_step``; Section 2.4).
-
-    Args:
-        phase: ``"discriminator"`` or ``"generator"``.
-        nets: ``{"discriminator": ..., "generator": ...}``; the phase's network may be DDP-wrapped, the other
-            is the plain module with frozen parameters.
-        batch: ``{"mel": (B, n_mels, frames), "audio": (B, samples), ...}``, samples = frames * hop_length.
-
-    Returns:
-        ``(loss, metrics)``. Discriminator phase: the LSGAN loss of the MPD and MSD on the real audio and on
-        the generator's output (made under ``no_grad``), no metrics (``train.py`` logs each phase's loss as
-        ``loss_<phase>``). Generator phase: ``g_adv + feature_loss_weight * g_fm + mel_loss_weight * mel_l1``,
-        metrics ``{"g_adv", "g_fm", "mel_l1"}`` (the three terms unweighted, detached).
+    """One ``phase`` of the GAN step (``ModelSpec.train_step``; Section 2.4) on ``batch`` ``{"mel": (B, n_mels,
+    frames), "audio": (B, samples), ...}``, with ``nets`` ``{"discriminator", "generator"}``: the phase's network may
+    be DDP-wrapped, the other is the plain module with frozen parameters. Returns ``(loss, metrics)``: for the
+    discriminator, the LSGAN loss of the MPD and MSD on the real audio and on the generator's output (made under
+    ``no_grad``), no metrics; for the generator, ``g_adv + feature_loss_weight * g_fm + mel_loss_weight * mel_l1`` and
+    ``{"g_adv", "g_fm", "mel_l1"}`` (the terms unweighted, detached).
 
     Raises:
         ValueError: an unknown phase.
@@ -217,8 +193,7 @@ def train_step(phase: str, nets: dict[str, nn.Module], batch: Batch) -> tuple[to
         real, fake = aligned(real, fake)
         scores, _ = discriminator(torch.cat([real, fake.to(real.dtype)]))  # one pass over real and generated
         n = real.shape[0]
-        loss = discriminator_loss([s[:n] for s in scores], [s[n:] for s in scores])
-        return loss, {}
+        return discriminator_loss([s[:n] for s in scores], [s[n:] for s in scores]), {}
     if phase == "generator":
         real, fake = aligned(real, generator(mel))
         with torch.no_grad():
@@ -233,9 +208,8 @@ def train_step(phase: str, nets: dict[str, nn.Module], batch: Batch) -> tuple[to
 
 
 def blocks(model: HiFiGAN) -> list[nn.Module]:
-    """``ModelSpec.blocks``: the generator's multi-receptive-field blocks, the period discriminators and the scale
-    discriminators but the first. That one uses spectral norm, whose power iteration updates a buffer in every
-    training forward: recomputed for activation checkpointing it would step twice and give other gradients, so it
-    stays with the discriminator's root (sharded with it, never recomputed)."""
+    """``ModelSpec.blocks``: the generator's MRF blocks, the period discriminators and the scale discriminators but the
+    first, whose spectral norm updates a buffer in every training forward (recomputed for activation checkpointing it
+    would step twice): it stays with the discriminator's root, never recomputed."""
     return [*model.generator.mrfs, *model.discriminator.mpd.discriminators,
             *model.discriminator.msd.discriminators[1:]]

@@ -1,4 +1,4 @@
-"""jik876/hifi-gan's generator files (``g_<step>``), read into this model (``--init-from``, ``scripts/import_weights.py``)."""
+"""jik876/hifi-gan's generator files (``g_<step>``) read into this model (``--init-from``, ``import_weights``)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ from utils.config import Config
 
 
 def read_published(loaded: Any, cfg: Config) -> Weights | None:
-    """jik876/hifi-gan's generator files (``g_<step>``; ``{"generator": state_dict}``), or ``None`` for another format. The
-    generator of this model; its residual blocks ``resblocks.<i * kernels + j>.convs1``/``convs2`` are
-    ``mrfs.<i>.blocks.<j>.dilated``/``plain`` here (``kernels``: ``hifigan.resblock_kernel_sizes``), and old weight
-    norm's ``weight_g``/``weight_v`` the parametrization. Such a file holds no discriminator: those start afresh. (Read
-    from jik876's checkpoint code for the layout; its generator's output from the same weights equals this one's.)"""
+    """jik876/hifi-gan's generator files (``{"generator": state_dict}``), or ``None`` for another format. Its residual
+    blocks ``resblocks.<i * kernels + j>.convs1``/``convs2`` are ``mrfs.<i>.blocks.<j>.dilated``/``plain`` here
+    (``kernels``: ``hifigan.resblock_kernel_sizes``), old weight norm's ``weight_g``/``weight_v`` the parametrization.
+    Such a file holds no discriminator: it starts afresh."""
     state = loaded.get("generator") if isinstance(loaded, dict) else None
     if not isinstance(state, dict) or "conv_pre.weight_v" not in state:
         return None

@@ -1,10 +1,5 @@
-"""Tacotron2 (text -> mel): the model's spec. Its parts: ``network`` (config section, model, loss, fast path), ``data``
-(text-mel datasets, corpus checks, synthetic batches), ``text`` (the text front end), ``inference``, ``export`` (ONNX),
-``published`` (NVIDIA's checkpoints).
-
-Source: Shen et al., "Natural TTS Synthesis by Conditioning WaveNet on Mel Spectrogram Predictions" (ICASSP 2018), and
-NVIDIA's Tacotron2 for sizes and defaults (the layers: ``modules/tacotron2.py``).
-"""
+"""Tacotron2 (text -> mel), the model's spec: Shen et al., "Natural TTS Synthesis by Conditioning WaveNet on Mel
+Spectrogram Predictions" (ICASSP 2018), with NVIDIA's sizes and defaults (layers: ``modules/tacotron2.py``)."""
 
 from model import Benchmark, BenchmarkCase, Export, Inference, ModelSpec, Published, Training
 from models.tacotron2.data import TextMelCollate, build_datasets, check_text, count_items, synthetic_batch

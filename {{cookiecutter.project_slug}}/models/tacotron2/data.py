@@ -1,10 +1,8 @@
-"""Text + mel pairs for Tacotron2: the dataset, its mel cache, and the padding collate function.
+"""Text + mel pairs for Tacotron2: the dataset, its mel cache, the padding collate function, synthetic batches.
 
 Follows NVIDIA's Tacotron2 reference (``data_utils.TextMelLoader`` / ``TextMelCollate``): text is cleaned and mapped to
 symbol ids, the target is the utterance's log-mel, a batch is sorted by text length (longest first, as
-``pack_padded_sequence`` prefers) and padded, and the stop-gate target is 1 from the last real frame on. Mels come from
-the cache written by ``scripts/preprocess.py`` (``<dataset_path>/<mel_cache_dir>/<id>.pt``) when it holds the utterance,
-else they are computed from the wav.
+``pack_padded_sequence`` prefers) and padded, and the stop-gate target is 1 from the last real frame on.
 """
 
 from __future__ import annotations
@@ -31,23 +29,19 @@ from utils.data.corpus import DataError, Utterance, load_splits
 PathLike = Union[str, Path]
 
 CACHE_SETTINGS_FILE = "_audio_config.json"
-"""Name of the file in the mel cache that records the audio settings the mels were made with."""
+"""The file of the mel cache that records the audio settings its mels were made with."""
 
 
 def mel_cache_path(dataset_path: PathLike, mel_cache_dir: str) -> Optional[Path]:
-    """``<dataset_path>/<mel_cache_dir>``, or ``None`` when ``mel_cache_dir`` is empty (no cache).
-
-    An absolute ``mel_cache_dir`` is used as it is."""
+    """``<dataset_path>/<mel_cache_dir>`` (an absolute ``mel_cache_dir`` as it is), or ``None`` when it is empty."""
     if not mel_cache_dir:
         return None
     return Path(dataset_path) / mel_cache_dir
 
 
 def check_cache_settings(cache_dir: Path, audio_cfg: AudioConfig) -> None:
-    """Raise if ``cache_dir`` records audio settings that differ from ``audio_cfg``.
-
-    ``scripts/preprocess.py`` writes the settings to ``cache_dir / CACHE_SETTINGS_FILE``; a cache without that file (or
-    a missing folder) passes.
+    """Check the audio settings ``scripts/preprocess.py`` recorded in ``cache_dir / CACHE_SETTINGS_FILE`` against
+    ``audio_cfg``; a cache (or a missing folder) without that file passes.
 
     Raises:
         DataError: the recorded settings differ (the message names the differing keys) or the file is not readable JSON.
@@ -59,47 +53,28 @@ def check_cache_settings(cache_dir: Path, audio_cfg: AudioConfig) -> None:
         recorded = json.loads(settings_file.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise DataError(f"cannot read mel cache settings {settings_file}: {err}") from None
-    current = audio_cfg.model_dump()
     differing = [f"{key}: cache {recorded.get(key)!r}, config {value!r}"
-                 for key, value in current.items() if recorded.get(key) != value]
+                 for key, value in audio_cfg.model_dump().items() if recorded.get(key) != value]
     if differing:
         raise DataError(f"mel cache {cache_dir} was made with other audio settings ({'; '.join(differing)}); "
                         "rerun python -m scripts.preprocess with --overwrite or change tacotron2.mel_cache_dir")
 
 
 class TextMelDataset(Dataset):
-    """Items ``{"text": LongTensor (L,), "mel": FloatTensor (n_mels, T), "id": str}`` for Tacotron2.
+    """Items ``{"text": LongTensor (L,), "mel": FloatTensor (n_mels, T), "id": str}`` for Tacotron2: the symbol ids of
+    the transcript cleaned with ``text_cleaners`` (encoded once, at construction) and the log-mel of the wav, read from
+    ``mel_cache`` (:func:`mel_cache_path`, or ``None``) when ``<cache>/<id>.pt`` exists.
 
-    ``text`` holds symbol ids of the cleaned transcript (:func:`models.tacotron2.text.text_to_sequence`); ``mel`` is the
-    log-mel of the wav (:class:`utils.data.audio.MelSpectrogram`), read from the mel cache when ``<cache>/<id>.pt``
-    exists (``torch.load(weights_only=True)``) and computed otherwise.
-
-    Overlong utterances are left out at construction and counted: those whose clip would give more than
-    ``max_mel_frames`` mel frames (computed from the header's length and sample rate with ``soundfile.info``, so no
-    audio is decoded) and those whose cleaned text has more than ``max_text_len`` symbols. They are dropped, never cut:
-    with teacher forcing the decoder is fed the whole target mel, and a mel cut short would train the stop gate to go on
-    where the transcript ends and the attention to skip the transcript's unspoken end. The count is :attr:`skipped`
-    (their ids :attr:`skipped_ids`) and one ``UserWarning`` line says how many of how many were skipped, by which
-    setting (with its value) and how long the longest was. When none is left, the :class:`DataError` says the same and
-    how far to raise the setting.
-
-    Args:
-        utterances: from :func:`utils.data_utils.load_splits`.
-        audio_cfg: signal settings; ``n_mels`` rows per mel.
-        mel_cache: the cache folder (:func:`mel_cache_path`), or ``None`` (always compute from the wav).
-        text_cleaners: cleaner names for :func:`models.tacotron2.text.text_to_sequence`.
-        max_mel_frames: skip clips longer than this many frames; ``None``: no limit.
-        max_text_len: skip texts longer than this many symbols; ``None``: no limit (texts are then cleaned lazily, in
-            ``__getitem__``).
-        split: what the utterances are (``"training"``, ``"validation"``), for the messages; ``""``: nothing.
-        setting_prefix: put before the setting names in the messages (``"tacotron2."`` names
-            ``tacotron2.max_mel_frames``, the config key to change).
+    Utterances longer than ``max_mel_frames`` mel frames (from the wav header: no audio decoded) or ``max_text_len``
+    symbols (``None``: no limit) are left out, never cut: with teacher forcing the decoder is fed the whole target mel,
+    and a mel cut short would train the stop gate to go on where the transcript ends. They are listed in
+    :attr:`skipped_ids`, and one ``UserWarning`` line says how many of how many (``split``: of which split), by which
+    setting (its name prefixed with ``setting_prefix``, e.g. ``"tacotron2."``, and its value) and the longest.
 
     Raises:
-        DataError: an utterance has an empty transcript (the message names its id), a wav header cannot be read, the
-            cache was made with other audio settings, ``utterances`` is empty, every utterance was skipped (the message
-            names the setting, its value, and the longest clip or text), or (in ``__getitem__``) a cached mel is
-            malformed or a text has no symbol left after cleaning.
+        DataError: an empty transcript (named by id) or one with no symbol in the table, an unreadable wav header, a
+            cache made with other audio settings, no utterance given or none left (the message names the setting, its
+            value, the longest clip or text), or (in ``__getitem__``) a malformed cached mel.
         ValueError: ``max_mel_frames`` or ``max_text_len`` < 1, or an unknown text cleaner name.
     """
 
@@ -119,21 +94,19 @@ class TextMelDataset(Dataset):
         self.cache_dir = None if mel_cache is None else Path(mel_cache)
         if self.cache_dir is not None:
             check_cache_settings(self.cache_dir, audio_cfg)
-
         self.utterances: list[Utterance] = []
         self._sequences: dict[str, list[int]] = {}
         self.skipped_ids: list[str] = []
         what = f"{split} utterances" if split else "utterances"
         if not utterances:
             raise DataError(f"TextMelDataset: no {what} given")
-        too_long = self._keep_fitting(utterances)
-        self._report_skipped(too_long, len(utterances), what, setting_prefix)
+        self._report_skipped(self._keep_fitting(utterances), len(utterances), what, setting_prefix)
 
     def _keep_fitting(self, utterances: Sequence[Utterance]) -> tuple[list[int], list[int]]:
-        """Keep the utterances within ``max_mel_frames`` and ``max_text_len`` (their transcripts encoded once, here: a
-        dropped symbol is reported once per run); returns the frame counts and the symbol counts of those left out."""
-        too_long_audio: list[int] = []  # the frame counts of the clips left out
-        too_long_text: list[int] = []  # the symbol counts of the texts left out
+        """Keep the utterances within the limits (encoding each transcript once, so a dropped symbol is reported once
+        per run); returns the frame counts and the symbol counts of those left out."""
+        too_long_audio: list[int] = []
+        too_long_text: list[int] = []
         for utt in utterances:
             if not utt.text.strip():
                 raise DataError(f"utterance '{utt.id}' has an empty transcript ({utt.wav_path})")
@@ -187,8 +160,7 @@ class TextMelDataset(Dataset):
             info = sf.info(str(utt.wav_path))
         except (sf.LibsndfileError, RuntimeError) as err:
             raise DataError(f"cannot read the header of utterance '{utt.id}': {utt.wav_path}: {err}") from None
-        samples = math.ceil(info.frames * self.audio_cfg.sampling_rate / info.samplerate)
-        return self.mel_transform.num_frames(samples)
+        return self.mel_transform.num_frames(math.ceil(info.frames * self.audio_cfg.sampling_rate / info.samplerate))
 
     def _encode(self, utt: Utterance) -> list[int]:
         sequence = text_to_sequence(utt.text, self.text_cleaners)
@@ -200,28 +172,26 @@ class TextMelDataset(Dataset):
         """The log-mel ``(n_mels, T)`` float32 of ``utt``: from the cache if present, else from its wav.
 
         Raises:
-            DataError: the cached file is not a 2-D float tensor with ``n_mels`` rows, or cannot be loaded.
+            DataError: the cached file cannot be loaded or is not a 2-D float tensor with ``n_mels`` rows.
         """
-        if self.cache_dir is not None:
-            cached = self.cache_dir / f"{utt.id}.pt"
-            if cached.is_file():
-                try:
-                    mel = torch.load(cached, map_location="cpu", weights_only=True)
-                except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
-                    raise DataError(f"cannot load cached mel of '{utt.id}': {cached}: {err}") from None
-                if (not isinstance(mel, torch.Tensor) or mel.dim() != 2 or not mel.is_floating_point()
-                        or mel.size(0) != self.audio_cfg.n_mels):
-                    got = tuple(mel.shape) if isinstance(mel, torch.Tensor) else type(mel).__name__
-                    raise DataError(f"cached mel of '{utt.id}' ({cached}) should be a float tensor "
-                                    f"({self.audio_cfg.n_mels}, T), got {got}")
-                return mel.float()
+        cached = None if self.cache_dir is None else self.cache_dir / f"{utt.id}.pt"
+        if cached is not None and cached.is_file():
+            try:
+                mel = torch.load(cached, map_location="cpu", weights_only=True)
+            except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
+                raise DataError(f"cannot load cached mel of '{utt.id}': {cached}: {err}") from None
+            if (not isinstance(mel, torch.Tensor) or mel.dim() != 2 or not mel.is_floating_point()
+                    or mel.size(0) != self.audio_cfg.n_mels):
+                got = tuple(mel.shape) if isinstance(mel, torch.Tensor) else type(mel).__name__
+                raise DataError(f"cached mel of '{utt.id}' ({cached}) should be a float tensor "
+                                f"({self.audio_cfg.n_mels}, T), got {got}")
+            return mel.float()
         audio = load_wav(utt.wav_path, self.audio_cfg.sampling_rate)
         with torch.no_grad():
             return self.mel_transform(audio)
 
     def lengths(self) -> list[int]:
-        """Mel frames of every item, from the wav headers (no audio decoded): what :class:`TextMelCollate` pads and
-        ``data.batching=buckets`` sorts by.
+        """Mel frames of every item, from the wav headers (what ``data.batching=buckets`` sorts by).
 
         Raises:
             DataError: a wav header cannot be read.
@@ -233,31 +203,19 @@ class TextMelDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict:
         utt = self.utterances[index]
-        sequence = self._sequences.get(utt.id)
-        if sequence is None:
-            sequence = self._encode(utt)
-        return {"text": torch.tensor(sequence, dtype=torch.long), "mel": self.load_mel(utt), "id": utt.id}
+        return {"text": torch.tensor(self._sequences[utt.id], dtype=torch.long), "mel": self.load_mel(utt),
+                "id": utt.id}
 
 
 class TextMelCollate:
-    """Batch :class:`TextMelDataset` items: sort by text length (descending), pad, build gate targets.
-
-    Returns a dict:
-
-    * ``"text"``: ``(B, L_max)`` long, padded with 0 (the ``"_"`` pad symbol);
-    * ``"text_lengths"``: ``(B,)`` long;
-    * ``"mel"``: ``(B, n_mels, T_max)`` float32, padded with zeros;
-    * ``"gate"``: ``(B, T_max)`` float32 stop target: 0 before the last real frame, 1 from it on;
-    * ``"mel_lengths"``: ``(B,)`` long, real frames per item;
-    * ``"ids"``: list of ``B`` utterance ids, in the sorted order.
-
-    Args:
-        pad_to_multiple: ``T_max`` is rounded up to a multiple of this (e.g. ``n_frames_per_step`` or a bucket size that
-            limits the number of distinct shapes).
+    """Batch :class:`TextMelDataset` items: sort by text length (descending), pad, build gate targets. Returns
+    ``{"text": (B, L_max) long padded with 0 (the "_" pad symbol), "text_lengths": (B,) long, "mel": (B, n_mels,
+    T_max) float32 padded with zeros, "gate": (B, T_max) float32 stop target (1 from the last real frame on),
+    "mel_lengths": (B,) long, "ids": [str] * B}`` in the sorted order; ``T_max`` is rounded up to a multiple of
+    ``pad_to_multiple`` (a bucket size that limits the number of distinct shapes).
 
     Raises:
-        ValueError: ``pad_to_multiple < 1``; (on call) no items, or items whose mels differ in ``n_mels``, or an empty
-            text or mel.
+        ValueError: ``pad_to_multiple < 1``; (on call) no items, mels of different ``n_mels``, an empty text or mel.
     """
 
     def __init__(self, pad_to_multiple: int = 1):
@@ -279,10 +237,8 @@ class TextMelCollate:
         batch = len(ordered)
         text_lengths = torch.tensor([item["text"].numel() for item in ordered], dtype=torch.long)
         mel_lengths = torch.tensor([item["mel"].size(1) for item in ordered], dtype=torch.long)
-        max_text = int(text_lengths.max())
-        max_frames = int(mel_lengths.max())
-        max_frames = -(-max_frames // self.pad_to_multiple) * self.pad_to_multiple
-        text = torch.zeros(batch, max_text, dtype=torch.long)
+        max_frames = -(-int(mel_lengths.max()) // self.pad_to_multiple) * self.pad_to_multiple
+        text = torch.zeros(batch, int(text_lengths.max()), dtype=torch.long)
         mel = torch.zeros(batch, n_mels, max_frames, dtype=torch.float32)
         gate = torch.zeros(batch, max_frames, dtype=torch.float32)
         for i, item in enumerate(ordered):
@@ -294,15 +250,12 @@ class TextMelCollate:
 
 
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
-    """Train and validation :class:`utils.text_mel_data.TextMelDataset` from ``cfg.data`` splits.
-
-    Clips longer than ``tacotron2.max_mel_frames`` (when > 0) are left out of both (whole clips: teacher forcing needs
-    the whole mel), with one warning line per split saying how many and the setting's value.
+    """Train and validation :class:`TextMelDataset` of the ``cfg.data`` splits, clips longer than
+    ``tacotron2.max_mel_frames`` (when > 0) left out with a warning line per split.
 
     Raises:
-        DataError: the splits cannot be read (:func:`utils.data_utils.load_splits`), or the setting leaves no training
-            or no validation utterance (the message names ``tacotron2.max_mel_frames``, its value and the longest clip's
-            frame count).
+        DataError: the splits cannot be read (:func:`utils.data.corpus.load_splits`), or the setting leaves no training
+            or no validation utterance.
     """
     train_utts, val_utts = load_splits(cfg.data)
     model_cfg = cfg.tacotron2
@@ -328,19 +281,13 @@ def check_text(text: str, cfg: Config) -> str | None:
 
 
 def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
-                              text_lengths: tuple[int, int] = (60, 160), mel_lengths: tuple[int, int] = (300, 800),
-                              longest_mel: int = 800) -> Batch:
-    """Random padded Tacotron2 batch, laid out as :class:`utils.text_mel_data.TextMelCollate` lays it out.
-
-    Lengths are drawn exactly as NVIDIA's reference benchmark harness draws them (same calls on the same generator, so a
-    generator seeded 0 gives the same lengths and the same mel-frame count): text lengths uniform in ``[text_lengths[0],
-    text_lengths[1])`` sorted descending, mel lengths uniform in ``[mel_lengths[0], mel_lengths[1])`` with the first set
-    to ``longest_mel``. Symbols are uniform in ``[1, n_symbols)``, mels standard normal; padding is zero, the gate
-    target 1 from each last frame on.
-
-    Returns:
-        ``{"text": (B, L) long, "text_lengths": (B,), "mel": (B, n_mels, T), "gate": (B, T), "mel_lengths": (B,), "ids":
-        [str] * B}`` on the CPU, ``L``/``T`` the longest lengths.
+                    text_lengths: tuple[int, int] = (60, 160), mel_lengths: tuple[int, int] = (300, 800),
+                    longest_mel: int = 800) -> Batch:
+    """Random padded Tacotron2 batch, laid out as :class:`TextMelCollate` lays it out, on the CPU. Lengths are drawn as
+    NVIDIA's reference benchmark harness draws them (the same calls, so the same lengths for the same seed): text
+    lengths uniform in ``[text_lengths[0], text_lengths[1])`` sorted descending, mel lengths uniform in
+    ``[mel_lengths[0], mel_lengths[1])`` with the first set to ``longest_mel``. Symbols are uniform in ``[1,
+    n_symbols)``, mels standard normal; padding is zero, the gate target 1 from each last frame on.
 
     Raises:
         ValueError: ``batch_size < 1``, an empty or non-positive length range, or ``longest_mel`` below the mel range.
@@ -352,8 +299,7 @@ def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
             raise ValueError(f"synthetic_batch: {name} must be a range [low, high) with 1 <= low < high, "
                              f"got ({low}, {high})")
     if longest_mel < mel_lengths[1] - 1:
-        raise ValueError(f"synthetic_batch: longest_mel={longest_mel} is below the mel length range "
-                         f"{mel_lengths}")
+        raise ValueError(f"synthetic_batch: longest_mel={longest_mel} is below the mel length range {mel_lengths}")
     text_lens = torch.randint(text_lengths[0], text_lengths[1], (batch_size,), generator=generator)
     text_lens = text_lens.sort(descending=True).values
     mel_lens = torch.randint(mel_lengths[0], mel_lengths[1], (batch_size,), generator=generator)
@@ -362,8 +308,7 @@ def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
     text = torch.randint(1, cfg.tacotron2.n_symbols, (batch_size, max_text), generator=generator)
     mel = torch.randn(batch_size, cfg.audio.n_mels, max_frames, generator=generator)
     text = text.masked_fill(get_padding_mask(text_lens, max_text), 0)
-    frame_pad = get_padding_mask(mel_lens, max_frames)
-    mel = mel.masked_fill(frame_pad.unsqueeze(1), 0.0)
+    mel = mel.masked_fill(get_padding_mask(mel_lens, max_frames).unsqueeze(1), 0.0)
     gate = (torch.arange(max_frames).unsqueeze(0) >= (mel_lens - 1).unsqueeze(1)).float()
     return {"text": text, "text_lengths": text_lens, "mel": mel, "gate": gate, "mel_lengths": mel_lens,
             "ids": [f"synthetic_{i}" for i in range(batch_size)]}

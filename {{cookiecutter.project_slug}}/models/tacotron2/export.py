@@ -1,5 +1,8 @@
-"""Tacotron2's ONNX export: encoder, one decoder step and postnet as three files, and the free-running loop over them
-with ONNX Runtime (``scripts/export.py --format onnx``).
+"""Tacotron2's ONNX export (``scripts/export.py --format onnx``) and the free-running loop over its files.
+
+Split as NVIDIA deploys Tacotron2 (DeepLearningExamples, PyTorch/SpeechSynthesis/Tacotron2/tensorrt/
+convert_tacotron22onnx.py, inference_trt.py): the encoder runs once per text, the decoder step once per mel frame in a
+loop the caller runs (:func:`run_onnx`), the post-net once on the whole mel.
 """
 
 from __future__ import annotations
@@ -16,11 +19,6 @@ from modules.tacotron2 import Decoder, Postnet, get_padding_mask
 from utils.config import Config
 from utils.onnx_export import ExportPart
 
-# --- scripts/export.py --format onnx ------------------------------------------------------------------------------
-# Split as NVIDIA deploys Tacotron2 (DeepLearningExamples, PyTorch/SpeechSynthesis/Tacotron2/tensorrt/
-# convert_tacotron22onnx.py, inference_trt.py): the encoder runs once per text, the decoder step once per mel frame
-# in a loop the caller runs (run_onnx below), the post-net once on the whole mel.
-
 DECODER_STATE = ("attention_hidden", "attention_cell", "decoder_hidden", "decoder_cell", "attention_weights",
                  "attention_weights_cum", "attention_context")
 """The decoder step's recurrent inputs, in order; its outputs carry the same names with ``next_`` in front."""
@@ -29,14 +27,13 @@ _STATE_KEYS = {"attention_weights": "weights", "attention_weights_cum": "weights
 
 
 class EncoderExport(nn.Module):
-    """Embedding, encoder and the attention's memory projection: ``text`` ``(B, L)`` int64 symbol ids and ``text_lengths``
-    ``(B,)`` int64 -> ``memory`` ``(B, L, encoder_dim)``, ``processed_memory`` ``(B, L, attention_dim)``, ``mask`` ``(B,
-    L)`` bool (``True`` at padded positions).
+    """Embedding, encoder and the attention's memory projection: ``text`` ``(B, L)`` int64 symbol ids and
+    ``text_lengths`` ``(B,)`` int64 -> ``memory`` ``(B, L, encoder_dim)``, ``processed_memory`` ``(B, L,
+    attention_dim)``, ``mask`` ``(B, L)`` bool (``True`` at padded positions).
 
-    The same result as ``Encoder.forward(embedded, text_lengths)`` (zeros past each length) without
-    ``pack_padded_sequence``, which does not export: the bidirectional LSTM runs as two one-way LSTMs sharing its
-    weights, the backward one on each text reversed within its length (a gather), its outputs put back in order by the
-    same gather. For one unpadded text (what :meth:`Tacotron2.inference` encodes) that is the plain BiLSTM.
+    ``Encoder.forward(embedded, text_lengths)`` (zeros past each length) without ``pack_padded_sequence``, which does
+    not export: the BiLSTM runs as two one-way LSTMs sharing its weights, the backward one on each text reversed within
+    its length (a gather), its outputs put back in order by the same gather.
     """
 
     def __init__(self, model: Tacotron2):
@@ -77,10 +74,9 @@ class DecoderStepExport(nn.Module):
     the first step), then the encoder's ``memory``, ``processed_memory`` and ``mask``. Outputs: ``frame`` ``(B,
     n_mels)``, ``gate`` ``(B,)`` (stop logit) and the ``next_`` state.
 
-    The pre-net's dropout stays on at inference (Shen et al.; :class:`modules.tacotron2.Prenet`): the random draw is the
-    ``prenet_noise`` input, a unit kept where its noise is >= the dropout probability and scaled by ``1 / (1 - p)``, so
-    the file is deterministic and checkable and the caller owns the random numbers. NVIDIA's export draws the mask
-    inside the graph instead.
+    The pre-net's dropout stays on at inference (:class:`modules.tacotron2.Prenet`); its random draw is the
+    ``prenet_noise`` input (a unit kept where its noise is >= the dropout probability, scaled by ``1 / (1 - p)``), so
+    the file is deterministic and the caller owns the random numbers (NVIDIA's export draws the mask in the graph).
     """
 
     def __init__(self, decoder: Decoder):
@@ -101,7 +97,7 @@ class DecoderStepExport(nn.Module):
 
 
 class PostnetExport(nn.Module):
-    """The post-net residual: ``mel`` ``(B, n_mels, T)`` (the decoder's frames) -> ``mel_postnet`` ``(B, n_mels, T)``."""
+    """The post-net residual: ``mel`` ``(B, n_mels, T)`` (the decoder's frames) -> ``mel_postnet`` (the same shape)."""
 
     def __init__(self, postnet: Postnet):
         super().__init__()
@@ -112,10 +108,9 @@ class PostnetExport(nn.Module):
 
 
 def export_parts(model: Tacotron2, cfg: Config) -> list[ExportPart]:
-    """``ModelSpec.export_parts``: ``encoder``, ``decoder_step`` and ``postnet`` (:class:`EncoderExport`,
-    :class:`DecoderStepExport`, :class:`PostnetExport`); batch, text length and mel frames dynamic, each checked on one
-    unpadded item and on a padded batch of two. The encoder is checked against ``Encoder.forward`` with packed
-    sequences; :func:`run_onnx` runs the three files as :meth:`Tacotron2.inference` runs the model."""
+    """``ModelSpec.export_parts``: ``encoder``, ``decoder_step`` and ``postnet``; batch, text length and mel frames
+    dynamic, each checked on one unpadded item and on a padded batch of two (the encoder against ``Encoder.forward``
+    with packed sequences)."""
     gen = torch.Generator().manual_seed(0)
     c, n_mels = cfg.tacotron2, cfg.audio.n_mels
     decoder = model.decoder
@@ -141,22 +136,19 @@ def export_parts(model: Tacotron2, cfg: Config) -> list[ExportPart]:
                 weights, 3 * weights, torch.randn(batch, c.encoder_embedding_dim, generator=gen),
                 memory, decoder.attention.process_memory(memory).detach(), mask)
 
+    text_axes = {name: {0: "batch", 1: "text"} for name in ("memory", "processed_memory", "mask")}
     step_axes = {name: {0: "batch"} for name in ("previous_frame", "frame", "gate")}
     for name in DECODER_STATE:
         step_axes[name] = step_axes[f"next_{name}"] = {0: "batch", 1: "text"} if "weights" in name else {0: "batch"}
-    step_axes.update({name: {0: "batch", 1: "text"} for name in ("memory", "processed_memory", "mask")})
-    step_axes["prenet_noise"] = {1: "batch"}
+    step_axes.update(text_axes, prenet_noise={1: "batch"})
     return [
         ExportPart(name="encoder", module=EncoderExport(model), inputs=text([13]), other_inputs=text([9, 5]),
                    input_names=("text", "text_lengths"), output_names=("memory", "processed_memory", "mask"),
-                   dynamic_axes={"text": {0: "batch", 1: "text"}, "text_lengths": {0: "batch"},
-                                 **{name: {0: "batch", 1: "text"} for name in ("memory", "processed_memory", "mask")}},
+                   dynamic_axes={"text": {0: "batch", 1: "text"}, "text_lengths": {0: "batch"}, **text_axes},
                    reference=encoder_reference,
                    description="text (B, L) int64, text_lengths (B,) -> memory, processed_memory (B, L, *), mask"),
-        ExportPart(name="decoder_step", module=DecoderStepExport(decoder), inputs=step([12]),
-                   other_inputs=step([7, 4]),
-                   input_names=("previous_frame", "prenet_noise", *DECODER_STATE, "memory", "processed_memory",
-                                "mask"),
+        ExportPart(name="decoder_step", module=DecoderStepExport(decoder), inputs=step([12]), other_inputs=step([7, 4]),
+                   input_names=("previous_frame", "prenet_noise", *DECODER_STATE, "memory", "processed_memory", "mask"),
                    output_names=("frame", "gate", *(f"next_{name}" for name in DECODER_STATE)),
                    dynamic_axes=step_axes,
                    description=f"previous frame (B, {n_mels}), prenet noise, state, memory -> frame, gate, state"),
@@ -172,23 +164,13 @@ def export_parts(model: Tacotron2, cfg: Config) -> list[ExportPart]:
 def run_onnx(folder: Path, text: torch.Tensor, text_lengths: torch.Tensor, cfg: Config,
              max_steps: int | None = None, gate_threshold: float | None = None,
              generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Synthesize with the exported files (``encoder.onnx``, ``decoder_step.onnx``, ``postnet.onnx`` in ``folder``) and
-    ONNX Runtime on the CPU, as :meth:`Tacotron2.inference` does with the model: the free-running decoder loop, stopped
-    after the step at which every item's ``sigmoid(gate)`` exceeded ``gate_threshold``, or at ``max_steps``. A reference
-    for deploying the files elsewhere (NVIDIA's ``tensorrt/inference_trt.py`` runs the same loop).
+    """Synthesize with the exported files in ``folder`` and ONNX Runtime on the CPU, as :meth:`Tacotron2.inference`
+    does with the model (NVIDIA's ``tensorrt/inference_trt.py`` runs the same loop): a reference for deploying them.
 
-    Args:
-        folder: where :func:`utils.onnx_export.export_model` wrote the files.
-        text: ``(B, L)`` int64 symbol ids (zeros past each length).
-        text_lengths: ``(B,)`` int64 symbols per text.
-        cfg: the model's config (``tacotron2`` sizes, ``audio.n_mels``).
-        max_steps: most frames decoded (default ``tacotron2.max_decoder_steps``).
-        gate_threshold: stop probability (default ``tacotron2.gate_threshold``).
-        generator: draws the pre-net's dropout noise (default: torch's global one).
-
-    Returns:
-        ``(mel_postnet (B, n_mels, T), gate logits (B, T))``; items that stopped early run on to the batch's last step
-        (trim each at its first gate crossing).
+    ``text`` ``(B, L)`` int64 symbol ids (zeros past each length), ``text_lengths`` ``(B,)`` int64 -> ``(mel_postnet
+    (B, n_mels, T), gate logits (B, T))``. The decoder loop stops after the step at which every item's
+    ``sigmoid(gate)`` exceeded ``gate_threshold``, or at ``max_steps`` (defaults: ``cfg.tacotron2``'s); items that
+    stopped early run on (trim each at its first gate crossing). ``generator`` draws the pre-net's dropout noise.
 
     Raises:
         ImportError: onnxruntime is not installed.
@@ -220,6 +202,5 @@ def run_onnx(folder: Path, text: torch.Tensor, text_lengths: torch.Tensor, cfg: 
         frames.append(torch.from_numpy(frame))
         gates.append(torch.from_numpy(gate))
         stopped |= torch.sigmoid(gates[-1]) > gate_threshold
-    mel = torch.stack(frames, dim=2)
-    mel_postnet = postnet.run(None, {"mel": mel.numpy()})[0]
+    mel_postnet = postnet.run(None, {"mel": torch.stack(frames, dim=2).numpy()})[0]
     return torch.from_numpy(mel_postnet), torch.stack(gates, dim=1)

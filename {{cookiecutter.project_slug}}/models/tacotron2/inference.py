@@ -21,33 +21,27 @@ from utils.data.audio import AudioConfig, check_wav_output, griffin_lim, save_wa
 from utils.data.corpus import DataError
 from utils.plotting import add_audio, first_time, fixed_random_state, plot_alignment, plot_gate, plot_spectrogram
 
+LOG_AUDIO_SECONDS = 3.0
+"""Longest clip :func:`log_validation` turns into audio, in seconds (Griffin-Lim of 3 s with
+:data:`LOG_GRIFFIN_LIM_ITERS` iterations takes about a second of CPU time)."""
+
+LOG_GRIFFIN_LIM_ITERS = 32
+"""Griffin-Lim iterations of the validation clips: enough to hear the words, far from vocoder quality."""
+
 
 def log_validation(model: nn.Module, batch: Batch, outputs: dict[str, torch.Tensor], step: int,
                    writer: Any, output_dir: Any, cfg: Config | None = None) -> None:
-    """Pictures and audio of the first utterance of a validation batch.
+    """Pictures and audio of the first utterance of a validation batch, padding cut off (the loader does not shuffle
+    and the collate sorts by text length, so it is the same utterance at every validation).
 
-    Always saves ``output_dir/alignment_<step>.png``; with a TensorBoard ``writer`` also adds the figures ``alignment``,
-    ``mel_target``, ``mel_predicted`` (post-net output) and ``gate``. Padding is cut off.
-
-    With a ``writer`` and the run's ``cfg``, also audio made with Griffin-Lim (:func:`griffin_lim_clip`; no vocoder
-    needed), at most :data:`LOG_AUDIO_SECONDS` of each, at ``audio.sampling_rate`` Hz:
-    ``audio/teacher_forced_griffin_lim`` (the post-net mel ``outputs["mel_postnet"][0]``),
-    ``audio/free_running_griffin_lim`` (:meth:`Tacotron2.inference` from the item's text, the same pre-net dropout at
-    every validation, see :func:`free_running_mel`), and at the first validation of the run only
-    ``audio/target_griffin_lim`` (the target mel: what Griffin-Lim makes of a perfect mel) and the text
-    ``audio/utterance`` (id and transcript). The validation loader does not shuffle and the collate sorts a batch by
-    text length, so the first item is the same utterance at every validation.
-
-    Args:
-        model: the :class:`Tacotron2` (unwrapped, in eval mode).
-        batch: from :class:`utils.text_mel_data.TextMelCollate`: ``{"text": (B, L), "text_lengths": (B,), "mel": (B,
-            n_mels, T), "gate": (B, T), "mel_lengths": (B,), "ids": [str] * B}``.
-        outputs: :meth:`Tacotron2.forward` of ``batch``: ``{"mel_postnet": (B, n_mels, T), "gate": (B, T), "alignments":
-            (B, T, L), ...}``.
-        step: the training step.
-        writer: a ``SummaryWriter`` or ``None``.
-        output_dir: the run's folder.
-        cfg: the run's config (its ``audio`` section); ``None``: no audio.
+    ``batch`` is :class:`models.tacotron2.data.TextMelCollate`'s, ``outputs`` the unwrapped ``model``'s (in eval mode)
+    for it: ``{"mel_postnet": (B, n_mels, T), "gate": (B, T), "alignments": (B, T, L), ...}``. Always saves
+    ``output_dir/alignment_<step>.png``; with a TensorBoard ``writer`` also adds the figures ``alignment``,
+    ``mel_target``, ``mel_predicted`` (post-net output) and ``gate``, and with the run's ``cfg`` audio made with
+    Griffin-Lim (:func:`griffin_lim_clip`), at most :data:`LOG_AUDIO_SECONDS` of each at ``audio.sampling_rate`` Hz:
+    ``audio/teacher_forced_griffin_lim`` (the post-net mel), ``audio/free_running_griffin_lim``
+    (:func:`free_running_mel` of the item's text), and at the run's first validation only ``audio/target_griffin_lim``
+    (what Griffin-Lim makes of a perfect mel) and the text ``audio/utterance`` (id and transcript).
     """
     text_len, frames = int(batch["text_lengths"][0]), int(batch["mel_lengths"][0])
     alignment = outputs["alignments"][0, :frames, :text_len].float().cpu().T  # (L, T)
@@ -75,23 +69,14 @@ def log_validation(model: nn.Module, batch: Batch, outputs: dict[str, torch.Tens
                      audio_cfg)
 
 
-LOG_AUDIO_SECONDS = 3.0
-"""Longest clip :func:`log_validation` turns into audio, in seconds (Griffin-Lim of 3 s with
-:data:`LOG_GRIFFIN_LIM_ITERS` iterations takes about a second of CPU time)."""
-
-LOG_GRIFFIN_LIM_ITERS = 32
-"""Griffin-Lim iterations of the validation clips: enough to hear the words, far from vocoder quality."""
-
-
 def griffin_lim_clip(log_mel: torch.Tensor, audio_cfg: AudioConfig,
                      n_iter: int = LOG_GRIFFIN_LIM_ITERS) -> torch.Tensor:
     """A log-mel ``(n_mels, frames)`` made audible: ``(frames * hop_length,)`` float32 samples on the CPU at
     ``audio_cfg.sampling_rate`` Hz, clipped to [-1, 1].
 
-    :func:`utils.data.audio.griffin_lim` (``inference.py``'s Griffin-Lim) gives ``(frames - 1) * hop_length`` samples
-    (librosa's frames are centred on their first sample); the last hop is filled with zeros so that the clip lasts as
-    long as the mel. A mel too short for that to fill one STFT window (``(frames - 1) * hop_length < n_fft``, 4 frames
-    or fewer by default) gives silence.
+    :func:`utils.data.audio.griffin_lim` gives ``(frames - 1) * hop_length`` samples (librosa's frames are centred); the
+    last hop is filled with zeros so that the clip lasts as long as the mel. A mel too short to fill one STFT window
+    that way (``(frames - 1) * hop_length < n_fft``) gives silence.
 
     Raises:
         ValueError: see :func:`utils.data.audio.griffin_lim` (wrong shape, NaN or inf).
@@ -105,11 +90,8 @@ def griffin_lim_clip(log_mel: torch.Tensor, audio_cfg: AudioConfig,
 
 def free_running_mel(model: Tacotron2, text: torch.Tensor, max_frames: int) -> torch.Tensor:
     """The post-net mel ``(n_mels, T)`` that :meth:`Tacotron2.inference` makes of symbol ids ``text`` ``(L,)``, cut at
-    ``max_frames`` frames (``T <= max_frames``; decoding stops there, without the usual warning).
-
-    Runs under :func:`utils.plotting.fixed_random_state`: the pre-net's dropout (on at inference too) draws the same
-    masks at every call, and the training run's random stream is left as it was.
-    """
+    ``T <= max_frames`` frames (without the usual warning), under :func:`utils.plotting.fixed_random_state`: the
+    pre-net's dropout draws the same masks at every call, and the run's random stream is left as it was."""
     decoder = model.decoder
     limit = decoder.max_decoder_steps
     decoder.max_decoder_steps = min(limit, max_frames)
@@ -123,19 +105,16 @@ def free_running_mel(model: Tacotron2, text: torch.Tensor, max_frames: int) -> t
 
 
 def _add_griffin_lim(writer: Any, tag: str, log_mel: torch.Tensor, step: int, audio_cfg: AudioConfig) -> None:
-    """Add :func:`griffin_lim_clip` of ``log_mel`` ``(n_mels, frames)`` to TensorBoard as ``tag``; a mel with NaN or inf (a
-    diverged model) is left out with a warning instead."""
+    """Add :func:`griffin_lim_clip` of ``log_mel`` ``(n_mels, frames)`` to TensorBoard as ``tag``; a mel with NaN or
+    inf (a diverged model) is left out with a warning."""
     if not torch.isfinite(log_mel).all():
         warnings.warn(f"step {step}: the mel of '{tag}' holds NaN or infinite values; no audio")
         return
     add_audio(writer, tag, griffin_lim_clip(log_mel, audio_cfg), step, audio_cfg.sampling_rate)
 
-# --- inference.py --------------------------------------------------------------------------------------------
-
 
 def add_inference_args(parser: argparse.ArgumentParser) -> None:
-    """Tacotron2's ``inference.py`` options: the text (``inference.py`` adds ``--vocoder`` when the project has a vocoder
-    model: ``Inference.takes_vocoder``)."""
+    """Tacotron2's ``inference.py`` options: the text (``inference.py`` adds ``--vocoder``, ``takes_vocoder``)."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--text", help="the sentence to speak")
     source.add_argument("--text-file", help="a UTF-8 file of sentences, one wav per line (--output: a folder)")
@@ -173,8 +152,8 @@ def read_lines(args: argparse.Namespace) -> tuple[list[str], list[Path]]:
 
 
 def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch.device) -> list[Path]:
-    """``inference.py`` for Tacotron2: each text -> mel -> audio (the ``--vocoder`` checkpoint's ``mel -> audio``, which
-    ``args.load_vocoder()`` of ``inference.py`` loads, or Griffin-Lim) -> wav.
+    """``inference.py`` for Tacotron2: each text -> mel -> audio (by the ``--vocoder`` checkpoint that
+    ``args.load_vocoder()`` loads, or Griffin-Lim) -> wav.
 
     Raises:
         ValueError, DataError: see :func:`read_lines`; a text with no character the model knows.
@@ -186,10 +165,7 @@ def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch
         if ids.numel() == 0:
             raise DataError(f"text {text!r} has no character the model knows")
         mel = model.inference(ids.unsqueeze(0).to(device), progress=True)[0][0].float().cpu()
-        if vocode is not None:
-            audio = vocode(mel)
-        else:
-            audio = torch.from_numpy(griffin_lim(mel, cfg.audio))
+        audio = vocode(mel) if vocode is not None else torch.from_numpy(griffin_lim(mel, cfg.audio))
         save_wav(out, audio, cfg.audio.sampling_rate)
         print(f"wrote {out} ({audio.numel() / cfg.audio.sampling_rate:.2f} s)")
     return outputs

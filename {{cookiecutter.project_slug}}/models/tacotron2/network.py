@@ -1,5 +1,4 @@
-"""Tacotron2's config section, model (encoder, attention decoder, postnet; teacher forcing and free-running
-inference), its loss (mel before and after the postnet, stop gate) and its fast path (``torch.compile``).
+"""Tacotron2's config section, model (teacher forcing and free-running inference), loss and fast path.
 
 Source: Shen et al., "Natural TTS Synthesis by Conditioning WaveNet on Mel Spectrogram Predictions" (ICASSP 2018), and
 NVIDIA's Tacotron2 for sizes and defaults (the layers: ``modules/tacotron2.py``).
@@ -21,14 +20,13 @@ from utils.config import Config, Section
 class Tacotron2Config(Section):
     """The ``tacotron2`` section of ``config.json`` (defaults: NVIDIA's LJSpeech hyper-parameters).
 
-    Sizes are in units/channels; ``*_kernel_size`` in characters (encoder), encoder steps (attention
-    location filters) or mel frames (post-net). ``max_decoder_steps`` caps free-running synthesis (in mel
-    frames, ~11.6 ms each at 22050 Hz / hop 256); ``gate_threshold`` is the stop probability that ends it.
-    ``max_mel_frames`` drops longer training/validation clips (0: keep all). ``mel_cache_dir``: where
-    ``scripts/preprocess.py`` caches mels (inside ``data.dataset_path``, or absolute; empty: no cache); used
-    when it exists. ``mask_padding`` zeroes the
-    outputs at padded frames (the loss ignores them either way). ``n_mels`` comes from the ``audio``
-    section. ``batch_size`` is per process; ``learning_rate`` and ``weight_decay`` are Adam's.
+    Sizes are in units/channels; ``*_kernel_size`` in characters (encoder), encoder steps (attention location filters)
+    or mel frames (post-net). ``max_decoder_steps`` caps free-running synthesis in mel frames (~11.6 ms each at 22050 Hz
+    / hop 256); ``gate_threshold`` is the stop probability that ends it. ``max_mel_frames`` drops longer clips (0: keep
+    all). ``mel_cache_dir``: where ``scripts/preprocess.py`` caches mels (inside ``data.dataset_path``, or absolute;
+    empty: no cache), used when it exists. ``mask_padding`` zeroes the outputs at padded frames (the loss ignores them
+    either way). ``n_mels`` is the ``audio`` section's. ``batch_size`` is per process; ``learning_rate`` and
+    ``weight_decay`` are Adam's.
     """
 
     n_symbols: int = Field(len(symbols), ge=1)
@@ -59,21 +57,14 @@ class Tacotron2Config(Section):
 
 
 class Tacotron2(nn.Module):
-    """Tacotron2: characters -> mel spectrogram, with a stop gate and attention alignments.
-
-    Source: Shen et al. 2018, "Natural TTS synthesis by conditioning WaveNet on mel spectrogram
-    predictions"; sizes, initialisation and dropout follow NVIDIA's reference (28.19 M parameters with
-    the defaults and 148 symbols). Symbol embedding -> :class:`modules.tacotron2.Encoder` ->
-    location-sensitive attention :class:`modules.tacotron2.Decoder` (one frame per step) ->
-    :class:`modules.tacotron2.Postnet` residual.
-
-    Args:
-        cfg: a :class:`Tacotron2Config`.
-        n_mels: mel channels (``cfg.audio.n_mels``).
+    """Tacotron2 (Shen et al. 2018): characters -> mel spectrogram of ``n_mels`` channels, with a stop gate and the
+    attention alignments. Symbol embedding -> :class:`modules.tacotron2.Encoder` -> location-sensitive attention
+    :class:`modules.tacotron2.Decoder` (one frame per step) -> :class:`modules.tacotron2.Postnet` residual. Sizes,
+    initialisation and dropout follow NVIDIA's reference (28.19 M parameters with the defaults and 148 symbols).
 
     Raises:
-        ValueError: ``n_symbols`` smaller than the symbol table, or ``symbols_embedding_dim`` different
-            from ``encoder_embedding_dim`` (the encoder convolutions take the embedding directly).
+        ValueError: ``n_symbols`` smaller than the symbol table, or ``symbols_embedding_dim`` different from
+            ``encoder_embedding_dim`` (the encoder convolutions take the embedding directly).
     """
 
     def __init__(self, cfg: Tacotron2Config, n_mels: int):
@@ -99,20 +90,13 @@ class Tacotron2(nn.Module):
             attention_location_kernel_size=cfg.attention_location_kernel_size,
             max_decoder_steps=cfg.max_decoder_steps, gate_threshold=cfg.gate_threshold,
             p_attention_dropout=cfg.p_attention_dropout, p_decoder_dropout=cfg.p_decoder_dropout)
-        self.postnet = Postnet(n_mels, cfg.postnet_embedding_dim, cfg.postnet_kernel_size,
-                               cfg.postnet_n_convolutions)
+        self.postnet = Postnet(n_mels, cfg.postnet_embedding_dim, cfg.postnet_kernel_size, cfg.postnet_n_convolutions)
 
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """Teacher-forced pass over a padded batch from :class:`utils.text_mel_data.TextMelCollate`.
-
-        Args:
-            batch: ``{"text": (B, L) long, "text_lengths": (B,), "mel": (B, n_mels, T),
-                "mel_lengths": (B,), ...}``.
-
-        Returns:
-            ``{"mel": (B, n_mels, T), "mel_postnet": (B, n_mels, T), "gate": (B, T) logits,
-            "alignments": (B, T, L)}``. With ``mask_padding``, mels are 0 and gate logits 1e3 (certain
-            stop) at padded frames, and the post-net sees zeros there.
+        """Teacher-forced pass over a padded batch of :class:`models.tacotron2.data.TextMelCollate` (``{"text": (B, L)
+        long, "text_lengths": (B,), "mel": (B, n_mels, T), "mel_lengths": (B,), ...}``) -> ``{"mel": (B, n_mels, T),
+        "mel_postnet": (B, n_mels, T), "gate": (B, T) logits, "alignments": (B, T, L)}``. With ``mask_padding``, mels
+        are 0 and gate logits 1e3 (certain stop) at padded frames, and the post-net sees zeros there.
 
         Raises:
             ValueError: the mel does not have ``n_mels`` channels or the lengths do not fit the padding.
@@ -120,8 +104,7 @@ class Tacotron2(nn.Module):
         text, text_lengths = batch["text"], batch["text_lengths"]
         mels, mel_lengths = batch["mel"], batch["mel_lengths"]
         text_mask = get_padding_mask(text_lengths, text.size(1))
-        embedded = self.embedding(text).transpose(1, 2)  # (B, E, L)
-        memory = self.encoder(embedded, text_lengths)
+        memory = self.encoder(self.embedding(text).transpose(1, 2), text_lengths)  # embedded: (B, E, L)
         mel_out, gate_out, alignments = self.decoder(memory, mels, text_mask)
         frame_mask = get_padding_mask(mel_lengths, mels.size(2)) if self.mask_padding else None
         if frame_mask is not None:
@@ -133,19 +116,12 @@ class Tacotron2(nn.Module):
         return {"mel": mel_out, "mel_postnet": mel_postnet, "gate": gate_out, "alignments": alignments}
 
     @torch.no_grad()
-    def inference(self, text: torch.Tensor, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor,
-                                                                          torch.Tensor]:
-        """Synthesize from symbol ids without a target (free-running decoder, see ``Decoder.inference``).
-
-        Call ``model.eval()`` first (batch norm statistics, no decoder dropout); the pre-net keeps its
-        dropout by design. Stops when the stop gate fires, or at ``max_decoder_steps`` with a warning.
-
-        Args:
-            text: ``(1, L)`` long symbol ids (``(B, L)`` without padding also works).
-            progress: show a progress bar of the frames decoded.
-
-        Returns:
-            ``(mel_postnet (1, n_mels, T), gate logits (1, T), alignments (1, T, L))``.
+    def inference(self, text: torch.Tensor, progress: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Synthesize from symbol ids ``text`` ``(1, L)`` (``(B, L)`` without padding also works) with the free-running
+        decoder (``Decoder.inference``: it stops when the gate fires, or at ``max_decoder_steps`` with a warning) ->
+        ``(mel_postnet (1, n_mels, T), gate logits (1, T), alignments (1, T, L))``. Call ``model.eval()`` first (batch
+        norm statistics, no decoder dropout); the pre-net keeps its dropout by design.
 
         Raises:
             ValueError: ``text`` is not a 2-D integer tensor with at least one symbol.
@@ -155,17 +131,17 @@ class Tacotron2(nn.Module):
                              f"{tuple(text.shape)} {text.dtype}")
         memory = self.encoder(self.embedding(text).transpose(1, 2))
         mel_out, gate_out, alignments = self.decoder.inference(memory, progress=progress)
-        mel_postnet = mel_out + self.postnet(mel_out)
-        return mel_postnet, gate_out, alignments
+        return mel_out + self.postnet(mel_out), gate_out, alignments
 
 
 class Tacotron2Loss(nn.Module):
-    """``MSE(mel) + MSE(post-net mel) + BCE-with-logits(gate)``, each averaged over real frames only.
+    """``MSE(mel) + MSE(post-net mel) + BCE-with-logits(gate)``: the Tacotron2 objective (Shen et al. 2018; NVIDIA's
+    reference), except that padded frames (``t >= mel_lengths``) are left out of the averages instead of counted as
+    zero-error frames, so the value does not depend on a batch's padding. Computed in float32 (safe under autocast); the
+    last terms are kept, detached, in :attr:`last_terms` for logging.
 
-    The Tacotron2 objective (Shen et al. 2018; NVIDIA's reference), except that padded frames
-    (``t >= mel_lengths``) are excluded from the averages instead of being counted as zero-error frames,
-    so the value does not depend on how much padding a batch has. Computed in float32 (safe under
-    autocast). The last terms are kept, detached, in :attr:`last_terms` for logging.
+    Raises:
+        ValueError: (on call) the predicted and target mels differ in shape.
     """
 
     def __init__(self):
@@ -173,11 +149,6 @@ class Tacotron2Loss(nn.Module):
         self.last_terms: dict[str, torch.Tensor] = {}
 
     def forward(self, outputs: dict[str, torch.Tensor], batch: Batch) -> torch.Tensor:
-        """Scalar loss for :meth:`Tacotron2.forward` ``outputs`` and the batch they came from.
-
-        Raises:
-            ValueError: the predicted and target mels differ in shape.
-        """
         target, gate_target = batch["mel"].float(), batch["gate"].float()
         if outputs["mel"].shape != target.shape:
             raise ValueError(f"Tacotron2Loss: predicted mel {tuple(outputs['mel'].shape)} vs target "
@@ -199,31 +170,18 @@ class Tacotron2Loss(nn.Module):
 
 
 TEXT_BUCKET = 32
-"""Symbols the fast path pads the text axis to a multiple of: LJSpeech's texts (<= ~190 symbols) give 6
-shapes, and the padding (masked, so it changes no output) adds at most 31 positions to the attention's
-per-step tensors, which autograd keeps for every decoder step (at batch 128, 159 symbols: 160)."""
+"""Symbols the fast path pads the text axis to a multiple of: LJSpeech's texts (<= ~190 symbols) give 6 shapes, and the
+(masked) padding adds at most 31 positions to the per-step attention tensors autograd keeps."""
 
 
 def optimize_for_training(model: nn.Module, cfg: Config, text_bucket: int = TEXT_BUCKET,
-                                    **compile_kwargs) -> nn.Module:
-    """Tacotron2's fast path: the decoder step compiled once and reused at every step, in place.
-
-    See :meth:`modules.tacotron2.Decoder.enable_fast_path`: ``torch.compile`` of the per-step function
-    (``fullgraph=True``, static shapes: the text axis padded to a multiple of ``text_bucket`` and masked,
-    which leaves the outputs unchanged), step 0 eager. The encoder, pre-net (one batched call over all
-    frames), post-net and loss stay eager: they run once per batch, the step runs ``T`` (~800) times.
-    Also raises Dynamo's recompile limit to 64 graphs (a process-wide setting), room for every text
-    bucket in training and validation (whose last batch may be smaller). Parameters and state-dict keys
-    are unchanged.
-
-    Args:
-        model: a :class:`Tacotron2`.
-        cfg: the run's config (unused; part of the ``ModelSpec.optimize_for_training`` contract).
-        text_bucket: symbols the text axis is padded to a multiple of.
-        **compile_kwargs: passed to ``torch.compile``.
-
-    Returns:
-        ``model`` itself.
+                          **compile_kwargs) -> nn.Module:
+    """Tacotron2's fast path, in place: the decoder step compiled once and reused at every step, the text axis padded
+    to a multiple of ``text_bucket`` (see :meth:`modules.tacotron2.Decoder.enable_fast_path`; ``compile_kwargs`` go to
+    ``torch.compile``). The encoder, pre-net, post-net and loss stay eager: they run once per batch, the step ``T``
+    (~800) times. Also raises Dynamo's (process-wide) recompile limit to 64 graphs, room for every text bucket of
+    training and validation (whose last batch may be smaller). Parameters and state-dict keys are unchanged; ``cfg`` is
+    unused (the ``ModelSpec.optimize_for_training`` contract). Returns ``model``.
 
     Raises:
         TypeError: ``model`` is not a :class:`Tacotron2`.

@@ -10,11 +10,9 @@ from utils.config import Config
 
 
 def read_published(loaded: Any, cfg: Config) -> Weights | None:
-    """NVIDIA/tacotron2's checkpoints (``tacotron2_statedict.pt``; ``{"state_dict", "iteration", "optimizer",
-    "learning_rate"}``), or ``None`` for another format. The same network as this one: NVIDIA wraps each convolution and
-    linear layer in a ``ConvNorm``/``LinearNorm`` (``.conv.``, ``.linear_layer.`` in its keys) and names the attention
-    ``attention_layer``, with a ``location_layer`` inside. (Read from NVIDIA's checkpoint code for the layout; its
-    outputs from the same weights equal this model's.)"""
+    """NVIDIA/tacotron2's checkpoints (``{"state_dict", "iteration", "optimizer", "learning_rate"}``), or ``None`` for
+    another format. The same network as this one, but NVIDIA wraps each convolution and linear layer (``.conv.``,
+    ``.linear_layer.`` in its keys) and names the attention ``attention_layer``, with a ``location_layer`` inside."""
     state = loaded.get("state_dict") if isinstance(loaded, dict) else None
     if not isinstance(state, dict) or "embedding.weight" not in state or not any(".linear_layer." in k for k in state):
         return None

@@ -1,9 +1,5 @@
-"""WaveGlow (mel -> audio): the model's spec. Its parts: ``network`` (config section, flow, loss, fast path), ``data``
-(datasets, on-device mels, synthetic batches), ``inference``, ``export`` (ONNX), ``published`` (NVIDIA's checkpoints).
-
-Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis" (ICASSP 2019);
-layer sizes and defaults from NVIDIA's reference implementation (the layers: ``modules/waveglow.py``).
-"""
+"""WaveGlow (mel -> audio), the model's spec: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network
+for speech synthesis" (ICASSP 2019), with NVIDIA's sizes and defaults (layers: ``modules/waveglow.py``)."""
 
 from model import Benchmark, BenchmarkCase, Export, Inference, ModelSpec, Published, Training
 from models.waveglow.data import build_datasets, mel_on_device, synthetic_batch

@@ -1,6 +1,4 @@
-"""WaveGlow's data: audio crops with their mels (or mels computed on the device), and synthetic batches for the
-benchmark.
-"""
+"""WaveGlow's data: audio crops with their mels (or mels computed on the device), and synthetic benchmark batches."""
 
 from __future__ import annotations
 
@@ -17,10 +15,9 @@ from utils.data.datasets import AudioMelDataset
 
 
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
-    """Train and validation :class:`AudioMelDataset` (random crops for training, first crop for validation).
-
-    With ``data.mel_dir`` the mels are read from that folder (e.g. Tacotron2's teacher-forced mels, to fine-tune on what
-    Tacotron2 predicts: Shen et al. 2018's recipe for its vocoder) and cropped with the audio on frame boundaries.
+    """Train and validation :class:`AudioMelDataset` (random crops for training, first crop for validation). With
+    ``data.mel_dir`` the mels are read from that folder (e.g. Tacotron2's teacher-forced mels, Shen et al. 2018's recipe
+    for its vocoder) and cropped with the audio on frame boundaries.
 
     Raises:
         DataError: see :class:`AudioMelDataset` (``data.mel_dir`` missing a mel, made with other settings).
@@ -39,8 +36,8 @@ _MELS: dict = {}  # (device, audio settings) -> MelSpectrogram on that device
 
 def mel_on_device(batch: Batch, cfg: Config) -> Batch:
     """Add ``batch["mel"]`` ``(B, n_mels, frames)``, the log-mel of ``batch["audio"]`` ``(B, samples)``, on the audio's
-    device (``waveglow.mel_on_device``); a batch that has its mel already is returned as it is. The same
-    :class:`MelSpectrogram` as the workers' (equal to float32 rounding: batched vs single STFT)."""
+    device (``waveglow.mel_on_device``) unless the batch has one. The workers' :class:`MelSpectrogram` (equal to
+    float32 rounding: batched vs single STFT)."""
     if "mel" in batch:
         return batch
     key = (str(batch["audio"].device), tuple(cfg.audio.model_dump().values()))
@@ -52,17 +49,10 @@ def mel_on_device(batch: Batch, cfg: Config) -> Batch:
 
 def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
                     segment_length: Optional[int] = None) -> Batch:
-    """Random WaveGlow batch with the shapes of NVIDIA's reference benchmark harness.
-
-    ``{"mel": (B, n_mels, segment // hop_length + 1) standard normal, "audio": (B, segment) normal with standard
-    deviation 0.1, "ids": [str] * B}``, float32 on the CPU. (The data pipeline's centred STFT gives one frame fewer; the
-    reference's count is kept so both benchmarks run the same shapes.)
-
-    Args:
-        cfg: the config (``audio.n_mels``, ``audio.hop_length``, ``waveglow.segment_length``, ``waveglow.n_group``).
-        batch_size: items ``B``.
-        generator: the random stream (seeded by the caller).
-        segment_length: samples per item; ``None``: ``waveglow.segment_length``.
+    """Random WaveGlow batch with the shapes of NVIDIA's reference benchmark harness, float32 on the CPU: ``{"mel": (B,
+    n_mels, segment // hop_length + 1) standard normal, "audio": (B, segment) normal with standard deviation 0.1, "ids":
+    [str] * B}``, ``segment`` = ``segment_length`` (default ``waveglow.segment_length``) samples. (The pipeline's
+    centred STFT gives one frame fewer; the reference's count keeps both benchmarks on the same shapes.)
 
     Raises:
         ValueError: ``batch_size < 1`` or a segment that is not a positive multiple of ``n_group``.
@@ -73,7 +63,6 @@ def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
     if segment < 1 or segment % cfg.waveglow.n_group:
         raise ValueError(f"waveglow synthetic_batch: segment_length {segment} must be a positive multiple of "
                          f"waveglow.n_group={cfg.waveglow.n_group}")
-    frames = segment // cfg.audio.hop_length + 1
-    mel = torch.randn(batch_size, cfg.audio.n_mels, frames, generator=generator)
+    mel = torch.randn(batch_size, cfg.audio.n_mels, segment // cfg.audio.hop_length + 1, generator=generator)
     audio = torch.randn(batch_size, segment, generator=generator) * 0.1
     return {"mel": mel, "audio": audio, "ids": [f"synthetic_{i}" for i in range(batch_size)]}

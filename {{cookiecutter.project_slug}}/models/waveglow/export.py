@@ -10,17 +10,15 @@ from modules.waveglow import at_least_fp32
 from utils.config import Config
 from utils.onnx_export import ExportPart
 
-# --- scripts/export.py --format onnx ------------------------------------------------------------------------------
 
 class WaveGlowInferExport(nn.Module):
-    """:meth:`WaveGlow.infer` with the noise as an input, as it is exported: ``mel`` ``(B, n_mels, frames)`` and ``z``
-    ``(B, n_group, steps)`` -> ``audio`` ``(B, steps * n_group)`` in [-1, 1].
+    """:meth:`WaveGlow.infer` with the noise as an input: ``mel`` ``(B, n_mels, frames)`` and ``z`` ``(B, n_group,
+    steps)`` -> ``audio`` ``(B, steps * n_group)`` in [-1, 1].
 
-    The flows run backwards as in :meth:`WaveGlow.reverse`, with two changes that leave the result as it is (up to
-    float32 rounding) and make the graph simpler: each invertible 1x1 convolution's inverse weight is computed once,
-    here (a constant of the file, not a matrix inverse per call; NVIDIA's export does the same), and the upsampled mel
-    is grouped by a reshape instead of ``unfold``. ``steps`` is ``frames * hop_length // n_group`` for the whole mel
-    (what ``infer`` draws); fewer steps vocode a prefix.
+    :meth:`WaveGlow.reverse` with two changes that keep the result (up to float32 rounding) and simplify the graph: each
+    1x1 convolution's inverse is computed once, here (a constant of the file, as in NVIDIA's export), and the upsampled
+    mel is grouped by a reshape instead of ``unfold``. ``steps`` is ``frames * hop_length // n_group`` for the whole
+    mel (what ``infer`` draws); fewer steps vocode a prefix.
     """
 
     def __init__(self, model: WaveGlow):
@@ -54,10 +52,9 @@ class WaveGlowInferExport(nn.Module):
 
 def export_parts(model: WaveGlow, cfg: Config) -> list[ExportPart]:
     """``ModelSpec.export_parts``: one part, ``waveglow``: ``mel`` ``(B, n_mels, frames)`` and the noise ``z`` ``(B,
-    n_group, frames * hop_length // n_group)``, drawn by the caller from N(0, sigma^2) (sigma: ``waveglow.infer_sigma``,
-    0.6) -> ``audio`` ``(B, samples)`` in [-1, 1]; batch, frames and steps dynamic (checked at 1 x 24 and 2 x 13
-    frames). Checked against :meth:`WaveGlow.reverse` on the same noise (what ``infer`` runs). Source: NVIDIA
-    DeepLearningExamples, ``tensorrt/convert_waveglow2onnx.py`` (inputs ``mel`` and ``z``)."""
+    n_group, frames * hop_length // n_group)`` the caller draws from N(0, sigma^2) (``waveglow.infer_sigma``) ->
+    ``audio`` ``(B, samples)`` in [-1, 1]; batch, frames and steps dynamic, checked against :meth:`WaveGlow.reverse` on
+    the same noise. Source: NVIDIA DeepLearningExamples, ``tensorrt/convert_waveglow2onnx.py`` (the same inputs)."""
     gen = torch.Generator().manual_seed(0)
     n_mels, g, hop = cfg.audio.n_mels, cfg.waveglow.n_group, cfg.audio.hop_length
     sigma = cfg.waveglow.infer_sigma

@@ -17,7 +17,10 @@ from utils.data.audio import check_wav_output, save_wav
 from utils.data.datasets import read_mel
 from utils.plotting import add_audio, first_time, fixed_random_state
 
-# --- inference.py --------------------------------------------------------------------------------------------
+LOG_AUDIO_SECONDS = 2.0
+"""Longest clip vocoded for TensorBoard at each validation, in seconds (the validation crop, ``waveglow.segment_length``
+samples, is usually shorter)."""
+
 
 def add_inference_args(parser: argparse.ArgumentParser) -> None:
     """WaveGlow's ``inference.py`` options: what to vocode (``--mel`` or ``--wav``) and ``--sigma``."""
@@ -34,31 +37,16 @@ def vocode(model: nn.Module, mel: torch.Tensor, cfg: Config, sigma: Optional[flo
     return model.infer(mel.unsqueeze(0).to(device), sigma=sigma)[0].float().cpu()
 
 
-LOG_AUDIO_SECONDS = 2.0
-"""Longest clip vocoded for TensorBoard at each validation, in seconds (the validation crop,
-``waveglow.segment_length`` samples, is usually shorter)."""
-
-
 def log_validation(model: nn.Module, batch: Batch, outputs, step: int, writer: Any, output_dir: Any,
                    cfg: Optional[Config] = None) -> None:
-    """Audio of the first utterance of a validation batch, for TensorBoard's audio tab.
+    """Audio of the first utterance of a validation batch ``{"mel": (B, n_mels, frames), "audio": (B, samples), ...}``
+    for TensorBoard; nothing without a ``writer`` or a ``cfg`` (``outputs`` and ``output_dir`` are unused).
 
-    ``audio/vocoded``: the mel of that item ``batch["mel"][0]`` ``(n_mels, frames)``, at most :data:`LOG_AUDIO_SECONDS`
-    of it, vocoded by :func:`vocode` (``waveglow.infer_sigma``) with the same noise at every validation
-    (:func:`utils.plotting.fixed_random_state`): ``frames * hop_length`` samples at ``audio.sampling_rate`` Hz.
-    ``audio/ground_truth``: the item's audio ``batch["audio"][0]``, as many samples, at the first validation of the run
-    only. The validation set's crops are the first ``segment_length`` samples of each clip and its loader does not
-    shuffle, so it is the same utterance and the same crop every time. Nothing is written without a ``writer`` or a
-    ``cfg`` (``output_dir`` and ``outputs`` are not used).
-
-    Args:
-        model: the :class:`WaveGlow` (unwrapped, in eval mode).
-        batch: ``{"mel": (B, n_mels, frames), "audio": (B, samples), ...}`` on the model's device.
-        outputs: the model's outputs for ``batch`` (unused).
-        step: the training step.
-        writer: a ``SummaryWriter`` or ``None``.
-        output_dir: the run's folder (unused).
-        cfg: the run's config (``audio`` and ``waveglow`` sections).
+    ``audio/vocoded``: at most :data:`LOG_AUDIO_SECONDS` of its mel, vocoded by :func:`vocode` with the unwrapped
+    ``model`` and the same noise at every validation (:func:`utils.plotting.fixed_random_state`), ``frames *
+    hop_length`` samples at ``audio.sampling_rate`` Hz; ``audio/ground_truth``: as many samples of its audio, at the
+    run's first validation only. The validation crops are the first ``segment_length`` samples of each clip and the
+    loader does not shuffle, so it is the same utterance and crop every time.
     """
     if writer is None or cfg is None:
         return

@@ -1,5 +1,4 @@
-"""WaveGlow's config section, the flow (audio <-> Gaussian noise, conditioned on mels), its loss (negative
-log-likelihood per sample) and its fast path (``torch.compile``).
+"""WaveGlow's config section, the flow (audio <-> Gaussian noise, conditioned on mels), its loss and its fast path.
 
 Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis" (ICASSP 2019);
 layer sizes and defaults from NVIDIA's reference implementation (the layers: ``modules/waveglow.py``).
@@ -19,13 +18,12 @@ from utils.config import Config, Section
 class WaveGlowConfig(Section):
     """The ``waveglow`` section of ``config.json`` (defaults: NVIDIA's published LJSpeech model).
 
-    ``n_group`` audio samples are squeezed into channels; every ``n_early_every`` flows,
-    ``n_early_size`` channels leave the flow early. ``segment_length`` (samples) is the training crop.
-    ``sigma`` is the standard deviation of the Gaussian prior during training; ``infer_sigma`` the one
-    sampled from at inference (NVIDIA uses 0.6 for cleaner audio). ``batch_size`` is per process;
-    ``learning_rate`` and ``weight_decay`` are Adam's. ``mel_on_device``: the DataLoader workers only decode
-    and crop the audio; the mels of the batch's crops are computed on the device in the training step (one
-    batched ``torch.stft``: microseconds on a GPU, and the workers' heaviest work gone).
+    ``n_group`` audio samples are squeezed into channels; every ``n_early_every`` flows, ``n_early_size`` channels
+    leave the flow early. ``segment_length`` (samples) is the training crop. ``sigma`` is the standard deviation of the
+    Gaussian prior in training, ``infer_sigma`` the one sampled from at inference (NVIDIA's 0.6 gives cleaner audio).
+    ``batch_size`` is per process; ``learning_rate`` and ``weight_decay`` are Adam's. ``mel_on_device``: the DataLoader
+    workers only decode and crop the audio, and the batch's mels are computed on the device in the training step (one
+    batched ``torch.stft``: the workers' heaviest work gone).
     """
 
     n_flows: int = Field(12, ge=1)
@@ -45,13 +43,9 @@ class WaveGlowConfig(Section):
 
 
 class WaveGlow(nn.Module):
-    """WaveGlow: a normalising flow from audio to Gaussian noise, conditioned on mel spectrograms.
-
-    Args:
-        cfg: a :class:`WaveGlowConfig`.
-        n_mels: mel channels of the conditioning spectrogram.
-        hop_length: audio samples per mel frame (the upsampler's stride).
-        win_length: the STFT window in samples (the upsampler's kernel).
+    """WaveGlow: a normalising flow from audio to Gaussian noise, conditioned on mel spectrograms of ``n_mels``
+    channels, upsampled to audio rate by a transposed convolution of stride ``hop_length`` and kernel ``win_length``
+    (samples).
 
     Raises:
         ValueError: ``n_group`` odd, or early outputs that would leave fewer than 2 channels.
@@ -78,22 +72,19 @@ class WaveGlow(nn.Module):
         self.n_remaining = channels
 
     def _grouped_mel(self, mel: torch.Tensor, samples: int) -> torch.Tensor:
-        """Upsample ``(B, n_mels, frames)`` to audio rate and fold it to ``(B, n_mels * n_group, samples // n_group)``."""
+        """The mel ``(B, n_mels, frames)`` upsampled and folded to ``(B, n_mels * n_group, samples // n_group)``."""
         g = self.cfg.n_group
         mel = self.upsample(mel)[:, :, :samples]
         batch, n_mels, _ = mel.shape
         return mel.unfold(2, g, g).permute(0, 1, 3, 2).reshape(batch, n_mels * g, -1)
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """Map audio to noise.
-
-        Args:
-            batch: ``{"mel": (B, n_mels, frames), "audio": (B, samples)}``, samples a multiple of
-                ``n_group`` and at most ``frames * hop_length``.
+        """Map audio to noise: ``batch`` ``{"mel": (B, n_mels, frames), "audio": (B, samples)}``, samples a multiple of
+        ``n_group`` and at most ``frames * hop_length``.
 
         Returns:
-            ``(z, log_s_list, log_det_list)``: ``z`` is ``(B, n_group, samples // n_group)``; the lists
-            hold each coupling's ``log s`` and each 1x1 convolution's log-determinant.
+            ``(z, log_s_list, log_det_list)``: ``z`` ``(B, n_group, samples // n_group)``, each coupling's ``log s``
+            and each 1x1 convolution's log-determinant.
         """
         audio = batch["audio"]
         g = self.cfg.n_group
@@ -116,11 +107,9 @@ class WaveGlow(nn.Module):
         return torch.cat(early, dim=1), log_s_list, log_det_list
 
     def reverse(self, mel: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """Invert :meth:`forward`: noise ``z`` ``(B, n_group, samples // n_group)`` -> audio ``(B, samples)``.
-
-        ``z`` is laid out as :meth:`forward` returns it (early outputs first), so
-        ``reverse(mel, forward(batch)[0])`` gives ``batch["audio"]`` back up to rounding.
-        """
+        """Invert :meth:`forward`: noise ``z`` ``(B, n_group, samples // n_group)``, laid out as :meth:`forward` returns
+        it (early outputs first) -> audio ``(B, samples)``; ``reverse(mel, forward(batch)[0])`` gives
+        ``batch["audio"]`` back up to rounding."""
         batch, _, steps = z.shape
         cond = self._grouped_mel(mel, steps * self.cfg.n_group)
         offset = z.shape[1] - self.n_remaining  # channels that left early sit before this offset
@@ -138,10 +127,8 @@ class WaveGlow(nn.Module):
 
     @torch.no_grad()
     def infer(self, mel: torch.Tensor, sigma: float = 0.6) -> torch.Tensor:
-        """Vocode: mel ``(B, n_mels, frames)`` -> audio ``(B, samples)`` in [-1, 1], samples ~ frames * hop_length.
-
-        Draws Gaussian noise of standard deviation ``sigma`` and runs the flows backwards (:meth:`reverse`).
-        """
+        """Vocode: mel ``(B, n_mels, frames)`` -> audio ``(B, ~frames * hop_length)`` in [-1, 1], running the flows
+        backwards (:meth:`reverse`) from Gaussian noise of standard deviation ``sigma``."""
         g = self.cfg.n_group
         samples = mel.shape[2] * self.upsample.stride[0]  # hop_length samples per frame
         z = sigma * torch.randn(mel.shape[0], g, samples // g, device=mel.device, dtype=mel.dtype)
@@ -149,10 +136,8 @@ class WaveGlow(nn.Module):
 
 
 class WaveGlowLoss(nn.Module):
-    """Negative log-likelihood of the flow per audio sample (NVIDIA's reference normalisation).
-
-    ``loss = (sum z^2 / (2 sigma^2) - sum log s - sum log|det W|) / (B * samples)``.
-    """
+    """Negative log-likelihood of the flow per audio sample (NVIDIA's reference normalisation):
+    ``(sum z^2 / (2 sigma^2) - sum log s - sum log|det W|) / (B * samples)``."""
 
     def __init__(self, sigma: float = 1.0):
         super().__init__()
@@ -162,30 +147,19 @@ class WaveGlowLoss(nn.Module):
         z, log_s_list, log_det_list = outputs
         z = at_least_fp32(z)  # half-precision sums of squares lose too much
         log_s_total = sum(at_least_fp32(log_s).sum() for log_s in log_s_list)
-        log_det_total = sum(log_det_list)
-        nll = (z * z).sum() / (2 * self.sigma ** 2) - log_s_total - log_det_total
+        nll = (z * z).sum() / (2 * self.sigma ** 2) - log_s_total - sum(log_det_list)
         return nll / z.numel()
 
 
 def optimize_for_training(model: nn.Module, cfg: Config, **compile_kwargs) -> nn.Module:
-    """WaveGlow's fast path: ``torch.compile`` of the whole flow, in place (``nn.Module.compile``).
+    """WaveGlow's fast path: ``torch.compile`` of the whole flow in place (``nn.Module.compile``; ``dynamic=False`` by
+    default: one graph for the training crop's shape), before the DDP wrapper; returns ``model``.
 
-    One graph for the training crop's static shape (``dynamic=False`` by default): Inductor fuses each
-    layer's gate (:func:`modules.waveglow.add_gated_activation`), the residual and skip sums, the
-    weight-norm arithmetic and the affine couplings, and recomputes cheap elementwise results in the
-    backward instead of storing them. Not per WN block: weight norm gives every parametrized convolution
-    a class of its own, so per-block compilation would compile each of the ``n_flows`` blocks separately.
-    The module, its parameters and its state-dict keys stay the same (checkpoints load either way); call
-    it before wrapping the model in DistributedDataParallel. Inductor may sum in another order than eager
-    mode (float32 losses agree to ~1e-7 relative, see ``tests/test_fast_path.py``).
-
-    Args:
-        model: a :class:`WaveGlow`.
-        cfg: the run's config (unused; part of the ``ModelSpec.optimize_for_training`` contract).
-        **compile_kwargs: passed to ``torch.compile``.
-
-    Returns:
-        ``model`` itself.
+    Inductor fuses each layer's gate (:func:`modules.waveglow.add_gated_activation`), the residual and skip sums, the
+    weight-norm arithmetic and the affine couplings. Not per WN block: weight norm gives every parametrized convolution
+    a class of its own, so each of the ``n_flows`` blocks would compile separately. Parameters and state-dict keys stay
+    the same; Inductor may sum in another order (float32 losses agree to ~1e-7 relative). ``cfg`` is unused (the
+    ``ModelSpec.optimize_for_training`` contract).
 
     Raises:
         TypeError: ``model`` is not a :class:`WaveGlow`.

@@ -1,6 +1,4 @@
-"""NVIDIA/waveglow's checkpoints (``waveglow_256channels_*.pt``, a pickled module), read into this model without
-running anything of the file.
-"""
+"""NVIDIA/waveglow's checkpoints (``waveglow_256channels_*.pt``, a pickled module), read without running any of it."""
 
 from __future__ import annotations
 
@@ -17,13 +15,11 @@ PICKLED_CLASSES = ("glow.WaveGlow", "glow.WN", "glow.Invertible1x1Conv", "torch.
 
 
 def read_published(loaded: Any, cfg: Config) -> Weights | None:
-    """NVIDIA/waveglow's checkpoints (``waveglow_256channels_*.pt``; ``{"model": <the pickled glow.WaveGlow>, "iteration",
-    "optimizer", "learning_rate"}``), or ``None`` for another format. The pickled module arrives as records
-    (:data:`PICKLED_CLASSES`, never run); its parameters are renamed: ``WN.<i>`` -> ``flows.<i>`` (``in_layers`` ->
-    ``dilated``, ``res_skip_layers`` -> ``res_skip``, ``cond_layer`` -> ``cond``), old weight norm's
-    ``weight_g``/``weight_v`` -> the parametrization, and ``convinv.<i>.conv``'s ``(c, c, 1)`` weight -> the ``(c, c)``
-    matrix ``convs.<i>``. (Read from NVIDIA's checkpoint code for the layout; its forward pass from the same weights
-    equals this model's.)"""
+    """NVIDIA/waveglow's checkpoints (``{"model": <the pickled glow.WaveGlow>, "iteration", "optimizer",
+    "learning_rate"}``), or ``None`` for another format. The module arrives as records (:data:`PICKLED_CLASSES`, never
+    run); its parameters are renamed: ``WN.<i>`` -> ``flows.<i>`` (``in_layers`` -> ``dilated``, ``res_skip_layers`` ->
+    ``res_skip``, ``cond_layer`` -> ``cond``), old weight norm's ``weight_g``/``weight_v`` -> the parametrization, and
+    ``convinv.<i>.conv``'s ``(c, c, 1)`` weight -> the ``(c, c)`` matrix ``convs.<i>``."""
     if not isinstance(loaded, dict) or not isinstance(loaded.get("model"), Record):
         return None
     renamed, parts = {}, {"in_layers": "dilated", "res_skip_layers": "res_skip", "cond_layer": "cond"}

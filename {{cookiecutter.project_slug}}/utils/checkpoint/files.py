@@ -1,7 +1,5 @@
-"""Checkpoint files: written atomically (a reader sees the old file or the new one), loaded safely
-(``torch.load(weights_only=True)``: a file holding arbitrary pickled objects is refused, never executed), checked for
-damage (the zip archive's CRCs; CRC-32 listings of sharded folders), and loaded into a model key by key.
-"""
+"""Checkpoint files: atomic writes, safe loads (``torch.load(weights_only=True)``: pickled objects are refused, never
+run), damage checks (the zip archive's CRCs; CRC-32 listings of sharded folders), and key-by-key loads into a model."""
 
 from __future__ import annotations
 
@@ -25,11 +23,8 @@ class CheckpointError(RuntimeError):
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never a torn one.
-
-    The bytes go to a temporary file in the same folder, are flushed and fsync'ed, then ``os.replace`` swaps the file
-    in; a process killed mid-write leaves the old file untouched.
-    """
+    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never a torn one: a temporary file
+    in the same folder is fsync'ed, then ``os.replace`` swaps it in."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -39,8 +34,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
 
 
@@ -54,8 +48,8 @@ def fsync_dir(path: str | Path) -> None:
 
 
 def durable_write_speed(folder: str | Path, nbytes: int) -> float:
-    """Bytes per second of a durable write into ``folder``, as a checkpoint's is: ``nbytes`` (capped at 64 MiB) written,
-    fsync'ed and removed again. Fsync's fixed cost makes a small probe slow, which errs on the safe side.
+    """Bytes per second of a durable write into ``folder``: ``nbytes`` (capped at 64 MiB) written, fsync'ed, removed.
+    Fsync's fixed cost makes a small probe slow, which errs on the safe side.
 
     Raises:
         OSError: the folder cannot be written.
@@ -74,60 +68,48 @@ def durable_write_speed(folder: str | Path, nbytes: int) -> float:
 
 
 def serialized(state: Any, where: str | Path) -> bytes:
-    """``torch.save`` bytes of ``state``, refused when :func:`load_checkpoint` would refuse them.
+    """``torch.save`` bytes of ``state``.
 
     Raises:
-        CheckpointError: ``state`` holds objects other than tensors and Python primitives (nothing is written).
+        CheckpointError: ``state`` holds what :func:`load_checkpoint` would refuse (nothing is written).
     """
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    data = buffer.getvalue()
-    unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
-    if unsafe:
+    if unsafe := torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(buffer.getvalue())):
         raise CheckpointError(f"refusing to write {where}: the state holds objects that a weights_only=True "
                               f"load refuses ({', '.join(unsafe)}); store tensors and Python primitives only")
-    return data
+    return buffer.getvalue()
 
 
 def write_failure(step: int, output_dir: Path, reason: str, kept: list[Path]) -> CheckpointError:
     """The error of a checkpoint that could not be written (``reason``: a full disk, a quota), naming the ones kept."""
-    names = dict.fromkeys(path.name for path in kept)
-    return CheckpointError(f"could not write the step {step} checkpoint in {output_dir}: {reason}; "
-                           f"earlier checkpoints are kept ({', '.join(names) or 'none written yet'})")
+    return CheckpointError(f"could not write the step {step} checkpoint in {output_dir}: {reason}; earlier checkpoints "
+                           f"are kept ({', '.join(dict.fromkeys(path.name for path in kept)) or 'none written yet'})")
 
 
 def prune(checkpoints: list[Path], keep_last: int, remove) -> None:
-    """Call ``remove`` on all but the newest ``keep_last - 1`` of ``checkpoints`` (oldest first; the one just written, not
-    in the list, is the last kept); ``keep_last`` 0 keeps all."""
+    """Call ``remove`` on all but the newest ``keep_last - 1`` of ``checkpoints`` (oldest first; the one just written,
+    not in the list, is the last kept); ``keep_last`` 0 keeps all."""
     if keep_last > 0:
         for old in checkpoints[:max(0, len(checkpoints) - (keep_last - 1))]:
             remove(old)
 
 
 def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
-    """Delete the temporary files of :func:`atomic_write_bytes` left by processes that no longer run.
-
-    A process killed mid-save (SIGKILL, out of memory) leaves ``.checkpoint_*.pt.tmp<pid>`` behind, as large as a
-    checkpoint; without this they would pile up over preemptions. Returns what was removed.
-    """
+    """Delete the ``.checkpoint_*.pt.tmp<pid>`` files of :func:`atomic_write_bytes` whose process no longer runs (a save
+    killed mid-write leaves one as large as a checkpoint; they would pile up over preemptions). Returns them."""
     removed = []
     for path in Path(output_dir).glob(".checkpoint_*.pt.tmp*"):
         pid = path.name.rpartition(".tmp")[2]
-        if not pid.isdigit() or int(pid) == os.getpid() or _process_exists(int(pid)):
-            continue
-        path.unlink(missing_ok=True)
-        removed.append(path)
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), 0)  # signal 0: does the process exist?
+            except ProcessLookupError:
+                path.unlink(missing_ok=True)
+                removed.append(path)
+            except PermissionError:  # someone else's process: it runs
+                pass
     return removed
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -144,29 +126,22 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
             warnings.simplefilter("ignore")
             state = torch.load(path, map_location=map_location, weights_only=True)
-    # Any of them, depending on the damage: a cut file (RuntimeError, EOFError), a foreign one (UnpicklingError,
-    # UnicodeDecodeError), a refused global, a corrupted pickle (KeyError, IndexError, TypeError, AttributeError,
-    # AssertionError from the weights-only unpickler's own checks, ...). None of it runs code from the file.
+    # The damage decides the type (RuntimeError, EOFError, UnpicklingError, KeyError, AssertionError, ...).
     except Exception as err:  # noqa: BLE001 - the file is untrusted input; every failure to read it is this one
-        reason = _load_failure(err)
         with open(path, "rb") as handle:
             head = handle.read(2)
         if not head.startswith((b"PK", b"\x80")):  # neither a zip archive nor a pickle (protocol 2 or later)
             raise CheckpointError(f"{path} is not a checkpoint: " + ("an empty file" if not head else
                                   "neither a file torch.save writes (a zip archive) nor a pickle")) from err
-        raise CheckpointError(f"cannot load checkpoint {path} safely: {reason}") from err
+        raise CheckpointError(f"cannot load checkpoint {path} safely: {_load_failure(err)}") from err
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path} is not a checkpoint of this project (no 'model' entry)")
     return state
 
 
 def _load_failure(err: BaseException) -> str:
-    """One line on why ``torch.load`` failed; for a weights_only refusal, the refused global or opcode.
-
-    torch's refusal is a paragraph of advice (including how to allowlist the global, which is not advice to follow for a
-    file of unknown origin); the line that matters reads like "WeightsUnpickler error: Unsupported global: GLOBAL
-    io.open ..." or "Trying to load unsupported GLOBAL posix.system ...".
-    """
+    """One line on why ``torch.load`` failed: for a weights_only refusal (a paragraph of advice, including how to
+    allowlist the global: not advice for a file of unknown origin), the refused global or opcode."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     if not lines:
         return f"{type(err).__name__} while unpickling"
@@ -178,6 +153,11 @@ def _load_failure(err: BaseException) -> str:
     return f"refused by weights_only=True, nothing was run: {detail or lines[0]}"
 
 
+def few(items: list[str]) -> str:
+    """The first 5 of ``items``, comma-separated, with ``(+N more)`` for the rest."""
+    return ", ".join(items[:5]) + (f" (+{len(items) - 5} more)" if len(items) > 5 else "")
+
+
 def load_model_state(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
     """Load ``state_dict`` into ``model`` strictly, naming every missing, unexpected or misshapen key.
 
@@ -186,30 +166,21 @@ def load_model_state(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]
     """
     if not isinstance(state_dict, Mapping):
         raise CheckpointError(f"{source}: its 'model' entry is a {type(state_dict).__name__}, not a state dict")
-    not_tensors = sorted(str(k) for k, v in state_dict.items() if not isinstance(v, torch.Tensor))
-    if not_tensors:
-        more = f" (+{len(not_tensors) - 5} more)" if len(not_tensors) > 5 else ""
-        raise CheckpointError(f"{source}: the model state holds entries that are not tensors: "
-                              f"{', '.join(not_tensors[:5])}{more}")
+    if not_tensors := sorted(str(k) for k, v in state_dict.items() if not isinstance(v, torch.Tensor)):
+        raise CheckpointError(f"{source}: the model state holds entries that are not tensors: {few(not_tensors)}")
     own = model.state_dict()
-    missing = sorted(set(own) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(own))
-    misshapen = [f"{k} {tuple(state_dict[k].shape)} vs {tuple(own[k].shape)}"
-                 for k in sorted(set(own) & set(state_dict)) if own[k].shape != state_dict[k].shape]
-    if missing or unexpected or misshapen:
-        parts = []
-        for label, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", misshapen)):
-            if items:
-                more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
-                parts.append(f"{label}: {', '.join(items[:5])}{more}")
-        raise CheckpointError(f"{source} does not fit this model: {'; '.join(parts)}")
+    problems = {"missing": sorted(set(own) - set(state_dict)), "unexpected": sorted(set(state_dict) - set(own)),
+                "shape mismatch": [f"{k} {tuple(state_dict[k].shape)} vs {tuple(own[k].shape)}"
+                                   for k in sorted(set(own) & set(state_dict)) if own[k].shape != state_dict[k].shape]}
+    if any(problems.values()):
+        parts = "; ".join(f"{label}: {few(items)}" for label, items in problems.items() if items)
+        raise CheckpointError(f"{source} does not fit this model: {parts}")
     model.load_state_dict(state_dict)
 
 
 def intact(path: str | Path) -> Optional[str]:
     """Why the checkpoint file at ``path`` is damaged (cut short, corrupted, not a ``torch.save`` archive), or ``None``
-    when every member of its zip archive reads back with a matching CRC. Reads the whole file once; runs no code from it
-    (whether its contents are safe is :func:`load_checkpoint`'s question)."""
+    when every member of its zip archive matches its CRC. Runs no code from it (safety is :func:`load_checkpoint`'s)."""
     try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
@@ -218,9 +189,8 @@ def intact(path: str | Path) -> Optional[str]:
     return None if bad is None else f"damaged (member {bad} fails its CRC check)"
 
 
-CHECKSUMS_NAME = "checksums.json"
-"""The file of a sharded checkpoint's folder that lists every other file of it with its size and CRC-32, written once
-all shards are (:meth:`ShardedCheckpointer._complete`): what the zip archive's own CRCs are to a single file."""
+CHECKSUMS_NAME = "checksums.json"  # a sharded folder's list of its files' sizes and CRC-32s (a zip archive has its own)
+_verified: dict[tuple[str, int], Optional[str]] = {}  # checksum_problem's answers by (folder, listing's mtime)
 
 
 def file_crc32(path: Path) -> str:
@@ -240,9 +210,8 @@ def write_checksums(folder: Path) -> None:
 
 
 def checksum_problem(folder: Path) -> Optional[str]:
-    """Why a file of ``folder`` does not match :data:`CHECKSUMS_NAME` (missing, another size, another CRC-32), or ``None``;
-    also ``None`` without that file (a folder written before checksums existed: sizes are checked by
-    :func:`sharded_intact` instead). Reads every listed file once; remembered per folder and modification time."""
+    """Why a file of ``folder`` does not match :data:`CHECKSUMS_NAME` (missing, another size, another CRC-32), or
+    ``None``; also ``None`` without that file (a folder from before checksums). Remembered per folder and mtime."""
     listing_path = folder / CHECKSUMS_NAME
     if not listing_path.is_file():
         return None
@@ -266,6 +235,3 @@ def checksum_problem(folder: Path) -> Optional[str]:
                 break
         _verified[key] = problem
     return _verified[key]
-
-
-_verified: dict[tuple[str, int], Optional[str]] = {}

@@ -1,7 +1,5 @@
-"""Resuming: which checkpoint ``--resume`` means (``auto`` falls back from a damaged one to the newest intact one),
-agreed by every rank, and putting it back: weights, optimizer, schedule, scaler, EMA, RNG states and the data position,
-with the gradient accumulation that keeps the global batch on another number of processes.
-"""
+"""Resuming: which checkpoint ``--resume`` means, agreed by every rank, and putting it back (weights, optimizer,
+schedule, scaler, EMA, RNG states, data position), keeping the global batch on another number of processes."""
 
 from __future__ import annotations
 
@@ -22,23 +20,22 @@ from utils.checkpoint.state import STATEFUL_PARTS, NamedStates, TrainState, list
 
 
 def agreed_resume_path(resume: str, output_dir: Path, rank: int):
-    """The checkpoint to resume from, decided by rank 0 (:func:`utils.checkpoint.resume_path`); every rank must see the
-    same file there (or none), which holds when ``--output-dir`` is one shared folder.
+    """The checkpoint to resume from, decided by rank 0 (:func:`resume_path`); every rank must see the same file there
+    (or none), which holds when ``--output-dir`` is one shared folder.
 
     Raises:
         CheckpointError: on every rank, when rank 0's decision fails or a rank sees another file than rank 0.
     """
-    def decide():
-        try:
-            path, notes = resume_path(resume, output_dir)
-        except CheckpointError as err:
-            return "error", str(err)
-        for note in notes:
-            print(note, file=sys.stderr, flush=True)
-        return "ok", path
-    kind, path = broadcast_object(decide() if rank == 0 else None)
-    if kind == "error":
-        raise CheckpointError(path)
+    path, notes, error = None, [], None
+    try:
+        path, notes = resume_path(resume, output_dir) if rank == 0 else (None, [])
+    except CheckpointError as err:
+        error = str(err)
+    for note in notes:
+        print(note, file=sys.stderr, flush=True)
+    path, error = broadcast_object((path, error))  # rank 0's decision
+    if error is not None:
+        raise CheckpointError(error)
     looked_at = path if path is not None else output_dir / "checkpoint_last.pt"
 
     def seen() -> str:
@@ -48,10 +45,9 @@ def agreed_resume_path(resume: str, output_dir: Path, rank: int):
             return "no file"
         return f"{stat.st_size} bytes, modified {stat.st_mtime_ns}"
     views = all_gather_object(seen())
-    others = [(r, view) for r, view in enumerate(views) if view != views[0]]
-    if others:
-        r, view = others[0]
-        raise CheckpointError(f"ranks disagree about {looked_at}: rank 0 sees {views[0]}, rank {r} sees {view}; "
+    r = next((i for i, view in enumerate(views) if view != views[0]), None)
+    if r is not None:
+        raise CheckpointError(f"ranks disagree about {looked_at}: rank 0 sees {views[0]}, rank {r} sees {views[r]}; "
                               "--output-dir must be one folder shared by every node (a network file system)")
     return path
 
@@ -59,18 +55,14 @@ def agreed_resume_path(resume: str, output_dir: Path, rank: int):
 def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], list[str]]:
     """The checkpoint ``--resume`` names, and notes to print about the choice.
 
-    * ``auto``: ``OUTPUT/checkpoint_last.pt`` or, for sharded checkpoints, the ``OUTPUT/checkpoint_last`` link (the
-      newer of the two when both are there); when it is missing or damaged (:func:`intact`, :func:`sharded_intact`), the
-      newest intact numbered checkpoint, with a note saying which was used and why; ``None`` when the folder holds none.
-      Damaged numbered checkpoints passed over are renamed ``<name>.damaged`` (kept for a look, out of the way): pruning
-      (``keep_last``) counts only intact checkpoints, so an intact one is never removed in favour of a damaged one.
-    * ``none``: ``None``, on a folder that holds no checkpoint.
-    * anything else: that file or sharded checkpoint folder.
+    * ``auto``: the newer of ``OUTPUT/checkpoint_last.pt`` and the ``OUTPUT/checkpoint_last`` link (sharded), else
+      the newest intact numbered checkpoint, with a note; ``None`` when there is none. Damaged numbered ones passed
+      over are renamed ``<name>.damaged``, so that pruning never removes an intact checkpoint for a damaged one.
+    * ``none``: ``None``, on a folder that holds no checkpoint; anything else: that file or sharded folder.
 
     Raises:
-        CheckpointError: ``none`` on a folder with checkpoints (they would be overwritten); ``auto`` on a folder whose
-            every checkpoint is damaged (starting from step 0 would overwrite the only copies of progress); a path that
-            is neither a checkpoint file nor a sharded checkpoint folder.
+        CheckpointError: ``none`` on a folder with checkpoints (they would be overwritten); ``auto`` where every one is
+            damaged (step 0 would overwrite the only copies of progress); a path that is no file or intact sharded one.
     """
     output_dir = Path(output_dir)
     lasts = sorted((path for path in (output_dir / "checkpoint_last.pt", output_dir / "checkpoint_last")
@@ -86,19 +78,14 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
         return None, []
     if not Path(resume).is_file() and not is_sharded(resume):
         raise CheckpointError(f"--resume {resume}: no such checkpoint")
-    problem = sharded_intact(resume) if is_sharded(resume) else None
-    if problem is not None:
+    if is_sharded(resume) and (problem := sharded_intact(resume)) is not None:
         raise CheckpointError(f"--resume {resume}: the sharded checkpoint is {problem}")
     return Path(resume), []
 
 
 def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path]) -> tuple[Optional[Path], list[str]]:
-    """``--resume auto``: the newest intact of the ``checkpoint_last`` file or link (``lasts``, newest first), then the
-    ``numbered`` checkpoints from the newest step down; the damaged numbered ones passed over are moved aside.
-
-    Raises:
-        CheckpointError: every checkpoint is damaged, or the ``checkpoint_last`` link names a folder that is gone.
-    """
+    """``--resume auto``: the first intact of ``lasts``, then of ``numbered`` from the newest step down (the damaged
+    numbered ones passed over are moved aside); :class:`CheckpointError` when all are damaged or the link dangles."""
     notes, problems, damaged = [], [], []
     for path in [*lasts, *reversed(numbered)]:
         problem = sharded_intact(path) if path.is_dir() else intact(path) if path.is_file() else "not a file"
@@ -121,8 +108,7 @@ def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path]) ->
 
 
 def move_aside(path: Path) -> Path:
-    """Rename a damaged checkpoint (file or folder) to ``<name>.damaged`` (``.damaged2``, ... when taken); returns the new
-    path."""
+    """Rename a damaged checkpoint (file or folder) to ``<name>.damaged`` (``.damaged2``, ... if taken); returns it."""
     for n in range(1, 1000):
         target = path.with_name(f"{path.name}.damaged{n if n > 1 else ''}")
         if not target.exists():
@@ -132,18 +118,16 @@ def move_aside(path: Path) -> Path:
 
 
 def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
-    """``"section.key: old -> new"`` for every setting that differs between two ``Config.to_dict()`` dicts (a key only one
-    of them has counts as changed), except the ``section.key`` names in ``ignore``; values as JSON writes them (``false
-    -> true``)."""
+    """``"section.key: old -> new"`` (values as JSON writes them) for every setting that differs between two
+    ``Config.to_dict()`` dicts, a key only one has included, except the ``section.key`` names in ``ignore``."""
     changes = []
     for section in sorted(set(before) | set(now)):
         old, new = before.get(section, {}), now.get(section, {})
         if not isinstance(old, Mapping) or not isinstance(new, Mapping):
             continue
-        for key in sorted(set(old) | set(new)):
-            name = f"{section}.{key}"
-            if name not in ignore and old.get(key, "unset") != new.get(key, "unset"):
-                changes.append(f"{name}: {as_json(old.get(key, 'unset'))} -> {as_json(new.get(key, 'unset'))}")
+        changes += [f"{section}.{key}: {as_json(old.get(key, 'unset'))} -> {as_json(new.get(key, 'unset'))}"
+                    for key in sorted(set(old) | set(new))
+                    if f"{section}.{key}" not in ignore and old.get(key, "unset") != new.get(key, "unset")]
     return changes
 
 
@@ -156,30 +140,15 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
                     rank: int, world_size: int, map_location: str | torch.device = "cpu",
                     config: Optional[Mapping[str, Any]] = None,
                     train_utterances: Optional[int] = None, ema=None) -> tuple[TrainState, dict[str, Any]]:
-    """Put a checkpoint back: weights, optimizer, schedule, scaler, this rank's RNG states. A single file of
-    :func:`training_checkpoint`, or a sharded folder of :class:`ShardedCheckpointer` (re-cut for this world size: every
-    rank must call it then).
-
-    Args:
-        path: the checkpoint file or folder.
-        model: the plain model (or, for a sharded checkpoint, the FSDP-sharded one; never a DDP wrapper), built with the
-            checkpoint's config.
-        parts: the objects of :data:`STATEFUL_PARTS`, freshly built.
-        model_name: the model being trained (the checkpoint must hold the same).
-        rank, world_size: this process; RNG states are restored only when the world size is the same.
-        map_location: where tensors are loaded.
-        config: this run's ``Config.to_dict()``; rank 0 names the settings that differ from the checkpoint's
-            (``train.max_steps`` aside: raising it is how a run is continued).
-        train_utterances: this run's training utterances; rank 0 warns when the checkpoint's corpus had another number
-            (the epoch's order, and so the data position, is not the same any more).
-        ema: this run's :class:`utils.training.ema.EMA` (``train.ema_decay``), or ``None``: its averages are loaded from
-            the checkpoint (``"ema"``), or start afresh from the loaded weights when the checkpoint has none (rank 0
-            says so).
+    """Put a checkpoint (a file, or a sharded folder re-cut for this world size: every rank calls it then) back into
+    ``model`` (plain, or FSDP-sharded for a sharded one; never a DDP wrapper) and the fresh ``parts``, with the ``ema``
+    (afresh from the weights when the checkpoint has none) and this rank's RNG states (on the same world size only).
+    Rank 0 warns about settings of ``config`` (``Config.to_dict()``) that differ, ``train.max_steps`` aside (raising it
+    continues a run), and about another number of ``train_utterances`` (the data position moved).
 
     Returns:
-        The loop's :class:`TrainState` at the checkpoint (``samples_in_epoch`` is worked out for a checkpoint that
-        predates it), and ``{"world_size": processes that wrote it, "grad_accumulation": the accumulation it trained
-        with, "config": its config}``.
+        The loop's :class:`TrainState` (``samples_in_epoch`` worked out for an older checkpoint) and ``{"world_size":
+        processes that wrote it, "grad_accumulation": its accumulation, "config": its config}``.
 
     Raises:
         CheckpointError: an unreadable or unsafe file, another model, weights that do not fit, or a weights-only file
@@ -199,8 +168,7 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
         restore_rng_state(saved["rng"][rank])
     if rank == 0:
         _warn_changes(saved, path, saved_config, config, train_utterances)
-    fields = [field.name for field in dataclasses.fields(TrainState)]
-    state = TrainState(**{key: saved[key] for key in fields if key in saved})
+    state = TrainState(**{f.name: saved[f.name] for f in dataclasses.fields(TrainState) if f.name in saved})
     accumulation = saved.get("grad_accumulation", saved_config.get("train", {}).get("grad_accumulation", 1))
     if "samples_in_epoch" not in saved:  # written before the position was kept in global samples
         batch_size = saved_config.get(model_name, {}).get("batch_size", 0)
@@ -209,27 +177,17 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
 
 
 def _check_training_state(saved: Mapping[str, Any], path, sharded: bool) -> None:
-    """Refuse a checkpoint that lacks what a resume puts back (a weights-only file, a release).
-
-    Raises:
-        CheckpointError: naming the missing entries.
-    """
-    fields = [field.name for field in dataclasses.fields(TrainState)]
-    optional = ("skipped_steps", "samples_in_epoch", "skipped_updates", "skips_in_a_row")
-    missing = [key for key in (*STATEFUL_PARTS, *fields, "rng") if key not in saved and key not in optional
-               and not (sharded and key == "optimizer")]
+    """Refuse (:class:`CheckpointError`) a checkpoint that lacks what a resume puts back (a weights-only file)."""
+    missing = [key for key in (*STATEFUL_PARTS, "step", "epoch", "batch_in_epoch", "rng")  # the others came later
+               if key not in saved and not (sharded and key == "optimizer")]
     if missing:
         raise CheckpointError(f"{path} is not a training checkpoint of train.py (it has no {', '.join(missing)}); "
                               "--resume needs one written by train.py")
 
 
 def _load_parts(saved: Mapping[str, Any], path, model, parts: Mapping[str, Any], ema, rank: int, sharded: bool) -> None:
-    """Put back the optimizer(s), scheduler(s), scaler and EMA (a sharded folder's model and optimizer shards too);
-    an EMA the checkpoint lacks starts afresh from its weights (rank 0 says so).
-
-    Raises:
-        CheckpointError: the EMA or a sharded entry does not fit this run.
-    """
+    """Put back the optimizer(s), scheduler(s), scaler and EMA (and a sharded folder's model); raises
+    :class:`CheckpointError` where the EMA or a sharded entry does not fit this run."""
     with_ema = ema is not None and (saved.get("ema_saved", False) if sharded else "ema" in saved)
     if sharded:
         optimizer = parts["optimizer"]
@@ -252,15 +210,12 @@ def _load_parts(saved: Mapping[str, Any], path, model, parts: Mapping[str, Any],
 
 def _warn_changes(saved: Mapping[str, Any], path, saved_config: Mapping[str, Any],
                   config: Optional[Mapping[str, Any]], train_utterances: Optional[int]) -> None:
-    """Rank 0's warnings: settings that differ from the checkpoint's (``train.max_steps`` aside), a corpus of another
-    size (the epoch's order and position are then not the ones the run stopped at)."""
-    if config is not None and saved_config:
-        changes = config_changes(saved_config, config, ignore=("train.max_steps",))
-        if changes:
-            print(f"warning: the config differs from the one {path} was trained with: {'; '.join(changes)}",
-                  file=sys.stderr, flush=True)
-    known = saved.get("train_utterances")
-    if train_utterances is not None and known is not None and known != train_utterances:
+    """Rank 0's warnings: settings that differ from the checkpoint's, a corpus of another size."""
+    if config is not None and saved_config and (changes := config_changes(saved_config, config,
+                                                                           ignore=("train.max_steps",))):
+        print(f"warning: the config differs from the one {path} was trained with: {'; '.join(changes)}",
+              file=sys.stderr, flush=True)
+    if train_utterances is not None and (known := saved.get("train_utterances")) not in (None, train_utterances):
         print(f"warning: the corpus changed since {path} ({known} -> {train_utterances} training utterances): the "
               "run continues from its step, but the epoch's order and position are not the ones it stopped at",
               file=sys.stderr, flush=True)
@@ -268,54 +223,37 @@ def _warn_changes(saved: Mapping[str, Any], path, saved_config: Mapping[str, Any
 
 def world_size_change(written_by: int, accumulation: int, world_size: int, batch_size: int,
                       requested: int) -> tuple[int, Optional[str]]:
-    """The gradient accumulation a resumed run trains with, and the line saying so, when the config's
-    ``train.grad_accumulation`` is the one the checkpoint's run was started with (a value changed since is the user's to
-    honour, not this function's).
-
-    The global batch (``batch_size * grad_accumulation * world_size`` samples per optimizer step) is kept: on the same
-    number of processes with the accumulation the checkpoint trained with (which an earlier resume on another number may
-    have set); on another number when it divides the global batch. Otherwise the accumulation that comes closest to it
-    (at least 1) is taken and the line says plainly that the global batch changed: an accumulation set automatically by
-    an earlier resume is never carried over as if the user had asked for it. The data position carries over in global
-    samples either way; the ranks' random streams (dropout) restart, so the run does not repeat the uninterrupted one
-    exactly.
-
-    Args:
-        written_by: processes that wrote the checkpoint; ``accumulation``: the accumulation it trained with.
-        world_size: processes now; ``batch_size``: samples per process per micro-batch (the same before and now);
-        requested: ``train.grad_accumulation`` of this run's config (unused when the global batch can be kept).
-
-    Returns:
-        ``(grad_accumulation, line)``; ``(accumulation, None)`` when the world size is the same.
+    """``(grad_accumulation, line saying so)`` for a resumed run whose config keeps the ``train.grad_accumulation`` its
+    checkpoint's run started with (a value changed since is the user's); ``(accumulation, None)`` on the same world
+    size. ``written_by``: processes that wrote the checkpoint, ``accumulation``: the one it trained with;
+    ``batch_size``: samples per process per micro-batch; ``requested``: the config's value (not used). The global batch
+    (``batch_size * grad_accumulation * world_size``) is kept when it divides; else the closest accumulation (at least
+    1) is taken and the line says that the global batch changed. The data position carries over in global samples;
+    random streams (dropout) restart, so the run does not repeat the uninterrupted one exactly.
     """
     if written_by == world_size:
         return accumulation, None
     before = batch_size * accumulation * written_by
-    head = f"note: the checkpoint was written by {written_by} process(es), this run has {world_size}"
+    head = f"the checkpoint was written by {written_by} process(es), this run has {world_size}"
     tail = "the data position carries over in global samples; random streams (dropout) restart"
     if before % (batch_size * world_size) == 0:
         kept = before // (batch_size * world_size)
-        return kept, (f"{head}: train.grad_accumulation {accumulation} -> {kept} keeps the global batch at {before} "
-                      f"({batch_size} x {kept} x {world_size}); {tail}")
+        return kept, (f"note: {head}: train.grad_accumulation {accumulation} -> {kept} keeps the global batch at "
+                      f"{before} ({batch_size} x {kept} x {world_size}); {tail}")
     closest = max(1, round(before / (batch_size * world_size)))
-    after = batch_size * closest * world_size
-    return closest, (f"warning: the checkpoint was written by {written_by} process(es), this run has "
-                     f"{world_size}: the global batch changes {before} -> {after} ({batch_size} x {closest} x "
-                     f"{world_size}; no train.grad_accumulation keeps {before}); {tail}")
+    return closest, (f"warning: {head}: the global batch changes {before} -> {batch_size * closest * world_size} "
+                     f"({batch_size} x {closest} x {world_size}; no train.grad_accumulation keeps {before}); {tail}")
 
 
 def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", verify: bool = True) -> dict[str, Any]:
-    """A checkpoint's entries: the whole dict of a single file (:func:`load_checkpoint`); for a sharded folder its
-    :data:`TRAIN_STATE_NAME` (model name, config, position; the weights are read by :func:`load_sharded`), once
-    :func:`sharded_intact` (every file against its checksum) passes, unless ``verify`` is false (a rank whose rank 0
-    verified the folder).
+    """A checkpoint's entries: a single file's whole dict; a sharded folder's ``train_state.pt`` (no weights), once
+    :func:`sharded_intact` passes, unless ``verify`` is false (a rank whose rank 0 verified the folder).
 
     Raises:
         CheckpointError: neither a readable checkpoint file nor an intact sharded checkpoint folder.
     """
     if not is_sharded(path):
         return load_checkpoint(path, map_location=map_location)
-    problem = sharded_intact(path) if verify else None
-    if problem is not None:
+    if verify and (problem := sharded_intact(path)) is not None:
         raise CheckpointError(f"{path} is {problem}")
     return read_train_state(path, map_location)

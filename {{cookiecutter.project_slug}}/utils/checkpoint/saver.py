@@ -1,8 +1,5 @@
-"""The loop's checkpoints: when a step saves, every rank hands its RNG states to rank 0, which writes one file
-(``train.parallelism=ddp``: :func:`utils.checkpoint.state.save_checkpoint`), or every rank writes its shards (``fsdp``:
-:class:`utils.checkpoint.sharded.ShardedCheckpointer`, in the background with ``train.async_checkpoint``). Weights
-holding NaN or inf are never saved: the last checkpoint stays the last good one, and no good one is pruned.
-"""
+"""The loop's checkpoints: rank 0 writes one file (``ddp``), or every rank its shards (``fsdp``, in the background with
+``train.async_checkpoint``). Weights holding NaN or inf are never saved: no good checkpoint is replaced or pruned."""
 
 from __future__ import annotations
 
@@ -26,17 +23,9 @@ from utils.training.guards import TrainingError, nonfinite_weight
 
 
 class Saver:
-    """Saves the run's state at a step, completes background saves, and warns when a save cannot fit the grace period after
-    a stop signal (:class:`utils.run.GracePeriod`: at start-up from an estimate, else after the first save that took too
-    long).
-
-    Args:
-        model: the trained model (DDP- or FSDP-wrapped; its plain module is saved).
-        parts: the optimizer(s), scheduler(s) and GradScaler (:func:`utils.training.optim.checkpoint_parts`).
-        state: the loop's position, saved with every checkpoint.
-        ema: the moving average of the weights (``train.ema_decay``), or ``None``.
-        info: provenance saved as is (model name, config, corpus size, accumulation).
-    """
+    """Saves the run's state at a step, completes background saves, and warns when a save cannot fit the grace period
+    after a stop signal (:class:`utils.run.GracePeriod`: at start-up from an estimate, else after a save too slow).
+    ``model`` may be DDP- or FSDP-wrapped; ``parts``: optimizer(s), scheduler(s), GradScaler; ``info``: provenance."""
 
     def __init__(self, cfg: Config, output_dir: Path, dist, model, parts: dict, state: TrainState,
                  ema: Optional[EMA], log: RunLog, info: dict[str, Any]):
@@ -73,10 +62,8 @@ class Saver:
                                 f"saved; last good checkpoint: {last_checkpoint(self.output_dir)}")
         rng = all_gather_object(capture_rng_state())
         info = dict(self.info, torch_version=str(torch.__version__), git_commit=git_commit() if dist.is_main else None)
-        if ema is not None and self.checkpointer is not None:  # every rank writes its shards of the averages too
-            info["ema_saved"] = True
-        elif ema is not None:
-            info["ema"] = ema.state_dict()
+        if ema is not None:  # sharded: every rank writes its shards of the averages too
+            info.update({"ema_saved": True} if self.checkpointer is not None else {"ema": ema.state_dict()})
         if self.checkpointer is None:
             if dist.is_main:
                 saved = training_checkpoint(self.model, self.parts, state, rng, **info)
@@ -99,8 +86,7 @@ class Saver:
             self.log.print(f"step {self.state.step}: saved {done} (written in the background)")
 
     def finish(self) -> None:
-        """Wait for a checkpoint being written in the background (``train.async_checkpoint``) and complete it: a run never
-        ends with half a checkpoint."""
+        """Wait for a background save (``train.async_checkpoint``), then complete it: no run ends with half a save."""
         if self.checkpointer is not None and self.checkpointer.pending is not None:
             with collective("background checkpoint save"):
                 done = self.checkpointer.wait()
@@ -108,8 +94,6 @@ class Saver:
 
     def finish_after_error(self) -> None:
         """On an error, still finish the last background save, or say in one line that the previous one is intact."""
-        if self.checkpointer is None or self.checkpointer.pending is None:
-            return
         try:
             self.finish()
         except (CheckpointError, CollectiveError) as err:

@@ -1,7 +1,5 @@
 """Sharded checkpoints (``train.parallelism=fsdp``): one folder per step, written by every rank through
-``torch.distributed.checkpoint`` (in the background if asked), completed by rank 0 (a CRC-32 listing, a rename, the
-``checkpoint_last`` link), checked file by file before a load, and loaded on any number of ranks (resharded).
-"""
+``torch.distributed.checkpoint``, checked file by file before a load, and loaded on any number of ranks (resharded)."""
 
 from __future__ import annotations
 
@@ -23,34 +21,24 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from distributed import broadcast_object
-from utils.checkpoint.files import (CheckpointError, _load_failure, atomic_write_bytes, checksum_problem, fsync_dir,
-                                    intact, prune, serialized, write_checksums, write_failure)
+from utils.checkpoint.files import (CheckpointError, _load_failure, atomic_write_bytes, checksum_problem, few,
+                                    fsync_dir, intact, prune, serialized, write_checksums, write_failure)
 from utils.checkpoint.state import STATEFUL_PARTS, TrainState
 from utils.run_log import one_line
 
 
 def sharded_train_state(parts: Mapping[str, Any], state: TrainState, rng: list, **info: Any) -> dict[str, Any]:
-    """Rank 0's :data:`TRAIN_STATE_NAME` of a sharded checkpoint: :func:`training_checkpoint` without the model and
-    optimizer states, which every rank writes as shards."""
+    """Rank 0's :data:`TRAIN_STATE_NAME` dict: :func:`training_checkpoint` without the (sharded) model and optimizer."""
     return {**{name: parts[name].state_dict() for name in STATEFUL_PARTS if name != "optimizer"},
             **dataclasses.asdict(state), "rng": rng, **info}
 
-# --------------------------------------------------------------------------------------------
-# Sharded checkpoints (train.parallelism=fsdp): one folder per step, written by every rank
-# --------------------------------------------------------------------------------------------
 
-
-TRAIN_STATE_NAME = "train_state.pt"
-"""The file of a sharded checkpoint's folder that rank 0 writes: everything but the model and optimizer states
-(the loop's position, schedulers, scaler, every rank's RNG states, config, provenance), a plain
-:func:`torch.save` dict that loads with ``weights_only=True``."""
-
+TRAIN_STATE_NAME = "train_state.pt"  # rank 0's file of a sharded folder: all but the model and optimizer states
 SHARDED_RE = re.compile(r"^checkpoint_(\d+)$")
 
 
 def is_sharded(path: str | Path) -> bool:
-    """Whether ``path`` is a sharded checkpoint: a folder (``checkpoint_<step>/`` or the ``checkpoint_last`` link to one)
-    written by :class:`ShardedCheckpointer`, rather than one ``.pt`` file."""
+    """Whether ``path`` is a sharded checkpoint (a folder, or the ``checkpoint_last`` link to one), not a .pt file."""
     return Path(path).is_dir()
 
 
@@ -62,16 +50,14 @@ def list_sharded_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def sharded_intact(path: str | Path) -> Optional[str]:
-    """Why the sharded checkpoint folder at ``path`` is damaged, or ``None``: every file matches its size and CRC-32 in
-    :data:`CHECKSUMS_NAME`, its DCP ``.metadata`` reads, every shard file it names is there and long enough, and
-    :data:`TRAIN_STATE_NAME` passes :func:`intact`."""
+    """Why the sharded checkpoint folder at ``path`` is damaged, or ``None``: its files match their checksums, its DCP
+    ``.metadata`` reads, every shard it names is there and long enough, and its train state is :func:`intact`."""
     path = Path(path)
     if not path.exists():
         return "not found"
     if not (path / ".metadata").is_file():
         return "not a sharded checkpoint (it has no .metadata of torch.distributed.checkpoint)"
-    problem = checksum_problem(path)
-    if problem is not None:
+    if (problem := checksum_problem(path)) is not None:
         return f"damaged ({problem})"
     try:
         metadata = FileSystemReader(str(path)).read_metadata()
@@ -99,8 +85,7 @@ def read_train_state(path: str | Path, map_location: str | torch.device = "cpu")
     Raises:
         CheckpointError: the folder is not a sharded checkpoint, or the file is unreadable or unsafe.
     """
-    path = Path(path)
-    file = path / TRAIN_STATE_NAME
+    file = Path(path) / TRAIN_STATE_NAME
     if not file.is_file():
         raise CheckpointError(f"{path} is not a sharded checkpoint of train.py (no {TRAIN_STATE_NAME})")
     try:
@@ -121,9 +106,8 @@ def _quiet_single_process_dcp():
 
 
 def load_sharded_model(path: str | Path, model: torch.nn.Module) -> None:
-    """Load the model weights of a sharded checkpoint folder into ``model``: a plain module in one process (inference; the
-    shards are put together) or the run's own model, plain, DDP's or sharded by FSDP on any number of ranks (the shards
-    are re-cut for this world size). Uses ``torch.distributed.checkpoint``.
+    """Load the model weights of a sharded checkpoint folder into ``model``: a plain module in one process (inference)
+    or the run's own, plain or FSDP-sharded, on any number of ranks (the shards are re-cut for this world size).
 
     Raises:
         CheckpointError: the folder does not hold weights of this model (missing or misshapen entries, named).
@@ -133,15 +117,13 @@ def load_sharded_model(path: str | Path, model: torch.nn.Module) -> None:
 
 def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list,
                  extra: Optional[dict[str, Any]] = None) -> None:
-    """Load the model (and, when ``optimizers`` are given, their states) of a sharded checkpoint folder, on any world size
-    (every rank calls it; resharded on load). ``model`` is the plain or FSDP-sharded model, not a DDP wrapper.
-    ``extra``: further entries the save wrote (``{"ema": {name: tensor}}``), loaded into the given tensors in place.
-    Source: ``torch.distributed.checkpoint.state_dict.get_state_dict`` / ``set_state_dict``.
+    """Load the model (plain or FSDP-sharded, not a DDP wrapper) and ``optimizers`` of a sharded checkpoint folder on
+    any world size (every rank calls it). ``extra``: further entries the save wrote (``{"ema": {name: tensor}}``),
+    loaded into those tensors in place. Source: ``get_state_dict``/``set_state_dict`` of DCP's ``state_dict`` module.
 
     Raises:
         CheckpointError: missing or misshapen entries (named), or an unreadable folder.
     """
-    path = Path(path)
     with _quiet_single_process_dcp():
         model_state, optim_state = get_state_dict(model, optimizers)
         state = {"model": model_state, **({"optimizer": optim_state} if optimizers else {}), **(extra or {})}
@@ -155,8 +137,7 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list,
 
 
 def dcp_cause(err: BaseException) -> str:
-    """One line from a ``CheckpointException`` (DCP's error of a save or load, holding every failed rank's own error): the
-    first failed rank and what it raised (for a full disk, the OS's words)."""
+    """One line from DCP's ``CheckpointException``: the first failed rank and what it raised (a full disk: the OS's)."""
     for rank, (cause, _trace) in sorted(getattr(err, "failures", {}).items()):
         text = cause.strerror if isinstance(cause, OSError) and cause.strerror else one_line(cause)
         return f"rank {rank}: {type(cause).__name__}: {text}"
@@ -166,31 +147,21 @@ def dcp_cause(err: BaseException) -> str:
 def _dcp_failure(err: BaseException) -> str:
     text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
     missing = re.findall(r"Missing key in checkpoint state_dict: ([\w.]+)", text)
-    if missing:
-        more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
-        return f"missing {', '.join(missing[:5])}{more}"
-    return text[:400] or type(err).__name__
+    return f"missing {few(missing)}" if missing else text[:400] or type(err).__name__
 
 
 class ShardedCheckpointer:
-    """Writes sharded checkpoints: every rank saves its own shards through ``torch.distributed.checkpoint`` (DCP), in
-    parallel, into ``OUTPUT/.checkpoint_<step>.partial/``; once all are written, rank 0 renames the folder to
-    ``checkpoint_<step>/`` and points the ``checkpoint_last`` link at it. A step folder thus appears complete or not at
-    all, and a run killed mid-save leaves ``checkpoint_last`` on the previous one.
-
-    With ``async_save`` the state is copied to host memory (a stall of one copy), then written by a background thread
-    over its own gloo process group (sharing the training's group with the background collectives can hang: torchtitan
-    keeps them apart the same way); the run continues meanwhile. :meth:`save` waits for the previous save first, and
-    :meth:`wait` must be called before the process ends.
-
-    Every rank constructs it (the async process group is a collective) and calls :meth:`save`/:meth:`wait`. Source:
-    https://pytorch.org/docs/stable/distributed.checkpoint.html (``save``, ``async_save``).
-    """
+    """Writes sharded checkpoints: every rank saves its shards through ``torch.distributed.checkpoint`` (DCP) into
+    ``OUTPUT/.checkpoint_<step>.partial/``; once all are written, rank 0 lists their CRC-32s, renames the folder to
+    ``checkpoint_<step>/`` and points the ``checkpoint_last`` link at it: a killed save leaves the previous one last.
+    With ``async_save`` a background thread writes a host copy over its own gloo group (sharing the training's group
+    with background collectives can hang; torchtitan keeps them apart too); :meth:`wait` must run before the process
+    ends. Every rank constructs it (the group is a collective). Source: DCP's ``save``/``async_save``,
+    https://pytorch.org/docs/stable/distributed.checkpoint.html"""
 
     def __init__(self, output_dir: str | Path, rank: int, async_save: bool = False, keep_last: int = 0,
                  timeout_s: float = 1800.0):
-        self.output_dir, self.rank, self.keep_last = Path(output_dir), rank, keep_last
-        self.async_save = async_save
+        self.output_dir, self.rank, self.keep_last, self.async_save = Path(output_dir), rank, keep_last, async_save
         self.group = None
         if async_save and dist.is_available() and dist.is_initialized():
             self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
@@ -198,9 +169,8 @@ class ShardedCheckpointer:
 
     def save(self, step: int, model: torch.nn.Module, optimizers: list, train_state: Optional[dict],
              extra: Optional[dict[str, Any]] = None) -> Path:
-        """Save ``model`` (plain or FSDP-sharded, not a DDP wrapper) and ``optimizers`` as step ``step``; ``train_state``
-        (rank 0's; ``None`` on the others) goes to :data:`TRAIN_STATE_NAME`; ``extra``: further sharded entries
-        (``{"ema": {name: tensor}}``). Returns the folder the checkpoint has (async: will have) once complete.
+        """Save ``model`` (plain or FSDP-sharded) and ``optimizers`` as step ``step``; rank 0's ``train_state`` goes to
+        :data:`TRAIN_STATE_NAME`; ``extra``: further sharded entries. Returns the checkpoint's (async: future) folder.
 
         Raises:
             CheckpointError: a shard or file could not be written (a full disk); earlier checkpoints are kept.
@@ -215,9 +185,8 @@ class ShardedCheckpointer:
                 partial.mkdir()
                 atomic_write_bytes(partial / TRAIN_STATE_NAME, serialized(train_state, partial))
             except OSError as err:
-                failure = str(self._write_error(step, err.strerror or str(err)))
-        failure = broadcast_object(failure)  # every rank stops with rank 0's reason, none waits for it
-        if failure is not None:
+                failure = str(self._write_error(step, err))
+        if (failure := broadcast_object(failure)) is not None:  # every rank stops with rank 0's reason
             raise CheckpointError(failure)
         model_state, optim_state = get_state_dict(model, optimizers)
         state = {"model": model_state, "optimizer": optim_state, **(extra or {})}
@@ -232,17 +201,12 @@ class ShardedCheckpointer:
             else:
                 dcp.save(state, checkpoint_id=str(partial))
                 self._complete(step)
-        except OSError as err:
-            raise self._write_error(step, err.strerror or str(err)) from None
-        except CheckpointException as err:  # every rank gets it: DCP gathers each rank's failure
-            raise self._write_error(step, dcp_cause(err)) from None
+        except (OSError, CheckpointException) as err:  # every rank gets the latter: DCP gathers each rank's failure
+            raise self._write_error(step, err) from None
 
     def poll(self) -> Optional[Path]:
-        """Complete a background save that has finished (rank 0 renames it into place); its folder, or ``None``. Costs
-        nothing while it runs: call it every step."""
-        if self.pending is None or not self.pending[0].done():
-            return None
-        return self.wait()
+        """Complete a background save that has finished; its folder, or ``None``. Cheap: call it every step."""
+        return self.wait() if self.pending is not None and self.pending[0].done() else None
 
     def wait(self) -> Optional[Path]:
         """Block until a background save is written, then complete it; its folder, or ``None`` without one.
@@ -256,10 +220,8 @@ class ShardedCheckpointer:
         self.pending = None
         try:
             future.result()
-        except OSError as err:
-            raise self._write_error(step, err.strerror or str(err)) from None
-        except CheckpointException as err:
-            raise self._write_error(step, dcp_cause(err)) from None
+        except (OSError, CheckpointException) as err:
+            raise self._write_error(step, err) from None
         return self._complete(step)
 
     def _complete(self, step: int) -> Path:
@@ -270,23 +232,23 @@ class ShardedCheckpointer:
         try:
             write_checksums(partial)
         except OSError as err:
-            raise self._write_error(step, err.strerror or str(err)) from None
+            raise self._write_error(step, err) from None
         if final.is_dir() and not final.is_symlink():
             shutil.rmtree(final)  # an older run's checkpoint of the same step (the folder was resumed earlier)
         os.replace(partial, final)
-        link = self.output_dir / "checkpoint_last"
         tmp_link = self.output_dir / f".checkpoint_last.tmp{os.getpid()}"
         tmp_link.unlink(missing_ok=True)
         os.symlink(final.name, tmp_link)
-        os.replace(tmp_link, link)  # atomic: the link names the old folder or the new one
+        os.replace(tmp_link, self.output_dir / "checkpoint_last")  # atomic: the link names the old folder or the new
         (self.output_dir / "checkpoint_last.pt").unlink(missing_ok=True)  # a single file of a run before: older
         fsync_dir(self.output_dir)
         prune([path for path in list_sharded_checkpoints(self.output_dir) if path != final], self.keep_last,
               shutil.rmtree)
         return final
 
-    def _write_error(self, step: int, reason: str) -> CheckpointError:
-        """The error of a failed save, once rank 0 has removed what the save wrote (the ``.partial`` folder)."""
+    def _write_error(self, step: int, err: BaseException) -> CheckpointError:
+        """The error of a failed save (``OSError``, DCP's ``CheckpointException``) once rank 0 removed its folder."""
         if self.rank == 0:
             shutil.rmtree(self.output_dir / f".checkpoint_{step}.partial", ignore_errors=True)
+        reason = dcp_cause(err) if isinstance(err, CheckpointException) else err.strerror or str(err)
         return write_failure(step, self.output_dir, reason, list_sharded_checkpoints(self.output_dir)[-1:])

@@ -1,8 +1,5 @@
-"""What a single-file checkpoint holds and how it is written: the loop's position (:class:`TrainState`), every rank's
-RNG states, the optimizer(s), scheduler(s) and GradScaler, and provenance (:func:`training_checkpoint`), saved as
-``checkpoint_<step>.pt`` and ``checkpoint_last.pt`` with the newest ``keep_last`` kept (:func:`save_checkpoint`); and the
-release format that inference needs alone (:func:`release_checkpoint`).
-"""
+"""What a single-file checkpoint holds (the loop's position, every rank's RNG states, optimizer, scheduler, scaler,
+provenance), how it is written and pruned, and the release format that inference needs alone."""
 
 from __future__ import annotations
 
@@ -31,19 +28,9 @@ def checkpoint_bytes(modules: Sequence[torch.nn.Module], optimizer_moments: int 
 
 
 def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, keep_last: int = 0) -> Path:
-    """Write ``checkpoint_<step>.pt`` and ``checkpoint_last.pt`` atomically; keep the newest ``keep_last``. A
-    ``checkpoint_last`` link of sharded checkpoints (a run continued with DDP) is removed: the newest checkpoint,
-    whichever its kind, is the one "last" names.
-
-    Args:
-        output_dir: the run's output folder (must exist).
-        state: plain dict of tensors and primitives (see :func:`load_checkpoint`).
-        step: optimizer step, used in the file name.
-        keep_last: how many numbered checkpoints to keep (0 keeps all), the newest by step; the one just written and
-            ``checkpoint_last.pt`` always stay.
-
-    Returns:
-        the path of the numbered checkpoint.
+    """Write ``checkpoint_<step>.pt`` and ``checkpoint_last.pt`` atomically into ``output_dir`` (it must exist); return
+    the former. The newest ``keep_last`` numbered ones by step stay (0: all; the one just written always). A sharded
+    ``checkpoint_last`` link (a run continued with DDP) is removed: "last" names the newest of either kind.
 
     Raises:
         CheckpointError: ``state`` holds objects that :func:`load_checkpoint` would refuse (nothing is written), or a
@@ -52,7 +39,7 @@ def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, ke
     output_dir = Path(output_dir)
     remove_stale_temporaries(output_dir)
     numbered = output_dir / f"checkpoint_{step}.pt"
-    data = serialized(state, numbered)  # a file load_checkpoint would refuse must not replace a good one
+    data = serialized(state, numbered)
     try:
         atomic_write_bytes(numbered, data)
         atomic_write_bytes(output_dir / "checkpoint_last.pt", data)
@@ -76,8 +63,7 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """This process's random number generator states (Python, NumPy, torch CPU and CUDA) as tensors and primitives, so they
-    load with ``weights_only=True``."""
+    """This process's generator states (Python, NumPy, torch CPU and CUDA), as ``weights_only=True`` loads them."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {"python": random.getstate(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos,
                                                     has_gauss, cached], "torch": torch.get_rng_state()}
@@ -96,37 +82,21 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
-# --------------------------------------------------------------------------------------------
-# Training state: what train.py saves and resumes
-# --------------------------------------------------------------------------------------------
-
 
 @dataclasses.dataclass
 class TrainState:
-    """Where the training loop is.
+    """Where the training loop is."""
 
-    Attributes:
-        step: optimizer steps done.
-        epoch: the epoch being read.
-        batch_in_epoch: batches of that epoch this rank has read.
-        skipped_steps: steps skipped for a non-finite loss or gradient norm, or a spike (``train.on_spike=skip``).
-        samples_in_epoch: samples of that epoch's order all ranks together have read (a resumed run skips them, on any
-            number of processes: the data position in global samples).
-        skipped_updates: per optimizer (phase name), its updates skipped for any reason (also fp16 overflows).
-        skips_in_a_row: per optimizer, how many of its latest updates were skipped in a row.
-    """
-
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    skipped_steps: int = 0
-    samples_in_epoch: int = 0
-    skipped_updates: dict = dataclasses.field(default_factory=dict)
-    skips_in_a_row: dict = dataclasses.field(default_factory=dict)
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # the epoch being read
+    batch_in_epoch: int = 0  # batches of that epoch this rank has read
+    skipped_steps: int = 0  # for a non-finite loss or gradient norm, or a spike (train.on_spike=skip)
+    samples_in_epoch: int = 0  # of the epoch's order, all ranks together: a resume on any world size skips them
+    skipped_updates: dict = dataclasses.field(default_factory=dict)  # per optimizer (phase): any cause, fp16 too
+    skips_in_a_row: dict = dataclasses.field(default_factory=dict)  # per optimizer: its latest updates skipped
 
 
-STATEFUL_PARTS = ("optimizer", "scheduler", "scaler")
-"""The objects besides the model whose ``state_dict`` a training checkpoint holds, by these names."""
+STATEFUL_PARTS = ("optimizer", "scheduler", "scaler")  # what a training checkpoint holds besides the model
 
 
 class NamedStates(dict):
@@ -151,14 +121,9 @@ class NamedStates(dict):
 
 def training_checkpoint(model: torch.nn.Module, parts: Mapping[str, Any], state: TrainState, rng: list,
                         **info: Any) -> dict[str, Any]:
-    """The dict ``train.py`` saves: everything the next step depends on, so that a resume is exact.
-
-    Args:
-        model: the plain (unwrapped) model.
-        parts: ``{"optimizer": ..., "scheduler": ..., "scaler": ...}`` (:data:`STATEFUL_PARTS`).
-        state: the loop's position.
-        rng: every rank's :func:`capture_rng_state`, in rank order.
-        **info: provenance stored as is (``model_name``, ``config``, ``data_seed``, ``torch_version``, ...).
+    """The dict ``train.py`` saves: everything the next step depends on, so that a resume is exact. ``model``: the
+    plain (unwrapped) one; ``parts``: :data:`STATEFUL_PARTS` by name; ``rng``: every rank's :func:`capture_rng_state`,
+    in rank order; ``info``: provenance stored as is (``model_name``, ``config``, ``torch_version``, ...).
 
     Raises:
         KeyError: ``parts`` lacks one of :data:`STATEFUL_PARTS`.
@@ -167,17 +132,13 @@ def training_checkpoint(model: torch.nn.Module, parts: Mapping[str, Any], state:
             **dataclasses.asdict(state), "rng": rng, **info}
 
 
-RELEASE_FORMAT = "release"
-"""The ``format`` entry of a release checkpoint (:func:`release_checkpoint`)."""
+RELEASE_FORMAT = "release"  # the "format" entry of a release checkpoint
 
 
 def release_checkpoint(model_name: str, model_state: Mapping[str, torch.Tensor], modules: tuple[str, ...],
                        config: Mapping[str, Any], step: Any, ema_weights: bool, source: str) -> dict[str, Any]:
-    """What inference needs and nothing else: the weights of the sub-modules ``modules`` (``ModelSpec.inference_modules``;
-    all when empty) of ``model_state`` (EMA weights already in place where the run kept them), the model's name and
-    config, and where they come from. No optimizer, scheduler, scaler, RNG or data position: it loads with
-    ``weights_only=True``, ``inference.py`` runs it, and ``train.py --init-from`` starts a run from it.
-    """
+    """What inference (and ``train.py --init-from``) needs alone: the weights of the sub-modules ``modules`` (all when
+    empty) of ``model_state`` (EMA weights in place), the model's name, config and source; ``weights_only`` loads it."""
     weights = {key: value.detach().cpu().clone() for key, value in model_state.items() if in_modules(key, modules)}
     return {"format": RELEASE_FORMAT, "model_name": model_name, "config": dict(config), "step": step,
             "model": weights, "ema_weights": ema_weights, "source": source, "torch_version": str(torch.__version__)}

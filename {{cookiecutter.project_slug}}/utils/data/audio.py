@@ -1,10 +1,5 @@
-"""Audio features: log-mel spectrograms, their Griffin-Lim inversion, and writing wav files.
-
-The mel recipe follows NVIDIA's Tacotron2/WaveGlow reference (``stft.py`` / ``layers.py``): a magnitude STFT with a
-periodic Hann window, reflect padding of ``(n_fft - hop_length) // 2`` samples on both sides and ``center=False``, a
-Slaney-style mel filterbank from librosa, and ``log(clamp(mel, 1e-5))`` compression. Mels made here therefore match mels
-made by NVIDIA's code for the same settings.
-"""
+"""Audio: the ``audio`` config section, log-mel spectrograms as NVIDIA's Tacotron2/WaveGlow reference makes them, their
+Griffin-Lim inversion, and reading and writing wav files."""
 
 from __future__ import annotations
 
@@ -24,8 +19,8 @@ from torch import nn
 from utils.config import Section, cross_check_error
 from utils.data.corpus import DataError, PathLike
 
+# the seed's keyword of librosa.griffinlim: random_state until librosa 1.0 renamed it rng
 GRIFFINLIM_SEED = "rng" if "rng" in inspect.signature(librosa.griffinlim).parameters else "random_state"
-"""The seed's keyword of :func:`librosa.griffinlim`: ``random_state`` until librosa 1.0 renamed it ``rng``."""
 
 ArrayLike = Union[torch.Tensor, np.ndarray]
 
@@ -58,41 +53,26 @@ class AudioConfig(Section):
 
 
 def dynamic_range_compression(x: torch.Tensor, C: float = 1.0, clip_val: float = 1e-5) -> torch.Tensor:
-    """Log-compress a magnitude spectrogram: ``log(clamp(x, min=clip_val) * C)``.
-
-    NVIDIA Tacotron2 reference (``audio_processing.dynamic_range_compression``). Any shape; values of ``x`` are linear
-    magnitudes (>= 0). The floor ``clip_val`` keeps silence at ``log(1e-5) ~ -11.5``.
-    """
+    """Log-compress linear magnitudes (any shape): ``log(clamp(x, min=clip_val) * C)``, silence at ``log(1e-5) ~
+    -11.5``. NVIDIA Tacotron2 reference (``audio_processing.dynamic_range_compression``)."""
     return torch.log(torch.clamp(x, min=clip_val) * C)
 
 
 def dynamic_range_decompression(x: torch.Tensor, C: float = 1.0) -> torch.Tensor:
-    """Undo :func:`dynamic_range_compression`: ``exp(x) / C`` (values below the floor stay at the floor).
-
-    NVIDIA Tacotron2 reference (``audio_processing.dynamic_range_decompression``). Any shape.
-    """
+    """Undo :func:`dynamic_range_compression` (any shape): ``exp(x) / C``; values below the floor stay at the floor.
+    NVIDIA Tacotron2 reference (``audio_processing.dynamic_range_decompression``)."""
     return torch.exp(x) / C
 
 
 class MelSpectrogram(nn.Module):
-    """Waveform -> log-mel spectrogram, framed exactly like NVIDIA's Tacotron2/WaveGlow ``TacotronSTFT``.
+    """Waveform -> log-mel spectrogram, framed exactly like NVIDIA's Tacotron2/WaveGlow ``TacotronSTFT``, so its mels
+    match NVIDIA's for the same settings.
 
     Audio ``(B, T)`` or ``(T,)`` float samples in [-1, 1] becomes ``(B, n_mels, frames)`` or ``(n_mels, frames)``, with
     ``frames = (T + 2 * pad - n_fft) // hop_length + 1`` and ``pad = (n_fft - hop_length) // 2`` (about ``T /
-    hop_length`` frames).
-
-    Method (NVIDIA reference): reflect-pad by ``pad`` on both sides, ``torch.stft`` with ``center=False`` and a periodic
-    Hann window of ``win_length`` samples, magnitude, project onto a Slaney mel filterbank (``librosa.filters.mel``,
-    ``htk=False``, ``norm="slaney"``), then ``log(clamp(mel, 1e-5))``.
-
-    Args:
-        sampling_rate: Hz.
-        n_fft: FFT size in samples.
-        hop_length: frame shift in samples.
-        win_length: analysis window in samples (<= ``n_fft``).
-        n_mels: number of mel bands.
-        fmin: lowest filter edge in Hz.
-        fmax: highest filter edge in Hz (``None``: ``sampling_rate / 2``).
+    hop_length``). Method: reflect-pad by ``pad`` on both sides, ``torch.stft`` with ``center=False`` and a periodic
+    Hann window, magnitude, a Slaney mel filterbank (``librosa.filters.mel``), then ``log(clamp(mel, 1e-5))``. Rates in
+    Hz, ``n_fft``, ``hop_length`` and ``win_length`` in samples; ``fmax=None`` is ``sampling_rate / 2``.
 
     Raises:
         ValueError: a setting is not positive, ``win_length > n_fft``, ``hop_length > n_fft`` or the band edges are not
@@ -106,39 +86,28 @@ class MelSpectrogram(nn.Module):
                             ("win_length", win_length), ("n_mels", n_mels)):
             if value <= 0:
                 raise ValueError(f"MelSpectrogram: {name} must be positive, got {value}")
-        if win_length > n_fft:
-            raise ValueError(f"MelSpectrogram: win_length ({win_length}) must not exceed n_fft ({n_fft})")
-        if hop_length > n_fft:
-            raise ValueError(f"MelSpectrogram: hop_length ({hop_length}) must not exceed n_fft ({n_fft})")
-        if fmax is None:
-            fmax = sampling_rate / 2
+        for name, value in (("win_length", win_length), ("hop_length", hop_length)):
+            if value > n_fft:
+                raise ValueError(f"MelSpectrogram: {name} ({value}) must not exceed n_fft ({n_fft})")
+        fmax = sampling_rate / 2 if fmax is None else fmax
         if not 0 <= fmin < fmax <= sampling_rate / 2:
             raise ValueError(f"MelSpectrogram: need 0 <= fmin < fmax <= sampling_rate/2, got fmin={fmin} Hz, "
                              f"fmax={fmax} Hz, sampling_rate={sampling_rate} Hz")
-        self.sampling_rate = sampling_rate
-        self.n_fft = n_fft
-        self.hop_length = hop_length
-        self.win_length = win_length
-        self.n_mels = n_mels
-        self.fmin = fmin
-        self.fmax = fmax
-        self.pad = (n_fft - hop_length) // 2
+        self.sampling_rate, self.n_fft, self.hop_length, self.win_length = sampling_rate, n_fft, hop_length, win_length
+        self.n_mels, self.fmin, self.fmax, self.pad = n_mels, fmin, fmax, (n_fft - hop_length) // 2
         mel_basis = librosa.filters.mel(sr=sampling_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)
-        # (n_mels, n_fft // 2 + 1)
-        self.register_buffer("mel_basis", torch.from_numpy(mel_basis).float())
+        self.register_buffer("mel_basis", torch.from_numpy(mel_basis).float())  # (n_mels, n_fft // 2 + 1)
         self.register_buffer("window", torch.hann_window(win_length))
 
     @classmethod
     def from_config(cls, audio_cfg: AudioConfig) -> "MelSpectrogram":
-        """Build from the ``audio`` section of the config (see :class:`utils.data.audio.AudioConfig`)."""
-        return cls(sampling_rate=audio_cfg.sampling_rate, n_fft=audio_cfg.n_fft,
-                   hop_length=audio_cfg.hop_length, win_length=audio_cfg.win_length,
-                   n_mels=audio_cfg.n_mels, fmin=audio_cfg.fmin, fmax=audio_cfg.fmax)
+        """Build from the ``audio`` section of the config."""
+        keys = ("sampling_rate", "n_fft", "hop_length", "win_length", "n_mels", "fmin", "fmax")
+        return cls(**{key: getattr(audio_cfg, key) for key in keys})
 
     @property
     def min_samples(self) -> int:
-        """The fewest samples :meth:`forward` can frame: ``max(n_fft - 2 * pad, pad + 1)`` (reflect padding needs more
-        samples than ``pad``)."""
+        """The fewest samples :meth:`forward` frames: ``max(n_fft - 2 * pad, pad + 1)`` (reflect pad needs > pad)."""
         return max(self.n_fft - 2 * self.pad, self.pad + 1)
 
     def num_frames(self, num_samples: int) -> int:
@@ -161,39 +130,26 @@ class MelSpectrogram(nn.Module):
             raise ValueError(f"MelSpectrogram: audio has {audio.shape[-1]} samples, at least {self.min_samples} "
                              f"are needed for n_fft={self.n_fft}, hop_length={self.hop_length}")
         squeeze = audio.dim() == 1
-        batch = audio.unsqueeze(0) if squeeze else audio
-        batch = batch.to(self.window.dtype)
+        batch = (audio.unsqueeze(0) if squeeze else audio).to(self.window.dtype)
         # F.pad's reflect mode wants a channel axis: (B, 1, T).
         padded = nn.functional.pad(batch.unsqueeze(1), (self.pad, self.pad), mode="reflect").squeeze(1)
         spec = torch.stft(padded, n_fft=self.n_fft, hop_length=self.hop_length, win_length=self.win_length,
-                          window=self.window, center=False, return_complex=True)
-        magnitude = spec.abs()  # (B, n_fft // 2 + 1, frames)
-        mel = torch.matmul(self.mel_basis, magnitude)  # (B, n_mels, frames)
-        log_mel = dynamic_range_compression(mel)
+                          window=self.window, center=False, return_complex=True)  # (B, n_fft // 2 + 1, frames)
+        log_mel = dynamic_range_compression(torch.matmul(self.mel_basis, spec.abs()))  # (B, n_mels, frames)
         return log_mel.squeeze(0) if squeeze else log_mel
 
 
 def griffin_lim(log_mel: ArrayLike, audio_cfg: AudioConfig, n_iter: int = 60, seed: Optional[int] = 0) -> np.ndarray:
-    """Rough waveform from a log-mel spectrogram, for listening checks without a vocoder.
+    """Rough waveform from a log-mel ``(n_mels, frames)`` (tensor on any device, or array) made with ``audio_cfg``, for
+    listening checks without a vocoder: float32 ``(samples,)`` at ``audio_cfg.sampling_rate`` Hz, about ``frames *
+    hop_length`` samples, not clipped.
 
-    Undoes the log compression (``exp``), inverts the mel filterbank with ``librosa.feature.inverse.mel_to_stft``
-    (magnitude spectrogram, ``power=1.0``, the same Slaney filter settings as :class:`MelSpectrogram`) and reconstructs
-    the phase with ``librosa.griffinlim`` (``n_iter`` iterations): what ``librosa.feature.inverse.mel_to_audio`` does,
-    with the random initial phases drawn from ``seed``, so the same mel gives the same audio.
-
-    Args:
-        log_mel: ``(n_mels, frames)`` log-mel, tensor (any device) or numpy array.
-        audio_cfg: the settings the mel was made with.
-        n_iter: Griffin-Lim iterations.
-        seed: seed of the initial phases; ``None``: a fresh random draw each call.
-
-    Returns:
-        float32 numpy array ``(samples,)`` at ``audio_cfg.sampling_rate`` Hz, about ``frames * hop_length`` samples (not
-        clipped).
+    What ``librosa.feature.inverse.mel_to_audio`` does: ``exp``, ``mel_to_stft`` (magnitudes, the Slaney filters of
+    :class:`MelSpectrogram`), ``n_iter`` iterations of ``librosa.griffinlim``, with the initial phases drawn from
+    ``seed`` so the same mel gives the same audio (``None``: a fresh draw each call).
 
     Raises:
-        ValueError: ``log_mel`` is not 2-D, its first axis is not ``audio_cfg.n_mels``, it holds NaN/inf, or ``n_iter``
-            < 1.
+        ValueError: ``log_mel`` is not ``(n_mels, frames)``, holds NaN/inf, or ``n_iter`` < 1.
     """
     if isinstance(log_mel, torch.Tensor):
         log_mel = log_mel.detach().cpu().float().numpy()
@@ -208,18 +164,16 @@ def griffin_lim(log_mel: ArrayLike, audio_cfg: AudioConfig, n_iter: int = 60, se
     mel = dynamic_range_decompression(torch.from_numpy(log_mel)).numpy()
     magnitude = librosa.feature.inverse.mel_to_stft(mel, sr=audio_cfg.sampling_rate, n_fft=audio_cfg.n_fft, power=1.0,
                                                     fmin=audio_cfg.fmin, fmax=audio_cfg.fmax, htk=False)
-    audio = librosa.griffinlim(magnitude, n_iter=n_iter, hop_length=audio_cfg.hop_length,
-                               win_length=audio_cfg.win_length, n_fft=audio_cfg.n_fft, window="hann",
-                               **{GRIFFINLIM_SEED: seed})
+    audio = librosa.griffinlim(magnitude, n_iter=n_iter, hop_length=audio_cfg.hop_length, n_fft=audio_cfg.n_fft,
+                               win_length=audio_cfg.win_length, window="hann", **{GRIFFINLIM_SEED: seed})
     return audio.astype(np.float32)
 
 
 def check_wav_output(path: Union[str, Path]) -> Path:
-    """``path`` as a :class:`~pathlib.Path` if :func:`save_wav` can write a wav there, before any work is done.
+    """``path`` as a :class:`~pathlib.Path` if :func:`save_wav` can write a wav there, checked before any work is done.
 
     Raises:
-        ValueError: ``path`` is an existing folder, or its name does not end in ``.wav`` (this project writes 16-bit PCM
-            WAV only; convert with ffmpeg or sox for other formats).
+        ValueError: ``path`` is an existing folder, or its name does not end in ``.wav`` (16-bit PCM WAV only).
     """
     path = Path(path)
     if path.is_dir():
@@ -231,16 +185,8 @@ def check_wav_output(path: Union[str, Path]) -> Path:
 
 
 def save_wav(path: Union[str, Path], audio: ArrayLike, sampling_rate: int) -> Path:
-    """Write mono 16-bit PCM wav with soundfile, creating parent folders.
-
-    Args:
-        path: output file.
-        audio: ``(T,)`` float samples in [-1, 1], tensor (any device) or numpy array; values outside are clipped to [-1,
-            1].
-        sampling_rate: Hz.
-
-    Returns:
-        ``path`` as a :class:`~pathlib.Path`.
+    """Write ``audio`` (``(T,)`` float samples, tensor on any device or array; clipped to [-1, 1]) as mono 16-bit PCM
+    wav at ``sampling_rate`` Hz, creating parent folders; warn about :func:`audio_problems`. Returns ``path`` as a Path.
 
     Raises:
         ValueError: ``audio`` is not 1-D, is empty, or holds NaN/inf (the message names ``path``).
@@ -265,37 +211,24 @@ def save_wav(path: Union[str, Path], audio: ArrayLike, sampling_rate: int) -> Pa
 
 
 CLIPPED_SHARE, DC_OFFSET, SILENT_PEAK = 0.01, 0.05, 1e-3
-"""What :func:`audio_problems` calls clipped (a share of samples at or beyond full scale), a DC offset (a mean, in
-full-scale units) and silent (a peak): none of them happens in speech a trained vocoder writes."""
+"""What :func:`audio_problems` calls clipped (a share of samples at full scale), a DC offset (a mean) and silent (a
+peak), in full-scale units: none happens in speech a trained vocoder writes."""
 
 
 def audio_problems(audio: ArrayLike) -> list[str]:
-    """What is wrong with audio as speech: ``["is 77% clipped (samples at full scale)", "has a DC offset of 0.171 (its
-    mean; speech's is near 0)", "is nearly silent (peak 2e-04)"]``, or ``[]``.
-
-    Args:
-        audio: ``(T,)`` float samples, full scale 1.0 (before any clipping to [-1, 1]).
-    """
+    """What is wrong with ``(T,)`` float samples (full scale 1.0, before clipping) as speech: ``["is 77% clipped
+    (samples at full scale)", "has a DC offset of 0.171 (its mean; speech's is near 0)", "is nearly silent (peak
+    2e-04)"]``, or ``[]``."""
     audio = np.asarray(audio, dtype=np.float64)
-    found = []
-    clipped = float(np.mean(np.abs(audio) >= 0.999))
-    if clipped > CLIPPED_SHARE:
-        found.append(f"is {100 * clipped:.0f}% clipped (samples at full scale)")
-    mean = float(np.mean(audio))
-    if abs(mean) > DC_OFFSET:
-        found.append(f"has a DC offset of {mean:.3f} (its mean; speech's is near 0)")
-    peak = float(np.max(np.abs(audio)))
-    if peak < SILENT_PEAK:
-        found.append(f"is nearly silent (peak {peak:.0e})")
-    return found
+    clipped, mean, peak = float(np.mean(np.abs(audio) >= 0.999)), float(np.mean(audio)), float(np.max(np.abs(audio)))
+    found = [f"is {100 * clipped:.0f}% clipped (samples at full scale)"] if clipped > CLIPPED_SHARE else []
+    found += [f"has a DC offset of {mean:.3f} (its mean; speech's is near 0)"] if abs(mean) > DC_OFFSET else []
+    return found + ([f"is nearly silent (peak {peak:.0e})"] if peak < SILENT_PEAK else [])
 
 
 def check_wav_not_truncated(path: Path) -> None:
-    """Raise DataError if a RIFF/WAVE file's ``data`` chunk claims more bytes than the file holds.
-
-    libsndfile silently returns the samples that are there when a wav was cut short (an interrupted copy or download),
-    so this walks the RIFF chunk headers to compare. Other formats are not checked.
-    """
+    """Raise DataError if a RIFF/WAVE file's ``data`` chunk claims more bytes than the file holds (other formats pass):
+    libsndfile silently reads what is there of a wav cut short (an interrupted copy)."""
     with open(path, "rb") as f:
         header = f.read(12)
         if len(header) < 12 or header[:4] != b"RIFF" or header[8:12] != b"WAVE":
@@ -317,19 +250,13 @@ def check_wav_not_truncated(path: Path) -> None:
 
 
 def load_wav(path: PathLike, sampling_rate: int) -> torch.Tensor:
-    """Read a sound file as mono float samples in [-1, 1] at ``sampling_rate`` Hz.
+    """A sound file as a float32 tensor ``(T,)`` of mono samples in [-1, 1] at ``sampling_rate`` Hz.
 
-    Reads with soundfile (float32, so 16-bit PCM is divided by 32768 as in NVIDIA's ``load_wav_to_torch`` + ``/
-    max_wav_value``), averages the channels of multi-channel files, and resamples with ``librosa.resample`` when the
-    file's rate differs (expected, e.g. 16 kHz TTS output). Resampling may overshoot full scale slightly, so the result
-    is clipped to [-1, 1].
-
-    Returns:
-        float32 tensor ``(T,)``.
+    soundfile reads float32 (16-bit PCM / 32768, as NVIDIA's ``load_wav_to_torch`` then ``/ max_wav_value``); channels
+    are averaged; another rate is resampled with ``librosa.resample``, which may overshoot full scale, hence the clip.
 
     Raises:
-        DataError: the file is missing, unreadable, truncated, empty, or holds NaN/inf samples (the message names the
-            file).
+        DataError: naming the file: missing, unreadable, truncated, empty, or holding NaN/inf samples.
     """
     path = Path(path)
     if not path.is_file():
@@ -348,5 +275,4 @@ def load_wav(path: PathLike, sampling_rate: int) -> torch.Tensor:
     audio = audio.mean(axis=1)
     if file_rate != sampling_rate:
         audio = librosa.resample(audio, orig_sr=file_rate, target_sr=sampling_rate)
-    audio = np.clip(audio, -1.0, 1.0).astype(np.float32)
-    return torch.from_numpy(np.ascontiguousarray(audio))
+    return torch.from_numpy(np.ascontiguousarray(np.clip(audio, -1.0, 1.0).astype(np.float32)))

@@ -1,6 +1,5 @@
-"""The audio+mel dataset of the vocoders (random crops, or mels read from ``data.mel_dir``), its collate function,
-the epoch shared with DataLoader workers, and ``inference.py``'s ``--mel``/``--wav`` reader.
-"""
+"""The vocoders' audio+mel dataset (random crops; mels computed or read from ``data.mel_dir``), its collate function,
+the epoch shared with DataLoader workers, and ``inference.py``'s ``--mel``/``--wav`` reader."""
 
 from __future__ import annotations
 
@@ -18,14 +17,9 @@ from utils.data.corpus import DataError, PathLike, Utterance
 
 
 class SharedEpoch:
-    """An epoch number set in the training process and read live by its DataLoader workers.
-
-    Persistent workers (``DataLoader(persistent_workers=True)``) hold their own copy of the dataset, made when they
-    started: a plain ``self.epoch = n`` set later never reaches them, and every epoch would draw epoch 0's random crops.
-    This keeps the number in shared memory instead (a ``multiprocessing.Value``), so ``value`` is the same in the
-    process and in every worker it forks. A dataset whose items depend on the epoch keeps it here and sets it in
-    ``set_epoch`` (``train.py`` calls that before each epoch).
-    """
+    """An epoch number set in the training process and read live by its DataLoader workers (in shared memory):
+    persistent workers hold a copy of the dataset made when they started, which a plain ``self.epoch = n`` never
+    reaches (every epoch would draw epoch 0's crops). A dataset whose items depend on the epoch sets it here."""
 
     def __init__(self, epoch: int = 0):
         self._shared = multiprocessing.Value("q", epoch, lock=False)
@@ -40,26 +34,26 @@ class SharedEpoch:
 
 
 MEL_SETTINGS_FILE = "_audio_config.json"
-"""The file of a mel folder that records the ``audio`` settings its mels were made with (``model_dump()`` of
-:class:`utils.data.audio.AudioConfig` as JSON): what ``scripts/dump_gta_mels.py`` writes next to its mels."""
+"""The file of a mel folder that records the ``audio`` settings its mels were made with (``AudioConfig.model_dump()``
+as JSON), which ``scripts/dump_gta_mels.py`` writes."""
 
 SILENCE_LOG_MEL = float(dynamic_range_compression(torch.zeros(())))
-"""The log-mel value of silence, ``log(1e-5)`` (about -11.51): what :class:`~utils.data.audio.MelSpectrogram`
-gives for zero samples, and what pads a mel read from ``data.mel_dir`` when its clip is shorter than a crop."""
+"""The log-mel of silence, ``log(1e-5)`` (about -11.51): pads a mel read from ``data.mel_dir`` shorter than a crop."""
+
+_LOAD_ERRORS = (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, KeyError, IndexError, TypeError,
+                AttributeError)  # what torch.load raises for a file that holds no tensor it can read
 
 
 def check_mel_dir(mel_dir: Path, audio_cfg: AudioConfig, utterances: Sequence[Utterance]) -> None:
-    """Refuse a mel folder (``data.mel_dir``) that cannot serve ``utterances``, before any audio is read: a missing folder,
-    mels recorded (:data:`MEL_SETTINGS_FILE`, when there) with other audio settings, or an utterance without its
-    ``<mel_dir>/<id>.pt`` (only the files' existence is checked here; their contents when an item is read).
+    """Refuse a mel folder (``data.mel_dir``) that cannot serve ``utterances``, before any audio is read: missing, with
+    other audio settings recorded (:data:`MEL_SETTINGS_FILE`), or without some ``<id>.pt`` (contents: when read).
 
     Raises:
-        DataError: one line naming the folder, the differing settings, or the first utterance without a mel file (its id
-            and the file) and how many there are.
+        DataError: naming the folder, the differing settings, or the first utterance without a mel file and how many.
     """
     if not mel_dir.is_dir():
-        raise DataError(f"data.mel_dir {mel_dir} is not a folder (dump mels there with python -m scripts.dump_gta_mels, or "
-                        "set data.mel_dir=\"\" to compute the mels from the audio)")
+        raise DataError(f"data.mel_dir {mel_dir} is not a folder (dump mels there with python -m "
+                        "scripts.dump_gta_mels, or set data.mel_dir=\"\" to compute the mels from the audio)")
     settings_file = mel_dir / MEL_SETTINGS_FILE
     if settings_file.is_file():
         try:
@@ -76,23 +70,21 @@ def check_mel_dir(mel_dir: Path, audio_cfg: AudioConfig, utterances: Sequence[Ut
     missing = [utt for utt in utterances if not (mel_dir / f"{utt.id}.pt").is_file()]
     if missing:
         more = f" (and {len(missing) - 1} more of {len(utterances)} utterances)" if len(missing) > 1 else ""
-        raise DataError(f"no mel for utterance '{missing[0].id}': {mel_dir / (missing[0].id + '.pt')} not found{more}; "
-                        "dump it into data.mel_dir, or leave the utterance out with data.exclude")
+        raise DataError(f"no mel for utterance '{missing[0].id}': {mel_dir / (missing[0].id + '.pt')} not found"
+                        f"{more}; dump it into data.mel_dir, or leave the utterance out with data.exclude")
 
 
 def load_mel_file(path: Path, utt_id: str, n_mels: int) -> torch.Tensor:
     """The mel ``(n_mels, frames)`` float32 of utterance ``utt_id`` in ``path`` (a tensor saved with ``torch.save``).
 
     Raises:
-        DataError: the file is missing or unreadable, or holds no finite float tensor ``(n_mels, frames)``; the message
-            names the utterance and the file.
+        DataError: naming the utterance and the file: missing, unreadable, or no finite float ``(n_mels, frames)``.
     """
     try:
         mel = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise DataError(f"no mel for utterance '{utt_id}': {path} not found") from None
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, KeyError, IndexError, TypeError,
-            AttributeError) as err:
+    except _LOAD_ERRORS as err:
         raise DataError(f"cannot load the mel of utterance '{utt_id}': {path}: {type(err).__name__}") from None
     if not torch.is_tensor(mel) or mel.dim() != 2 or not mel.is_floating_point() or mel.shape[0] != n_mels:
         got = tuple(mel.shape) if torch.is_tensor(mel) else type(mel).__name__
@@ -106,62 +98,33 @@ def load_mel_file(path: Path, utt_id: str, n_mels: int) -> torch.Tensor:
 class AudioMelDataset(Dataset):
     """Fixed-length audio segments and their log-mels: NVIDIA WaveGlow's ``Mel2Samp`` recipe.
 
-    Item ``i`` loads utterance ``i``'s wav (:func:`load_wav`), takes ``segment_length`` samples from it (a random crop
-    drawn from a generator seeded by ``(seed, epoch, i)``, so a resumed run crops exactly as the uninterrupted one
-    whatever the worker layout; or the first ``segment_length`` samples when ``random_crop=False``, for a deterministic
-    validation set), pads clips shorter than that with zeros at the end, and computes the log-mel of the segment with
-    one :class:`~utils.data.audio.MelSpectrogram` built for the dataset.
+    Item ``i`` is ``{"mel": (n_mels, MelSpectrogram.num_frames(segment_length)) float32, "audio": (segment_length,)
+    float32, "id": str}`` (batch with :func:`collate_audio_mel`): ``segment_length`` samples of utterance ``i``'s wav, a
+    random crop drawn from a generator seeded by ``(seed, epoch, i)`` (so a resumed run crops as the uninterrupted one,
+    whatever the workers) or with ``random_crop=False`` the first ones, zero-padded; ``with_mel=False``: no ``"mel"``
+    (computed on the device).
 
-    Items are dicts: ``{"mel": (n_mels, frames) float32, "audio": (segment_length,) float32, "id": str}`` with ``frames
-    = MelSpectrogram.num_frames(segment_length)`` (about ``segment_length / hop_length``). Batch them with
-    :func:`collate_audio_mel`.
-
-    With ``mel_dir`` (``data.mel_dir``) the mels are read, not computed: ``<mel_dir>/<id>.pt``, the whole utterance's
-    mel ``(n_mels, frames)`` (e.g. Tacotron2's teacher-forced, "ground-truth aligned" mels from
-    ``scripts/dump_gta_mels.py``), and a vocoder learns to turn *those* into the real audio: the fine-tuning of
-    jik876/hifi-gan (``--fine_tuning``, its ``MelDataset``) and of Shen et al. 2018's WaveNet on Tacotron2's
-    predictions. A mel must have exactly ``MelSpectrogram.num_frames(T)`` frames for the ``T`` samples of its clip
-    (:func:`load_wav` at ``audio.sampling_rate``): ``(T + 2 * pad - n_fft) // hop_length + 1`` with ``pad = (n_fft -
-    hop_length) // 2``; frame ``k`` then covers samples ``k * hop_length`` to ``(k + 1) * hop_length`` (its window is
-    centred there). Audio and mel are cropped together on frame boundaries: a frame ``f`` drawn uniformly from ``[0,
-    frames - segment_length // hop_length]`` by the same seeded generator as above (``(seed, epoch, i)``; ``f = 0``
-    without ``random_crop``), mel frames ``f`` to ``f + segment_length // hop_length`` (end excluded) and samples ``f *
-    hop_length`` to ``f * hop_length + segment_length``, so ``segment_length`` must be a multiple of ``hop_length``. A
-    clip with fewer frames than that keeps its mel and the audio of those frames, padded with silence to the crop: zeros
-    for the audio and :data:`SILENCE_LOG_MEL` for the mel, the mel of zeros (jik876 pads the mel with 0 instead, the log
-    of a loud spectrum). Items then hold ``segment_length // hop_length`` mel frames.
-
-    Args:
-        utterances: from :func:`read_ljspeech`, :func:`read_filelist` or :func:`load_splits`.
-        audio_cfg: signal settings (sampling rate, STFT and mel parameters).
-        segment_length: samples per item.
-        random_crop: random (training) or first-segment (validation) crops.
-        seed: base seed of the crops; :meth:`set_epoch` changes them every epoch.
-        with_mel: compute each crop's mel here (in the DataLoader workers); ``False``: items hold audio only.
-        mel_dir: a folder of mels to read instead (a path as given, relative to the current folder); ``None`` or ``""``:
-            compute them from the audio.
+    With ``mel_dir`` the mels are read instead (``<mel_dir>/<id>.pt``: the utterance's ``(n_mels,
+    MelSpectrogram.num_frames(T))`` for its ``T`` samples), e.g. Tacotron2's teacher-forced mels from
+    ``scripts/dump_gta_mels.py``, which a vocoder learns to turn into the real audio (jik876/hifi-gan's
+    ``--fine_tuning``; Shen et al. 2018). Mel and audio are then cropped together on frame boundaries (mel frames from a
+    frame ``f`` drawn as above, samples from ``f * hop_length``), so ``segment_length`` must be a multiple of
+    ``hop_length``; a shorter clip keeps the audio of its frames, padded with zeros and :data:`SILENCE_LOG_MEL` (jik876
+    pads the mel with 0, the log of a loud spectrum).
 
     Raises:
-        DataError: ``utterances`` is empty, or ``mel_dir`` cannot serve them (:func:`check_mel_dir`: the folder, its
-            recorded audio settings, a missing ``<id>.pt``) (here); a wav cannot be loaded, or a mel file is unreadable,
-            misshapen or has another number of frames than its audio gives (in ``__getitem__``; the message names the
-            utterance and the file).
-        ValueError: ``segment_length`` is too short to make a mel frame, or with ``mel_dir`` is not a multiple of
-            ``hop_length``, or ``mel_dir`` comes with ``with_mel=False``.
+        DataError: no utterances, or ``mel_dir`` cannot serve them (:func:`check_mel_dir`); in ``__getitem__``, a wav or
+            mel file unreadable, misshapen, or of another frame count than its audio (naming utterance and file).
+        ValueError: ``segment_length`` too short for a mel frame, or with ``mel_dir`` not a multiple of
+            ``hop_length``; ``mel_dir`` with ``with_mel=False``.
     """
 
     def __init__(self, utterances: Sequence[Utterance], audio_cfg: AudioConfig, segment_length: int,
-                 random_crop: bool = True, seed: int = 0, with_mel: bool = True,
-                 mel_dir: Optional[PathLike] = None):
+                 random_crop: bool = True, seed: int = 0, with_mel: bool = True, mel_dir: Optional[PathLike] = None):
         if len(utterances) == 0:
             raise DataError("AudioMelDataset: no utterances given")
-        self.utterances = list(utterances)
-        self.audio_cfg = audio_cfg
-        self.segment_length = segment_length
-        self.random_crop = random_crop
-        self.seed = seed
-        self.with_mel = with_mel
-        self._epoch = SharedEpoch()
+        self.utterances, self.audio_cfg, self.segment_length = list(utterances), audio_cfg, segment_length
+        self.random_crop, self.seed, self.with_mel, self._epoch = random_crop, seed, with_mel, SharedEpoch()
         self.mel = MelSpectrogram.from_config(audio_cfg)
         if self.mel.num_frames(segment_length) < 1 or segment_length <= self.mel.pad:
             raise ValueError(f"AudioMelDataset: segment_length={segment_length} samples is too short for "
@@ -187,25 +150,18 @@ class AudioMelDataset(Dataset):
         return self._epoch.value
 
     def set_epoch(self, epoch: int) -> None:
-        """Draw other crops in epoch ``epoch`` (set before the epoch's batches are requested, like the sampler's);
-        persistent DataLoader workers see it too (:class:`SharedEpoch`)."""
+        """Draw epoch ``epoch``'s crops (set before its batches are requested; workers see it: :class:`SharedEpoch`)."""
         self._epoch.value = epoch
 
     def _start(self, index: int, choices: int) -> int:
-        """The crop's start in ``[0, choices)`` (samples, or frames with ``mel_dir``): drawn from a generator seeded by
-        ``(seed, epoch, index)`` for training crops, 0 for validation ones."""
+        """The crop's start in ``[0, choices)`` (samples, or frames with ``mel_dir``); 0 without ``random_crop``."""
         if not self.random_crop:
             return 0
         rng = torch.Generator().manual_seed(hash((self.seed, self.epoch, index)) & 0x7FFF_FFFF_FFFF)
         return int(torch.randint(0, choices, (1,), generator=rng).item())
 
     def _read_item(self, index: int, utt: Utterance, audio: torch.Tensor) -> dict:
-        """The item of a mel read from ``mel_dir``: mel and audio cropped together on frame boundaries (see the class
-        docstring).
-
-        Raises:
-            DataError: the mel file is missing, unreadable or misshapen, or its frame count is not the audio's.
-        """
+        """The item of a mel read from ``mel_dir``, cropped with its audio on frame boundaries."""
         hop, path = self.audio_cfg.hop_length, self.mel_dir / f"{utt.id}.pt"
         mel = load_mel_file(path, utt.id, self.audio_cfg.n_mels)
         expected = self.mel.num_frames(audio.shape[0])
@@ -238,16 +194,12 @@ class AudioMelDataset(Dataset):
         if not self.with_mel:  # the mel is computed on the device, in the training step
             return {"audio": audio, "id": utt.id}
         with torch.no_grad():
-            mel = self.mel(audio)
-        return {"mel": mel, "audio": audio, "id": utt.id}
+            return {"mel": self.mel(audio), "audio": audio, "id": utt.id}
 
 
 def collate_audio_mel(items: Sequence[dict]) -> dict:
-    """Stack :class:`AudioMelDataset` items into a batch dict.
-
-    Returns:
-        ``{"mel": (B, n_mels, frames), "audio": (B, segment_length), "ids": [str] * B}``; without ``"mel"`` when the
-        items have none (``AudioMelDataset(with_mel=False)``).
+    """Stack :class:`AudioMelDataset` items into ``{"mel": (B, n_mels, frames), "audio": (B, segment_length), "ids":
+    [str] * B}`` (without ``"mel"`` when the items have none).
 
     Raises:
         ValueError: ``items`` is empty or the items' shapes differ (the message names the ids).
@@ -262,13 +214,12 @@ def collate_audio_mel(items: Sequence[dict]) -> dict:
         if any(item[key].shape != first[key].shape for key in keys):
             raise ValueError(f"collate_audio_mel: item '{item['id']}' has {shapes(item)}, item '{first['id']}' has "
                              f"{shapes(first)}")
-    return {**{key: torch.stack([item[key] for item in items]) for key in keys},
-            "ids": [item["id"] for item in items]}
+    return {**{key: torch.stack([item[key] for item in items]) for key in keys}, "ids": [item["id"] for item in items]}
 
 
 def read_mel(args, cfg) -> torch.Tensor:
-    """The mel ``(n_mels, frames)`` a vocoder's ``inference.py`` run vocodes: from ``--mel`` (a tensor file saved with
-    ``torch.save``) or the log-mel of ``--wav`` (``args.mel``, ``args.wav``; ``cfg.audio``), float32.
+    """The float32 mel ``(n_mels, frames)`` a vocoder's ``inference.py`` vocodes: ``--mel`` (a tensor saved with
+    ``torch.save``) or the log-mel of ``--wav``.
 
     Raises:
         DataError: a missing, unreadable or misshapen file, or a wav too short for one STFT window.
@@ -285,8 +236,7 @@ def read_mel(args, cfg) -> torch.Tensor:
         mel = torch.load(args.mel, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise DataError(f"--mel {args.mel}: no such file") from None
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, KeyError, IndexError, TypeError,
-            AttributeError) as err:
+    except _LOAD_ERRORS as err:
         raise DataError(f"--mel {args.mel}: not a tensor saved with torch.save ({type(err).__name__})") from None
     if not torch.is_tensor(mel) or mel.dim() not in (2, 3) or (mel.dim() == 3 and mel.shape[0] != 1):
         raise DataError(f"--mel {args.mel}: expected a tensor of shape (n_mels, frames) or (1, n_mels, frames)")

@@ -1,6 +1,5 @@
-"""From dataset to device: the DataLoader of a rank's shard (workers, pinned memory, its own generator), the endless
-stream of batches that keeps the loop's position in the epoch, and a step's micro-batches on the device.
-"""
+"""From dataset to device: the DataLoader of a rank's shard, the endless stream of batches that keeps the loop's
+position in the epoch, and a step's micro-batches on the device."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ from utils.run import ignore_stop_signals, stop_signals_blocked
 
 
 def to_device(batch: dict, device: torch.device, prepare: Optional[Callable[[dict], dict]] = None) -> dict:
-    """Move every tensor of a batch dict to ``device`` (non-blocking from pinned memory), then apply ``prepare`` if given
-    (the model's ``on_device`` hook, from :func:`on_device_hook`)."""
+    """Move a batch dict's tensors to ``device`` (non-blocking from pinned memory), then apply ``prepare`` if given."""
     batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
     return batch if prepare is None else prepare(batch)
 
@@ -31,13 +29,10 @@ def on_device_hook(spec: ModelSpec, cfg: Config) -> Optional[Callable[[dict], di
 
 def make_loader(dataset, spec: ModelSpec, cfg: Config, batch_size: int, rank: int, world_size: int, train: bool,
                 device: torch.device) -> DataLoader:
-    """A DataLoader over this rank's shard, with workers and pinned memory on CUDA.
-
-    With ``data.persistent_workers`` the workers live for the whole run (no start-up at every epoch boundary); the
-    dataset's epoch reaches them through shared memory (``utils.data_utils.SharedEpoch``), and random crops are seeded
-    by seed, epoch and index, which is what makes a resumed run exact.
-    """
-    if train and cfg.data.batching == "buckets":  # one batch of similar lengths per step (LengthBucketSampler)
+    """A DataLoader over this rank's shard (length buckets or a resumable random order), with workers (persistent with
+    ``data.persistent_workers``: the epoch reaches them through ``SharedEpoch``) and pinned memory on CUDA. Raises
+    ConfigError for ``data.batching=buckets`` with a training dataset that has no ``lengths()`` method."""
+    if train and cfg.data.batching == "buckets":
         if not callable(getattr(dataset, "lengths", None)):
             raise ConfigError(f"data.batching=buckets: the training dataset ({type(dataset).__name__}) has no "
                               "lengths() method giving each item's length; add one or use data.batching=random")
@@ -47,30 +42,26 @@ def make_loader(dataset, spec: ModelSpec, cfg: Config, batch_size: int, rank: in
         batching = dict(batch_size=batch_size, drop_last=train, sampler=ResumableDistributedSampler(
             dataset, num_replicas=world_size, rank=rank, shuffle=train, seed=cfg.train.seed, drop_last=train))
     workers = cfg.data.num_workers
-    # Its own generator: starting an epoch's workers must not draw from the global RNG that dropout uses,
-    # or a run resumed mid-epoch would see other dropout masks than the run that never stopped.
-    generator = torch.Generator().manual_seed(cfg.train.seed + rank)
-    return DataLoader(dataset, **batching, num_workers=workers,
-                      collate_fn=spec.training.collate_fn, pin_memory=device.type == "cuda",
-                      prefetch_factor=cfg.data.prefetch_factor if workers else None, generator=generator,
+    # Its own generator: starting workers must not draw from the global RNG that dropout uses (a run resumed
+    # mid-epoch would see other dropout masks than the one that never stopped).
+    return DataLoader(dataset, **batching, num_workers=workers, collate_fn=spec.training.collate_fn,
+                      pin_memory=device.type == "cuda", prefetch_factor=cfg.data.prefetch_factor if workers else None,
+                      generator=torch.Generator().manual_seed(cfg.train.seed + rank),
                       worker_init_fn=ignore_stop_signals if workers else None,
                       persistent_workers=bool(workers) and cfg.data.persistent_workers)
 
 
 def epoch_order(loader: DataLoader) -> tuple[Any, int]:
-    """The loader's sampler that orders its epochs (``set_epoch(epoch, start=k)``, ``num_replicas``) and the samples one
-    step of all ranks reads (the global batch, without accumulation)."""
+    """The loader's sampler (``set_epoch(epoch, start=k)``) and global batch (samples one step of all ranks reads)."""
     if isinstance(loader.batch_sampler, LengthBucketSampler):
         return loader.batch_sampler, loader.batch_sampler.batch_size * loader.batch_sampler.num_replicas
     return loader.sampler, loader.batch_size * loader.sampler.num_replicas
 
 
 def batch_stream(loader: DataLoader, state: TrainState):
-    """Endless batches; each epoch reshuffles the shards (``set_epoch``), a resumed one skips what was read.
-
-    Keeps ``state.epoch``, ``state.batch_in_epoch`` and ``state.samples_in_epoch`` (global: every rank's batch) up to
-    date, so a checkpoint taken between two batches records exactly where the stream is.
-    """
+    """Endless batches; each epoch reshuffles the shards (``set_epoch``), a resumed one skips what was read. Keeps
+    ``state.epoch``, ``state.batch_in_epoch`` and ``state.samples_in_epoch`` (global) up to date, so a checkpoint taken
+    between two batches records exactly where the stream is."""
     sampler, global_batch = epoch_order(loader)
     while True:
         sampler.set_epoch(state.epoch, start=state.samples_in_epoch)
@@ -98,7 +89,6 @@ def next_micro_batches(batches, spec: ModelSpec, accum: int, device: torch.devic
 
 
 def epochs_done(state: TrainState, loader: DataLoader) -> int:
-    """Epochs read to the end: the current one counts once its last batch is read, i.e. when fewer samples than one global
-    batch are left of it (the loop's position moves to the next epoch only when the next batch is asked for)."""
-    left = len(loader.dataset) - state.samples_in_epoch
-    return state.epoch + (left < epoch_order(loader)[1])
+    """Epochs read to the end: the current one counts once fewer samples than one global batch are left of it (the
+    stream moves to the next epoch only when the next batch is asked for)."""
+    return state.epoch + (len(loader.dataset) - state.samples_in_epoch < epoch_order(loader)[1])

@@ -1,7 +1,5 @@
-"""Which items each rank reads in which order: a resumable ``DistributedSampler`` (an epoch continues from any sample,
-on any number of ranks) and length buckets (batches of similar lengths for variable-length models, each utterance once
-per epoch across ranks), with the padding they save.
-"""
+"""Which items each rank reads in which order: a resumable ``DistributedSampler`` and length buckets (batches of similar
+lengths for variable-length models), with the padding they save."""
 
 from __future__ import annotations
 
@@ -14,12 +12,10 @@ from torch.utils.data import DistributedSampler
 class ResumableDistributedSampler(DistributedSampler):
     """A :class:`~torch.utils.data.DistributedSampler` that can start an epoch part-way through, on any number of ranks.
 
-    ``set_epoch(epoch, start=k)`` makes the next pass leave out the first ``k`` samples of that epoch's order (shuffled
-    by ``seed + epoch``, the parent's order, which does not depend on the number of ranks): the ones all ranks together
-    already trained on, ``k`` counted in global samples. The rest is split across this run's ranks as the parent splits
-    a whole epoch (rank ``r`` takes every ``num_replicas``-th sample from its ``r``-th; ``drop_last`` drops the
-    remainder, otherwise it is padded from the start). With the same number of ranks a resumed epoch is exactly the rest
-    of the uninterrupted one; the pass after it is whole again.
+    ``set_epoch(epoch, start=k)`` makes the next pass leave out the first ``k`` global samples of the epoch's order
+    (the parent's, by ``seed + epoch``, whatever the number of ranks) and split the rest across the ranks as the parent
+    splits a whole epoch (``drop_last`` drops the remainder, else it is padded from the start): on the same number of
+    ranks, a resumed epoch is exactly the rest of the uninterrupted one. The pass after it is whole again.
     """
 
     def __init__(self, *args, **kwargs):
@@ -32,13 +28,8 @@ class ResumableDistributedSampler(DistributedSampler):
         self.start = start
 
     def _rest(self) -> list[int]:
-        if self.shuffle:
-            generator = torch.Generator()
-            generator.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(len(self.dataset), generator=generator).tolist()
-        else:
-            order = list(range(len(self.dataset)))
-        rest = order[self.start:]
+        n, generator = len(self.dataset), torch.Generator().manual_seed(self.seed + self.epoch)
+        rest = (torch.randperm(n, generator=generator) if self.shuffle else torch.arange(n)).tolist()[self.start:]
         if self.drop_last:
             rest = rest[:len(rest) - len(rest) % self.num_replicas]
         elif rest and len(rest) % self.num_replicas:
@@ -56,34 +47,16 @@ class ResumableDistributedSampler(DistributedSampler):
 
 
 class LengthBucketSampler:
-    """A distributed batch sampler whose batches hold utterances of similar length (``data.batching=buckets``).
-
-    Padding is wasted compute for a variable-length model: a random batch of LJSpeech-like clips (1-10 s) is padded to
-    its longest, so a large share of its mel frames is padding. Here an epoch's order is built as follows, by ``seed +
-    epoch`` alone (not by the number of ranks, nor by ``num_workers``: batches are made in the main process):
-
-    1. the indices are shuffled;
-    2. each run of ``pool * batch_size`` of them is sorted by length and cut into micro-batches of ``batch_size`` (the
-       last pool's incomplete micro-batch, fewer than ``batch_size`` utterances, is left out this epoch);
-    3. the micro-batches are shuffled.
-
-    Optimizer step ``s`` of ``num_replicas`` ranks takes micro-batches ``s * num_replicas`` to ``s * num_replicas +
-    num_replicas - 1``, rank ``r`` the ``r``-th of them; micro-batches that do not fill a last step are left out too. So
-    each utterance is read at most once per epoch across the ranks, and at most ``batch_size * num_replicas - 1`` are
-    left out of an epoch (the same count as the random sampler's ``drop_last``; other utterances each epoch).
-    ``set_epoch(epoch, start=k)`` leaves out the first ``k`` global samples (``k`` a multiple of ``batch_size``, as
-    every step's samples are) of that epoch's order: resumed on the same number of ranks the epoch goes on exactly as
-    the uninterrupted one; on another number, the rest of the same order is shared among the new ranks, each utterance
-    still read once. This is the idea of VITS' ``DistributedBucketSampler`` and of NVIDIA NeMo's semi-sorted batches,
-    made resumable.
-
-    Args:
-        lengths: each item's length (mel frames, samples, symbols: what the collate function pads), ``(N,)``.
-        batch_size: utterances per micro-batch (one rank's batch).
-        num_replicas, rank: the world size and this process's rank.
-        seed: the shuffling seed (``train.seed``).
-        pool: micro-batches sorted together (``data.bucket_pool``): larger pools pad less, smaller ones mix lengths
-            more.
+    """A distributed batch sampler whose batches hold utterances of similar length (``data.batching=buckets``): a random
+    batch of LJSpeech-like clips (1-10 s) is largely padding, wasted compute for a variable-length model. The idea of
+    VITS' ``DistributedBucketSampler`` and NVIDIA NeMo's semi-sorted batches, made resumable. An epoch's order depends
+    on ``seed + epoch`` alone (not on the ranks or workers): the indices are shuffled; each run of ``pool``
+    (``data.bucket_pool``: larger pads less, smaller mixes more) micro-batches' worth is sorted by ``lengths``
+    (``(N,)``: what the collate function pads) and cut into micro-batches of ``batch_size`` (an incomplete one is left
+    out); the micro-batches are shuffled. Step ``s`` takes micro-batches ``s * num_replicas`` on, rank ``r`` the
+    ``r``-th; those that do not fill a last step are left out too, so each utterance is read at most once an epoch and
+    at most ``batch_size * num_replicas - 1`` are left out. ``set_epoch(epoch, start=k)`` leaves out the first ``k``
+    global samples: resumed on the same ranks the epoch goes on exactly; on others, they share the rest.
 
     Raises:
         ValueError: ``batch_size``, ``pool`` or ``num_replicas`` < 1, ``rank`` outside ``[0, num_replicas)``, a length <
@@ -100,8 +73,7 @@ class LengthBucketSampler:
             raise ValueError(f"LengthBucketSampler: item {int(self.lengths.argmin())} has length "
                              f"{int(self.lengths.min())}; every length must be >= 1")
         self.batch_size, self.num_replicas, self.rank = batch_size, num_replicas, rank
-        self.seed, self.pool = seed, pool
-        self.epoch, self.start = 0, 0
+        self.seed, self.pool, self.epoch, self.start = seed, pool, 0, 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Order by ``seed + epoch``; ``start``: global samples of this epoch's order to leave out."""
@@ -110,18 +82,15 @@ class LengthBucketSampler:
         self.epoch, self.start = epoch, start
 
     def epoch_batches(self) -> list[list[int]]:
-        """Every full micro-batch of the epoch's order (steps 1 to 3 above), for all ranks together."""
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)
+        """Every full micro-batch of the epoch's order, for all ranks together."""
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(len(self.lengths), generator=generator)
-        span = self.pool * self.batch_size
-        batches = []
+        span, size, batches = self.pool * self.batch_size, self.batch_size, []
         for begin in range(0, len(order), span):
             chunk = order[begin:begin + span]
             # stable: equal lengths keep their shuffled order, so ties do not depend on the sort's algorithm
             chunk = chunk[torch.sort(self.lengths[chunk], stable=True).indices].tolist()
-            batches += [chunk[i:i + self.batch_size] for i in range(0, len(chunk) - self.batch_size + 1,
-                                                                       self.batch_size)]
+            batches += [chunk[i:i + size] for i in range(0, len(chunk) - size + 1, size)]
         return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
     def _rest(self) -> list[list[int]]:
@@ -137,8 +106,7 @@ class LengthBucketSampler:
         yield from batches
 
     def __len__(self) -> int:
-        """This rank's micro-batches of the epoch, counted without building its order (how many full micro-batches each
-        pool gives does not depend on the order)."""
+        """This rank's micro-batches of the epoch, counted without building the order (which does not change it)."""
         full_pools, left = divmod(len(self.lengths), self.pool * self.batch_size)
         rest = max(full_pools * self.pool + left // self.batch_size - self.start // self.batch_size, 0)
         return rest // self.num_replicas
@@ -147,15 +115,13 @@ class LengthBucketSampler:
 def random_batches(count: int, batch_size: int, seed: int = 0) -> list[list[int]]:
     """The full batches of one shuffled pass over ``count`` items (``data.batching=random`` on one rank, epoch 0): what
     :func:`padding_fraction` compares bucketed batches with."""
-    generator = torch.Generator()
-    generator.manual_seed(seed)
-    order = torch.randperm(count, generator=generator).tolist()
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed)).tolist()
     return [order[i:i + batch_size] for i in range(0, count - batch_size + 1, batch_size)]
 
 
 def padding_fraction(batches: Sequence[Sequence[int]], lengths: Sequence[int]) -> float:
-    """The share of a padded batch's positions that are padding, over ``batches`` (lists of item indices): ``sum(len(b) *
-    max(lengths of b) - sum(lengths of b)) / sum(len(b) * max(lengths of b))``; 0.0 when there is no batch."""
+    """The share of padding in ``batches`` (lists of item indices) padded to their longest: ``sum(len(b) * max(lengths
+    of b) - sum(lengths of b)) / sum(len(b) * max(lengths of b))``; 0.0 when there is no batch."""
     padded = real = 0
     for batch in batches:
         sizes = [int(lengths[i]) for i in batch]

@@ -1,18 +1,10 @@
-"""Activation checkpointing: chosen blocks keep only their inputs in the forward pass and run their forward again during
-the backward pass, trading about one more forward of compute for their activation memory.
-
-``train.activation_checkpointing`` picks the blocks among ``ModelSpec.blocks``: ``full`` every one, ``selective`` every
-``train.activation_checkpointing_every``-th one (torchtitan's per-layer selective mode), ``none`` none.
-
-The block's module tree, parameters and state-dict keys stay as they are (checkpoints load either way): only the block's
-``forward`` is replaced, by one that runs the original through :func:`torch.utils.checkpoint.checkpoint` (non-reentrant;
-the random number generator state is saved and put back for the recomputation, so dropout draws the same masks and the
-gradients are those of the plain model). FSDP2's ``fully_shard`` of the same block hooks around its ``__call__``,
-outside this forward, so the recomputation runs while the block's weights are gathered: the order torchtitan applies
-them in (checkpoint inside, shard outside).
-
-Sources: https://pytorch.org/docs/stable/checkpoint.html; Chen et al., "Training Deep Nets with Sublinear Memory Cost"
-(2016); pytorch/torchtitan's ``apply_ac``.
+"""Activation checkpointing (``train.activation_checkpointing``): chosen blocks of ``Training.blocks`` keep only their
+inputs in the forward pass and run their forward again in the backward, about one more forward of compute for their
+activation memory. Only the block's ``forward`` is replaced (state-dict keys stay), by one through the non-reentrant
+:func:`torch.utils.checkpoint.checkpoint`, which restores the RNG state for the recomputation (the same dropout masks,
+the plain model's gradients). FSDP2 hooks around the block's ``__call__``, outside this forward: checkpoint inside,
+shard outside, as torchtitan applies them. Sources: https://pytorch.org/docs/stable/checkpoint.html; Chen et al.,
+"Training Deep Nets with Sublinear Memory Cost" (2016); pytorch/torchtitan's ``apply_ac``.
 """
 
 from __future__ import annotations
@@ -28,15 +20,9 @@ MODES = ("none", "full", "selective")
 
 
 def apply_activation_checkpointing(blocks: list[nn.Module], mode: str, every: int = 2) -> list[nn.Module]:
-    """Checkpoint the activations of ``blocks`` as ``mode`` says, in place; returns the blocks wrapped.
-
-    Args:
-        blocks: the model's repeated sub-modules in forward order (``ModelSpec.blocks``).
-        mode: ``none`` (nothing), ``full`` (every block) or ``selective`` (blocks ``0, every, 2 * every, ...``).
-        every: the stride of ``selective``.
-
-    Returns:
-        The blocks now checkpointed (a block already checkpointed is left as it is, and not listed twice).
+    """Checkpoint the activations of ``blocks`` (the model's repeated sub-modules in forward order) in place: ``none``,
+    ``full`` (every block) or ``selective`` (blocks ``0, every, 2 * every, ...``, torchtitan's per-layer mode). Returns
+    the blocks it wrapped (a block checkpointed already is left as it is).
 
     Raises:
         ValueError: an unknown ``mode``, or ``every < 1``.

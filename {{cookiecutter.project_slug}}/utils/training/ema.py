@@ -1,13 +1,8 @@
-"""An exponential moving average (EMA) of a model's weights, for validation and inference (``train.ema_decay``).
-
-After every real optimizer step, ``ema = decay * ema + (1 - decay) * weights`` for each floating-point parameter of the
-networks inference uses (``ModelSpec.inference_modules``; the whole model when it names none). Training goes on with the
-raw weights; validation puts the average in their place for its forward passes (:meth:`EMA.applied`) and checkpoints
-carry it beside them (``"ema"``). The method is Polyak averaging as speech models keep it (BigVGAN, Vocos, VITS-style
-models); ``torch.optim.swa_utils.get_ema_multi_avg_fn`` computes the same update, but ``AveragedModel`` keeps a deep
-copy of whole modules, which does not fit a model that FSDP2 shards: here each average is a tensor like its parameter (a
-``DTensor`` shard under FSDP, updated where it lies, saved and re-cut by ``torch.distributed.checkpoint`` as the weights
-are).
+"""An exponential moving average (EMA) of a model's weights for validation and inference (``train.ema_decay``): after
+every real optimizer step, ``ema = decay * ema + (1 - decay) * weights`` for the parameters inference uses
+(``Inference.modules``). Polyak averaging as BigVGAN and Vocos keep it; unlike ``torch.optim.swa_utils.AveragedModel``
+(a deep copy of whole modules) each average is a tensor like its parameter, so under FSDP2 a ``DTensor`` shard, saved
+and re-cut by ``torch.distributed.checkpoint`` as the weights are.
 """
 
 from __future__ import annotations
@@ -34,10 +29,8 @@ def averaged_parameters(model: nn.Module, modules: Sequence[str]) -> dict[str, n
 class EMA:
     """The moving averages of ``model``'s parameters under ``modules``.
 
-    Args:
-        model: the plain model or the FSDP-sharded one (never a DDP wrapper: the key names must be the model's own).
-        modules: names of sub-modules to average (``ModelSpec.inference_modules``); empty: the whole model.
-        decay: in ``[0, 1)``; the weight of the old average at each update.
+    ``model``: plain or FSDP-sharded (never a DDP wrapper: the key names are the model's own); ``modules``: the
+    sub-modules to average (empty: all); ``decay`` in ``[0, 1)``: the weight of the old average at each update.
 
     Raises:
         ValueError: ``decay`` outside ``[0, 1)``, or ``modules`` naming no parameter of ``model``.

@@ -26,9 +26,7 @@ class TrainingError(RuntimeError):
 
 
 class Agreed(NamedTuple):
-    """A phase's numbers as every rank sees them after :func:`agree`: the mean loss and gradient norm, how many ranks saw a
-    non-finite one, the mean of each named metric, the sums of the counts, and the seconds this rank waited in the
-    all-reduce (mostly for the slowest rank)."""
+    """A phase's numbers as every rank sees them after :func:`agree`, and the seconds this rank waited for them."""
 
     loss: float
     grad_norm: float
@@ -78,14 +76,13 @@ def nonfinite_weight(model: torch.nn.Module) -> Optional[str]:
 
 def count_skips(state: TrainState, phase: str, skipped: bool, searching: bool, limit: int, step: int, of: str,
                 last: str) -> None:
-    """Count a phase's skipped update (a non-finite loss or gradient, a spike skipped by policy, an fp16 overflow the
-    GradScaler skipped) in ``state.skipped_updates`` and its run of skips in ``state.skips_in_a_row``; an overflow while
-    the GradScaler is still searching its scale (``searching``) neither extends nor breaks that run.
+    """Count a phase's skipped update (non-finite, a skipped spike, an fp16 overflow) in ``state.skipped_updates`` and its
+    run of skips in ``state.skips_in_a_row``; an overflow while the GradScaler still searches its scale (``searching``)
+    neither extends nor breaks the run.
 
     Raises:
-        TrainingError: ``limit`` (``train.max_skips_in_a_row``; 0: none) updates in a row were skipped: the run does not
-            recover by skipping (a learning rate far too high, weights already broken), so it stops naming the last good
-            checkpoint.
+        TrainingError: ``limit`` (``train.max_skips_in_a_row``; 0: none) updates in a row were skipped: skipping does not
+            recover the run, which stops naming the last good checkpoint.
     """
     if skipped:
         state.skipped_updates[phase] = state.skipped_updates.get(phase, 0) + 1
@@ -99,20 +96,12 @@ def count_skips(state: TrainState, phase: str, skipped: bool, searching: bool, l
 
 
 class SpikeMonitor:
-    """Flags a spike of one series (a phase's loss, or its gradient norm): a step far above the recent past.
-
-    The value is compared with the highest (and lowest) of the last ``window`` values of the series: it is a spike when
-    above ``limit = high + (factor - 1) * max(|high|, high - low)``. For a positive series (gradient norms, most losses)
-    that is ``factor * high``; the ``|high|`` and ``high - low`` terms keep the rule meaningful for losses below or
-    around zero (WaveGlow's negative log-likelihood). Checks start after ``warmup`` values; spikes do not enter the
-    window; ``factor <= 0`` disables the check.
-
-    Why the recent highest and not a mean: gradient norms are heavy-tailed and grow early in training. Measured on
-    full-size runs (one H100, bf16 and tf32, the first 260-990 steps): WaveGlow's gradient norm grows about 40x in its
-    first hundred steps and then reaches 4-7x its median every few dozen steps; HiFi-GAN's discriminator's 2.5-4x; a
-    rule "3x the running mean" fired 3 to 23 times in every one of those healthy runs, the rule here not once. A real
-    fault is far above anything seen lately: a clip of loud noise gives WaveGlow a gradient norm of 4-17x its recent
-    highest; an exploding loss grows without bound.
+    """Flags a spike of one series (a phase's loss or gradient norm): a value above ``high + (factor - 1) * max(|high|,
+    high - low)`` of the last ``window`` values (``factor * high`` for a positive series; the other terms keep the rule
+    meaningful for WaveGlow's negative loss). Checks start after ``warmup`` values; spikes do not enter the window;
+    ``factor <= 0`` disables it. Why the recent highest, not a mean: gradient norms are heavy-tailed. On full-size H100
+    runs WaveGlow's norm grew ~40x in 100 steps, then reached 4-7x its median every few dozen steps; "3x the running
+    mean" fired 3-23 times in every healthy run, this rule never; a clip of loud noise gave 4-17x the recent highest.
     """
 
     def __init__(self, factor: float, warmup: int = 20, window: int = 100):
@@ -141,18 +130,17 @@ class SpikeMonitor:
 
 
 class Anomalies:
-    """The step's verdicts on one phase, by ``train.on_nonfinite`` and ``train.on_spike``: a non-finite loss or gradient
-    norm, or a spike (:func:`spike`), is logged (``anomalies.jsonl``, with the utterance ids of every rank's batch),
-    skipped (the optimizer's gradients dropped, its buffers taken back, counted in ``TrainState.skipped_steps``) or
-    stops the run naming the last good checkpoint; skipped updates are counted (:func:`count_skips`)."""
+    """The step's verdicts on one phase: a non-finite loss or gradient norm (``train.on_nonfinite``) or a spike
+    (``train.on_spike``) is logged to ``anomalies.jsonl`` with every rank's utterance ids, skipped (gradients dropped,
+    buffers taken back, counted) or stops the run naming the last good checkpoint."""
 
     def __init__(self, train_cfg, scaler, state: TrainState, log: RunLog, output_dir, phases: int):
         self.cfg, self.scaler, self.state, self.log, self.output_dir = train_cfg, scaler, state, log, output_dir
         self.several = phases > 1
 
     def judge(self, step: int, phase: Phase, agreed: Agreed, ids: list) -> tuple[bool, bool]:
-        """``(overflow, skipped)`` of ``phase``'s update this step, from the ranks' agreed numbers: an fp16 overflow (the
-        GradScaler skips it) and whether it is skipped at all (an overflow, or an anomaly the policy skips).
+        """``(overflow, skipped)`` of ``phase``'s update: an fp16 overflow (the GradScaler skips it), and whether it is
+        skipped at all.
 
         Raises:
             TrainingError: an anomaly with the policy ``stop``.
@@ -180,9 +168,8 @@ class Anomalies:
         return overflow, skipped
 
     def count(self, step: int, phase: Phase, overflow: bool, skipped: bool) -> None:
-        """After the optimizer's step: count a skipped update. An fp16 overflow is the GradScaler searching its scale,
-        until that falls below 1: from then on the gradients are not finite even unscaled, and the skip counts towards
-        ``train.max_skips_in_a_row``.
+        """After the optimizer's step: count a skipped update (:func:`count_skips`). An fp16 overflow counts towards
+        ``train.max_skips_in_a_row`` once the GradScaler's scale is below 1 (the gradients are then not finite unscaled).
 
         Raises:
             TrainingError: see :func:`count_skips`.

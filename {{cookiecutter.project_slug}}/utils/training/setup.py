@@ -1,9 +1,5 @@
-"""Everything the loop uses, built once per run in a fixed order (:func:`build_run`): the corpus checked by rank 0, the
-checkpoint to resume from, the model (seeded, ``--init-from``, activation checkpointing, FSDP sharding), precision,
-criterion, EMA, optimizers and schedulers, data loaders, the resumed position, the phases (DDP-wrapped networks), the
-run log and the saver. The order is part of the behaviour: every random draw happens where it always did, so a run
-repeats bit for bit.
-"""
+"""Everything the loop uses, built once per run (:func:`build_run`) in a fixed order, which is part of the behaviour:
+every random draw happens where it always did, so a run repeats bit for bit."""
 
 from __future__ import annotations
 
@@ -45,8 +41,7 @@ from utils.training.step import BufferGuard, Phase, clock_name, one_loss_step
 
 @dataclasses.dataclass
 class Run:
-    """What the loop in ``train.py`` reads and steps: the model's phases (one per optimizer), precision, the batches, the
-    position (``state``), the moving average, the log and the saver."""
+    """What the loop in ``train.py`` reads and steps."""
 
     spec: ModelSpec
     cfg: Config
@@ -72,13 +67,13 @@ class Run:
 
 
 def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Config, dist: DistInfo) -> Optional[Run]:
-    """The run of ``models[args.model]`` (``models``: the registry, for ``--init-from`` files of any model) as ``args`` and
-    ``cfg`` ask, once rank 0 holds the output folder; ``None`` when the output folder's checkpoint is at
-    ``train.max_steps`` already (said in one line).
+    """The run of ``models[args.model]`` once rank 0 holds the output folder: the corpus checked by rank 0, the checkpoint
+    to resume, the model (seeded, ``--init-from``, activation checkpointing, FSDP), precision, criterion, EMA, optimizers,
+    loaders, the resumed position, the DDP-wrapped phases, the log and the saver. ``models`` is the registry (an
+    ``--init-from`` file may hold any model). ``None`` when the checkpoint is at ``train.max_steps`` already (said).
 
     Raises:
-        DataError, ConfigError, CheckpointError, TrainingError: the corpus, a setting, the checkpoint or the model's
-            contract is at fault (one line each).
+        DataError, ConfigError, CheckpointError, TrainingError: one line each.
     """
     spec, output_dir = models[args.model], Path(args.output_dir)
     kind, found = broadcast_object(prepare_run(cfg, spec, output_dir) if dist.is_main else None)
@@ -123,8 +118,8 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
 
 def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Config, dist: DistInfo,
                 resuming: bool) -> torch.nn.Module:
-    """The model on this rank's device: the same seed everywhere for its weights (DDP also broadcasts rank 0's), the
-    weights of ``--init-from`` unless the run resumes its own checkpoint, then one seed per rank (dropout, crops)."""
+    """The model on this rank's device: one seed everywhere for its weights (DDP also broadcasts rank 0's), the weights of
+    ``--init-from`` unless the run resumes its own checkpoint, then one seed per rank (dropout, crops)."""
     spec = models[args.model]
     torch.manual_seed(cfg.train.seed)
     with model_config_errors(spec.name):
@@ -145,8 +140,8 @@ def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Con
 
 def initialise(model: torch.nn.Module, models: dict[str, ModelSpec], spec: ModelSpec, path: str, cfg: Config,
                is_main: bool) -> None:
-    """``--init-from``: the weights of a checkpoint of this project or of a published one of any model of ``models``
-    (:mod:`utils.checkpoint.published`) into the freshly built ``model`` of ``spec`` (every rank reads the file).
+    """``--init-from``: a checkpoint of this project, or one another project published for any model of ``models``
+    (:mod:`utils.checkpoint.published`), into the fresh ``model`` of ``spec`` (every rank reads the file).
 
     Raises:
         CheckpointError: the file is unreadable, of another model, or does not fit this run's config.
@@ -167,11 +162,9 @@ def initialise(model: torch.nn.Module, models: dict[str, ModelSpec], spec: Model
 
 
 def prepare_model(spec: ModelSpec, model, cfg: Config) -> None:
-    """What ``train.activation_checkpointing`` and ``train.parallelism=fsdp`` do to the model, in place, before its
-    optimizers are built (FSDP replaces the parameters by their shards): checkpoint the chosen blocks of
-    ``Training.blocks``, then shard each phase's network, block by block, then its root (the order torchtitan uses:
-    recomputation inside, sharding outside). The combinations that cannot work were refused earlier
-    (:func:`utils.training.settings.check_settings`).
+    """Activation checkpointing of ``Training.blocks``, then FSDP sharding of each phase's network block by block, then
+    its root (torchtitan's order: recomputation inside, sharding outside), in place, before the optimizers exist (FSDP
+    replaces the parameters by their shards). What cannot work was refused by :func:`utils.training.settings.check_settings`.
 
     Raises:
         ConfigError: activation checkpointing of a model whose ``Training.blocks`` returns no block.
@@ -193,11 +186,11 @@ def prepare_model(spec: ModelSpec, model, cfg: Config) -> None:
 
 
 def build_ema(spec: ModelSpec, model, cfg: Config) -> Optional[EMA]:
-    """``train.ema_decay``'s moving average of the weights of ``Inference.modules`` (:class:`utils.training.ema.EMA`) of
-    the plain or FSDP-sharded ``model``, or ``None`` when the decay is 0.
+    """``train.ema_decay``'s average of the parameters ``Inference.modules`` names (:class:`utils.training.ema.EMA`), or
+    ``None`` when the decay is 0.
 
     Raises:
-        ConfigError: the model's inference modules name no parameter.
+        ConfigError: the inference modules name no parameter.
     """
     if not cfg.train.ema_decay:
         return None
@@ -226,7 +219,7 @@ def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo) -> tuple:
 
 def resume(spec: ModelSpec, path: Path, model, parts: dict, cfg: Config, dist: DistInfo, ema: Optional[EMA],
            train_utterances: int) -> tuple[TrainState, int]:
-    """The checkpoint at ``path`` put back (:func:`utils.checkpoint.resume.resume_training`): the loop's position, and the
+    """Put the checkpoint at ``path`` back (:func:`utils.checkpoint.resume.resume_training`); returns the position and the
     gradient accumulation that keeps the global batch on another number of processes.
 
     Raises:
@@ -267,8 +260,7 @@ def phase_networks(spec: ModelSpec, model) -> dict:
 
 
 def build_phases(spec: ModelSpec, model, optimizers: dict, schedulers: dict, cfg: Config) -> list[Phase]:
-    """One :class:`Phase` per optimizer, each network wrapped for the gradient all-reduce on its own (DDP; under FSDP,
-    :func:`prepare_model` has sharded it already).
+    """One :class:`Phase` per optimizer, each network DDP-wrapped on its own (under FSDP :func:`prepare_model` sharded it).
 
     Raises:
         TrainingError: ``Phases.networks`` does not name one network per phase.
@@ -282,8 +274,8 @@ def build_phases(spec: ModelSpec, model, optimizers: dict, schedulers: dict, cfg
 
 def announce(spec: ModelSpec, cfg: Config, dist: DistInfo, log: RunLog, output_dir: Path, train_loader: DataLoader,
              sizes: tuple[int, int], accumulation: int, ema: Optional[EMA]) -> None:
-    """Rank 0: the run's config beside its checkpoints (``config.json``) and its first lines: what trains where, how big
-    the global batch is, and the padding that length buckets save."""
+    """Rank 0: the run's ``config.json`` beside its checkpoints, and its first lines (what trains where, the global batch,
+    the padding length buckets save)."""
     atomic_write_bytes(output_dir / "config.json", json.dumps(cfg.to_dict(), indent=2).encode())
     device, batch_size = dist.device, cfg.section(spec.name).batch_size
     threads = f" ({torch.get_num_threads()} threads)" if device.type == "cpu" else ""

@@ -1,9 +1,6 @@
-"""One training step's mechanics beyond the loop's lines: the phases (one per optimizer), forward and backward over the
-accumulated micro-batches with the gradient all-reduce on the last one, unscaling and clipping.
-
-A one-loss model has one phase, ``"model"``; a model with several optimizers (:class:`model.Phases`: a GAN's
-discriminator, then generator) has one per optimizer, each over the same micro-batches, its network wrapped for the
-all-reduce on its own (DDP) so that a phase's backward all-reduces no other network's gradient.
+"""One training step's mechanics beyond the loop's lines: per phase (one optimizer; each network DDP-wrapped on its own,
+so a phase's backward all-reduces no other network's gradient), forward and backward over the accumulated micro-batches
+with the all-reduce in the last backward, unscaling and clipping; then the schedules.
 """
 
 from __future__ import annotations
@@ -22,49 +19,32 @@ from distributed import collective, full_value, no_sync
 
 @dataclasses.dataclass
 class Phase:
-    """One optimizer's share of a training step. A one-loss model has one phase, ``"model"``; a model with several
-    optimizers (:class:`model.Phases`) has one per optimizer, run in order (a GAN: the discriminator's, then the
-    generator's), each over the same micro-batches.
-
-    Attributes:
-        name: the optimizer's name (``Phases.names``), or ``"model"``.
-        plain: the network this optimizer trains, unwrapped.
-        net: ``plain`` wrapped by :func:`distributed.apply_gradient_allreduce` (DDP: its gradients are all-reduced
-            during this phase's backward only).
-        optimizer, scheduler: its optimizer and LR scheduler; ``interval``: ``"step"`` or ``"epoch"``, when the
-            scheduler steps.
-        monitors: spike monitors of its loss and its gradient norm (:class:`utils.training.guards.SpikeMonitor`).
-        guard: takes back its buffers when its update is skipped (:class:`BufferGuard`), or ``None``.
-    """
+    """One optimizer's share of a training step, run over the step's micro-batches: ``"model"`` for a one-loss model, one
+    per ``Phases.names`` in order for a model with several (a GAN: the discriminator's, then the generator's)."""
 
     name: str
-    plain: torch.nn.Module
-    net: torch.nn.Module
+    plain: torch.nn.Module  # the network this optimizer trains
+    net: torch.nn.Module  # plain, DDP-wrapped: its gradients are all-reduced during this phase's backward only
     optimizer: torch.optim.Optimizer
     scheduler: object
-    interval: str
-    monitors: tuple
-    guard: Optional["BufferGuard"]
+    interval: str  # "step" or "epoch": when the scheduler steps
+    monitors: tuple  # SpikeMonitors of its loss and its gradient norm
+    guard: Optional["BufferGuard"]  # takes its buffers back when its update is skipped
 
 
 @dataclasses.dataclass
 class PhaseResult:
-    """What one phase measured over the step's micro-batches: its loss summed over them (a device scalar, of the mean
-    loss), the gradient norm of its network, its named metrics (device scalars, summed likewise) and the seconds spent
-    in forward passes."""
+    """What one phase measured over the step's micro-batches."""
 
-    loss: torch.Tensor
+    loss: torch.Tensor  # device scalar: the mean loss, summed over the micro-batches
     grad_norm: torch.Tensor
-    metrics: dict
-    compute_time: float
+    metrics: dict  # named device scalars, summed likewise
+    compute_time: float  # seconds in forward passes
 
 
 class BufferGuard:
-    """Takes back what a skipped step did to the model's buffers (BatchNorm's running statistics and batch count): a
-    skipped step leaves the model exactly as it was, not only its weights.
-
-    :meth:`save` before the step's forward (one copy of every buffer: a few kilobytes for BatchNorm), :meth:`restore`
-    when the step is skipped. Without buffers both do nothing.
+    """Takes back what a skipped step did to the model's buffers (BatchNorm's running statistics and batch count), so a
+    skipped step leaves the model exactly as it was: :meth:`save` before the forward (a few KB), :meth:`restore` on a skip.
     """
 
     def __init__(self, model: torch.nn.Module):
@@ -103,14 +83,11 @@ def frozen(modules):
 
 def forward_backward(phase: Phase, phases: list, step_fn, micro: list, scaler, autocast,
                      grad_clip: float) -> PhaseResult:
-    """One phase over the step's micro-batches: forward and backward of each, then unscaling and clipping of the phase's
-    gradients (no optimizer step yet). ``step_fn(phase, nets, batch) -> (loss, {name: scalar})``.
-
-    The phase's DDP all-reduces (FSDP reduce-scatters) its gradients during the last micro-batch's backward only
-    (:func:`distributed.no_sync` before it). ``nets`` gives the other phases' networks unwrapped and frozen
-    (:func:`frozen`). fp16 losses are scaled by the one GradScaler of the step, as PyTorch's AMP recipe for several
-    optimizers has it.
-    """
+    """One phase over the step's micro-batches: ``step_fn(phase, nets, batch) -> (loss, {name: scalar})`` forward and
+    backward on each, then unscaling and clipping (no optimizer step yet). DDP all-reduces (FSDP reduce-scatters) the
+    phase's gradients in the last micro-batch's backward only (:func:`distributed.no_sync` before); the other phases'
+    networks come unwrapped and frozen (:func:`frozen`); fp16 losses share the step's one GradScaler (PyTorch's AMP recipe
+    for several optimizers)."""
     device = micro[0][next(k for k, v in micro[0].items() if torch.is_tensor(v))].device
     clock = compute_clock(device)
     loss_sum, metric_sums, compute_time = torch.zeros((), device=device), {}, 0.0
@@ -141,18 +118,16 @@ def clock_name(device: torch.device) -> str:
 
 
 def compute_clock(device: torch.device) -> Callable[[], float]:
-    """How a rank's compute time is measured for the straggler check (:class:`utils.run_log.BalanceMonitor`): CPU seconds
-    of this process on the CPU (ranks sharing a machine's cores wait for one in turns, which is not slower computing),
-    wall seconds on a GPU."""
+    """A rank's compute clock for the straggler check (:class:`utils.run_log.BalanceMonitor`): this process's CPU seconds
+    on the CPU (ranks sharing cores wait in turns, which is not slower computing), wall seconds on a GPU."""
     return time.process_time if device.type == "cpu" else time.perf_counter
 
 
 @dataclasses.dataclass
 class StepTally:
-    """What one step's phases leave for its log line: forward seconds (``compute_time``), seconds waiting in the
-    agreement's all-reduce (``wait_time``), the named losses of a model with several phases (``loss_<phase>``,
-    ``grad_norm_<phase>`` and its metrics), whether a rank saw a non-finite value, fp16 overflows, and which phases'
-    updates were applied (``stepped``: their schedules advance)."""
+    """What one step's phases leave for its log line: forward and all-reduce-wait seconds, the named losses of several
+    phases (``loss_<phase>``, ``grad_norm_<phase>``, metrics), non-finite values seen, fp16 overflows, and which updates were
+    applied (``stepped``: their schedules advance)."""
 
     compute_time: float = 0.0
     wait_time: float = 0.0

@@ -1,10 +1,7 @@
 """Text front end: clean a transcript and map it to the integer ids Tacotron2 embeds.
 
-``text_to_sequence("Dr. Who?")`` cleans the text with the named cleaners (:mod:`models.tacotron2.text.cleaners`) and
-looks every character up in the symbol table (:mod:`models.tacotron2.text.symbols`). As in NVIDIA's Tacotron2 reference,
-ARPAbet phones may be written inline between curly braces: ``"Turn {L EH1 F T} here"``.
-
-A character that is not in the table (after cleaning) is dropped with a :class:`UserWarning` that names it; it never
+As in NVIDIA's Tacotron2 reference, ARPAbet phones may be written inline between curly braces: ``"Turn {L EH1 F T}
+here"``. A character that is not in the symbol table after cleaning is dropped with a :class:`UserWarning`; it never
 raises.
 """
 
@@ -21,6 +18,9 @@ __all__ = ["text_to_sequence", "sequence_to_text", "symbols"]
 
 _CURLY = re.compile(r"(.*?)\{(.+?)\}(.*)", re.DOTALL)
 
+_REPORTED: set[str] = set()
+"""Symbols already reported as dropped in this process: each is reported once, however many transcripts hold it."""
+
 
 def _lookup(items: Sequence[str], dropped: list[str]) -> list[int]:
     ids = []
@@ -34,22 +34,14 @@ def _lookup(items: Sequence[str], dropped: list[str]) -> list[int]:
 
 
 def text_to_sequence(text: str, cleaner_names: Sequence[str] = ("english_cleaners",)) -> list[int]:
-    """Clean ``text`` and convert it to a list of symbol ids.
+    """Clean ``text`` with the named cleaners (:data:`models.tacotron2.text.cleaners.CLEANERS`, in order) and convert
+    it to symbol ids (``0 < id < len(symbols)``; id 0 is padding). ``{...}`` spans hold space-separated ARPAbet phones
+    (``{HH AH0 L OW1}``), which are not cleaned. Empty if nothing in ``text`` maps to a symbol.
 
-    Args:
-        text: a transcript; ``{...}`` spans hold space-separated ARPAbet phones (``{HH AH0 L OW1}``), which are not
-            cleaned.
-        cleaner_names: cleaners to apply in order (names from :data:`models.tacotron2.text.cleaners.CLEANERS`).
-
-    Returns:
-        Symbol ids (``0 < id < len(symbols)``; id 0 is padding and never produced). May be empty if nothing in ``text``
-        maps to a symbol.
+    Warns: UserWarning: naming each character (or phone) not in the symbol table, the first time this process drops it.
 
     Raises:
         ValueError: an unknown cleaner name.
-
-    Warns: UserWarning: naming each character (or phone) that is not in the symbol table and was dropped, the first time
-    this process drops it (later transcripts holding it are not reported again).
     """
     ids: list[int] = []
     dropped: list[str] = []
@@ -70,22 +62,15 @@ def text_to_sequence(text: str, cleaner_names: Sequence[str] = ("english_cleaner
     return ids
 
 
-_REPORTED: set[str] = set()
-"""Symbols already reported as dropped in this process: each is reported once, however many transcripts hold it."""
-
-
 def sequence_to_text(sequence: Sequence[int]) -> str:
-    """Map symbol ids back to a string; ARPAbet phones come back wrapped in braces.
-
-    Args:
-        sequence: ids (ints or a 1-D tensor's ``.tolist()``); padding id 0 is skipped.
+    """Map symbol ids (ints, or a 1-D tensor's ``.tolist()``) back to a string, skipping padding id 0; ARPAbet phones
+    come back wrapped in braces.
 
     Raises:
         ValueError: an id outside ``[0, len(symbols))``.
     """
     out = []
-    for index in sequence:
-        index = int(index)
+    for index in map(int, sequence):
         if index not in id_to_symbol:
             raise ValueError(f"sequence_to_text: id {index} is outside the symbol table (0..{len(symbols) - 1})")
         if index == 0:

@@ -1,13 +1,11 @@
 """Spell out numbers in English text before it is turned into symbols.
 
 The rules follow NVIDIA's Tacotron2 reference (``text/numbers.py``, itself from Keith Ito's Tacotron): thousands
-separators are dropped, ``£`` and ``$`` amounts become pounds / dollars and cents, ordinals (``1st``, ``22nd``) become
-ordinal words, and plain integers become cardinal words, read as years between 1000 and 3000 ("nineteen eighty-four",
-"two thousand five"). Spelling uses the ``inflect`` package.
-
-Two deliberate differences from the reference: decimals are read digit by digit after "point" ("3.14" -> "three point
-one four"; NVIDIA says "three point fourteen"), and dollar amounts are spelled as amounts, not years ("$1,250" -> "one
-thousand, two hundred fifty dollars"; NVIDIA says "twelve fifty dollars").
+separators are dropped, ``£`` and ``$`` amounts become pounds / dollars and cents, ordinals (``1st``, ``22nd``) ordinal
+words, and plain integers cardinal words, read as years between 1000 and 3000 ("nineteen eighty-four", "two thousand
+five"). Spelling uses the ``inflect`` package. Two deliberate differences from the reference: decimals are read digit by
+digit after "point" ("3.14" -> "three point one four", not "three point fourteen"), and dollar amounts are spelled as
+amounts, not years ("$1,250" -> "one thousand, two hundred fifty dollars", not "twelve fifty dollars").
 """
 
 from __future__ import annotations
@@ -15,6 +13,12 @@ from __future__ import annotations
 import functools
 import re
 
+_COMMA_NUMBER = re.compile(r"([0-9][0-9,]+[0-9])")
+_POUNDS = re.compile(r"£([0-9,]*[0-9]+)")
+_DOLLARS = re.compile(r"\$([0-9.,]*[0-9]+)")
+_DECIMAL = re.compile(r"([0-9]+\.[0-9]+)")
+_ORDINAL = re.compile(r"[0-9]+(st|nd|rd|th)")
+_NUMBER = re.compile(r"[0-9]+")
 
 
 @functools.lru_cache(maxsize=None)
@@ -26,14 +30,6 @@ def _engine():
     return inflect.engine()
 
 
-_COMMA_NUMBER = re.compile(r"([0-9][0-9,]+[0-9])")
-_POUNDS = re.compile(r"£([0-9,]*[0-9]+)")
-_DOLLARS = re.compile(r"\$([0-9.,]*[0-9]+)")
-_DECIMAL = re.compile(r"([0-9]+\.[0-9]+)")
-_ORDINAL = re.compile(r"[0-9]+(st|nd|rd|th)")
-_NUMBER = re.compile(r"[0-9]+")
-
-
 def _words(number: int) -> str:
     """Cardinal words for a non-negative integer, with no "and" ("one hundred five")."""
     return _engine().number_to_words(number, andword="")
@@ -41,16 +37,16 @@ def _words(number: int) -> str:
 
 def _spell_integer(number: int) -> str:
     """Cardinal words, reading 1001-2999 like a year (NVIDIA's rule)."""
-    if 1000 < number < 3000:
-        if number == 2000:
-            return "two thousand"
-        if 2000 < number < 2010:
-            return "two thousand " + _words(number % 100)
-        if number % 100 == 0:
-            return _words(number // 100) + " hundred"
-        # Read in pairs of digits: 1984 -> "nineteen eighty-four", 1905 -> "nineteen oh five".
-        return _engine().number_to_words(number, andword="", zero="oh", group=2).replace(", ", " ")
-    return _words(number)
+    if not 1000 < number < 3000:
+        return _words(number)
+    if number == 2000:
+        return "two thousand"
+    if 2000 < number < 2010:
+        return "two thousand " + _words(number % 100)
+    if number % 100 == 0:
+        return _words(number // 100) + " hundred"
+    # In pairs of digits: 1984 -> "nineteen eighty-four", 1905 -> "nineteen oh five".
+    return _engine().number_to_words(number, andword="", zero="oh", group=2).replace(", ", " ")
 
 
 def _expand_dollars(match: re.Match) -> str:
@@ -60,15 +56,9 @@ def _expand_dollars(match: re.Match) -> str:
         return amount + " dollars"  # not an amount we can read (e.g. "$1.2.3"); leave the digits
     dollars = int(parts[0]) if parts[0] else 0
     cents = int(parts[1]) if len(parts) > 1 and parts[1] else 0
-    dollar_unit = "dollar" if dollars == 1 else "dollars"
-    cent_unit = "cent" if cents == 1 else "cents"
-    if dollars and cents:
-        return f"{_words(dollars)} {dollar_unit}, {_words(cents)} {cent_unit}"
-    if dollars:
-        return f"{_words(dollars)} {dollar_unit}"
-    if cents:
-        return f"{_words(cents)} {cent_unit}"
-    return "zero dollars"
+    spelled = [f"{_words(dollars)} {'dollar' if dollars == 1 else 'dollars'}"] if dollars else []
+    spelled += [f"{_words(cents)} {'cent' if cents == 1 else 'cents'}"] if cents else []
+    return ", ".join(spelled) or "zero dollars"
 
 
 def _expand_pounds(match: re.Match) -> str:
@@ -81,31 +71,16 @@ def _expand_decimal(match: re.Match) -> str:
     return f"{_words(int(whole))} point {' '.join(_words(int(d)) for d in fraction)}"
 
 
-def _expand_ordinal(match: re.Match) -> str:
-    return _engine().number_to_words(match.group(0), andword="")
-
-
-def _expand_number(match: re.Match) -> str:
-    return _spell_integer(int(match.group(0)))
-
-
 def normalize_numbers(text: str) -> str:
-    """Replace every number in ``text`` with English words.
+    """Replace every number in ``text`` with English words; case and everything else is kept.
 
     Examples: ``"$3.50"`` -> ``"three dollars, fifty cents"``; ``"£12"`` -> ``"twelve pounds"``; ``"1,000,000"`` ->
     ``"one million"``; ``"3.14"`` -> ``"three point one four"``; ``"21st"`` -> ``"twenty-first"``; ``"1984"`` ->
     ``"nineteen eighty-four"``.
-
-    Args:
-        text: any string (case is kept; only digit runs and their ``$``/``£``/suffixes change).
-
-    Returns:
-        The text with digits spelled out.
     """
     text = _COMMA_NUMBER.sub(lambda m: m.group(1).replace(",", ""), text)
     text = _POUNDS.sub(_expand_pounds, text)
     text = _DOLLARS.sub(_expand_dollars, text)
     text = _DECIMAL.sub(_expand_decimal, text)
-    text = _ORDINAL.sub(_expand_ordinal, text)
-    text = _NUMBER.sub(_expand_number, text)
-    return text
+    text = _ORDINAL.sub(lambda m: _engine().number_to_words(m.group(0), andword=""), text)
+    return _NUMBER.sub(lambda m: _spell_integer(int(m.group(0))), text)

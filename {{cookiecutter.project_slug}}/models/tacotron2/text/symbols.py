@@ -1,13 +1,9 @@
 """The symbol table Tacotron2 embeds: one integer id per character or ARPAbet phone.
 
-The table has the same content and order as NVIDIA's Tacotron2 reference (``text/symbols.py``), so ids and the embedding
-size (148 rows) match checkpoints trained with that code:
-
-* id 0: the padding symbol ``"_"``;
-* the hyphen, then the punctuation ``!'(),.:;?`` and the space;
-* the letters ``A-Z`` then ``a-z``;
-* the 84 CMUdict ARPAbet phones (15 vowels in 4 stress variants, 24 consonants), each prefixed with ``"@"`` so that a
-  phone such as ``@AA1`` can never be confused with letters.
+The same content and order as NVIDIA's Tacotron2 reference (``text/symbols.py``), so ids and the embedding size (148
+rows) match checkpoints trained with that code: id 0 the padding symbol ``"_"``; the hyphen, the punctuation
+``!'(),.:;?`` and the space; ``A-Z`` then ``a-z``; the 84 CMUdict ARPAbet phones (15 vowels in 4 stress variants, 24
+consonants), each prefixed with ``"@"`` so that a phone such as ``@AA1`` can never be confused with letters.
 """
 
 from __future__ import annotations
