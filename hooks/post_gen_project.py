@@ -17,11 +17,17 @@ from pathlib import Path
 CHOICE = "{{ cookiecutter.example_model }}"
 CHOSEN = {"both": {"tacotron2", "waveglow"}, "tacotron2_hifigan": {"tacotron2", "hifigan"}}.get(CHOICE, {CHOICE})
 
+REF = "tests/data/reference/"
 FILES = {
-    "waveglow": ["models/waveglow", "modules/waveglow.py", "tests/test_waveglow.py"],
-    "hifigan": ["models/hifigan", "modules/hifigan.py", "tests/test_hifigan.py"],
+    "waveglow": ["models/waveglow", "modules/waveglow.py", "tests/test_waveglow.py", "tests/test_parity_waveglow.py",
+                 REF + "net_waveglow.npz", REF + "waveglow_tiny_legacy.pt", REF + "waveglow_tiny_expected.npz",
+                 REF + "make_legacy_fixture.py"],
+    "hifigan": ["models/hifigan", "modules/hifigan.py", "tests/test_hifigan.py", "tests/test_parity_hifigan.py",
+                *(f"{REF}net_hifigan_v{n}.npz" for n in (1, 2, 3))],
     "tacotron2": ["models/tacotron2", "modules/layers.py", "modules/attention.py", "modules/tacotron2.py",
-                  "scripts/preprocess.py", "tests/test_tacotron2.py", "tests/test_text.py"],
+                  "scripts/preprocess.py", "tests/test_tacotron2.py", "tests/test_text.py",
+                  "tests/test_parity_tacotron2.py", REF + "net_tacotron2_tf.npz", REF + "net_tacotron2_fr.npz",
+                  REF + "text_nvidia.json"],
 }
 TOGETHER = {
     "scripts/dump_gta_mels.py": [{"tacotron2"}, {"waveglow", "hifigan"}],

@@ -1,13 +1,24 @@
-"""Shared fixtures for the template's tests: pytest-cookies bakes from this repository, wherever pytest runs."""
+"""Shared fixtures for the template's tests: pytest-cookies bakes from this repository, wherever pytest runs.
 
+Work done once per session and shared: :func:`default_project` (every default answer) and :func:`demo_corpus`, made
+in it by the command its README's quick start gives. A nested project suite streams its lines to the terminal as
+they come (:func:`stream`): minutes of silence would hide a slow test from the person watching CI.
+"""
+
+import collections
 import os
+import queue
+import re
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
 
 
 def pytest_configure(config):
@@ -16,7 +27,7 @@ def pytest_configure(config):
 
 def run(cmd, cwd, timeout=600, check=True, env=None):
     """Run ``cmd`` (a list) in ``cwd``; on a non-zero exit with ``check``, fail showing its output; past ``timeout``
-    seconds fail showing the end of what it printed (for a project suite run with ``-v``: the test that hung)."""
+    seconds (generous: a hang guard, not a speed test) fail showing the end of what it printed."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     try:
         proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
@@ -30,6 +41,39 @@ def run(cmd, cwd, timeout=600, check=True, env=None):
     return proc
 
 
+SILENCE_S = 1800
+"""A nested suite run with ``-v`` prints a line as each of its tests ends, and each of those tests bounds its own jobs
+by the machine's measured speed; this long without a line, the suite itself has hung."""
+
+
+def stream(cmd, cwd, label: str, config, env=None) -> tuple[int, str]:
+    """Run ``cmd`` in a session of its own, each output line echoed to the terminal as ``[label] line`` as it comes
+    (past pytest's capture); ``(exit code, the last 400 lines)``. Fails, killing it, after :data:`SILENCE_S` seconds
+    without a line."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True)
+    lines, tail = queue.Queue(), collections.deque(maxlen=400)
+
+    def pump():  # a thread, so that silence can be timed
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+    threading.Thread(target=pump, daemon=True).start()
+    capture = config.pluginmanager.getplugin("capturemanager")
+    try:
+        while (line := lines.get(timeout=SILENCE_S)) is not None:
+            tail.append(line.rstrip("\n"))
+            with capture.global_and_fixture_disabled():
+                print(f"[{label}] {tail[-1]}", flush=True)
+    except queue.Empty:
+        pytest.fail(f"{label}: no output for {SILENCE_S} s; its last lines:\n" + "\n".join(list(tail)[-40:]))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return proc.returncode, "\n".join(tail)
+
+
 @pytest.fixture
 def bake(cookies):
     """Generate a project with the given answers; returns its path (fails the test if generation fails)."""
@@ -40,15 +84,39 @@ def bake(cookies):
     return _bake
 
 
-PY = sys.executable
+@pytest.fixture(scope="session")
+def bake_once(cookies_session):
+    """:func:`bake` for session fixtures (each call a new project)."""
+    def _bake(**answers) -> Path:
+        result = cookies_session.bake(extra_context=answers)
+        assert result.exit_code == 0, f"generation failed: {result.exception}"
+        return Path(result.project_path)
+    return _bake
+
+
+def quick_start(project: Path) -> list[str]:
+    """The commands of the project README's quick start (its first bash block), line continuations joined."""
+    text = (project / "README.md").read_text().split("## Quick start", 1)[1]
+    block = text.split("```bash\n", 1)[1].split("\n```", 1)[0]
+    return [re.sub(r"\s+", " ", command).strip() for command in block.replace("\\\n", " ").splitlines()]
+
+
+def as_written(command: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    """One quick-start command run by bash as written, in ``cwd``, with this interpreter's folder first on ``PATH``
+    (its ``python`` is the one the tests run with); fails the test when it fails."""
+    env = {"PATH": os.pathsep.join([str(Path(PY).parent), os.environ.get("PATH", "")])}
+    return run(["bash", "-c", command], cwd=cwd, timeout=timeout, env=env)
 
 
 @pytest.fixture(scope="session")
-def demo_corpus(tmp_path_factory):
-    """A 16-utterance LJSpeech-layout corpus spoken by flite/espeak-ng, built by a generated project's script."""
-    from cookiecutter.main import cookiecutter
-    out = tmp_path_factory.mktemp("corpus_project")
-    project = cookiecutter(str(ROOT), no_input=True, output_dir=str(out))
-    corpus = out / "corpus"
-    run([PY, "-m", "scripts.make_demo_corpus", "--output", str(corpus), "--num-utterances", "16"], cwd=project)
-    return corpus
+def default_project(bake_once) -> Path:
+    """A project of every default answer (WaveGlow), as a new user makes it."""
+    return bake_once()
+
+
+@pytest.fixture(scope="session")
+def demo_corpus(default_project) -> Path:
+    """The demo corpus of the README's quick start, made by its command as written (``data/demo``)."""
+    command = next(c for c in quick_start(default_project) if "scripts.make_demo_corpus" in c)
+    as_written(command, default_project)
+    return default_project / "data" / "demo"

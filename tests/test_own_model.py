@@ -1,27 +1,36 @@
 """A user's own model is first-class: the generated README's "Your own model" story, end to end.
 
 The generated project offers two complete example model files, and each is proven here as the README tells a
-user to use it, copied into ``models/``:
+user to use it, copied into ``models/`` and listed in the registry:
 
-* ``docs/own_model_example.py``, the one-loss model ``melae`` (a mel autoencoder with its own config section,
-  an ``Optional`` field, a dataset over the demo corpus, an inference hook; no ``synthetic_batch``, no fast
-  path), beside each example model of the first three variants, and once replacing WaveGlow;
+* ``docs/own_model_example.py``, the one-loss model ``melae`` (its own config section, an ``Optional`` field, a
+  dataset over the demo corpus, an inference hook; no ``synthetic_batch``, no fast path), beside WaveGlow and
+  Tacotron2 (``both``), and replacing WaveGlow (a project whose only model is the user's);
 * ``docs/two_optimizer_example.py``, the two-optimizer model ``gan_vocoder`` (a small GAN vocoder: phases
-  ``discriminator`` then ``generator``, two Adams, a per-epoch schedule, named losses, an inference hook),
-  beside Tacotron2 and HiFi-GAN.
+  ``discriminator`` then ``generator``, two Adams, a per-epoch schedule, named losses), beside Tacotron2 and HiFi-GAN.
 
-Then, in that project: a 2-process run trains it (its loss, or the GAN's named mel L1, falls by 20%), a run
-stopped by SIGTERM and resumed ends with the same weights as an uninterrupted one, ``inference.py`` writes
-through the model's hook, the benchmark runs and says what it skips, and the project's test suite passes with
-``TEST_MODEL`` naming the copied model, so its generic tests (loop, resume, DDP, bad input) train it whatever
-the alphabetical order of the project's models. See the comment at the suite run for the files of
-multi-process jobs, run once, in the `both` variant.
+Each project is made and its model trained on 2 processes once per session (:func:`own`), then checked by the tests
+below. What each proves that no faster test does:
+
+* the run: the copied file lints, the registry edits of the README work, a 2-process run trains it and its loss (the
+  GAN: its mel L1) falls by 20%, every step logged with the model's named losses;
+* inference through the model's hook, and the benchmark saying why it skips the model;
+* ``gan_vocoder`` only: SIGTERM mid-run, then ``--resume auto``, ends with the uninterrupted run's weights (two
+  optimizers and their schedules through a checkpoint on 2 processes; ``melae``'s stop and resume are the project
+  suite's own tests, run with ``TEST_MODEL=melae`` below);
+* the project's suite with ``TEST_MODEL`` naming the copied model, so its generic tests (loop, resume, DDP, bad
+  input) train it: the whole suite in ``both``, the richest project; in the others only what differs (their files
+  are subsets of ``both``'s and of the template's, which ``tests/test_template.py`` bakes and lints in every variant):
+  ``tacotron2_hifigan``'s fast tests and everything HiFi-GAN's, the GAN's or its vocoder's on Tacotron2's mels (GTA),
+  the replaced project's fast tests.
 """
 
 import dataclasses
+import functools
 import json
 import os
 import random
+import runpy
 import shutil
 import signal
 import subprocess
@@ -32,7 +41,10 @@ import pytest
 import soundfile as sf
 import torch
 
-from conftest import PY, run
+from conftest import PY, ROOT, run, stream
+
+# The example models' files, as the post-generation hook lists them (removed with the model they belong to).
+MODEL_FILES = runpy.run_path(str(ROOT / "hooks" / "post_gen_project.py"))["FILES"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +83,26 @@ ONE_LOSS = Example("docs/own_model_example.py", "melae", ("melae.dropout=0.1",),
 TWO_OPTIMIZERS = Example("docs/two_optimizer_example.py", "gan_vocoder", (), 36, "mel_l1", 4, "copy.wav",
                          frozenset({"loss_discriminator", "grad_norm_discriminator", "d_real", "d_fake",
                                     "loss_generator", "grad_norm_generator", "g_adv", "mel_l1"}))
-EXAMPLE_FILES = {"waveglow": ["models/waveglow", "modules/waveglow.py", "tests/test_waveglow.py"]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A project: ``example_model`` answer, the example model it deletes (``replace``), the copied example, and
+    ``pytest`` arguments selecting its share of the project's suite."""
+
+    example_model: str
+    replace: str
+    example: Example
+    selection: tuple[str, ...]
+
+
+VARIANTS = {
+    "beside-both": Variant("both", "", ONE_LOSS, ()),
+    "replacing-waveglow": Variant("waveglow", "waveglow", ONE_LOSS, ("-m", "not slow")),
+    "two-optimizers-beside-tacotron2-hifigan": Variant("tacotron2_hifigan", "", TWO_OPTIMIZERS,
+                                                       ("-k", "not slow or hifigan or gan_vocoder or gta")),
+}
+each_variant = pytest.mark.parametrize("variant", list(VARIANTS))
 
 
 def train_args(example: Example) -> list[str]:
@@ -95,8 +126,9 @@ def add_own_model(project: Path, example: Example, replace: str = "") -> None:
     lines.insert(end, f"    {example.name}.SPEC,\n")
     if replace:
         lines = [line for line in lines if replace not in line]
-        for rel in EXAMPLE_FILES[replace]:
-            shutil.rmtree(project / rel) if (project / rel).is_dir() else (project / rel).unlink()
+        for rel in MODEL_FILES[replace]:
+            path = project / rel
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         config = json.loads((project / "config.json").read_text())
         config.pop(replace)
         config["tiny"].pop(replace)
@@ -105,7 +137,7 @@ def add_own_model(project: Path, example: Example, replace: str = "") -> None:
 
 
 # Every optimizer step of a job started with this on PYTHONPATH takes 0.3 s more: a run slow enough to be
-# signalled in the middle (a tiny model's 12 steps otherwise end before the signal lands). Numbers do not change.
+# signalled in the middle (a tiny model's steps otherwise end before the signal lands). Numbers do not change.
 SLOW_STEPS = """
 import time
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -130,8 +162,9 @@ def launch(project: Path, example: Example, corpus: Path, out: str, *extra: str,
                             start_new_session=True)
 
 
-def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
-    """(exit code, output) of a launched job; past ``timeout`` fail showing what still runs, and kill it."""
+def finish(proc: subprocess.Popen, timeout: float = 900) -> tuple[int, str]:
+    """(exit code, output) of a launched job; past ``timeout`` (a hang guard: a tiny run takes well under a minute)
+    fail showing what still runs, and kill it."""
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -155,33 +188,76 @@ def final_weights(out: Path, example: Example) -> dict:
     return state["model"]
 
 
-@pytest.mark.parametrize("variant, replace, example", [
-    ("both", "", ONE_LOSS), ("waveglow", "waveglow", ONE_LOSS), ("tacotron2_hifigan", "", TWO_OPTIMIZERS),
-], ids=["beside-both", "replacing-waveglow", "two-optimizers-beside-tacotron2-hifigan"])
-# The variants' files are subsets of these three projects': the waveglow variant runs its suite in
-# "replacing-waveglow" (less models/waveglow.py), the tacotron2 one in "two-optimizers-beside-tacotron2-hifigan"
-# (plus models/hifigan.py) and in "beside-both"; tests/test_template.py bakes and lints every variant.
-def test_own_model_end_to_end(bake, demo_corpus, variant, replace, example):
-    project = bake(example_model=variant)
-    add_own_model(project, example, replace)
-    run(["ruff", "check", "--no-cache", f"models/{example.name}.py", "models/__init__.py", example.docs_file],
-        cwd=project)
+@dataclasses.dataclass(frozen=True)
+class Own:
+    """A variant's project with its example model copied in, and its first 2-process run (``out``)."""
 
-    # Trains on 2 processes; its loss (the GAN: its mel L1) falls, and the named losses are logged.
-    code, output = finish(launch(project, example, demo_corpus, "out"))
-    assert code == 0, output
-    rows = metrics(project / "out")
+    project: Path
+    example: Example
+    lint: subprocess.CompletedProcess
+    code: int
+    output: str
+
+
+@pytest.fixture(scope="session")
+def own(bake_once, demo_corpus):
+    """``own(variant)``: the variant's :class:`Own`, made on first use and shared by every test of the session."""
+    @functools.cache
+    def make(variant: str) -> Own:
+        spec = VARIANTS[variant]
+        project = bake_once(example_model=spec.example_model)
+        add_own_model(project, spec.example, spec.replace)
+        lint = run(["ruff", "check", "--no-cache", f"models/{spec.example.name}.py", "models/__init__.py",
+                    spec.example.docs_file], cwd=project, check=False)
+        code, output = finish(launch(project, spec.example, demo_corpus, "out"))
+        return Own(project, spec.example, lint, code, output)
+    return make
+
+
+@each_variant
+def test_the_copied_model_lints_and_trains_on_two_processes_and_its_loss_falls(own, variant):
+    done = own(variant)
+    example = done.example
+    assert done.lint.returncode == 0, done.lint.stdout + done.lint.stderr
+    assert done.code == 0, done.output
+    rows = metrics(done.project / "out")
     assert [r["step"] for r in rows] == list(range(1, example.steps + 1))
     assert example.fell(rows), [example.value(r) for r in rows]
     assert all(set(r.get("losses", {})) == example.named for r in rows), rows[0]
     if example.named:  # several optimizers: "loss" is the last phase's
         assert all(r["loss"] == pytest.approx(r["losses"]["loss_generator"]) for r in rows), rows[0]
 
-    # SIGTERM to the launcher mid-run, then --resume auto: the same final weights.
+
+@each_variant
+def test_inference_writes_through_the_models_hook_and_the_benchmark_says_why_it_skips_it(own, variant, demo_corpus):
+    done = own(variant)
+    example, project = done.example, done.project
+    assert done.code == 0, done.output
+    wav = sorted((demo_corpus / "wavs").glob("*.wav"))[0]
+    said = run([PY, "inference.py", "--checkpoint", "out/checkpoint_last.pt", "--wav", str(wav), "--output",
+                example.output], cwd=project)
+    assert f"wrote {example.output}" in said.stdout
+    written = project / example.output
+    if written.suffix == ".wav":  # the GAN vocoder: the wav's mel vocoded, hop_length samples per mel frame
+        audio, rate = sf.read(written, dtype="float32")
+        source = sf.info(str(wav))
+        assert rate == source.samplerate == 22050 and audio.ndim == 1 and audio.size % 256 == 0
+        assert abs(audio.size - source.frames) < 256 and 0 < abs(audio).max() <= 1
+    else:  # the autoencoder: the wav's mel, reconstructed
+        n_mels = json.loads((project / "out" / "config.json").read_text())["audio"]["n_mels"]
+        assert torch.load(written, weights_only=True).shape[0] == n_mels
+
+    said = run([PY, "-m", "scripts.benchmark", "--device", "cpu", "--model", example.name], cwd=project)
+    assert f"skipping {example.name}: its ModelSpec has no synthetic_batch" in said.stdout, said.stdout
+
+
+def test_the_gan_stopped_by_sigterm_resumes_to_the_uninterrupted_runs_weights(own, demo_corpus):
+    done = own("two-optimizers-beside-tacotron2-hifigan")
+    example, project = done.example, done.project
+    assert done.code == 0, done.output
     proc = launch(project, example, demo_corpus, "stopped", slow=True)
-    deadline = time.monotonic() + 120
     while not any(r["step"] >= 3 for r in metrics(project / "stopped")):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
+        assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.2)
     os.kill(proc.pid, signal.SIGTERM)
     code, output = finish(proc)
@@ -195,38 +271,18 @@ def test_own_model_end_to_end(bake, demo_corpus, variant, replace, example):
     for key in reference:
         assert torch.equal(reference[key], resumed[key]), key
 
-    # Inference through the model's own hook.
-    wav = sorted((demo_corpus / "wavs").glob("*.wav"))[0]
-    done = run([PY, "inference.py", "--checkpoint", "out/checkpoint_last.pt", "--wav", str(wav), "--output",
-                example.output], cwd=project)
-    assert f"wrote {example.output}" in done.stdout
-    written = project / example.output
-    if written.suffix == ".wav":  # the GAN vocoder: the wav's mel vocoded, hop_length samples per mel frame
-        audio, rate = sf.read(written, dtype="float32")
-        source = sf.info(str(wav))
-        assert rate == source.samplerate == 22050 and audio.ndim == 1 and audio.size % 256 == 0
-        assert abs(audio.size - source.frames) < 256 and 0 < abs(audio).max() <= 1
-    else:
-        assert torch.load(written, weights_only=True).shape[0] == 80
 
-    # The benchmark runs what it can and says what it skips.
-    done = run([PY, "-m", "scripts.benchmark", "--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0",
-                "--precision", "tf32"], cwd=project, timeout=600)
-    assert f"skipping {example.name}: its ModelSpec has no synthetic_batch" in done.stdout, done.stdout
-
-    # The project's whole test suite, whose generic tests train the copied model (TEST_MODEL). Its files of
-    # multi-process training jobs (most of the suite's time) and of launchers and launch files are byte-identical in
-    # every variant: they run once, in the `both` variant, with melae (FSDP: melae, waveglow and tacotron2; a stop
-    # within the grace period: melae, tacotron2 and waveglow), and are left out of the other variants to keep CI
-    # well under 30 minutes (every other test runs in every variant).
-    heavy = ("test_train.py", "test_hang.py", "test_failures.py", "test_fsdp.py", "test_memory.py", "test_platforms.py",
-             "test_grace_period.py", "test_multiproc.py", "test_distributed.py", "test_launch_files.py")
-    once = [] if variant == "both" and not replace else [arg for name in heavy for arg in ("--ignore", f"tests/{name}")]
+@each_variant
+@pytest.mark.timeout(0)  # minutes, more under load: a nested suite is bounded by its silence (conftest.SILENCE_S)
+def test_the_projects_suite_passes_with_its_generic_tests_training_the_copied_model(own, variant, request):
+    done, selection = own(variant), VARIANTS[variant].selection
     # In a random order (pytest-randomly); the seed is chosen here so that a failure says how to repeat it. Two
     # pytest-xdist workers, as the project's README runs it (-n auto): its tests hold under it, and most of their
     # time is waiting on the processes they start.
     seed = random.randrange(2**32)
-    done = run([PY, "-m", "pytest", "-v", "-n", "2", "-p", "no:cacheprovider", f"--randomly-seed={seed}", "tests",
-                *once], cwd=project, timeout=1500, env={"TEST_MODEL": example.name})
-    assert " passed" in done.stdout.splitlines()[-1] and " failed" not in done.stdout.splitlines()[-1], \
-        f"--randomly-seed={seed} repeats this order\n{done.stdout[-3000:]}"
+    code, said = stream([PY, "-m", "pytest", "-v", "-n", "2", "-p", "no:cacheprovider", f"--randomly-seed={seed}",
+                         *selection, "tests"], done.project, variant, request.config,
+                        env={"TEST_MODEL": done.example.name})
+    last = said.splitlines()[-1] if said else ""
+    assert code == 0 and " passed" in last and " failed" not in last, \
+        f"--randomly-seed={seed} {' '.join(selection)} repeats this run\n{said[-3000:]}"

@@ -85,7 +85,8 @@ def load_vocoder(path: str | None, checkpoint: str, cfg: Config, device: torch.d
     spec = MODELS[name].inference
     if spec is None or spec.vocode is None:
         raise CheckpointError(f"--vocoder {path} holds a '{name}' model, which is not a vocoder")
-    if voc_cfg.audio != cfg.audio:
+    same = {"exclude": {"mel_framing"}}  # another framing shifts the frames by half a hop: a vocoder does not mind
+    if voc_cfg.audio.model_dump(**same) != cfg.audio.model_dump(**same):
         raise CheckpointError(f"--vocoder {path} was trained with other audio settings than {checkpoint}: "
                               f"{voc_cfg.audio} vs {cfg.audio}")
     return lambda mel: spec.vocode(vocoder, mel, voc_cfg)

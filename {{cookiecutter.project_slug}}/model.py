@@ -130,6 +130,9 @@ class ModelSpec:
     export: Optional[Export] = None
     published: Optional[Published] = None
     benchmark: Optional[Benchmark] = None
+    # its reference recipe's values of shared settings a config leaves null ({"train.grad_clip": 1.0}):
+    # utils.training.settings.apply_recipe fills them in
+    recipe: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def phase_names(self) -> tuple[str, ...]:

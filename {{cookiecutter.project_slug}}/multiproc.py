@@ -134,7 +134,9 @@ def _check_args(args: argparse.Namespace) -> None:
          f"--node-rank {args.node_rank} must be in 0..{nnodes - 1} (--nnodes {nnodes})"),
         (args.standalone and nnodes != 1, "--standalone means one node; drop --nnodes"),
         (port is not None and not 0 < port < 65536, f"--master-port must be in 1..65535, got {port}"),
-        (nnodes > 1 and not args.master_addr, "--nnodes > 1 needs --master-addr (the host of node 0)"),
+        (nnodes > 1 and not args.master_addr, f"--nnodes {nnodes} needs --master-addr (the host of node 0), or a "
+         "platform's variable: PET_MASTER_ADDR (Kubeflow), SKYPILOT_NODE_IPS (SkyPilot), or MASTER_ADDR beside "
+         "WORLD_SIZE and RANK (a per-node launcher); none gave it"),
         (args.max_restarts < 0, f"--max-restarts must be >= 0, got {args.max_restarts}"),
         *((not 0 < seconds < float("inf"), f"--{name} must be a positive number of seconds, got {seconds}")
           for name, seconds in (("rdzv-timeout", args.rdzv_timeout), ("stop-timeout", args.stop_timeout))),

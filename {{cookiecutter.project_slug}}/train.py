@@ -38,12 +38,12 @@ from utils.config import Config, ConfigError, load_config
 from utils.data.corpus import DataError, load_splits
 from utils.data.loader import epochs_done, next_micro_batches
 from utils.launch import (SAGEMAKER_CHECKPOINTS, cpu_threads, default_dataset_path, default_output_dir,
-                          hyperparameter_argv)
+                          hyperparameter_argv, tensorboard_dir)
 from utils.run import (RunLock, StopRequest, end_dataloader_workers, last_checkpoint, last_checkpoint_path,
                        take_output_dir)
 from utils.run_log import StepWindow, one_line, one_line_warnings
 from utils.training.guards import TrainingError, agree
-from utils.training.settings import check_settings
+from utils.training.settings import apply_recipe, check_settings
 from utils.training.setup import Run, build_run
 from utils.training.step import StepTally, forward_backward, step_schedulers
 from utils.training.validate import validate_run
@@ -231,7 +231,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     """``train.py``'s command line.
 
     Raises:
-        CommandLineError: an unknown, missing or malformed argument (``--help`` still prints and exits 0).
+        CommandLineError: an unknown, missing or malformed argument, an option that a ``--set`` contradicts, or a
+            platform's folder variable that cannot work here (``--help`` still prints and exits 0).
     """
     models = sorted(MODELS)
     parser = _Parser(description=__doc__.split("\n\n")[0])
@@ -256,19 +257,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(hyperparameter_argv(sys.argv[1:] if argv is None else argv, ["--tiny"]))
     if args.model is None:
         parser.error("models/ registers no model: add one (see model.py)")
-    args.output_dir = args.output_dir or default_output_dir(os.environ)
+    for option, key in (("--max-steps", "train.max_steps"), ("--dataset-path", "data.dataset_path")):
+        given = [item for item in args.set if item.split("=")[0].strip() == key]
+        if given and getattr(args, option[2:].replace("-", "_")) is not None:
+            raise CommandLineError(f"{option} and --set {given[-1]} both set {key}; give one")
+    try:
+        args.output_dir = args.output_dir or default_output_dir(os.environ)
+        tensorboard_dir(os.environ, args.output_dir)  # its variable checked before any rank starts
+    except ValueError as err:
+        raise CommandLineError(str(err)) from None
     args.dataset_path = args.dataset_path or default_dataset_path(os.environ)
     return args
 
 
 def load_run_config(args: argparse.Namespace) -> Config:
-    """The config file with ``--tiny``, ``--set``, ``--dataset-path`` and ``--max-steps`` applied."""
+    """The config file with ``--tiny``, ``--set``, ``--dataset-path`` and ``--max-steps`` applied, and the settings it
+    leaves null filled with ``--model``'s recipe (:func:`utils.training.settings.apply_recipe`)."""
     overrides = list(args.set)
     if args.dataset_path:
         overrides.append(f"data.dataset_path={args.dataset_path}")
     if args.max_steps is not None:
         overrides.append(f"train.max_steps={args.max_steps}")
-    return load_config(args.config, config_schemas(), tiny=args.tiny, overrides=overrides)
+    return apply_recipe(MODELS[args.model], load_config(args.config, config_schemas(), tiny=args.tiny,
+                                                        overrides=overrides))
 
 
 if __name__ == "__main__":

@@ -274,7 +274,8 @@ class Decoder(nn.Module):
         if mels.size(0) != memory.size(0):
             raise ValueError(f"Decoder: {mels.size(0)} mels for {memory.size(0)} encoded texts")
         go = mels.new_zeros(mels.size(0), self.n_mels, 1)
-        inputs = self.prenet(torch.cat((go, mels[:, :, :-1]), dim=2).permute(2, 0, 1))  # (T, B, prenet_dim)
+        # All T + 1 frames through the pre-net, the last unused, as NVIDIA's reference: the same dropout masks
+        inputs = self.prenet(torch.cat((go, mels), dim=2).permute(2, 0, 1))[:-1]  # (T, B, prenet_dim)
         text_len = memory.size(1)
         if self.text_bucket > 1:
             memory, memory_mask = pad_memory(memory, memory_mask, self.text_bucket)

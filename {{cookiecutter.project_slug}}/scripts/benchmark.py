@@ -36,9 +36,10 @@ loader must keep up with), then ``train.py``'s DataLoader with each ``--workers`
 the first (``first_batch_s``): rows ``loader_<model>_wav`` and, with a filled mel cache, ``loader_<model>_cached_mels``;
 then a table with the fewest workers that keep up (per process: each rank runs its own workers).
 
-**Padding** (``--padding --dataset-path DIR``): per model with ``Training.variable_length``, the padded share of one
-epoch's batches (``lengths()``; only wav headers are read), ``data.batching=random`` vs ``buckets``, at the config's
-full-size batch unless ``--tiny``.
+**Padding** (``--padding --dataset-path DIR``): per model with ``Training.variable_length`` (others are skipped; none:
+one error line), the padded share of one epoch's batches (``lengths()``; only wav headers are read),
+``data.batching=random`` vs ``buckets``, at the tiny block's batch size on a CPU (as the other modes), the full-size
+one on a GPU or with ``--full-size``.
 
 Exit status 0; 2 for a bad argument; 1 for a bad config or corpus, or a failed check.
 """
@@ -67,6 +68,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The line a CPU run prints before it starts: without --tiny or --full-size; with --full-size (what it will cost).
 CPU_TINY_NOTE = ("on a CPU a full-size train step takes minutes: using the tiny shapes (config.json's tiny "
                  "block, each case's tiny shape; rows named tiny_...); add --full-size to time full size anyway")
+CPU_TINY_PADDING_NOTE = ("on a CPU: the batch sizes of config.json's tiny block; add --full-size for the full-size "
+                         "ones")
 CPU_FULL_SIZE_NOTE = ("--full-size on a CPU: a full-size train step of the example models takes minutes (over "
                       "100 s on 2 cores), and each case runs --warmup + --steps of them; --tiny is the CPU smoke run")
 
@@ -153,6 +156,9 @@ def check_modes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             parser.error(f"--{mode} needs --dataset-path")
     if args.loader and args.padding:
         parser.error("--loader and --padding are separate runs: give one")
+    if args.padding and not any(MODELS[name].training.variable_length for name in args.models):
+        parser.exit(2, f"ERROR: --padding measures models whose items differ in length (ModelSpec.variable_length): "
+                       f"{', '.join(args.models)} {'has' if len(args.models) == 1 else 'have'} items of one length\n")
     if any(w < 0 for w in args.workers):
         parser.error("--workers counts must be >= 0")
 
@@ -262,8 +268,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device: {name} torch {torch.__version__}; threads {torch.get_num_threads()}", flush=True)
-    if args.size_note and not args.padding:
-        print(args.size_note, flush=True)
+    note = (CPU_TINY_PADDING_NOTE if args.size_note == CPU_TINY_NOTE else "") if args.padding else args.size_note
+    if note:
+        print(note, flush=True)
     emit = Rows(args.json_out, args.compare)
     try:
         return run(args, device, emit)

@@ -21,10 +21,10 @@ from utils.data.loader import batch_stream, make_loader, to_device
 from utils.data.samplers import LengthBucketSampler, padding_fraction, random_batches
 
 
-def run_config(args: argparse.Namespace, tiny: bool, extra: tuple[str, ...] = ()) -> Config:
-    """``train.py``'s config (``train.load_run_config``): ``--config``, ``--set``, ``extra``, ``--dataset-path``; the
-    tiny block with ``tiny``."""
-    return load_run_config(argparse.Namespace(config=args.config, tiny=tiny, set=[*args.set, *extra],
+def run_config(args: argparse.Namespace, name: str, tiny: bool, extra: tuple[str, ...] = ()) -> Config:
+    """``train.py``'s config for model ``name`` (``train.load_run_config``): ``--config``, ``--set``, ``extra``,
+    ``--dataset-path``; the tiny block with ``tiny``."""
+    return load_run_config(argparse.Namespace(config=args.config, model=name, tiny=tiny, set=[*args.set, *extra],
                                               dataset_path=args.dataset_path, max_steps=None))
 
 
@@ -41,9 +41,9 @@ def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str
     rows = []
     for name in models:
         spec = MODELS[name]
-        train_set, _ = spec.training.build_datasets(run_config(args, args.tiny, ("data.num_workers=0",)))
-        rows.append(step_on_real_batch(spec, run_config(args, args.tiny, ("data.num_workers=0",)), train_set, args,
-                                       device))
+        train_set, _ = spec.training.build_datasets(run_config(args, name, args.tiny, ("data.num_workers=0",)))
+        rows.append(step_on_real_batch(spec, run_config(args, name, args.tiny, ("data.num_workers=0",)), train_set,
+                                       args, device))
         emit(rows[-1])
         cache = getattr(train_set, "cache_dir", None)
         variants = [("wav", None)]
@@ -53,7 +53,7 @@ def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str
             if cache is not None:
                 train_set.cache_dir = cache_dir
             for workers in args.workers:
-                rows.append(time_loader(spec, run_config(args, args.tiny, (f"data.num_workers={workers}",)),
+                rows.append(time_loader(spec, run_config(args, name, args.tiny, (f"data.num_workers={workers}",)),
                                         train_set, f"loader_{name}_{label}", args.steps, device, args.progress))
                 rows[-1]["tiny"] = bool(args.tiny)
                 emit(rows[-1])
@@ -62,17 +62,18 @@ def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str
 
 def padding_rows(args: argparse.Namespace, models: list[str], emit: Callable[[dict], None]) -> list[dict]:
     """``padding_<model>`` rows (see :mod:`scripts.benchmark`) of the ``models`` with ``Training.variable_length``,
-    each passed to ``emit``; the others are skipped with a line saying so.
+    each passed to ``emit``, at the tiny block's batch sizes with ``args.tiny`` (the CPU's default); the others are
+    skipped with a line saying so.
 
     Raises:
-        BenchmarkError: no such model, or fewer training utterances than one batch.
+        BenchmarkError: fewer training utterances than one batch.
     """
     rows = []
     for name in models:
         if not MODELS[name].training.variable_length:
             skip_note(name, "its items all have one length (ModelSpec.variable_length is not set): no padding")
             continue
-        cfg = run_config(args, args.explicit_tiny)
+        cfg = run_config(args, name, args.tiny)
         train_set, _ = MODELS[name].training.build_datasets(cfg)
         lengths = train_set.lengths()
         batch_size = cfg.section(name).batch_size
@@ -86,8 +87,6 @@ def padding_rows(args: argparse.Namespace, models: list[str], emit: Callable[[di
                          "utterances": len(lengths), "batches": len(batches),
                          "padding_fraction": round(padding_fraction(batches, lengths), 4)})
             emit(rows[-1])
-    if not rows:
-        raise BenchmarkError(f"--padding: none of {', '.join(models)} has items of different lengths")
     return rows
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import sys
 import time
 from typing import Any, Callable
 
@@ -18,7 +17,9 @@ from model import BenchmarkCase, ModelSpec
 from models import MODELS, config_schemas
 from utils.config import Config, build_config, load_config
 from utils.data.loader import on_device_hook, to_device
+from utils.run_log import bar_options
 from utils.training.optim import build_optimizers, setup_precision
+from utils.training.settings import apply_recipe
 from utils.training.setup import build_phases
 from utils.training.step import forward_backward, one_loss_step
 
@@ -50,7 +51,8 @@ def cases_for(models: list[str]) -> list[tuple[str, BenchmarkCase]]:
 
 
 def case_config(name: str, case: BenchmarkCase, args: argparse.Namespace) -> tuple[Config, BenchmarkCase]:
-    """The config and shape a case runs with (see :mod:`scripts.benchmark`), user ``--set`` applied last."""
+    """The config and shape a case runs with (see :mod:`scripts.benchmark`), user ``--set`` applied last, its null
+    settings the model's recipe's (:func:`utils.training.settings.apply_recipe`)."""
     shape = (case.tiny or case) if args.tiny else case
     overrides = [*shape.overrides, *args.set]
     if args.tiny or case.name.endswith("_default"):  # the tiny block, or a model without shapes of its own
@@ -59,7 +61,7 @@ def case_config(name: str, case: BenchmarkCase, args: argparse.Namespace) -> tup
         cfg = build_config({}, config_schemas(), overrides=overrides, source="dataclass defaults")
     if shape.batch_size == 0:
         shape = dataclasses.replace(shape, batch_size=cfg.section(name).batch_size)
-    return cfg, shape
+    return apply_recipe(MODELS[name], cfg), shape
 
 
 def case_name(name: str, case: BenchmarkCase, shape: BenchmarkCase, tiny: bool) -> str:
@@ -85,8 +87,8 @@ def shape_fields(name: str, case: BenchmarkCase, args: argparse.Namespace) -> di
 def progress_bar(total: int, desc: str, unit: str, enabled: bool) -> tqdm:
     """A tqdm bar on stderr for ``total`` ``unit`` s, drawn at once (a slow first step still shows that work started)
     and removed when closed (stdout's rows and tables stay readable)."""
-    return tqdm(total=total, desc=desc, unit=unit, leave=False, file=sys.stderr, disable=not enabled,
-                dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, unit=unit, leave=False, disable=not enabled, dynamic_ncols=True,
+                **bar_options())
 
 
 def synchronize(device: torch.device) -> None:

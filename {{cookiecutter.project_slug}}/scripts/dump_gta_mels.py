@@ -12,16 +12,17 @@ smoothing and small errors instead of meeting them at synthesis. Eval mode, but 
 training and inference, its masks drawn from ``--seed`` and the batch's ids.
 
 The frame rule, checked for every file written (a mismatch is an error naming the utterance): ``T`` samples give
-``MelSpectrogram.num_frames(T) = (T + 2 * pad - n_fft) // hop_length + 1`` frames, ``pad = (n_fft - hop_length) //
-2``: ``T // hop_length`` when ``n_fft - hop_length`` is even (LJSpeech: 1024 - 256), else ``(T - 1) // hop_length``;
-frame ``k`` covers samples ``k * hop_length`` to ``(k + 1) * hop_length``.
+``MelSpectrogram.num_frames(T)`` frames in the checkpoint's ``audio.mel_framing`` (Tacotron2's recipe: NVIDIA's, ``1 +
+T // hop_length``; a checkpoint saved before the setting: jik876's, ``T // hop_length`` for LJSpeech's sizes), which
+``_audio_config.json`` records: a vocoder on the folder frames as it does.
 
 Written: ``<output>/<id>.pt`` for each utterance of both splits, with the checkpoint's config (resumable: those there
 are skipped unless ``--overwrite``), plus ``_audio_config.json`` and ``_gta_source.json`` (:func:`prepare_output`).
 Utterances longer than ``tacotron2.max_mel_frames`` (``--max-mel-frames``) and unusable corpus lines are left out,
-named in one line (a vocoder on the folder needs them in ``data.exclude``). With several processes (``multiproc.py``,
-``torchrun``, ``srun``), rank ``r`` of ``W`` writes utterances ``r, r + W, ...``. Errors: one ``ERROR:`` line each;
-exit status 2 for a bad option, 1 for a problem of the run or of an utterance (the others are still written).
+named in one line; the first are listed in ``_left_out.json`` (a vocoder on the folder trains without them). With
+several processes (``multiproc.py``, ``torchrun``, ``srun``), rank ``r`` of ``W`` writes utterances ``r, r + W,
+...``. Errors: one ``ERROR:`` line each; exit status 2 for a bad option, 1 for a problem of the run or of an
+utterance (the others are still written).
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ from models.tacotron2.data import TextMelCollate, TextMelDataset, mel_cache_path
 from models.tacotron2.text import text_to_sequence
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.config import Config, ConfigError
-from utils.data.audio import load_wav
+from utils.data.audio import load_wav, recorded_audio
 from utils.data.corpus import BadClip, DataError, Utterance, load_splits
-from utils.data.datasets import MEL_SETTINGS_FILE
+from utils.data.datasets import LEFT_OUT_FILE, MEL_SETTINGS_FILE
 from utils.launch import detect_launcher_env
 from utils.run_log import one_line, one_line_warnings
 
@@ -150,10 +151,11 @@ def prepare_output(output: Path, cfg: Config, source: dict, overwrite: bool) -> 
     if cache is not None and cache.resolve() == output.resolve():
         raise DataError(f"--output {output} is Tacotron2's mel cache (tacotron2.mel_cache_dir), its training targets: "
                         "give another folder")
-    audio = cfg.audio.model_dump()
+    audio = recorded_audio(cfg.audio.model_dump())
     if output.is_dir() and not overwrite:
         settings, recorded = output / MEL_SETTINGS_FILE, output / SOURCE_FILE
-        if settings.is_file() and _read_json(settings) != audio:
+        before = _read_json(settings) if settings.is_file() else audio
+        if not isinstance(before, dict) or recorded_audio(before) != audio:
             raise DataError(f"--output {output} holds mels of other audio settings ({settings}): give another folder, "
                             "or --overwrite to make them all again")
         if recorded.is_file():
@@ -310,8 +312,8 @@ def summarize(reports: list[dict], total: int, bad: list[BadClip], output: Path,
         lines.append("note: " + _ids(left_out, f"left out {len(left_out)} utterance(s) longer than "
                                      f"tacotron2.max_mel_frames={max_frames} mel frames (the longest "
                                      f"{max(frames for _, frames in left_out)})")
-                     + f"; a vocoder on data.mel_dir={output} needs them in data.exclude, or dump them with "
-                       "--max-mel-frames 0")
+                     + f"; a vocoder on data.mel_dir={output} trains without them ({LEFT_OUT_FILE}), or dump them "
+                       "with --max-mel-frames 0")
     if bad:
         lines.append("note: " + _ids([(clip.id,) for clip in bad], f"left out {len(bad)} corpus line(s) that name no "
                                      f"usable utterance (first: {bad[0].reason})"))
@@ -417,6 +419,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if job.rank == 0:
         max_frames = job.cfg.tacotron2.max_mel_frames if args.max_mel_frames is None else args.max_mel_frames
+        left_out = {utt: frames for report in reports for utt, frames in report.get("left_out", [])}
+        atomic_write_bytes(output / LEFT_OUT_FILE, json.dumps({"max_mel_frames": max_frames, "frames": left_out},
+                                                              indent=1).encode())
         for line in summarize(reports, len(job.utterances), job.bad, output, max_frames):
             print(line, file=sys.stderr if line.startswith("ERROR") else sys.stdout, flush=True)
     failed = any("fatal" in report or report["errors"] for report in reports)

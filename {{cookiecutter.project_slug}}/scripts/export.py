@@ -31,7 +31,7 @@ from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.resume import read_checkpoint
 from utils.checkpoint.state import release_checkpoint
 from utils.config import ConfigError
-from utils.onnx_export import ExportError, export_model
+from utils.onnx_export import ExportError, export_model, onnx_runtime
 from utils.run_log import one_line
 
 
@@ -83,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"MB): model '{release['model_name']}' at step {release['step']}, {len(release['model'])} tensors of "
                   f"{modules}" + (", EMA weights" if release["ema_weights"] else ""))
             return 0
+        onnx_runtime()  # before anything is read or created
         name, model, cfg = load_trained(args.checkpoint, torch.device("cpu"))
-        output.mkdir(exist_ok=True)
-        rows = export_model(MODELS[name], model, cfg, output)
+        rows = export_model(MODELS[name], model, cfg, output)  # creates the folder once the model passes its checks
         print(f"wrote {len(rows)} ONNX file(s) to {output}; the largest difference to PyTorch: "
               f"{max(row['max_abs_diff'] for row in rows):.1e}")
         return 0

@@ -116,25 +116,34 @@ def measure(train_args: list[str], launcher: list[str], output_dir: Path, after_
     return result
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not usage and message
+        self.exit(2, f"grace_period: ERROR: {message}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Time a stop of the job the command line describes. Returns the exit status (see the module; 2 without ``--``)."""
     argv = sys.argv[1:] if argv is None else argv
-    if "--" not in argv:
-        print("grace_period: ERROR: give train.py's arguments after --, e.g. -- --config config.json --model NAME",
-              file=sys.stderr)
-        return 2
-    split = argv.index("--")
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = _Parser(prog="python -m scripts.grace_period", description=__doc__.split("\n\n")[0],
+                     usage="%(prog)s [options] -- train.py's arguments")
     parser.add_argument("--after-steps", type=int, default=5, help="steps logged before the SIGTERM (default 5)")
     parser.add_argument("--launcher", default="",
                         help="multiproc.py's options, one quoted string: --launcher=\"--nproc-per-node 2\"")
     parser.add_argument("--output-dir", help="the job's output folder (default: a temporary one, removed after)")
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds to wait for the steps, and again for the stop (default 1800)")
-    parser.add_argument("--json", help="write the result here")
-    args = parser.parse_args(argv[:split])
+    parser.add_argument("--json", type=Path, help="write the result here (its folder must exist)")
+    args = parser.parse_args(argv[:split])  # --help: printed, exit 0
+    if "--" not in argv:
+        print("grace_period: ERROR: give train.py's arguments after --, e.g. -- --config config.json --model NAME",
+              file=sys.stderr)
+        return 2
     if args.after_steps < 1:
         parser.error(f"--after-steps must be >= 1, got {args.after_steps}")
+    if args.json is not None and (not args.json.parent.is_dir() or args.json.is_dir()):  # before minutes of measuring
+        parser.error(f"--json {args.json}: " + ("a folder, not a file" if args.json.is_dir() else
+                                                f"the folder {args.json.parent} does not exist"))
     with tempfile.TemporaryDirectory(prefix="grace_period.") as tmp:
         output_dir = Path(args.output_dir or Path(tmp) / "run").resolve()
         try:

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.output.exists() and not args.force:
             raise CheckpointError(f"{args.output} exists; pass --force to replace it, or --output another file")
         cfg = load_config(args.config, config_schemas(), tiny=args.tiny, overrides=args.set)
-        weights = read_weights(args.weights, MODELS, cfg)
+        weights = read_weights(args.weights, MODELS, cfg, label="the weights file")
         model = MODELS[weights.model_name].build_model(cfg)
         kept = load_into(model, weights, str(args.weights))
     except (CheckpointError, ConfigError, ValueError) as err:

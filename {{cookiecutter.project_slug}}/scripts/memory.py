@@ -43,6 +43,7 @@ from models import MODELS, config_schemas
 from utils.checkpoint.sharded import ShardedCheckpointer, load_sharded, sharded_intact
 from utils.checkpoint.state import TrainState
 from utils.config import load_config
+from utils.run_log import bar_options
 from utils.training.activation_checkpoint import apply_activation_checkpointing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -285,8 +286,8 @@ def worker(args) -> None:
     info = init_distributed()
     rows, stalls = [], []
     jobs = [*SETTINGS, *([] if args.no_stall else [("save", "sync"), ("save", "async")])]
-    bar = tqdm(total=len(jobs), desc="memory.py", unit="setting", file=sys.stderr, disable=not info.is_main,
-               dynamic_ncols=True)
+    bar = tqdm(total=len(jobs), desc="memory.py", unit="setting", disable=not info.is_main, dynamic_ncols=True,
+               **bar_options())
     for first, second in jobs:
         if first != "save":
             rows += all_gather_object(measure(first, second, args, info.rank, info.device))

@@ -7,7 +7,8 @@ Writes ``<dataset_path>/<tacotron2.mel_cache_dir>/<id>.pt``, the ``(n_mels, fram
 :class:`models.tacotron2.data.TextMelDataset` loads instead of decoding the wav each epoch: resumable (``--overwrite``
 recomputes), atomic (a temporary file renamed into place), on a pool of ``--workers`` processes. The audio settings go
 to ``<cache>/_audio_config.json``; a cache of others is refused here and by the dataset. Unreadable wavs are reported
-at the end, the others written, exit status 1.
+at the end, the others written, exit status 1. The config's null settings take Tacotron2's recipe
+(:func:`utils.training.settings.apply_recipe`: NVIDIA's framing), as ``train.py --model tacotron2`` does.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from typing import Optional, Sequence
 import torch
 from tqdm import tqdm
 
-from models import config_schemas
+from models import MODELS, config_schemas
 from models.tacotron2.data import CACHE_SETTINGS_FILE, check_cache_settings, mel_cache_path
 from utils.config import Config, ConfigError, load_config
-from utils.data.audio import AudioConfig, MelSpectrogram, load_wav
+from utils.data.audio import AudioConfig, MelSpectrogram, load_wav, recorded_audio
 from utils.data.corpus import DataError, load_splits
+from utils.training.settings import apply_recipe
 
 _worker_mel: Optional[MelSpectrogram] = None
 _worker_rate: int = 0
@@ -110,7 +112,7 @@ def preprocess(cfg: Config, workers: Optional[int] = None, overwrite: bool = Fal
     if not overwrite:
         check_cache_settings(cache_dir, cfg.audio)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    (cache_dir / CACHE_SETTINGS_FILE).write_text(json.dumps(cfg.audio.model_dump(), indent=2) + "\n")
+    (cache_dir / CACHE_SETTINGS_FILE).write_text(json.dumps(recorded_audio(cfg.audio.model_dump()), indent=2) + "\n")
     jobs = [(utt.id, str(utt.wav_path), str(cache_dir / f"{utt.id}.pt")) for utt in utterances.values()
             if overwrite or not (cache_dir / f"{utt.id}.pt").is_file()]
     counts = {"total": len(utterances), "written": 0, "skipped": len(utterances) - len(jobs), "failed": 0}
@@ -128,10 +130,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--workers", type=int, default=None, help="processes (default: all CPU cores)")
     parser.add_argument("--overwrite", action="store_true", help="recompute mels that are already cached")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--tiny", action="store_true", help="the tiny block's audio settings: mels for --tiny runs")
     args = parser.parse_args(argv)
     overrides = [f"data.dataset_path={args.dataset_path}"] if args.dataset_path else []
     try:
-        cfg = load_config(args.config, config_schemas(), overrides=overrides)
+        cfg = apply_recipe(MODELS["tacotron2"], load_config(args.config, config_schemas(), tiny=args.tiny,
+                                                                      overrides=overrides))
         counts = preprocess(cfg, args.workers, args.overwrite, progress=not args.no_progress)
     except (ConfigError, DataError) as err:
         print(f"ERROR: {err}", file=sys.stderr)

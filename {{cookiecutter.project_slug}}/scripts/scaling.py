@@ -28,6 +28,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
+from utils.run_log import bar_options
+
 ROOT = Path(__file__).resolve().parents[1]
 
 POLL_S = 0.5  # seconds between two looks at a running job's metrics.jsonl (for the progress bar)
@@ -67,7 +69,7 @@ def measure(procs: int, args: argparse.Namespace, out: Path) -> float:
     metrics, log = out / "metrics.jsonl", out / "launcher.log"
     offset = metrics.stat().st_size if metrics.is_file() else 0
     with (open(log, "w") as handle,
-          tqdm(total=args.steps, desc=f"{procs} process(es)", unit="step", leave=False, file=sys.stderr) as bar):
+          tqdm(total=args.steps, desc=f"{procs} process(es)", unit="step", leave=False, **bar_options()) as bar):
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:

@@ -32,6 +32,7 @@ import builtins
 import contextlib
 import functools
 import io
+import json
 import os
 import random
 import shlex
@@ -42,6 +43,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Optional
 
@@ -53,7 +56,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import train
 from models import MODELS, config_schemas
+from scripts import import_weights
+from utils.checkpoint.published import Record, load_into
 from utils.config import load_config
+from utils.training.settings import apply_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -240,12 +246,29 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
 
 def tiny_checkpoint(name: str, path) -> Path:
     """An untrained checkpoint of model ``name`` in the tiny config, as ``inference.py`` reads it: enough to
-    test its option handling without training. Returns ``path``."""
-    cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
+    test its option handling without training (its config filled with the model's recipe, as train.py saves it).
+    Returns ``path``."""
+    cfg = apply_recipe(MODELS[name], load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True))
     torch.manual_seed(0)
     model = MODELS[name].build_model(cfg)
     torch.save({"model": model.state_dict(), "model_name": name, "config": cfg.to_dict(), "step": 0}, path)
     return Path(path)
+
+
+def flip_tensor_bytes(path, count: int = 64) -> str:
+    """Invert ``count`` bytes in the middle of the largest tensor record of the ``torch.save`` file ``path`` (a disk's
+    or a copy's damage: ``torch.load`` still reads it); returns the record's name."""
+    with zipfile.ZipFile(path) as archive:
+        info = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    with open(path, "r+b") as handle:
+        handle.seek(info.header_offset + 26)
+        name_len, extra_len = int.from_bytes(handle.read(2), "little"), int.from_bytes(handle.read(2), "little")
+        start = info.header_offset + 30 + name_len + extra_len + max(0, (info.file_size - count) // 2)
+        handle.seek(start)
+        data = bytes(b ^ 0xFF for b in handle.read(count))
+        handle.seek(start)
+        handle.write(data)
+    return info.filename
 
 
 class OpensAFile:
@@ -469,3 +492,119 @@ def launch_command(path) -> list[str]:
             raise ValueError(f"{path}: the run block must be one command, found {len(lines)} line(s)")
         return shlex.split(lines[0])
     raise ValueError(f"{path}: not a TrainJob, a PyTorchJob or a SkyPilot task with a run block")
+
+
+# --- reference parity: tests/data/reference holds what NVIDIA's and jik876's code computed (README.md there) ----------
+
+REFERENCE = Path(ROOT) / "tests" / "data" / "reference"
+PARITY_TOLERANCE = 1e-5
+"""float32's: the same operations in the same order give the same bits (every difference measured is 0 but WaveGlow's
+inverse, ~1e-6); 1e-5 leaves room for another BLAS's order, far below what a wrong layer, key or noise order gives."""
+
+
+def reference_fixture(name: str) -> tuple[dict, dict]:
+    """``(arrays, meta)`` of the fixture ``tests/data/reference/<name>`` (an ``.npz``; ``meta``: its JSON entry)."""
+    with np.load(REFERENCE / name, allow_pickle=False) as data:
+        arrays = {key: data[key] for key in data.files}
+    return arrays, json.loads(str(arrays.pop("meta")))
+
+
+def formula_value(key: str, shape, dtype: str = "float32") -> torch.Tensor:
+    """The value the fixtures gave the reference's parameter ``key`` (its ``state_dict`` name): from the key, the shape
+    and the element index alone. ``r[i]``: splitmix64's finaliser of ``(crc32(key) << 32) + i``, to [-1, 1); then
+    ``r * sqrt(3 / fan_in)``, except biases and running means ``0.1 r``, 1-D weights and ``weight_g`` ``1 + 0.1 r``,
+    ``running_var`` ``1 + 0.25 r``, WaveGlow's ``convinv.<k>.conv.weight`` ``I + (0.5 / c) r``, its
+    ``WN.<k>.end.weight`` a tenth of the rule, Tacotron2's ``gate_layer.linear_layer.bias`` ``-1 + 0.1 r``, integers
+    0."""
+    shape, parts = tuple(shape), key.split(".")
+    if not getattr(torch, dtype).is_floating_point:
+        return torch.zeros(shape, dtype=getattr(torch, dtype))
+    numel = int(np.prod(shape))
+    x = (np.uint64(zlib.crc32(key.encode())) << np.uint64(32)) + np.arange(numel, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+            x = (x ^ (x >> np.uint64(shift))) * np.uint64(factor)
+        x ^= x >> np.uint64(31)
+    r = ((x >> np.uint64(11)).astype(np.float64) * 2.0 ** -52 - 1.0).reshape(shape)
+    scale = np.sqrt(3.0 * shape[0] / numel) if numel else 0.0
+    if parts[-4:-3] == ["convinv"] and parts[-2:] == ["conv", "weight"]:
+        value = np.eye(shape[0])[:, :, None] + 0.5 / shape[0] * r
+    elif parts[-4:-3] == ["WN"] and parts[-2:] == ["end", "weight"]:
+        value = 0.1 * r * scale
+    elif key.endswith("gate_layer.linear_layer.bias"):
+        value = 0.1 * r - 1.0
+    elif key.endswith("running_var"):
+        value = 1.0 + 0.25 * r
+    elif key.endswith("weight_g") or (len(shape) == 1 and key.endswith("weight")):
+        value = 1.0 + 0.1 * r
+    else:
+        value = 0.1 * r if len(shape) == 1 else r * scale
+    return torch.from_numpy(np.ascontiguousarray(value)).to(getattr(torch, dtype))
+
+
+def formula_state(meta: dict) -> dict[str, torch.Tensor]:
+    """The reference's whole ``state_dict`` of a fixture (its ``meta["keys"]``: ``[key, shape, dtype]``), by
+    :func:`formula_value`."""
+    return {key: formula_value(key, shape, dtype) for key, shape, dtype in meta["keys"]}
+
+
+def mel_input(frames: int, channels: int = 80) -> torch.Tensor:
+    """The fixtures' mel ``(1, channels, frames)``: ``-5 + 3 sin(0.21 c + 0.9 t + 0.5) cos(0.05 c (t + 1))``."""
+    c, t = np.arange(channels)[:, None], np.arange(frames)[None, :]
+    return torch.from_numpy((-5 + 3 * np.sin(0.21 * c + 0.9 * t + 0.5) * np.cos(0.05 * c * (t + 1)))
+                            .astype(np.float32))[None]
+
+
+def audio_input(samples: int) -> torch.Tensor:
+    """The fixtures' audio ``(1, samples)``: ``0.5 sin(2 pi 220 n / 22050) + 0.2 sin(2 pi 1000 n / 22050 + 1)``."""
+    n = np.arange(samples)
+    return torch.from_numpy((0.5 * np.sin(2 * np.pi * 220 * n / 22050) + 0.2 * np.sin(2 * np.pi * 1000 * n / 22050 + 1))
+                            .astype(np.float32))[None]
+
+
+def reference_config(**sections):
+    """The project's full-size config with ``sections`` (``{section: {key: value}}``) set as ``--set`` would."""
+    overrides = [f"{section}.{key}={json.dumps(value)}" for section, values in sections.items()
+                 for key, value in values.items()]
+    return load_config(os.path.join(ROOT, "config.json"), config_schemas(), overrides=overrides)
+
+
+def as_records(state: dict) -> Record:
+    """A flat ``state_dict`` as the tree of :class:`Record` s a pickled module becomes (NVIDIA's WaveGlow file)."""
+    root = Record()
+    for key, value in state.items():
+        *path, name = key.split(".")
+        node = root
+        for part in path:
+            node = vars(node).setdefault("_modules", {}).setdefault(part, Record())
+        vars(node).setdefault("_parameters", {})[name] = value
+    return root
+
+
+def reference_model(name: str, cfg, weights):
+    """Model ``name`` of ``cfg`` holding ``weights`` (a ``Published.read`` result), in eval mode."""
+    model = MODELS[name].build_model(cfg)
+    load_into(model, weights, "the reference's weights")
+    return model.eval()
+
+
+def assert_close(ours: torch.Tensor, reference: np.ndarray, what: str, tolerance: float = PARITY_TOLERANCE) -> None:
+    """``ours`` has the reference's shape and differs from it by at most ``tolerance`` anywhere."""
+    ours = ours.detach().numpy()
+    assert ours.shape == reference.shape, f"{what}: shape {ours.shape} vs the reference's {reference.shape}"
+    difference = float(np.abs(ours - reference).max())
+    assert difference <= tolerance, f"{what}: max abs difference {difference:.3g} > {tolerance:g}"
+
+
+def import_published(tmp_path, weights, sets: dict) -> tuple[dict, str]:
+    """``python -m scripts.import_weights weights`` (in this process) with ``--set section.key=value`` for ``sets``:
+    (the checkpoint written, the line it printed)."""
+    args = [str(weights), "--output", str(tmp_path / "imported.pt"), "--force"]
+    for section, values in sets.items():
+        args += [item for key, value in values.items() for item in ("--set", f"{section}.{key}={json.dumps(value)}")]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = import_weights.main(args)
+    assert code == 0, err.getvalue()
+    return torch.load(tmp_path / "imported.pt", weights_only=True), out.getvalue()
+

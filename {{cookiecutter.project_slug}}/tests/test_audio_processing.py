@@ -23,15 +23,31 @@ def mel_fn():
     return MelSpectrogram.from_config(AudioConfig())
 
 
-def test_mel_shape_and_frame_count(mel_fn):
-    # NVIDIA framing: pad = (1024 - 256) // 2 = 384, frames = (22050 + 768 - 1024) // 256 + 1 = 86.
+@pytest.mark.parametrize("framing, frames, frames_8192, shortest", [
+    ("jik876", 86, 32, 385),  # pad (1024 - 256) // 2 = 384: (22050 + 768 - 1024) // 256 + 1 = 86, 8192 / 256 exactly
+    ("nvidia", 87, 33, 513),  # pad 1024 // 2 = 512 (centred): 1 + 22050 // 256 = 87, 1 + 8192 // 256 = 33
+])
+def test_mel_shape_and_frame_count(framing, frames, frames_8192, shortest):
+    mel_fn = MelSpectrogram.from_config(AudioConfig(mel_framing=framing))
     audio = torch.rand(3, 22050) * 2 - 1
     mel = mel_fn(audio)
-    assert mel.shape == (3, 80, 86)
+    assert mel.shape == (3, 80, frames)
     assert mel.dtype == torch.float32
-    assert mel_fn.num_frames(22050) == 86
-    assert mel_fn(audio[0]).shape == (80, 86)
-    assert mel_fn(torch.zeros(8192)).shape == (80, 32)  # 8192 / 256 frames exactly
+    assert mel_fn.num_frames(22050) == frames
+    assert mel_fn(audio[0]).shape == (80, frames)
+    assert mel_fn(torch.zeros(8192)).shape == (80, frames_8192)
+    assert mel_fn.min_samples == shortest and mel_fn(torch.zeros(shortest)).shape[1] == mel_fn.num_frames(shortest)
+    with pytest.raises(ValueError, match=f"at least {shortest} are needed .*{framing} framing"):
+        mel_fn(torch.zeros(shortest - 1))
+    for samples in (shortest, 1000, 4097, 6615):  # num_frames is what forward gives
+        assert mel_fn(torch.zeros(samples)).shape[1] == mel_fn.num_frames(samples)
+
+
+def test_an_unresolved_framing_is_jik876s_and_unknown_ones_are_refused():
+    assert AudioConfig().mel_framing is None and AudioConfig().framing == "jik876"
+    assert MelSpectrogram.from_config(AudioConfig()).pad == 384
+    with pytest.raises(ValueError, match="framing must be one of nvidia, jik876, got 'centre'"):
+        MelSpectrogram(SR, 1024, 256, 1024, 80, framing="centre")
 
 
 def test_mel_batch_items_match_single_items(mel_fn):
@@ -40,15 +56,21 @@ def test_mel_batch_items_match_single_items(mel_fn):
     torch.testing.assert_close(batch[1], mel_fn(audio[1]))
 
 
-def test_mel_matches_an_independent_librosa_computation(mel_fn):
+@pytest.mark.parametrize("framing", ["jik876", "nvidia"])
+def test_mel_matches_an_independent_librosa_computation(framing):
     audio = (torch.rand(6000) * 2 - 1) * 0.8
-    pad = (1024 - 256) // 2
-    padded = np.pad(audio.numpy(), (pad, pad), mode="reflect")
+    if framing == "jik876":  # reflect pad (n_fft - hop) // 2, then uncentred frames
+        pad = (1024 - 256) // 2
+        padded, centred = np.pad(audio.numpy(), (pad, pad), mode="reflect"), False
+    else:  # librosa's own centred frames, reflect-padded by n_fft // 2
+        padded, centred = audio.numpy(), True
     magnitude = np.abs(librosa.stft(padded, n_fft=1024, hop_length=256, win_length=1024, window="hann",
-                                    center=False))
+                                    center=centred, pad_mode="reflect"))
     basis = librosa.filters.mel(sr=SR, n_fft=1024, n_mels=80, fmin=0.0, fmax=8000.0)
     expected = np.log(np.maximum(basis @ magnitude, 1e-5))
-    np.testing.assert_allclose(mel_fn(audio).numpy(), expected, atol=1e-3)
+    mel = MelSpectrogram.from_config(AudioConfig(mel_framing=framing))(audio).numpy()
+    assert mel.shape == expected.shape
+    np.testing.assert_allclose(mel, expected, atol=1e-3)
 
 
 @pytest.mark.parametrize("freq_hz", [440.0, 1000.0, 3000.0, 7000.0])
@@ -151,11 +173,17 @@ def test_audio_that_no_trained_model_writes_is_named_and_speech_is_not():
 
     rng = np.random.default_rng(0)
     speech_like = (0.3 * sine(180.0, seconds=0.5).numpy() * np.hanning(SR // 2)).astype(np.float32)
+    noise = "sounds like noise (spectral flatness 0.56; speech's is below 0.3)"
     assert audio_problems(speech_like) == []
-    assert audio_problems(np.clip(3 * rng.standard_normal(SR), -1, 1)) == ["is 74% clipped (samples at full scale)"]
+    assert audio_problems(np.clip(3 * rng.standard_normal(SR), -1, 1)) == ["is 74% clipped (samples at full scale)",
+                                                                           noise]
     assert audio_problems(0.171 + 0.013 * rng.standard_normal(SR)) == [  # an untrained HiFi-GAN's output
-        "has a DC offset of 0.171 (its mean; speech's is near 0)"]
+        "has a DC offset of 0.171 (its mean; speech's is near 0)", noise]
     assert audio_problems(np.full(SR, 2e-4)) == ["is nearly silent (peak 2e-04)"]
+    assert audio_problems(0.1 * rng.standard_normal(SR)) == [noise]  # an untrained WaveGlow's hiss
+    # Speech with its pauses and a breath of noise under it: its loud frames are harmonic.
+    pauses = np.concatenate([speech_like, np.zeros(SR // 4, np.float32), speech_like])
+    assert audio_problems(pauses + 0.003 * rng.standard_normal(pauses.size)) == []
 
 
 def test_inference_output_that_sounds_untrained_is_warned_about_in_one_line(tmp_path):

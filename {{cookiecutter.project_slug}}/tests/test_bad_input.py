@@ -163,7 +163,7 @@ def write_config(tmp_path, edit) -> str:
      "unknown key 'train.max_step' (keys of 'train': seed, precision, max_steps"),
     (lambda c: c["train"].update(max_steps="many"), "config key 'train.max_steps' must be int, got str 'many'"),
     (lambda c: c["train"].update(cudnn_benchmark="yes"),
-     "config key 'train.cudnn_benchmark' must be bool, got str 'yes'"),
+     "config key 'train.cudnn_benchmark' must be bool or None, got str 'yes'"),
     (lambda c: c.update(trian={}), "unknown section 'trian'"),
     (lambda c: c["tiny"]["train"].update(precision="fp64"),
      "(tiny block): config key 'train.precision' must be one of fp32, tf32, bf16, fp16, got 'fp64'"),
@@ -706,7 +706,8 @@ def test_resume_from_a_file_that_is_no_checkpoint_says_so(capsys, corpus, tmp_pa
     code, out, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out"),
                                "--resume", str(text))
     line = the_error(code, err, out)
-    assert f"{text} is not a checkpoint: neither a file torch.save writes (a zip archive) nor a pickle" in line, line
+    assert line == (f"ERROR: rank 0: --resume {text}: the file is not a checkpoint: a text file: neither a file "
+                    "torch.save writes (a zip archive) nor a pickle"), line
 
 
 # --- every kind of bad clip, in error and skip mode -------------------------------------------------------

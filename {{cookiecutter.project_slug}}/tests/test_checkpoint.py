@@ -7,6 +7,7 @@ import os
 import pickle
 import queue
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from conftest import bound, clean_env
+from conftest import bound, clean_env, flip_tensor_bytes
 from torch import nn
 
 from utils.checkpoint.files import (CheckpointError, atomic_write_bytes, load_checkpoint, load_model_state,
@@ -270,20 +271,43 @@ def test_missing_truncated_and_foreign_files_are_named(tmp_path, good_bytes):
     cases["other.zip"] = buffer.getvalue()
     for cut in range(0, len(good_bytes), max(1, len(good_bytes) // 40)):
         cases[f"cut_{cut}.pt"] = good_bytes[:cut]
+    neither = "neither a file torch.save writes (a zip archive) nor a pickle"
+    said = {"empty.pt": "is not a checkpoint: an empty file", "text.pt": f"is not a checkpoint: a text file: {neither}",
+            "random.pt": f"is not a checkpoint: {neither}", "cut_0.pt": "is not a checkpoint: an empty file",
+            "other.zip": "is not a checkpoint: a zip archive, but not one torch.save writes (no data.pkl)"}
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)
         with pytest.raises(CheckpointError) as info:
             load_checkpoint(tmp_path / name)
         message = str(info.value)
-        if data[:1] not in (b"P", b"\x80"):  # neither a zip archive (torch.save) nor a pickle: said so plainly
-            assert message == f"{tmp_path / name} is not a checkpoint: " + (
-                "an empty file" if not data else "neither a file torch.save writes (a zip archive) nor a pickle")
-        else:
-            assert message.startswith(f"cannot load checkpoint {tmp_path / name} safely: "), message
+        assert message.startswith(f"{tmp_path / name} {said.get(name, 'is damaged (')}"), message  # cut: damaged
         assert "\n" not in message
+    # Random bytes after a first 0x80 (a pickle's first opcode) are not taken for a pickle either.
+    (tmp_path / "random80.pt").write_bytes(b"\x80" + random.Random(1).randbytes(4095))
+    with pytest.raises(CheckpointError, match=f"random80.pt is not a checkpoint: {re.escape(neither)}$"):
+        load_checkpoint(tmp_path / "random80.pt")
     torch.save([1, 2, 3], tmp_path / "list.pt")
     with pytest.raises(CheckpointError, match="list.pt is not a checkpoint of this project"):
         load_checkpoint(tmp_path / "list.pt")
+
+
+def test_64_bytes_flipped_inside_a_tensor_are_refused_in_one_line(tmp_path, good_bytes):
+    """torch.load itself reads them (the weights change silently); the zip archive's CRC-32 of the record finds them."""
+    path = tmp_path / "flipped.pt"
+    path.write_bytes(good_bytes)
+    record = flip_tensor_bytes(path)
+    assert torch.load(path, weights_only=True)["model"]["weight"].shape == (2, 3)  # what a load without the check gets
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    assert str(info.value) == (f"{path} is damaged (its record {record} fails its CRC-32 check: its bytes changed "
+                               "after it was written)")
+
+
+def test_a_failed_atomic_write_names_the_file_asked_for_not_its_temporary(tmp_path):
+    target = tmp_path / "gone" / "model.pt"
+    with pytest.raises(OSError) as info:
+        atomic_write_bytes(target, b"x")
+    assert info.value.filename == str(target) and ".tmp" not in str(info.value), info.value
 
 
 def test_a_corrupted_pickle_is_a_checkpoint_error_or_loads(tmp_path, good_bytes):

@@ -8,6 +8,7 @@ import pytest
 from conftest import ROOT
 from pydantic import Field, ValidationError
 
+import train
 from models import MODELS
 from utils.config import Config, ConfigError, Section, build_config, config_from_dict, load_config, parse_override
 from utils.data.audio import AudioConfig
@@ -94,9 +95,9 @@ def test_a_section_that_is_not_an_object_is_refused():
     ("train", "max_steps", "abc", "config key 'train.max_steps' must be int, got str 'abc'"),
     ("train", "max_steps", 2.5, "config key 'train.max_steps' must be int, got float 2.5"),
     ("train", "max_steps", True, "config key 'train.max_steps' must be int, got bool True"),
-    ("train", "cudnn_benchmark", 1, "config key 'train.cudnn_benchmark' must be bool, got int 1"),
-    ("train", "grad_clip", "x", "config key 'train.grad_clip' must be float, got str 'x'"),
-    ("train", "grad_clip", None, "config key 'train.grad_clip' must be float, got NoneType None"),
+    ("train", "cudnn_benchmark", 1, "config key 'train.cudnn_benchmark' must be bool or None, got int 1"),
+    ("train", "grad_clip", "x", "config key 'train.grad_clip' must be float or None, got str 'x'"),
+    ("train", "spike_factor", None, "config key 'train.spike_factor' must be float, got NoneType None"),
     ("data", "dataset_path", 5, "config key 'data.dataset_path' must be str, got int 5"),
     ("toy", "names", "a", "config key 'toy.names' must be list[str], got str 'a'"),
     ("toy", "names", ["a", 1], "config key 'toy.names[1]' must be str, got int 1"),
@@ -282,7 +283,7 @@ def test_set_parses_json_literals_and_bare_strings(text, expected):
     ("trian.max_steps=3", "--set trian.max_steps=3: unknown section 'trian' (known: audio, data, train, toy)"),
     ("train.nope=3", "--set train.nope=3: unknown key 'train.nope' (keys of 'train': seed, precision,"),
     ("train.max_steps=abc", "--set train.max_steps=abc: config key 'train.max_steps' must be int, got str 'abc'"),
-    ("train.cudnn_benchmark=True", "config key 'train.cudnn_benchmark' must be bool, got str 'True'"),
+    ("train.cudnn_benchmark=True", "config key 'train.cudnn_benchmark' must be bool or None, got str 'True'"),
     ("toy.names=x", "config key 'toy.names' must be list[str], got str 'x'"),
     ("train.grad_clip=1e999", "config key 'train.grad_clip' must be a finite float, got inf"),
 ])
@@ -530,3 +531,33 @@ def test_the_shipped_config_json_loads(tiny):
     assert (cfg.train.precision == "fp32") == tiny
     for name in MODELS:
         assert cfg.section(name).batch_size >= 1
+
+
+RECIPES = {"tacotron2": ("nvidia", 1.0, False), "waveglow": ("nvidia", 0.0, True), "hifigan": ("jik876", 0.0, True)}
+"""Each example's recipe: its mel framing (TacotronSTFT's centred frames, or jik876's), gradient clipping, cuDNN's
+autotuner (NVIDIA's Tacotron2 runs without it: its lengths vary)."""
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_settings_config_json_leaves_null_take_the_models_recipe_and_checkpoints_record_them(name):
+    framing, clip, tune = RECIPES[name]
+    assert MODELS[name].recipe == {"audio.mel_framing": framing, "train.grad_clip": clip, "train.cudnn_benchmark": tune}
+    with open(f"{ROOT}/config.json") as file:
+        raw = json.load(file)
+    assert raw["audio"]["mel_framing"] is raw["train"]["grad_clip"] is raw["train"]["cudnn_benchmark"] is None
+    cfg = train.load_run_config(train.parse_args(["--config", f"{ROOT}/config.json", "--model", name, "--tiny"]))
+    assert (cfg.audio.mel_framing, cfg.train.grad_clip, cfg.train.cudnn_benchmark) == (framing, clip, tune)
+    saved = cfg.to_dict()  # what a checkpoint records
+    assert (saved["audio"]["mel_framing"], saved["train"]["grad_clip"], saved["train"]["cudnn_benchmark"]) == (
+        framing, clip, tune)
+    other = {"nvidia": "jik876", "jik876": "nvidia"}[framing]
+    cfg = train.load_run_config(train.parse_args(["--config", f"{ROOT}/config.json", "--model", name, "--set",
+                                                  f"audio.mel_framing={other}", "--set", "train.grad_clip=0"]))
+    assert (cfg.audio.mel_framing, cfg.train.grad_clip) == (other, 0.0)  # given values keep their meaning
+
+
+def test_a_config_saved_before_mel_framing_frames_as_jik876():
+    saved = build().to_dict()
+    del saved["audio"]["mel_framing"]  # a checkpoint written before the setting, trained on jik876's frames
+    audio = config_from_dict(saved, SCHEMAS).audio
+    assert audio.mel_framing is None and audio.framing == "jik876"

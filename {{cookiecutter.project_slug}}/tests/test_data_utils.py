@@ -236,6 +236,17 @@ def test_dataset_first_segment_when_not_random(tmp_path):
     torch.testing.assert_close(first["mel"], again["mel"])
 
 
+def test_dataset_peak_scales_each_clip_before_its_crop_and_mel(tmp_path):
+    """HiFi-GAN's recipe (jik876's ``normalize(audio) * 0.95``): the whole clip scaled to the peak, then cropped."""
+    utts = read_ljspeech(make_ljspeech(tmp_path, 1, lengths=[10000]))
+    full = load_wav(utts[0].wav_path, SR)
+    dataset = AudioMelDataset(utts, AudioConfig(), SEGMENT, random_crop=False, peak=0.5)
+    item, scaled = dataset[0], full * (0.5 / full.abs().max())
+    assert abs(float(full.abs().max()) - 0.5) > 0.1  # the clip's own peak is another
+    torch.testing.assert_close(item["audio"], scaled[:SEGMENT])
+    torch.testing.assert_close(item["mel"], dataset.mel(scaled[:SEGMENT]))
+
+
 def test_dataset_random_crop_is_a_slice_fixed_by_seed_epoch_and_index(tmp_path):
     utts = read_ljspeech(make_ljspeech(tmp_path, 1, lengths=[20000]))
     dataset = AudioMelDataset(utts, AudioConfig(), SEGMENT, random_crop=True, seed=7)

@@ -192,6 +192,7 @@ def test_python_on_path_runs_this_interpreter_with_its_packages(tmp_path):
     assert done.stdout.split() == [sys.prefix, torch.__version__]
 
 
+@pytest.mark.slow  # real processes: the fast tier keeps one 2-process smoke run
 def test_two_slurm_steps_of_one_job_train_side_by_side_through_the_sbatch_script(tmp_path):
     """scripts/slurm/train.sbatch under an emulated srun, twice at once in one allocation (steps 0 and 1): each
     step gets its own port (utils.launch.slurm_port of job and step id), its own process group, and finishes."""

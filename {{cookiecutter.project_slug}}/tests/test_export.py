@@ -3,10 +3,12 @@ from a full checkpoint with --init-from. Every registered model, each trained a 
 process: a few seconds each)."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import run_train_main, synth_corpus
+from conftest import ROOT, bound, flip_tensor_bytes, run_train_main, synth_corpus, tiny_checkpoint
 from torch.utils.data import default_collate
 
 import inference
@@ -117,3 +119,46 @@ def test_fine_tuning_from_a_full_checkpoint_starts_at_step_0_with_its_weights(tr
         params = [key for key, _ in inference.load_trained(run / "checkpoint_last.pt", torch.device("cpu"))[1]
                   .named_parameters()]  # not buffers: a training step moves BatchNorm's running statistics
         assert max((before[key] - after["model"][key]).abs().max().item() for key in params) <= 1e-6
+
+
+@pytest.mark.slow  # real processes: the fast tier keeps one 2-process smoke run
+def test_a_checkpoint_with_64_bytes_flipped_is_refused_in_one_line_by_every_command(corpus, tmp_path):
+    """Bytes changed inside a tensor (a disk's or a copy's damage) read without complaint by torch.load: the zip
+    archive's CRC-32 of the record finds them before any command uses the weights or writes anything."""
+    name = NAMES[0]
+    path = tiny_checkpoint(name, tmp_path / "model.pt")
+    damaged = f"{path} is damaged (its record {flip_tensor_bytes(path)} fails its CRC-32 check: its bytes changed"
+    train = ["train.py", "--config", "config.json", "--model", name, "--tiny", "--dataset-path", str(corpus),
+             "--set", "data.num_workers=0", "--max-steps", "1"]
+    commands = {"export": (["-m", "scripts.export", "--checkpoint", str(path), "--format", "release", "--output",
+                            str(tmp_path / "release.pt")], f"ERROR: {damaged}"),
+                "inference": (["inference.py", "--checkpoint", str(path), "--output", str(tmp_path / "x.wav")],
+                              f"ERROR: {damaged}"),
+                "resume": ([*train, "--output-dir", str(tmp_path / "resumed"), "--resume", str(path)],
+                           f"ERROR: rank 0: --resume {path}: the file is damaged (its record "),
+                "init-from": ([*train, "--output-dir", str(tmp_path / "tuned"), "--init-from", str(path)],
+                              f"ERROR: rank 0: --init-from {damaged}"),
+                "import": (["-m", "scripts.import_weights", str(path), "--tiny", "--output", str(tmp_path / "i.pt")],
+                           f"ERROR: the weights file {damaged}")}
+    for what, (args, said) in commands.items():
+        done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=bound(120, 1))
+        errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR:")]
+        assert done.returncode == 1 and len(errors) == 1 and errors[0].startswith(said), (what, done.stderr[-3000:])
+        assert "Traceback" not in done.stderr, (what, done.stderr[-3000:])
+    assert not any((tmp_path / name).exists() for name in ("release.pt", "x.wav", "i.pt"))
+    assert not list(tmp_path.glob("*/checkpoint_*")), "nothing trained on the damaged weights"
+
+
+def test_an_export_to_a_place_that_cannot_be_written_names_it_and_onnx_needs_its_packages_first(
+        trained, tmp_path, capsys, monkeypatch):
+    name, run = trained
+    assert export.main(["--checkpoint", str(run / "checkpoint_last.pt"), "--format", "release", "--output",
+                        "/proc/x.pt"]) == 1
+    err = capsys.readouterr().err
+    assert err.endswith("ERROR: [Errno 2] No such file or directory: '/proc/x.pt'\n") and ".tmp" not in err, err
+    monkeypatch.setitem(sys.modules, "onnx", None)  # not installed: its import fails
+    target = tmp_path / "onnx"
+    assert export.main(["--checkpoint", str(run / "checkpoint_last.pt"), "--format", "onnx", "--output",
+                        str(target)]) == 1
+    assert capsys.readouterr().err.startswith("ERROR: ONNX export needs the onnx and onnxruntime packages")
+    assert not target.exists(), "nothing is created"

@@ -90,6 +90,17 @@ def _full(fd):
 os.fsync = _full
 '''
 
+# The output folder has less room than the start-up write-speed test writes (min(checkpoint size, 64 MiB)).
+FULL_AT_START = '''
+import errno, os
+_fsync = os.fsync
+def _full(fd):
+    if ".write_speed.tmp" in os.readlink(f"/proc/self/fd/{fd}"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return _fsync(fd)
+os.fsync = _full
+'''
+
 # Training forwards wait while the file named by HOLD exists: a run that is surely still going when a second one
 # starts, and that goes on when the test removes the file.
 HOLD = '''
@@ -192,6 +203,18 @@ def test_a_full_disk_at_a_checkpoint_ends_the_job_and_keeps_the_earlier_checkpoi
     # With space again, the same command continues from step 4.
     code, output, _ = ended_fast(start(out, corpus, None), limit_s=240)
     assert code == 0 and "resumed from" in output and "at step 4" in output, output
+
+
+def test_an_output_folder_too_full_for_a_checkpoint_is_one_error_line_at_start_up(corpus, tmp_path):
+    """Under ``multiproc.py`` (which gives the ranks its grace period) rank 0 times a test write at start-up: on a full
+    disk that is the first write to fail, said as one line, before any step."""
+    out = tmp_path / "out"
+    code, output, took = ended_fast(start(out, corpus, FULL_AT_START))
+    assert code != 0 and "Traceback" not in output, output
+    lines = error_lines(output)
+    assert len(lines) == 1 and lines[0].startswith(f"ERROR: rank 0: cannot write a checkpoint into {out}: No space "
+                                                   "left on device (a test write of "), output
+    assert not (out / "metrics.jsonl").read_text() and not list(out.glob("checkpoint_*")), output
 
 
 def test_a_second_run_into_a_busy_output_folder_is_refused(corpus, tmp_path):

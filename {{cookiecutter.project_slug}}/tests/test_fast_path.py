@@ -157,6 +157,29 @@ def test_benchmark_cpu_smoke_writes_a_row_per_case_and_precision(tmp_path):
     assert "| case | mode |" in proc.stdout
 
 
+def test_padding_on_a_cpu_takes_the_tiny_batches_and_refuses_fixed_length_models_in_one_line(tmp_path, capsys):
+    """``--padding`` as the manual writes it, without ``--tiny``: a CPU takes the tiny block's batch sizes (a demo
+    corpus holds fewer utterances than one full-size batch); a run of fixed-length models only is one error line."""
+    corpus, variable = synth_corpus(tmp_path / "corpus", n=12), [n for n in MODELS if MODELS[n].training.variable_length]
+    fixed = [name for name in MODELS if name not in variable]
+    if variable:
+        assert benchmark.main(["--padding", "--device", "cpu", "--dataset-path", str(corpus)]) == 0
+        out = capsys.readouterr().out
+        rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
+        assert {(r["case"], r["batching"], r["batch_size"]) for r in rows} == {
+            (f"padding_{n}", b, cfg.section(n).batch_size) for n in variable for b in ("random", "buckets")}
+        assert "on a CPU: the batch sizes of config.json's tiny block" in out
+        assert all(f"skipping {name}: its items all have one length" in out for name in fixed), out
+    if fixed:
+        with pytest.raises(SystemExit) as exit_:
+            benchmark.main(["--padding", "--device", "cpu", "--dataset-path", str(corpus), "--model", fixed[0]])
+        said = capsys.readouterr()
+        assert exit_.value.code == 2 and said.out == "" and said.err == (
+            f"ERROR: --padding measures models whose items differ in length (ModelSpec.variable_length): {fixed[0]} "
+            "has items of one length\n")
+
+
 @pytest.mark.parametrize("argv", [["--precision", "fp8"], ["--model", "nosuchmodel"], ["--loader"]])
 def test_benchmark_refuses_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -215,6 +238,7 @@ PROGRESS_BAR = rb"\d+/\d+ \["
 """What a tqdm bar draws (``0/4 [00:00<?, ?step/s]``), as a regular expression over raw output bytes."""
 
 
+@pytest.mark.slow  # real processes: the fast tier keeps one 2-process smoke run
 def test_benchmark_loader_on_a_cpu_without_tiny_shows_progress_within_10_s(tmp_path):
     corpus = synth_corpus(tmp_path / "corpus", n=12)
     name = next(iter(MODELS))

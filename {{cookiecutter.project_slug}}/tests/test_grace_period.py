@@ -57,3 +57,21 @@ def test_a_checkpoint_that_cannot_fit_the_grace_period_is_said_at_start_up(corpu
     assert len(warnings) == 1, done.stdout + done.stderr
     assert warnings[0].startswith("warning: a checkpoint takes ~") and "--stop-timeout" in warnings[0] \
         and "terminationGracePeriodSeconds" in warnings[0], warnings
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_prints_and_exits_0(flag):
+    done = subprocess.run([sys.executable, "-m", "scripts.grace_period", flag], cwd=ROOT, capture_output=True,
+                          text=True, timeout=bound(30, 1))
+    assert done.returncode == 0 and "usage: python -m scripts.grace_period" in done.stdout, done.stderr
+    assert "--after-steps" in done.stdout and not done.stderr
+
+
+def test_a_json_path_that_cannot_be_written_is_refused_before_measuring(tmp_path):
+    """Nothing is started (the measurement takes minutes, and its result would be lost): one line, exit 2."""
+    for target, why in ((tmp_path / "missing" / "stop.json", f"the folder {tmp_path / 'missing'} does not exist"),
+                        (tmp_path, "a folder, not a file")):
+        done = subprocess.run([sys.executable, "-m", "scripts.grace_period", "--json", str(target), "--", "--tiny"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=bound(30, 1))
+        assert done.returncode == 2 and done.stderr == f"grace_period: ERROR: --json {target}: {why}\n", done.stderr
+        assert "running:" not in done.stdout, done.stdout

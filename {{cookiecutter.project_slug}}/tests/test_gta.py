@@ -56,8 +56,10 @@ def dump(capsys, *args) -> tuple[int, str, str]:
     return code, said.out, said.err
 
 
-def audio_cfg():
-    return load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True).audio
+def audio_cfg(framing: str = "nvidia"):
+    """The tiny config's audio section; NVIDIA's framing: Tacotron2's recipe, what its checkpoints record."""
+    return load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True,
+                       overrides=[f"audio.mel_framing={framing}"]).audio
 
 
 def utterances(corpus) -> list[Utterance]:
@@ -67,24 +69,24 @@ def utterances(corpus) -> list[Utterance]:
     return [*train, *val]
 
 
-def real_mels(corpus, folder) -> Path:
+def real_mels(corpus, folder, framing: str = "nvidia") -> Path:
     """``folder/<id>.pt``: the mel of every clip of ``corpus`` computed from its audio (the frame rule's count)."""
     folder.mkdir(parents=True, exist_ok=True)
-    mel_fn = MelSpectrogram.from_config(audio_cfg())
+    mel_fn = MelSpectrogram.from_config(audio_cfg(framing))
     for utt in utterances(corpus):
         torch.save(mel_fn(load_wav(utt.wav_path, 22050)), folder / f"{utt.id}.pt")
     return folder
 
 
 def assert_frame_rule(mels, corpus) -> int:
-    """Every ``<id>.pt`` of ``mels`` is a float32 ``(80, MelSpectrogram.num_frames(samples))``; returns how many."""
+    """Every ``<id>.pt`` of ``mels`` is a float32 ``(n_mels, MelSpectrogram.num_frames(samples))``; returns how many."""
     mel_fn = MelSpectrogram.from_config(audio_cfg())
     files = sorted(Path(mels).glob("*.pt"))
     for path in files:
         mel = torch.load(path, weights_only=True)
         samples = load_wav(Path(corpus) / "wavs" / f"{path.stem}.wav", 22050).shape[0]
-        assert mel.dtype == torch.float32 and mel.shape == (80, mel_fn.num_frames(samples)), (path.stem, mel.shape)
-        assert mel.shape[1] == samples // 256  # the rule for n_fft 1024, hop 256 (n_fft - hop even)
+        assert mel.dtype == torch.float32 and mel.shape == (audio_cfg().n_mels, mel_fn.num_frames(samples)), (path.stem, mel.shape)
+        assert mel.shape[1] == samples // 256 + 1  # NVIDIA's centred frames, Tacotron2's recipe
         assert torch.isfinite(mel).all() and mel.untyped_storage().nbytes() == mel.numel() * 4  # no padding kept
     return len(files)
 
@@ -122,7 +124,7 @@ def test_a_mel_off_the_frame_rule_is_one_error_line_and_a_resumed_dump_writes_on
 
 def test_too_long_utterances_are_left_out_in_one_line_and_bad_options_are_one_line(corpus, checkpoint, tmp_path, capsys,
                                                                                   one_process):
-    lengths = {utt.id: load_wav(utt.wav_path, 22050).shape[0] // 256 for utt in utterances(corpus)}
+    lengths = {utt.id: load_wav(utt.wav_path, 22050).shape[0] // 256 + 1 for utt in utterances(corpus)}
     limit = sorted(lengths.values())[6]
     longer = sorted(utt_id for utt_id, frames in lengths.items() if frames > limit)
     code, said, errors = dump(capsys, "--checkpoint", checkpoint, "--dataset-path", corpus, "--output",
@@ -132,6 +134,27 @@ def test_too_long_utterances_are_left_out_in_one_line_and_bad_options_are_one_li
     assert len(notes) == 1 and f"left out {len(longer)} utterance(s) longer than tacotron2.max_mel_frames={limit}" in \
         notes[0] and ", ".join(longer) in notes[0], said
     assert sorted(path.stem for path in (tmp_path / "gta").glob("*.pt")) == sorted(set(lengths) - set(longer))
+    assert json.loads((tmp_path / "gta" / "_left_out.json").read_text()) == {
+        "max_mel_frames": limit, "frames": {utt_id: lengths[utt_id] for utt_id in longer}}
+    assert json.loads((tmp_path / "gta" / "_audio_config.json").read_text())["mel_framing"] == "nvidia"
+
+    # the vocoder on that folder frames as its mels (NVIDIA's, whatever its recipe) and trains without those left out,
+    # saying so in one line; a framing set against the folder's is refused in one line
+    argv = ["--config", "config.json", "--model", VOCODER, "--tiny", "--dataset-path", str(corpus),
+            "--set", f"data.mel_dir={tmp_path / 'gta'}", "--set", "data.val_size=1"]
+    cfg = train.load_run_config(train.parse_args(argv))
+    assert cfg.audio.mel_framing == "nvidia" and cfg.train.grad_clip == MODELS[VOCODER].recipe["train.grad_clip"]
+    with pytest.warns(UserWarning) as said:
+        train_set, val_set = MODELS[VOCODER].training.build_datasets(cfg)
+    kept = sorted(utt.id for utt in [*train_set.utterances, *val_set.utterances])
+    assert kept == sorted(set(lengths) - set(longer)), kept
+    lines = [str(warning.message) for warning in said]
+    assert all("\n" not in line and f"than tacotron2.max_mel_frames={limit} mel frames" in line for line in lines)
+    assert sum(int(line.split("without ")[1].split(" of ")[0]) for line in lines) == len(longer), lines
+    assert val_set[0]["mel"].shape[1] == getattr(cfg, VOCODER).segment_length // 256
+    cfg = train.load_run_config(train.parse_args([*argv, "--set", "audio.mel_framing=jik876"]))
+    with pytest.raises(DataError, match="other audio settings .*mel_framing: mels 'nvidia', config 'jik876'"):
+        MODELS[VOCODER].training.build_datasets(cfg)
 
     for args, message in ((["--batch-size", "0"], "--batch-size must be >= 1"),
                           (["--checkpoint", tmp_path / "none.pt"], "not found"),
@@ -148,16 +171,17 @@ def test_too_long_utterances_are_left_out_in_one_line_and_bad_options_are_one_li
 
 # --- data.mel_dir in the dataset ------------------------------------------------------------------------------------
 
-def test_audio_and_mel_are_cropped_together_on_frame_boundaries_with_the_seeded_crops(corpus, tmp_path):
-    mels = real_mels(corpus, tmp_path / "mels")
-    utts, cfg = utterances(corpus), audio_cfg()
+@pytest.mark.parametrize("framing", ["nvidia", "jik876"])
+def test_audio_and_mel_are_cropped_together_on_frame_boundaries_with_the_seeded_crops(corpus, tmp_path, framing):
+    mels = real_mels(corpus, tmp_path / "mels", framing)
+    utts, cfg = utterances(corpus), audio_cfg(framing)
     mel_fn = MelSpectrogram.from_config(cfg)
     data = AudioMelDataset(utts, cfg, SEGMENT, random_crop=True, seed=7, mel_dir=mels)
     starts = []
     for index, utt in enumerate(utts):
         item, whole = data[index], torch.load(mels / f"{utt.id}.pt", weights_only=True)
         audio = load_wav(utt.wav_path, 22050)
-        assert item["mel"].shape == (80, SEGMENT // 256) and item["audio"].shape == (SEGMENT,)
+        assert item["mel"].shape == (cfg.n_mels, SEGMENT // 256) and item["audio"].shape == (SEGMENT,)
         start = next(f for f in range(whole.shape[1] - 15) if torch.equal(whole[:, f:f + 16], item["mel"]))
         assert torch.equal(item["audio"], audio[start * 256:start * 256 + SEGMENT])  # the same frames' samples
         # frames whose STFT window lies inside the crop are the crop's own mel: aligned to the sample
@@ -170,14 +194,16 @@ def test_audio_and_mel_are_cropped_together_on_frame_boundaries_with_the_seeded_
     first = AudioMelDataset(utts, cfg, SEGMENT, random_crop=False, mel_dir=mels)[0]
     assert torch.equal(first["mel"], torch.load(mels / f"{utts[0].id}.pt", weights_only=True)[:, :16])
 
-    short = tmp_path / "short"  # 3000 samples: 11 frames, then silence in both
+    short = tmp_path / "short"  # 3000 samples: 11 frames (NVIDIA's: 12), then silence in both
     (short / "wavs").mkdir(parents=True)
     sf.write(short / "wavs" / "S.wav", load_wav(utts[0].wav_path, 22050)[:3000].numpy(), 22050, subtype="PCM_16")
     audio = load_wav(short / "wavs" / "S.wav", 22050)
     torch.save(mel_fn(audio), short / "S.pt")
     item = AudioMelDataset([Utterance("S", short / "wavs" / "S.wav", "a")], cfg, SEGMENT, mel_dir=short)[0]
-    assert torch.equal(item["mel"][:, :11], mel_fn(audio)) and (item["mel"][:, 11:] == SILENCE_LOG_MEL).all()
-    assert torch.equal(item["audio"][:11 * 256], audio[:11 * 256]) and not item["audio"][11 * 256:].any()
+    n = {"nvidia": 12, "jik876": 11}[framing]
+    assert torch.equal(item["mel"][:, :n], mel_fn(audio)) and (item["mel"][:, n:] == SILENCE_LOG_MEL).all()
+    kept = min(n * 256, 3000)  # the audio of its frames (NVIDIA's 12 reach past its end)
+    assert torch.equal(item["audio"][:kept], audio[:kept]) and not item["audio"][kept:].any()
 
 
 def test_a_missing_mel_or_a_wrong_frame_count_is_one_line_naming_the_utterance_and_file(corpus, tmp_path):
@@ -206,9 +232,9 @@ def test_a_missing_mel_or_a_wrong_frame_count_is_one_line_naming_the_utterance_a
 
 
 def test_the_vocoder_reads_data_mel_dir_and_mel_on_device_with_it_is_refused_before_any_data(corpus, tmp_path):
-    mels = real_mels(corpus, tmp_path / "mels")
-    cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True,
-                      overrides=[f"data.dataset_path={corpus}", f"data.mel_dir={mels}"])
+    mels = real_mels(corpus, tmp_path / "mels", MODELS[VOCODER].recipe["audio.mel_framing"])  # no record: the recipe's
+    cfg = train.load_run_config(train.parse_args(["--model", VOCODER, "--tiny", "--dataset-path", str(corpus),
+                                                  "--set", f"data.mel_dir={mels}"]))
     train_set, val_set = MODELS[VOCODER].training.build_datasets(cfg)
     item = val_set[0]  # the first crop: the file's first frames
     assert train_set.mel_dir == val_set.mel_dir == mels
@@ -249,7 +275,7 @@ def test_two_ranks_write_every_utterance_once_by_the_frame_rule(dumped, corpus):
     assert "rank 1 of 2: 5 of 10 utterances" in (logs / "rank_1.stdout.log").read_text()
     assert ("10 utterances: 10 mels written, 0 already there, 0 left out, 0 failed -> "
             f"{mels} (rank 0: 5 written + 0 already there of 5, rank 1: 5 written + 0 already there of 5)") in output
-    assert json.loads((mels / "_audio_config.json").read_text())["n_mels"] == 80
+    assert json.loads((mels / "_audio_config.json").read_text())["n_mels"] == audio_cfg().n_mels
 
 
 @pytest.mark.slow

@@ -82,7 +82,9 @@ def test_defaults_are_the_papers_v1():
     assert (cfg.mpd_periods, cfg.msd_scales, cfg.segment_length, cfg.batch_size) == ((2, 3, 5, 7, 11), 3, 8192, 16)
     assert (cfg.learning_rate, cfg.adam_betas, cfg.weight_decay, cfg.lr_decay) == (2e-4, (0.8, 0.99), 0.01, 0.999)
     assert (cfg.mel_loss_weight, cfg.feature_loss_weight) == (45.0, 2.0)
+    assert (cfg.loss_fmax, cfg.peak_normalize) == (None, 0.95)  # config_v1's fmax_for_loss null; MelDataset's peak
     v1 = hg.HiFiGAN(cfg, config(tiny=False).audio)  # the audio section shared with Tacotron2 and WaveGlow
+    assert v1.generator.loss_settings.audio.fmax == 11025.0 and config(tiny=False).audio.fmax == 8000.0
     assert v1.generator.hop_length == HOP
     audio = v1({"mel": torch.randn(1, 80, 3)})
     assert audio.shape == (1, 3 * HOP)
@@ -209,6 +211,7 @@ def test_optimizers_and_schedulers():
     ("hifigan.resblock_dilation_sizes=[[1,3]]", "hifigan.resblock_dilation_sizes (1 lists) must be non-empty"),
     ("hifigan.msd_channels=[16,16,24,32,32,32,32]", "layer 2 (16 -> 24 channels) has 16 groups"),
     ("hifigan.mpd_periods=[]", "hifigan.mpd_periods must be a non-empty list"),
+    ("hifigan.loss_fmax=12000", "hifigan.loss_fmax (12000.0 Hz) must lie above audio.fmin (0.0) and at most at"),
 ])
 def test_bad_settings_are_one_line_value_errors(override, message):
     cfg = config(override)
@@ -238,6 +241,7 @@ def test_dataset_crops_line_up_with_the_generator(tmp_path):
         batches[on_device] = mel_on_device(SPEC.training.collate_fn(items), cfg)
     batch = batches[False]
     assert batch["audio"].shape == (2, 2048) and batch["mel"].shape == (2, 80, 2048 // HOP)
+    assert train_set.peak == val_set.peak == 0.95 and float(val_set[0]["audio"].abs().max()) <= 0.95 + 1e-6
     assert (batches[True]["mel"] - batch["mel"]).abs().max() < 1e-5  # the device's batched STFT, the workers' one
     model, _ = tiny_model()
     with torch.no_grad():
@@ -251,6 +255,7 @@ def test_validation_criterion_is_the_mel_l1():
     batch = harmonic_batch(cfg)
     assert criterion(batch["audio"], batch).item() == 0.0
     assert criterion(torch.zeros(2, 2048 + HOP), batch).item() > 1.0  # cut to the real length, silence is far off
+    assert criterion.audio_cfg.fmax == cfg.audio.sampling_rate / 2  # over the whole band, as jik876's fmax_for_loss
 
 
 def test_synthetic_batch_and_benchmark_cases():
@@ -442,7 +447,8 @@ def test_validation_writes_the_generated_and_true_audio_of_a_fixed_utterance_to_
         for step, rate, clip in clips[tag]:
             assert rate == cfg.audio.sampling_rate and clip.shape == (samples,), (tag, step, clip.shape)
             assert np.isfinite(clip).all() and np.abs(clip).max() > 0, (tag, step)
-    truth = sf.read(corpus / "wavs" / "SYN-0019.wav", dtype="float32")[0][:samples]
+    truth = sf.read(corpus / "wavs" / "SYN-0019.wav", dtype="float32")[0]
+    truth = (truth * (cfg.hifigan.peak_normalize / np.abs(truth).max()))[:samples]  # the clip at its training peak
     assert np.abs(clips["audio/ground_truth"][0][2] - truth).max() < 2e-4  # 16-bit rounding, twice
 
 

@@ -83,6 +83,7 @@ def test_failing_rank_stops_the_job_and_is_named(tmp_path):
     assert "stderr line of rank 1" in (tmp_path / log).read_text()
 
 
+@pytest.mark.slow  # real processes: the fast tier keeps one 2-process smoke run
 def test_a_module_runs_on_every_rank_as_python_m_runs_it(tmp_path):
     """``multiproc.py -m package.module``: each rank runs the module as ``python -m`` does (its ``__main__`` part; the
     launcher only imports it, for a ``check_command_line`` it may have), with the arguments after the module name."""
@@ -117,7 +118,9 @@ def test_missing_script_is_one_line_and_exit_2(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--nproc-per-node", "0", "t.py"], "--nproc-per-node must be >= 1, got 0"),
-    (["--nnodes", "2", "--node-rank", "0", "t.py"], "--nnodes > 1 needs --master-addr"),
+    (["--nnodes", "2", "--node-rank", "0", "t.py"], "--nnodes 2 needs --master-addr (the host of node 0), or a "
+     "platform's variable: PET_MASTER_ADDR (Kubeflow), SKYPILOT_NODE_IPS (SkyPilot), or MASTER_ADDR beside WORLD_SIZE "
+     "and RANK (a per-node launcher); none gave it"),
     (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "t.py"], "must be in 0..1"),
     (["--max-restarts", "-1", "t.py"], "--max-restarts must be >= 0"),
     (["--bogus", "t.py"], "unrecognized arguments: --bogus"),

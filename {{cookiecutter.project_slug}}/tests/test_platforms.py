@@ -213,6 +213,19 @@ def test_multiproc_inside_a_launcher_that_started_the_processes_is_one_error_lin
     assert done.stderr.startswith("multiproc: ERROR: LOCAL_RANK=0 is set") and "train.py itself" in done.stderr
 
 
+@pytest.mark.skipif(os.path.ismount("/gcs"), reason="Cloud Storage is mounted here")
+def test_a_cloud_storage_folder_without_its_mount_is_one_error_line_before_any_rank_starts(tmp_path):
+    """``AIP_CHECKPOINT_DIR=gs://...`` off Vertex AI: the checkpoints would go to a local ``/gcs/...`` folder."""
+    env = clean_env(2, AIP_CHECKPOINT_DIR="gs://bucket/x")
+    done = subprocess.run([sys.executable, "multiproc.py", "--log-dir", str(tmp_path / "logs"), "train.py", "--config",
+                           "config.json", "--model", TEST_MODEL, "--tiny"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=bound(60, 1))
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("multiproc: ERROR: AIP_CHECKPOINT_DIR=gs://bucket/x: no Cloud Storage is mounted at "
+                                  "/gcs here"), done.stderr
+    assert not Path("/gcs/bucket").exists()
+
+
 @pytest.mark.parametrize("environ, expected", [
     ({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "8", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "head",
       "PET_MASTER_PORT": "23456", "RANK": "1", "WORLD_SIZE": "16"},
@@ -231,14 +244,25 @@ def test_platform_topology_reads_each_platform_in_the_documented_order(environ, 
     assert platform_topology(environ)[1] == expected
 
 
-def test_platform_folders_and_sagemaker_arguments():
+def test_platform_folders_and_sagemaker_arguments(monkeypatch):
+    mounted = {"/gcs/bucket"}  # Vertex AI's Cloud Storage FUSE, one bucket mounted at /gcs/<bucket>
+    monkeypatch.setattr("utils.launch.os.path.ismount", lambda path: path in mounted)
     assert default_output_dir({"AIP_CHECKPOINT_DIR": "gs://bucket/run/checkpoints/", "SM_CURRENT_HOST": "algo-1"}) \
         == "/gcs/bucket/run/checkpoints/"
+    mounted = {"/gcs"}  # all buckets under one mount
+    assert tensorboard_dir({"AIP_TENSORBOARD_LOG_DIR": "gs://b/logs"}, "out") == "/gcs/b/logs"
+    mounted = set()  # not on Vertex AI: the files would stay on this machine, in a local /gcs folder
+    with pytest.raises(ValueError) as info:
+        default_output_dir({"AIP_CHECKPOINT_DIR": "gs://bucket/x"})
+    assert str(info.value) == ("AIP_CHECKPOINT_DIR=gs://bucket/x: no Cloud Storage is mounted at /gcs here (Vertex AI "
+                               "mounts it), so /gcs/bucket/x would be a folder of this machine; unset "
+                               "AIP_CHECKPOINT_DIR or pass --output-dir")
+    with pytest.raises(ValueError, match="^AIP_TENSORBOARD_LOG_DIR=gs://b/logs: no Cloud Storage is mounted at /gcs"):
+        tensorboard_dir({"AIP_TENSORBOARD_LOG_DIR": "gs://b/logs"}, "out")
     assert default_output_dir({"SM_CURRENT_HOST": "algo-1"}) == "/opt/ml/checkpoints"
     assert default_output_dir({}) == "output"
     assert default_dataset_path({"SM_CHANNEL_TRAINING": "/opt/ml/input/data/training"}) == "/opt/ml/input/data/training"
     assert default_dataset_path({"SM_CHANNEL_EVAL": "/x"}) is None
-    assert tensorboard_dir({"AIP_TENSORBOARD_LOG_DIR": "gs://b/logs"}, "out") == "/gcs/b/logs"
     assert tensorboard_dir({}, "out") == "out/tensorboard"
     assert hyperparameter_argv(["--config", "config.json", "--tiny", "True", "--train.lr", "1e-4", "--data.x=2",
                                 "--max-steps", "3"], ["--tiny"]) == \

@@ -1,18 +1,21 @@
 """Weights from elsewhere (utils/checkpoint/published.py): a checkpoint of this project given to ``--init-from`` or to
-``python -m scripts.import_weights``, and what is refused in one line. Each example model's own published format (NVIDIA's,
-jik876's) is tested in that model's test file, with a file laid out as that project writes it."""
+``python -m scripts.import_weights``, and what is refused in one line. Each example model's own published formats
+(NVIDIA's, jik876's) are tested in that model's test files, with files laid out as that project writes them.
+``tests/test_parity_<model>.py`` have every published variant."""
 
+import io
+import pickle
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TEST_MODEL, bound, finish, start_job, synth_corpus, tiny_checkpoint
+from conftest import ROOT, TEST_MODEL, OpensAFile, bound, finish, start_job, synth_corpus, tiny_checkpoint
 
 from models import MODELS, config_schemas
 from scripts import import_weights
 from utils.checkpoint.files import CheckpointError
-from utils.checkpoint.published import read_weights
+from utils.checkpoint.published import LEGACY_MAGIC, read_weights
 from utils.config import load_config
 
 pytestmark = pytest.mark.skipif(TEST_MODEL is None, reason="no model is registered in model.py")
@@ -33,8 +36,14 @@ def test_a_checkpoint_of_this_project_is_read_and_a_file_of_no_known_format_is_o
         read_weights(tmp_path / "missing.pt", MODELS, tiny_config())
     (tmp_path / "code.pt").write_bytes(b"\x80\x04\x95\x18\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06system\x94"
                                        b"\x93\x94.")  # a pickle that names os.system
-    with pytest.raises(CheckpointError, match="cannot load it safely: refused by weights_only=True"):
+    with pytest.raises(CheckpointError, match="cannot load it safely: pickle data was truncated"):
         read_weights(tmp_path / "code.pt", MODELS, tiny_config())
+    for legacy, message in ((False, "refused by weights_only=True"), (True, "it names io.open, which is not read")):
+        torch.save({"model": OpensAFile(tmp_path / "ran")}, tmp_path / "code.pt",
+                   _use_new_zipfile_serialization=not legacy)
+        with pytest.raises(CheckpointError, match=f"cannot load it safely: {message}"):
+            read_weights(tmp_path / "code.pt", MODELS, tiny_config())
+    assert not (tmp_path / "ran").exists(), "loading the file ran its code"
 
 
 def test_import_weights_names_what_it_cannot_do_in_one_line(tmp_path, capsys):
@@ -48,6 +57,7 @@ def test_import_weights_names_what_it_cannot_do_in_one_line(tmp_path, capsys):
         assert import_weights.main(args) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("ERROR: ") and message in err[0], err
+        assert "--init-from" not in err[0], err  # an option of train.py, not of this script
 
 
 @pytest.mark.slow
@@ -67,3 +77,33 @@ def test_init_from_another_model_is_refused_and_a_folder_with_its_own_checkpoint
     assert code == 0 and f"initialised {TEST_MODEL} from {tmp_path / 'own.pt'}" in output, output[-2000:]
     code, output = train("--max-steps", "2", "--init-from", str(tmp_path / "own.pt"))
     assert code == 0 and "is not used" in output and "resumed from" in output, output[-2000:]
+
+
+def test_pytorchs_legacy_format_is_read_without_running_it_and_damage_is_one_line(tmp_path):
+    """Files of PyTorch before 1.6 (``_use_new_zipfile_serialization=False``; NVIDIA's published WaveGlow): read by
+    the restricted reader. A plain dict reads (then no model takes it); code, or a file cut short, is refused."""
+    path = tmp_path / "old.pt"
+    torch.save({"weights": {"a": torch.arange(6.0).reshape(2, 3)[:, 1:]}}, path, _use_new_zipfile_serialization=False)
+    with pytest.raises(CheckpointError, match="not a checkpoint of this project, nor a published checkpoint"):
+        read_weights(path, MODELS, tiny_config())
+    data = path.read_bytes()
+    for cut in (10, len(data) // 2, len(data) - 5):
+        (tmp_path / "cut.pt").write_bytes(data[:cut])
+        with pytest.raises(CheckpointError, match=r"^--init-from \S+cut.pt: cannot load it safely: [^\n]+$"):
+            read_weights(tmp_path / "cut.pt", MODELS, tiny_config())
+    header = b"".join(pickle.dumps(item, protocol=2) for item in (LEGACY_MAGIC, 1001, {"little_endian": True}))
+    (tmp_path / "code.pt").write_bytes(header + pickle.dumps({"model": OpensAFile(tmp_path / "ran")}, protocol=2))
+    with pytest.raises(CheckpointError, match="it names io.open, which is not read"):
+        read_weights(tmp_path / "code.pt", MODELS, tiny_config())
+    assert not (tmp_path / "ran").exists()
+
+    class DeclaresATerabyte(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("storage", torch.FloatStorage, "0", "cpu", 2 ** 40, None) if obj is DeclaresATerabyte else None
+
+    buffer = io.BytesIO()
+    DeclaresATerabyte(buffer, protocol=2).dump({"model": DeclaresATerabyte})
+    (tmp_path / "huge.pt").write_bytes(header + buffer.getvalue())
+    with pytest.raises(CheckpointError, match="its tensors need more bytes than the file holds"):
+        read_weights(tmp_path / "huge.pt", MODELS, tiny_config())
+

@@ -102,6 +102,29 @@ def test_run_log_writes_on_rank0_only(tmp_path):
     assert json.loads((tmp_path / "anomalies.jsonl").read_text())["ids"] == ["LJ001", "LJ002"]
 
 
+def test_a_resumed_log_drops_the_rows_it_will_write_again_and_keeps_the_rest(tmp_path, capsys):
+    """A run resumed from step 4 (an older checkpoint than its last rows): rows 5.. of every row file go, a line says
+    so; a torn last line (a write cut short) goes too; the other rows stay byte for byte."""
+    rows = "".join(json.dumps({"step": step, "loss": 1.0 / step}) + "\n" for step in range(1, 9))
+    (tmp_path / "metrics.jsonl").write_text(rows + '{"step": 9, "lo')
+    (tmp_path / "val_metrics.jsonl").write_text('{"step": 4, "val_loss": 1.0}\n{"step": 8, "val_loss": 0.5}\n')
+    (tmp_path / "anomalies.jsonl").write_text('{"step": 2, "kind": "spike"}\n')
+    log = RunLog(tmp_path, enabled=True, total_steps=10, initial_step=4)
+    log.metrics({"step": 5, "loss": 0.3, "items_per_s": 1.0, "step_time_s": 1.0, "data_time_s": 0.0})
+    log.close()
+    kept = rows.splitlines(keepends=True)[:4]
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines(keepends=True)[:4] == kept
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3,
+                                                                                                            4, 5]
+    assert (tmp_path / "val_metrics.jsonl").read_text() == '{"step": 4, "val_loss": 1.0}\n'
+    assert (tmp_path / "anomalies.jsonl").read_text() == '{"step": 2, "kind": "spike"}\n'
+    out = capsys.readouterr()
+    said = (out.out + out.err).splitlines()
+    assert "note: metrics.jsonl: 5 row(s) after step 4, the step resumed from, removed (those steps are trained " \
+           "again)" in said and any(line.startswith("note: val_metrics.jsonl: 1 row(s)") for line in said), said
+    assert not list(tmp_path.glob(".*.tmp*"))
+
+
 def test_data_wait_warning_skips_the_warm_up_and_repeats_rarely(tmp_path, capsys):
     log = RunLog(tmp_path, enabled=True, total_steps=2000, initial_step=100, data_advice="raise data.num_workers")
     slow = {"loss": 1.0, "items_per_s": 1.0, "step_time_s": 1.0, "data_time_s": 0.5}

@@ -17,13 +17,14 @@ import time
 
 import pytest
 import torch
-from conftest import (ROOT, TEST_MODEL, alive, bound, clean_env, descendants, finish, free_port, rank_pids, run_ranks,
-                      start_job, synth_corpus)
+from conftest import (ROOT, TEST_MODEL, alive, bound, clean_env, descendants, finish, flip_tensor_bytes, free_port,
+                      rank_pids, run_ranks, start_job, synth_corpus)
 
 import train
 from models import MODELS, config_schemas
 from utils.config import load_config
 from utils.run_log import RunLog
+from utils.training.guards import last_good_checkpoint
 
 pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
 
@@ -167,6 +168,28 @@ def test_resume_from_a_mid_epoch_checkpoint_repeats_the_run_exactly(reference, c
     for r in resumed:
         assert r["loss"] == ref_loss[r["step"]], (r["step"], r["loss"], ref_loss[r["step"]])
     assert_same_weights(final_weights(tmp_path), final_weights(reference))
+
+
+def test_a_fallback_resume_keeps_one_metrics_row_per_step_with_the_reference_losses(reference, corpus, tmp_path):
+    """``--resume auto`` past a damaged ``checkpoint_last.pt`` to ``checkpoint_8.pt``: steps 9-12 are trained again, and
+    their rows of the first run (in ``metrics.jsonl``, TensorBoard) go, said in one line; the earlier rows stay."""
+    for step in range(1, 9):
+        shutil.copy(reference / f"checkpoint_{step}.pt", tmp_path)
+    shutil.copy(reference / "checkpoint_last.pt", tmp_path)
+    flip_tensor_bytes(tmp_path / "checkpoint_last.pt")
+    shutil.copy(reference / "metrics.jsonl", tmp_path)
+    code, output = finish(launch(tmp_path, corpus, "--resume", "auto"))
+    assert code == 0, output
+    assert f"resuming from {tmp_path / 'checkpoint_8.pt'}, the newest intact checkpoint" in output, output
+    assert "note: metrics.jsonl: 4 row(s) after step 8, the step resumed from, removed" in output, output
+    assert [(r["step"], r["loss"]) for r in rows(tmp_path)] == [(r["step"], r["loss"]) for r in rows(reference)]
+
+
+def test_an_option_and_a_set_of_the_same_setting_are_refused_in_one_line(capsys, tmp_path):
+    code = train.main(["--set", "train.max_steps=-1", "--max-steps", "2", "--output-dir", str(tmp_path / "out")])
+    assert code == 2 and capsys.readouterr().err == (
+        "ERROR: --max-steps and --set train.max_steps=-1 both set train.max_steps; give one\n")
+    assert not (tmp_path / "out").exists()
 
 
 def signal_every_process(pid, sig):
@@ -409,7 +432,7 @@ def test_non_finite_loss_stops_with_step_and_utterance_ids(capsys, nan_loss, cor
     assert code == 1
     errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
     assert len(errors) == 1 and "step 3: non-finite loss" in errors[0] and "SYN-" in errors[0], err
-    assert f"last good checkpoint: {tmp_path / 'checkpoint_last.pt'}" in errors[0]
+    assert f"last good checkpoint: {tmp_path / 'checkpoint_2.pt'}" in errors[0]  # a first anomaly: maybe the batch's
     assert torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=True)["step"] == 2
 
 
@@ -491,8 +514,22 @@ def test_updates_skipped_in_a_row_stop_the_run_naming_the_last_good_checkpoint(c
     assert code == 1
     errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
     assert len(errors) == 1 and "step 6: the update" in errors[0] and "skipped 4 steps in a row" in errors[0], err
-    assert f"last good checkpoint: {tmp_path / 'checkpoint_last.pt'}" in errors[0]
+    # Not checkpoint_5, nor 2: every checkpoint from step 2 on holds the weights whose steps failed since step 3.
+    assert errors[0].endswith(f"last good checkpoint: {tmp_path / 'checkpoint_1.pt'}"), errors[0]
     assert torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=True)["step"] == 5
+    rows = [json.loads(line) for line in (tmp_path / "anomalies.jsonl").read_text().splitlines()]
+    assert [row["message"].rpartition("last good checkpoint: ")[2] for row in rows] == [
+        str(tmp_path / "checkpoint_2.pt"), *[str(tmp_path / "checkpoint_1.pt")] * 3]  # from the second skip on
+
+
+def test_last_good_checkpoint_names_one_before_the_weights_that_kept_failing(tmp_path):
+    for name in ("checkpoint_3.pt", "checkpoint_7.pt", "checkpoint_8.pt", "checkpoint_9.pt", "checkpoint_12.pt"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "checkpoint_5").mkdir()  # a sharded one
+    assert last_good_checkpoint(tmp_path, 10, 0) == str(tmp_path / "checkpoint_9.pt")  # a first anomaly at step 10
+    assert last_good_checkpoint(tmp_path, 10, 1) == str(tmp_path / "checkpoint_7.pt")  # since 9: 8's weights failed
+    assert last_good_checkpoint(tmp_path, 10, 3) == str(tmp_path / "checkpoint_5")  # since 7: 6's weights failed
+    assert last_good_checkpoint(tmp_path, 6, 2) == "none kept from before step 3"
 
 
 # From the third optimizer step of a job started with this on PYTHONPATH, the first parameter of the optimizer holds NaN
@@ -543,7 +580,8 @@ def test_a_loss_spike_is_logged_with_its_utterances_and_handled_as_on_spike_says
         errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
         assert code == 1 and len(errors) == 1, err
         assert f"step {SPIKE_STEP}: loss " in errors[0] and "(3x the highest of its last" in errors[0], errors[0]
-        assert "SYN-" in errors[0] and f"last good checkpoint: {tmp_path / 'checkpoint_last.pt'}" in errors[0]
+        good = tmp_path / f"checkpoint_{SPIKE_STEP - 1}.pt"
+        assert "SYN-" in errors[0] and f"last good checkpoint: {good}" in errors[0]
         assert torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=True)["step"] == \
             SPIKE_STEP - 1
         return
@@ -592,7 +630,9 @@ def test_a_clip_of_loud_noise_is_caught_as_a_spike_named_and_skipped(tmp_path):
     out = tmp_path / "out"
     code, output = finish(launch(out, corpus, "--model", "waveglow", "--max-steps", "24", "--set",
                                  "waveglow.batch_size=1", "--set", "train.on_spike=skip", "--set",
-                                 "train.spike_warmup=4", "--set", "train.checkpoint_interval=1"))
+                                 "train.spike_warmup=4", "--set", "train.checkpoint_interval=1",
+                                 # the audio settings it was tuned on (the tiny block's are smaller)
+                                 "--set", "audio.n_mels=80", "--set", "audio.win_length=1024"))
     assert code == 0, output
     anomalies = [json.loads(line) for line in (out / "anomalies.jsonl").read_text().splitlines()]
     assert anomalies and all(a["kind"] == "spike" and NOISE_UTT in a["ids"] for a in anomalies), anomalies

@@ -284,16 +284,35 @@ def on_sagemaker(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("SM_TRAINING_ENV") or environ.get("SM_CURRENT_HOST"))
 
 
-def gcs_fuse_path(uri: str) -> str:
-    """Vertex AI's ``gs://bucket/path`` as the job sees it (``/gcs/bucket/path``, Cloud Storage FUSE); others as is."""
-    return "/gcs/" + uri[len("gs://"):] if uri.startswith("gs://") else uri
+GCS_MOUNT = "/gcs"  # where Vertex AI mounts Cloud Storage (FUSE): all buckets, or each at /gcs/<bucket>
+
+
+def gcs_fuse_path(uri: str, variable: str) -> str:
+    """Vertex AI's ``gs://bucket/path`` as the job sees it (``/gcs/bucket/path``, Cloud Storage FUSE); others as is.
+
+    Raises:
+        ValueError: a ``gs://`` URI where nothing is mounted at :data:`GCS_MOUNT` (the files would stay on this
+            machine), naming ``variable``, the environment variable that gave it.
+    """
+    if not uri.startswith("gs://"):
+        return uri
+    path = f"{GCS_MOUNT}/{uri[len('gs://'):]}"
+    if not any(os.path.ismount(mount) for mount in (GCS_MOUNT, "/".join(path.split("/")[:3]))):
+        raise ValueError(f"{variable}={uri}: no Cloud Storage is mounted at {GCS_MOUNT} here (Vertex AI mounts it), so "
+                         f"{path} would be a folder of this machine; unset {variable}"
+                         + (" or pass --output-dir" if variable == "AIP_CHECKPOINT_DIR" else ""))
+    return path
 
 
 def default_output_dir(environ: Mapping[str, str]) -> str:
     """The output folder of a run without ``--output-dir``: Vertex AI's ``AIP_CHECKPOINT_DIR``, else SageMaker's
-    ``/opt/ml/checkpoints``, else ``output``."""
+    ``/opt/ml/checkpoints``, else ``output``.
+
+    Raises:
+        ValueError: see :func:`gcs_fuse_path`.
+    """
     if environ.get("AIP_CHECKPOINT_DIR", "").strip():
-        return gcs_fuse_path(environ["AIP_CHECKPOINT_DIR"].strip())
+        return gcs_fuse_path(environ["AIP_CHECKPOINT_DIR"].strip(), "AIP_CHECKPOINT_DIR")
     if on_sagemaker(environ):
         return SAGEMAKER_CHECKPOINTS
     return "output"
@@ -305,9 +324,13 @@ def default_dataset_path(environ: Mapping[str, str]) -> Optional[str]:
 
 
 def tensorboard_dir(environ: Mapping[str, str], output_dir: str) -> str:
-    """TensorBoard's folder: Vertex AI's ``AIP_TENSORBOARD_LOG_DIR`` when set, else ``<output_dir>/tensorboard``."""
+    """TensorBoard's folder: Vertex AI's ``AIP_TENSORBOARD_LOG_DIR`` when set, else ``<output_dir>/tensorboard``.
+
+    Raises:
+        ValueError: see :func:`gcs_fuse_path`.
+    """
     given = environ.get("AIP_TENSORBOARD_LOG_DIR", "").strip()
-    return gcs_fuse_path(given) if given else f"{output_dir.rstrip('/')}/tensorboard"
+    return gcs_fuse_path(given, "AIP_TENSORBOARD_LOG_DIR") if given else f"{output_dir.rstrip('/')}/tensorboard"
 
 
 FLAG_VALUES = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False, "": False}

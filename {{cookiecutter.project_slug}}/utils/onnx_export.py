@@ -135,8 +135,18 @@ def _checked_exportable(spec: Any, model: nn.Module) -> Any:
         raise ExportError(f"model {spec.name!r} must be on the CPU to be exported and checked: call model.cpu() first")
     if any(p.is_floating_point() and p.dtype != torch.float32 for p in params):
         raise ExportError(f"model {spec.name!r} must be float32 to be exported and checked: call model.float() first")
+    return onnx_runtime()
+
+
+def onnx_runtime() -> Any:
+    """The ``onnxruntime`` module once ``onnx`` (``torch.onnx.export`` writes with it) imports too: ask before
+    creating anything.
+
+    Raises:
+        ExportError: either package is missing (what to install).
+    """
     try:
-        import onnx  # noqa: F401  (torch.onnx.export writes with it)
+        import onnx  # noqa: F401
         import onnxruntime
     except ImportError as exc:
         raise ExportError(f"ONNX export needs the onnx and onnxruntime packages ({one_line(exc)}): "

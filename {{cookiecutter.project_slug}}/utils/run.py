@@ -39,10 +39,19 @@ class GracePeriod:
                 f"period above it (Kubernetes: terminationGracePeriodSeconds), more than {need_s:.0f} s")
 
     def check_estimate(self, nbytes: int, folder: Path) -> Optional[str]:
-        """The warning for a checkpoint of ``nbytes`` written into ``folder``, or ``None`` when it fits."""
+        """The warning for a checkpoint of ``nbytes`` written into ``folder``, or ``None`` when it fits.
+
+        Raises:
+            CheckpointError: the test write failed (a full disk: a checkpoint, no smaller, would fail too).
+        """
         if self.seconds is None:
             return None
-        speed = durable_write_speed(folder, nbytes)
+        try:
+            speed = durable_write_speed(folder, nbytes)
+        except OSError as err:
+            raise CheckpointError(f"cannot write a checkpoint into {folder}: {err.strerror or err} (a test write of "
+                                  f"{min(nbytes, 64 << 20) / 1e6:.1f} MB, for a checkpoint of {nbytes / 1e6:.1f} MB, "
+                                  "failed); free space there, or train into another --output-dir") from None
         if (save_s := nbytes / speed) <= self.seconds:
             return None
         return (f"warning: a checkpoint takes ~{save_s:.1f} s ({nbytes / 1e6:.1f} MB at {speed / 1e6:.0f} MB/s into "

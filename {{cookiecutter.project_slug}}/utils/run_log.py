@@ -9,6 +9,7 @@ import math
 import os
 import resource
 import statistics
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Optional
@@ -20,6 +21,28 @@ from tqdm import tqdm
 SCALARS = ("loss", "lr", "items_per_s", "step_time_s", "data_time_s", "grad_norm", "fp16_overflows")
 PER_RANK = ("memory_gib", "memory_allocated_gib", "stray_gpu_mib", "compute_s", "data_wait_s",
             "collective_wait_s")  # lists in a row, one value per rank (memory_allocated_gib on GPUs only)
+
+
+class LineStream:
+    """A tqdm ``file`` over a stream that is no terminal (a pipe, a CI log): each refresh of a bar is a line of its
+    own and erasing a bar writes nothing, so no other line ever shares a line with a bar."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        if text := text.replace("\r", "").rstrip():
+            self.stream.write(text + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def bar_options(stream=None) -> dict[str, Any]:
+    """tqdm's ``file`` and ``mininterval`` for ``stream`` (default: stderr): on a terminal the stream, redrawn every
+    0.1 s; else a :class:`LineStream`, a line at most every 10 s (and one at each ``set_postfix``)."""
+    stream = stream or sys.stderr
+    return {"file": stream, "mininterval": 0.1} if stream.isatty() else {"file": LineStream(stream), "mininterval": 10}
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -199,8 +222,9 @@ class StepWindow:
 class RunLog:
     """Rank 0's writer into ``output_dir`` (created by the caller): progress bar (``total_steps``, from ``initial_step``
     on a resume), ``metrics.jsonl``, ``val_metrics.jsonl``, ``anomalies.jsonl``, TensorBoard (``tensorboard``, default
-    ``<output_dir>/tensorboard``). With ``enabled=False`` (every other rank) nothing is opened and every method does
-    nothing, so the loop needs no ``if rank == 0``. ``data_advice``: what the data-wait warning tells the user to do."""
+    ``<output_dir>/tensorboard``); their rows after ``initial_step`` (a run resumed from an older checkpoint) are
+    removed. With ``enabled=False`` (every other rank) nothing is opened and every method does nothing, so the loop
+    needs no ``if rank == 0``. ``data_advice``: what the data-wait warning tells the user to do."""
 
     # The data-wait warning fires when waiting for data takes more than DATA_WAIT_SHARE of the step, past the first
     # DATA_WAIT_WARMUP steps of the run (start-up is not the steady state), at most once per DATA_WAIT_REPEAT steps.
@@ -213,10 +237,15 @@ class RunLog:
         self._first_step, self._warned_at = initial_step, None
         self._anomalies_shown = self._anomalies_held = 0
         self.progress = tqdm(total=total_steps, initial=initial_step, disable=not enabled, desc="train",
-                             unit="step", dynamic_ncols=True)
+                             unit="step", dynamic_ncols=True, **bar_options())
         self.writer = self._metrics = None
         if enabled:
-            self.writer = SummaryWriter(tensorboard or str(self.output_dir / "tensorboard"))
+            for name in ("metrics.jsonl", "val_metrics.jsonl", "anomalies.jsonl"):
+                if dropped := drop_rows_after(self.output_dir / name, initial_step):
+                    self.print(f"note: {name}: {dropped} row(s) after step {initial_step}, the step resumed from, "
+                               "removed (those steps are trained again)")
+            self.writer = SummaryWriter(tensorboard or str(self.output_dir / "tensorboard"),
+                                        purge_step=initial_step + 1 if initial_step else None)  # likewise
             self._metrics = open(self.output_dir / "metrics.jsonl", "a")
 
     def print(self, message: str) -> None:
@@ -286,6 +315,26 @@ class RunLog:
         if self.enabled:
             self._metrics.close()
             self.writer.close()
+
+
+def drop_rows_after(path: Path, step: int) -> int:
+    """Remove the rows of the JSON-lines file ``path`` whose ``step`` is above ``step`` (a run resumed from an older
+    checkpoint trains them again), and lines that do not read (a write cut short); the file is replaced atomically.
+    Returns how many went (0: the file is untouched or absent)."""
+    try:
+        lines = path.read_text().splitlines(keepends=True)
+    except FileNotFoundError:
+        return 0
+    kept = []
+    for line in lines:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):  # not JSON, not a row, no number
+            if line.endswith("\n") and json.loads(line).get("step", 0) <= step:
+                kept.append(line)
+    if len(kept) < len(lines):
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+    return len(lines) - len(kept)
 
 
 def one_line(err: BaseException) -> str:

@@ -7,7 +7,7 @@ from models.hifigan.data import build_datasets, mel_on_device, synthetic_batch
 from models.hifigan.export import export_parts
 from models.hifigan.inference import add_inference_args, infer, log_validation, vocode
 from models.hifigan.network import (PHASES, TINY_OVERRIDES, HiFiGAN, HiFiGANConfig, MelL1Loss, blocks, build_optimizer,
-                                    build_scheduler, networks, train_step)
+                                    build_scheduler, loss_audio, networks, train_step)
 from models.hifigan.published import read_published
 from utils.data.datasets import collate_audio_mel
 
@@ -23,7 +23,7 @@ SPEC = ModelSpec(
     config_cls=HiFiGANConfig,
     build_model=lambda cfg: HiFiGAN(cfg.hifigan, cfg.audio),
     training=Training(
-        build_criterion=lambda cfg: MelL1Loss(cfg.audio),
+        build_criterion=lambda cfg: MelL1Loss(loss_audio(cfg.hifigan, cfg.audio)),
         build_datasets=build_datasets,
         collate_fn=collate_audio_mel,
         count_items=lambda batch: batch["audio"].numel(),
@@ -38,4 +38,6 @@ SPEC = ModelSpec(
     export=Export(parts=export_parts),
     published=Published(read=read_published),
     benchmark=Benchmark(synthetic_batch=synthetic_batch, cases=BENCHMARK_CASES),
+    # jik876: meldataset.py's frames, no clipping, train.py's cudnn.benchmark
+    recipe={"audio.mel_framing": "jik876", "train.grad_clip": 0.0, "train.cudnn_benchmark": True},
 )

@@ -16,9 +16,12 @@ from utils.data.datasets import AudioMelDataset
 
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     """Train and validation :class:`AudioMelDataset` of ``hifigan.segment_length`` crops (random for training, the first
-    for validation); mels ``(n_mels, segment_length // hop_length)``. With ``data.mel_dir`` the mels are read from that
-    folder and cropped with the audio on frame boundaries: fine-tuning on Tacotron2's teacher-forced mels
-    (``scripts/dump_gta_mels.py``), as jik876/hifi-gan's ``--fine_tuning`` does.
+    for validation), each clip first scaled to the peak ``hifigan.peak_normalize`` (jik876's ``MelDataset``); mels
+    ``(n_mels, MelSpectrogram.num_frames(segment_length))``: ``segment_length // hop_length`` in jik876's framing, the
+    recipe's (the generator's ``frames * hop_length`` samples line up with the crop; NVIDIA's gives one frame more, its
+    samples cut off). With ``data.mel_dir`` the mels are read from that folder and cropped with the audio, as read, on
+    frame boundaries: fine-tuning on Tacotron2's teacher-forced mels (``scripts/dump_gta_mels.py``), as
+    jik876/hifi-gan's ``--fine_tuning`` does.
 
     Raises:
         ValueError: ``segment_length`` not a multiple of ``audio.hop_length`` (the output would not line up).
@@ -29,10 +32,10 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
         raise ValueError(f"hifigan.segment_length ({seg}) must be a multiple of audio.hop_length "
                          f"({cfg.audio.hop_length})")
     train_utts, val_utts = load_splits(cfg.data)
-    with_mel, mel_dir = not cfg.hifigan.mel_on_device, cfg.data.mel_dir
-    return (AudioMelDataset(train_utts, cfg.audio, seg, random_crop=True, seed=cfg.train.seed, with_mel=with_mel,
-                            mel_dir=mel_dir),
-            AudioMelDataset(val_utts, cfg.audio, seg, random_crop=False, with_mel=with_mel, mel_dir=mel_dir))
+    kwargs = {"with_mel": not cfg.hifigan.mel_on_device, "mel_dir": cfg.data.mel_dir,
+              "peak": cfg.hifigan.peak_normalize}
+    return (AudioMelDataset(train_utts, cfg.audio, seg, random_crop=True, seed=cfg.train.seed, **kwargs),
+            AudioMelDataset(val_utts, cfg.audio, seg, random_crop=False, **kwargs))
 
 
 def mel_on_device(batch: Batch, cfg: Config) -> Batch:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -40,8 +40,10 @@ class HiFiGANConfig(Section):
     crop in samples, a multiple of ``audio.hop_length``; ``batch_size`` per process. AdamW for both networks
     (``learning_rate``, ``adam_betas``, ``weight_decay``), the learning rate multiplied by ``lr_decay`` after every
     epoch. Generator loss weights (Eq. 5): ``feature_loss_weight`` (``lambda_fm``), ``mel_loss_weight``
-    (``lambda_mel``). ``mel_on_device``: the workers only decode and crop the audio; the batch's mels are computed on
-    the device in the step.
+    (``lambda_mel``); ``loss_fmax``: the mel loss's top band edge in Hz (None: ``sampling_rate / 2``, jik876's
+    ``fmax_for_loss``). ``peak_normalize``: each clip scaled to this peak before cropping (jik876's ``normalize(audio)
+    * 0.95``; 0: as read; never with ``data.mel_dir``, as jik876's fine-tuning). ``mel_on_device``: the workers only
+    decode and crop the audio; the batch's mels are computed on the device in the step.
     """
 
     upsample_rates: tuple[Size, ...] = (8, 8, 2, 2)
@@ -62,6 +64,8 @@ class HiFiGANConfig(Section):
     lr_decay: float = Field(0.999, gt=0, le=1)
     mel_loss_weight: float = Field(45.0, ge=0)
     feature_loss_weight: float = Field(2.0, ge=0)
+    loss_fmax: Optional[float] = Field(None, gt=0)
+    peak_normalize: float = Field(0.95, ge=0, le=1)
     mel_on_device: bool = False
 
 
@@ -100,6 +104,9 @@ class HiFiGAN(nn.Module):
         if cfg.segment_length % audio_cfg.hop_length:
             raise ValueError(f"hifigan.segment_length ({cfg.segment_length}) must be a multiple of audio.hop_length "
                              f"({audio_cfg.hop_length})")
+        if not audio_cfg.fmin < (cfg.loss_fmax or audio_cfg.fmax) <= audio_cfg.sampling_rate / 2:
+            raise ValueError(f"hifigan.loss_fmax ({cfg.loss_fmax} Hz) must lie above audio.fmin ({audio_cfg.fmin}) and "
+                             f"at most at audio.sampling_rate / 2 ({audio_cfg.sampling_rate / 2})")
         self.cfg = cfg
         self.generator = Generator(audio_cfg.n_mels, cfg.upsample_rates, cfg.upsample_kernel_sizes,
                                    cfg.upsample_initial_channel, cfg.resblock_kernel_sizes,
@@ -107,7 +114,8 @@ class HiFiGAN(nn.Module):
         self.discriminator = Discriminator(cfg.mpd_periods, cfg.mpd_channels, cfg.msd_scales, cfg.msd_channels)
         # train_step sees only the networks, so its loss settings travel with the generator (a plain attribute: nothing
         # in the state dict).
-        self.generator.loss_settings = LossSettings(audio_cfg, cfg.mel_loss_weight, cfg.feature_loss_weight)
+        self.generator.loss_settings = LossSettings(loss_audio(cfg, audio_cfg), cfg.mel_loss_weight,
+                                                    cfg.feature_loss_weight)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Vocode ``batch["mel"]`` ``(B, n_mels, frames)`` -> audio ``(B, frames * hop_length)`` in [-1, 1]."""
@@ -141,6 +149,11 @@ def mel_function(audio_cfg: AudioConfig, device: torch.device) -> MelSpectrogram
     if key not in _MELS:
         _MELS[key] = MelSpectrogram.from_config(audio_cfg).to(device)
     return _MELS[key]
+
+
+def loss_audio(cfg: HiFiGANConfig, audio_cfg: AudioConfig) -> AudioConfig:
+    """The mel loss's front end: ``audio_cfg`` up to ``hifigan.loss_fmax`` Hz (None: the Nyquist frequency)."""
+    return audio_cfg.model_copy(update={"fmax": cfg.loss_fmax or audio_cfg.sampling_rate / 2})
 
 
 def aligned(real: torch.Tensor, fake: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

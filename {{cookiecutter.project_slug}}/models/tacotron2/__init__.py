@@ -35,4 +35,6 @@ SPEC = ModelSpec(
     export=Export(parts=export_parts),
     published=Published(read=read_published),
     benchmark=Benchmark(synthetic_batch=synthetic_batch, cases=BENCHMARK_CASES),
+    # NVIDIA/tacotron2: TacotronSTFT's centred frames, hparams.py's grad_clip_thresh and cudnn_benchmark
+    recipe={"audio.mel_framing": "nvidia", "train.grad_clip": 1.0, "train.cudnn_benchmark": False},
 )

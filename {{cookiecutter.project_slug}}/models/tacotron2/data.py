@@ -23,7 +23,7 @@ from models.tacotron2.text import text_to_sequence
 from models.tacotron2.text.cleaners import clean_text
 from modules.tacotron2 import get_padding_mask
 from utils.config import Config
-from utils.data.audio import AudioConfig, MelSpectrogram, load_wav
+from utils.data.audio import AudioConfig, MelSpectrogram, load_wav, recorded_audio
 from utils.data.corpus import DataError, Utterance, load_splits
 
 PathLike = Union[str, Path]
@@ -53,8 +53,9 @@ def check_cache_settings(cache_dir: Path, audio_cfg: AudioConfig) -> None:
         recorded = json.loads(settings_file.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise DataError(f"cannot read mel cache settings {settings_file}: {err}") from None
+    recorded = recorded_audio(recorded) if isinstance(recorded, dict) else {}
     differing = [f"{key}: cache {recorded.get(key)!r}, config {value!r}"
-                 for key, value in audio_cfg.model_dump().items() if recorded.get(key) != value]
+                 for key, value in recorded_audio(audio_cfg.model_dump()).items() if recorded.get(key) != value]
     if differing:
         raise DataError(f"mel cache {cache_dir} was made with other audio settings ({'; '.join(differing)}); "
                         "rerun python -m scripts.preprocess with --overwrite or change tacotron2.mel_cache_dir")

@@ -5,6 +5,7 @@ and audio for TensorBoard (alignment, mel, gate).
 from __future__ import annotations
 
 import argparse
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -164,7 +165,8 @@ def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch
         ids = torch.tensor(text_to_sequence(text, cfg.tacotron2.text_cleaners), dtype=torch.long)
         if ids.numel() == 0:
             raise DataError(f"text {text!r} has no character the model knows")
-        mel = model.inference(ids.unsqueeze(0).to(device), progress=True)[0][0].float().cpu()
+        # a bar on a terminal only: in a pipe its redraws would share lines with the warnings and "wrote" lines
+        mel = model.inference(ids.unsqueeze(0).to(device), progress=sys.stderr.isatty())[0][0].float().cpu()
         audio = vocode(mel) if vocode is not None else torch.from_numpy(griffin_lim(mel, cfg.audio))
         save_wav(out, audio, cfg.audio.sampling_rate)
         print(f"wrote {out} ({audio.numel() / cfg.audio.sampling_rate:.2f} s)")

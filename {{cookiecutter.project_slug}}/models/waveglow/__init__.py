@@ -40,4 +40,6 @@ SPEC = ModelSpec(
     export=Export(parts=export_parts),
     published=Published(read=read_published, pickled_classes=PICKLED_CLASSES),
     benchmark=Benchmark(synthetic_batch=synthetic_batch, cases=BENCHMARK_CASES),
+    # NVIDIA/waveglow: TacotronSTFT, no clipping; the autotuner on (NVIDIA's is off): one crop shape, tuned once
+    recipe={"audio.mel_framing": "nvidia", "train.grad_clip": 0.0, "train.cudnn_benchmark": True},
 )

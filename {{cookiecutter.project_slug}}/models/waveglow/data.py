@@ -15,9 +15,10 @@ from utils.data.datasets import AudioMelDataset
 
 
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
-    """Train and validation :class:`AudioMelDataset` (random crops for training, first crop for validation). With
-    ``data.mel_dir`` the mels are read from that folder (e.g. Tacotron2's teacher-forced mels, Shen et al. 2018's recipe
-    for its vocoder) and cropped with the audio on frame boundaries.
+    """Train and validation :class:`AudioMelDataset` (random crops for training, first crop for validation; the mels
+    in ``audio.mel_framing``, NVIDIA's by the recipe: ``1 + segment_length // hop_length`` frames, as ``Mel2Samp``).
+    With ``data.mel_dir`` the mels are read from that folder (e.g. Tacotron2's teacher-forced mels, Shen et al. 2018's
+    recipe for its vocoder) and cropped with the audio on frame boundaries.
 
     Raises:
         DataError: see :class:`AudioMelDataset` (``data.mel_dir`` missing a mel, made with other settings).
@@ -51,8 +52,9 @@ def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
                     segment_length: Optional[int] = None) -> Batch:
     """Random WaveGlow batch with the shapes of NVIDIA's reference benchmark harness, float32 on the CPU: ``{"mel": (B,
     n_mels, segment // hop_length + 1) standard normal, "audio": (B, segment) normal with standard deviation 0.1, "ids":
-    [str] * B}``, ``segment`` = ``segment_length`` (default ``waveglow.segment_length``) samples. (The pipeline's
-    centred STFT gives one frame fewer; the reference's count keeps both benchmarks on the same shapes.)
+    [str] * B}``, ``segment`` = ``segment_length`` (default ``waveglow.segment_length``) samples: the frames of NVIDIA's
+    framing, the recipe's (``MelSpectrogram.num_frames``), whatever ``audio.mel_framing`` says (same shapes as the
+    reference's benchmark).
 
     Raises:
         ValueError: ``batch_size < 1`` or a segment that is not a positive multiple of ``n_group``.

@@ -31,7 +31,7 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
 
 
 def vocode(model: nn.Module, mel: torch.Tensor, cfg: Config, sigma: Optional[float] = None) -> torch.Tensor:
-    """Mel ``(n_mels, frames)`` -> audio ``(samples,)`` in [-1, 1] on the CPU (``sigma``: ``waveglow.infer_sigma``)."""
+    """Mel ``(n_mels, frames)`` -> audio ``(samples,)`` on the CPU, unclamped (``sigma``: ``waveglow.infer_sigma``)."""
     device = next(model.parameters()).device
     sigma = cfg.waveglow.infer_sigma if sigma is None else sigma
     return model.infer(mel.unsqueeze(0).to(device), sigma=sigma)[0].float().cpu()

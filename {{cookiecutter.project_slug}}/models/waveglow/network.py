@@ -127,12 +127,14 @@ class WaveGlow(nn.Module):
 
     @torch.no_grad()
     def infer(self, mel: torch.Tensor, sigma: float = 0.6) -> torch.Tensor:
-        """Vocode: mel ``(B, n_mels, frames)`` -> audio ``(B, ~frames * hop_length)`` in [-1, 1], running the flows
-        backwards (:meth:`reverse`) from Gaussian noise of standard deviation ``sigma``."""
-        g = self.cfg.n_group
-        samples = mel.shape[2] * self.upsample.stride[0]  # hop_length samples per frame
-        z = sigma * torch.randn(mel.shape[0], g, samples // g, device=mel.device, dtype=mel.dtype)
-        return self.reverse(mel, z).clamp(-1.0, 1.0)
+        """Vocode: mel ``(B, n_mels, frames)`` -> audio ``(B, frames * hop_length)``, not clamped (as NVIDIA's
+        ``infer``): :meth:`reverse` from Gaussian noise of standard deviation ``sigma``, drawn in NVIDIA's order (the
+        remaining channels, then each early output's from the last flow back), so a seeded run gives its audio."""
+        batch, steps = mel.shape[0], mel.shape[2] * self.upsample.stride[0] // self.cfg.n_group
+        n_early = (self.cfg.n_flows - 1) // self.cfg.n_early_every  # flows k > 0 with k % n_early_every == 0
+        draws = [torch.randn(batch, channels, steps, device=mel.device, dtype=mel.dtype)
+                 for channels in [self.n_remaining] + [self.cfg.n_early_size] * n_early]
+        return self.reverse(mel, sigma * torch.cat(draws[::-1], dim=1))
 
 
 class WaveGlowLoss(nn.Module):

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import io
 import json
+import mmap
 import os
+import pickletools
+import sys
 import time
 import warnings
 import zipfile
@@ -24,7 +27,11 @@ class CheckpointError(RuntimeError):
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never a torn one: a temporary file
-    in the same folder is fsync'ed, then ``os.replace`` swaps it in."""
+    in the same folder is fsync'ed, then ``os.replace`` swaps it in.
+
+    Raises:
+        OSError: the file cannot be written (a full disk: ``ENOSPC``), its ``filename`` being ``path``.
+    """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -33,6 +40,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as err:  # named by the file asked for, not by the temporary one
+        raise type(err)(err.errno, err.strerror or str(err), str(path)) from None
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
@@ -112,28 +121,51 @@ def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
     return removed
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``.
+def load_torch_file(path: str | Path, map_location: str | torch.device = "cpu", safe_globals: tuple = (),
+                    what: str = "checkpoint") -> Any:
+    """``torch.load(path, weights_only=True)`` (with ``safe_globals`` allowed) once :func:`torch_file_problem` found the
+    file sound: every load of a checkpoint, ours or a published one, goes through here. ``what`` names it in errors.
 
     Raises:
-        CheckpointError: the file is missing, truncated or not a checkpoint, or holds pickled objects other than tensors
-            and primitives (refused without being executed).
+        CheckpointError: the file is missing, not a checkpoint (empty, text, another format), damaged (a CRC-32 fails),
+            or holds pickled objects other than tensors, primitives and ``safe_globals`` (refused, never run).
     """
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
+        raise CheckpointError(f"{what} not found: {path}")
+    if (problem := torch_file_problem(path)) is not None:
+        raise CheckpointError(f"{path} {problem}")
     try:
-        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below says it all
-            warnings.simplefilter("ignore")
-            state = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings(), torch.serialization.safe_globals(list(safe_globals)):
+            warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the error below says it all
+            return torch.load(path, map_location=map_location, weights_only=True)
     # The damage decides the type (RuntimeError, EOFError, UnpicklingError, KeyError, AssertionError, ...).
     except Exception as err:  # noqa: BLE001 - the file is untrusted input; every failure to read it is this one
-        with open(path, "rb") as handle:
-            head = handle.read(2)
-        if not head.startswith((b"PK", b"\x80")):  # neither a zip archive nor a pickle (protocol 2 or later)
-            raise CheckpointError(f"{path} is not a checkpoint: " + ("an empty file" if not head else
-                                  "neither a file torch.save writes (a zip archive) nor a pickle")) from err
-        raise CheckpointError(f"cannot load checkpoint {path} safely: {_load_failure(err)}") from err
+        if not zipfile.is_zipfile(path) and not _parses_as_pickle(path):  # random bytes after a first 0x80
+            raise CheckpointError(f"{path} is not a checkpoint: neither a file torch.save writes (a zip archive) nor "
+                                  "a pickle") from None
+        raise CheckpointError(f"cannot load {what} {path} safely: {_load_failure(err)}") from err
+
+
+def _parses_as_pickle(path: Path) -> bool:
+    """Whether the file starts with a whole pickle (its opcodes parsed by ``pickletools``, nothing run; mapped, so that
+    a random length field allocates nothing)."""
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        try:
+            for _ in pickletools.genops(mapped):
+                pass
+        except (ValueError, EOFError, UnicodeDecodeError):
+            return False
+    return True
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """A checkpoint of this project (a dict with a ``model`` entry), read by :func:`load_torch_file`.
+
+    Raises:
+        CheckpointError: see :func:`load_torch_file`; or the file holds something else.
+    """
+    state = load_torch_file(path, map_location)
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path} is not a checkpoint of this project (no 'model' entry)")
     return state
@@ -178,15 +210,41 @@ def load_model_state(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]
     model.load_state_dict(state_dict)
 
 
+_checked: dict[tuple[str, int, int], Optional[str]] = {}  # intact's answers by (file, size, mtime)
+
+
 def intact(path: str | Path) -> Optional[str]:
-    """Why the checkpoint file at ``path`` is damaged (cut short, corrupted, not a ``torch.save`` archive), or ``None``
-    when every member of its zip archive matches its CRC. Runs no code from it (safety is :func:`load_checkpoint`'s)."""
+    """Why the checkpoint file at ``path`` is damaged (cut short, a record failing its CRC-32, not a ``torch.save``
+    archive), or ``None``. Runs no code from it (safety is :func:`load_torch_file`'s). Remembered per size and mtime."""
     try:
+        stat = os.stat(path)
+        key = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+        if key in _checked:
+            return _checked[key]
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
+            pickled = any(name.endswith("/data.pkl") for name in archive.namelist())
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError) as err:  # RuntimeError: zlib/CRC
-        return f"damaged ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
-    return None if bad is None else f"damaged (member {bad} fails its CRC check)"
+        why = one_line(err).replace("File is not a zip file", "cut short: the zip archive's directory is missing")
+        return f"damaged ({why})"
+    problem = (f"damaged (its record {bad} fails its CRC-32 check: its bytes changed after it was written)" if bad
+               else None if pickled else "not a checkpoint: a zip archive, but not one torch.save writes (no data.pkl)")
+    _checked[key] = problem
+    return problem
+
+
+def torch_file_problem(path: Path) -> Optional[str]:
+    """What is wrong with ``path`` as a ``torch.save`` file (``"is damaged (...)"``, ``"is not a checkpoint: a text
+    file ..."``), or ``None``: a zip archive that is :func:`intact`, or a pickle (torch before 1.6: no checksums)."""
+    with open(path, "rb") as handle:
+        head = handle.read(512)
+    if head.startswith(b"PK"):
+        return None if (problem := intact(path)) is None else f"is {problem}"
+    if head.startswith(b"\x80"):
+        return None
+    text = b"\0" not in head and head.decode("utf-8", "replace").count("\ufffd") <= 1  # 1: a character cut at 512
+    kind = "a text file: " * text + "neither a file torch.save writes (a zip archive) nor a pickle"
+    return f"is not a checkpoint: {kind if head else 'an empty file'}"
 
 
 CHECKSUMS_NAME = "checksums.json"  # a sharded folder's list of its files' sizes and CRC-32s (a zip archive has its own)
@@ -211,9 +269,14 @@ def write_checksums(folder: Path) -> None:
 
 def checksum_problem(folder: Path) -> Optional[str]:
     """Why a file of ``folder`` does not match :data:`CHECKSUMS_NAME` (missing, another size, another CRC-32), or
-    ``None``; also ``None`` without that file (a folder from before checksums). Remembered per folder and mtime."""
+    ``None``; also ``None`` without that file (a folder from before checksums: a note on stderr says so, once).
+    Remembered per folder and mtime."""
     listing_path = folder / CHECKSUMS_NAME
     if not listing_path.is_file():
+        if (str(folder.resolve()), 0) not in _verified:
+            _verified[(str(folder.resolve()), 0)] = None
+            print(f"note: {folder} has no {CHECKSUMS_NAME} (written before checksums, or copied without it): its "
+                  "shards cannot be checked for damage", file=sys.stderr, flush=True)
         return None
     key = (str(folder.resolve()), listing_path.stat().st_mtime_ns)
     if key not in _verified:

@@ -1,19 +1,25 @@
 """Weights from elsewhere (``train.py --init-from``, ``scripts/import_weights.py``): a checkpoint of ``train.py``, or
 one another project published, which a model's ``Published.read`` renames (NVIDIA's Tacotron2 and WaveGlow, jik876's
-HiFi-GAN). Nothing in a file runs: a pickled module (NVIDIA's WaveGlow) is read as a :class:`Record` of attributes."""
+HiFi-GAN). Nothing in a file runs: a pickled module (NVIDIA's WaveGlow) is read as a :class:`Record` of attributes, from
+a zip archive (``torch.save`` since PyTorch 1.6) or from PyTorch's legacy format (before 1.6: the published
+``waveglow_256channels*.pt``), which :class:`_LegacyUnpickler` reads."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import pickle
 import re
+import struct
 import warnings
+import zipfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
-from utils.checkpoint.files import CheckpointError, _load_failure, few
+from utils.checkpoint.files import CheckpointError, _load_failure, few, torch_file_problem
 from utils.checkpoint.resume import read_checkpoint
 from utils.checkpoint.sharded import is_sharded
 
@@ -51,29 +57,114 @@ def weight_norm_key(key: str) -> str:
                   re.sub(r"\.weight_v$", ".parametrizations.weight.original1", key))
 
 
-def _load(path: Path, pickled_classes: tuple[str, ...]) -> Any:
-    """``torch.load(weights_only=True)``, with ``pickled_classes`` (``module.Class``) read as :class:`Record` s; a
-    :class:`CheckpointError` for anything else that is not plain data (named), or a damaged file."""
-    records = [(type(name.rsplit(".", 1)[1], (Record,), {}), name) for name in pickled_classes]
+LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+"""The first pickle of a file in PyTorch's legacy format (then the version 1001, the writer's byte order, the object,
+the list of storage keys, and each storage's element count (int64) and raw bytes)."""
+_LEGACY_DTYPES = {"DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
+                  "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
+                  "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
+                  "BoolStorage": torch.bool}
+_LEGACY_GLOBALS = {"collections.OrderedDict": OrderedDict, "builtins.set": set, "builtins.frozenset": frozenset,
+                   "torch._utils._rebuild_tensor": lambda storage, offset, size, stride: storage.as_strided(
+                       tuple(size), tuple(stride), offset),
+                   "torch._utils._rebuild_tensor_v2": lambda storage, offset, size, stride, *_: storage.as_strided(
+                       tuple(size), tuple(stride), offset),
+                   "torch._utils._rebuild_parameter": lambda data, *_: data,
+                   "torch.nn.backends.thnn._get_thnn_function_backend": lambda: None}  # PyTorch <= 1.0 modules
+"""What a legacy file may name besides its records: containers and tensor rebuilds (views of a flat storage)."""
+
+
+class _LegacyUnpickler(pickle.Unpickler):
+    """A pickle of PyTorch's legacy format: only :data:`_LEGACY_GLOBALS`, storage types and ``records`` (``{"module.
+    Class": Record subclass}``) resolve; every other name raises before anything runs. A storage becomes an empty flat
+    tensor, filled by :func:`_read_legacy` after the object; a pickled module's source text is ignored. ``budget``: the
+    file's size, which the storages' bytes may not exceed (no huge allocation for a few bytes of pickle)."""
+
+    def __init__(self, file: BinaryIO, records: dict[str, type], budget: int = 0):
+        super().__init__(file, encoding="utf-8")
+        self.records, self.storages, self.budget = records, {}, budget
+
+    def find_class(self, module: str, name: str) -> Any:
+        module = "builtins" if module == "__builtin__" else module  # pickle protocol 2's name
+        found = self.records.get(f"{module}.{name}", _LEGACY_GLOBALS.get(f"{module}.{name}"))
+        if found is None and module in ("torch", "torch.cuda"):
+            found = _LEGACY_DTYPES.get(name)
+        if found is None:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which is not read (only tensors, containers and "
+                                         f"{', '.join(sorted(self.records)) or 'no classes'})")
+        return found
+
+    def persistent_load(self, pid: Any) -> Any:
+        if isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "module" and pid[1] in self.records.values():
+            return pid[1]
+        if not (isinstance(pid, tuple) and len(pid) in (5, 6) and pid[0] == "storage"
+                and isinstance(pid[1], torch.dtype) and (len(pid) == 5 or pid[5] is None)):  # (no view: torch < 0.4)
+            raise pickle.UnpicklingError(f"an unknown reference {str(pid)[:60]}")
+        if str(pid[2]) not in self.storages:
+            self.budget -= int(pid[4]) * pid[1].itemsize
+            if self.budget < 0:
+                raise ValueError("its tensors need more bytes than the file holds (cut short or damaged)")
+            self.storages[str(pid[2])] = torch.empty(int(pid[4]), dtype=pid[1])
+        return self.storages[str(pid[2])]
+
+
+def _read_legacy(file: BinaryIO, records: dict[str, type]) -> Any:
+    """The object of a file in PyTorch's legacy format, its pickled classes as ``records``.
+
+    Raises:
+        pickle.UnpicklingError, ValueError, struct.error, RuntimeError: not that format, damaged, or naming code.
+    """
+    header = [_LegacyUnpickler(file, {}).load() for _ in range(3)]
+    if header[:2] != [LEGACY_MAGIC, 1001] or not isinstance(header[2], dict) or not header[2].get("little_endian"):
+        raise ValueError("neither a zip archive nor PyTorch's legacy format (little-endian, version 1001)")
+    unpickler = _LegacyUnpickler(file, records, budget=os.fstat(file.fileno()).st_size)
+    loaded = unpickler.load()
+    keys = _LegacyUnpickler(file, {}).load()
+    if not isinstance(keys, list) or set(keys) != set(unpickler.storages):
+        raise ValueError("its list of storages is not the one its tensors use")
+    for key in keys:
+        storage = unpickler.storages[key]
+        (count,) = struct.unpack("<q", file.read(8))
+        data = file.read(count * storage.element_size())
+        if count != storage.numel() or len(data) != storage.numel() * storage.element_size():
+            raise ValueError(f"storage {key} holds {count} elements of {storage.numel()}, or is cut short")
+        if count:
+            storage.view(torch.uint8).copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    return loaded
+
+
+def _load(path: Path, pickled_classes: tuple[str, ...], label: str) -> Any:
+    """``torch.load(weights_only=True)`` (a zip archive) or :func:`_read_legacy` (the legacy format), with
+    ``pickled_classes`` (``module.Class``) read as :class:`Record` s; a :class:`CheckpointError` for anything else that
+    is not plain data (named), or a damaged file (``label``: the option that named it)."""
+    records = {name: type(name.rsplit(".", 1)[1], (Record,), {}) for name in pickled_classes}
     try:
-        with warnings.catch_warnings(), torch.serialization.safe_globals([*records, OrderedDict]):
+        if path.is_file() and not zipfile.is_zipfile(path):
+            with open(path, "rb") as file:
+                return _read_legacy(file, records)
+        with warnings.catch_warnings(), torch.serialization.safe_globals(
+                [*((cls, name) for name, cls in records.items()), OrderedDict]):
             warnings.simplefilter("ignore")
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - untrusted input: every failure is this one line
-        raise CheckpointError(f"--init-from {path}: cannot load it safely: {_load_failure(err)}") from None
+        why = _load_failure(err) if zipfile.is_zipfile(path) else (str(err) or type(err).__name__).splitlines()[0]
+        raise CheckpointError(f"{label} {path}: cannot load it safely: {why}") from None
 
 
-def read_weights(path: str | Path, models: dict[str, Any], cfg: Any) -> Weights:
+def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str = "--init-from") -> Weights:
     """The weights in ``path`` in this project's key names, and the model of ``models`` they belong to: a checkpoint of
     ``train.py`` (a sharded folder's ``state`` is left empty, for ``load_sharded_model``), or a published format some
-    model's ``Published.read`` takes. ``cfg``: this run's config (a format may need its sizes).
+    model's ``Published.read`` takes. ``cfg``: this run's config (a format may need its sizes; ``Published.read`` may
+    set what the weights expect, e.g. Tacotron2's text cleaners); ``label``: what named the file, for errors.
 
     Raises:
         CheckpointError: a missing or unreadable file, a model this project does not have, or a format no model reads.
     """
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"--init-from {path}: no such file or folder")
+        raise CheckpointError(f"{label} {path}: no such file or folder")
+    if path.is_file() and (problem := torch_file_problem(path)) is not None:
+        raise CheckpointError(f"{label} {path} {problem}")
     try:
         state = read_checkpoint(path)
     except CheckpointError:
@@ -83,17 +174,17 @@ def read_weights(path: str | Path, models: dict[str, Any], cfg: Any) -> Weights:
     if is_sharded(path) or "model_name" in state:
         name = state.get("model_name")
         if name not in models:
-            raise CheckpointError(f"--init-from {path}: it holds a '{name}' model, which models/__init__.py does not "
+            raise CheckpointError(f"{label} {path}: it holds a '{name}' model, which models/__init__.py does not "
                                   "register")
         if is_sharded(path):
             return Weights(f"a sharded checkpoint of model '{name}'", name, {})
         return Weights(f"a checkpoint of model '{name}' at step {state.get('step')}", name, state["model"])
     readers = {name: spec.published for name, spec in models.items() if spec.published is not None}
-    loaded = _load(path, tuple(name for published in readers.values() for name in published.pickled_classes))
+    loaded = _load(path, tuple(name for published in readers.values() for name in published.pickled_classes), label)
     for published in readers.values():
         if (weights := published.read(loaded, cfg)) is not None:
             return weights
-    raise CheckpointError(f"--init-from {path}: not a checkpoint of this project, nor a published checkpoint a model "
+    raise CheckpointError(f"{label} {path}: not a checkpoint of this project, nor a published checkpoint a model "
                           f"of models/ reads ({', '.join(sorted(readers)) or 'none reads any'}: Published.read)")
 
 

@@ -13,10 +13,11 @@ from typing import Any, Mapping, Optional
 import torch
 
 from distributed import all_gather_object, broadcast_object
-from utils.checkpoint.files import CheckpointError, intact, load_checkpoint, load_model_state
+from utils.checkpoint.files import CheckpointError, intact, load_checkpoint, load_model_state, torch_file_problem
 from utils.checkpoint.sharded import (is_sharded, list_sharded_checkpoints, load_sharded, read_train_state,
                                       sharded_intact)
 from utils.checkpoint.state import STATEFUL_PARTS, NamedStates, TrainState, list_checkpoints, restore_rng_state
+from utils.data.audio import recorded_audio
 
 
 def agreed_resume_path(resume: str, output_dir: Path, rank: int):
@@ -62,7 +63,7 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
 
     Raises:
         CheckpointError: ``none`` on a folder with checkpoints (they would be overwritten); ``auto`` where every one is
-            damaged (step 0 would overwrite the only copies of progress); a path that is no file or intact sharded one.
+            damaged (step 0 would overwrite the only copies of progress); a path that is no intact file or sharded one.
     """
     output_dir = Path(output_dir)
     lasts = sorted((path for path in (output_dir / "checkpoint_last.pt", output_dir / "checkpoint_last")
@@ -78,6 +79,8 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
         return None, []
     if not Path(resume).is_file() and not is_sharded(resume):
         raise CheckpointError(f"--resume {resume}: no such checkpoint")
+    if Path(resume).is_file() and (problem := torch_file_problem(Path(resume))) is not None:
+        raise CheckpointError(f"--resume {resume}: the file {problem}")
     if is_sharded(resume) and (problem := sharded_intact(resume)) is not None:
         raise CheckpointError(f"--resume {resume}: the sharded checkpoint is {problem}")
     return Path(resume), []
@@ -163,6 +166,8 @@ def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str
     _check_training_state(saved, path, sharded)
     _load_parts(saved, path, model, parts, ema, rank, sharded)
     saved_config = saved.get("config") if isinstance(saved.get("config"), Mapping) else {}
+    if isinstance(saved_config.get("audio"), Mapping):  # saved before audio.mel_framing: jik876's frames
+        saved_config = {**saved_config, "audio": recorded_audio(saved_config["audio"])}
     written_by = len(saved["rng"])
     if written_by == world_size:
         restore_rng_state(saved["rng"][rank])

@@ -25,7 +25,8 @@ from utils.training.guards import TrainingError, nonfinite_weight
 class Saver:
     """Saves the run's state at a step, completes background saves, and warns when a save cannot fit the grace period
     after a stop signal (:class:`utils.run.GracePeriod`: at start-up from an estimate, else after a save too slow).
-    ``model`` may be DDP- or FSDP-wrapped; ``parts``: optimizer(s), scheduler(s), GradScaler; ``info``: provenance."""
+    ``model`` may be DDP- or FSDP-wrapped; ``parts``: optimizer(s), scheduler(s), GradScaler; ``info``: provenance.
+    Raises :class:`CheckpointError` when the estimate's test write fails (a full disk)."""
 
     def __init__(self, cfg: Config, output_dir: Path, dist, model, parts: dict, state: TrainState,
                  ema: Optional[EMA], log: RunLog, info: dict[str, Any]):
@@ -38,7 +39,12 @@ class Saver:
         if dist.is_main:  # under FSDP every rank writes its own shards, in parallel
             nbytes = checkpoint_bytes([unwrap_model(model)], averages=int(ema is not None))
             nbytes //= dist.world_size if sharded else 1
-            if (warning := self.grace.check_estimate(nbytes, output_dir)) is not None:
+            try:
+                warning = self.grace.check_estimate(nbytes, output_dir)
+            except CheckpointError:
+                log.close()  # the progress bar's line ends before the error's
+                raise
+            if warning is not None:
                 log.print(warning)
 
     def save(self, step_s: float) -> None:

@@ -21,8 +21,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from distributed import broadcast_object
-from utils.checkpoint.files import (CheckpointError, _load_failure, atomic_write_bytes, checksum_problem, few,
-                                    fsync_dir, intact, prune, serialized, write_checksums, write_failure)
+from utils.checkpoint.files import (CheckpointError, atomic_write_bytes, checksum_problem, few, fsync_dir, intact,
+                                    load_torch_file, prune, serialized, write_checksums, write_failure)
 from utils.checkpoint.state import STATEFUL_PARTS, TrainState
 from utils.run_log import one_line
 
@@ -88,12 +88,7 @@ def read_train_state(path: str | Path, map_location: str | torch.device = "cpu")
     file = Path(path) / TRAIN_STATE_NAME
     if not file.is_file():
         raise CheckpointError(f"{path} is not a sharded checkpoint of train.py (no {TRAIN_STATE_NAME})")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return torch.load(file, map_location=map_location, weights_only=True)
-    except Exception as err:  # noqa: BLE001 - untrusted input, as in load_checkpoint
-        raise CheckpointError(f"cannot load {file} safely: {_load_failure(err)}") from err
+    return load_torch_file(file, map_location)
 
 
 @contextlib.contextmanager
@@ -248,7 +243,10 @@ class ShardedCheckpointer:
 
     def _write_error(self, step: int, err: BaseException) -> CheckpointError:
         """The error of a failed save (``OSError``, DCP's ``CheckpointException``) once rank 0 removed its folder."""
+        partial = self.output_dir / f".checkpoint_{step}.partial"
         if self.rank == 0:
-            shutil.rmtree(self.output_dir / f".checkpoint_{step}.partial", ignore_errors=True)
+            shutil.rmtree(partial, ignore_errors=True)
         reason = dcp_cause(err) if isinstance(err, CheckpointException) else err.strerror or str(err)
+        if "unexpected pos" in reason:  # torch.save's zip writer lost the OSError of a short write (ENOSPC, EDQUOT)
+            reason = f"no space left on device writing {partial} (or a quota or file size limit: a write came up short)"
         return write_failure(step, self.output_dir, reason, list_sharded_checkpoints(self.output_dir)[-1:])

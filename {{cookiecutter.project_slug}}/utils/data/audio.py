@@ -1,5 +1,5 @@
-"""Audio: the ``audio`` config section, log-mel spectrograms as NVIDIA's Tacotron2/WaveGlow reference makes them, their
-Griffin-Lim inversion, and reading and writing wav files."""
+"""Audio: the ``audio`` config section, log-mel spectrograms framed as each model's reference frames them (NVIDIA's
+Tacotron2/WaveGlow, jik876's HiFi-GAN), their Griffin-Lim inversion, and reading and writing wav files."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import inspect
 import struct
 import warnings
 from pathlib import Path
-from typing import Optional, Union
+from typing import Literal, Mapping, Optional, Union
 
 import librosa
 import numpy as np
@@ -19,10 +19,12 @@ from torch import nn
 from utils.config import Section, cross_check_error
 from utils.data.corpus import DataError, PathLike
 
-# the seed's keyword of librosa.griffinlim: random_state until librosa 1.0 renamed it rng
-GRIFFINLIM_SEED = "rng" if "rng" in inspect.signature(librosa.griffinlim).parameters else "random_state"
 
 ArrayLike = Union[torch.Tensor, np.ndarray]
+Framing = Literal["nvidia", "jik876"]
+UNRESOLVED_FRAMING = "jik876"
+"""The framing of an ``audio.mel_framing`` left unresolved (a config read without its model) or missing (a checkpoint
+or mel folder made before the setting existed, all framed so)."""
 
 
 class AudioConfig(Section):
@@ -36,6 +38,14 @@ class AudioConfig(Section):
     fmin: float = Field(0.0, ge=0)  # Hz
     fmax: float = 8000.0  # Hz
     max_wav_value: float = Field(32768.0, gt=0)  # full scale of 16-bit PCM
+    # MelSpectrogram's framing; None: the model's reference (ModelSpec.recipe, or a data.mel_dir's), filled in when a
+    # run's config is loaded (utils.training.settings.apply_recipe), so checkpoints record it
+    mel_framing: Optional[Framing] = None
+
+    @property
+    def framing(self) -> str:
+        """``mel_framing``, or :data:`UNRESOLVED_FRAMING` when it is None."""
+        return self.mel_framing or UNRESOLVED_FRAMING
 
     @model_validator(mode="after")
     def consistent(self) -> "AudioConfig":
@@ -64,23 +74,33 @@ def dynamic_range_decompression(x: torch.Tensor, C: float = 1.0) -> torch.Tensor
     return torch.exp(x) / C
 
 
+def recorded_audio(settings: Mapping) -> dict:
+    """Recorded audio settings (``AudioConfig.model_dump()``, a mel folder's) with the framing filled in
+    (:data:`UNRESOLVED_FRAMING` where None or missing), for comparing records made before and after the setting."""
+    return {**settings, "mel_framing": settings.get("mel_framing") or UNRESOLVED_FRAMING}
+
+
 class MelSpectrogram(nn.Module):
-    """Waveform -> log-mel spectrogram, framed exactly like NVIDIA's Tacotron2/WaveGlow ``TacotronSTFT``, so its mels
-    match NVIDIA's for the same settings.
+    """Waveform -> log-mel spectrogram, framed as ``framing``'s reference frames it, so its mels match that reference's
+    for the same settings (``tests/test_parity_mel.py``).
 
     Audio ``(B, T)`` or ``(T,)`` float samples in [-1, 1] becomes ``(B, n_mels, frames)`` or ``(n_mels, frames)``, with
-    ``frames = (T + 2 * pad - n_fft) // hop_length + 1`` and ``pad = (n_fft - hop_length) // 2`` (about ``T /
-    hop_length``). Method: reflect-pad by ``pad`` on both sides, ``torch.stft`` with ``center=False`` and a periodic
-    Hann window, magnitude, a Slaney mel filterbank (``librosa.filters.mel``), then ``log(clamp(mel, 1e-5))``. Rates in
-    Hz, ``n_fft``, ``hop_length`` and ``win_length`` in samples; ``fmax=None`` is ``sampling_rate / 2``.
+    ``frames = (T + 2 * pad - n_fft) // hop_length + 1``. ``"nvidia"``: NVIDIA's ``TacotronSTFT`` (tacotron2 and
+    waveglow ``stft.py``), ``pad = n_fft // 2`` (centred frames: ``1 + T // hop_length``, frame ``k`` centred on sample
+    ``k * hop_length``). ``"jik876"``: jik876/hifi-gan's ``mel_spectrogram``, ``pad = (n_fft - hop_length) // 2``
+    (``T // hop_length`` frames for even ``n_fft - hop_length``, frame ``k`` centred on hop ``k``'s middle: a
+    generator's ``hop_length`` samples per frame line up). Method: reflect-pad by ``pad`` on both sides, ``torch.stft``
+    with ``center=False`` and a periodic Hann window, magnitude, a Slaney mel filterbank (:func:`slaney_mel_filters`), then
+    ``log(clamp(mel, 1e-5))``. Rates in Hz, ``n_fft``, ``hop_length`` and ``win_length`` in samples; ``fmax=None`` is
+    ``sampling_rate / 2``.
 
     Raises:
-        ValueError: a setting is not positive, ``win_length > n_fft``, ``hop_length > n_fft`` or the band edges are not
-            ``0 <= fmin < fmax <= sampling_rate / 2``.
+        ValueError: a setting is not positive, ``win_length > n_fft``, ``hop_length > n_fft``, the band edges are not
+            ``0 <= fmin < fmax <= sampling_rate / 2``, or an unknown ``framing``.
     """
 
     def __init__(self, sampling_rate: int, n_fft: int, hop_length: int, win_length: int, n_mels: int,
-                 fmin: float = 0.0, fmax: Optional[float] = None):
+                 fmin: float = 0.0, fmax: Optional[float] = None, framing: str = UNRESOLVED_FRAMING):
         super().__init__()
         for name, value in (("sampling_rate", sampling_rate), ("n_fft", n_fft), ("hop_length", hop_length),
                             ("win_length", win_length), ("n_mels", n_mels)):
@@ -93,16 +113,19 @@ class MelSpectrogram(nn.Module):
         if not 0 <= fmin < fmax <= sampling_rate / 2:
             raise ValueError(f"MelSpectrogram: need 0 <= fmin < fmax <= sampling_rate/2, got fmin={fmin} Hz, "
                              f"fmax={fmax} Hz, sampling_rate={sampling_rate} Hz")
+        pads = {"nvidia": n_fft // 2, "jik876": (n_fft - hop_length) // 2}
+        if framing not in pads:
+            raise ValueError(f"MelSpectrogram: framing must be one of {', '.join(pads)}, got {framing!r}")
         self.sampling_rate, self.n_fft, self.hop_length, self.win_length = sampling_rate, n_fft, hop_length, win_length
-        self.n_mels, self.fmin, self.fmax, self.pad = n_mels, fmin, fmax, (n_fft - hop_length) // 2
-        mel_basis = librosa.filters.mel(sr=sampling_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)
+        self.n_mels, self.fmin, self.fmax, self.framing, self.pad = n_mels, fmin, fmax, framing, pads[framing]
+        mel_basis = slaney_mel_filters(sampling_rate, n_fft, n_mels, fmin, fmax)
         self.register_buffer("mel_basis", torch.from_numpy(mel_basis).float())  # (n_mels, n_fft // 2 + 1)
         self.register_buffer("window", torch.hann_window(win_length))
 
     @classmethod
     def from_config(cls, audio_cfg: AudioConfig) -> "MelSpectrogram":
-        """Build from the ``audio`` section of the config."""
-        keys = ("sampling_rate", "n_fft", "hop_length", "win_length", "n_mels", "fmin", "fmax")
+        """Build from the ``audio`` section of the config (``AudioConfig.framing``)."""
+        keys = ("sampling_rate", "n_fft", "hop_length", "win_length", "n_mels", "fmin", "fmax", "framing")
         return cls(**{key: getattr(audio_cfg, key) for key in keys})
 
     @property
@@ -111,7 +134,7 @@ class MelSpectrogram(nn.Module):
         return max(self.n_fft - 2 * self.pad, self.pad + 1)
 
     def num_frames(self, num_samples: int) -> int:
-        """Frames produced for ``num_samples`` samples: ``(T + 2 * pad - n_fft) // hop_length + 1``."""
+        """Frames produced for ``num_samples`` samples: ``(T + 2 * pad - n_fft) // hop_length + 1`` (see the class)."""
         return (num_samples + 2 * self.pad - self.n_fft) // self.hop_length + 1
 
     def forward(self, audio: torch.Tensor) -> torch.Tensor:
@@ -119,7 +142,7 @@ class MelSpectrogram(nn.Module):
 
         Raises:
             ValueError: ``audio`` is not 1-D or 2-D, is not floating point, or is too short to frame (fewer than
-                ``max(n_fft - 2 * pad, pad + 1)`` samples).
+                :attr:`min_samples`).
         """
         if audio.dim() not in (1, 2):
             raise ValueError(f"MelSpectrogram expects audio of shape (B, T) or (T,), got {tuple(audio.shape)}")
@@ -127,8 +150,8 @@ class MelSpectrogram(nn.Module):
             raise ValueError(f"MelSpectrogram expects float audio in [-1, 1], got dtype {audio.dtype} "
                              "(divide integer PCM by max_wav_value first)")
         if audio.shape[-1] < self.min_samples:
-            raise ValueError(f"MelSpectrogram: audio has {audio.shape[-1]} samples, at least {self.min_samples} "
-                             f"are needed for n_fft={self.n_fft}, hop_length={self.hop_length}")
+            raise ValueError(f"MelSpectrogram: audio has {audio.shape[-1]} samples, at least {self.min_samples} are "
+                             f"needed for n_fft={self.n_fft}, hop_length={self.hop_length} ({self.framing} framing)")
         squeeze = audio.dim() == 1
         batch = (audio.unsqueeze(0) if squeeze else audio).to(self.window.dtype)
         # F.pad's reflect mode wants a channel axis: (B, 1, T).
@@ -137,6 +160,27 @@ class MelSpectrogram(nn.Module):
                           window=self.window, center=False, return_complex=True)  # (B, n_fft // 2 + 1, frames)
         log_mel = dynamic_range_compression(torch.matmul(self.mel_basis, spec.abs()))  # (B, n_mels, frames)
         return log_mel.squeeze(0) if squeeze else log_mel
+
+
+F_SP, MIN_LOG_HZ, LOGSTEP = 200.0 / 3, 1000.0, np.log(6.4) / 27.0  # Slaney's mel scale: linear, then logarithmic
+
+
+def hz_to_mel(hz: ArrayLike) -> np.ndarray:
+    """Slaney's mel scale (librosa's ``hz_to_mel(htk=False)``): ``hz / F_SP`` below 1 kHz, logarithmic above."""
+    hz = np.asanyarray(hz, dtype=np.float64)
+    above = MIN_LOG_HZ / F_SP + np.log(np.maximum(hz, MIN_LOG_HZ) / MIN_LOG_HZ) / LOGSTEP
+    return np.where(hz >= MIN_LOG_HZ, above, hz / F_SP)
+
+
+def slaney_mel_filters(sampling_rate: int, n_fft: int, n_mels: int, fmin: float, fmax: float) -> np.ndarray:
+    """float32 ``(n_mels, n_fft // 2 + 1)``: triangles on Slaney's mel scale from ``fmin`` to ``fmax`` Hz, each of area
+    normalised (``norm="slaney"``); bit for bit ``librosa.filters.mel`` (whose import costs every process 2 s)."""
+    mels = np.linspace(hz_to_mel(fmin), hz_to_mel(fmax), n_mels + 2)
+    edges = np.where(mels >= MIN_LOG_HZ / F_SP, MIN_LOG_HZ * np.exp(LOGSTEP * (mels - MIN_LOG_HZ / F_SP)), F_SP * mels)
+    ramps, widths = np.subtract.outer(edges, np.fft.rfftfreq(n=n_fft, d=1.0 / sampling_rate)), np.diff(edges)
+    weights = np.maximum(0, np.minimum(-ramps[:-2] / widths[:-1, None], ramps[2:] / widths[1:, None])).astype(np.float32)
+    weights *= (2.0 / (edges[2:] - edges[:-2]))[:, None]
+    return weights
 
 
 def griffin_lim(log_mel: ArrayLike, audio_cfg: AudioConfig, n_iter: int = 60, seed: Optional[int] = 0) -> np.ndarray:
@@ -164,8 +208,10 @@ def griffin_lim(log_mel: ArrayLike, audio_cfg: AudioConfig, n_iter: int = 60, se
     mel = dynamic_range_decompression(torch.from_numpy(log_mel)).numpy()
     magnitude = librosa.feature.inverse.mel_to_stft(mel, sr=audio_cfg.sampling_rate, n_fft=audio_cfg.n_fft, power=1.0,
                                                     fmin=audio_cfg.fmin, fmax=audio_cfg.fmax, htk=False)
+    # the seed's keyword: random_state until librosa 1.0 renamed it rng
+    seed_key = "rng" if "rng" in inspect.signature(librosa.griffinlim).parameters else "random_state"
     audio = librosa.griffinlim(magnitude, n_iter=n_iter, hop_length=audio_cfg.hop_length, n_fft=audio_cfg.n_fft,
-                               win_length=audio_cfg.win_length, window="hann", **{GRIFFINLIM_SEED: seed})
+                               win_length=audio_cfg.win_length, window="hann", **{seed_key: seed})
     return audio.astype(np.float32)
 
 
@@ -218,12 +264,32 @@ peak), in full-scale units: none happens in speech a trained vocoder writes."""
 def audio_problems(audio: ArrayLike) -> list[str]:
     """What is wrong with ``(T,)`` float samples (full scale 1.0, before clipping) as speech: ``["is 77% clipped
     (samples at full scale)", "has a DC offset of 0.171 (its mean; speech's is near 0)", "is nearly silent (peak
-    2e-04)"]``, or ``[]``."""
+    2e-04)", "sounds like noise (spectral flatness 0.56; speech's is below 0.3)"]``, or ``[]``."""
     audio = np.asarray(audio, dtype=np.float64)
     clipped, mean, peak = float(np.mean(np.abs(audio) >= 0.999)), float(np.mean(audio)), float(np.max(np.abs(audio)))
     found = [f"is {100 * clipped:.0f}% clipped (samples at full scale)"] if clipped > CLIPPED_SHARE else []
     found += [f"has a DC offset of {mean:.3f} (its mean; speech's is near 0)"] if abs(mean) > DC_OFFSET else []
-    return found + ([f"is nearly silent (peak {peak:.0e})"] if peak < SILENT_PEAK else [])
+    found += [f"is nearly silent (peak {peak:.0e})"] if peak < SILENT_PEAK else []
+    flatness = spectral_flatness(audio - mean) if np.max(np.abs(audio - mean)) >= SILENT_PEAK else 0.0
+    return found + ([f"sounds like noise (spectral flatness {flatness:.2f}; speech's is below {NOISE_FLATNESS})"]
+                    if flatness > NOISE_FLATNESS else [])
+
+
+NOISE_FLATNESS = 0.3
+"""Above this :func:`spectral_flatness` :func:`audio_problems` calls audio noise: white noise has 0.56 (``exp(-γ)``),
+an untrained or 30-step tiny WaveGlow writes 0.50 to 0.56, speech 0.01 or less (its voiced frames are harmonics)."""
+
+
+def spectral_flatness(audio: np.ndarray, frame: int = 1024, hop: int = 256) -> float:
+    """The median, over the Hann-windowed ``frame``-sample frames of ``audio`` ``(T,)`` every ``hop`` samples (at most
+    1000 frames: further apart in longer audio) within 40 dB of the loudest, of the power spectrum's geometric over its
+    arithmetic mean (DC left out): 0 for a tone, ``exp(-γ)`` = 0.56 for white noise (Wiener entropy)."""
+    audio = np.pad(audio, (0, max(0, frame - audio.size)))
+    every = max(hop, audio.size // 1000)
+    frames = np.lib.stride_tricks.sliding_window_view(audio, frame)[::every] * np.hanning(frame)
+    power = np.abs(np.fft.rfft(frames, axis=1)[:, 1:]) ** 2 + 1e-20
+    loud = power[power.sum(axis=1) >= 1e-4 * power.sum(axis=1).max()]
+    return float(np.median(np.exp(np.log(loud).mean(axis=1)) / loud.mean(axis=1)))
 
 
 def check_wav_not_truncated(path: Path) -> None:

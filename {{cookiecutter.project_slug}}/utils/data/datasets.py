@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import multiprocessing
 import pickle
+import typing
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 from torch.utils.data import Dataset
 
-from utils.data.audio import AudioConfig, MelSpectrogram, dynamic_range_compression, load_wav
+from utils.data.audio import AudioConfig, Framing, MelSpectrogram, dynamic_range_compression, load_wav, recorded_audio
 from utils.data.corpus import DataError, PathLike, Utterance
 
 
@@ -36,6 +38,9 @@ class SharedEpoch:
 MEL_SETTINGS_FILE = "_audio_config.json"
 """The file of a mel folder that records the ``audio`` settings its mels were made with (``AudioConfig.model_dump()``
 as JSON), which ``scripts/dump_gta_mels.py`` writes."""
+LEFT_OUT_FILE = "_left_out.json"
+"""The file of a mel folder naming the utterances its dump left out and why: ``{"max_mel_frames": N, "frames": {id:
+frames}}`` (longer than ``tacotron2.max_mel_frames``); a vocoder on the folder trains without them."""
 
 SILENCE_LOG_MEL = float(dynamic_range_compression(torch.zeros(())))
 """The log-mel of silence, ``log(1e-5)`` (about -11.51): pads a mel read from ``data.mel_dir`` shorter than a crop."""
@@ -44,34 +49,67 @@ _LOAD_ERRORS = (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSEr
                 AttributeError)  # what torch.load raises for a file that holds no tensor it can read
 
 
-def check_mel_dir(mel_dir: Path, audio_cfg: AudioConfig, utterances: Sequence[Utterance]) -> None:
-    """Refuse a mel folder (``data.mel_dir``) that cannot serve ``utterances``, before any audio is read: missing, with
-    other audio settings recorded (:data:`MEL_SETTINGS_FILE`), or without some ``<id>.pt`` (contents: when read).
+def _read_record(path: Path) -> Optional[dict]:
+    """The JSON object in ``path``, None without the file. DataError: unreadable, or not an object."""
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(f"cannot read the mel folder's record {path}: {err}") from None
+    if not isinstance(record, dict):
+        raise DataError(f"{path}: expected a JSON object")
+    return record
+
+
+def mel_dir_framing(mel_dir: PathLike) -> Optional[str]:
+    """The framing the mels of ``mel_dir`` were made with (:data:`MEL_SETTINGS_FILE`; one made before the setting:
+    ``jik876``), or None without a readable record (:func:`check_mel_dir` says why)."""
+    try:
+        record = _read_record(Path(mel_dir) / MEL_SETTINGS_FILE)
+    except DataError:
+        return None
+    framing = None if record is None else recorded_audio(record)["mel_framing"]
+    return framing if framing in typing.get_args(Framing) else None
+
+
+def check_mel_dir(mel_dir: Path, audio_cfg: AudioConfig, utterances: Sequence[Utterance]) -> list[Utterance]:
+    """The ``utterances`` a mel folder (``data.mel_dir``) serves, checked before any audio is read: it must exist, its
+    recorded audio settings (:data:`MEL_SETTINGS_FILE`) be ``audio_cfg``'s, and every utterance have ``<id>.pt`` but
+    those its dump left out (:data:`LEFT_OUT_FILE`), which are left out here too, said in one warning line.
 
     Raises:
-        DataError: naming the folder, the differing settings, or the first utterance without a mel file and how many.
+        DataError: naming the folder, the differing settings, or the first utterance without a mel file and how many;
+            or no utterance left.
     """
     if not mel_dir.is_dir():
         raise DataError(f"data.mel_dir {mel_dir} is not a folder (dump mels there with python -m "
                         "scripts.dump_gta_mels, or set data.mel_dir=\"\" to compute the mels from the audio)")
-    settings_file = mel_dir / MEL_SETTINGS_FILE
-    if settings_file.is_file():
-        try:
-            recorded = json.loads(settings_file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise DataError(f"cannot read the mel settings {settings_file}: {err}") from None
-        if not isinstance(recorded, dict):
-            raise DataError(f"{settings_file}: expected a JSON object of audio settings")
+    recorded = _read_record(mel_dir / MEL_SETTINGS_FILE)
+    if recorded is not None:
+        recorded, audio = recorded_audio(recorded), recorded_audio(audio_cfg.model_dump())
         differing = [f"{key}: mels {recorded.get(key)!r}, config {value!r}"
-                     for key, value in audio_cfg.model_dump().items() if recorded.get(key) != value]
+                     for key, value in audio.items() if recorded.get(key) != value]
         if differing:
             raise DataError(f"the mels in {mel_dir} were made with other audio settings ({'; '.join(differing)}): "
                             "set the audio section to theirs, or dump them again with this one")
-    missing = [utt for utt in utterances if not (mel_dir / f"{utt.id}.pt").is_file()]
-    if missing:
-        more = f" (and {len(missing) - 1} more of {len(utterances)} utterances)" if len(missing) > 1 else ""
-        raise DataError(f"no mel for utterance '{missing[0].id}': {mel_dir / (missing[0].id + '.pt')} not found"
+    left_out = _read_record(mel_dir / LEFT_OUT_FILE) or {}
+    missing = [utt.id for utt in utterances if not (mel_dir / f"{utt.id}.pt").is_file()]
+    unexplained = [utt_id for utt_id in missing if utt_id not in left_out.get("frames", {})]
+    if unexplained:
+        more = f" (and {len(unexplained) - 1} more of {len(utterances)} utterances)" if len(unexplained) > 1 else ""
+        raise DataError(f"no mel for utterance '{unexplained[0]}': {mel_dir / (unexplained[0] + '.pt')} not found"
                         f"{more}; dump it into data.mel_dir, or leave the utterance out with data.exclude")
+    gone = set(missing)
+    kept = [utt for utt in utterances if utt.id not in gone]
+    if missing:
+        why = (f"{len(missing)} of {len(utterances)} utterances have no mel in {mel_dir}: its dump left them out, "
+               f"longer than tacotron2.max_mel_frames={left_out.get('max_mel_frames')} mel frames ({LEFT_OUT_FILE})")
+        if not kept:
+            raise DataError(f"{why}; none is left: dump them with --max-mel-frames 0")
+        warnings.warn(f"AudioMelDataset: training without {why}; dump them with --max-mel-frames 0 to keep them",
+                      stacklevel=3)
+    return kept
 
 
 def load_mel_file(path: Path, utt_id: str, n_mels: int) -> torch.Tensor:
@@ -102,13 +140,16 @@ class AudioMelDataset(Dataset):
     float32, "id": str}`` (batch with :func:`collate_audio_mel`): ``segment_length`` samples of utterance ``i``'s wav, a
     random crop drawn from a generator seeded by ``(seed, epoch, i)`` (so a resumed run crops as the uninterrupted one,
     whatever the workers) or with ``random_crop=False`` the first ones, zero-padded; ``with_mel=False``: no ``"mel"``
-    (computed on the device).
+    (computed on the device). ``peak``: each clip scaled to that peak first (jik876's ``normalize(audio) * 0.95``; 0:
+    as read; not with ``mel_dir``, whose mels were made from the audio as read).
 
     With ``mel_dir`` the mels are read instead (``<mel_dir>/<id>.pt``: the utterance's ``(n_mels,
-    MelSpectrogram.num_frames(T))`` for its ``T`` samples), e.g. Tacotron2's teacher-forced mels from
+    MelSpectrogram.num_frames(T))`` for its ``T`` samples, in the folder's framing: ``audio.mel_framing`` follows it,
+    :func:`utils.training.settings.apply_recipe`), e.g. Tacotron2's teacher-forced mels from
     ``scripts/dump_gta_mels.py``, which a vocoder learns to turn into the real audio (jik876/hifi-gan's
-    ``--fine_tuning``; Shen et al. 2018). Mel and audio are then cropped together on frame boundaries (mel frames from a
-    frame ``f`` drawn as above, samples from ``f * hop_length``), so ``segment_length`` must be a multiple of
+    ``--fine_tuning``; Shen et al. 2018); utterances the dump left out are left out (:func:`check_mel_dir`). Mel and
+    audio are then cropped together on frame boundaries (mel frames from a frame ``f`` drawn as above, samples from ``f
+    * hop_length``, jik876's alignment whatever the framing), so ``segment_length`` must be a multiple of
     ``hop_length``; a shorter clip keeps the audio of its frames, padded with zeros and :data:`SILENCE_LOG_MEL` (jik876
     pads the mel with 0, the log of a loud spectrum).
 
@@ -120,15 +161,18 @@ class AudioMelDataset(Dataset):
     """
 
     def __init__(self, utterances: Sequence[Utterance], audio_cfg: AudioConfig, segment_length: int,
-                 random_crop: bool = True, seed: int = 0, with_mel: bool = True, mel_dir: Optional[PathLike] = None):
+                 random_crop: bool = True, seed: int = 0, with_mel: bool = True, mel_dir: Optional[PathLike] = None,
+                 peak: float = 0.0):
         if len(utterances) == 0:
             raise DataError("AudioMelDataset: no utterances given")
         self.utterances, self.audio_cfg, self.segment_length = list(utterances), audio_cfg, segment_length
         self.random_crop, self.seed, self.with_mel, self._epoch = random_crop, seed, with_mel, SharedEpoch()
+        self.peak = peak
         self.mel = MelSpectrogram.from_config(audio_cfg)
-        if self.mel.num_frames(segment_length) < 1 or segment_length <= self.mel.pad:
+        if self.mel.num_frames(segment_length) < 1 or segment_length < self.mel.min_samples:
             raise ValueError(f"AudioMelDataset: segment_length={segment_length} samples is too short for "
-                             f"n_fft={audio_cfg.n_fft}, hop_length={audio_cfg.hop_length}")
+                             f"n_fft={audio_cfg.n_fft}, hop_length={audio_cfg.hop_length} ({self.mel.framing} "
+                             "framing)")
         self.mel_dir = Path(mel_dir) if mel_dir else None
         if self.mel_dir is not None:
             hop = audio_cfg.hop_length
@@ -140,7 +184,7 @@ class AudioMelDataset(Dataset):
                 raise ValueError(f"segment_length={segment_length} is not a multiple of audio.hop_length={hop}: with "
                                  f"data.mel_dir audio and mel are cropped together on frame boundaries; use "
                                  f"{f'{lower} or ' if lower else ''}{upper}")
-            check_mel_dir(self.mel_dir, audio_cfg, self.utterances)
+            self.utterances = check_mel_dir(self.mel_dir, audio_cfg, self.utterances)
 
     def __len__(self) -> int:
         return len(self.utterances)
@@ -168,8 +212,8 @@ class AudioMelDataset(Dataset):
         if mel.shape[1] != expected:
             raise DataError(f"the mel of utterance '{utt.id}' ({path}) has {mel.shape[1]} frames; its audio "
                             f"({audio.shape[0]} samples at {self.audio_cfg.sampling_rate} Hz) gives {expected} "
-                            f"((samples + 2 * {self.mel.pad} - {self.mel.n_fft}) // {hop} + 1): made from other audio "
-                            "or with other settings")
+                            f"({self.mel.framing} framing: (samples + 2 * {self.mel.pad} - {self.mel.n_fft}) // {hop} "
+                            "+ 1): made from other audio or with other settings")
         frames = self.segment_length // hop
         if mel.shape[1] >= frames:
             start = self._start(index, mel.shape[1] - frames + 1)
@@ -186,6 +230,8 @@ class AudioMelDataset(Dataset):
         audio = load_wav(utt.wav_path, self.audio_cfg.sampling_rate)
         if self.mel_dir is not None:
             return self._read_item(index, utt, audio)
+        if self.peak:
+            audio = audio * (self.peak / audio.abs().max().clamp_min(1e-8))
         if audio.shape[0] >= self.segment_length:
             start = self._start(index, audio.shape[0] - self.segment_length + 1)
             audio = audio[start:start + self.segment_length]

@@ -9,14 +9,15 @@ from __future__ import annotations
 import collections
 import math
 import time
+from pathlib import Path
 from typing import NamedTuple, Optional
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from distributed import all_gather_object, reduce_tensor
-from utils.checkpoint.state import TrainState
-from utils.run import last_checkpoint
+from utils.checkpoint.sharded import list_sharded_checkpoints
+from utils.checkpoint.state import TrainState, list_checkpoints
 from utils.run_log import RunLog
 from utils.training.step import Phase, PhaseResult
 
@@ -74,25 +75,37 @@ def nonfinite_weight(model: torch.nn.Module) -> Optional[str]:
     return None if bool(finite.all()) else named[int((~finite).nonzero()[0])][0]
 
 
+def last_good_checkpoint(output_dir: Path, step: int, skips_before: int) -> str:
+    """The newest checkpoint of ``output_dir`` (file or sharded folder) to name as good at an anomaly of ``step`` after
+    ``skips_before`` updates skipped in a row: a first one may be its batch's fault, so one saved before ``step``; in a
+    run of skips from step ``b`` on, the weights after step ``b - 1``'s update are the ones that keep failing (every
+    checkpoint since holds them), so one saved before ``b - 1``. Else ``"none kept from before step N"``."""
+    before = step - skips_before - (skips_before > 0)
+    found = {int(path.name.split("_")[1].split(".")[0]): path
+             for path in [*list_checkpoints(output_dir), *list_sharded_checkpoints(output_dir)]}
+    kept = [number for number in found if number < before]
+    return str(found[max(kept)]) if kept else f"none kept from before step {before}"
+
+
 def count_skips(state: TrainState, phase: str, skipped: bool, searching: bool, limit: int, step: int, of: str,
-                last: str) -> None:
+                output_dir: Path) -> None:
     """Count a phase's skipped update (non-finite, a skipped spike, an fp16 overflow) in ``state.skipped_updates`` and its
     run of skips in ``state.skips_in_a_row``; an overflow while the GradScaler still searches its scale (``searching``)
     neither extends nor breaks the run.
 
     Raises:
         TrainingError: ``limit`` (``train.max_skips_in_a_row``; 0: none) updates in a row were skipped: skipping does not
-            recover the run, which stops naming the last good checkpoint.
+            recover the run, which stops naming the last good checkpoint (:func:`last_good_checkpoint`).
     """
     if skipped:
         state.skipped_updates[phase] = state.skipped_updates.get(phase, 0) + 1
     if not searching:
         state.skips_in_a_row[phase] = state.skips_in_a_row.get(phase, 0) + 1 if skipped else 0
-    if limit and state.skips_in_a_row.get(phase, 0) >= limit:
-        raise TrainingError(f"step {step}: the update{of} was skipped {state.skips_in_a_row[phase]} steps in a row "
-                            "(non-finite loss or gradients, spikes or fp16 overflows; train.max_skips_in_a_row is "
-                            f"{limit}): skipping does not recover this run (a learning rate too high? broken weights?); "
-                            f"last good checkpoint: {last}")
+    if limit and (skips := state.skips_in_a_row.get(phase, 0)) >= limit:
+        raise TrainingError(f"step {step}: the update{of} was skipped {skips} steps in a row (non-finite loss or "
+                            f"gradients, spikes or fp16 overflows; train.max_skips_in_a_row is {limit}): skipping does "
+                            "not recover this run (a learning rate too high? broken weights?); last good checkpoint: "
+                            f"{last_good_checkpoint(output_dir, step, skips - 1)}")
 
 
 class SpikeMonitor:
@@ -155,16 +168,17 @@ class Anomalies:
             return overflow, skipped
         action = self.cfg.on_nonfinite if kind == "nonfinite" else self.cfg.on_spike
         all_ids = sum(all_gather_object(ids), [])
+        good = last_good_checkpoint(self.output_dir, step, self.state.skips_in_a_row.get(phase.name, 0))
         if action == "stop":
             raise TrainingError(f"step {step}: {message}; batch utterances: {', '.join(map(str, all_ids))}; last good "
-                                f"checkpoint: {last_checkpoint(self.output_dir)}")
+                                f"checkpoint: {good}")
         if action == "skip":
             phase.optimizer.zero_grad(set_to_none=True)  # nothing to apply: its step is a no-op
             phase.guard.restore()
             self.state.skipped_steps += 1
             skipped = True
             message += f": step skipped ({self.state.skipped_steps} so far)"
-        self.log.anomaly(step, kind, f"{message}; last good checkpoint: {last_checkpoint(self.output_dir)}", all_ids)
+        self.log.anomaly(step, kind, f"{message}; last good checkpoint: {good}", all_ids)
         return overflow, skipped
 
     def count(self, step: int, phase: Phase, overflow: bool, skipped: bool) -> None:
@@ -176,5 +190,4 @@ class Anomalies:
         """
         searching = overflow and skipped and self.scaler.get_scale() >= 1.0
         of = f" of {phase.name}" if self.several else ""
-        count_skips(self.state, phase.name, skipped, searching, self.cfg.max_skips_in_a_row, step, of,
-                    last_checkpoint(self.output_dir))
+        count_skips(self.state, phase.name, skipped, searching, self.cfg.max_skips_in_a_row, step, of, self.output_dir)

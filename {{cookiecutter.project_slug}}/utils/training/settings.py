@@ -1,19 +1,21 @@
 """The loop's settings (:class:`TrainConfig`, the ``train`` section; with the ``audio`` and ``data`` sections, declared
-beside the code that reads them, the sections every model shares: :data:`SHARED_SECTIONS`), and the settings a model
-cannot honour, refused before any process group, data or model exists: a setting is honoured or refused in one line,
-never silently ignored (:func:`check_settings`)."""
+beside the code that reads them, the sections every model shares: :data:`SHARED_SECTIONS`), the shared settings left
+null filled with the model's reference recipe (:func:`apply_recipe`), and the settings a model cannot honour, refused
+before any process group, data or model exists: a setting is honoured or refused in one line, never silently ignored
+(:func:`check_settings`)."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
+from typing import Any, Literal, Optional
 
 from pydantic import Field
 
 from model import ModelSpec
 from utils.config import Config, ConfigError, Section
-from utils.data.audio import AudioConfig
+from utils.data.audio import UNRESOLVED_FRAMING, AudioConfig
 from utils.data.corpus import DataConfig, DataError
+from utils.data.datasets import mel_dir_framing
 from utils.run_log import one_line
 
 
@@ -24,7 +26,7 @@ class TrainConfig(Section):
     precision: Literal["fp32", "tf32", "bf16", "fp16"] = "tf32"  # fp16 uses a GradScaler
     max_steps: int = Field(500000, ge=1)
     grad_accumulation: int = Field(1, ge=1)  # micro-batches per step: batch_size * grad_accumulation * world_size
-    grad_clip: float = Field(0.0, ge=0)  # the largest gradient norm; 0: no clipping
+    grad_clip: Optional[float] = Field(None, ge=0)  # the largest gradient norm; 0: no clipping; None: the recipe's
     # constant, or cosine to 1% at max_steps, after warmup_steps of linear warm-up (a model with its own
     # schedulers, Phases.build_scheduler, refuses both)
     lr_schedule: Literal["constant", "cosine"] = "constant"
@@ -48,7 +50,7 @@ class TrainConfig(Section):
     straggler_share: float = Field(0.2, gt=0)
     on_spike: Literal["log", "skip", "stop"] = "log"
     dist_timeout_s: float = Field(600.0, gt=0)  # seconds a collective waits for a hung rank before the run fails
-    cudnn_benchmark: bool = True  # cuDNN times its algorithms for each new input shape
+    cudnn_benchmark: Optional[bool] = None  # cuDNN times its algorithms for each new input shape; None: the recipe's
     # train through the model's fast path (Training.optimize_for_training, e.g. torch.compile with static shapes):
     # the same mathematics as eager; the first steps include compilation (tens of seconds on a GPU)
     compile: bool = False
@@ -68,6 +70,26 @@ class TrainConfig(Section):
 
 SHARED_SECTIONS: dict[str, type[Section]] = {"audio": AudioConfig, "data": DataConfig, "train": TrainConfig}
 """The sections of ``config.json`` every model reads, beside one per model (``models.config_schemas``)."""
+
+
+PROJECT_RECIPE: dict[str, Any] = {"audio.mel_framing": UNRESOLVED_FRAMING, "train.grad_clip": 0.0,
+                                  "train.cudnn_benchmark": True}
+"""What a shared setting left null takes when the model's ``ModelSpec.recipe`` does not name it."""
+
+
+def apply_recipe(spec: ModelSpec, cfg: Config) -> Config:
+    """Fill the shared settings ``cfg`` leaves null (None) for model ``spec``, in place: ``audio.mel_framing`` from the
+    ``data.mel_dir`` folder's record (a vocoder on Tacotron2's mels frames as they were made), else ``spec.recipe``
+    (its reference's values), else :data:`PROJECT_RECIPE`. Called once where a run's config is loaded, so checkpoints
+    record the values used. Returns ``cfg``."""
+    recipe = {**PROJECT_RECIPE, **spec.recipe}
+    if cfg.data.mel_dir and (framing := mel_dir_framing(cfg.data.mel_dir)):
+        recipe["audio.mel_framing"] = framing
+    for name, value in recipe.items():
+        section, key = name.split(".")
+        if getattr(cfg.section(section), key) is None:
+            setattr(cfg.section(section), key, value)
+    return cfg
 
 
 @contextlib.contextmanager

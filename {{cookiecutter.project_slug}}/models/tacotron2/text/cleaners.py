@@ -73,10 +73,19 @@ def english_cleaners(text: str) -> str:
     return collapse_whitespace(expand_abbreviations(expand_numbers(text)))
 
 
+def nvidia_english_cleaners(text: str) -> str:
+    """NVIDIA's ``english_cleaners`` exactly, which its published weights were trained on: ASCII first (``"£"`` ->
+    ``"ps"``), lowercase, its number rules (:func:`~models.tacotron2.text.numbers.normalize_numbers` ``nvidia=True``),
+    abbreviations, whitespace. :func:`models.tacotron2.text.text_to_sequence` then keeps NVIDIA's ways too."""
+    text = normalize_numbers(lowercase(convert_to_ascii(text)), nvidia=True)
+    return collapse_whitespace(expand_abbreviations(text))
+
+
 CLEANERS: dict[str, Callable[[str], str]] = {
     "basic_cleaners": basic_cleaners,
     "transliteration_cleaners": transliteration_cleaners,
     "english_cleaners": english_cleaners,
+    "nvidia_english_cleaners": nvidia_english_cleaners,
 }
 """Cleaner name (as written in the config's ``text_cleaners``) -> function."""
 

@@ -1,0 +1,91 @@
+"""WaveGlow against NVIDIA/waveglow: given the reference's weights (``conftest.formula_state``, in its key names, read
+by ``Published.read``) and inputs, the flow computes the reference's ``z`` and log-determinants, and a seeded ``infer``
+its audio (``tests/data/reference``, whose README says how it was made); its published files in PyTorch's legacy
+format and with 2018's per-layer conditioning read."""
+
+import pytest
+import torch
+from conftest import (REFERENCE, as_records, assert_close, audio_input, formula_state, import_published, mel_input,
+                      reference_config, reference_fixture, reference_model)
+
+from models import MODELS
+from utils.checkpoint.published import read_weights
+
+pytestmark = [pytest.mark.skipif("waveglow" not in MODELS, reason="no WaveGlow in this project"),
+              pytest.mark.filterwarnings("error::DeprecationWarning", "error::FutureWarning")]
+
+
+def test_forward_and_seeded_infer_compute_nvidias():
+    arrays, meta = reference_fixture("net_waveglow.npz")
+    cfg = reference_config()  # the defaults are NVIDIA's published WaveGlow
+    model = reference_model("waveglow", cfg, MODELS["waveglow"].published.read(
+        {"model": as_records(formula_state(meta))}, cfg))
+    mel = mel_input(3)
+    with torch.no_grad():
+        z, log_s, log_det = model({"mel": mel, "audio": audio_input(768)})
+        noise = 0.6 * torch.cat([torch.from_numpy(arrays[f"noise_{i}"]) for i in (2, 1, 0)], dim=1)
+        reversed_noise = model.reverse(mel, noise)
+    assert_close(z, arrays["z"], "WaveGlow z")
+    assert_close(torch.stack([s.double().sum() for s in log_s]).float(), arrays["log_s_sum"], "sum log s", 1e-4)
+    assert_close(torch.stack(log_det), arrays["log_det"], "log det W")
+    assert_close(reversed_noise, arrays["infer_audio"], "WaveGlow reverse of the reference's noise")
+    torch.manual_seed(1234)  # the reference's seed: the same draws, in its order
+    audio = model.infer(mel, sigma=0.6)
+    assert_close(audio, arrays["infer_audio"], "WaveGlow infer (seeded)")
+    assert audio.abs().max() > 1.5, "infer is not clamped (the reference's reaches 2.0 here)"
+
+
+def tiny_config(meta):
+    config, wn = meta["config"], meta["config"]["WN_config"]
+    return {"audio": {"n_mels": config["n_mel_channels"]}, "waveglow": {
+        "n_flows": config["n_flows"], "n_group": config["n_group"], "n_early_every": config["n_early_every"],
+        "n_early_size": config["n_early_size"], "wn_layers": wn["n_layers"], "wn_channels": wn["n_channels"],
+        "wn_kernel_size": wn["kernel_size"]}}
+
+
+def test_a_legacy_serialized_file_reads_and_computes_its_audio(tmp_path):
+    """``waveglow_tiny_legacy.pt``: NVIDIA's ``glow.WaveGlow`` pickled whole in PyTorch's legacy format (as the
+    published ``waveglow_256channels.pt``), its module source text a line that raises if it is ever run."""
+    arrays, meta = reference_fixture("waveglow_tiny_expected.npz")
+    cfg = reference_config(**tiny_config(meta))
+    weights = read_weights(REFERENCE / "waveglow_tiny_legacy.pt", MODELS, cfg)
+    expected = MODELS["waveglow"].published.read({"model": as_records(formula_state(meta))}, cfg).state
+    assert weights.state.keys() == expected.keys()
+    assert all(torch.equal(weights.state[key], value) for key, value in expected.items())
+    model = reference_model("waveglow", cfg, weights)
+    mel = mel_input(2, channels=1)
+    with torch.no_grad():
+        z, _, log_det = model({"mel": mel, "audio": audio_input(512)})
+    assert_close(z, arrays["z"], "legacy WaveGlow z")
+    assert_close(torch.stack(log_det), arrays["log_det"], "legacy WaveGlow log det W")
+    torch.manual_seed(1234)
+    assert_close(model.infer(mel, sigma=0.6), arrays["infer_audio"], "legacy WaveGlow infer (seeded)")
+    saved, line = import_published(tmp_path, REFERENCE / "waveglow_tiny_legacy.pt", tiny_config(meta))
+    assert "from NVIDIA/waveglow's checkpoint (a pickled glow.WaveGlow)" in line
+    assert torch.equal(saved["model"]["convs.1.weight"], formula_state(meta)["convinv.1.conv.weight"][:, :, 0])
+
+
+def test_a_2018_file_with_a_cond_layer_per_wn_layer_reads_as_the_fused_one():
+    """NVIDIA's WN before August 2019 had ``cond_layers.<i>`` (its ``convert_model.py`` fuses them): the same weights
+    as one ``cond_layer`` of the layers' outputs in order."""
+    _, meta = reference_fixture("waveglow_tiny_expected.npz")
+    fused = formula_state(meta)
+    split = {key: value for key, value in fused.items() if ".cond_layer." not in key}
+    for key, value in fused.items():
+        if ".cond_layer." in key:
+            for i, part in enumerate(value.chunk(meta["config"]["WN_config"]["n_layers"])):
+                split[key.replace(".cond_layer.", f".cond_layers.{i}.")] = part
+    cfg = reference_config(**tiny_config(meta))
+    ours, old = (MODELS["waveglow"].published.read({"model": as_records(state)}, cfg).state for state in (fused, split))
+    assert ours.keys() == old.keys() and all(torch.equal(ours[key], old[key]) for key in ours)
+
+
+def test_infer_draws_the_remaining_channels_first_then_each_early_output_from_the_last():
+    """The noise of a seeded ``infer`` is NVIDIA's draws, in its order, laid out as ``reverse`` reads them."""
+    cfg = reference_config(**tiny_config(reference_fixture("waveglow_tiny_expected.npz")[1]))
+    model = MODELS["waveglow"].build_model(cfg).eval()
+    mel = mel_input(2, channels=1)
+    torch.manual_seed(0)
+    remaining, last_early = torch.randn(1, 6, 64), torch.randn(1, 2, 64)
+    torch.manual_seed(0)
+    assert torch.equal(model.infer(mel, sigma=0.5), model.reverse(mel, 0.5 * torch.cat([last_early, remaining], 1)))
