@@ -8,7 +8,6 @@ import pytest
 from conftest import ROOT
 from pydantic import Field, ValidationError
 
-import train
 from models import MODELS
 from utils.config import Config, ConfigError, Section, build_config, config_from_dict, load_config, parse_override
 from utils.data.audio import AudioConfig
@@ -531,29 +530,6 @@ def test_the_shipped_config_json_loads(tiny):
     assert (cfg.train.precision == "fp32") == tiny
     for name in MODELS:
         assert cfg.section(name).batch_size >= 1
-
-
-RECIPES = {"tacotron2": ("nvidia", 1.0, False), "waveglow": ("nvidia", 0.0, True), "hifigan": ("jik876", 0.0, True)}
-"""Each example's recipe: its mel framing (TacotronSTFT's centred frames, or jik876's), gradient clipping, cuDNN's
-autotuner (NVIDIA's Tacotron2 runs without it: its lengths vary)."""
-
-
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_the_settings_config_json_leaves_null_take_the_models_recipe_and_checkpoints_record_them(name):
-    framing, clip, tune = RECIPES[name]
-    assert MODELS[name].recipe == {"audio.mel_framing": framing, "train.grad_clip": clip, "train.cudnn_benchmark": tune}
-    with open(f"{ROOT}/config.json") as file:
-        raw = json.load(file)
-    assert raw["audio"]["mel_framing"] is raw["train"]["grad_clip"] is raw["train"]["cudnn_benchmark"] is None
-    cfg = train.load_run_config(train.parse_args(["--config", f"{ROOT}/config.json", "--model", name, "--tiny"]))
-    assert (cfg.audio.mel_framing, cfg.train.grad_clip, cfg.train.cudnn_benchmark) == (framing, clip, tune)
-    saved = cfg.to_dict()  # what a checkpoint records
-    assert (saved["audio"]["mel_framing"], saved["train"]["grad_clip"], saved["train"]["cudnn_benchmark"]) == (
-        framing, clip, tune)
-    other = {"nvidia": "jik876", "jik876": "nvidia"}[framing]
-    cfg = train.load_run_config(train.parse_args(["--config", f"{ROOT}/config.json", "--model", name, "--set",
-                                                  f"audio.mel_framing={other}", "--set", "train.grad_clip=0"]))
-    assert (cfg.audio.mel_framing, cfg.train.grad_clip) == (other, 0.0)  # given values keep their meaning
 
 
 def test_a_config_saved_before_mel_framing_frames_as_jik876():

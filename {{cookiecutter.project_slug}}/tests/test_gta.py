@@ -149,7 +149,8 @@ def test_too_long_utterances_are_left_out_in_one_line_and_bad_options_are_one_li
     kept = sorted(utt.id for utt in [*train_set.utterances, *val_set.utterances])
     assert kept == sorted(set(lengths) - set(longer)), kept
     lines = [str(warning.message) for warning in said]
-    assert all("\n" not in line and f"than tacotron2.max_mel_frames={limit} mel frames" in line for line in lines)
+    expected = f"than the text-to-mel model's max_mel_frames={limit} mel frames"
+    assert all("\n" not in line and expected in line for line in lines)
     assert sum(int(line.split("without ")[1].split(" of ")[0]) for line in lines) == len(longer), lines
     assert val_set[0]["mel"].shape[1] == getattr(cfg, VOCODER).segment_length // 256
     cfg = train.load_run_config(train.parse_args([*argv, "--set", "audio.mel_framing=jik876"]))

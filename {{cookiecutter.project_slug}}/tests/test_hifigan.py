@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import bound, clean_env, synth_corpus
+from conftest import bound, check_recipe, clean_env, synth_corpus
 from torch.nn.utils import parametrize
 
 from models import MODELS
@@ -542,3 +542,8 @@ def test_a_run_starts_from_jik876s_generator(tmp_path):
 
     jik876_generator_file(tmp_path / "g_02500000")
     train_from_and_infer(tmp_path, "hifigan", tmp_path / "g_02500000", [])
+
+
+def test_settings_left_null_take_the_recipe():
+    """jik876's frames, no clipping, cuDNN's autotuner."""
+    check_recipe("hifigan", *("jik876", 0.0, True))

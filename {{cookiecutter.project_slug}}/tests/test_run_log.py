@@ -102,6 +102,22 @@ def test_run_log_writes_on_rank0_only(tmp_path):
     assert json.loads((tmp_path / "anomalies.jsonl").read_text())["ids"] == ["LJ001", "LJ002"]
 
 
+def test_piped_the_progress_bar_is_whole_lines_and_no_message_shares_one(tmp_path, capfd):
+    """Output to a pipe or a CI log (no terminal): each redraw of the bar is a line ending in a line break, so the
+    lines printed while it runs stand alone, stdout and stderr merged or not."""
+    log = RunLog(tmp_path, enabled=True, total_steps=3, initial_step=0)
+    for step in (1, 2, 3):
+        log.step_done()
+        log.metrics({"step": step, "loss": 1.0 / step, "items_per_s": 9.0, "step_time_s": 1.0, "data_time_s": 0.0})
+        log.print(f"step {step}: saved checkpoint_{step}.pt")
+    log.close()
+    out, err = capfd.readouterr()
+    assert "\r" not in out + err and out.endswith("\n") and err.endswith("\n")
+    assert out.splitlines() == [f"step {step}: saved checkpoint_{step}.pt" for step in (1, 2, 3)]
+    bars = err.splitlines()
+    assert all(line.startswith("train:") for line in bars) and "3/3" in bars[-1] and "loss=0.3333" in bars[-1], bars
+
+
 def test_a_resumed_log_drops_the_rows_it_will_write_again_and_keeps_the_rest(tmp_path, capsys):
     """A run resumed from step 4 (an older checkpoint than its last rows): rows 5.. of every row file go, a line says
     so; a torn last line (a write cut short) goes too; the other rows stay byte for byte."""

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import clean_env, run_train_main, tiny_checkpoint
+from conftest import check_recipe, clean_env, run_train_main, tiny_checkpoint
 from torch._dynamo.utils import counters
 
 import inference
@@ -829,3 +829,8 @@ def test_a_release_checkpoint_speaks_like_the_full_one(tmp_path, capsys):
         assert inference.main(["--checkpoint", str(source), "--device", "cpu", "--output", str(wavs[-1]),
                                "--text", "The quick brown fox."]) == 0, capsys.readouterr().err
     assert wavs[0].read_bytes() == wavs[1].read_bytes()
+
+
+def test_settings_left_null_take_the_recipe():
+    """NVIDIA's TacotronSTFT frames, grad_clip_thresh 1.0, no cuDNN autotuner (its lengths vary)."""
+    check_recipe("tacotron2", *("nvidia", 1.0, False))

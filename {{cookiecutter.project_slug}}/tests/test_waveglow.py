@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import ROOT, synth_corpus, tensorboard_audio, tiny_checkpoint, train_with_validation_every_step
+from conftest import ROOT, check_recipe, synth_corpus, tensorboard_audio, tiny_checkpoint, train_with_validation_every_step
 from torch._dynamo.utils import counters
 
 import inference
@@ -357,3 +357,8 @@ def test_a_run_starts_from_nvidias_waveglow_weights(tmp_path):
     nvidia_pickled_waveglow(tmp_path / "waveglow_256channels.pt", tmp_path / "code_ran")
     train_from_and_infer(tmp_path, "waveglow", tmp_path / "waveglow_256channels.pt", [])
     assert not (tmp_path / "code_ran").exists()
+
+
+def test_settings_left_null_take_the_recipe():
+    """NVIDIA's TacotronSTFT frames, no clipping, cuDNN's autotuner."""
+    check_recipe("waveglow", *("nvidia", 0.0, True))

@@ -85,8 +85,8 @@ class MelSpectrogram(nn.Module):
     for the same settings (``tests/test_parity_mel.py``).
 
     Audio ``(B, T)`` or ``(T,)`` float samples in [-1, 1] becomes ``(B, n_mels, frames)`` or ``(n_mels, frames)``, with
-    ``frames = (T + 2 * pad - n_fft) // hop_length + 1``. ``"nvidia"``: NVIDIA's ``TacotronSTFT`` (tacotron2 and
-    waveglow ``stft.py``), ``pad = n_fft // 2`` (centred frames: ``1 + T // hop_length``, frame ``k`` centred on sample
+    ``frames = (T + 2 * pad - n_fft) // hop_length + 1``. ``"nvidia"``: NVIDIA's ``TacotronSTFT`` (its Tacotron 2
+    and WaveGlow ``stft.py``), ``pad = n_fft // 2`` (centred frames: ``1 + T // hop_length``, frame ``k`` centred on sample
     ``k * hop_length``). ``"jik876"``: jik876/hifi-gan's ``mel_spectrogram``, ``pad = (n_fft - hop_length) // 2``
     (``T // hop_length`` frames for even ``n_fft - hop_length``, frame ``k`` centred on hop ``k``'s middle: a
     generator's ``hop_length`` samples per frame line up). Method: reflect-pad by ``pad`` on both sides, ``torch.stft``

@@ -40,7 +40,7 @@ MEL_SETTINGS_FILE = "_audio_config.json"
 as JSON), which ``scripts/dump_gta_mels.py`` writes."""
 LEFT_OUT_FILE = "_left_out.json"
 """The file of a mel folder naming the utterances its dump left out and why: ``{"max_mel_frames": N, "frames": {id:
-frames}}`` (longer than ``tacotron2.max_mel_frames``); a vocoder on the folder trains without them."""
+frames}}`` (longer than the text-to-mel model's ``max_mel_frames``); a vocoder on the folder trains without them."""
 
 SILENCE_LOG_MEL = float(dynamic_range_compression(torch.zeros(())))
 """The log-mel of silence, ``log(1e-5)`` (about -11.51): pads a mel read from ``data.mel_dir`` shorter than a crop."""
@@ -104,7 +104,7 @@ def check_mel_dir(mel_dir: Path, audio_cfg: AudioConfig, utterances: Sequence[Ut
     kept = [utt for utt in utterances if utt.id not in gone]
     if missing:
         why = (f"{len(missing)} of {len(utterances)} utterances have no mel in {mel_dir}: its dump left them out, "
-               f"longer than tacotron2.max_mel_frames={left_out.get('max_mel_frames')} mel frames ({LEFT_OUT_FILE})")
+               f"longer than the text-to-mel model's max_mel_frames={left_out.get('max_mel_frames')} mel frames ({LEFT_OUT_FILE})")
         if not kept:
             raise DataError(f"{why}; none is left: dump them with --max-mel-frames 0")
         warnings.warn(f"AudioMelDataset: training without {why}; dump them with --max-mel-frames 0 to keep them",
