@@ -167,7 +167,7 @@ def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch
             raise DataError(f"text {text!r} has no character the model knows")
         # a bar on a terminal only: in a pipe its redraws would share lines with the warnings and "wrote" lines
         mel = model.inference(ids.unsqueeze(0).to(device), progress=sys.stderr.isatty())[0][0].float().cpu()
-        audio = vocode(mel) if vocode is not None else torch.from_numpy(griffin_lim(mel, cfg.audio))
+        audio = vocode(mel) if vocode is not None else griffin_lim_clip(mel, cfg.audio, n_iter=60)
         save_wav(out, audio, cfg.audio.sampling_rate)
         print(f"wrote {out} ({audio.numel() / cfg.audio.sampling_rate:.2f} s)")
     return outputs
