@@ -4,16 +4,11 @@
     python -m scripts.export --checkpoint out/checkpoint_last --format release --output model.pt   # sharded alike
     python -m scripts.export --checkpoint out/checkpoint_last.pt --format onnx --output onnx/
 
-``--format release``: one file, loadable with ``torch.load(weights_only=True)``, of the weights inference uses
-(``Inference.modules``, e.g. HiFi-GAN's generator without its discriminators; EMA weights in their place when the run
-kept them), the model's name and config; no optimizer, scheduler, scaler or RNG states. ``inference.py --checkpoint``
-gives the full checkpoint's output from it and ``train.py --init-from`` starts a new run from it; resume or fine-tune
-from the full checkpoint to keep every network and optimizer. ``--format onnx``: each part of the inference path
-(``Export.parts``) as ``<output>/<part>.onnx``, run with onnxruntime on the CPU beside the PyTorch module, the largest
-absolute difference printed (:mod:`utils.onnx_export`).
-
-Exit status 0; 1 with one ``ERROR:`` line for an unreadable checkpoint, an output that exists (``--force`` replaces
-it), or a model that cannot be exported (the line says why). Nothing is left half-written.
+``release``: one ``torch.load(weights_only=True)`` file of the weights inference uses (``Inference.modules``; EMA
+weights when the run kept them), the model's name and config; ``inference.py`` and ``train.py --init-from`` read it.
+``onnx``: each ``Export.parts`` as ``<output>/<part>.onnx``, run with onnxruntime beside PyTorch, the largest absolute
+difference printed (:mod:`utils.onnx_export`). Exit status 1 with one ``ERROR:`` line for an unreadable checkpoint,
+an existing output (``--force`` replaces it) or a model that cannot be exported; nothing is left half-written.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
-"""What each rank holds, DDP vs FSDP and with or without activation checkpointing, and what a checkpoint save costs
-the training loop, synchronous vs in the background.
+"""What each rank holds, DDP vs FSDP, with or without activation checkpointing, and what a checkpoint save stalls.
 
     python -m scripts.memory                          # 2 processes, a 24-block model (~50M parameters)
     python -m scripts.memory --nproc 4 --depth 48 --json memory.json
     python -m scripts.memory --tiny                   # a quick look: 6 blocks of width 512 (~20 s on 2 CPU cores)
     python -m scripts.memory --model waveglow         # a registered model, its config.json size (--tiny: its tiny one)
 
-It starts its own ranks (``torch.distributed.run --standalone``: gloo on CPUs, NCCL when every rank has a GPU) and
-trains one step of a deep residual MLP (``--depth`` Linear-GELU-Linear blocks of ``--width`` features, Adam) or of a
-registered model (:func:`model_subject`) with ``ddp`` and ``fsdp`` (per block), each with activation checkpointing
-``none``, ``full`` and ``selective``, as ``train.py`` applies them. Per rank, in MiB: parameters, gradients and
-optimizer state (the bytes of the local tensors or shards: exact on any device); activations (GPU: the forward pass's
-peak ``torch.cuda.memory_allocated`` above its start; CPU: :class:`SavedActivations`); peak RSS (allocator caches and
-Python included), for context. Then :func:`stall`, synchronous and with ``async_save``. Ratios at the end: FSDP / DDP
-state per rank, full / none and selective / none activations, async / sync stall. Progress: a tqdm bar on stderr (rank
-0); tables on stdout. Bad arguments, or a failed rank (its output above): one line on stderr and exit status 1.
+Starts its own ranks (``torch.distributed.run --standalone``) and trains one step of a residual MLP or a registered
+model (:func:`model_subject`) per wrapping (ddp, fsdp) and activation checkpointing (none, full, selective), as
+``train.py`` applies them. Per rank, in MiB: parameters, gradients, optimizer state (exact), activations (GPU: peak
+allocated above the start; CPU: :class:`SavedActivations`), peak RSS; then :func:`stall`, sync vs ``async_save``.
+Bad arguments or a failed rank: one line on stderr, exit status 1.
 """
 
 from __future__ import annotations

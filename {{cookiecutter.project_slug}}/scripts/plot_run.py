@@ -3,14 +3,10 @@
     python -m scripts.plot_run output                  # writes output/run.png
     python -m scripts.plot_run output --out run.png
 
-Reads ``train.py``'s ``metrics.jsonl``, ``val_metrics.jsonl`` and ``anomalies.jsonl`` and draws one panel per question
-over one step axis: loss (anomalies as red ticks: a spike or NaN found after days is the pain this is for; look for
-ticks before the curve bends), items/s over ranks (it should be flat), the share of each step waiting for data (above
-the dashed 10% the accelerator idles: raise ``data.num_workers``, cache mels), the gradient norm before clipping (a
-climb often comes before a loss explosion), memory per rank, and for several optimizers each phase's loss and every
-named loss or metric of ``train_step``.
-
-Exit status 1 with one ``ERROR:`` line when the folder holds no readable ``metrics.jsonl``.
+Panels over one step axis from ``metrics.jsonl``, ``val_metrics.jsonl`` and ``anomalies.jsonl``: loss (anomalies as
+red ticks), items/s per rank (flat is right), the share of a step waiting for data (above 10% the accelerator idles),
+the gradient norm before clipping (a climb often precedes an explosion), memory per rank, and each phase's named
+losses. Exit status 1 with one ``ERROR:`` line when the folder holds no readable ``metrics.jsonl``.
 """
 
 from __future__ import annotations

@@ -3,14 +3,10 @@
     python -m scripts.scaling --model NAME --dataset-path data/LJSpeech-1.1             # 1, 2, 4, ... GPUs
     python -m scripts.scaling --model NAME --dataset-path DIR --procs 1 2 --tiny --steps 20  # CPU try
 
-For each process count P, ``multiproc.py --nproc-per-node P train.py --max-steps STEPS --resume none`` runs into
-``OUT/procs_P`` (its output in ``launcher.log``; a tqdm bar on stderr counts its logged steps); the items/s of its steps
-after the first ``--skip`` (start-up, compilation) are averaged. Each process keeps the model's batch size, so the
-global batch grows with P (weak scaling). Prints per count items/s, speed-up and scaling efficiency (items/s / (P x the
-smallest count's items/s per process); 100% is perfect), and writes ``OUT/scaling.json`` and ``OUT/scaling.png``. Far
-below 100%? Look at the runs' ``collective_wait_s`` and ``data_wait_s`` per rank (``python -m scripts.plot_run``).
-
-Exit status 1 with one ``ERROR:`` line when a run fails (its last output lines are shown above it).
+Per process count P, ``multiproc.py --nproc-per-node P train.py`` runs into ``OUT/procs_P``; items/s after ``--skip``
+steps are averaged (weak scaling: each process keeps its batch size). Prints items/s, speed-up and efficiency (100% is
+perfect), writes ``OUT/scaling.json`` and ``OUT/scaling.png``. Far below 100%? Look at ``collective_wait_s`` and
+``data_wait_s`` per rank (``python -m scripts.plot_run``). A failed run: one ``ERROR:`` line, exit status 1.
 """
 
 from __future__ import annotations
