@@ -4,13 +4,10 @@
     python -m scripts.consolidate_checkpoint out/checkpoint_20 --output model.pt
     python -m scripts.consolidate_checkpoint out/checkpoint_last --model-only    # weights and config only
 
-PyTorch's converter (``dcp_to_torch_save``) joins every rank's shards in this process, on the CPU, and the entries of
-the folder's ``train_state.pt`` are added: ``inference.py --checkpoint FILE`` takes it like a single-file checkpoint.
-Its ``optimizer`` is keyed by parameter name (``torch.distributed.checkpoint.state_dict``'s form), not numbered as
-``Optimizer.state_dict()``: resume training from the folder (on any number of processes). ``--model-only`` leaves the
-training state out (a third of the size with Adam). The default name ends in ``_consolidated.pt``, never taken by
-``train.py`` for one of its checkpoints. Written atomically; an existing file is kept unless ``--force``.
-
+PyTorch's ``dcp_to_torch_save`` joins the shards on the CPU, with the folder's ``train_state.pt`` entries added:
+``inference.py --checkpoint FILE`` takes it like a single-file checkpoint. Its optimizer is keyed by parameter name:
+resume training from the folder. ``--model-only`` leaves the training state out. The default name ends in
+``_consolidated.pt``, never one of ``train.py``'s. Written atomically; an existing file is kept unless ``--force``.
 Exit status 1 with one ``ERROR:`` line when the folder is not an intact sharded checkpoint or the output exists.
 """
 

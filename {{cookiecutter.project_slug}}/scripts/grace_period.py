@@ -6,14 +6,11 @@ has exited. Set the platform's grace period (Kubernetes' ``terminationGracePerio
     python -m scripts.grace_period -- --config config.json --model waveglow --dataset-path data/LJSpeech-1.1
     python -m scripts.grace_period --launcher="--nproc-per-node 2" -- --config config.json --tiny
 
-It runs ``python multiproc.py [launcher options] train.py ARGS --output-dir TMP`` (a temporary folder unless
-``--output-dir``) with a log line every step and no periodic checkpoint, in this environment (a platform's variables,
-e.g. Kubeflow's ``PET_*``, are read as in the job); sends the launcher SIGTERM once ``--after-steps`` steps are logged
-(past start-up and warm-up); and counts the checkpoint durable once ``checkpoint_last.pt`` (or the sharded
-``checkpoint_last`` link) is in place, both being written under a temporary name, fsync'ed and renamed. Prints one
-line; ``--json`` writes ``{"sigterm_to_durable_s", "sigterm_to_exit_s", "exit_code", "stopped_at_step",
-"checkpoint_bytes", "traceback", "suggested_stop_timeout_s", "suggested_grace_period_s", ...}``. Exits 1 when the job
-failed, was killed, printed a traceback, or saved nothing.
+Runs ``python multiproc.py [launcher options] train.py ARGS`` into a temporary ``--output-dir`` with a log line every
+step, in this environment; sends the launcher SIGTERM once ``--after-steps`` steps are logged; the checkpoint counts as
+durable once ``checkpoint_last.pt`` (or the sharded link) is in place. Prints one line; ``--json`` writes the timings,
+exit code, checkpoint size and suggested ``--stop-timeout`` and grace period. Exits 1 when the job failed, was killed,
+printed a traceback, or saved nothing.
 """
 
 from __future__ import annotations
