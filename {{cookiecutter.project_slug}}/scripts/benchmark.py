@@ -12,34 +12,26 @@
 Everything about a model comes from its ``ModelSpec``; a model that lacks what a mode needs is skipped with a line
 saying so. Progress bars go to stderr (``--no-progress`` hides them), rows and tables to stdout.
 
-**Train step** (default): per case and precision, the model (seed 0) and one ``Benchmark.synthetic_batch`` (seed 0)
-through ``train.py``'s step (:func:`scripts.benchmark_step.make_train_step`), timed as NVIDIA's reference harness times
-its models: ``--warmup`` untimed steps, then the median of ``--steps`` steps timed with CUDA events (CPU:
-``time.perf_counter``). Rows: ``case``, ``mode`` (the reference's ``tf32``, ``amp-bf16``, ``amp-fp16``), ``step_s``,
-``items_per_s`` (``Training.count_items`` a second: audio samples or mel frames, as NVIDIA's tables), ``peak_gib``
-(``torch.cuda.max_memory_allocated``; ``null`` on the CPU), ``path`` (``fast``/``eager``), ``tiny``, ``items_per_step``,
-``params_m``, ``loss``; ``--compare REF.json`` adds ``ratio_vs_reference`` (items/s over the reference's). Cases are
-each model's ``Benchmark.cases`` (the reference's names and shapes) at the config dataclasses' defaults (NVIDIA's
-published LJSpeech models) plus the case's keys and ``--set``; a model without cases gets ``<name>_b<batch_size>`` from
-``config.json``. ``--tiny`` takes ``config.json``'s tiny block and each case's ``tiny`` shape, rows named after that
-shape (:func:`scripts.benchmark_step.case_name`) with ``full_size_case``; ``--cases`` takes either name. On a CPU tiny
-is the default (a full-size step takes minutes; ``--full-size`` anyway), and so is the eager path (compiling takes
-minutes; ``--fast``); the fast path, ``Training.optimize_for_training`` (``train.compile=true``), is CUDA's default.
+**Train step** (default): per case and precision, the model and one ``Benchmark.synthetic_batch`` (seed 0) through
+``train.py``'s step (:func:`scripts.benchmark_step.make_train_step`), timed as NVIDIA's reference harness does:
+``--warmup`` untimed steps, then the median of ``--steps`` (CUDA events; CPU: ``time.perf_counter``). Rows: ``case``,
+``mode`` (``tf32``, ``amp-bf16``, ``amp-fp16``), ``step_s``, ``items_per_s`` (samples or mel frames a second, as
+NVIDIA's tables), ``peak_gib``, ``path``, ``tiny``, ``params_m``, ``loss``; ``--compare REF.json`` adds
+``ratio_vs_reference``. Cases are each model's ``Benchmark.cases`` (the reference's shapes); ``--tiny`` takes the
+tiny block and each case's tiny shape. On a CPU tiny and the eager path are the defaults (``--full-size``, ``--fast``).
 
-**Check** (``--check``): the fast path's loss and gradients against eager float32 on the same batch and weights (seed
-0, every parameter moved by ``N(0, 0.01)`` so zero-initialised layers take part), in float32 (TF32 off) and bf16
-autocast: rows ``check-fp32`` and ``check-amp-bf16`` with ``loss_rel_diff``, ``limit`` (1e-5, 2e-2), ``ok``,
-``grad_rel_diff``. Inductor's random numbers fall back to eager's, so dropout draws the same masks in both paths.
+**Check** (``--check``): the fast path's loss and gradients against eager float32 on the same batch and weights, in
+float32 and bf16 autocast: rows ``check-fp32`` and ``check-amp-bf16`` with ``loss_rel_diff``, ``limit`` (1e-5, 2e-2),
+``ok``, ``grad_rel_diff``.
 
-**Loader** (``--loader --dataset-path DIR``): the train step on the corpus's first batch (``train_<model>``: what the
-loader must keep up with), then ``train.py``'s DataLoader with each ``--workers`` count for ``--steps`` batches after
-the first (``first_batch_s``): rows ``loader_<model>_wav`` and, with a filled mel cache, ``loader_<model>_cached_mels``;
-then a table with the fewest workers that keep up (per process: each rank runs its own workers).
+**Loader** (``--loader --dataset-path DIR``): the train step on the corpus's first batch, then ``train.py``'s
+DataLoader with each ``--workers`` count: rows ``loader_<model>_wav`` (and ``_cached_mels``), then the fewest workers
+that keep up (per process).
 
-**Padding** (``--padding --dataset-path DIR``): per model with ``Training.variable_length`` (others are skipped; none:
-one error line), the padded share of one epoch's batches (``lengths()``; only wav headers are read),
-``data.batching=random`` vs ``buckets``, at the tiny block's batch size on a CPU (as the other modes), the full-size
-one on a GPU or with ``--full-size``.
+**Padding** (``--padding --dataset-path DIR``): per model with ``Training.variable_length`` (Tacotron2; the vocoders
+train on fixed segments and are skipped, none: one error line), the padded share of one epoch's batches,
+``data.batching=random`` vs ``buckets``, at the tiny block's batch size on a CPU, the full-size one on a GPU or with
+``--full-size``.
 
 Exit status 0; 2 for a bad argument; 1 for a bad config or corpus, or a failed check.
 """

@@ -4,12 +4,10 @@
     python multiproc.py --nproc-per-node 2 -m scripts.dump_gta_mels --checkpoint T2 --dataset-path D --output M
     python multiproc.py train.py --model VOCODER --dataset-path D --init-from VOCODER_CHECKPOINT --set data.mel_dir=M
 
-The last line fine-tunes the project's vocoder on those mels. Method: Tacotron2's training forward pass (NVIDIA's
-reference), the decoder fed the ground-truth mel (teacher forcing), so the post-net mel (what inference hands a vocoder)
-lines up with the real audio sample for sample: Shen et al. 2018 (ICASSP) train their WaveNet on such "ground
-truth-aligned" mels, jik876/hifi-gan fine-tunes on them (README, "Fine-Tuning"); the vocoder learns Tacotron2's
-smoothing and small errors instead of meeting them at synthesis. Eval mode, but the pre-net's dropout stays on as in
-training and inference, its masks drawn from ``--seed`` and the batch's ids.
+The last line fine-tunes the vocoder on those mels. Method: Tacotron2's training forward pass (NVIDIA's reference),
+the decoder fed the ground-truth mel (teacher forcing), so the post-net mel lines up with the real audio sample for
+sample: "ground truth-aligned" mels (Shen et al. 2018, ICASSP; jik876/hifi-gan's "Fine-Tuning"), so the vocoder learns
+Tacotron2's errors instead of meeting them at synthesis. Eval mode, the pre-net's dropout on (masks from ``--seed``).
 
 The frame rule, checked for every file written (a mismatch is an error naming the utterance): ``T`` samples give
 ``MelSpectrogram.num_frames(T)`` frames in the checkpoint's ``audio.mel_framing`` (Tacotron2's recipe: NVIDIA's, ``1 +
