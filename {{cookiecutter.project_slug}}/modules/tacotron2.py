@@ -193,17 +193,12 @@ class Decoder(nn.Module):
     def enable_fast_path(self, text_bucket: int = 32, **compile_kwargs) -> None:
         """Run the teacher-forced loop of :meth:`forward` through a compiled step function.
 
-        The loop is launch-bound on a GPU: each of the ``T`` (up to ~800) steps makes about 245 small operator calls
-        forward and backward, each through Python, the dispatcher and autograd. ``torch.compile`` of the *step* (not of
-        the loop, which would unroll ``T`` copies) turns a step into two calls (forward, backward) of 32 matrix products
-        and ~33 fused elementwise kernels, compiled once. To keep that one graph, the memory (encoder outputs, processed
-        memory, mask) is padded along the text axis to a multiple of ``text_bucket`` symbols (masked: zero attention
-        weight, the zeros the location convolution sees as padding anyway, so the outputs are unchanged and the
-        alignments are cut back to the text length); step 0 runs eagerly (its zero initial state, without gradient and
-        float32 under autocast, would need a second graph); the step has no host synchronisation (``fullgraph=True``
-        enforces it). :meth:`inference` stays eager. Dropout in the compiled step draws from Inductor's generator: the
-        same distribution, other samples (unless ``torch._inductor.config.fallback_random`` is set, as
-        ``scripts/benchmark.py --check`` does).
+        The loop is launch-bound on a GPU (~245 small operator calls per step, up to ~800 steps): ``torch.compile`` of
+        the *step* (not the loop) makes it two calls of fused kernels, compiled once. For one graph the memory is padded
+        along the text axis to a multiple of ``text_bucket`` symbols (masked, so outputs are unchanged; alignments are
+        cut back); step 0 runs eagerly; no host synchronisation (``fullgraph=True``). :meth:`inference` stays eager.
+        Dropout in the compiled step draws other samples of the same distribution (unless
+        ``torch._inductor.config.fallback_random``, as ``scripts/benchmark.py --check`` sets).
 
         ``compile_kwargs`` go to ``torch.compile`` (defaults ``fullgraph=True``, ``dynamic=False``; tests pass
         ``backend="aot_eager"``; ``mode="reduce-overhead"`` adds CUDA graphs).
