@@ -258,7 +258,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.model is None:
         parser.error("models/ registers no model: add one (see model.py)")
     for option, key in (("--max-steps", "train.max_steps"), ("--dataset-path", "data.dataset_path")):
-        given = [item for item in args.set if item.split("=")[0].strip() == key]
+        given = [item for item in args.set if "=" in item and item.split("=")[0].strip() == key]
         if given and getattr(args, option[2:].replace("-", "_")) is not None:
             raise CommandLineError(f"{option} and --set {given[-1]} both set {key}; give one")
     try:

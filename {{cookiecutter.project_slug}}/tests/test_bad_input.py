@@ -181,7 +181,7 @@ def test_a_bad_config_file_names_the_file_and_the_key(capsys, tmp_path, precious
 @pytest.mark.parametrize("setting, message", [
     ("train.max_stepz=3", "--set train.max_stepz=3: unknown key 'train.max_stepz' (keys of 'train': seed,"),
     ("nosection.key=3", "--set nosection.key=3: unknown section 'nosection' (known: audio, data, train,"),
-    ("train.max_steps=abc", "--set train.max_steps=abc: config key 'train.max_steps' must be int, got str 'abc'"),
+    ("train.log_interval=abc", "--set train.log_interval=abc: config key 'train.log_interval' must be int, got str 'abc'"),
     ("data.num_workers=1.5", "config key 'data.num_workers' must be int, got float 1.5"),
     ("train.keep_last=-1", "--set train.keep_last=-1: config key 'train.keep_last' must be >= 0, got -1"),
     ("train.dist_timeout_s=0", "config key 'train.dist_timeout_s' must be > 0, got 0.0"),
@@ -569,7 +569,7 @@ def real_runs(finished, corpus, tmp_path_factory):
     output = linked_copy(finished[0], root / "out")
     runs["truncated"] = (["train.py", *BASE, "--set", "data.num_workers=1", "--max-steps", "6", "--dataset-path",
                           str(corpus_copy), "--output-dir", str(output)], (bad, output))
-    runs["bad_set"] = (["train.py", *BASE, "--set", "train.max_steps=abc", "--dataset-path", str(corpus),
+    runs["bad_set"] = (["train.py", *BASE, "--set", "train.log_interval=abc", "--dataset-path", str(corpus),
                         "--output-dir", str(root / "never")], root / "never")
     marker = root / "pwned"
     evil = evil_checkpoint(root / "evil.pt", marker)
@@ -602,7 +602,7 @@ def real_runs(finished, corpus, tmp_path_factory):
 def test_python_train_py_bad_set_is_exactly_one_line_and_exit_1(real_runs):
     (code, out, err), never = real_runs["bad_set"]
     assert code == 1
-    assert err.splitlines() == ["ERROR: --set train.max_steps=abc: config key 'train.max_steps' must be int, "
+    assert err.splitlines() == ["ERROR: --set train.log_interval=abc: config key 'train.log_interval' must be int, "
                                 "got str 'abc'"]
     assert out == "" and not never.exists()
 
