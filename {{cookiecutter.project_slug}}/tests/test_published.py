@@ -106,4 +106,3 @@ def test_pytorchs_legacy_format_is_read_without_running_it_and_damage_is_one_lin
     (tmp_path / "huge.pt").write_bytes(header + buffer.getvalue())
     with pytest.raises(CheckpointError, match="its tensors need more bytes than the file holds"):
         read_weights(tmp_path / "huge.pt", MODELS, tiny_config())
-

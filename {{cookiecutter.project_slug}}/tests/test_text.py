@@ -159,4 +159,3 @@ def test_nvidia_english_cleaners_give_nvidias_ids_and_ours_differ_where_the_manu
 ])
 def test_nvidia_number_rules(text, nvidia):
     assert clean_text(text, ["nvidia_english_cleaners"]) == nvidia
-
