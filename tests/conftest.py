@@ -74,9 +74,9 @@ def stream(cmd, cwd, label: str, config, env=None) -> tuple[int, str]:
     return proc.returncode, "\n".join(tail)
 
 
-@pytest.fixture
-def bake(cookies):
-    """Generate a project with the given answers; returns its path (fails the test if generation fails)."""
+def baker(cookies):
+    """``bake(**answers)``: generate a project with ``cookies`` (pytest-cookies' fixture) and the given answers; returns
+    its path (fails the test if generation fails)."""
     def _bake(**answers) -> Path:
         result = cookies.bake(extra_context=answers)
         assert result.exit_code == 0, f"generation failed: {result.exception}"
@@ -84,14 +84,16 @@ def bake(cookies):
     return _bake
 
 
+@pytest.fixture
+def bake(cookies):
+    """Generate a project with the given answers; returns its path (fails the test if generation fails)."""
+    return baker(cookies)
+
+
 @pytest.fixture(scope="session")
 def bake_once(cookies_session):
     """:func:`bake` for session fixtures (each call a new project)."""
-    def _bake(**answers) -> Path:
-        result = cookies_session.bake(extra_context=answers)
-        assert result.exit_code == 0, f"generation failed: {result.exception}"
-        return Path(result.project_path)
-    return _bake
+    return baker(cookies_session)
 
 
 def quick_start(project: Path) -> list[str]:

@@ -79,27 +79,24 @@ def _patched(self, dataset, *args, **kwargs):
 data.DataLoader.__init__ = _patched
 '''
 
-# The disk fills while the step-8 checkpoint is written: fsync of its temporary file fails with ENOSPC.
-FULL_DISK = '''
+
+def full_disk_writing(name: str) -> str:
+    """A plant: the disk fills while a file whose path holds ``name`` is written (its fsync fails with ENOSPC)."""
+    return f'''
 import errno, os
 _fsync = os.fsync
 def _full(fd):
-    if ".checkpoint_8.pt.tmp" in os.readlink(f"/proc/self/fd/{fd}"):
+    if {name!r} in os.readlink(f"/proc/self/fd/{{fd}}"):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     return _fsync(fd)
 os.fsync = _full
 '''
 
+
+# The disk fills while the step-8 checkpoint is written: fsync of its temporary file fails with ENOSPC.
+FULL_DISK = full_disk_writing(".checkpoint_8.pt.tmp")
 # The output folder has less room than the start-up write-speed test writes (min(checkpoint size, 64 MiB)).
-FULL_AT_START = '''
-import errno, os
-_fsync = os.fsync
-def _full(fd):
-    if ".write_speed.tmp" in os.readlink(f"/proc/self/fd/{fd}"):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    return _fsync(fd)
-os.fsync = _full
-'''
+FULL_AT_START = full_disk_writing(".write_speed.tmp")
 
 # Training forwards wait while the file named by HOLD exists: a run that is surely still going when a second one
 # starts, and that goes on when the test removes the file.

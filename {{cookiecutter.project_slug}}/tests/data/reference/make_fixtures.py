@@ -258,6 +258,24 @@ def hifigan_fixtures(args, out: Path) -> None:
             save_npz(out / f"net_hifigan_{version}.npz", meta, audio=audio)
 
 
+WAVEGLOW_SIGMA, WAVEGLOW_SEED = 0.6, 1234
+"""The reference WaveGlow's inference noise scale and the seed set before its draws."""
+
+
+def run_waveglow(model, mel: torch.Tensor, audio: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A reference WaveGlow (eval mode) on ``mel``/``audio``: ``z``, ``log_s_sum`` (one per flow), ``log_det``, and
+    ``infer_audio`` of ``model.infer(mel, sigma=WAVEGLOW_SIGMA)`` after ``torch.manual_seed(WAVEGLOW_SEED)`` with its
+    noise draws ``noise_0``, ``noise_1``, ... in the order drawn."""
+    drawn = []
+    with torch.no_grad():
+        z, log_s, log_det = model((mel, audio))
+        torch.manual_seed(WAVEGLOW_SEED)
+        with cuda_constructors_on_cpu(drawn):
+            inferred = model.infer(mel, sigma=WAVEGLOW_SIGMA)
+    return {"z": z, "log_s_sum": torch.stack([s.double().sum() for s in log_s]).float(),
+            "log_det": torch.stack(log_det), "infer_audio": inferred, **{f"noise_{i}": t for i, t in enumerate(drawn)}}
+
+
 def waveglow_fixture(args, out: Path) -> None:
     config = json.loads((Path(args.waveglow) / "config.json").read_text())["waveglow_config"]
     mel, audio = mel_input(3), audio_input(768)
@@ -265,13 +283,9 @@ def waveglow_fixture(args, out: Path) -> None:
         glow = importlib.import_module("glow")
         model = glow.WaveGlow(**config).eval()
         keys = set_formula_weights(model)
-        drawn, sigma, seed = [], 0.6, 1234
-        with torch.no_grad():
-            z, log_s, log_det = model((mel, audio))
-            torch.manual_seed(seed)
-            with cuda_constructors_on_cpu(drawn):
-                inferred = model.infer(mel, sigma=sigma)
-    noise = {f"noise_{i}": t for i, t in enumerate(drawn)}
+        sigma, seed = WAVEGLOW_SIGMA, WAVEGLOW_SEED
+        arrays = run_waveglow(model, mel, audio)
+    noise = {key: value for key, value in arrays.items() if key.startswith("noise_")}
     meta = {"reference": "NVIDIA/waveglow glow.WaveGlow(**config.json waveglow_config), eval mode", "config": config,
             "formula": FORMULA, "keys": keys, "mel": MEL_INPUT + " (frames = 3)", "audio": AUDIO_INPUT + " (N = 768)",
             "forward": "z, log_s_list, log_det_W_list = model((mel, audio)); log_s_sum[k] = log_s_list[k].sum(), "
@@ -285,9 +299,7 @@ def waveglow_fixture(args, out: Path) -> None:
                      "CUDA the reference draws from the CUDA generator. Equivalent z for a reverse(mel, z) of the "
                      "layout 'early outputs first': sigma * cat([noise_2, noise_1, noise_0], 1)",
             "shapes": {k: list(v.shape) for k, v in noise.items()}}
-    save_npz(out / "net_waveglow.npz", meta, z=z,
-             log_s_sum=torch.stack([s.double().sum() for s in log_s]).float(), log_det=torch.stack(log_det),
-             infer_audio=inferred, **noise)
+    save_npz(out / "net_waveglow.npz", meta, **arrays)
 
 
 def tacotron2_fixture(args, out: Path) -> None:

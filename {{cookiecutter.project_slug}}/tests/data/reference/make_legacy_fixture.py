@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from make_fixtures import (AUDIO_INPUT, FORMULA, MEL_INPUT, audio_input, cuda_constructors_on_cpu, mel_input,
-                           reference, save_npz, set_formula_weights)
+from make_fixtures import (AUDIO_INPUT, FORMULA, MEL_INPUT, WAVEGLOW_SEED, WAVEGLOW_SIGMA, audio_input, mel_input,
+                           reference, run_waveglow, save_npz, set_formula_weights)
 
 CONFIG = {"n_mel_channels": 1, "n_flows": 2, "n_group": 8, "n_early_every": 1, "n_early_size": 2,
           "WN_config": {"n_layers": 2, "n_channels": 4, "kernel_size": 3}}
@@ -61,12 +61,8 @@ def main() -> None:
                 torch.save(checkpoint, f, _use_new_zipfile_serialization=False)
         finally:
             torch.serialization.get_source_lines_and_file = original
-        drawn, sigma, seed = [], 0.6, 1234
-        with torch.no_grad():
-            z, log_s, log_det = model((mel, audio))
-            torch.manual_seed(seed)
-            with cuda_constructors_on_cpu(drawn):
-                inferred = model.infer(mel, sigma=sigma)
+        sigma, seed = WAVEGLOW_SIGMA, WAVEGLOW_SEED
+        arrays = run_waveglow(model, mel, audio)
     commit = subprocess.run(["git", "-C", args.waveglow, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     meta = {"reference": f"NVIDIA/waveglow @ {commit.strip()} glow.WaveGlow(**config), eval mode",
             "config": CONFIG, "formula": FORMULA, "keys": keys, "torch": torch.__version__,
@@ -78,10 +74,8 @@ def main() -> None:
             "infer": f"torch.manual_seed({seed}); infer_audio = model.infer(mel, sigma={sigma}); noise_i: its draws "
                      "in order (noise_0 (B, n_remaining_channels, T) first, then one (B, n_early_size, T) per early "
                      "output, k descending); equivalent z = sigma * cat([noise_<last>, ..., noise_1, noise_0], 1)",
-            "shapes": {f"noise_{i}": list(t.shape) for i, t in enumerate(drawn)}}
-    save_npz(out / "waveglow_tiny_expected.npz", meta, z=z,
-             log_s_sum=torch.stack([s.double().sum() for s in log_s]).float(), log_det=torch.stack(log_det),
-             infer_audio=inferred, **{f"noise_{i}": t for i, t in enumerate(drawn)})
+            "shapes": {key: list(value.shape) for key, value in arrays.items() if key.startswith("noise_")}}
+    save_npz(out / "waveglow_tiny_expected.npz", meta, **arrays)
     print(json.dumps({p.name: p.stat().st_size for p in sorted(out.iterdir())}))
 
 
