@@ -86,9 +86,8 @@ def shape_fields(name: str, case: BenchmarkCase, args: argparse.Namespace) -> di
 
 def progress_bar(total: int, desc: str, unit: str, enabled: bool) -> tqdm:
     """A tqdm bar on stderr for ``total`` ``unit`` s, drawn at once (a slow first step still shows that work started)
-    and removed when closed (stdout's rows and tables stay readable)."""
-    return tqdm(total=total, desc=desc, unit=unit, leave=False, disable=not enabled, dynamic_ncols=True,
-                **bar_options())
+    and removed when closed on a terminal (stdout's rows and tables stay readable)."""
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, dynamic_ncols=True, **bar_options(leave=False))
 
 
 def synchronize(device: torch.device) -> None:

@@ -65,7 +65,7 @@ def measure(procs: int, args: argparse.Namespace, out: Path) -> float:
     metrics, log = out / "metrics.jsonl", out / "launcher.log"
     offset = metrics.stat().st_size if metrics.is_file() else 0
     with (open(log, "w") as handle,
-          tqdm(total=args.steps, desc=f"{procs} process(es)", unit="step", leave=False, **bar_options()) as bar):
+          tqdm(total=args.steps, desc=f"{procs} process(es)", unit="step", **bar_options(leave=False)) as bar):
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:

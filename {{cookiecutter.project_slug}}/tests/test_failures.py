@@ -82,15 +82,15 @@ data.DataLoader.__init__ = _patched
 
 def full_disk_writing(name: str) -> str:
     """A plant: the disk fills while a file whose path holds ``name`` is written (its fsync fails with ENOSPC)."""
-    return f'''
+    return '''
 import errno, os
 _fsync = os.fsync
 def _full(fd):
-    if {name!r} in os.readlink(f"/proc/self/fd/{{fd}}"):
+    if %r in os.readlink(f"/proc/self/fd/{fd}"):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     return _fsync(fd)
 os.fsync = _full
-'''
+''' % name
 
 
 # The disk fills while the step-8 checkpoint is written: fsync of its temporary file fails with ENOSPC.

@@ -132,9 +132,12 @@ def wait_for(condition, proc, timeout=180, what="the condition"):
 
 @pytest.mark.parametrize("model", TRAINED)
 def test_fsdp_trains_with_the_losses_of_ddp(corpus, tmp_path, model):
-    train(tmp_path / "ddp", corpus, model, "--max-steps", "20", "--set", "train.checkpoint_interval=20")
-    output = train(tmp_path / "fsdp", corpus, model, "--max-steps", "20", "--set", "train.checkpoint_interval=20",
-                   *FSDP)
+    # Without gradient clipping (Tacotron2's recipe clips): FSDP sums the clipping norm over shards in another order,
+    # and Adam magnifies that rounding on the biases before BatchNorm, whose gradients are rounding noise (4.8e-4 in
+    # 20 steps, the losses still equal to 1e-5). What is compared here is the sharding.
+    settings = ["--max-steps", "20", "--set", "train.checkpoint_interval=20", "--set", "train.grad_clip=0"]
+    train(tmp_path / "ddp", corpus, model, *settings)
+    output = train(tmp_path / "fsdp", corpus, model, *settings, *FSDP)
     assert "parallelism fsdp" in output
     ddp, fsdp = losses(tmp_path / "ddp"), losses(tmp_path / "fsdp")
     assert len(ddp) == len(fsdp) == 20

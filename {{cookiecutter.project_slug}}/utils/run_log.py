@@ -38,11 +38,14 @@ class LineStream:
         self.stream.flush()
 
 
-def bar_options(stream=None) -> dict[str, Any]:
-    """tqdm's ``file`` and ``mininterval`` for ``stream`` (default: stderr): on a terminal the stream, redrawn every
-    0.1 s; else a :class:`LineStream`, a line at most every 10 s (and one at each ``set_postfix``)."""
+def bar_options(stream=None, leave: bool = True) -> dict[str, Any]:
+    """tqdm's ``file``, ``mininterval`` and ``leave`` for ``stream`` (default: stderr): on a terminal the stream,
+    redrawn every 0.1 s, removed when closed unless ``leave``; else a :class:`LineStream`, a line at most every 10 s
+    (and one at each ``set_postfix``), the bar's last state kept as a last line (a log cannot take a line back)."""
     stream = stream or sys.stderr
-    return {"file": stream, "mininterval": 0.1} if stream.isatty() else {"file": LineStream(stream), "mininterval": 10}
+    if stream.isatty():
+        return {"file": stream, "mininterval": 0.1, "leave": leave}
+    return {"file": LineStream(stream), "mininterval": 10, "leave": True}
 
 
 def peak_memory_gib(device: torch.device) -> float:
