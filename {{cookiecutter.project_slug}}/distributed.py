@@ -21,14 +21,12 @@ import datetime
 import gc
 import logging
 import os
+import sys
 from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from utils.collectives import CollectiveError as CollectiveError  # re-exported: distributed is the one face
@@ -232,7 +230,7 @@ def apply_gradient_allreduce(model: nn.Module, parallelism: str = "ddp", blocks:
         raise TypeError(f"apply_gradient_allreduce needs an nn.Module, got {type(model).__name__}")
     if parallelism not in PARALLELISMS:
         raise ValueError(f"apply_gradient_allreduce: unknown parallelism {parallelism!r}; use one of {PARALLELISMS}")
-    if isinstance(model, (DistributedDataParallel, FSDPModule)) or get_world_size() == 1:
+    if isinstance(model, DistributedDataParallel) or sharded_by_fsdp(model) or get_world_size() == 1:
         return model
     if parallelism == "fsdp":
         if ddp_options:
@@ -252,6 +250,7 @@ def _wrap_ddp(model: nn.Module, ddp_options: dict) -> DistributedDataParallel:
 
 def _fully_shard(model: nn.Module, blocks: Sequence[nn.Module], param_dtype: Optional[torch.dtype],
                  reshard_after_forward: bool) -> nn.Module:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # costly: sharded_by_fsdp
     inside = {id(module) for module in model.modules()}
     if stray := [type(block).__name__ for block in blocks if id(block) not in inside]:
         raise ValueError(f"apply_gradient_allreduce: blocks not inside the model: {', '.join(stray)}")
@@ -262,7 +261,7 @@ def _fully_shard(model: nn.Module, blocks: Sequence[nn.Module], param_dtype: Opt
                 param.data = param.data.contiguous()
         for tensor in [*model.parameters(), *model.buffers()]:
             dist.broadcast(tensor, src=0)  # what DDP does at construction: one starting point for every rank
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mesh = dist.device_mesh.init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
                                   output_dtype=torch.float32 if param_dtype is not None else None)
     if param_dtype is not None:
@@ -307,7 +306,7 @@ def no_sync(model: nn.Module):
     if isinstance(model, DistributedDataParallel):
         with model.no_sync():
             yield
-    elif isinstance(model, FSDPModule):
+    elif sharded_by_fsdp(model):
         model.set_requires_gradient_sync(False)
         try:
             yield
@@ -317,10 +316,18 @@ def no_sync(model: nn.Module):
         yield
 
 
+def sharded_by_fsdp(obj: object) -> bool:
+    """Whether ``obj`` is FSDP2's: a module ``fully_shard`` wrapped or a ``DTensor`` (its parameters, gradients, total
+    norm). FSDP and DTensor are imported on first use (0.6 s of every process's start): until then nothing is theirs."""
+    fsdp, dtensor = sys.modules.get("torch.distributed.fsdp"), sys.modules.get("torch.distributed.tensor")
+    return ((fsdp is not None and isinstance(obj, fsdp.FSDPModule))
+            or (dtensor is not None and isinstance(obj, dtensor.DTensor)))
+
+
 def full_value(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor``'s whole value as a plain tensor: a ``DTensor`` (FSDP's parameters, gradients, ``clip_grad_norm_``'s
     total norm) is gathered (a collective: every rank must call it), a plain tensor returned as is."""
-    if isinstance(tensor, DTensor):
+    if sharded_by_fsdp(tensor):
         with collective("gather of a sharded tensor"):
             return tensor.full_tensor()
     return tensor

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils import parametrizations, parametrize
+from torch.nn.utils import parametrizations
 
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -101,11 +101,3 @@ class WN(nn.Module):
                 res_skip = res_skip[:, c:]
             skip = res_skip if skip is None else skip + res_skip
         return self.end(skip)
-
-
-def remove_weight_norm(module: nn.Module) -> nn.Module:
-    """Fold every weight-norm parametrization of ``module`` into a plain weight (faster inference)."""
-    for sub in module.modules():
-        if parametrize.is_parametrized(sub, "weight"):
-            parametrize.remove_parametrizations(sub, "weight", leave_parametrized=True)
-    return module

@@ -15,16 +15,18 @@ from typing import Any, Mapping, Optional
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from distributed import broadcast_object
 from utils.checkpoint.files import (CheckpointError, atomic_write_bytes, checksum_problem, few, fsync_dir, intact,
                                     load_torch_file, prune, serialized, write_checksums, write_failure)
 from utils.checkpoint.state import STATEFUL_PARTS, TrainState
 from utils.run_log import one_line
+
+
+def load_dcp():
+    """``torch.distributed.checkpoint`` (DCP) and its ``state_dict``, imported on first use (``sharded_by_fsdp``)."""
+    import torch.distributed.checkpoint.state_dict  # binds this function's name torch: the package, DCP loaded
+    return torch.distributed.checkpoint
 
 
 def sharded_train_state(parts: Mapping[str, Any], state: TrainState, rng: list, **info: Any) -> dict[str, Any]:
@@ -60,7 +62,7 @@ def sharded_intact(path: str | Path) -> Optional[str]:
     if (problem := checksum_problem(path)) is not None:
         return f"damaged ({problem})"
     try:
-        metadata = FileSystemReader(str(path)).read_metadata()
+        metadata = load_dcp().FileSystemReader(str(path)).read_metadata()
     except (OSError, EOFError, ValueError, RuntimeError, AttributeError, TypeError) as err:
         return f"damaged (its .metadata does not read: {one_line(err)})"
     ends: dict[str, int] = {}
@@ -119,16 +121,18 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list,
     Raises:
         CheckpointError: missing or misshapen entries (named), or an unreadable folder.
     """
+    dcp = load_dcp()
     with _quiet_single_process_dcp():
-        model_state, optim_state = get_state_dict(model, optimizers)
+        model_state, optim_state = dcp.state_dict.get_state_dict(model, optimizers)
         state = {"model": model_state, **({"optimizer": optim_state} if optimizers else {}), **(extra or {})}
         try:
             dcp.load(state, checkpoint_id=str(path))
         except (RuntimeError, ValueError, KeyError, OSError) as err:
             raise CheckpointError(f"{path} does not fit this model: {_dcp_failure(err)}") from None
-        except CheckpointException as err:  # a BaseException: what a rank's reader raised, gathered by DCP
+        except dcp.CheckpointException as err:  # a BaseException: what a rank's reader raised, gathered by DCP
             raise CheckpointError(f"cannot read {path}: {dcp_cause(err)}") from None
-        set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
+        dcp.state_dict.set_state_dict(model, optimizers, model_state_dict=state["model"],
+                                      optim_state_dict=state.get("optimizer", {}))
 
 
 def dcp_cause(err: BaseException) -> str:
@@ -183,20 +187,21 @@ class ShardedCheckpointer:
                 failure = str(self._write_error(step, err))
         if (failure := broadcast_object(failure)) is not None:  # every rank stops with rank 0's reason
             raise CheckpointError(failure)
-        model_state, optim_state = get_state_dict(model, optimizers)
+        model_state, optim_state = load_dcp().state_dict.get_state_dict(model, optimizers)
         state = {"model": model_state, "optimizer": optim_state, **(extra or {})}
         with _quiet_single_process_dcp():
             self._write(state, partial, step)
         return self.output_dir / f"checkpoint_{step}"
 
     def _write(self, state: dict, partial: Path, step: int) -> None:
+        dcp = load_dcp()
         try:
             if self.async_save:
                 self.pending = (dcp.async_save(state, checkpoint_id=str(partial), process_group=self.group), step)
             else:
                 dcp.save(state, checkpoint_id=str(partial))
                 self._complete(step)
-        except (OSError, CheckpointException) as err:  # every rank gets the latter: DCP gathers each rank's failure
+        except (OSError, dcp.CheckpointException) as err:  # every rank gets the latter: DCP gathers each rank's failure
             raise self._write_error(step, err) from None
 
     def poll(self) -> Optional[Path]:
@@ -215,7 +220,7 @@ class ShardedCheckpointer:
         self.pending = None
         try:
             future.result()
-        except (OSError, CheckpointException) as err:
+        except (OSError, load_dcp().CheckpointException) as err:
             raise self._write_error(step, err) from None
         return self._complete(step)
 
@@ -246,7 +251,7 @@ class ShardedCheckpointer:
         partial = self.output_dir / f".checkpoint_{step}.partial"
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
-        reason = dcp_cause(err) if isinstance(err, CheckpointException) else err.strerror or str(err)
+        reason = dcp_cause(err) if isinstance(err, load_dcp().CheckpointException) else err.strerror or str(err)
         if "unexpected pos" in reason:  # torch.save's zip writer lost the OSError of a short write (ENOSPC, EDQUOT)
             reason = f"no space left on device writing {partial} (or a quota or file size limit: a write came up short)"
         return write_failure(step, self.output_dir, reason, list_sharded_checkpoints(self.output_dir)[-1:])

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 import torch
-from torch.distributed.tensor import DTensor
 
-from distributed import all_gather_object, reduce_tensor
+from distributed import all_gather_object, reduce_tensor, sharded_by_fsdp
 from utils.checkpoint.sharded import list_sharded_checkpoints
 from utils.checkpoint.state import TrainState, list_checkpoints
 from utils.run_log import RunLog
@@ -67,7 +66,7 @@ def spike(loss: float, grad_norm: float, monitors: tuple[SpikeMonitor, SpikeMoni
 def nonfinite_weight(model: torch.nn.Module) -> Optional[str]:
     """The name of the first floating-point parameter or buffer of ``model`` holding NaN or inf (this rank's shard of it
     under FSDP), or ``None``. One device synchronisation."""
-    named = [(name, tensor.to_local() if isinstance(tensor, DTensor) else tensor)
+    named = [(name, tensor.to_local() if sharded_by_fsdp(tensor) else tensor)
              for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_floating_point()]
     if not named:
         return None

@@ -6,10 +6,9 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.fsdp import FSDPModule
 
-from distributed import collective, reduce_tensor, unwrap_model
+from distributed import collective, reduce_tensor, sharded_by_fsdp, unwrap_model
+from utils.checkpoint.sharded import load_dcp
 from model import ModelSpec
 from utils.config import Config
 from utils.data.loader import to_device
@@ -59,14 +58,12 @@ def whole_model(model, spec: ModelSpec, cfg: Config, device: torch.device, is_ma
     if not sharded_by_fsdp(plain):
         return plain
     with collective("gathering of the sharded weights"):
-        weights = get_model_state_dict(plain, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state_dict = load_dcp().state_dict
+        options = state_dict.StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = state_dict.get_model_state_dict(plain, options=options)
     if not is_main:
         return None
     copy = spec.build_model(cfg)
     copy.load_state_dict(weights)
     return copy.to(device).eval()
 
-
-def sharded_by_fsdp(model: torch.nn.Module) -> bool:
-    """Whether FSDP2 shards ``model`` or any of its sub-modules (``train.parallelism=fsdp`` on several ranks)."""
-    return any(isinstance(module, FSDPModule) for module in model.modules())
