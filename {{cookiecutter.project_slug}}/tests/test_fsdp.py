@@ -220,15 +220,6 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_to_resume_from(co
 
 @needs_one
 def test_fsdp_refuses_what_it_cannot_do_in_one_line(corpus, tmp_path):
-    single = tmp_path / "single"
-    train(single, corpus, MODEL, "--max-steps", "1", nproc=1)
-    for extra, message in ((["--resume", str(single / "checkpoint_last.pt")], "is a single-file checkpoint"),
-                           (["--set", "train.precision=fp16"], "FSDP2 mixed precision is bf16")):
-        proc = subprocess.run([sys.executable, "train.py", *COMMON, "--model", MODEL, "--dataset-path",
-                               str(corpus), "--output-dir", str(tmp_path / "fsdp"), "--max-steps", "2", *FSDP, *extra],
-                              cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=300)
-        errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
-        assert proc.returncode != 0 and len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
     # A DDP run continues from a sharded checkpoint (the shards are put together).
     sharded = tmp_path / "sharded"
     train(sharded, corpus, MODEL, "--max-steps", "2", "--set", "train.checkpoint_interval=2", *FSDP)
@@ -239,6 +230,14 @@ def test_fsdp_refuses_what_it_cannot_do_in_one_line(corpus, tmp_path):
     assert f"done: 3 steps; checkpoint {sharded / 'checkpoint_last.pt'}" in output
     output = train(sharded, corpus, MODEL, "--max-steps", "4", "--resume", "auto")
     assert "at step 3" in output, output[-2000:]
+    # An FSDP run refuses that single-file checkpoint, and fp16.
+    for extra, message in ((["--resume", str(sharded / "checkpoint_last.pt")], "is a single-file checkpoint"),
+                           (["--set", "train.precision=fp16"], "FSDP2 mixed precision is bf16")):
+        proc = subprocess.run([sys.executable, "train.py", *COMMON, "--model", MODEL, "--dataset-path",
+                               str(corpus), "--output-dir", str(tmp_path / "fsdp"), "--max-steps", "6", *FSDP, *extra],
+                              cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=300)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
+        assert proc.returncode != 0 and len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
 
 
 @needs_one

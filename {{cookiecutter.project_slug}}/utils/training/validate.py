@@ -66,4 +66,3 @@ def whole_model(model, spec: ModelSpec, cfg: Config, device: torch.device, is_ma
     copy = spec.build_model(cfg)
     copy.load_state_dict(weights)
     return copy.to(device).eval()
-
