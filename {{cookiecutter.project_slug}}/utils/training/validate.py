@@ -8,8 +8,8 @@ import contextlib
 import torch
 
 from distributed import collective, reduce_tensor, sharded_by_fsdp, unwrap_model
-from utils.checkpoint.sharded import load_dcp
 from model import ModelSpec
+from utils.checkpoint.sharded import load_dcp
 from utils.config import Config
 from utils.data.loader import to_device
 from utils.run import stop_signals_blocked
