@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import importlib
 import importlib.util
 import logging
@@ -375,4 +376,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    gc.freeze()  # objects left for Python's exit are not collected again: torch's take 0.7 s of CPU to walk
+    sys.exit(code)

@@ -21,6 +21,7 @@ number of processes it continues from the same sample of the epoch. What the loo
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import sys
@@ -188,6 +189,7 @@ def failure_status(err: Exception, rank: int, cfg: Config, output_dir: Path) -> 
         traceback.print_exception(err)
         print(f"ERROR: rank {rank}: {type(err).__name__}: {one_line(err)} (traceback above); last "
               f"checkpoint: {last_checkpoint(output_dir)}", file=sys.stderr, flush=True)
+    traceback.clear_frames(err.__traceback__)  # its DataLoaders go now, ending their workers at once (not 5 s each)
     return 1
 
 
@@ -283,4 +285,6 @@ def load_run_config(args: argparse.Namespace) -> Config:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    gc.freeze()  # objects left for Python's exit are not collected again: torch's take 0.7 s of CPU to walk
+    sys.exit(code)

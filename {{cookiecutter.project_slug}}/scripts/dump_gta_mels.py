@@ -20,8 +20,7 @@ Utterances longer than ``tacotron2.max_mel_frames`` (``--max-mel-frames``) and u
 named in one line; the first are listed in ``_left_out.json`` (a vocoder on the folder trains without them). With
 several processes (``multiproc.py``, ``torchrun``, ``srun``), rank ``r`` of ``W`` writes utterances ``r, r + W,
 ...``. Errors: one ``ERROR:`` line each; exit status 2 for a bad option, 1 for a problem of the run or of an
-utterance (the others are still written).
-"""
+utterance (the others are still written)."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """This script's command line.
 
     Raises:
-        UsageError: an unknown, missing or malformed option (``--help`` still prints and exits 0).
-    """
+        UsageError: an unknown, missing or malformed option (``--help`` still prints and exits 0)."""
     parser = _Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoint", required=True,
                         help="a Tacotron2 checkpoint of train.py (a .pt file or a sharded checkpoint folder)")
@@ -101,8 +99,7 @@ def check_paths(args: argparse.Namespace) -> None:
     """The paths of the command line exist as what they must be (no file is read).
 
     Raises:
-        CheckpointError, DataError: no ``--checkpoint``; ``--dataset-path`` is no folder, or ``--output`` a file.
-    """
+        CheckpointError, DataError: no ``--checkpoint``; ``--dataset-path`` is no folder, or ``--output`` a file."""
     if not Path(args.checkpoint).exists():
         raise CheckpointError(f"--checkpoint {args.checkpoint}: not found")
     if not Path(args.dataset_path).is_dir():
@@ -143,8 +140,7 @@ def prepare_output(output: Path, cfg: Config, source: dict, overwrite: bool) -> 
 
     Raises:
         DataError: the folder is Tacotron2's own mel cache, or (without ``overwrite``) holds mels of other audio
-            settings, of other weights or cleaners, or ``.pt`` files this script did not write.
-    """
+            settings, of other weights or cleaners, or ``.pt`` files this script did not write."""
     cache = mel_cache_path(cfg.data.dataset_path, cfg.tacotron2.mel_cache_dir)
     if cache is not None and cache.resolve() == output.resolve():
         raise DataError(f"--output {output} is Tacotron2's mel cache (tacotron2.mel_cache_dir), its training targets: "
@@ -175,8 +171,7 @@ def corpus(cfg: Config) -> tuple[list[Utterance], list[BadClip]]:
     """Every utterance of both splits once, in corpus order (training first), and the corpus lines left out.
 
     Raises:
-        DataError: the corpus cannot be listed.
-    """
+        DataError: the corpus cannot be listed."""
     bad: list[BadClip] = []
     train_utts, val_utts = load_splits(cfg.data, bad=bad)
     unique: dict[str, Utterance] = {}
@@ -247,8 +242,7 @@ def dump_share(model: torch.nn.Module, cfg: Config, share: list[Utterance], outp
 
     Raises:
         DataError, ValueError: the share's dataset cannot be built (a mel cache of other settings, an unknown cleaner).
-        OSError: a mel cannot be written.
-    """
+        OSError: a mel cannot be written."""
     report: dict[str, Any] = {"share": len(share), "written": 0, "already": 0, "left_out": [], "errors": []}
     todo = []
     for utt in share:
@@ -350,8 +344,7 @@ def prepare_job(args: argparse.Namespace) -> Job:
 
     Raises:
         CheckpointError: no checkpoint, an unreadable one, or one of another model.
-        ConfigError, DataError, ValueError, OSError: its config, the corpus or the device cannot be used.
-    """
+        ConfigError, DataError, ValueError, OSError: its config, the corpus or the device cannot be used."""
     check_paths(args)
     env = detect_launcher_env(os.environ)
     device = parse_device(args.device)

@@ -9,8 +9,7 @@ Starts its own ranks (``torch.distributed.run --standalone``) and trains one ste
 model (:func:`model_subject`) per wrapping (ddp, fsdp) and activation checkpointing (none, full, selective), as
 ``train.py`` applies them. Per rank, in MiB: parameters, gradients, optimizer state (exact), activations (GPU: peak
 allocated above the start; CPU: :class:`SavedActivations`), peak RSS; then :func:`stall`, sync vs ``async_save``.
-Bad arguments or a failed rank: one line on stderr, exit status 1.
-"""
+Bad arguments or a failed rank: one line on stderr, exit status 1."""
 
 from __future__ import annotations
 
@@ -99,8 +98,7 @@ def model_subject(name: str, tiny: bool) -> Subject:
     case's synthetic batch, its criterion and its optimizer (``Training.build_optimizer``, else Adam).
 
     Raises:
-        CannotMeasure: no such model, one without blocks or benchmark cases, or one of several optimizers.
-    """
+        CannotMeasure: no such model, one without blocks or benchmark cases, or one of several optimizers."""
     if name not in MODELS:
         raise CannotMeasure(f"--model {name}: models/__init__.py registers no such model (it has "
                             f"{', '.join(sorted(MODELS))})")
@@ -242,8 +240,7 @@ def stall(async_save: bool, args, rank: int, device: torch.device, folder: Path)
     (so a background save that did not stage its own copy is caught). Every rank calls it.
 
     Raises:
-        RuntimeError: the checkpoint is damaged or does not give back the saved state.
-    """
+        RuntimeError: the checkpoint is damaged or does not give back the saved state."""
     model, optimizer = fsdp_model(args, device, seed=0)
     saved = fingerprint(model, optimizer)
     kind = "async" if async_save else "sync"
@@ -361,8 +358,7 @@ def checked_subject(args) -> str:
     """The description of what will be measured (:func:`subject`), said before any rank starts.
 
     Raises:
-        CannotMeasure: a count below its least value, a ``--json`` in no folder, or a model it cannot measure.
-    """
+        CannotMeasure: a count below its least value, a ``--json`` in no folder, or a model it cannot measure."""
     problem = next((f"--{name} must be >= {least}, got {getattr(args, name)}"
                     for name, least in (("nproc", 2), ("depth", 1), ("width", 1), ("batch", 1))
                     if getattr(args, name) < least), None)

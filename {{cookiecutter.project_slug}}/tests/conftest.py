@@ -1,7 +1,9 @@
 """Helpers shared by the project's tests (pytest puts the project root on ``sys.path``: ``pytest.ini``).
 
 * :data:`TEST_MODEL`: the model the generic tests (loop, resume, DDP, bad input) train: the environment
-  variable ``TEST_MODEL`` if set, else the first registered model in alphabetical order.
+  variable ``TEST_MODEL`` if set, else the first registered model in alphabetical order, Tacotron2 last (its
+  decoder steps once per mel frame: a tiny Tacotron2 job takes 2 to 3 times a tiny vocoder's CPU time, and the
+  generic tests start a hundred jobs; ``tests/test_tacotron2.py`` trains it on its own).
 * :func:`clean_env`: the environment for a launched job, without the launcher variables of the machine
   running the tests, with GPUs hidden when there are fewer than the job's processes.
 * :func:`finish`: wait for a launched job; on a timeout, show what is still running.
@@ -72,7 +74,7 @@ if XDIST_WORKERS > 1:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
 
-TEST_MODEL = os.environ.get("TEST_MODEL") or (sorted(MODELS)[0] if MODELS else None)
+TEST_MODEL = os.environ.get("TEST_MODEL") or min(MODELS, key=lambda name: (name == "tacotron2", name), default=None)
 if TEST_MODEL is not None and TEST_MODEL not in MODELS:
     raise pytest.UsageError(f"TEST_MODEL={TEST_MODEL} is not registered in models/__init__.py ({', '.join(MODELS)})")
 
@@ -323,11 +325,13 @@ def synth_corpus(root, n: int = 24, seconds: float = 0.6, sampling_rate: int = 2
     return root
 
 
-def train_with_validation_every_step(model: str, corpus, out) -> str:
-    """``python train.py`` in a process of its own: tiny config, 2 steps, a validation after each; its output."""
+def train_with_validation_every_step(model: str, corpus, out, *settings: str) -> str:
+    """``python train.py`` in a process of its own: tiny config, 2 steps, a validation after each, and ``settings``
+    (``--set`` values); its output."""
+    sets = [arg for setting in settings for arg in ("--set", setting)]
     proc = subprocess.Popen([sys.executable, "train.py", "--config", "config.json", "--model", model, "--tiny",
                              "--max-steps", "2", "--dataset-path", str(corpus), "--output-dir", str(out),
-                             "--set", "train.val_interval=1", "--set", "data.num_workers=0"],
+                             "--set", "train.val_interval=1", "--set", "data.num_workers=0", *sets],
                             cwd=ROOT, env=clean_env(1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     code, output = finish(proc)

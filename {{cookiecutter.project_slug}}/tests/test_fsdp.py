@@ -8,13 +8,12 @@ Each model trains its tiny config: every registered model with one optimizer (FS
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 import torch
-from conftest import ROOT, TEST_MODEL, bound, clean_env, descendants, finish, start_job, synth_corpus
+from conftest import ROOT, TEST_MODEL, bound, descendants, finish, run_train_main, start_job, synth_corpus
 
 import inference
 from models import MODELS, config_schemas
@@ -135,16 +134,16 @@ def test_fsdp_trains_with_the_losses_of_ddp(corpus, tmp_path, model):
     # Without gradient clipping (Tacotron2's recipe clips): FSDP sums the clipping norm over shards in another order,
     # and Adam magnifies that rounding on the biases before BatchNorm, whose gradients are rounding noise (4.8e-4 in
     # 20 steps, the losses still equal to 1e-5). What is compared here is the sharding.
-    settings = ["--max-steps", "20", "--set", "train.checkpoint_interval=20", "--set", "train.grad_clip=0"]
+    settings = ["--max-steps", "8", "--set", "train.checkpoint_interval=8", "--set", "train.grad_clip=0"]
     train(tmp_path / "ddp", corpus, model, *settings)
     output = train(tmp_path / "fsdp", corpus, model, *settings, *FSDP)
     assert "parallelism fsdp" in output
     ddp, fsdp = losses(tmp_path / "ddp"), losses(tmp_path / "fsdp")
-    assert len(ddp) == len(fsdp) == 20
+    assert len(ddp) == len(fsdp) == 8
     assert fsdp == pytest.approx(ddp, rel=1e-5, abs=1e-5), [abs(a - b) for a, b in zip(ddp, fsdp)]
     # A sharded checkpoint: a folder per step, the link to the last, nothing half-written.
     out = tmp_path / "fsdp"
-    assert os.readlink(out / "checkpoint_last") == "checkpoint_20"
+    assert os.readlink(out / "checkpoint_last") == "checkpoint_8"
     assert not list(out.glob(".checkpoint_*")) and not list(out.glob("checkpoint_*.pt"))
     assert max_difference(sharded_weights(out / "checkpoint_last", model),
                           torch.load(tmp_path / "ddp" / "checkpoint_last.pt", weights_only=True)["model"]) < 1e-4
@@ -233,11 +232,10 @@ def test_fsdp_refuses_what_it_cannot_do_in_one_line(corpus, tmp_path):
     # An FSDP run refuses that single-file checkpoint, and fp16.
     for extra, message in ((["--resume", str(sharded / "checkpoint_last.pt")], "is a single-file checkpoint"),
                            (["--set", "train.precision=fp16"], "FSDP2 mixed precision is bf16")):
-        proc = subprocess.run([sys.executable, "train.py", *COMMON, "--model", MODEL, "--dataset-path",
-                               str(corpus), "--output-dir", str(tmp_path / "fsdp"), "--max-steps", "6", *FSDP, *extra],
-                              cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=300)
-        errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
-        assert proc.returncode != 0 and len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+        code, _, err = run_train_main([*COMMON, "--model", MODEL, "--dataset-path", str(corpus), "--output-dir",
+                                       str(tmp_path / "fsdp"), "--max-steps", "6", *FSDP, *extra])
+        errors = [line for line in err.splitlines() if line.startswith("ERROR")]
+        assert code != 0 and len(errors) == 1 and message in errors[0], err[-2000:]
 
 
 @needs_one

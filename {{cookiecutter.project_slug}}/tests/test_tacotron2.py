@@ -504,6 +504,8 @@ def test_griffin_lim_clip_lasts_as_long_as_the_mel():
 
 
 def test_validation_audio_draws_the_same_noise_and_leaves_the_training_random_stream_alone(tmp_path):
+    """Also: ``val_audio_seconds`` 0 (``--tiny``'s) leaves the audio out and keeps the pictures."""
+    from conftest import tensorboard_audio
     from torch.utils.tensorboard import SummaryWriter
 
     from models.tacotron2.inference import free_running_mel
@@ -522,36 +524,43 @@ def test_validation_audio_draws_the_same_noise_and_leaves_the_training_random_st
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # cutting the decoder at max_frames says nothing
         mels = [free_running_mel(net, text, max_frames=9) for _ in range(2)]
-        with SummaryWriter(tmp_path / "tb") as writer:
+        with SummaryWriter(tmp_path / "tensorboard") as writer:
             log_validation(net, batch, outputs, 3, writer, tmp_path / "out", cfg=cfg)
     assert torch.equal(torch.get_rng_state(), state)  # the run's dropout and crops go on as without pictures
     assert torch.equal(mels[0], mels[1]) and mels[0].shape[0] == N_MELS and 1 <= mels[0].shape[1] <= 9
     assert net.decoder.max_decoder_steps == TINY["max_decoder_steps"]
+    assert {"audio/teacher_forced_griffin_lim", "audio/free_running_griffin_lim"} <= set(tensorboard_audio(tmp_path))
+
+    cfg.tacotron2.val_audio_seconds = 0.0  # --tiny's: pictures, no audio
+    with SummaryWriter(tmp_path / "quiet" / "tensorboard") as writer:
+        log_validation(net, batch, outputs, 3, writer, tmp_path / "quiet", cfg=cfg)
+    assert tensorboard_audio(tmp_path / "quiet") == {} and (tmp_path / "quiet" / "alignment_3.png").is_file()
 
 
 @pytest.mark.slow
 def test_validation_writes_griffin_lim_audio_of_a_fixed_utterance_to_tensorboard(tmp_path):
     """A real run (``python train.py``, 1 process, tiny, a validation after each of 2 steps): the teacher-forced and
     free-running mels of the first validation item as audio at both validations, its target mel at the first;
-    ``audio.sampling_rate`` Hz, finite, and as long as the mels (cut at ``LOG_AUDIO_SECONDS``)."""
+    ``audio.sampling_rate`` Hz, finite, and as long as the mels (cut at ``tacotron2.val_audio_seconds``, which the
+    run sets: ``--tiny`` leaves the audio out)."""
     import os
 
     from conftest import ROOT, synth_corpus, tensorboard_audio, train_with_validation_every_step
 
     from models import config_schemas
-    from models.tacotron2.inference import LOG_AUDIO_SECONDS
     from utils.config import load_config
 
     corpus = synth_corpus(tmp_path / "corpus", n=20)  # 18 train, 2 validation clips: one validation batch
     out = tmp_path / "run"
-    train_with_validation_every_step("tacotron2", corpus, out)
+    seconds = 3.0
+    train_with_validation_every_step("tacotron2", corpus, out, f"tacotron2.val_audio_seconds={seconds}")
 
     cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True,
                       overrides=[f"data.dataset_path={corpus}", "audio.mel_framing=nvidia"])  # train.py's: the recipe's
     rate, hop = cfg.audio.sampling_rate, cfg.audio.hop_length
     val_set = build_datasets(cfg)[1]
     first = TextMelCollate()([val_set[i] for i in range(len(val_set))])  # sorted by text length, as validate's
-    max_frames = int(LOG_AUDIO_SECONDS * rate / hop)
+    max_frames = int(seconds * rate / hop)
     samples = min(int(first["mel_lengths"][0]), max_frames) * hop
 
     clips = tensorboard_audio(out)

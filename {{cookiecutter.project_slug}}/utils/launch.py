@@ -4,8 +4,7 @@ Vertex AI, PAI), per run (Vertex AI's and SageMaker's folders, SageMaker's hyper
 use, and the kernel's signal when the launcher dies. Sources: https://pytorch.org/docs/stable/elastic/run.html,
 https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES,
 https://docs.open-mpi.org/en/main/tuning-apps/environment-var.html, the documentation of Vertex AI ("Prepare training
-code"), SageMaker's training toolkit (``SM_CHANNEL_<NAME>``, ``/opt/ml/checkpoints``), SkyPilot and Kubeflow.
-"""
+code"), SageMaker's training toolkit (``SM_CHANNEL_<NAME>``, ``/opt/ml/checkpoints``), SkyPilot and Kubeflow."""
 
 from __future__ import annotations
 

@@ -22,10 +22,6 @@ from utils.data.audio import AudioConfig, check_wav_output, griffin_lim, save_wa
 from utils.data.corpus import DataError
 from utils.plotting import add_audio, first_time, fixed_random_state, plot_alignment, plot_gate, plot_spectrogram
 
-LOG_AUDIO_SECONDS = 3.0
-"""Longest clip :func:`log_validation` turns into audio, in seconds (Griffin-Lim of 3 s with
-:data:`LOG_GRIFFIN_LIM_ITERS` iterations takes about a second of CPU time)."""
-
 LOG_GRIFFIN_LIM_ITERS = 32
 """Griffin-Lim iterations of the validation clips: enough to hear the words, far from vocoder quality."""
 
@@ -39,7 +35,8 @@ def log_validation(model: nn.Module, batch: Batch, outputs: dict[str, torch.Tens
     for it: ``{"mel_postnet": (B, n_mels, T), "gate": (B, T), "alignments": (B, T, L), ...}``. Always saves
     ``output_dir/alignment_<step>.png``; with a TensorBoard ``writer`` also adds the figures ``alignment``,
     ``mel_target``, ``mel_predicted`` (post-net output) and ``gate``, and with the run's ``cfg`` audio made with
-    Griffin-Lim (:func:`griffin_lim_clip`), at most :data:`LOG_AUDIO_SECONDS` of each at ``audio.sampling_rate`` Hz:
+    Griffin-Lim (:func:`griffin_lim_clip`), at most ``tacotron2.val_audio_seconds`` of each (0: none; Griffin-Lim of
+    3 s with :data:`LOG_GRIFFIN_LIM_ITERS` iterations takes about a second of CPU time) at ``audio.sampling_rate`` Hz:
     ``audio/teacher_forced_griffin_lim`` (the post-net mel), ``audio/free_running_griffin_lim``
     (:func:`free_running_mel` of the item's text), and at the run's first validation only ``audio/target_griffin_lim``
     (what Griffin-Lim makes of a perfect mel) and the text ``audio/utterance`` (id and transcript).
@@ -55,10 +52,10 @@ def log_validation(model: nn.Module, batch: Batch, outputs: dict[str, torch.Tens
     writer.add_figure("mel_predicted", plot_spectrogram(outputs["mel_postnet"][0, :, :frames]), step)
     writer.add_figure("gate", plot_gate(batch["gate"][0, :frames],
                                         torch.sigmoid(outputs["gate"][0, :frames].float())), step)
-    if cfg is None:
+    if cfg is None or cfg.tacotron2.val_audio_seconds == 0:
         return
     audio_cfg = cfg.audio
-    max_frames = max(2, int(LOG_AUDIO_SECONDS * audio_cfg.sampling_rate / audio_cfg.hop_length))
+    max_frames = max(2, int(cfg.tacotron2.val_audio_seconds * audio_cfg.sampling_rate / audio_cfg.hop_length))
     crop = min(frames, max_frames)
     text = batch["text"][0, :text_len]
     if first_time(writer, "audio/target_griffin_lim"):

@@ -25,8 +25,10 @@ class Tacotron2Config(Section):
     / hop 256); ``gate_threshold`` is the stop probability that ends it. ``max_mel_frames`` drops longer clips (0: keep
     all). ``mel_cache_dir``: where ``scripts/preprocess.py`` caches mels (inside ``data.dataset_path``, or absolute;
     empty: no cache), used when it exists. ``mask_padding`` zeroes the outputs at padded frames (the loss ignores them
-    either way). ``n_mels`` is the ``audio`` section's. ``batch_size`` is per process; ``learning_rate`` and
-    ``weight_decay`` are Adam's.
+    either way). ``val_audio_seconds``: the longest clip of each validation that rank 0 turns into Griffin-Lim audio for
+    TensorBoard (0: pictures only, as ``--tiny`` does: a tiny model's audio is noise, and Griffin-Lim would take most
+    of a tiny run's CPU time). ``n_mels`` is the ``audio`` section's. ``batch_size`` is per process; ``learning_rate``
+    and ``weight_decay`` are Adam's.
     """
 
     n_symbols: int = Field(len(symbols), ge=1)
@@ -51,6 +53,7 @@ class Tacotron2Config(Section):
     max_mel_frames: int = Field(1000, ge=0)
     mel_cache_dir: str = "mels"
     mask_padding: bool = True
+    val_audio_seconds: float = Field(3.0, ge=0)
     batch_size: int = Field(64, ge=1)
     learning_rate: float = Field(1e-3, gt=0)
     weight_decay: float = Field(1e-6, ge=0)
