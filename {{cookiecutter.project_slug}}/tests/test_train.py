@@ -477,7 +477,7 @@ def test_fp16_overflows_skip_the_update_and_its_schedule_and_are_counted(capsys,
     updates, its scheduler does not advance for them, the skips are counted per optimizer, and no gradient norm of
     a skipped update is logged as a number. (On a GPU fp16 also overflows by itself in the first steps, while the
     GradScaler finds its scale: those skips are counted the same way.)"""
-    forced, steps = {2, 3}, 6
+    forced, steps = {2, 3}, 4
     spec = MODELS[MODEL]
 
     def inf_gradients(loss):
@@ -679,7 +679,7 @@ def test_a_rank_with_extra_memory_and_a_slow_rank_are_named(corpus, tmp_path):
 
 def test_scaling_script_tables_and_plots_1_and_2_processes(corpus, tmp_path):
     done = subprocess.run([sys.executable, "-m", "scripts.scaling", "--model", MODEL, "--tiny", "--procs", "1", "2",
-                           "--steps", "6", "--skip", "2", "--dataset-path", str(corpus), "--out", str(tmp_path)],
+                           "--steps", "4", "--skip", "1", "--dataset-path", str(corpus), "--out", str(tmp_path)],
                           cwd=ROOT, env=clean_env(2), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
