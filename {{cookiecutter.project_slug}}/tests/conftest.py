@@ -1,9 +1,9 @@
 """Helpers shared by the project's tests (pytest puts the project root on ``sys.path``: ``pytest.ini``).
 
 * :data:`TEST_MODEL`: the model the generic tests (loop, resume, DDP, bad input) train: the environment
-  variable ``TEST_MODEL`` if set, else the first registered model in alphabetical order, Tacotron2 last (its
-  decoder steps once per mel frame: a tiny Tacotron2 job takes 2 to 3 times a tiny vocoder's CPU time, and the
-  generic tests start a hundred jobs; ``tests/test_tacotron2.py`` trains it on its own).
+  variable ``TEST_MODEL`` if set, else the first registered model in alphabetical order, text-to-mel models (their
+  inference takes a vocoder) last: their decoder steps once per mel frame, so a tiny job of theirs takes 2 to 3
+  times a vocoder's CPU time, and the generic tests start a hundred jobs (their own test file trains them).
 * :func:`clean_env`: the environment for a launched job, without the launcher variables of the machine
   running the tests, with GPUs hidden when there are fewer than the job's processes.
 * :func:`finish`: wait for a launched job; on a timeout, show what is still running.
@@ -74,7 +74,8 @@ if XDIST_WORKERS > 1:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
 
-TEST_MODEL = os.environ.get("TEST_MODEL") or min(MODELS, key=lambda name: (name == "tacotron2", name), default=None)
+TEST_MODEL = os.environ.get("TEST_MODEL") or min(
+    MODELS, key=lambda name: (bool(MODELS[name].inference and MODELS[name].inference.takes_vocoder), name), default=None)
 if TEST_MODEL is not None and TEST_MODEL not in MODELS:
     raise pytest.UsageError(f"TEST_MODEL={TEST_MODEL} is not registered in models/__init__.py ({', '.join(MODELS)})")
 
