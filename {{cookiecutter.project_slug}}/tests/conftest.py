@@ -436,15 +436,14 @@ def old_weight_norm_names(key: str) -> str:
 
 
 def train_from_and_infer(tmp_path, name: str, weights, infer_args: list) -> None:
-    """``train.py --init-from weights`` for one tiny step of model ``name`` (one process), then
-    ``inference.py`` on the checkpoint it saved with ``infer_args`` (``--wav`` of the corpus when empty); asserts both
-    succeed and say so."""
+    """``train.py --init-from weights`` for one tiny step of model ``name`` (in this process: :func:`run_train_main`),
+    then ``inference.py`` on the checkpoint it saved with ``infer_args`` (``--wav`` of the corpus when empty), as a
+    user runs it; asserts both succeed and say so."""
     corpus, out = synth_corpus(tmp_path / "corpus", n=10), tmp_path / "out"
-    code, output = finish(start_job([sys.executable, "train.py", "--config", "config.json", "--model", name, "--tiny",
-                                     "--max-steps", "1", "--init-from", str(weights), "--dataset-path", str(corpus),
-                                     "--output-dir", str(out), "--set", "data.num_workers=0"], tmp_path, nproc=1),
-                          timeout=bound(240, 1))
-    assert code == 0 and f"initialised {name} from {weights}" in output, output[-3000:]
+    code, output, err = run_train_main(["--config", "config.json", "--model", name, "--tiny", "--max-steps", "1",
+                                        "--init-from", str(weights), "--dataset-path", str(corpus), "--output-dir",
+                                        str(out), "--set", "data.num_workers=0"])
+    assert code == 0 and f"initialised {name} from {weights}" in output + err, err[-3000:]
     args = infer_args or ["--wav", str(sorted((corpus / "wavs").glob("*.wav"))[0])]
     code, output = finish(start_job([sys.executable, "inference.py", "--checkpoint", str(out / "checkpoint_last.pt"),
                                      "--device", "cpu", "--output", str(tmp_path / "x.wav"), *args], tmp_path,

@@ -98,10 +98,19 @@ def launch(out, corpus, model, *extra, nproc=2, plant=None):
     return start_job(cmd, out, nproc, plant)
 
 
-def train(out, corpus, model, *extra, nproc=2) -> str:
-    code, output = finish(launch(out, corpus, model, *extra, nproc=nproc), timeout=bound(600))
+def train(out, corpus, model, *extra) -> str:
+    code, output = finish(launch(out, corpus, model, *extra), timeout=bound(600))
     assert code == 0, output[-4000:]
     return output
+
+
+def train_here(out, corpus, model, *extra) -> str:
+    """``train.py`` on one process inside this one (:func:`conftest.run_train_main`): a resume that proves what the
+    checkpoint holds, not the launch; its stdout and stderr, once it has exited 0."""
+    code, out_text, err = run_train_main([*COMMON, "--model", model, "--dataset-path", str(corpus), "--output-dir",
+                                          str(out), *extra])
+    assert code == 0, err[-4000:]
+    return out_text + err
 
 
 def losses(out) -> list[float]:
@@ -188,7 +197,7 @@ def test_sigterm_then_resume_with_background_checkpoints_ends_like_the_uninterru
 def test_a_checkpoint_of_two_processes_continues_on_one_then_on_two(corpus, tmp_path, parallelism):
     settings = ["--set", f"train.parallelism={parallelism}", "--set", "train.checkpoint_interval=2"]
     train(tmp_path, corpus, MODEL, *settings, "--max-steps", "2")
-    output = train(tmp_path, corpus, MODEL, *settings, "--max-steps", "4", "--resume", "auto", nproc=1)
+    output = train_here(tmp_path, corpus, MODEL, *settings, "--max-steps", "4", "--resume", "auto")
     notes = [line for line in output.splitlines() if "process(es), this run has" in line]
     assert len(notes) == 1 and "written by 2 process(es), this run has 1" in notes[0], output[-3000:]
     cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
@@ -211,7 +220,7 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_to_resume_from(co
         os.kill(pid, signal.SIGKILL)
     finish(proc)
     assert os.readlink(tmp_path / "checkpoint_last") == "checkpoint_4" and not (tmp_path / "checkpoint_8").exists()
-    output = train(tmp_path, corpus, MODEL, *settings, "--resume", "auto")
+    output = train_here(tmp_path, corpus, MODEL, *settings, "--resume", "auto")
     assert "at step 4" in output, output[-3000:]
     assert os.readlink(tmp_path / "checkpoint_last") == "checkpoint_10"
     assert not list(tmp_path.glob(".checkpoint_*.partial")), "the killed save's leftovers are removed"
@@ -219,15 +228,15 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_to_resume_from(co
 
 @needs_one
 def test_fsdp_refuses_what_it_cannot_do_in_one_line(corpus, tmp_path):
-    # A DDP run continues from a sharded checkpoint (the shards are put together).
+    # A run without FSDP continues from a sharded checkpoint (the shards are put together), here on one process.
     sharded = tmp_path / "sharded"
     train(sharded, corpus, MODEL, "--max-steps", "2", "--set", "train.checkpoint_interval=2", *FSDP)
-    output = train(sharded, corpus, MODEL, "--max-steps", "3", "--resume", "auto")
+    output = train_here(sharded, corpus, MODEL, "--max-steps", "3", "--resume", "auto")
     assert "at step 2" in output and (sharded / "checkpoint_last.pt").is_file()
-    # "last" names the newest checkpoint, whichever its kind: the DDP file, no longer the sharded folder of step 2.
+    # "last" names the newest checkpoint, whichever its kind: the single file, no longer the sharded folder of step 2.
     assert not (sharded / "checkpoint_last").exists() and (sharded / "checkpoint_2").is_dir()
     assert f"done: 3 steps; checkpoint {sharded / 'checkpoint_last.pt'}" in output
-    output = train(sharded, corpus, MODEL, "--max-steps", "4", "--resume", "auto")
+    output = train_here(sharded, corpus, MODEL, "--max-steps", "4", "--resume", "auto")
     assert "at step 3" in output, output[-2000:]
     # An FSDP run refuses that single-file checkpoint, and fp16.
     for extra, message in ((["--resume", str(sharded / "checkpoint_last.pt")], "is a single-file checkpoint"),
@@ -256,7 +265,7 @@ def test_a_full_disk_during_a_sharded_save_ends_every_rank_with_one_line_and_kee
             errors[0]
         assert errors[0].endswith("No space left on device; earlier checkpoints are kept (checkpoint_4)"), errors[0]
     assert os.readlink(tmp_path / "checkpoint_last") == "checkpoint_4" and not list(tmp_path.glob(".checkpoint_*"))
-    output = train(tmp_path, corpus, MODEL, *settings, "--resume", "auto")  # the disk has room again
+    output = train_here(tmp_path, corpus, MODEL, *settings, "--resume", "auto")  # the disk has room again
     assert "at step 4" in output and os.readlink(tmp_path / "checkpoint_last") == "checkpoint_10"
 
 

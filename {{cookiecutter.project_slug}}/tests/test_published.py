@@ -5,12 +5,11 @@
 
 import io
 import pickle
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TEST_MODEL, OpensAFile, bound, finish, start_job, synth_corpus, tiny_checkpoint
+from conftest import ROOT, TEST_MODEL, OpensAFile, run_train_main, synth_corpus, tiny_checkpoint
 
 from models import MODELS, config_schemas
 from scripts import import_weights
@@ -64,10 +63,11 @@ def test_import_weights_names_what_it_cannot_do_in_one_line(tmp_path, capsys):
 def test_init_from_another_model_is_refused_and_a_folder_with_its_own_checkpoint_resumes(tmp_path):
     corpus, out = synth_corpus(tmp_path / "corpus", n=10), tmp_path / "out"
 
-    def train(*extra):
-        return finish(start_job([sys.executable, "train.py", "--config", "config.json", "--model", TEST_MODEL, "--tiny",
-                                 "--dataset-path", str(corpus), "--output-dir", str(out), "--set",
-                                 "data.num_workers=0", *extra], tmp_path, nproc=1), timeout=bound(240, 1))
+    def train(*extra):  # in this process: what is proven is --init-from and --resume, not the launch
+        code, out_text, err = run_train_main(["--config", "config.json", "--model", TEST_MODEL, "--tiny",
+                                              "--dataset-path", str(corpus), "--output-dir", str(out), "--set",
+                                              "data.num_workers=0", *extra])
+        return code, out_text + err
     others = [name for name in MODELS if name != TEST_MODEL]
     if others:
         other = tiny_checkpoint(others[0], tmp_path / "other.pt")
