@@ -677,11 +677,15 @@ def test_a_rank_with_extra_memory_and_a_slow_rank_are_named(corpus, tmp_path):
     assert last["compute_s"][1] > last["compute_s"][0] + 0.1
 
 
-def test_scaling_script_tables_and_plots_1_and_2_processes(corpus, tmp_path):
+def test_scaling_script_shows_progress_tables_and_plots_1_and_2_processes_and_keeps_their_output(corpus, tmp_path):
     done = subprocess.run([sys.executable, "-m", "scripts.scaling", "--model", MODEL, "--tiny", "--procs", "1", "2",
                            "--steps", "4", "--skip", "1", "--dataset-path", str(corpus), "--out", str(tmp_path)],
                           cwd=ROOT, env=clean_env(2), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+    for procs in (1, 2):
+        assert re.search(rf"{procs} process\(es\):\s+\d+%\|.*\| 0/4 \[", done.stderr), done.stderr  # a bar from the start
+        assert re.search(rf"{procs} process\(es\):\s+\d+%\|.*\| [1-4]/4 \[", done.stderr), done.stderr  # ... that moves
+        assert "train" in (tmp_path / f"procs_{procs}" / "launcher.log").read_text()  # the run's own output, kept
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["procs", "items/s", "speed-up", "efficiency"]
     assert [line.split()[0] for line in lines[1:3]] == ["1", "2"] and lines[1].split()[2:] == ["1.00x", "100%"]
@@ -720,13 +724,3 @@ def test_a_slow_input_pipeline_is_named_with_a_fix_this_project_has(corpus, tmp_
         assert os.path.isfile(os.path.join(ROOT, script)), script
     for module in re.findall(r"-m (scripts\.\w+)", warnings[0]):  # ... or names as a module
         assert os.path.isfile(os.path.join(ROOT, *module.split(".")) + ".py"), module
-
-
-def test_scaling_script_shows_each_runs_progress_and_keeps_its_output(corpus, tmp_path):
-    done = subprocess.run([sys.executable, "-m", "scripts.scaling", "--model", MODEL, "--tiny", "--procs", "1",
-                           "--steps", "3", "--skip", "1", "--dataset-path", str(corpus), "--out", str(tmp_path)],
-                          cwd=ROOT, env=clean_env(1), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(r"1 process\(es\):\s+\d+%\|.*\| 0/3 \[", done.stderr), done.stderr  # a bar from the start
-    assert re.search(r"1 process\(es\):\s+\d+%\|.*\| [1-3]/3 \[", done.stderr), done.stderr  # ... that moves
-    assert "train" in (tmp_path / "procs_1" / "launcher.log").read_text()  # the run's own output, kept
