@@ -15,6 +15,8 @@
 * :func:`perturbed_tiny_model`, :func:`old_weight_norm_names`, :func:`train_from_and_infer`: weights in other
   projects' formats (``--init-from``).
 * :data:`START_DELAY_S`, :func:`process_start_s` and :func:`bound`: time limits that follow the machine.
+* :func:`made_once`: a module's expensive fixture (a reference run, a corpus) made once per session, not once per
+  pytest-xdist worker.
 
 Time limits follow the machine, not a fast laptop. A GPU host starts every process slowly (CUDA and NCCL
 initialisation take seconds) and ``pytest -n auto`` runs many jobs at once; so every bound on a job's wall time
@@ -54,6 +56,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from filelock import FileLock
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
@@ -73,6 +76,28 @@ order of magnitude. The jobs tests launch run one thread per process (:func:`cle
 if XDIST_WORKERS > 1:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
+
+def made_once(tmp_path_factory, name: str, make):
+    """``(folder, result)``: a fresh ``folder`` named ``name`` that ``make(folder)`` filled, and what it returned (a
+    JSON value), made once per test session and shared by every pytest-xdist worker, not once per worker.
+
+    A module's fixture runs in each worker that runs one of its tests, so a fixture that trains a reference run
+    would train it once per worker. Here the first worker to ask makes it under a file lock (``filelock``, the
+    pattern of pytest-xdist's documentation) in the session's temporary folder; the others wait, then read the
+    result and the folder, which no caller may change. Without pytest-xdist it is the session's own folder. A
+    ``make`` that raises leaves nothing behind: the next worker to ask tries again (and meets the same error)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's folder, above each worker's own
+    folder, result = shared / f"once_{name}", shared / f"once_{name}.json"
+    with FileLock(f"{folder}.lock"):
+        if not result.is_file():
+            shutil.rmtree(folder, ignore_errors=True)  # what a make that raised left
+            folder.mkdir()
+            value = make(folder)
+            result.write_text(json.dumps(value))
+        return folder, json.loads(result.read_text())
+
 
 TEST_MODEL = os.environ.get("TEST_MODEL") or min(
     MODELS, key=lambda name: (bool(MODELS[name].inference and MODELS[name].inference.takes_vocoder), name), default=None)

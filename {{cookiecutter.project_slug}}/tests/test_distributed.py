@@ -15,7 +15,7 @@ import textwrap
 import pytest
 import torch
 from conftest import (LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, TEST_MODEL, bound, clean_env, finish, finish_all,
-                      free_port, synth_corpus)
+                      free_port, made_once, synth_corpus)
 from torch import nn
 
 import distributed as D
@@ -101,7 +101,8 @@ def torchrun_env(rank, port):
 
 @pytest.fixture(scope="module")
 def torchrun_job(tmp_path_factory):
-    return run_two_ranks(tmp_path_factory.mktemp("torchrun_job"), torchrun_env, "full")
+    folder, _ = made_once(tmp_path_factory, "torchrun_job", lambda out: len(run_two_ranks(out, torchrun_env, "full")))
+    return [torch.load(folder / f"rank{r}.pt") for r in range(2)]
 
 
 # ----------------------------------------------------------------------- real 2-rank jobs

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 import torch
-from conftest import LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, bound, finish, run_train_main, start_job, synth_corpus, tiny_checkpoint
+from conftest import (LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, bound, finish, made_once, run_train_main, start_job,
+                      synth_corpus, tiny_checkpoint)
 
 import train
 from models import MODELS, config_schemas
@@ -33,12 +34,13 @@ SEGMENT = 4096
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return synth_corpus(tmp_path_factory.mktemp("gta") / "corpus", n=10)
+    return made_once(tmp_path_factory, "gta_corpus", lambda folder: str(synth_corpus(folder, n=10)))[0]
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return tiny_checkpoint("tacotron2", tmp_path_factory.mktemp("gta_checkpoint") / "tacotron2.pt")
+    return Path(made_once(tmp_path_factory, "gta_checkpoint",
+                          lambda folder: str(tiny_checkpoint("tacotron2", folder / "tacotron2.pt")))[1])
 
 
 @pytest.fixture
@@ -257,12 +259,14 @@ def test_the_vocoder_reads_data_mel_dir_and_mel_on_device_with_it_is_refused_bef
 
 @pytest.fixture(scope="module")
 def dumped(corpus, checkpoint, tmp_path_factory):
-    """``multiproc.py --nproc-per-node 2 -m scripts.dump_gta_mels``: ``(exit status, output, mel folder, logs)``."""
-    out = tmp_path_factory.mktemp("gta_dump")
-    cmd = [sys.executable, "multiproc.py", "--nproc-per-node", "2", "--log-dir", str(out / "logs"),
-           "-m", "scripts.dump_gta_mels", "--checkpoint", str(checkpoint), "--dataset-path", str(corpus), "--output",
-           str(out / "mels"), "--device", "cpu", "--batch-size", "2"]
-    code, output = finish(start_job(cmd, out, nproc=2), timeout=bound(120))
+    """``multiproc.py --nproc-per-node 2 -m scripts.dump_gta_mels`` (once per session): ``(exit status, output, mel
+    folder, logs)``."""
+    def run(out):
+        cmd = [sys.executable, "multiproc.py", "--nproc-per-node", "2", "--log-dir", str(out / "logs"),
+               "-m", "scripts.dump_gta_mels", "--checkpoint", str(checkpoint), "--dataset-path", str(corpus),
+               "--output", str(out / "mels"), "--device", "cpu", "--batch-size", "2"]
+        return finish(start_job(cmd, out, nproc=2), timeout=bound(120))
+    out, (code, output) = made_once(tmp_path_factory, "gta_dump", run)
     return code, output, out / "mels", out / "logs"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TEST_MODEL, bound, clean_env, free_port, rank_pids, synth_corpus
+from conftest import ROOT, TEST_MODEL, bound, clean_env, free_port, made_once, rank_pids, synth_corpus
 
 import distributed as D
 
@@ -74,33 +74,35 @@ COLLECTIVES = {"reduce_tensor": "all_reduce (mean)", "all_gather_object": "all_g
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-    """Start every hanging job at once (they mostly wait), then collect (returncode, stdout, stderr, seconds)."""
-    tmp = tmp_path_factory.mktemp("hang")
-    (tmp / "script.py").write_text(SCRIPT)
-    (tmp / "alone.py").write_text(ALONE)
-    started = {}
-    for which in COLLECTIVES:
-        cmd = [sys.executable, os.path.join(ROOT, "multiproc.py"), "--nproc-per-node", "2", "--log-dir",
-               str(tmp / f"logs_{which}"), str(tmp / "script.py"), which, str(TIMEOUT_S)]
-        started[which] = (subprocess.Popen(cmd, cwd=tmp, env=clean_env(2, cpu_only=True), stdout=subprocess.PIPE,
-                                           stderr=subprocess.PIPE, text=True, start_new_session=True),
-                          time.monotonic())
-    alone_env = {**clean_env(2, cpu_only=True), "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": str(free_port())}
-    started["rendezvous"] = (subprocess.Popen([sys.executable, str(tmp / "alone.py"), str(TIMEOUT_S)], cwd=tmp,
-                                              env=alone_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                              text=True, start_new_session=True), time.monotonic())
-    results = {}
-    try:
-        for name, (proc, start) in started.items():
-            out, err = proc.communicate(timeout=bound(120))  # a real hang fails here, after killing the job
-            results[name] = (proc.returncode, out, err, time.monotonic() - start)
-    finally:
-        for proc, _ in started.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    return results
+    """Start every hanging job at once (they mostly wait), then collect [returncode, stdout, stderr, seconds] of
+    each (once per session: :func:`conftest.made_once`)."""
+    def run(tmp):
+        (tmp / "script.py").write_text(SCRIPT)
+        (tmp / "alone.py").write_text(ALONE)
+        started = {}
+        for which in COLLECTIVES:
+            cmd = [sys.executable, os.path.join(ROOT, "multiproc.py"), "--nproc-per-node", "2", "--log-dir",
+                   str(tmp / f"logs_{which}"), str(tmp / "script.py"), which, str(TIMEOUT_S)]
+            started[which] = (subprocess.Popen(cmd, cwd=tmp, env=clean_env(2, cpu_only=True), stdout=subprocess.PIPE,
+                                               stderr=subprocess.PIPE, text=True, start_new_session=True),
+                              time.monotonic())
+        alone_env = {**clean_env(2, cpu_only=True), "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                     "MASTER_PORT": str(free_port())}
+        started["rendezvous"] = (subprocess.Popen([sys.executable, str(tmp / "alone.py"), str(TIMEOUT_S)], cwd=tmp,
+                                                  env=alone_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                  text=True, start_new_session=True), time.monotonic())
+        results = {}
+        try:
+            for name, (proc, start) in started.items():
+                out, err = proc.communicate(timeout=bound(120))  # a real hang fails here, after killing the job
+                results[name] = (proc.returncode, out, err, time.monotonic() - start)
+        finally:
+            for proc, _ in started.values():
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        return results
+    return made_once(tmp_path_factory, "hang_jobs", run)[1]
 
 
 def waited(stdout: str) -> float:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import IN_A_POD, ROOT, TEST_MODEL, bound, clean_env, finish, free_port, launch_command, synth_corpus
+from conftest import (IN_A_POD, ROOT, TEST_MODEL, bound, clean_env, finish, free_port, launch_command, made_once,
+                      synth_corpus)
 
 from utils.launch import (default_dataset_path, default_output_dir, hyperparameter_argv, platform_topology,
                           tensorboard_dir)
@@ -32,7 +33,7 @@ TRAINJOB, PYTORCHJOB, SKYPILOT = (Path(ROOT) / "scripts" / "kubeflow" / "trainjo
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return synth_corpus(tmp_path_factory.mktemp("corpus"), n=30)
+    return made_once(tmp_path_factory, "platforms_corpus", lambda folder: str(synth_corpus(folder, n=30)))[0]
 
 
 def losses(out: Path) -> list:
@@ -66,11 +67,11 @@ def shipped(path: Path, out: Path, corpus: Path, logs: Path, *extra: str) -> lis
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, corpus):
     """``multiproc.py`` on 4 processes: the losses every platform's run of 2 nodes x 2 processes must repeat."""
-    out = tmp_path_factory.mktemp("reference")
-    cmd = [sys.executable, "multiproc.py", "--nproc-per-node", "4", "--log-dir", str(out / "logs"), "train.py",
-           "--config", "config.json", *TRAIN_ARGS, "--dataset-path", str(corpus), "--output-dir", str(out)]
-    finished([start(cmd, clean_env(4))])
-    return losses(out)
+    def run(out):
+        cmd = [sys.executable, "multiproc.py", "--nproc-per-node", "4", "--log-dir", str(out / "logs"), "train.py",
+               "--config", "config.json", *TRAIN_ARGS, "--dataset-path", str(corpus), "--output-dir", str(out)]
+        finished([start(cmd, clean_env(4))])
+    return losses(made_once(tmp_path_factory, "platforms_reference", run)[0])
 
 
 def two_nodes(env_of, cmd_of, tmp_path) -> list:

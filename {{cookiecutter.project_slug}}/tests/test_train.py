@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 from conftest import (ROOT, TEST_MODEL, alive, bound, clean_env, descendants, finish, flip_tensor_bytes, free_port,
-                      rank_pids, run_ranks, start_job, synth_corpus)
+                      made_once, rank_pids, run_ranks, start_job, synth_corpus)
 
 import train
 from models import MODELS, config_schemas
@@ -40,7 +40,7 @@ COMMON = ["--config", "config.json", "--model", MODEL, "--tiny", "--max-steps", 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return synth_corpus(tmp_path_factory.mktemp("corpus"), n=30)
+    return made_once(tmp_path_factory, "train_corpus", lambda folder: str(synth_corpus(folder, n=30)))[0]
 
 
 # Every training forward of a job started with this on PYTHONPATH takes 0.25 s more: a job slow enough to be
@@ -132,12 +132,12 @@ def assert_same_state(a, b, path="checkpoint"):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, corpus):
-    """The uninterrupted run, with a checkpoint after every step to compare stopped runs with."""
-    out = tmp_path_factory.mktemp("reference")
-    code, output = finish(launch(out, corpus, "--set", "train.checkpoint_interval=1"))
-    assert code == 0, output
-    assert "warning" not in output, output  # a clean run raises no alarm
-    return out
+    """The uninterrupted run, with a checkpoint after every step to compare stopped runs with (one per session)."""
+    def run(out):
+        code, output = finish(launch(out, corpus, "--set", "train.checkpoint_interval=1"))
+        assert code == 0, output
+        assert "warning" not in output, output  # a clean run raises no alarm
+    return made_once(tmp_path_factory, "train_reference", run)[0]
 
 
 def test_two_processes_train_and_only_rank0_writes(reference):
