@@ -79,7 +79,8 @@ if XDIST_WORKERS > 1:
 
 def made_once(tmp_path_factory, name: str, make):
     """``(folder, result)``: a fresh ``folder`` named ``name`` that ``make(folder)`` filled, and what it returned (a
-    JSON value), made once per test session and shared by every pytest-xdist worker, not once per worker.
+    JSON value: tuples come back as lists, paths as strings), made once per test session and shared by every
+    pytest-xdist worker, not once per worker.
 
     A module's fixture runs in each worker that runs one of its tests, so a fixture that trains a reference run
     would train it once per worker. Here the first worker to ask makes it under a file lock (``filelock``, the
@@ -95,7 +96,7 @@ def made_once(tmp_path_factory, name: str, make):
             shutil.rmtree(folder, ignore_errors=True)  # what a make that raised left
             folder.mkdir()
             value = make(folder)
-            result.write_text(json.dumps(value))
+            result.write_text(json.dumps(value, default=str))
         return folder, json.loads(result.read_text())
 
 

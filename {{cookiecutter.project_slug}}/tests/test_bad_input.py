@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import ROOT, TEST_MODEL, OpensAFile, clean_env, synth_corpus
+from conftest import ROOT, TEST_MODEL, OpensAFile, clean_env, made_once, synth_corpus
 
 import inference
 import train
@@ -114,21 +114,22 @@ def precious(tmp_path):
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A real 2-step run whose corpus mixes 16 kHz, 44.1 kHz and stereo wavs (resampled and down-mixed on
-    the fly): it must succeed. Returns (output folder, snapshot of it)."""
-    root = tmp_path_factory.mktemp("finished")
-    corpus = synth_corpus(root / "corpus", n=N_UTTERANCES)
-    for index, (rate, channels) in {1: (16000, 1), 2: (22050, 2), 3: (44100, 2), 5: (16000, 2)}.items():
-        rewrite_wav(wav_of(corpus, index), rate, channels)
-    assert sf.info(str(wav_of(corpus, 2))).channels == 2 and sf.info(str(wav_of(corpus, 1))).samplerate == 16000
-    out = root / "out"
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    try:
-        code = train.main([*BASE, "--dataset-path", str(corpus), "--output-dir", str(out)])
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    assert code == 0
-    return out, snapshot(out)
+    the fly): it must succeed. Returns (output folder, snapshot of it), once per session (:func:`conftest.made_once`)."""
+    def run(root):
+        corpus = synth_corpus(root / "corpus", n=N_UTTERANCES)
+        for index, (rate, channels) in {1: (16000, 1), 2: (22050, 2), 3: (44100, 2), 5: (16000, 2)}.items():
+            rewrite_wav(wav_of(corpus, index), rate, channels)
+        assert sf.info(str(wav_of(corpus, 2))).channels == 2 and sf.info(str(wav_of(corpus, 1))).samplerate == 16000
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+        try:
+            code = train.main([*BASE, "--dataset-path", str(corpus), "--output-dir", str(root / "out")])
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        assert code == 0
+        return snapshot(root / "out")
+    root, before = made_once(tmp_path_factory, "finished", run)
+    return root / "out", before
 
 
 def linked_copy(folder: Path, dest: Path) -> Path:
@@ -558,44 +559,51 @@ def test_more_processes_than_gpus_is_one_line(corpus, tmp_path):
 
 @pytest.fixture(scope="module")
 def real_runs(finished, corpus, tmp_path_factory):
-    """``python train.py`` / ``python inference.py`` runs, started together (they mostly import):
-    name -> ((exit code, stdout, stderr), what the test needs to know)."""
-    root = tmp_path_factory.mktemp("real_runs")
-    runs = {}
-    # A wav cut short, found by the start-up check of a run that would resume the finished one.
-    corpus_copy = Path(shutil.copytree(corpus, root / "corpus"))
-    bad = wav_of(corpus_copy, 4)
-    bad.write_bytes(bad.read_bytes()[:3000])
-    output = linked_copy(finished[0], root / "out")
-    runs["truncated"] = (["train.py", *BASE, "--set", "data.num_workers=1", "--max-steps", "6", "--dataset-path",
-                          str(corpus_copy), "--output-dir", str(output)], (bad, output))
-    runs["bad_set"] = (["train.py", *BASE, "--set", "train.log_interval=abc", "--dataset-path", str(corpus),
-                        "--output-dir", str(root / "never")], root / "never")
-    marker = root / "pwned"
-    evil = evil_checkpoint(root / "evil.pt", marker)
-    runs["evil"] = (["inference.py", "--checkpoint", str(evil), "--output", str(root / "x.wav")],
-                    (evil, marker, root / "x.wav"))
-    taken = socket.socket()  # a port some other job listens on
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    port = taken.getsockname()[1]
-    runs["port_taken"] = (["multiproc.py", "--nproc-per-node", "2", "--master-port", str(port), "--log-dir",
-                           str(root / "logs"), "train.py", *BASE, "--dataset-path", str(corpus), "--output-dir",
-                           str(root / "never2")], (port, root / "never2"))
-    procs = {name: subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, env=clean_env(2)) for name, (argv, _) in runs.items()}
-    results = {}
-    try:
-        for name, proc in procs.items():
-            out, err = proc.communicate(timeout=300)
-            results[name] = ((proc.returncode, out, err), runs[name][1])
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        taken.close()
-    return results
+    """``python train.py`` / ``python inference.py`` runs, started together (they mostly import), once per session
+    (:func:`conftest.made_once`): name -> ((exit code, stdout, stderr), what the test needs to know: paths, a
+    port)."""
+    def run(root):
+        runs = {}
+        # A wav cut short, found by the start-up check of a run that would resume the finished one.
+        corpus_copy = Path(shutil.copytree(corpus, root / "corpus"))
+        bad = wav_of(corpus_copy, 4)
+        bad.write_bytes(bad.read_bytes()[:3000])
+        output = linked_copy(finished[0], root / "out")
+        runs["truncated"] = (["train.py", *BASE, "--set", "data.num_workers=1", "--max-steps", "6", "--dataset-path",
+                              str(corpus_copy), "--output-dir", str(output)], (bad, output))
+        runs["bad_set"] = (["train.py", *BASE, "--set", "train.log_interval=abc", "--dataset-path", str(corpus),
+                            "--output-dir", str(root / "never")], root / "never")
+        marker = root / "pwned"
+        evil = evil_checkpoint(root / "evil.pt", marker)
+        runs["evil"] = (["inference.py", "--checkpoint", str(evil), "--output", str(root / "x.wav")],
+                        (evil, marker, root / "x.wav"))
+        taken = socket.socket()  # a port some other job listens on
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        runs["port_taken"] = (["multiproc.py", "--nproc-per-node", "2", "--master-port", str(port), "--log-dir",
+                               str(root / "logs"), "train.py", *BASE, "--dataset-path", str(corpus), "--output-dir",
+                               str(root / "never2")], (port, root / "never2"))
+        procs = {name: subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, env=clean_env(2))
+                 for name, (argv, _) in runs.items()}
+        results = {}
+        try:
+            for name, proc in procs.items():
+                out, err = proc.communicate(timeout=300)
+                results[name] = ((proc.returncode, out, err), runs[name][1])
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            taken.close()
+        return results
+
+    def paths(info):  # back from JSON: the paths were written as strings
+        return [Path(x) if isinstance(x, str) else x for x in info] if isinstance(info, list) else Path(info)
+    _, results = made_once(tmp_path_factory, "real_runs", run)
+    return {name: (outcome, paths(info)) for name, (outcome, info) in results.items()}
 
 
 @pytest.mark.slow
