@@ -77,6 +77,7 @@ if XDIST_WORKERS > 1:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
 
+
 def made_once(tmp_path_factory, name: str, make):
     """``(folder, result)``: a fresh ``folder`` named ``name`` that ``make(folder)`` filled, and what it returned (a
     JSON value: tuples come back as lists, paths as strings), made once per test session and shared by every
@@ -86,7 +87,8 @@ def made_once(tmp_path_factory, name: str, make):
     would train it once per worker. Here the first worker to ask makes it under a file lock (``filelock``, the
     pattern of pytest-xdist's documentation) in the session's temporary folder; the others wait, then read the
     result and the folder, which no caller may change. Without pytest-xdist it is the session's own folder. A
-    ``make`` that raises leaves nothing behind: the next worker to ask tries again (and meets the same error)."""
+    ``make`` that raises leaves no result: the next worker to ask starts again in a fresh folder (and most likely
+    meets the same error, reported by its own test)."""
     shared = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent  # the session's folder, above each worker's own
