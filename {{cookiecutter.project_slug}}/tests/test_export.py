@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, bound, flip_tensor_bytes, run_train_main, synth_corpus, tiny_checkpoint
+from conftest import ROOT, bound, flip_tensor_bytes, made_once, run_train_main, synth_corpus, tiny_checkpoint
 from torch.utils.data import default_collate
 
 import inference
@@ -21,17 +21,20 @@ NAMES = sorted(MODELS)
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return synth_corpus(tmp_path_factory.mktemp("corpus"), n=10)
+    return made_once(tmp_path_factory, "export_corpus", lambda folder: str(synth_corpus(folder, n=10)))[0]
 
 
 @pytest.fixture(scope="module", params=NAMES)
 def trained(request, corpus, tmp_path_factory):
-    """``(model name, output folder)`` of 3 tiny training steps on one process with ``train.ema_decay=0.5``."""
-    name, out = request.param, tmp_path_factory.mktemp(f"trained_{request.param}") / "run"
-    code, output, errors = run_train_main(train_args(name, corpus, out, "--max-steps", "3",
-                                                     "--set", "train.ema_decay=0.5"))
-    assert code == 0 and "validation with an EMA of the weights (decay 0.5)" in output + errors, errors[-3000:]
-    return name, out
+    """``(model name, output folder)`` of 3 tiny training steps on one process with ``train.ema_decay=0.5`` (once per
+    session: :func:`conftest.made_once`)."""
+    name = request.param
+
+    def run(folder):
+        code, output, errors = run_train_main(train_args(name, corpus, folder / "run", "--max-steps", "3",
+                                                         "--set", "train.ema_decay=0.5"))
+        assert code == 0 and "validation with an EMA of the weights (decay 0.5)" in output + errors, errors[-3000:]
+    return name, made_once(tmp_path_factory, f"export_trained_{name}", run)[0] / "run"
 
 
 def train_args(name, corpus, out, *extra):
