@@ -15,8 +15,10 @@
 * :func:`perturbed_tiny_model`, :func:`old_weight_norm_names`, :func:`train_from_and_infer`: weights in other
   projects' formats (``--init-from``).
 * :data:`START_DELAY_S`, :func:`process_start_s` and :func:`bound`: time limits that follow the machine.
-* :func:`made_once`: a module's expensive fixture (a reference run, a corpus) made once per session, not once per
-  pytest-xdist worker.
+* :func:`made_once`, :func:`shared_corpus`: a module's expensive fixture (a reference run, a corpus) made once per
+  session, not once per pytest-xdist worker.
+* :func:`run_train_main`, :func:`train_in_process`: ``train.py`` inside the test's process, where what is proven is not
+  the launch.
 
 Time limits follow the machine, not a fast laptop. A GPU host starts every process slowly (CUDA and NCCL
 initialisation take seconds) and ``pytest -n auto`` runs many jobs at once; so every bound on a job's wall time
@@ -100,6 +102,14 @@ def made_once(tmp_path_factory, name: str, make):
             value = make(folder)
             result.write_text(json.dumps(value, default=str))
         return folder, json.loads(result.read_text())
+
+
+def shared_corpus(tmp_path_factory, name: str, n: int) -> Path:
+    """A :func:`synth_corpus` of ``n`` clips, made once per test session under the name ``name``
+    (:func:`made_once`); no caller may change it."""
+    def make(folder):
+        synth_corpus(folder, n=n)
+    return made_once(tmp_path_factory, name, make)[0]
 
 
 TEST_MODEL = os.environ.get("TEST_MODEL") or min(
@@ -468,10 +478,10 @@ def train_from_and_infer(tmp_path, name: str, weights, infer_args: list) -> None
     then ``inference.py`` on the checkpoint it saved with ``infer_args`` (``--wav`` of the corpus when empty), as a
     user runs it; asserts both succeed and say so."""
     corpus, out = synth_corpus(tmp_path / "corpus", n=10), tmp_path / "out"
-    code, output, err = run_train_main(["--config", "config.json", "--model", name, "--tiny", "--max-steps", "1",
-                                        "--init-from", str(weights), "--dataset-path", str(corpus), "--output-dir",
-                                        str(out), "--set", "data.num_workers=0"])
-    assert code == 0 and f"initialised {name} from {weights}" in output + err, err[-3000:]
+    said = train_in_process(["--config", "config.json", "--model", name, "--tiny", "--max-steps", "1", "--init-from",
+                             str(weights), "--dataset-path", str(corpus), "--output-dir", str(out), "--set",
+                             "data.num_workers=0"])
+    assert f"initialised {name} from {weights}" in said, said[-3000:]
     args = infer_args or ["--wav", str(sorted((corpus / "wavs").glob("*.wav"))[0])]
     code, output = finish(start_job([sys.executable, "inference.py", "--checkpoint", str(out / "checkpoint_last.pt"),
                                      "--device", "cpu", "--output", str(tmp_path / "x.wav"), *args], tmp_path,
@@ -494,6 +504,14 @@ def run_train_main(argv: list) -> tuple[int, str, str]:
             signal.signal(sig, handler)
         backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = flags
     return code, out.getvalue(), err.getvalue()
+
+
+def train_in_process(argv: list) -> str:
+    """:func:`run_train_main` for a run that must succeed: its stdout and stderr together, once it has exited 0 (the
+    test fails with the end of its stderr otherwise)."""
+    code, out, err = run_train_main(argv)
+    assert code == 0, err[-4000:]
+    return out + err
 
 
 def launch_command(path) -> list[str]:

@@ -78,8 +78,9 @@ WORKER = textwrap.dedent('''
 ''')
 
 
-def run_two_ranks(tmp_path, rank_env, mode: str) -> list:
-    """Start 2 real processes with the variables ``rank_env(rank, port)`` returns; their results."""
+def run_two_ranks(tmp_path, rank_env, mode: str) -> None:
+    """Start 2 real processes with the variables ``rank_env(rank, port)`` returns, in ``tmp_path``, and wait until both
+    have exited 0 (:func:`rank_results` reads what they saved)."""
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     port = free_port()
@@ -91,7 +92,11 @@ def run_two_ranks(tmp_path, rank_env, mode: str) -> list:
     outputs = finish_all(procs, bound(120))
     for rank, (p, out) in enumerate(zip(procs, outputs)):
         assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{out}"
-    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+
+
+def rank_results(folder) -> list:
+    """What each rank of :func:`run_two_ranks` saved in ``folder``, rank 0 first."""
+    return [torch.load(folder / f"rank{r}.pt") for r in range(2)]
 
 
 def torchrun_env(rank, port):
@@ -101,8 +106,8 @@ def torchrun_env(rank, port):
 
 @pytest.fixture(scope="module")
 def torchrun_job(tmp_path_factory):
-    folder, _ = made_once(tmp_path_factory, "torchrun_job", lambda out: len(run_two_ranks(out, torchrun_env, "full")))
-    return [torch.load(folder / f"rank{r}.pt") for r in range(2)]
+    folder, _ = made_once(tmp_path_factory, "torchrun_job", lambda out: run_two_ranks(out, torchrun_env, "full"))
+    return rank_results(folder)
 
 
 # ----------------------------------------------------------------------- real 2-rank jobs
@@ -153,7 +158,8 @@ def test_real_init_from_slurm_and_openmpi_variables(tmp_path):
                     "MASTER_PORT": str(port)}
         return {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
                 "OMPI_COMM_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    results = run_two_ranks(tmp_path, mixed_env, "init")
+    run_two_ranks(tmp_path, mixed_env, "init")
+    results = rank_results(tmp_path)
     assert [r["info"] for r in results] == [(0, 0, 2, "cpu", "gloo", True),
                                             (1, 1, 2, "cpu", "gloo", False)]
     assert results[0]["reduced"]["sum"] == results[1]["reduced"]["sum"] == [3.0, 30.0]

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, bound, flip_tensor_bytes, made_once, run_train_main, synth_corpus, tiny_checkpoint
+from conftest import (ROOT, bound, flip_tensor_bytes, made_once, run_train_main, shared_corpus, tiny_checkpoint,
+                      train_in_process)
 from torch.utils.data import default_collate
 
 import inference
@@ -21,7 +22,7 @@ NAMES = sorted(MODELS)
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return made_once(tmp_path_factory, "export_corpus", lambda folder: str(synth_corpus(folder, n=10)))[0]
+    return shared_corpus(tmp_path_factory, "export_corpus", 10)
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -31,9 +32,9 @@ def trained(request, corpus, tmp_path_factory):
     name = request.param
 
     def run(folder):
-        code, output, errors = run_train_main(train_args(name, corpus, folder / "run", "--max-steps", "3",
-                                                         "--set", "train.ema_decay=0.5"))
-        assert code == 0 and "validation with an EMA of the weights (decay 0.5)" in output + errors, errors[-3000:]
+        said = train_in_process(train_args(name, corpus, folder / "run", "--max-steps", "3", "--set",
+                                           "train.ema_decay=0.5"))
+        assert "validation with an EMA of the weights (decay 0.5)" in said, said[-3000:]
     return name, made_once(tmp_path_factory, f"export_trained_{name}", run)[0] / "run"
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 import torch
-from conftest import (LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, bound, finish, made_once, run_train_main, start_job,
-                      synth_corpus, tiny_checkpoint)
+from conftest import (LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, bound, finish, made_once, shared_corpus,
+                      start_job, tiny_checkpoint, train_in_process)
 
 import train
 from models import MODELS, config_schemas
@@ -34,7 +34,7 @@ SEGMENT = 4096
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return made_once(tmp_path_factory, "gta_corpus", lambda folder: str(synth_corpus(folder, n=10)))[0]
+    return shared_corpus(tmp_path_factory, "gta_corpus", 10)
 
 
 @pytest.fixture(scope="module")
@@ -288,11 +288,10 @@ def test_the_vocoder_trains_on_the_dumped_mels_and_its_loss_falls(dumped, corpus
     code, output, mels, _ = dumped
     assert code == 0, output[-4000:]
     out = tmp_path / "vocoder"
-    code, _, err = run_train_main(["--config", "config.json", "--model", VOCODER, "--tiny", "--max-steps", "8",
-                                   "--dataset-path", str(corpus), "--output-dir", str(out), "--set",
-                                   f"data.mel_dir={mels}", "--set", "data.num_workers=0", "--set", "train.log_interval=1",
-                                   "--set", "train.val_interval=100", "--set", "train.checkpoint_interval=100"])
-    assert code == 0, err[-4000:]
+    train_in_process(["--config", "config.json", "--model", VOCODER, "--tiny", "--max-steps", "8", "--dataset-path",
+                      str(corpus), "--output-dir", str(out), "--set", f"data.mel_dir={mels}", "--set",
+                      "data.num_workers=0", "--set", "train.log_interval=1", "--set", "train.val_interval=100",
+                      "--set", "train.checkpoint_interval=100"])
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == list(range(1, 9))
     losses = [row["losses"]["mel_l1"] if VOCODER == "hifigan" else row["loss"] for row in rows]

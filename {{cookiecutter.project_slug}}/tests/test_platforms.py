@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import (IN_A_POD, ROOT, TEST_MODEL, bound, clean_env, finish, free_port, launch_command, made_once,
-                      synth_corpus)
+                      shared_corpus)
 
 from utils.launch import (default_dataset_path, default_output_dir, hyperparameter_argv, platform_topology,
                           tensorboard_dir)
@@ -33,7 +33,7 @@ TRAINJOB, PYTORCHJOB, SKYPILOT = (Path(ROOT) / "scripts" / "kubeflow" / "trainjo
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return made_once(tmp_path_factory, "platforms_corpus", lambda folder: str(synth_corpus(folder, n=30)))[0]
+    return shared_corpus(tmp_path_factory, "platforms_corpus", 30)
 
 
 def losses(out: Path) -> list:

@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 from conftest import (ROOT, TEST_MODEL, alive, bound, clean_env, descendants, finish, flip_tensor_bytes, free_port,
-                      made_once, rank_pids, run_ranks, start_job, synth_corpus)
+                      made_once, rank_pids, run_ranks, shared_corpus, start_job, synth_corpus)
 
 import train
 from models import MODELS, config_schemas
@@ -40,7 +40,7 @@ COMMON = ["--config", "config.json", "--model", MODEL, "--tiny", "--max-steps", 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return made_once(tmp_path_factory, "train_corpus", lambda folder: str(synth_corpus(folder, n=30)))[0]
+    return shared_corpus(tmp_path_factory, "train_corpus", 30)
 
 
 # Every training forward of a job started with this on PYTHONPATH takes 0.25 s more: a job slow enough to be
