@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 SCALARS = ("loss", "lr", "items_per_s", "step_time_s", "data_time_s", "grad_norm", "fp16_overflows")
@@ -247,6 +246,8 @@ class RunLog:
                 if dropped := drop_rows_after(self.output_dir / name, initial_step):
                     self.print(f"note: {name}: {dropped} row(s) after step {initial_step}, the step resumed from, "
                                "removed (those steps are trained again)")
+            from torch.utils.tensorboard import SummaryWriter  # here: the launcher and ranks > 0 never write to it
+
             self.writer = SummaryWriter(tensorboard or str(self.output_dir / "tensorboard"),
                                         purge_step=initial_step + 1 if initial_step else None)  # likewise
             self._metrics = open(self.output_dir / "metrics.jsonl", "a")
