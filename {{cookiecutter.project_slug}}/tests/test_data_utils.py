@@ -2,6 +2,7 @@
 into tmp_path."""
 
 import importlib
+import multiprocessing
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from torch.utils.data import DataLoader
 from utils.data.audio import AudioConfig, load_wav
 from utils.data.corpus import DataConfig, DataError, Utterance, load_splits, read_filelist, read_ljspeech
 from utils.data.datasets import AudioMelDataset, collate_audio_mel
+from utils.run import end_dataloader_workers
 
 SR = 22050
 
@@ -679,3 +681,20 @@ def test_check_corpus_cache_reads_each_clip_once_until_it_changes(tmp_path, monk
     del entry["silent_peak"]
     cache_file.write_text(json.dumps(cache))
     assert check(utts, cache_file) == [] and read == ["loud"]
+
+
+@pytest.mark.slow  # PyTorch takes 5 s to shut down a worker of an iterator that a garbage collection frees
+def test_the_workers_of_a_loader_held_only_by_a_reference_cycle_end_at_the_runs_end():
+    """What a failed run can leave (a loader's iterator held by a reference cycle): its worker still runs until
+    ``end_dataloader_workers`` collects the garbage and PyTorch shuts it down, none killed; with none left, it returns
+    at once."""
+    end_dataloader_workers()  # workers other tests left in this process
+    batches = iter(DataLoader(list(range(8)), batch_size=2, num_workers=1))
+    assert next(batches).tolist() == [0, 1]
+    held = {"batches": batches}
+    held["itself"] = held  # only a garbage collection frees it
+    del batches, held
+    assert len(multiprocessing.active_children()) == 1
+    assert end_dataloader_workers() == []
+    assert multiprocessing.active_children() == []
+    assert end_dataloader_workers() == []

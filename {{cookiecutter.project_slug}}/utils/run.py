@@ -113,6 +113,8 @@ def end_dataloader_workers() -> list[int]:
     """End this process's DataLoader workers still running; returns the pids it had to kill (SIGKILL). On an error the
     loaders' iterators may outlive the loop (held by the traceback), and their workers ignore stop signals, so Python's
     exit (terminate, then join) would wait forever; a garbage collection first lets PyTorch shut them down its way."""
+    if not multiprocessing.active_children():
+        return []  # the loaders ended theirs (a run's usual end): nothing to collect (0.2 s of CPU in a large process)
     gc.collect()
     killed = []
     for child in multiprocessing.active_children():
