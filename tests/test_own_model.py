@@ -21,8 +21,9 @@ below. What each proves that no faster test does:
 * the project's suite with ``TEST_MODEL`` naming the copied model, so its generic tests (loop, resume, DDP, bad
   input) train it: the whole suite in ``both``, the richest project; in the others only what differs (their files
   are subsets of ``both``'s and of the template's, which ``tests/test_template.py`` bakes and lints in every variant):
-  ``tacotron2_hifigan``'s fast tests and everything HiFi-GAN's, the GAN's or its vocoder's on Tacotron2's mels (GTA),
-  the replaced project's fast tests.
+  everything HiFi-GAN's, the GAN's or its vocoder's on Tacotron2's mels (GTA) and the other fast tests of
+  ``tacotron2_hifigan`` but Tacotron2's own, and the replaced project's fast tests; in neither the test files that
+  are the same in every variant (:data:`SAME_IN_EVERY_VARIANT`, checked to stay so).
 """
 
 import dataclasses
@@ -96,11 +97,19 @@ class Variant:
     selection: tuple[str, ...]
 
 
+SAME_IN_EVERY_VARIANT = ("test_audio_processing.py", "test_data_utils.py", "test_run_log.py", "test_text.py")
+"""The project's test files that read neither the registry nor ``config.json`` nor ``TEST_MODEL``: the same tests of
+the same code in every project that has them, run by ``beside-both``'s whole suite and left out of the others'."""
+ANYWHERE_ELSE = f"not ({' or '.join(SAME_IN_EVERY_VARIANT)})"
+
 VARIANTS = {
     "beside-both": Variant("both", "", ONE_LOSS, ()),
-    "replacing-waveglow": Variant("waveglow", "waveglow", ONE_LOSS, ("-m", "not slow")),
-    "two-optimizers-beside-tacotron2-hifigan": Variant("tacotron2_hifigan", "", TWO_OPTIMIZERS,
-                                                       ("-k", "not slow or hifigan or gan_vocoder or gta")),
+    # Its registry, config and README without the example models; the generic tests training melae alone.
+    "replacing-waveglow": Variant("waveglow", "waveglow", ONE_LOSS, ("-m", "not slow", "-k", ANYWHERE_ELSE)),
+    # HiFi-GAN's, the GAN's and GTA's tests, slow ones too; the other fast tests but Tacotron2's (beside-both's).
+    "two-optimizers-beside-tacotron2-hifigan": Variant(
+        "tacotron2_hifigan", "", TWO_OPTIMIZERS,
+        ("-k", f"hifigan or gan_vocoder or gta or not slow and not tacotron2 and {ANYWHERE_ELSE}")),
 }
 each_variant = pytest.mark.parametrize("variant", list(VARIANTS))
 
@@ -270,6 +279,16 @@ def test_the_gan_stopped_by_sigterm_resumes_to_the_uninterrupted_runs_weights(ow
     assert reference.keys() == resumed.keys()
     for key in reference:
         assert torch.equal(reference[key], resumed[key]), key
+
+
+def test_the_files_only_beside_both_runs_read_nothing_a_variant_changes():
+    """What makes a project differ from ``both``: its registry (``MODELS``, ``config_schemas``), ``config.json`` and
+    ``TEST_MODEL``; the files of :data:`SAME_IN_EVERY_VARIANT` name none of them and are not templated."""
+    tests = ROOT / "{{cookiecutter.project_slug}}" / "tests"
+    for name in SAME_IN_EVERY_VARIANT:
+        text = (tests / name).read_text()
+        for word in ("MODELS", "config_schemas", "config.json", "TEST_MODEL", "{%", "{{"):
+            assert word not in text, f"tests/{name} names {word}: run it in every variant (SAME_IN_EVERY_VARIANT)"
 
 
 @each_variant
