@@ -46,6 +46,9 @@ from typing import Optional
 
 import torch
 
+if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from model import BenchmarkCase
 from models import MODELS
 from scripts.benchmark_data import loader_rows, padding_rows, print_loader_table

@@ -23,6 +23,9 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.sharded import is_sharded, read_train_state, sharded_intact
 

@@ -40,6 +40,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
+if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from distributed import all_gather_object, broadcast_object, cleanup, init_distributed
 from inference import load_trained, parse_device
 from models.tacotron2.data import TextMelCollate, TextMelDataset, mel_cache_path

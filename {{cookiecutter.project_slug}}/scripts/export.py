@@ -20,6 +20,9 @@ from pathlib import Path
 
 import torch
 
+if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from inference import load_trained
 from models import MODELS
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes

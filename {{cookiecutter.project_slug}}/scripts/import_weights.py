@@ -21,6 +21,9 @@ from pathlib import Path
 
 import torch
 
+if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from models import MODELS, config_schemas
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.published import load_into, read_weights

@@ -24,6 +24,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from utils.data.audio import load_wav, save_wav
 from utils.data.corpus import DataError
 

@@ -31,6 +31,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
+if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from distributed import all_gather_object, apply_gradient_allreduce, barrier, cleanup, init_distributed
 from model import adam
 from models import MODELS, config_schemas

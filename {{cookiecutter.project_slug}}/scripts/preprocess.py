@@ -24,6 +24,9 @@ from typing import Optional, Sequence
 import torch
 from tqdm import tqdm
 
+if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from models import MODELS, config_schemas
 from models.tacotron2.data import CACHE_SETTINGS_FILE, check_cache_settings, mel_cache_path
 from utils.config import Config, ConfigError, load_config

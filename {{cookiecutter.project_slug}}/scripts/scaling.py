@@ -24,6 +24,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
+if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from utils.run_log import bar_options
 
 ROOT = Path(__file__).resolve().parents[1]

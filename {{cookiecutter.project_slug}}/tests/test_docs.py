@@ -10,6 +10,8 @@
 * ``docs/two_optimizer_example.py``, the manual's model with two optimizers, is offered the same way, works
   with the project's config as it is, and trains both of its phases with the loop's own functions: each phase
   updates only its network, and its named mel L1 falls.
+* Every tool of ``scripts/`` prints its help, run by its path (``python scripts/NAME.py --help``) as well as the way
+  the README shows (``python -m scripts.NAME``), without the project on ``PYTHONPATH``.
 """
 
 import json
@@ -20,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, clean_env, synth_corpus
+from conftest import ROOT, bound, clean_env, synth_corpus
 
 PROJECT = Path(ROOT)
 EXAMPLE = PROJECT / "docs" / "own_model_example.py"
@@ -257,3 +259,18 @@ def test_the_two_optimizer_example_trains_both_phases_and_its_mel_l1_falls(tmp_p
     batch_size, n_mels, frames = found["mel"]
     assert n_mels == found["n_mels"] and found["audio"] == [frames * found["hop"]]
     assert found["items"] == found["samples"] == batch_size * frames * found["hop"]
+
+
+TOOLS = sorted(path.name for path in (PROJECT / "scripts").glob("*.py") if 'if __name__ == "__main__":' in path.read_text())
+
+
+def test_the_tools_are_found():
+    assert {"benchmark.py", "export.py", "grace_period.py", "import_weights.py", "plot_run.py"} <= set(TOOLS), TOOLS
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_every_tool_prints_its_help_when_run_by_its_path(tool):
+    env = {key: value for key, value in clean_env(1).items() if key != "PYTHONPATH"}  # nothing puts the project there
+    done = subprocess.run([sys.executable, os.path.join("scripts", tool), "--help"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=bound(60, 1))
+    assert done.returncode == 0 and done.stdout.startswith("usage:") and not done.stderr, done.stderr[-2000:]
