@@ -10,8 +10,8 @@
 * ``docs/two_optimizer_example.py``, the manual's model with two optimizers, is offered the same way, works
   with the project's config as it is, and trains both of its phases with the loop's own functions: each phase
   updates only its network, and its named mel L1 falls.
-* Every tool of ``scripts/`` prints its help, run by its path (``python scripts/NAME.py --help``) as well as the way
-  the README shows (``python -m scripts.NAME``), without the project on ``PYTHONPATH``.
+* Every tool of ``scripts/`` prints its help when run by its path (``python scripts/NAME.py --help``, without the
+  project on ``PYTHONPATH``), not only the way the README shows (``python -m scripts.NAME``, which other tests run).
 """
 
 import json
