@@ -12,9 +12,9 @@ import soundfile as sf
 import torch
 from torch.utils.data import DataLoader
 
-from utils.data.audio import AudioConfig, load_wav
+from utils.data.audio import AudioConfig, MelSpectrogram, load_wav
 from utils.data.corpus import DataConfig, DataError, Utterance, load_splits, read_filelist, read_ljspeech
-from utils.data.datasets import AudioMelDataset, collate_audio_mel
+from utils.data.datasets import SILENCE_LOG_MEL, AudioMelDataset, collate_audio_mel
 from utils.run import end_dataloader_workers
 
 SR = 22050
@@ -409,6 +409,39 @@ def test_dataset_pads_short_clips_with_zeros(tmp_path):
     torch.testing.assert_close(item["audio"][:1000], full)
     assert torch.count_nonzero(item["audio"][1000:]) == 0
     assert item["mel"].shape == (80, 16)
+
+
+@pytest.mark.parametrize("framing", ["nvidia", "jik876"])
+def test_every_crop_of_a_mel_dir_clip_is_a_whole_segment_from_its_first_frames_sample(tmp_path, monkeypatch, framing):
+    """With ``mel_dir``, every start the crop can draw (each one, not a random few), for clips of every length modulo
+    the hop around one segment, gives ``segment_length // hop`` mel frames and ``segment_length`` samples: the audio of
+    those frames from sample ``start * hop``, zeros past the clip's end. NVIDIA's ``1 + T // hop`` frames reach past
+    the clip's last sample: a crop ending on its last frame used to be short (a batch then fails to collate)."""
+    hop, frames = 16, 8  # a small hop: every remainder of a clip's length modulo the hop in a few dozen clips
+    cfg, segment = AudioConfig(n_fft=64, hop_length=hop, win_length=64, n_mels=2, mel_framing=framing), frames * hop
+    lengths = [k * hop + r for k in (frames - 1, frames, frames + 1) for r in range(hop)]
+    utts = [Utterance(f"C{length}", write_wav(tmp_path / f"C{length}.wav", ramp(length), subtype="FLOAT"), "a")
+            for length in lengths]
+    mel_fn = MelSpectrogram.from_config(cfg)
+    for utt, length in zip(utts, lengths):  # mel frame f holds f: the crop's frames can be read off it
+        count = mel_fn.num_frames(length)
+        torch.save(torch.arange(count, dtype=torch.float32).expand(2, count).clone(), tmp_path / f"{utt.id}.pt")
+    dataset = AudioMelDataset(utts, cfg, segment, mel_dir=tmp_path)
+    for index, (utt, length) in enumerate(zip(utts, lengths)):
+        count, drawn = mel_fn.num_frames(length), []
+        monkeypatch.setattr(dataset, "_start", lambda i, choices: drawn.append(choices) or 0)
+        dataset[index]
+        choices = drawn[0] if drawn else 1  # a clip shorter than the crop may take its one crop without a draw
+        assert choices == max(count - frames, 0) + 1, (utt.id, drawn)  # the last crop ends on the clip's last frame
+        frames_audio = load_wav(utt.wav_path, SR)[:count * hop]
+        for start in range(choices):
+            monkeypatch.setattr(dataset, "_start", lambda i, choices, start=start: start)
+            item, where = dataset[index], (utt.id, length, start)
+            assert item["mel"].shape == (2, frames) and item["audio"].shape == (segment,), where
+            assert item["mel"][0].tolist() == [f if f < count else SILENCE_LOG_MEL
+                                               for f in range(start, start + frames)], where
+            kept = frames_audio[start * hop:start * hop + segment]
+            assert torch.equal(item["audio"][:len(kept)], kept) and not item["audio"][len(kept):].any(), where
 
 
 def test_dataset_rejects_empty_list_and_tiny_segments(tmp_path):

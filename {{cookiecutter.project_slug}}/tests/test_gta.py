@@ -15,15 +15,15 @@ import pytest
 import soundfile as sf
 import torch
 from conftest import (LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, bound, finish, made_once, shared_corpus,
-                      start_job, tiny_checkpoint, train_in_process)
+                      start_job, synth_corpus, tiny_checkpoint, train_in_process)
 
 import train
 from models import MODELS, config_schemas
 from scripts import dump_gta_mels
 from utils.config import load_config
-from utils.data.audio import MelSpectrogram, load_wav
+from utils.data.audio import MelSpectrogram, load_wav, recorded_audio
 from utils.data.corpus import DataError, Utterance, load_splits
-from utils.data.datasets import SILENCE_LOG_MEL, AudioMelDataset
+from utils.data.datasets import MEL_SETTINGS_FILE, SILENCE_LOG_MEL, AudioMelDataset
 
 VOCODER = "waveglow" if "waveglow" in MODELS else "hifigan"
 """The project's vocoder (this file exists in projects with Tacotron2 and one of them)."""
@@ -297,3 +297,26 @@ def test_the_vocoder_trains_on_the_dumped_mels_and_its_loss_falls(dumped, corpus
     losses = [row["losses"]["mel_l1"] if VOCODER == "hifigan" else row["loss"] for row in rows]
     first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
     assert last < first - 0.05 * max(1.0, abs(first)), losses  # WaveGlow: NLL per sample; HiFi-GAN: mel L1
+
+
+@pytest.mark.slow
+def test_two_ranks_fine_tune_on_clips_one_segment_long_whose_every_crop_reaches_the_clips_end(tmp_path):
+    """Clips of one segment or a little less in NVIDIA's framing (a Tacotron2 dump's, which the vocoder follows):
+    ``1 + T // 256`` mel frames, whose audio reaches past the clip's ``T`` samples. 8 of the 10 clips have just the
+    crop's frames (their one crop, validation's too, ends on the last), 2 one more; each crop is a whole segment (zeros
+    past the end) and the batches collate (they failed to: a crop at the end was short)."""
+    segment = getattr(load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True), VOCODER).segment_length
+    corpus = synth_corpus(tmp_path / "corpus", n=10, seconds=(segment + 1) / 22050, spread=(1.0, 1.0))
+    for shorter, wav in zip((0, 1, 37, 100, 128, 129, 200, 255, 0, 256), sorted((corpus / "wavs").glob("*.wav"))):
+        audio, rate = sf.read(wav, dtype="float32")  # segment - shorter samples: one or no frame more than the crop's
+        sf.write(wav, audio[:segment - shorter], rate, subtype="PCM_16")
+        assert sf.info(wav).frames == segment - shorter
+    mels = real_mels(corpus, tmp_path / "mels")
+    (mels / MEL_SETTINGS_FILE).write_text(json.dumps(recorded_audio(audio_cfg().model_dump())))  # as a dump records
+    out = tmp_path / "out"
+    code, output = finish(start_job([sys.executable, "multiproc.py", "--nproc-per-node", "2", "train.py", "--config",
+                                     "config.json", "--model", VOCODER, "--tiny", "--max-steps", "2", "--dataset-path",
+                                     str(corpus), "--output-dir", str(out), "--set", f"data.mel_dir={mels}", "--set",
+                                     "data.num_workers=0", "--set", "train.val_interval=2"], tmp_path, nproc=2),
+                          timeout=bound(180))
+    assert code == 0 and "done: 2 steps" in output and "Traceback" not in output, output[-3000:]

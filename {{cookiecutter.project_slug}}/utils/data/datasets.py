@@ -150,8 +150,11 @@ class AudioMelDataset(Dataset):
     ``--fine_tuning``; Shen et al. 2018); utterances the dump left out are left out (:func:`check_mel_dir`). Mel and
     audio are then cropped together on frame boundaries (mel frames from a frame ``f`` drawn as above, samples from ``f
     * hop_length``, jik876's alignment whatever the framing), so ``segment_length`` must be a multiple of
-    ``hop_length``; a shorter clip keeps the audio of its frames, padded with zeros and :data:`SILENCE_LOG_MEL` (jik876
-    pads the mel with 0, the log of a loud spectrum).
+    ``hop_length``; every crop, the one ending on the clip's last frame included, is ``segment_length`` samples: what
+    its frames cover past the clip's end (NVIDIA's framing: ``1 + T // hop_length`` frames cover up to ``hop_length``
+    samples more than the clip) is zeros, as NVIDIA's ``Mel2Samp`` and jik876's ``MelDataset`` pad a clip shorter than
+    a segment; a clip of fewer frames than the crop is followed by zeros and :data:`SILENCE_LOG_MEL` (jik876 pads the
+    mel with 0, the log of a loud spectrum).
 
     Raises:
         DataError: no utterances, or ``mel_dir`` cannot serve them (:func:`check_mel_dir`); in ``__getitem__``, a wav or
@@ -215,14 +218,14 @@ class AudioMelDataset(Dataset):
                             f"({self.mel.framing} framing: (samples + 2 * {self.mel.pad} - {self.mel.n_fft}) // {hop} "
                             "+ 1): made from other audio or with other settings")
         frames = self.segment_length // hop
-        if mel.shape[1] >= frames:
-            start = self._start(index, mel.shape[1] - frames + 1)
-            mel = mel[:, start:start + frames]
-            audio = audio[start * hop:start * hop + self.segment_length]
-        else:  # the clip's frames and their audio, then silence
-            audio = audio[:mel.shape[1] * hop]
-            mel = torch.nn.functional.pad(mel, (0, frames - mel.shape[1]), value=SILENCE_LOG_MEL)
-            audio = torch.nn.functional.pad(audio, (0, self.segment_length - audio.shape[0]))
+        # The audio of the mel's frames, zeros past the clip's end: NVIDIA's framing has 1 + T // hop frames, whose
+        # last crop reaches up to hop samples past the clip's T; a clip shorter than the crop: silence after its frames.
+        audio = audio[:mel.shape[1] * hop]
+        audio = torch.nn.functional.pad(audio, (0, max(mel.shape[1], frames) * hop - audio.shape[0]))
+        mel = torch.nn.functional.pad(mel, (0, max(frames - mel.shape[1], 0)), value=SILENCE_LOG_MEL)
+        start = self._start(index, mel.shape[1] - frames + 1)
+        mel = mel[:, start:start + frames]
+        audio = audio[start * hop:start * hop + self.segment_length]
         return {"mel": mel.contiguous(), "audio": audio.contiguous(), "id": utt.id}
 
     def __getitem__(self, index: int) -> dict:
