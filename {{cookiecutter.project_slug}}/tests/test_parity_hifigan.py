@@ -1,13 +1,17 @@
 """HiFi-GAN against jik876/hifi-gan: its V1, V2 and V3 generators, given the reference's weights
 (``conftest.formula_state``, in its key names, read by ``Published.read``) and input, compute the reference's audio
-(``tests/data/reference``, whose README says how it was made); its V3 files import."""
+(``tests/data/reference``, whose README says how it was made); each variant's file imports as that variant."""
+
+import json
 
 import pytest
 import torch
-from conftest import (assert_close, formula_state, import_published, mel_input, reference_config, reference_fixture,
-                      reference_model)
+from conftest import (ROOT, assert_close, formula_state, import_published, mel_input, reference_config,
+                      reference_fixture, reference_model, synth_corpus, train_in_process)
 
-from models import MODELS
+from models import MODELS, config_schemas
+from scripts import import_weights
+from utils.config import load_config
 
 pytestmark = [pytest.mark.skipif("hifigan" not in MODELS, reason="no HiFi-GAN in this project"),
               pytest.mark.filterwarnings("error::DeprecationWarning", "error::FutureWarning")]
@@ -28,12 +32,68 @@ def test_the_generator_computes_jik876s_audio(version):
     assert_close(audio, arrays["audio"], f"HiFi-GAN {version} audio")
 
 
-def test_a_v3_generator_file_imports(tmp_path):
-    """V3's residual blocks (type 2) are ``resblocks.<n>.convs.<m>`` in jik876's files."""
-    _, meta = reference_fixture("net_hifigan_v3.npz")
+@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
+def test_each_variant_is_told_apart_by_its_weights_shapes(version):
+    """Read with the default config (V1's) or the tiny one: the variant is named, and its settings replace the
+    config's generator settings where they differ."""
+    _, meta = reference_fixture(f"net_hifigan_{version}.npz")
+    zeros = {key: torch.zeros(shape) for key, shape, _ in meta["keys"]}
+    for tiny in (False, True):
+        cfg = load_config(f"{ROOT}/config.json", config_schemas(), tiny=tiny)
+        weights = MODELS["hifigan"].published.read({"generator": zeros}, cfg)
+        assert weights.source.startswith(f"jik876/hifi-gan's {version.upper()} generator file"), weights.source
+        assert ("replace the config's" in weights.source) == (tiny or version != "v1"), weights.source
+        got = {key: getattr(cfg.hifigan, key) for key in meta["config"]}
+        assert json.loads(json.dumps(got)) == generator_settings(meta)["hifigan"]
+
+
+@pytest.mark.parametrize("version", ["v2", "v3"])
+def test_a_generator_file_imports_as_its_variant_with_no_settings_given(tmp_path, version):
+    """``import_weights`` with the default config (V1's) and no ``--set`` says which variant it read, writes its
+    generator settings, and the checkpoint computes the reference's audio. V3's residual blocks (type 2) are
+    ``resblocks.<n>.convs.<m>`` in jik876's files."""
+    arrays, meta = reference_fixture(f"net_hifigan_{version}.npz")
     theirs = formula_state(meta)
-    torch.save({"generator": theirs}, tmp_path / "g_v3")
-    saved, line = import_published(tmp_path, tmp_path / "g_v3", generator_settings(meta))
-    assert "from jik876/hifi-gan's generator file" in line
-    assert torch.equal(saved["model"]["generator.mrfs.1.blocks.2.dilated.1.parametrizations.weight.original1"],
-                       theirs["resblocks.5.convs.1.weight_v"])  # resblocks.<3 i + j> -> mrfs.<i>.blocks.<j>
+    torch.save({"generator": theirs}, tmp_path / f"g_{version}")
+    saved, line = import_published(tmp_path, tmp_path / f"g_{version}", {})
+    assert f"from jik876/hifi-gan's {version.upper()} generator file" in line, line
+    assert ("replace the config's" in line) == (version != "v1"), line
+    settings = {key: saved["config"]["hifigan"][key] for key in meta["config"]}
+    assert json.loads(json.dumps(settings)) == generator_settings(meta)["hifigan"]
+    model = MODELS["hifigan"].build_model(reference_config(hifigan=settings)).eval()
+    model.load_state_dict(saved["model"])
+    with torch.no_grad():
+        assert_close(model.generator(mel_input(6)), arrays["audio"], f"imported HiFi-GAN {version} audio")
+    if version == "v3":
+        assert torch.equal(saved["model"]["generator.mrfs.1.blocks.2.dilated.1.parametrizations.weight.original1"],
+                           theirs["resblocks.5.convs.1.weight_v"])  # resblocks.<3 i + j> -> mrfs.<i>.blocks.<j>
+
+
+def test_a_generator_file_of_no_published_shapes_is_refused_naming_the_closest(tmp_path, capsys):
+    """V2's weights with a last upsampling kernel of 8 (V2's is 4): one line naming V2 and what differs."""
+    _, meta = reference_fixture("net_hifigan_v2.npz")
+    theirs = formula_state(meta)
+    theirs["ups.3.weight_v"] = torch.zeros(16, 8, 8)
+    torch.save({"generator": theirs}, tmp_path / "g_other")
+    assert import_weights.main([str(tmp_path / "g_other"), "--output", str(tmp_path / "out.pt")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ERROR: "), err
+    assert ("fits neither this config's generator nor V1, V2 or V3; the closest, V2, differs in upsample_kernel_sizes "
+            "(the file: (16, 16, 4, 8), V2: (16, 16, 4, 4))") in err[0], err
+    assert not (tmp_path / "out.pt").exists()
+
+
+@pytest.mark.slow
+def test_a_v3_generator_file_fine_tunes_with_no_settings_given(tmp_path):
+    """``train.py --init-from`` a V3 generator file and the tiny config, no ``--set hifigan.*`` (80 mel channels, as the
+    file's): the file is read before the model is built, so the generator takes V3's shapes, and the run trains."""
+    _, meta = reference_fixture("net_hifigan_v3.npz")
+    torch.save({"generator": formula_state(meta)}, tmp_path / "g_v3")
+    corpus, out = synth_corpus(tmp_path / "corpus", n=6), tmp_path / "out"
+    said = train_in_process(["--config", "config.json", "--model", "hifigan", "--tiny", "--max-steps", "1",
+                             "--init-from", str(tmp_path / "g_v3"), "--dataset-path", str(corpus), "--output-dir",
+                             str(out), "--set", "data.num_workers=0", "--set", "train.val_interval=1000",
+                             "--set", "audio.n_mels=80"])
+    assert "jik876/hifi-gan's V3 generator file; V3's generator settings" in said, said[-3000:]
+    saved = torch.load(out / "checkpoint_last.pt", weights_only=True)
+    assert saved["config"]["hifigan"]["resblock"] == 2 and saved["step"] == 1

@@ -90,9 +90,9 @@ class MelSpectrogram(nn.Module):
     ``k * hop_length``). ``"jik876"``: jik876/hifi-gan's ``mel_spectrogram``, ``pad = (n_fft - hop_length) // 2``
     (``T // hop_length`` frames for even ``n_fft - hop_length``, frame ``k`` centred on hop ``k``'s middle: a
     generator's ``hop_length`` samples per frame line up). Method: reflect-pad by ``pad`` on both sides, ``torch.stft``
-    with ``center=False`` and a periodic Hann window, magnitude, a Slaney mel filterbank (:func:`slaney_mel_filters`), then
-    ``log(clamp(mel, 1e-5))``. Rates in Hz, ``n_fft``, ``hop_length`` and ``win_length`` in samples; ``fmax=None`` is
-    ``sampling_rate / 2``.
+    with ``center=False`` and a periodic Hann window, magnitude (jik876's: ``sqrt(|X|^2 + 1e-9)``, NVIDIA's: ``|X|``), a
+    Slaney mel filterbank (:func:`slaney_mel_filters`), then ``log(clamp(mel, 1e-5))``. Rates in Hz, ``n_fft``,
+    ``hop_length`` and ``win_length`` in samples; ``fmax=None`` is ``sampling_rate / 2``.
 
     Raises:
         ValueError: a setting is not positive, ``win_length > n_fft``, ``hop_length > n_fft``, the band edges are not
@@ -158,7 +158,11 @@ class MelSpectrogram(nn.Module):
         padded = nn.functional.pad(batch.unsqueeze(1), (self.pad, self.pad), mode="reflect").squeeze(1)
         spec = torch.stft(padded, n_fft=self.n_fft, hop_length=self.hop_length, win_length=self.win_length,
                           window=self.window, center=False, return_complex=True)  # (B, n_fft // 2 + 1, frames)
-        log_mel = dynamic_range_compression(torch.matmul(self.mel_basis, spec.abs()))  # (B, n_mels, frames)
+        if self.framing == "jik876":  # its magnitude: sqrt(re^2 + im^2 + 1e-9)
+            magnitude = torch.sqrt(torch.view_as_real(spec).pow(2).sum(-1) + 1e-9)
+        else:
+            magnitude = spec.abs()
+        log_mel = dynamic_range_compression(torch.matmul(self.mel_basis, magnitude))  # (B, n_mels, frames)
         return log_mel.squeeze(0) if squeeze else log_mel
 
 

@@ -14,7 +14,7 @@ Command (CPU, about a minute; needs torch, numpy, librosa, scipy, matplotlib, in
     python make_fixtures.py --tacotron2 tacotron2 --waveglow waveglow --hifigan hifi-gan --output fixtures \\
         [--project PATH/TO/GENERATED/PROJECT]   # adds that project's text ids to text_nvidia.json
 
-Writes ``mel_nvidia.npz``, ``mel_hifigan.npz``, ``net_hifigan_v{1,2,3}.npz``, ``net_waveglow.npz``,
+Writes ``mel_nvidia.npz``, ``mel_hifigan.npz``, ``mel_sweep.npz``, ``net_hifigan_v{1,2,3}.npz``, ``net_waveglow.npz``,
 ``net_tacotron2_tf.npz`` (teacher-forced), ``net_tacotron2_fr.npz`` (free-running), ``text_nvidia.json`` and
 ``provenance.json``. Each ``.npz`` holds float32/int64 arrays and a ``meta`` string (JSON: what each array is, the
 formulas, the reference's state_dict keys); load with ``np.load(path, allow_pickle=False)``. Network inputs are
@@ -52,6 +52,10 @@ SR = 22050
 SIGNAL = {"formula": "x[n] = 0.5*sin(2*pi*(f0*t + (f1 - f0)*t**2/(2*D))) + 0.1*sin(2*pi*f2*t), t = n/sr, "
                      "n = 0 .. N-1, N = round(D*sr); computed in float64, then cast to float32; batch of one (1, N)",
           "sr": SR, "D": 0.3, "f0": 100.0, "f1": 4000.0, "f2": 1234.5}
+SWEEP = {"formula": "x[n] = 0.5*a(t)*sin(2*pi*(f0*t + (f1 - f0)*t**2/(2*D))), t = n/sr, n = 0 .. N-1, N = round(D*sr); "
+                    "a(t) = quiet[2] for quiet[0] <= t < quiet[1] (seconds), 0 for silent[0] <= t < silent[1], else 1; "
+                    "computed in float64, then cast to float32; batch of one (1, N)",
+         "sr": SR, "D": 2.0, "f0": 50.0, "f1": 8000.0, "quiet": [0.7, 1.0, 6e-4], "silent": [1.0, 1.3]}
 MEL_INPUT = "mel[c, t] = -5 + 3*sin(0.21*c + 0.9*t + 0.5)*cos(0.05*c*(t + 1)), c = 0..channels-1 (80), " \
             "t = 0..frames-1; float64 then float32, shape (1, channels, frames)"
 AUDIO_INPUT = "audio[n] = 0.5*sin(2*pi*220*n/22050) + 0.2*sin(2*pi*1000*n/22050 + 1); float64 then float32, (1, N)"
@@ -137,6 +141,14 @@ def signal() -> torch.Tensor:
     t = np.arange(round(SIGNAL["D"] * SR)) / SR
     x = 0.5 * np.sin(2 * np.pi * (SIGNAL["f0"] * t + (SIGNAL["f1"] - SIGNAL["f0"]) * t ** 2 / (2 * SIGNAL["D"])))
     return torch.from_numpy((x + 0.1 * np.sin(2 * np.pi * SIGNAL["f2"] * t)).astype(np.float32))[None]
+
+
+def sweep() -> torch.Tensor:
+    t = np.arange(round(SWEEP["D"] * SR)) / SR
+    quiet, silent = SWEEP["quiet"], SWEEP["silent"]
+    a = np.where((quiet[0] <= t) & (t < quiet[1]), quiet[2], np.where((silent[0] <= t) & (t < silent[1]), 0.0, 1.0))
+    x = 0.5 * a * np.sin(2 * np.pi * (SWEEP["f0"] * t + (SWEEP["f1"] - SWEEP["f0"]) * t ** 2 / (2 * SWEEP["D"])))
+    return torch.from_numpy(x.astype(np.float32))[None]
 
 
 def mel_input(frames: int, channels: int = 80) -> torch.Tensor:
@@ -238,6 +250,17 @@ def mel_fixtures(args, out: Path) -> None:
     save_npz(out / "mel_hifigan.npz", {**common, "call": "meldataset.mel_spectrogram(signal, n_fft=1024, num_mels=80, "
              "sampling_rate=22050, hop_size=256, win_size=1024, fmin=0, fmax=8000, center=False); log_mel_loss: the "
              "same with fmax=None (config fmax_for_loss)", "frames": mel.shape[-1]}, log_mel=mel, log_mel_loss=loss)
+    y = sweep()
+    with reference(args.tacotron2):
+        stft = importlib.import_module("layers").TacotronSTFT(1024, 256, 1024, 80, SR, 0.0, 8000.0)
+        nvidia = stft.mel_spectrogram(y)
+    with reference(args.hifigan), legacy_stft():
+        meldataset = importlib.import_module("meldataset")
+        mel = meldataset.mel_spectrogram(y, 1024, 80, SR, 256, 1024, 0, 8000, center=False)
+        loss = meldataset.mel_spectrogram(y, 1024, 80, SR, 256, 1024, 0, None, center=False)
+    save_npz(out / "mel_sweep.npz", {"signal": SWEEP, "input_shape": list(y.shape), "call": "nvidia: as mel_nvidia.npz; "
+             "jik876, jik876_loss: as mel_hifigan.npz's log_mel and log_mel_loss", "frames": {
+                 "nvidia": nvidia.shape[-1], "jik876": mel.shape[-1]}}, nvidia=nvidia, jik876=mel, jik876_loss=loss)
 
 
 def hifigan_fixtures(args, out: Path) -> None:
