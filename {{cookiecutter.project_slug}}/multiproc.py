@@ -325,17 +325,27 @@ def torchrun_config(args: argparse.Namespace):
 
 
 def failed_rank_status(err: ChildFailedError, logs: RankLogs) -> int:
-    """Say which rank failed (its last ``ERROR:`` line and its log) and return its exit code (1 for a signal); the ranks
-    torchrun stopped itself (SIGTERM, SIGKILL) are not causes."""
-    causes = [r for r in sorted(err.failures) if err.failures[r].exitcode not in (-signal.SIGTERM, -signal.SIGKILL)]
+    """Say which rank failed (its ``ERROR:`` line: the one it recorded, :func:`utils.launch.record_failure`, else its
+    log's last; and its log) and return its exit code (1 for a signal). The ranks torchrun stopped itself (SIGTERM,
+    SIGKILL) are not causes; nor, beside a rank with an error of its own, those that merely lost a peer in a
+    collective (gloo's "Connection closed by peer"): their line names the first cause's error instead."""
+    records = {r: err.failures[r].error_file_data for r in sorted(err.failures)}
+    said = {r: f": {record['message']}" if "lost_peer" in record else last_error_line(logs.paths.get(r))
+            for r, record in records.items()}
+    # A rank that recorded an error of its own (lost_peer None) is a cause, even if torchrun stopped it in its teardown.
+    killed = (-signal.SIGTERM, -signal.SIGKILL)
+    causes = [r for r, record in records.items()
+              if err.failures[r].exitcode not in killed or record.get("lost_peer", 0) is None]
     stopped = [r for r in sorted(err.failures) if r not in causes]
+    first = [r for r in causes if not records[r].get("lost_peer")]
     for rank in causes or stopped:
-        said = last_error_line(logs.paths.get(rank))
-        print(f"multiproc: rank {rank} failed (exit code {err.failures[rank].exitcode}){said}; its "
+        if records[rank].get("lost_peer") and first:
+            said[rank] = f": it lost its peer in {records[rank]['lost_peer']} when rank {first[0]} failed" + said[first[0]]
+        print(f"multiproc: rank {rank} failed (exit code {err.failures[rank].exitcode}){said[rank]}; its "
               f"log: {logs.paths.get(rank, 'the console above')}", file=sys.stderr, flush=True)
     if causes and stopped:
         print(f"multiproc: stopped the other rank(s): {stopped}", file=sys.stderr, flush=True)
-    exitcode = err.failures[(causes or stopped)[0]].exitcode
+    exitcode = err.failures[(first or causes or stopped)[0]].exitcode
     return exitcode if 0 < exitcode < 256 else 1
 
 

@@ -39,7 +39,7 @@ from utils.config import Config, ConfigError, load_config
 from utils.data.corpus import DataError, load_splits
 from utils.data.loader import epochs_done, next_micro_batches
 from utils.launch import (SAGEMAKER_CHECKPOINTS, cpu_threads, default_dataset_path, default_output_dir,
-                          hyperparameter_argv, tensorboard_dir)
+                          hyperparameter_argv, record_failure, tensorboard_dir)
 from utils.run import (RunLock, StopRequest, end_dataloader_workers, last_checkpoint, last_checkpoint_path,
                        take_output_dir)
 from utils.run_log import StepWindow, one_line, one_line_warnings
@@ -178,17 +178,20 @@ def run_training(args: argparse.Namespace, stop: StopRequest) -> int:
 def failure_status(err: Exception, rank: int, cfg: Config, output_dir: Path) -> int:
     """Print the one ``ERROR:`` line of a failed rank (with a traceback for a bug in model or data code, where it failed
     matters) and return its exit status, 1."""
+    lost_peer = None  # the collective in which a peer was lost (another rank's error is the cause)
     if isinstance(err, CollectiveError):  # its message names the rank, the collective and the timeout
-        print(f"ERROR: {one_line(err)}", file=sys.stderr)
+        line, lost_peer = one_line(err), err.collective
     elif isinstance(err, (ConfigError, DataError, CheckpointError, TrainingError)):
-        print(f"ERROR: rank {rank}: {one_line(err)}", file=sys.stderr)
+        line = f"rank {rank}: {one_line(err)}"
     elif isinstance(err, torch.distributed.DistBackendError):
-        print(f"ERROR: rank {rank}: a collective failed or timed out after {cfg.train.dist_timeout_s:.0f} s "
-              f"(another rank hung or died): {one_line(err)}", file=sys.stderr)
+        line, lost_peer = (f"rank {rank}: a collective failed or timed out after {cfg.train.dist_timeout_s:.0f} s "
+                           f"(another rank hung or died): {one_line(err)}", "a collective")
     else:  # a bug in model or data code, a full disk...
         traceback.print_exception(err)
-        print(f"ERROR: rank {rank}: {type(err).__name__}: {one_line(err)} (traceback above); last "
-              f"checkpoint: {last_checkpoint(output_dir)}", file=sys.stderr, flush=True)
+        line = (f"rank {rank}: {type(err).__name__}: {one_line(err)} (traceback above); last checkpoint: "
+                f"{last_checkpoint(output_dir)}")
+    print(f"ERROR: {line}", file=sys.stderr, flush=True)
+    record_failure(line, lost_peer)  # for multiproc.py's summary
     traceback.clear_frames(err.__traceback__)  # its DataLoaders go now, ending their workers at once (not 5 s each)
     return 1
 
@@ -266,9 +269,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     try:
         args.output_dir = args.output_dir or default_output_dir(os.environ)
         tensorboard_dir(os.environ, args.output_dir)  # its variable checked before any rank starts
+        args.dataset_path = args.dataset_path or default_dataset_path(os.environ)
     except ValueError as err:
         raise CommandLineError(str(err)) from None
-    args.dataset_path = args.dataset_path or default_dataset_path(os.environ)
     return args
 
 

@@ -57,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     buffer = io.BytesIO()
     torch.save({"model": model.state_dict(), "model_name": weights.model_name, "config": cfg.to_dict(), "step": 0,
                 "source": str(args.weights)}, buffer)
-    atomic_write_bytes(args.output, buffer.getvalue())
+    try:
+        atomic_write_bytes(args.output, buffer.getvalue())
+    except OSError as err:  # a read-only folder, a full disk
+        print(f"ERROR: cannot write {args.output}: {err.strerror or err}", file=sys.stderr)
+        return 1
     fresh = f"; {', '.join(prefix.rstrip('.') for prefix in kept)} untrained (not in the file)" if kept else ""
     print(f"wrote {args.output}: model '{weights.model_name}' from {weights.source}{fresh}")
     return 0

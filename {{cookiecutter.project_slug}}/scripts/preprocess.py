@@ -100,8 +100,8 @@ def preprocess(cfg: Config, workers: Optional[int] = None, overwrite: bool = Fal
 
     Raises:
         ConfigError: ``tacotron2.mel_cache_dir`` is empty or ``workers < 1``.
-        DataError: the corpus cannot be listed, or the cache holds mels made with other audio settings
-            and ``overwrite`` is false.
+        DataError: the corpus cannot be listed, the cache holds mels made with other audio settings
+            and ``overwrite`` is false, or the cache folder cannot be written (a read-only dataset folder).
     """
     cache_dir = mel_cache_path(cfg.data.dataset_path, cfg.tacotron2.mel_cache_dir)
     if cache_dir is None:
@@ -114,8 +114,13 @@ def preprocess(cfg: Config, workers: Optional[int] = None, overwrite: bool = Fal
     utterances = {utt.id: utt for utt in list(train_utts) + list(val_utts)}
     if not overwrite:
         check_cache_settings(cache_dir, cfg.audio)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    (cache_dir / CACHE_SETTINGS_FILE).write_text(json.dumps(recorded_audio(cfg.audio.model_dump()), indent=2) + "\n")
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        (cache_dir / CACHE_SETTINGS_FILE).write_text(json.dumps(recorded_audio(cfg.audio.model_dump()), indent=2)
+                                                     + "\n")
+    except OSError as err:  # a read-only dataset folder, a file in the cache folder's place, a full disk
+        raise DataError(f"cannot write the mel cache folder {cache_dir}: {err.strerror or err} (set "
+                        "tacotron2.mel_cache_dir to a writable folder: an absolute path is taken as it is)") from None
     jobs = [(utt.id, str(utt.wav_path), str(cache_dir / f"{utt.id}.pt")) for utt in utterances.values()
             if overwrite or not (cache_dir / f"{utt.id}.pt").is_file()]
     counts = {"total": len(utterances), "written": 0, "skipped": len(utterances) - len(jobs), "failed": 0}

@@ -2,6 +2,7 @@
 code, damaged files, and strict model loading that names what does not fit."""
 
 import builtins
+import errno
 import io
 import os
 import pickle
@@ -22,8 +23,11 @@ import torch
 from conftest import bound, clean_env, flip_tensor_bytes
 from torch import nn
 
-from utils.checkpoint.files import (CheckpointError, atomic_write_bytes, load_checkpoint, load_model_state,
-                                    remove_stale_temporaries)
+from models import MODELS
+from scripts import import_weights
+from utils.checkpoint.files import (CheckpointError, atomic_write_bytes, intact, load_checkpoint, load_model_state,
+                                    remove_stale_temporaries, torch_file_problem)
+from utils.checkpoint.published import read_weights
 from utils.checkpoint.resume import config_changes
 from utils.checkpoint.state import capture_rng_state, list_checkpoints, restore_rng_state, save_checkpoint
 
@@ -304,10 +308,94 @@ def test_64_bytes_flipped_inside_a_tensor_are_refused_in_one_line(tmp_path, good
 
 
 def test_a_failed_atomic_write_names_the_file_asked_for_not_its_temporary(tmp_path):
-    target = tmp_path / "gone" / "model.pt"
-    with pytest.raises(OSError) as info:
-        atomic_write_bytes(target, b"x")
-    assert info.value.filename == str(target) and ".tmp" not in str(info.value), info.value
+    (tmp_path / "a_file").write_text("mine")
+    # A missing folder; a file in the folder's place, where even the temporary's cleanup fails (as on a read-only
+    # folder: EROFS), which must not hide the error.
+    for target in (tmp_path / "gone" / "model.pt", tmp_path / "a_file" / "model.pt"):
+        with pytest.raises(OSError) as info:
+            atomic_write_bytes(target, b"x")
+        assert info.value.filename == str(target) and ".tmp" not in str(info.value), info.value
+
+
+def test_a_full_disk_between_the_two_files_of_a_save_names_what_was_written(tmp_path, monkeypatch):
+    """The numbered file is written, then the disk fills during ``checkpoint_last.pt`` (its fsync: ENOSPC)."""
+    save_checkpoint(tmp_path, state_of(4), 4)
+    fsync = os.fsync
+
+    def full_at_last(fd):
+        if ".checkpoint_last.pt.tmp" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return fsync(fd)
+    monkeypatch.setattr(os, "fsync", full_at_last)
+    with pytest.raises(CheckpointError) as info:
+        save_checkpoint(tmp_path, state_of(10), 10)
+    assert str(info.value) == (f"could not write the step 10 checkpoint in {tmp_path}: No space left on device "
+                               "(checkpoint_10.pt written, checkpoint_last.pt not); earlier checkpoints are kept "
+                               "(checkpoint_last.pt, checkpoint_4.pt)")
+    assert torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["step"] == 4
+    assert not temporaries(tmp_path)
+
+
+def test_random_bytes_after_a_pickles_first_byte_are_not_a_checkpoint_on_every_loader(tmp_path, capsys):
+    """0x80 starts every pickle: random bytes after it are named as what they are, not in the unpickler's words
+    (``unsupported pickle protocol``, ``invalid load key``), by ``inference.py``'s loader, ``--init-from``'s and
+    ``scripts.import_weights``."""
+    neither = "is not a checkpoint: neither a file torch.save writes (a zip archive) nor a pickle"
+    for seed in range(8):
+        path = tmp_path / f"random80_{seed}.pt"
+        path.write_bytes(b"\x80" + random.Random(seed).randbytes(4095))
+        with pytest.raises(CheckpointError, match=f"^{re.escape(f'{path} {neither}')}$"):
+            load_checkpoint(path)
+        with pytest.raises(CheckpointError, match=f"^{re.escape(f'--init-from {path} {neither}')}$"):
+            read_weights(path, MODELS, None)
+        assert import_weights.main([str(path), "--output", str(tmp_path / "out.pt")]) == 1
+        assert capsys.readouterr().err == f"ERROR: the weights file {path} {neither}\n"
+    assert not (tmp_path / "out.pt").exists()
+
+
+def legacy_file(path, storages: dict, tail: bytes = b"") -> None:
+    """A file in PyTorch's legacy format (before 1.6) whose object refers to ``storages`` ({key: (storage type, element
+    count)}), then ``tail``."""
+    header = b"".join(pickle.dumps(item, protocol=2) for item in (torch.serialization.MAGIC_NUMBER, 1001,
+                                                                  {"little_endian": True}))
+
+    class Storage(tuple):
+        pass
+
+    class Refers(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("storage", obj[1], obj[0], "cpu", obj[2], None) if isinstance(obj, Storage) else None
+    buffer = io.BytesIO()
+    Refers(buffer, protocol=2).dump({"model": [Storage((key, *kind)) for key, kind in storages.items()]})
+    path.write_bytes(header + buffer.getvalue() + tail)
+
+
+def test_a_legacy_file_declaring_more_bytes_than_it_holds_is_refused_before_any_allocation(tmp_path):
+    """A few hundred bytes that declare a 4 TiB storage: refused by its size on every loader, never allocated."""
+    path = tmp_path / "huge.pt"
+    legacy_file(path, {"0": (torch.FloatStorage, 2 ** 40)})
+    size = path.stat().st_size
+    assert size < 400
+    damaged = f"is damaged (its tensors need more bytes than the file holds: {2 ** 42} declared, "
+    with pytest.raises(CheckpointError, match=f"^{re.escape(f'{path} {damaged}')}"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match=f"^{re.escape(f'--init-from {path} {damaged}')}"):
+        read_weights(path, MODELS, None)
+    # Two storages of 3 floats and 6 bytes need 18 bytes after the pickles.
+    for tail, fits in ((bytes(17), False), (bytes(18), True)):
+        legacy_file(path, {"a": (torch.FloatStorage, 3), "b": (torch.ByteStorage, 6)}, tail)
+        assert (torch_file_problem(path) is None) == fits, torch_file_problem(path)
+
+
+def test_a_file_that_is_no_zip_archive_is_not_called_cut_short(tmp_path, good_bytes):
+    cut_short = "damaged (cut short: the zip archive's directory is missing)"
+    cases = {"cut.pt": (good_bytes[:len(good_bytes) // 2], cut_short),
+             "legacy.pt": (b"\x80\x02" + bytes(100), "not a checkpoint: not a zip archive, as torch.save writes"),
+             "text.pt": (b"hello", "not a checkpoint: not a zip archive, as torch.save writes"),
+             "empty.pt": (b"", "not a checkpoint: an empty file")}
+    for name, (data, said) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        assert intact(tmp_path / name) == said, name
 
 
 def test_a_corrupted_pickle_is_a_checkpoint_error_or_loads(tmp_path, good_bytes):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -81,6 +82,51 @@ def test_failing_rank_stops_the_job_and_is_named(tmp_path):
     assert f"multiproc: rank 1 failed (exit code 3); its log: {log}" in done.stderr
     assert "multiproc: rank 0 failed" not in done.stderr  # rank 0 was stopped, not a cause
     assert "stderr line of rank 1" in (tmp_path / log).read_text()
+
+
+# Rank 0 fails with an error of its own, as train.py reports one; rank 1, in an all-reduce, loses its peer (gloo's
+# "Connection closed by peer"). Rank 1 ignores torchrun's SIGTERM: it ends by its own error, as a rank in a collective
+# does before torchrun's stop reaches it.
+LOSES_ITS_PEER = textwrap.dedent('''
+    import signal, sys
+    import torch
+    import distributed as D
+    from utils.collectives import CollectiveError
+    from utils.launch import record_failure
+
+    info = D.init_distributed(timeout_s=60)
+    if info.rank == 1:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    D.reduce_tensor(torch.ones(1), "sum")  # both ranks are connected
+    if info.rank == 0:
+        print("ERROR: rank 0: the corpus went away (planted)", file=sys.stderr)
+        record_failure("rank 0: the corpus went away (planted)")
+        D.cleanup()
+        sys.exit(1)
+    try:
+        D.reduce_tensor(torch.ones(1), "sum")
+    except CollectiveError as err:
+        print(f"ERROR: {err}", file=sys.stderr)
+        record_failure(str(err), err.collective)
+        D.cleanup()
+        sys.exit(1)
+''')
+
+
+def test_a_rank_that_lost_its_peer_is_summed_up_by_the_error_of_the_rank_that_failed_first(tmp_path):
+    (tmp_path / "loses.py").write_text(LOSES_ITS_PEER)
+    done = subprocess.run([sys.executable, MULTIPROC, "--nproc-per-node", "2", "--log-dir", "logs", "loses.py"],
+                          cwd=tmp_path, env=clean_env(2, cpu_only=True), capture_output=True, text=True,
+                          timeout=bound(120, 3))
+    assert done.returncode == 1, done.stdout + done.stderr
+    summary = [line for line in done.stderr.splitlines() if line.startswith("multiproc: rank")]
+    log = os.path.join("logs", "rank_1.stderr.log")
+    # Rank 0 may still be ending (its process group's teardown) when torchrun stops it: exit code -15.
+    assert len(summary) == 2 and re.fullmatch(r"multiproc: rank 0 failed \(exit code (1|-15)\): rank 0: the corpus "
+                                              r"went away \(planted\); its log: the console above", summary[0]), summary
+    assert summary[1] == ("multiproc: rank 1 failed (exit code 1): it lost its peer in all_reduce (sum) when rank 0 "
+                          f"failed: rank 0: the corpus went away (planted); its log: {log}"), summary
+    assert "Connection closed" in (tmp_path / log).read_text()  # gloo's words stay in the rank's log
 
 
 @pytest.mark.slow  # real processes: the fast tier keeps one 2-process smoke run

@@ -20,6 +20,7 @@ import torch
 from conftest import (IN_A_POD, ROOT, TEST_MODEL, bound, clean_env, finish, free_port, launch_command, made_once,
                       shared_corpus)
 
+import train
 from utils.launch import (default_dataset_path, default_output_dir, hyperparameter_argv, platform_topology,
                           tensorboard_dir)
 
@@ -245,7 +246,18 @@ def test_platform_topology_reads_each_platform_in_the_documented_order(environ, 
     assert platform_topology(environ)[1] == expected
 
 
-def test_platform_folders_and_sagemaker_arguments(monkeypatch):
+def test_a_sagemaker_training_channel_that_is_no_folder_is_named_in_one_line(capsys, tmp_path, monkeypatch):
+    missing = tmp_path / "training"
+    monkeypatch.setenv("SM_CHANNEL_TRAINING", str(missing))
+    code = train.main(["--config", os.path.join(ROOT, "config.json"), "--tiny", "--output-dir", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code != 0 and "Traceback" not in out + err, err
+    assert err.splitlines() == [f"ERROR: SM_CHANNEL_TRAINING={missing}: no such folder (SageMaker's training channel: "
+                                "check the job's input channels), or pass --dataset-path"], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_platform_folders_and_sagemaker_arguments(monkeypatch, tmp_path):
     mounted = {"/gcs/bucket"}  # Vertex AI's Cloud Storage FUSE, one bucket mounted at /gcs/<bucket>
     monkeypatch.setattr("utils.launch.os.path.ismount", lambda path: path in mounted)
     assert default_output_dir({"AIP_CHECKPOINT_DIR": "gs://bucket/run/checkpoints/", "SM_CURRENT_HOST": "algo-1"}) \
@@ -262,7 +274,7 @@ def test_platform_folders_and_sagemaker_arguments(monkeypatch):
         tensorboard_dir({"AIP_TENSORBOARD_LOG_DIR": "gs://b/logs"}, "out")
     assert default_output_dir({"SM_CURRENT_HOST": "algo-1"}) == "/opt/ml/checkpoints"
     assert default_output_dir({}) == "output"
-    assert default_dataset_path({"SM_CHANNEL_TRAINING": "/opt/ml/input/data/training"}) == "/opt/ml/input/data/training"
+    assert default_dataset_path({"SM_CHANNEL_TRAINING": str(tmp_path)}) == str(tmp_path)
     assert default_dataset_path({"SM_CHANNEL_EVAL": "/x"}) is None
     assert tensorboard_dir({}, "out") == "out/tensorboard"
     assert hyperparameter_argv(["--config", "config.json", "--tiny", "True", "--train.lr", "1e-4", "--data.x=2",

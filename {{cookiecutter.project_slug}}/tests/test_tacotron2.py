@@ -2,6 +2,7 @@
 
 import copy
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -306,6 +307,25 @@ def test_preprocess_writes_mels_then_skips_them(tmp_path, capsys):
     assert "hop_length" in capsys.readouterr().err
     assert preprocess.main(["--config", str(config), "--workers", "1", "--overwrite", "--no-progress"]) == 0
     assert "4 mels written" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("how", ["a file in its place", "a read-only dataset folder"])
+def test_preprocess_names_a_cache_folder_it_cannot_write_in_one_line(tmp_path, capsys, how):
+    root = write_corpus(tmp_path / "corpus", {"u0": 0.2, "u1": 0.25})
+    config = write_config(tmp_path, root)
+    if how == "a file in its place":
+        (root / "mels").write_text("mine")
+    elif os.geteuid() == 0:
+        pytest.skip("root may write into a read-only folder")
+    else:
+        root.chmod(0o500)
+    try:
+        code = preprocess.main(["--config", str(config), "--workers", "1", "--no-progress"])
+    finally:
+        root.chmod(0o700)
+    out, err = capsys.readouterr()
+    assert code == 1 and err.startswith(f"ERROR: cannot write the mel cache folder {root / 'mels'}: "), err
+    assert len(err.splitlines()) == 1 and "Traceback" not in out + err, err
 
 
 def test_spec_datasets_and_validation_pictures(tmp_path):

@@ -9,6 +9,7 @@ code"), SageMaker's training toolkit (``SM_CHANNEL_<NAME>``, ``/opt/ml/checkpoin
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import re
@@ -16,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
@@ -318,8 +320,16 @@ def default_output_dir(environ: Mapping[str, str]) -> str:
 
 
 def default_dataset_path(environ: Mapping[str, str]) -> Optional[str]:
-    """SageMaker's ``training`` channel (``SM_CHANNEL_TRAINING``) for a run without ``--dataset-path``, or ``None``."""
-    return environ.get("SM_CHANNEL_TRAINING", "").strip() or None
+    """SageMaker's ``training`` channel (``SM_CHANNEL_TRAINING``) for a run without ``--dataset-path``, or ``None``.
+
+    Raises:
+        ValueError: the variable names no folder (a channel the job did not download, a mistyped path).
+    """
+    path = environ.get("SM_CHANNEL_TRAINING", "").strip()
+    if path and not os.path.isdir(path):
+        raise ValueError(f"SM_CHANNEL_TRAINING={path}: no such folder (SageMaker's training channel: check the job's "
+                         "input channels), or pass --dataset-path")
+    return path or None
 
 
 def tensorboard_dir(environ: Mapping[str, str], output_dir: str) -> str:
@@ -377,3 +387,17 @@ def die_with_launcher(sig: int = signal.SIGTERM) -> bool:
     if launcher.isdigit() and os.getppid() != int(launcher):
         os.kill(os.getpid(), sig)
     return True
+
+
+def record_failure(line: str, lost_peer: Optional[str] = None) -> None:
+    """Leave this rank's ``ERROR:`` line (without the prefix) for ``multiproc.py`` in the file torchrun names in
+    ``TORCHELASTIC_ERROR_FILE`` (nothing without it), in torchrun's own format (``{"message", "timestamp"}``), where the
+    launcher's summary reads it: rank 0 prints to the console, which the launcher does not read. ``lost_peer``: the
+    collective that failed when the rank merely lost a peer (then another rank's error is the cause)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        record = {"message": line, "timestamp": int(time.time()), "lost_peer": lost_peer}
+        try:
+            Path(path).write_text(json.dumps(record))
+        except OSError as err:  # the summary then says less; the ERROR line itself is printed
+            logger.debug("cannot write %s: %s", path, err)

@@ -7,7 +7,8 @@ import io
 import json
 import mmap
 import os
-import pickletools
+import pickle
+import struct
 import sys
 import time
 import warnings
@@ -23,6 +24,10 @@ from utils.run_log import one_line
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, unreadable, unsafe, or does not fit the model."""
+
+
+class UnsafeCheckpoint(CheckpointError):
+    """A checkpoint holds pickled code (or objects a checkpoint never holds): refused before anything in it ran."""
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -43,7 +48,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     except OSError as err:  # named by the file asked for, not by the temporary one
         raise type(err)(err.errno, err.strerror or str(err), str(path)) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp.exists():  # no unlink otherwise: on a read-only folder even a missing file's unlink fails (EROFS)
+            tmp.unlink()
     fsync_dir(path.parent)
 
 
@@ -90,10 +96,18 @@ def serialized(state: Any, where: str | Path) -> bytes:
     return buffer.getvalue()
 
 
-def write_failure(step: int, output_dir: Path, reason: str, kept: list[Path]) -> CheckpointError:
-    """The error of a checkpoint that could not be written (``reason``: a full disk, a quota), naming the ones kept."""
-    return CheckpointError(f"could not write the step {step} checkpoint in {output_dir}: {reason}; earlier checkpoints "
-                           f"are kept ({', '.join(dict.fromkeys(path.name for path in kept)) or 'none written yet'})")
+def write_failure(step: int, output_dir: Path, reason: str, kept: list[Path], written: list[Path] = (),
+                  not_written: list[Path] = ()) -> CheckpointError:
+    """The error of a checkpoint that could not be written (``reason``: a full disk, a quota), naming the files of it
+    that were ``written`` before the failure and those ``not_written`` (when some were), and the earlier ones kept."""
+    partly = f" ({_names(written)} written, {_names(not_written)} not)" if written and not_written else ""
+    return CheckpointError(f"could not write the step {step} checkpoint in {output_dir}: {reason}{partly}; earlier "
+                           f"checkpoints are kept ({_names(kept) or 'none written yet'})")
+
+
+def _names(paths: list[Path]) -> str:
+    """The file names of ``paths``, comma-separated, each once."""
+    return ", ".join(dict.fromkeys(path.name for path in paths))
 
 
 def prune(checkpoints: list[Path], keep_last: int, remove) -> None:
@@ -141,22 +155,7 @@ def load_torch_file(path: str | Path, map_location: str | torch.device = "cpu", 
             return torch.load(path, map_location=map_location, weights_only=True)
     # The damage decides the type (RuntimeError, EOFError, UnpicklingError, KeyError, AssertionError, ...).
     except Exception as err:  # noqa: BLE001 - the file is untrusted input; every failure to read it is this one
-        if not zipfile.is_zipfile(path) and not _parses_as_pickle(path):  # random bytes after a first 0x80
-            raise CheckpointError(f"{path} is not a checkpoint: neither a file torch.save writes (a zip archive) nor "
-                                  "a pickle") from None
         raise CheckpointError(f"cannot load {what} {path} safely: {_load_failure(err)}") from err
-
-
-def _parses_as_pickle(path: Path) -> bool:
-    """Whether the file starts with a whole pickle (its opcodes parsed by ``pickletools``, nothing run; mapped, so that
-    a random length field allocates nothing)."""
-    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        try:
-            for _ in pickletools.genops(mapped):
-                pass
-        except (ValueError, EOFError, UnicodeDecodeError):
-            return False
-    return True
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -214,8 +213,9 @@ _checked: dict[tuple[str, int, int], Optional[str]] = {}  # intact's answers by 
 
 
 def intact(path: str | Path) -> Optional[str]:
-    """Why the checkpoint file at ``path`` is damaged (cut short, a record failing its CRC-32, not a ``torch.save``
-    archive), or ``None``. Runs no code from it (safety is :func:`load_torch_file`'s). Remembered per size and mtime."""
+    """Why the checkpoint file at ``path`` is damaged (a zip archive cut short, a record failing its CRC-32) or is not a
+    checkpoint (not a zip archive, not one of ``torch.save``), or ``None``. Runs no code from it (safety is
+    :func:`load_torch_file`'s). Remembered per size and mtime."""
     try:
         stat = os.stat(path)
         key = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
@@ -225,8 +225,12 @@ def intact(path: str | Path) -> Optional[str]:
             bad = archive.testzip()
             pickled = any(name.endswith("/data.pkl") for name in archive.namelist())
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError) as err:  # RuntimeError: zlib/CRC
-        why = one_line(err).replace("File is not a zip file", "cut short: the zip archive's directory is missing")
-        return f"damaged ({why})"
+        if str(err) != "File is not a zip file":
+            return f"damaged ({one_line(err)})"
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+        return ("damaged (cut short: the zip archive's directory is missing)" if head.startswith(b"PK")
+                else "not a checkpoint: " + ("an empty file" if not head else "not a zip archive, as torch.save writes"))
     problem = (f"damaged (its record {bad} fails its CRC-32 check: its bytes changed after it was written)" if bad
                else None if pickled else "not a checkpoint: a zip archive, but not one torch.save writes (no data.pkl)")
     _checked[key] = problem
@@ -235,16 +239,92 @@ def intact(path: str | Path) -> Optional[str]:
 
 def torch_file_problem(path: Path) -> Optional[str]:
     """What is wrong with ``path`` as a ``torch.save`` file (``"is damaged (...)"``, ``"is not a checkpoint: a text
-    file ..."``), or ``None``: a zip archive that is :func:`intact`, or a pickle (torch before 1.6: no checksums)."""
+    file ..."``), or ``None``: a zip archive that is :func:`intact`, or a file of PyTorch's legacy format (before 1.6:
+    no checksums) that :func:`legacy_problem` passes."""
     with open(path, "rb") as handle:
         head = handle.read(512)
     if head.startswith(b"PK"):
         return None if (problem := intact(path)) is None else f"is {problem}"
     if head.startswith(b"\x80"):
-        return None
+        return legacy_problem(path)
     text = b"\0" not in head and head.decode("utf-8", "replace").count("\ufffd") <= 1  # 1: a character cut at 512
-    kind = "a text file: " * text + "neither a file torch.save writes (a zip archive) nor a pickle"
+    kind = "a text file: " * text + NEITHER
     return f"is not a checkpoint: {kind if head else 'an empty file'}"
+
+
+NEITHER = "neither a file torch.save writes (a zip archive) nor a pickle"
+_ITEM_BYTES = {"DoubleStorage": 8, "FloatStorage": 4, "HalfStorage": 2, "BFloat16Storage": 2, "LongStorage": 8,
+               "IntStorage": 4, "ShortStorage": 2, "CharStorage": 1, "ByteStorage": 1, "BoolStorage": 1,
+               "ComplexFloatStorage": 8, "ComplexDoubleStorage": 16}
+"""The element size (bytes) of each storage type a file of PyTorch's legacy format names."""
+
+
+class _Inert:
+    """What every class a legacy pickle names becomes in :func:`legacy_problem`: any arguments, state or items (of a
+    dict or list subclass), no effect."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+    def append(self, item: Any) -> None:
+        pass
+
+
+class _StorageScan(pickle._Unpickler):  # the Python unpickler: its memo is a dict, so an index allocates nothing
+    """One pickle of a legacy file, built of :class:`_Inert` s (a storage type is its element size): each storage it
+    refers to lands in ``storages`` (key -> bytes). Reads from a memory map: a length field allocates nothing."""
+
+    dispatch = {code: load for code, load in pickle._Unpickler.dispatch.items() if code != pickle.BYTEARRAY8[0]}
+
+    def __init__(self, file: mmap.mmap, storages: dict[str, int]):
+        super().__init__(file, encoding="latin1")
+        self.storages = storages
+
+    def find_class(self, module: str, name: str) -> Any:
+        return _ITEM_BYTES.get(name, 1) if module in ("torch", "torch.cuda") and name.endswith("Storage") else _Inert
+
+    def persistent_load(self, pid: Any) -> type:
+        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
+            item = pid[1] if isinstance(pid[1], int) else 1
+            self.storages[str(pid[2])] = max(0, int(pid[4])) * item
+        return _Inert  # a storage, or a pickled module's class
+
+
+_SCAN_ERRORS = (pickle.UnpicklingError, ValueError, TypeError, AttributeError, IndexError, KeyError, EOFError,
+                OverflowError, struct.error)
+"""What reading a pickle of arbitrary bytes may raise (random bytes reach any opcode's checks)."""
+
+
+def legacy_problem(path: Path) -> Optional[str]:
+    """What is wrong with ``path``, a file starting as a pickle does, as a file of PyTorch's legacy format (``torch.save``
+    before 1.6: pickles of the magic number, the format's version, the system's sizes, the object; then each storage's
+    bytes), or ``None`` (also for a whole pickle of something else, which the loaders refuse in their words). The
+    pickles are read without building anything (:class:`_StorageScan`): the bytes the tensors declare must be in the
+    file, so that no loader allocates terabytes for a few bytes of pickle."""
+    storages: dict[str, int] = {}
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        try:
+            magic = _StorageScan(mapped, storages).load()
+        except _SCAN_ERRORS:  # random bytes after a first 0x80
+            return f"is not a checkpoint: {NEITHER}"
+        if magic != torch.serialization.MAGIC_NUMBER:
+            return None  # a pickle of something else: the loaders name what they refuse in it
+        try:
+            for _ in range(3):  # the format's version, the system's sizes, the object
+                _StorageScan(mapped, storages).load()
+        except _SCAN_ERRORS as err:
+            return f"is damaged (a file of PyTorch's legacy format whose pickle does not read: {one_line(err)})"
+        left = len(mapped) - mapped.tell()
+    if (declared := sum(storages.values())) > left:
+        return (f"is damaged (its tensors need more bytes than the file holds: {declared} declared, {left} left after "
+                "its pickles)")
+    return None
 
 
 CHECKSUMS_NAME = "checksums.json"  # a sharded folder's list of its files' sizes and CRC-32s (a zip archive has its own)

@@ -40,16 +40,19 @@ def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, ke
     remove_stale_temporaries(output_dir)
     numbered = output_dir / f"checkpoint_{step}.pt"
     data = serialized(state, numbered)
+    files, written = [numbered, output_dir / "checkpoint_last.pt"], []
     try:
-        atomic_write_bytes(numbered, data)
-        atomic_write_bytes(output_dir / "checkpoint_last.pt", data)
+        for path in files:
+            atomic_write_bytes(path, data)
+            written.append(path)
         if (output_dir / "checkpoint_last").is_symlink():  # an older sharded checkpoint's: this file is newer
             (output_dir / "checkpoint_last").unlink()
             fsync_dir(output_dir)
     except OSError as err:  # a full disk, a quota, a folder gone read-only: the earlier files are untouched
-        kept = [path for path in (output_dir / "checkpoint_last.pt", *list_checkpoints(output_dir)[-1:])
-                if path.is_file()]
-        raise write_failure(step, output_dir, err.strerror or str(err), kept) from None
+        kept = [path for path in (files[1], *[p for p in list_checkpoints(output_dir) if p != numbered][-1:])
+                if path.is_file() and path not in written]
+        raise write_failure(step, output_dir, err.strerror or str(err), kept, written,
+                            [path for path in files if path not in written]) from None
     # The newest by step, but never the file just written (an older run's higher steps may be there).
     prune([path for path in list_checkpoints(output_dir) if path != numbered], keep_last, Path.unlink)
     return numbered

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import torch
 
-from distributed import collective, full_value, no_sync
+from distributed import collective, full_value, no_sync, sharded_by_fsdp
 
 
 @dataclasses.dataclass
@@ -92,16 +92,20 @@ def forward_backward(phase: Phase, phases: list, step_fn, micro: list, scaler, a
     clock = compute_clock(device)
     loss_sum, metric_sums, compute_time = torch.zeros((), device=device), {}, 0.0
     nets = {other.name: other.net if other is phase else other.plain for other in phases}
+    # What a failed collective is named by: the forward talks too (DDP: its bucket rebuild at the second step, buffer
+    # broadcasts; FSDP: the all-gather of the weights).
+    forward, backward = (("FSDP forward (weight all-gather)", "gradient reduce-scatter (FSDP backward)")
+                         if sharded_by_fsdp(phase.net) else
+                         ("DDP forward (bucket rebuild, buffer broadcast)", "gradient all-reduce (DDP backward)"))
     with frozen([other.plain for other in phases if other is not phase]):
         for i, batch in enumerate(micro):
             with no_sync(phase.net) if i < len(micro) - 1 else nullcontext():
                 t_compute = clock()
-                # DDP's forward may talk too (its bucket rebuild at the second step, buffer broadcasts).
-                with collective("DDP forward (bucket rebuild, buffer broadcast)"), autocast():
+                with collective(forward), autocast():
                     loss, metrics = step_fn(phase.name, nets, batch)
                     loss = loss / len(micro)
                 compute_time += clock() - t_compute  # on a GPU: launch time, unless something syncs
-                with collective("gradient all-reduce (DDP backward)"):
+                with collective(backward):
                     scaler.scale(loss).backward()
             loss_sum += loss.detach().float()
             for name, value in metrics.items():
