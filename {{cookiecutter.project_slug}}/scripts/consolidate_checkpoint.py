@@ -4,7 +4,8 @@
     python -m scripts.consolidate_checkpoint out/checkpoint_20 --output model.pt
     python -m scripts.consolidate_checkpoint out/checkpoint_last --model-only    # weights and config only
 
-PyTorch's ``dcp_to_torch_save`` joins the shards on the CPU, with the folder's ``train_state.pt`` entries added:
+The shards are joined on the CPU, as PyTorch's ``dcp_to_torch_save`` does but read as data (nothing pickled in the
+folder runs), with the folder's ``train_state.pt`` entries added:
 ``inference.py --checkpoint FILE`` takes it like a single-file checkpoint. Its optimizer is keyed by parameter name:
 resume training from the folder. ``--model-only`` leaves the training state out. The default name ends in
 ``_consolidated.pt``, never one of ``train.py``'s. Written atomically; an existing file is kept unless ``--force``.
@@ -17,17 +18,15 @@ import argparse
 import io
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
-from utils.checkpoint.sharded import is_sharded, read_train_state, sharded_intact
+from utils.checkpoint.sharded import is_sharded, load_whole_sharded, read_train_state, sharded_intact
 
 TRAINING_ONLY = ("optimizer", "scheduler", "scaler", "rng")  # the entries --model-only leaves out
 
@@ -47,9 +46,7 @@ def consolidate(folder: str | Path, output: str | Path, model_only: bool = False
     if (problem := sharded_intact(folder)) is not None:
         raise CheckpointError(f"{folder} is {problem}")
     info = read_train_state(folder)
-    with tempfile.TemporaryDirectory() as scratch:
-        dcp_to_torch_save(folder, Path(scratch) / "whole.pt")
-        state = torch.load(Path(scratch) / "whole.pt", map_location="cpu", weights_only=True)
+    state = load_whole_sharded(folder)
     state.update({key: value for key, value in info.items() if key not in state})
     if model_only:
         state = {key: value for key, value in state.items() if key not in TRAINING_ONLY}

@@ -17,8 +17,9 @@
 * :data:`START_DELAY_S`, :func:`process_start_s` and :func:`bound`: time limits that follow the machine.
 * :func:`made_once`, :func:`shared_corpus`: a module's expensive fixture (a reference run, a corpus) made once per
   session, not once per pytest-xdist worker.
+* :func:`write_checkpoints`: sharded checkpoint folders of ``TEST_MODEL`` written in this process.
 * :func:`run_train_main`, :func:`train_in_process`: ``train.py`` inside the test's process, where what is proven is not
-  the launch.
+  the launch; :func:`run_main`: another command line of the project (``inference``, ``scripts.NAME``) likewise.
 
 Time limits follow the machine, not a fast laptop. A GPU host starts every process slowly (CUDA and NCCL
 initialisation take seconds) and ``pytest -n auto`` runs many jobs at once; so every bound on a job's wall time
@@ -37,6 +38,7 @@ import atexit
 import builtins
 import contextlib
 import functools
+import importlib
 import io
 import json
 import os
@@ -65,6 +67,8 @@ import train
 from models import MODELS, config_schemas
 from scripts import import_weights
 from utils.checkpoint.published import Record, load_into
+from utils.checkpoint.sharded import ShardedCheckpointer, sharded_train_state
+from utils.checkpoint.state import TrainState
 from utils.config import load_config
 from utils.training.settings import apply_recipe
 
@@ -512,6 +516,43 @@ def train_in_process(argv: list) -> str:
     code, out, err = run_train_main(argv)
     assert code == 0, err[-4000:]
     return out + err
+
+
+def write_checkpoints(out, steps, keep_last=0):
+    """A model of TEST_MODEL (tiny config) and its optimizer saved at each of ``steps`` as sharded checkpoint folders
+    (``ShardedCheckpointer`` in this one process, not train.py: any model, several optimizers too); returns the model."""
+    cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
+    torch.manual_seed(0)
+    model = MODELS[TEST_MODEL].build_model(cfg)
+    optimizer = torch.optim.Adam(model.parameters())
+    checkpointer = ShardedCheckpointer(out, rank=0, keep_last=keep_last)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    for step in steps:
+        with torch.no_grad():
+            next(model.parameters()).add_(1.0)  # every step's weights differ
+        state = sharded_train_state({"scheduler": scheduler, "scaler": scaler}, TrainState(step=step), [],
+                                    model_name=TEST_MODEL, config=cfg.to_dict())
+        assert checkpointer.save(step, model, [optimizer], state) == out / f"checkpoint_{step}"
+    return model
+
+
+def run_main(*args, check=True) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` of the project's own command line (``inference``, ``scripts.consolidate_checkpoint``,
+    ``scripts.import_weights``, ...), in this process (the module's ``main``): its exit status and output, as a
+    subprocess would give them; with ``check``, the test fails unless it exited 0."""
+    script, argv = args[0], list(args[1:])
+    module = importlib.import_module(script)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = module.main(argv)
+        except SystemExit as exit_:  # argparse's --help and usage errors
+            code = exit_.code
+    done = subprocess.CompletedProcess([script, *argv], code, out.getvalue(), err.getvalue())
+    if check:
+        assert code == 0, done.stderr[-3000:]
+    return done
 
 
 def launch_command(path) -> list[str]:

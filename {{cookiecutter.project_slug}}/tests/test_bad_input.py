@@ -481,7 +481,7 @@ def test_a_truncated_checkpoint_last_is_named_and_kept(capsys, finished, corpus,
     before = snapshot(out)
     code, out_text, err = run_train(capsys, "--dataset-path", str(corpus), "--output-dir", str(out))
     line = the_error(code, err, out_text)
-    assert line.startswith(f"ERROR: rank 0: every checkpoint in {out} is damaged "), line
+    assert line.startswith(f"ERROR: rank 0: every checkpoint in {out} is damaged or unsafe "), line
     assert f"{out / 'checkpoint_last.pt'} is damaged" in line and "nothing was overwritten" in line, line
     assert snapshot(out) == before
 

@@ -2,9 +2,6 @@
 at all, the checkpoint_last link, keep_last, the fallback past a damaged folder; inference.py from a folder and from
 its consolidated file (python -m scripts.consolidate_checkpoint). Written by 2 real processes: tests/test_fsdp.py."""
 
-import contextlib
-import importlib
-import io
 import os
 import subprocess
 import sys
@@ -13,50 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, TEST_MODEL, synth_corpus
+from conftest import run_main as run
+from conftest import write_checkpoints
 
 import inference
-from models import MODELS, config_schemas
+from models import MODELS
 from utils.checkpoint.resume import resume_path
-from utils.checkpoint.sharded import ShardedCheckpointer, list_sharded_checkpoints, sharded_train_state
-from utils.checkpoint.state import TrainState
-from utils.config import load_config
+from utils.checkpoint.sharded import list_sharded_checkpoints
 
 pytestmark = pytest.mark.skipif(TEST_MODEL is None, reason="no model is registered in model.py")
-
-
-def write_checkpoints(out, steps, keep_last=0):
-    """A model of TEST_MODEL (tiny config) and its optimizer saved at each of ``steps``; returns the model."""
-    cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
-    torch.manual_seed(0)
-    model = MODELS[TEST_MODEL].build_model(cfg)
-    optimizer = torch.optim.Adam(model.parameters())
-    checkpointer = ShardedCheckpointer(out, rank=0, keep_last=keep_last)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    for step in steps:
-        with torch.no_grad():
-            next(model.parameters()).add_(1.0)  # every step's weights differ
-        state = sharded_train_state({"scheduler": scheduler, "scaler": scaler}, TrainState(step=step), [],
-                                    model_name=TEST_MODEL, config=cfg.to_dict())
-        assert checkpointer.save(step, model, [optimizer], state) == out / f"checkpoint_{step}"
-    return model
-
-
-def run(*args, check=True):
-    """``python -m MODULE ARGS`` of the project's own command line (``inference``, ``scripts.consolidate_checkpoint``),
-    in this process (the module's ``main``): its exit status and output, as a subprocess would give them."""
-    script, argv = args[0], list(args[1:])
-    module = importlib.import_module(script)
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = module.main(argv)
-        except SystemExit as exit_:  # argparse's --help and usage errors
-            code = exit_.code
-    done = subprocess.CompletedProcess([script, *argv], code, out.getvalue(), err.getvalue())
-    if check:
-        assert code == 0, done.stderr[-3000:]
-    return done
 
 
 def test_step_folders_appear_whole_the_link_names_the_last_and_keep_last_holds(tmp_path):
@@ -171,7 +133,7 @@ def test_a_folder_that_is_no_checkpoint_is_one_error_line(tmp_path):
 FULL_DISK_SAVES = """
 import resource, sys
 from pathlib import Path
-from test_sharded_checkpoint import write_checkpoints
+from conftest import write_checkpoints
 from utils.checkpoint.files import CheckpointError
 out, total = Path(sys.argv[1]), int(sys.argv[2])
 for share in range(1, 100, 7):  # where the write fails: inside torch.save's zip writer, or a plain write

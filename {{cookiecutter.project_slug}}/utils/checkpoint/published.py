@@ -15,24 +15,26 @@ import warnings
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Optional
 
 import torch
 
 from utils.checkpoint.files import CheckpointError, _load_failure, few, torch_file_problem
 from utils.checkpoint.resume import read_checkpoint
-from utils.checkpoint.sharded import is_sharded
+from utils.checkpoint.sharded import is_sharded, load_sharded_model
 
 
 @dataclasses.dataclass
 class Weights:
     """Weights read by :func:`read_weights`: ``source`` (what the file is, for the log), ``model_name``, ``state`` (this
-    project's key names) and ``partial`` (key prefixes the file lacks, which keep their fresh initialisation)."""
+    project's key names), ``partial`` (key prefixes the file lacks, which keep their fresh initialisation) and
+    ``folder``: a sharded checkpoint folder, whose weights :func:`load_into` reads itself (``state`` is then empty)."""
 
     source: str
     model_name: str
     state: dict[str, torch.Tensor]
     partial: tuple[str, ...] = ()
+    folder: Optional[Path] = None
 
 
 class Record:
@@ -90,8 +92,9 @@ class _LegacyUnpickler(pickle.Unpickler):
         if found is None and module in ("torch", "torch.cuda"):
             found = _LEGACY_DTYPES.get(name)
         if found is None:
-            raise pickle.UnpicklingError(f"it names {module}.{name}, which is not read (only tensors, containers and "
-                                         f"{', '.join(sorted(self.records)) or 'no classes'})")
+            raise pickle.UnpicklingError(f"it holds code: it names {module}.{name}, which is refused, nothing was run "
+                                         "(only tensors, containers and "
+                                         f"{', '.join(sorted(self.records)) or 'no classes'} are read)")
         return found
 
     def persistent_load(self, pid: Any) -> Any:
@@ -177,7 +180,8 @@ def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str 
             raise CheckpointError(f"{label} {path}: it holds a '{name}' model, which models/__init__.py does not "
                                   "register")
         if is_sharded(path):
-            return Weights(f"a sharded checkpoint of model '{name}'", name, {})
+            return Weights(f"a sharded checkpoint of model '{name}' at step {state.get('step')}", name, {},
+                           folder=path)
         return Weights(f"a checkpoint of model '{name}' at step {state.get('step')}", name, state["model"])
     readers = {name: spec.published for name, spec in models.items() if spec.published is not None}
     loaded = _load(path, tuple(name for published in readers.values() for name in published.pickled_classes), label)
@@ -189,12 +193,16 @@ def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str 
 
 
 def load_into(model: torch.nn.Module, weights: Weights, source: str) -> list[str]:
-    """Copy ``weights.state`` into ``model``: every key of the model outside ``weights.partial`` must be given, shapes
-    matching, and every given key must be the model's. Returns the key prefixes that kept their initialisation.
+    """Copy ``weights.state`` (or the weights of the sharded ``weights.folder``) into ``model``: every key of the model
+    outside ``weights.partial`` must be given, shapes matching, and every given key must be the model's. Returns the
+    key prefixes that kept their initialisation.
 
     Raises:
         CheckpointError: missing, unexpected or misshapen keys (named, at most 5 of each).
     """
+    if weights.folder is not None:
+        load_sharded_model(weights.folder, model)
+        return []
     own = model.state_dict()
     given = weights.state
     problems = {"missing": sorted(key for key in own if key not in given and not key.startswith(weights.partial)),

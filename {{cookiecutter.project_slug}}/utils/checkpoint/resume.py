@@ -58,7 +58,8 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
 
     * ``auto``: the newer of ``OUTPUT/checkpoint_last.pt`` and the ``OUTPUT/checkpoint_last`` link (sharded), else
       the newest intact numbered checkpoint, with a note; ``None`` when there is none. Damaged numbered ones passed
-      over are renamed ``<name>.damaged``, so that pruning never removes an intact checkpoint for a damaged one.
+      over are renamed ``<name>.damaged`` (folders holding code ``<name>.unsafe``), so that pruning never removes an
+      intact checkpoint for a damaged one.
     * ``none``: ``None``, on a folder that holds no checkpoint; anything else: that file or sharded folder.
 
     Raises:
@@ -88,36 +89,38 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
 
 def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path]) -> tuple[Optional[Path], list[str]]:
     """``--resume auto``: the first intact of ``lasts``, then of ``numbered`` from the newest step down (the damaged
-    numbered ones passed over are moved aside); :class:`CheckpointError` when all are damaged or the link dangles."""
-    notes, problems, damaged = [], [], []
+    numbered ones passed over are renamed ``.damaged``, those holding code ``.unsafe``); :class:`CheckpointError` when
+    all are damaged or unsafe, or the link dangles."""
+    notes, problems, passed_over = [], [], []
     for path in [*lasts, *reversed(numbered)]:
         problem = sharded_intact(path) if path.is_dir() else intact(path) if path.is_file() else "not a file"
         if problem is None:
             if problems:
-                aside = [f"{old.name} -> {move_aside(old).name}" for old in damaged]
+                aside = [f"{old.name} -> {move_aside(old, kind).name}" for old, kind in passed_over]
                 notes.append(f"warning: {'; '.join(problems)}: resuming from {path}, the newest intact checkpoint"
-                             + (f" (the damaged one(s) renamed: {', '.join(aside)})" if aside else ""))
+                             + (f" (renamed aside: {', '.join(aside)})" if aside else ""))
             return path, notes
         problems.append(f"{path} is {problem}")
         if path in numbered:
-            damaged.append(path)
+            passed_over.append((path, "unsafe" if problem.startswith("unsafe") else "damaged"))
     if problems:
-        raise CheckpointError(f"every checkpoint in {output_dir} is damaged ({'; '.join(problems)}); nothing was "
-                              "overwritten: move them aside to start afresh, or pass --resume PATH")
+        raise CheckpointError(f"every checkpoint in {output_dir} is damaged or unsafe ({'; '.join(problems)}); nothing "
+                              "was overwritten: move them aside to start afresh, or pass --resume PATH")
     if (output_dir / "checkpoint_last").is_symlink():
         raise CheckpointError(f"{output_dir / 'checkpoint_last'} names a folder that is gone; move it aside or "
                               "pass --resume PATH")
     return None, []
 
 
-def move_aside(path: Path) -> Path:
-    """Rename a damaged checkpoint (file or folder) to ``<name>.damaged`` (``.damaged2``, ... if taken); returns it."""
+def move_aside(path: Path, kind: str = "damaged") -> Path:
+    """Rename a damaged (or, ``kind="unsafe"``, code-holding) checkpoint, file or folder, to ``<name>.<kind>``
+    (``.<kind>2``, ... if taken), out of what ``--resume auto`` and pruning look at; returns the new path."""
     for n in range(1, 1000):
-        target = path.with_name(f"{path.name}.damaged{n if n > 1 else ''}")
+        target = path.with_name(f"{path.name}.{kind}{n if n > 1 else ''}")
         if not target.exists():
             os.replace(path, target)
             return target
-    raise CheckpointError(f"cannot rename the damaged {path}: too many .damaged copies beside it")
+    raise CheckpointError(f"cannot rename the {kind} {path}: too many .{kind} copies beside it")
 
 
 def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:

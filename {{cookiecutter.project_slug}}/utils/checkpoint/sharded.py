@@ -17,8 +17,9 @@ import torch
 import torch.distributed as dist
 
 from distributed import broadcast_object
-from utils.checkpoint.files import (CheckpointError, atomic_write_bytes, checksum_problem, few, fsync_dir, intact,
-                                    load_torch_file, prune, serialized, write_checksums, write_failure)
+from utils.checkpoint.files import (CheckpointError, UnsafeCheckpoint, atomic_write_bytes, checksum_problem, few,
+                                    fsync_dir, intact, load_torch_file, prune, serialized, write_checksums,
+                                    write_failure)
 from utils.checkpoint.state import STATEFUL_PARTS, TrainState
 from utils.run_log import one_line
 
@@ -27,6 +28,12 @@ def load_dcp():
     """``torch.distributed.checkpoint`` (DCP) and its ``state_dict``, imported on first use (``sharded_by_fsdp``)."""
     import torch.distributed.checkpoint.state_dict  # binds this function's name torch: the package, DCP loaded
     return torch.distributed.checkpoint
+
+
+def load_safe_dcp():
+    """:mod:`utils.checkpoint.safe_dcp`, imported on first use (it imports DCP)."""
+    from utils.checkpoint import safe_dcp
+    return safe_dcp
 
 
 def sharded_train_state(parts: Mapping[str, Any], state: TrainState, rng: list, **info: Any) -> dict[str, Any]:
@@ -52,33 +59,36 @@ def list_sharded_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def sharded_intact(path: str | Path) -> Optional[str]:
-    """Why the sharded checkpoint folder at ``path`` is damaged, or ``None``: its files match their checksums, its DCP
-    ``.metadata`` reads, every shard it names is there and long enough, and its train state is :func:`intact`."""
+    """Why the sharded checkpoint folder at ``path`` cannot be loaded, or ``None``. ``"unsafe (...)"``: it holds code
+    (a ``.metadata`` pickling other globals than DCP's metadata, a non-tensor entry or ``train_state.pt`` pickling
+    other objects than tensors and primitives; refused, nothing was run); ``"damaged (...)"``: its files fail their
+    checksums, its ``.metadata`` does not read, a shard it names is missing or short, its train state is not
+    :func:`intact`. Every loader of a folder asks this first (:mod:`utils.checkpoint.safe_dcp` reads it as data)."""
     path = Path(path)
     if not path.exists():
         return "not found"
     if not (path / ".metadata").is_file():
         return "not a sharded checkpoint (it has no .metadata of torch.distributed.checkpoint)"
-    if (problem := checksum_problem(path)) is not None:
-        return f"damaged ({problem})"
+    safe_dcp = load_safe_dcp()
     try:
-        metadata = load_dcp().FileSystemReader(str(path)).read_metadata()
-    except (OSError, EOFError, ValueError, RuntimeError, AttributeError, TypeError) as err:
-        return f"damaged (its .metadata does not read: {one_line(err)})"
-    ends: dict[str, int] = {}
-    for info in (metadata.storage_data or {}).values():
-        name = str(info.relative_path)
-        ends[name] = max(ends.get(name, 0), int(info.offset) + int(info.length))
-    for name, end in sorted(ends.items()):
-        shard = path / name
-        if not shard.is_file():
-            return f"damaged (shard {name} is missing)"
-        if shard.stat().st_size < end:
-            return f"damaged (shard {name} is cut short: {shard.stat().st_size} of {end} bytes)"
-    if not (path / TRAIN_STATE_NAME).is_file():
+        metadata = safe_dcp.read_metadata(path)
+        if (problem := checksum_problem(path)) is not None:
+            return f"damaged ({problem})"
+        if (problem := safe_dcp.entry_problem(path, metadata)) is not None:
+            return f"damaged ({problem})"
+    except UnsafeCheckpoint as err:
+        return f"unsafe: {err}"
+    except CheckpointError as err:
+        return f"damaged ({err})"
+    train_state = path / TRAIN_STATE_NAME
+    if not train_state.is_file():
         return f"damaged (without {TRAIN_STATE_NAME})"
-    problem = intact(path / TRAIN_STATE_NAME)
-    return None if problem is None else f"damaged ({TRAIN_STATE_NAME}: {problem})"
+    if (problem := intact(train_state)) is not None:
+        return f"damaged ({TRAIN_STATE_NAME}: {problem})"
+    if unsafe := torch.serialization.get_unsafe_globals_in_checkpoint(str(train_state)):
+        return (f"unsafe: its {TRAIN_STATE_NAME} holds code (pickled objects a weights_only=True load refuses: "
+                f"{few(unsafe)}; refused, nothing in it was run)")
+    return None
 
 
 def read_train_state(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -126,13 +136,34 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list,
         model_state, optim_state = dcp.state_dict.get_state_dict(model, optimizers)
         state = {"model": model_state, **({"optimizer": optim_state} if optimizers else {}), **(extra or {})}
         try:
-            dcp.load(state, checkpoint_id=str(path))
+            load_safe_dcp().load(state, path)
+        except UnsafeCheckpoint as err:
+            raise UnsafeCheckpoint(f"{path} is unsafe: {err}") from None
         except (RuntimeError, ValueError, KeyError, OSError) as err:
             raise CheckpointError(f"{path} does not fit this model: {_dcp_failure(err)}") from None
         except dcp.CheckpointException as err:  # a BaseException: what a rank's reader raised, gathered by DCP
+            if unsafe := [cause for cause, _ in err.failures.values() if isinstance(cause, UnsafeCheckpoint)]:
+                raise UnsafeCheckpoint(f"{path} is unsafe: {unsafe[0]}") from None
             raise CheckpointError(f"cannot read {path}: {dcp_cause(err)}") from None
         dcp.state_dict.set_state_dict(model, optimizers, model_state_dict=state["model"],
                                       optim_state_dict=state.get("optimizer", {}))
+
+
+def load_whole_sharded(path: str | Path) -> dict[str, Any]:
+    """Every entry of the sharded checkpoint folder ``path`` (model, optimizer, extra entries), put together in this
+    one process and nested as saved; ``train_state.pt`` is not among them (:func:`read_train_state`).
+
+    Raises:
+        CheckpointError: unreadable or unsafe entries (:class:`UnsafeCheckpoint`; nothing in them was run).
+    """
+    dcp = load_dcp()
+    with _quiet_single_process_dcp():
+        try:
+            return load_safe_dcp().load_whole(path)
+        except dcp.CheckpointException as err:
+            if unsafe := [cause for cause, _ in err.failures.values() if isinstance(cause, UnsafeCheckpoint)]:
+                raise UnsafeCheckpoint(f"{path} is unsafe: {unsafe[0]}") from None
+            raise CheckpointError(f"cannot read {path}: {dcp_cause(err)}") from None
 
 
 def dcp_cause(err: BaseException) -> str:

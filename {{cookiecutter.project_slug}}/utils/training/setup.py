@@ -19,10 +19,10 @@ from torch.utils.data import DataLoader
 from distributed import DistInfo, apply_gradient_allreduce, broadcast_object
 from model import ModelSpec
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
-from utils.checkpoint.published import load_into, read_weights
+from utils.checkpoint.published import Weights, load_into, read_weights
 from utils.checkpoint.resume import agreed_resume_path, resume_training, world_size_change
 from utils.checkpoint.saver import Saver
-from utils.checkpoint.sharded import is_sharded, load_sharded_model
+from utils.checkpoint.sharded import is_sharded
 from utils.checkpoint.state import TrainState
 from utils.config import Config, ConfigError
 from utils.data.check import prepare_run
@@ -35,7 +35,7 @@ from utils.training.activation_checkpoint import apply_activation_checkpointing
 from utils.training.ema import EMA
 from utils.training.guards import Anomalies, SpikeMonitor, TrainingError
 from utils.training.optim import build_optimizers, build_scheduler, checkpoint_parts, setup_precision
-from utils.training.settings import model_config_errors
+from utils.training.settings import PROJECT_RECIPE, model_config_errors
 from utils.training.step import BufferGuard, Phase, clock_name, one_loss_step
 
 
@@ -121,11 +121,13 @@ def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Con
     """The model on this rank's device: one seed everywhere for its weights (DDP also broadcasts rank 0's), the weights of
     ``--init-from`` unless the run resumes its own checkpoint, then one seed per rank (dropout, crops)."""
     spec = models[args.model]
+    # --init-from's file is read first: a published format may set the sizes its weights have (HiFi-GAN V2, V3).
+    weights = init_weights(models, spec, args.init_from, cfg) if args.init_from and not resuming else None
     torch.manual_seed(cfg.train.seed)
     with model_config_errors(spec.name):
         model = spec.build_model(cfg)
-    if args.init_from and not resuming:
-        initialise(model, models, spec, args.init_from, cfg, dist.is_main)
+    if weights is not None:
+        initialise(model, spec, weights, args.init_from, dist.is_main)
     elif args.init_from and dist.is_main:
         print(f"note: --init-from {args.init_from} is not used: {args.output_dir} holds this run's own checkpoint, "
               "which it resumes", file=sys.stderr, flush=True)
@@ -138,23 +140,28 @@ def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Con
     return model
 
 
-def initialise(model: torch.nn.Module, models: dict[str, ModelSpec], spec: ModelSpec, path: str, cfg: Config,
-               is_main: bool) -> None:
-    """``--init-from``: a checkpoint of this project, or one another project published for any model of ``models``
-    (:mod:`utils.checkpoint.published`), into the fresh ``model`` of ``spec`` (every rank reads the file).
+def init_weights(models: dict[str, ModelSpec], spec: ModelSpec, path: str, cfg: Config) -> Weights:
+    """``--init-from``: the weights of a checkpoint of this project, or of one another project published for any model
+    of ``models`` (:mod:`utils.checkpoint.published`; ``cfg`` may get the sizes of a published variant), which must be
+    of ``spec``'s model (every rank reads the file).
 
     Raises:
-        CheckpointError: the file is unreadable, of another model, or does not fit this run's config.
+        CheckpointError: the file is unreadable, unsafe, or of another model.
     """
     weights = read_weights(path, models, cfg)
     if weights.model_name != spec.name:
         raise CheckpointError(f"--init-from {path} holds a '{weights.model_name}' model; this run trains "
                               f"'{spec.name}' (--model {weights.model_name}?)")
-    if is_sharded(path):
-        load_sharded_model(path, model)
-        kept = []
-    else:
-        kept = load_into(model, weights, path)
+    return weights
+
+
+def initialise(model: torch.nn.Module, spec: ModelSpec, weights: Weights, path: str, is_main: bool) -> None:
+    """Put the ``--init-from`` ``weights`` (:func:`init_weights`) into the fresh ``model`` of ``spec``.
+
+    Raises:
+        CheckpointError: the weights do not fit this run's config (missing, unexpected or misshapen keys, named).
+    """
+    kept = load_into(model, weights, path)
     if is_main:
         fresh = f"; {', '.join(prefix.rstrip('.') for prefix in kept)} start afresh" if kept else ""
         print(f"initialised {spec.name} from {path}, {weights.source}{fresh}; a fresh optimizer, step 0",
@@ -272,10 +279,26 @@ def build_phases(spec: ModelSpec, model, optimizers: dict, schedulers: dict, cfg
                   BufferGuard(nets[phase]) if skip else None) for phase, optimizer in optimizers.items()]
 
 
+def recipe_line(spec: ModelSpec) -> str:
+    """The recipe model ``spec`` gets, in one line: the values ``utils.training.settings.apply_recipe`` gives the shared
+    settings a config leaves null (``ModelSpec.recipe``, each one it does not name from ``PROJECT_RECIPE``), and whose
+    they are, e.g. ``recipe (the project's defaults: gan_vocoder's ModelSpec has none) for the settings config.json
+    leaves null: audio.mel_framing=jik876, train.grad_clip=0.0, train.cudnn_benchmark=true``."""
+    if not spec.recipe:
+        whose = f"the project's defaults: {spec.name}'s ModelSpec has none"
+    elif set(PROJECT_RECIPE) <= set(spec.recipe):
+        whose = f"{spec.name}'s ModelSpec.recipe"
+    else:
+        whose = f"{spec.name}'s ModelSpec.recipe, the project's defaults for the rest"
+    values = {**PROJECT_RECIPE, **spec.recipe}
+    shown = ", ".join(f"{name}={value if isinstance(value, str) else json.dumps(value)}" for name, value in values.items())
+    return f"recipe ({whose}) for the settings config.json leaves null: {shown}"
+
+
 def announce(spec: ModelSpec, cfg: Config, dist: DistInfo, log: RunLog, output_dir: Path, train_loader: DataLoader,
              sizes: tuple[int, int], accumulation: int, ema: Optional[EMA]) -> None:
     """Rank 0: the run's ``config.json`` beside its checkpoints, and its first lines (what trains where, the global batch,
-    the padding length buckets save)."""
+    the recipe the model gets: :func:`recipe_line`, the padding length buckets save)."""
     atomic_write_bytes(output_dir / "config.json", json.dumps(cfg.to_dict(), indent=2).encode())
     device, batch_size = dist.device, cfg.section(spec.name).batch_size
     threads = f" ({torch.get_num_threads()} threads)" if device.type == "cpu" else ""
@@ -284,6 +307,7 @@ def announce(spec: ModelSpec, cfg: Config, dist: DistInfo, log: RunLog, output_d
               f"global batch {batch_size * accumulation * dist.world_size}"
               + (f", parallelism {cfg.train.parallelism}" if cfg.train.parallelism == "fsdp" else "")
               + (f"; validation with an EMA of the weights (decay {cfg.train.ema_decay})" if ema is not None else ""))
+    log.print(recipe_line(spec))
     if isinstance(train_loader.batch_sampler, LengthBucketSampler):
         lengths = train_loader.batch_sampler.lengths
         bucketed = padding_fraction(train_loader.batch_sampler.epoch_batches(), lengths)
