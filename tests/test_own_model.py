@@ -7,7 +7,10 @@ user to use it, copied into ``models/`` and listed in the registry:
   dataset over the demo corpus, an inference hook; no ``synthetic_batch``, no fast path), beside WaveGlow and
   Tacotron2 (``both``), and replacing WaveGlow (a project whose only model is the user's);
 * ``docs/two_optimizer_example.py``, the two-optimizer model ``gan_vocoder`` (a small GAN vocoder: phases
-  ``discriminator`` then ``generator``, two Adams, a per-epoch schedule, named losses), beside Tacotron2 and HiFi-GAN.
+  ``discriminator`` then ``generator``, two Adams, a per-epoch schedule, named losses), beside Tacotron2 and HiFi-GAN,
+  with ``Training.blocks`` added to the copy as a user adds activation checkpointing (:attr:`Example.edits`).
+
+Neither file has a ``Benchmark`` (optional in ``model.py``; checked when copied): the project's suite must not need one.
 
 Each project is made and its model trained on 2 processes once per session (:func:`own`), then checked by the tests
 below. What each proves that no faster test does:
@@ -17,7 +20,8 @@ below. What each proves that no faster test does:
 * inference through the model's hook, and the benchmark saying why it skips the model;
 * ``gan_vocoder`` only: SIGTERM mid-run, then ``--resume auto``, ends with the uninterrupted run's weights (two
   optimizers and their schedules through a checkpoint on 2 processes; ``melae``'s stop and resume are the project
-  suite's own tests, run with ``TEST_MODEL=melae`` below);
+  suite's own tests, run with ``TEST_MODEL=melae`` below); its ``Inference.modules`` keep the discriminator out of
+  the EMA and of the release file;
 * the project's suite with ``TEST_MODEL`` naming the copied model, so its generic tests (loop, resume, DDP, bad
   input) train it: the whole suite in ``both``, the richest project; in the others only what differs (their files
   are subsets of ``both``'s and of the template's, which ``tests/test_template.py`` bakes and lints in every variant):
@@ -57,7 +61,8 @@ class Example:
     ``falling``: the ``metrics.jsonl`` value that must fall (``loss``, or a named loss under ``losses``), by
     20% from the mean of the first ``window`` rows to the mean of the last ``window`` (a GAN's losses move
     with each batch's crops, so its window is wider); ``output``: inference's ``--output``; ``named``: the
-    keys every row's ``losses`` holds (none for a one-loss model: its rows have no ``losses``).
+    keys every row's ``losses`` holds (none for a one-loss model: its rows have no ``losses``); ``edits``:
+    ``(old, new)`` replacements made in the copy (each ``old`` found once), a user's changes to the example.
     """
 
     docs_file: str
@@ -68,6 +73,7 @@ class Example:
     window: int
     output: str
     named: frozenset[str] = frozenset()
+    edits: tuple[tuple[str, str], ...] = ()
 
     def value(self, row: dict) -> float:
         """The row's value of :attr:`falling`."""
@@ -81,9 +87,14 @@ class Example:
 
 
 ONE_LOSS = Example("docs/own_model_example.py", "melae", ("melae.dropout=0.1",), 12, "loss", 1, "recon.pt")
+# Training.blocks: the generator's residual blocks, which activation checkpointing may recompute (the project's
+# test of it then needs a batch of a model without a Benchmark).
+GAN_BLOCKS = ("        phases=Phases(names=PHASES,",
+              ("        blocks=lambda model: [m for m in model.generator.layers if isinstance(m, ResidualBlock)],\n"
+               "        phases=Phases(names=PHASES,"))
 TWO_OPTIMIZERS = Example("docs/two_optimizer_example.py", "gan_vocoder", (), 36, "mel_l1", 4, "copy.wav",
                          frozenset({"loss_discriminator", "grad_norm_discriminator", "d_real", "d_fake",
-                                    "loss_generator", "grad_norm_generator", "g_adv", "mel_l1"}))
+                                    "loss_generator", "grad_norm_generator", "g_adv", "mel_l1"}), (GAN_BLOCKS,))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,10 +134,15 @@ def train_args(example: Example) -> list[str]:
 
 
 def add_own_model(project: Path, example: Example, replace: str = "") -> None:
-    """Copy the project's example model file to ``models/<name>.py`` and list it in the registry
-    (``models/__init__.py``: its import after the last model import, its ``SPEC`` at the end of the list), as its
-    docstring says; with ``replace``, delete that example model (its files, registry lines and config sections)."""
-    shutil.copy(project / example.docs_file, project / "models" / f"{example.name}.py")
+    """Copy the project's example model file to ``models/<name>.py`` with ``example.edits`` made and list it in the
+    registry (``models/__init__.py``: its import after the last model import, its ``SPEC`` at the end of the list), as
+    its docstring says; with ``replace``, delete that example model (its files, registry lines and config sections)."""
+    text = (project / example.docs_file).read_text()
+    assert "Benchmark(" not in text, f"{example.docs_file} has a Benchmark: the suite is proven on models without one"
+    for old, new in example.edits:
+        assert text.count(old) == 1, f"{example.docs_file}: {old!r} found {text.count(old)} times"
+        text = text.replace(old, new)
+    (project / "models" / f"{example.name}.py").write_text(text)
     registry = project / "models" / "__init__.py"
     lines = registry.read_text().splitlines(keepends=True)
     last_import = max(i for i, line in enumerate(lines) if line.startswith("from models import "))
@@ -279,6 +295,27 @@ def test_the_gan_stopped_by_sigterm_resumes_to_the_uninterrupted_runs_weights(ow
     assert reference.keys() == resumed.keys()
     for key in reference:
         assert torch.equal(reference[key], resumed[key]), key
+
+
+def test_the_gans_ema_and_release_file_hold_its_generator_alone(own, demo_corpus):
+    """``Inference.modules`` of the example: a run with ``train.ema_decay`` averages the generator's weights only, and
+    ``scripts/export.py --format release`` ships only them (the discriminator is training's alone)."""
+    done = own("two-optimizers-beside-tacotron2-hifigan")
+    example, project = done.example, done.project
+    assert done.code == 0, done.output
+    args = train_args(example)
+    args[args.index("--max-steps") + 1] = "2"  # one process, 2 steps
+    run([PY, *args, "--dataset-path", str(demo_corpus), "--output-dir", "ema", "--set", "train.ema_decay=0.5", "--set",
+         "data.num_workers=0"], cwd=project)
+    state = torch.load(project / "ema" / "checkpoint_last.pt", weights_only=True)
+    assert any(key.startswith("discriminator.") for key in state["model"])  # the checkpoint trains both networks
+    assert "generator.layers.0.weight" in state["ema"], sorted(state["ema"])
+    assert all(key.startswith("generator.") for key in state["ema"]), sorted(state["ema"])
+    said = run([PY, "-m", "scripts.export", "--checkpoint", "ema/checkpoint_last.pt", "--format", "release", "--output",
+                "release.pt"], cwd=project)
+    release = torch.load(project / "release.pt", weights_only=True)
+    assert release["ema_weights"] and release["model"], said.stdout
+    assert all(key.startswith("generator.") for key in release["model"]), sorted(release["model"])
 
 
 def test_the_files_only_beside_both_runs_read_nothing_a_variant_changes():

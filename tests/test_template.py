@@ -205,3 +205,29 @@ def test_regenerating_over_a_git_project_works_and_leaves_git_alone(tmp_path):
     assert (project / "models" / "mine.py").read_text() == "# the user's own model\n"
     assert not (project / "models" / "tacotron2").exists()
     assert run([PY, "train.py", "--help"], cwd=project).returncode == 0
+
+
+KEEP_A_CHANGELOG_TYPES = ("Added", "Changed", "Deprecated", "Removed", "Fixed", "Security")
+"""The kinds of change Keep a Changelog 1.1.0 names (https://keepachangelog.com/en/1.1.0/)."""
+
+
+def test_the_changelog_follows_keep_a_changelog_and_the_readme_points_to_it():
+    """``CHANGELOG.md``: ``# Changelog``, a link to the format, ``## [Unreleased]`` first, then releases
+    ``## [name] - YYYY-MM-DD`` newest first; in each, ``### <type>`` sections of Keep a Changelog's types, each once
+    and holding items (``- ...``)."""
+    text = (ROOT / "CHANGELOG.md").read_text()
+    lines = text.splitlines()
+    assert lines[0] == "# Changelog" and "https://keepachangelog.com/en/1.1.0/" in text
+    releases = [i for i, line in enumerate(lines) if line.startswith("## ")]
+    assert releases and lines[releases[0]] == "## [Unreleased]", lines[releases[0]] if releases else "no release"
+    dates = [re.fullmatch(r"## \[[^\]\s]+\] - (\d{4}-\d{2}-\d{2})", lines[i]) for i in releases[1:]]
+    assert dates and all(dates), [lines[i] for i in releases[1:]]
+    assert [d[1] for d in dates] == sorted((d[1] for d in dates), reverse=True), "releases must be newest first"
+    assert not [line for line in lines if re.match(r"#{4,} |# (?!Changelog$)", line)], "only ##/### headings"
+    for start, end in zip(releases, [*releases[1:], len(lines)]):
+        kinds = [line[4:] for line in lines[start:end] if line.startswith("### ")]
+        assert kinds and set(kinds) <= set(KEEP_A_CHANGELOG_TYPES), f"{lines[start]}: {kinds}"
+        assert len(kinds) == len(set(kinds)), f"{lines[start]}: a type twice in {kinds}"
+        sections = "\n".join(lines[start:end]).split("\n### ")[1:]
+        assert all("\n- " in section for section in sections), f"{lines[start]}: a section without items"
+    assert "CHANGELOG.md" in (ROOT / "README.md").read_text()

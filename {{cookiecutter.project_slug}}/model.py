@@ -131,7 +131,9 @@ class ModelSpec:
     published: Optional[Published] = None
     benchmark: Optional[Benchmark] = None
     # its reference recipe's values of shared settings a config leaves null ({"train.grad_clip": 1.0}):
-    # utils.training.settings.apply_recipe fills them in
+    # utils.training.settings.apply_recipe fills them in. A setting it does not name (all, when empty) takes the
+    # project's default (settings.PROJECT_RECIPE: audio.mel_framing=jik876, train.grad_clip=0.0: no clipping,
+    # train.cudnn_benchmark=true); train.py's start-up prints the recipe the model gets
     recipe: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property

@@ -36,7 +36,9 @@ losses and the data. What each part is for:
 * :func:`build_datasets`: ``(train, val)`` crops of an LJSpeech-layout corpus, batched by ``collate_audio_mel``
   into ``{"mel": (B, n_mels, frames), "audio": (B, frames * hop_length), "ids": [str] * B}``.
 * :func:`add_inference_args`, :func:`infer` (``inference.py``) and :func:`vocode` (another model's mels to
-  audio), all optional.
+  audio), all optional; ``Inference.modules``, ``("generator",)``: the sub-modules inference uses. A release
+  checkpoint (``scripts/export.py --format release``) keeps only their weights and ``train.ema_decay`` averages
+  only them; left out, both would hold the discriminator too.
 * ``SPEC = ModelSpec(...)`` at the end: the model's name (``--model gan_vocoder``) and everything above.
 
 Optional parts it leaves out, each skipped with a line saying so where it would be used (see ``model.py``): ``Export``,
@@ -296,5 +298,6 @@ SPEC = ModelSpec(
                       train_step=train_step,                      # phase's loss and named scalars
                       build_scheduler=build_scheduler)),          # optional: per-phase LR schedule
     inference=Inference(infer=infer, add_args=add_inference_args,  # optional: checkpoint -> files, inference.py's
-                        vocode=vocode),                            # options, mel -> audio for another model
+                        vocode=vocode,                             # options, mel -> audio for another model,
+                        modules=("generator",)),                   # what a release keeps and the EMA averages
 )

@@ -1,13 +1,17 @@
 """Activation checkpointing (utils.training.activation_checkpoint): the gradients of the plain model for every model
-that names its blocks, on one process and under DDP and FSDP on 2 gloo ranks, and the activation memory it saves."""
+that names its blocks, on one process and under DDP and FSDP on 2 gloo ranks, and the activation memory it saves.
+
+A model's batch is its benchmark's synthetic one, or, for a model without a ``Benchmark`` (optional in ``model.py``),
+two items of its own training set over a small synthetic corpus."""
 
 import os
 import textwrap
 
 import pytest
 import torch
-from conftest import ROOT, run_ranks
+from conftest import ROOT, run_ranks, shared_corpus
 from torch import nn
+from torch.utils.data import default_collate
 
 from models import MODELS, config_schemas
 from utils.config import load_config
@@ -20,15 +24,21 @@ def tiny_config():
     return load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
 
 
-def loss_and_gradients(name: str, mode: str, every: int = 2):
-    """One forward and backward of model ``name`` (tiny config, training mode: dropout on) on a fixed synthetic
-    batch, its blocks checkpointed as ``mode`` says; every phase's loss for a model with several."""
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """``corpus()``: a 6-clip corpus (made on first use, once per session) for models without a ``Benchmark``."""
+    return lambda: shared_corpus(tmp_path_factory, "activation_checkpoint_corpus", 6)
+
+
+def loss_and_gradients(name: str, mode: str, corpus, every: int = 2):
+    """One forward and backward of model ``name`` (tiny config, training mode: dropout on) on a fixed batch
+    (:func:`tiny_batch`), its blocks checkpointed as ``mode`` says; every phase's loss for a model with several."""
     spec, cfg = MODELS[name], tiny_config()
     training = spec.training
     torch.manual_seed(0)
     model = spec.build_model(cfg).train()
     wrapped = apply_activation_checkpointing(training.blocks(model), mode, every)
-    batch = tiny_batch(spec, cfg)
+    batch = tiny_batch(spec, cfg, corpus)
     torch.manual_seed(2)  # the dropout masks
     if training.phases is not None:
         nets = training.phases.networks(model)
@@ -40,11 +50,18 @@ def loss_and_gradients(name: str, mode: str, every: int = 2):
     return loss.detach(), grads, wrapped, model
 
 
-def tiny_batch(spec, cfg) -> dict:
-    """The synthetic batch of the model's first benchmark case (its tiny form), moved through ``Training.on_device``
-    when the model has one."""
-    case = spec.benchmark.cases[0].tiny
-    batch = spec.benchmark.synthetic_batch(cfg, case.batch_size, torch.Generator().manual_seed(1), **case.batch_kwargs)
+def tiny_batch(spec, cfg, corpus) -> dict:
+    """The synthetic batch of the model's first benchmark case (its tiny form); for a model without benchmark cases,
+    the first two items of its training set over ``corpus()`` (``Training.build_datasets`` and ``collate_fn``, as the
+    loop batches them). Moved through ``Training.on_device`` when the model has one."""
+    if spec.benchmark is not None and spec.benchmark.cases:
+        case = spec.benchmark.cases[0].tiny
+        batch = spec.benchmark.synthetic_batch(cfg, case.batch_size, torch.Generator().manual_seed(1),
+                                               **case.batch_kwargs)
+    else:
+        cfg.data.dataset_path = str(corpus())
+        train_set, _ = spec.training.build_datasets(cfg)
+        batch = (spec.training.collate_fn or default_collate)([train_set[0], train_set[1]])
     if spec.training.on_device is not None:
         batch = spec.training.on_device(batch, cfg)
     return batch
@@ -52,11 +69,11 @@ def tiny_batch(spec, cfg) -> dict:
 
 @pytest.mark.skipif(not WITH_BLOCKS, reason="no registered model names its blocks (Training.blocks)")
 @pytest.mark.parametrize("name", WITH_BLOCKS)
-def test_checkpointed_blocks_give_the_gradients_of_the_plain_model(name):
-    loss, grads, _, plain = loss_and_gradients(name, "none")
+def test_checkpointed_blocks_give_the_gradients_of_the_plain_model(name, corpus):
+    loss, grads, _, plain = loss_and_gradients(name, "none", corpus)
     assert grads, "nothing was trained"
     for mode in ("full", "selective"):
-        other_loss, other_grads, wrapped, model = loss_and_gradients(name, mode)
+        other_loss, other_grads, wrapped, model = loss_and_gradients(name, mode, corpus)
         blocks = MODELS[name].training.blocks(model)
         assert wrapped == (blocks if mode == "full" else blocks[::2]) and all(map(is_checkpointed, wrapped))
         assert model.state_dict().keys() == plain.state_dict().keys(), "state-dict keys must not change"
@@ -154,7 +171,7 @@ FAST = sorted(name for name in WITH_BLOCKS if MODELS[name].training.optimize_for
 
 @pytest.mark.skipif(not FAST, reason="no registered model has both blocks and a fast path (optimize_for_training)")
 @pytest.mark.slow
-def test_checkpointed_blocks_work_with_the_fast_path(fresh_dynamo):
+def test_checkpointed_blocks_work_with_the_fast_path(fresh_dynamo, corpus):
     """train.compile=true after activation checkpointing (the order train.py applies them) gives the gradients of
     the fast path without checkpointing (the first such model; compiling on a CPU takes a while)."""
     name = FAST[0]
@@ -165,7 +182,7 @@ def test_checkpointed_blocks_work_with_the_fast_path(fresh_dynamo):
         model = spec.build_model(cfg).train()
         apply_activation_checkpointing(spec.training.blocks(model), mode)
         model = spec.training.optimize_for_training(model, cfg)
-        batch = tiny_batch(spec, cfg)
+        batch = tiny_batch(spec, cfg, corpus)
         torch.manual_seed(2)
         spec.training.build_criterion(cfg)(model(batch), batch).backward()
         grads[mode] = {key: p.grad for key, p in model.named_parameters() if p.grad is not None}

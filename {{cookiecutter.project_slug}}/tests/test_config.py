@@ -1,5 +1,6 @@
 """Tests of utils/config.py: every bad key or value is refused with a ConfigError that names it."""
 
+import dataclasses
 import json
 from typing import Annotated, Literal, Optional, Union
 
@@ -8,11 +9,12 @@ import pytest
 from conftest import ROOT
 from pydantic import Field, ValidationError
 
-from models import MODELS
+from models import MODELS, config_schemas
 from utils.config import Config, ConfigError, Section, build_config, config_from_dict, load_config, parse_override
 from utils.data.audio import AudioConfig
 from utils.data.corpus import DataConfig
-from utils.training.settings import SHARED_SECTIONS, TrainConfig
+from utils.training.settings import SHARED_SECTIONS, TrainConfig, apply_recipe
+from utils.training.setup import recipe_line
 
 Count = Annotated[int, Field(ge=1)]
 """An int >= 1: the bound of each item of a list or tuple."""
@@ -537,3 +539,22 @@ def test_a_config_saved_before_mel_framing_frames_as_jik876():
     del saved["audio"]["mel_framing"]  # a checkpoint written before the setting, trained on jik876's frames
     audio = config_from_dict(saved, SCHEMAS).audio
     assert audio.mel_framing is None and audio.framing == "jik876"
+
+
+def test_the_start_up_line_names_the_recipe_a_model_gets_its_own_or_the_projects_defaults():
+    """``train.py``'s start-up line (``setup.recipe_line``): the values a model without a recipe gets are the ones
+    ``apply_recipe`` gives its config's nulls; a recipe's own values, and the defaults for what it leaves out."""
+    mine = dataclasses.replace(next(iter(MODELS.values())), name="mine", recipe={})
+    assert recipe_line(mine) == ("recipe (the project's defaults: mine's ModelSpec has none) for the settings "
+                                 "config.json leaves null: audio.mel_framing=jik876, train.grad_clip=0.0, "
+                                 "train.cudnn_benchmark=true")
+    cfg = apply_recipe(mine, load_config(f"{ROOT}/config.json", config_schemas(), tiny=True))
+    assert (cfg.audio.mel_framing, cfg.train.grad_clip, cfg.train.cudnn_benchmark) == ("jik876", 0.0, True)
+    some = dataclasses.replace(mine, recipe={"train.grad_clip": 1.0})
+    assert recipe_line(some) == ("recipe (mine's ModelSpec.recipe, the project's defaults for the rest) for the "
+                                 "settings config.json leaves null: audio.mel_framing=jik876, train.grad_clip=1.0, "
+                                 "train.cudnn_benchmark=true")
+    own = dataclasses.replace(mine, recipe={"audio.mel_framing": "nvidia", "train.grad_clip": 1.0,
+                                            "train.cudnn_benchmark": False})
+    assert recipe_line(own) == ("recipe (mine's ModelSpec.recipe) for the settings config.json leaves null: "
+                                "audio.mel_framing=nvidia, train.grad_clip=1.0, train.cudnn_benchmark=false")

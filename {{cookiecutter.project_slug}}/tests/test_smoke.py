@@ -7,6 +7,7 @@ import sys
 from conftest import TEST_MODEL, bound, finish, start_job, synth_corpus
 
 from models import MODELS
+from utils.training.setup import recipe_line
 
 
 def test_two_processes_train_and_inference_writes_from_their_checkpoint(tmp_path):
@@ -17,6 +18,7 @@ def test_two_processes_train_and_inference_writes_from_their_checkpoint(tmp_path
                                      str(out), "--set", "data.num_workers=0", "--set", "train.val_interval=3"],
                                     tmp_path, nproc=2), timeout=bound(180))
     assert code == 0 and "done: 3 steps" in output and "Traceback" not in output, output[-3000:]
+    assert recipe_line(MODELS[TEST_MODEL]) in output, output[-3000:]  # the start-up says which recipe it gets
     inference_group = MODELS[TEST_MODEL].inference
     if inference_group is None or inference_group.vocode is None:
         return  # not a vocoder: its inference options are its own, run by its own test file's fast tests
