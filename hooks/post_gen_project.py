@@ -66,7 +66,7 @@ def main() -> None:
                 shutil.rmtree(target)
             elif target.exists():
                 target.unlink()
-    for cache in ("__pycache__", ".pytest_cache", ".ruff_cache", ".benchmarks"):  # left by test runs in the template checkout
+    for cache in ("__pycache__", ".pytest_cache", ".ruff_cache", ".import_linter_cache", ".benchmarks"):  # left by test runs in the template checkout
         for path in [root / cache, *(found for folder in ("models", "modules", "utils", "scripts", "tests")
                                      for found in (root / folder).rglob(cache))]:
             shutil.rmtree(path, ignore_errors=True)

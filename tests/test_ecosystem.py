@@ -82,6 +82,19 @@ def test_ruff_check_is_clean_in_every_variant(bake, model):
         pytest.fail(f"ruff check fails in the {model} variant\n{output(proc)}")
 
 
+@pytest.mark.parametrize("model", MODELS)
+def test_import_contracts_hold_in_every_variant(bake, model):
+    """``lint-imports`` keeps every contract of the project's ``.importlinter`` (static: nothing is imported)."""
+    lint = tool("importlinter", "lint-imports")
+    if lint[-1] == "importlinter":  # the package has no __main__: its command's function
+        lint = [PY, "-c", "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True))"]
+    else:
+        lint = [*lint, "--no-cache"]
+    proc = call(lint, cwd=bake(example_model=model))
+    if proc.returncode != 0 or " BROKEN" in proc.stdout:
+        pytest.fail(f"the import contracts fail in the {model} variant\n{output(proc)}")
+
+
 def test_ruff_config_selects_the_error_rules_and_the_house_rules():
     config = tomllib.loads((TEMPLATE / "ruff.toml").read_text())
     assert config["line-length"] == 120
@@ -192,6 +205,7 @@ def test_github_workflow_is_copied_verbatim_and_valid(bake):
         r"pip install -r requirements\.txt ruff\b",
         r"pip install -r requirements\.txt ruff -r requirements-launch\.txt\b",
         r"(^|[;&|] *)ruff check \.",
+        r"(^|[;&|] *)lint-imports\b",
         r"python -m pytest (-q )?tests\b",
     ]
     where = []

@@ -23,11 +23,11 @@ from models import MODELS, config_schemas
 from utils.checkpoint.files import CheckpointError, load_model_state
 from utils.checkpoint.resume import read_checkpoint
 from utils.checkpoint.sharded import is_sharded, load_sharded
-from utils.checkpoint.state import RELEASE_FORMAT
+from utils.checkpoint.state import RELEASE_FORMAT, in_modules
 from utils.config import Config, ConfigError, config_from_dict
 from utils.data.corpus import DataError
 from utils.run_log import one_line, one_line_warnings
-from utils.training.ema import averaged_parameters, in_modules
+from utils.training.ema import averaged_parameters
 
 
 def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.Module, Config]:

@@ -1,8 +1,8 @@
 """Train a model of ``models/`` on one process, one GPU per process, or many machines.
 
-    python train.py --config config.json                              # one process python multiproc.py train.py
-    --config config.json                 # one process per GPU (DDP) python multiproc.py --nproc-per-node 2 train.py
-    --config config.json --tiny   # CPU smoke run
+    python train.py --config config.json                                          # one process
+    python multiproc.py train.py --config config.json                             # one process per GPU (DDP)
+    python multiproc.py --nproc-per-node 2 train.py --config config.json --tiny   # CPU smoke run
 
 The loop (:func:`train_loop`, below) knows no model: it takes a :class:`model.ModelSpec` from ``models.MODELS``. Each
 step reads ``grad_accumulation`` micro-batches; DistributedDataParallel all-reduces the gradients (averaged over ranks)
@@ -35,15 +35,16 @@ import torch
 from distributed import CollectiveError, all_gather_object, broadcast_object, cleanup, init_distributed
 from models import MODELS, config_schemas
 from utils.checkpoint.files import CheckpointError
+from utils.checkpoint.names import last_checkpoint, last_checkpoint_path
 from utils.config import Config, ConfigError, load_config
 from utils.data.corpus import DataError, load_splits
 from utils.data.loader import epochs_done, next_micro_batches
+from utils.errors import TrainingError
 from utils.launch import (SAGEMAKER_CHECKPOINTS, cpu_threads, default_dataset_path, default_output_dir,
                           hyperparameter_argv, record_failure, tensorboard_dir)
-from utils.run import (RunLock, StopRequest, end_dataloader_workers, last_checkpoint, last_checkpoint_path,
-                       take_output_dir)
+from utils.run import RunLock, StopRequest, end_dataloader_workers, take_output_dir
 from utils.run_log import StepWindow, one_line, one_line_warnings
-from utils.training.guards import TrainingError, agree
+from utils.training.guards import agree
 from utils.training.settings import apply_recipe, check_settings
 from utils.training.setup import Run, build_run
 from utils.training.step import StepTally, forward_backward, step_schedulers

@@ -44,10 +44,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import torch
+if not __package__:  # run by its path, not as python -m scripts.NAME: the project's modules would not import
+    sys.exit(f"ERROR: run this tool from the project folder as: python -m scripts.{Path(__file__).stem} ...")
 
-if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
 from model import BenchmarkCase
 from models import MODELS
@@ -56,7 +56,7 @@ from scripts.benchmark_step import (PRECISION_MODES, BenchmarkError, bench_case,
                                     check_case, skip_note, use_fast_path)
 from utils.config import ConfigError
 from utils.data.corpus import DataError
-from utils.training.guards import TrainingError
+from utils.errors import TrainingError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 

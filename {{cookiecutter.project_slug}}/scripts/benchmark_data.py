@@ -15,10 +15,10 @@ from models import MODELS
 from scripts.benchmark_step import (BenchmarkError, make_train_step, median_step_time, progress_bar, release, skip_note,
                                     synchronize)
 from train import load_run_config
-from utils.checkpoint.state import TrainState
 from utils.config import Config
 from utils.data.loader import batch_stream, make_loader, to_device
 from utils.data.samplers import LengthBucketSampler, padding_fraction, random_batches
+from utils.train_state import TrainState
 
 
 def run_config(args: argparse.Namespace, name: str, tiny: bool, extra: tuple[str, ...] = ()) -> Config:

@@ -20,10 +20,10 @@ import os
 import sys
 from pathlib import Path
 
-import torch
+if not __package__:  # run by its path, not as python -m scripts.NAME: the project's modules would not import
+    sys.exit(f"ERROR: run this tool from the project folder as: python -m scripts.{Path(__file__).stem} ...")
 
-if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.sharded import is_sharded, load_whole_sharded, read_train_state, sharded_intact

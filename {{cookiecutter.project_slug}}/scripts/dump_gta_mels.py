@@ -35,13 +35,13 @@ import zlib
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+if not __package__:  # run by its path, not as python -m scripts.NAME: the project's modules would not import
+    sys.exit(f"ERROR: run this tool from the project folder as: python -m scripts.{Path(__file__).stem} ...")
+
 import soundfile as sf
 import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
-
-if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from distributed import all_gather_object, broadcast_object, cleanup, init_distributed
 from inference import load_trained, parse_device
@@ -49,9 +49,10 @@ from models.tacotron2.data import TextMelCollate, TextMelDataset, mel_cache_path
 from models.tacotron2.text import text_to_sequence
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.config import Config, ConfigError
-from utils.data.audio import load_wav, recorded_audio
+from utils.data.audio import load_wav
 from utils.data.corpus import BadClip, DataError, Utterance, load_splits
 from utils.data.datasets import LEFT_OUT_FILE, MEL_SETTINGS_FILE
+from utils.framing import recorded_audio
 from utils.launch import detect_launcher_env
 from utils.run_log import one_line, one_line_warnings
 

@@ -19,10 +19,10 @@ import io
 import sys
 from pathlib import Path
 
-import torch
+if not __package__:  # run by its path, not as python -m scripts.NAME: the project's modules would not import
+    sys.exit(f"ERROR: run this tool from the project folder as: python -m scripts.{Path(__file__).stem} ...")
 
-if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
 from models import MODELS, config_schemas
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes

@@ -19,13 +19,13 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
+if not __package__:  # run by its path, not as python -m scripts.NAME: the project's modules would not import
+    sys.exit(f"ERROR: run this tool from the project folder as: python -m scripts.{Path(__file__).stem} ...")
+
 import librosa
 import numpy as np
 import torch
 from tqdm import tqdm
-
-if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from utils.data.audio import load_wav, save_wav
 from utils.data.corpus import DataError

@@ -26,21 +26,21 @@ import time
 from pathlib import Path
 from typing import Callable
 
+if not __package__:  # run by its path, not as python -m scripts.NAME: the project's modules would not import
+    sys.exit(f"ERROR: run this tool from the project folder as: python -m scripts.{Path(__file__).stem} ...")
+
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
-if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from distributed import all_gather_object, apply_gradient_allreduce, barrier, cleanup, init_distributed
 from model import adam
 from models import MODELS, config_schemas
 from utils.checkpoint.sharded import ShardedCheckpointer, load_sharded, sharded_intact
-from utils.checkpoint.state import TrainState
 from utils.config import load_config
 from utils.run_log import bar_options
+from utils.train_state import TrainState
 from utils.training.activation_checkpoint import apply_activation_checkpointing
 
 ROOT = Path(__file__).resolve().parent.parent

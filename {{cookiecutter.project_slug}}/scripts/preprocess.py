@@ -21,17 +21,18 @@ from multiprocessing import Pool
 from pathlib import Path
 from typing import Optional, Sequence
 
+if not __package__:  # run by its path, not as python -m scripts.NAME: the project's modules would not import
+    sys.exit(f"ERROR: run this tool from the project folder as: python -m scripts.{Path(__file__).stem} ...")
+
 import torch
 from tqdm import tqdm
-
-if not __package__:  # run as python scripts/NAME.py: the project's modules import from the folder above
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models import MODELS, config_schemas
 from models.tacotron2.data import CACHE_SETTINGS_FILE, check_cache_settings, mel_cache_path
 from utils.config import Config, ConfigError, load_config
-from utils.data.audio import AudioConfig, MelSpectrogram, load_wav, recorded_audio
+from utils.data.audio import AudioConfig, MelSpectrogram, load_wav
 from utils.data.corpus import DataError, load_splits
+from utils.framing import recorded_audio
 from utils.training.settings import apply_recipe
 
 _worker_mel: Optional[MelSpectrogram] = None

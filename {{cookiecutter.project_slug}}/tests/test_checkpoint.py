@@ -27,9 +27,11 @@ from models import MODELS
 from scripts import import_weights
 from utils.checkpoint.files import (CheckpointError, atomic_write_bytes, intact, load_checkpoint, load_model_state,
                                     remove_stale_temporaries, torch_file_problem)
+from utils.checkpoint import state as checkpoint_state
+from utils.checkpoint.names import list_checkpoints
 from utils.checkpoint.published import read_weights
-from utils.checkpoint.resume import config_changes
-from utils.checkpoint.state import capture_rng_state, list_checkpoints, restore_rng_state, save_checkpoint
+from utils.checkpoint.resume import config_changes, resume_path
+from utils.checkpoint.state import capture_rng_state, restore_rng_state, save_checkpoint, takes_links
 
 
 def state_of(step: int) -> dict:
@@ -76,6 +78,23 @@ def test_save_writes_numbered_and_last_and_they_load(tmp_path):
         assert loaded["step"] == 7 and torch.equal(loaded["model"]["w"], torch.full((4,), 7.0))
 
 
+def test_a_save_writes_its_bytes_once_and_checkpoint_last_links_to_them(tmp_path, monkeypatch):
+    written = []
+
+    def counting(path, data):
+        written.append((os.path.basename(path), len(data)))
+        return atomic_write_bytes(path, data)
+    monkeypatch.setattr(checkpoint_state, "atomic_write_bytes", counting)
+    for step in (3, 4):
+        path = save_checkpoint(tmp_path, state_of(step), step)
+        last = tmp_path / "checkpoint_last.pt"
+        assert last.is_symlink() and os.readlink(last) == f"checkpoint_{step}.pt"  # relative: the folder may move
+        assert os.path.samefile(last, path) and load_checkpoint(last)["step"] == step
+        assert written == [(path.name, path.stat().st_size)], written  # one file's bytes, no copy
+        written.clear()
+    assert not temporaries(tmp_path)
+
+
 def test_keep_last_keeps_the_newest_numbered_ones_and_last(tmp_path):
     (tmp_path / "checkpoint_best.pt").write_bytes(b"mine")  # not numbered: never touched
     (tmp_path / "checkpoint_2.pt.bak").write_bytes(b"mine")
@@ -101,6 +120,52 @@ def test_the_checkpoint_just_written_is_kept_among_higher_older_steps(tmp_path):
     path = save_checkpoint(tmp_path, state_of(5), 5, keep_last=2)
     assert path.exists() and load_checkpoint(path)["step"] == 5
     assert names(tmp_path) == {"checkpoint_5.pt", "checkpoint_60.pt", "checkpoint_last.pt"}
+    assert os.readlink(tmp_path / "checkpoint_last.pt") == "checkpoint_5.pt"
+
+
+def test_pruning_never_removes_the_file_checkpoint_last_names(tmp_path):
+    for step in (50, 60, 5, 6, 7):  # an earlier run's higher steps first
+        save_checkpoint(tmp_path, state_of(step), step, keep_last=1)
+        assert os.readlink(tmp_path / "checkpoint_last.pt") == f"checkpoint_{step}.pt"
+        assert load_checkpoint(tmp_path / "checkpoint_last.pt")["step"] == step
+    assert names(tmp_path) == {"checkpoint_7.pt", "checkpoint_last.pt"}
+
+
+def test_a_folder_that_refuses_links_gets_a_copy_and_one_note(tmp_path, monkeypatch, capsys):
+    def refused(*args, **kwargs):
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+    monkeypatch.setattr(os, "symlink", refused)
+    monkeypatch.setattr(checkpoint_state, "_copying", set())  # a fresh run
+    assert not takes_links(tmp_path)  # the start-up grace-period estimate counts the copy's bytes too
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, state_of(step), step, keep_last=2)
+        last = tmp_path / "checkpoint_last.pt"
+        assert not last.is_symlink() and load_checkpoint(last)["step"] == step
+        assert last.read_bytes() == (tmp_path / f"checkpoint_{step}.pt").read_bytes()
+    assert names(tmp_path) == {"checkpoint_2.pt", "checkpoint_3.pt", "checkpoint_last.pt"}
+    notes = capsys.readouterr().err.splitlines()
+    assert notes == [f"note: {tmp_path} takes no symbolic links (Operation not permitted): checkpoint_last.pt is "
+                     "written as a copy of each checkpoint, twice the bytes a save makes durable"], notes
+    monkeypatch.undo()
+    assert takes_links(tmp_path) and not temporaries(tmp_path)
+
+
+def test_a_dangling_checkpoint_last_falls_back_to_the_newest_intact_numbered_one(tmp_path):
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, state_of(step), step)
+    (tmp_path / "checkpoint_3.pt").unlink()  # removed by hand: the link names nothing
+    path, notes = resume_path("auto", tmp_path)
+    assert path == tmp_path / "checkpoint_2.pt", (path, notes)
+    assert notes == [f"warning: {tmp_path / 'checkpoint_last.pt'} names checkpoint_3.pt, which is gone: resuming "
+                     f"from {tmp_path / 'checkpoint_2.pt'}, the newest intact checkpoint"], notes
+    for step in (1, 2):
+        (tmp_path / f"checkpoint_{step}.pt").unlink()
+    with pytest.raises(CheckpointError) as info:  # nothing left to resume from: not a silent start at step 0
+        resume_path("auto", tmp_path)
+    assert str(info.value) == (f"{tmp_path / 'checkpoint_last.pt'} names checkpoint_3.pt, which is gone; move it "
+                               "aside or pass --resume PATH")
+    with pytest.raises(CheckpointError, match="already holds checkpoints"):
+        resume_path("none", tmp_path)
 
 
 def test_a_state_that_could_not_be_loaded_back_is_not_written(tmp_path):
@@ -318,15 +383,12 @@ def test_a_failed_atomic_write_names_the_file_asked_for_not_its_temporary(tmp_pa
 
 
 def test_a_full_disk_between_the_two_files_of_a_save_names_what_was_written(tmp_path, monkeypatch):
-    """The numbered file is written, then the disk fills during ``checkpoint_last.pt`` (its fsync: ENOSPC)."""
+    """The numbered file is written, then the disk fills making the ``checkpoint_last.pt`` link (ENOSPC)."""
     save_checkpoint(tmp_path, state_of(4), 4)
-    fsync = os.fsync
 
-    def full_at_last(fd):
-        if ".checkpoint_last.pt.tmp" in os.readlink(f"/proc/self/fd/{fd}"):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return fsync(fd)
-    monkeypatch.setattr(os, "fsync", full_at_last)
+    def full_at_last(target, link, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "symlink", full_at_last)
     with pytest.raises(CheckpointError) as info:
         save_checkpoint(tmp_path, state_of(10), 10)
     assert str(info.value) == (f"could not write the step 10 checkpoint in {tmp_path}: No space left on device "

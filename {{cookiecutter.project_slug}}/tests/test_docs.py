@@ -10,10 +10,16 @@
 * ``docs/two_optimizer_example.py``, the manual's model with two optimizers, is offered the same way, works
   with the project's config as it is, and trains both of its phases with the loop's own functions: each phase
   updates only its network, and its named mel L1 falls.
-* Every tool of ``scripts/`` prints its help when run by its path (``python scripts/NAME.py --help``, without the
-  project on ``PYTHONPATH``), not only the way the README shows (``python -m scripts.NAME``, which other tests run).
+* Every tool of ``scripts/`` prints its help run the way the texts show (``python -m scripts.NAME --help`` from the
+  project folder, without the project on ``PYTHONPATH``), and no text of the project runs one by its path. Run by its
+  path (``python scripts/NAME.py``), a tool that imports the project's modules says in one line how to run it (exit
+  status 1, no traceback); one that imports none prints its help. No module of the project edits ``sys.path``.
+* ``docs/architecture.md`` and the README say where each section of ``config.json`` is declared (the file of its
+  class), and ``train.py``'s usage lines are one command each.
 """
 
+import ast
+import inspect
 import json
 import os
 import re
@@ -268,10 +274,92 @@ def test_the_tools_are_found():
     assert {"benchmark.py", "export.py", "grace_period.py", "import_weights.py", "plot_run.py"} <= set(TOOLS), TOOLS
 
 
+PROJECT_MODULES = ({path.stem for path in PROJECT.glob("*.py")}
+                   | {path.parent.name for path in PROJECT.glob("*/__init__.py")})
+"""The names the project's own modules import by (``train``, ``models``, ``utils``, ``scripts``, ...)."""
+
+
+def imports_the_project(tool: str) -> bool:
+    """Whether ``scripts/tool`` imports a module of the project at its top: then it runs only as ``python -m``."""
+    body = ast.parse((PROJECT / "scripts" / tool).read_text()).body
+    roots = {alias.name for node in body if isinstance(node, ast.Import) for alias in node.names}
+    roots |= {node.module for node in body if isinstance(node, ast.ImportFrom) and node.module}
+    return any(root.split(".")[0] in PROJECT_MODULES for root in roots)
+
+
+def python_files_outside_tests() -> list[Path]:
+    """The project's own Python files, its tests left out."""
+    return [path for path in project_text_files()
+            if path.suffix == ".py" and path.relative_to(PROJECT).parts[0] != "tests"]
+
+
 @pytest.mark.parametrize("tool", TOOLS)
-def test_every_tool_prints_its_help_when_run_by_its_path(tool):
+def test_every_tool_runs_as_the_texts_show_and_by_its_path_says_how(tool):
     env = clean_env(1)  # without the project on PYTHONPATH; the rest of it (a slow start asked for) stays
     env["PYTHONPATH"] = os.pathsep.join(folder for folder in env["PYTHONPATH"].split(os.pathsep) if folder != ROOT)
-    done = subprocess.run([sys.executable, os.path.join("scripts", tool), "--help"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=bound(60, 1))
-    assert done.returncode == 0 and done.stdout.startswith("usage:") and not done.stderr, done.stderr[-2000:]
+    name = tool.removesuffix(".py")
+    shown = subprocess.run([sys.executable, "-m", f"scripts.{name}", "--help"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=bound(60, 1))
+    assert shown.returncode == 0 and shown.stdout.startswith("usage:") and not shown.stderr, shown.stderr[-2000:]
+    by_path = subprocess.run([sys.executable, os.path.join("scripts", tool), "--help"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=bound(60, 1))
+    if imports_the_project(tool):
+        pointer = f"ERROR: run this tool from the project folder as: python -m scripts.{name} ...\n"
+        assert (by_path.returncode, by_path.stdout, by_path.stderr) == (1, "", pointer), by_path.stderr[-2000:]
+    else:
+        assert by_path.returncode == 0 and by_path.stdout.startswith("usage:") and not by_path.stderr, by_path.stderr
+
+
+def test_the_tools_that_need_the_project_are_found():
+    needing = {tool for tool in TOOLS if imports_the_project(tool)}
+    assert {"benchmark.py", "export.py", "import_weights.py"} <= needing and "plot_run.py" not in needing, needing
+
+
+def test_no_module_of_the_project_edits_sys_path():
+    """The project's modules import because its folder is the first on ``sys.path`` (``python train.py``,
+    ``python -m scripts.NAME``), never because a module put it there."""
+    edit = re.compile(r"\bsys\.path\s*(\.\s*(insert|append|extend)\b|\[.*\]\s*=(?!=)|\+?=(?!=))|\baddsitedir\b")
+    assert edit.search("    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))")
+    assert not edit.search("pytest puts the project root on ``sys.path``")
+    found = [f"{path.relative_to(PROJECT)}:{number}: {line.strip()}" for path in python_files_outside_tests()
+             for number, line in enumerate(path.read_text().splitlines(), start=1) if edit.search(line)]
+    assert {"train.py", "scripts/export.py"} <= {path.relative_to(PROJECT).as_posix()
+                                                 for path in python_files_outside_tests()}
+    assert not found, "\n".join(found)
+
+
+def test_no_text_of_the_project_runs_a_tool_by_its_path():
+    by_path = re.compile(r"\bpython3?\s+(\./)?scripts/\w+\.py")
+    found = [f"{path.relative_to(PROJECT)}:{number}: {line.strip()}" for path in project_text_files()
+             if path.relative_to(PROJECT).parts[0] != "tests"
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+             if by_path.search(line)]
+    assert not found, "\n".join(found)
+
+
+def test_the_texts_say_where_each_config_section_is_declared():
+    """"A setting" in ``docs/architecture.md`` names the class and file of each shared section, and the README's
+    ``utils/`` row their files; a model's section is in ``models/``: none is in ``utils/config.py``."""
+    from models import MODELS, config_schemas
+
+    setting = (PROJECT / "docs" / "architecture.md").read_text().split("* **A setting**", 1)[1].split("\n* ", 1)[0]
+    setting = " ".join(setting.split())
+    utils_row = next(line for line in (PROJECT / "README.md").read_text().splitlines() if line.startswith("| `utils/`"))
+    settings = re.search(r"`config\.py` \(([^()]*)\)", utils_row).group(1)  # what the row says of the settings
+    for name, schema in config_schemas().items():
+        file = Path(inspect.getsourcefile(schema)).resolve().relative_to(PROJECT.resolve())
+        if name in MODELS:
+            assert file.parts[0] == "models", (name, file)
+            continue
+        assert f"`{name}` is `{schema.__name__}` in `{file.as_posix()}`" in setting, (name, file, setting)
+        in_utils = file.relative_to("utils")
+        assert f"`{name}`" in settings and (f"`{in_utils.as_posix()}`" in settings
+                                            or f"`{in_utils.parent.as_posix()}/`" in settings), (name, settings)
+    assert "config.py" not in setting and "`config_cls` of its `SPEC`" in setting
+
+
+def test_the_usage_lines_of_train_py_are_one_command_each():
+    docstring = ast.get_docstring(ast.parse((PROJECT / "train.py").read_text()), clean=False)
+    usage = [line for line in docstring.splitlines() if line.startswith("    ")]
+    command = re.compile(r"    python (multiproc\.py (--nproc-per-node \d+ )?)?train\.py( --[\w-]+( \S+)?)* +# [^#]+")
+    assert len(usage) >= 3 and all(command.fullmatch(line) for line in usage), "\n".join(usage)

@@ -21,9 +21,10 @@ import train
 from models import MODELS, config_schemas
 from scripts import dump_gta_mels
 from utils.config import load_config
-from utils.data.audio import MelSpectrogram, load_wav, recorded_audio
+from utils.data.audio import MelSpectrogram, load_wav
 from utils.data.corpus import DataError, Utterance, load_splits
 from utils.data.datasets import MEL_SETTINGS_FILE, SILENCE_LOG_MEL, AudioMelDataset
+from utils.framing import recorded_audio
 
 VOCODER = "waveglow" if "waveglow" in MODELS else "hifigan"
 """The project's vocoder (this file exists in projects with Tacotron2 and one of them)."""

@@ -15,8 +15,8 @@ from conftest import write_checkpoints
 
 import inference
 from models import MODELS
+from utils.checkpoint.names import list_sharded_checkpoints
 from utils.checkpoint.resume import resume_path
-from utils.checkpoint.sharded import list_sharded_checkpoints
 
 pytestmark = pytest.mark.skipif(TEST_MODEL is None, reason="no model is registered in model.py")
 

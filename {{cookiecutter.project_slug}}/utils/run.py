@@ -1,5 +1,5 @@
 """A run's life outside the loop: stop signals (finish the step, save, exit; the launcher's side too), the output
-folder (writable, one run at a time), the grace period a stop must fit, the last checkpoint, the git commit."""
+folder (writable, one run at a time), the grace period a stop must fit, the git commit."""
 
 from __future__ import annotations
 
@@ -17,9 +17,29 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from utils.checkpoint.files import CheckpointError, durable_write_speed
 from utils.config import ConfigError
+from utils.errors import CheckpointError
 from utils.run_log import one_line
+
+
+def durable_write_speed(folder: str | Path, nbytes: int) -> float:
+    """Bytes per second of a durable write into ``folder``: ``nbytes`` (capped at 64 MiB) written, fsync'ed, removed.
+    Fsync's fixed cost makes a small probe slow, which errs on the safe side.
+
+    Raises:
+        OSError: the folder cannot be written.
+    """
+    size = max(1, min(int(nbytes), 64 << 20))
+    probe, data = Path(folder) / f".write_speed.tmp{os.getpid()}", os.urandom(size)  # not compressible, not sparse
+    start = time.perf_counter()
+    try:
+        with open(probe, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    finally:
+        probe.unlink(missing_ok=True)
+    return size / max(time.perf_counter() - start, 1e-6)
 
 
 class GracePeriod:
@@ -124,19 +144,6 @@ def end_dataloader_workers() -> list[int]:
             child.join(timeout=5)
             killed.append(child.pid)
     return killed
-
-
-def last_checkpoint_path(output_dir: Path) -> Optional[Path]:
-    """``output_dir``'s ``checkpoint_last`` link (sharded), else its ``checkpoint_last.pt``, else ``None``."""
-    last, link = output_dir / "checkpoint_last.pt", output_dir / "checkpoint_last"
-    return link if link.is_dir() else last if last.is_file() else None
-
-
-def last_checkpoint(output_dir: Path) -> str:
-    """:func:`last_checkpoint_path` for error messages, with the folder a link names; else ``"none yet"``."""
-    if (path := last_checkpoint_path(output_dir)) is None:
-        return "none yet"
-    return f"{path} ({os.readlink(path)})" if path.is_symlink() else str(path)
 
 
 def ignore_stop_signals(worker_id: int) -> None:

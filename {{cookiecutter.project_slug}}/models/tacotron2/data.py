@@ -23,8 +23,9 @@ from models.tacotron2.text import text_to_sequence
 from models.tacotron2.text.cleaners import clean_text
 from modules.tacotron2 import get_padding_mask
 from utils.config import Config
-from utils.data.audio import AudioConfig, MelSpectrogram, load_wav, recorded_audio
+from utils.data.audio import AudioConfig, MelSpectrogram, load_wav
 from utils.data.corpus import DataError, Utterance, load_splits
+from utils.framing import recorded_audio
 
 PathLike = Union[str, Path]
 

@@ -10,7 +10,6 @@ import os
 import pickle
 import struct
 import sys
-import time
 import warnings
 import zipfile
 import zlib
@@ -19,11 +18,9 @@ from typing import Any, Mapping, Optional
 
 import torch
 
+from utils.checkpoint.names import TEMPORARY_GLOB, temporary, temporary_pid
+from utils.errors import CheckpointError
 from utils.run_log import one_line
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, unreadable, unsafe, or does not fit the model."""
 
 
 class UnsafeCheckpoint(CheckpointError):
@@ -38,7 +35,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         OSError: the file cannot be written (a full disk: ``ENOSPC``), its ``filename`` being ``path``.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = temporary(path)
     try:
         with open(tmp, "wb") as handle:
             handle.write(data)
@@ -53,6 +50,26 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def atomic_symlink(path: str | Path, target: str) -> None:
+    """Make ``path`` a symbolic link to ``target`` (a name relative to its folder) so that a reader sees what was
+    there before (a link, a file) or the new link, never nothing: a temporary link is made, then ``os.replace`` swaps
+    it in; the folder is fsync'ed.
+
+    Raises:
+        OSError: the link cannot be made (``EPERM``, ``EOPNOTSUPP``: a file system without symbolic links).
+    """
+    path = Path(path)
+    tmp = temporary(path)
+    tmp.unlink(missing_ok=True)  # a process of the same id before ours, killed between these lines
+    try:
+        os.symlink(target, tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.is_symlink():
+            tmp.unlink()
+    fsync_dir(path.parent)
+
+
 def fsync_dir(path: str | Path) -> None:
     """Make a folder's entries durable (a rename, a new link), as ``fsync`` does for a file's bytes."""
     dir_fd = os.open(path, os.O_RDONLY)
@@ -60,26 +77,6 @@ def fsync_dir(path: str | Path) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-
-
-def durable_write_speed(folder: str | Path, nbytes: int) -> float:
-    """Bytes per second of a durable write into ``folder``: ``nbytes`` (capped at 64 MiB) written, fsync'ed, removed.
-    Fsync's fixed cost makes a small probe slow, which errs on the safe side.
-
-    Raises:
-        OSError: the folder cannot be written.
-    """
-    size = max(1, min(int(nbytes), 64 << 20))
-    probe, data = Path(folder) / f".write_speed.tmp{os.getpid()}", os.urandom(size)  # not compressible, not sparse
-    start = time.perf_counter()
-    try:
-        with open(probe, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-    finally:
-        probe.unlink(missing_ok=True)
-    return size / max(time.perf_counter() - start, 1e-6)
 
 
 def serialized(state: Any, where: str | Path) -> bytes:
@@ -119,14 +116,14 @@ def prune(checkpoints: list[Path], keep_last: int, remove) -> None:
 
 
 def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
-    """Delete the ``.checkpoint_*.pt.tmp<pid>`` files of :func:`atomic_write_bytes` whose process no longer runs (a save
-    killed mid-write leaves one as large as a checkpoint; they would pile up over preemptions). Returns them."""
+    """Delete the temporaries of checkpoints (``.checkpoint_*.tmp<pid>``: :func:`atomic_write_bytes`'s files,
+    :func:`atomic_symlink`'s links) whose process no longer runs (a save killed mid-write leaves one as large as a
+    checkpoint; they would pile up over preemptions). Returns them."""
     removed = []
-    for path in Path(output_dir).glob(".checkpoint_*.pt.tmp*"):
-        pid = path.name.rpartition(".tmp")[2]
-        if pid.isdigit() and int(pid) != os.getpid():
+    for path in Path(output_dir).glob(TEMPORARY_GLOB):
+        if (pid := temporary_pid(path)) is not None and pid != os.getpid():
             try:
-                os.kill(int(pid), 0)  # signal 0: does the process exist?
+                os.kill(pid, 0)  # signal 0: does the process exist?
             except ProcessLookupError:
                 path.unlink(missing_ok=True)
                 removed.append(path)

@@ -14,10 +14,10 @@ import torch
 
 from distributed import all_gather_object, broadcast_object
 from utils.checkpoint.files import CheckpointError, intact, load_checkpoint, load_model_state, torch_file_problem
-from utils.checkpoint.sharded import (is_sharded, list_sharded_checkpoints, load_sharded, read_train_state,
-                                      sharded_intact)
-from utils.checkpoint.state import STATEFUL_PARTS, NamedStates, TrainState, list_checkpoints, restore_rng_state
-from utils.data.audio import recorded_audio
+from utils.checkpoint.names import LAST_FILE, aside, last_links, list_numbered
+from utils.checkpoint.sharded import is_sharded, load_sharded, read_train_state, sharded_intact
+from utils.checkpoint.state import STATEFUL_PARTS, NamedStates, TrainState, restore_rng_state
+from utils.framing import recorded_audio
 
 
 def agreed_resume_path(resume: str, output_dir: Path, rank: int):
@@ -37,7 +37,7 @@ def agreed_resume_path(resume: str, output_dir: Path, rank: int):
     path, error = broadcast_object((path, error))  # rank 0's decision
     if error is not None:
         raise CheckpointError(error)
-    looked_at = path if path is not None else output_dir / "checkpoint_last.pt"
+    looked_at = path if path is not None else output_dir / LAST_FILE
 
     def seen() -> str:
         try:
@@ -56,10 +56,11 @@ def agreed_resume_path(resume: str, output_dir: Path, rank: int):
 def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], list[str]]:
     """The checkpoint ``--resume`` names, and notes to print about the choice.
 
-    * ``auto``: the newer of ``OUTPUT/checkpoint_last.pt`` and the ``OUTPUT/checkpoint_last`` link (sharded), else
-      the newest intact numbered checkpoint, with a note; ``None`` when there is none. Damaged numbered ones passed
-      over are renamed ``<name>.damaged`` (folders holding code ``<name>.unsafe``), so that pruning never removes an
-      intact checkpoint for a damaged one.
+    * ``auto``: the newer (put in place later) of ``OUTPUT/checkpoint_last.pt`` and the ``OUTPUT/checkpoint_last``
+      link (sharded), else the newest intact numbered checkpoint, with a note (also when a link names one that is
+      gone: pruned, removed); ``None`` when there is none. Damaged numbered ones passed over are renamed
+      ``<name>.damaged`` (folders holding code ``<name>.unsafe``), so that pruning never removes an intact
+      checkpoint for a damaged one.
     * ``none``: ``None``, on a folder that holds no checkpoint; anything else: that file or sharded folder.
 
     Raises:
@@ -67,14 +68,13 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
             damaged (step 0 would overwrite the only copies of progress); a path that is no intact file or sharded one.
     """
     output_dir = Path(output_dir)
-    lasts = sorted((path for path in (output_dir / "checkpoint_last.pt", output_dir / "checkpoint_last")
-                    if path.exists()), key=lambda path: path.stat().st_mtime, reverse=True)
-    numbered = sorted([*list_checkpoints(output_dir), *list_sharded_checkpoints(output_dir)],
-                      key=lambda path: int(path.name.split("_")[1].split(".")[0]))
+    # A link's own time (lstat) is when it was put in place; a copy's is when it was written.
+    lasts = sorted(last_links(output_dir), key=lambda path: path.lstat().st_mtime, reverse=True)
+    numbered = list_numbered(output_dir)
     if resume == "auto":
         return _newest_intact(output_dir, lasts, numbered)
     if resume == "none":
-        if lasts or numbered or (output_dir / "checkpoint_last").is_symlink():
+        if lasts or numbered:
             raise CheckpointError(f"{output_dir} already holds checkpoints, which --resume none would overwrite; "
                                   "continue with --resume auto, or start afresh in another --output-dir")
         return None, []
@@ -90,25 +90,28 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
 def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path]) -> tuple[Optional[Path], list[str]]:
     """``--resume auto``: the first intact of ``lasts``, then of ``numbered`` from the newest step down (the damaged
     numbered ones passed over are renamed ``.damaged``, those holding code ``.unsafe``); :class:`CheckpointError` when
-    all are damaged or unsafe, or the link dangles."""
-    notes, problems, passed_over = [], [], []
+    all are damaged or unsafe, or a link names what is gone and there is no other."""
+    notes, problems, passed_over, gone = [], [], [], []
     for path in [*lasts, *reversed(numbered)]:
+        if path.is_symlink() and not path.exists():  # what the link named was pruned or removed
+            gone.append(f"{path} names {os.readlink(path)}, which is gone")
+            problems.append(gone[-1])
+            continue
         problem = sharded_intact(path) if path.is_dir() else intact(path) if path.is_file() else "not a file"
         if problem is None:
             if problems:
-                aside = [f"{old.name} -> {move_aside(old, kind).name}" for old, kind in passed_over]
+                moved = [f"{old.name} -> {move_aside(old, kind).name}" for old, kind in passed_over]
                 notes.append(f"warning: {'; '.join(problems)}: resuming from {path}, the newest intact checkpoint"
-                             + (f" (renamed aside: {', '.join(aside)})" if aside else ""))
+                             + (f" (renamed aside: {', '.join(moved)})" if moved else ""))
             return path, notes
         problems.append(f"{path} is {problem}")
         if path in numbered:
             passed_over.append((path, "unsafe" if problem.startswith("unsafe") else "damaged"))
-    if problems:
+    if len(problems) > len(gone):
         raise CheckpointError(f"every checkpoint in {output_dir} is damaged or unsafe ({'; '.join(problems)}); nothing "
                               "was overwritten: move them aside to start afresh, or pass --resume PATH")
-    if (output_dir / "checkpoint_last").is_symlink():
-        raise CheckpointError(f"{output_dir / 'checkpoint_last'} names a folder that is gone; move it aside or "
-                              "pass --resume PATH")
+    if gone:
+        raise CheckpointError(f"{'; '.join(gone)}; move it aside or pass --resume PATH")
     return None, []
 
 
@@ -116,7 +119,7 @@ def move_aside(path: Path, kind: str = "damaged") -> Path:
     """Rename a damaged (or, ``kind="unsafe"``, code-holding) checkpoint, file or folder, to ``<name>.<kind>``
     (``.<kind>2``, ... if taken), out of what ``--resume auto`` and pruning look at; returns the new path."""
     for n in range(1, 1000):
-        target = path.with_name(f"{path.name}.{kind}{n if n > 1 else ''}")
+        target = aside(path, kind, n)
         if not target.exists():
             os.replace(path, target)
             return target

@@ -10,26 +10,39 @@ from typing import Any, Optional
 
 import torch
 
-from distributed import CollectiveError, all_gather_object, broadcast_buffers, collective, reduce_tensor, unwrap_model
+from distributed import (CollectiveError, all_gather_object, broadcast_buffers, collective, reduce_tensor,
+                         sharded_by_fsdp, unwrap_model)
 from utils.checkpoint.files import CheckpointError
 from utils.checkpoint.sharded import ShardedCheckpointer, sharded_train_state
+from utils.checkpoint.names import last_checkpoint
 from utils.checkpoint.state import (NamedStates, TrainState, capture_rng_state, checkpoint_bytes, save_checkpoint,
-                                    training_checkpoint)
+                                    takes_links, training_checkpoint)
 from utils.config import Config
-from utils.run import GracePeriod, git_commit, last_checkpoint
+from utils.errors import TrainingError
+from utils.run import GracePeriod, git_commit
 from utils.run_log import RunLog, one_line
-from utils.training.ema import EMA
-from utils.training.guards import TrainingError, nonfinite_weight
+
+
+def nonfinite_weight(model: torch.nn.Module) -> Optional[str]:
+    """The name of the first floating-point parameter or buffer of ``model`` holding NaN or inf (this rank's shard of it
+    under FSDP), or ``None``. One device synchronisation."""
+    named = [(name, tensor.to_local() if sharded_by_fsdp(tensor) else tensor)
+             for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_floating_point()]
+    if not named:
+        return None
+    finite = torch.stack([torch.isfinite(tensor.detach()).all() for _, tensor in named]).cpu()
+    return None if bool(finite.all()) else named[int((~finite).nonzero()[0])][0]
 
 
 class Saver:
     """Saves the run's state at a step, completes background saves, and warns when a save cannot fit the grace period
     after a stop signal (:class:`utils.run.GracePeriod`: at start-up from an estimate, else after a save too slow).
-    ``model`` may be DDP- or FSDP-wrapped; ``parts``: optimizer(s), scheduler(s), GradScaler; ``info``: provenance.
+    ``model`` may be DDP- or FSDP-wrapped; ``parts``: optimizer(s), scheduler(s), GradScaler; ``ema``: the weights'
+    moving averages (``utils.training.ema.EMA``: its ``state_dict()`` is saved) or None; ``info``: provenance.
     Raises :class:`CheckpointError` when the estimate's test write fails (a full disk)."""
 
     def __init__(self, cfg: Config, output_dir: Path, dist, model, parts: dict, state: TrainState,
-                 ema: Optional[EMA], log: RunLog, info: dict[str, Any]):
+                 ema: Optional[Any], log: RunLog, info: dict[str, Any]):
         self.cfg, self.output_dir, self.dist, self.log = cfg, output_dir, dist, log
         self.model, self.parts, self.state, self.ema, self.info = model, parts, state, ema, info
         sharded = cfg.train.parallelism == "fsdp"
@@ -39,6 +52,7 @@ class Saver:
         if dist.is_main:  # under FSDP every rank writes its own shards, in parallel
             nbytes = checkpoint_bytes([unwrap_model(model)], averages=int(ema is not None))
             nbytes //= dist.world_size if sharded else 1
+            nbytes *= 1 if sharded or takes_links(output_dir) else 2  # checkpoint_last.pt: a link, else a copy
             try:
                 warning = self.grace.check_estimate(nbytes, output_dir)
             except CheckpointError:

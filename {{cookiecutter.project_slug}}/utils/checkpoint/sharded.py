@@ -17,9 +17,10 @@ import torch
 import torch.distributed as dist
 
 from distributed import broadcast_object
-from utils.checkpoint.files import (CheckpointError, UnsafeCheckpoint, atomic_write_bytes, checksum_problem, few,
-                                    fsync_dir, intact, load_torch_file, prune, serialized, write_checksums,
-                                    write_failure)
+from utils.checkpoint.files import (CheckpointError, UnsafeCheckpoint, atomic_symlink, atomic_write_bytes,
+                                    checksum_problem, few, fsync_dir, intact, load_torch_file, prune, serialized,
+                                    write_checksums, write_failure)
+from utils.checkpoint.names import LAST_FILE, LAST_FOLDER, PARTIAL_GLOB, list_sharded_checkpoints, numbered, partial
 from utils.checkpoint.state import STATEFUL_PARTS, TrainState
 from utils.run_log import one_line
 
@@ -43,19 +44,11 @@ def sharded_train_state(parts: Mapping[str, Any], state: TrainState, rng: list, 
 
 
 TRAIN_STATE_NAME = "train_state.pt"  # rank 0's file of a sharded folder: all but the model and optimizer states
-SHARDED_RE = re.compile(r"^checkpoint_(\d+)$")
 
 
 def is_sharded(path: str | Path) -> bool:
     """Whether ``path`` is a sharded checkpoint (a folder, or the ``checkpoint_last`` link to one), not a .pt file."""
     return Path(path).is_dir()
-
-
-def list_sharded_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete sharded checkpoints (``checkpoint_<step>/`` folders) in ``output_dir``, oldest step first."""
-    found = [(int(m.group(1)), p) for p in Path(output_dir).glob("checkpoint_*")
-             if (m := SHARDED_RE.match(p.name)) and p.is_dir() and not p.is_symlink()]
-    return [p for _, p in sorted(found)]
 
 
 def sharded_intact(path: str | Path) -> Optional[str]:
@@ -206,14 +199,14 @@ class ShardedCheckpointer:
             CheckpointError: a shard or file could not be written (a full disk); earlier checkpoints are kept.
         """
         self.wait()
-        partial = self.output_dir / f".checkpoint_{step}.partial"
+        folder = partial(self.output_dir, step)
         failure = None
         if self.rank == 0:
-            for stale in self.output_dir.glob(".checkpoint_*.partial"):
+            for stale in self.output_dir.glob(PARTIAL_GLOB):
                 shutil.rmtree(stale, ignore_errors=True)  # a killed save's leftovers (RunLock: ours alone)
             try:
-                partial.mkdir()
-                atomic_write_bytes(partial / TRAIN_STATE_NAME, serialized(train_state, partial))
+                folder.mkdir()
+                atomic_write_bytes(folder / TRAIN_STATE_NAME, serialized(train_state, folder))
             except OSError as err:
                 failure = str(self._write_error(step, err))
         if (failure := broadcast_object(failure)) is not None:  # every rank stops with rank 0's reason
@@ -221,16 +214,16 @@ class ShardedCheckpointer:
         model_state, optim_state = load_dcp().state_dict.get_state_dict(model, optimizers)
         state = {"model": model_state, "optimizer": optim_state, **(extra or {})}
         with _quiet_single_process_dcp():
-            self._write(state, partial, step)
-        return self.output_dir / f"checkpoint_{step}"
+            self._write(state, folder, step)
+        return numbered(self.output_dir, step, sharded=True)
 
-    def _write(self, state: dict, partial: Path, step: int) -> None:
+    def _write(self, state: dict, folder: Path, step: int) -> None:
         dcp = load_dcp()
         try:
             if self.async_save:
-                self.pending = (dcp.async_save(state, checkpoint_id=str(partial), process_group=self.group), step)
+                self.pending = (dcp.async_save(state, checkpoint_id=str(folder), process_group=self.group), step)
             else:
-                dcp.save(state, checkpoint_id=str(partial))
+                dcp.save(state, checkpoint_id=str(folder))
                 self._complete(step)
         except (OSError, dcp.CheckpointException) as err:  # every rank gets the latter: DCP gathers each rank's failure
             raise self._write_error(step, err) from None
@@ -256,22 +249,19 @@ class ShardedCheckpointer:
         return self._complete(step)
 
     def _complete(self, step: int) -> Path:
-        final = self.output_dir / f"checkpoint_{step}"
+        final = numbered(self.output_dir, step, sharded=True)
         if self.rank != 0:
             return final
-        partial = self.output_dir / f".checkpoint_{step}.partial"
+        folder = partial(self.output_dir, step)
         try:
-            write_checksums(partial)
+            write_checksums(folder)
         except OSError as err:
             raise self._write_error(step, err) from None
         if final.is_dir() and not final.is_symlink():
             shutil.rmtree(final)  # an older run's checkpoint of the same step (the folder was resumed earlier)
-        os.replace(partial, final)
-        tmp_link = self.output_dir / f".checkpoint_last.tmp{os.getpid()}"
-        tmp_link.unlink(missing_ok=True)
-        os.symlink(final.name, tmp_link)
-        os.replace(tmp_link, self.output_dir / "checkpoint_last")  # atomic: the link names the old folder or the new
-        (self.output_dir / "checkpoint_last.pt").unlink(missing_ok=True)  # a single file of a run before: older
+        os.replace(folder, final)
+        atomic_symlink(self.output_dir / LAST_FOLDER, final.name)  # the link names the old folder or the new
+        (self.output_dir / LAST_FILE).unlink(missing_ok=True)  # a single file of a run before (or its link): older
         fsync_dir(self.output_dir)
         prune([path for path in list_sharded_checkpoints(self.output_dir) if path != final], self.keep_last,
               shutil.rmtree)
@@ -279,10 +269,10 @@ class ShardedCheckpointer:
 
     def _write_error(self, step: int, err: BaseException) -> CheckpointError:
         """The error of a failed save (``OSError``, DCP's ``CheckpointException``) once rank 0 removed its folder."""
-        partial = self.output_dir / f".checkpoint_{step}.partial"
+        folder = partial(self.output_dir, step)
         if self.rank == 0:
-            shutil.rmtree(partial, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
         reason = dcp_cause(err) if isinstance(err, load_dcp().CheckpointException) else err.strerror or str(err)
         if "unexpected pos" in reason:  # torch.save's zip writer lost the OSError of a short write (ENOSPC, EDQUOT)
-            reason = f"no space left on device writing {partial} (or a quota or file size limit: a write came up short)"
+            reason = f"no space left on device writing {folder} (or a quota or file size limit: a write came up short)"
         return write_failure(step, self.output_dir, reason, list_sharded_checkpoints(self.output_dir)[-1:])

@@ -4,19 +4,23 @@ provenance), how it is written and pruned, and the release format that inference
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
 import random
-import re
+import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from utils.checkpoint.files import (CheckpointError, atomic_write_bytes, fsync_dir, prune, remove_stale_temporaries,
-                                    serialized, write_failure)
-from utils.training.ema import in_modules
+from utils.checkpoint.files import (CheckpointError, atomic_symlink, atomic_write_bytes, fsync_dir, prune,
+                                    remove_stale_temporaries, serialized, write_failure)
+from utils.checkpoint.names import LAST_FILE, LAST_FOLDER, list_checkpoints, numbered, temporary
+from utils.train_state import TrainState
 
-CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)\.pt$")
+NO_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)  # os.symlink on a file system without them
+_copying: set[Path] = set()  # folders whose checkpoint_last.pt is a copy: said once per run
 
 
 def checkpoint_bytes(modules: Sequence[torch.nn.Module], optimizer_moments: int = 2, averages: int = 0) -> int:
@@ -28,9 +32,10 @@ def checkpoint_bytes(modules: Sequence[torch.nn.Module], optimizer_moments: int 
 
 
 def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, keep_last: int = 0) -> Path:
-    """Write ``checkpoint_<step>.pt`` and ``checkpoint_last.pt`` atomically into ``output_dir`` (it must exist); return
-    the former. The newest ``keep_last`` numbered ones by step stay (0: all; the one just written always). A sharded
-    ``checkpoint_last`` link (a run continued with DDP) is removed: "last" names the newest of either kind.
+    """Write ``checkpoint_<step>.pt`` atomically into ``output_dir`` (it must exist) and point ``checkpoint_last.pt``
+    at it (:func:`point_last`: the bytes are written once); return it. The newest ``keep_last`` numbered ones by step
+    stay (0: all; the one just written, which the link names, always). A sharded ``checkpoint_last`` link (a run
+    continued with DDP) is removed: "last" names the newest of either kind.
 
     Raises:
         CheckpointError: ``state`` holds objects that :func:`load_checkpoint` would refuse (nothing is written), or a
@@ -38,31 +43,57 @@ def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, ke
     """
     output_dir = Path(output_dir)
     remove_stale_temporaries(output_dir)
-    numbered = output_dir / f"checkpoint_{step}.pt"
-    data = serialized(state, numbered)
-    files, written = [numbered, output_dir / "checkpoint_last.pt"], []
+    path = numbered(output_dir, step)
+    data = serialized(state, path)
+    files, written = [path, output_dir / LAST_FILE], []
     try:
-        for path in files:
-            atomic_write_bytes(path, data)
-            written.append(path)
-        if (output_dir / "checkpoint_last").is_symlink():  # an older sharded checkpoint's: this file is newer
-            (output_dir / "checkpoint_last").unlink()
+        atomic_write_bytes(path, data)
+        written.append(path)
+        point_last(path, data)
+        written.append(files[1])
+        if (output_dir / LAST_FOLDER).is_symlink():  # an older sharded checkpoint's: this file is newer
+            (output_dir / LAST_FOLDER).unlink()
             fsync_dir(output_dir)
     except OSError as err:  # a full disk, a quota, a folder gone read-only: the earlier files are untouched
-        kept = [path for path in (files[1], *[p for p in list_checkpoints(output_dir) if p != numbered][-1:])
-                if path.is_file() and path not in written]
+        kept = [old for old in (files[1], *[p for p in list_checkpoints(output_dir) if p != path][-1:])
+                if old.is_file() and old not in written]
         raise write_failure(step, output_dir, err.strerror or str(err), kept, written,
-                            [path for path in files if path not in written]) from None
+                            [file for file in files if file not in written]) from None
     # The newest by step, but never the file just written (an older run's higher steps may be there).
-    prune([path for path in list_checkpoints(output_dir) if path != numbered], keep_last, Path.unlink)
-    return numbered
+    prune([old for old in list_checkpoints(output_dir) if old != path], keep_last, Path.unlink)
+    return path
 
 
-def list_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Numbered checkpoints in ``output_dir``, oldest step first."""
-    found = [(int(m.group(1)), p) for p in Path(output_dir).glob("checkpoint_*.pt")
-             if (m := CHECKPOINT_RE.match(p.name))]
-    return [p for _, p in sorted(found)]
+def point_last(path: Path, data: bytes) -> None:
+    """Make ``checkpoint_last.pt`` beside ``path`` a relative link to it, swapped in atomically; where the file system
+    refuses links (:data:`NO_LINKS`) write ``data``, ``path``'s bytes, as a copy instead, with a note once per run.
+
+    Raises:
+        OSError: neither could be made (a full disk).
+    """
+    last = path.with_name(LAST_FILE)
+    try:
+        atomic_symlink(last, path.name)
+    except OSError as err:
+        if err.errno not in NO_LINKS:
+            raise
+        if path.parent not in _copying:
+            _copying.add(path.parent)
+            print(f"note: {path.parent} takes no symbolic links ({err.strerror or err}): {LAST_FILE} is written as "
+                  "a copy of each checkpoint, twice the bytes a save makes durable", file=sys.stderr, flush=True)
+        atomic_write_bytes(last, data)
+
+
+def takes_links(folder: str | Path) -> bool:
+    """Whether ``folder`` takes the ``checkpoint_last.pt`` link (a test link made and removed), so that a save writes
+    its bytes once; ``True`` where the test fails otherwise (the save then says why)."""
+    probe = temporary(Path(folder) / "checkpoint_link_test")  # a dead run's: removed as its other temporaries
+    try:
+        os.symlink(LAST_FILE, probe)
+    except OSError as err:
+        return err.errno not in NO_LINKS
+    probe.unlink()
+    return True
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -84,19 +115,6 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-
-
-@dataclasses.dataclass
-class TrainState:
-    """Where the training loop is."""
-
-    step: int = 0  # optimizer steps done
-    epoch: int = 0  # the epoch being read
-    batch_in_epoch: int = 0  # batches of that epoch this rank has read
-    skipped_steps: int = 0  # for a non-finite loss or gradient norm, or a spike (train.on_spike=skip)
-    samples_in_epoch: int = 0  # of the epoch's order, all ranks together: a resume on any world size skips them
-    skipped_updates: dict = dataclasses.field(default_factory=dict)  # per optimizer (phase): any cause, fp16 too
-    skips_in_a_row: dict = dataclasses.field(default_factory=dict)  # per optimizer: its latest updates skipped
 
 
 STATEFUL_PARTS = ("optimizer", "scheduler", "scaler")  # what a training checkpoint holds besides the model
@@ -136,6 +154,11 @@ def training_checkpoint(model: torch.nn.Module, parts: Mapping[str, Any], state:
 
 
 RELEASE_FORMAT = "release"  # the "format" entry of a release checkpoint
+
+
+def in_modules(name: str, modules: Sequence[str]) -> bool:
+    """Whether the state-dict key ``name`` belongs to one of the sub-modules ``modules`` (all of them when empty)."""
+    return not modules or any(name == module or name.startswith(f"{module}.") for module in modules)
 
 
 def release_checkpoint(model_name: str, model_state: Mapping[str, torch.Tensor], modules: tuple[str, ...],

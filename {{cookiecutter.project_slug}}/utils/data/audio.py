@@ -7,7 +7,7 @@ import inspect
 import struct
 import warnings
 from pathlib import Path
-from typing import Literal, Mapping, Optional, Union
+from typing import Optional, Union
 
 import librosa
 import numpy as np
@@ -18,13 +18,10 @@ from torch import nn
 
 from utils.config import Section, cross_check_error
 from utils.data.corpus import DataError, PathLike
+from utils.framing import UNRESOLVED_FRAMING, Framing
 
 
 ArrayLike = Union[torch.Tensor, np.ndarray]
-Framing = Literal["nvidia", "jik876"]
-UNRESOLVED_FRAMING = "jik876"
-"""The framing of an ``audio.mel_framing`` left unresolved (a config read without its model) or missing (a checkpoint
-or mel folder made before the setting existed, all framed so)."""
 
 
 class AudioConfig(Section):
@@ -72,12 +69,6 @@ def dynamic_range_decompression(x: torch.Tensor, C: float = 1.0) -> torch.Tensor
     """Undo :func:`dynamic_range_compression` (any shape): ``exp(x) / C``; values below the floor stay at the floor.
     NVIDIA Tacotron2 reference (``audio_processing.dynamic_range_decompression``)."""
     return torch.exp(x) / C
-
-
-def recorded_audio(settings: Mapping) -> dict:
-    """Recorded audio settings (``AudioConfig.model_dump()``, a mel folder's) with the framing filled in
-    (:data:`UNRESOLVED_FRAMING` where None or missing), for comparing records made before and after the setting."""
-    return {**settings, "mel_framing": settings.get("mel_framing") or UNRESOLVED_FRAMING}
 
 
 class MelSpectrogram(nn.Module):

@@ -14,8 +14,9 @@ from typing import Optional, Sequence
 import torch
 from torch.utils.data import Dataset
 
-from utils.data.audio import AudioConfig, Framing, MelSpectrogram, dynamic_range_compression, load_wav, recorded_audio
+from utils.data.audio import AudioConfig, MelSpectrogram, dynamic_range_compression, load_wav
 from utils.data.corpus import DataError, PathLike, Utterance
+from utils.framing import Framing, recorded_audio
 
 
 class SharedEpoch:

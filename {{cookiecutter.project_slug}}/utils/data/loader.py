@@ -10,10 +10,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from model import ModelSpec
-from utils.checkpoint.state import TrainState
 from utils.config import Config, ConfigError
 from utils.data.samplers import LengthBucketSampler, ResumableDistributedSampler
 from utils.run import ignore_stop_signals, stop_signals_blocked
+from utils.train_state import TrainState
 
 
 def to_device(batch: dict, device: torch.device, prepare: Optional[Callable[[dict], dict]] = None) -> dict:

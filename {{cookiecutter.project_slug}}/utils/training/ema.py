@@ -13,10 +13,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import nn
 
-
-def in_modules(name: str, modules: Sequence[str]) -> bool:
-    """Whether the state-dict key ``name`` belongs to one of the sub-modules ``modules`` (all of them when empty)."""
-    return not modules or any(name == module or name.startswith(f"{module}.") for module in modules)
+from utils.checkpoint.state import in_modules
 
 
 def averaged_parameters(model: nn.Module, modules: Sequence[str]) -> dict[str, nn.Parameter]:

@@ -1,7 +1,7 @@
 """What one step checks beyond the loop's lines: the ranks' agreement on its numbers (one small all-reduce per phase),
 non-finite losses and gradients, loss and gradient-norm spikes (``train.on_nonfinite``, ``train.on_spike``: log, skip
-the update, or stop), runs of skipped updates (``train.max_skips_in_a_row``), and weights that are no longer finite
-(never saved). Every verdict is made from all-reduced values, so every rank reaches the same one.
+the update, or stop) and runs of skipped updates (``train.max_skips_in_a_row``); weights that are no longer finite are
+never saved (``utils/checkpoint/saver.py``). Every verdict is made from all-reduced values, so every rank reaches the same one.
 """
 
 from __future__ import annotations
@@ -10,19 +10,16 @@ import collections
 import math
 import time
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
-from distributed import all_gather_object, reduce_tensor, sharded_by_fsdp
-from utils.checkpoint.sharded import list_sharded_checkpoints
-from utils.checkpoint.state import TrainState, list_checkpoints
+from distributed import all_gather_object, reduce_tensor
+from utils.checkpoint.names import list_numbered, step_of
+from utils.errors import TrainingError
 from utils.run_log import RunLog
+from utils.train_state import TrainState
 from utils.training.step import Phase, PhaseResult
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. a non-finite loss with ``train.on_nonfinite=stop``)."""
 
 
 class Agreed(NamedTuple):
@@ -63,27 +60,14 @@ def spike(loss: float, grad_norm: float, monitors: tuple[SpikeMonitor, SpikeMoni
     return "; ".join(found) or None
 
 
-def nonfinite_weight(model: torch.nn.Module) -> Optional[str]:
-    """The name of the first floating-point parameter or buffer of ``model`` holding NaN or inf (this rank's shard of it
-    under FSDP), or ``None``. One device synchronisation."""
-    named = [(name, tensor.to_local() if sharded_by_fsdp(tensor) else tensor)
-             for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_floating_point()]
-    if not named:
-        return None
-    finite = torch.stack([torch.isfinite(tensor.detach()).all() for _, tensor in named]).cpu()
-    return None if bool(finite.all()) else named[int((~finite).nonzero()[0])][0]
-
-
 def last_good_checkpoint(output_dir: Path, step: int, skips_before: int) -> str:
     """The newest checkpoint of ``output_dir`` (file or sharded folder) to name as good at an anomaly of ``step`` after
     ``skips_before`` updates skipped in a row: a first one may be its batch's fault, so one saved before ``step``; in a
     run of skips from step ``b`` on, the weights after step ``b - 1``'s update are the ones that keep failing (every
     checkpoint since holds them), so one saved before ``b - 1``. Else ``"none kept from before step N"``."""
     before = step - skips_before - (skips_before > 0)
-    found = {int(path.name.split("_")[1].split(".")[0]): path
-             for path in [*list_checkpoints(output_dir), *list_sharded_checkpoints(output_dir)]}
-    kept = [number for number in found if number < before]
-    return str(found[max(kept)]) if kept else f"none kept from before step {before}"
+    kept = [path for path in list_numbered(output_dir) if step_of(path) < before]
+    return str(kept[-1]) if kept else f"none kept from before step {before}"
 
 
 def count_skips(state: TrainState, phase: str, skipped: bool, searching: bool, limit: int, step: int, of: str,

@@ -15,7 +15,7 @@ import torch
 from model import ModelSpec
 from utils.checkpoint.state import NamedStates
 from utils.config import Config
-from utils.training.guards import TrainingError
+from utils.errors import TrainingError
 
 
 def setup_precision(precision: str, device: torch.device):

@@ -13,9 +13,10 @@ from pydantic import Field
 
 from model import ModelSpec
 from utils.config import Config, ConfigError, Section
-from utils.data.audio import UNRESOLVED_FRAMING, AudioConfig
+from utils.data.audio import AudioConfig
 from utils.data.corpus import DataConfig, DataError
 from utils.data.datasets import mel_dir_framing
+from utils.framing import UNRESOLVED_FRAMING
 from utils.run_log import one_line
 
 

@@ -23,17 +23,18 @@ from utils.checkpoint.published import Weights, load_into, read_weights
 from utils.checkpoint.resume import agreed_resume_path, resume_training, world_size_change
 from utils.checkpoint.saver import Saver
 from utils.checkpoint.sharded import is_sharded
-from utils.checkpoint.state import TrainState
 from utils.config import Config, ConfigError
 from utils.data.check import prepare_run
 from utils.data.corpus import DataError
 from utils.data.loader import batch_stream, make_loader, on_device_hook
 from utils.data.samplers import LengthBucketSampler, padding_fraction, random_batches
+from utils.errors import TrainingError
 from utils.launch import tensorboard_dir
 from utils.run_log import BalanceMonitor, RunLog
+from utils.train_state import TrainState
 from utils.training.activation_checkpoint import apply_activation_checkpointing
 from utils.training.ema import EMA
-from utils.training.guards import Anomalies, SpikeMonitor, TrainingError
+from utils.training.guards import Anomalies, SpikeMonitor
 from utils.training.optim import build_optimizers, build_scheduler, checkpoint_parts, setup_precision
 from utils.training.settings import PROJECT_RECIPE, model_config_errors
 from utils.training.step import BufferGuard, Phase, clock_name, one_loss_step

@@ -1,0 +1,93 @@
+"""The names of a run's checkpoints in its output folder, known here alone: ``checkpoint_<step>.pt`` (one file, DDP),
+``checkpoint_<step>/`` (a sharded folder, FSDP; ``.checkpoint_<step>.partial/`` while it is written), the
+``checkpoint_last.pt`` and ``checkpoint_last`` links naming the newest of each kind, the ``<name>.damaged`` and
+``<name>.unsafe`` names of what ``--resume auto`` passed over, and the ``.<name>.tmp<pid>`` temporaries of atomic
+writes. Imports nothing of the project."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Optional
+
+LAST_FILE = "checkpoint_last.pt"  # a relative link to the newest checkpoint_<step>.pt (a copy where links are refused)
+LAST_FOLDER = "checkpoint_last"  # a relative link to the newest sharded checkpoint_<step>/ folder
+PARTIAL_GLOB = ".checkpoint_*.partial"  # sharded folders being written (or left by a killed save)
+TEMPORARY_GLOB = ".checkpoint_*.tmp*"  # temporaries of checkpoint files and of the last links
+_NUMBERED = re.compile(r"^checkpoint_(\d+)(\.pt)?$")
+
+
+def numbered(output_dir: str | Path, step: int, sharded: bool = False) -> Path:
+    """``output_dir/checkpoint_<step>.pt``, or with ``sharded`` the folder ``output_dir/checkpoint_<step>``."""
+    return Path(output_dir) / (f"checkpoint_{step}" if sharded else f"checkpoint_{step}.pt")
+
+
+def partial(output_dir: str | Path, step: int) -> Path:
+    """The folder a sharded save of ``step`` writes into before it is renamed :func:`numbered`."""
+    return Path(output_dir) / f".checkpoint_{step}.partial"
+
+
+def step_of(path: str | Path) -> Optional[int]:
+    """The step a numbered checkpoint's name holds (``checkpoint_12.pt``, ``checkpoint_12``: 12), else ``None``
+    (``checkpoint_last.pt``, ``checkpoint_12.pt.damaged``)."""
+    match = _NUMBERED.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Numbered checkpoint files (``checkpoint_<step>.pt``) in ``output_dir``, oldest step first."""
+    return sorted((path for path in Path(output_dir).glob("checkpoint_*.pt") if step_of(path) is not None),
+                  key=step_of)
+
+
+def list_sharded_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete sharded checkpoints (``checkpoint_<step>/`` folders, not links) in ``output_dir``, oldest step first."""
+    return sorted((path for path in Path(output_dir).glob("checkpoint_*")
+                   if step_of(path) is not None and path.suffix != ".pt" and path.is_dir() and not path.is_symlink()),
+                  key=step_of)
+
+
+def list_numbered(output_dir: str | Path) -> list[Path]:
+    """Numbered checkpoints of both kinds in ``output_dir``, oldest step first (a file before a folder of its step)."""
+    return sorted([*list_checkpoints(output_dir), *list_sharded_checkpoints(output_dir)], key=step_of)
+
+
+def last_links(output_dir: str | Path) -> list[Path]:
+    """``output_dir``'s :data:`LAST_FILE` and :data:`LAST_FOLDER` where present (dangling links too)."""
+    return [path for path in (Path(output_dir) / LAST_FILE, Path(output_dir) / LAST_FOLDER)
+            if path.exists() or path.is_symlink()]
+
+
+def last_checkpoint_path(output_dir: str | Path) -> Optional[Path]:
+    """``output_dir``'s ``checkpoint_last`` link (sharded), else its ``checkpoint_last.pt``, else ``None`` (a link
+    naming nothing is none)."""
+    last, link = Path(output_dir) / LAST_FILE, Path(output_dir) / LAST_FOLDER
+    return link if link.is_dir() else last if last.is_file() else None
+
+
+def last_checkpoint(output_dir: str | Path) -> str:
+    """:func:`last_checkpoint_path` for messages, with what a link names (``out/checkpoint_last.pt
+    (checkpoint_8.pt)``); else ``"none yet"``."""
+    if (path := last_checkpoint_path(output_dir)) is None:
+        return "none yet"
+    return f"{path} ({os.readlink(path)})" if path.is_symlink() else str(path)
+
+
+def temporary(path: str | Path) -> Path:
+    """This process's temporary for an atomic write of ``path``: ``.<name>.tmp<pid>`` beside it."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def temporary_pid(path: str | Path) -> Optional[int]:
+    """The process id in a :func:`temporary`'s name, or ``None`` for another name."""
+    pid = Path(path).name.rpartition(".tmp")[2]
+    return int(pid) if pid.isdigit() else None
+
+
+def aside(path: str | Path, kind: str, n: int = 1) -> Path:
+    """The ``n``-th name for a damaged (``kind="damaged"``) or code-holding (``"unsafe"``) checkpoint moved aside:
+    ``<name>.<kind>``, then ``<name>.<kind>2``, ...; :func:`step_of` finds no step in it."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.{kind}{n if n > 1 else ''}")

@@ -1,0 +1,20 @@
+"""Where the training loop is (:class:`TrainState`): advanced by the loop (``utils/training``), kept up to date by the
+batch stream (``utils/data/loader.py``), written and read back by the checkpoints (``utils/checkpoint``). Here, below
+all three, so that none of them imports another for it. Imports nothing of the project."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Where the training loop is."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # the epoch being read
+    batch_in_epoch: int = 0  # batches of that epoch this rank has read
+    skipped_steps: int = 0  # for a non-finite loss or gradient norm, or a spike (train.on_spike=skip)
+    samples_in_epoch: int = 0  # of the epoch's order, all ranks together: a resume on any world size skips them
+    skipped_updates: dict = dataclasses.field(default_factory=dict)  # per optimizer (phase): any cause, fp16 too
+    skips_in_a_row: dict = dataclasses.field(default_factory=dict)  # per optimizer: its latest updates skipped
