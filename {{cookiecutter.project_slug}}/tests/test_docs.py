@@ -10,10 +10,11 @@
 * ``docs/two_optimizer_example.py``, the manual's model with two optimizers, is offered the same way, works
   with the project's config as it is, and trains both of its phases with the loop's own functions: each phase
   updates only its network, and its named mel L1 falls.
-* Every tool of ``scripts/`` prints its help run the way the texts show (``python -m scripts.NAME --help`` from the
-  project folder, without the project on ``PYTHONPATH``), and no text of the project runs one by its path. Run by its
-  path (``python scripts/NAME.py``), a tool that imports the project's modules says in one line how to run it (exit
-  status 1, no traceback); one that imports none prints its help. No module of the project edits ``sys.path``.
+* Every tool of ``scripts/`` prints its help run the way the texts show (``python -m scripts.NAME --help``: its
+  ``main`` imported as a module of the ``scripts`` package, in the test's process), and no text of the project runs
+  one by its path. Run by its path (``python scripts/NAME.py``, a process without the project on ``PYTHONPATH``), a
+  tool that imports the project's modules says in one line how to run it (exit status 1, no traceback); one that
+  imports none prints its help. No module of the project edits ``sys.path``.
 * ``docs/architecture.md`` and the README say where each section of ``config.json`` is declared (the file of its
   class), and ``train.py``'s usage lines are one command each.
 """
@@ -28,7 +29,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, bound, clean_env, synth_corpus
+from conftest import ROOT, bound, clean_env, run_main, synth_corpus
 
 PROJECT = Path(ROOT)
 EXAMPLE = PROJECT / "docs" / "own_model_example.py"
@@ -298,9 +299,8 @@ def test_every_tool_runs_as_the_texts_show_and_by_its_path_says_how(tool):
     env = clean_env(1)  # without the project on PYTHONPATH; the rest of it (a slow start asked for) stays
     env["PYTHONPATH"] = os.pathsep.join(folder for folder in env["PYTHONPATH"].split(os.pathsep) if folder != ROOT)
     name = tool.removesuffix(".py")
-    shown = subprocess.run([sys.executable, "-m", f"scripts.{name}", "--help"], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=bound(60, 1))
-    assert shown.returncode == 0 and shown.stdout.startswith("usage:") and not shown.stderr, shown.stderr[-2000:]
+    shown = run_main(f"scripts.{name}", "--help")  # as python -m runs it (a package module), in this process
+    assert shown.stdout.startswith("usage:") and not shown.stderr, shown.stderr[-2000:]
     by_path = subprocess.run([sys.executable, os.path.join("scripts", tool), "--help"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=bound(60, 1))
     if imports_the_project(tool):
