@@ -52,7 +52,7 @@ def is_sharded(path: str | Path) -> bool:
 
 
 def sharded_intact(path: str | Path) -> Optional[str]:
-    """Why the sharded checkpoint folder at ``path`` cannot be loaded, or ``None``. ``"unsafe (...)"``: it holds code
+    """Why the sharded checkpoint folder at ``path`` cannot be loaded, or ``None``. ``"unsafe: ..."``: it holds code
     (a ``.metadata`` pickling other globals than DCP's metadata, a non-tensor entry or ``train_state.pt`` pickling
     other objects than tensors and primitives; refused, nothing was run); ``"damaged (...)"``: its files fail their
     checksums, its ``.metadata`` does not read, a shard it names is missing or short, its train state is not
@@ -135,9 +135,7 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list,
         except (RuntimeError, ValueError, KeyError, OSError) as err:
             raise CheckpointError(f"{path} does not fit this model: {_dcp_failure(err)}") from None
         except dcp.CheckpointException as err:  # a BaseException: what a rank's reader raised, gathered by DCP
-            if unsafe := [cause for cause, _ in err.failures.values() if isinstance(cause, UnsafeCheckpoint)]:
-                raise UnsafeCheckpoint(f"{path} is unsafe: {unsafe[0]}") from None
-            raise CheckpointError(f"cannot read {path}: {dcp_cause(err)}") from None
+            raise read_failure(err, path) from None
         dcp.state_dict.set_state_dict(model, optimizers, model_state_dict=state["model"],
                                       optim_state_dict=state.get("optimizer", {}))
 
@@ -154,9 +152,15 @@ def load_whole_sharded(path: str | Path) -> dict[str, Any]:
         try:
             return load_safe_dcp().load_whole(path)
         except dcp.CheckpointException as err:
-            if unsafe := [cause for cause, _ in err.failures.values() if isinstance(cause, UnsafeCheckpoint)]:
-                raise UnsafeCheckpoint(f"{path} is unsafe: {unsafe[0]}") from None
-            raise CheckpointError(f"cannot read {path}: {dcp_cause(err)}") from None
+            raise read_failure(err, path) from None
+
+
+def read_failure(err: BaseException, path: str | Path) -> CheckpointError:
+    """The error of a load that DCP's ``CheckpointException`` ended: :class:`UnsafeCheckpoint` when a rank's reader
+    refused code (:mod:`utils.checkpoint.safe_dcp`), else what the first failed rank raised."""
+    if unsafe := [cause for cause, _ in err.failures.values() if isinstance(cause, UnsafeCheckpoint)]:
+        return UnsafeCheckpoint(f"{path} is unsafe: {unsafe[0]}")
+    return CheckpointError(f"cannot read {path}: {dcp_cause(err)}")
 
 
 def dcp_cause(err: BaseException) -> str:
