@@ -14,6 +14,9 @@ DOCKER_IMAGE = {{ cookiecutter.docker_base_image | tojson }}
 PROJECT_NAME = {{ cookiecutter.project_name | tojson }}
 AUTHOR_NAME = {{ cookiecutter.author_name | tojson }}
 DESCRIPTION = {{ cookiecutter.description | tojson }}
+PARTS = {"sharding": {{ cookiecutter.sharding | tojson }}, "cloud_platforms": {{ cookiecutter.cloud_platforms | tojson }},
+         "after_training_tools": {{ cookiecutter.after_training_tools | tojson }},
+         "benchmarks": {{ cookiecutter.benchmarks | tojson }}}
 
 # Modules the generated project imports or holds: a folder of the same name on sys.path would shadow them.
 SHADOWED = {
@@ -56,6 +59,9 @@ def problem() -> str:
         return f"license '{LICENSE}' is not one of {', '.join(LICENSES)}"
     if EXAMPLE_MODEL not in MODELS:
         return f"example_model '{EXAMPLE_MODEL}' is not one of {', '.join(MODELS)}"
+    for part, answer in PARTS.items():
+        if answer not in ("yes", "no"):
+            return f"{part} '{answer}' is not yes or no"
     if not IMAGE_RE.match(DOCKER_IMAGE):
         return (f"docker_base_image '{DOCKER_IMAGE}' is not an image reference with a tag "
                 "(e.g. nvcr.io/nvidia/pytorch:25.01-py3)")

@@ -1,5 +1,5 @@
 """Multi-process (data-parallel) training helpers with NVIDIA's multi-GPU names, done by ``torch.distributed``
-(``init_process_group``, DDP or FSDP2's ``fully_shard``, ``all_reduce``). In a script started by ``multiproc.py``
+(``init_process_group``, DDP, ``all_reduce``). In a script started by ``multiproc.py``
 (torchrun), ``srun`` or ``mpirun``::
 
     info = init_distributed()                 # reads the launcher's environment (utils/launch.py)
@@ -22,7 +22,7 @@ import gc
 import logging
 import os
 import sys
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,7 @@ from utils.collectives import CollectiveError as CollectiveError  # re-exported:
 from utils.collectives import CollectiveTimeout as CollectiveTimeout
 from utils.collectives import collective, remember_timeout
 from utils.launch import _int_var, detect_launcher_env, die_with_launcher
+from utils.parts import optional_part
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +110,9 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800,
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         local_rank = _int_var(os.environ, "LOCAL_RANK") if os.environ.get("LOCAL_RANK") else 0
         return DistInfo(dist.get_rank(), local_rank, dist.get_world_size(), device, dist.get_backend())
+    platforms = optional_part("utils.platforms")
+    if platforms:  # a Kubeflow PyTorchJob pod's index is no process's rank
+        platforms.check_process_rank(os.environ)
     env = detect_launcher_env(os.environ)
     device = _select_device(env["local_rank"])
     if env["world_size"] == 1:
@@ -191,51 +195,31 @@ def barrier() -> None:
 
 def cleanup() -> None:
     """Destroy the default process group if one exists (``destroy_process_group``). Garbage is collected first, so that
-    objects in reference cycles bound to it (DDP's reducer, FSDP's state) die before it: left to the interpreter's exit,
+    objects in reference cycles bound to it (DDP's reducer, a sharded model's state) die before it: left to the interpreter's exit,
     their C++ threads aborted the process (SIGABRT)."""
     if _initialized():
         gc.collect()
         dist.destroy_process_group()
 
 
-PARALLELISMS = ("ddp", "fsdp")  # train.parallelism: how apply_gradient_allreduce spreads a model over the ranks
-
-
-def apply_gradient_allreduce(model: nn.Module, parallelism: str = "ddp", blocks: Sequence[nn.Module] = (),
-                             param_dtype: Optional[torch.dtype] = None, reshard_after_forward: bool = True,
-                             **ddp_options) -> nn.Module:
-    """Make ``model``'s gradients the average over all ranks, the data-parallel way ``parallelism`` names: after
-    ``backward()`` each rank holds the gradient of the mean loss over all ranks' batches (equal batches, per-rank mean
-    losses), whole with DDP, its shard with FSDP. Move the model to its device first. Returns the wrapped model, or
-    ``model`` itself without a process group, with world size 1 or when already wrapped.
-
-    * ``"ddp"``: ``DistributedDataParallel`` (every rank holds the whole model and optimizer state; ``backward()``
-      all-reduces the gradients in buckets of ``bucket_cap_mb`` MiB, overlapping the rest of the backward), with
-      ``ddp_options`` (``device_ids``: the model's one GPU; ``gradient_as_bucket_view=True``: one gradient copy fewer).
-    * ``"fsdp"``: FSDP2's ``fully_shard`` on each of ``blocks`` (sub-modules in forward order), then on the root: each
-      rank keeps ``1 / world_size`` of every parameter, gradient and optimizer state, a block's full parameters exist
-      while it runs (``reshard_after_forward=False``: from forward to backward, one all-gather fewer, more memory), its
-      gradients are reduce-scattered after its backward. ``param_dtype`` (e.g. bf16) computes in that dtype with fp32
-      master weights, reduction and outputs. The model changes in place (into an ``FSDPModule``); rank 0's weights are
-      broadcast first, and its buffers before every forward, as DDP does.
+def apply_gradient_allreduce(model: nn.Module, **ddp_options) -> nn.Module:
+    """Make ``model``'s gradients the average over all ranks: after ``backward()`` each rank holds the gradient of the
+    mean loss over all ranks' batches (equal batches, per-rank mean losses). ``DistributedDataParallel``: every rank
+    holds the whole model and optimizer state; ``backward()`` all-reduces the gradients in buckets of ``bucket_cap_mb``
+    MiB, overlapping the rest of the backward; ``ddp_options``: ``device_ids`` (the model's one GPU),
+    ``gradient_as_bucket_view=True`` (one gradient copy fewer). Move the model to its device first. Returns the wrapped
+    model, or ``model`` itself without a process group, with world size 1 or when already wrapped (or split over the
+    ranks: :func:`split_over_ranks`).
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module`` (DDP raises its own TypeError for an unknown option).
-        ValueError: an unknown ``parallelism``, a block that is not part of ``model``, or DDP options with FSDP.
 
-    Sources: https://pytorch.org/docs/stable/notes/ddp.html,
-    https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html, and torchtitan's per-block ``fully_shard``.
+    Source: https://pytorch.org/docs/stable/notes/ddp.html.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"apply_gradient_allreduce needs an nn.Module, got {type(model).__name__}")
-    if parallelism not in PARALLELISMS:
-        raise ValueError(f"apply_gradient_allreduce: unknown parallelism {parallelism!r}; use one of {PARALLELISMS}")
-    if isinstance(model, DistributedDataParallel) or sharded_by_fsdp(model) or get_world_size() == 1:
+    if isinstance(model, DistributedDataParallel) or split_over_ranks(model) or get_world_size() == 1:
         return model
-    if parallelism == "fsdp":
-        if ddp_options:
-            raise ValueError(f"apply_gradient_allreduce: DDP options {sorted(ddp_options)} with parallelism='fsdp'")
-        return _fully_shard(model, blocks, param_dtype, reshard_after_forward)
     return _wrap_ddp(model, ddp_options)
 
 
@@ -248,40 +232,9 @@ def _wrap_ddp(model: nn.Module, ddp_options: dict) -> DistributedDataParallel:
     return DistributedDataParallel(model, **options)
 
 
-def _fully_shard(model: nn.Module, blocks: Sequence[nn.Module], param_dtype: Optional[torch.dtype],
-                 reshard_after_forward: bool) -> nn.Module:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # costly: sharded_by_fsdp
-    inside = {id(module) for module in model.modules()}
-    if stray := [type(block).__name__ for block in blocks if id(block) not in inside]:
-        raise ValueError(f"apply_gradient_allreduce: blocks not inside the model: {', '.join(stray)}")
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    with collective("broadcast of rank 0's initial weights"), torch.no_grad():
-        for param in model.parameters():
-            if not param.is_contiguous():  # e.g. a transposed QR factor; FSDP shards along dim 0 of a dense layout
-                param.data = param.data.contiguous()
-        for tensor in [*model.parameters(), *model.buffers()]:
-            dist.broadcast(tensor, src=0)  # what DDP does at construction: one starting point for every rank
-    mesh = dist.device_mesh.init_device_mesh(device.type, (dist.get_world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
-                                  output_dtype=torch.float32 if param_dtype is not None else None)
-    if param_dtype is not None:
-        # BatchNorm keeps fp32 weights beside its fp32 running statistics (bf16 weights with them do not run).
-        full = MixedPrecisionPolicy(reduce_dtype=torch.float32)
-        for module in model.modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                fully_shard(module, mesh=mesh, mp_policy=full, reshard_after_forward=reshard_after_forward)
-    for block in blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    # With blocks, the root keeps its gathered parameters after forward: the backward would regather them at once.
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward and not blocks)
-    if any(True for _ in model.buffers()):  # BatchNorm's running statistics: rank 0's, as DDP's broadcast_buffers
-        model.register_forward_pre_hook(lambda module, args: broadcast_buffers(module))
-    return model
-
-
 def broadcast_buffers(model: nn.Module) -> None:
     """Rank 0's values of ``model``'s buffers (BatchNorm's running statistics) on every rank, one broadcast per dtype,
-    as DDP before every forward (FSDP models run it then, and before a sharded checkpoint is written); nothing alone.
+    as DDP before every forward (sharded models run it then, and before a sharded checkpoint is written); nothing alone.
 
     Raises:
         CollectiveTimeout / CollectiveError: another rank did not join.
@@ -300,13 +253,13 @@ def broadcast_buffers(model: nn.Module) -> None:
 
 @contextlib.contextmanager
 def no_sync(model: nn.Module):
-    """Inside the block, backward passes accumulate gradients locally, without DDP's all-reduce or FSDP's reduce-scatter
-    (gradient accumulation's micro-batches before the last); a plain module needs nothing. Sources:
-    ``DistributedDataParallel.no_sync``, ``FSDPModule.set_requires_gradient_sync``."""
+    """Inside the block, backward passes accumulate gradients locally, without DDP's all-reduce or a sharded model's
+    reduce-scatter (gradient accumulation's micro-batches before the last); a plain module needs nothing. Sources:
+    ``DistributedDataParallel.no_sync``, ``set_requires_gradient_sync`` of a model split over the ranks."""
     if isinstance(model, DistributedDataParallel):
         with model.no_sync():
             yield
-    elif sharded_by_fsdp(model):
+    elif split_over_ranks(model):
         model.set_requires_gradient_sync(False)
         try:
             yield
@@ -316,18 +269,23 @@ def no_sync(model: nn.Module):
         yield
 
 
-def sharded_by_fsdp(obj: object) -> bool:
-    """Whether ``obj`` is FSDP2's: a module ``fully_shard`` wrapped or a ``DTensor`` (its parameters, gradients, total
-    norm). FSDP and DTensor are imported on first use (0.6 s of every process's start): until then nothing is theirs."""
-    fsdp, dtensor = sys.modules.get("torch.distributed.fsdp"), sys.modules.get("torch.distributed.tensor")
-    return ((fsdp is not None and isinstance(obj, fsdp.FSDPModule))
-            or (dtensor is not None and isinstance(obj, dtensor.DTensor)))
+def split_over_ranks(obj: object) -> bool:
+    """Whether ``obj`` is split over the ranks: a ``DTensor`` (each rank holds a shard: a sharded model's parameters,
+    gradients, total norm), or a module that shards its parameters itself (``reshard``, ``set_requires_gradient_sync``:
+    torch.distributed's ``fully_shard``; between a forward and its backward its parameters may be gathered, plain
+    tensors). ``DTensor`` is imported on first use (0.6 s of every process's start): until then nothing is split."""
+    if sys.modules.get("torch.distributed.tensor") is None:
+        return False
+    if isinstance(obj, nn.Module):
+        return callable(getattr(obj, "reshard", None)) and callable(getattr(obj, "set_requires_gradient_sync", None))
+    return isinstance(obj, sys.modules["torch.distributed.tensor"].DTensor)
 
 
 def full_value(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor``'s whole value as a plain tensor: a ``DTensor`` (FSDP's parameters, gradients, ``clip_grad_norm_``'s
-    total norm) is gathered (a collective: every rank must call it), a plain tensor returned as is."""
-    if sharded_by_fsdp(tensor):
+    """``tensor``'s whole value as a plain tensor: a ``DTensor`` (a sharded model's parameters, gradients,
+    ``clip_grad_norm_``'s total norm) is gathered (a collective: every rank must call it), a plain tensor returned as
+    is."""
+    if split_over_ranks(tensor):
         with collective("gather of a sharded tensor"):
             return tensor.full_tensor()
     return tensor

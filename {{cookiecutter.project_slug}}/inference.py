@@ -19,13 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models import MODELS, config_schemas
+from models import MODELS
+from models.schemas import config_schemas
 from utils.checkpoint.files import CheckpointError, load_model_state
-from utils.checkpoint.resume import read_checkpoint
-from utils.checkpoint.sharded import is_sharded, load_sharded
+from utils.checkpoint.resume import folder_reader, read_checkpoint
 from utils.checkpoint.state import RELEASE_FORMAT, in_modules
 from utils.config import Config, ConfigError, config_from_dict
 from utils.data.corpus import DataError
+from utils.parts import has_part
 from utils.run_log import one_line, one_line_warnings
 from utils.training.ema import averaged_parameters
 
@@ -52,9 +53,9 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
         raise CheckpointError(f"{path}: its {name} config does not build a model: {one_line(err)}") from None
     averaged = averaged_parameters(model, MODELS[name].inference_modules)
     ema = None
-    if is_sharded(path):
+    if (sharded := folder_reader(path)) is not None:
         ema = {key: torch.empty_like(param) for key, param in averaged.items()} if state.get("ema_saved") else None
-        load_sharded(path, model, [], extra=None if ema is None else {"ema": ema})
+        sharded.load_sharded(path, model, [], extra=None if ema is None else {"ema": ema})
     elif state.get("format") == RELEASE_FORMAT:  # the inference modules' weights; the rest stays as built
         kept = {key: value for key, value in model.state_dict().items()
                 if not in_modules(key, MODELS[name].inference_modules)}
@@ -118,7 +119,8 @@ def build_parser(model_names: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Write outputs (wavs) from a checkpoint of train.py.",
                                      conflict_handler="resolve" if len(model_names) > 1 else "error")
     parser.add_argument("--checkpoint", required=True,
-                        help="a checkpoint written by train.py: a .pt file or a sharded checkpoint folder")
+                        help="a checkpoint written by train.py: a .pt file"
+                             + (" or a sharded checkpoint folder" if has_part("utils.checkpoint.sharded") else ""))
     parser.add_argument("--output", required=True, help="where to write (a .wav file for the example models)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cpu, cuda or cuda:N (default: cuda when available)")

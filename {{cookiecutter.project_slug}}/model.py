@@ -11,7 +11,7 @@ Your own model, in three steps (``docs/own_model_example.py`` is a complete file
 A :class:`ModelSpec` holds the model's name, its config section, ``build_model`` and :class:`Training` (all that
 training needs); the other groups are optional, each read by one consumer: :class:`Inference` (``inference.py``),
 :class:`Export` (``scripts/export.py --format onnx``), :class:`Published` (published weights: ``--init-from``,
-``scripts/import_weights.py``), :class:`Benchmark` (``scripts/benchmark.py``, ``scripts/memory.py``). A group left out
+``scripts/import_weights.py``), :class:`Benchmark` (synthetic batches, for timing and memory tools). A group left out
 is said where it would be used. A batch is a dict of tensors plus an ``"ids"`` list of utterance ids. Shapes of three
 kinds fit without touching ``train.py`` (torchtitan's ``ModelSpec`` is the model): one network and one loss; several
 networks and optimizers (:class:`Phases`: a GAN); a model bigger than one GPU (``Training.blocks``).
@@ -99,8 +99,8 @@ class Published:
 
 @dataclasses.dataclass(frozen=True)
 class BenchmarkCase:
-    """A train-step shape for ``scripts/benchmark.py``: ``section.key=value`` overrides of the section's defaults, the
-    batch size and the keywords of ``Benchmark.synthetic_batch``; ``tiny`` shrinks it for a CPU."""
+    """A train-step shape: ``section.key=value`` overrides of the section's defaults, the batch size and the keywords
+    of ``Benchmark.synthetic_batch``; ``tiny`` shrinks it for a CPU."""
 
     name: str
     overrides: tuple[str, ...]
@@ -111,7 +111,7 @@ class BenchmarkCase:
 
 @dataclasses.dataclass(frozen=True)
 class Benchmark:
-    """What ``scripts/benchmark.py`` and ``scripts/memory.py`` need."""
+    """Synthetic batches of set shapes, for the tools that time a train step or plan its memory and for the tests."""
 
     synthetic_batch: Callable[..., Batch]  # (cfg, batch_size, generator, **shape) -> a batch of random CPU tensors
     cases: tuple[BenchmarkCase, ...] = ()  # the shapes to time (NVIDIA's published ones for the examples)
@@ -123,7 +123,7 @@ class ModelSpec:
     network (``cfg -> nn.Module``; ``forward(batch)`` returns what the criterion reads), and the groups above."""
 
     name: str
-    config_cls: type
+    config_cls: type  # its config.json section: a utils.config.ModelSection subclass
     build_model: Callable[[Config], nn.Module]
     training: Training
     inference: Optional[Inference] = None
@@ -131,8 +131,8 @@ class ModelSpec:
     published: Optional[Published] = None
     benchmark: Optional[Benchmark] = None
     # its reference recipe's values of shared settings a config leaves null ({"train.grad_clip": 1.0}):
-    # utils.training.settings.apply_recipe fills them in. A setting it does not name (all, when empty) takes the
-    # project's default (settings.PROJECT_RECIPE: audio.mel_framing=jik876, train.grad_clip=0.0: no clipping,
+    # utils.training.recipe.apply_recipe fills them in. A setting it does not name (all, when empty) takes the
+    # project's default (recipe.PROJECT_RECIPE: audio.mel_framing=jik876, train.grad_clip=0.0: no clipping,
     # train.cudnn_benchmark=true); train.py's start-up prints the recipe the model gets
     recipe: dict[str, Any] = dataclasses.field(default_factory=dict)
 

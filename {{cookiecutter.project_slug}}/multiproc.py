@@ -6,11 +6,11 @@ Usage (the whole story: docs/manual.md)::
     python multiproc.py --nnodes 2 --node-rank R --master-addr HOST [--master-port P] train.py ...
     python multiproc.py [options] -m scripts.NAME [args...]        # a module, as python -m runs it
 
-Options left out come from the visible GPUs and the platform (``utils.launch.platform_topology``). Rank 0 prints here,
-rank r > 0 into ``<log-dir>/rank_<r>.*``; a failed rank is named with its log, and its exit code is ours. Stop signals
-go on to every rank, which finishes its step while rank 0 saves (``utils.run.StopForwarder``). The script's own
-``check_command_line(argv)`` is asked first (:func:`preflight`). Each rank gets ``RANK``, ``LOCAL_RANK``,
-``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``. torchrun's own parser and ``elastic_launch`` run the job; its agent
+Options left out come from the visible GPUs and the platform (``utils.platforms``, where the project has it).
+Rank 0 prints here, rank r > 0 into ``<log-dir>/rank_<r>.*``; a failed rank is named with its log, and its exit code
+is ours. Stop signals go on to every rank, which finishes its step while rank 0 saves (``utils.run.StopForwarder``).
+The script's own ``check_command_line(argv)`` is asked first (:func:`preflight`). Each rank gets ``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``. torchrun's own parser and ``elastic_launch`` run the job; its agent
 runs in a thread, so the main thread can pass a signal on and wait for the ranks, where torchrun kills them after 30 s.
 Source: https://pytorch.org/docs/stable/elastic/run.html
 """
@@ -38,7 +38,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
-from utils.launch import platform_topology
+from utils.launch import check_not_launched
+from utils.parts import optional_part
 from utils.run import StopForwarder, stop_exit_code
 
 ROOT = Path(__file__).resolve().parent  # the project's folder: a script in it is imported by its dotted name
@@ -87,6 +88,7 @@ def _fail(message: str) -> None:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse and check multiproc's own options; the script's arguments are kept verbatim."""
     p = _Parser(prog="multiproc.py", description=__doc__.split("\n")[0])
+    pods = optional_part("utils.platforms") is not None  # the help names Kubernetes where the project runs there
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None,
                    help="processes on this node (default: visible GPUs, or 2 without CUDA)")
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
@@ -103,10 +105,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="seconds to wait for the other nodes (--nnodes > 1) before giving up (default 300)")
     p.add_argument("--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S,
                    help="grace period: seconds the ranks get to stop (and save) after a stop signal before they are "
-                        f"killed (default {DEFAULT_STOP_TIMEOUT_S:g}, inside Kubernetes' default 30 s)")
+                        f"killed (default {DEFAULT_STOP_TIMEOUT_S:g}"
+                        + (", inside Kubernetes' default 30 s)" if pods else ")"))
     p.add_argument("--stop-exit-code", type=int, default=None,
-                   help="exit code after a stop signal the ranks obeyed (default: 128 + the signal inside Kubernetes, "
-                        "where 0 would mark the job complete; 0 elsewhere; 130 after Ctrl-C)")
+                   help="exit code after a stop signal the ranks obeyed (default: 128 + the signal inside "
+                        + ("Kubernetes, where 0 would mark the job complete" if pods else "an orchestrator's pod")
+                        + "; 0 elsewhere; 130 after Ctrl-C)")
     p.add_argument("-m", "--module", action="store_true",
                    help="the script is a module name, run as python -m does (python multiproc.py -m scripts.NAME ...)")
     p.add_argument("script", help="the training script (a .py file, or with -m a module name)")
@@ -125,6 +129,7 @@ def _check_args(args: argparse.Namespace) -> None:
     """Exit with one ``multiproc: ERROR:`` line for the first option out of range or contradiction; fills the default
     ``--nproc-per-node``."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    platforms = optional_part("utils.platforms")  # where a multi-node launch may also find node 0's host
     if args.nproc_per_node is None:
         args.nproc_per_node = gpus or 2
     nproc, nnodes, port, code = args.nproc_per_node, args.nnodes, args.master_port, args.stop_exit_code
@@ -135,9 +140,8 @@ def _check_args(args: argparse.Namespace) -> None:
          f"--node-rank {args.node_rank} must be in 0..{nnodes - 1} (--nnodes {nnodes})"),
         (args.standalone and nnodes != 1, "--standalone means one node; drop --nnodes"),
         (port is not None and not 0 < port < 65536, f"--master-port must be in 1..65535, got {port}"),
-        (nnodes > 1 and not args.master_addr, f"--nnodes {nnodes} needs --master-addr (the host of node 0), or a "
-         "platform's variable: PET_MASTER_ADDR (Kubeflow), SKYPILOT_NODE_IPS (SkyPilot), or MASTER_ADDR beside "
-         "WORLD_SIZE and RANK (a per-node launcher); none gave it"),
+        (nnodes > 1 and not args.master_addr, f"--nnodes {nnodes} needs --master-addr (the host of node 0)"
+         + (f", or a platform's variable: {platforms.MASTER_ADDR_VARIABLES}; none gave it" if platforms else "")),
         (args.max_restarts < 0, f"--max-restarts must be >= 0, got {args.max_restarts}"),
         *((not 0 < seconds < float("inf"), f"--{name} must be a positive number of seconds, got {seconds}")
           for name, seconds in (("rdzv-timeout", args.rdzv_timeout), ("stop-timeout", args.stop_timeout))),
@@ -153,11 +157,15 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def platform_defaults(args: argparse.Namespace, argv: list[str], environ) -> str:
-    """Fill the options the command line left out from :func:`platform_topology` (in place); returns the platform read
+    """Fill the options the command line left out from ``utils.platforms.platform_topology`` (in place; only
+    :func:`utils.launch.check_not_launched` in a project without the cloud platforms); returns the platform read
     (``""``: none). ``nproc_per_node`` may be ``auto``/``gpu`` (the default) or ``cpu`` (2). One node keeps a free port
     of its own. Exits with one ``multiproc: ERROR:`` line for a value that is not a number or a contradiction."""
+    platforms = optional_part("utils.platforms")
     try:
-        platform, found = platform_topology(environ)
+        if platforms is None:
+            check_not_launched(environ)
+        platform, found = platforms.platform_topology(environ) if platforms else ("", {})
     except ValueError as err:
         _fail(str(err))
     script_at = argv.index(args.script) if args.script in argv else len(argv)

@@ -33,65 +33,70 @@ from typing import Optional
 import torch
 
 from distributed import CollectiveError, all_gather_object, broadcast_object, cleanup, init_distributed
-from models import MODELS, config_schemas
+from models import MODELS
+from models.schemas import config_schemas
 from utils.checkpoint.files import CheckpointError
 from utils.checkpoint.names import last_checkpoint, last_checkpoint_path
 from utils.config import Config, ConfigError, load_config
 from utils.data.corpus import DataError, load_splits
 from utils.data.loader import epochs_done, next_micro_batches
 from utils.errors import TrainingError
-from utils.launch import (SAGEMAKER_CHECKPOINTS, cpu_threads, default_dataset_path, default_output_dir,
-                          hyperparameter_argv, record_failure, tensorboard_dir)
+from utils.launch import cpu_threads, record_failure
+from utils.parts import has_part, optional_part
 from utils.run import RunLock, StopRequest, end_dataloader_workers, take_output_dir
 from utils.run_log import StepWindow, one_line, one_line_warnings
-from utils.training.guards import agree
-from utils.training.settings import apply_recipe, check_settings
+from utils.training.guards import StepCounts, StepOutcome, all_reduce_numbers
+from utils.training.checks import check_settings
+from utils.training.recipe import apply_recipe
 from utils.training.setup import Run, build_run
-from utils.training.step import StepTally, forward_backward, step_schedulers
-from utils.training.validate import validate_run
+from utils.training.step import forward_backward, step_schedulers
 
 
 def train_loop(run: Run, stop: StopRequest) -> bool:
     """Optimizer steps until ``train.max_steps`` or a stop signal: each phase (one per optimizer) runs forward and backward
-    over the step's micro-batches (gradient accumulation; the all-reduce in the last backward), unscales and clips; the
-    ranks agree on its numbers; a non-finite or spiking step is logged, skipped or stops the run; then its optimizer
-    steps. Every ``log_interval`` a metrics row, every ``val_interval`` validation, every ``checkpoint_interval`` (and
-    at a stop or the end) a checkpoint. Returns whether it trained to the end (not stopped)."""
-    cfg, state, log, several = run.cfg.train, run.state, run.log, len(run.phases) > 1
-    window, epochs_seen = StepWindow(), epochs_done(state, run.train_loader)
+    over the step's micro-batches (gradient accumulation; the all-reduce in the last backward), unscales and clips; one
+    small all-reduce gives every rank its numbers; a non-finite or spiking step is logged, skipped or stops the run;
+    then its optimizer steps. After the phases the schedules step and the gradients are dropped. Every ``log_interval``
+    a metrics row, every ``val_interval`` validation, every ``checkpoint_interval`` (and at a stop or the end) a
+    checkpoint. Returns whether it trained to the end (not stopped)."""
+    cfg, state, log = run.cfg.train, run.state, run.log
+    window, epochs_seen = StepWindow(), epochs_done(state, run.data.loader)
+    scaler = run.precision.scaler  # fp16's loss scaling; a pass-through in the other precisions
     while state.step < cfg.max_steps:
-        t_start, step, tally = time.perf_counter(), state.step + 1, StepTally()
-        micro, items, ids, data_time = next_micro_batches(run.batches, run.spec, run.accumulation, run.dist.device,
-                                                          run.prepare)
+        t_start, step = time.perf_counter(), state.step + 1
+        micro, items, ids, data_time = next_micro_batches(run.data.batches, run.spec, run.data.accumulation,
+                                                          run.dist.device, run.data.prepare)
+        outcome = StepOutcome(data_time=data_time, named_losses=len(run.phases) > 1)
         for phase in run.phases:  # a GAN: the discriminator's update, then the generator's
             if phase.guard is not None:
                 phase.guard.save()
-            result = forward_backward(phase, run.phases, run.step_fn, micro, run.scaler, run.autocast, cfg.grad_clip)
-            counts = (stop.signal_name is not None, items) if phase is run.phases[-1] else ()
-            agreed = agree(result, run.scaler, run.dist.world_size, run.dist.device, counts)  # one small all-reduce
-            overflow, skipped = run.anomalies.judge(step, phase, agreed, ids)  # non-finite, spikes: log, skip or stop
-            tally.add(phase, several, result, agreed, overflow, skipped)
-            run.scaler.step(phase.optimizer)  # before the next phase's forward: it sees the updated network
-            if run.ema is not None and not skipped:  # after a real update only (not a skip, not an fp16 overflow)
-                run.ema.update(phase.net)
-            run.anomalies.count(step, phase, overflow, skipped)
-        n_stop, items = agreed.counts
-        run.scaler.update()  # once per step, after every optimizer (PyTorch's AMP recipe)
-        epochs_seen = step_schedulers(run.phases, tally.stepped, epochs_seen, epochs_done(state, run.train_loader))
-        state.step, step_s = step, time.perf_counter() - t_start
-        window.add(None if tally.any_bad else agreed.loss, items, step_s, data_time, tally.wait_time, tally.compute_time,
-                   losses=tally.losses, overflows=tally.overflows)
+            result = forward_backward(phase, run.phases, run.step_fn, micro, run.precision, cfg.grad_clip)
+            # The last phase's all-reduce also sums the step's stop requests and items (this rank's in ``items``).
+            counts = StepCounts(int(stop.signal_name is not None), items) if phase is run.phases[-1] else None
+            numbers = all_reduce_numbers(result, scaler, run.dist, counts)  # loss, gradient norm: every rank's view
+            verdict = run.anomalies.check(step, phase, numbers, ids)  # non-finite, spikes: log, skip or stop
+            outcome.add(phase, result, numbers, verdict)
+            scaler.step(phase.optimizer)  # before the next phase's forward: it sees the updated network
+            if run.ema is not None and not verdict.skipped:  # a real update only: not a skip, not an fp16 overflow
+                run.ema.update(phase.wrapped)
+            run.anomalies.count_skips(step, phase, verdict)  # too many in a row stop the run
+        scaler.update()  # once per step, after every optimizer (PyTorch's AMP recipe)
+        epochs_seen = step_schedulers(run.phases, outcome.applied, epochs_seen, epochs_done(state, run.data.loader))
+        for phase in run.phases:  # the next step's backward starts from no gradient
+            phase.optimizer.zero_grad(set_to_none=True)
+        state.step, outcome.step_time = step, time.perf_counter() - t_start
+        window.add(outcome)
         log.step_done()
         last = step == cfg.max_steps
         if step % cfg.log_interval == 0 or last:
-            log_window(run, window, agreed.grad_norm)
+            log_window(run, window, outcome.grad_norm)
             window = StepWindow()
         if step % cfg.val_interval == 0 or last:
-            log.validation(step, state.epoch, validate_run(run, step))
+            log.validation(step, state.epoch, run.validator.validate(step))
         run.saver.poll()
-        if n_stop or step % cfg.checkpoint_interval == 0 or last:
-            run.saver.save(step_s)
-        if n_stop:
+        if outcome.stop_requested or step % cfg.checkpoint_interval == 0 or last:
+            run.saver.save(outcome.step_time)
+        if outcome.stop_requested:
             run.saver.finish()
             log.print(f"stopped at step {step} on {stop.signal_name or 'another rank’s signal'}; resume with the same "
                       f"command (--resume auto reads {last_checkpoint_path(run.output_dir)})")
@@ -241,36 +246,42 @@ def parse_args(argv=None) -> argparse.Namespace:
             platform's folder variable that cannot work here (``--help`` still prints and exits 0).
     """
     models = sorted(MODELS)
+    platforms = optional_part("utils.platforms")  # the cloud platforms' folders and argument style, where present
     parser = _Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="config.json", help="JSON config (default: config.json)")
     parser.add_argument("--model", choices=models, default=models[0] if models else None,
                         help=f"which model of models/ to train (default: {models[0] if models else 'none'})")
-    parser.add_argument("--dataset-path", help="LJSpeech-layout folder; overrides data.dataset_path (default: "
-                                               "SageMaker's SM_CHANNEL_TRAINING when set)")
-    parser.add_argument("--output-dir", help="checkpoints, logs, metrics (default: Vertex AI's AIP_CHECKPOINT_DIR, "
-                                             f"SageMaker's {SAGEMAKER_CHECKPOINTS}, else output)")
+    parser.add_argument("--dataset-path", help="LJSpeech-layout folder; overrides data.dataset_path"
+                        + (f" (default: {platforms.DATASET_PATH_DEFAULT})" if platforms else ""))
+    parser.add_argument("--output-dir", help="checkpoints, logs, metrics (default: "
+                                             f"{platforms.OUTPUT_DIR_DEFAULT if platforms else 'output'})")
     parser.add_argument("--max-steps", type=int, help="optimizer steps to train; overrides train.max_steps")
     parser.add_argument("--resume", default="auto",
                         help="auto: continue from OUTPUT/checkpoint_last.pt if present; none; or a checkpoint path")
     parser.add_argument("--init-from", metavar="WEIGHTS",
                         help="start from these weights, with a fresh optimizer at step 0 (fine-tuning): a checkpoint "
-                             "of this project, or NVIDIA's Tacotron2 or WaveGlow checkpoint, or jik876's HiFi-GAN "
-                             "generator; an --output-dir with its own checkpoint resumes that instead")
+                             "of this project" + (", or NVIDIA's Tacotron2 or WaveGlow checkpoint, or jik876's HiFi-GAN "
+                                                  "generator" if has_part("utils.checkpoint.published") else "")
+                             + "; an --output-dir with its own checkpoint resumes that instead")
     parser.add_argument("--tiny", action="store_true", help="apply the config's tiny block (CPU smoke runs)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config value; repeatable")
+    argv = sys.argv[1:] if argv is None else argv
     # SageMaker passes hyperparameters as --name value: --train.lr 1e-4 is --set train.lr=1e-4, --tiny True is --tiny
-    args = parser.parse_args(hyperparameter_argv(sys.argv[1:] if argv is None else argv, ["--tiny"]))
+    args = parser.parse_args(platforms.hyperparameter_argv(argv, ["--tiny"]) if platforms else argv)
     if args.model is None:
         parser.error("models/ registers no model: add one (see model.py)")
     for option, key in (("--max-steps", "train.max_steps"), ("--dataset-path", "data.dataset_path")):
         given = [item for item in args.set if "=" in item and item.split("=")[0].strip() == key]
         if given and getattr(args, option[2:].replace("-", "_")) is not None:
             raise CommandLineError(f"{option} and --set {given[-1]} both set {key}; give one")
+    if platforms is None:
+        args.output_dir = args.output_dir or "output"
+        return args
     try:
-        args.output_dir = args.output_dir or default_output_dir(os.environ)
-        tensorboard_dir(os.environ, args.output_dir)  # its variable checked before any rank starts
-        args.dataset_path = args.dataset_path or default_dataset_path(os.environ)
+        args.output_dir = args.output_dir or platforms.default_output_dir(os.environ)
+        platforms.tensorboard_dir(os.environ, args.output_dir)  # its variable checked before any rank starts
+        args.dataset_path = args.dataset_path or platforms.default_dataset_path(os.environ)
     except ValueError as err:
         raise CommandLineError(str(err)) from None
     return args
@@ -278,7 +289,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load_run_config(args: argparse.Namespace) -> Config:
     """The config file with ``--tiny``, ``--set``, ``--dataset-path`` and ``--max-steps`` applied, and the settings it
-    leaves null filled with ``--model``'s recipe (:func:`utils.training.settings.apply_recipe`)."""
+    leaves null filled with ``--model``'s recipe (:func:`utils.training.recipe.apply_recipe`)."""
     overrides = list(args.set)
     if args.dataset_path:
         overrides.append(f"data.dataset_path={args.dataset_path}")

@@ -36,12 +36,12 @@ from pydantic import Field
 from torch import nn
 
 from model import Inference, ModelSpec, Training
-from utils.config import Config, Section
+from utils.config import Config, ModelSection
 from utils.data.corpus import load_splits
-from utils.data.datasets import AudioMelDataset, collate_audio_mel, read_mel
+from utils.data.datasets import AudioMelDataset, Crop, collate_audio_mel, read_mel
 
 
-class MelAEConfig(Section):
+class MelAEConfig(ModelSection):
     """The ``melae`` section of ``config.json``.
 
     ``hidden``: channels of the two hidden convolutions; ``bottleneck``: channels of the code between
@@ -96,8 +96,8 @@ def build_datasets(cfg: Config) -> tuple[AudioMelDataset, AudioMelDataset]:
     """
     train_utts, val_utts = load_splits(cfg.data)
     crop_samples = cfg.melae.segment_frames * cfg.audio.hop_length
-    train = AudioMelDataset(train_utts, cfg.audio, crop_samples, random_crop=True, seed=cfg.train.seed)
-    val = AudioMelDataset(val_utts, cfg.audio, crop_samples, random_crop=False)
+    train = AudioMelDataset(train_utts, cfg.audio, Crop(crop_samples, seed=cfg.train.seed))
+    val = AudioMelDataset(val_utts, cfg.audio, Crop(crop_samples, random=False))
     return train, val
 
 

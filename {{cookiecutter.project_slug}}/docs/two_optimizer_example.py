@@ -42,7 +42,7 @@ losses and the data. What each part is for:
 * ``SPEC = ModelSpec(...)`` at the end: the model's name (``--model gan_vocoder``) and everything above.
 
 Optional parts it leaves out, each skipped with a line saying so where it would be used (see ``model.py``): ``Export``,
-``Published``, ``Benchmark`` (``scripts/benchmark.py``); of ``Training``: a fast path, ``log_validation``. A full GAN
+``Published``, ``Benchmark`` (synthetic batches); of ``Training``: a fast path, ``log_validation``. A full GAN
 vocoder adds several discriminators (periods, scales), feature-matching losses and larger networks; the training
 contract stays this one.
 """
@@ -61,17 +61,17 @@ from torch import nn
 
 from distributed import unwrap_model
 from model import Inference, ModelSpec, Phases, Training
-from utils.config import Config, Section
+from utils.config import Config, ModelSection
 from utils.data.audio import AudioConfig, MelSpectrogram, check_wav_output, save_wav
 from utils.data.corpus import load_splits
-from utils.data.datasets import AudioMelDataset, collate_audio_mel, read_mel
+from utils.data.datasets import AudioMelDataset, Crop, collate_audio_mel, read_mel
 
 PHASES = ("discriminator", "generator")
 """The optimizers, in update order: the discriminator learns from the current generator first."""
 Beta = Annotated[float, Field(ge=0, lt=1)]  # an Adam beta, in [0, 1): the bound of each item of ``adam_betas``
 
 
-class GANVocoderConfig(Section):
+class GANVocoderConfig(ModelSection):
     """The ``gan_vocoder`` section of ``config.json``.
 
     ``upsample_rates``: the generator's transposed convolutions, each multiplying the length by its rate (each
@@ -249,8 +249,8 @@ def build_datasets(cfg: Config) -> tuple[AudioMelDataset, AudioMelDataset]:
     one each epoch, seeded by ``train.seed``; the first crop of each clip for validation)."""
     train_utts, val_utts = load_splits(cfg.data)
     crop_samples = cfg.gan_vocoder.segment_frames * cfg.audio.hop_length
-    return (AudioMelDataset(train_utts, cfg.audio, crop_samples, random_crop=True, seed=cfg.train.seed),
-            AudioMelDataset(val_utts, cfg.audio, crop_samples, random_crop=False))
+    return (AudioMelDataset(train_utts, cfg.audio, Crop(crop_samples, seed=cfg.train.seed)),
+            AudioMelDataset(val_utts, cfg.audio, Crop(crop_samples, random=False)))
 
 
 @torch.no_grad()

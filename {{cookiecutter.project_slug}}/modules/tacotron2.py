@@ -198,7 +198,7 @@ class Decoder(nn.Module):
         along the text axis to a multiple of ``text_bucket`` symbols (masked, so outputs are unchanged; alignments are
         cut back); step 0 runs eagerly; no host synchronisation (``fullgraph=True``). :meth:`inference` stays eager.
         Dropout in the compiled step draws other samples of the same distribution (unless
-        ``torch._inductor.config.fallback_random``, as ``scripts/benchmark.py --check`` sets).
+        ``torch._inductor.config.fallback_random``, as the fast-path checks set).
 
         ``compile_kwargs`` go to ``torch.compile`` (defaults ``fullgraph=True``, ``dynamic=False``; tests pass
         ``backend="aot_eager"``; ``mode="reduce-overhead"`` adds CUDA graphs).

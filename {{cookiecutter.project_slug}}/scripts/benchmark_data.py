@@ -10,6 +10,7 @@ from typing import Callable
 
 import torch
 
+from distributed import DistInfo
 from model import ModelSpec
 from models import MODELS
 from scripts.benchmark_step import (BenchmarkError, make_train_step, median_step_time, progress_bar, release, skip_note,
@@ -97,7 +98,8 @@ def training_loader(spec: ModelSpec, cfg: Config, train_set, device: torch.devic
         BenchmarkError: the dataset is too small for one batch.
     """
     batch_size = cfg.section(spec.name).batch_size
-    loader = make_loader(train_set, spec, cfg, batch_size, 0, 1, True, device)
+    loader = make_loader(train_set, spec, cfg, DistInfo(rank=0, local_rank=0, world_size=1, device=device, backend=None),
+                         train=True)
     if len(loader) == 0:
         raise BenchmarkError(f"{len(train_set)} training utterances are too few for one batch of {batch_size}; "
                              f"use --tiny or --set {spec.name}.batch_size=N")

@@ -14,12 +14,13 @@ import torch._inductor.config as inductor_config
 from tqdm import tqdm
 
 from model import BenchmarkCase, ModelSpec
-from models import MODELS, config_schemas
+from models import MODELS
+from models.schemas import config_schemas
 from utils.config import Config, build_config, load_config
 from utils.data.loader import on_device_hook, to_device
 from utils.run_log import bar_options
 from utils.training.optim import build_optimizers, setup_precision
-from utils.training.settings import apply_recipe
+from utils.training.recipe import apply_recipe
 from utils.training.setup import build_phases
 from utils.training.step import forward_backward, one_loss_step
 
@@ -52,7 +53,7 @@ def cases_for(models: list[str]) -> list[tuple[str, BenchmarkCase]]:
 
 def case_config(name: str, case: BenchmarkCase, args: argparse.Namespace) -> tuple[Config, BenchmarkCase]:
     """The config and shape a case runs with (see :mod:`scripts.benchmark`), user ``--set`` applied last, its null
-    settings the model's recipe's (:func:`utils.training.settings.apply_recipe`)."""
+    settings the model's recipe's (:func:`utils.training.recipe.apply_recipe`)."""
     shape = (case.tiny or case) if args.tiny else case
     overrides = [*shape.overrides, *args.set]
     if args.tiny or case.name.endswith("_default"):  # the tiny block, or a model without shapes of its own
@@ -139,7 +140,7 @@ def make_train_step(model: torch.nn.Module, criterion: Callable, batch: dict, cf
     Raises:
         TrainingError: the model's ``build_optimizer`` or ``networks`` do not match its phases.
     """
-    autocast, scaler = setup_precision(precision, device)
+    amp = setup_precision(precision, device)
     optimizers = build_optimizers(spec, model, cfg.section(spec.name), device)
     no_schedule = {phase: (None, "step") for phase in optimizers}  # the benchmark keeps the learning rate fixed
     phases = build_phases(spec, model, optimizers, no_schedule, cfg)
@@ -149,11 +150,11 @@ def make_train_step(model: torch.nn.Module, criterion: Callable, batch: dict, cf
     def step() -> dict[str, torch.Tensor]:
         micro, losses = [to_device(batch, device, prepare)], {}
         for phase in phases:
-            result = forward_backward(phase, phases, step_fn, micro, scaler, autocast, cfg.train.grad_clip)
-            scaler.step(phase.optimizer)
+            result = forward_backward(phase, phases, step_fn, micro, amp, cfg.train.grad_clip)
+            amp.scaler.step(phase.optimizer)
             if len(phases) > 1:
                 losses.update({f"loss_{phase.name}": result.loss, **result.metrics})
-        scaler.update()
+        amp.scaler.update()
         for phase in phases:
             phase.optimizer.zero_grad(set_to_none=True)
         return {"loss": result.loss, **losses}

@@ -54,6 +54,7 @@ from utils.data.corpus import BadClip, DataError, Utterance, load_splits
 from utils.data.datasets import LEFT_OUT_FILE, MEL_SETTINGS_FILE
 from utils.framing import recorded_audio
 from utils.launch import detect_launcher_env
+from utils.parts import has_part
 from utils.run_log import one_line, one_line_warnings
 
 SOURCE_FILE = "_gta_source.json"  # which weights the folder's mels come from (checkpoint path, SHA-256)
@@ -78,7 +79,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         UsageError: an unknown, missing or malformed option (``--help`` still prints and exits 0)."""
     parser = _Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoint", required=True,
-                        help="a Tacotron2 checkpoint of train.py (a .pt file or a sharded checkpoint folder)")
+                        help="a Tacotron2 checkpoint of train.py (a .pt file"
+                             + (" or a sharded checkpoint folder)" if has_part("utils.checkpoint.sharded") else ")"))
     parser.add_argument("--dataset-path", required=True,
                         help="the corpus (LJSpeech layout, or the checkpoint's filelists inside it)")
     parser.add_argument("--output", required=True, help="folder for <id>.pt mels (created)")

@@ -30,6 +30,7 @@ from utils.checkpoint.resume import read_checkpoint
 from utils.checkpoint.state import release_checkpoint
 from utils.config import ConfigError
 from utils.onnx_export import ExportError, export_model, onnx_runtime
+from utils.parts import has_part
 from utils.run_log import one_line
 
 
@@ -43,9 +44,8 @@ def export_release(checkpoint: Path, output: Path) -> dict:
     """
     saved = read_checkpoint(checkpoint)
     name, model, cfg = load_trained(checkpoint, torch.device("cpu"))
-    with_ema = bool(saved.get("ema_saved") or isinstance(saved.get("ema"), dict) or saved.get("ema_weights"))
-    release = release_checkpoint(name, model.state_dict(), MODELS[name].inference_modules, cfg.to_dict(),
-                                 saved.get("step"), with_ema, str(checkpoint))
+    release = release_checkpoint(name, model.state_dict(), MODELS[name].inference_modules, cfg.to_dict(), saved,
+                                 str(checkpoint))
     buffer = io.BytesIO()
     torch.save(release, buffer)
     atomic_write_bytes(output, buffer.getvalue())
@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     """Export the checkpoint as ``--format`` says. Returns the exit status: 0, or 1 after one ``ERROR:`` line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", type=Path, required=True,
-                        help="a checkpoint of train.py: a .pt file or a sharded folder (checkpoint_last works)")
+                        help="a checkpoint of train.py: a .pt file" + (" or a sharded folder (checkpoint_last works)"
+                                                                      if has_part("utils.checkpoint.sharded") else ""))
     parser.add_argument("--format", choices=("release", "onnx"), required=True,
                         help="release: one file for inference; onnx: the inference path as ONNX files, checked")
     parser.add_argument("--output", type=Path, required=True, help="release: the file; onnx: the folder")

@@ -24,9 +24,10 @@ if not __package__:  # run by its path, not as python -m scripts.NAME: the proje
 
 import torch
 
-from models import MODELS, config_schemas
+from models import MODELS
+from models.schemas import config_schemas
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
-from utils.checkpoint.published import load_into, read_weights
+from utils.checkpoint.weights import load_into, read_weights
 from utils.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,6 +11,7 @@ two utterances are the same recording; ``--seed`` jitters the speaking rate (+-5
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import shutil
 import subprocess
@@ -74,6 +75,16 @@ class DemoCorpusError(RuntimeError):
     """The demo corpus cannot be built (no engine, bad arguments, a synthesis failure)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Voice:
+    """Who speaks an utterance: the ``engine`` (flite or espeak-ng), its ``name`` (``None``: the engine's default) and
+    the ``speed`` factor (>1 is faster)."""
+
+    engine: str
+    name: Optional[str]
+    speed: float = 1.0
+
+
 def pick_engine(engine: str) -> str:
     """The engine to use: ``auto`` is flite if installed, else espeak-ng.
 
@@ -99,13 +110,13 @@ def _flite_voices() -> list[Optional[str]]:
     return [voice for voice in FLITE_VOICES if voice in available] or [None]
 
 
-def _synth_command(engine: str, voice: Optional[str], speed: float, text_file: Path, wav_file: Path) -> list[str]:
-    """The command that speaks ``text_file`` into ``wav_file`` (a file, so that a sentence starting with '-' cannot be
-    taken for an option)."""
-    if engine == "flite":
-        return ["flite", *(["-voice", voice] if voice else []), "--setf", f"duration_stretch={1.0 / speed:.3f}", "-f",
-                str(text_file), "-o", str(wav_file)]
-    return ["espeak-ng", "-v", voice or "en-us", "-s", str(round(ESPEAK_DEFAULT_WPM * speed)),
+def _synth_command(voice: Voice, text_file: Path, wav_file: Path) -> list[str]:
+    """The command that speaks ``text_file`` into ``wav_file`` with ``voice`` (a file, so that a sentence starting with
+    '-' cannot be taken for an option)."""
+    if voice.engine == "flite":
+        return ["flite", *(["-voice", voice.name] if voice.name else []), "--setf",
+                f"duration_stretch={1.0 / voice.speed:.3f}", "-f", str(text_file), "-o", str(wav_file)]
+    return ["espeak-ng", "-v", voice.name or "en-us", "-s", str(round(ESPEAK_DEFAULT_WPM * voice.speed)),
             "-w", str(wav_file), "-f", str(text_file)]
 
 
@@ -157,18 +168,16 @@ def _check_arguments(sentences: list[str], num_utterances: int, sampling_rate: i
         raise DemoCorpusError(f"--sampling-rate must be positive, got {sampling_rate}")
 
 
-def _speak(engine: str, voice: Optional[str], speed: float, text: str, utt_id: str, scratch: Path,
-           sampling_rate: int) -> torch.Tensor:
-    """``text`` spoken by ``engine`` with ``voice`` at ``speed`` (files in ``scratch``): float samples ``(samples,)`` in
-    [-1, 1] at ``sampling_rate`` Hz.
+def _speak(voice: Voice, text: str, utt_id: str, scratch: Path, sampling_rate: int) -> torch.Tensor:
+    """``text`` spoken by ``voice`` (files in ``scratch``): float samples ``(samples,)`` in [-1, 1] at ``sampling_rate``
+    Hz.
 
     Raises:
         DemoCorpusError: the engine failed or wrote an unusable wav (naming ``utt_id``).
     """
-    text_file, raw_wav = scratch / "text.txt", scratch / "raw.wav"
+    engine, text_file, raw_wav = voice.engine, scratch / "text.txt", scratch / "raw.wav"
     text_file.write_text(text + "\n", encoding="utf-8")
-    result = subprocess.run(_synth_command(engine, voice, speed, text_file, raw_wav), capture_output=True, text=True,
-                            check=False)
+    result = subprocess.run(_synth_command(voice, text_file, raw_wav), capture_output=True, text=True, check=False)
     if result.returncode != 0 or not raw_wav.is_file():
         detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
         raise DemoCorpusError(f"{engine} failed on {utt_id} (exit {result.returncode}): {detail[0]}")
@@ -180,41 +189,40 @@ def _speak(engine: str, voice: Optional[str], speed: float, text: str, utt_id: s
     return audio
 
 
-def make_corpus(output, sentences: Optional[Sequence[str]] = None, num_utterances: int = 40,
-                engine: str = "auto", sampling_rate: int = 22050, seed: int = 1234,
-                overwrite: bool = False) -> Path:
-    """Speak ``num_utterances`` of ``sentences`` (``None``: :data:`DEMO_SENTENCES`) into an LJSpeech-layout corpus at
-    ``output`` (created; ``overwrite`` replaces its ``LJ_DEMO_*.wav`` and ``metadata.csv``); returns it as a Path.
+def make_corpus(args: argparse.Namespace, sentences: Sequence[str]) -> Path:
+    """Speak ``args.num_utterances`` of ``sentences`` into an LJSpeech-layout corpus at ``args.output`` (created;
+    ``args.overwrite`` replaces its ``LJ_DEMO_*.wav`` and ``metadata.csv``); returns it as a Path. ``args``: the
+    command line (:func:`main`'s options: ``output``, ``num_utterances``, ``engine``, ``sampling_rate``, ``seed``,
+    ``overwrite``).
 
     Utterance ``i`` (id ``LJ_DEMO_{i+1:04d}``) speaks ``sentences[i % len(sentences)]``; each pass over the sentences
     uses the engine's next voice/speed (all voices at normal speed, then slower, then faster), and every utterance's
-    speed is jittered by up to 5 % with ``random.Random(seed)``. The engine's output (8-22.05 kHz) is resampled with
-    librosa to ``sampling_rate`` Hz and written as 16-bit mono PCM.
+    speed is jittered by up to 5 % with ``random.Random(args.seed)``. The engine's output (8-22.05 kHz) is resampled
+    with librosa to ``args.sampling_rate`` Hz and written as 16-bit mono PCM.
 
     Raises:
         DemoCorpusError: no engine, bad arguments, an existing corpus without ``overwrite``, or the engine failing
             (the message names the utterance).
     """
-    output = Path(output)
-    sentences = list(DEMO_SENTENCES if sentences is None else sentences)
-    _check_arguments(sentences, num_utterances, sampling_rate)
-    engine = pick_engine(engine)
-    voices = _flite_voices() if engine == "flite" else list(ESPEAK_VOICES)
-    variations = [(voice, speed) for speed in SPEEDS for voice in voices]  # every voice at speed 1, slower, faster
-    rng = random.Random(seed)
-    _prepare_output(output, overwrite)
+    output, sampling_rate, sentences = Path(args.output), args.sampling_rate, list(sentences)
+    _check_arguments(sentences, args.num_utterances, sampling_rate)
+    engine = pick_engine(args.engine)
+    names = _flite_voices() if engine == "flite" else list(ESPEAK_VOICES)
+    voices = [Voice(engine, name, speed) for speed in SPEEDS for name in names]  # each at speed 1, slower, faster
+    rng = random.Random(args.seed)
+    _prepare_output(output, args.overwrite)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         # The resampler's first use loads librosa and its kernels (up to a minute): done here, so the bar moves at once.
         print("loading the resampler (librosa) ...", end=" ", flush=True)
         librosa.resample(np.zeros(1024, dtype=np.float32), orig_sr=16000, target_sr=sampling_rate)
         print("done", flush=True)
-        for i in tqdm(range(num_utterances), desc=f"speaking with {engine}", unit="utt"):
+        for i in tqdm(range(args.num_utterances), desc=f"speaking with {engine}", unit="utt"):
             utt_id = f"LJ_DEMO_{i + 1:04d}"
             text = sentences[i % len(sentences)].strip()
-            voice, speed = variations[(i // len(sentences)) % len(variations)]
-            speed *= rng.uniform(1.0 - RATE_JITTER, 1.0 + RATE_JITTER)
-            audio = _speak(engine, voice, speed, text, utt_id, Path(tmp), sampling_rate)
+            voice = voices[(i // len(sentences)) % len(voices)]
+            voice = dataclasses.replace(voice, speed=voice.speed * rng.uniform(1.0 - RATE_JITTER, 1.0 + RATE_JITTER))
+            audio = _speak(voice, text, utt_id, Path(tmp), sampling_rate)
             save_wav(output / "wavs" / f"{utt_id}.wav", audio, sampling_rate)
             rows.append(f"{utt_id}|{text}|{text}\n")
     (output / "metadata.csv").write_text("".join(rows), encoding="utf-8")
@@ -235,13 +243,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         sentences = read_sentences(args.sentences) if args.sentences else list(DEMO_SENTENCES)
-        num = len(sentences) if args.num_utterances is None else args.num_utterances
-        output = make_corpus(args.output, sentences, num, args.engine, args.sampling_rate, args.seed,
-                             overwrite=args.overwrite)
+        if args.num_utterances is None:
+            args.num_utterances = len(sentences)
+        output = make_corpus(args, sentences)
     except DemoCorpusError as err:
         print(f"ERROR: {err}", file=sys.stderr)
         return 1
-    print(f"wrote {num} utterances to {output} (metadata.csv + wavs/)")
+    print(f"wrote {args.num_utterances} utterances to {output} (metadata.csv + wavs/)")
     return 0
 
 

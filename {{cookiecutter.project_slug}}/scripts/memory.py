@@ -36,12 +36,14 @@ from tqdm import tqdm
 
 from distributed import all_gather_object, apply_gradient_allreduce, barrier, cleanup, init_distributed
 from model import adam
-from models import MODELS, config_schemas
+from models import MODELS
+from models.schemas import config_schemas
 from utils.checkpoint.sharded import ShardedCheckpointer, load_sharded, sharded_intact
 from utils.config import load_config
 from utils.run_log import bar_options
 from utils.train_state import TrainState
 from utils.training.activation_checkpoint import apply_activation_checkpointing
+from utils.training.fsdp import shard_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -185,7 +187,7 @@ def measure(parallelism: str, mode: str, args, rank: int, device: torch.device) 
     model = what.build(0).to(device)
     blocks = what.blocks(model)
     wrapped = apply_activation_checkpointing(blocks, mode, every=2)
-    net = apply_gradient_allreduce(model, parallelism, blocks=blocks if parallelism == "fsdp" else ())
+    net = shard_model(model, blocks) if parallelism == "fsdp" else apply_gradient_allreduce(model)
     optimizer = what.optimizer(model)
     cuda = device.type == "cuda"
     if cuda:
@@ -213,7 +215,7 @@ def fsdp_model(args, device: torch.device, seed: int) -> tuple[nn.Module, torch.
     """The subject sharded by FSDP per block after one step (``seed``: weights and batch): a run's checkpoint state."""
     what = subject(args)
     model = what.build(seed).to(device)
-    apply_gradient_allreduce(model, "fsdp", blocks=what.blocks(model))
+    shard_model(model, blocks=what.blocks(model))
     optimizer = what.optimizer(model)
     what.loss(model, seed).backward()
     optimizer.step()

@@ -8,7 +8,7 @@ Writes ``<dataset_path>/<tacotron2.mel_cache_dir>/<id>.pt``, the ``(n_mels, fram
 recomputes), atomic (a temporary file renamed into place), on a pool of ``--workers`` processes. The audio settings go
 to ``<cache>/_audio_config.json``; a cache of others is refused here and by the dataset. Unreadable wavs are reported
 at the end, the others written, exit status 1. The config's null settings take Tacotron2's recipe
-(:func:`utils.training.settings.apply_recipe`: NVIDIA's framing), as ``train.py --model tacotron2`` does.
+(:func:`utils.training.recipe.apply_recipe`: NVIDIA's framing), as ``train.py --model tacotron2`` does.
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ if not __package__:  # run by its path, not as python -m scripts.NAME: the proje
 import torch
 from tqdm import tqdm
 
-from models import MODELS, config_schemas
+from models import MODELS
+from models.schemas import config_schemas
 from models.tacotron2.data import CACHE_SETTINGS_FILE, check_cache_settings, mel_cache_path
 from utils.config import Config, ConfigError, load_config
 from utils.data.audio import AudioConfig, MelSpectrogram, load_wav
 from utils.data.corpus import DataError, load_splits
 from utils.framing import recorded_audio
-from utils.training.settings import apply_recipe
+from utils.training.recipe import apply_recipe
 
 _worker_mel: Optional[MelSpectrogram] = None
 _worker_rate: int = 0

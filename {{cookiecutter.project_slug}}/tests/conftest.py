@@ -64,13 +64,12 @@ from filelock import FileLock
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
-from models import MODELS, config_schemas
-from scripts import import_weights
-from utils.checkpoint.published import Record, load_into
-from utils.checkpoint.sharded import ShardedCheckpointer, sharded_train_state
+from models import MODELS
+from models.schemas import config_schemas
 from utils.checkpoint.state import TrainState
+from utils.checkpoint.weights import load_into
 from utils.config import load_config
-from utils.training.settings import apply_recipe
+from utils.training.recipe import apply_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -337,6 +336,26 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+@contextlib.contextmanager
+def process_settings_kept():
+    """Puts back, on leaving, what the fast paths and their checks set for the whole process: the TF32 and cuDNN flags
+    (``utils.training.optim.setup_precision``), Inductor's ``fallback_random`` (eager's random numbers inside
+    compiled code) and Dynamo's recompile limit (``optimize_for_training``), so no later test runs under this one's
+    settings. Dynamo and Inductor are loaded here, on first use, as in :func:`fresh_dynamo`."""
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
+    backends = torch.backends
+    flags = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark)
+    with (inductor_config.patch(fallback_random=inductor_config.fallback_random),
+          dynamo_config.patch(limit, getattr(dynamo_config, limit))):
+        try:
+            yield
+        finally:
+            backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = flags
+
+
 def synth_corpus(root, n: int = 24, seconds: float = 0.6, sampling_rate: int = 22050, seed: int = 0,
                  loud_noise: tuple[str, ...] = (), spread: tuple[float, float] = (0.8, 1.2)):
     """Write an LJSpeech-layout corpus of ``n`` voiced-sounding clips (harmonics of a gliding f0 under an
@@ -520,7 +539,9 @@ def train_in_process(argv: list) -> str:
 
 def write_checkpoints(out, steps, keep_last=0):
     """A model of TEST_MODEL (tiny config) and its optimizer saved at each of ``steps`` as sharded checkpoint folders
-    (``ShardedCheckpointer`` in this one process, not train.py: any model, several optimizers too); returns the model."""
+    (``ShardedCheckpointer`` in this one process, not train.py: any model, several optimizers too); returns the model.
+    Only the tests of the sharding part call it (a project without it has no ``utils.checkpoint.sharded``)."""
+    from utils.checkpoint.sharded import ShardedCheckpointer, sharded_train_state
     cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
     torch.manual_seed(0)
     model = MODELS[TEST_MODEL].build_model(cfg)
@@ -660,8 +681,11 @@ def reference_config(**sections):
     return load_config(os.path.join(ROOT, "config.json"), config_schemas(), overrides=overrides)
 
 
-def as_records(state: dict) -> Record:
-    """A flat ``state_dict`` as the tree of :class:`Record` s a pickled module becomes (NVIDIA's WaveGlow file)."""
+def as_records(state: dict):
+    """A flat ``state_dict`` as the tree of ``utils.checkpoint.published.Record`` s a pickled module becomes (NVIDIA's
+    WaveGlow file)."""
+    from utils.checkpoint.published import Record  # an after-training tool: the parity tests go with it
+
     root = Record()
     for key, value in state.items():
         *path, name = key.split(".")
@@ -690,6 +714,8 @@ def assert_close(ours: torch.Tensor, reference: np.ndarray, what: str, tolerance
 def import_published(tmp_path, weights, sets: dict) -> tuple[dict, str]:
     """``python -m scripts.import_weights weights`` (in this process) with ``--set section.key=value`` for ``sets``:
     (the checkpoint written, the line it printed)."""
+    from scripts import import_weights  # an after-training tool: the parity tests go with it
+
     args = [str(weights), "--output", str(tmp_path / "imported.pt"), "--force"]
     for section, values in sets.items():
         args += [item for key, value in values.items() for item in ("--set", f"{section}.{key}={json.dumps(value)}")]

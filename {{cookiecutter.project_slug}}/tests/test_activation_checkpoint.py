@@ -13,7 +13,8 @@ from conftest import ROOT, run_ranks, shared_corpus
 from torch import nn
 from torch.utils.data import default_collate
 
-from models import MODELS, config_schemas
+from models import MODELS
+from models.schemas import config_schemas
 from utils.config import load_config
 from utils.training.activation_checkpoint import apply_activation_checkpointing, is_checkpointed
 
@@ -134,6 +135,7 @@ WORKER = textwrap.dedent('''
     import distributed as D
     from test_activation_checkpoint import deep_stack
     from utils.training.activation_checkpoint import apply_activation_checkpointing
+    from utils.training.fsdp import shard_model
 
     info = D.init_distributed()
     torch.manual_seed(5)
@@ -144,7 +146,7 @@ WORKER = textwrap.dedent('''
             model = deep_stack(depth=6, width=64)
             blocks = list(model)
             apply_activation_checkpointing(blocks, mode)
-            net = D.apply_gradient_allreduce(model, parallelism, blocks=blocks if parallelism == "fsdp" else ())
+            net = shard_model(model, blocks) if parallelism == "fsdp" else D.apply_gradient_allreduce(model)
             net(x).pow(2).mean().backward()
             grads[f"{parallelism}-{mode}"] = {n: D.full_value(p.grad).clone() for n, p in model.named_parameters()}
             del net, model  # the DDP/FSDP wrappers go before their process group does

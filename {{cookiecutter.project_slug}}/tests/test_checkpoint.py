@@ -16,6 +16,7 @@ import textwrap
 import threading
 import time
 import zipfile
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,15 +24,18 @@ import torch
 from conftest import bound, clean_env, flip_tensor_bytes
 from torch import nn
 
+from distributed import DistInfo
 from models import MODELS
-from scripts import import_weights
+from utils.checkpoint.checkpointer import Checkpointer
 from utils.checkpoint.files import (CheckpointError, atomic_write_bytes, intact, load_checkpoint, load_model_state,
                                     remove_stale_temporaries, torch_file_problem)
 from utils.checkpoint import state as checkpoint_state
 from utils.checkpoint.names import list_checkpoints
-from utils.checkpoint.published import read_weights
 from utils.checkpoint.resume import config_changes, resume_path
 from utils.checkpoint.state import capture_rng_state, restore_rng_state, save_checkpoint, takes_links
+from utils.checkpoint.weights import read_weights
+from utils.train_state import TrainState
+from utils.training.ema import EMA
 
 
 def state_of(step: int) -> dict:
@@ -398,10 +402,9 @@ def test_a_full_disk_between_the_two_files_of_a_save_names_what_was_written(tmp_
     assert not temporaries(tmp_path)
 
 
-def test_random_bytes_after_a_pickles_first_byte_are_not_a_checkpoint_on_every_loader(tmp_path, capsys):
+def test_random_bytes_after_a_pickles_first_byte_are_not_a_checkpoint_on_every_loader(tmp_path):
     """0x80 starts every pickle: random bytes after it are named as what they are, not in the unpickler's words
-    (``unsupported pickle protocol``, ``invalid load key``), by ``inference.py``'s loader, ``--init-from``'s and
-    ``scripts.import_weights``."""
+    (``unsupported pickle protocol``, ``invalid load key``), by ``inference.py``'s loader and ``--init-from``'s."""
     neither = "is not a checkpoint: neither a file torch.save writes (a zip archive) nor a pickle"
     for seed in range(8):
         path = tmp_path / f"random80_{seed}.pt"
@@ -410,9 +413,6 @@ def test_random_bytes_after_a_pickles_first_byte_are_not_a_checkpoint_on_every_l
             load_checkpoint(path)
         with pytest.raises(CheckpointError, match=f"^{re.escape(f'--init-from {path} {neither}')}$"):
             read_weights(path, MODELS, None)
-        assert import_weights.main([str(path), "--output", str(tmp_path / "out.pt")]) == 1
-        assert capsys.readouterr().err == f"ERROR: the weights file {path} {neither}\n"
-    assert not (tmp_path / "out.pt").exists()
 
 
 def legacy_file(path, storages: dict, tail: bytes = b"") -> None:
@@ -540,3 +540,59 @@ def test_config_changes_are_named_as_config_json_writes_them():
     now = {"train": {"compile": True, "grad_clip": 0.5, "lr_schedule": "cosine"}, "data": {"exclude": ("LJ001",)}}
     assert config_changes(before, now) == ['data.exclude: [] -> ["LJ001"]', "train.compile: false -> true",
                                            "train.grad_clip: 0.0 -> 0.5", "train.lr_schedule: constant -> cosine"]
+
+
+# --- the checkpoint owner ---------------------------------------------------------------------------------------------
+
+# The entries of a single-file training checkpoint, in order: a file written before the Checkpointer must still resume.
+FILE_ENTRIES = ["model", "optimizer", "scheduler", "scaler", "step", "epoch", "batch_in_epoch", "skipped_steps",
+                "samples_in_epoch", "skipped_updates", "skips_in_a_row", "rng", "model_name", "config",
+                "grad_accumulation", "ema"]
+
+
+def owned_parts(seed: int) -> dict:
+    """A tiny run's named stateful parts, trained one step (each seed gives other weights and moments)."""
+    torch.manual_seed(seed)
+    model = nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
+    ema = EMA(model, (), 0.5)
+    model(torch.randn(4, 3)).square().sum().backward()
+    optimizer.step()
+    scheduler.step()
+    ema.update()
+    return {"model": model, "optimizer": optimizer, "scheduler": scheduler,
+            "scaler": torch.amp.GradScaler("cpu", enabled=False), "ema": ema, "position": TrainState()}
+
+
+def same(a, b) -> bool:
+    """Whether two (nested) states hold the same values, tensors bit for bit."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[key], b[key]) for key in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_the_checkpointer_writes_the_file_layout_and_puts_every_part_back(tmp_path):
+    dist, train = DistInfo(0, 0, 1, torch.device("cpu"), None), SimpleNamespace(sharded=False, keep_last=0)
+    parts = owned_parts(seed=0)
+    parts["position"].step, parts["position"].epoch, parts["position"].samples_in_epoch = 7, 1, 12
+    parts["position"].skipped_updates = {"model": 2}
+    path = Checkpointer(parts, tmp_path, dist, train).save({"model_name": "tiny", "config": {"train": {}},
+                                                            "grad_accumulation": 3})
+    after_save = torch.rand(3)
+    saved = load_checkpoint(path)
+    assert path == tmp_path / "checkpoint_7.pt" and list(saved) == FILE_ENTRIES
+
+    fresh = owned_parts(seed=1)
+    before = Checkpointer(fresh, tmp_path, dist, train).load(path, "tiny")
+    assert before == {"world_size": 1, "grad_accumulation": 3, "config": {"train": {}}}
+    assert torch.equal(torch.rand(3), after_save)  # this rank's generators, as they were at the save
+    assert fresh["position"] == parts["position"]
+    for name in ("model", "optimizer", "scheduler", "ema"):
+        assert same(fresh[name].state_dict(), parts[name].state_dict()), name
+    with pytest.raises(CheckpointError, match="holds a 'tiny' model, not 'other'"):
+        Checkpointer(owned_parts(seed=1), tmp_path, dist, train).load(path, "other")

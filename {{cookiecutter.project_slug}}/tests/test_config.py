@@ -2,6 +2,8 @@
 
 import dataclasses
 import json
+import subprocess
+import sys
 from typing import Annotated, Literal, Optional, Union
 
 import annotated_types
@@ -9,11 +11,13 @@ import pytest
 from conftest import ROOT
 from pydantic import Field, ValidationError
 
-from models import MODELS, config_schemas
-from utils.config import Config, ConfigError, Section, build_config, config_from_dict, load_config, parse_override
+from models import MODELS, registry
+from models.schemas import config_schemas
+from utils.config import SHARED_SECTION_NAMES, Config, ConfigError, ModelSection, Section, build_config, config_from_dict, load_config, parse_override
 from utils.data.audio import AudioConfig
 from utils.data.corpus import DataConfig
-from utils.training.settings import SHARED_SECTIONS, TrainConfig, apply_recipe
+from utils.training.recipe import apply_recipe
+from utils.training.settings import SHARED_SECTIONS, TrainConfig
 from utils.training.setup import recipe_line
 
 Count = Annotated[int, Field(ge=1)]
@@ -558,3 +562,39 @@ def test_the_start_up_line_names_the_recipe_a_model_gets_its_own_or_the_projects
                                             "train.cudnn_benchmark": False})
     assert recipe_line(own) == ("recipe (mine's ModelSpec.recipe) for the settings config.json leaves null: "
                                 "audio.mel_framing=nvidia, train.grad_clip=1.0, train.cudnn_benchmark=false")
+
+
+def test_the_registry_refuses_a_model_section_without_what_every_model_has():
+    """A model's section must be a ModelSection (batch_size, learning_rate, weight_decay): the rule, checked."""
+
+    class Plain(Section):
+        width: int = Field(4, ge=1)
+
+    class Own(ModelSection):
+        batch_size: int = Field(3, ge=1)
+
+    spec = next(iter(MODELS.values()))
+    with pytest.raises(ValueError, match=r"its config_cls .*Plain.* is not a utils.config.ModelSection"):
+        registry(dataclasses.replace(spec, config_cls=Plain))
+    assert registry(dataclasses.replace(spec, config_cls=Own))[spec.name].config_cls().learning_rate > 0
+
+
+def test_the_registry_refuses_the_shared_sections_names_which_are_the_sections_config_schemas_gives():
+    """The names the registry refuses (``utils.config.SHARED_SECTION_NAMES``) are the shared sections'
+    (``SHARED_SECTIONS``), and ``config_schemas`` gives them, then one section per registered model."""
+    assert tuple(SHARED_SECTIONS) == SHARED_SECTION_NAMES
+    assert list(config_schemas()) == [*SHARED_SECTION_NAMES, *MODELS]
+    spec = next(iter(MODELS.values()))
+    for name in (*SHARED_SECTION_NAMES, "tiny", "not-an-identifier"):
+        with pytest.raises(ValueError, match=f"model name '{name}' must be an identifier other than audio, data, "
+                                             "train, tiny"):
+            registry(dataclasses.replace(spec, name=name))
+
+
+def test_importing_the_registry_imports_no_training_module():
+    """``models`` (the registry) reads the shared sections' names from the neutral core: the loop's settings, setup,
+    steps and checks stay unimported (a tool that only lists the models does not load them)."""
+    listed = subprocess.run([sys.executable, "-c", "import models, sys; print(sorted(m for m in sys.modules "
+                             "if m == 'utils.training' or m.startswith('utils.training.')))"],
+                            cwd=ROOT, capture_output=True, text=True, check=True)
+    assert listed.stdout.strip() == "[]", listed.stdout + listed.stderr

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from utils.data.audio import AudioConfig, MelSpectrogram, load_wav
 from utils.data.corpus import DataConfig, DataError, Utterance, load_splits, read_filelist, read_ljspeech
-from utils.data.datasets import SILENCE_LOG_MEL, AudioMelDataset, collate_audio_mel
+from utils.data.datasets import SILENCE_LOG_MEL, AudioMelDataset, Crop, collate_audio_mel
 from utils.run import end_dataloader_workers
 
 SR = 22050
@@ -221,7 +221,7 @@ SEGMENT = 4096  # samples; 16 mel frames at hop 256
 
 def test_dataset_item_shapes(tmp_path):
     utts = read_ljspeech(make_ljspeech(tmp_path, 2, lengths=[10000, 10000]))
-    item = AudioMelDataset(utts, AudioConfig(), SEGMENT)[1]
+    item = AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT))[1]
     assert set(item) == {"mel", "audio", "id"}
     assert item["mel"].shape == (80, 16) and item["mel"].dtype == torch.float32
     assert item["audio"].shape == (SEGMENT,) and item["audio"].dtype == torch.float32
@@ -230,7 +230,7 @@ def test_dataset_item_shapes(tmp_path):
 
 def test_dataset_first_segment_when_not_random(tmp_path):
     utts = read_ljspeech(make_ljspeech(tmp_path, 1, lengths=[10000]))
-    dataset = AudioMelDataset(utts, AudioConfig(), SEGMENT, random_crop=False)
+    dataset = AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT, random=False))
     first, again = dataset[0], dataset[0]
     full = load_wav(utts[0].wav_path, SR)
     torch.testing.assert_close(first["audio"], full[:SEGMENT])
@@ -242,7 +242,7 @@ def test_dataset_peak_scales_each_clip_before_its_crop_and_mel(tmp_path):
     """HiFi-GAN's recipe (jik876's ``normalize(audio) * 0.95``): the whole clip scaled to the peak, then cropped."""
     utts = read_ljspeech(make_ljspeech(tmp_path, 1, lengths=[10000]))
     full = load_wav(utts[0].wav_path, SR)
-    dataset = AudioMelDataset(utts, AudioConfig(), SEGMENT, random_crop=False, peak=0.5)
+    dataset = AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT, random=False), peak=0.5)
     item, scaled = dataset[0], full * (0.5 / full.abs().max())
     assert abs(float(full.abs().max()) - 0.5) > 0.1  # the clip's own peak is another
     torch.testing.assert_close(item["audio"], scaled[:SEGMENT])
@@ -251,7 +251,7 @@ def test_dataset_peak_scales_each_clip_before_its_crop_and_mel(tmp_path):
 
 def test_dataset_random_crop_is_a_slice_fixed_by_seed_epoch_and_index(tmp_path):
     utts = read_ljspeech(make_ljspeech(tmp_path, 1, lengths=[20000]))
-    dataset = AudioMelDataset(utts, AudioConfig(), SEGMENT, random_crop=True, seed=7)
+    dataset = AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT, seed=7))
     full = load_wav(utts[0].wav_path, SR)
     starts = []
     for epoch in range(6):
@@ -265,7 +265,7 @@ def test_dataset_random_crop_is_a_slice_fixed_by_seed_epoch_and_index(tmp_path):
     dataset.set_epoch(3)
     torch.manual_seed(1000)
     torch.testing.assert_close(dataset[0]["audio"], full[starts[3]:starts[3] + SEGMENT])  # and is reproducible
-    other = AudioMelDataset(utts, AudioConfig(), SEGMENT, random_crop=True, seed=8)
+    other = AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT, seed=8))
     other.set_epoch(3)
     assert not torch.equal(other[0]["audio"], dataset[0]["audio"])  # the seed matters
 
@@ -403,7 +403,7 @@ def test_length_buckets_refuse_bad_arguments():
 
 def test_dataset_pads_short_clips_with_zeros(tmp_path):
     utts = read_ljspeech(make_ljspeech(tmp_path, 1, lengths=[1000]))
-    item = AudioMelDataset(utts, AudioConfig(), SEGMENT, random_crop=True)[0]
+    item = AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT))[0]
     full = load_wav(utts[0].wav_path, SR)
     assert item["audio"].shape == (SEGMENT,)
     torch.testing.assert_close(item["audio"][:1000], full)
@@ -426,16 +426,16 @@ def test_every_crop_of_a_mel_dir_clip_is_a_whole_segment_from_its_first_frames_s
     for utt, length in zip(utts, lengths):  # mel frame f holds f: the crop's frames can be read off it
         count = mel_fn.num_frames(length)
         torch.save(torch.arange(count, dtype=torch.float32).expand(2, count).clone(), tmp_path / f"{utt.id}.pt")
-    dataset = AudioMelDataset(utts, cfg, segment, mel_dir=tmp_path)
+    dataset = AudioMelDataset(utts, cfg, Crop(segment), mel_dir=tmp_path)
     for index, (utt, length) in enumerate(zip(utts, lengths)):
         count, drawn = mel_fn.num_frames(length), []
-        monkeypatch.setattr(dataset, "_start", lambda i, choices: drawn.append(choices) or 0)
+        monkeypatch.setattr(Crop, "start", lambda crop, i, epoch, choices: drawn.append(choices) or 0)
         dataset[index]
         choices = drawn[0] if drawn else 1  # a clip shorter than the crop may take its one crop without a draw
         assert choices == max(count - frames, 0) + 1, (utt.id, drawn)  # the last crop ends on the clip's last frame
         frames_audio = load_wav(utt.wav_path, SR)[:count * hop]
         for start in range(choices):
-            monkeypatch.setattr(dataset, "_start", lambda i, choices, start=start: start)
+            monkeypatch.setattr(Crop, "start", lambda crop, i, epoch, choices, start=start: start)
             item, where = dataset[index], (utt.id, length, start)
             assert item["mel"].shape == (2, frames) and item["audio"].shape == (segment,), where
             assert item["mel"][0].tolist() == [f if f < count else SILENCE_LOG_MEL
@@ -446,23 +446,23 @@ def test_every_crop_of_a_mel_dir_clip_is_a_whole_segment_from_its_first_frames_s
 
 def test_dataset_rejects_empty_list_and_tiny_segments(tmp_path):
     with pytest.raises(DataError, match="no utterances"):
-        AudioMelDataset([], AudioConfig(), SEGMENT)
+        AudioMelDataset([], AudioConfig(), Crop(SEGMENT))
     utts = read_ljspeech(make_ljspeech(tmp_path, 1))
     with pytest.raises(ValueError, match="segment_length=100"):
-        AudioMelDataset(utts, AudioConfig(), 100)
+        AudioMelDataset(utts, AudioConfig(), Crop(100))
 
 
 def test_dataset_names_a_broken_wav(tmp_path):
     utts = read_ljspeech(make_ljspeech(tmp_path, 2))
     utts[1].wav_path.write_bytes(b"broken")
-    dataset = AudioMelDataset(utts, AudioConfig(), SEGMENT)
+    dataset = AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT))
     with pytest.raises(DataError, match="LJ000-0002.wav"):
         dataset[1]
 
 
 def test_collate_audio_mel_through_a_dataloader(tmp_path):
     utts = read_ljspeech(make_ljspeech(tmp_path, 3, lengths=[5000, 9000, 3000]))
-    loader = DataLoader(AudioMelDataset(utts, AudioConfig(), SEGMENT), batch_size=3,
+    loader = DataLoader(AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT)), batch_size=3,
                         collate_fn=collate_audio_mel)
     batch = next(iter(loader))
     assert batch["mel"].shape == (3, 80, 16)
@@ -493,7 +493,8 @@ def need_engine():
 
 def test_make_demo_corpus_builds_a_readable_corpus(tmp_path, demo):
     need_engine()
-    out = demo.make_corpus(tmp_path / "demo", None, 3, "auto", SR, 0)
+    out = tmp_path / "demo"
+    assert demo.main(["--output", str(out), "--num-utterances", "3", "--sampling-rate", str(SR), "--seed", "0"]) == 0
     utts = read_ljspeech(out)
     assert [u.id for u in utts] == ["LJ_DEMO_0001", "LJ_DEMO_0002", "LJ_DEMO_0003"]
     assert [u.text for u in utts] == list(demo.DEMO_SENTENCES[:3])
@@ -506,9 +507,13 @@ def test_make_demo_corpus_builds_a_readable_corpus(tmp_path, demo):
 
 def test_make_demo_corpus_varies_repeated_sentences(tmp_path, demo):
     need_engine()
-    out = demo.make_corpus(tmp_path / "demo", ["One short sentence."], 2, "auto", 16000, 0)
+    (tmp_path / "one.txt").write_text("One short sentence.\n", encoding="utf-8")
+    out = tmp_path / "demo"
+    assert demo.main(["--output", str(out), "--sentences", str(tmp_path / "one.txt"), "--num-utterances", "2",
+                      "--sampling-rate", "16000", "--seed", "0"]) == 0
     first, second = (load_wav(u.wav_path, 16000) for u in read_ljspeech(out))
     assert first.shape != second.shape or not torch.equal(first, second)
+    assert {sf.info(str(u.wav_path)).samplerate for u in read_ljspeech(out)} == {16000}
 
 
 def test_make_demo_corpus_refuses_an_existing_corpus(tmp_path, demo, capsys):
@@ -652,7 +657,7 @@ def test_load_wav_reads_unsigned_8_bit_pcm_as_float(tmp_path):
 def check(utterances, cache_file=None):
     from utils.data.check import check_corpus
 
-    return check_corpus(utterances, SR, 1024, cache_file=cache_file, workers=2)
+    return check_corpus(utterances, AudioConfig(sampling_rate=SR), cache_file=cache_file, workers=2)
 
 
 def test_check_corpus_finds_silent_clips_and_passes_8_bit_and_late_sound(tmp_path):
@@ -677,12 +682,18 @@ def test_check_corpus_finds_silent_clips_and_passes_8_bit_and_late_sound(tmp_pat
                      "late_nan": "holds NaN or infinite samples (the first at sample 4000)"}
 
 
-def test_check_corpus_names_a_missing_wav_and_a_folder(tmp_path):
+def test_check_corpus_names_a_missing_wav_a_folder_and_a_clip_shorter_than_one_stft_window(tmp_path):
+    """A clip needs the STFT window of the audio settings: ``MelSpectrogram.min_samples`` samples at their rate (a
+    clip of another rate counts its resampled length)."""
     (tmp_path / "folder.wav").mkdir()
+    shortest = MelSpectrogram.from_config(AudioConfig(sampling_rate=SR)).min_samples
     utts = [Utterance("gone", tmp_path / "gone.wav", "Text."), Utterance("folder", tmp_path / "folder.wav", "Text."),
-            Utterance("fine", write_wav(tmp_path / "fine.wav", ramp(4000)), "Text.")]
-    assert [(clip.id, clip.reason) for clip in check(utts)] == [("gone", "wav not found"),
-                                                               ("folder", "is a folder, not a wav file")]
+            Utterance("fine", write_wav(tmp_path / "fine.wav", ramp(4000)), "Text."),
+            Utterance("just_long_enough", write_wav(tmp_path / "enough.wav", ramp(shortest)), "Text."),
+            Utterance("short", write_wav(tmp_path / "short.wav", ramp(2 * shortest - 2), sr=2 * SR), "Text.")]
+    assert [(clip.id, clip.reason) for clip in check(utts)] == [
+        ("gone", "wav not found"), ("folder", "is a folder, not a wav file"),
+        ("short", f"too short: {shortest - 1} samples at {SR} Hz, fewer than {shortest} (one STFT window)")]
 
 
 def test_check_corpus_cache_reads_each_clip_once_until_it_changes(tmp_path, monkeypatch):

@@ -367,15 +367,6 @@ def test_detect_openmpi():
         detect_launcher_env(env)
 
 
-def test_a_platform_rank_with_one_process_per_node_or_under_a_launcher_is_a_process_rank():
-    """PyTorchJob with one process per pod (its RANK is then the process's), and torchrun or multiproc.py started
-    under it (they set LOCAL_RANK and the process ranks)."""
-    platform = {"RANK": "1", "WORLD_SIZE": "2", "PET_NPROC_PER_NODE": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
-    assert detect_launcher_env(platform)["rank"] == 1
-    launched = {**platform, "PET_NPROC_PER_NODE": "2", "WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}
-    assert detect_launcher_env(launched)["rank"] == 3
-
-
 def test_detect_none():
     assert detect_launcher_env({"PATH": "/bin"}) == {
         "launcher": "none", "rank": 0, "local_rank": 0, "world_size": 1,
@@ -389,10 +380,6 @@ def test_detect_none():
     ({"RANK": "0", "WORLD_SIZE": "2"}, "needs MASTER_ADDR and MASTER_PORT"),
     ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "70000"}, "1..65535"),
     ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, "SLURM_STEP_NODELIST"),
-    # Kubeflow's PyTorchJob (v1) gives the script run without a launcher its pod's index as RANK beside the
-    # processes' WORLD_SIZE: never a silently wrong world
-    ({"RANK": "1", "WORLD_SIZE": "4", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "1", "PET_NNODES": "2",
-      "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456"}, "RANK is the platform's node \\(pod\\) index"),
 ])
 def test_detect_rejects_bad_environments(env, message):
     with pytest.raises(ValueError, match=message):

@@ -143,7 +143,8 @@ if NAME not in MODELS:  # (a project that already lists models/NAME.py, the copy
 
 EXAMPLE_CHECK = 'NAME = "melae"' + REGISTER + """
 import torch
-from models import MODELS, config_schemas
+from models import MODELS
+from models.schemas import config_schemas
 from utils.config import build_config
 cfg = build_config({}, config_schemas(), overrides=[f"data.dataset_path={sys.argv[2]}", "data.val_size=2"])
 melae = MODELS["melae"]
@@ -181,7 +182,8 @@ def test_the_example_model_file_loads_reads_a_corpus_and_learns(tmp_path):
 TWO_OPTIMIZER_CHECK = 'NAME = "gan_vocoder"' + REGISTER + """
 import json
 import torch
-from models import MODELS, config_schemas
+from models import MODELS
+from models.schemas import config_schemas
 from utils.config import load_config
 from utils.training.optim import build_optimizers, build_scheduler, setup_precision
 from utils.training.setup import build_phases
@@ -198,13 +200,13 @@ cpu = torch.device("cpu")
 optimizers = build_optimizers(gan, model, cfg.gan_vocoder, cpu)
 schedulers = {name: build_scheduler(gan, name, opt, cfg) for name, opt in optimizers.items()}
 phases = build_phases(gan, model, optimizers, schedulers, cfg)
-fp32, scaler = setup_precision("fp32", cpu)
+fp32 = setup_precision("fp32", cpu)
 networks = gan.training.phases.networks(model)
 steps = []
 for _ in range(20):
     step = {}
     for phase in phases:
-        result = forward_backward(phase, phases, gan.training.phases.train_step, [batch], scaler, fp32, 0.0)
+        result = forward_backward(phase, phases, gan.training.phases.train_step, [batch], fp32, 0.0)
         step[phase.name] = {
             "loss": float(result.loss), "metrics": {name: float(value) for name, value in result.metrics.items()},
             "with_grads": sorted(name for name, net in networks.items()
@@ -272,7 +274,7 @@ TOOLS = sorted(path.name for path in (PROJECT / "scripts").glob("*.py") if 'if _
 
 
 def test_the_tools_are_found():
-    assert {"benchmark.py", "export.py", "grace_period.py", "import_weights.py", "plot_run.py"} <= set(TOOLS), TOOLS
+    assert {"make_demo_corpus.py", "plot_run.py"} <= set(TOOLS), TOOLS
 
 
 PROJECT_MODULES = ({path.stem for path in PROJECT.glob("*.py")}
@@ -312,7 +314,7 @@ def test_every_tool_runs_as_the_texts_show_and_by_its_path_says_how(tool):
 
 def test_the_tools_that_need_the_project_are_found():
     needing = {tool for tool in TOOLS if imports_the_project(tool)}
-    assert {"benchmark.py", "export.py", "import_weights.py"} <= needing and "plot_run.py" not in needing, needing
+    assert "make_demo_corpus.py" in needing and "plot_run.py" not in needing, needing
 
 
 def test_no_module_of_the_project_edits_sys_path():
@@ -323,7 +325,7 @@ def test_no_module_of_the_project_edits_sys_path():
     assert not edit.search("pytest puts the project root on ``sys.path``")
     found = [f"{path.relative_to(PROJECT)}:{number}: {line.strip()}" for path in python_files_outside_tests()
              for number, line in enumerate(path.read_text().splitlines(), start=1) if edit.search(line)]
-    assert {"train.py", "scripts/export.py"} <= {path.relative_to(PROJECT).as_posix()
+    assert {"train.py", "scripts/make_demo_corpus.py"} <= {path.relative_to(PROJECT).as_posix()
                                                  for path in python_files_outside_tests()}
     assert not found, "\n".join(found)
 
@@ -340,7 +342,8 @@ def test_no_text_of_the_project_runs_a_tool_by_its_path():
 def test_the_texts_say_where_each_config_section_is_declared():
     """"A setting" in ``docs/architecture.md`` names the class and file of each shared section, and the README's
     ``utils/`` row their files; a model's section is in ``models/``: none is in ``utils/config.py``."""
-    from models import MODELS, config_schemas
+    from models import MODELS
+    from models.schemas import config_schemas
 
     setting = (PROJECT / "docs" / "architecture.md").read_text().split("* **A setting**", 1)[1].split("\n* ", 1)[0]
     setting = " ".join(setting.split())

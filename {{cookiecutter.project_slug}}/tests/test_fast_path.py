@@ -1,65 +1,55 @@
-"""The fast path (``train.compile``) keeps the mathematics of the eager path; ``python -m scripts.benchmark`` runs.
+"""The fast path (``train.compile``) keeps the mathematics of the eager path.
 
 Whole models are compiled with the ``aot_eager`` backend: Dynamo's capture and AOTAutograd's forward and
 backward graphs, exactly what Inductor receives, without Inductor's C++ code generation (minutes on a small
 CPU). One test per model compiles with Inductor itself, on the smallest model.
 """
 
-import argparse
-import contextlib
 import copy
-import dataclasses
-import json
 import os
-import re
-import subprocess
-import sys
-import threading
-import time
 
 import pytest
 import torch
 import torch._dynamo.config as dynamo_config
 import torch._inductor.config as inductor_config
-from conftest import ROOT, bound, clean_env, synth_corpus
+from conftest import ROOT, process_settings_kept
 from torch._dynamo.utils import counters
 
 from model import BenchmarkCase
-from models import MODELS, config_schemas
-from scripts import benchmark, benchmark_step
+from models import MODELS
+from models.schemas import config_schemas
 from utils.config import build_config, load_config
+from utils.training.optim import setup_precision
+from utils.training.recipe import apply_recipe
 
 CPU = torch.device("cpu")
 FAST_MODELS = [name for name, spec in MODELS.items() if spec.training.optimize_for_training is not None]
-BATCH_MODELS = [name for name, spec in MODELS.items() if spec.benchmark is not None]
-WITHOUT_BATCHES = sorted(set(MODELS) - set(BATCH_MODELS))
 
 
-def bench_args(*argv: str) -> argparse.Namespace:
-    """``python -m scripts.benchmark`` arguments for a tiny CPU run with the aot_eager backend, plus ``argv``."""
-    return benchmark.parse_args(["--tiny", "--device", "cpu", "--backend", "aot_eager", *argv])
+def tiny_case(name: str) -> tuple:
+    """``(cfg, batch)``: model ``name`` in the tiny config with its first benchmark case's tiny overrides and its
+    recipe, and that case's tiny synthetic batch (``Benchmark.synthetic_batch``, seed 0) on the CPU."""
+    spec = MODELS[name]
+    case = spec.benchmark.cases[0] if spec.benchmark.cases else BenchmarkCase(f"{name}_default", (), 0)
+    shape = case.tiny or case
+    cfg = apply_recipe(spec, load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True,
+                                         overrides=list(shape.overrides)))
+    batch = spec.benchmark.synthetic_batch(cfg, shape.batch_size or cfg.section(name).batch_size,
+                                           torch.Generator().manual_seed(0), **shape.batch_kwargs)
+    return cfg, batch
 
 
-def first_tiny_case(name):
-    """``(name, case)``: model ``name``'s first benchmark case."""
-    return next(pair for pair in benchmark_step.cases_for([name]))
-
-
-@contextlib.contextmanager
-def process_settings_kept():
-    """Puts back, on leaving, what ``python -m scripts.benchmark`` and the fast paths set for the whole process: the
-    TF32 and cuDNN flags (``utils.training.optim.setup_precision``), Inductor's ``fallback_random``
-    (``benchmark_step.check_case``) and Dynamo's recompile limit (``optimize_for_training``), so no later test runs
-    under this one's settings."""
-    limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
-    backends = torch.backends
-    flags = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark)
-    with (inductor_config.patch(fallback_random=inductor_config.fallback_random),
-          dynamo_config.patch(limit, getattr(dynamo_config, limit))):
-        try:
-            yield
-        finally:
-            backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = flags
+def loss_and_grads(model: torch.nn.Module, criterion, batch: dict, precision: str) -> tuple[float, torch.Tensor]:
+    """Loss and the flattened float32 gradients of one forward and backward at ``precision`` (global seed 0 first)."""
+    autocast, _ = setup_precision(precision, CPU)
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    with autocast():
+        loss = criterion(model(batch), batch)
+    loss.backward()
+    grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).float().flatten()
+                       for p in model.parameters()])
+    return float(loss.detach()), grads
 
 
 @pytest.fixture(autouse=True)
@@ -86,38 +76,31 @@ def test_process_settings_kept_undoes_what_the_check_sets():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FAST_MODELS)
 def test_fast_path_loss_matches_eager_fp32_and_bf16_is_close(name):
-    rows = benchmark_step.check_case(*first_tiny_case(name), bench_args(), CPU)
-    by_mode = {row["mode"]: row for row in rows}
-    fp32, bf16 = by_mode["check-fp32"], by_mode["check-amp-bf16"]
-    assert fp32["loss_rel_diff"] < 1e-5, fp32
-    assert fp32["grad_rel_diff"] < 1e-4, fp32  # the backward too, not only the loss
-    assert bf16["loss_rel_diff"] < 2e-2, bf16
-    assert bf16["loss_rel_diff"] > 0, "bf16 autocast ran: its loss is not bit-equal to float32's"
-    assert all(row["ok"] for row in rows)
+    spec, (cfg, batch) = MODELS[name], tiny_case(name)
+    inductor_config.fallback_random = True  # dropout: eager's random numbers inside compiled code too
+    torch.manual_seed(0)
+    eager = spec.build_model(cfg).train()
+    noise = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # every weight off its initial value (a layer that starts at zero included)
+        for param in eager.parameters():
+            param.add_(0.01 * torch.randn(param.shape, generator=noise))
+    fast = spec.training.optimize_for_training(copy.deepcopy(eager), cfg, backend="aot_eager")
+    criterion = spec.training.build_criterion(cfg)
+    ref_loss, ref_grads = loss_and_grads(eager, criterion, batch, "fp32")
+    for precision, limit, grad_limit in (("fp32", 1e-5, 1e-4), ("bf16", 2e-2, None)):
+        loss, grads = loss_and_grads(fast, criterion, batch, precision)
+        rel = abs(loss - ref_loss) / max(abs(ref_loss), 1e-12)
+        assert rel < limit, (precision, loss, ref_loss)
+        if grad_limit is not None:  # the backward too, not only the loss
+            assert float((grads - ref_grads).norm() / ref_grads.norm()) < grad_limit, precision
+        else:
+            assert rel > 0, "bf16 autocast ran: its loss is not bit-equal to float32's"
     assert counters["stats"]["unique_graphs"] >= 1, "the fast path compiled something"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", FAST_MODELS)
-def test_check_catches_a_fast_path_that_changes_the_mathematics(name, monkeypatch):
-    spec = MODELS[name]
-
-    def wrong(model, cfg, **kwargs):  # a 'fast path' that scales every parameter by 1.01
-        with torch.no_grad():
-            for param in model.parameters():
-                param.mul_(1.01)
-        return model
-
-    monkeypatch.setitem(MODELS, name, dataclasses.replace(
-        spec, training=dataclasses.replace(spec.training, optimize_for_training=wrong)))
-    rows = benchmark_step.check_case(*first_tiny_case(name), bench_args(), CPU)
-    assert not rows[0]["ok"] and rows[0]["loss_rel_diff"] > 1e-5, rows[0]
 
 
 @pytest.mark.parametrize("name", FAST_MODELS)
 def test_fast_path_keeps_parameters_and_checkpoint_keys(name):
-    spec = MODELS[name]
-    cfg, _ = benchmark_step.case_config(*first_tiny_case(name), bench_args())
+    spec, (cfg, _) = MODELS[name], tiny_case(name)
     torch.manual_seed(0)
     eager = spec.build_model(cfg)
     fast = spec.training.optimize_for_training(copy.deepcopy(eager), cfg, backend="aot_eager")
@@ -129,220 +112,3 @@ def test_fast_path_keeps_parameters_and_checkpoint_keys(name):
 def test_train_compile_is_off_by_default_and_settable():
     assert build_config({}, config_schemas()).train.compile is False
     assert build_config({}, config_schemas(), overrides=["train.compile=true"]).train.compile is True
-
-
-@pytest.mark.slow
-def test_benchmark_cpu_smoke_writes_a_row_per_case_and_precision(tmp_path):
-    out = tmp_path / "out.json"
-    proc = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--tiny", "--device", "cpu", "--json", str(out),
-                           "--steps", "1", "--warmup", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=clean_env(1))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for name in WITHOUT_BATCHES:  # a model without random batches is skipped, and the run says so
-        assert f"skipping {name}: its ModelSpec has no synthetic_batch" in proc.stdout, proc.stdout
-    if not BATCH_MODELS:
-        assert not out.exists() or json.loads(out.read_text()) == []
-        return
-    rows = json.loads(out.read_text())
-    expected = {(benchmark_step.case_name(name, case, benchmark_step.case_config(name, case, bench_args())[1], True),
-                 mode)
-                for name, case in benchmark_step.cases_for(list(MODELS)) for mode in ("tf32", "amp-bf16", "amp-fp16")}
-    assert {(row["case"], row["mode"]) for row in rows} == expected
-    for row in rows:
-        assert "error" not in row, row
-        assert row["path"] == "eager" and row["peak_gib"] is None
-        assert row["step_s"] > 0
-        # Both rounded: step_s to 0.1 ms (the time it was computed from lies within 0.05 ms of it), items_per_s to an
-        # integer. A fast step makes that 0.05 ms several items/s (1341 from 15 items in 11.2 ms).
-        fastest, slowest = (row["items_per_step"] / (row["step_s"] + error) for error in (-5e-5, 5e-5))
-        assert slowest - 0.5 <= row["items_per_s"] <= fastest + 0.5, row
-        assert row["items_per_step"] > 0 and row["loss"] == row["loss"]  # finite, not NaN
-    assert "| case | mode |" in proc.stdout
-
-
-def test_padding_on_a_cpu_takes_the_tiny_batches_and_refuses_fixed_length_models_in_one_line(tmp_path, capsys):
-    """``--padding`` as the manual writes it, without ``--tiny``: a CPU takes the tiny block's batch sizes (a demo
-    corpus holds fewer utterances than one full-size batch); a run of fixed-length models only is one error line."""
-    corpus, variable = synth_corpus(tmp_path / "corpus", n=12), [n for n in MODELS if MODELS[n].training.variable_length]
-    fixed = [name for name in MODELS if name not in variable]
-    if variable:
-        assert benchmark.main(["--padding", "--device", "cpu", "--dataset-path", str(corpus)]) == 0
-        out = capsys.readouterr().out
-        rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
-        assert {(r["case"], r["batching"], r["batch_size"]) for r in rows} == {
-            (f"padding_{n}", b, cfg.section(n).batch_size) for n in variable for b in ("random", "buckets")}
-        assert "on a CPU: the batch sizes of config.json's tiny block" in out
-        assert all(f"skipping {name}: its items all have one length" in out for name in fixed), out
-    if fixed:
-        with pytest.raises(SystemExit) as exit_:
-            benchmark.main(["--padding", "--device", "cpu", "--dataset-path", str(corpus), "--model", fixed[0]])
-        said = capsys.readouterr()
-        assert exit_.value.code == 2 and said.out == "" and said.err == (
-            f"ERROR: --padding measures models whose items differ in length (ModelSpec.variable_length): {fixed[0]} "
-            "has items of one length\n")
-
-
-@pytest.mark.parametrize("argv", [["--precision", "fp8"], ["--model", "nosuchmodel"], ["--loader"]])
-def test_benchmark_refuses_bad_arguments(argv, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        benchmark.parse_args([*argv, "--device", "cpu"])
-    assert exit_info.value.code == 2
-    assert (argv[1] if len(argv) > 1 else "--dataset-path") in capsys.readouterr().err
-
-
-@pytest.mark.skipif(not BATCH_MODELS, reason="no registered model has a synthetic_batch to time")
-def test_benchmark_compare_adds_the_ratio(tmp_path, monkeypatch, capsys):
-    name, case = first_tiny_case(BATCH_MODELS[0])
-    row_name = benchmark_step.case_name(name, case, benchmark_step.case_config(name, case, bench_args())[1], True)
-    reference = tmp_path / "ref.json"
-    reference.write_text(json.dumps([{"case": row_name, "mode": "tf32", "step_s": 1.0, "items_per_s": 1000}]))
-    out = tmp_path / "ours.json"
-    code = benchmark.main(["--tiny", "--device", "cpu", "--eager", "--model", name, "--cases", row_name,
-                           "--precision", "tf32", "--steps", "1", "--warmup", "0", "--compare", str(reference),
-                           "--json", str(out)])
-    assert code == 0
-    (row,) = json.loads(out.read_text())
-    assert row["ratio_vs_reference"] == round(row["items_per_s"] / 1000, 3)
-
-
-@pytest.mark.slow
-def test_loader_benchmark_on_a_corpus(tmp_path, capsys):
-    corpus = synth_corpus(tmp_path / "corpus", n=12)
-    out = tmp_path / "loader.json"
-    code = benchmark.main(["--loader", "--tiny", "--device", "cpu", "--dataset-path", str(corpus), "--steps", "5",
-                           "--workers", "0", "2", "--json", str(out)])
-    assert code == 0
-    rows = json.loads(out.read_text())
-    assert {(r["case"], r.get("workers")) for r in rows} == {
-        *((f"loader_{name}_wav", w) for name in MODELS for w in (0, 2)), *((f"train_{name}", None) for name in MODELS)}
-    for row in rows:
-        assert row["items_per_s"] > 0
-        assert row["mode"] == "train" or row["batches"] == 5
-    table = capsys.readouterr().out.split("| loader | 0 workers | 2 workers | train step | workers needed |")[1]
-    for name in MODELS:
-        line = next(line for line in table.splitlines() if line.startswith(f"| loader_{name}_wav |"))
-        step = next(r["items_per_s"] for r in rows if r["case"] == f"train_{name}")
-        assert f"| {step:,} |" in line, line
-
-
-def test_loader_benchmark_needs_enough_data(tmp_path, capsys):
-    corpus = synth_corpus(tmp_path / "corpus", n=4)
-    name = next(iter(MODELS))
-    code = benchmark.main(["--loader", "--tiny", "--device", "cpu", "--dataset-path", str(corpus), "--model", name,
-                           "--set", f"{name}.batch_size=64"])
-    assert code == 1
-    assert "too few for one batch of 64" in capsys.readouterr().err
-
-
-# --- a CPU run without --tiny uses tiny shapes and says so; progress is shown; tiny rows are named as tiny --------
-
-PROGRESS_BAR = rb"\d+/\d+ \["
-"""What a tqdm bar draws (``0/4 [00:00<?, ?step/s]``), as a regular expression over raw output bytes."""
-
-
-@pytest.mark.slow  # real processes: the fast tier keeps one 2-process smoke run
-def test_benchmark_loader_on_a_cpu_without_tiny_shows_progress_within_10_s(tmp_path):
-    corpus = synth_corpus(tmp_path / "corpus", n=12)
-    name = next(iter(MODELS))
-    out = tmp_path / "rows.json"
-    start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "scripts.benchmark", "--loader", "--device", "cpu", "--model",
-                             name, "--dataset-path", str(corpus), "--workers", "0", "--steps", "3", "--json", str(out)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=clean_env(1))
-    received: list[bytes] = []
-
-    def read() -> None:  # the output as it streams, bars included (they end in '\r', not in a line break)
-        while chunk := os.read(proc.stdout.fileno(), 4096):
-            received.append(chunk)
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    first_bar, limit = None, bound(10, 1)  # 10 s after the process has started
-    while first_bar is None and time.monotonic() - start < limit:
-        ended = not reader.is_alive()  # read before the output: a run that ended has all of it in by now
-        if re.search(PROGRESS_BAR, b"".join(received)):
-            first_bar = time.monotonic() - start
-        if ended:
-            break
-        time.sleep(0.05)
-    try:
-        proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    reader.join(timeout=10)
-    output = b"".join(received).decode(errors="replace")
-    assert first_bar is not None and first_bar < limit, f"no progress bar within {limit:.0f} s:\n{output[-3000:]}"
-    assert proc.returncode == 0, output[-3000:]
-    assert benchmark.CPU_TINY_NOTE in output.splitlines()  # one line saying so, and how to force full size
-    assert "--full-size" in benchmark.CPU_TINY_NOTE
-    rows = json.loads(out.read_text())
-    assert {row["case"] for row in rows} == {f"train_{name}", f"loader_{name}_wav"}
-    assert all(row["tiny"] is True for row in rows), rows
-    tiny_batch = load_config(f"{ROOT}/config.json", config_schemas(), tiny=True).section(name).batch_size
-    assert all(row["batch_size"] == tiny_batch for row in rows), rows  # the tiny block's batch, not the full one
-
-
-def test_benchmark_on_a_cpu_is_tiny_unless_full_size_is_asked(capsys):
-    default = benchmark.parse_args(["--device", "cpu"])
-    assert default.tiny and default.size_note == benchmark.CPU_TINY_NOTE
-    full = benchmark.parse_args(["--device", "cpu", "--full-size"])
-    assert not full.tiny and full.size_note == benchmark.CPU_FULL_SIZE_NOTE
-    assert "minutes" in benchmark.CPU_FULL_SIZE_NOTE  # what full size costs, said before it starts
-    asked = benchmark.parse_args(["--device", "cpu", "--tiny"])
-    assert asked.tiny and asked.size_note == ""  # asked for: nothing to explain
-    with pytest.raises(SystemExit) as exit_info:
-        benchmark.parse_args(["--device", "cpu", "--tiny", "--full-size"])
-    assert exit_info.value.code == 2 and "--full-size" in capsys.readouterr().err
-
-
-def test_median_step_time_shows_a_progress_bar_unless_told_not_to(capsys):
-    calls = []
-    seconds = benchmark_step.median_step_time(lambda: calls.append(1), 1, 3, CPU, "toy steps")
-    assert len(calls) == 4 and seconds >= 0
-    captured = capsys.readouterr()
-    assert "toy steps" in captured.err and "/4 [" in captured.err and captured.out == ""
-    benchmark_step.median_step_time(lambda: calls.append(1), 1, 3, CPU, "toy steps", progress=False)
-    assert capsys.readouterr().err == ""
-
-
-def test_tiny_rows_are_named_after_the_tiny_shape_they_time():
-    full = BenchmarkCase("toy256_b12_s16000", (), 12, {"segment_length": 16000},
-                         tiny=BenchmarkCase("", (), 2, {"segment_length": 2048, "ranges": (1, 4), "flag": True}))
-    assert benchmark_step.case_name("toy", full, full, False) == "toy256_b12_s16000"
-    assert benchmark_step.case_name("toy", full, full.tiny, True) == "tiny_toy_b2_s2048"  # tuples and bools left out
-    named = dataclasses.replace(full, tiny=BenchmarkCase("small", (), 2))
-    assert benchmark_step.case_name("toy", named, named.tiny, True) == "tiny_small"
-    default = BenchmarkCase("toy_default", (), 0)
-    assert benchmark_step.case_name("toy", default, dataclasses.replace(default, batch_size=4), False) == "toy_b4"
-    assert benchmark_step.case_name("toy", default, dataclasses.replace(default, batch_size=4), True) == "tiny_toy_b4"
-    without_tiny = BenchmarkCase("toy_b8_s100", (), 8, {"segment_length": 100})  # --tiny config, its own shape
-    assert benchmark_step.case_name("toy", without_tiny, without_tiny, True) == "tiny_toy_b8_s100"
-
-    names = []
-    for name, case in benchmark_step.cases_for(BATCH_MODELS):
-        _, shape = benchmark_step.case_config(name, case, bench_args())
-        tiny_name = benchmark_step.case_name(name, case, shape, True)
-        assert tiny_name.startswith(f"tiny_{name}_b{shape.batch_size}") or tiny_name == f"tiny_{shape.name}"
-        assert tiny_name != case.name
-        names.append(tiny_name)
-    assert len(set(names)) == len(names), names
-
-
-@pytest.mark.skipif(not BATCH_MODELS, reason="no registered model has a synthetic_batch to time")
-def test_a_tiny_row_says_it_is_tiny_and_times_what_its_name_says():
-    name, case = first_tiny_case(BATCH_MODELS[0])
-    args = bench_args("--eager", "--precision", "fp32", "--steps", "1", "--warmup", "0", "--no-progress")
-    row = benchmark_step.bench_case(name, case, "fp32", args, CPU)
-    assert "error" not in row, row
-    _, shape = benchmark_step.case_config(name, case, args)
-    assert row["case"] == benchmark_step.case_name(name, case, shape, True) and row["case"].startswith("tiny_")
-    assert row["tiny"] is True and row.get("full_size_case", case.name) == case.name
-    assert int(re.search(r"_b(\d+)", row["case"]).group(1)) == shape.batch_size
-    batch = MODELS[name].benchmark.synthetic_batch(benchmark_step.case_config(name, case, args)[0], shape.batch_size,
-                                                   torch.Generator().manual_seed(0), **shape.batch_kwargs)
-    assert row["items_per_step"] == MODELS[name].training.count_items(batch)  # the tiny batch's items, not the full one's
-    full = benchmark.parse_args(["--device", "cpu", "--full-size"])
-    assert benchmark_step.shape_fields(name, case, full) == {"tiny": False}

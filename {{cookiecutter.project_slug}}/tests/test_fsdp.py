@@ -1,6 +1,7 @@
 """train.parallelism=fsdp under real launches (2 gloo processes on the CPU): the same losses as DDP, bf16, sharded
-and background checkpoints, exact resume after SIGTERM, resume on another number of processes (FSDP and DDP), and
-a save killed half-way.
+and background checkpoints, exact resume after SIGTERM, resume on another number of processes (DDP's resume in
+tests/test_world_size_change.py), a save killed half-way, and the settings of sharded training refused where they
+would do nothing.
 
 Each model trains its tiny config: every registered model with one optimizer (FSDP refuses the others, tested).
 """
@@ -8,26 +9,23 @@ Each model trains its tiny config: every registered model with one optimizer (FS
 import json
 import os
 import signal
-import sys
 import time
 
 import pytest
 import torch
-from conftest import (ROOT, TEST_MODEL, bound, descendants, finish, run_train_main, start_job, synth_corpus,
-                      train_in_process)
+from conftest import ROOT, TEST_MODEL, bound, descendants, finish, run_train_main, synth_corpus
+from test_bad_input import precious, run_train, snapshot, the_error  # noqa: F401 (precious: a fixture)
+from test_phases import TOY_SPEC, toy_config
+from test_world_size_change import COMMON, continues_on_one_then_on_two, launch, train, train_here
 
 import inference
-from models import MODELS, config_schemas
-from utils.checkpoint.resume import world_size_change
+from models import MODELS
+from models.schemas import config_schemas
 from utils.checkpoint.sharded import load_sharded_model, read_train_state
-from utils.config import load_config
-from utils.data.samplers import ResumableDistributedSampler
+from utils.config import ConfigError, load_config
+from utils.training.checks import check_settings
 
-pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
-
-
-COMMON = ["--config", "config.json", "--tiny", "--set", "train.log_interval=1", "--set", "train.keep_last=0",
-          "--set", "train.val_interval=1000", "--set", "data.num_workers=0", "--set", "train.precision=fp32"]
+# Real multi-process jobs are marked slow: python -m pytest -m "not slow" leaves them out.
 FSDP = ["--set", "train.parallelism=fsdp"]
 TRAINED = sorted(name for name, spec in MODELS.items() if not spec.phase_names)  # FSDP refuses several optimizers
 # The model of the single-model tests: the generic tests' one, unless it has several optimizers.
@@ -92,26 +90,6 @@ def corpus(tmp_path_factory):
     return synth_corpus(tmp_path_factory.mktemp("corpus"), n=30)
 
 
-def launch(out, corpus, model, *extra, plant=None):
-    """``multiproc.py train.py`` on 2 processes (a Popen in a session of its own)."""
-    cmd = [sys.executable, "multiproc.py", "--nproc-per-node", "2", "--log-dir", str(out / "logs"),
-           "train.py", *COMMON, "--model", model, "--dataset-path", str(corpus), "--output-dir", str(out), *extra]
-    return start_job(cmd, out, 2, plant)
-
-
-def train(out, corpus, model, *extra) -> str:
-    code, output = finish(launch(out, corpus, model, *extra), timeout=bound(600))
-    assert code == 0, output[-4000:]
-    return output
-
-
-def train_here(out, corpus, model, *extra) -> str:
-    """``train.py`` on one process inside this one (:func:`conftest.run_train_main`): a resume that proves what the
-    checkpoint holds, not the launch; its stdout and stderr, once it has exited 0."""
-    return train_in_process([*COMMON, "--model", model, "--dataset-path", str(corpus), "--output-dir", str(out),
-                             *extra])
-
-
 def losses(out) -> list[float]:
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -137,6 +115,7 @@ def wait_for(condition, proc, timeout=180, what="the condition"):
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", TRAINED)
 def test_fsdp_trains_with_the_losses_of_ddp(corpus, tmp_path, model):
     # Without gradient clipping (Tacotron2's recipe clips): FSDP sums the clipping norm over shards in another order,
@@ -157,6 +136,7 @@ def test_fsdp_trains_with_the_losses_of_ddp(corpus, tmp_path, model):
                           torch.load(tmp_path / "ddp" / "checkpoint_last.pt", weights_only=True)["model"]) < 1e-4
 
 
+@pytest.mark.slow
 @needs_one
 def test_fsdp_with_bf16_mixed_precision_trains(corpus, tmp_path):
     train(tmp_path, corpus, MODEL, "--max-steps", "6", "--set", "train.checkpoint_interval=6", *FSDP,
@@ -166,6 +146,7 @@ def test_fsdp_with_bf16_mixed_precision_trains(corpus, tmp_path):
     assert all(w.dtype != torch.bfloat16 for w in weights.values() if w.is_floating_point()), "fp32 master weights"
 
 
+@pytest.mark.slow
 @needs_one
 def test_sigterm_then_resume_with_background_checkpoints_ends_like_the_uninterrupted_run(corpus, tmp_path):
     settings = ["--max-steps", "10", "--set", "train.checkpoint_interval=4", *FSDP,
@@ -191,24 +172,13 @@ def test_sigterm_then_resume_with_background_checkpoints_ends_like_the_uninterru
     assert max_difference(*averaged) <= 1e-6 and max_difference(averaged[0], reference) > 1e-4
 
 
+@pytest.mark.slow
 @needs_one
-@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
-def test_a_checkpoint_of_two_processes_continues_on_one_then_on_two(corpus, tmp_path, parallelism):
-    settings = ["--set", f"train.parallelism={parallelism}", "--set", "train.checkpoint_interval=2"]
-    train(tmp_path, corpus, MODEL, *settings, "--max-steps", "2")
-    output = train_here(tmp_path, corpus, MODEL, *settings, "--max-steps", "4", "--resume", "auto")
-    notes = [line for line in output.splitlines() if "process(es), this run has" in line]
-    assert len(notes) == 1 and "written by 2 process(es), this run has 1" in notes[0], output[-3000:]
-    cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
-    batch = cfg.section(MODEL).batch_size
-    assert f"train.grad_accumulation 1 -> 2 keeps the global batch at {2 * batch}" in notes[0]
-    assert f"(epoch 0, sample {2 * 2 * batch} of it)" in output or "(epoch 1, sample" in output, output[-2000:]
-    output = train(tmp_path, corpus, MODEL, *settings, "--max-steps", "6", "--resume", "auto")
-    assert "written by 1 process(es), this run has 2: train.grad_accumulation 2 -> 1" in output, output[-3000:]
-    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == \
-        list(range(1, 7))
+def test_a_sharded_checkpoint_of_two_processes_continues_on_one_then_on_two(corpus, tmp_path):
+    continues_on_one_then_on_two(corpus, tmp_path, MODEL, *FSDP)
 
 
+@pytest.mark.slow
 @needs_one
 def test_a_save_killed_half_way_leaves_the_previous_checkpoint_to_resume_from(corpus, tmp_path):
     settings = ["--max-steps", "10", "--set", "train.checkpoint_interval=4", *FSDP]
@@ -225,6 +195,7 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_to_resume_from(co
     assert not list(tmp_path.glob(".checkpoint_*.partial")), "the killed save's leftovers are removed"
 
 
+@pytest.mark.slow
 @needs_one
 def test_fsdp_refuses_what_it_cannot_do_in_one_line(corpus, tmp_path):
     # A run without FSDP continues from a sharded checkpoint (the shards are put together), here on one process.
@@ -246,6 +217,7 @@ def test_fsdp_refuses_what_it_cannot_do_in_one_line(corpus, tmp_path):
         assert code != 0 and len(errors) == 1 and message in errors[0], err[-2000:]
 
 
+@pytest.mark.slow
 @needs_one
 @pytest.mark.parametrize("full", ["train_state.pt", ".distcp"])
 def test_a_full_disk_during_a_sharded_save_ends_every_rank_with_one_line_and_keeps_the_last_checkpoint(corpus,
@@ -268,36 +240,26 @@ def test_a_full_disk_during_a_sharded_save_ends_every_rank_with_one_line_and_kee
     assert "at step 4" in output and os.readlink(tmp_path / "checkpoint_last") == "checkpoint_10"
 
 
-@pytest.mark.parametrize("before, now", [(2, 1), (1, 2), (2, 3), (3, 2), (4, 2)])
-def test_an_epoch_continued_on_another_number_of_ranks_reads_every_sample_once(before, now):
-    """The samples read before the stop and after the resume make up the epoch's order: none twice, none left out
-    but the few that do not fill a global batch (``drop_last``)."""
-    n, batch, batches_read = 103, 4, 5
-
-    def shards(world_size, start):
-        samplers = [ResumableDistributedSampler(range(n), num_replicas=world_size, rank=rank, seed=7, drop_last=True)
-                    for rank in range(world_size)]
-        for sampler in samplers:
-            sampler.set_epoch(3, start=start)
-        return [list(sampler) for sampler in samplers]
-
-    read = [i for shard in shards(before, 0) for i in shard[:batches_read * batch]]
-    start = batches_read * batch * before
-    rest = [i for shard in shards(now, start) for i in shard]
-    assert len(read) == start and len(set(read) | set(rest)) == len(read) + len(rest), "a sample read twice"
-    assert n - len(read) - len(rest) < now, "samples left out beyond the remainder"
-    # On the same number of ranks the resumed pass is exactly the rest of the uninterrupted one.
-    whole = shards(before, 0)
-    assert shards(before, start) == [shard[batches_read * batch:] for shard in whole]
+def test_fsdp_of_a_model_with_several_optimizers_is_refused_with_a_reason():
+    cfg = toy_config()
+    cfg.train.parallelism = "fsdp"
+    with pytest.raises(ConfigError, match="trains several optimizers \\(discriminator, generator\\).*use "
+                                          "train.parallelism=ddp"):
+        check_settings(TOY_SPEC, cfg)  # before any model, process group or data
 
 
-def test_the_global_batch_is_kept_when_the_new_world_size_divides_it_and_named_when_not():
-    assert world_size_change(2, 1, 2, 4, 1) == (1, None)
-    assert world_size_change(2, 2, 2, 4, 1) == (2, None)  # an accumulation an earlier resume set keeps its batch
-    kept, line = world_size_change(4, 1, 2, 4, 1)
-    assert kept == 2 and "train.grad_accumulation 1 -> 2 keeps the global batch at 16 (4 x 2 x 2)" in line
-    kept, line = world_size_change(2, 1, 3, 4, 1)
-    assert kept == 1 and line.startswith("warning:") and "global batch changes 8 -> 12" in line
-    # 2 -> 1 -> 3 processes at batch 2: the 1-process resume accumulated 2 to keep 4; on 3 the closest is 6, not 12
-    kept, line = world_size_change(1, 2, 3, 2, 1)
-    assert kept == 1 and "global batch changes 4 -> 6 (2 x 1 x 3; no train.grad_accumulation keeps 4)" in line
+# settings that would do nothing in the chosen mode are refused, not silently ignored (tests/test_bad_input.py has
+# the other bad --set cases)
+@pytest.mark.parametrize("setting, message", [
+    ("train.async_checkpoint=true", "train.async_checkpoint=true does nothing with train.parallelism=ddp: it writes "
+                                    "sharded checkpoints in the background under train.parallelism=fsdp only"),
+    ("train.reshard_after_forward=false", "train.reshard_after_forward=false does nothing with train.parallelism=ddp"),
+    ("train.activation_checkpointing_every=3", "train.activation_checkpointing_every=3 applies to "
+                                               "train.activation_checkpointing=selective only (it is none)"),
+])
+def test_a_sharding_setting_that_would_do_nothing_is_named(capsys, precious, corpus, setting, message):  # noqa: F811
+    before = snapshot(precious)
+    code, out, err = run_train(capsys, "--set", setting, "--dataset-path", str(corpus), "--output-dir", str(precious))
+    line = the_error(code, err, out)
+    assert message in line, line
+    assert snapshot(precious) == before

@@ -1,6 +1,6 @@
 """A stop inside the platform's grace period, for every model of the project: ``python -m scripts.grace_period`` times
-SIGTERM to a durable checkpoint on the shipped TrainJob's own command, and a grace period too short for a checkpoint
-is said at start-up. (The platforms' replays are in ``test_platforms.py``.)"""
+SIGTERM to a durable checkpoint on the shipped TrainJob's own command. (The platforms' replays are in
+``test_platforms.py``; a grace period too short for a checkpoint, said at start-up, in ``test_train.py``.)"""
 
 import json
 import os
@@ -43,20 +43,6 @@ def test_the_trainjob_command_of_each_model_stops_inside_kubernetes_grace_period
     assert result["sigterm_to_durable_s"] <= result["sigterm_to_exit_s"] < 30, result
     assert result["stopped_at_step"] >= 2 and result["checkpoint_bytes"] > 0, result
     assert re.search(r"checkpoint durable after \d+\.\d s \(.* MB\)", done.stdout), done.stdout
-
-
-def test_a_checkpoint_that_cannot_fit_the_grace_period_is_said_at_start_up(corpus, tmp_path):
-    """A grace period shorter than any checkpoint's write (1 ns): one warning at start-up, with what to raise. (With
-    multiproc's default of 25 s a tiny run warns of nothing: ``test_train``'s reference run holds no warning.)"""
-    env = clean_env(1, MULTIPROC_STOP_TIMEOUT="1e-9")
-    done = subprocess.run([sys.executable, "train.py", "--config", "config.json", *TRAIN_ARGS,
-                           "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=bound(120, 1))
-    assert done.returncode == 0, done.stderr[-3000:]
-    warnings = [line for line in done.stdout.splitlines() + done.stderr.splitlines() if "grace period" in line]
-    assert len(warnings) == 1, done.stdout + done.stderr
-    assert warnings[0].startswith("warning: a checkpoint takes ~") and "--stop-timeout" in warnings[0] \
-        and "terminationGracePeriodSeconds" in warnings[0], warnings
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])

@@ -18,12 +18,13 @@ from conftest import (LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, bound, finish, mad
                       start_job, synth_corpus, tiny_checkpoint, train_in_process)
 
 import train
-from models import MODELS, config_schemas
+from models import MODELS
+from models.schemas import config_schemas
 from scripts import dump_gta_mels
 from utils.config import load_config
 from utils.data.audio import MelSpectrogram, load_wav
 from utils.data.corpus import DataError, Utterance, load_splits
-from utils.data.datasets import MEL_SETTINGS_FILE, SILENCE_LOG_MEL, AudioMelDataset
+from utils.data.datasets import MEL_SETTINGS_FILE, SILENCE_LOG_MEL, AudioMelDataset, Crop
 from utils.framing import recorded_audio
 
 VOCODER = "waveglow" if "waveglow" in MODELS else "hifigan"
@@ -180,7 +181,7 @@ def test_audio_and_mel_are_cropped_together_on_frame_boundaries_with_the_seeded_
     mels = real_mels(corpus, tmp_path / "mels", framing)
     utts, cfg = utterances(corpus), audio_cfg(framing)
     mel_fn = MelSpectrogram.from_config(cfg)
-    data = AudioMelDataset(utts, cfg, SEGMENT, random_crop=True, seed=7, mel_dir=mels)
+    data = AudioMelDataset(utts, cfg, Crop(SEGMENT, seed=7), mel_dir=mels)
     starts = []
     for index, utt in enumerate(utts):
         item, whole = data[index], torch.load(mels / f"{utt.id}.pt", weights_only=True)
@@ -195,7 +196,7 @@ def test_audio_and_mel_are_cropped_together_on_frame_boundaries_with_the_seeded_
     data.set_epoch(1)
     assert [next(f for f in range(400) if torch.equal(torch.load(mels / f"{u.id}.pt", weights_only=True)[:, f:f + 16],
                                                       data[i]["mel"])) for i, u in enumerate(utts)] != starts
-    first = AudioMelDataset(utts, cfg, SEGMENT, random_crop=False, mel_dir=mels)[0]
+    first = AudioMelDataset(utts, cfg, Crop(SEGMENT, random=False), mel_dir=mels)[0]
     assert torch.equal(first["mel"], torch.load(mels / f"{utts[0].id}.pt", weights_only=True)[:, :16])
 
     short = tmp_path / "short"  # 3000 samples: 11 frames (NVIDIA's: 12), then silence in both
@@ -203,7 +204,7 @@ def test_audio_and_mel_are_cropped_together_on_frame_boundaries_with_the_seeded_
     sf.write(short / "wavs" / "S.wav", load_wav(utts[0].wav_path, 22050)[:3000].numpy(), 22050, subtype="PCM_16")
     audio = load_wav(short / "wavs" / "S.wav", 22050)
     torch.save(mel_fn(audio), short / "S.pt")
-    item = AudioMelDataset([Utterance("S", short / "wavs" / "S.wav", "a")], cfg, SEGMENT, mel_dir=short)[0]
+    item = AudioMelDataset([Utterance("S", short / "wavs" / "S.wav", "a")], cfg, Crop(SEGMENT), mel_dir=short)[0]
     n = {"nvidia": 12, "jik876": 11}[framing]
     assert torch.equal(item["mel"][:, :n], mel_fn(audio)) and (item["mel"][:, n:] == SILENCE_LOG_MEL).all()
     kept = min(n * 256, 3000)  # the audio of its frames (NVIDIA's 12 reach past its end)
@@ -215,12 +216,12 @@ def test_a_missing_mel_or_a_wrong_frame_count_is_one_line_naming_the_utterance_a
     utts, cfg = utterances(corpus), audio_cfg()
     (mels / "SYN-0003.pt").unlink()
     with pytest.raises(DataError) as err:
-        AudioMelDataset(utts, cfg, SEGMENT, mel_dir=mels)
+        AudioMelDataset(utts, cfg, Crop(SEGMENT), mel_dir=mels)
     assert "\n" not in str(err.value) and "'SYN-0003'" in str(err.value) and str(mels / "SYN-0003.pt") in str(err.value)
 
     mel = torch.load(mels / "SYN-0002.pt", weights_only=True)
     torch.save(mel[:, :-1], mels / "SYN-0003.pt")  # another clip's length here
-    data = AudioMelDataset(utts, cfg, SEGMENT, mel_dir=mels)
+    data = AudioMelDataset(utts, cfg, Crop(SEGMENT), mel_dir=mels)
     with pytest.raises(DataError) as err:
         data[[utt.id for utt in utts].index("SYN-0003")]
     message = str(err.value)
@@ -229,10 +230,10 @@ def test_a_missing_mel_or_a_wrong_frame_count_is_one_line_naming_the_utterance_a
 
     (mels / "_audio_config.json").write_text(json.dumps({**cfg.model_dump(), "hop_length": 200}))
     with pytest.raises(DataError, match="other audio settings .*hop_length: mels 200, config 256"):
-        AudioMelDataset(utts, cfg, SEGMENT, mel_dir=mels)
+        AudioMelDataset(utts, cfg, Crop(SEGMENT), mel_dir=mels)
     (mels / "_audio_config.json").unlink()
     with pytest.raises(ValueError, match="not a multiple of audio.hop_length=256.*use 3840 or 4096"):
-        AudioMelDataset(utts, cfg, 4000, mel_dir=mels)
+        AudioMelDataset(utts, cfg, Crop(4000), mel_dir=mels)
 
 
 def test_the_vocoder_reads_data_mel_dir_and_mel_on_device_with_it_is_refused_before_any_data(corpus, tmp_path):

@@ -19,6 +19,7 @@ from modules.hifigan import (Discriminator, Generator, discriminator_loss, featu
                              generator_adversarial_loss)
 from utils.config import ConfigError, build_config, config_from_dict
 from utils.data.audio import AudioConfig, MelSpectrogram
+from utils.parts import has_part
 from utils.training.settings import SHARED_SECTIONS
 
 SPEC = MODELS["hifigan"]
@@ -455,29 +456,12 @@ def test_validation_writes_the_generated_and_true_audio_of_a_fixed_utterance_to_
     assert np.abs(clips["audio/ground_truth"][0][2] - truth).max() < 2e-4  # 16-bit rounding, twice
 
 
-@pytest.mark.slow
-def test_the_benchmark_times_both_phases_and_reports_every_named_loss():
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-
-    done = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--tiny", "--device", "cpu", "--steps", "2",
-                           "--warmup", "1", "--precision", "fp32", "--cases", "tiny_hifigan_b2_s2048",
-                           "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=clean_env(1))
-    assert done.returncode == 0, done.stderr
-    (row,) = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert row["case"] == "tiny_hifigan_b2_s2048" and row["tiny"] and row["step_s"] > 0
-    assert set(row["losses"]) == {"loss_discriminator", "loss_generator", "g_adv", "g_fm", "mel_l1"}
-    assert row["loss"] == row["losses"]["loss_generator"]
-
-
 @pytest.mark.parametrize("setting, message", [
     ("train.lr_schedule=cosine", "train.lr_schedule=cosine, train.warmup_steps=0: model 'hifigan' builds its own LR "
                                  "schedulers (Phases.build_scheduler), which these settings would not change"),
     ("train.warmup_steps=100", "train.lr_schedule=constant, train.warmup_steps=100: model 'hifigan' builds its own"),
-    ("train.parallelism=fsdp", "train.parallelism=fsdp with model 'hifigan', which trains several optimizers"),
+    *([("train.parallelism=fsdp", "train.parallelism=fsdp with model 'hifigan', which trains several optimizers")]
+      if has_part("utils.training.fsdp") else []),  # the sharding part's setting, where the project has it
 ])
 def test_what_it_cannot_honour_is_refused_in_one_line_before_any_data_is_read(tmp_path, setting, message):
     import subprocess
@@ -494,57 +478,6 @@ def test_what_it_cannot_honour_is_refused_in_one_line_before_any_data_is_read(tm
     assert done.returncode == 1 and done.stderr.startswith(f"ERROR: {message}"), done.stderr
     assert len(done.stderr.splitlines()) == 1 and took < bound(5, 1), (took, done.stderr)
     assert not (tmp_path / "out").exists()  # refused before the output folder, the process group, the corpus
-
-
-# --- jik876/hifi-gan's generator files (utils.checkpoint.published, read_published) --------------------------------
-
-def jik876_generator_file(path):
-    """A generator file as jik876/hifi-gan's training writes it (``{"generator": state_dict}``: old weight norm,
-    ``resblocks.<i * kernels + j>.convs1/convs2``), of a tiny model of this project; ``(model, cfg)``."""
-    import re
-
-    from conftest import old_weight_norm_names, perturbed_tiny_model
-
-    model, cfg = perturbed_tiny_model("hifigan")
-    kernels = len(cfg.hifigan.resblock_kernel_sizes)
-    theirs = {}
-    for key, value in model.state_dict().items():
-        if key.startswith("generator."):
-            key = old_weight_norm_names(key[len("generator."):])
-            match = re.match(r"^mrfs\.(\d+)\.blocks\.(\d+)\.(dilated|plain)\.(.*)$", key)
-            if match:
-                key = (f"resblocks.{int(match.group(1)) * kernels + int(match.group(2))}."
-                       f"convs{1 if match.group(3) == 'dilated' else 2}.{match.group(4)}")
-            theirs[key] = value
-    assert "conv_pre.weight_g" in theirs and "resblocks.0.convs1.0.weight_v" in theirs
-    torch.save({"generator": theirs}, path)
-    return model, cfg
-
-
-def test_jik876s_generator_file_loads_exactly_and_the_discriminators_start_afresh(tmp_path):
-    from conftest import perturbed_tiny_model
-
-    from utils.checkpoint.published import load_into, read_weights
-
-    model, cfg = jik876_generator_file(tmp_path / "g_02500000")
-    weights = read_weights(tmp_path / "g_02500000", MODELS, cfg)
-    assert weights.source == "jik876/hifi-gan's generator file"
-    fresh, _ = perturbed_tiny_model("hifigan")
-    with torch.no_grad():
-        fresh.generator.conv_pre.bias.add_(1.0)  # differs from the file's before the load
-    discriminator = {k: v.clone() for k, v in fresh.state_dict().items() if k.startswith("discriminator.")}
-    assert load_into(fresh, weights, "g") == ["discriminator."]
-    for key, value in fresh.state_dict().items():
-        expected = model.state_dict()[key] if key.startswith("generator.") else discriminator[key]
-        assert torch.equal(value, expected), key
-
-
-@pytest.mark.slow
-def test_a_run_starts_from_jik876s_generator(tmp_path):
-    from conftest import train_from_and_infer
-
-    jik876_generator_file(tmp_path / "g_02500000")
-    train_from_and_infer(tmp_path, "hifigan", tmp_path / "g_02500000", [])
 
 
 def test_settings_left_null_take_the_recipe():

@@ -164,9 +164,7 @@ def test_missing_script_is_one_line_and_exit_2(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--nproc-per-node", "0", "t.py"], "--nproc-per-node must be >= 1, got 0"),
-    (["--nnodes", "2", "--node-rank", "0", "t.py"], "--nnodes 2 needs --master-addr (the host of node 0), or a "
-     "platform's variable: PET_MASTER_ADDR (Kubeflow), SKYPILOT_NODE_IPS (SkyPilot), or MASTER_ADDR beside WORLD_SIZE "
-     "and RANK (a per-node launcher); none gave it"),
+    (["--nnodes", "2", "--node-rank", "0", "t.py"], "--nnodes 2 needs --master-addr (the host of node 0)"),
     (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "t.py"], "must be in 0..1"),
     (["--max-restarts", "-1", "t.py"], "--max-restarts must be >= 0"),
     (["--bogus", "t.py"], "unrecognized arguments: --bogus"),
@@ -235,3 +233,13 @@ def test_a_bad_training_command_is_one_line_before_any_rank_starts(tmp_path, arg
     assert len(lines) == 1 and lines[0].startswith("multiproc: ERROR: ") and message in lines[0], done.stderr
     assert took < bound(10, 1), (took, done.stderr)
     assert not (tmp_path / "logs").exists() and not (tmp_path / "out").exists()
+
+
+def test_multiproc_inside_a_launcher_that_started_the_processes_is_one_error_line():
+    """``multiproc.py`` where ``LOCAL_RANK`` is set (inside the processes torchrun or a platform started) would start a
+    second world: refused before anything starts (``utils.launch.check_not_launched``)."""
+    env = clean_env(2, RANK="0", LOCAL_RANK="0", WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    done = subprocess.run([sys.executable, "multiproc.py", "train.py", "--config", "config.json"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=bound(60, 1))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("multiproc: ERROR: LOCAL_RANK=0 is set") and "train.py itself" in done.stderr

@@ -9,7 +9,8 @@ import torch
 from conftest import (ROOT, assert_close, formula_state, import_published, mel_input, reference_config,
                       reference_fixture, reference_model, synth_corpus, train_in_process)
 
-from models import MODELS, config_schemas
+from models import MODELS
+from models.schemas import config_schemas
 from scripts import import_weights
 from utils.config import load_config
 
@@ -97,3 +98,54 @@ def test_a_v3_generator_file_fine_tunes_with_no_settings_given(tmp_path):
     assert "jik876/hifi-gan's V3 generator file; V3's generator settings" in said, said[-3000:]
     saved = torch.load(out / "checkpoint_last.pt", weights_only=True)
     assert saved["config"]["hifigan"]["resblock"] == 2 and saved["step"] == 1
+
+
+# --- jik876/hifi-gan's generator files (utils.checkpoint.published, read_published) --------------------------------
+
+def jik876_generator_file(path):
+    """A generator file as jik876/hifi-gan's training writes it (``{"generator": state_dict}``: old weight norm,
+    ``resblocks.<i * kernels + j>.convs1/convs2``), of a tiny model of this project; ``(model, cfg)``."""
+    import re
+
+    from conftest import old_weight_norm_names, perturbed_tiny_model
+
+    model, cfg = perturbed_tiny_model("hifigan")
+    kernels = len(cfg.hifigan.resblock_kernel_sizes)
+    theirs = {}
+    for key, value in model.state_dict().items():
+        if key.startswith("generator."):
+            key = old_weight_norm_names(key[len("generator."):])
+            match = re.match(r"^mrfs\.(\d+)\.blocks\.(\d+)\.(dilated|plain)\.(.*)$", key)
+            if match:
+                key = (f"resblocks.{int(match.group(1)) * kernels + int(match.group(2))}."
+                       f"convs{1 if match.group(3) == 'dilated' else 2}.{match.group(4)}")
+            theirs[key] = value
+    assert "conv_pre.weight_g" in theirs and "resblocks.0.convs1.0.weight_v" in theirs
+    torch.save({"generator": theirs}, path)
+    return model, cfg
+
+
+def test_jik876s_generator_file_loads_exactly_and_the_discriminators_start_afresh(tmp_path):
+    from conftest import perturbed_tiny_model
+
+    from utils.checkpoint.weights import load_into, read_weights
+
+    model, cfg = jik876_generator_file(tmp_path / "g_02500000")
+    weights = read_weights(tmp_path / "g_02500000", MODELS, cfg)
+    assert weights.source == "jik876/hifi-gan's generator file"
+    fresh, _ = perturbed_tiny_model("hifigan")
+    with torch.no_grad():
+        fresh.generator.conv_pre.bias.add_(1.0)  # differs from the file's before the load
+    discriminator = {k: v.clone() for k, v in fresh.state_dict().items() if k.startswith("discriminator.")}
+    assert load_into(fresh, weights, "g") == ["discriminator."]
+    for key, value in fresh.state_dict().items():
+        expected = model.state_dict()[key] if key.startswith("generator.") else discriminator[key]
+        assert torch.equal(value, expected), key
+
+
+@pytest.mark.slow
+def test_a_run_starts_from_jik876s_generator(tmp_path):
+    from conftest import train_from_and_infer
+
+    jik876_generator_file(tmp_path / "g_02500000")
+    train_from_and_infer(tmp_path, "hifigan", tmp_path / "g_02500000", [])

@@ -9,7 +9,7 @@ from conftest import (REFERENCE, as_records, assert_close, audio_input, formula_
                       reference_config, reference_fixture, reference_model)
 
 from models import MODELS
-from utils.checkpoint.published import read_weights
+from utils.checkpoint.weights import read_weights
 
 pytestmark = [pytest.mark.skipif("waveglow" not in MODELS, reason="no WaveGlow in this project"),
               pytest.mark.filterwarnings("error::DeprecationWarning", "error::FutureWarning")]
@@ -89,3 +89,96 @@ def test_infer_draws_the_remaining_channels_first_then_each_early_output_from_th
     remaining, last_early = torch.randn(1, 6, 64), torch.randn(1, 2, 64)
     torch.manual_seed(0)
     assert torch.equal(model.infer(mel, sigma=0.5), model.reverse(mel, 0.5 * torch.cat([last_early, remaining], 1)))
+
+
+# --- NVIDIA/waveglow's checkpoints: a pickled module, read without running it --------------------------------------
+
+def nvidia_pickled_waveglow(path, marker):
+    """A checkpoint as NVIDIA's WaveGlow training writes it (``{"model": <the pickled glow.WaveGlow>, ...}``), of a tiny
+    model of this project: stand-in ``glow`` classes with NVIDIA's structure (``upsample``; ``WN``, a ModuleList of
+    ``WN`` with ``in_layers``, ``res_skip_layers``, ``cond_layer``, ``start``, ``end``; ``convinv`` of
+    ``Invertible1x1Conv`` holding a 1x1 ``Conv1d`` ``conv``), torch's old weight norm. ``glow`` is importable only while
+    it is written; unpickling with its classes' code would write ``marker``. Returns the model."""
+    import re
+    import sys
+    import types
+    import warnings
+
+    from conftest import old_weight_norm_names, perturbed_tiny_model
+    from torch import nn
+
+    model, cfg = perturbed_tiny_model("waveglow")
+    glow = types.ModuleType("glow")
+
+    class Module(nn.Module):
+        def __setstate__(self, state):  # what running the file's classes would do: never, when it is loaded
+            marker.write_text("ran")
+            super().__setstate__(state)
+
+    for name in ("WaveGlow", "WN", "Invertible1x1Conv"):
+        cls = type(name, (Module,), {"__module__": "glow"})
+        cls.__qualname__ = name
+        setattr(glow, name, cls)
+    ours = model.state_dict()
+
+    def conv(prefix: str, normed: bool) -> nn.Module:
+        weight = ours[f"{prefix}.parametrizations.weight.original1" if normed else f"{prefix}.weight"]
+        layer = nn.Conv1d(weight.shape[1], weight.shape[0], weight.shape[2], bias=f"{prefix}.bias" in ours)
+        if not normed:
+            return layer
+        with warnings.catch_warnings():  # NVIDIA's file holds torch's old weight norm: made with it, on purpose
+            warnings.simplefilter("ignore", FutureWarning)
+            return nn.utils.weight_norm(layer)
+
+    whole = glow.WaveGlow()
+    whole.upsample = nn.ConvTranspose1d(*ours["upsample.weight"].shape[:2], ours["upsample.weight"].shape[2])
+    whole.WN, whole.convinv = nn.ModuleList(), nn.ModuleList()
+    state = {"upsample.weight": ours["upsample.weight"], "upsample.bias": ours["upsample.bias"]}
+    parts = {"dilated": "in_layers", "res_skip": "res_skip_layers", "cond": "cond_layer"}
+    for i in sorted({int(k.split(".")[1]) for k in ours if k.startswith("flows.")}):
+        wn = glow.WN()
+        layers = sorted({int(k.split(".")[3]) for k in ours if k.startswith(f"flows.{i}.dilated.")})
+        wn.in_layers = nn.ModuleList(conv(f"flows.{i}.dilated.{j}", True) for j in layers)
+        wn.res_skip_layers = nn.ModuleList(conv(f"flows.{i}.res_skip.{j}", True) for j in layers)
+        wn.cond_layer, wn.start, wn.end = conv(f"flows.{i}.cond", True), conv(f"flows.{i}.start", True), \
+            conv(f"flows.{i}.end", False)
+        whole.WN.append(wn)
+        inv = glow.Invertible1x1Conv()
+        inv.conv = nn.Conv1d(ours[f"convs.{i}.weight"].shape[0], ours[f"convs.{i}.weight"].shape[0], 1, bias=False)
+        whole.convinv.append(inv)
+        state[f"convinv.{i}.conv.weight"] = ours[f"convs.{i}.weight"].unsqueeze(-1)
+        for key, value in ours.items():
+            match = re.match(rf"^flows\.{i}\.(dilated|res_skip|cond|start|end)\.(.*)$", key)
+            if match:
+                state[old_weight_norm_names(f"WN.{i}.{parts.get(match.group(1), match.group(1))}.{match.group(2)}")] = \
+                    value
+    whole.load_state_dict(state)
+    sys.modules["glow"] = glow  # importable while it is written, as in NVIDIA's training ...
+    try:
+        torch.save({"model": whole, "iteration": 580000, "optimizer": {}, "learning_rate": 1e-4}, path)
+    finally:
+        del sys.modules["glow"]  # ... and nowhere while it is read
+    return model, cfg
+
+
+def test_nvidias_pickled_waveglow_loads_exactly_without_running_its_code(tmp_path):
+    from utils.checkpoint.weights import load_into, read_weights
+
+    marker = tmp_path / "code_ran"
+    model, cfg = nvidia_pickled_waveglow(tmp_path / "wg.pt", marker)
+    weights = read_weights(tmp_path / "wg.pt", MODELS, cfg)
+    assert weights.source == "NVIDIA/waveglow's checkpoint (a pickled glow.WaveGlow)"
+    fresh = MODELS["waveglow"].build_model(cfg)
+    load_into(fresh, weights, "wg.pt")
+    for key, value in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+    assert not marker.exists(), "loading the file ran its code"
+
+
+@pytest.mark.slow
+def test_a_run_starts_from_nvidias_waveglow_weights(tmp_path):
+    from conftest import train_from_and_infer
+
+    nvidia_pickled_waveglow(tmp_path / "waveglow_256channels.pt", tmp_path / "code_ran")
+    train_from_and_infer(tmp_path, "waveglow", tmp_path / "waveglow_256channels.pt", [])
+    assert not (tmp_path / "code_ran").exists()

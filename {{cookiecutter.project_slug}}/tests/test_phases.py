@@ -8,6 +8,7 @@ communication test runs them on 2 real gloo processes and counts what each netwo
 
 import dataclasses
 import json
+import math
 import os
 import textwrap
 
@@ -17,17 +18,17 @@ import torch
 from conftest import ROOT, run_ranks
 from torch import nn
 
+from distributed import DistInfo
 from model import ModelSpec, Phases, Training
-from models import config_schemas
+from models.schemas import config_schemas
 from scripts import plot_run
 from utils.checkpoint.files import CheckpointError
 from utils.checkpoint.state import NamedStates
-from utils.config import ConfigError, load_config
-from utils.training.guards import TrainingError
+from utils.config import load_config
+from utils.training.guards import StepCounts, StepOutcome, TrainingError, Verdict, all_reduce_numbers
 from utils.training.optim import build_optimizers, build_scheduler, setup_precision
-from utils.training.settings import check_settings
 from utils.training.setup import build_phases
-from utils.training.step import forward_backward
+from utils.training.step import PhaseResult, forward_backward
 
 PHASES = ("discriminator", "generator")
 
@@ -88,12 +89,12 @@ def build(seed: int = 0):
 
 
 def test_accumulating_two_halves_gives_the_gradients_of_the_whole_batch():
-    fp32, scaler = setup_precision("fp32", torch.device("cpu"))
+    fp32 = setup_precision("fp32", torch.device("cpu"))
     grads = []
     for micro in ([toy_batch()], [toy_batch(slice(0, 4)), toy_batch(slice(4, 8))]):
         model, phases = build()
         for phase in phases:
-            forward_backward(phase, phases, toy_step, micro, scaler, fp32, 0.0)
+            forward_backward(phase, phases, toy_step, micro, fp32, 0.0)
         grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) == 8
     for name in grads[0]:
@@ -101,25 +102,55 @@ def test_accumulating_two_halves_gives_the_gradients_of_the_whole_batch():
 
 
 def test_a_phase_trains_only_its_network_and_logs_its_metrics():
-    fp32, scaler = setup_precision("fp32", torch.device("cpu"))
+    fp32 = setup_precision("fp32", torch.device("cpu"))
     model, phases = build()
-    result = forward_backward(phases[0], phases, toy_step, [toy_batch()], scaler, fp32, 0.0)
+    result = forward_backward(phases[0], phases, toy_step, [toy_batch()], fp32, 0.0)
     assert all(p.grad is None for p in model.generator.parameters())
     assert all(p.grad is not None for p in model.discriminator.parameters())
     assert result.metrics == {} and torch.isfinite(result.loss) and result.grad_norm > 0
     model.discriminator.zero_grad(set_to_none=True)
-    result = forward_backward(phases[1], phases, toy_step, [toy_batch()], scaler, fp32, 0.0)
+    result = forward_backward(phases[1], phases, toy_step, [toy_batch()], fp32, 0.0)
     assert all(p.grad is None for p in model.discriminator.parameters()), "the frozen discriminator gets none"
     assert all(p.requires_grad for p in model.parameters()), "the freeze is taken back after the phase"
     assert set(result.metrics) == {"adv", "l1"}
     assert abs(result.loss.item() - (result.metrics["adv"] + 10 * result.metrics["l1"]).item()) < 1e-5
 
 
+def test_a_steps_outcome_reads_its_stop_flag_and_items_from_the_last_phase_and_drops_a_non_finite_step():
+    """What the loop reads after a step's phases (``StepOutcome``): the stop requests and items that the last phase's
+    all-reduce summed, the last phase's loss and gradient norm, each phase's numbers by name, which updates were
+    applied; a step with a non-finite first phase has no loss (its metrics row leaves it out of the average)."""
+    fp32, cpu = setup_precision("fp32", torch.device("cpu")), torch.device("cpu")
+    alone = DistInfo(rank=0, local_rank=0, world_size=1, device=cpu, backend=None)
+    _, phases = build()
+    nan = PhaseResult(torch.tensor(math.nan), torch.tensor(2.0), {}, 0.25)
+    last = PhaseResult(torch.tensor(3.0), torch.tensor(4.0), {"l1": torch.tensor(0.5)}, 0.5)
+    outcomes = []
+    for first in (nan, PhaseResult(torch.tensor(1.0), torch.tensor(2.0), {}, 0.25)):
+        outcome = StepOutcome(named_losses=True)
+        outcome.add(phases[0], first, all_reduce_numbers(first, fp32.scaler, alone), Verdict(False, skipped=True))
+        numbers = all_reduce_numbers(last, fp32.scaler, alone, StepCounts(stop_requests=1, items=16))
+        outcome.add(phases[1], last, numbers, Verdict(False, skipped=False))
+        outcomes.append(outcome)
+    dropped, kept = outcomes
+    assert dropped.loss is None and kept.loss == 3.0
+    for outcome in outcomes:
+        assert outcome.stop_requested and outcome.items == 16 and outcome.grad_norm == 4.0
+        assert outcome.applied == {"discriminator": False, "generator": True}
+        assert outcome.compute_time == 0.75
+        assert {key: value for key, value in outcome.losses.items() if key != "loss_discriminator"} == {
+            "grad_norm_discriminator": 2.0, "loss_generator": 3.0, "grad_norm_generator": 4.0, "l1": 0.5}
+    assert kept.losses["loss_discriminator"] == 1.0
+    quiet = StepOutcome()
+    quiet.add(phases[1], last, all_reduce_numbers(last, fp32.scaler, alone), Verdict(False, skipped=False))
+    assert not quiet.stop_requested and quiet.items == 0 and quiet.losses == {}  # one optimizer: no named losses
+
+
 def test_several_optimizers_and_their_schedulers_round_trip_through_a_checkpoint(tmp_path):
     model, phases = build()
-    fp32, scaler = setup_precision("fp32", torch.device("cpu"))
+    fp32 = setup_precision("fp32", torch.device("cpu"))
     for phase in phases:
-        forward_backward(phase, phases, toy_step, [toy_batch()], scaler, fp32, 0.0)
+        forward_backward(phase, phases, toy_step, [toy_batch()], fp32, 0.0)
         phase.optimizer.step()
         phase.scheduler.step()
     saved = {"optimizer": NamedStates({p.name: p.optimizer for p in phases}).state_dict(),
@@ -189,12 +220,12 @@ COUNT_WORKER = textwrap.dedent('''
 
     during = ["?"]
     for phase in phases:
-        phase.net.register_comm_hook(None, counting(phase.name, during))
-    fp32, scaler = setup_precision("fp32", torch.device("cpu"))
+        phase.wrapped.register_comm_hook(None, counting(phase.name, during))
+    fp32 = setup_precision("fp32", torch.device("cpu"))
     half = slice(info.rank * 4, info.rank * 4 + 4)
     for phase in phases:
         during[0] = phase.name
-        forward_backward(phase, phases, toy_step, [toy_batch(half)], scaler, fp32, 0.0)
+        forward_backward(phase, phases, toy_step, [toy_batch(half)], fp32, 0.0)
         phase.optimizer.step()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     torch.save({"sent": sent, "grads": grads}, f"{sys.argv[1]}/rank{info.rank}.pt")
@@ -228,11 +259,3 @@ def test_plot_run_draws_a_panel_per_phase_loss_and_per_named_loss(tmp_path):
     assert plot_run.main([str(tmp_path)]) == 0
     height = matplotlib.image.imread(tmp_path / "run.png").shape[0]
     assert height == 2.4 * 100 * (4 + 1 + 2)  # loss, items/s, data wait, norms; phase losses; adv; l1
-
-
-def test_fsdp_of_a_model_with_several_optimizers_is_refused_with_a_reason():
-    cfg = toy_config()
-    cfg.train.parallelism = "fsdp"
-    with pytest.raises(ConfigError, match="trains several optimizers \\(discriminator, generator\\).*use "
-                                          "train.parallelism=ddp"):
-        check_settings(TOY_SPEC, cfg)  # before any model, process group or data

@@ -2,9 +2,10 @@
 own commands, and a stop inside Kubernetes' grace period.
 
 Every replay is two "nodes" of two processes on 127.0.0.1 (gloo on the CPU), set up as the platform sets up its
-nodes (variables from the platforms' own sources, named in ``utils.launch``: ``platform_topology``,
-``detect_launcher_env`` and the platforms' folders), and must train with the losses of ``multiproc.py
---nproc-per-node 4`` at every step. The contradictory environments are one error line each.
+nodes (variables from the platforms' own sources, named in ``utils.platforms``: ``platform_topology``,
+``check_process_rank`` and the platforms' folders; ``utils.launch.detect_launcher_env`` for the processes), and must
+train with the losses of ``multiproc.py --nproc-per-node 4`` at every step. The contradictory environments are one
+error line each.
 """
 
 import json
@@ -20,9 +21,11 @@ import torch
 from conftest import (IN_A_POD, ROOT, TEST_MODEL, bound, clean_env, finish, free_port, launch_command, made_once,
                       shared_corpus)
 
+import multiproc
 import train
-from utils.launch import (default_dataset_path, default_output_dir, hyperparameter_argv, platform_topology,
-                          tensorboard_dir)
+from utils.launch import detect_launcher_env
+from utils.platforms import (check_process_rank, default_dataset_path, default_output_dir, hyperparameter_argv,
+                             platform_topology, tensorboard_dir)
 
 STEPS = 4
 TRAIN_ARGS = ["--model", TEST_MODEL, "--tiny", "--max-steps", str(STEPS), "--set", "train.log_interval=1",
@@ -205,16 +208,6 @@ def test_a_node_rank_beside_a_process_world_size_without_a_launcher_is_one_error
     assert not (tmp_path / "out").exists()
 
 
-def test_multiproc_inside_a_launcher_that_started_the_processes_is_one_error_line():
-    """``multiproc.py`` where ``LOCAL_RANK`` is set (inside Azure ML's or torchrun's processes) would start a second
-    world: refused before anything starts."""
-    env = clean_env(2, RANK="0", LOCAL_RANK="0", WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
-    done = subprocess.run([sys.executable, "multiproc.py", "train.py", "--config", "config.json"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=bound(60, 1))
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith("multiproc: ERROR: LOCAL_RANK=0 is set") and "train.py itself" in done.stderr
-
-
 @pytest.mark.skipif(os.path.ismount("/gcs"), reason="Cloud Storage is mounted here")
 def test_a_cloud_storage_folder_without_its_mount_is_one_error_line_before_any_rank_starts(tmp_path):
     """``AIP_CHECKPOINT_DIR=gs://...`` off Vertex AI: the checkpoints would go to a local ``/gcs/...`` folder."""
@@ -259,7 +252,7 @@ def test_a_sagemaker_training_channel_that_is_no_folder_is_named_in_one_line(cap
 
 def test_platform_folders_and_sagemaker_arguments(monkeypatch, tmp_path):
     mounted = {"/gcs/bucket"}  # Vertex AI's Cloud Storage FUSE, one bucket mounted at /gcs/<bucket>
-    monkeypatch.setattr("utils.launch.os.path.ismount", lambda path: path in mounted)
+    monkeypatch.setattr("utils.platforms.os.path.ismount", lambda path: path in mounted)
     assert default_output_dir({"AIP_CHECKPOINT_DIR": "gs://bucket/run/checkpoints/", "SM_CURRENT_HOST": "algo-1"}) \
         == "/gcs/bucket/run/checkpoints/"
     mounted = {"/gcs"}  # all buckets under one mount
@@ -281,3 +274,54 @@ def test_platform_folders_and_sagemaker_arguments(monkeypatch, tmp_path):
                                 "--max-steps", "3"], ["--tiny"]) == \
         ["--config", "config.json", "--tiny", "--set", "train.lr=1e-4", "--set", "data.x=2", "--max-steps", "3"]
     assert hyperparameter_argv(["--tiny", "False", "--model", "m"], ["--tiny"]) == ["--model", "m"]
+
+
+def test_a_platform_rank_with_one_process_per_node_or_under_a_launcher_is_a_process_rank():
+    """PyTorchJob with one process per pod (its RANK is then the process's), and torchrun or multiproc.py started
+    under it (they set LOCAL_RANK and the process ranks)."""
+    platform = {"RANK": "1", "WORLD_SIZE": "2", "PET_NPROC_PER_NODE": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    check_process_rank(platform)
+    assert detect_launcher_env(platform)["rank"] == 1
+    launched = {**platform, "PET_NPROC_PER_NODE": "2", "WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}
+    check_process_rank(launched)
+    assert detect_launcher_env(launched)["rank"] == 3
+
+
+def test_a_pytorchjob_pods_index_taken_for_a_rank_is_refused_naming_the_launcher():
+    """Kubeflow's PyTorchJob (v1) gives the script run without a launcher its pod's index as RANK beside the
+    processes' WORLD_SIZE: never a silently wrong world."""
+    pod = {"RANK": "1", "WORLD_SIZE": "4", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "1", "PET_NNODES": "2",
+           "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456"}
+    with pytest.raises(ValueError) as info:
+        check_process_rank(pod)
+    assert str(info.value) == ("RANK=1 and WORLD_SIZE=4 without LOCAL_RANK, and PET_NPROC_PER_NODE=2: RANK is the "
+                               "platform's node (pod) index, not a process's rank (Kubeflow's PyTorchJob); start the "
+                               "job with python multiproc.py train.py ... (it reads PET_* and starts 2 processes per "
+                               "node) or torchrun")
+    check_process_rank({**pod, "RANK": "x"})  # malformed: detect_launcher_env names it
+    with pytest.raises(ValueError, match="RANK='x' is not an integer"):
+        detect_launcher_env({**pod, "RANK": "x"})
+
+
+def test_a_second_node_without_its_host_names_the_platforms_variables(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        multiproc.main(["--nnodes", "2", "--node-rank", "0", "t.py"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "multiproc: ERROR: --nnodes 2 needs --master-addr (the host of node 0), or a platform's variable: "
+        "PET_MASTER_ADDR (Kubeflow), SKYPILOT_NODE_IPS (SkyPilot), or MASTER_ADDR beside WORLD_SIZE and RANK (a "
+        "per-node launcher); none gave it"]
+
+
+def test_the_help_texts_name_the_platforms_folders_and_kubernetes(capsys):
+    with pytest.raises(SystemExit):
+        train.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: SageMaker's SM_CHANNEL_TRAINING when set)" in text
+    assert "(default: Vertex AI's AIP_CHECKPOINT_DIR, SageMaker's /opt/ml/checkpoints, else output)" in text
+    with pytest.raises(SystemExit):
+        multiproc.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "inside Kubernetes' default 30 s" in text and "128 + the signal inside Kubernetes, where 0" in text

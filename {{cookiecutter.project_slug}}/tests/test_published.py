@@ -1,20 +1,25 @@
-"""Weights from elsewhere (utils/checkpoint/published.py): a checkpoint of this project given to ``--init-from`` or to
-``python -m scripts.import_weights``, and what is refused in one line. Each example model's own published formats
+"""Weights from elsewhere (utils/checkpoint/published.py): files given to ``--init-from`` or to ``python -m
+scripts.import_weights``, and what is refused in one line (a checkpoint of this project given to ``--init-from``:
+``tests/test_weights.py``). Each example model's own published formats
 (NVIDIA's, jik876's) are tested in that model's test files, with files laid out as that project writes them.
 ``tests/test_parity_<model>.py`` have every published variant."""
 
 import io
 import pickle
+import random
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TEST_MODEL, OpensAFile, run_train_main, synth_corpus, tiny_checkpoint
+from conftest import ROOT, TEST_MODEL, OpensAFile, run_main, tiny_checkpoint
+from test_checkpoint_safety import FILE_ROUTES, assert_refused, craft, single  # noqa: F401 (fixture)
 
-from models import MODELS, config_schemas
+from models import MODELS
+from models.schemas import config_schemas
 from scripts import import_weights
 from utils.checkpoint.files import CheckpointError
-from utils.checkpoint.published import LEGACY_MAGIC, read_weights
+from utils.checkpoint.published import LEGACY_MAGIC
+from utils.checkpoint.weights import read_weights
 from utils.config import load_config
 
 pytestmark = pytest.mark.skipif(TEST_MODEL is None, reason="no model is registered in model.py")
@@ -24,15 +29,10 @@ def tiny_config():
     return load_config(str(Path(ROOT) / "config.json"), config_schemas(), tiny=True)
 
 
-def test_a_checkpoint_of_this_project_is_read_and_a_file_of_no_known_format_is_one_line(tmp_path):
-    checkpoint = tiny_checkpoint(TEST_MODEL, tmp_path / "own.pt")
-    weights = read_weights(checkpoint, MODELS, tiny_config())
-    assert weights.model_name == TEST_MODEL and weights.source == f"a checkpoint of model '{TEST_MODEL}' at step 0"
+def test_a_file_of_no_known_format_is_one_line(tmp_path):
     torch.save({"weights": {"a": torch.zeros(1)}}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="not a checkpoint of this project, nor a published checkpoint a model"):
         read_weights(tmp_path / "other.pt", MODELS, tiny_config())
-    with pytest.raises(CheckpointError, match="no such file or folder"):
-        read_weights(tmp_path / "missing.pt", MODELS, tiny_config())
     (tmp_path / "code.pt").write_bytes(b"\x80\x04\x95\x18\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06system\x94"
                                        b"\x93\x94.")  # a pickle that names os.system
     with pytest.raises(CheckpointError, match="cannot load it safely: pickle data was truncated"):
@@ -60,24 +60,33 @@ def test_import_weights_names_what_it_cannot_do_in_one_line(tmp_path, capsys):
         assert "--init-from" not in err[0], err  # an option of train.py, not of this script
 
 
-@pytest.mark.slow
-def test_init_from_another_model_is_refused_and_a_folder_with_its_own_checkpoint_resumes(tmp_path):
-    corpus, out = synth_corpus(tmp_path / "corpus", n=10), tmp_path / "out"
+def test_random_bytes_after_a_pickles_first_byte_are_named_as_no_checkpoint_by_import_weights(tmp_path, capsys):
+    """0x80 starts every pickle: random bytes after it are named as what they are in one line, nothing written."""
+    neither = "is not a checkpoint: neither a file torch.save writes (a zip archive) nor a pickle"
+    for seed in range(8):
+        path = tmp_path / f"random80_{seed}.pt"
+        path.write_bytes(b"\x80" + random.Random(seed).randbytes(4095))
+        assert import_weights.main([str(path), "--output", str(tmp_path / "out.pt")]) == 1
+        assert capsys.readouterr().err == f"ERROR: the weights file {path} {neither}\n"
+    assert not (tmp_path / "out.pt").exists()
 
-    def train(*extra):  # in this process: what is proven is --init-from and --resume, not the launch
-        code, out_text, err = run_train_main(["--config", "config.json", "--model", TEST_MODEL, "--tiny",
-                                              "--dataset-path", str(corpus), "--output-dir", str(out), "--set",
-                                              "data.num_workers=0", *extra])
-        return code, out_text + err
-    others = [name for name in MODELS if name != TEST_MODEL]
-    if others:
-        other = tiny_checkpoint(others[0], tmp_path / "other.pt")
-        code, output = train("--max-steps", "1", "--init-from", str(other))
-        assert code == 1 and f"holds a '{others[0]}' model; this run trains '{TEST_MODEL}'" in output, output[-2000:]
-    code, output = train("--max-steps", "1", "--init-from", str(tiny_checkpoint(TEST_MODEL, tmp_path / "own.pt")))
-    assert code == 0 and f"initialised {TEST_MODEL} from {tmp_path / 'own.pt'}" in output, output[-2000:]
-    code, output = train("--max-steps", "2", "--init-from", str(tmp_path / "own.pt"))
-    assert code == 0 and "is not used" in output and "resumed from" in output, output[-2000:]
+
+def tool_calls(where: Path) -> dict:
+    """The after-training tools' calls on a checkpoint path, each giving ``run_main``'s completed process: the routes
+    of ``tests/test_checkpoint_safety.py`` that these tools add."""
+    return {"import_weights": lambda path: run_main("scripts.import_weights", str(path), "--tiny", "--output",
+                                                    str(where / "imported.pt"), check=False),
+            "export": lambda path: run_main("scripts.export", "--checkpoint", str(path), "--format", "release",
+                                            "--output", str(where / "release.pt"), check=False)}
+
+
+@pytest.mark.parametrize("tool", ["import_weights", "export"])
+@pytest.mark.parametrize("route", sorted(FILE_ROUTES))
+def test_a_pt_file_holding_code_is_refused_by_the_tools(single, tmp_path, route, tool):  # noqa: F811
+    _, out = single
+    path, marker = craft(route, out / "checkpoint_2.pt", tmp_path)
+    done = tool_calls(tmp_path)[tool](path)
+    assert_refused(done.returncode, done.stderr, marker, path)
 
 
 def test_pytorchs_legacy_format_is_read_without_running_it_and_damage_is_one_line(tmp_path):

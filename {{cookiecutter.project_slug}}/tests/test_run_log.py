@@ -12,7 +12,7 @@ import torch
 from conftest import ROOT, visible_gpus
 
 from scripts import plot_run
-from utils.run_log import BalanceMonitor, RunLog, StepWindow, device_memory, stray_gpu_mib
+from utils.run_log import BalanceMonitor, RunLog, StepRecord, StepWindow, device_memory, stray_gpu_mib
 from utils.training.guards import SpikeMonitor
 
 TRACES = json.loads((Path(__file__).parent / "data" / "training_traces.json").read_text())
@@ -78,14 +78,14 @@ def test_a_clip_of_loud_noise_is_a_spike_every_time_it_comes_back():
 
 def test_window_averages_finite_steps_and_sums_items():
     window = StepWindow()
-    window.add(2.0, items=100, step_time=0.5, data_time=0.1)
-    window.add(None, items=100, step_time=0.5, data_time=0.1)  # a skipped step
-    window.add(4.0, items=100, step_time=1.0, data_time=0.1)
+    window.add(StepRecord(2.0, items=100, step_time=0.5, data_time=0.1))
+    window.add(StepRecord(None, items=100, step_time=0.5, data_time=0.1))  # a skipped step
+    window.add(StepRecord(4.0, items=100, step_time=1.0, data_time=0.1))
     row = window.row(step=3)
     assert row["loss"] == 3.0 and row["items_per_s"] == 150.0
     assert row["step_time_s"] == pytest.approx(2 / 3) and row["data_time_s"] == pytest.approx(0.1)
     only_skipped = StepWindow()
-    only_skipped.add(None, items=1, step_time=1.0, data_time=0.0)
+    only_skipped.add(StepRecord(None, items=1, step_time=1.0, data_time=0.0))
     assert math.isnan(only_skipped.row(step=1)["loss"])
 
 

@@ -449,32 +449,6 @@ def test_tacotron2_decoder_step_with_inductor(fresh_dynamo):
     assert counters["stats"]["unique_graphs"] == 1
 
 
-@pytest.fixture
-def precision_flags_kept():
-    """The benchmark's training step (``train.setup_precision``) sets the TF32 flags for the whole process: this
-    test's run puts them back as they were."""
-    backends = torch.backends
-    flags = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark)
-    yield
-    backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = flags
-
-
-@pytest.mark.slow
-def test_loader_benchmark_reads_cached_mels(tmp_path, precision_flags_kept):
-    from conftest import ROOT, synth_corpus
-
-    from scripts import benchmark
-
-    corpus = synth_corpus(tmp_path / "corpus", n=8)
-    config = Path(ROOT) / "config.json"
-    assert preprocess.main(["--config", str(config), "--tiny", "--dataset-path", str(corpus), "--workers", "1"]) == 0
-    out = tmp_path / "loader.json"
-    assert benchmark.main(["--loader", "--tiny", "--device", "cpu", "--dataset-path", str(corpus), "--model",
-                           "tacotron2", "--steps", "3", "--workers", "0", "--json", str(out)]) == 0
-    rows = {row["case"]: row for row in json.loads(out.read_text())}
-    assert set(rows) == {"train_tacotron2", "loader_tacotron2_wav", "loader_tacotron2_cached_mels"}
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return tiny_checkpoint("tacotron2", tmp_path_factory.mktemp("tacotron2") / "tacotron2.pt")
@@ -567,7 +541,7 @@ def test_validation_writes_griffin_lim_audio_of_a_fixed_utterance_to_tensorboard
 
     from conftest import ROOT, synth_corpus, tensorboard_audio, train_with_validation_every_step
 
-    from models import config_schemas
+    from models.schemas import config_schemas
     from utils.config import load_config
 
     corpus = synth_corpus(tmp_path / "corpus", n=20)  # 18 train, 2 validation clips: one validation batch
@@ -709,7 +683,7 @@ def test_max_mel_frames_never_empties_the_validation_set_silently(tmp_path):
     assert frames[2.0] > 100
 
     def datasets(max_mel_frames: int):
-        from models import config_schemas
+        from models.schemas import config_schemas
         from utils.config import load_config
 
         cfg = load_config(Path(__file__).parent.parent / "config.json", config_schemas(), tiny=True,
@@ -752,112 +726,6 @@ def test_text_to_speech_through_a_vocoder_checkpoint(tmp_path, vocoder):
     assert done.returncode == 0, done.stderr
     info = sf.info(str(tmp_path / "t.wav"))
     assert info.samplerate == 22050 and info.frames > 0 and info.frames % 256 == 0
-
-
-# --- NVIDIA/tacotron2's checkpoints (utils.checkpoint.published, read_published) ----------------------------------
-
-def as_nvidia_tacotron2(key: str) -> str:
-    """This project's Tacotron2 key -> NVIDIA's: its ConvNorm/LinearNorm wrappers (``.conv.``, ``.linear_layer.``) and
-    its attention's names (``attention_layer``, ``location_layer``)."""
-    import re
-
-    key = re.sub(r"^(encoder|postnet)\.convolutions\.(\d+)\.0\.", r"\1.convolutions.\2.0.conv.", key)
-    key = re.sub(r"^decoder\.prenet\.layers\.(\d+)\.", r"decoder.prenet.layers.\1.linear_layer.", key)
-    key = re.sub(r"^decoder\.attention\.(query_layer|memory_layer|v)\.", r"decoder.attention_layer.\1.linear_layer.",
-                 key)
-    key = key.replace("decoder.attention.location_conv.", "decoder.attention_layer.location_layer.location_conv.conv.")
-    key = key.replace("decoder.attention.location_dense.",
-                      "decoder.attention_layer.location_layer.location_dense.linear_layer.")
-    return re.sub(r"^decoder\.(linear_projection|gate_layer)\.", r"decoder.\1.linear_layer.", key)
-
-
-def nvidia_checkpoint(path):
-    """A checkpoint laid out as NVIDIA's Tacotron2 training writes it, of a tiny model of this project; the model."""
-    from conftest import perturbed_tiny_model
-
-    model, cfg = perturbed_tiny_model("tacotron2")
-    theirs = {as_nvidia_tacotron2(key): value for key, value in model.state_dict().items()}
-    assert "decoder.attention_layer.location_layer.location_conv.conv.weight" in theirs  # NVIDIA's own names
-    assert "encoder.convolutions.0.0.conv.weight" in theirs and "decoder.gate_layer.linear_layer.bias" in theirs
-    torch.save({"iteration": 40000, "state_dict": theirs, "optimizer": {"state": {}, "param_groups": []},
-                "learning_rate": 1e-3}, path)
-    return model, cfg
-
-
-def test_nvidias_tacotron2_checkpoint_loads_exactly(tmp_path):
-    from utils.checkpoint.published import load_into, read_weights
-
-    model, cfg = nvidia_checkpoint(tmp_path / "checkpoint_40000")
-    weights = read_weights(tmp_path / "checkpoint_40000", MODELS, cfg)
-    assert weights.model_name == "tacotron2" and weights.source.startswith("NVIDIA/tacotron2's checkpoint")
-    fresh = Tacotron2(cfg.tacotron2, cfg.audio.n_mels)
-    assert load_into(fresh, weights, "x") == []
-    for key, value in model.state_dict().items():
-        assert torch.equal(fresh.state_dict()[key], value), key
-
-
-def test_published_tacotron2_weights_become_a_checkpoint_inference_reads(tmp_path, capsys):
-    """scripts.import_weights: NVIDIA's checkpoint -> this project's, and inference.py speaks from it."""
-    from scripts import import_weights as script
-
-    model, _ = nvidia_checkpoint(tmp_path / "t.pt")
-    out = tmp_path / "tacotron2.pt"
-    assert script.main([str(tmp_path / "t.pt"), "--output", str(out), "--tiny"]) == 0
-    assert f"wrote {out}: model 'tacotron2' from NVIDIA/tacotron2's checkpoint" in capsys.readouterr().out
-    state = torch.load(out, weights_only=True)
-    assert state["step"] == 0 and all(torch.equal(state["model"][k], v) for k, v in model.state_dict().items())
-    assert inference.main(["--checkpoint", str(out), "--text", "Hi.", "--output", str(tmp_path / "hi.wav"),
-                           "--device", "cpu"]) == 0
-    assert (tmp_path / "hi.wav").is_file()
-
-
-@pytest.mark.slow
-def test_a_run_starts_from_nvidias_tacotron2_weights(tmp_path):
-    from conftest import train_from_and_infer
-
-    nvidia_checkpoint(tmp_path / "tacotron2_statedict.pt")
-    train_from_and_infer(tmp_path, "tacotron2", tmp_path / "tacotron2_statedict.pt", ["--text", "Hello."])
-
-
-def test_the_onnx_decoder_loop_gives_the_mels_of_inference(tmp_path):
-    """scripts.export's three Tacotron2 files (encoder, decoder step, postnet) run by ``run_onnx``'s decoder loop
-    give :meth:`Tacotron2.inference`'s mels and gates (ONNX Runtime, CPU)."""
-    pytest.importorskip("onnxruntime")
-    from conftest import perturbed_tiny_model
-
-    from models.tacotron2.export import run_onnx
-    from utils.onnx_export import export_model
-
-    model, cfg = perturbed_tiny_model("tacotron2")
-    # Eager inference draws the pre-net's dropout masks itself; with dropout off both loops are deterministic.
-    model.decoder.prenet.dropout = 0.0
-    export_model(MODELS["tacotron2"], model, cfg, tmp_path, progress=False)
-    steps = 6
-    model.decoder.max_decoder_steps, model.decoder.gate_threshold = steps, 1.0  # never stops early
-    text = torch.randint(1, cfg.tacotron2.n_symbols, (1, 11), generator=torch.Generator().manual_seed(1))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Tacotron2 decoder reached max_decoder_steps")
-        mel, gate, _ = model.inference(text)
-    onnx_mel, onnx_gate = run_onnx(tmp_path, text, torch.tensor([11]), cfg, max_steps=steps, gate_threshold=1.0)
-    assert onnx_mel.shape == mel.shape == (1, cfg.audio.n_mels, steps)
-    assert float(mel.std()) > 1e-3
-    assert float((onnx_mel - mel).abs().max()) < 1e-4
-    assert float((onnx_gate - gate).abs().max()) < 1e-4
-
-
-def test_a_release_checkpoint_speaks_like_the_full_one(tmp_path, capsys):
-    """``python -m scripts.export --format release`` of a Tacotron2 checkpoint: ``inference.py --text`` writes the
-    same wav from both (same seed: the prenet's dropout and Griffin-Lim's phases are drawn alike)."""
-    from scripts import export
-
-    full = tiny_checkpoint("tacotron2", tmp_path / "full.pt")
-    assert export.main(["--checkpoint", str(full), "--format", "release", "--output", str(tmp_path / "r.pt")]) == 0
-    wavs = []
-    for source in (full, tmp_path / "r.pt"):
-        wavs.append(tmp_path / f"{source.stem}.wav")
-        assert inference.main(["--checkpoint", str(source), "--device", "cpu", "--output", str(wavs[-1]),
-                               "--text", "The quick brown fox."]) == 0, capsys.readouterr().err
-    assert wavs[0].read_bytes() == wavs[1].read_bytes()
 
 
 def test_settings_left_null_take_the_recipe():

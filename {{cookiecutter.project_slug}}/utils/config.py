@@ -16,7 +16,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
 
@@ -163,6 +163,22 @@ class Section(BaseModel):
         if errors:
             raise ValueError(f"the defaults of {cls.__name__} break its rules: "
                              f"{_explain(cls.__name__, cls, errors[0])}")
+
+
+class ModelSection(Section):
+    """What every model's section of ``config.json`` holds, as the loop and the optimizers read it: ``batch_size``
+    (items per process and micro-batch), ``learning_rate`` and ``weight_decay`` (the optimizers'). A model's section
+    subclasses it, declares its own keys and may redeclare these three with its own defaults and bounds; the
+    registry refuses a model whose section does not (``models.registry``)."""
+
+    batch_size: int = Field(16, ge=1)
+    learning_rate: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+
+
+SHARED_SECTION_NAMES = ("audio", "data", "train")
+"""The sections every model reads (their classes: ``utils.training.settings.SHARED_SECTIONS``), beside one per model:
+names no model may take (``models.registry``)."""
 
 
 def cross_check_error(message: str, *keys: str) -> PydanticCustomError:

@@ -1,10 +1,9 @@
-"""Which launcher and platform started this process, read from the environment in one place: per process
-(:func:`detect_launcher_env`: torchrun, SLURM, OpenMPI), per node (:func:`platform_topology`: Kubeflow, SkyPilot,
-Vertex AI, PAI), per run (Vertex AI's and SageMaker's folders, SageMaker's hyperparameters), the CPUs a process may
-use, and the kernel's signal when the launcher dies. Sources: https://pytorch.org/docs/stable/elastic/run.html,
+"""Which launcher started this process, read from the environment in one place: per process
+(:func:`detect_launcher_env`: torchrun, SLURM, OpenMPI), a launcher inside a launcher refused
+(:func:`check_not_launched`), the CPUs a process may use, and the kernel's signal when the launcher dies. Sources:
+https://pytorch.org/docs/stable/elastic/run.html,
 https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES,
-https://docs.open-mpi.org/en/main/tuning-apps/environment-var.html, the documentation of Vertex AI ("Prepare training
-code"), SageMaker's training toolkit (``SM_CHANNEL_<NAME>``, ``/opt/ml/checkpoints``), SkyPilot and Kubeflow."""
+https://docs.open-mpi.org/en/main/tuning-apps/environment-var.html."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
 
@@ -116,7 +115,8 @@ def detect_launcher_env(environ: Mapping[str, str], use_scontrol: bool = True) -
     """Rank, local rank, world size and rendezvous address from ``environ`` (not modified), of the first launcher
     whose variables are present (so torchrun inside an ``srun`` step is torchrun):
 
-    * torchrun (``multiproc.py``, Azure ML, Ray Train): ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (default ``RANK``).
+    * torchrun (``multiproc.py``, a framework that starts the processes itself): ``RANK``, ``WORLD_SIZE``,
+      ``LOCAL_RANK`` (default ``RANK``).
     * SLURM (``srun``): ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``; without ``MASTER_ADDR``/``MASTER_PORT``
       the address of :func:`_slurm_address` (``use_scontrol``: expand the node list with ``scontrol`` on ``PATH``).
     * OpenMPI (``mpirun -x MASTER_ADDR -x MASTER_PORT``): ``OMPI_COMM_WORLD_RANK``, ``..._LOCAL_RANK``, ``..._SIZE``.
@@ -160,20 +160,13 @@ def _torchrun_ranks(env: Mapping[str, str]) -> tuple[int, int, int]:
     """torchrun's ``RANK``, ``LOCAL_RANK`` (``RANK`` when unset) and ``WORLD_SIZE``.
 
     Raises:
-        ValueError: one of ``RANK``/``WORLD_SIZE`` without the other, or a ``RANK`` without ``LOCAL_RANK`` beside
-            ``PET_NPROC_PER_NODE`` > 1: a node's index (Kubeflow's PyTorchJob started the script without a launcher).
+        ValueError: one of ``RANK``/``WORLD_SIZE`` without the other.
     """
     missing = [v for v in ("RANK", "WORLD_SIZE") if v not in env]
     if missing:
         raise ValueError(f"{missing[0]} is not set although {'WORLD_SIZE' if missing[0] == 'RANK' else 'RANK'} is")
     rank, world_size = _int_var(env, "RANK"), _int_var(env, "WORLD_SIZE")
     local_rank = _int_var(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
-    per_node = env.get("PET_NPROC_PER_NODE", "").strip()
-    if "LOCAL_RANK" not in env and per_node.isdigit() and int(per_node) > 1:
-        raise ValueError(f"RANK={rank} and WORLD_SIZE={world_size} without LOCAL_RANK, and PET_NPROC_PER_NODE="
-                         f"{per_node}: RANK is the platform's node (pod) index, not a process's rank (Kubeflow's "
-                         "PyTorchJob); start the job with python multiproc.py train.py ... (it reads PET_* and "
-                         f"starts {per_node} processes per node) or torchrun")
     return rank, local_rank, world_size
 
 
@@ -235,137 +228,17 @@ def cpu_threads(local_world_size: int = 1) -> int:
     return max(1, int(available_cpus() // max(local_world_size, 1)))
 
 
-def platform_topology(environ) -> tuple[str, dict]:
-    """The launch options a platform gives this node: ``(platform, {option: value})``, values still strings, from the
-    first present of (the documented order): torchrun's ``PET_<OPTION>`` (Kubeflow; under them a PyTorchJob's plain
-    ``MASTER_ADDR``/``MASTER_PORT``); SkyPilot's ``SKYPILOT_NUM_NODES``, ``SKYPILOT_NODE_RANK``,
-    ``SKYPILOT_NUM_GPUS_PER_NODE`` (when > 0), the first of ``SKYPILOT_NODE_IPS`` and ``MASTER_PORT``; a per-node
-    launcher's ``WORLD_SIZE`` nodes, this one ``RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` (Vertex AI, PAI); else
-    ``("", {})``.
+def check_not_launched(environ: Mapping[str, str], launchers: str = "torchrun") -> None:
+    """Refuse a second launcher inside a first: with ``LOCAL_RANK`` set this process is one that a launcher
+    (``launchers``) started, which must run ``train.py`` itself; ``multiproc.py`` there would start another world.
 
     Raises:
-        ValueError: ``LOCAL_RANK`` set, without ``PET_``/SkyPilot variables: this process is one a launcher (torchrun,
-            Azure ML) started, which must run ``train.py`` itself, not a second launcher.
+        ValueError: ``LOCAL_RANK`` is set (not blank), naming it and ``launchers``.
     """
-    def present(*names):
-        return {name: environ[name].strip() for name in names if environ.get(name, "").strip()}
-
-    pet = present("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
-    plain = present("MASTER_ADDR", "MASTER_PORT")
-    if pet:
-        return "torchrun's PET_* variables (Kubeflow)", {name.lower().removeprefix("pet_"): value
-                                                         for name, value in {**plain, **pet}.items()}
-    if present("SKYPILOT_NODE_RANK"):
-        sky = present("SKYPILOT_NUM_NODES", "SKYPILOT_NODE_RANK", "SKYPILOT_NUM_GPUS_PER_NODE", "SKYPILOT_NODE_IPS",
-                      "MASTER_PORT")
-        found = {option: sky[name] for option, name in (("nnodes", "SKYPILOT_NUM_NODES"),
-                                                        ("node_rank", "SKYPILOT_NODE_RANK"),
-                                                        ("master_port", "MASTER_PORT")) if name in sky}
-        if sky.get("SKYPILOT_NUM_GPUS_PER_NODE", "0") != "0":
-            found["nproc_per_node"] = sky["SKYPILOT_NUM_GPUS_PER_NODE"]
-        if "SKYPILOT_NODE_IPS" in sky:
-            found["master_addr"] = sky["SKYPILOT_NODE_IPS"].split()[0]
-        return "SkyPilot's SKYPILOT_* variables", found
-    ranks = present("RANK", "WORLD_SIZE", "LOCAL_RANK")
-    if "LOCAL_RANK" in ranks:
-        raise ValueError(f"LOCAL_RANK={ranks['LOCAL_RANK']} is set: this process is already one of the processes a "
-                         "launcher started (torchrun, Azure ML); run train.py itself there, not multiproc.py")
-    if "RANK" in ranks and "WORLD_SIZE" in ranks:
-        found = {"nnodes": ranks["WORLD_SIZE"], "node_rank": ranks["RANK"], **{k.lower(): v for k, v in plain.items()}}
-        return "a per-node launcher's WORLD_SIZE (nodes) and RANK (this node)", found
-    return "", {}
-
-
-SAGEMAKER_CHECKPOINTS = "/opt/ml/checkpoints"
-"""SageMaker's default ``checkpoint_local_path``: synced with ``checkpoint_s3_uri`` during and after a job."""
-
-
-def on_sagemaker(environ: Mapping[str, str]) -> bool:
-    """Whether this is a SageMaker training job (its toolkit sets ``SM_TRAINING_ENV`` and ``SM_CURRENT_HOST``)."""
-    return bool(environ.get("SM_TRAINING_ENV") or environ.get("SM_CURRENT_HOST"))
-
-
-GCS_MOUNT = "/gcs"  # where Vertex AI mounts Cloud Storage (FUSE): all buckets, or each at /gcs/<bucket>
-
-
-def gcs_fuse_path(uri: str, variable: str) -> str:
-    """Vertex AI's ``gs://bucket/path`` as the job sees it (``/gcs/bucket/path``, Cloud Storage FUSE); others as is.
-
-    Raises:
-        ValueError: a ``gs://`` URI where nothing is mounted at :data:`GCS_MOUNT` (the files would stay on this
-            machine), naming ``variable``, the environment variable that gave it.
-    """
-    if not uri.startswith("gs://"):
-        return uri
-    path = f"{GCS_MOUNT}/{uri[len('gs://'):]}"
-    if not any(os.path.ismount(mount) for mount in (GCS_MOUNT, "/".join(path.split("/")[:3]))):
-        raise ValueError(f"{variable}={uri}: no Cloud Storage is mounted at {GCS_MOUNT} here (Vertex AI mounts it), so "
-                         f"{path} would be a folder of this machine; unset {variable}"
-                         + (" or pass --output-dir" if variable == "AIP_CHECKPOINT_DIR" else ""))
-    return path
-
-
-def default_output_dir(environ: Mapping[str, str]) -> str:
-    """The output folder of a run without ``--output-dir``: Vertex AI's ``AIP_CHECKPOINT_DIR``, else SageMaker's
-    ``/opt/ml/checkpoints``, else ``output``.
-
-    Raises:
-        ValueError: see :func:`gcs_fuse_path`.
-    """
-    if environ.get("AIP_CHECKPOINT_DIR", "").strip():
-        return gcs_fuse_path(environ["AIP_CHECKPOINT_DIR"].strip(), "AIP_CHECKPOINT_DIR")
-    if on_sagemaker(environ):
-        return SAGEMAKER_CHECKPOINTS
-    return "output"
-
-
-def default_dataset_path(environ: Mapping[str, str]) -> Optional[str]:
-    """SageMaker's ``training`` channel (``SM_CHANNEL_TRAINING``) for a run without ``--dataset-path``, or ``None``.
-
-    Raises:
-        ValueError: the variable names no folder (a channel the job did not download, a mistyped path).
-    """
-    path = environ.get("SM_CHANNEL_TRAINING", "").strip()
-    if path and not os.path.isdir(path):
-        raise ValueError(f"SM_CHANNEL_TRAINING={path}: no such folder (SageMaker's training channel: check the job's "
-                         "input channels), or pass --dataset-path")
-    return path or None
-
-
-def tensorboard_dir(environ: Mapping[str, str], output_dir: str) -> str:
-    """TensorBoard's folder: Vertex AI's ``AIP_TENSORBOARD_LOG_DIR`` when set, else ``<output_dir>/tensorboard``.
-
-    Raises:
-        ValueError: see :func:`gcs_fuse_path`.
-    """
-    given = environ.get("AIP_TENSORBOARD_LOG_DIR", "").strip()
-    return gcs_fuse_path(given, "AIP_TENSORBOARD_LOG_DIR") if given else f"{output_dir.rstrip('/')}/tensorboard"
-
-
-FLAG_VALUES = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False, "": False}
-
-
-def hyperparameter_argv(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
-    """SageMaker's hyperparameter style made into this script's: ``--section.key value`` and ``--section.key=value``
-    become ``--set section.key=value``; a flag in ``flags`` (e.g. ``--tiny``) followed by a boolean word (``True``,
-    ``false``, ``1``...) is kept or dropped by it. Everything else is returned as given."""
-    out, i = [], 0
-    while i < len(argv):
-        arg, following = argv[i], argv[i + 1] if i + 1 < len(argv) else None
-        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
-        dotted = "." in name and not name.startswith(".")
-        if dotted and "=" in arg:
-            out += ["--set", arg[2:]]
-        elif dotted and following is not None:
-            out += ["--set", f"{name}={following}"]
-            i += 1
-        elif arg in flags and following is not None and following.strip().lower() in FLAG_VALUES:
-            out += [arg] if FLAG_VALUES[following.strip().lower()] else []
-            i += 1
-        else:
-            out.append(arg)  # also a dotted name without a value: argparse names it
-        i += 1
-    return out
+    local_rank = environ.get("LOCAL_RANK", "").strip()
+    if local_rank:
+        raise ValueError(f"LOCAL_RANK={local_rank} is set: this process is already one of the processes a launcher "
+                         f"started ({launchers}); run train.py itself there, not multiproc.py")
 
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -114,18 +115,18 @@ def device_memory(device: torch.device) -> dict[str, float]:
 class BalanceMonitor:
     """Rank 0's view of the ranks' balance at each log interval: warnings (at most once per ``repeat`` steps each),
     never an error. It names a rank whose peak memory exceeds the ranks' median by more than ``memory_share`` (0.2:
-    20%) and ``memory_floor_gib`` (classically: every rank made a CUDA context on GPU 0); a rank holding more than
-    ``stray_floor_mib`` on a GPU not its own (NVML; if NVML cannot tell, said once); a rank whose compute time per step
-    (forward passes and losses: no collective to wait in) exceeds the *other* ranks' median by more than
-    ``straggler_share`` and ``straggler_floor_s``, ``patience`` log intervals in a row: wall seconds (GPUs), or with
+    20%) and :attr:`MEMORY_FLOOR_GIB` (classically: every rank made a CUDA context on GPU 0); a rank holding more than
+    :attr:`STRAY_FLOOR_MIB` on a GPU not its own (NVML; if NVML cannot tell, said once); a rank whose compute time per
+    step (forward passes and losses: no collective to wait in) exceeds the *other* ranks' median by more than
+    ``straggler_share`` and :attr:`STRAGGLER_FLOOR_S`, ``patience`` log intervals in a row: wall seconds (GPUs), or with
     ``clock="cpu"`` CPU seconds, since ranks sharing cores wait for one in turns. The floors keep noise quiet (tiny
     models' ranks on a loaded machine differ by 25%, 15 ms in a 60 ms step)."""
 
+    MEMORY_FLOOR_GIB, STRAGGLER_FLOOR_S, STRAY_FLOOR_MIB = 0.25, 0.05, 1.0
+
     def __init__(self, memory_share: float = 0.2, straggler_share: float = 0.2, patience: int = 3,
-                 repeat: int = 500, memory_floor_gib: float = 0.25, straggler_floor_s: float = 0.05,
-                 stray_floor_mib: float = 1.0, clock: str = "wall"):
-        self.memory_share, self.straggler_share, self.stray_floor_mib = memory_share, straggler_share, stray_floor_mib
-        self.memory_floor_gib, self.straggler_floor_s = memory_floor_gib, straggler_floor_s
+                 repeat: int = 500, clock: str = "wall"):
+        self.memory_share, self.straggler_share = memory_share, straggler_share
         self.patience, self.repeat, self.clock = patience, repeat, clock
         self.slow_streak: dict[int, int] = {}  # rank -> log intervals in a row it was slow
         self.warned: dict[str, int] = {}  # warning kind -> the step it was last said
@@ -136,7 +137,7 @@ class BalanceMonitor:
         stray = [r.get("stray_gpu_mib", 0.0) for r in ranks]
         found = [(f"stray{rank}", f"rank {rank} holds {mib:.0f} MiB on a GPU that is not its own: a CUDA context on "
                   "the wrong device (a torch.cuda call before torch.cuda.set_device, in your code or a library's?)")
-                 for rank, mib in enumerate(stray) if mib > self.stray_floor_mib]
+                 for rank, mib in enumerate(stray) if mib > self.STRAY_FLOOR_MIB]
         if any(math.isnan(mib) for mib in stray):  # said once: see _once
             found.append(("stray-unknown", "memory held on other GPUs is not checked: NVML cannot be read or does not "
                           "show this job's processes (install nvidia-ml-py; in a container, the host's process ids)"))
@@ -145,14 +146,14 @@ class BalanceMonitor:
         memory = [r["memory_gib"] for r in ranks]
         middle = statistics.median(memory)
         heavy = max(range(len(ranks)), key=lambda r: memory[r])
-        if memory[heavy] > (1 + self.memory_share) * middle and memory[heavy] - middle > self.memory_floor_gib:
+        if memory[heavy] > (1 + self.memory_share) * middle and memory[heavy] - middle > self.MEMORY_FLOOR_GIB:
             found.append(("memory", f"rank {heavy} holds {memory[heavy]:.2f} GiB at its peak, "
                           f"{100 * (memory[heavy] / middle - 1):.0f}% above the median {middle:.2f} GiB of the ranks "
                           "(on GPUs: does every rank set its device before touching CUDA?)"))
         compute = [r["compute_s"] for r in ranks]
         others = [statistics.median(compute[:rank] + compute[rank + 1:]) for rank in range(len(ranks))]
         for rank, value in enumerate(compute):
-            slow = value > (1 + self.straggler_share) * others[rank] and value - others[rank] > self.straggler_floor_s
+            slow = value > (1 + self.straggler_share) * others[rank] and value - others[rank] > self.STRAGGLER_FLOOR_S
             self.slow_streak[rank] = self.slow_streak.get(rank, 0) + 1 if slow else 0
         slowest = max(range(len(ranks)), key=lambda r: compute[r])
         if self.slow_streak[slowest] >= self.patience:
@@ -174,6 +175,20 @@ class BalanceMonitor:
         return messages
 
 
+@dataclasses.dataclass
+class StepRecord:
+    """One optimizer step as :class:`StepWindow` counts it. Times in seconds."""
+
+    loss: Optional[float] = None  # the step's loss; None: a rank saw a non-finite value (left out of the average)
+    items: float = 0  # what the step trained on, all ranks together (the model's count_items: utterances, frames)
+    step_time: float = 0.0
+    data_time: float = 0.0  # waiting for the step's batches
+    wait_time: float = 0.0  # in the step's blocking all-reduces, waiting for the slowest rank
+    compute_time: float = 0.0  # forward passes and losses
+    losses: dict = dataclasses.field(default_factory=dict)  # a model's named losses and metrics
+    overflows: int = 0  # fp16 optimizer steps the GradScaler skipped (their gradient norm is not finite)
+
+
 class StepWindow:
     """Sums over the steps since the last log line; :meth:`row` turns them into one ``metrics.jsonl`` row: ``loss``
     averaged over the steps not skipped, ``items_per_s`` all ranks' items over rank 0's wall time of the window."""
@@ -183,26 +198,22 @@ class StepWindow:
         self.loss = self.items = self.step_time = self.data_time = self.wait_time = self.compute_time = 0.0
         self.losses, self.counts = {}, {}  # per named value: the sum and the number of its finite values
 
-    def add(self, loss: float | None, items: float, step_time: float, data_time: float, wait_time: float = 0.0,
-            compute_time: float = 0.0, losses: dict | None = None, overflows: int = 0) -> None:
-        """Record one optimizer step (``loss`` None for a skipped step); times in seconds (``wait_time``: in the step's
-        blocking all-reduce, waiting for the slowest rank; ``compute_time``: forward passes and losses). ``losses``: a
-        model's named losses and metrics, each averaged over the steps where it is finite (an fp16 overflow's gradient
-        norm is counted in ``overflows``: the optimizer steps the GradScaler skipped)."""
+    def add(self, step: StepRecord) -> None:
+        """Count one optimizer step; its named ``losses`` are each averaged over the steps where the value is finite."""
         self.steps += 1
-        self.overflows += overflows
-        if loss is not None:
-            self.loss += loss
+        self.overflows += step.overflows
+        if step.loss is not None:
+            self.loss += step.loss
             self.good += 1
-            for name, value in (losses or {}).items():
+            for name, value in step.losses.items():
                 finite = math.isfinite(value)
                 self.losses[name] = self.losses.get(name, 0.0) + (value if finite else 0.0)
                 self.counts[name] = self.counts.get(name, 0) + finite
-        self.items += items
-        self.step_time += step_time
-        self.data_time += data_time
-        self.wait_time += wait_time
-        self.compute_time += compute_time
+        self.items += step.items
+        self.step_time += step.step_time
+        self.data_time += step.data_time
+        self.wait_time += step.wait_time
+        self.compute_time += step.compute_time
 
     def balance(self, device: torch.device) -> dict[str, float]:
         """This rank's share of the window, per step, for :class:`BalanceMonitor` (seconds; memory in GiB)."""

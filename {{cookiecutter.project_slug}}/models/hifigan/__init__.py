@@ -4,12 +4,14 @@ Networks for Efficient and High Fidelity Speech Synthesis" (NeurIPS 2020), with 
 
 from model import Benchmark, BenchmarkCase, Export, Inference, ModelSpec, Phases, Published, Training
 from models.hifigan.data import build_datasets, mel_on_device, synthetic_batch
-from models.hifigan.export import export_parts
 from models.hifigan.inference import add_inference_args, infer, log_validation, vocode
 from models.hifigan.network import (PHASES, TINY_OVERRIDES, HiFiGAN, HiFiGANConfig, MelL1Loss, blocks, build_optimizer,
                                     build_scheduler, loss_audio, networks, train_step)
-from models.hifigan.published import read_published
 from utils.data.datasets import collate_audio_mel
+from utils.parts import optional_part
+
+export = optional_part("models.hifigan.export")  # after-training tools: None where the project left them out
+published = optional_part("models.hifigan.published")
 
 _TINY = tuple(f"hifigan.{key}={value}".replace(" ", "") for key, value in TINY_OVERRIDES.items()
               if key not in ("segment_length", "batch_size", "learning_rate"))
@@ -35,8 +37,8 @@ SPEC = ModelSpec(
         phases=Phases(names=PHASES, networks=networks, train_step=train_step, build_scheduler=build_scheduler),
     ),
     inference=Inference(infer=infer, add_args=add_inference_args, vocode=vocode, modules=("generator",)),
-    export=Export(parts=export_parts),
-    published=Published(read=read_published),
+    export=Export(parts=export.export_parts) if export else None,
+    published=Published(read=published.read_published) if published else None,
     benchmark=Benchmark(synthetic_batch=synthetic_batch, cases=BENCHMARK_CASES),
     # jik876: meldataset.py's frames, no clipping, train.py's cudnn.benchmark
     recipe={"audio.mel_framing": "jik876", "train.grad_clip": 0.0, "train.cudnn_benchmark": True},

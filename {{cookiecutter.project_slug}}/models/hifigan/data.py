@@ -11,7 +11,7 @@ from model import Batch
 from models.hifigan.network import mel_function
 from utils.config import Config
 from utils.data.corpus import load_splits
-from utils.data.datasets import AudioMelDataset
+from utils.data.datasets import AudioMelDataset, Crop
 
 
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
@@ -34,8 +34,8 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     train_utts, val_utts = load_splits(cfg.data)
     kwargs = {"with_mel": not cfg.hifigan.mel_on_device, "mel_dir": cfg.data.mel_dir,
               "peak": cfg.hifigan.peak_normalize}
-    return (AudioMelDataset(train_utts, cfg.audio, seg, random_crop=True, seed=cfg.train.seed, **kwargs),
-            AudioMelDataset(val_utts, cfg.audio, seg, random_crop=False, **kwargs))
+    return (AudioMelDataset(train_utts, cfg.audio, Crop(seg, seed=cfg.train.seed), **kwargs),
+            AudioMelDataset(val_utts, cfg.audio, Crop(seg, random=False), **kwargs))
 
 
 def mel_on_device(batch: Batch, cfg: Config) -> Batch:

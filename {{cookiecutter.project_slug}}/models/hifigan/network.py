@@ -18,7 +18,7 @@ from torch import nn
 from model import Batch
 from modules.hifigan import (Discriminator, Generator, discriminator_loss, feature_matching_loss,
                              generator_adversarial_loss)
-from utils.config import Config, Section
+from utils.config import Config, ModelSection
 from utils.data.audio import AudioConfig, MelSpectrogram
 
 PHASES = ("discriminator", "generator")
@@ -30,7 +30,7 @@ Beta = Annotated[float, Field(ge=0, lt=1)]
 """An Adam beta: in [0, 1)."""
 
 
-class HiFiGANConfig(Section):
+class HiFiGANConfig(ModelSection):
     """The ``hifigan`` section of ``config.json`` (defaults: the paper's V1 and training set-up). Generator (Section
     2.2, Appendix A): ``upsample_rates`` and ``upsample_kernel_sizes`` of the transposed convolutions (the rates'
     product must be ``audio.hop_length``), ``upsample_initial_channel`` (``h_u``), ``resblock`` type (1: V1/V2, 2: V3),

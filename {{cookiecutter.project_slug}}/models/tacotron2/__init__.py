@@ -3,10 +3,12 @@ Spectrogram Predictions" (ICASSP 2018), with NVIDIA's sizes and defaults (layers
 
 from model import Benchmark, BenchmarkCase, Export, Inference, ModelSpec, Published, Training
 from models.tacotron2.data import TextMelCollate, build_datasets, check_text, count_items, synthetic_batch
-from models.tacotron2.export import export_parts
 from models.tacotron2.inference import add_inference_args, infer, log_validation
 from models.tacotron2.network import Tacotron2, Tacotron2Config, Tacotron2Loss, optimize_for_training
-from models.tacotron2.published import read_published
+from utils.parts import optional_part
+
+export = optional_part("models.tacotron2.export")  # after-training tools: None where the project left them out
+published = optional_part("models.tacotron2.published")
 
 _FULL = {"text_lengths": (60, 160), "mel_lengths": (300, 800), "longest_mel": 800}
 _TINY = {"text_lengths": (6, 16), "mel_lengths": (20, 40), "longest_mel": 40}
@@ -32,8 +34,8 @@ SPEC = ModelSpec(
         blocks=lambda model: [model.encoder, model.decoder, model.postnet],
     ),
     inference=Inference(infer=infer, add_args=add_inference_args, takes_vocoder=True),
-    export=Export(parts=export_parts),
-    published=Published(read=read_published),
+    export=Export(parts=export.export_parts) if export else None,
+    published=Published(read=published.read_published) if published else None,
     benchmark=Benchmark(synthetic_batch=synthetic_batch, cases=BENCHMARK_CASES),
     # NVIDIA/tacotron2: TacotronSTFT's centred frames, hparams.py's grad_clip_thresh and cudnn_benchmark
     recipe={"audio.mel_framing": "nvidia", "train.grad_clip": 1.0, "train.cudnn_benchmark": False},

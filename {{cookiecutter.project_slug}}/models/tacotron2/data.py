@@ -67,31 +67,28 @@ class TextMelDataset(Dataset):
     the transcript cleaned with ``text_cleaners`` (encoded once, at construction) and the log-mel of the wav, read from
     ``mel_cache`` (:func:`mel_cache_path`, or ``None``) when ``<cache>/<id>.pt`` exists.
 
-    Utterances longer than ``max_mel_frames`` mel frames (from the wav header: no audio decoded) or ``max_text_len``
-    symbols (``None``: no limit) are left out, never cut: with teacher forcing the decoder is fed the whole target mel,
-    and a mel cut short would train the stop gate to go on where the transcript ends. They are listed in
-    :attr:`skipped_ids`, and one ``UserWarning`` line says how many of how many (``split``: of which split), by which
-    setting (its name prefixed with ``setting_prefix``, e.g. ``"tacotron2."``, and its value) and the longest.
+    Utterances longer than ``max_mel_frames`` mel frames (from the wav header: no audio decoded; ``None``: no limit)
+    are left out, never cut: with teacher forcing the decoder is fed the whole target mel, and a mel cut short would
+    train the stop gate to go on where the transcript ends. They are listed in :attr:`skipped_ids`, and one
+    ``UserWarning`` line says how many of how many (``split``: of which split), by which setting
+    (``tacotron2.max_mel_frames`` and its value) and the longest.
 
     Raises:
         DataError: an empty transcript (named by id) or one with no symbol in the table, an unreadable wav header, a
             cache made with other audio settings, no utterance given or none left (the message names the setting, its
-            value, the longest clip or text), or (in ``__getitem__``) a malformed cached mel.
-        ValueError: ``max_mel_frames`` or ``max_text_len`` < 1, or an unknown text cleaner name.
+            value, the longest clip), or (in ``__getitem__``) a malformed cached mel.
+        ValueError: ``max_mel_frames`` < 1, or an unknown text cleaner name.
     """
 
-    def __init__(self, utterances: Sequence[Utterance], audio_cfg: AudioConfig,
-                 mel_cache: Optional[PathLike] = None,
+    def __init__(self, utterances: Sequence[Utterance], audio_cfg: AudioConfig, mel_cache: Optional[PathLike] = None,
                  text_cleaners: Sequence[str] = ("english_cleaners",), max_mel_frames: Optional[int] = None,
-                 max_text_len: Optional[int] = None, split: str = "", setting_prefix: str = ""):
-        for name, value in (("max_mel_frames", max_mel_frames), ("max_text_len", max_text_len)):
-            if value is not None and value < 1:
-                raise ValueError(f"TextMelDataset: {name} must be >= 1 or None, got {value}")
+                 split: str = ""):
+        if max_mel_frames is not None and max_mel_frames < 1:
+            raise ValueError(f"TextMelDataset: max_mel_frames must be >= 1 or None, got {max_mel_frames}")
         self.audio_cfg = audio_cfg
         self.text_cleaners = tuple(text_cleaners)
         clean_text("", self.text_cleaners)  # an unknown cleaner name fails here, not in a worker mid-epoch
         self.max_mel_frames = max_mel_frames
-        self.max_text_len = max_text_len
         self.mel_transform = MelSpectrogram.from_config(audio_cfg)
         self.cache_dir = None if mel_cache is None else Path(mel_cache)
         if self.cache_dir is not None:
@@ -102,54 +99,34 @@ class TextMelDataset(Dataset):
         what = f"{split} utterances" if split else "utterances"
         if not utterances:
             raise DataError(f"TextMelDataset: no {what} given")
-        self._report_skipped(self._keep_fitting(utterances), len(utterances), what, setting_prefix)
+        self._report_skipped(self._keep_fitting(utterances), len(utterances), what)
 
-    def _keep_fitting(self, utterances: Sequence[Utterance]) -> tuple[list[int], list[int]]:
-        """Keep the utterances within the limits (encoding each transcript once, so a dropped symbol is reported once
-        per run); returns the frame counts and the symbol counts of those left out."""
-        too_long_audio: list[int] = []
-        too_long_text: list[int] = []
+    def _keep_fitting(self, utterances: Sequence[Utterance]) -> list[int]:
+        """Keep the utterances within ``max_mel_frames`` (encoding each transcript once, so a dropped symbol is reported
+        once per run); returns the frame counts of those left out."""
+        too_long: list[int] = []
         for utt in utterances:
             if not utt.text.strip():
                 raise DataError(f"utterance '{utt.id}' has an empty transcript ({utt.wav_path})")
             frames = self._estimated_frames(utt) if self.max_mel_frames is not None else 0
             if self.max_mel_frames is not None and frames > self.max_mel_frames:
-                too_long_audio.append(frames)
+                too_long.append(frames)
                 self.skipped_ids.append(utt.id)
                 continue
-            sequence = self._encode(utt)
-            if self.max_text_len is not None and len(sequence) > self.max_text_len:
-                too_long_text.append(len(sequence))
-                self.skipped_ids.append(utt.id)
-                continue
-            self._sequences[utt.id] = sequence
+            self._sequences[utt.id] = self._encode(utt)
             self.utterances.append(utt)
-        return too_long_audio, too_long_text
+        return too_long
 
-    def _report_skipped(self, too_long: tuple[list[int], list[int]], given: int, what: str, prefix: str) -> None:
+    def _report_skipped(self, too_long: list[int], given: int, what: str) -> None:
         """One warning line for the utterances left out; a :class:`DataError` when none is left."""
-        (audio, text), audio_key, text_key = too_long, f"{prefix}max_mel_frames", f"{prefix}max_text_len"
+        key, limit = "tacotron2.max_mel_frames", self.max_mel_frames
         if not self.utterances:
-            reasons, fixes = [], []
-            if audio:
-                reasons.append(f"{audio_key} is {self.max_mel_frames}: {len(audio)} of {given} {what} are longer "
-                               f"(longest {max(audio)} frames)")
-                fixes.append(f"{audio_key} to at least {max(audio)}")
-            if text:
-                reasons.append(f"{text_key} is {self.max_text_len}: {len(text)} of {given} {what} have more symbols "
-                               f"(longest {max(text)})")
-                fixes.append(f"{text_key} to at least {max(text)}")
-            raise DataError(f"{'; '.join(reasons)}; no {what} left: raise {' and '.join(fixes)}")
+            raise DataError(f"{key} is {limit}: {len(too_long)} of {given} {what} are longer (longest {max(too_long)} "
+                            f"frames); no {what} left: raise {key} to at least {max(too_long)}")
         if self.skipped:
-            reasons = []
-            if audio:
-                reasons.append(f"{len(audio)} longer than {audio_key}={self.max_mel_frames} mel frames, the "
-                               f"longest {max(audio)}")
-            if text:
-                reasons.append(f"{len(text)} with more than {text_key}={self.max_text_len} symbols, the "
-                               f"longest {max(text)}")
-            warnings.warn(f"TextMelDataset: skipped {self.skipped} of {given} {what} "
-                          f"({'; '.join(reasons)}); raise the setting to keep them", stacklevel=3)
+            warnings.warn(f"TextMelDataset: skipped {self.skipped} of {given} {what} ({len(too_long)} longer than "
+                          f"{key}={limit} mel frames, the longest {max(too_long)}); raise the setting to keep them",
+                          stacklevel=3)
 
     @property
     def skipped(self) -> int:
@@ -264,7 +241,7 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     max_frames = model_cfg.max_mel_frames if model_cfg.max_mel_frames > 0 else None
     cache = mel_cache_path(cfg.data.dataset_path, model_cfg.mel_cache_dir)
     return tuple(TextMelDataset(utts, cfg.audio, cache, text_cleaners=model_cfg.text_cleaners,
-                                max_mel_frames=max_frames, split=split, setting_prefix="tacotron2.")
+                                max_mel_frames=max_frames, split=split)
                  for utts, split in ((train_utts, "training"), (val_utts, "validation")))
 
 

@@ -14,10 +14,10 @@ from torch import nn
 from model import Batch
 from models.tacotron2.text.symbols import symbols
 from modules.tacotron2 import Decoder, Encoder, Postnet, get_padding_mask
-from utils.config import Config, Section
+from utils.config import Config, ModelSection
 
 
-class Tacotron2Config(Section):
+class Tacotron2Config(ModelSection):
     """The ``tacotron2`` section of ``config.json`` (defaults: NVIDIA's LJSpeech hyper-parameters).
 
     Sizes are in units/channels; ``*_kernel_size`` in characters (encoder), encoder steps (attention location filters)

@@ -3,11 +3,13 @@ for speech synthesis" (ICASSP 2019), with NVIDIA's sizes and defaults (layers: `
 
 from model import Benchmark, BenchmarkCase, Export, Inference, ModelSpec, Published, Training
 from models.waveglow.data import build_datasets, mel_on_device, synthetic_batch
-from models.waveglow.export import export_parts
 from models.waveglow.inference import add_inference_args, infer, log_validation, vocode
 from models.waveglow.network import WaveGlow, WaveGlowConfig, WaveGlowLoss, optimize_for_training
-from models.waveglow.published import PICKLED_CLASSES, read_published
 from utils.data.datasets import collate_audio_mel
+from utils.parts import optional_part
+
+export = optional_part("models.waveglow.export")  # after-training tools: None where the project left them out
+published = optional_part("models.waveglow.published")
 
 _TINY = ("waveglow.n_flows=4", "waveglow.n_early_every=2", "waveglow.wn_layers=2")
 BENCHMARK_CASES = (  # NVIDIA's published shapes (those of its reference benchmark harness)
@@ -37,8 +39,8 @@ SPEC = ModelSpec(
         blocks=lambda model: list(model.flows),  # the WN coupling networks: nearly all weights and activations
     ),
     inference=Inference(infer=infer, add_args=add_inference_args, vocode=vocode),
-    export=Export(parts=export_parts),
-    published=Published(read=read_published, pickled_classes=PICKLED_CLASSES),
+    export=Export(parts=export.export_parts) if export else None,
+    published=Published(read=published.read_published, pickled_classes=published.PICKLED_CLASSES) if published else None,
     benchmark=Benchmark(synthetic_batch=synthetic_batch, cases=BENCHMARK_CASES),
     # NVIDIA/waveglow: TacotronSTFT, no clipping; the autotuner on (NVIDIA's is off): one crop shape, tuned once
     recipe={"audio.mel_framing": "nvidia", "train.grad_clip": 0.0, "train.cudnn_benchmark": True},

@@ -11,7 +11,7 @@ from model import Batch
 from utils.config import Config
 from utils.data.audio import MelSpectrogram
 from utils.data.corpus import load_splits
-from utils.data.datasets import AudioMelDataset
+from utils.data.datasets import AudioMelDataset, Crop
 
 
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
@@ -27,9 +27,8 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     train_utts, val_utts = load_splits(cfg.data)
     seg = cfg.waveglow.segment_length
     with_mel, mel_dir = not cfg.waveglow.mel_on_device, cfg.data.mel_dir
-    return (AudioMelDataset(train_utts, cfg.audio, seg, random_crop=True, seed=cfg.train.seed, with_mel=with_mel,
-                            mel_dir=mel_dir),
-            AudioMelDataset(val_utts, cfg.audio, seg, random_crop=False, with_mel=with_mel, mel_dir=mel_dir))
+    return (AudioMelDataset(train_utts, cfg.audio, Crop(seg, seed=cfg.train.seed), with_mel=with_mel, mel_dir=mel_dir),
+            AudioMelDataset(val_utts, cfg.audio, Crop(seg, random=False), with_mel=with_mel, mel_dir=mel_dir))
 
 
 _MELS: dict = {}  # (device, audio settings) -> MelSpectrogram on that device

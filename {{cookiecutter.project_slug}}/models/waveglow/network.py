@@ -12,10 +12,10 @@ from torch import nn
 
 from model import Batch
 from modules.waveglow import WN, Invertible1x1Conv, at_least_fp32
-from utils.config import Config, Section
+from utils.config import Config, ModelSection
 
 
-class WaveGlowConfig(Section):
+class WaveGlowConfig(ModelSection):
     """The ``waveglow`` section of ``config.json`` (defaults: NVIDIA's published LJSpeech model).
 
     ``n_group`` audio samples are squeezed into channels; every ``n_early_every`` flows, ``n_early_size`` channels

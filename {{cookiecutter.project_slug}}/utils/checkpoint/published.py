@@ -1,12 +1,12 @@
-"""Weights from elsewhere (``train.py --init-from``, ``scripts/import_weights.py``): a checkpoint of ``train.py``, or
-one another project published, which a model's ``Published.read`` renames (NVIDIA's Tacotron2 and WaveGlow, jik876's
-HiFi-GAN). Nothing in a file runs: a pickled module (NVIDIA's WaveGlow) is read as a :class:`Record` of attributes, from
-a zip archive (``torch.save`` since PyTorch 1.6) or from PyTorch's legacy format (before 1.6: the published
+"""Weights another project published, for ``train.py --init-from`` and ``scripts/import_weights.py``
+(:func:`read_published`, asked by :func:`utils.checkpoint.weights.read_weights` for a file that is not a checkpoint of
+``train.py``), which a model's ``Published.read`` renames (NVIDIA's Tacotron2 and WaveGlow, jik876's HiFi-GAN). Nothing
+in a file runs: a pickled module (NVIDIA's WaveGlow) is read as a :class:`Record` of attributes, from a zip archive
+(``torch.save`` since PyTorch 1.6) or from PyTorch's legacy format (before 1.6: the published
 ``waveglow_256channels*.pt``), which :class:`_LegacyUnpickler` reads."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pickle
 import re
@@ -15,26 +15,12 @@ import warnings
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, BinaryIO, Optional
+from typing import Any, BinaryIO
 
 import torch
 
-from utils.checkpoint.files import CheckpointError, _load_failure, few, torch_file_problem
-from utils.checkpoint.resume import read_checkpoint
-from utils.checkpoint.sharded import is_sharded, load_sharded_model
-
-
-@dataclasses.dataclass
-class Weights:
-    """Weights read by :func:`read_weights`: ``source`` (what the file is, for the log), ``model_name``, ``state`` (this
-    project's key names), ``partial`` (key prefixes the file lacks, which keep their fresh initialisation) and
-    ``folder``: a sharded checkpoint folder, whose weights :func:`load_into` reads itself (``state`` is then empty)."""
-
-    source: str
-    model_name: str
-    state: dict[str, torch.Tensor]
-    partial: tuple[str, ...] = ()
-    folder: Optional[Path] = None
+from utils.checkpoint.files import CheckpointError, _load_failure
+from utils.checkpoint.weights import Weights
 
 
 class Record:
@@ -154,35 +140,16 @@ def _load(path: Path, pickled_classes: tuple[str, ...], label: str) -> Any:
         raise CheckpointError(f"{label} {path}: cannot load it safely: {why}") from None
 
 
-def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str = "--init-from") -> Weights:
-    """The weights in ``path`` in this project's key names, and the model of ``models`` they belong to: a checkpoint of
-    ``train.py`` (a sharded folder's ``state`` is left empty, for ``load_sharded_model``), or a published format some
-    model's ``Published.read`` takes. ``cfg``: this run's config (a format may need its sizes; ``Published.read`` may
-    set what the weights expect, e.g. Tacotron2's text cleaners); ``label``: what named the file, for errors.
+
+
+def read_published(path: Path, models: dict[str, Any], cfg: Any, label: str) -> Weights:
+    """The weights of ``path``, a file in a published format that some model of ``models`` reads (its
+    ``Published.read``, given the loaded file and ``cfg``), in this project's key names; ``label`` names the file in
+    errors. :func:`utils.checkpoint.weights.read_weights` asks here for a file that is not a checkpoint of ``train.py``.
 
     Raises:
-        CheckpointError: a missing or unreadable file, a model this project does not have, or a format no model reads.
+        CheckpointError: an unsafe or damaged file, or a format no model reads.
     """
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{label} {path}: no such file or folder")
-    if path.is_file() and (problem := torch_file_problem(path)) is not None:
-        raise CheckpointError(f"{label} {path} {problem}")
-    try:
-        state = read_checkpoint(path)
-    except CheckpointError:
-        if is_sharded(path):
-            raise
-        state = {}  # not a checkpoint of train.py: a published format, perhaps
-    if is_sharded(path) or "model_name" in state:
-        name = state.get("model_name")
-        if name not in models:
-            raise CheckpointError(f"{label} {path}: it holds a '{name}' model, which models/__init__.py does not "
-                                  "register")
-        if is_sharded(path):
-            return Weights(f"a sharded checkpoint of model '{name}' at step {state.get('step')}", name, {},
-                           folder=path)
-        return Weights(f"a checkpoint of model '{name}' at step {state.get('step')}", name, state["model"])
     readers = {name: spec.published for name, spec in models.items() if spec.published is not None}
     loaded = _load(path, tuple(name for published in readers.values() for name in published.pickled_classes), label)
     for published in readers.values():
@@ -190,28 +157,3 @@ def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str 
             return weights
     raise CheckpointError(f"{label} {path}: not a checkpoint of this project, nor a published checkpoint a model "
                           f"of models/ reads ({', '.join(sorted(readers)) or 'none reads any'}: Published.read)")
-
-
-def load_into(model: torch.nn.Module, weights: Weights, source: str) -> list[str]:
-    """Copy ``weights.state`` (or the weights of the sharded ``weights.folder``) into ``model``: every key of the model
-    outside ``weights.partial`` must be given, shapes matching, and every given key must be the model's. Returns the
-    key prefixes that kept their initialisation.
-
-    Raises:
-        CheckpointError: missing, unexpected or misshapen keys (named, at most 5 of each).
-    """
-    if weights.folder is not None:
-        load_sharded_model(weights.folder, model)
-        return []
-    own = model.state_dict()
-    given = weights.state
-    problems = {"missing": sorted(key for key in own if key not in given and not key.startswith(weights.partial)),
-                "unexpected": sorted(set(given) - set(own)),
-                "other shapes": [f"{key} {tuple(given[key].shape)} vs {tuple(own[key].shape)}"
-                                 for key in sorted(set(own) & set(given)) if given[key].shape != own[key].shape]}
-    if any(problems.values()):
-        parts = "; ".join(f"{label}: {few(items)}" for label, items in problems.items() if items)
-        raise CheckpointError(f"{source} does not fit this run's {type(model).__name__} ({parts}); its config must "
-                              "match the weights' (sizes, n_mels, ...)")
-    model.load_state_dict({**own, **{key: value.to(own[key].dtype) for key, value in weights.state.items()}})
-    return list(weights.partial)

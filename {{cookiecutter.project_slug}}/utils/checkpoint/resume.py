@@ -1,23 +1,24 @@
-"""Resuming: which checkpoint ``--resume`` means, agreed by every rank, and putting it back (weights, optimizer,
-schedule, scaler, EMA, RNG states, data position), keeping the global batch on another number of processes."""
+"""Resuming: which checkpoint ``--resume`` means, agreed by every rank; what a resume checks of it (the training state,
+the settings that changed since); keeping the global batch on another number of processes. The parts are put back by
+:meth:`utils.checkpoint.checkpointer.Checkpointer.load`."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Mapping, Optional
 
 import torch
 
 from distributed import all_gather_object, broadcast_object
-from utils.checkpoint.files import CheckpointError, intact, load_checkpoint, load_model_state, torch_file_problem
+from utils.checkpoint.files import CheckpointError, intact, load_checkpoint, torch_file_problem
 from utils.checkpoint.names import LAST_FILE, aside, last_links, list_numbered
-from utils.checkpoint.sharded import is_sharded, load_sharded, read_train_state, sharded_intact
-from utils.checkpoint.state import STATEFUL_PARTS, NamedStates, TrainState, restore_rng_state
+from utils.checkpoint.state import STATEFUL_PARTS
 from utils.framing import recorded_audio
+from utils.parts import optional_part
 
 
 def agreed_resume_path(resume: str, output_dir: Path, rank: int):
@@ -78,11 +79,12 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
             raise CheckpointError(f"{output_dir} already holds checkpoints, which --resume none would overwrite; "
                                   "continue with --resume auto, or start afresh in another --output-dir")
         return None, []
-    if not Path(resume).is_file() and not is_sharded(resume):
+    if not Path(resume).is_file() and not Path(resume).is_dir():
         raise CheckpointError(f"--resume {resume}: no such checkpoint")
     if Path(resume).is_file() and (problem := torch_file_problem(Path(resume))) is not None:
         raise CheckpointError(f"--resume {resume}: the file {problem}")
-    if is_sharded(resume) and (problem := sharded_intact(resume)) is not None:
+    if (sharded := folder_reader(resume, "--resume ")) is not None and \
+            (problem := sharded.sharded_intact(resume)) is not None:
         raise CheckpointError(f"--resume {resume}: the sharded checkpoint is {problem}")
     return Path(resume), []
 
@@ -97,7 +99,8 @@ def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path]) ->
             gone.append(f"{path} names {os.readlink(path)}, which is gone")
             problems.append(gone[-1])
             continue
-        problem = sharded_intact(path) if path.is_dir() else intact(path) if path.is_file() else "not a file"
+        problem = (folder_reader(path).sharded_intact(path) if path.is_dir() else intact(path) if path.is_file()
+                   else "not a file")
         if problem is None:
             if problems:
                 moved = [f"{old.name} -> {move_aside(old, kind).name}" for old, kind in passed_over]
@@ -145,50 +148,22 @@ def as_json(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(list(value) if isinstance(value, tuple) else value)
 
 
-def resume_training(path: str | Path, model: torch.nn.Module, parts: Mapping[str, Any], model_name: str,
-                    rank: int, world_size: int, map_location: str | torch.device = "cpu",
-                    config: Optional[Mapping[str, Any]] = None,
-                    train_utterances: Optional[int] = None, ema=None) -> tuple[TrainState, dict[str, Any]]:
-    """Put a checkpoint (a file, or a sharded folder re-cut for this world size: every rank calls it then) back into
-    ``model`` (plain, or FSDP-sharded for a sharded one; never a DDP wrapper) and the fresh ``parts``, with the ``ema``
-    (afresh from the weights when the checkpoint has none) and this rank's RNG states (on the same world size only).
-    Rank 0 warns about settings of ``config`` (``Config.to_dict()``) that differ, ``train.max_steps`` aside (raising it
-    continues a run), and about another number of ``train_utterances`` (the data position moved).
+def saved_config(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """The config a checkpoint's run trained with (``{}`` where it has none), its ``audio`` section read as
+    :func:`utils.framing.recorded_audio` reads a record made before ``audio.mel_framing`` (jik876's frames)."""
+    config = saved.get("config") if isinstance(saved.get("config"), Mapping) else {}
+    if isinstance(config.get("audio"), Mapping):
+        config = {**config, "audio": recorded_audio(config["audio"])}
+    return config
 
-    Returns:
-        The loop's :class:`TrainState` (``samples_in_epoch`` worked out for an older checkpoint) and ``{"world_size":
-        processes that wrote it, "grad_accumulation": its accumulation, "config": its config}``.
+
+def check_training_state(saved: Mapping[str, Any], path, sharded: bool) -> None:
+    """Refuse a checkpoint that lacks what a resume puts back (a weights-only file); ``sharded``: a folder's train
+    state, whose optimizer is in its shards.
 
     Raises:
-        CheckpointError: an unreadable or unsafe file, another model, weights that do not fit, or a weights-only file
-            that lacks the training state.
+        CheckpointError: naming the entries it lacks.
     """
-    sharded = is_sharded(path)
-    saved = read_checkpoint(path, map_location, verify=rank == 0)  # rank 0 verified a sharded folder's every file
-    if saved.get("model_name") != model_name:
-        raise CheckpointError(f"{path} holds a '{saved.get('model_name')}' model, not '{model_name}'")
-    if not sharded:  # the weights first: a state dict of another network is named key by key
-        load_model_state(model, saved["model"], str(path))
-    _check_training_state(saved, path, sharded)
-    _load_parts(saved, path, model, parts, ema, rank, sharded)
-    saved_config = saved.get("config") if isinstance(saved.get("config"), Mapping) else {}
-    if isinstance(saved_config.get("audio"), Mapping):  # saved before audio.mel_framing: jik876's frames
-        saved_config = {**saved_config, "audio": recorded_audio(saved_config["audio"])}
-    written_by = len(saved["rng"])
-    if written_by == world_size:
-        restore_rng_state(saved["rng"][rank])
-    if rank == 0:
-        _warn_changes(saved, path, saved_config, config, train_utterances)
-    state = TrainState(**{f.name: saved[f.name] for f in dataclasses.fields(TrainState) if f.name in saved})
-    accumulation = saved.get("grad_accumulation", saved_config.get("train", {}).get("grad_accumulation", 1))
-    if "samples_in_epoch" not in saved:  # written before the position was kept in global samples
-        batch_size = saved_config.get(model_name, {}).get("batch_size", 0)
-        state.samples_in_epoch = state.batch_in_epoch * batch_size * written_by
-    return state, {"world_size": written_by, "grad_accumulation": accumulation, "config": saved_config}
-
-
-def _check_training_state(saved: Mapping[str, Any], path, sharded: bool) -> None:
-    """Refuse (:class:`CheckpointError`) a checkpoint that lacks what a resume puts back (a weights-only file)."""
     missing = [key for key in (*STATEFUL_PARTS, "step", "epoch", "batch_in_epoch", "rng")  # the others came later
                if key not in saved and not (sharded and key == "optimizer")]
     if missing:
@@ -196,34 +171,11 @@ def _check_training_state(saved: Mapping[str, Any], path, sharded: bool) -> None
                               "--resume needs one written by train.py")
 
 
-def _load_parts(saved: Mapping[str, Any], path, model, parts: Mapping[str, Any], ema, rank: int, sharded: bool) -> None:
-    """Put back the optimizer(s), scheduler(s), scaler and EMA (and a sharded folder's model); raises
-    :class:`CheckpointError` where the EMA or a sharded entry does not fit this run."""
-    with_ema = ema is not None and (saved.get("ema_saved", False) if sharded else "ema" in saved)
-    if sharded:
-        optimizer = parts["optimizer"]
-        load_sharded(path, model, list(optimizer.values()) if isinstance(optimizer, NamedStates) else [optimizer],
-                     extra={"ema": ema.averages} if with_ema else None)
-    elif with_ema:
-        try:
-            ema.load_state_dict(saved["ema"], str(path))
-        except ValueError as err:
-            raise CheckpointError(str(err)) from None
-    if ema is not None and not with_ema:
-        ema.reset()
-        if rank == 0:
-            print(f"note: {path} holds no EMA weights; the average (train.ema_decay) starts from its weights",
-                  file=sys.stderr, flush=True)
-    for name in STATEFUL_PARTS:
-        if not (sharded and name == "optimizer"):
-            parts[name].load_state_dict(saved[name])
-
-
-def _warn_changes(saved: Mapping[str, Any], path, saved_config: Mapping[str, Any],
-                  config: Optional[Mapping[str, Any]], train_utterances: Optional[int]) -> None:
-    """Rank 0's warnings: settings that differ from the checkpoint's, a corpus of another size."""
-    if config is not None and saved_config and (changes := config_changes(saved_config, config,
-                                                                           ignore=("train.max_steps",))):
+def warn_changes(saved: Mapping[str, Any], path, before: Mapping[str, Any],
+                 config: Optional[Mapping[str, Any]], train_utterances: Optional[int]) -> None:
+    """Rank 0's warnings on a resume from ``saved`` (read from ``path``): settings of ``config`` that differ from
+    ``before`` (:func:`saved_config`), ``train.max_steps`` aside, and a corpus of another size than the checkpoint's."""
+    if config is not None and before and (changes := config_changes(before, config, ignore=("train.max_steps",))):
         print(f"warning: the config differs from the one {path} was trained with: {'; '.join(changes)}",
               file=sys.stderr, flush=True)
     if train_utterances is not None and (known := saved.get("train_utterances")) not in (None, train_utterances):
@@ -263,8 +215,22 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     Raises:
         CheckpointError: neither a readable checkpoint file nor an intact sharded checkpoint folder.
     """
-    if not is_sharded(path):
+    if (sharded := folder_reader(path)) is None:
         return load_checkpoint(path, map_location=map_location)
-    if verify and (problem := sharded_intact(path)) is not None:
+    if verify and (problem := sharded.sharded_intact(path)) is not None:
         raise CheckpointError(f"{path} is {problem}")
-    return read_train_state(path, map_location)
+    return sharded.read_train_state(path, map_location)
+
+
+def folder_reader(path: str | Path, label: str = "") -> Optional[ModuleType]:
+    """:mod:`utils.checkpoint.sharded`, which reads a sharded checkpoint, when ``path`` is a folder (or the
+    ``checkpoint_last`` link to one); ``None`` for anything else. ``label`` starts the error (``"--resume "``).
+
+    Raises:
+        CheckpointError: a folder, in a project generated without sharded checkpoints.
+    """
+    if not Path(path).is_dir():
+        return None
+    if (sharded := optional_part("utils.checkpoint.sharded")) is None:
+        raise CheckpointError(f"{label}{path} is a folder: this project reads single-file checkpoints (.pt)")
+    return sharded

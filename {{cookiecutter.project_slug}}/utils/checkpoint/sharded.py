@@ -26,7 +26,7 @@ from utils.run_log import one_line
 
 
 def load_dcp():
-    """``torch.distributed.checkpoint`` (DCP) and its ``state_dict``, imported on first use (``sharded_by_fsdp``)."""
+    """``torch.distributed.checkpoint`` (DCP) and its ``state_dict``, imported on first use (``distributed.split_over_ranks``)."""
     import torch.distributed.checkpoint.state_dict  # binds this function's name torch: the package, DCP loaded
     return torch.distributed.checkpoint
 

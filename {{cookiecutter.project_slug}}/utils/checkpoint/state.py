@@ -162,9 +162,12 @@ def in_modules(name: str, modules: Sequence[str]) -> bool:
 
 
 def release_checkpoint(model_name: str, model_state: Mapping[str, torch.Tensor], modules: tuple[str, ...],
-                       config: Mapping[str, Any], step: Any, ema_weights: bool, source: str) -> dict[str, Any]:
+                       config: Mapping[str, Any], saved: Mapping[str, Any], source: str) -> dict[str, Any]:
     """What inference (and ``train.py --init-from``) needs alone: the weights of the sub-modules ``modules`` (all when
-    empty) of ``model_state`` (EMA weights in place), the model's name, config and source; ``weights_only`` loads it."""
+    empty) of ``model_state`` (EMA weights in place), the model's name, config and source, and from ``saved`` (the
+    entries of the checkpoint at ``source``: a file's, or a sharded folder's train state) its step and whether it held
+    EMA weights; ``weights_only`` loads it."""
     weights = {key: value.detach().cpu().clone() for key, value in model_state.items() if in_modules(key, modules)}
-    return {"format": RELEASE_FORMAT, "model_name": model_name, "config": dict(config), "step": step,
+    ema_weights = bool(saved.get("ema_saved") or isinstance(saved.get("ema"), dict) or saved.get("ema_weights"))
+    return {"format": RELEASE_FORMAT, "model_name": model_name, "config": dict(config), "step": saved.get("step"),
             "model": weights, "ema_weights": ema_weights, "source": source, "torch_version": str(torch.__version__)}

@@ -36,7 +36,7 @@ class AudioConfig(Section):
     fmax: float = 8000.0  # Hz
     max_wav_value: float = Field(32768.0, gt=0)  # full scale of 16-bit PCM
     # MelSpectrogram's framing; None: the model's reference (ModelSpec.recipe, or a data.mel_dir's), filled in when a
-    # run's config is loaded (utils.training.settings.apply_recipe), so checkpoints record it
+    # run's config is loaded (utils.training.recipe.apply_recipe), so checkpoints record it
     mel_framing: Optional[Framing] = None
 
     @property

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from model import ModelSpec
 from utils.checkpoint.files import atomic_write_bytes
 from utils.config import Config, ConfigError
-from utils.data.audio import MelSpectrogram, check_wav_not_truncated
+from utils.data.audio import AudioConfig, MelSpectrogram, check_wav_not_truncated
 from utils.data.corpus import BadClip, DataError, Utterance, load_splits
 from utils.run import check_output_dir
 from utils.run_log import one_line
@@ -95,16 +95,18 @@ def default_cache_file(dataset_path: str | Path) -> Path:
     return root / "clip_headers" / f"{digest}.json"
 
 
-def check_corpus(utterances: Sequence[Utterance], sampling_rate: int, min_samples: int,
+def check_corpus(utterances: Sequence[Utterance], audio_cfg: AudioConfig,
                  text_check: Optional[Callable[[str], Optional[str]]] = None, cache_file: Optional[Path] = None,
                  workers: Optional[int] = None, progress: bool = False) -> list[BadClip]:
     """The clips of ``utterances`` that cannot be trained on, as :class:`BadClip` (one reason each, the first found in
     the order of the module's list), in corpus order; empty when all are fine.
 
-    ``min_samples``: the fewest a clip may have at ``sampling_rate`` Hz (another rate's length is converted).
+    ``audio_cfg``: a clip needs at least one STFT window of samples (``MelSpectrogram.min_samples``) at its
+    ``sampling_rate`` Hz (another rate's length is converted).
     ``text_check``: the model's ``text -> reason or None``. ``cache_file``: JSON of what was read of each clip
     (``None``: no cache; one that cannot be written is skipped). ``workers``: threads (default 4 per core, at most 32).
     """
+    sampling_rate, min_samples = audio_cfg.sampling_rate, MelSpectrogram.from_config(audio_cfg).min_samples
     cache = _read_cache(cache_file)
     keys = {utt.id: _stat_key(utt.wav_path) for utt in utterances}
     todo = [utt for utt in utterances if keys[utt.id] is None or cache.get(str(utt.wav_path), {}).get("key")
@@ -181,8 +183,7 @@ def prepare_run(cfg: Config, spec: ModelSpec, output_dir: Path) -> tuple[str, ob
     except (ConfigError, DataError) as err:
         return "error", one_line(err)
     text_check = (lambda text: spec.training.check_text(text, cfg)) if spec.training.check_text is not None else None
-    bad = listed + check_corpus([*train_utts, *val_utts], cfg.audio.sampling_rate,
-                                MelSpectrogram.from_config(cfg.audio).min_samples, text_check,
+    bad = listed + check_corpus([*train_utts, *val_utts], cfg.audio, text_check,
                                 cache_file=default_cache_file(cfg.data.dataset_path), progress=True)
     if not bad:
         return "skip", []

@@ -3,6 +3,7 @@ the epoch shared with DataLoader workers, and ``inference.py``'s ``--mel``/``--w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import pickle
@@ -17,6 +18,7 @@ from torch.utils.data import Dataset
 from utils.data.audio import AudioConfig, MelSpectrogram, dynamic_range_compression, load_wav
 from utils.data.corpus import DataError, PathLike, Utterance
 from utils.framing import Framing, recorded_audio
+from utils.parts import has_part
 
 
 class SharedEpoch:
@@ -84,8 +86,9 @@ def check_mel_dir(mel_dir: Path, audio_cfg: AudioConfig, utterances: Sequence[Ut
             or no utterance left.
     """
     if not mel_dir.is_dir():
-        raise DataError(f"data.mel_dir {mel_dir} is not a folder (dump mels there with python -m "
-                        "scripts.dump_gta_mels, or set data.mel_dir=\"\" to compute the mels from the audio)")
+        dump = "dump mels there with python -m scripts.dump_gta_mels, or " if has_part("scripts.dump_gta_mels") else ""
+        raise DataError(f"data.mel_dir {mel_dir} is not a folder ({dump}set data.mel_dir=\"\" to compute the mels "
+                        "from the audio)")
     recorded = _read_record(mel_dir / MEL_SETTINGS_FILE)
     if recorded is not None:
         recorded, audio = recorded_audio(recorded), recorded_audio(audio_cfg.model_dump())
@@ -134,19 +137,37 @@ def load_mel_file(path: Path, utt_id: str, n_mels: int) -> torch.Tensor:
     return mel.float()
 
 
+@dataclasses.dataclass(frozen=True)
+class Crop:
+    """Which ``segment_length`` samples of a clip an item holds: with ``random`` a start drawn from a generator seeded
+    by ``(seed, epoch, index)`` (so a resumed run crops as the uninterrupted one, whatever the DataLoader workers),
+    else the first ones (validation). NVIDIA WaveGlow's ``Mel2Samp`` and jik876/hifi-gan's ``MelDataset`` crop so."""
+
+    segment_length: int  # samples
+    random: bool = True
+    seed: int = 0
+
+    def start(self, index: int, epoch: int, choices: int) -> int:
+        """The crop's start in ``[0, choices)`` (samples, or mel frames) for item ``index`` in ``epoch``; 0 without
+        ``random``."""
+        if not self.random:
+            return 0
+        rng = torch.Generator().manual_seed(hash((self.seed, epoch, index)) & 0x7FFF_FFFF_FFFF)
+        return int(torch.randint(0, choices, (1,), generator=rng).item())
+
+
 class AudioMelDataset(Dataset):
     """Fixed-length audio segments and their log-mels: NVIDIA WaveGlow's ``Mel2Samp`` recipe.
 
     Item ``i`` is ``{"mel": (n_mels, MelSpectrogram.num_frames(segment_length)) float32, "audio": (segment_length,)
-    float32, "id": str}`` (batch with :func:`collate_audio_mel`): ``segment_length`` samples of utterance ``i``'s wav, a
-    random crop drawn from a generator seeded by ``(seed, epoch, i)`` (so a resumed run crops as the uninterrupted one,
-    whatever the workers) or with ``random_crop=False`` the first ones, zero-padded; ``with_mel=False``: no ``"mel"``
+    float32, "id": str}`` (batch with :func:`collate_audio_mel`): ``crop.segment_length`` samples of utterance ``i``'s
+    wav, where :class:`Crop` puts them (random, or the first ones), zero-padded; ``with_mel=False``: no ``"mel"``
     (computed on the device). ``peak``: each clip scaled to that peak first (jik876's ``normalize(audio) * 0.95``; 0:
     as read; not with ``mel_dir``, whose mels were made from the audio as read).
 
     With ``mel_dir`` the mels are read instead (``<mel_dir>/<id>.pt``: the utterance's ``(n_mels,
     MelSpectrogram.num_frames(T))`` for its ``T`` samples, in the folder's framing: ``audio.mel_framing`` follows it,
-    :func:`utils.training.settings.apply_recipe`), e.g. Tacotron2's teacher-forced mels from
+    :func:`utils.training.recipe.apply_recipe`), e.g. Tacotron2's teacher-forced mels from
     ``scripts/dump_gta_mels.py``, which a vocoder learns to turn into the real audio (jik876/hifi-gan's
     ``--fine_tuning``; Shen et al. 2018); utterances the dump left out are left out (:func:`check_mel_dir`). Mel and
     audio are then cropped together on frame boundaries (mel frames from a frame ``f`` drawn as above, samples from ``f
@@ -164,14 +185,13 @@ class AudioMelDataset(Dataset):
             ``hop_length``; ``mel_dir`` with ``with_mel=False``.
     """
 
-    def __init__(self, utterances: Sequence[Utterance], audio_cfg: AudioConfig, segment_length: int,
-                 random_crop: bool = True, seed: int = 0, with_mel: bool = True, mel_dir: Optional[PathLike] = None,
-                 peak: float = 0.0):
+    def __init__(self, utterances: Sequence[Utterance], audio_cfg: AudioConfig, crop: Crop, with_mel: bool = True,
+                 mel_dir: Optional[PathLike] = None, peak: float = 0.0):
         if len(utterances) == 0:
             raise DataError("AudioMelDataset: no utterances given")
-        self.utterances, self.audio_cfg, self.segment_length = list(utterances), audio_cfg, segment_length
-        self.random_crop, self.seed, self.with_mel, self._epoch = random_crop, seed, with_mel, SharedEpoch()
-        self.peak = peak
+        self.utterances, self.audio_cfg, self.crop = list(utterances), audio_cfg, crop
+        self.with_mel, self.peak, self._epoch = with_mel, peak, SharedEpoch()
+        self.segment_length = segment_length = crop.segment_length  # samples
         self.mel = MelSpectrogram.from_config(audio_cfg)
         if self.mel.num_frames(segment_length) < 1 or segment_length < self.mel.min_samples:
             raise ValueError(f"AudioMelDataset: segment_length={segment_length} samples is too short for "
@@ -201,13 +221,6 @@ class AudioMelDataset(Dataset):
         """Draw epoch ``epoch``'s crops (set before its batches are requested; workers see it: :class:`SharedEpoch`)."""
         self._epoch.value = epoch
 
-    def _start(self, index: int, choices: int) -> int:
-        """The crop's start in ``[0, choices)`` (samples, or frames with ``mel_dir``); 0 without ``random_crop``."""
-        if not self.random_crop:
-            return 0
-        rng = torch.Generator().manual_seed(hash((self.seed, self.epoch, index)) & 0x7FFF_FFFF_FFFF)
-        return int(torch.randint(0, choices, (1,), generator=rng).item())
-
     def _read_item(self, index: int, utt: Utterance, audio: torch.Tensor) -> dict:
         """The item of a mel read from ``mel_dir``, cropped with its audio on frame boundaries."""
         hop, path = self.audio_cfg.hop_length, self.mel_dir / f"{utt.id}.pt"
@@ -224,7 +237,7 @@ class AudioMelDataset(Dataset):
         audio = audio[:mel.shape[1] * hop]
         audio = torch.nn.functional.pad(audio, (0, max(mel.shape[1], frames) * hop - audio.shape[0]))
         mel = torch.nn.functional.pad(mel, (0, max(frames - mel.shape[1], 0)), value=SILENCE_LOG_MEL)
-        start = self._start(index, mel.shape[1] - frames + 1)
+        start = self.crop.start(index, self.epoch, mel.shape[1] - frames + 1)
         mel = mel[:, start:start + frames]
         audio = audio[start * hop:start * hop + self.segment_length]
         return {"mel": mel.contiguous(), "audio": audio.contiguous(), "id": utt.id}
@@ -237,7 +250,7 @@ class AudioMelDataset(Dataset):
         if self.peak:
             audio = audio * (self.peak / audio.abs().max().clamp_min(1e-8))
         if audio.shape[0] >= self.segment_length:
-            start = self._start(index, audio.shape[0] - self.segment_length + 1)
+            start = self.crop.start(index, self.epoch, audio.shape[0] - self.segment_length + 1)
             audio = audio[start:start + self.segment_length]
         else:
             audio = torch.nn.functional.pad(audio, (0, self.segment_length - audio.shape[0]))

@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.utils.data import DataLoader
 
+from distributed import DistInfo
 from model import ModelSpec
 from utils.config import Config, ConfigError
 from utils.data.samplers import LengthBucketSampler, ResumableDistributedSampler
@@ -27,11 +28,16 @@ def on_device_hook(spec: ModelSpec, cfg: Config) -> Optional[Callable[[dict], di
     return (lambda batch: spec.training.on_device(batch, cfg)) if spec.training.on_device is not None else None
 
 
-def make_loader(dataset, spec: ModelSpec, cfg: Config, batch_size: int, rank: int, world_size: int, train: bool,
-                device: torch.device) -> DataLoader:
-    """A DataLoader over this rank's shard (length buckets or a resumable random order), with workers (persistent with
-    ``data.persistent_workers``: the epoch reaches them through ``SharedEpoch``) and pinned memory on CUDA. Raises
-    ConfigError for ``data.batching=buckets`` with a training dataset that has no ``lengths()`` method."""
+def make_loader(dataset, spec: ModelSpec, cfg: Config, dist: DistInfo, train: bool) -> DataLoader:
+    """A DataLoader over the shard of rank ``dist.rank`` of ``dist.world_size`` (length buckets or a resumable random
+    order) in batches of the model section's ``batch_size`` per rank, with workers (persistent with
+    ``data.persistent_workers``: the epoch reaches them through ``SharedEpoch``) and pinned memory when ``dist.device``
+    is CUDA. ``train``: shuffled, the last incomplete batch dropped, ``data.batching`` applied; else in corpus order.
+
+    Raises:
+        ConfigError: ``data.batching=buckets`` with a training dataset that has no ``lengths()`` method.
+    """
+    batch_size, rank, world_size = cfg.section(spec.name).batch_size, dist.rank, dist.world_size
     if train and cfg.data.batching == "buckets":
         if not callable(getattr(dataset, "lengths", None)):
             raise ConfigError(f"data.batching=buckets: the training dataset ({type(dataset).__name__}) has no "
@@ -45,7 +51,7 @@ def make_loader(dataset, spec: ModelSpec, cfg: Config, batch_size: int, rank: in
     # Its own generator: starting workers must not draw from the global RNG that dropout uses (a run resumed
     # mid-epoch would see other dropout masks than the one that never stopped).
     return DataLoader(dataset, **batching, num_workers=workers, collate_fn=spec.training.collate_fn,
-                      pin_memory=device.type == "cuda", prefetch_factor=cfg.data.prefetch_factor if workers else None,
+                      pin_memory=dist.device.type == "cuda", prefetch_factor=cfg.data.prefetch_factor if workers else None,
                       generator=torch.Generator().manual_seed(cfg.train.seed + rank),
                       worker_init_fn=ignore_stop_signals if workers else None,
                       persistent_workers=bool(workers) and cfg.data.persistent_workers)

@@ -1,52 +1,96 @@
 """What one step checks beyond the loop's lines: the ranks' agreement on its numbers (one small all-reduce per phase),
 non-finite losses and gradients, loss and gradient-norm spikes (``train.on_nonfinite``, ``train.on_spike``: log, skip
 the update, or stop) and runs of skipped updates (``train.max_skips_in_a_row``); weights that are no longer finite are
-never saved (``utils/checkpoint/saver.py``). Every verdict is made from all-reduced values, so every rank reaches the same one.
+never saved (``utils/checkpoint/checkpointer.py``). Every verdict is made from all-reduced values, so every rank reaches the same one.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
-from distributed import all_gather_object, reduce_tensor
+from distributed import DistInfo, all_gather_object, reduce_tensor
 from utils.checkpoint.names import list_numbered, step_of
 from utils.errors import TrainingError
-from utils.run_log import RunLog
+from utils.run_log import RunLog, StepRecord
 from utils.train_state import TrainState
 from utils.training.step import Phase, PhaseResult
 
 
-class Agreed(NamedTuple):
-    """A phase's numbers as every rank sees them after :func:`agree`, and the seconds this rank waited for them."""
+class StepCounts(NamedTuple):
+    """What the all-reduce of a step's last phase also sums over the ranks."""
 
-    loss: float
-    grad_norm: float
-    n_bad: int
-    metrics: dict
-    counts: list
+    stop_requests: int  # ranks asked to stop by a signal (SIGTERM, SIGUSR1, SIGINT)
+    items: int  # what the step trained on (the model's ``count_items``: utterances, frames)
+
+
+class PhaseNumbers(NamedTuple):
+    """A phase's numbers as every rank sees them after :func:`all_reduce_numbers`, and the seconds this rank waited for
+    them."""
+
+    loss: float  # the mean over the ranks
+    grad_norm: float  # the mean over the ranks (the same on every rank after DDP's all-reduce)
+    nonfinite_ranks: int  # ranks that saw a non-finite loss or gradient norm (fp16 overflows left to the GradScaler)
+    metrics: dict  # each named metric's mean over the ranks
+    counts: Optional[StepCounts]  # summed over the ranks, when the call carried them (the step's last phase)
     wait_s: float
 
 
-def agree(result: PhaseResult, scaler, world_size: int, device: torch.device, counts: tuple = ()) -> Agreed:
-    """One small all-reduce per phase: the mean loss, the mean gradient norm (the same on every rank after DDP's
-    all-reduce), how many ranks saw a non-finite loss or gradient norm (fp16 gradient overflows are left to the
-    GradScaler), the mean of each named metric, and the sums of ``counts`` (stop requests, items)."""
+def all_reduce_numbers(result: PhaseResult, scaler: torch.amp.GradScaler, dist: DistInfo,
+                       counts: Optional[StepCounts] = None) -> PhaseNumbers:
+    """One small all-reduce per phase: the mean loss, the mean gradient norm, how many ranks saw a non-finite loss or
+    gradient norm, the mean of each named metric, and the sums of ``counts`` where given, so that every rank reaches the
+    same verdicts and stops at the same step."""
     t_start = time.perf_counter()
     bad = ~torch.isfinite(result.loss) | (~torch.isfinite(result.grad_norm) & (not scaler.is_enabled()))
     values = torch.stack([result.loss.float(), result.grad_norm.float(), bad.float(),
-                          *(torch.as_tensor(v, device=device).float() for v in result.metrics.values()),
-                          *(torch.tensor(float(c), device=device) for c in counts)])
+                          *(torch.as_tensor(v, device=dist.device).float() for v in result.metrics.values()),
+                          *(torch.tensor(float(c), device=dist.device) for c in counts or ())])
     sums = reduce_tensor(values, op="sum").tolist()
     n = len(result.metrics)
-    metrics = {name: value / world_size for name, value in zip(result.metrics, sums[3:3 + n])}
-    return Agreed(sums[0] / world_size, sums[1] / world_size, int(sums[2]), metrics, [int(c) for c in sums[3 + n:]],
-                  time.perf_counter() - t_start)
+    metrics = {name: value / dist.world_size for name, value in zip(result.metrics, sums[3:3 + n])}
+    summed = StepCounts(*(int(c) for c in sums[3 + n:])) if counts is not None else None
+    return PhaseNumbers(sums[0] / dist.world_size, sums[1] / dist.world_size, int(sums[2]), metrics, summed,
+                        time.perf_counter() - t_start)
+
+
+class Verdict(NamedTuple):
+    """What becomes of a phase's update (:meth:`Anomalies.check`)."""
+
+    overflow: bool  # fp16 gradients overflowed: the GradScaler skips the update (and lowers its scale)
+    skipped: bool  # the update is not applied: an overflow, or an anomaly under the policy ``skip``
+
+
+@dataclasses.dataclass
+class StepOutcome(StepRecord):
+    """One optimizer step, filled phase by phase (:meth:`add`): what its metrics row counts (:class:`StepRecord`; its
+    ``loss`` is the last phase's, a GAN's generator's) and what the loop reads once the phases are done."""
+
+    named_losses: bool = False  # keep each phase's numbers as loss_<phase>, grad_norm_<phase> (several optimizers)
+    stop_requested: bool = False  # a rank was asked to stop: the run saves and ends after this step
+    grad_norm: float = math.nan  # the last phase's
+    applied: dict = dataclasses.field(default_factory=dict)  # phase name -> its update was applied (not skipped)
+    any_nonfinite: bool = False  # a phase's loss or gradient norm was not finite on some rank
+
+    def add(self, phase: Phase, result: PhaseResult, numbers: PhaseNumbers, verdict: Verdict) -> None:
+        """One phase: what it measured (``result``), its numbers over the ranks, what became of its update."""
+        self.compute_time += result.compute_time
+        self.wait_time += numbers.wait_s
+        self.any_nonfinite |= bool(numbers.nonfinite_ranks)
+        self.loss, self.grad_norm = None if self.any_nonfinite else numbers.loss, numbers.grad_norm
+        self.overflows += verdict.overflow
+        if self.named_losses:
+            self.losses.update({f"loss_{phase.name}": numbers.loss, f"grad_norm_{phase.name}": numbers.grad_norm,
+                                **numbers.metrics})
+        self.applied[phase.name] = not verdict.skipped
+        if numbers.counts is not None:
+            self.stop_requested, self.items = bool(numbers.counts.stop_requests), numbers.counts.items
 
 
 def spike(loss: float, grad_norm: float, monitors: tuple[SpikeMonitor, SpikeMonitor], of: str = "") -> str | None:
@@ -68,27 +112,6 @@ def last_good_checkpoint(output_dir: Path, step: int, skips_before: int) -> str:
     before = step - skips_before - (skips_before > 0)
     kept = [path for path in list_numbered(output_dir) if step_of(path) < before]
     return str(kept[-1]) if kept else f"none kept from before step {before}"
-
-
-def count_skips(state: TrainState, phase: str, skipped: bool, searching: bool, limit: int, step: int, of: str,
-                output_dir: Path) -> None:
-    """Count a phase's skipped update (non-finite, a skipped spike, an fp16 overflow) in ``state.skipped_updates`` and its
-    run of skips in ``state.skips_in_a_row``; an overflow while the GradScaler still searches its scale (``searching``)
-    neither extends nor breaks the run.
-
-    Raises:
-        TrainingError: ``limit`` (``train.max_skips_in_a_row``; 0: none) updates in a row were skipped: skipping does not
-            recover the run, which stops naming the last good checkpoint (:func:`last_good_checkpoint`).
-    """
-    if skipped:
-        state.skipped_updates[phase] = state.skipped_updates.get(phase, 0) + 1
-    if not searching:
-        state.skips_in_a_row[phase] = state.skips_in_a_row.get(phase, 0) + 1 if skipped else 0
-    if limit and (skips := state.skips_in_a_row.get(phase, 0)) >= limit:
-        raise TrainingError(f"step {step}: the update{of} was skipped {skips} steps in a row (non-finite loss or "
-                            f"gradients, spikes or fp16 overflows; train.max_skips_in_a_row is {limit}): skipping does "
-                            "not recover this run (a learning rate too high? broken weights?); last good checkpoint: "
-                            f"{last_good_checkpoint(output_dir, step, skips - 1)}")
 
 
 class SpikeMonitor:
@@ -128,33 +151,39 @@ class SpikeMonitor:
 class Anomalies:
     """The step's verdicts on one phase: a non-finite loss or gradient norm (``train.on_nonfinite``) or a spike
     (``train.on_spike``) is logged to ``anomalies.jsonl`` with every rank's utterance ids, skipped (gradients dropped,
-    buffers taken back, counted) or stops the run naming the last good checkpoint."""
+    buffers taken back, counted) or stops the run naming the last good checkpoint of the log's folder; runs of skipped
+    updates are counted (``train.max_skips_in_a_row``). ``phases``: how many the model has (with several, messages
+    name the phase)."""
 
-    def __init__(self, train_cfg, scaler, state: TrainState, log: RunLog, output_dir, phases: int):
-        self.cfg, self.scaler, self.state, self.log, self.output_dir = train_cfg, scaler, state, log, output_dir
-        self.several = phases > 1
+    def __init__(self, train_cfg, scaler, state: TrainState, log: RunLog, phases: int):
+        self.cfg, self.scaler, self.state, self.log = train_cfg, scaler, state, log
+        self.name_phases = phases > 1
 
-    def judge(self, step: int, phase: Phase, agreed: Agreed, ids: list) -> tuple[bool, bool]:
-        """``(overflow, skipped)`` of ``phase``'s update: an fp16 overflow (the GradScaler skips it), and whether it is
-        skipped at all.
+    def _of(self, phase: Phase) -> str:
+        return f" of {phase.name}" if self.name_phases else ""
+
+    def check(self, step: int, phase: Phase, numbers: PhaseNumbers, ids: list) -> Verdict:
+        """The verdict on ``phase``'s update: an fp16 overflow (the GradScaler skips it), and whether it is skipped at
+        all. A skip drops the phase's gradients (``optimizer.zero_grad``: its optimizer step is then a no-op) and takes
+        its buffers back.
 
         Raises:
             TrainingError: an anomaly with the policy ``stop``.
         """
-        loss, grad_norm, n_bad = agreed.loss, agreed.grad_norm, agreed.n_bad
+        loss, grad_norm = numbers.loss, numbers.grad_norm
         overflow = self.scaler.is_enabled() and not math.isfinite(grad_norm)  # the GradScaler skips this update
-        skipped = overflow
-        of = f" of {phase.name}" if self.several else ""
-        kind, message = ("nonfinite", f"non-finite loss or gradient norm{of} (loss {loss}, grad norm "
-                                      f"{grad_norm})") if n_bad else ("spike", spike(loss, grad_norm, phase.monitors, of))
+        of = self._of(phase)
+        kind, message = (("nonfinite", f"non-finite loss or gradient norm{of} (loss {loss}, grad norm {grad_norm})")
+                         if numbers.nonfinite_ranks else ("spike", spike(loss, grad_norm, phase.monitors, of)))
         if message is None:
-            return overflow, skipped
+            return Verdict(overflow, skipped=overflow)
         action = self.cfg.on_nonfinite if kind == "nonfinite" else self.cfg.on_spike
         all_ids = sum(all_gather_object(ids), [])
-        good = last_good_checkpoint(self.output_dir, step, self.state.skips_in_a_row.get(phase.name, 0))
+        good = last_good_checkpoint(self.log.output_dir, step, self.state.skips_in_a_row.get(phase.name, 0))
         if action == "stop":
             raise TrainingError(f"step {step}: {message}; batch utterances: {', '.join(map(str, all_ids))}; last good "
                                 f"checkpoint: {good}")
+        skipped = overflow
         if action == "skip":
             phase.optimizer.zero_grad(set_to_none=True)  # nothing to apply: its step is a no-op
             phase.guard.restore()
@@ -162,15 +191,27 @@ class Anomalies:
             skipped = True
             message += f": step skipped ({self.state.skipped_steps} so far)"
         self.log.anomaly(step, kind, f"{message}; last good checkpoint: {good}", all_ids)
-        return overflow, skipped
+        return Verdict(overflow, skipped)
 
-    def count(self, step: int, phase: Phase, overflow: bool, skipped: bool) -> None:
-        """After the optimizer's step: count a skipped update (:func:`count_skips`). An fp16 overflow counts towards
-        ``train.max_skips_in_a_row`` once the GradScaler's scale is below 1 (the gradients are then not finite unscaled).
+    def count_skips(self, step: int, phase: Phase, verdict: Verdict) -> None:
+        """After the optimizer's step: count a skipped update (non-finite, a skipped spike, an fp16 overflow) in
+        ``state.skipped_updates`` and its run of skips in ``state.skips_in_a_row``. An fp16 overflow while the
+        GradScaler still searches its scale (at 1 or above) neither extends nor breaks the run; below 1 the gradients
+        are not finite unscaled either, and it counts.
 
         Raises:
-            TrainingError: see :func:`count_skips`.
+            TrainingError: ``train.max_skips_in_a_row`` (0: none) updates in a row were skipped: skipping does not
+                recover the run, which stops naming the last good checkpoint (:func:`last_good_checkpoint`).
         """
-        searching = overflow and skipped and self.scaler.get_scale() >= 1.0
-        of = f" of {phase.name}" if self.several else ""
-        count_skips(self.state, phase.name, skipped, searching, self.cfg.max_skips_in_a_row, step, of, self.output_dir)
+        state, limit = self.state, self.cfg.max_skips_in_a_row
+        if verdict.skipped:
+            state.skipped_updates[phase.name] = state.skipped_updates.get(phase.name, 0) + 1
+        searching = verdict.overflow and verdict.skipped and self.scaler.get_scale() >= 1.0
+        if not searching:
+            state.skips_in_a_row[phase.name] = state.skips_in_a_row.get(phase.name, 0) + 1 if verdict.skipped else 0
+        if limit and (skips := state.skips_in_a_row.get(phase.name, 0)) >= limit:
+            good = last_good_checkpoint(self.log.output_dir, step, skips - 1)
+            raise TrainingError(f"step {step}: the update{self._of(phase)} was skipped {skips} steps in a row "
+                                "(non-finite loss or gradients, spikes or fp16 overflows; train.max_skips_in_a_row is "
+                                f"{limit}): skipping does not recover this run (a learning rate too high? broken "
+                                f"weights?); last good checkpoint: {good}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -18,8 +19,15 @@ from utils.config import Config
 from utils.errors import TrainingError
 
 
-def setup_precision(precision: str, device: torch.device):
-    """Return ``(autocast context factory, GradScaler)`` for ``fp32 | tf32 | bf16 | fp16``.
+class Precision(NamedTuple):
+    """``train.precision`` as the loop uses it (:func:`setup_precision`)."""
+
+    autocast: Callable  # () -> the context manager a forward pass runs under (bf16/fp16 autocast, or a null context)
+    scaler: torch.amp.GradScaler  # scales fp16 losses and unscales their gradients; a pass-through elsewhere
+
+
+def setup_precision(precision: str, device: torch.device) -> Precision:
+    """The :class:`Precision` (autocast context factory, GradScaler) of ``fp32 | tf32 | bf16 | fp16``.
 
     TF32 matmuls/convolutions are enabled for every mode but fp32. The scaler is enabled for fp16 only (elsewhere it
     passes gradients through unchanged). Source: PyTorch's AMP recipe (``torch.amp``).
@@ -34,7 +42,7 @@ def setup_precision(precision: str, device: torch.device):
         def autocast():
             return torch.autocast(device_type=device.type, dtype=dtype)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    return autocast, scaler
+    return Precision(autocast, scaler)
 
 
 def lr_lambda(cfg: Config):

@@ -10,7 +10,7 @@ import os
 import random
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -19,59 +19,67 @@ from torch.utils.data import DataLoader
 from distributed import DistInfo, apply_gradient_allreduce, broadcast_object
 from model import ModelSpec
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
-from utils.checkpoint.published import Weights, load_into, read_weights
-from utils.checkpoint.resume import agreed_resume_path, resume_training, world_size_change
+from utils.checkpoint.checkpointer import Checkpointer
+from utils.checkpoint.resume import agreed_resume_path, world_size_change
 from utils.checkpoint.saver import Saver
-from utils.checkpoint.sharded import is_sharded
+from utils.checkpoint.weights import Weights, load_into, read_weights
 from utils.config import Config, ConfigError
 from utils.data.check import prepare_run
 from utils.data.corpus import DataError
 from utils.data.loader import batch_stream, make_loader, on_device_hook
 from utils.data.samplers import LengthBucketSampler, padding_fraction, random_batches
 from utils.errors import TrainingError
-from utils.launch import tensorboard_dir
+from utils.parts import optional_part
 from utils.run_log import BalanceMonitor, RunLog
 from utils.train_state import TrainState
-from utils.training.activation_checkpoint import apply_activation_checkpointing
 from utils.training.ema import EMA
 from utils.training.guards import Anomalies, SpikeMonitor
-from utils.training.optim import build_optimizers, build_scheduler, checkpoint_parts, setup_precision
-from utils.training.settings import PROJECT_RECIPE, model_config_errors
+from utils.training.optim import Precision, build_optimizers, build_scheduler, checkpoint_parts, setup_precision
+from utils.training.checks import model_config_errors
+from utils.training.recipe import PROJECT_RECIPE
+from utils.training.settings import SHARDING
 from utils.training.step import BufferGuard, Phase, clock_name, one_loss_step
+from utils.training.validate import Validator
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
+class TrainData:
+    """This rank's training data as the loop reads it."""
+
+    loader: DataLoader  # this rank's shard of the training set
+    batches: Iterator[dict]  # the loader's batches without end, keeping the run's position (:func:`batch_stream`)
+    prepare: Optional[Callable[[dict], dict]]  # the model's on_device hook (:func:`on_device_hook`), or None
+    accumulation: int  # micro-batches per optimizer step (train.grad_accumulation; on a resume, the global batch's)
+
+
+@dataclasses.dataclass(kw_only=True)
 class Run:
-    """What the loop in ``train.py`` reads and steps."""
+    """What the loop in ``train.py`` reads and steps: the run's settings and position (``state``), its phases (one per
+    optimizer) and the step function they run, and the components that hold their own settings and collaborators."""
 
     spec: ModelSpec
     cfg: Config
     dist: DistInfo
     output_dir: Path
-    model: torch.nn.Module
-    criterion: Callable
-    phases: list[Phase]
-    autocast: Callable
-    scaler: torch.amp.GradScaler
-    ema: Optional[EMA]
     state: TrainState
-    accumulation: int
-    train_loader: DataLoader
-    val_loader: DataLoader
+    phases: list[Phase]
+    step_fn: Callable  # (phase name, {phase: network}, batch) -> (loss, {name: value}): Phases.train_step, or one loss
+    precision: Precision
+    data: TrainData
+    ema: Optional[EMA]
     log: RunLog
+    validator: Validator
     saver: Saver
     anomalies: Anomalies
     balance: BalanceMonitor
-    batches: Any
-    prepare: Optional[Callable]
-    step_fn: Callable
 
 
 def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Config, dist: DistInfo) -> Optional[Run]:
     """The run of ``models[args.model]`` once rank 0 holds the output folder: the corpus checked by rank 0, the checkpoint
     to resume, the model (seeded, ``--init-from``, activation checkpointing, FSDP), precision, criterion, EMA, optimizers,
-    loaders, the resumed position, the DDP-wrapped phases, the log and the saver. ``models`` is the registry (an
-    ``--init-from`` file may hold any model). ``None`` when the checkpoint is at ``train.max_steps`` already (said).
+    loaders, the resumed position, the DDP-wrapped phases, the log, the saver and the validator. ``models`` is the
+    registry (an ``--init-from`` file may hold any model). ``None`` when the checkpoint is at ``train.max_steps`` already
+    (said).
 
     Raises:
         DataError, ConfigError, CheckpointError, TrainingError: one line each.
@@ -83,17 +91,19 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     cfg.data.exclude = sorted({*cfg.data.exclude, *found})  # load_splits leaves these out
     checkpoint_path = agreed_resume_path(args.resume, output_dir, dist.rank)
     model = build_model(models, args, cfg, dist, resuming=checkpoint_path is not None)
-    autocast, scaler = setup_precision(cfg.train.precision, dist.device)
+    precision = setup_precision(cfg.train.precision, dist.device)
     criterion = spec.training.build_criterion(cfg)
     prepare_model(spec, model, cfg)
     ema = build_ema(spec, model, cfg)
     optimizers = build_optimizers(spec, model, cfg.section(spec.name), dist.device)
     schedulers = {name: build_scheduler(spec, name, optimizer, cfg) for name, optimizer in optimizers.items()}
-    parts = checkpoint_parts(spec, optimizers, schedulers, scaler)
-    train_set, val_set, train_loader, val_loader = build_loaders(spec, cfg, dist)
+    train_loader, val_loader = build_loaders(spec, cfg, dist)
+    train_utterances = len(train_loader.dataset)
     state, accumulation = TrainState(), cfg.train.grad_accumulation
+    checkpointer = Checkpointer({"model": model, **checkpoint_parts(spec, optimizers, schedulers, precision.scaler),
+                                 "ema": ema, "position": state}, output_dir, dist, cfg.train)
     if checkpoint_path is not None:
-        state, accumulation = resume(spec, checkpoint_path, model, parts, cfg, dist, ema, len(train_set))
+        accumulation = resume(spec, checkpoint_path, checkpointer, cfg, dist, train_utterances)  # state: put back
     if state.step >= cfg.train.max_steps:
         if dist.is_main:
             print(f"nothing to train: {output_dir} is at step {state.step} and train.max_steps is "
@@ -102,19 +112,27 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     if cfg.train.compile:  # the model's fast path (torch.compile'd hot loops); same mathematics as eager
         model = spec.training.optimize_for_training(model, cfg)
     phases = build_phases(spec, model, optimizers, schedulers, cfg)
+    platforms = optional_part("utils.platforms")  # Vertex AI's TensorBoard folder, where the project has it
     log = RunLog(output_dir, enabled=dist.is_main, total_steps=cfg.train.max_steps, initial_step=state.step,
                  data_advice=f"{spec.training.data_advice} (data.num_workers is {cfg.data.num_workers})",
-                 tensorboard=tensorboard_dir(os.environ, str(output_dir)))
+                 tensorboard=platforms.tensorboard_dir(os.environ, str(output_dir)) if platforms else None)
+    data = TrainData(loader=train_loader, batches=batch_stream(train_loader, state), prepare=on_device_hook(spec, cfg),
+                     accumulation=accumulation)
     if dist.is_main:
-        announce(spec, cfg, dist, log, output_dir, train_loader, (len(train_set), len(val_set)), accumulation, ema)
-    info = dict(data_seed=cfg.train.seed, model_name=spec.name, config=cfg.to_dict(), train_utterances=len(train_set),
+        announce(spec, cfg, dist, log, data, len(val_loader.dataset))
+    info = dict(data_seed=cfg.train.seed, model_name=spec.name, config=cfg.to_dict(), train_utterances=train_utterances,
                 grad_accumulation=accumulation)
-    saver = Saver(cfg, output_dir, dist, model, parts, state, ema, log, info)
-    return Run(spec, cfg, dist, output_dir, model, criterion, phases, autocast, scaler, ema, state, accumulation,
-               train_loader, val_loader, log, saver, Anomalies(cfg.train, scaler, state, log, output_dir, len(phases)),
-               BalanceMonitor(cfg.train.memory_imbalance, cfg.train.straggler_share, clock=clock_name(dist.device)),
-               batch_stream(train_loader, state), on_device_hook(spec, cfg),
-               spec.training.phases.train_step if spec.training.phases is not None else one_loss_step(criterion))
+    saver = Saver(checkpointer, log, info)
+    validator = Validator(model=phases[0].wrapped if len(phases) == 1 else model,  # a one-loss model's DDP-wrapped network
+                          criterion=criterion, loader=val_loader, spec=spec, cfg=cfg, dist=dist,
+                          autocast=precision.autocast, prepare=data.prepare, writer=log.writer, output_dir=output_dir,
+                          ema=ema)
+    return Run(spec=spec, cfg=cfg, dist=dist, output_dir=output_dir, state=state, phases=phases,
+               step_fn=spec.training.phases.train_step if spec.training.phases is not None else one_loss_step(criterion),
+               precision=precision, data=data, ema=ema, log=log, validator=validator, saver=saver,
+               anomalies=Anomalies(cfg.train, precision.scaler, state, log, len(phases)),
+               balance=BalanceMonitor(cfg.train.memory_imbalance, cfg.train.straggler_share,
+                                      clock=clock_name(dist.device)))
 
 
 def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Config, dist: DistInfo,
@@ -142,9 +160,9 @@ def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Con
 
 
 def init_weights(models: dict[str, ModelSpec], spec: ModelSpec, path: str, cfg: Config) -> Weights:
-    """``--init-from``: the weights of a checkpoint of this project, or of one another project published for any model
-    of ``models`` (:mod:`utils.checkpoint.published`; ``cfg`` may get the sizes of a published variant), which must be
-    of ``spec``'s model (every rank reads the file).
+    """``--init-from``: the weights of a checkpoint of this project, or (where the project has
+    :mod:`utils.checkpoint.published`) of one another project published for any model of ``models`` (``cfg`` may get
+    the sizes of a published variant), which must be of ``spec``'s model (every rank reads the file).
 
     Raises:
         CheckpointError: the file is unreadable, unsafe, or of another model.
@@ -170,27 +188,14 @@ def initialise(model: torch.nn.Module, spec: ModelSpec, weights: Weights, path: 
 
 
 def prepare_model(spec: ModelSpec, model, cfg: Config) -> None:
-    """Activation checkpointing of ``Training.blocks``, then FSDP sharding of each phase's network block by block, then
-    its root (torchtitan's order: recomputation inside, sharding outside), in place, before the optimizers exist (FSDP
-    replaces the parameters by their shards). What cannot work was refused by :func:`utils.training.settings.check_settings`.
+    """Where the project has sharded training (:mod:`utils.training.fsdp`), its activation checkpointing and FSDP
+    sharding of each phase's network, in place, before the optimizers exist; else nothing.
 
     Raises:
         ConfigError: activation checkpointing of a model whose ``Training.blocks`` returns no block.
     """
-    train = cfg.train
-    blocks = list(spec.training.blocks(model)) if spec.training.blocks is not None else []
-    if train.activation_checkpointing != "none":
-        if not blocks:
-            raise ConfigError(f"train.activation_checkpointing={train.activation_checkpointing}: model '{spec.name}' "
-                              "names no blocks to checkpoint (Training.blocks)")
-        apply_activation_checkpointing(blocks, train.activation_checkpointing, train.activation_checkpointing_every)
-    if train.parallelism != "fsdp":
-        return
-    param_dtype = torch.bfloat16 if train.precision == "bf16" else None
-    for net in phase_networks(spec, model).values():
-        inside = {id(module) for module in net.modules()}
-        apply_gradient_allreduce(net, "fsdp", blocks=[block for block in blocks if id(block) in inside],
-                                 param_dtype=param_dtype, reshard_after_forward=train.reshard_after_forward)
+    if SHARDING:
+        SHARDING.prepare_model(spec, model, cfg, lambda: phase_networks(spec, model))
 
 
 def build_ema(spec: ModelSpec, model, cfg: Config) -> Optional[EMA]:
@@ -208,8 +213,8 @@ def build_ema(spec: ModelSpec, model, cfg: Config) -> Optional[EMA]:
         raise ConfigError(f"train.ema_decay={cfg.train.ema_decay} with model '{spec.name}': {err}") from None
 
 
-def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo) -> tuple:
-    """``(train_set, val_set, train_loader, val_loader)`` of this rank's shard.
+def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo) -> tuple[DataLoader, DataLoader]:
+    """The training and the validation loader of this rank's shard (each loader's ``dataset``: the whole split).
 
     Raises:
         DataError: too few training utterances for one batch of every rank.
@@ -217,29 +222,29 @@ def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo) -> tuple:
     with model_config_errors(spec.name):
         train_set, val_set = spec.training.build_datasets(cfg)
     batch_size = cfg.section(spec.name).batch_size
-    train_loader = make_loader(train_set, spec, cfg, batch_size, dist.rank, dist.world_size, True, dist.device)
-    val_loader = make_loader(val_set, spec, cfg, batch_size, dist.rank, dist.world_size, False, dist.device)
+    train_loader = make_loader(train_set, spec, cfg, dist, train=True)
+    val_loader = make_loader(val_set, spec, cfg, dist, train=False)
     if len(train_loader) == 0:
         raise DataError(f"{len(train_set)} training utterances are too few for batch_size {batch_size} "
                         f"x {dist.world_size} processes; lower {spec.name}.batch_size or add data")
-    return train_set, val_set, train_loader, val_loader
+    return train_loader, val_loader
 
 
-def resume(spec: ModelSpec, path: Path, model, parts: dict, cfg: Config, dist: DistInfo, ema: Optional[EMA],
-           train_utterances: int) -> tuple[TrainState, int]:
-    """Put the checkpoint at ``path`` back (:func:`utils.checkpoint.resume.resume_training`); returns the position and the
-    gradient accumulation that keeps the global batch on another number of processes.
+def resume(spec: ModelSpec, path: Path, checkpointer: Checkpointer, cfg: Config, dist: DistInfo,
+           train_utterances: int) -> int:
+    """Put the checkpoint at ``path`` back into the run's parts (:meth:`Checkpointer.load`), its position into the run's
+    ``TrainState`` (the checkpointer's ``position``); returns the gradient accumulation that keeps the global batch on
+    another number of processes.
 
     Raises:
-        CheckpointError: a single-file checkpoint for an FSDP run, or what ``resume_training`` raises.
+        CheckpointError: a single-file checkpoint for an FSDP run, or what :meth:`Checkpointer.load` raises.
     """
     accumulation, batch_size = cfg.train.grad_accumulation, cfg.section(spec.name).batch_size
-    if cfg.train.parallelism == "fsdp" and not is_sharded(path):
+    if cfg.train.sharded and not Path(path).is_dir():
         raise CheckpointError(f"{path} is a single-file checkpoint (train.parallelism=ddp); continue "
                               "it with train.parallelism=ddp (a ddp run reads sharded checkpoints too)")
-    state, before = resume_training(path, model, parts, spec.name, dist.rank, dist.world_size,
-                                    map_location=dist.device, config=cfg.to_dict(),
-                                    train_utterances=train_utterances, ema=ema)
+    before = checkpointer.load(path, spec.name, config=cfg.to_dict(), train_utterances=train_utterances)
+    state = checkpointer.position
     note = None
     if before["config"].get("train", {}).get("grad_accumulation", accumulation) == accumulation:
         accumulation, note = world_size_change(before["world_size"], before["grad_accumulation"], dist.world_size,
@@ -250,7 +255,7 @@ def resume(spec: ModelSpec, path: Path, model, parts: dict, cfg: Config, dist: D
         if note:
             print(note, file=sys.stderr, flush=True)
         print(f"resumed from {path} at step {state.step} (epoch {state.epoch}, sample {state.samples_in_epoch} of it)")
-    return state, accumulation
+    return accumulation
 
 
 def phase_networks(spec: ModelSpec, model) -> dict:
@@ -281,7 +286,7 @@ def build_phases(spec: ModelSpec, model, optimizers: dict, schedulers: dict, cfg
 
 
 def recipe_line(spec: ModelSpec) -> str:
-    """The recipe model ``spec`` gets, in one line: the values ``utils.training.settings.apply_recipe`` gives the shared
+    """The recipe model ``spec`` gets, in one line: the values ``utils.training.recipe.apply_recipe`` gives the shared
     settings a config leaves null (``ModelSpec.recipe``, each one it does not name from ``PROJECT_RECIPE``), and whose
     they are, e.g. ``recipe (the project's defaults: gan_vocoder's ModelSpec has none) for the settings config.json
     leaves null: audio.mel_framing=jik876, train.grad_clip=0.0, train.cudnn_benchmark=true``."""
@@ -296,18 +301,17 @@ def recipe_line(spec: ModelSpec) -> str:
     return f"recipe ({whose}) for the settings config.json leaves null: {shown}"
 
 
-def announce(spec: ModelSpec, cfg: Config, dist: DistInfo, log: RunLog, output_dir: Path, train_loader: DataLoader,
-             sizes: tuple[int, int], accumulation: int, ema: Optional[EMA]) -> None:
-    """Rank 0: the run's ``config.json`` beside its checkpoints, and its first lines (what trains where, the global batch,
-    the recipe the model gets: :func:`recipe_line`, the padding length buckets save)."""
-    atomic_write_bytes(output_dir / "config.json", json.dumps(cfg.to_dict(), indent=2).encode())
-    device, batch_size = dist.device, cfg.section(spec.name).batch_size
+def announce(spec: ModelSpec, cfg: Config, dist: DistInfo, log: RunLog, data: TrainData, val_utterances: int) -> None:
+    """Rank 0: the run's ``config.json`` beside its checkpoints (in ``log.output_dir``), and its first lines (what trains
+    where, the global batch, the recipe the model gets: :func:`recipe_line`, the padding length buckets save)."""
+    atomic_write_bytes(log.output_dir / "config.json", json.dumps(cfg.to_dict(), indent=2).encode())
+    device, batch_size, train_loader = dist.device, cfg.section(spec.name).batch_size, data.loader
     threads = f" ({torch.get_num_threads()} threads)" if device.type == "cpu" else ""
     log.print(f"training {spec.name} on {dist.world_size} process(es), device {device}{threads}, precision "
-              f"{cfg.train.precision}; {sizes[0]} train / {sizes[1]} val utterances; "
-              f"global batch {batch_size * accumulation * dist.world_size}"
-              + (f", parallelism {cfg.train.parallelism}" if cfg.train.parallelism == "fsdp" else "")
-              + (f"; validation with an EMA of the weights (decay {cfg.train.ema_decay})" if ema is not None else ""))
+              f"{cfg.train.precision}; {len(train_loader.dataset)} train / {val_utterances} val utterances; "
+              f"global batch {batch_size * data.accumulation * dist.world_size}"
+              + (f", parallelism {cfg.train.parallelism}" if cfg.train.sharded else "")
+              + (f"; validation with an EMA of the weights (decay {cfg.train.ema_decay})" if cfg.train.ema_decay else ""))
     log.print(recipe_line(spec))
     if isinstance(train_loader.batch_sampler, LengthBucketSampler):
         lengths = train_loader.batch_sampler.lengths

@@ -14,7 +14,8 @@ from typing import Callable, Optional
 
 import torch
 
-from distributed import collective, full_value, no_sync, sharded_by_fsdp
+from distributed import collective, full_value, no_sync, split_over_ranks
+from utils.training.optim import Precision
 
 
 @dataclasses.dataclass
@@ -23,8 +24,8 @@ class Phase:
     per ``Phases.names`` in order for a model with several (a GAN: the discriminator's, then the generator's)."""
 
     name: str
-    plain: torch.nn.Module  # the network this optimizer trains
-    net: torch.nn.Module  # plain, DDP-wrapped: its gradients are all-reduced during this phase's backward only
+    network: torch.nn.Module  # the network this optimizer trains
+    wrapped: torch.nn.Module  # the network DDP-wrapped: its gradients are all-reduced during this phase's backward only
     optimizer: torch.optim.Optimizer
     scheduler: object
     interval: str  # "step" or "epoch": when the scheduler steps
@@ -81,38 +82,38 @@ def frozen(modules):
             param.requires_grad_(flag)
 
 
-def forward_backward(phase: Phase, phases: list, step_fn, micro: list, scaler, autocast,
-                     grad_clip: float) -> PhaseResult:
-    """One phase over the step's micro-batches: ``step_fn(phase, nets, batch) -> (loss, {name: scalar})`` forward and
-    backward on each, then unscaling and clipping (no optimizer step yet). DDP all-reduces (FSDP reduce-scatters) the
-    phase's gradients in the last micro-batch's backward only (:func:`distributed.no_sync` before); the other phases'
-    networks come unwrapped and frozen (:func:`frozen`); fp16 losses share the step's one GradScaler (PyTorch's AMP recipe
-    for several optimizers)."""
+def forward_backward(phase: Phase, phases: list, step_fn, micro: list, precision: Precision,
+                     grad_clip: Optional[float]) -> PhaseResult:
+    """One phase over the step's micro-batches: ``step_fn(phase, nets, batch) -> (loss, {name: scalar})`` forward (under
+    ``precision.autocast``) and backward on each, then unscaling and clipping to ``grad_clip`` (0 or None: no clipping);
+    no optimizer step yet. DDP all-reduces (FSDP reduce-scatters) the phase's gradients in the last micro-batch's
+    backward only (:func:`distributed.no_sync` before); the other phases' networks come unwrapped and frozen
+    (:func:`frozen`); fp16 losses share the step's one GradScaler (PyTorch's AMP recipe for several optimizers)."""
     device = micro[0][next(k for k, v in micro[0].items() if torch.is_tensor(v))].device
     clock = compute_clock(device)
     loss_sum, metric_sums, compute_time = torch.zeros((), device=device), {}, 0.0
-    nets = {other.name: other.net if other is phase else other.plain for other in phases}
+    nets = {other.name: other.wrapped if other is phase else other.network for other in phases}
     # What a failed collective is named by: the forward talks too (DDP: its bucket rebuild at the second step, buffer
     # broadcasts; FSDP: the all-gather of the weights).
     forward, backward = (("FSDP forward (weight all-gather)", "gradient reduce-scatter (FSDP backward)")
-                         if sharded_by_fsdp(phase.net) else
+                         if split_over_ranks(phase.wrapped) else
                          ("DDP forward (bucket rebuild, buffer broadcast)", "gradient all-reduce (DDP backward)"))
-    with frozen([other.plain for other in phases if other is not phase]):
+    with frozen([other.network for other in phases if other is not phase]):
         for i, batch in enumerate(micro):
-            with no_sync(phase.net) if i < len(micro) - 1 else nullcontext():
+            with no_sync(phase.wrapped) if i < len(micro) - 1 else nullcontext():
                 t_compute = clock()
-                with collective(forward), autocast():
+                with collective(forward), precision.autocast():
                     loss, metrics = step_fn(phase.name, nets, batch)
                     loss = loss / len(micro)
                 compute_time += clock() - t_compute  # on a GPU: launch time, unless something syncs
                 with collective(backward):
-                    scaler.scale(loss).backward()
+                    precision.scaler.scale(loss).backward()
             loss_sum += loss.detach().float()
             for name, value in metrics.items():
                 metric_sums[name] = metric_sums.get(name, 0.0) + value.detach().float() / len(micro)
-    scaler.unscale_(phase.optimizer)  # no-op unless fp16: clipping and the norm need the true gradients
+    precision.scaler.unscale_(phase.optimizer)  # no-op unless fp16: clipping and the norm need the true gradients
     with collective("gradient norm (FSDP: of the shards)"):  # FSDP: a DTensor, the norm of every rank's shard
-        grad_norm = full_value(torch.nn.utils.clip_grad_norm_(phase.plain.parameters(), grad_clip or math.inf))
+        grad_norm = full_value(torch.nn.utils.clip_grad_norm_(phase.network.parameters(), grad_clip or math.inf))
     return PhaseResult(loss_sum, grad_norm, metric_sums, compute_time)
 
 
@@ -127,40 +128,12 @@ def compute_clock(device: torch.device) -> Callable[[], float]:
     return time.process_time if device.type == "cpu" else time.perf_counter
 
 
-@dataclasses.dataclass
-class StepTally:
-    """What one step's phases leave for its log line: forward and all-reduce-wait seconds, the named losses of several
-    phases (``loss_<phase>``, ``grad_norm_<phase>``, metrics), non-finite values seen, fp16 overflows, and which updates were
-    applied (``stepped``: their schedules advance)."""
-
-    compute_time: float = 0.0
-    wait_time: float = 0.0
-    losses: dict = dataclasses.field(default_factory=dict)
-    any_bad: bool = False
-    overflows: int = 0
-    stepped: dict = dataclasses.field(default_factory=dict)
-
-    def add(self, phase: Phase, several: bool, result: PhaseResult, agreed, overflow: bool, skipped: bool) -> None:
-        """One phase: what it measured (``result``) and what the ranks agreed on (:class:`utils.training.guards.Agreed`).
-        """
-        loss, grad_norm, n_bad, metrics = agreed.loss, agreed.grad_norm, agreed.n_bad, agreed.metrics
-        self.compute_time += result.compute_time
-        self.wait_time += agreed.wait_s
-        self.any_bad |= bool(n_bad)
-        self.overflows += overflow
-        if several:
-            self.losses.update({f"loss_{phase.name}": loss, f"grad_norm_{phase.name}": grad_norm, **metrics})
-        self.stepped[phase.name] = not skipped
-
-
-def step_schedulers(phases: list[Phase], stepped: dict, epochs_seen: int, epochs_done: int) -> int:
+def step_schedulers(phases: list[Phase], applied: dict, epochs_seen: int, epochs_done: int) -> int:
     """After the step's optimizer steps: each phase's scheduler steps per applied update (``"step"``; a skipped update does
-    not advance its schedule) or per epoch ended in this step (``"epoch"``); gradients are dropped. Returns the epochs
-    now seen."""
+    not advance its schedule) or per epoch ended in this step (``"epoch"``). Returns the epochs now seen."""
     for phase in phases:
-        if phase.interval == "step" and stepped[phase.name]:
+        if phase.interval == "step" and applied[phase.name]:
             phase.scheduler.step()
         for _ in range(epochs_done - epochs_seen if phase.interval == "epoch" else 0):
             phase.scheduler.step()  # an epoch ended in this step
-        phase.optimizer.zero_grad(set_to_none=True)
     return epochs_done

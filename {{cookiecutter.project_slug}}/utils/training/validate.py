@@ -4,65 +4,78 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable, Optional
 
 import torch
+from torch.utils.data import DataLoader
 
-from distributed import collective, reduce_tensor, sharded_by_fsdp, unwrap_model
+from distributed import DistInfo, reduce_tensor, split_over_ranks, unwrap_model
 from model import ModelSpec
-from utils.checkpoint.sharded import load_dcp
 from utils.config import Config
 from utils.data.loader import to_device
 from utils.run import stop_signals_blocked
-from utils.training.setup import Run
+from utils.training.ema import EMA
+from utils.training.settings import SHARDING
 
 
-def validate_run(run: Run, step: int) -> float:
-    """:func:`validate` of the run's model (its one DDP-wrapped network, or the whole model of several phases), under its
-    EMA weights when it keeps them."""
-    model = run.phases[0].net if len(run.phases) == 1 else run.model
-    with run.ema.applied() if run.ema is not None else contextlib.nullcontext():  # the weights inference uses
-        return validate(model, run.criterion, run.val_loader, run.dist.device, run.autocast, run.spec, run.prepare,
-                        step, run.log.writer, run.output_dir, run.dist.is_main, cfg=run.cfg)
+@dataclasses.dataclass(kw_only=True)
+class Validator:
+    """The run's validation, built once (:func:`utils.training.setup.build_run`) with what it needs, so the loop calls
+    ``validator.validate(step)``. ``model``: the network validated (a one-loss model's DDP-wrapped network, or the
+    whole model of several phases); ``criterion``: ``(outputs, batch) -> loss``, the training loss; ``loader``: this
+    rank's shard of the validation set; ``prepare``: the model's ``on_device`` hook (:func:`on_device_hook`) or None;
+    ``writer``: rank 0's TensorBoard writer (None elsewhere); ``ema``: the weights' moving averages, validated in place
+    of the weights when the run keeps them (the weights inference uses)."""
 
+    model: torch.nn.Module
+    criterion: Callable
+    loader: DataLoader
+    spec: ModelSpec
+    cfg: Config
+    dist: DistInfo
+    autocast: Callable  # train.precision's autocast context factory
+    prepare: Optional[Callable[[dict], dict]]
+    writer: Any
+    output_dir: Path
+    ema: Optional[EMA] = None
 
-@torch.no_grad()
-def validate(model, criterion, loader, device, autocast, spec, prepare, step, writer, output_dir, is_main,
-             cfg=None) -> float:
-    """Mean validation loss over all ranks' shards (summed then all-reduced); rank 0 draws pictures. ``prepare``: the
-    model's ``on_device`` hook (:func:`on_device_hook`) or None."""
-    model.eval()
-    total = torch.zeros(2, device=device, dtype=torch.float64)  # (sum of losses, number of batches)
-    with stop_signals_blocked():
-        batches = iter(loader)  # starts the workers
-    for i, batch in enumerate(batches):
-        batch = to_device(batch, device, prepare)
-        with autocast():
-            outputs = model(batch)
-            loss = criterion(outputs, batch)
-        total += torch.stack([loss.detach().double(), torch.ones((), device=device, dtype=torch.float64)])
-        if i == 0 and spec.training.log_validation is not None:
-            plain = whole_model(model, spec, cfg, device, is_main)
-            if is_main:
-                spec.training.log_validation(plain, batch, outputs, step, writer, output_dir, cfg=cfg)
-    total = reduce_tensor(total, op="sum")
-    model.train()
-    return (total[0] / total[1].clamp(min=1)).item()
+    def validate(self, step: int) -> float:
+        """The mean validation loss at ``step`` over all ranks' shards (each rank's batch losses summed, then
+        all-reduced, then divided by the number of batches); on the first batch, rank 0 draws the model's pictures and
+        audio (``Training.log_validation``). Every rank calls it (it all-reduces). The model is back in train mode
+        after it, with its own weights."""
+        with self.ema.applied() if self.ema is not None else contextlib.nullcontext():  # the weights inference uses
+            return self._mean_loss(step)
+
+    @torch.no_grad()
+    def _mean_loss(self, step: int) -> float:
+        model, device, spec, is_main = self.model, self.dist.device, self.spec, self.dist.is_main
+        model.eval()
+        total = torch.zeros(2, device=device, dtype=torch.float64)  # (sum of losses, number of batches)
+        with stop_signals_blocked():
+            batches = iter(self.loader)  # starts the workers
+        for i, batch in enumerate(batches):
+            batch = to_device(batch, device, self.prepare)
+            with self.autocast():
+                outputs = model(batch)
+                loss = self.criterion(outputs, batch)
+            total += torch.stack([loss.detach().double(), torch.ones((), device=device, dtype=torch.float64)])
+            if i == 0 and spec.training.log_validation is not None:
+                plain = whole_model(model, spec, self.cfg, device, is_main)
+                if is_main:
+                    spec.training.log_validation(plain, batch, outputs, step, self.writer, self.output_dir, cfg=self.cfg)
+        total = reduce_tensor(total, op="sum")
+        model.train()
+        return (total[0] / total[1].clamp(min=1)).item()
 
 
 def whole_model(model, spec: ModelSpec, cfg: Config, device: torch.device, is_main: bool):
     """The model with all its weights on rank 0, for what rank 0 runs alone (validation pictures and audio): the plain
-    module under DDP; under FSDP a copy built from the gathered weights (every rank calls this: the gathering is a
-    collective; the other ranks get ``None``). Source:
-    ``torch.distributed.checkpoint.state_dict.get_model_state_dict(full_state_dict=True, cpu_offload=True)``."""
+    module under DDP; under FSDP a copy built from the gathered weights (:func:`utils.training.fsdp.gathered_model`:
+    every rank calls this; the other ranks get ``None``)."""
     plain = unwrap_model(model)
-    if not sharded_by_fsdp(plain):
+    if not split_over_ranks(plain):  # always, in a project without sharded training
         return plain
-    with collective("gathering of the sharded weights"):
-        state_dict = load_dcp().state_dict
-        options = state_dict.StateDictOptions(full_state_dict=True, cpu_offload=True)
-        weights = state_dict.get_model_state_dict(plain, options=options)
-    if not is_main:
-        return None
-    copy = spec.build_model(cfg)
-    copy.load_state_dict(weights)
-    return copy.to(device).eval()
+    return SHARDING.gathered_model(plain, spec, cfg, device, is_main)

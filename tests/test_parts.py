@@ -1,0 +1,163 @@
+"""The parts a user may leave out at generation (sharding, cloud platforms, after-training tools, benchmarks).
+
+* Every combination of answers, with every example model, generates a project that passes ruff and keeps its import
+  contracts (both static: nothing of the project is imported, torch neither).
+* A part answered no is gone whole: every path the post-generation hook lists for it (each one present when it is
+  answered yes), its config keys, and every word of it in the README, the manual, ``config.json`` and each tool's
+  ``--help``; a key of it given on the command line is refused as unknown.
+* The smallest projects (WaveGlow alone and Tacotron2 with HiFi-GAN, every part left out) pass their own fast tier,
+  which runs every tool's ``--help`` (``tests/test_docs.py``); less the test files of code no part and no model changes
+  (``test_own_model.SAME_IN_EVERY_VARIANT``: the same files testing the same code, run by the whole project's suite).
+"""
+
+import itertools
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import PY, ROOT, run, stream
+from test_ecosystem import MODELS, call, lint_command, output, tool
+from test_own_model import ANYWHERE_ELSE
+
+PARTS = ("sharding", "cloud_platforms", "after_training_tools", "benchmarks")
+ALL_OFF = dict.fromkeys(PARTS, "no")
+WORDS = {  # what a project without the part must not mention (case-insensitive, whole words)
+    "sharding": ["fsdp", "fully_shard", "sharded", "activation checkpointing", "activation_checkpointing",
+                 "async_checkpoint", "reshard_after_forward", "scripts.memory", "consolidate_checkpoint"],
+    "cloud_platforms": ["kubeflow", "kubernetes", "pytorchjob", "trainjob", "skypilot", "sagemaker", "azure ml",
+                        "azureml", "vertex ai", "grace_period", "requirements-launch"],
+    "after_training_tools": ["onnx", "onnxruntime", "scripts.export", "import_weights", "dump_gta_mels"],
+    "benchmarks": ["scripts.benchmark", "benchmark_step", "benchmark_data", "scripts.scaling"],
+}
+"""Words of each part: a project without it names none of them in its README, manual, config or ``--help`` texts."""
+
+
+def hook_parts() -> dict:
+    """The post-generation hook's ``PARTS`` table (``{part: {"files": [...], "keys": [...]}}``): its module run
+    unrendered, as a module (its ``main`` is not called; the answers it holds are Jinja strings, unused here)."""
+    namespace = {"__name__": "post_gen_project"}
+    exec(compile((ROOT / "hooks" / "post_gen_project.py").read_text(), "post_gen_project.py", "exec"), namespace)
+    return namespace["PARTS"]
+
+
+def combinations():
+    """Every answer of every part: 16 dicts."""
+    return [dict(zip(PARTS, answers)) for answers in itertools.product(("yes", "no"), repeat=len(PARTS))]
+
+
+def test_the_hook_and_the_questions_name_the_same_parts():
+    questions = json.loads((ROOT / "cookiecutter.json").read_text())
+    assert {part: questions[part] for part in PARTS} == dict.fromkeys(PARTS, ["yes", "no"])
+    table = hook_parts()
+    assert set(table) == set(PARTS)
+    for part, entry in table.items():
+        assert entry["files"], f"the hook lists no file of part {part}"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_combination_of_parts_passes_ruff_and_the_import_contracts(bake, model):
+    projects = [bake(example_model=model, project_slug=f"p{n}", **answers)
+                for n, answers in enumerate(combinations())]
+    ruff = call([*tool("ruff", "ruff"), "check", "--no-cache", "--output-format", "concise", *projects],
+                cwd=projects[0].parent.parent)
+    if ruff.returncode != 0:
+        pytest.fail(f"ruff check fails in a combination of parts with {model}\n{output(ruff)}")
+    lint = lint_command()
+    for project, answers in zip(projects, combinations()):
+        proc = call(lint, cwd=project)
+        if proc.returncode != 0 or " BROKEN" in proc.stdout:
+            pytest.fail(f"the import contracts fail with {model} and {answers}\n{output(proc)}")
+
+
+def text_of(project: Path) -> str:
+    """The README, the manual and config.json of ``project``, lower-cased."""
+    return "\n".join((project / rel).read_text().lower() for rel in ("README.md", "docs/manual.md", "config.json"))
+
+
+def mentions(text: str, words) -> list[str]:
+    return [word for word in words if re.search(rf"(?<![\w.]){re.escape(word)}(?![\w])", text)]
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_a_part_left_out_is_gone_whole(bake, part):
+    table = hook_parts()[part]
+    whole = bake(example_model="both", project_slug="whole")
+    without = bake(example_model="both", project_slug="without", **{part: "no"})
+    for rel in table["files"]:
+        if "hifigan" in rel:  # a file of the model both does not hold
+            continue
+        assert (whole / rel).exists(), f"{rel} of part {part} is not in a project that has it"
+        assert not (whole / rel).is_symlink()
+        assert not (without / rel).exists(), f"{rel} of part {part} is left in a project without it"
+    full, pruned = json.loads((whole / "config.json").read_text()), json.loads((without / "config.json").read_text())
+    for key in table["keys"]:
+        section, name = key.split(".")
+        assert name in full[section], f"{key} of part {part} is not in config.json"
+        assert name not in pruned[section] and name not in pruned["tiny"].get(section, {}), key
+    assert mentions(text_of(whole), WORDS[part]), f"none of {WORDS[part]} is in the whole project: the list is stale"
+    assert not mentions(text_of(without), WORDS[part]), f"a project without {part} still names it"
+
+
+@pytest.fixture(scope="module")
+def all_off(bake_once):
+    """``all_off(model)``: a project of ``model`` with every part left out, made once."""
+    made = {}
+
+    def make(model):
+        if model not in made:
+            made[model] = bake_once(example_model=model, project_slug=f"small_{model}", **ALL_OFF)
+        return made[model]
+    return make
+
+
+def tools_of(project: Path) -> list[list[str]]:
+    """Every command of ``project`` with a ``--help``: the entry scripts and each ``python -m scripts.NAME``."""
+    entries = [[PY, name] for name in ("train.py", "inference.py", "multiproc.py")]
+    scripts = sorted(path.stem for path in (project / "scripts").glob("*.py")
+                     if 'if __name__ == "__main__":' in path.read_text())
+    return entries + [[PY, "-m", f"scripts.{name}"] for name in scripts]
+
+
+@pytest.mark.parametrize("model", ["waveglow", "tacotron2_hifigan"])
+def test_the_smallest_project_says_nothing_of_what_it_lacks_and_refuses_its_keys(all_off, model):
+    project = all_off(model)
+    words = [word for part in PARTS for word in WORDS[part]]
+    assert not mentions(text_of(project), words)
+    for command in tools_of(project):
+        proc = run([*command, "--help"], cwd=project)
+        said = mentions(proc.stdout.lower(), words)
+        assert not said, f"{' '.join(command[1:])} --help names {said}"
+    for key in (k for part in hook_parts().values() for k in part["keys"]):
+        proc = run([PY, "train.py", "--config", "config.json", "--set", f"{key}=1", "--output-dir", "out"],
+                   cwd=project, check=False)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR:")]
+        assert proc.returncode != 0 and len(errors) == 1 and key in errors[0], (key, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr
+        assert not (project / "out").exists(), "a refused setting wrote an output folder"
+
+
+@pytest.mark.parametrize("model", ["waveglow", "tacotron2_hifigan"])
+@pytest.mark.timeout(0)  # minutes: a nested suite is bounded by its silence (conftest.SILENCE_S)
+def test_the_smallest_project_passes_its_fast_tier(all_off, model, request):
+    project = all_off(model)
+    seed = random.randrange(2**32)
+    code, said = stream([PY, "-m", "pytest", "-v", "-n", "2", "-p", "no:cacheprovider", f"--randomly-seed={seed}",
+                         "-m", "not slow", "-k", ANYWHERE_ELSE, "tests"], project, f"small-{model}", request.config)
+    last = said.splitlines()[-1] if said else ""
+    assert code == 0 and " passed" in last and " failed" not in last, f"--randomly-seed={seed}\n{said[-3000:]}"
+
+
+def code_lines(project: Path) -> int:
+    """Lines of the project's code: its ``.py`` files outside ``tests/`` and ``docs/``."""
+    return sum(len(path.read_text().splitlines()) for path in project.rglob("*.py")
+               if path.relative_to(project).parts[0] not in ("tests", "docs"))
+
+
+def test_leaving_every_part_out_makes_a_smaller_project(all_off, bake):
+    small, whole = code_lines(all_off("waveglow")), code_lines(bake(example_model="waveglow"))
+    print(f"WaveGlow code lines: {whole} with every part, {small} with none")
+    assert small < whole * 0.8, (small, whole)
+

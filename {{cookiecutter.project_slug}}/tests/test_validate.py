@@ -1,0 +1,101 @@
+"""The run's validation component (:class:`utils.training.validate.Validator`) on a toy linear model: the loss it returns
+is the mean over every batch of every rank's shard, computed with the EMA weights when the run keeps them, and the
+model comes back with its own weights, in train mode; rank 0 draws the first batch once. The ranks' mean is checked on
+2 real gloo processes whose shards hold different numbers of batches."""
+
+import contextlib
+import json
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import run_ranks
+from torch import nn
+
+from distributed import DistInfo
+from utils.training.ema import EMA
+from utils.training.validate import Validator
+
+CPU = torch.device("cpu")
+
+
+def shard(rank: int) -> list[dict]:
+    """Rank ``rank``'s validation batches: rank 0 holds 2, rank 1 holds 1 (a batch mean over ranks would differ from
+    the mean over batches)."""
+    generator = torch.Generator().manual_seed(rank)
+    return [{"x": torch.randn(3, 4, generator=generator), "y": torch.randn(3, 2, generator=generator)}
+            for _ in range(2 - rank)]
+
+
+class Toy(nn.Linear):
+    """``batch["x"]`` ``(B, 4)`` -> ``(B, 2)``."""
+
+    def __init__(self):
+        super().__init__(4, 2)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return super().forward(batch["x"])
+
+
+def toy_validator(rank: int, world_size: int, drawn: list) -> tuple[Validator, nn.Module, EMA]:
+    """A validator of a ``(B, 4) -> (B, 2)`` linear model whose EMA holds other weights than the model; ``drawn``
+    receives ``(step, batch)`` of each ``log_validation`` call."""
+    torch.manual_seed(0)
+    model = Toy()
+    ema = EMA(model, (), decay=0.5)
+    with torch.no_grad():
+        for average in ema.averages.values():
+            average.add_(1.0)  # the averages differ from the weights
+    spec = SimpleNamespace(training=SimpleNamespace(
+        log_validation=lambda plain, batch, outputs, step, writer, output_dir, cfg: drawn.append((step, batch))))
+    validator = Validator(model=model, criterion=lambda outputs, batch: nn.functional.mse_loss(outputs, batch["y"]),
+                          loader=shard(rank), spec=spec, cfg=None,
+                          dist=DistInfo(rank=rank, local_rank=rank, world_size=world_size, device=CPU, backend=None),
+                          autocast=contextlib.nullcontext,
+                          prepare=None, writer=None, output_dir=None, ema=ema)
+    return validator, model, ema
+
+
+def expected_loss(ema: EMA, ranks: range) -> float:
+    """The mean over every batch of ``ranks``' shards of the loss of a model holding the EMA's averages."""
+    model = nn.Linear(4, 2)
+    model.load_state_dict(ema.averages)
+    losses = [nn.functional.mse_loss(model(batch["x"]), batch["y"]).item() for rank in ranks for batch in shard(rank)]
+    return sum(losses) / len(losses)
+
+
+def test_validation_is_the_mean_batch_loss_of_the_ema_weights_and_leaves_the_model_training():
+    drawn = []
+    validator, model, ema = toy_validator(0, 1, drawn)
+    weights = {name: value.clone() for name, value in model.state_dict().items()}
+    loss = validator.validate(step=7)
+    assert loss == pytest.approx(expected_loss(ema, range(1)), rel=1e-6)
+    assert all(torch.equal(value, weights[name]) for name, value in model.state_dict().items())  # its own weights back
+    assert model.training
+    assert [step for step, _ in drawn] == [7] and torch.equal(drawn[0][1]["x"], shard(0)[0]["x"])  # the first batch
+
+
+WORKER = textwrap.dedent('''
+    import json, sys
+    import distributed as D
+    from test_validate import toy_validator
+
+    info = D.init_distributed()
+    drawn = []
+    validator, model, _ = toy_validator(info.rank, info.world_size, drawn)
+    loss = validator.validate(step=3)
+    with open(f"{sys.argv[1]}/rank{info.rank}.json", "w") as file:
+        json.dump({"loss": loss, "drawn": [step for step, _ in drawn]}, file)
+    D.cleanup()
+''')
+
+
+@pytest.mark.slow
+def test_validation_is_the_mean_over_every_batch_of_every_rank(tmp_path):
+    run_ranks(WORKER, tmp_path)
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    _, _, ema = toy_validator(0, 2, [])
+    expected = expected_loss(ema, range(2))  # 3 batches: rank 0's 2 and rank 1's 1
+    assert [result["loss"] for result in results] == pytest.approx([expected, expected], rel=1e-6)
+    assert [result["drawn"] for result in results] == [[3], []]  # rank 0 alone draws
