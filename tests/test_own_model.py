@@ -336,7 +336,8 @@ def test_the_projects_suite_passes_with_its_generic_tests_training_the_copied_mo
     # pytest-xdist workers, as the project's README runs it (-n auto): its tests hold under it, and most of their
     # time is waiting on the processes they start.
     seed = random.randrange(2**32)
-    code, said = stream([PY, "-m", "pytest", "-v", "-n", "2", "-p", "no:cacheprovider", f"--randomly-seed={seed}",
+    code, said = stream([PY, "-m", "pytest", "-v", "-n", "2", "--dist", "worksteal", "-p", "no:cacheprovider",
+                         f"--randomly-seed={seed}",
                          *selection, "tests"], done.project, variant, request.config,
                         env={"TEST_MODEL": done.example.name})
     last = said.splitlines()[-1] if said else ""

@@ -10,6 +10,7 @@
   (``test_own_model.SAME_IN_EVERY_VARIANT``: the same files testing the same code, run by the whole project's suite).
 """
 
+import concurrent.futures
 import itertools
 import json
 import random
@@ -66,8 +67,9 @@ def test_every_combination_of_parts_passes_ruff_and_the_import_contracts(bake, m
     if ruff.returncode != 0:
         pytest.fail(f"ruff check fails in a combination of parts with {model}\n{output(ruff)}")
     lint = lint_command()
-    for project, answers in zip(projects, combinations()):
-        proc = call(lint, cwd=project)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:  # each a process of its own
+        checked = list(pool.map(lambda project: call(lint, cwd=project), projects))
+    for proc, answers in zip(checked, combinations()):
         if proc.returncode != 0 or " BROKEN" in proc.stdout:
             pytest.fail(f"the import contracts fail with {model} and {answers}\n{output(proc)}")
 
@@ -113,12 +115,33 @@ def all_off(bake_once):
     return make
 
 
-def tools_of(project: Path) -> list[list[str]]:
-    """Every command of ``project`` with a ``--help``: the entry scripts and each ``python -m scripts.NAME``."""
-    entries = [[PY, name] for name in ("train.py", "inference.py", "multiproc.py")]
-    scripts = sorted(path.stem for path in (project / "scripts").glob("*.py")
+def tools_of(project: Path) -> list[str]:
+    """Every module of ``project`` with a command line: the entry scripts and each ``scripts.NAME``."""
+    scripts = sorted(f"scripts.{path.stem}" for path in (project / "scripts").glob("*.py")
                      if 'if __name__ == "__main__":' in path.read_text())
-    return entries + [[PY, "-m", f"scripts.{name}"] for name in scripts]
+    return ["train", "inference", "multiproc", *scripts]
+
+
+ASK = r"""
+import contextlib, importlib, io, json, sys
+
+def said(module, argv):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            code = importlib.import_module(module).main(argv)
+        except SystemExit as stop:
+            code = stop.code
+    return [code, out.getvalue()]
+
+modules, keys = json.loads(sys.argv[1])
+answers = {name: said(name, ["--help"]) for name in modules}
+for key in keys:
+    answers[key] = said("train", ["--config", "config.json", "--set", f"{key}=1", "--output-dir", "out"])
+print(json.dumps(answers))
+"""
+"""Run in the project's folder by one interpreter (torch imported once): each module's ``main(["--help"])``, and
+``train.main`` with ``--set KEY=1`` for each key; prints ``{name: [exit status, output]}`` as JSON."""
 
 
 @pytest.mark.parametrize("model", ["waveglow", "tacotron2_hifigan"])
@@ -126,17 +149,20 @@ def test_the_smallest_project_says_nothing_of_what_it_lacks_and_refuses_its_keys
     project = all_off(model)
     words = [word for part in PARTS for word in WORDS[part]]
     assert not mentions(text_of(project), words)
-    for command in tools_of(project):
-        proc = run([*command, "--help"], cwd=project)
-        said = mentions(proc.stdout.lower(), words)
-        assert not said, f"{' '.join(command[1:])} --help names {said}"
-    for key in (k for part in hook_parts().values() for k in part["keys"]):
-        proc = run([PY, "train.py", "--config", "config.json", "--set", f"{key}=1", "--output-dir", "out"],
-                   cwd=project, check=False)
-        errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR:")]
-        assert proc.returncode != 0 and len(errors) == 1 and key in errors[0], (key, proc.stderr[-2000:])
-        assert "Traceback" not in proc.stderr
-        assert not (project / "out").exists(), "a refused setting wrote an output folder"
+    keys = [key for part in hook_parts().values() for key in part["keys"]]
+    answers = json.loads(run([PY, "-c", ASK, json.dumps([tools_of(project), keys])], cwd=project).stdout)
+    for module in tools_of(project):
+        code, text = answers[module]
+        assert code == 0, f"{module} --help exited {code}: {text[-2000:]}"
+        assert not mentions(text.lower(), words), f"{module} --help names {mentions(text.lower(), words)}"
+    for key in keys:
+        code, text = answers[key]
+        errors = [line for line in text.splitlines() if line.startswith("ERROR:")]
+        assert code != 0 and len(errors) == 1 and key in errors[0] and "Traceback" not in text, (key, text[-2000:])
+    proc = run([PY, "train.py", "--config", "config.json", "--set", f"{keys[0]}=1", "--output-dir", "out"],
+               cwd=project, check=False)  # the same, as a user runs it
+    assert proc.returncode != 0 and proc.stderr.startswith("ERROR:") and keys[0] in proc.stderr, proc.stderr
+    assert not (project / "out").exists(), "a refused setting wrote an output folder"
 
 
 @pytest.mark.parametrize("model", ["waveglow", "tacotron2_hifigan"])
@@ -144,7 +170,8 @@ def test_the_smallest_project_says_nothing_of_what_it_lacks_and_refuses_its_keys
 def test_the_smallest_project_passes_its_fast_tier(all_off, model, request):
     project = all_off(model)
     seed = random.randrange(2**32)
-    code, said = stream([PY, "-m", "pytest", "-v", "-n", "2", "-p", "no:cacheprovider", f"--randomly-seed={seed}",
+    code, said = stream([PY, "-m", "pytest", "-v", "-n", "2", "--dist", "worksteal", "-p", "no:cacheprovider",
+                         f"--randomly-seed={seed}",
                          "-m", "not slow", "-k", ANYWHERE_ELSE, "tests"], project, f"small-{model}", request.config)
     last = said.splitlines()[-1] if said else ""
     assert code == 0 and " passed" in last and " failed" not in last, f"--randomly-seed={seed}\n{said[-3000:]}"

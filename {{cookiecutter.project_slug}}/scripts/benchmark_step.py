@@ -19,7 +19,7 @@ from models.schemas import config_schemas
 from utils.config import Config, build_config, load_config
 from utils.data.loader import on_device_hook, to_device
 from utils.run_log import bar_options
-from utils.training.optim import build_optimizers, setup_precision
+from utils.training.optim import build_optimizers, loss_and_grads, setup_precision
 from utils.training.recipe import apply_recipe
 from utils.training.setup import build_phases
 from utils.training.step import forward_backward, one_loss_step
@@ -253,19 +253,6 @@ def perturb(model: torch.nn.Module, std: float = 0.01) -> None:
             if param.is_floating_point():
                 param.add_(torch.randn(param.shape, generator=generator).to(param.device) * std)
 
-
-def loss_and_grads(model: torch.nn.Module, criterion: Callable, batch: dict, precision: str,
-                   device: torch.device) -> tuple[float, torch.Tensor]:
-    """Loss (float) and the flattened float32 gradients of one forward/backward; global seed 0 first."""
-    autocast, _ = setup_precision(precision, device)
-    model.zero_grad(set_to_none=True)
-    torch.manual_seed(0)
-    with autocast():
-        loss = criterion(model(batch), batch)
-    loss.backward()
-    grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).float().flatten()
-                       for p in model.parameters()])
-    return float(loss.detach()), grads
 
 
 def check_case(name: str, case: BenchmarkCase, args: argparse.Namespace, device: torch.device) -> list[dict]:

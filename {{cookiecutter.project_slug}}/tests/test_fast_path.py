@@ -19,7 +19,7 @@ from model import BenchmarkCase
 from models import MODELS
 from models.schemas import config_schemas
 from utils.config import build_config, load_config
-from utils.training.optim import setup_precision
+from utils.training.optim import loss_and_grads
 from utils.training.recipe import apply_recipe
 
 CPU = torch.device("cpu")
@@ -38,18 +38,6 @@ def tiny_case(name: str) -> tuple:
                                            torch.Generator().manual_seed(0), **shape.batch_kwargs)
     return cfg, batch
 
-
-def loss_and_grads(model: torch.nn.Module, criterion, batch: dict, precision: str) -> tuple[float, torch.Tensor]:
-    """Loss and the flattened float32 gradients of one forward and backward at ``precision`` (global seed 0 first)."""
-    autocast, _ = setup_precision(precision, CPU)
-    model.zero_grad(set_to_none=True)
-    torch.manual_seed(0)
-    with autocast():
-        loss = criterion(model(batch), batch)
-    loss.backward()
-    grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).float().flatten()
-                       for p in model.parameters()])
-    return float(loss.detach()), grads
 
 
 @pytest.fixture(autouse=True)
@@ -86,9 +74,9 @@ def test_fast_path_loss_matches_eager_fp32_and_bf16_is_close(name):
             param.add_(0.01 * torch.randn(param.shape, generator=noise))
     fast = spec.training.optimize_for_training(copy.deepcopy(eager), cfg, backend="aot_eager")
     criterion = spec.training.build_criterion(cfg)
-    ref_loss, ref_grads = loss_and_grads(eager, criterion, batch, "fp32")
+    ref_loss, ref_grads = loss_and_grads(eager, criterion, batch, "fp32", CPU)
     for precision, limit, grad_limit in (("fp32", 1e-5, 1e-4), ("bf16", 2e-2, None)):
-        loss, grads = loss_and_grads(fast, criterion, batch, precision)
+        loss, grads = loss_and_grads(fast, criterion, batch, precision, CPU)
         rel = abs(loss - ref_loss) / max(abs(ref_loss), 1e-12)
         assert rel < limit, (precision, loss, ref_loss)
         if grad_limit is not None:  # the backward too, not only the loss

@@ -170,17 +170,23 @@ def test_a_full_disk_in_a_sharded_save_is_one_line_naming_it(saved, tmp_path):
                "file size limit: a write came up short)" in line for share, line in zip(range(1, 100, 7), lines)), lines
 
 
+def unchecked_folder(tmp_path):
+    """``(folder, note)``: a sharded checkpoint of 2 steps in ``tmp_path`` without its checksums.json and with a bit
+    flip in its largest shard, and the note a command that reads it must print once."""
+    write_checkpoints(tmp_path, [2])
+    folder = tmp_path / "checkpoint_2"
+    (folder / "checksums.json").unlink()
+    flip_bytes(max(folder.glob("*.distcp"), key=lambda p: p.stat().st_size))
+    return folder, (f"note: {folder} has no checksums.json (written before checksums, or copied without it): its "
+                    "shards cannot be checked for damage")
+
+
 @pytest.mark.slow  # real processes: the fast tier keeps one 2-process smoke run
 def test_a_folder_without_its_checksums_is_read_with_a_line_saying_so(tmp_path):
     """A folder written before checksums (or copied without its checksums.json): a bit flip in it cannot be found, so
     every command that reads it says that its shards are unchecked (once), then reads it (``scripts.export``:
     ``tests/test_tools_sharded.py``)."""
-    write_checkpoints(tmp_path, [2])
-    folder = tmp_path / "checkpoint_2"
-    (folder / "checksums.json").unlink()
-    flip_bytes(max(folder.glob("*.distcp"), key=lambda p: p.stat().st_size))
-    note = f"note: {folder} has no checksums.json (written before checksums, or copied without it): its shards " \
-           "cannot be checked for damage"
+    folder, note = unchecked_folder(tmp_path)
     done = subprocess.run([sys.executable, "-m", "scripts.consolidate_checkpoint", str(folder), "--output",
                            str(tmp_path / "whole.pt")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stderr.splitlines().count(note) == 1, done.stderr

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, TEST_MODEL, run_main, write_checkpoints
+from conftest import ROOT, TEST_MODEL, run_main
 from test_checkpoint_folders import FOLDER_MODEL, FOLDER_ROUTES, sharded  # noqa: F401 (fixture)
 from test_checkpoint_safety import assert_refused, craft
 from test_published import tool_calls
-from test_sharded_checkpoint import flip_bytes
+from test_sharded_checkpoint import unchecked_folder
 
 from models import MODELS
 from models.schemas import config_schemas
@@ -53,12 +53,7 @@ def test_an_honest_sharded_folder_imports_and_consolidates_to_the_same_weights(s
 def test_a_folder_without_its_checksums_exports_with_a_line_saying_so(tmp_path):
     """A folder written before checksums (or copied without its checksums.json): a bit flip in it cannot be found, so
     ``scripts.export`` says once that its shards are unchecked, then writes the release file."""
-    write_checkpoints(tmp_path, [2])
-    folder = tmp_path / "checkpoint_2"
-    (folder / "checksums.json").unlink()
-    flip_bytes(max(folder.glob("*.distcp"), key=lambda p: p.stat().st_size))
-    note = f"note: {folder} has no checksums.json (written before checksums, or copied without it): its shards " \
-           "cannot be checked for damage"
+    folder, note = unchecked_folder(tmp_path)
     done = subprocess.run([sys.executable, "-m", "scripts.export", "--checkpoint", str(folder), "--format", "release",
                            "--output", str(tmp_path / "release.pt")], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)

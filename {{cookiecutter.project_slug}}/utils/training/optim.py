@@ -45,6 +45,22 @@ def setup_precision(precision: str, device: torch.device) -> Precision:
     return Precision(autocast, scaler)
 
 
+
+def loss_and_grads(model: torch.nn.Module, criterion: Callable, batch: dict, precision: str,
+                   device: torch.device) -> tuple[float, torch.Tensor]:
+    """The loss (a float) and the flattened float32 gradients ``(n_parameters,)`` of one forward and backward of
+    ``model`` on ``batch`` at ``precision`` (``setup_precision``'s modes), global seed 0 first: what two ways of
+    computing the same step (eager and a fast path) are compared by. Gradients left None count as zeros."""
+    autocast, _ = setup_precision(precision, device)
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    with autocast():
+        loss = criterion(model(batch), batch)
+    loss.backward()
+    grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).float().flatten()
+                       for p in model.parameters()])
+    return float(loss.detach()), grads
+
 def lr_lambda(cfg: Config):
     """Multiplier of the base learning rate at a step: linear warm-up, then constant or cosine to 1%."""
     warmup, total = cfg.train.warmup_steps, cfg.train.max_steps
