@@ -38,7 +38,8 @@ TOGETHER = {
 """Files that need several models: kept when every set names a chosen model (Tacotron2 and a vocoder)."""
 
 ANSWERS = {"sharding": "{{ cookiecutter.sharding }}", "cloud_platforms": "{{ cookiecutter.cloud_platforms }}",
-           "after_training_tools": "{{ cookiecutter.after_training_tools }}", "benchmarks": "{{ cookiecutter.benchmarks }}"}
+           "after_training_tools": "{{ cookiecutter.after_training_tools }}", "benchmarks": "{{ cookiecutter.benchmarks }}",
+           "experiment_trackers": "{{ cookiecutter.experiment_trackers }}"}
 PARTS: dict[str, dict[str, list[str]]] = {
     "sharding": {"files": ["utils/training/fsdp.py", "utils/training/activation_checkpoint.py",
                            "utils/checkpoint/sharded.py", "utils/checkpoint/safe_dcp.py",
@@ -52,14 +53,21 @@ PARTS: dict[str, dict[str, list[str]]] = {
                                   "tests/test_grace_period.py"], "keys": []},
     "after_training_tools": {"files": ["scripts/export.py", "utils/onnx_export.py", "scripts/import_weights.py",
                                        "utils/checkpoint/published.py", "scripts/dump_gta_mels.py",
+                                       "utils/data/mel_dir.py", "tests/test_mel_dir.py",
                                        *(f"models/{name}/{tool}.py" for name in FILES for tool in ("export", "published")),
                                        "tests/test_export.py", "tests/test_onnx_export.py", "tests/test_published.py",
-                                       "tests/test_gta.py", "tests/test_tools_sharded.py",
+                                       "tests/test_gta.py", "tests/test_tools_sharded.py", "scripts/plot_run.py",
+                                       "tests/test_plot_run.py",
                                        *(f"tests/test_parity_{name}.py" for name in FILES)],
-                             "keys": []},
+                             "keys": ["data.mel_dir"]},
     "benchmarks": {"files": ["scripts/benchmark.py", "scripts/benchmark_step.py", "scripts/benchmark_data.py",
                              "scripts/scaling.py", "tests/test_benchmark.py", "tests/test_benchmark_hifigan.py",
-                             "tests/test_benchmark_tacotron2.py"], "keys": []},
+                             "tests/test_benchmark_tacotron2.py", *(f"models/{name}/benchmark.py" for name in FILES)],
+                   "keys": []},
+    "experiment_trackers": {"files": ["utils/tracking", "requirements-trackers.txt", "tests/test_trackers.py",
+                                      "tests/tracker_readers.py"],
+                            "keys": [f"train.{key}" for key in ("trackers", "tracker_project", "tracker_run_name",
+                                                                "tracker_start_timeout_s", "tracker_log_checkpoint")]},
 }
 """The parts a project may leave out (cookiecutter's yes/no questions): each is whole files (its modules, tools, tests
 and launch files; the code keeps no line of it: the core reaches it through ``utils.parts``) and the ``config.json``

@@ -16,7 +16,8 @@ AUTHOR_NAME = {{ cookiecutter.author_name | tojson }}
 DESCRIPTION = {{ cookiecutter.description | tojson }}
 PARTS = {"sharding": {{ cookiecutter.sharding | tojson }}, "cloud_platforms": {{ cookiecutter.cloud_platforms | tojson }},
          "after_training_tools": {{ cookiecutter.after_training_tools | tojson }},
-         "benchmarks": {{ cookiecutter.benchmarks | tojson }}}
+         "benchmarks": {{ cookiecutter.benchmarks | tojson }},
+         "experiment_trackers": {{ cookiecutter.experiment_trackers | tojson }}}
 
 # Modules the generated project imports or holds: a folder of the same name on sys.path would shadow them.
 SHADOWED = {
@@ -24,6 +25,7 @@ SHADOWED = {
     "tensorboard", "matplotlib", "jinja2", "pytest", "test", "tests", "distributed", "multiproc", "train",
     "model", "inference", "modules", "utils", "scripts", "config", "text", "json", "os", "sys", "io",
     "math", "random", "signal", "typing", "dataclasses", "logging", "pathlib", "time", "copy", "site",
+    "wandb", "mlflow",
 }
 LICENSES = ("MIT", "BSD-3-Clause", "Apache-2.0", "Proprietary")
 MODELS = ("waveglow", "tacotron2", "both", "hifigan", "tacotron2_hifigan")

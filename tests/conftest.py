@@ -3,6 +3,9 @@
 Work done once per session and shared: :func:`default_project` (every default answer) and :func:`demo_corpus`, made
 in it by the command its README's quick start gives. A nested project suite streams its lines to the terminal as
 they come (:func:`stream`): minutes of silence would hide a slow test from the person watching CI.
+
+CI (``.ci/run``) runs these tests on two pytest-xdist workers (``--dist loadgroup``): the nested suites of the
+projects in :data:`HEAVY` each hold one worker while the other takes the rest, so that no core waits on a serial step.
 """
 
 import collections
@@ -21,8 +24,26 @@ ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
 
+HEAVY = ("beside-both", "own-variants")
+"""``xdist_group`` names of the tests that share a session fixture's minutes of work (a project trained on 2
+processes, then its suite), in the order they start: each group runs on one worker, and first."""
+
+
 def pytest_configure(config):
     config.option.template = str(ROOT)
+    config.addinivalue_line("markers", "nested: runs a generated project's suite (minutes): after the shorter tests")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle, which orders each rank's tests
+def pytest_collection_modifyitems(items):
+    """The groups of :data:`HEAVY` first, in its order (under ``--dist loadgroup`` each starts on a worker of its
+    own at once), then the shorter tests, then those marked ``nested``: a worker busy with a group is sent the next
+    tests before it is free, and those should be short."""
+    def rank(item):
+        mark = item.get_closest_marker("xdist_group")
+        name = mark and (mark.kwargs.get("name") or mark.args[0])
+        return HEAVY.index(name) if name in HEAVY else len(HEAVY) + bool(item.get_closest_marker("nested"))
+    items.sort(key=rank)
 
 
 def run(cmd, cwd, timeout=600, check=True, env=None):
@@ -63,8 +84,8 @@ def stream(cmd, cwd, label: str, config, env=None) -> tuple[int, str]:
     try:
         while (line := lines.get(timeout=SILENCE_S)) is not None:
             tail.append(line.rstrip("\n"))
-            with capture.global_and_fixture_disabled():
-                print(f"[{label}] {tail[-1]}", flush=True)
+            with capture.global_and_fixture_disabled():  # to file descriptor 2: a pytest-xdist worker's terminal too
+                os.write(2, f"[{label}] {tail[-1]}\n".encode(errors="replace"))
     except queue.Empty:
         pytest.fail(f"{label}: no output for {SILENCE_S} s; its last lines:\n" + "\n".join(list(tail)[-40:]))
     finally:

@@ -25,9 +25,10 @@ below. What each proves that no faster test does:
 * the project's suite with ``TEST_MODEL`` naming the copied model, so its generic tests (loop, resume, DDP, bad
   input) train it: the whole suite in ``both``, the richest project; in the others only what differs (their files
   are subsets of ``both``'s and of the template's, which ``tests/test_template.py`` bakes and lints in every variant):
-  everything HiFi-GAN's, the GAN's or its vocoder's on Tacotron2's mels (GTA) and the other fast tests of
-  ``tacotron2_hifigan`` but Tacotron2's own, and the replaced project's fast tests; in neither the test files that
-  are the same in every variant (:data:`SAME_IN_EVERY_VARIANT`, checked to stay so).
+  everything HiFi-GAN's, the GAN's or its vocoder's on Tacotron2's mels (GTA) that is slow, and the fast tests of
+  the parts' files (:data:`PART_TESTS`) but Tacotron2's own (its other fast tests run in ``tests/test_parts.py``,
+  in the all-off ``tacotron2_hifigan`` with the GAN copied in the same way), and the replaced project's fast tests;
+  in neither the test files that are the same in every variant (:data:`SAME_IN_EVERY_VARIANT`, checked to stay so).
 """
 
 import dataclasses
@@ -48,8 +49,12 @@ import torch
 
 from conftest import PY, ROOT, run, stream
 
+HOOK = runpy.run_path(str(ROOT / "hooks" / "post_gen_project.py"))
 # The example models' files, as the post-generation hook lists them (removed with the model they belong to).
-MODEL_FILES = runpy.run_path(str(ROOT / "hooks" / "post_gen_project.py"))["FILES"]
+MODEL_FILES = HOOK["FILES"]
+PART_TESTS = sorted({Path(rel).name for part in HOOK["PARTS"].values() for rel in part["files"]
+                     if rel.startswith("tests/test_")})
+"""The test files of the optional parts (the hook's ``PARTS``): run only where every part is in."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,12 +122,22 @@ VARIANTS = {
     "beside-both": Variant("both", "", ONE_LOSS, ()),
     # Its registry, config and README without the example models; the generic tests training melae alone.
     "replacing-waveglow": Variant("waveglow", "waveglow", ONE_LOSS, ("-m", "not slow", "-k", ANYWHERE_ELSE)),
-    # HiFi-GAN's, the GAN's and GTA's tests, slow ones too; the other fast tests but Tacotron2's (beside-both's).
+    # HiFi-GAN's, the GAN's and GTA's slow tests; the fast ones of the parts' files but Tacotron2's (beside-both's).
+    # The other fast tests run in the all-off project with the GAN copied in (test_parts.COPIED).
     "two-optimizers-beside-tacotron2-hifigan": Variant(
         "tacotron2_hifigan", "", TWO_OPTIMIZERS,
-        ("-k", f"hifigan or gan_vocoder or gta or not slow and not tacotron2 and {ANYWHERE_ELSE}")),
+        ("-k", f"(hifigan or gan_vocoder or gta or not slow and not tacotron2 and {ANYWHERE_ELSE}) and "
+               f"(slow or gta or {' or '.join(PART_TESTS)})")),
 }
-each_variant = pytest.mark.parametrize("variant", list(VARIANTS))
+
+
+def together(variant: str) -> pytest.MarkDecorator:
+    """The ``xdist_group`` of the variant's tests (conftest.HEAVY): on one worker, which makes its :func:`own` once;
+    ``beside-both`` (its whole suite, fast and slow) on one of its own."""
+    return pytest.mark.xdist_group("beside-both" if variant == "beside-both" else "own-variants")
+
+
+each_variant = pytest.mark.parametrize("variant", [pytest.param(name, marks=together(name)) for name in VARIANTS])
 
 
 def train_args(example: Example) -> list[str]:
@@ -276,6 +291,7 @@ def test_inference_writes_through_the_models_hook_and_the_benchmark_says_why_it_
     assert f"skipping {example.name}: its ModelSpec has no synthetic_batch" in said.stdout, said.stdout
 
 
+@together("two-optimizers-beside-tacotron2-hifigan")
 def test_the_gan_stopped_by_sigterm_resumes_to_the_uninterrupted_runs_weights(own, demo_corpus):
     done = own("two-optimizers-beside-tacotron2-hifigan")
     example, project = done.example, done.project
@@ -297,6 +313,7 @@ def test_the_gan_stopped_by_sigterm_resumes_to_the_uninterrupted_runs_weights(ow
         assert torch.equal(reference[key], resumed[key]), key
 
 
+@together("two-optimizers-beside-tacotron2-hifigan")
 def test_the_gans_ema_and_release_file_hold_its_generator_alone(own, demo_corpus):
     """``Inference.modules`` of the example: a run with ``train.ema_decay`` averages the generator's weights only, and
     ``scripts/export.py --format release`` ships only them (the discriminator is training's alone)."""

@@ -1,13 +1,20 @@
-"""The parts a user may leave out at generation (sharding, cloud platforms, after-training tools, benchmarks).
+"""The parts a user may leave out at generation: the post-generation hook's ``ANSWERS`` and ``PARTS`` name them
+(sharding, cloud platforms, after-training tools, benchmarks, experiment trackers, ...); every test here reads them
+from there, and their words from :data:`WORDS`.
 
 * Every combination of answers, with every example model, generates a project that passes ruff and keeps its import
-  contracts (both static: nothing of the project is imported, torch neither).
+  contracts (both static: nothing of the project is imported, torch neither). Cheap enough for 2 ** len(PARTS)
+  combinations: cookiecutter's Python API in two interpreters side by side, one ruff over all, one interpreter
+  running lint-imports in each project.
 * A part answered no is gone whole: every path the post-generation hook lists for it (each one present when it is
   answered yes), its config keys, and every word of it in the README, the manual, ``config.json`` and each tool's
   ``--help``; a key of it given on the command line is refused as unknown.
 * The smallest projects (WaveGlow alone and Tacotron2 with HiFi-GAN, every part left out) pass their own fast tier,
   which runs every tool's ``--help`` (``tests/test_docs.py``); less the test files of code no part and no model changes
   (``test_own_model.SAME_IN_EVERY_VARIANT``: the same files testing the same code, run by the whole project's suite).
+  Tacotron2 with HiFi-GAN's has the two-optimizer example model copied in (``test_own_model.TWO_OPTIMIZERS``, as
+  ``two-optimizers-beside-tacotron2-hifigan`` there), its generic tests training it: that variant's fast tests
+  outside the parts' files run here, once (:data:`COPIED`).
 """
 
 import concurrent.futures
@@ -20,58 +27,130 @@ from pathlib import Path
 import pytest
 
 from conftest import PY, ROOT, run, stream
-from test_ecosystem import MODELS, call, lint_command, output, tool
-from test_own_model import ANYWHERE_ELSE
+from test_ecosystem import MODELS, call, output, tool
+from test_own_model import ANYWHERE_ELSE, TWO_OPTIMIZERS, add_own_model
 
-PARTS = ("sharding", "cloud_platforms", "after_training_tools", "benchmarks")
+
+def hook_names(name: str):
+    """A table of the post-generation hook (``ANSWERS``: ``{part: its Jinja answer}``; ``PARTS``: ``{part: {"files":
+    [...], "keys": [...]}}``): its module run unrendered, as a module (its ``main`` is not called; the answers it
+    holds are Jinja strings, unused here)."""
+    namespace = {"__name__": "post_gen_project"}
+    exec(compile((ROOT / "hooks" / "post_gen_project.py").read_text(), "post_gen_project.py", "exec"), namespace)
+    return namespace[name]
+
+
+PARTS = tuple(hook_names("ANSWERS"))
+"""The yes/no questions of the parts, in the hook's order."""
 ALL_OFF = dict.fromkeys(PARTS, "no")
 WORDS = {  # what a project without the part must not mention (case-insensitive, whole words)
     "sharding": ["fsdp", "fully_shard", "sharded", "activation checkpointing", "activation_checkpointing",
                  "async_checkpoint", "reshard_after_forward", "scripts.memory", "consolidate_checkpoint"],
     "cloud_platforms": ["kubeflow", "kubernetes", "pytorchjob", "trainjob", "skypilot", "sagemaker", "azure ml",
                         "azureml", "vertex ai", "grace_period", "requirements-launch"],
-    "after_training_tools": ["onnx", "onnxruntime", "scripts.export", "import_weights", "dump_gta_mels"],
+    "after_training_tools": ["onnx", "onnxruntime", "scripts.export", "import_weights", "dump_gta_mels",
+                             "scripts.plot_run"],
     "benchmarks": ["scripts.benchmark", "benchmark_step", "benchmark_data", "scripts.scaling"],
+    "experiment_trackers": ["wandb", "mlflow", "requirements-trackers", "tracker_project"],
 }
 """Words of each part: a project without it names none of them in its README, manual, config or ``--help`` texts."""
 
 
 def hook_parts() -> dict:
-    """The post-generation hook's ``PARTS`` table (``{part: {"files": [...], "keys": [...]}}``): its module run
-    unrendered, as a module (its ``main`` is not called; the answers it holds are Jinja strings, unused here)."""
-    namespace = {"__name__": "post_gen_project"}
-    exec(compile((ROOT / "hooks" / "post_gen_project.py").read_text(), "post_gen_project.py", "exec"), namespace)
-    return namespace["PARTS"]
+    """The post-generation hook's ``PARTS`` table."""
+    return hook_names("PARTS")
 
 
 def combinations():
-    """Every answer of every part: 16 dicts."""
+    """Every answer of every part: 2 ** len(PARTS) dicts."""
     return [dict(zip(PARTS, answers)) for answers in itertools.product(("yes", "no"), repeat=len(PARTS))]
 
 
 def test_the_hook_and_the_questions_name_the_same_parts():
     questions = json.loads((ROOT / "cookiecutter.json").read_text())
-    assert {part: questions[part] for part in PARTS} == dict.fromkeys(PARTS, ["yes", "no"])
+    yes_no = [name for name, choices in questions.items() if choices == ["yes", "no"]]
+    assert yes_no == list(PARTS), "cookiecutter.json's yes/no questions are the parts of the hook's ANSWERS"
     table = hook_parts()
-    assert set(table) == set(PARTS)
+    assert list(table) == list(PARTS)
     for part, entry in table.items():
         assert entry["files"], f"the hook lists no file of part {part}"
+    assert list(WORDS) == list(PARTS), "WORDS lists the words of each part (a project without it names none)"
+
+
+GENERATE = r"""
+import json, sys
+import jinja2
+from cookiecutter.main import cookiecutter
+
+# Each project renders the same templates anew, in an environment of the same settings: each compiled once.
+compiled, compile_anew = {}, jinja2.Environment.compile
+
+def compile_once(self, source, name=None, filename=None, raw=False, defer_init=False):
+    if not isinstance(source, str):
+        return compile_anew(self, source, name, filename, raw, defer_init)
+    key = (type(self), source, name, filename, raw, defer_init)
+    if key not in compiled:
+        compiled[key] = compile_anew(self, source, name, filename, raw, defer_init)
+    return compiled[key]
+
+jinja2.Environment.compile = compile_once
+
+template, output_dir, config_file, jobs = json.loads(sys.argv[1])
+for answers in jobs:
+    cookiecutter(template, no_input=True, output_dir=output_dir, config_file=config_file, extra_context=answers)
+"""
+"""Generate projects with cookiecutter's Python API, one interpreter for many (``[template, output folder, user
+config, [answers, ...]]``)."""
+
+
+def generate(answers: list[dict], folder: Path, processes: int = 2) -> list[Path]:
+    """Generate a project of each of ``answers`` (each naming its ``project_slug``) in ``folder``, by ``processes``
+    interpreters side by side; their paths. Fails showing the error when one fails."""
+    config = folder / "cookiecutter.yaml"  # not the user's: no replay or cache written outside folder
+    config.write_text(f"cookiecutters_dir: {folder / 'templates'}\nreplay_dir: {folder / 'replay'}\n")
+    shares = [answers[n::processes] for n in range(processes)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=processes) as pool:  # each a process of its own
+        done = list(pool.map(lambda share: call([PY, "-c", GENERATE, json.dumps(
+            [str(ROOT), str(folder), str(config), share])], cwd=folder), shares))
+    for proc in done:
+        if proc.returncode != 0:
+            pytest.fail(f"generation failed\n{output(proc)}")
+    return [folder / answer["project_slug"] for answer in answers]
+
+
+LINT = r"""
+import contextlib, io, json, os, sys
+from importlinter.cli import lint_imports
+
+said = []
+for project in json.loads(sys.argv[1]):
+    os.chdir(project)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = lint_imports(no_cache=True)
+    sys.path.remove(project)  # lint_imports put the project first on the path: the next one finds its own packages
+    said.append([code, out.getvalue()])
+print(json.dumps(said))
+"""
+"""``lint-imports --no-cache`` in each of the projects given (a JSON list of folders), one after the other in one
+interpreter (importlinter imported once); prints ``[[exit status, output], ...]`` as JSON."""
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_every_combination_of_parts_passes_ruff_and_the_import_contracts(bake, model):
-    projects = [bake(example_model=model, project_slug=f"p{n}", **answers)
-                for n, answers in enumerate(combinations())]
+def test_every_combination_of_parts_passes_ruff_and_the_import_contracts(tmp_path, model):
+    projects = generate([{"example_model": model, "project_slug": f"p{n}", **answers}
+                         for n, answers in enumerate(combinations())], tmp_path)
     ruff = call([*tool("ruff", "ruff"), "check", "--no-cache", "--output-format", "concise", *projects],
-                cwd=projects[0].parent.parent)
+                cwd=tmp_path)
     if ruff.returncode != 0:
         pytest.fail(f"ruff check fails in a combination of parts with {model}\n{output(ruff)}")
-    lint = lint_command()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:  # each a process of its own
-        checked = list(pool.map(lambda project: call(lint, cwd=project), projects))
-    for proc, answers in zip(checked, combinations()):
-        if proc.returncode != 0 or " BROKEN" in proc.stdout:
-            pytest.fail(f"the import contracts fail with {model} and {answers}\n{output(proc)}")
+    tool("importlinter", "lint-imports")  # installed (else skipped, or failed in CI)
+    lint = call([PY, "-c", LINT, json.dumps([str(project) for project in projects])], cwd=tmp_path)
+    if lint.returncode != 0:
+        pytest.fail(f"lint-imports did not run\n{output(lint)}")
+    for (code, said), answers in zip(json.loads(lint.stdout.splitlines()[-1]), combinations()):
+        if code != 0 or " BROKEN" in said:
+            pytest.fail(f"the import contracts fail with {model} and {answers}\n{said[-6000:]}")
 
 
 def text_of(project: Path) -> str:
@@ -99,8 +178,10 @@ def test_a_part_left_out_is_gone_whole(bake, part):
         section, name = key.split(".")
         assert name in full[section], f"{key} of part {part} is not in config.json"
         assert name not in pruned[section] and name not in pruned["tiny"].get(section, {}), key
-    assert mentions(text_of(whole), WORDS[part]), f"none of {WORDS[part]} is in the whole project: the list is stale"
-    assert not mentions(text_of(without), WORDS[part]), f"a project without {part} still names it"
+    words = WORDS.get(part)
+    assert words, f"WORDS lists no word of part {part}"
+    assert mentions(text_of(whole), words), f"none of {words} is in the whole project: the list is stale"
+    assert not mentions(text_of(without), words), f"a project without {part} still names it"
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +228,7 @@ print(json.dumps(answers))
 @pytest.mark.parametrize("model", ["waveglow", "tacotron2_hifigan"])
 def test_the_smallest_project_says_nothing_of_what_it_lacks_and_refuses_its_keys(all_off, model):
     project = all_off(model)
-    words = [word for part in PARTS for word in WORDS[part]]
+    words = [word for part in PARTS for word in WORDS.get(part, [])]
     assert not mentions(text_of(project), words)
     keys = [key for part in hook_parts().values() for key in part["keys"]]
     answers = json.loads(run([PY, "-c", ASK, json.dumps([tools_of(project), keys])], cwd=project).stdout)
@@ -165,14 +246,24 @@ def test_the_smallest_project_says_nothing_of_what_it_lacks_and_refuses_its_keys
     assert not (project / "out").exists(), "a refused setting wrote an output folder"
 
 
+COPIED = {"tacotron2_hifigan": TWO_OPTIMIZERS}
+"""The example model copied into a smallest project before its fast tier runs (``TEST_MODEL``: its generic tests train
+it): the fast tests of ``test_own_model``'s variant of it but the parts' files, which that variant runs itself."""
+
+
 @pytest.mark.parametrize("model", ["waveglow", "tacotron2_hifigan"])
 @pytest.mark.timeout(0)  # minutes: a nested suite is bounded by its silence (conftest.SILENCE_S)
-def test_the_smallest_project_passes_its_fast_tier(all_off, model, request):
-    project = all_off(model)
+@pytest.mark.nested
+def test_the_smallest_project_passes_its_fast_tier(bake_once, model, request):
+    project, env = bake_once(example_model=model, project_slug=f"tier_{model}", **ALL_OFF), {}
+    if model in COPIED:
+        add_own_model(project, COPIED[model])
+        env["TEST_MODEL"] = COPIED[model].name
     seed = random.randrange(2**32)
     code, said = stream([PY, "-m", "pytest", "-v", "-n", "2", "--dist", "worksteal", "-p", "no:cacheprovider",
                          f"--randomly-seed={seed}",
-                         "-m", "not slow", "-k", ANYWHERE_ELSE, "tests"], project, f"small-{model}", request.config)
+                         "-m", "not slow", "-k", ANYWHERE_ELSE, "tests"], project, f"small-{model}", request.config,
+                        env=env)
     last = said.splitlines()[-1] if said else ""
     assert code == 0 and " passed" in last and " failed" not in last, f"--randomly-seed={seed}\n{said[-3000:]}"
 

@@ -4,9 +4,8 @@
     python inference.py --checkpoint out/checkpoint_last.pt --help      # the options of that checkpoint's model
     python inference.py --checkpoint out/checkpoint_last --output out.wav   # a sharded checkpoint (FSDP) alike
 
-The checkpoint names its model and carries its config. The work is the model's ``Inference.infer``, its options its
-``Inference.add_args``; a model that makes mels (``Inference.takes_vocoder``) gets ``--vocoder CHECKPOINT``. Every
-failure is one ``ERROR:`` line and exit status 1; nothing is written then.
+The checkpoint names its model and carries its config; the work is the model's ``Inference.infer``, its options its
+``Inference.add_args``. Every failure is one ``ERROR:`` line and exit status 1; nothing is written then.
 """
 
 from __future__ import annotations
@@ -32,10 +31,9 @@ from utils.training.ema import averaged_parameters
 
 
 def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.Module, Config]:
-    """``(model name, model, config)`` of a checkpoint, the model in eval mode on ``device``: a single file, a sharded
-    folder (``train.parallelism=fsdp``, put together in this process), or a release checkpoint (``scripts/export.py
-    --format release``: ``ModelSpec.inference_modules`` only; the rest keeps its initial values, unused). EMA weights
-    (``train.ema_decay``) replace the raw ones, and a line on stderr says so.
+    """``(model name, model, config)`` of a checkpoint (a single file, a sharded folder, or a release checkpoint of
+    ``ModelSpec.inference_modules`` only), the model in eval mode on ``device``; EMA weights replace the raw ones,
+    and a line on stderr says so.
 
     Raises:
         CheckpointError: unreadable or unsafe file, a model this project does not define, or weights that do not fit.
@@ -74,32 +72,9 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
     return name, model.to(device).eval(), cfg
 
 
-def load_vocoder(path: str | None, checkpoint: str, cfg: Config, device: torch.device):
-    """The ``mel (n_mels, frames) -> audio (samples,)`` of the ``--vocoder`` checkpoint ``path`` (its model's
-    ``Inference.vocode``), or ``None`` without one (Griffin-Lim).
-
-    Raises:
-        CheckpointError: its model cannot vocode, or its audio settings differ from ``cfg`` (``checkpoint``'s).
-    """
-    if not path:
-        return None
-    name, vocoder, voc_cfg = load_trained(path, device)
-    spec = MODELS[name].inference
-    if spec is None or spec.vocode is None:
-        raise CheckpointError(f"--vocoder {path} holds a '{name}' model, which is not a vocoder")
-    same = {"exclude": {"mel_framing"}}  # another framing shifts the frames by half a hop: a vocoder does not mind
-    if voc_cfg.audio.model_dump(**same) != cfg.audio.model_dump(**same):
-        raise CheckpointError(f"--vocoder {path} was trained with other audio settings than {checkpoint}: "
-                              f"{voc_cfg.audio} vs {cfg.audio}")
-    return lambda mel: spec.vocode(vocoder, mel, voc_cfg)
-
-
 def parse_device(text: str) -> torch.device:
-    """``cpu``, ``cuda`` or ``cuda:N`` as a device this machine has.
-
-    Raises:
-        ValueError: an unknown device string, CUDA on a machine or build without it, or a GPU index too high.
-    """
+    """``cpu``, ``cuda`` or ``cuda:N`` as a device this machine has; a ValueError for an unknown device string, CUDA on
+    a machine or build without it, or a GPU index too high."""
     try:
         device = torch.device(text)
     except RuntimeError:
@@ -127,21 +102,16 @@ def build_parser(model_names: list[str]) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the random draws (a vocoder's noise, a prenet's dropout, Griffin-Lim's "
                              "phases): the same checkpoint and input give the same output (default 0)")
-    vocoders = [other for other, each in MODELS.items() if each.inference and each.inference.vocode]
     for name in model_names:
         spec = MODELS[name].inference
         group = parser.add_argument_group(f"{name} options")
         if spec is not None and spec.add_args is not None:
             spec.add_args(group)
-        if spec is not None and spec.takes_vocoder and vocoders:
-            group.add_argument("--vocoder",
-                               help=f"a {' or '.join(vocoders)} checkpoint to vocode with (default: Griffin-Lim)")
     return parser
 
 
 def unknown_options(unknown: list[str], name: str, checkpoint: str) -> str:
-    """The line for options the checkpoint's model does not take: which model takes them, if one does, and what this
-    one takes."""
+    """The line for options the checkpoint's model does not take: which model takes them, and what this one takes."""
     options = [action.option_strings[0] for action in build_parser([name])._actions if action.option_strings
                and action.option_strings[0] not in ("-h", "--checkpoint", "--output", "--device")]
     flags = [arg for arg in unknown if arg.startswith("-")] or unknown
@@ -182,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"model '{name}' has no inference hook (Inference.infer of its spec in models/{name})")
         device = parse_device(args.device)
         _, model, cfg = load_trained(args.checkpoint, device)
-        args.load_vocoder = lambda: load_vocoder(getattr(args, "vocoder", None), args.checkpoint, cfg, device)
+        args.load_trained = lambda path: load_trained(path, device)  # another checkpoint (Tacotron2's --vocoder)
         torch.manual_seed(args.seed)  # every device's generator
         np.random.seed(args.seed)  # Griffin-Lim's random initial phases (librosa)
         with one_line_warnings():

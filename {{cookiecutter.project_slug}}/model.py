@@ -1,20 +1,13 @@
 """The model contract: what ``train.py``, ``inference.py`` and the scripts need from a model, grouped by who reads it.
 
-Your own model, in three steps (``docs/own_model_example.py`` is a complete file to start from):
-
-1. Write ``models/<name>.py`` (or a folder ``models/<name>/``): a config section (a :class:`utils.config.Section`), an
-   ``nn.Module`` whose ``forward`` takes a batch dict, a loss ``criterion(outputs, batch) -> scalar``, and
-   ``build_datasets(cfg) -> (train, val)``; end it with ``SPEC = ModelSpec(name="<name>", ...)``.
-2. List it in ``models/__init__.py``: ``from models import <name>`` and ``<name>.SPEC`` in the registry.
-3. Train it: ``python multiproc.py train.py --model <name> ...``.
-
-A :class:`ModelSpec` holds the model's name, its config section, ``build_model`` and :class:`Training` (all that
-training needs); the other groups are optional, each read by one consumer: :class:`Inference` (``inference.py``),
-:class:`Export` (``scripts/export.py --format onnx``), :class:`Published` (published weights: ``--init-from``,
-``scripts/import_weights.py``), :class:`Benchmark` (synthetic batches, for timing and memory tools). A group left out
-is said where it would be used. A batch is a dict of tensors plus an ``"ids"`` list of utterance ids. Shapes of three
-kinds fit without touching ``train.py`` (torchtitan's ``ModelSpec`` is the model): one network and one loss; several
-networks and optimizers (:class:`Phases`: a GAN); a model bigger than one GPU (``Training.blocks``).
+Your own model (``docs/own_model_example.py`` is a complete file to start from): write ``models/<name>.py`` with a
+config section (a :class:`utils.config.ModelSection`), an ``nn.Module`` whose ``forward`` takes a batch dict, a loss
+``criterion(outputs, batch) -> scalar`` and ``build_datasets(cfg) -> (train, val)``, ending in ``SPEC =
+ModelSpec(name="<name>", ...)``; list it in ``models/__init__.py``; train it with ``python multiproc.py train.py
+--model <name>``. A batch is a dict of tensors plus an ``"ids"`` list of utterance ids. The groups besides
+:class:`Training` are optional, each read by one consumer that says where one is missing. Several optimizers
+(:class:`Phases`: a GAN) and a model bigger than one GPU (``Training.blocks``) fit without touching ``train.py``
+(torchtitan's ``ModelSpec`` is the model).
 """
 
 from __future__ import annotations
@@ -76,10 +69,8 @@ class Inference:
     infer: Callable[..., list]  # (model, cfg, args, device) -> the paths it wrote
     add_args: Optional[Callable[[Any], None]] = None  # parser -> None: the model's own options
     vocode: Optional[Callable[..., torch.Tensor]] = None  # (model, mel (n_mels, frames), cfg) -> audio (samples,)
-    # the model makes mels: inference.py offers --vocoder and hands infer args.load_vocoder() -> (mel -> audio) | None
-    takes_vocoder: bool = False
-    # the sub-modules inference uses (empty: all): what a release checkpoint keeps and train.ema_decay averages
-    modules: tuple[str, ...] = ()
+    takes_vocoder: bool = False  # the model makes mels (its options offer --vocoder); the tests run it last
+    modules: tuple[str, ...] = ()  # sub-modules inference uses (empty: all): kept by releases, averaged by EMA
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +90,7 @@ class Published:
 
 @dataclasses.dataclass(frozen=True)
 class BenchmarkCase:
-    """A train-step shape: ``section.key=value`` overrides of the section's defaults, the batch size and the keywords
-    of ``Benchmark.synthetic_batch``; ``tiny`` shrinks it for a CPU."""
+    """A train-step shape: ``section.key=value`` overrides, batch size, synthetic_batch keywords; ``tiny``: a CPU's."""
 
     name: str
     overrides: tuple[str, ...]
@@ -119,8 +109,8 @@ class Benchmark:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """One model: its name (``--model NAME``, also its ``config.json`` section), the section's class, how to build the
-    network (``cfg -> nn.Module``; ``forward(batch)`` returns what the criterion reads), and the groups above."""
+    """One model: its name (``--model NAME``, its ``config.json`` section), the section's class, ``build_model`` (``cfg
+    -> nn.Module``; ``forward(batch)`` returns what the criterion reads), and the groups above."""
 
     name: str
     config_cls: type  # its config.json section: a utils.config.ModelSection subclass
@@ -130,10 +120,7 @@ class ModelSpec:
     export: Optional[Export] = None
     published: Optional[Published] = None
     benchmark: Optional[Benchmark] = None
-    # its reference recipe's values of shared settings a config leaves null ({"train.grad_clip": 1.0}):
-    # utils.training.recipe.apply_recipe fills them in. A setting it does not name (all, when empty) takes the
-    # project's default (recipe.PROJECT_RECIPE: audio.mel_framing=jik876, train.grad_clip=0.0: no clipping,
-    # train.cudnn_benchmark=true); train.py's start-up prints the recipe the model gets
+    # its reference's values of shared settings a config leaves null ({"train.grad_clip": 1.0}); else the project's
     recipe: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property

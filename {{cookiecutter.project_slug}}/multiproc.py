@@ -6,13 +6,9 @@ Usage (the whole story: docs/manual.md)::
     python multiproc.py --nnodes 2 --node-rank R --master-addr HOST [--master-port P] train.py ...
     python multiproc.py [options] -m scripts.NAME [args...]        # a module, as python -m runs it
 
-Options left out come from the visible GPUs and the platform (``utils.platforms``, where the project has it).
 Rank 0 prints here, rank r > 0 into ``<log-dir>/rank_<r>.*``; a failed rank is named with its log, and its exit code
-is ours. Stop signals go on to every rank, which finishes its step while rank 0 saves (``utils.run.StopForwarder``).
-The script's own ``check_command_line(argv)`` is asked first (:func:`preflight`). Each rank gets ``RANK``,
-``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``. torchrun's own parser and ``elastic_launch`` run the job; its agent
-runs in a thread, so the main thread can pass a signal on and wait for the ranks, where torchrun kills them after 30 s.
-Source: https://pytorch.org/docs/stable/elastic/run.html
+is ours. torchrun runs in a thread while the main thread passes stop signals on to every rank and waits while rank 0
+saves (torchrun kills the ranks after 30 s). Source: https://pytorch.org/docs/stable/elastic/run.html
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import importlib
 import importlib.util
 import logging
 import os
@@ -34,13 +29,13 @@ import torch
 from torch.distributed import DistError, TCPStore
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs
-from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
 from utils.launch import check_not_launched
 from utils.parts import optional_part
 from utils.run import StopForwarder, stop_exit_code
+from utils.run_log import one_line
 
 ROOT = Path(__file__).resolve().parent  # the project's folder: a script in it is imported by its dotted name
 DEFAULT_STOP_TIMEOUT_S = 25.0  # grace period after a stop signal: inside Kubernetes' 30 s, with time for our own exit
@@ -80,15 +75,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"multiproc: ERROR: {message}\n")
 
 
-def _fail(message: str) -> None:
-    print(f"multiproc: ERROR: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """Parse and check multiproc's own options; the script's arguments are kept verbatim."""
+    """multiproc's own options, checked, those left out filled from the platform's variables (``utils.platforms``, where
+    present), and the script's arguments verbatim; a bad option exits with one ``multiproc: ERROR:`` line."""
     p = _Parser(prog="multiproc.py", description=__doc__.split("\n")[0])
-    pods = optional_part("utils.platforms") is not None  # the help names Kubernetes where the project runs there
+    platforms = optional_part("utils.platforms")  # the help names Kubernetes where the project runs there
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None,
                    help="processes on this node (default: visible GPUs, or 2 without CUDA)")
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
@@ -106,30 +97,32 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S,
                    help="grace period: seconds the ranks get to stop (and save) after a stop signal before they are "
                         f"killed (default {DEFAULT_STOP_TIMEOUT_S:g}"
-                        + (", inside Kubernetes' default 30 s)" if pods else ")"))
+                        + (", inside Kubernetes' default 30 s)" if platforms else ")"))
     p.add_argument("--stop-exit-code", type=int, default=None,
                    help="exit code after a stop signal the ranks obeyed (default: 128 + the signal inside "
-                        + ("Kubernetes, where 0 would mark the job complete" if pods else "an orchestrator's pod")
+                        + ("Kubernetes, where 0 would mark the job complete" if platforms else "an orchestrator's pod")
                         + "; 0 elsewhere; 130 after Ctrl-C)")
     p.add_argument("-m", "--module", action="store_true",
                    help="the script is a module name, run as python -m does (python multiproc.py -m scripts.NAME ...)")
     p.add_argument("script", help="the training script (a .py file, or with -m a module name)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments, untouched")
     args = p.parse_args(argv)
-    args.platform = platform_defaults(args, argv, os.environ)
-    _check_args(args)
-    if args.nnodes == 1:
-        args.master_addr = args.master_addr or "127.0.0.1"
-    else:
+    try:
+        if platforms is None:
+            check_not_launched(os.environ)
+        args.platform = platforms.fill_launch_options(args, argv, os.environ) if platforms else ""
+    except ValueError as err:
+        p.error(str(err))
+    _check_args(p, args, platforms)
+    args.master_addr = args.master_addr or "127.0.0.1"  # one node: --nnodes > 1 was checked to give it
+    if args.nnodes > 1:
         args.master_port = args.master_port or 29500
     return args
 
 
-def _check_args(args: argparse.Namespace) -> None:
-    """Exit with one ``multiproc: ERROR:`` line for the first option out of range or contradiction; fills the default
-    ``--nproc-per-node``."""
+def _check_args(parser: _Parser, args: argparse.Namespace, platforms) -> None:
+    """Exit for the first option out of range or contradiction; fills the default ``--nproc-per-node``."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    platforms = optional_part("utils.platforms")  # where a multi-node launch may also find node 0's host
     if args.nproc_per_node is None:
         args.nproc_per_node = gpus or 2
     nproc, nnodes, port, code = args.nproc_per_node, args.nnodes, args.master_port, args.stop_exit_code
@@ -148,98 +141,50 @@ def _check_args(args: argparse.Namespace) -> None:
         (code is not None and not 0 <= code < 256, f"--stop-exit-code must be in 0..255, got {code}"),
         (os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir),
          f"--log-dir {args.log_dir} exists and is not a directory"),
-        (not args.module and not os.path.isfile(args.script), f"training script not found: {args.script}")]
+        (not args.module and not os.path.isfile(args.script), f"training script not found: {args.script}"),
+        (args.module and importlib.util.find_spec(args.script.split(".")[0]) is None,
+         f"module not found: {args.script} (run multiproc.py from the project's folder)")]
     for failed, message in checks:
         if failed:
-            _fail(message)
-    if args.module and importlib.util.find_spec(args.script.split(".")[0]) is None:
-        _fail(f"module not found: {args.script} (run multiproc.py from the project's folder)")
+            parser.error(message)
 
 
-def platform_defaults(args: argparse.Namespace, argv: list[str], environ) -> str:
-    """Fill the options the command line left out from ``utils.platforms.platform_topology`` (in place; only
-    :func:`utils.launch.check_not_launched` in a project without the cloud platforms); returns the platform read
-    (``""``: none). ``nproc_per_node`` may be ``auto``/``gpu`` (the default) or ``cpu`` (2). One node keeps a free port
-    of its own. Exits with one ``multiproc: ERROR:`` line for a value that is not a number or a contradiction."""
-    platforms = optional_part("utils.platforms")
-    try:
-        if platforms is None:
-            check_not_launched(environ)
-        platform, found = platforms.platform_topology(environ) if platforms else ("", {})
-    except ValueError as err:
-        _fail(str(err))
-    script_at = argv.index(args.script) if args.script in argv else len(argv)
-    given = {arg.split("=")[0].lstrip("-").replace("-", "_") for arg in argv[:script_at] if arg.startswith("--")}
-    for option in ("nnodes", "nproc_per_node", "node_rank", "master_addr", "master_port"):
-        value = found.get(option)
-        if option in given or value is None or (option.startswith("master_") and args.nnodes == 1):
-            continue
-        if option == "master_addr":
-            args.master_addr = value
-        elif option == "nproc_per_node" and value in ("auto", "gpu", "cpu"):
-            args.nproc_per_node = None if value != "cpu" else 2
-        else:
-            try:
-                setattr(args, option, int(value))
-            except ValueError:
-                _fail(f"{platform}: {value!r} for --{option.replace('_', '-')} is not a whole number")
-    return platform
+class RendezvousError(RuntimeError):
+    """The nodes did not all check in, or the rendezvous port cannot be used (one line)."""
 
 
-def _open_store(args: argparse.Namespace, port: int, is_master: bool) -> tuple[TCPStore | None, str]:
-    """A multi-tenant ``TCPStore`` (torchrun's static rendezvous reuses it in this process) at ``master_addr:port``, or
-    ``None`` and the error's first line. File descriptor 2 is silenced meanwhile: c10d logs a failed connect there as a
-    30-line C++ stack trace."""
+def rendezvous(args: argparse.Namespace) -> TCPStore:
+    """The job's rendezvous store at ``master_addr:master_port``, multi-tenant (torchrun's static rendezvous reuses it)
+    and held to the end so that no other program takes the port. Node 0 hosts it (one node without ``--master-port``:
+    on a port the kernel picks, set in ``args``); with ``--nnodes`` > 1 every node checks in and waits for all within
+    ``--rdzv-timeout``. File descriptor 2 is silenced while it opens: c10d logs a failed connect as a C++ stack trace.
+    Raises RendezvousError naming what failed."""
+    where = f"{args.master_addr}:{args.master_port}"
     sys.stderr.flush()
     saved = os.dup(2)
     try:
         with open(os.devnull, "w") as devnull:
             os.dup2(devnull.fileno(), 2)
-        return TCPStore(args.master_addr, port, None, is_master, datetime.timedelta(seconds=args.rdzv_timeout),
-                        wait_for_workers=False, multi_tenant=True), ""
+        store = TCPStore(args.master_addr, args.master_port or 0, None, args.node_rank == 0,
+                         datetime.timedelta(seconds=args.rdzv_timeout), wait_for_workers=False, multi_tenant=True)
     except (DistError, RuntimeError) as err:
-        return None, next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        reason = one_line(err).strip()
+        if args.nnodes == 1 and ("EADDRINUSE" in reason or "address already in use" in reason.lower()):
+            raise RendezvousError(f"--master-port {args.master_port} is in use on {args.master_addr} (another job "
+                                  "listens there); leave --master-port out to take a free port, or choose another one")
+        if args.nnodes == 1:
+            raise RendezvousError(f"cannot listen on {args.master_addr}:{args.master_port or 0}: {reason}") from err
+        if args.node_rank == 0:
+            raise RendezvousError(f"rendezvous on {where} failed: {reason}") from err
+        raise RendezvousError(f"node {args.node_rank}: node 0 did not answer at {where} within {args.rdzv_timeout:g} s "
+                              f"(start it with --node-rank 0 --master-addr {args.master_addr} --master-port "
+                              f"{args.master_port}; check the address and the firewall): {reason}") from err
     finally:
         os.dup2(saved, 2)
         os.close(saved)
-
-
-class RendezvousError(RuntimeError):
-    """The nodes of a multi-node launch did not all check in (one line: address, how many joined)."""
-
-
-def host_store(args: argparse.Namespace) -> TCPStore:
-    """Single node: host the job's rendezvous store on ``--master-port``, or on a port the kernel picks (then set in
-    ``args``), held to the end so that no other program can take it.
-
-    Raises:
-        RendezvousError: ``--master-port`` is in use (or cannot be listened on).
-    """
-    store, reason = _open_store(args, args.master_port or 0, True)
-    if store is None and ("EADDRINUSE" in reason or "address already in use" in reason.lower()):
-        raise RendezvousError(f"--master-port {args.master_port} is in use on {args.master_addr} (another job listens "
-                              "there); leave --master-port out to take a free port, or choose another one")
-    if store is None:
-        raise RendezvousError(f"cannot listen on {args.master_addr}:{args.master_port or 0}: {reason}")
-    args.master_port = store.port
-    return store
-
-
-def wait_for_nodes(args: argparse.Namespace) -> TCPStore:
-    """Check in with the other nodes' launchers at ``master_addr:master_port`` within ``--rdzv-timeout``: node 0 hosts
-    the store; every node adds its ``--node-rank`` and waits for all ``--nnodes``. Returns the store (keep it alive).
-
-    Raises:
-        RendezvousError: node 0 unreachable, a node rank claimed twice, or too few nodes before the timeout.
-    """
-    where = f"{args.master_addr}:{args.master_port}"
-    store, reason = _open_store(args, args.master_port, args.node_rank == 0)
-    if store is None and args.node_rank == 0:
-        raise RendezvousError(f"rendezvous on {where} failed: {reason}")
-    if store is None:
-        raise RendezvousError(f"node {args.node_rank}: node 0 did not answer at {where} within {args.rdzv_timeout:g} s "
-                              f"(start it with --node-rank 0 --master-addr {args.master_addr} --master-port "
-                              f"{args.master_port}; check the address and the firewall): {reason}")
+    if args.nnodes == 1:
+        args.master_port = store.port
+        return store
     if store.add(f"multiproc/node_{args.node_rank}", 1) > 1:
         raise RendezvousError(f"rendezvous on {where}: --node-rank {args.node_rank} was given to two nodes")
     joined = store.add("multiproc/joined", 1)
@@ -256,7 +201,7 @@ def wait_for_nodes(args: argparse.Namespace) -> TCPStore:
 
 
 def last_error_line(log_path: str | None) -> str:
-    """``": <what it said>"`` from the last ``ERROR:`` line of a rank's stderr log, or ``""`` (no log, no such line)."""
+    """``": <what it said>"`` from the last ``ERROR:`` line of a rank's stderr log, or ``""``."""
     try:
         lines = Path(log_path).read_text(errors="replace").splitlines() if log_path else []
     except OSError:
@@ -265,20 +210,8 @@ def last_error_line(log_path: str | None) -> str:
     return f": {errors[-1][len('ERROR: '):]}" if errors else ""
 
 
-def log_to_file(path: str) -> None:
-    """Send torchrun's own log records (``torch.distributed.elastic``) to ``path``, not the console, where this launcher
-    says what happened in its own lines."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    elastic = logging.getLogger("torch.distributed.elastic")
-    elastic.addHandler(handler)
-    elastic.propagate = False
-
-
 def run_agent(config, entrypoint, cmd_args: list[str], stop: StopForwarder):
-    """torchrun's ``elastic_launch`` in a thread while the main thread handles stop signals; returns what it returns
-    or raises what it raised."""
+    """torchrun's ``elastic_launch`` in a thread while the main thread handles stop signals; returns or raises as it."""
     outcome: dict = {}
 
     def agent() -> None:
@@ -302,8 +235,7 @@ def run_agent(config, entrypoint, cmd_args: list[str], stop: StopForwarder):
 
 def preflight(script: str, script_args: list[str], module: bool = False) -> str | None:
     """The script's own check of its command line (a top-level ``def check_command_line``): its error line, or
-    ``None``. The script is imported, never run: a module (``-m``) as named, a file of this project by its dotted name;
-    a file elsewhere, or one without that function, is not imported at all."""
+    ``None``. Imported, never run; a file outside this project, or without that function, is not imported."""
     if module:
         name = script
     else:
@@ -317,7 +249,7 @@ def preflight(script: str, script_args: list[str], module: bool = False) -> str 
 
 def torchrun_config(args: argparse.Namespace):
     """torchrun's ``(config, entrypoint, arguments)`` from its own parser, and the :class:`RankLogs` in the config; sets
-    the variables the ranks read (``MULTIPROC_PID``, ``MULTIPROC_STOP_TIMEOUT``; ``OMP_NUM_THREADS=1`` as torchrun)."""
+    the variables the ranks read. torchrun's own log records go to ``<log-dir>/launcher.log``, not the console."""
     torchrun_argv = ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank), "--nproc-per-node",
                      str(args.nproc_per_node), "--rdzv-backend", "static", "--master-addr", args.master_addr,
                      "--master-port", str(args.master_port), "--max-restarts", str(args.max_restarts), "--log-dir",
@@ -327,16 +259,19 @@ def torchrun_config(args: argparse.Namespace):
     os.environ["MULTIPROC_PID"] = str(os.getpid())  # the ranks check it (utils.launch.die_with_launcher)
     os.environ["MULTIPROC_STOP_TIMEOUT"] = f"{args.stop_timeout:g}"  # train.py warns when a save cannot fit
     config, entrypoint, cmd_args = torchrun.config_from_args(torchrun.parse_args(torchrun_argv))
-    log_to_file(os.path.join(args.log_dir, "launcher.log"))
+    os.makedirs(args.log_dir, exist_ok=True)
+    handler = logging.FileHandler(os.path.join(args.log_dir, "launcher.log"))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("torch.distributed.elastic").addHandler(handler)
+    logging.getLogger("torch.distributed.elastic").propagate = False
     config.logs_specs = logs = RankLogs(args.log_dir)
     return config, entrypoint, cmd_args, logs
 
 
 def failed_rank_status(err: ChildFailedError, logs: RankLogs) -> int:
-    """Say which rank failed (its ``ERROR:`` line: the one it recorded, :func:`utils.launch.record_failure`, else its
-    log's last; and its log) and return its exit code (1 for a signal). The ranks torchrun stopped itself (SIGTERM,
-    SIGKILL) are not causes; nor, beside a rank with an error of its own, those that merely lost a peer in a
-    collective (gloo's "Connection closed by peer"): their line names the first cause's error instead."""
+    """Say which rank failed, with its ``ERROR:`` line (recorded by :func:`utils.launch.record_failure`, else its log's
+    last) and its log, and return its exit code (1 for a signal). Ranks torchrun stopped (SIGTERM, SIGKILL) are not
+    causes; a rank that merely lost a peer in a collective is named with the first cause's error."""
     records = {r: err.failures[r].error_file_data for r in sorted(err.failures)}
     said = {r: f": {record['message']}" if "lost_peer" in record else last_error_line(logs.paths.get(r))
             for r, record in records.items()}
@@ -358,8 +293,8 @@ def failed_rank_status(err: ChildFailedError, logs: RankLogs) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the job; returns the exit status: 0 (or :func:`stop_exit_code` after a stop signal), the failed rank's exit
-    code, 128 + the signal when the ranks had to be killed, or 1 when the check or the rendezvous fails."""
+    """Run the job; returns 0 (after a stop signal :func:`stop_exit_code`), the failed rank's exit code, 128 + the
+    signal when the ranks had to be killed, or 1 when the check or the rendezvous fails."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if (problem := preflight(args.script, args.script_args, args.module)) is not None:
         print(f"multiproc: ERROR: {problem}", file=sys.stderr, flush=True)
@@ -370,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"multiproc: {where}{args.nproc_per_node} process{'es' * (args.nproc_per_node != 1)} (world size {world}), "
           f"logs of ranks 1.. in {os.path.join(args.log_dir, '')}", flush=True)
     try:
-        _store = host_store(args) if args.nnodes == 1 else wait_for_nodes(args)  # kept alive for the run
+        _store = rendezvous(args)  # kept alive for the run
     except RendezvousError as err:
         print(f"multiproc: ERROR: {err}", file=sys.stderr, flush=True)
         return 1
@@ -380,13 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         run_agent(config, entrypoint, cmd_args, stop)
     except ChildFailedError as err:
         return failed_rank_status(err, logs)
-    except SignalException as err:  # torchrun's own handler: only if the agent ran in the main thread
-        print(f"multiproc: stopped by signal {err.sigval.name}", file=sys.stderr, flush=True)
-        return 128 + int(err.sigval)
     except DistError as err:  # the launcher's own rendezvous store: port taken, master unreachable, timeout
-        reason = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        print(f"multiproc: ERROR: rendezvous on {args.master_addr}:{args.master_port} failed: {reason}",
-              file=sys.stderr, flush=True)
+        print(f"multiproc: ERROR: rendezvous on {args.master_addr}:{args.master_port} failed: "
+              f"{one_line(err).strip()}", file=sys.stderr, flush=True)
         return 1
     if stop.killed:
         return 128 + int(signal.Signals[stop.signal_name])

@@ -4,18 +4,10 @@
     python multiproc.py train.py --config config.json                             # one process per GPU (DDP)
     python multiproc.py --nproc-per-node 2 train.py --config config.json --tiny   # CPU smoke run
 
-The loop (:func:`train_loop`, below) knows no model: it takes a :class:`model.ModelSpec` from ``models.MODELS``. Each
-step reads ``grad_accumulation`` micro-batches; DistributedDataParallel all-reduces the gradients (averaged over ranks)
-during the last micro-batch's backward, so every replica takes the same optimizer step (with ``train.parallelism=fsdp``,
-FSDP2 reduce-scatters them and each rank updates its shard). Then one small all-reduce per step agrees on the loss, on
-whether it is finite, and on whether a rank was asked to stop (SIGTERM/SIGUSR1/SIGINT). Only rank 0 writes: progress
-bar, TensorBoard, ``metrics.jsonl``, checkpoints.
-
-A checkpoint holds everything the next step depends on (weights, optimizer, LR schedule, GradScaler, step, epoch and
-position inside it, every rank's RNG states), so ``--resume auto`` continues exactly where the run stopped; on another
-number of processes it continues from the same sample of the epoch. What the loop calls lives in ``utils/training/``
-(setup, the step, its checks), ``utils/checkpoint/`` and ``utils/run.py`` (signals, the output folder's lock);
-``docs/architecture.md`` is the map.
+The loop (:func:`train_loop`) knows no model: it takes a :class:`model.ModelSpec` from ``models.MODELS``. Each step
+reads ``grad_accumulation`` micro-batches; DDP all-reduces the gradients in the last one's backward, then one small
+all-reduce agrees on the loss and any rank's stop signal. Only rank 0 writes. A checkpoint holds everything the next
+step depends on (every rank's RNG states too): ``--resume auto`` continues exactly where the run stopped.
 """
 
 from __future__ import annotations
@@ -53,12 +45,8 @@ from utils.training.step import forward_backward, step_schedulers
 
 
 def train_loop(run: Run, stop: StopRequest) -> bool:
-    """Optimizer steps until ``train.max_steps`` or a stop signal: each phase (one per optimizer) runs forward and backward
-    over the step's micro-batches (gradient accumulation; the all-reduce in the last backward), unscales and clips; one
-    small all-reduce gives every rank its numbers; a non-finite or spiking step is logged, skipped or stops the run;
-    then its optimizer steps. After the phases the schedules step and the gradients are dropped. Every ``log_interval``
-    a metrics row, every ``val_interval`` validation, every ``checkpoint_interval`` (and at a stop or the end) a
-    checkpoint. Returns whether it trained to the end (not stopped)."""
+    """Optimizer steps until ``train.max_steps`` or a stop signal; logs, validates and saves at their intervals (saves
+    at a stop and at the end too). Returns whether it trained to the end (not stopped)."""
     cfg, state, log = run.cfg.train, run.state, run.log
     window, epochs_seen = StepWindow(), epochs_done(state, run.data.loader)
     scaler = run.precision.scaler  # fp16's loss scaling; a pass-through in the other precisions
@@ -74,12 +62,11 @@ def train_loop(run: Run, stop: StopRequest) -> bool:
             # The last phase's all-reduce also sums the step's stop requests and items (this rank's in ``items``).
             counts = StepCounts(int(stop.signal_name is not None), items) if phase is run.phases[-1] else None
             numbers = all_reduce_numbers(result, scaler, run.dist, counts)  # loss, gradient norm: every rank's view
-            verdict = run.anomalies.check(step, phase, numbers, ids)  # non-finite, spikes: log, skip or stop
+            verdict = run.anomalies.check(step, phase, numbers, ids)  # non-finite, spikes: log, skip or stop; counted
             outcome.add(phase, result, numbers, verdict)
             scaler.step(phase.optimizer)  # before the next phase's forward: it sees the updated network
             if run.ema is not None and not verdict.skipped:  # a real update only: not a skip, not an fp16 overflow
                 run.ema.update(phase.wrapped)
-            run.anomalies.count_skips(step, phase, verdict)  # too many in a row stop the run
         scaler.update()  # once per step, after every optimizer (PyTorch's AMP recipe)
         epochs_seen = step_schedulers(run.phases, outcome.applied, epochs_seen, epochs_done(state, run.data.loader))
         for phase in run.phases:  # the next step's backward starts from no gradient
@@ -93,21 +80,20 @@ def train_loop(run: Run, stop: StopRequest) -> bool:
             window = StepWindow()
         if step % cfg.val_interval == 0 or last:
             log.validation(step, state.epoch, run.validator.validate(step))
-        run.saver.poll()
+        run.checkpointer.poll()
         if outcome.stop_requested or step % cfg.checkpoint_interval == 0 or last:
-            run.saver.save(outcome.step_time)
+            run.checkpointer.save(outcome.step_time)
         if outcome.stop_requested:
-            run.saver.finish()
+            run.checkpointer.finish()
             log.print(f"stopped at step {step} on {stop.signal_name or 'another rank’s signal'}; resume with the same "
                       f"command (--resume auto reads {last_checkpoint_path(run.output_dir)})")
             return False
-    run.saver.finish()
+    run.checkpointer.finish()
     return True
 
 
 def log_window(run: Run, window: StepWindow, grad_norm: float) -> None:
-    """The metrics row of the steps since the last one, with every rank's memory and times (one small exchange per log
-    interval), and rank 0's warnings of an unbalanced rank (:class:`utils.run_log.BalanceMonitor`)."""
+    """The metrics row of the steps since the last, with every rank's memory and times; rank 0 warns of imbalance."""
     state, is_main = run.state, run.dist.is_main
     ranks = all_gather_object(window.balance(run.dist.device))
     for warning in (run.balance.check(state.step, ranks) if is_main else []):
@@ -119,10 +105,9 @@ def log_window(run: Run, window: StepWindow, grad_norm: float) -> None:
 
 
 def main(argv=None) -> int:
-    """``python train.py``: 0 when done or stopped cleanly by a signal (130 after Ctrl-C without a launcher), 1 with one
-    ``ERROR:`` line otherwise. Also the callable entry for a framework that starts the processes and their process group
-    itself (Ray Train: ``train.main(["--config", ...])`` in each worker): the existing group is used
-    (``RANK``/``LOCAL_RANK`` as the framework sets them) and not destroyed at the end."""
+    """``python train.py``: 0 when done or stopped by a signal (130 after Ctrl-C without a launcher), else 1 after one
+    ``ERROR:`` line. Also the entry of a framework that starts the processes and their process group itself (Ray
+    Train: ``train.main(["--config", ...])`` in each worker): that group is used and not destroyed at the end."""
     stop = StopRequest()  # first: a signal from here on stops the run cleanly instead of killing it
     try:
         args = parse_args(argv)
@@ -134,10 +119,8 @@ def main(argv=None) -> int:
 
 
 def check_command_line(argv: list[str]) -> Optional[str]:
-    """What ``multiproc.py`` asks before it starts any rank: the one line of the first problem of this command line found
-    without a process group (arguments, the config and ``--set``, settings the model cannot honour, a corpus that is not
-    there), or ``None``. Every rank checks the same again when it starts; found here it is said once, within seconds,
-    instead of by every rank after its start-up."""
+    """What ``multiproc.py`` asks before it starts any rank: the line of the first problem found without a process
+    group (arguments, config, settings the model cannot honour, no corpus), or ``None``."""
     try:
         args = parse_args(argv)
         cfg = load_run_config(args)
@@ -156,7 +139,6 @@ def run_training(args: argparse.Namespace, stop: StopRequest) -> int:
     except ConfigError as err:
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1
-    # A process group made by the caller (Ray Train's workers) is used as it is, and left to the caller at the end.
     caller_group = torch.distributed.is_available() and torch.distributed.is_initialized()
     try:
         dist = init_distributed(timeout_s=cfg.train.dist_timeout_s)
@@ -182,8 +164,7 @@ def run_training(args: argparse.Namespace, stop: StopRequest) -> int:
 
 
 def failure_status(err: Exception, rank: int, cfg: Config, output_dir: Path) -> int:
-    """Print the one ``ERROR:`` line of a failed rank (with a traceback for a bug in model or data code, where it failed
-    matters) and return its exit status, 1."""
+    """Print the one ``ERROR:`` line of a failed rank (after a traceback for a bug in model or data code) and return 1."""
     lost_peer = None  # the collective in which a peer was lost (another rank's error is the cause)
     if isinstance(err, CollectiveError):  # its message names the rank, the collective and the timeout
         line, lost_peer = one_line(err), err.collective
@@ -203,8 +184,8 @@ def failure_status(err: Exception, rank: int, cfg: Config, output_dir: Path) -> 
 
 
 def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> None:
-    """The run: rank 0 holds the output folder (:class:`utils.run.RunLock`) while the run is built and trained. A folder
-    this run created and left empty (it failed before writing anything) is removed again."""
+    """The run: rank 0 holds the output folder (:class:`utils.run.RunLock`) while the run is built and trained; a folder
+    this run created and left empty is removed again."""
     output_dir = Path(args.output_dir)
     lock = RunLock(output_dir) if dist.is_main else None
     created = dist.is_main and not output_dir.exists()
@@ -218,7 +199,7 @@ def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> Non
         try:
             finished = train_loop(run, stop)
         finally:
-            run.saver.finish_after_error()  # an error: still finish the last background save
+            run.checkpointer.finish_after_error()  # an error: still finish the last background save
             run.log.close()  # also on an error, so that its ERROR line starts a line of its own
         if finished and dist.is_main:
             print(f"done: {run.state.step} steps; checkpoint {last_checkpoint_path(output_dir)}")
@@ -239,12 +220,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """``train.py``'s command line.
-
-    Raises:
-        CommandLineError: an unknown, missing or malformed argument, an option that a ``--set`` contradicts, or a
-            platform's folder variable that cannot work here (``--help`` still prints and exits 0).
-    """
+    """``train.py``'s command line. Raises CommandLineError for an unknown, missing or malformed argument, an option
+    that a ``--set`` contradicts, or a platform's folder variable that cannot work here (``--help`` still prints and
+    exits 0)."""
     models = sorted(MODELS)
     platforms = optional_part("utils.platforms")  # the cloud platforms' folders and argument style, where present
     parser = _Parser(description=__doc__.split("\n\n")[0])
@@ -300,9 +278,7 @@ def load_run_config(args: argparse.Namespace) -> Config:
 
 
 if __name__ == "__main__":
-    # The modules' objects (torch's: 0.15 s of CPU to walk) live as long as the process: no garbage collection walks
-    # them, not those at the run's end (end_dataloader_workers, cleanup) nor those left for Python's exit.
-    gc.freeze()
+    gc.freeze()  # the modules' objects (torch's: 0.15 s of CPU to walk) live as long as the process: never walked again
     code = main()
     gc.freeze()
     sys.exit(code)

@@ -137,7 +137,7 @@ class Generator(nn.Module):
             width = narrower
         layers += [nn.LeakyReLU(0.2), nn.Conv1d(width, 1, kernel_size=7, padding=3), nn.Tanh()]
         self.layers = nn.Sequential(*layers)
-        self.analysis = MelSpectrogram.from_config(audio_cfg)
+        self.analysis = MelSpectrogram(audio_cfg)
         self.mel_loss_weight = cfg.mel_loss_weight
 
     def forward(self, mel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

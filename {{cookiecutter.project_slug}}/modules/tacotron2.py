@@ -1,10 +1,7 @@
-"""The parts of Tacotron2: pre-net, encoder, attention decoder and post-net. Architecture of Shen et al., 2018, "Natural
-TTS synthesis by conditioning WaveNet on mel spectrogram predictions" (ICASSP), with the sizes and training details of
-NVIDIA's reference implementation (pre-net dropout that stays on at inference, dropout on the two decoder LSTM outputs,
-a linear, batch-normalised last post-net layer). The decoder predicts one mel frame per step. Beyond the reference,
-padded positions are zeroed between the encoder convolutions and (given a mask) between the post-net convolutions, so in
-evaluation mode the outputs at real positions do not depend on how much padding a batch carries. The full model is
-``models.tacotron2.network.Tacotron2``."""
+"""The parts of Tacotron2: pre-net, encoder, attention decoder and post-net (Shen et al., 2018, "Natural TTS synthesis
+by conditioning WaveNet on mel spectrogram predictions", ICASSP), with the sizes and training details of NVIDIA's
+reference. Beyond the reference, padded positions are zeroed between the encoder (and, given a mask, post-net)
+convolutions, so in evaluation mode the outputs at real positions do not depend on a batch's padding."""
 
 from __future__ import annotations
 
@@ -22,11 +19,8 @@ from modules.layers import ConvNorm, LinearNorm
 
 def get_padding_mask(lengths: torch.Tensor, max_len: Optional[int] = None) -> torch.Tensor:
     """Boolean mask ``(B, max_len)``, ``True`` at padded positions (index >= length), for ``lengths`` ``(B,)``;
-    ``max_len`` defaults to ``lengths.max()``.
-
-    Raises:
-        ValueError: ``lengths`` is not 1-D, or a length is negative or exceeds ``max_len``.
-    """
+    ``max_len`` defaults to ``lengths.max()``. Raises ValueError: ``lengths`` is not 1-D, or a length is negative or
+    exceeds ``max_len``."""
     if lengths.dim() != 1:
         raise ValueError(f"lengths must be 1-D (B,), got shape {tuple(lengths.shape)}")
     if max_len is None:
@@ -40,11 +34,8 @@ def pad_memory(memory: torch.Tensor, mask: Optional[torch.Tensor], multiple: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pad encoder outputs ``(B, L, E)`` with zeros along the text axis to ``(B, L', E)``, ``L'`` the smallest multiple
     of ``multiple`` >= ``L``; returns them and the mask ``(B, L')``, ``True`` at padded positions (those of ``mask``
-    ``(B, L)``, none if it is ``None``, and the added ones).
-
-    Raises:
-        ValueError: ``multiple < 1`` or a mask of another shape than ``(B, L)``.
-    """
+    ``(B, L)``, none if it is ``None``, and the added ones). Raises ValueError: ``multiple < 1`` or a mask of another
+    shape than ``(B, L)``."""
     if multiple < 1:
         raise ValueError(f"pad_memory: multiple must be >= 1, got {multiple}")
     batch, length = memory.size(0), memory.size(1)
@@ -60,10 +51,7 @@ def pad_memory(memory: torch.Tensor, mask: Optional[torch.Tensor], multiple: int
 
 class Prenet(nn.Module):
     """Bottleneck for the previous mel frame, ``(..., in_dim) -> (..., sizes[-1])``: per size, linear, ReLU, dropout.
-
-    The dropout (:attr:`dropout`) stays on at inference: Shen et al. (2018) found that its noise at synthesis helps the
-    decoder generalise, and NVIDIA's reference does the same. Set ``prenet.dropout = 0.0`` only for deterministic tests.
-    """
+    The dropout stays on at inference, as in Shen et al. (2018) and NVIDIA's reference."""
 
     def __init__(self, in_dim: int, sizes: tuple[int, ...] = (256, 256), dropout: float = 0.5):
         super().__init__()
@@ -80,11 +68,8 @@ class Prenet(nn.Module):
 
 class Encoder(nn.Module):
     """Character encoder: ``n_convolutions`` x (conv ``kernel_size`` characters wide, batch norm, ReLU, dropout in
-    training), then a BiLSTM of ``embedding_dim / 2`` units per direction.
-
-    Raises:
-        ValueError: ``embedding_dim`` is odd or ``kernel_size`` is even.
-    """
+    training), then a BiLSTM of ``embedding_dim / 2`` units per direction. Raises ValueError: ``embedding_dim`` is odd
+    or ``kernel_size`` is even."""
 
     def __init__(self, embedding_dim: int = 512, n_convolutions: int = 3, kernel_size: int = 5,
                  dropout: float = 0.5):
@@ -100,11 +85,8 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Embedded text ``(B, embedding_dim, L)`` and ``lengths`` ``(B,)`` (``None``: no padding) -> ``(B, L,
-        embedding_dim)``, zero past each length.
-
-        Raises:
-            ValueError: ``lengths`` has the wrong shape or a length below 1.
-        """
+        embedding_dim)``, zero past each length. Raises ValueError: ``lengths`` has the wrong shape or a length below
+        1."""
         max_len = x.size(2)
         keep = None
         if lengths is not None:
@@ -127,11 +109,8 @@ class Encoder(nn.Module):
 
 class Postnet(nn.Module):
     """Residual mel refiner: ``n_convolutions`` x (conv ``kernel_size`` frames wide, batch norm), each followed by tanh
-    but the last, and by dropout in training. The model adds its output to the decoder's mel.
-
-    Raises:
-        ValueError: ``n_convolutions < 2``.
-    """
+    but the last, and by dropout in training. The model adds its output to the decoder's mel. Raises ValueError:
+    ``n_convolutions < 2``."""
 
     def __init__(self, n_mels: int, embedding_dim: int = 512, kernel_size: int = 5, n_convolutions: int = 5,
                  dropout: float = 0.5):
@@ -162,63 +141,43 @@ class Postnet(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Autoregressive attention decoder producing one mel frame and one stop-gate logit per step. Per step: pre-net on
-    the previous frame; attention LSTM on (pre-net output, previous context); location-sensitive attention
-    (:class:`modules.attention.LocationSensitiveAttention`) gives a new context; decoder LSTM on (attention LSTM output,
-    context); linear projections of (decoder LSTM output, context) give the frame and the gate logit. Dropout
-    ``p_attention_dropout`` / ``p_decoder_dropout`` on the two LSTM outputs in training (NVIDIA's reference; the
-    dropped-out value is also the state carried to the next step). :meth:`inference` stops at ``max_decoder_steps``
-    frames (with a warning) or once the stop probability exceeds ``gate_threshold``."""
+    """Autoregressive attention decoder, one mel frame and one stop-gate logit per step: pre-net on the previous frame;
+    attention LSTM on (pre-net output, previous context); location-sensitive attention gives a new context; decoder
+    LSTM on (attention LSTM output, context); linear projections of (decoder LSTM output, context) give the frame and
+    the gate logit. Dropout on the two LSTM outputs in training, carried to the next step. ``cfg``: the ``tacotron2``
+    config section, as NVIDIA's ``hparams``."""
 
-    def __init__(self, n_mels: int, encoder_dim: int = 512, attention_rnn_dim: int = 1024,
-                 decoder_rnn_dim: int = 1024, prenet_dim: int = 256, attention_dim: int = 128,
-                 attention_location_n_filters: int = 32, attention_location_kernel_size: int = 31,
-                 max_decoder_steps: int = 1000, gate_threshold: float = 0.5, p_attention_dropout: float = 0.1,
-                 p_decoder_dropout: float = 0.1):
+    def __init__(self, n_mels: int, cfg):
         super().__init__()
+        encoder_dim, prenet_dim = cfg.encoder_embedding_dim, cfg.prenet_dim
         self.n_mels, self.encoder_dim = n_mels, encoder_dim
-        self.attention_rnn_dim, self.decoder_rnn_dim = attention_rnn_dim, decoder_rnn_dim
-        self.max_decoder_steps, self.gate_threshold = max_decoder_steps, gate_threshold
-        self.p_attention_dropout, self.p_decoder_dropout = p_attention_dropout, p_decoder_dropout
+        self.attention_rnn_dim, self.decoder_rnn_dim = cfg.attention_rnn_dim, cfg.decoder_rnn_dim
+        self.max_decoder_steps, self.gate_threshold = cfg.max_decoder_steps, cfg.gate_threshold
+        self.p_attention_dropout, self.p_decoder_dropout = cfg.p_attention_dropout, cfg.p_decoder_dropout
         self.prenet = Prenet(n_mels, (prenet_dim, prenet_dim))
-        self.attention_rnn = nn.LSTMCell(prenet_dim + encoder_dim, attention_rnn_dim)
-        self.attention = LocationSensitiveAttention(attention_rnn_dim, encoder_dim, attention_dim,
-                                                    attention_location_n_filters, attention_location_kernel_size)
-        self.decoder_rnn = nn.LSTMCell(attention_rnn_dim + encoder_dim, decoder_rnn_dim)
-        self.linear_projection = LinearNorm(decoder_rnn_dim + encoder_dim, n_mels)
-        self.gate_layer = LinearNorm(decoder_rnn_dim + encoder_dim, 1, w_init_gain="sigmoid")
-        self.text_bucket = 1  # the fast path (off until enable_fast_path)
-        self._compiled_step = None
+        self.attention_rnn = nn.LSTMCell(prenet_dim + encoder_dim, cfg.attention_rnn_dim)
+        self.attention = LocationSensitiveAttention(cfg.attention_rnn_dim, encoder_dim, cfg.attention_dim,
+                                                    cfg.attention_location_n_filters,
+                                                    cfg.attention_location_kernel_size)
+        self.decoder_rnn = nn.LSTMCell(cfg.attention_rnn_dim + encoder_dim, cfg.decoder_rnn_dim)
+        self.linear_projection = LinearNorm(cfg.decoder_rnn_dim + encoder_dim, n_mels)
+        self.gate_layer = LinearNorm(cfg.decoder_rnn_dim + encoder_dim, 1, w_init_gain="sigmoid")
+        self.text_bucket, self._compiled_step = 1, None  # the fast path, off until enable_fast_path
 
     def enable_fast_path(self, text_bucket: int = 32, **compile_kwargs) -> None:
-        """Run the teacher-forced loop of :meth:`forward` through a compiled step function.
-
-        The loop is launch-bound on a GPU (~245 small operator calls per step, up to ~800 steps): ``torch.compile`` of
-        the *step* (not the loop) makes it two calls of fused kernels, compiled once. For one graph the memory is padded
-        along the text axis to a multiple of ``text_bucket`` symbols (masked, so outputs are unchanged; alignments are
-        cut back); step 0 runs eagerly; no host synchronisation (``fullgraph=True``). :meth:`inference` stays eager.
-        Dropout in the compiled step draws other samples of the same distribution (unless
-        ``torch._inductor.config.fallback_random``, as the fast-path checks set).
-
-        ``compile_kwargs`` go to ``torch.compile`` (defaults ``fullgraph=True``, ``dynamic=False``; tests pass
-        ``backend="aot_eager"``; ``mode="reduce-overhead"`` adds CUDA graphs).
-
-        Raises:
-            ValueError: ``text_bucket < 1``.
-        """
+        """Run the teacher-forced loop of :meth:`forward` through a compiled step function: the loop is launch-bound on
+        a GPU (~245 small operator calls per step), ``torch.compile`` of the step makes it two calls of fused kernels.
+        The memory is padded along the text axis to a multiple of ``text_bucket`` symbols (masked: outputs unchanged);
+        step 0 runs eagerly; :meth:`inference` stays eager. Dropout in the compiled step draws other samples of the same
+        distribution. ``compile_kwargs`` go to ``torch.compile`` (defaults ``fullgraph=True``, ``dynamic=False``).
+        Raises ValueError: ``text_bucket < 1``."""
         if text_bucket < 1:
             raise ValueError(f"Decoder.enable_fast_path: text_bucket must be >= 1, got {text_bucket}")
         compile_kwargs.setdefault("fullgraph", True)
         compile_kwargs.setdefault("dynamic", False)
         self.text_bucket = text_bucket
-        # The unbound function, called with the module first: a deep copy of the model shares the compiled code but
-        # runs on its own parameters.
+        # The unbound function: a deep copy of the model shares the compiled code but runs on its own parameters.
         self._compiled_step = torch.compile(type(self)._step, **compile_kwargs)
-
-    def disable_fast_path(self) -> None:
-        """Back to the plain eager loop (no padding, no compiled step)."""
-        self.text_bucket = 1
-        self._compiled_step = None
 
     def _initial_state(self, memory: torch.Tensor) -> dict[str, torch.Tensor]:
         """Zero LSTM states, attention weights and context for a batch of ``memory`` ``(B, L, E)``."""
@@ -255,15 +214,10 @@ class Decoder(nn.Module):
 
     def forward(self, memory: torch.Tensor, mels: torch.Tensor, memory_mask: Optional[torch.Tensor] = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Teacher-forced decoding: step ``t`` sees the ground-truth frame ``t - 1`` (a zero frame at t=0).
-
-        ``memory`` ``(B, L, encoder_dim)`` encoder outputs, ``mels`` ``(B, n_mels, T)`` targets, ``memory_mask`` ``(B,
-        L)`` bool, ``True`` at padded text positions (or ``None``) -> ``(mel (B, n_mels, T), gate logits (B, T),
-        alignments (B, T, L))``.
-
-        Raises:
-            ValueError: ``mels`` does not have ``n_mels`` channels, or batch sizes differ.
-        """
+        """Teacher-forced decoding (step ``t`` sees the ground-truth frame ``t - 1``) of ``memory`` ``(B, L,
+        encoder_dim)``, ``mels`` ``(B, n_mels, T)`` targets, ``memory_mask`` ``(B, L)`` bool, ``True`` at padded text
+        positions (or ``None``) -> ``(mel (B, n_mels, T), gate logits (B, T), alignments (B, T, L))``. Raises
+        ValueError: ``mels`` does not have ``n_mels`` channels, or batch sizes differ."""
         if mels.dim() != 3 or mels.size(1) != self.n_mels:
             raise ValueError(f"Decoder expects mels of shape (B, {self.n_mels}, T), got {tuple(mels.shape)}")
         if mels.size(0) != memory.size(0):
@@ -295,13 +249,9 @@ class Decoder(nn.Module):
     def inference(self, memory: torch.Tensor, progress: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Free-running decoding of ``memory`` ``(B, L, encoder_dim)`` (no padding), each step fed the previous
-        predicted frame (``progress``: a bar of the frames decoded) -> ``(mel (B, n_mels, T), gate logits (B, T),
-        alignments (B, T, L))``, ``T`` the steps taken.
-
-        Stops after the step at which every item's ``sigmoid(gate)`` has exceeded :attr:`gate_threshold`, or at
-        :attr:`max_decoder_steps` frames with a ``UserWarning`` (the usual sign of an attention failure or an untrained
-        model). Items that stopped early run on to the last one; trim each at its first gate crossing.
-        """
+        predicted frame -> ``(mel (B, n_mels, T), gate logits (B, T), alignments (B, T, L))``. Stops after the step at
+        which every item's ``sigmoid(gate)`` exceeded :attr:`gate_threshold`, or at :attr:`max_decoder_steps` frames
+        with a ``UserWarning``; items that stopped early run on (trim each at its first gate crossing)."""
         bar = tqdm(total=self.max_decoder_steps, desc="decoding mel frames", unit="frame", disable=not progress,
                    leave=False)
         processed_memory = self.attention.process_memory(memory)

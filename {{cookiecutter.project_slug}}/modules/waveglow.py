@@ -1,9 +1,5 @@
-"""Building blocks of WaveGlow: the invertible 1x1 convolution and the WN coupling network.
-
-Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis" (ICASSP 2019),
-and NVIDIA's reference implementation for layer sizes and initialisation; weight norm through
-``torch.nn.utils.parametrizations``, determinants through ``torch.linalg``.
-"""
+"""Building blocks of WaveGlow: the invertible 1x1 convolution and the WN coupling network (Prenger, Valle and
+Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis", ICASSP 2019; NVIDIA's initialisation)."""
 
 from __future__ import annotations
 
@@ -19,12 +15,8 @@ def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
 
 
 class Invertible1x1Conv(nn.Module):
-    """A learned, orthogonal-initialised channel mixing ``z -> W z`` of ``channels`` channels, with an exact inverse.
-
-    ``forward(z)``: ``(B, C, T)`` -> ``(W z, log|det W| * B * T)``, the second term being this layer's contribution to
-    the flow's log-likelihood (Kingma and Dhariwal, Glow, 2018). Determinant and inverse are taken in float32 even under
-    autocast.
-    """
+    """A learned channel mixing ``z -> W z``, orthogonal at first, exactly invertible (Glow: Kingma and Dhariwal, 2018).
+    ``forward(z)``: ``(B, C, T)`` -> ``(W z, log|det W| * B * T)``; determinant and inverse in >= float32."""
 
     def __init__(self, channels: int):
         super().__init__()
@@ -46,27 +38,16 @@ class Invertible1x1Conv(nn.Module):
 
 def add_gated_activation(x: torch.Tensor, cond: torch.Tensor, channels: int) -> torch.Tensor:
     """WaveNet's gate on a sum, ``tanh(s[:, :C]) * sigmoid(s[:, C:])`` with ``s = x + cond``: ``(B, 2C, T)`` inputs ->
-    ``(B, C, T)``, ``C = channels``.
-
-    One function of its two inputs so that ``torch.compile`` fuses the add, ``tanh``, ``sigmoid`` and product into one
-    elementwise kernel (NVIDIA's reference scripts the same function with TorchScript:
-    ``fused_add_tanh_sigmoid_multiply``).
-    """
+    ``(B, C, T)``, ``C = channels`` (NVIDIA's ``fused_add_tanh_sigmoid_multiply``)."""
     summed = x + cond
     return torch.tanh(summed[:, :channels]) * torch.sigmoid(summed[:, channels:])
 
 
 class WN(nn.Module):
-    """The non-causal WaveNet-like network that predicts an affine coupling's shift and log-scale.
-
-    ``in_channels``: the audio half it conditions on (``n_half``); ``cond_channels``: the upsampled, grouped mel
-    (``n_mels * n_group``); ``n_layers`` dilated layers (dilation ``2**i``) of ``channels`` residual channels and an odd
-    ``kernel_size``. ``forward(audio (B, in_channels, T), cond (B, cond_channels, T))`` -> ``(B, 2 * in_channels, T)``:
-    the shift ``b``, then ``log s``. The last convolution starts at zero, so every coupling starts as the identity.
-
-    Raises:
-        ValueError: an even ``kernel_size``.
-    """
+    """The non-causal WaveNet-like network that predicts an affine coupling's shift and log-scale: ``n_layers`` dilated
+    layers (dilation ``2**i``) of ``channels`` residual channels. ``forward(audio (B, in_channels, T), cond (B,
+    cond_channels, T))`` -> ``(B, 2 * in_channels, T)``: the shift ``b``, then ``log s``; the last convolution starts at
+    zero, so every coupling starts as the identity. Raises ValueError for an even ``kernel_size``."""
 
     def __init__(self, in_channels: int, cond_channels: int, n_layers: int, channels: int, kernel_size: int):
         super().__init__()

@@ -10,28 +10,18 @@
     python -m scripts.benchmark --padding --dataset-path DIR      # padded share of batches: random vs buckets
 
 Everything about a model comes from its ``ModelSpec``; a model that lacks what a mode needs is skipped with a line
-saying so. Progress bars go to stderr (``--no-progress`` hides them), rows and tables to stdout.
+saying so. Progress bars go to stderr (``--no-progress``), rows and tables to stdout.
 
-**Train step** (default): per case and precision, the model and one ``Benchmark.synthetic_batch`` (seed 0) through
-``train.py``'s step (:func:`scripts.benchmark_step.make_train_step`), timed as NVIDIA's reference harness does:
-``--warmup`` untimed steps, then the median of ``--steps`` (CUDA events; CPU: ``time.perf_counter``). Rows: ``case``,
-``mode`` (``tf32``, ``amp-bf16``, ``amp-fp16``), ``step_s``, ``items_per_s`` (samples or mel frames a second, as
-NVIDIA's tables), ``peak_gib``, ``path``, ``tiny``, ``params_m``, ``loss``; ``--compare REF.json`` adds
-``ratio_vs_reference``. Cases are each model's ``Benchmark.cases`` (the reference's shapes); ``--tiny`` takes the
-tiny block and each case's tiny shape. On a CPU tiny and the eager path are the defaults (``--full-size``, ``--fast``).
-
-**Check** (``--check``): the fast path's loss and gradients against eager float32 on the same batch and weights, in
-float32 and bf16 autocast: rows ``check-fp32`` and ``check-amp-bf16`` with ``loss_rel_diff``, ``limit`` (1e-5, 2e-2),
-``ok``, ``grad_rel_diff``.
-
-**Loader** (``--loader --dataset-path DIR``): the train step on the corpus's first batch, then ``train.py``'s
-DataLoader with each ``--workers`` count: rows ``loader_<model>_wav`` (and ``_cached_mels``), then the fewest workers
-that keep up (per process).
-
-**Padding** (``--padding --dataset-path DIR``): per model with ``Training.variable_length`` (Tacotron2; the vocoders
-train on fixed segments and are skipped, none: one error line), the padded share of one epoch's batches,
-``data.batching=random`` vs ``buckets``, at the tiny block's batch size on a CPU, the full-size one on a GPU or with
-``--full-size``.
+**Train step** (default): per case (``Benchmark.cases``, the reference's shapes) and precision, one
+``Benchmark.synthetic_batch`` (seed 0) through ``train.py``'s step, timed as NVIDIA's harness does: ``--warmup``
+untimed steps, then the median of ``--steps``. Rows: ``case``, ``mode`` (``tf32``, ``amp-bf16``, ``amp-fp16``),
+``step_s``, ``items_per_s`` (samples or mel frames a second), ``peak_gib``, ``path``, ``tiny``, ``params_m``,
+``loss``, and with ``--compare REF.json`` ``ratio_vs_reference``. On a CPU tiny and eager are the defaults.
+**Check** (``--check``): the fast path's loss and gradients against eager float32, in float32 and bf16 autocast: rows
+``check-fp32`` and ``check-amp-bf16`` with ``loss_rel_diff``, ``limit`` (1e-5, 2e-2), ``ok``, ``grad_rel_diff``.
+**Loader** (``--loader``): ``train.py``'s DataLoader with each ``--workers`` count: rows ``loader_<model>_wav`` (and
+``_cached_mels``), then the fewest workers that keep up. **Padding** (``--padding``): per model with
+``Training.variable_length``, the padded share of one epoch's batches, ``data.batching=random`` vs ``buckets``.
 
 Exit status 0; 2 for a bad argument; 1 for a bad config or corpus, or a failed check.
 """
@@ -60,7 +50,6 @@ from utils.errors import TrainingError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-# The line a CPU run prints before it starts: without --tiny or --full-size; with --full-size (what it will cost).
 CPU_TINY_NOTE = ("on a CPU a full-size train step takes minutes: using the tiny shapes (config.json's tiny "
                  "block, each case's tiny shape; rows named tiny_...); add --full-size to time full size anyway")
 CPU_TINY_PADDING_NOTE = ("on a CPU: the batch sizes of config.json's tiny block; add --full-size for the full-size "
@@ -112,8 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settle_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """``args.models`` and ``args.precisions`` from ``--model`` and ``--precision``; ``parser.error`` (exit 2) for an
-    unknown name."""
+    """``args.models`` and ``args.precisions``; ``parser.error`` (exit 2) for an unknown name."""
     args.models = list(MODELS) if args.model == "all" else args.model.split(",")
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
@@ -159,11 +147,7 @@ def check_modes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """The command line, checked and completed (models, precisions, device, shapes, step counts).
-
-    Raises:
-        SystemExit: 2 after argparse's usage line for a bad argument.
-    """
+    """The command line, checked and completed (models, precisions, device, shapes, step counts); exit 2 if bad."""
     parser = build_parser()
     args = parser.parse_args(argv)
     settle_names(parser, args)
@@ -173,7 +157,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 def print_table(rows: list[dict]) -> None:
-    """The timed rows as a Markdown table, like NVIDIA's."""
+    """The timed rows as a Markdown table."""
     print("\n| case | mode | path | step s | items/s | peak GiB | vs reference |\n|---|---|---|---|---|---|---|")
     for row in rows:
         if "error" in row:
@@ -205,8 +189,7 @@ class Rows:
 
 
 def chosen_cases(args: argparse.Namespace) -> list[tuple[str, BenchmarkCase]]:
-    """The ``(model, case)`` pairs to run: every case of ``--model``'s models, or those ``--cases`` names (either
-    name).
+    """The ``(model, case)`` pairs to run: every case of ``--model``'s models, or those ``--cases`` names.
 
     Raises:
         BenchmarkError: ``--cases`` names none of them.

@@ -1,5 +1,4 @@
-"""The ``--loader`` and ``--padding`` parts of ``python -m scripts.benchmark`` (its docstring says what they
-measure)."""
+"""The ``--loader`` and ``--padding`` parts of ``python -m scripts.benchmark`` (see its docstring)."""
 
 from __future__ import annotations
 
@@ -31,14 +30,9 @@ def run_config(args: argparse.Namespace, name: str, tiny: bool, extra: tuple[str
 
 def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str],
                 emit: Callable[[dict], None]) -> list[dict]:
-    """Loader throughput rows for ``models`` (see :mod:`scripts.benchmark`), each passed to ``emit`` as it is
-    measured: the train step on a real batch (``train_<model>``), then every ``--workers`` count. A dataset whose
-    ``cache_dir`` (a mel cache) holds ``.pt`` files is timed twice: with ``cache_dir = None`` (audio decoded, mels
-    computed) and with it.
-
-    Raises:
-        BenchmarkError: a dataset too small for one batch of the configured batch size.
-    """
+    """Loader throughput rows for ``models``, each passed to ``emit``: the train step on a real batch
+    (``train_<model>``), then every ``--workers`` count; a dataset with a filled mel cache is timed without and with it.
+    Raises BenchmarkError: a dataset too small for one batch of the configured batch size."""
     rows = []
     for name in models:
         spec = MODELS[name]
@@ -62,13 +56,8 @@ def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str
 
 
 def padding_rows(args: argparse.Namespace, models: list[str], emit: Callable[[dict], None]) -> list[dict]:
-    """``padding_<model>`` rows (see :mod:`scripts.benchmark`) of the ``models`` with ``Training.variable_length``,
-    each passed to ``emit``, at the tiny block's batch sizes with ``args.tiny`` (the CPU's default); the others are
-    skipped with a line saying so.
-
-    Raises:
-        BenchmarkError: fewer training utterances than one batch.
-    """
+    """``padding_<model>`` rows of the ``models`` with ``Training.variable_length``, each passed to ``emit``; the others
+    are skipped with a line saying so. Raises BenchmarkError: fewer training utterances than one batch."""
     rows = []
     for name in models:
         if not MODELS[name].training.variable_length:
@@ -92,11 +81,8 @@ def padding_rows(args: argparse.Namespace, models: list[str], emit: Callable[[di
 
 
 def training_loader(spec: ModelSpec, cfg: Config, train_set, device: torch.device):
-    """``train.py``'s training DataLoader over ``train_set`` for one process.
-
-    Raises:
-        BenchmarkError: the dataset is too small for one batch.
-    """
+    """``train.py``'s training DataLoader over ``train_set`` for one process. Raises BenchmarkError: the dataset is too
+    small for one batch."""
     batch_size = cfg.section(spec.name).batch_size
     loader = make_loader(train_set, spec, cfg, DistInfo(rank=0, local_rank=0, world_size=1, device=device, backend=None),
                          train=True)
@@ -108,12 +94,8 @@ def training_loader(spec: ModelSpec, cfg: Config, train_set, device: torch.devic
 
 def step_on_real_batch(spec: ModelSpec, cfg: Config, train_set, args: argparse.Namespace,
                        device: torch.device) -> dict:
-    """Items/s of ``train.py``'s step (eager, ``train.precision``) on the first real batch of ``train_set``: what the
-    loader has to keep up with on this device.
-
-    Raises:
-        BenchmarkError: the dataset is too small for one batch.
-    """
+    """Items/s of ``train.py``'s step (eager, ``train.precision``) on the first real batch of ``train_set``. Raises
+    BenchmarkError: the dataset is too small for one batch."""
     name, batch_size = spec.name, cfg.section(spec.name).batch_size
     batch = next(iter(training_loader(spec, cfg, train_set, device)))
     items = spec.training.count_items(batch)
@@ -148,13 +130,9 @@ def print_loader_table(rows: list[dict]) -> None:
 
 def time_loader(spec: ModelSpec, cfg: Config, train_set, label: str, batches: int, device: torch.device,
                 progress: bool = True) -> dict:
-    """Items/s of ``train.py``'s training DataLoader over ``train_set``, ``batches`` batches after the first one, from
-    :func:`utils.data.loader.batch_stream` (epochs restart as in training) and moved to ``device`` as ``train.py``
-    moves them. With ``progress``, a tqdm bar on stderr counts the ``batches + 1`` batches.
-
-    Raises:
-        BenchmarkError: the dataset is too small for one batch.
-    """
+    """Items/s of ``train.py``'s training DataLoader over ``train_set``, ``batches`` batches after the first one
+    (:func:`utils.data.loader.batch_stream`), moved to ``device``; ``progress``: a tqdm bar on stderr. Raises
+    BenchmarkError: the dataset is too small for one batch."""
     stream = batch_stream(training_loader(spec, cfg, train_set, device), TrainState())
     with progress_bar(batches + 1, f"{label} ({cfg.data.num_workers} workers)", "batch", progress) as bar:
         begin = time.perf_counter()

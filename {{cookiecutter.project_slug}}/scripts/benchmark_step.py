@@ -39,7 +39,7 @@ def skip_note(name: str, what: str) -> None:
 
 def cases_for(models: list[str]) -> list[tuple[str, BenchmarkCase]]:
     """``(model, case)`` pairs of ``models``: each model's ``Benchmark.cases``, or one ``<name>_default`` case sized
-    from ``config.json``; a model without a ``Benchmark`` (random batches) is skipped with a line saying so."""
+    from ``config.json``; a model without a ``Benchmark`` is skipped with a line saying so."""
     found = []
     for name in models:
         spec = MODELS[name]
@@ -86,8 +86,7 @@ def shape_fields(name: str, case: BenchmarkCase, args: argparse.Namespace) -> di
 
 
 def progress_bar(total: int, desc: str, unit: str, enabled: bool) -> tqdm:
-    """A tqdm bar on stderr for ``total`` ``unit`` s, drawn at once (a slow first step still shows that work started)
-    and removed when closed on a terminal (stdout's rows and tables stay readable)."""
+    """A tqdm bar on stderr for ``total`` ``unit`` s, drawn at once and removed when closed on a terminal."""
     return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, dynamic_ncols=True, **bar_options(leave=False))
 
 
@@ -114,9 +113,8 @@ def _timed_call(step: Callable[[], Any], device: torch.device) -> float:
 
 def median_step_time(step: Callable[[], Any], warmup: int, steps: int, device: torch.device, desc: str = "steps",
                      progress: bool = True) -> float:
-    """Seconds per call of ``step``: ``warmup`` untimed calls, then the median of ``steps`` timed ones
-    (``sorted(times)[steps // 2]``, as in the reference harness). With ``progress``, a tqdm bar ``desc`` on stderr
-    counts the calls (drawn between timed calls, never inside one)."""
+    """Seconds per call of ``step``: ``warmup`` untimed calls, then the median of ``steps`` timed ones (as in the
+    reference harness); with ``progress``, a tqdm bar ``desc`` on stderr, drawn between timed calls."""
     times = []
     with progress_bar(warmup + steps, desc, "step", progress) as bar:
         for _ in range(warmup):
@@ -131,11 +129,9 @@ def median_step_time(step: Callable[[], Any], warmup: int, steps: int, device: t
 
 def make_train_step(model: torch.nn.Module, criterion: Callable, batch: dict, cfg: Config, spec: ModelSpec,
                     precision: str, device: torch.device) -> Callable[[], dict[str, torch.Tensor]]:
-    """``train.py``'s optimizer step (one micro-batch, one process) as a closure returning ``{"loss": the last phase's
-    detached loss}``, plus ``loss_<phase>`` and each phase's metrics for a model of several optimizers (e.g. a GAN's
-    discriminator then generator): the batch through the ``on_device`` hook, then per phase
-    :func:`utils.training.step.forward_backward` (autocast, GradScaler, clipping to ``train.grad_clip``) and its
-    optimizer step; then the scaler update. ``train.py``'s all-reduce, spike checks and LR schedule are left out.
+    """``train.py``'s optimizer step (one micro-batch, one process; no all-reduce, spike check or LR schedule) as a
+    closure returning ``{"loss": the last phase's detached loss}``, plus ``loss_<phase>`` and each phase's metrics for
+    a model of several optimizers: per phase :func:`utils.training.step.forward_backward` and its optimizer step.
 
     Raises:
         TrainingError: the model's ``build_optimizer`` or ``networks`` do not match its phases.
@@ -174,11 +170,7 @@ def synthetic_batch(spec: ModelSpec, cfg: Config, shape: BenchmarkCase) -> dict:
 
 def build(spec: ModelSpec, cfg: Config, shape: BenchmarkCase, device: torch.device, fast: bool,
           args: argparse.Namespace) -> tuple[torch.nn.Module, Callable, dict]:
-    """Model (seed 0, on ``device``, fast path applied if asked), criterion and synthetic batch (seed 0).
-
-    Raises:
-        BenchmarkError: the fast path is asked for a model whose ModelSpec has none.
-    """
+    """Model (seed 0, on ``device``, fast path applied if asked), criterion and synthetic batch (seed 0)."""
     torch.manual_seed(0)
     model = spec.build_model(cfg).to(device).train()
     if fast:
@@ -207,8 +199,7 @@ def release(device: torch.device) -> None:
 
 def timed_fields(model: torch.nn.Module, items: int, seconds: float, last: dict, args: argparse.Namespace,
                  device: torch.device) -> dict[str, Any]:
-    """What a timed row says beyond its name: seconds and items per step, peak memory, size, the last step's loss
-    (and each phase's losses for a model with several optimizers)."""
+    """A timed row's numbers: seconds and items per step, peak memory, size, the last step's loss(es)."""
     losses = last["loss"]
     return dict(step_s=round(seconds, 4), items_per_s=round(items / seconds),
                 peak_gib=round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None,
@@ -252,7 +243,6 @@ def perturb(model: torch.nn.Module, std: float = 0.01) -> None:
         for param in model.parameters():
             if param.is_floating_point():
                 param.add_(torch.randn(param.shape, generator=generator).to(param.device) * std)
-
 
 
 def check_case(name: str, case: BenchmarkCase, args: argparse.Namespace, device: torch.device) -> list[dict]:

@@ -1,16 +1,14 @@
-"""One file from a sharded checkpoint (``train.parallelism=fsdp``): for sharing, for tools that read one file.
+"""One file from a sharded checkpoint (``train.parallelism=fsdp``), for sharing or tools that read one file.
 
     python -m scripts.consolidate_checkpoint out/checkpoint_last                 # -> out/checkpoint_20_consolidated.pt
     python -m scripts.consolidate_checkpoint out/checkpoint_20 --output model.pt
     python -m scripts.consolidate_checkpoint out/checkpoint_last --model-only    # weights and config only
 
-The shards are joined on the CPU, as PyTorch's ``dcp_to_torch_save`` does but read as data (nothing pickled in the
-folder runs), with the folder's ``train_state.pt`` entries added:
-``inference.py --checkpoint FILE`` takes it like a single-file checkpoint. Its optimizer is keyed by parameter name:
-resume training from the folder. ``--model-only`` leaves the training state out. The default name ends in
-``_consolidated.pt``, never one of ``train.py``'s. Written atomically; an existing file is kept unless ``--force``.
-Exit status 1 with one ``ERROR:`` line when the folder is not an intact sharded checkpoint or the output exists.
-"""
+The shards are joined on the CPU as PyTorch's ``dcp_to_torch_save`` does, but read as data (nothing pickled in the
+folder runs), with the entries of ``train_state.pt`` added: ``inference.py --checkpoint FILE`` takes it. Its optimizer
+is keyed by parameter name: resume training from the folder. Written atomically; an existing file is kept unless
+``--force``. Exit status 1 with one ``ERROR:`` line for a folder that is not an intact sharded checkpoint or an
+existing output."""
 
 from __future__ import annotations
 
@@ -26,22 +24,19 @@ if not __package__:  # run by its path, not as python -m scripts.NAME: the proje
 import torch
 
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
-from utils.checkpoint.sharded import is_sharded, load_whole_sharded, read_train_state, sharded_intact
+from utils.checkpoint.sharded import load_whole_sharded, read_train_state, sharded_intact
 
 TRAINING_ONLY = ("optimizer", "scheduler", "scaler", "rng")  # the entries --model-only leaves out
 
 
 def consolidate(folder: str | Path, output: str | Path, model_only: bool = False) -> dict:
-    """Write the sharded checkpoint ``folder`` as the single file ``output``; returns what it holds.
-
-    Raises:
-        CheckpointError: ``folder`` is not an intact sharded checkpoint of ``train.py``.
-        OSError: ``output`` cannot be written (nothing is left half-written).
-    """
+    """Write the sharded checkpoint ``folder`` as the single file ``output``; returns what it holds. Raises
+    CheckpointError: ``folder`` is not an intact sharded checkpoint of ``train.py``; OSError: ``output`` cannot be
+    written (nothing is left half-written)."""
     folder = Path(folder)
     if not folder.exists():
         raise CheckpointError(f"{folder}: no such file or folder")
-    if not is_sharded(folder):
+    if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a sharded checkpoint folder (a .pt file is one file already)")
     if (problem := sharded_intact(folder)) is not None:
         raise CheckpointError(f"{folder} is {problem}")
@@ -56,20 +51,16 @@ def consolidate(folder: str | Path, output: str | Path, model_only: bool = False
     return state
 
 
-def default_output(folder: Path) -> Path:
-    """``out/checkpoint_20_consolidated.pt`` for ``out/checkpoint_20`` or for ``out/checkpoint_last`` naming it."""
-    return folder.parent / f"{Path(os.path.realpath(folder)).name}_consolidated.pt"
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Consolidate the folder the command line names. Returns the exit status: 0, or 1 after one ``ERROR:`` line."""
+    """Consolidate the folder the command line names. Returns the exit status."""
     parser = argparse.ArgumentParser(description="Write one checkpoint file from a sharded checkpoint folder.")
     parser.add_argument("folder", type=Path, help="a sharded checkpoint: out/checkpoint_<step> or out/checkpoint_last")
     parser.add_argument("--output", type=Path, help="the file to write (default: <folder>_consolidated.pt beside it)")
     parser.add_argument("--model-only", action="store_true", help="weights, model name and config only")
     parser.add_argument("--force", action="store_true", help="replace an existing output file")
     args = parser.parse_args(argv)
-    output = args.output or default_output(args.folder)
+    # out/checkpoint_20_consolidated.pt for out/checkpoint_20 or for out/checkpoint_last naming it
+    output = args.output or args.folder.parent / f"{Path(os.path.realpath(args.folder)).name}_consolidated.pt"
     try:
         if not output.parent.is_dir():
             raise CheckpointError(f"--output {output}: the folder {output.parent} does not exist")

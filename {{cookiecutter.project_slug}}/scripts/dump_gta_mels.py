@@ -4,23 +4,17 @@
     python multiproc.py --nproc-per-node 2 -m scripts.dump_gta_mels --checkpoint T2 --dataset-path D --output M
     python multiproc.py train.py --model VOCODER --dataset-path D --init-from VOCODER_CHECKPOINT --set data.mel_dir=M
 
-The last line fine-tunes the vocoder on those mels. Method: Tacotron2's training forward pass (NVIDIA's reference),
-the decoder fed the ground-truth mel (teacher forcing), so the post-net mel lines up with the real audio sample for
-sample: "ground truth-aligned" mels (Shen et al. 2018, ICASSP; jik876/hifi-gan's "Fine-Tuning"), so the vocoder learns
-Tacotron2's errors instead of meeting them at synthesis. Eval mode, the pre-net's dropout on (masks from ``--seed``).
+The last line fine-tunes the vocoder on those mels. Method: Tacotron2's training forward pass, the decoder fed the
+ground-truth mel (teacher forcing), so the post-net mel lines up with the real audio sample for sample ("ground
+truth-aligned" mels: Shen et al., ICASSP 2018; jik876/hifi-gan's "Fine-Tuning"). Eval mode, the pre-net's dropout on
+(masks from ``--seed``). Every file written is checked against the frame rule of the checkpoint's
+``audio.mel_framing`` (``MelSpectrogram.num_frames``), which ``_audio_config.json`` records for the vocoder.
 
-The frame rule, checked for every file written (a mismatch is an error naming the utterance): ``T`` samples give
-``MelSpectrogram.num_frames(T)`` frames in the checkpoint's ``audio.mel_framing`` (Tacotron2's recipe: NVIDIA's, ``1 +
-T // hop_length``; a checkpoint saved before the setting: jik876's, ``T // hop_length`` for LJSpeech's sizes), which
-``_audio_config.json`` records: a vocoder on the folder frames as it does.
-
-Written: ``<output>/<id>.pt`` for each utterance of both splits, with the checkpoint's config (resumable: those there
-are skipped unless ``--overwrite``), plus ``_audio_config.json`` and ``_gta_source.json`` (:func:`prepare_output`).
-Utterances longer than ``tacotron2.max_mel_frames`` (``--max-mel-frames``) and unusable corpus lines are left out,
-named in one line; the first are listed in ``_left_out.json`` (a vocoder on the folder trains without them). With
-several processes (``multiproc.py``, ``torchrun``, ``srun``), rank ``r`` of ``W`` writes utterances ``r, r + W,
-...``. Errors: one ``ERROR:`` line each; exit status 2 for a bad option, 1 for a problem of the run or of an
-utterance (the others are still written)."""
+Written: ``<output>/<id>.pt`` for each utterance of both splits (resumable: those there are skipped unless
+``--overwrite``), ``_audio_config.json`` and ``_gta_source.json``. Utterances longer than ``tacotron2.max_mel_frames``
+(``--max-mel-frames``) are listed in ``_left_out.json``; they and unusable corpus lines are named in one line. Rank
+``r`` of ``W`` processes writes utterances ``r, r + W, ...``. Errors: one ``ERROR:`` line each; exit status 2 for a
+bad option, 1 for a problem of the run or of an utterance (the others are still written)."""
 
 from __future__ import annotations
 
@@ -51,7 +45,7 @@ from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.config import Config, ConfigError
 from utils.data.audio import load_wav
 from utils.data.corpus import BadClip, DataError, Utterance, load_splits
-from utils.data.datasets import LEFT_OUT_FILE, MEL_SETTINGS_FILE
+from utils.data.mel_dir import LEFT_OUT_FILE, MEL_SETTINGS_FILE
 from utils.framing import recorded_audio
 from utils.launch import detect_launcher_env
 from utils.parts import has_part

@@ -4,11 +4,10 @@
     python -m scripts.export --checkpoint out/checkpoint_last --format release --output model.pt   # sharded alike
     python -m scripts.export --checkpoint out/checkpoint_last.pt --format onnx --output onnx/
 
-``release``: one ``torch.load(weights_only=True)`` file of the weights inference uses (``Inference.modules``; EMA
-weights when the run kept them), the model's name and config; ``inference.py`` and ``train.py --init-from`` read it.
-``onnx``: each ``Export.parts`` as ``<output>/<part>.onnx``, run with onnxruntime beside PyTorch, the largest absolute
-difference printed (:mod:`utils.onnx_export`). Exit status 1 with one ``ERROR:`` line for an unreadable checkpoint,
-an existing output (``--force`` replaces it) or a model that cannot be exported; nothing is left half-written.
+``release``: one ``torch.load(weights_only=True)`` file of the weights inference uses (EMA weights when the run kept
+them), the model's name and config. ``onnx``: each ``Export.parts`` as ``<output>/<part>.onnx``, checked with
+onnxruntime (:mod:`utils.onnx_export`). Exit status 1 with one ``ERROR:`` line for an unreadable checkpoint, an
+existing output (``--force`` replaces it) or a model that cannot be exported; nothing is left half-written.
 """
 
 from __future__ import annotations
@@ -27,29 +26,11 @@ from inference import load_trained
 from models import MODELS
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.resume import read_checkpoint
-from utils.checkpoint.state import release_checkpoint
+from utils.checkpoint.published import release_checkpoint
 from utils.config import ConfigError
 from utils.onnx_export import ExportError, export_model, onnx_runtime
 from utils.parts import has_part
 from utils.run_log import one_line
-
-
-def export_release(checkpoint: Path, output: Path) -> dict:
-    """Write the release checkpoint of ``checkpoint`` (a file or a sharded folder) to ``output``; returns it.
-
-    Raises:
-        CheckpointError: the checkpoint is unreadable or does not fit its model.
-        ConfigError: its config does not load.
-        OSError: ``output`` cannot be written (nothing is left half-written).
-    """
-    saved = read_checkpoint(checkpoint)
-    name, model, cfg = load_trained(checkpoint, torch.device("cpu"))
-    release = release_checkpoint(name, model.state_dict(), MODELS[name].inference_modules, cfg.to_dict(), saved,
-                                 str(checkpoint))
-    buffer = io.BytesIO()
-    torch.save(release, buffer)
-    atomic_write_bytes(output, buffer.getvalue())
-    return release
 
 
 def size_of(path: Path) -> int:
@@ -58,7 +39,7 @@ def size_of(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Export the checkpoint as ``--format`` says. Returns the exit status: 0, or 1 after one ``ERROR:`` line."""
+    """Export the checkpoint as ``--format`` says. Returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", type=Path, required=True,
                         help="a checkpoint of train.py: a .pt file" + (" or a sharded folder (checkpoint_last works)"
@@ -76,17 +57,24 @@ def main(argv: list[str] | None = None) -> int:
             raise CheckpointError(f"{output} exists; pass --force to replace it, or --output another "
                                   f"{'file' if release_format else 'folder'}")
         if release_format:
-            release = export_release(args.checkpoint, output)
-            modules = ", ".join(MODELS[release["model_name"]].inference_modules) or "the whole model"
-            print(f"wrote {output} ({size_of(output) / 1e6:.2f} MB; the checkpoint: {size_of(args.checkpoint) / 1e6:.2f} "
-                  f"MB): model '{release['model_name']}' at step {release['step']}, {len(release['model'])} tensors of "
-                  f"{modules}" + (", EMA weights" if release["ema_weights"] else ""))
-            return 0
-        onnx_runtime()  # before anything is read or created
+            saved = read_checkpoint(args.checkpoint)
+        else:
+            onnx_runtime()  # before anything is read or created
         name, model, cfg = load_trained(args.checkpoint, torch.device("cpu"))
-        rows = export_model(MODELS[name], model, cfg, output)  # creates the folder once the model passes its checks
-        print(f"wrote {len(rows)} ONNX file(s) to {output}; the largest difference to PyTorch: "
-              f"{max(row['max_abs_diff'] for row in rows):.1e}")
+        if not release_format:
+            rows = export_model(MODELS[name], model, cfg, output)  # creates the folder once the model passes its checks
+            print(f"wrote {len(rows)} ONNX file(s) to {output}; the largest difference to PyTorch: "
+                  f"{max(row['max_abs_diff'] for row in rows):.1e}")
+            return 0
+        release = release_checkpoint(name, model.state_dict(), MODELS[name].inference_modules, cfg.to_dict(), saved,
+                                     str(args.checkpoint))
+        buffer = io.BytesIO()
+        torch.save(release, buffer)
+        atomic_write_bytes(output, buffer.getvalue())
+        modules = ", ".join(MODELS[name].inference_modules) or "the whole model"
+        print(f"wrote {output} ({size_of(output) / 1e6:.2f} MB; the checkpoint: {size_of(args.checkpoint) / 1e6:.2f} "
+              f"MB): model '{name}' at step {release['step']}, {len(release['model'])} tensors of "
+              f"{modules}" + (", EMA weights" if release["ema_weights"] else ""))
         return 0
     except (CheckpointError, ConfigError, ExportError, OSError) as err:
         print(f"ERROR: {one_line(err)}", file=sys.stderr)

@@ -6,11 +6,9 @@ has exited. Set the platform's grace period (Kubernetes' ``terminationGracePerio
     python -m scripts.grace_period -- --config config.json --model waveglow --dataset-path data/LJSpeech-1.1
     python -m scripts.grace_period --launcher="--nproc-per-node 2" -- --config config.json --tiny
 
-Runs ``python multiproc.py [launcher options] train.py ARGS`` into a temporary ``--output-dir`` with a log line every
-step, in this environment; sends the launcher SIGTERM once ``--after-steps`` steps are logged; the checkpoint counts as
-durable once ``checkpoint_last.pt`` (or the sharded link) is in place. Prints one line; ``--json`` writes the timings,
-exit code, checkpoint size and suggested ``--stop-timeout`` and grace period. Exits 1 when the job failed, was killed,
-printed a traceback, or saved nothing.
+Runs ``python multiproc.py [launcher options] train.py ARGS`` into a temporary ``--output-dir``, sends the launcher
+SIGTERM once ``--after-steps`` steps are logged, and times until ``checkpoint_last`` is in place and every process is
+gone. Exits 1 when the job failed, was killed, printed a traceback, or saved nothing.
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ def logged_steps(output_dir: Path) -> int:
 
 
 def durable_checkpoint(output_dir: Path, newer_than: float) -> Path | None:
-    """The run's last checkpoint when it was put in place after ``newer_than`` (wall-clock seconds), else ``None``."""
+    """The run's last checkpoint when put in place after ``newer_than`` (wall-clock seconds), else ``None``."""
     for path in (output_dir / "checkpoint_last", output_dir / "checkpoint_last.pt"):
         try:
             if os.lstat(path).st_mtime >= newer_than and path.exists():
@@ -57,11 +55,8 @@ def size_of(path: Path) -> int:
 
 
 def measure(train_args: list[str], launcher: list[str], output_dir: Path, after_steps: int, timeout_s: float) -> dict:
-    """Run the job, SIGTERM it after ``after_steps`` logged steps and time the stop (see the module).
-
-    Raises:
-        RuntimeError: the job ended before ``after_steps``, or did not reach it or stop within ``timeout_s``.
-    """
+    """Run the job, SIGTERM it after ``after_steps`` logged steps and time the stop. Raises RuntimeError: the job ended
+    before ``after_steps``, or did not reach it or stop within ``timeout_s``."""
     cmd = [sys.executable, "multiproc.py", *launcher, "train.py", *train_args, "--output-dir", str(output_dir),
            "--set", "train.log_interval=1", "--set", "train.checkpoint_interval=1000000000"]
     print("running:", shlex.join(cmd), flush=True)
@@ -114,7 +109,7 @@ def measure(train_args: list[str], launcher: list[str], output_dir: Path, after_
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not usage and message
+    def error(self, message):  # one line, no usage
         self.exit(2, f"grace_period: ERROR: {message}\n")
 
 

@@ -4,10 +4,8 @@ training, or to share them in this project's format.
     python -m scripts.import_weights PUBLISHED_FILE --output model.pt
     python inference.py --checkpoint model.pt --output out.wav ...
 
-Reads a file in a registered model's reference format (``Published.read``: NVIDIA's Tacotron2 and WaveGlow, jik876's
-HiFi-GAN generator; nothing in it runs) into the model of ``--config`` (full size by default: the published settings)
-and writes ``{"model", "model_name", "config", "step": 0}`` for ``inference.py``; ``train.py --init-from`` fine-tunes.
-
+Reads a file in a registered model's reference format (``Published.read``; nothing in it runs) into the model of
+``--config`` and writes ``{"model", "model_name", "config", "step": 0}``; ``train.py --init-from`` fine-tunes from it.
 Exit status 1 with one ``ERROR:`` line for a file of no known format, weights that do not fit the config, or an
 ``--output`` that exists (``--force`` replaces it) or whose folder does not.
 """
@@ -34,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the published file as a checkpoint of this project. Returns the exit status: 0, or 1 after an error."""
+    """Write the published file as a checkpoint of this project. Returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("weights", type=Path, help="the published file (NVIDIA Tacotron2/WaveGlow, jik876 HiFi-GAN)")
     parser.add_argument("--output", type=Path, required=True, help="the checkpoint to write (a .pt file)")

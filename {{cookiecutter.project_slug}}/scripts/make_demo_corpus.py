@@ -2,10 +2,8 @@
 
     python -m scripts.make_demo_corpus --output data/demo --num-utterances 60
 
-The result, ``DIR/metadata.csv`` (``id|text|text``) and ``DIR/wavs/LJ_DEMO_0001.wav`` ... (16-bit mono PCM at
-``--sampling-rate`` Hz), loads with ``utils.data.corpus.read_ljspeech``: the whole pipeline can be smoke-tested without
-downloading LJSpeech. Sentences spoken again (more utterances than sentences) get another voice or speaking rate, so no
-two utterances are the same recording; ``--seed`` jitters the speaking rate (+-5 %) reproducibly.
+Writes ``DIR/metadata.csv`` (``id|text|text``) and ``DIR/wavs/LJ_DEMO_*.wav`` (16-bit mono PCM at ``--sampling-rate``
+Hz) to smoke-test without LJSpeech; a sentence spoken again gets another voice or rate, ``--seed`` jitters it (+-5%).
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ from utils.data.audio import load_wav, save_wav
 from utils.data.corpus import DataError
 
 ENGINES = ("flite", "espeak-ng")
-NO_ENGINE_MESSAGE = "neither flite nor espeak-ng is installed (apt-get install flite)"
 FLITE_VOICES = ("slt", "rms", "awb", "kal16")  # 16 kHz voices worth varying (awb_time speaks clock times; kal: 8 kHz)
 ESPEAK_VOICES = ("en-us", "en-us+f3", "en-gb", "en-gb+f2")
 ESPEAK_DEFAULT_WPM = 175
@@ -77,30 +74,19 @@ class DemoCorpusError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Voice:
-    """Who speaks an utterance: the ``engine`` (flite or espeak-ng), its ``name`` (``None``: the engine's default) and
-    the ``speed`` factor (>1 is faster)."""
+    """Who speaks an utterance: ``engine``, voice ``name`` (``None``: the engine's default), ``speed`` (>1 faster)."""
 
     engine: str
     name: Optional[str]
     speed: float = 1.0
 
 
-def pick_engine(engine: str) -> str:
-    """The engine to use: ``auto`` is flite if installed, else espeak-ng.
-
-    Raises:
-        DemoCorpusError: an unknown engine, or none installed that ``engine`` names.
-    """
-    if engine == "auto":
-        for name in ENGINES:
-            if shutil.which(name):
-                return name
-        raise DemoCorpusError(NO_ENGINE_MESSAGE)
-    if engine not in ENGINES:
-        raise DemoCorpusError(f"unknown engine '{engine}' (choose auto, flite or espeak-ng)")
-    if not shutil.which(engine):
-        raise DemoCorpusError(f"{engine} is not installed (apt-get install {engine})")
-    return engine
+def find_engine() -> str:
+    """flite if installed, else espeak-ng. Raises :class:`DemoCorpusError` when neither is."""
+    for name in ENGINES:
+        if shutil.which(name):
+            return name
+    raise DemoCorpusError("neither flite nor espeak-ng is installed (apt-get install flite)")
 
 
 def _flite_voices() -> list[Optional[str]]:
@@ -111,34 +97,12 @@ def _flite_voices() -> list[Optional[str]]:
 
 
 def _synth_command(voice: Voice, text_file: Path, wav_file: Path) -> list[str]:
-    """The command that speaks ``text_file`` into ``wav_file`` with ``voice`` (a file, so that a sentence starting with
-    '-' cannot be taken for an option)."""
+    """The command that speaks ``text_file`` into ``wav_file`` (a file: a sentence starting with '-' is no option)."""
     if voice.engine == "flite":
         return ["flite", *(["-voice", voice.name] if voice.name else []), "--setf",
                 f"duration_stretch={1.0 / voice.speed:.3f}", "-f", str(text_file), "-o", str(wav_file)]
     return ["espeak-ng", "-v", voice.name or "en-us", "-s", str(round(ESPEAK_DEFAULT_WPM * voice.speed)),
             "-w", str(wav_file), "-f", str(text_file)]
-
-
-def read_sentences(path: Path) -> list[str]:
-    """Non-blank lines of a UTF-8 text file, one sentence each.
-
-    Raises:
-        DemoCorpusError: the file is missing, not UTF-8, has no sentences, or a line (named) holds '|'.
-    """
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise DemoCorpusError(f"sentences file not found: {path}") from None
-    except UnicodeDecodeError as err:
-        raise DemoCorpusError(f"sentences file {path} is not UTF-8 text ({err})") from None
-    for number, line in enumerate(lines, start=1):
-        if "|" in line:
-            raise DemoCorpusError(f"{path}:{number}: sentences must not contain '|' (the metadata separator)")
-    sentences = [line.strip() for line in lines if line.strip()]
-    if not sentences:
-        raise DemoCorpusError(f"sentences file has no sentences: {path}")
-    return sentences
 
 
 def _prepare_output(output: Path, overwrite: bool) -> None:
@@ -154,27 +118,9 @@ def _prepare_output(output: Path, overwrite: bool) -> None:
     (output / "wavs").mkdir(parents=True, exist_ok=True)
 
 
-def _check_arguments(sentences: list[str], num_utterances: int, sampling_rate: int) -> None:
-    """Raises :class:`DemoCorpusError` for no sentences, one that is empty or holds '|' or a line break, fewer than one
-    utterance or a sampling rate that is not positive."""
-    if not sentences:
-        raise DemoCorpusError("no sentences given")
-    for sentence in sentences:
-        if "|" in sentence or "\n" in sentence or not sentence.strip():
-            raise DemoCorpusError(f"sentence {sentence!r} is empty or holds '|' or a line break")
-    if num_utterances < 1:
-        raise DemoCorpusError(f"--num-utterances must be at least 1, got {num_utterances}")
-    if sampling_rate <= 0:
-        raise DemoCorpusError(f"--sampling-rate must be positive, got {sampling_rate}")
-
-
 def _speak(voice: Voice, text: str, utt_id: str, scratch: Path, sampling_rate: int) -> torch.Tensor:
-    """``text`` spoken by ``voice`` (files in ``scratch``): float samples ``(samples,)`` in [-1, 1] at ``sampling_rate``
-    Hz.
-
-    Raises:
-        DemoCorpusError: the engine failed or wrote an unusable wav (naming ``utt_id``).
-    """
+    """``text`` spoken by ``voice`` (files in ``scratch``): float samples ``(T,)`` in [-1, 1] at ``sampling_rate`` Hz.
+    Raises :class:`DemoCorpusError` naming ``utt_id`` if the engine fails or writes an unusable wav."""
     engine, text_file, raw_wav = voice.engine, scratch / "text.txt", scratch / "raw.wav"
     text_file.write_text(text + "\n", encoding="utf-8")
     result = subprocess.run(_synth_command(voice, text_file, raw_wav), capture_output=True, text=True, check=False)
@@ -189,37 +135,30 @@ def _speak(voice: Voice, text: str, utt_id: str, scratch: Path, sampling_rate: i
     return audio
 
 
-def make_corpus(args: argparse.Namespace, sentences: Sequence[str]) -> Path:
-    """Speak ``args.num_utterances`` of ``sentences`` into an LJSpeech-layout corpus at ``args.output`` (created;
-    ``args.overwrite`` replaces its ``LJ_DEMO_*.wav`` and ``metadata.csv``); returns it as a Path. ``args``: the
-    command line (:func:`main`'s options: ``output``, ``num_utterances``, ``engine``, ``sampling_rate``, ``seed``,
-    ``overwrite``).
-
-    Utterance ``i`` (id ``LJ_DEMO_{i+1:04d}``) speaks ``sentences[i % len(sentences)]``; each pass over the sentences
-    uses the engine's next voice/speed (all voices at normal speed, then slower, then faster), and every utterance's
-    speed is jittered by up to 5 % with ``random.Random(args.seed)``. The engine's output (8-22.05 kHz) is resampled
-    with librosa to ``args.sampling_rate`` Hz and written as 16-bit mono PCM.
-
-    Raises:
-        DemoCorpusError: no engine, bad arguments, an existing corpus without ``overwrite``, or the engine failing
-            (the message names the utterance).
-    """
-    output, sampling_rate, sentences = Path(args.output), args.sampling_rate, list(sentences)
-    _check_arguments(sentences, args.num_utterances, sampling_rate)
-    engine = pick_engine(args.engine)
+def make_corpus(args: argparse.Namespace) -> Path:
+    """Speak ``args.num_utterances`` of :data:`DEMO_SENTENCES` into an LJSpeech-layout corpus at ``args.output``
+    (``args.overwrite`` replaces one there), returned as a Path: utterance ``i`` speaks sentence
+    ``i % len(DEMO_SENTENCES)``, each pass over them in the next voice and speed (normal, slower, faster), jittered.
+    Raises DemoCorpusError for no engine, fewer than one utterance, a rate that is not positive, an existing corpus
+    without ``overwrite``, or the engine failing (naming the utterance)."""
+    output, sampling_rate, sentences = Path(args.output), args.sampling_rate, DEMO_SENTENCES
+    if args.num_utterances < 1:
+        raise DemoCorpusError(f"--num-utterances must be at least 1, got {args.num_utterances}")
+    if sampling_rate <= 0:
+        raise DemoCorpusError(f"--sampling-rate must be positive, got {sampling_rate}")
+    engine = find_engine()
     names = _flite_voices() if engine == "flite" else list(ESPEAK_VOICES)
     voices = [Voice(engine, name, speed) for speed in SPEEDS for name in names]  # each at speed 1, slower, faster
     rng = random.Random(args.seed)
     _prepare_output(output, args.overwrite)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        # The resampler's first use loads librosa and its kernels (up to a minute): done here, so the bar moves at once.
         print("loading the resampler (librosa) ...", end=" ", flush=True)
         librosa.resample(np.zeros(1024, dtype=np.float32), orig_sr=16000, target_sr=sampling_rate)
         print("done", flush=True)
         for i in tqdm(range(args.num_utterances), desc=f"speaking with {engine}", unit="utt"):
             utt_id = f"LJ_DEMO_{i + 1:04d}"
-            text = sentences[i % len(sentences)].strip()
+            text = sentences[i % len(sentences)]
             voice = voices[(i // len(sentences)) % len(voices)]
             voice = dataclasses.replace(voice, speed=voice.speed * rng.uniform(1.0 - RATE_JITTER, 1.0 + RATE_JITTER))
             audio = _speak(voice, text, utt_id, Path(tmp), sampling_rate)
@@ -233,19 +172,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command line entry point; returns the exit status (0 done, 1 error printed as one ``ERROR:`` line)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True, type=Path, help="corpus folder to create")
-    parser.add_argument("--sentences", type=Path,
-                        help="UTF-8 text file, one sentence a line (default: 40 built-in sentences)")
-    parser.add_argument("--num-utterances", type=int, help="number of wavs (default: one per sentence)")
-    parser.add_argument("--engine", choices=("auto",) + ENGINES, default="auto")
+    parser.add_argument("--num-utterances", type=int, default=len(DEMO_SENTENCES),
+                        help="number of wavs (default: one per sentence, 40)")
     parser.add_argument("--sampling-rate", type=int, default=22050, help="Hz of the written wavs")
     parser.add_argument("--seed", type=int, default=1234, help="seed of the speaking-rate jitter")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing corpus in --output")
     args = parser.parse_args(argv)
     try:
-        sentences = read_sentences(args.sentences) if args.sentences else list(DEMO_SENTENCES)
-        if args.num_utterances is None:
-            args.num_utterances = len(sentences)
-        output = make_corpus(args, sentences)
+        output = make_corpus(args)
     except DemoCorpusError as err:
         print(f"ERROR: {err}", file=sys.stderr)
         return 1

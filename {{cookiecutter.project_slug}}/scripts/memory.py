@@ -5,11 +5,9 @@
     python -m scripts.memory --tiny                   # a quick look: 6 blocks of width 512 (~20 s on 2 CPU cores)
     python -m scripts.memory --model waveglow         # a registered model, its config.json size (--tiny: its tiny one)
 
-Starts its own ranks (``torch.distributed.run --standalone``) and trains one step of a residual MLP or a registered
-model (:func:`model_subject`) per wrapping (ddp, fsdp) and activation checkpointing (none, full, selective), as
-``train.py`` applies them. Per rank, in MiB: parameters, gradients, optimizer state (exact), activations (GPU: peak
-allocated above the start; CPU: :class:`SavedActivations`), peak RSS; then :func:`stall`, sync vs ``async_save``.
-Bad arguments or a failed rank: one line on stderr, exit status 1."""
+Starts its own ranks, trains one step per wrapping (ddp, fsdp) and activation checkpointing (none, full, selective),
+and reports per rank, in MiB: parameters, gradients, optimizer state, activations (GPU: peak allocated; CPU:
+:class:`SavedActivations`), peak RSS; then :func:`stall`. Bad arguments or a failed rank: one line, exit status 1."""
 
 from __future__ import annotations
 
@@ -64,17 +62,10 @@ class Block(nn.Module):
         return x + self.outer(nn.functional.gelu(self.inner(x)))
 
 
-def deep_model(depth: int, width: int, seed: int = 0) -> nn.Sequential:
-    """``depth`` :class:`Block` s of ``width`` features, float32 on the CPU, the weights of ``seed``."""
-    torch.manual_seed(seed)
-    return nn.Sequential(*(Block(width) for _ in range(depth)))
-
-
 @dataclasses.dataclass
 class Subject:
-    """What is measured: ``build(seed)`` (float32, CPU, one seed's weights), ``blocks(model)`` (what FSDP shards and
-    checkpointing recomputes, in forward order), ``loss(net, rank)`` (one batch's scalar loss through the model or its
-    wrapper), ``optimizer(model)`` and ``name`` (said before the run)."""
+    """What is measured: ``build(seed)`` (float32, CPU), ``blocks(model)`` (what FSDP shards and checkpointing
+    recomputes, in forward order), ``loss(net, rank)`` (one batch's scalar loss), ``optimizer(model)``, ``name``."""
 
     build: Callable[[int], nn.Module]
     blocks: Callable[[nn.Module], list]
@@ -84,13 +75,16 @@ class Subject:
 
 
 def mlp_subject(args) -> Subject:
-    """The deep residual MLP of ``--depth``, ``--width`` and ``--batch``, with Adam."""
+    """``--depth`` :class:`Block` s of ``--width`` features, batches of ``--batch`` rows, with Adam."""
+    def build(seed: int) -> nn.Module:
+        torch.manual_seed(seed)
+        return nn.Sequential(*(Block(args.width) for _ in range(args.depth)))
+
     def loss(net: nn.Module, rank: int) -> torch.Tensor:
         device = next(net.parameters()).device
         return net(torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(rank)).to(device)) \
             .pow(2).mean()
-    return Subject(lambda seed: deep_model(args.depth, args.width, seed), list, loss,
-                   lambda model: torch.optim.Adam(model.parameters(), lr=1e-4),
+    return Subject(build, list, loss, lambda model: torch.optim.Adam(model.parameters(), lr=1e-4),
                    f"{args.depth} blocks of width {args.width}, batch {args.batch} per rank")
 
 
@@ -99,11 +93,8 @@ class CannotMeasure(ValueError):
 
 
 def model_subject(name: str, tiny: bool) -> Subject:
-    """Registered model ``name`` with its ``config.json`` settings (``tiny``: its tiny block), its first benchmark
-    case's synthetic batch, its criterion and its optimizer (``Training.build_optimizer``, else Adam).
-
-    Raises:
-        CannotMeasure: no such model, one without blocks or benchmark cases, or one of several optimizers."""
+    """Registered model ``name`` (``tiny``: its tiny block), its first benchmark case's synthetic batch, criterion and
+    optimizer. Raises CannotMeasure: no such model, one without blocks or benchmark cases, or of several optimizers."""
     if name not in MODELS:
         raise CannotMeasure(f"--model {name}: models/__init__.py registers no such model (it has "
                             f"{', '.join(sorted(MODELS))})")
@@ -224,7 +215,7 @@ def fsdp_model(args, device: torch.device, seed: int) -> tuple[nn.Module, torch.
 
 
 def state_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """This rank's local parts of the weights and the optimizer state (parameter order, state keys sorted)."""
+    """This rank's local parts of the weights and the optimizer state, in a fixed order."""
     tensors = []
     for param in model.parameters():
         state = optimizer.state.get(param, {})
@@ -232,22 +223,15 @@ def state_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[to
     return [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
 
 
-def fingerprint(model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """One float64 sum per local state tensor (:func:`state_tensors`): equal for equal states, cheap to keep."""
-    with torch.no_grad():
-        return torch.stack([t.detach().double().sum().cpu() for t in state_tensors(model, optimizer)])
-
-
 def stall(async_save: bool, args, rank: int, device: torch.device, folder: Path) -> dict:
-    """Seconds ``ShardedCheckpointer.save`` of the FSDP subject with its optimizer state blocks the loop (``stall_s``)
-    and until it is in place (``complete_s``). Then the check: the folder is complete (``sharded_intact``) and gives a
-    fresh model and optimizer the state at ``save()`` although every value changed in place right after it returned
-    (so a background save that did not stage its own copy is caught). Every rank calls it.
-
-    Raises:
-        RuntimeError: the checkpoint is damaged or does not give back the saved state."""
+    """Seconds ``ShardedCheckpointer.save`` of the FSDP subject blocks the loop (``stall_s``) and until it is in place
+    (``complete_s``); then the folder must be ``sharded_intact`` and give back the state at ``save()`` although every
+    value changed right after it returned (a background save without its own copy is caught). Every rank calls it.
+    Raises RuntimeError: the checkpoint is damaged or does not give back the saved state."""
+    def fingerprint(tensors: list[torch.Tensor]) -> torch.Tensor:  # one float64 sum per tensor: cheap to keep
+        return torch.stack([t.detach().double().sum().cpu() for t in tensors])
     model, optimizer = fsdp_model(args, device, seed=0)
-    saved = fingerprint(model, optimizer)
+    saved = fingerprint(state_tensors(model, optimizer))
     kind = "async" if async_save else "sync"
     folder.mkdir(parents=True, exist_ok=True)
     saver = ShardedCheckpointer(folder, rank, async_save=async_save)  # the async one creates its gloo group here
@@ -269,7 +253,7 @@ def stall(async_save: bool, args, rank: int, device: torch.device, folder: Path)
     del model, optimizer
     fresh, fresh_optimizer = fsdp_model(args, device, seed=1)
     load_sharded(final, fresh, [fresh_optimizer])
-    loaded = fingerprint(fresh, fresh_optimizer)
+    loaded = fingerprint(state_tensors(fresh, fresh_optimizer))
     if loaded.shape != saved.shape or not torch.allclose(loaded, saved, rtol=1e-9, atol=0.0):
         raise RuntimeError(f"rank {rank}: the {kind} checkpoint {final} does not give back the state saved (it "
                            "holds values changed after save() returned, or lacks some)")
@@ -278,8 +262,7 @@ def stall(async_save: bool, args, rank: int, device: torch.device, folder: Path)
 
 
 def worker(args) -> None:
-    """Each rank's body (``--worker``): every setting, then the saves; rank 0 writes ``{"rows", "stalls"}`` to
-    ``--result``."""
+    """Each rank's body (``--worker``): every setting, then the saves; rank 0 writes them to ``--result``."""
     info = init_distributed()
     rows, stalls = [], []
     jobs = [*SETTINGS, *([] if args.no_stall else [("save", "sync"), ("save", "async")])]
@@ -360,10 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def checked_subject(args) -> str:
-    """The description of what will be measured (:func:`subject`), said before any rank starts.
-
-    Raises:
-        CannotMeasure: a count below its least value, a ``--json`` in no folder, or a model it cannot measure."""
+    """What will be measured (:func:`subject`), said before any rank starts. Raises CannotMeasure: a count below its
+    least value, a ``--json`` in no folder, or a model it cannot measure."""
     problem = next((f"--{name} must be >= {least}, got {getattr(args, name)}"
                     for name, least in (("nproc", 2), ("depth", 1), ("width", 1), ("batch", 1))
                     if getattr(args, name) < least), None)
@@ -375,8 +356,8 @@ def checked_subject(args) -> str:
 
 
 def run_job(args, measured: str) -> dict | None:
-    """Run ``--nproc`` ranks of this module (one GPU each, or all on the CPU), checkpoints in a temporary folder.
-    Returns rank 0's result, or ``None`` after one line on stderr when the job failed (its output is above)."""
+    """Run ``--nproc`` ranks of this module (one GPU each, or all on the CPU): rank 0's result, or ``None`` after one
+    line on stderr when the job failed."""
     scratch = Path(tempfile.mkdtemp(prefix="memory-"))
     try:
         result = scratch / "result.json"
@@ -401,7 +382,7 @@ def run_job(args, measured: str) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the measuring job, print the tables, write ``--json``. Returns the exit status: 0, or 1 after one line."""
+    """Run the measuring job, print the tables, write ``--json``. Returns the exit status."""
     args = build_parser().parse_args(argv)
     for name, value in (TINY if args.tiny else DEFAULTS).items():
         if getattr(args, name) is None:

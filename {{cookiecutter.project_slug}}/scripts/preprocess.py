@@ -3,12 +3,10 @@
     python -m scripts.preprocess --config config.json [--dataset-path DIR] [--workers N] [--overwrite]
 
 Writes ``<dataset_path>/<tacotron2.mel_cache_dir>/<id>.pt``, the ``(n_mels, frames)`` float32 of
-:class:`utils.data.audio.MelSpectrogram` for every utterance of both splits, which
-:class:`models.tacotron2.data.TextMelDataset` loads instead of decoding the wav each epoch: resumable (``--overwrite``
-recomputes), atomic (a temporary file renamed into place), on a pool of ``--workers`` processes. The audio settings go
-to ``<cache>/_audio_config.json``; a cache of others is refused here and by the dataset. Unreadable wavs are reported
-at the end, the others written, exit status 1. The config's null settings take Tacotron2's recipe
-(:func:`utils.training.recipe.apply_recipe`: NVIDIA's framing), as ``train.py --model tacotron2`` does.
+:class:`utils.data.audio.MelSpectrogram` for every utterance of both splits, which the dataset loads instead of
+decoding the wav: resumable (``--overwrite`` recomputes), atomic, on ``--workers`` processes. The audio settings go to
+``<cache>/_audio_config.json``; a cache of others is refused. Unreadable wavs: reported, the others written, exit
+status 1. The config's null settings take Tacotron2's recipe, as ``train.py --model tacotron2`` does.
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ def _init_worker(audio_cfg: AudioConfig, threads: Optional[int]) -> None:
     global _worker_mel, _worker_rate
     if threads is not None:
         torch.set_num_threads(threads)
-    _worker_mel = MelSpectrogram.from_config(audio_cfg)
+    _worker_mel = MelSpectrogram(audio_cfg)
     _worker_rate = audio_cfg.sampling_rate
 
 
@@ -64,23 +62,18 @@ def _write_mel(job: tuple[str, str, str]) -> tuple[str, Optional[str]]:
     return utt_id, None
 
 
-def _results(jobs: list[tuple[str, str, str]], audio_cfg: AudioConfig, workers: int):
-    """``(id, error or None)`` of each job as it is done, and the pool doing them, which the caller closes (``None``:
-    in this process, for one worker or at most one job)."""
-    if workers == 1 or len(jobs) <= 1:
-        _init_worker(audio_cfg, None)
-        return map(_write_mel, jobs), None
-    pool = Pool(workers, initializer=_init_worker, initargs=(audio_cfg, 1))
-    return pool.imap_unordered(_write_mel, jobs, chunksize=4), pool
-
-
 def _write_all(jobs: list[tuple[str, str, str]], cfg: Config, workers: int, progress: bool, cache_dir: Path,
                counts: dict[str, int]) -> list[str]:
-    """Do ``jobs`` (``(id, wav path, mel path)``) on ``workers`` processes with a tqdm bar, counting ``written`` and
-    ``failed`` in ``counts``; returns the error lines."""
-    errors = []
+    """Do ``jobs`` (``(id, wav path, mel path)``) on ``workers`` processes (in this one for one worker or job) with a
+    tqdm bar, counting ``written`` and ``failed`` in ``counts``; returns the error lines."""
+    errors, pool = [], None
     bar = tqdm(total=len(jobs), unit="utt", desc=f"mels -> {cache_dir}", disable=not progress)
-    results, pool = _results(jobs, cfg.audio, workers)
+    if workers == 1 or len(jobs) <= 1:
+        _init_worker(cfg.audio, None)
+        results = map(_write_mel, jobs)
+    else:
+        pool = Pool(workers, initializer=_init_worker, initargs=(cfg.audio, 1))
+        results = pool.imap_unordered(_write_mel, jobs, chunksize=4)
     try:
         for _, error in results:
             counts["written" if error is None else "failed"] += 1
@@ -98,13 +91,10 @@ def _write_all(jobs: list[tuple[str, str, str]], cfg: Config, workers: int, prog
 def preprocess(cfg: Config, workers: Optional[int] = None, overwrite: bool = False,
                progress: bool = True) -> dict[str, int]:
     """Fill the mel cache of ``cfg`` (see the module docstring) on ``workers`` processes (``None``: every core; 1: in
-    this process). Returns ``{"total": n, "written": n, "skipped": n, "failed": n}``.
-
-    Raises:
-        ConfigError: ``tacotron2.mel_cache_dir`` is empty or ``workers < 1``.
-        DataError: the corpus cannot be listed, the cache holds mels made with other audio settings
-            and ``overwrite`` is false, or the cache folder cannot be written (a read-only dataset folder).
-    """
+    this process). Returns ``{"total": n, "written": n, "skipped": n, "failed": n}``. Raises ConfigError:
+    ``tacotron2.mel_cache_dir`` is empty or ``workers < 1``; DataError: the corpus cannot be listed, the cache holds
+    mels made with other audio settings and ``overwrite`` is false, or the cache folder cannot be written (a read-only
+    dataset folder)."""
     cache_dir = mel_cache_path(cfg.data.dataset_path, cfg.tacotron2.mel_cache_dir)
     if cache_dir is None:
         raise ConfigError("tacotron2.mel_cache_dir is empty: set the folder (inside dataset_path) to cache mels in")
@@ -132,8 +122,7 @@ def preprocess(cfg: Config, workers: Optional[int] = None, overwrite: bool = Fal
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Fill the mel cache of the config the command line names. Returns the exit status: 0, or 1 when the config,
-    the corpus or a mel failed (one ``ERROR:`` line each)."""
+    """Fill the mel cache of the config the command line names. Returns the exit status."""
     parser = argparse.ArgumentParser(description="Cache the log-mel of every utterance for Tacotron2 training.")
     parser.add_argument("--config", required=True, help="config.json (audio and data sections are used)")
     parser.add_argument("--dataset-path", help="override data.dataset_path")

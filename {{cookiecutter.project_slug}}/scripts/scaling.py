@@ -4,9 +4,9 @@
     python -m scripts.scaling --model NAME --dataset-path DIR --procs 1 2 --tiny --steps 20  # CPU try
 
 Per process count P, ``multiproc.py --nproc-per-node P train.py`` runs into ``OUT/procs_P``; items/s after ``--skip``
-steps are averaged (weak scaling: each process keeps its batch size). Prints items/s, speed-up and efficiency (100% is
-perfect), writes ``OUT/scaling.json`` and ``OUT/scaling.png``. Far below 100%? Look at ``collective_wait_s`` and
-``data_wait_s`` per rank (``python -m scripts.plot_run``). A failed run: one ``ERROR:`` line, exit status 1.
+steps are averaged (weak scaling). Prints items/s, speed-up and efficiency, writes ``OUT/scaling.json`` and
+``OUT/scaling.png``. Far below 100%? See ``collective_wait_s`` and ``data_wait_s`` per rank in ``metrics.jsonl``.
+A failed run: one ``ERROR:`` line, exit status 1.
 """
 
 from __future__ import annotations
@@ -35,12 +35,6 @@ POLL_S = 0.5  # seconds between two looks at a running job's metrics.jsonl (for 
 REDRAW_S = 10.0  # seconds without a new step after which the bar is drawn again anyway (its clock moves)
 
 
-def default_procs() -> list[int]:
-    """1, 2, 4, ... up to the visible GPUs (and that count itself); ``[1, 2]`` without CUDA."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return [1, 2] if gpus < 2 else sorted({*(2 ** i for i in range(gpus.bit_length())), gpus})
-
-
 def logged_rows(metrics: Path, offset: int) -> list[dict]:
     """The complete JSON lines of ``metrics`` after byte ``offset`` (a line still being written is left out)."""
     if not metrics.is_file():
@@ -53,11 +47,8 @@ def logged_rows(metrics: Path, offset: int) -> list[dict]:
 
 def measure(procs: int, args: argparse.Namespace, out: Path) -> float:
     """Items/s of one run on ``procs`` processes (mean over the logged steps after ``args.skip``), its output in
-    ``out/launcher.log``, a tqdm bar on stderr following the steps it appends to ``out/metrics.jsonl``.
-
-    Raises:
-        RuntimeError: the run failed, or logged no step after ``args.skip``.
-    """
+    ``out/launcher.log``, a tqdm bar following its steps. Raises RuntimeError: the run failed, or logged no step after
+    ``args.skip``."""
     cmd = [sys.executable, str(ROOT / "multiproc.py"), "--nproc-per-node", str(procs), "--log-dir",
            str(out / "logs"), str(ROOT / "train.py"), "--config", args.config, "--model", args.model,
            "--dataset-path", args.dataset_path, "--output-dir", str(out), "--max-steps", str(args.steps),
@@ -117,8 +108,7 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the runs the command line asks for, print and write their items/s. Returns the exit status: 0, or 1
-    after one ``ERROR:`` line."""
+    """Run the runs the command line asks for, print and write their items/s. Returns the exit status."""
     parser = argparse.ArgumentParser(description="Items/s and scaling efficiency of train.py on 1..N processes.")
     parser.add_argument("--model", required=True, help="a registered model (models/__init__.py)")
     parser.add_argument("--dataset-path", required=True)
@@ -130,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--out", type=Path, default=Path("scaling"), help="output folder (default: scaling)")
     args = parser.parse_args(argv)
-    procs = sorted(set(args.procs or default_procs()))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0  # default: 1, 2, 4, ... and every GPU
+    procs = sorted(set(args.procs or ([1, 2] if gpus < 2 else [*(2 ** i for i in range(gpus.bit_length())), gpus])))
     if procs[0] < 1 or args.steps <= args.skip or args.skip < 0:
         print(f"ERROR: need process counts >= 1 and 0 <= --skip < --steps (got {procs}, --skip {args.skip}, "
               f"--steps {args.steps})", file=sys.stderr)

@@ -69,6 +69,7 @@ from models.schemas import config_schemas
 from utils.checkpoint.state import TrainState
 from utils.checkpoint.weights import load_into
 from utils.config import load_config
+from utils.data import corpus
 from utils.training.recipe import apply_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -385,6 +386,17 @@ def synth_corpus(root, n: int = 24, seconds: float = 0.6, sampling_rate: int = 2
         lines.append(f"{utt}|{text}|{text}\n")
     (root / "metadata.csv").write_text("".join(lines))
     return root
+
+
+def read_ljspeech(root, bad: Optional[list] = None) -> list:
+    """Every utterance of an LJSpeech-layout corpus (``load_splits`` before it splits): a bad row goes to ``bad`` as a
+    ``BadClip``, or without ``bad`` raises ``DataError``."""
+    return corpus._settle(*corpus._scan_ljspeech(Path(root)), bad)
+
+
+def read_filelist(filelist, root, bad: Optional[list] = None) -> list:
+    """Every utterance of an NVIDIA-style filelist (``path|text``, paths relative to ``root``), as :func:`read_ljspeech`."""
+    return corpus._settle(*corpus._scan_filelist(Path(filelist), Path(root)), bad)
 
 
 def train_with_validation_every_step(model: str, corpus, out, *settings: str) -> str:

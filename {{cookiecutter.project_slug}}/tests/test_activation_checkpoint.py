@@ -148,7 +148,8 @@ WORKER = textwrap.dedent('''
             apply_activation_checkpointing(blocks, mode)
             net = shard_model(model, blocks) if parallelism == "fsdp" else D.apply_gradient_allreduce(model)
             net(x).pow(2).mean().backward()
-            grads[f"{parallelism}-{mode}"] = {n: D.full_value(p.grad).clone() for n, p in model.named_parameters()}
+            grads[f"{parallelism}-{mode}"] = {n: (p.grad.full_tensor() if D.split_over_ranks(p.grad) else p.grad).clone()
+                                            for n, p in model.named_parameters()}
             del net, model  # the DDP/FSDP wrappers go before their process group does
             gc.collect()
     if info.rank == 0:

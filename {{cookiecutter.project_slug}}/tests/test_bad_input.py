@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import ROOT, TEST_MODEL, OpensAFile, clean_env, made_once, synth_corpus
+from conftest import ROOT, TEST_MODEL, OpensAFile, clean_env, made_once, read_ljspeech, synth_corpus
 
 import inference
 import train
@@ -309,7 +309,6 @@ def test_unicode_line_separators_inside_a_transcript_do_not_split_the_row(capsys
     lines[0] = "SYN-0001|Line\u2028separator and next\x85line.|Line separator and next line."
     lines[1] = lines[1] + "\r"  # a Windows line end on one row
     (own_corpus / "metadata.csv").write_text("\n".join(lines) + "\n")
-    from utils.data.corpus import read_ljspeech
     utterances = read_ljspeech(own_corpus)
     assert [u.id for u in utterances] == [f"SYN-{i:04d}" for i in range(1, N_UTTERANCES + 1)]
     assert utterances[0].text == "Line separator and next line." and not utterances[1].text.endswith("\r")

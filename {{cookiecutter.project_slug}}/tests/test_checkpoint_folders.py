@@ -22,8 +22,7 @@ from test_checkpoint_safety import COMMON, assert_refused, craft, loaders, run_d
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 from models import MODELS
-from utils.checkpoint.files import write_checksums
-from utils.checkpoint.sharded import TRAIN_STATE_NAME, sharded_intact
+from utils.checkpoint.sharded import TRAIN_STATE_NAME, sharded_intact, write_checksums
 
 pytestmark = pytest.mark.skipif(TEST_MODEL is None, reason="no model is registered in models/__init__.py")
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 import torch._dynamo.config as dynamo_config
 import torch._inductor.config as inductor_config
-from conftest import ROOT, process_settings_kept
+from conftest import ROOT, process_settings_kept, shared_corpus
 from torch._dynamo.utils import counters
+from torch.utils.data import default_collate
 
 from model import BenchmarkCase
 from models import MODELS
@@ -26,14 +27,27 @@ CPU = torch.device("cpu")
 FAST_MODELS = [name for name, spec in MODELS.items() if spec.training.optimize_for_training is not None]
 
 
-def tiny_case(name: str) -> tuple:
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """``corpus()``: a 6-clip corpus (made on first use, once per session) for models without a ``Benchmark``."""
+    return lambda: shared_corpus(tmp_path_factory, "fast_path_corpus", 6)
+
+
+def tiny_case(name: str, corpus) -> tuple:
     """``(cfg, batch)``: model ``name`` in the tiny config with its first benchmark case's tiny overrides and its
-    recipe, and that case's tiny synthetic batch (``Benchmark.synthetic_batch``, seed 0) on the CPU."""
+    recipe, and that case's tiny synthetic batch (``Benchmark.synthetic_batch``, seed 0) on the CPU; for a model
+    without a ``Benchmark`` (a project without the benchmarks part), the first two items of its training set over
+    ``corpus()``, batched as the loop batches them."""
     spec = MODELS[name]
-    case = spec.benchmark.cases[0] if spec.benchmark.cases else BenchmarkCase(f"{name}_default", (), 0)
+    cases = spec.benchmark.cases if spec.benchmark is not None else ()
+    case = cases[0] if cases else BenchmarkCase(f"{name}_default", (), 0)
     shape = case.tiny or case
     cfg = apply_recipe(spec, load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True,
                                          overrides=list(shape.overrides)))
+    if spec.benchmark is None:
+        cfg.data.dataset_path = str(corpus())
+        train_set, _ = spec.training.build_datasets(cfg)
+        return cfg, (spec.training.collate_fn or default_collate)([train_set[0], train_set[1]])
     batch = spec.benchmark.synthetic_batch(cfg, shape.batch_size or cfg.section(name).batch_size,
                                            torch.Generator().manual_seed(0), **shape.batch_kwargs)
     return cfg, batch
@@ -63,8 +77,8 @@ def test_process_settings_kept_undoes_what_the_check_sets():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FAST_MODELS)
-def test_fast_path_loss_matches_eager_fp32_and_bf16_is_close(name):
-    spec, (cfg, batch) = MODELS[name], tiny_case(name)
+def test_fast_path_loss_matches_eager_fp32_and_bf16_is_close(name, corpus):
+    spec, (cfg, batch) = MODELS[name], tiny_case(name, corpus)
     inductor_config.fallback_random = True  # dropout: eager's random numbers inside compiled code too
     torch.manual_seed(0)
     eager = spec.build_model(cfg).train()
@@ -87,8 +101,8 @@ def test_fast_path_loss_matches_eager_fp32_and_bf16_is_close(name):
 
 
 @pytest.mark.parametrize("name", FAST_MODELS)
-def test_fast_path_keeps_parameters_and_checkpoint_keys(name):
-    spec, (cfg, _) = MODELS[name], tiny_case(name)
+def test_fast_path_keeps_parameters_and_checkpoint_keys(name, corpus):
+    spec, (cfg, _) = MODELS[name], tiny_case(name, corpus)
     torch.manual_seed(0)
     eager = spec.build_model(cfg)
     fast = spec.training.optimize_for_training(copy.deepcopy(eager), cfg, backend="aot_eager")

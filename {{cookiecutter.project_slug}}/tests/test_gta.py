@@ -1,5 +1,5 @@
 """A vocoder fine-tuned on Tacotron2's teacher-forced ("ground-truth aligned") mels: ``scripts.dump_gta_mels`` on
-two ranks, the frame rule of every file it writes, ``data.mel_dir`` in :class:`utils.data.datasets.AudioMelDataset`
+two ranks, the frame rule of every file it writes, ``data.mel_dir`` in :class:`utils.data.mel_dir.MelDirDataset`
 (audio and mel cropped together on frame boundaries) and a vocoder whose loss falls on those mels.
 
 The fast tests run the script in this process (one rank) and the dataset directly; the ``slow`` ones launch the
@@ -24,7 +24,8 @@ from scripts import dump_gta_mels
 from utils.config import load_config
 from utils.data.audio import MelSpectrogram, load_wav
 from utils.data.corpus import DataError, Utterance, load_splits
-from utils.data.datasets import MEL_SETTINGS_FILE, SILENCE_LOG_MEL, AudioMelDataset, Crop
+from utils.data.datasets import Crop
+from utils.data.mel_dir import MEL_SETTINGS_FILE, SILENCE_LOG_MEL, MelDirDataset
 from utils.framing import recorded_audio
 
 VOCODER = "waveglow" if "waveglow" in MODELS else "hifigan"
@@ -76,7 +77,7 @@ def utterances(corpus) -> list[Utterance]:
 def real_mels(corpus, folder, framing: str = "nvidia") -> Path:
     """``folder/<id>.pt``: the mel of every clip of ``corpus`` computed from its audio (the frame rule's count)."""
     folder.mkdir(parents=True, exist_ok=True)
-    mel_fn = MelSpectrogram.from_config(audio_cfg(framing))
+    mel_fn = MelSpectrogram(audio_cfg(framing))
     for utt in utterances(corpus):
         torch.save(mel_fn(load_wav(utt.wav_path, 22050)), folder / f"{utt.id}.pt")
     return folder
@@ -84,7 +85,7 @@ def real_mels(corpus, folder, framing: str = "nvidia") -> Path:
 
 def assert_frame_rule(mels, corpus) -> int:
     """Every ``<id>.pt`` of ``mels`` is a float32 ``(n_mels, MelSpectrogram.num_frames(samples))``; returns how many."""
-    mel_fn = MelSpectrogram.from_config(audio_cfg())
+    mel_fn = MelSpectrogram(audio_cfg())
     files = sorted(Path(mels).glob("*.pt"))
     for path in files:
         mel = torch.load(path, weights_only=True)
@@ -103,7 +104,7 @@ def test_a_mel_off_the_frame_rule_is_one_error_line_and_a_resumed_dump_writes_on
     data = tmp_path / "corpus"
     shutil.copytree(corpus, data)
     (data / "mels").mkdir()  # tacotron2.mel_cache_dir: the targets; one of them a frame too long
-    mel = MelSpectrogram.from_config(audio_cfg())(load_wav(data / "wavs" / "SYN-0004.wav", 22050))
+    mel = MelSpectrogram(audio_cfg())(load_wav(data / "wavs" / "SYN-0004.wav", 22050))
     torch.save(torch.cat([mel, mel[:, -1:]], dim=1), data / "mels" / "SYN-0004.pt")
     out = tmp_path / "gta"
     code, said, errors = dump(capsys, "--checkpoint", checkpoint, "--dataset-path", data, "--output", out)
@@ -180,8 +181,8 @@ def test_too_long_utterances_are_left_out_in_one_line_and_bad_options_are_one_li
 def test_audio_and_mel_are_cropped_together_on_frame_boundaries_with_the_seeded_crops(corpus, tmp_path, framing):
     mels = real_mels(corpus, tmp_path / "mels", framing)
     utts, cfg = utterances(corpus), audio_cfg(framing)
-    mel_fn = MelSpectrogram.from_config(cfg)
-    data = AudioMelDataset(utts, cfg, Crop(SEGMENT, seed=7), mel_dir=mels)
+    mel_fn = MelSpectrogram(cfg)
+    data = MelDirDataset(utts, cfg, Crop(SEGMENT, seed=7), mels)
     starts = []
     for index, utt in enumerate(utts):
         item, whole = data[index], torch.load(mels / f"{utt.id}.pt", weights_only=True)
@@ -196,7 +197,7 @@ def test_audio_and_mel_are_cropped_together_on_frame_boundaries_with_the_seeded_
     data.set_epoch(1)
     assert [next(f for f in range(400) if torch.equal(torch.load(mels / f"{u.id}.pt", weights_only=True)[:, f:f + 16],
                                                       data[i]["mel"])) for i, u in enumerate(utts)] != starts
-    first = AudioMelDataset(utts, cfg, Crop(SEGMENT, random=False), mel_dir=mels)[0]
+    first = MelDirDataset(utts, cfg, Crop(SEGMENT, random=False), mels)[0]
     assert torch.equal(first["mel"], torch.load(mels / f"{utts[0].id}.pt", weights_only=True)[:, :16])
 
     short = tmp_path / "short"  # 3000 samples: 11 frames (NVIDIA's: 12), then silence in both
@@ -204,7 +205,7 @@ def test_audio_and_mel_are_cropped_together_on_frame_boundaries_with_the_seeded_
     sf.write(short / "wavs" / "S.wav", load_wav(utts[0].wav_path, 22050)[:3000].numpy(), 22050, subtype="PCM_16")
     audio = load_wav(short / "wavs" / "S.wav", 22050)
     torch.save(mel_fn(audio), short / "S.pt")
-    item = AudioMelDataset([Utterance("S", short / "wavs" / "S.wav", "a")], cfg, Crop(SEGMENT), mel_dir=short)[0]
+    item = MelDirDataset([Utterance("S", short / "wavs" / "S.wav", "a")], cfg, Crop(SEGMENT), short)[0]
     n = {"nvidia": 12, "jik876": 11}[framing]
     assert torch.equal(item["mel"][:, :n], mel_fn(audio)) and (item["mel"][:, n:] == SILENCE_LOG_MEL).all()
     kept = min(n * 256, 3000)  # the audio of its frames (NVIDIA's 12 reach past its end)
@@ -216,12 +217,12 @@ def test_a_missing_mel_or_a_wrong_frame_count_is_one_line_naming_the_utterance_a
     utts, cfg = utterances(corpus), audio_cfg()
     (mels / "SYN-0003.pt").unlink()
     with pytest.raises(DataError) as err:
-        AudioMelDataset(utts, cfg, Crop(SEGMENT), mel_dir=mels)
+        MelDirDataset(utts, cfg, Crop(SEGMENT), mels)
     assert "\n" not in str(err.value) and "'SYN-0003'" in str(err.value) and str(mels / "SYN-0003.pt") in str(err.value)
 
     mel = torch.load(mels / "SYN-0002.pt", weights_only=True)
     torch.save(mel[:, :-1], mels / "SYN-0003.pt")  # another clip's length here
-    data = AudioMelDataset(utts, cfg, Crop(SEGMENT), mel_dir=mels)
+    data = MelDirDataset(utts, cfg, Crop(SEGMENT), mels)
     with pytest.raises(DataError) as err:
         data[[utt.id for utt in utts].index("SYN-0003")]
     message = str(err.value)
@@ -230,10 +231,10 @@ def test_a_missing_mel_or_a_wrong_frame_count_is_one_line_naming_the_utterance_a
 
     (mels / "_audio_config.json").write_text(json.dumps({**cfg.model_dump(), "hop_length": 200}))
     with pytest.raises(DataError, match="other audio settings .*hop_length: mels 200, config 256"):
-        AudioMelDataset(utts, cfg, Crop(SEGMENT), mel_dir=mels)
+        MelDirDataset(utts, cfg, Crop(SEGMENT), mels)
     (mels / "_audio_config.json").unlink()
     with pytest.raises(ValueError, match="not a multiple of audio.hop_length=256.*use 3840 or 4096"):
-        AudioMelDataset(utts, cfg, Crop(4000), mel_dir=mels)
+        MelDirDataset(utts, cfg, Crop(4000), mels)
 
 
 def test_the_vocoder_reads_data_mel_dir_and_mel_on_device_with_it_is_refused_before_any_data(corpus, tmp_path):

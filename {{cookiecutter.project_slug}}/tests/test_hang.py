@@ -189,7 +189,7 @@ def test_train_py_names_the_rank_when_another_one_hangs(tmp_path):
 
 def test_collective_converts_only_communication_errors(monkeypatch):
     """What ``collective()`` turns into a CollectiveError (in this process: no collective runs here)."""
-    monkeypatch.setattr("utils.collectives._timeout_s", 600.0)  # the process group's timeout, where collective() reads it
+    monkeypatch.setattr("distributed._timeout_s", 600.0)  # the process group's timeout, where collective() reads it
     with pytest.raises(RuntimeError, match="out of memory") as info:  # not a communication error: unchanged
         with D.collective("gradient all-reduce"):
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")

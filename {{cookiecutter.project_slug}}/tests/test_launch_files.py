@@ -528,3 +528,24 @@ def test_skypilot_output_dir_is_in_a_bucket_mounted_on_every_node():
         f"{bucket}: MOUNT writes a checkpoint to the bucket when it is closed (COPY never writes back, "
         "MOUNT_CACHED uploads later)")
     assert any(PurePosixPath(dataset).is_relative_to(target) for target in mounts), f"{dataset} is not mounted"
+
+
+TRACKER_SECRET = "tracker-credentials"
+"""The Kubernetes Secret the manifests read the experiment trackers' credentials from (``utils/tracking``)."""
+
+
+def test_tracker_credentials_reach_every_node_from_an_optional_secret_and_none_is_written():
+    """With the experiment trackers: the TrainJob's trainer and every PyTorchJob container take their credentials
+    from the Secret, optional (a job starts without it); SkyPilot's are empty until given at launch (``--secret``,
+    ``--env``). Without the trackers, no launch file names them."""
+    trainer_env = load(TRAINJOB)["spec"]["trainer"].get("env", [])
+    env_from = [container.get("envFrom") for _, _, container in kubernetes_pods(PYTORCHJOB)]
+    sky = load(SKYPILOT)
+    if not (PROJECT / "utils" / "tracking").is_dir():
+        assert (trainer_env, env_from, sky.get("secrets"), sky.get("envs")) == ([], [None, None], None, None)
+        return
+    refs = {item["name"]: item["valueFrom"]["secretKeyRef"] for item in trainer_env}
+    assert set(refs) == {"WANDB_API_KEY", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN"}
+    assert all(ref == {"name": TRACKER_SECRET, "key": name, "optional": True} for name, ref in refs.items())
+    assert env_from == [[{"secretRef": {"name": TRACKER_SECRET, "optional": True}}]] * 2  # Master and Worker
+    assert sky["secrets"] == {"WANDB_API_KEY": ""} and sky["envs"] == {"MLFLOW_TRACKING_URI": ""}

@@ -91,7 +91,7 @@ LOSES_ITS_PEER = textwrap.dedent('''
     import signal, sys
     import torch
     import distributed as D
-    from utils.collectives import CollectiveError
+    from distributed import CollectiveError
     from utils.launch import record_failure
 
     info = D.init_distributed(timeout_s=60)

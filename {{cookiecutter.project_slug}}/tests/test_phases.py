@@ -7,12 +7,10 @@ communication test runs them on 2 real gloo processes and counts what each netwo
 """
 
 import dataclasses
-import json
 import math
 import os
 import textwrap
 
-import matplotlib.image
 import pytest
 import torch
 from conftest import ROOT, run_ranks
@@ -21,7 +19,6 @@ from torch import nn
 from distributed import DistInfo
 from model import ModelSpec, Phases, Training
 from models.schemas import config_schemas
-from scripts import plot_run
 from utils.checkpoint.files import CheckpointError
 from utils.checkpoint.state import NamedStates
 from utils.config import load_config
@@ -248,14 +245,3 @@ def test_the_generator_step_all_reduces_no_discriminator_gradient(tmp_path):
     assert results[0]["grads"].keys() == results[1]["grads"].keys()
     for name in results[0]["grads"]:
         assert torch.equal(results[0]["grads"][name], results[1]["grads"][name]), name
-
-
-def test_plot_run_draws_a_panel_per_phase_loss_and_per_named_loss(tmp_path):
-    names = {"loss_discriminator": 2.0, "loss_generator": 9.0, "grad_norm_discriminator": 3.0,
-             "grad_norm_generator": 40.0, "adv": 1.0, "l1": 0.8}
-    rows = [{"step": s, "loss": 9.0 - s / 10, "items_per_s": 100.0, "step_time_s": 0.1, "data_time_s": 0.01,
-             "grad_norm": 40.0, "losses": {k: v / s for k, v in names.items()}} for s in range(1, 11)]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert plot_run.main([str(tmp_path)]) == 0
-    height = matplotlib.image.imread(tmp_path / "run.png").shape[0]
-    assert height == 2.4 * 100 * (4 + 1 + 2)  # loss, items/s, data wait, norms; phase losses; adv; l1

@@ -315,6 +315,17 @@ def test_a_second_node_without_its_host_names_the_platforms_variables(tmp_path, 
         "per-node launcher); none gave it"]
 
 
+def test_a_platform_value_that_is_not_a_whole_number_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text("")
+    monkeypatch.setenv("PET_NNODES", "two")
+    with pytest.raises(SystemExit) as exit_info:
+        multiproc.main(["t.py"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "multiproc: ERROR: torchrun's PET_* variables (Kubeflow): 'two' for --nnodes is not a whole number"]
+
+
 def test_the_help_texts_name_the_platforms_folders_and_kubernetes(capsys):
     with pytest.raises(SystemExit):
         train.parse_args(["--help"])

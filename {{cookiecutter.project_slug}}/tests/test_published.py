@@ -1,12 +1,14 @@
 """Weights from elsewhere (utils/checkpoint/published.py): files given to ``--init-from`` or to ``python -m
 scripts.import_weights``, and what is refused in one line (a checkpoint of this project given to ``--init-from``:
-``tests/test_weights.py``). Each example model's own published formats
+``tests/test_weights.py``); every loader's check of a file in PyTorch's legacy format (the bytes its tensors declare,
+before anything is allocated). Each example model's own published formats
 (NVIDIA's, jik876's) are tested in that model's test files, with files laid out as that project writes them.
 ``tests/test_parity_<model>.py`` have every published variant."""
 
 import io
 import pickle
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from test_checkpoint_safety import FILE_ROUTES, assert_refused, craft, single  #
 from models import MODELS
 from models.schemas import config_schemas
 from scripts import import_weights
-from utils.checkpoint.files import CheckpointError
+from utils.checkpoint.files import CheckpointError, load_checkpoint, torch_file_problem
 from utils.checkpoint.published import LEGACY_MAGIC
 from utils.checkpoint.weights import read_weights
 from utils.config import load_config
@@ -60,12 +62,18 @@ def test_import_weights_names_what_it_cannot_do_in_one_line(tmp_path, capsys):
         assert "--init-from" not in err[0], err  # an option of train.py, not of this script
 
 
-def test_random_bytes_after_a_pickles_first_byte_are_named_as_no_checkpoint_by_import_weights(tmp_path, capsys):
-    """0x80 starts every pickle: random bytes after it are named as what they are in one line, nothing written."""
+def test_random_bytes_after_a_pickles_first_byte_are_named_as_no_checkpoint_by_every_loader(tmp_path, capsys):
+    """0x80 starts every pickle: random bytes after it are named as what they are in one line, not in the unpickler's
+    words (``unsupported pickle protocol``, ``invalid load key``), by ``inference.py``'s loader, ``--init-from``'s and
+    ``scripts.import_weights`` (nothing written)."""
     neither = "is not a checkpoint: neither a file torch.save writes (a zip archive) nor a pickle"
     for seed in range(8):
         path = tmp_path / f"random80_{seed}.pt"
         path.write_bytes(b"\x80" + random.Random(seed).randbytes(4095))
+        with pytest.raises(CheckpointError, match=f"^{re.escape(f'{path} {neither}')}$"):
+            load_checkpoint(path)
+        with pytest.raises(CheckpointError, match=f"^{re.escape(f'--init-from {path} {neither}')}$"):
+            read_weights(path, MODELS, None)
         assert import_weights.main([str(path), "--output", str(tmp_path / "out.pt")]) == 1
         assert capsys.readouterr().err == f"ERROR: the weights file {path} {neither}\n"
     assert not (tmp_path / "out.pt").exists()
@@ -117,3 +125,49 @@ def test_pytorchs_legacy_format_is_read_without_running_it_and_damage_is_one_lin
     (tmp_path / "huge.pt").write_bytes(header + buffer.getvalue())
     with pytest.raises(CheckpointError, match="its tensors need more bytes than the file holds"):
         read_weights(tmp_path / "huge.pt", MODELS, tiny_config())
+
+
+def legacy_file(path, storages, tail: bytes = b"") -> None:
+    """A file in PyTorch's legacy format (before 1.6) whose object refers to ``storages`` ({key: (storage type, element
+    count)}, or a list of such pairs: a key may come twice), then ``tail``."""
+    header = b"".join(pickle.dumps(item, protocol=2) for item in (torch.serialization.MAGIC_NUMBER, 1001,
+                                                                  {"little_endian": True}))
+
+    class Storage(tuple):
+        pass
+
+    class Refers(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("storage", obj[1], obj[0], "cpu", obj[2], None) if isinstance(obj, Storage) else None
+    buffer = io.BytesIO()
+    refs = storages.items() if isinstance(storages, dict) else storages
+    Refers(buffer, protocol=2).dump({"model": [Storage((key, *kind)) for key, kind in refs]})
+    path.write_bytes(header + buffer.getvalue() + tail)
+
+
+def test_a_legacy_file_declaring_more_bytes_than_it_holds_is_refused_before_any_allocation(tmp_path):
+    """A few hundred bytes that declare a 4 TiB storage: refused by its size on every loader, never allocated."""
+    path = tmp_path / "huge.pt"
+    legacy_file(path, {"0": (torch.FloatStorage, 2 ** 40)})
+    size = path.stat().st_size
+    assert size < 400
+    damaged = f"is damaged (its tensors need more bytes than the file holds: {2 ** 42} declared, "
+    with pytest.raises(CheckpointError, match=f"^{re.escape(f'{path} {damaged}')}"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match=f"^{re.escape(f'--init-from {path} {damaged}')}"):
+        read_weights(path, MODELS, None)
+    # Two storages of 3 floats and 6 bytes need 18 bytes after the pickles.
+    for tail, fits in ((bytes(17), False), (bytes(18), True)):
+        legacy_file(path, {"a": (torch.FloatStorage, 3), "b": (torch.ByteStorage, 6)}, tail)
+        assert (torch_file_problem(path) is None) == fits, torch_file_problem(path)
+
+
+def test_a_legacy_storage_named_twice_counts_at_the_size_torch_load_allocates(tmp_path):
+    """torch.load allocates a storage at its key's first reference: a later, small one does not hide a huge first."""
+    path = tmp_path / "twice.pt"
+    for refs in ([("0", (torch.FloatStorage, 2 ** 40)), ("0", (torch.FloatStorage, 1))],
+                 [(0, (torch.FloatStorage, 2 ** 40)), ("0", (torch.FloatStorage, 1))]):  # two keys to torch.load
+        legacy_file(path, refs, bytes(64))
+        problem = torch_file_problem(path) or ""
+        declared = re.match(r"is damaged \(its tensors need more bytes than the file holds: (\d+) declared", problem)
+        assert declared and int(declared.group(1)) >= 2 ** 42, problem

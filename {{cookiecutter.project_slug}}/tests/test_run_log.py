@@ -11,7 +11,6 @@ import pytest
 import torch
 from conftest import ROOT, visible_gpus
 
-from scripts import plot_run
 from utils.run_log import BalanceMonitor, RunLog, StepRecord, StepWindow, device_memory, stray_gpu_mib
 from utils.training.guards import SpikeMonitor
 
@@ -151,34 +150,6 @@ def test_data_wait_warning_skips_the_warm_up_and_repeats_rarely(tmp_path, capsys
     first = 100 + RunLog.DATA_WAIT_WARMUP + 1
     assert warnings == [f"warning: step {step}: waiting 0.500 s per step for data (50% of the step): raise "
                         "data.num_workers" for step in (first, first + RunLog.DATA_WAIT_REPEAT)]
-
-
-def test_plot_run_draws_a_run_written_by_run_log(tmp_path, capsys):
-    log = RunLog(tmp_path, enabled=True, total_steps=40, initial_step=0)
-    for step in range(1, 41):
-        log.metrics({"step": step, "epoch": 1, "loss": 3.0 / step, "lr": 1e-3, "items_per_s": 1000.0,
-                     "step_time_s": 0.1, "data_time_s": 0.01, "grad_norm": 1.0 / step,
-                     "memory_gib": [1.0, 1.1]})
-        if step % 10 == 0:
-            log.validation(step, 1, 3.5 / step)
-    log.anomaly(17, "spike", "loss 9 is above 3 x its running mean", ["LJ001-0001"])
-    log.close()
-    assert plot_run.main([str(tmp_path)]) == 0
-    png = tmp_path / "run.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert f"wrote {png}" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("setup, message", [
-    (lambda d: None, "metrics.jsonl: no logged steps"),
-    (lambda d: (d / "metrics.jsonl").write_text('{"step": 1}\nnot json\n'), "metrics.jsonl:2: not a JSON line"),
-])
-def test_plot_run_refuses_a_folder_without_a_run(tmp_path, capsys, setup, message):
-    setup(tmp_path)
-    assert plot_run.main([str(tmp_path)]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("ERROR: ") and message in err[0], err
-    assert not (tmp_path / "run.png").exists()
 
 
 def ranks(memory=None, compute=None):

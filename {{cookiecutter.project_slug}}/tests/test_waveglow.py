@@ -226,7 +226,7 @@ def test_validation_writes_the_vocoded_and_true_audio_of_a_fixed_utterance_to_te
     train_with_validation_every_step("waveglow", corpus, tmp_path / "run")
     cfg = tiny_config("audio.mel_framing=nvidia")  # train.py's: WaveGlow's recipe, 1 + segment_length // hop frames
     rate, hop = cfg.audio.sampling_rate, cfg.audio.hop_length
-    samples = MelSpectrogram.from_config(cfg.audio).num_frames(cfg.waveglow.segment_length) * hop
+    samples = MelSpectrogram(cfg.audio).num_frames(cfg.waveglow.segment_length) * hop
     assert samples == (cfg.waveglow.segment_length // hop + 1) * hop
     clips = tensorboard_audio(tmp_path / "run")
     assert {"audio/vocoded", "audio/ground_truth"} <= set(clips), list(clips)

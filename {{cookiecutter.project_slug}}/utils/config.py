@@ -1,11 +1,9 @@
 """Configuration: read ``config.json``, apply its ``tiny`` block and ``--set`` overrides, check every key.
 
-Each section (``audio``, ``data``, ``train``, one per model; the ``tiny`` block has the same shape) is a
-:class:`Section`: a pydantic model whose fields give types, defaults, bounds (``Field``; per item through
-``Annotated``), choices (``Literal``) and checks across keys (a ``model_validator`` raising :func:`cross_check_error`).
-Values are read strictly as JSON gives them (an int becomes a float for a float field, a list a tuple for a tuple field;
-a bool or a string is never a number; floats are finite). Whatever is wrong is a one-line :class:`ConfigError` naming
-where the value came from (the file, its tiny block, the ``--set``), the key, what it allows and the value given.
+Each section is a :class:`Section` (pydantic), read strictly as JSON gives it: an int is a float for a float field, a
+list a tuple; a bool or a string is never a number; floats are finite. Whatever is wrong is a one-line
+:class:`ConfigError` naming where the value came from (the file, its tiny block, the ``--set``), the key, what it allows
+and the value given.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ _SHAPE = ("missing", "too_long", "too_short")  # a tuple[X, Y] of the wrong leng
 
 
 def _bare(tp: Any) -> Any:
-    """``tp`` without its ``Annotated[...]`` wrapper (the bounds of an item)."""
     return typing.get_args(tp)[0] if typing.get_origin(tp) is typing.Annotated else tp
 
 
@@ -139,13 +136,11 @@ def _type_errors(errors: list, keys: typing.Iterable[str]) -> list:
 
 
 class Section(BaseModel):
-    """A section of ``config.json``: subclass it and declare its keys as fields (``width: int = Field(64, ge=1)``).
-    Strict: unknown keys and values of another type are refused. Instances are mutable: ``cfg.data.exclude = [...]``.
-
-    Raises:
-        TypeError: when the class is defined, a field without a default or of a type JSON cannot hold (a ``set``).
-        ValueError: when the class is defined, a default out of its bounds or of the wrong type.
-    """
+    """A section of ``config.json``: subclass it and declare its keys as fields with their types, defaults, bounds
+    (``width: int = Field(64, ge=1)``; per item through ``Annotated``), choices (``Literal``) and checks across keys (a
+    ``model_validator`` raising :func:`cross_check_error`). Instances are mutable: ``cfg.data.exclude = [...]``.
+    Defining the class raises TypeError for a field without a default or of a type JSON cannot hold (a ``set``),
+    ValueError for a default out of its bounds or of the wrong type."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, validate_default=True)
 
@@ -166,10 +161,8 @@ class Section(BaseModel):
 
 
 class ModelSection(Section):
-    """What every model's section of ``config.json`` holds, as the loop and the optimizers read it: ``batch_size``
-    (items per process and micro-batch), ``learning_rate`` and ``weight_decay`` (the optimizers'). A model's section
-    subclasses it, declares its own keys and may redeclare these three with its own defaults and bounds; the
-    registry refuses a model whose section does not (``models.registry``)."""
+    """What every model's section holds: ``batch_size`` (items per process and micro-batch), ``learning_rate`` and
+    ``weight_decay``. A model's section subclasses it (``models.registry`` checks), with its own defaults and bounds."""
 
     batch_size: int = Field(16, ge=1)
     learning_rate: float = Field(1e-3, gt=0)
@@ -177,13 +170,11 @@ class ModelSection(Section):
 
 
 SHARED_SECTION_NAMES = ("audio", "data", "train")
-"""The sections every model reads (their classes: ``utils.training.settings.SHARED_SECTIONS``), beside one per model:
-names no model may take (``models.registry``)."""
+"""The sections every model reads (``utils.training.settings.SHARED_SECTIONS``): names no model may take."""
 
 
 def cross_check_error(message: str, *keys: str) -> PydanticCustomError:
-    """What a section's ``model_validator`` raises when keys contradict each other: ``message`` names them and their
-    values; ``keys`` are those involved (the error names where the last-applied of them came from)."""
+    """What a section's ``model_validator`` raises when ``keys`` contradict each other (``message`` names them)."""
     return PydanticCustomError("cross_check", "{message}", {"message": message, "keys": keys})
 
 
@@ -232,15 +223,10 @@ def _check_layer(label: str, block: Any, schemas: Mapping[str, type[Section]]) -
 
 
 def parse_override(text: str, schemas: Mapping[str, type[Section]]) -> tuple[str, str, Any]:
-    """Parse one ``section.key=value`` override into ``(section, key, value)``.
-
-    The value is a JSON literal (``null``, ``3``, ``[1, 2]``: a tuple for a tuple field, a float for a float field);
-    where that fails or does not fit a field that takes a string, the text itself is the value
-    (``data.dataset_path=123`` is ``"123"``, ``train.precision=bf16``). Bounds are checked by :func:`build_config`.
-
-    Raises:
-        ConfigError: malformed text, unknown section or key, or a value of the wrong type.
-    """
+    """Parse one ``section.key=value`` override into ``(section, key, value)``: a JSON literal (``null``, ``3``,
+    ``[1, 2]``), or the text itself where that fails or misfits a field that takes a string (``data.dataset_path=123``
+    is ``"123"``); bounds are checked by :func:`build_config`. Raises ConfigError for malformed text, an unknown section
+    or key, or a value of the wrong type."""
     name, sep, value_text = text.partition("=")
     section, dot, key = name.strip().partition(".")
     if not sep or not dot or not key:
@@ -283,13 +269,10 @@ def _assemble(schemas: Mapping[str, type[Section]], source: str, layers: list[tu
 
 def build_config(raw: Mapping[str, Any], schemas: Mapping[str, type[Section]], *, tiny: bool = False,
                  overrides: typing.Sequence[str] = (), source: str = "config") -> Config:
-    """Check ``raw`` (``{section: {key: value}, "tiny": {...}}``) against ``schemas`` (section -> :class:`Section`),
-    apply the tiny block if ``tiny``, then ``overrides`` (:func:`parse_override`); ``source`` names the file in errors.
-
-    Raises:
-        ConfigError: unknown sections or keys, wrong types, values out of bounds or contradicting each other (also
-            in the tiny block without ``--tiny``), ``--tiny`` without a tiny block.
-    """
+    """Check ``raw`` (``{section: {key: value}, "tiny": {...}}``) against ``schemas``, apply the tiny block if ``tiny``,
+    then ``overrides`` (:func:`parse_override`); ``source`` names the file in errors. Raises ConfigError for unknown
+    sections or keys, wrong types, values out of bounds or contradicting each other (also in the tiny block without
+    ``--tiny``), ``--tiny`` without a tiny block."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source} must be a JSON object of sections, got {type(raw).__name__}")
     raw = dict(raw)
@@ -317,11 +300,8 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def load_config(path: str | Path, schemas: Mapping[str, type[Section]], *, tiny: bool = False,
                 overrides: typing.Sequence[str] = ()) -> Config:
-    """Read and check a JSON config file (see :func:`build_config`).
-
-    Raises:
-        ConfigError: the file is missing or unreadable, not UTF-8 JSON, names a key twice, or fails the checks.
-    """
+    """Read and check a JSON config file (see :func:`build_config`). Raises ConfigError if the file is missing or
+    unreadable, not UTF-8 JSON, names a key twice, or fails the checks."""
     path = Path(path)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys)
@@ -339,10 +319,7 @@ def load_config(path: str | Path, schemas: Mapping[str, type[Section]], *, tiny:
 
 
 def config_from_dict(data: Mapping[str, Any], schemas: Mapping[str, type[Section]]) -> Config:
-    """Rebuild a :class:`Config` from :meth:`Config.to_dict` output (a checkpoint's, maybe through JSON), leaving out
-    sections not in ``schemas`` (another model's).
-
-    Raises:
-        ConfigError: as :func:`build_config`, naming the ``checkpoint config`` (e.g. a key since removed).
-    """
+    """Rebuild a :class:`Config` from :meth:`Config.to_dict` output (a checkpoint's), leaving out sections not in
+    ``schemas`` (another model's). Raises ConfigError as :func:`build_config`, naming the ``checkpoint config`` (e.g. a
+    key since removed)."""
     return build_config({k: v for k, v in data.items() if k in schemas}, schemas, source="checkpoint config")

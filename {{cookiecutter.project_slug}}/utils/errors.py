@@ -1,5 +1,4 @@
-"""The errors that cross floors: raised by the checkpoint and training code, caught by the entry scripts (each prints
-one ``ERROR:`` line). Here, on the lowest floor, so a module raising one imports nothing above it. Imports nothing."""
+"""The errors that cross floors (checkpoint, training), each one ``ERROR:`` line of the entry scripts."""
 
 
 class CheckpointError(RuntimeError):

@@ -1,11 +1,8 @@
-"""ONNX export of a model's inference path, each file checked with ONNX Runtime against the eager model. A loop exports
-its body: Tacotron2 is split as NVIDIA deploys it (DeepLearningExamples' PyTorch/SpeechSynthesis/Tacotron2/tensorrt):
-an encoder, one decoder step with its recurrent state and attention as inputs and outputs, and a post-net.
-
-Exporter: the traced ``torch.onnx.export(..., dynamo=False)``. The ``torch.export``-based one (the default since 2.9)
-specialises ``nn.LSTM``'s time axis to the example's length in PyTorch 2.13 (pytorch/pytorch#191855) and is slower. The
-traced exporter is deprecated (its warning is silenced); a run on inputs of other lengths catches a trace that baked a
-length in as a constant. Needs ``onnx`` and ``onnxruntime``, imported only when :func:`export_model` runs."""
+"""ONNX export of a model's inference path, each file checked with ONNX Runtime against the eager model; a loop exports
+its body (Tacotron2 is split as NVIDIA's DeepLearningExamples deploy it). Exporter: the traced ``torch.onnx.export(...,
+dynamo=False)``: the ``torch.export``-based one specialises ``nn.LSTM``'s time axis to the example's length in PyTorch
+2.13 (pytorch/pytorch#191855); a run on inputs of other lengths catches a trace that baked a length in. Needs ``onnx``
+and ``onnxruntime``, imported only when :func:`export_model` runs."""
 
 from __future__ import annotations
 
@@ -32,9 +29,8 @@ class ExportError(ValueError):
 
 @dataclasses.dataclass
 class ExportPart:
-    """One ONNX file of a model's inference path, ``<folder>/<name>.onnx``: a wrapper around the model's layers (shared,
-    not copied), example inputs, the graph's names and the axes that vary (one axis name on several tensors: one size).
-    """
+    """One ONNX file of a model's inference path, ``<folder>/<name>.onnx``: a wrapper around the model's layers, example
+    inputs, the graph's names and the axes that vary (one axis name on several tensors: one size)."""
 
     name: str  # the file's stem, an identifier (``generator``, ``encoder``, ``decoder_step``)
     module: nn.Module  # forward(*inputs) -> a tensor or a tuple of them, in the order of output_names
@@ -43,9 +39,7 @@ class ExportPart:
     input_names: tuple[str, ...]  # the names in the ONNX graph, unique across inputs and outputs
     output_names: tuple[str, ...]
     dynamic_axes: dict[str, dict[int, str]]  # {name: {axis: axis name}}, e.g. {"mel": {0: "batch", 2: "frames"}}
-    # The eager computation checked against (default: module), for a wrapper that takes another route than the model
-    # (no packed sequences, inverse weights computed once).
-    reference: Optional[Callable[..., Any]] = None
+    reference: Optional[Callable[..., Any]] = None  # the eager computation checked against (default: module)
     tolerance: float = 1e-3  # the max abs difference accepted, in output units (float32 on a CPU: ~1e-6, tiny model)
     description: str = ""  # one line on what goes in and out, with shapes, for the export log
 
@@ -82,18 +76,17 @@ class ExportPart:
 
 def export_model(spec: Any, model: nn.Module, cfg: Any, folder: Path, progress: bool = True) -> list[dict]:
     """Export each :class:`ExportPart` of ``spec.export.parts(model, cfg)`` to ``<folder>/<part>.onnx`` (opset
-    :data:`OPSET`, constants folded, weights inside; the folder is created, same-named files replaced), run it with
-    ONNX Runtime's CPU provider on both input sets and compare every output with the eager reference. ``model``: on the
-    CPU in float32, put in eval mode; ``progress``: a line per part. Method: NVIDIA DeepLearningExamples'
-    Tacotron2/WaveGlow ONNX export for TensorRT, with ``torch.onnx`` and ONNX Runtime's ``InferenceSession``.
+    :data:`OPSET`, weights inside; same-named files replaced), run it with ONNX Runtime's CPU provider on both input
+    sets and compare every output with the eager reference. ``model``: on the CPU in float32. Method: NVIDIA
+    DeepLearningExamples' Tacotron2/WaveGlow ONNX export for TensorRT.
 
     Returns:
-        One row per part: ``{"part": name, "path": the .onnx file, "max_abs_diff": largest |ONNX Runtime - eager| over
-        both runs, in output units, "inputs": [{input name: shape}, {...}] (the two runs')}``.
+        One row per part: ``{"part", "path", "max_abs_diff" (over both runs, in output units), "inputs": [{input name:
+        shape}, {...}]}``.
 
     Raises:
-        ExportError: one line: no ``Export`` group (and what to add), not on the CPU in float32, ``onnx`` or
-            ``onnxruntime`` missing, a part malformed, failing to export or load, or off eager beyond its tolerance.
+        ExportError: one line: no ``Export`` group, not on the CPU in float32, ``onnx`` or ``onnxruntime`` missing, a
+            part malformed, failing to export or load, or off eager beyond its tolerance.
     """
     onnxruntime = _checked_exportable(spec, model)
     model.eval()
@@ -125,8 +118,7 @@ def export_model(spec: Any, model: nn.Module, cfg: Any, folder: Path, progress: 
 
 
 def _checked_exportable(spec: Any, model: nn.Module) -> Any:
-    """The ``onnxruntime`` module, once the spec has an ``Export`` group, the model is on the CPU in float32 and ONNX's
-    (optional) packages are installed; else :class:`ExportError`, in one line."""
+    """The ``onnxruntime`` module once the model can be exported; else :class:`ExportError`."""
     if spec.export is None:
         raise ExportError(f"model {spec.name!r} cannot be exported to ONNX: its spec has no Export group; add "
                           "export=Export(parts=(model, cfg) -> [utils.onnx_export.ExportPart, ...]) to its ModelSpec")
@@ -139,12 +131,8 @@ def _checked_exportable(spec: Any, model: nn.Module) -> Any:
 
 
 def onnx_runtime() -> Any:
-    """The ``onnxruntime`` module once ``onnx`` (``torch.onnx.export`` writes with it) imports too: ask before
-    creating anything.
-
-    Raises:
-        ExportError: either package is missing (what to install).
-    """
+    """The ``onnxruntime`` module once ``onnx`` imports too: ask before creating anything. Raises ExportError: either
+    package is missing (what to install)."""
     try:
         import onnx  # noqa: F401
         import onnxruntime
@@ -159,8 +147,7 @@ def _export(part: ExportPart, path: Path) -> None:
     part.module.eval()
     try:
         with warnings.catch_warnings(), torch.no_grad():
-            # The deprecation notice; tracer warnings (Python values from tensors) and the LSTM's about other batch
-            # sizes: the run on other_inputs checks what they warn about.
+            # The deprecation notice, tracer warnings and the LSTM's: the run on other_inputs checks what they warn of.
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             warnings.filterwarnings("ignore", message="Exporting a model to ONNX with a batch_size other than 1")

@@ -1,117 +1,34 @@
-"""Pictures of attention alignments, mel spectrograms and stop gates (PNG files or TensorBoard), and audio clips for
-TensorBoard. Figures are plain :class:`matplotlib.figure.Figure` objects on the Agg canvas: no GUI backend and no
-pyplot state, so nothing stays open between calls, and DataLoader workers and headless servers are safe."""
+"""What rank 0's validation gives TensorBoard besides a model's own figures (Tacotron2's: ``models/tacotron2/plots.py``):
+audio clips, once-only media, and a fixed random state for sampling."""
 
 from __future__ import annotations
 
 import contextlib
 import warnings
 import weakref
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
+from typing import Any, Iterator, Union
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn: importing it costs ~1 s per process
-    from matplotlib.figure import Figure
-
 ArrayLike = Union[torch.Tensor, np.ndarray]
-PathLike = Union[str, Path]
 _WRITTEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # writer -> tags that first_time has seen
 
 
-def _to_numpy(x: ArrayLike, ndim: int, what: str) -> np.ndarray:
+def to_numpy(x: ArrayLike, ndim: int, what: str) -> np.ndarray:
+    """``x`` (a tensor on any device, or an array) as a float32 array of ``ndim`` dimensions; a ValueError (naming
+    ``what``) for another number."""
     x = np.asarray(x.detach().float().cpu().numpy() if isinstance(x, torch.Tensor) else x, dtype=np.float32)
     if x.ndim != ndim:
         raise ValueError(f"{what} must be {ndim}-D, got shape {x.shape}")
     return x
 
 
-def _new_axes(size: tuple[float, float]) -> Any:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=size)
-    FigureCanvasAgg(figure)
-    return figure.add_subplot()
-
-
-def _finish(axes: Any, xlabel: str, ylabel: str, title: Optional[str], path: Optional[PathLike]) -> Figure:
-    """Label the axes, lay the figure out and save it as a PNG at ``path`` when given."""
-    axes.set_xlabel(xlabel)
-    axes.set_ylabel(ylabel)
-    if title:
-        axes.set_title(title)
-    figure = axes.figure
-    figure.tight_layout()
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, format="png")
-    return figure
-
-
-def plot_alignment(alignment: ArrayLike, path: Optional[PathLike] = None, title: Optional[str] = None) -> Figure:
-    """Heat map of attention weights ``(enc_steps, dec_steps)`` (a model's ``(T, L)`` alignment transposed): encoder
-    steps (text) up, decoder steps (frames) across. Saved as a PNG at ``path`` when given (folders created).
-
-    Raises:
-        ValueError: ``alignment`` is not 2-D.
-    """
-    return _image(_to_numpy(alignment, 2, "alignment"), (6, 4), "decoder step", "encoder step", path, title)
-
-
-def plot_spectrogram(mel: ArrayLike, path: Optional[PathLike] = None, title: Optional[str] = None) -> Figure:
-    """Image of a log-mel spectrogram ``(n_mels, frames)``, low bands at the bottom.
-
-    Raises:
-        ValueError: ``mel`` is not 2-D.
-    """
-    return _image(_to_numpy(mel, 2, "mel spectrogram"), (8, 3), "frame", "mel channel", path, title)
-
-
-def _image(data, size, xlabel: str, ylabel: str, path: Optional[PathLike], title: Optional[str]) -> Figure:
-    """A 2-D array as an image with a colour bar, row 0 at the bottom."""
-    axes = _new_axes(size)
-    axes.figure.colorbar(axes.imshow(data, aspect="auto", origin="lower", interpolation="none"), ax=axes)
-    return _finish(axes, xlabel, ylabel, title, path)
-
-
-def plot_gate(gate_target: ArrayLike, gate_pred: ArrayLike, path: Optional[PathLike] = None,
-              title: Optional[str] = None) -> Figure:
-    """Stop-gate target (0/1) and predicted stop probability (``sigmoid`` of the logits), each ``(frames,)``, over
-    decoder steps.
-
-    Raises:
-        ValueError: either input is not 1-D.
-    """
-    target = _to_numpy(gate_target, 1, "gate_target")
-    pred = _to_numpy(gate_pred, 1, "gate_pred")
-    axes = _new_axes((8, 3))
-    axes.scatter(np.arange(len(target)), target, color="green", marker="+", s=4, label="target")
-    axes.scatter(np.arange(len(pred)), pred, color="red", marker=".", s=4, label="predicted")
-    axes.set_ylim(-0.05, 1.05)
-    axes.legend(loc="center left")
-    return _finish(axes, "frame", "stop probability", title, path)
-
-
-def figure_to_array(figure: Figure) -> np.ndarray:
-    """Render ``figure`` to an RGB ``uint8`` array ``(H, W, 3)`` (e.g. for ``add_image(..., dataformats="HWC")``)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = figure.canvas if isinstance(figure.canvas, FigureCanvasAgg) else FigureCanvasAgg(figure)
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
-
-
 def add_audio(writer: Any, tag: str, audio: ArrayLike, step: int, sampling_rate: int) -> bool:
     """Add a mono clip ``(samples,)`` (a tensor on any device or an array, clipped to [-1, 1]) at ``sampling_rate`` Hz
     to a ``SummaryWriter``: ``True``; ``False`` with a warning when it holds NaN or inf (a diverged model's output).
-
-    Raises:
-        ValueError: ``audio`` is not 1-D or is empty.
-    """
-    clip = _to_numpy(audio, 1, f"audio '{tag}'")
+    Raises ValueError where ``audio`` is not 1-D or is empty."""
+    clip = to_numpy(audio, 1, f"audio '{tag}'")
     if clip.size == 0:
         raise ValueError(f"audio '{tag}' is empty")
     if not np.isfinite(clip).all():

@@ -1,5 +1,5 @@
-"""A run's life outside the loop: stop signals (finish the step, save, exit; the launcher's side too), the output
-folder (writable, one run at a time), the grace period a stop must fit, the git commit."""
+"""A run's life outside the loop: stop signals (the ranks' and the launcher's side), the output folder (writable, one
+run at a time), the grace period a stop must fit, the git commit."""
 
 from __future__ import annotations
 
@@ -22,35 +22,13 @@ from utils.errors import CheckpointError
 from utils.run_log import one_line
 
 
-def durable_write_speed(folder: str | Path, nbytes: int) -> float:
-    """Bytes per second of a durable write into ``folder``: ``nbytes`` (capped at 64 MiB) written, fsync'ed, removed.
-    Fsync's fixed cost makes a small probe slow, which errs on the safe side.
-
-    Raises:
-        OSError: the folder cannot be written.
-    """
-    size = max(1, min(int(nbytes), 64 << 20))
-    probe, data = Path(folder) / f".write_speed.tmp{os.getpid()}", os.urandom(size)  # not compressible, not sparse
-    start = time.perf_counter()
-    try:
-        with open(probe, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-    finally:
-        probe.unlink(missing_ok=True)
-    return size / max(time.perf_counter() - start, 1e-6)
-
-
 class GracePeriod:
     """Whether a checkpoint fits the grace period after a stop signal (``multiproc.py --stop-timeout``, given to the
-    ranks as ``MULTIPROC_STOP_TIMEOUT``; without it nothing is checked): warned once, at start-up from an estimate (size
-    over the folder's durable write speed), or after the first save that took, with its step, longer."""
+    ranks as ``MULTIPROC_STOP_TIMEOUT``; without it nothing is checked): warned once, from an estimate or a save."""
 
     def __init__(self, environ):
         value = environ.get("MULTIPROC_STOP_TIMEOUT", "").strip()
-        self.seconds: Optional[float] = float(value) if value else None
-        self.warned = False
+        self.seconds, self.warned = float(value) if value else None, False
 
     def _advice(self, need_s: float) -> str:
         self.warned = True
@@ -59,19 +37,25 @@ class GracePeriod:
                 f"period above it (Kubernetes: terminationGracePeriodSeconds), more than {need_s:.0f} s")
 
     def check_estimate(self, nbytes: int, folder: Path) -> Optional[str]:
-        """The warning for a checkpoint of ``nbytes`` written into ``folder``, or ``None`` when it fits.
-
-        Raises:
-            CheckpointError: the test write failed (a full disk: a checkpoint, no smaller, would fail too).
-        """
+        """The warning for a checkpoint of ``nbytes`` written into ``folder``, or ``None`` when it fits, from a test
+        write of ``nbytes`` (at most 64 MiB), fsync'ed. Raises CheckpointError when the test write fails (a full disk)."""
         if self.seconds is None:
             return None
+        size = max(1, min(int(nbytes), 64 << 20))
+        probe, data = folder / f".write_speed.tmp{os.getpid()}", os.urandom(size)  # not compressible, not sparse
+        start = time.perf_counter()
         try:
-            speed = durable_write_speed(folder, nbytes)
+            with open(probe, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            speed = size / max(time.perf_counter() - start, 1e-6)
         except OSError as err:
             raise CheckpointError(f"cannot write a checkpoint into {folder}: {err.strerror or err} (a test write of "
-                                  f"{min(nbytes, 64 << 20) / 1e6:.1f} MB, for a checkpoint of {nbytes / 1e6:.1f} MB, "
+                                  f"{size / 1e6:.1f} MB, for a checkpoint of {nbytes / 1e6:.1f} MB, "
                                   "failed); free space there, or train into another --output-dir") from None
+        finally:
+            probe.unlink(missing_ok=True)
         if (save_s := nbytes / speed) <= self.seconds:
             return None
         return (f"warning: a checkpoint takes ~{save_s:.1f} s ({nbytes / 1e6:.1f} MB at {speed / 1e6:.0f} MB/s into "
@@ -86,7 +70,7 @@ class GracePeriod:
 
 
 def check_output_dir(path: Path) -> None:
-    """Create the output folder and make sure it is writable (before any training time is spent)."""
+    """Create the output folder and make sure it is writable. Raises ConfigError naming it."""
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".write_test_{time.time_ns()}"
@@ -111,14 +95,13 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)  # a scheduler's 
 
 class StopRequest:
     """Remembers a stop signal (:data:`STOP_SIGNALS`) instead of dying of it: the loop finishes its step, the ranks
-    agree (in the per-step all-reduce), rank 0 saves and the run exits. A repeat changes nothing (a launcher may pass on
-    a signal the rank also got); the third Ctrl-C raises ``KeyboardInterrupt``: the rank stops at once, unsaved."""
+    agree, rank 0 saves and the run exits. The third Ctrl-C raises ``KeyboardInterrupt`` (stops at once, unsaved)."""
 
     def __init__(self):
         self.signal_name: str | None = None
         self.interrupts = 0
-        if threading.current_thread() is threading.main_thread():  # Ray Train runs train.main in a worker thread:
-            for sig in STOP_SIGNALS:                                # Python takes handlers in the main thread only
+        if threading.current_thread() is threading.main_thread():  # Python's handlers: the main thread's only (Ray)
+            for sig in STOP_SIGNALS:
                 signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
@@ -130,14 +113,12 @@ class StopRequest:
 
 
 def end_dataloader_workers() -> list[int]:
-    """End this process's DataLoader workers still running; returns the pids it had to kill (SIGKILL). On an error the
-    loaders' iterators may outlive the loop (held by the traceback), and their workers ignore stop signals, so Python's
-    exit (terminate, then join) would wait forever; a garbage collection first lets PyTorch shut them down its way."""
-    if not multiprocessing.active_children():
-        return []  # the loaders ended theirs (a run's usual end): nothing to collect (0.2 s of CPU in a large process)
-    gc.collect()
-    killed = []
-    for child in multiprocessing.active_children():
+    """End this process's DataLoader workers still running (after an error the traceback holds their iterators, and
+    Python's exit would wait for them forever); returns the pids it had to kill (SIGKILL)."""
+    killed, children = [], multiprocessing.active_children()
+    if children:  # the usual end has none: no collection (0.2 s of CPU in a large process)
+        gc.collect()  # lets PyTorch shut them down its way
+    for child in children:
         child.join(timeout=0.5)
         if child.is_alive():
             child.kill()
@@ -147,8 +128,7 @@ def end_dataloader_workers() -> list[int]:
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: a worker leaves stop signals to its rank (a scheduler signals every process; a
-    worker dead of SIGTERM would fail its rank). Signals blocked since its start (:func:`stop_signals_blocked`) drop."""
+    """DataLoader ``worker_init_fn``: a worker leaves stop signals to its rank (those blocked since its start drop)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
@@ -156,8 +136,7 @@ def ignore_stop_signals(worker_id: int) -> None:
 
 @contextlib.contextmanager
 def stop_signals_blocked():
-    """Hold stop signals back (delivered on leaving) while DataLoader workers start, so that they start with them
-    blocked until :func:`ignore_stop_signals`."""
+    """Hold stop signals back (delivered on leaving) while DataLoader workers start."""
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
@@ -166,8 +145,7 @@ def stop_signals_blocked():
 
 
 def take_output_dir(output_dir: Path, lock: RunLock) -> tuple[str, Optional[str]]:
-    """Rank 0: create the output folder and hold its :class:`RunLock`. Returns ``("ok", None)`` or ``("error",
-    message)``, which rank 0 broadcasts."""
+    """Rank 0: create the output folder and hold its :class:`RunLock`; ``("ok", None)`` or ``("error", message)``."""
     try:
         check_output_dir(output_dir)
         note = lock.acquire()
@@ -183,19 +161,15 @@ LOCK_NAME = ".run.lock"
 
 class RunLock:
     """One run per output folder: rank 0 holds an exclusive ``flock`` on ``OUTPUT/.run.lock`` (naming pid, host and
-    start) for the whole run. The kernel drops it when the process ends, however it ends, so a dead run's file is free
-    to take (on a network file system this needs its lock support, as NFSv4 has)."""
+    start), which the kernel drops when the process ends, however it ends (NFSv4 too)."""
 
     def __init__(self, output_dir: str | Path):
         self.path = Path(output_dir) / LOCK_NAME
         self.handle = None
 
     def acquire(self) -> Optional[str]:
-        """Take the lock; returns a note when a dead run's lock file was taken over, else ``None``.
-
-        Raises:
-            CheckpointError: another living run holds the folder (named), or the lock file cannot be opened.
-        """
+        """Take the lock; returns a note when a dead run's lock file was taken over, else ``None``. Raises
+        CheckpointError when another living run holds the folder (named), or the lock file cannot be opened."""
         while True:
             try:
                 handle = open(self.path, "a+")
@@ -235,8 +209,7 @@ class RunLock:
 
 def stop_exit_code(signal_name: str, chosen: int | None, environ) -> int:
     """The exit code after a stop signal every rank obeyed: ``chosen`` when given; 130 after SIGINT; inside Kubernetes
-    (``KUBERNETES_SERVICE_HOST``) 128 + the signal (143 for SIGTERM: a pod exiting 0 would end its Job as complete,
-    while Kubeflow retries 128..255); elsewhere 0."""
+    (``KUBERNETES_SERVICE_HOST``) 128 + the signal (a pod exiting 0 would end its Job as complete); elsewhere 0."""
     if chosen is not None:
         return chosen
     if signal_name == "SIGINT":
@@ -244,27 +217,22 @@ def stop_exit_code(signal_name: str, chosen: int | None, environ) -> int:
     return 128 + int(signal.Signals[signal_name]) if environ.get("KUBERNETES_SERVICE_HOST") else 0
 
 
-def child_pids() -> list[int]:
-    """Pids of this process's living children (torchrun's workers), from /proc; empty off Linux."""
-    me, found = os.getpid(), []
+def signal_children(sig: int) -> None:
+    """Send ``sig`` to this process's living children (torchrun's workers), found in /proc; nothing off Linux."""
     for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
-                found.append(int(entry.name))
-        except (OSError, IndexError, ValueError):  # the process ended while being read
-            continue
-    return found
+        with contextlib.suppress(OSError, IndexError, ValueError):  # the process ended meanwhile
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                os.kill(int(entry.name), sig)
 
 
 class StopForwarder:
-    """Passes stop signals (:data:`STOP_SIGNALS`) on to every rank, and kills the ranks (SIGKILL) if they outstay
-    ``stop_timeout`` seconds from the first; a repeat is passed on again. :attr:`signal_name`: the first, or None."""
+    """Passes stop signals (:data:`STOP_SIGNALS`) on to every rank, and SIGKILLs the ranks that outstay
+    ``stop_timeout`` seconds from the first. :attr:`signal_name`: the first, or None."""
 
     def __init__(self, stop_timeout: float):
-        self.stop_timeout = stop_timeout
+        self.stop_timeout, self.killed = stop_timeout, False
         self.signal_name: str | None = None
         self.deadline: float | None = None
-        self.killed = False
 
     def install(self) -> None:
         for sig in STOP_SIGNALS:
@@ -276,9 +244,7 @@ class StopForwarder:
             self.signal_name, self.deadline = name, time.monotonic() + self.stop_timeout
             print(f"multiproc: {name}: every rank finishes its step and rank 0 saves a checkpoint (ranks still "
                   f"running in {self.stop_timeout:g} s are killed)", file=sys.stderr, flush=True)
-        for pid in child_pids():
-            with contextlib.suppress(ProcessLookupError):  # it has just exited
-                os.kill(pid, signum)
+        signal_children(signum)
 
     def enforce(self) -> None:
         """SIGKILL the ranks once the deadline has passed (called while waiting for them)."""
@@ -286,6 +252,4 @@ class StopForwarder:
             self.killed = True
             print(f"multiproc: the ranks did not stop within {self.stop_timeout:g} s of {self.signal_name}; "
                   "killing them", file=sys.stderr, flush=True)
-            for pid in child_pids():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            signal_children(signal.SIGKILL)

@@ -24,8 +24,7 @@ PER_RANK = ("memory_gib", "memory_allocated_gib", "stray_gpu_mib", "compute_s", 
 
 
 class LineStream:
-    """A tqdm ``file`` over a stream that is no terminal (a pipe, a CI log): each refresh of a bar is a line of its
-    own and erasing a bar writes nothing, so no other line ever shares a line with a bar."""
+    """A tqdm ``file`` for a non-terminal stream (a pipe, a CI log): each bar refresh a line, erasing writes nothing."""
 
     def __init__(self, stream):
         self.stream = stream
@@ -39,28 +38,17 @@ class LineStream:
 
 
 def bar_options(stream=None, leave: bool = True) -> dict[str, Any]:
-    """tqdm's ``file``, ``mininterval`` and ``leave`` for ``stream`` (default: stderr): on a terminal the stream,
-    redrawn every 0.1 s, removed when closed unless ``leave``; else a :class:`LineStream`, a line at most every 10 s
-    (and one at each ``set_postfix``), the bar's last state kept as a last line (a log cannot take a line back)."""
+    """tqdm's ``file``, ``mininterval`` and ``leave`` for ``stream`` (default: stderr): on a terminal redrawn every
+    0.1 s; else a :class:`LineStream`, a line at most every 10 s (and at each ``set_postfix``), kept."""
     stream = stream or sys.stderr
     if stream.isatty():
         return {"file": stream, "mininterval": 0.1, "leave": leave}
     return {"file": LineStream(stream), "mininterval": 10, "leave": True}
 
 
-def peak_memory_gib(device: torch.device) -> float:
-    """This process's peak memory so far, GiB: ``torch.cuda.max_memory_reserved`` on a GPU (what the caching allocator
-    took: what another process cannot have), the peak resident set size (``ru_maxrss``) on the CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_reserved(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-
-
 def stray_gpu_mib(pid: int, own_gpu: str, processes: dict[str, list[tuple[int, int]]]) -> float:
-    """MiB that process ``pid`` holds on GPUs other than ``own_gpu`` in NVML's view ``processes``, ``{GPU UUID: [(pid,
-    bytes used), ...]}`` (UUIDs without NVML's ``GPU-`` prefix, any case). Above zero: a CUDA context on the wrong
-    device (a ``torch.cuda`` call before ``torch.cuda.set_device``). ``nan`` when the view does not show ``pid`` on
-    ``own_gpu`` (NVML in a container lists the host's process ids)."""
+    """MiB process ``pid`` holds on GPUs other than ``own_gpu`` in NVML's view ``processes`` (:func:`gpu_processes`;
+    UUIDs with or without ``GPU-``); ``nan`` if it does not show ``pid`` on ``own_gpu`` (a container's NVML)."""
     own = own_gpu.lower().removeprefix("gpu-")
     view = [(gpu.lower().removeprefix("gpu-") == own, procs) for gpu, procs in processes.items()]
     if not any(p == pid for is_own, procs in view if is_own for p, _ in procs):
@@ -83,8 +71,7 @@ def _nvml():
 
 
 def gpu_processes() -> dict[str, list[tuple[int, int]]] | None:
-    """NVML's view of every GPU of the node (it ignores ``CUDA_VISIBLE_DEVICES``), ``{UUID: [(pid, bytes used), ...]}``;
-    None when NVML cannot be read."""
+    """NVML's view of every GPU of the node (not only visible ones): ``{UUID: [(pid, bytes used), ...]}``, or None."""
     nvml = _nvml()
     if nvml is None:
         return None
@@ -101,26 +88,22 @@ def gpu_processes() -> dict[str, list[tuple[int, int]]] | None:
 
 
 def device_memory(device: torch.device) -> dict[str, float]:
-    """This process's memory for :class:`BalanceMonitor`: ``memory_gib`` (:func:`peak_memory_gib`); on a GPU also
-    ``memory_allocated_gib`` (``torch.cuda.max_memory_allocated``: tensors alone) and ``stray_gpu_mib`` (``nan``
-    when NVML cannot tell)."""
-    out = {"memory_gib": peak_memory_gib(device)}
-    if device.type == "cuda":
-        out["memory_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-        view, own = gpu_processes(), getattr(torch.cuda.get_device_properties(device), "uuid", None)
-        out["stray_gpu_mib"] = math.nan if view is None or own is None else stray_gpu_mib(os.getpid(), str(own), view)
-    return out
+    """This process's peak memory, GiB: ``memory_gib`` (on a GPU ``torch.cuda.max_memory_reserved``; on the CPU the
+    peak resident set size); on a GPU also ``memory_allocated_gib`` and ``stray_gpu_mib`` (``nan``: NVML can't tell)."""
+    if device.type != "cuda":
+        return {"memory_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # KiB on Linux
+    view, own = gpu_processes(), getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    return {"memory_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+            "memory_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+            "stray_gpu_mib": math.nan if view is None or own is None else stray_gpu_mib(os.getpid(), str(own), view)}
 
 
 class BalanceMonitor:
-    """Rank 0's view of the ranks' balance at each log interval: warnings (at most once per ``repeat`` steps each),
-    never an error. It names a rank whose peak memory exceeds the ranks' median by more than ``memory_share`` (0.2:
-    20%) and :attr:`MEMORY_FLOOR_GIB` (classically: every rank made a CUDA context on GPU 0); a rank holding more than
-    :attr:`STRAY_FLOOR_MIB` on a GPU not its own (NVML; if NVML cannot tell, said once); a rank whose compute time per
-    step (forward passes and losses: no collective to wait in) exceeds the *other* ranks' median by more than
-    ``straggler_share`` and :attr:`STRAGGLER_FLOOR_S`, ``patience`` log intervals in a row: wall seconds (GPUs), or with
-    ``clock="cpu"`` CPU seconds, since ranks sharing cores wait for one in turns. The floors keep noise quiet (tiny
-    models' ranks on a loaded machine differ by 25%, 15 ms in a 60 ms step)."""
+    """Rank 0's warnings about the ranks' balance, each kind at most once per ``repeat`` steps: a rank whose peak
+    memory exceeds the ranks' median by ``memory_share`` and :attr:`MEMORY_FLOOR_GIB`; one holding more than
+    :attr:`STRAY_FLOOR_MIB` on a GPU not its own (NVML); one whose compute time per step exceeds the *other* ranks'
+    median by ``straggler_share`` and :attr:`STRAGGLER_FLOOR_S`, ``patience`` log intervals in a row (``clock="cpu"``:
+    CPU seconds, as ranks sharing cores take turns). The floors keep a loaded machine's noise quiet."""
 
     MEMORY_FLOOR_GIB, STRAGGLER_FLOOR_S, STRAY_FLOOR_MIB = 0.25, 0.05, 1.0
 
@@ -132,13 +115,12 @@ class BalanceMonitor:
         self.warned: dict[str, int] = {}  # warning kind -> the step it was last said
 
     def check(self, step: int, ranks: list[dict[str, float]]) -> list[str]:
-        """``ranks``: per rank ``{"memory_gib", "compute_s", "data_wait_s", "collective_wait_s"}`` and, from
-        :func:`device_memory`, optionally ``stray_gpu_mib``."""
+        """The warnings due at ``step``; ``ranks``: each rank's :meth:`StepWindow.balance`."""
         stray = [r.get("stray_gpu_mib", 0.0) for r in ranks]
         found = [(f"stray{rank}", f"rank {rank} holds {mib:.0f} MiB on a GPU that is not its own: a CUDA context on "
                   "the wrong device (a torch.cuda call before torch.cuda.set_device, in your code or a library's?)")
                  for rank, mib in enumerate(stray) if mib > self.STRAY_FLOOR_MIB]
-        if any(math.isnan(mib) for mib in stray):  # said once: see _once
+        if any(math.isnan(mib) for mib in stray):
             found.append(("stray-unknown", "memory held on other GPUs is not checked: NVML cannot be read or does not "
                           "show this job's processes (install nvidia-ml-py; in a container, the host's process ids)"))
         if len(ranks) < 2:
@@ -177,7 +159,7 @@ class BalanceMonitor:
 
 @dataclasses.dataclass
 class StepRecord:
-    """One optimizer step as :class:`StepWindow` counts it. Times in seconds."""
+    """One optimizer step, times in seconds."""
 
     loss: Optional[float] = None  # the step's loss; None: a rank saw a non-finite value (left out of the average)
     items: float = 0  # what the step trained on, all ranks together (the model's count_items: utterances, frames)
@@ -190,8 +172,7 @@ class StepRecord:
 
 
 class StepWindow:
-    """Sums over the steps since the last log line; :meth:`row` turns them into one ``metrics.jsonl`` row: ``loss``
-    averaged over the steps not skipped, ``items_per_s`` all ranks' items over rank 0's wall time of the window."""
+    """Sums over the steps since the last log line, for one ``metrics.jsonl`` row (:meth:`row`)."""
 
     def __init__(self):
         self.steps = self.good = self.overflows = 0
@@ -199,9 +180,8 @@ class StepWindow:
         self.losses, self.counts = {}, {}  # per named value: the sum and the number of its finite values
 
     def add(self, step: StepRecord) -> None:
-        """Count one optimizer step; its named ``losses`` are each averaged over the steps where the value is finite."""
+        """Count one optimizer step (a named value only where it is finite)."""
         self.steps += 1
-        self.overflows += step.overflows
         if step.loss is not None:
             self.loss += step.loss
             self.good += 1
@@ -209,11 +189,8 @@ class StepWindow:
                 finite = math.isfinite(value)
                 self.losses[name] = self.losses.get(name, 0.0) + (value if finite else 0.0)
                 self.counts[name] = self.counts.get(name, 0) + finite
-        self.items += step.items
-        self.step_time += step.step_time
-        self.data_time += step.data_time
-        self.wait_time += step.wait_time
-        self.compute_time += step.compute_time
+        for name in ("overflows", "items", "step_time", "data_time", "wait_time", "compute_time"):
+            setattr(self, name, getattr(self, name) + getattr(step, name))
 
     def balance(self, device: torch.device) -> dict[str, float]:
         """This rank's share of the window, per step, for :class:`BalanceMonitor` (seconds; memory in GiB)."""
@@ -222,8 +199,8 @@ class StepWindow:
                 "collective_wait_s": self.wait_time / steps, "compute_s": self.compute_time / steps}
 
     def row(self, **extra: Any) -> dict[str, Any]:
-        """``{**extra, loss, losses (several phases only), items_per_s, step_time_s, data_time_s, fp16_overflows}`` of
-        the window (``loss`` NaN if none; a named value never finite in the window is ``None``)."""
+        """``{**extra, loss, losses, items_per_s, step_time_s, data_time_s, fp16_overflows}``: ``loss`` averaged over
+        the steps not skipped (NaN if none), ``items_per_s`` all ranks' items over rank 0's wall time."""
         named = {"losses": {name: value / self.counts[name] if self.counts[name] else None
                             for name, value in self.losses.items()}} if self.losses else {}
         return {**extra, "loss": self.loss / self.good if self.good else math.nan, **named,
@@ -232,20 +209,26 @@ class StepWindow:
                 "fp16_overflows": self.overflows}
 
 
+def tensorboard_writer(folder: str, initial_step: int) -> Any:
+    """A TensorBoard ``SummaryWriter`` in ``folder``; a run resumed at ``initial_step`` purges the events after it."""
+    from torch.utils.tensorboard import SummaryWriter  # here: the launcher and ranks > 0 never write to it
+
+    return SummaryWriter(folder, purge_step=initial_step + 1 if initial_step else None)
+
+
 class RunLog:
     """Rank 0's writer into ``output_dir`` (created by the caller): progress bar (``total_steps``, from ``initial_step``
-    on a resume), ``metrics.jsonl``, ``val_metrics.jsonl``, ``anomalies.jsonl``, TensorBoard (``tensorboard``, default
-    ``<output_dir>/tensorboard``); their rows after ``initial_step`` (a run resumed from an older checkpoint) are
+    on a resume), ``metrics.jsonl``, ``val_metrics.jsonl``, ``anomalies.jsonl``, ``writer`` (the caller's: TensorBoard's or the
+    trackers'; default a :func:`tensorboard_writer` in ``<output_dir>/tensorboard``); their rows after ``initial_step`` (a run resumed from an older checkpoint) are
     removed. With ``enabled=False`` (every other rank) nothing is opened and every method does nothing, so the loop
     needs no ``if rank == 0``. ``data_advice``: what the data-wait warning tells the user to do."""
 
-    # The data-wait warning fires when waiting for data takes more than DATA_WAIT_SHARE of the step, past the first
-    # DATA_WAIT_WARMUP steps of the run (start-up is not the steady state), at most once per DATA_WAIT_REPEAT steps.
+    # Warn when the data takes more than this share of a step, after the warm-up steps, at most once per repeat steps.
     DATA_WAIT_SHARE, DATA_WAIT_WARMUP, DATA_WAIT_REPEAT = 0.1, 20, 500
     ANOMALY_LINES = 2  # anomaly warnings per log interval on the console; the interval's others: one line at its end
 
     def __init__(self, output_dir: Path, enabled: bool, total_steps: int, initial_step: int,
-                 data_advice: str = "raise data.num_workers", tensorboard: Optional[str] = None):
+                 data_advice: str = "raise data.num_workers", writer: Any = None):
         self.output_dir, self.enabled, self.data_advice = Path(output_dir), enabled, data_advice
         self._first_step, self._warned_at = initial_step, None
         self._anomalies_shown = self._anomalies_held = 0
@@ -257,10 +240,7 @@ class RunLog:
                 if dropped := drop_rows_after(self.output_dir / name, initial_step):
                     self.print(f"note: {name}: {dropped} row(s) after step {initial_step}, the step resumed from, "
                                "removed (those steps are trained again)")
-            from torch.utils.tensorboard import SummaryWriter  # here: the launcher and ranks > 0 never write to it
-
-            self.writer = SummaryWriter(tensorboard or str(self.output_dir / "tensorboard"),
-                                        purge_step=initial_step + 1 if initial_step else None)  # likewise
+            self.writer = writer or tensorboard_writer(str(self.output_dir / "tensorboard"), initial_step)
             self._metrics = open(self.output_dir / "metrics.jsonl", "a")
 
     def print(self, message: str) -> None:
@@ -272,8 +252,7 @@ class RunLog:
         self.progress.update(1)
 
     def metrics(self, row: dict[str, Any]) -> None:
-        """Append a training row (file, TensorBoard, progress bar); say the anomalies held back, and warn when waiting
-        for data takes too long (``DATA_WAIT_*``)."""
+        """Append a training row (file, writer, progress bar); say the anomalies held back and a long data wait."""
         if not self.enabled:
             return
         step = row["step"]
@@ -310,7 +289,7 @@ class RunLog:
 
     def anomaly(self, step: int, kind: str, message: str, ids: list) -> None:
         """A non-finite or spiking step: a row of ``anomalies.jsonl`` with its batch's utterance ids (all ranks), and a
-        warning line on the console (at most :attr:`ANOMALY_LINES` per log interval)."""
+        warning line (at most :attr:`ANOMALY_LINES` per log interval)."""
         if not self.enabled:
             return
         self._append("anomalies.jsonl", {"step": step, "kind": kind, "message": message, "ids": ids})
@@ -333,9 +312,8 @@ class RunLog:
 
 
 def drop_rows_after(path: Path, step: int) -> int:
-    """Remove the rows of the JSON-lines file ``path`` whose ``step`` is above ``step`` (a run resumed from an older
-    checkpoint trains them again), and lines that do not read (a write cut short); the file is replaced atomically.
-    Returns how many went (0: the file is untouched or absent)."""
+    """Remove the rows of the JSON-lines file ``path`` whose ``step`` is above ``step``, and lines that do not read (a
+    write cut short), replacing the file atomically; returns how many went (0: untouched or absent)."""
     try:
         lines = path.read_text().splitlines(keepends=True)
     except FileNotFoundError:

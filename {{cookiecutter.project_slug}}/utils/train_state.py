@@ -1,6 +1,5 @@
-"""Where the training loop is (:class:`TrainState`): advanced by the loop (``utils/training``), kept up to date by the
-batch stream (``utils/data/loader.py``), written and read back by the checkpoints (``utils/checkpoint``). Here, below
-all three, so that none of them imports another for it. Imports nothing of the project."""
+"""Where the training loop is (:class:`TrainState`): advanced by the loop, kept by the batch stream, saved by the
+checkpoints; below all three, so that none imports another for it."""
 
 from __future__ import annotations
 

@@ -2,23 +2,17 @@
 Networks for Efficient and High Fidelity Speech Synthesis" (NeurIPS 2020), with jik876/hifi-gan's sizes and defaults
 (layers: ``modules/hifigan.py``)."""
 
-from model import Benchmark, BenchmarkCase, Export, Inference, ModelSpec, Phases, Published, Training
-from models.hifigan.data import build_datasets, mel_on_device, synthetic_batch
+from model import Benchmark, Export, Inference, ModelSpec, Phases, Published, Training
+from models.hifigan.data import build_datasets, mel_on_device
 from models.hifigan.inference import add_inference_args, infer, log_validation, vocode
-from models.hifigan.network import (PHASES, TINY_OVERRIDES, HiFiGAN, HiFiGANConfig, MelL1Loss, blocks, build_optimizer,
-                                    build_scheduler, loss_audio, networks, train_step)
+from models.hifigan.network import (PHASES, HiFiGAN, HiFiGANConfig, MelL1Loss, blocks, build_optimizer, build_scheduler,
+                                    loss_audio, networks, train_step)
 from utils.data.datasets import collate_audio_mel
 from utils.parts import optional_part
 
 export = optional_part("models.hifigan.export")  # after-training tools: None where the project left them out
 published = optional_part("models.hifigan.published")
-
-_TINY = tuple(f"hifigan.{key}={value}".replace(" ", "") for key, value in TINY_OVERRIDES.items()
-              if key not in ("segment_length", "batch_size", "learning_rate"))
-BENCHMARK_CASES = (  # the V1 training shape (batch 16 of 8192-sample crops)
-    BenchmarkCase("hifigan_v1_b16_s8192", ("hifigan.segment_length=8192",), 16, {"segment_length": 8192},
-                  tiny=BenchmarkCase("", _TINY + ("hifigan.segment_length=2048",), 2, {"segment_length": 2048})),
-)
+bench = optional_part("models.hifigan.benchmark")  # the benchmarks part
 
 SPEC = ModelSpec(
     name="hifigan",
@@ -39,7 +33,7 @@ SPEC = ModelSpec(
     inference=Inference(infer=infer, add_args=add_inference_args, vocode=vocode, modules=("generator",)),
     export=Export(parts=export.export_parts) if export else None,
     published=Published(read=published.read_published) if published else None,
-    benchmark=Benchmark(synthetic_batch=synthetic_batch, cases=BENCHMARK_CASES),
+    benchmark=Benchmark(synthetic_batch=bench.synthetic_batch, cases=bench.CASES) if bench else None,
     # jik876: meldataset.py's frames, no clipping, train.py's cudnn.benchmark
     recipe={"audio.mel_framing": "jik876", "train.grad_clip": 0.0, "train.cudnn_benchmark": True},
 )

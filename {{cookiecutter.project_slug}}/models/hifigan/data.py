@@ -1,8 +1,6 @@
-"""HiFi-GAN's data: audio crops with their mels (or mels computed on the device), and synthetic benchmark batches."""
+"""HiFi-GAN's data: audio crops with their mels (or mels computed on the device)."""
 
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 from torch.utils.data import Dataset
@@ -12,6 +10,9 @@ from models.hifigan.network import mel_function
 from utils.config import Config
 from utils.data.corpus import load_splits
 from utils.data.datasets import AudioMelDataset, Crop
+from utils.parts import optional_part
+
+MEL_DIR = optional_part("utils.data.mel_dir")  # after-training tools: None where the project left them out
 
 
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
@@ -25,17 +26,18 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
 
     Raises:
         ValueError: ``segment_length`` not a multiple of ``audio.hop_length`` (the output would not line up).
-        DataError: see :class:`AudioMelDataset` (``data.mel_dir`` missing a mel, made with other settings).
+        DataError: see :class:`AudioMelDataset` and ``utils.data.mel_dir.MelDirDataset``.
     """
     seg = cfg.hifigan.segment_length
     if seg % cfg.audio.hop_length:
         raise ValueError(f"hifigan.segment_length ({seg}) must be a multiple of audio.hop_length "
                          f"({cfg.audio.hop_length})")
-    train_utts, val_utts = load_splits(cfg.data)
-    kwargs = {"with_mel": not cfg.hifigan.mel_on_device, "mel_dir": cfg.data.mel_dir,
-              "peak": cfg.hifigan.peak_normalize}
-    return (AudioMelDataset(train_utts, cfg.audio, Crop(seg, seed=cfg.train.seed), **kwargs),
-            AudioMelDataset(val_utts, cfg.audio, Crop(seg, random=False), **kwargs))
+    splits = load_splits(cfg.data)
+    if MEL_DIR and cfg.data.mel_dir:
+        return MEL_DIR.vocoder_datasets(cfg, splits, seg)
+    kwargs = {"with_mel": not cfg.hifigan.mel_on_device, "peak": cfg.hifigan.peak_normalize}
+    return (AudioMelDataset(splits[0], cfg.audio, Crop(seg, seed=cfg.train.seed), **kwargs),
+            AudioMelDataset(splits[1], cfg.audio, Crop(seg, random=False), **kwargs))
 
 
 def mel_on_device(batch: Batch, cfg: Config) -> Batch:
@@ -45,23 +47,3 @@ def mel_on_device(batch: Batch, cfg: Config) -> Batch:
         return batch
     with torch.no_grad():
         return {**batch, "mel": mel_function(cfg.audio, batch["audio"].device)(batch["audio"])}
-
-
-def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
-                    segment_length: Optional[int] = None) -> Batch:
-    """Random HiFi-GAN batch of ``batch_size`` items of the training shapes: ``{"mel": (B, n_mels, segment //
-    hop_length) standard normal, "audio": (B, segment) normal with standard deviation 0.1, "ids": [str] * B}``, float32
-    on the CPU, ``segment`` the ``segment_length`` samples (default ``hifigan.segment_length``).
-
-    Raises:
-        ValueError: ``batch_size < 1`` or a segment that is not a positive multiple of ``audio.hop_length``.
-    """
-    segment = cfg.hifigan.segment_length if segment_length is None else segment_length
-    if batch_size < 1:
-        raise ValueError(f"hifigan synthetic_batch: batch_size must be >= 1, got {batch_size}")
-    if segment < 1 or segment % cfg.audio.hop_length:
-        raise ValueError(f"hifigan synthetic_batch: segment_length {segment} must be a positive multiple of "
-                         f"audio.hop_length={cfg.audio.hop_length}")
-    mel = torch.randn(batch_size, cfg.audio.n_mels, segment // cfg.audio.hop_length, generator=generator)
-    audio = torch.randn(batch_size, segment, generator=generator) * 0.1
-    return {"mel": mel, "audio": audio, "ids": [f"synthetic_{i}" for i in range(batch_size)]}

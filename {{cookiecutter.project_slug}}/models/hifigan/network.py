@@ -147,7 +147,7 @@ def mel_function(audio_cfg: AudioConfig, device: torch.device) -> MelSpectrogram
     """The project's :class:`MelSpectrogram` for ``audio_cfg``, built once per device."""
     key = (str(device), tuple(audio_cfg.model_dump().values()))
     if key not in _MELS:
-        _MELS[key] = MelSpectrogram.from_config(audio_cfg).to(device)
+        _MELS[key] = MelSpectrogram(audio_cfg).to(device)
     return _MELS[key]
 
 

@@ -1,4 +1,4 @@
-"""Text + mel pairs for Tacotron2: the dataset, its mel cache, the padding collate function, synthetic batches.
+"""Text + mel pairs for Tacotron2: the dataset, its mel cache, the padding collate function.
 
 Follows NVIDIA's Tacotron2 reference (``data_utils.TextMelLoader`` / ``TextMelCollate``): text is cleaned and mapped to
 symbol ids, the target is the utterance's log-mel, a batch is sorted by text length (longest first, as
@@ -21,7 +21,6 @@ from torch.utils.data import Dataset
 from model import Batch
 from models.tacotron2.text import text_to_sequence
 from models.tacotron2.text.cleaners import clean_text
-from modules.tacotron2 import get_padding_mask
 from utils.config import Config
 from utils.data.audio import AudioConfig, MelSpectrogram, load_wav
 from utils.data.corpus import DataError, Utterance, load_splits
@@ -77,19 +76,17 @@ class TextMelDataset(Dataset):
         DataError: an empty transcript (named by id) or one with no symbol in the table, an unreadable wav header, a
             cache made with other audio settings, no utterance given or none left (the message names the setting, its
             value, the longest clip), or (in ``__getitem__``) a malformed cached mel.
-        ValueError: ``max_mel_frames`` < 1, or an unknown text cleaner name.
+        ValueError: an unknown text cleaner name.
     """
 
     def __init__(self, utterances: Sequence[Utterance], audio_cfg: AudioConfig, mel_cache: Optional[PathLike] = None,
                  text_cleaners: Sequence[str] = ("english_cleaners",), max_mel_frames: Optional[int] = None,
                  split: str = ""):
-        if max_mel_frames is not None and max_mel_frames < 1:
-            raise ValueError(f"TextMelDataset: max_mel_frames must be >= 1 or None, got {max_mel_frames}")
         self.audio_cfg = audio_cfg
         self.text_cleaners = tuple(text_cleaners)
         clean_text("", self.text_cleaners)  # an unknown cleaner name fails here, not in a worker mid-epoch
         self.max_mel_frames = max_mel_frames
-        self.mel_transform = MelSpectrogram.from_config(audio_cfg)
+        self.mel_transform = MelSpectrogram(audio_cfg)
         self.cache_dir = None if mel_cache is None else Path(mel_cache)
         if self.cache_dir is not None:
             check_cache_settings(self.cache_dir, audio_cfg)
@@ -123,15 +120,10 @@ class TextMelDataset(Dataset):
         if not self.utterances:
             raise DataError(f"{key} is {limit}: {len(too_long)} of {given} {what} are longer (longest {max(too_long)} "
                             f"frames); no {what} left: raise {key} to at least {max(too_long)}")
-        if self.skipped:
-            warnings.warn(f"TextMelDataset: skipped {self.skipped} of {given} {what} ({len(too_long)} longer than "
+        if too_long:
+            warnings.warn(f"TextMelDataset: skipped {len(too_long)} of {given} {what} ({len(too_long)} longer than "
                           f"{key}={limit} mel frames, the longest {max(too_long)}); raise the setting to keep them",
                           stacklevel=3)
-
-    @property
-    def skipped(self) -> int:
-        """Number of utterances left out at construction for being too long."""
-        return len(self.skipped_ids)
 
     def _estimated_frames(self, utt: Utterance) -> int:
         """Mel frames the clip will give, from its header: resampled length -> ``MelSpectrogram.num_frames``."""
@@ -190,17 +182,11 @@ class TextMelCollate:
     """Batch :class:`TextMelDataset` items: sort by text length (descending), pad, build gate targets. Returns
     ``{"text": (B, L_max) long padded with 0 (the "_" pad symbol), "text_lengths": (B,) long, "mel": (B, n_mels,
     T_max) float32 padded with zeros, "gate": (B, T_max) float32 stop target (1 from the last real frame on),
-    "mel_lengths": (B,) long, "ids": [str] * B}`` in the sorted order; ``T_max`` is rounded up to a multiple of
-    ``pad_to_multiple`` (a bucket size that limits the number of distinct shapes).
+    "mel_lengths": (B,) long, "ids": [str] * B}`` in the sorted order.
 
     Raises:
-        ValueError: ``pad_to_multiple < 1``; (on call) no items, mels of different ``n_mels``, an empty text or mel.
+        ValueError: no items, mels of different ``n_mels``, an empty text or mel.
     """
-
-    def __init__(self, pad_to_multiple: int = 1):
-        if pad_to_multiple < 1:
-            raise ValueError(f"TextMelCollate: pad_to_multiple must be >= 1, got {pad_to_multiple}")
-        self.pad_to_multiple = pad_to_multiple
 
     def __call__(self, items: Sequence[dict]) -> dict:
         if not items:
@@ -216,7 +202,7 @@ class TextMelCollate:
         batch = len(ordered)
         text_lengths = torch.tensor([item["text"].numel() for item in ordered], dtype=torch.long)
         mel_lengths = torch.tensor([item["mel"].size(1) for item in ordered], dtype=torch.long)
-        max_frames = -(-int(mel_lengths.max()) // self.pad_to_multiple) * self.pad_to_multiple
+        max_frames = int(mel_lengths.max())
         text = torch.zeros(batch, int(text_lengths.max()), dtype=torch.long)
         mel = torch.zeros(batch, n_mels, max_frames, dtype=torch.float32)
         gate = torch.zeros(batch, max_frames, dtype=torch.float32)
@@ -257,37 +243,3 @@ def check_text(text: str, cfg: Config) -> str | None:
         if text_to_sequence(text, cfg.tacotron2.text_cleaners):
             return None
     return f"transcript {text!r} has no symbol of the Tacotron2 symbol table after cleaning"
-
-
-def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
-                    text_lengths: tuple[int, int] = (60, 160), mel_lengths: tuple[int, int] = (300, 800),
-                    longest_mel: int = 800) -> Batch:
-    """Random padded Tacotron2 batch, laid out as :class:`TextMelCollate` lays it out, on the CPU. Lengths are drawn as
-    NVIDIA's reference benchmark harness draws them (the same calls, so the same lengths for the same seed): text
-    lengths uniform in ``[text_lengths[0], text_lengths[1])`` sorted descending, mel lengths uniform in
-    ``[mel_lengths[0], mel_lengths[1])`` with the first set to ``longest_mel``. Symbols are uniform in ``[1,
-    n_symbols)``, mels standard normal; padding is zero, the gate target 1 from each last frame on.
-
-    Raises:
-        ValueError: ``batch_size < 1``, an empty or non-positive length range, or ``longest_mel`` below the mel range.
-    """
-    if batch_size < 1:
-        raise ValueError(f"synthetic_batch: batch_size must be >= 1, got {batch_size}")
-    for name, (low, high) in (("text_lengths", text_lengths), ("mel_lengths", mel_lengths)):
-        if not 1 <= low < high:
-            raise ValueError(f"synthetic_batch: {name} must be a range [low, high) with 1 <= low < high, "
-                             f"got ({low}, {high})")
-    if longest_mel < mel_lengths[1] - 1:
-        raise ValueError(f"synthetic_batch: longest_mel={longest_mel} is below the mel length range {mel_lengths}")
-    text_lens = torch.randint(text_lengths[0], text_lengths[1], (batch_size,), generator=generator)
-    text_lens = text_lens.sort(descending=True).values
-    mel_lens = torch.randint(mel_lengths[0], mel_lengths[1], (batch_size,), generator=generator)
-    mel_lens[0] = longest_mel
-    max_text, max_frames = int(text_lens.max()), int(mel_lens.max())
-    text = torch.randint(1, cfg.tacotron2.n_symbols, (batch_size, max_text), generator=generator)
-    mel = torch.randn(batch_size, cfg.audio.n_mels, max_frames, generator=generator)
-    text = text.masked_fill(get_padding_mask(text_lens, max_text), 0)
-    mel = mel.masked_fill(get_padding_mask(mel_lens, max_frames).unsqueeze(1), 0.0)
-    gate = (torch.arange(max_frames).unsqueeze(0) >= (mel_lens - 1).unsqueeze(1)).float()
-    return {"text": text, "text_lengths": text_lens, "mel": mel, "gate": gate, "mel_lengths": mel_lens,
-            "ids": [f"synthetic_{i}" for i in range(batch_size)]}

@@ -1,9 +1,6 @@
-"""Tacotron2's ONNX export (``scripts/export.py --format onnx``) and the free-running loop over its files.
-
-Split as NVIDIA deploys Tacotron2 (DeepLearningExamples, PyTorch/SpeechSynthesis/Tacotron2/tensorrt/
-convert_tacotron22onnx.py, inference_trt.py): the encoder runs once per text, the decoder step once per mel frame in a
-loop the caller runs (:func:`run_onnx`), the post-net once on the whole mel.
-"""
+"""Tacotron2's ONNX export and the free-running loop over its files, split as NVIDIA deploys it (DeepLearningExamples'
+Tacotron2/tensorrt): the encoder once per text, the decoder step once per mel frame (:func:`run_onnx`), the post-net
+once on the whole mel."""
 
 from __future__ import annotations
 
@@ -19,9 +16,9 @@ from modules.tacotron2 import Decoder, Postnet, get_padding_mask
 from utils.config import Config
 from utils.onnx_export import ExportPart
 
+# The decoder step's recurrent inputs, in order; its outputs carry the same names with next_ in front.
 DECODER_STATE = ("attention_hidden", "attention_cell", "decoder_hidden", "decoder_cell", "attention_weights",
                  "attention_weights_cum", "attention_context")
-"""The decoder step's recurrent inputs, in order; its outputs carry the same names with ``next_`` in front."""
 
 _STATE_KEYS = {"attention_weights": "weights", "attention_weights_cum": "weights_cum", "attention_context": "context"}
 
@@ -31,9 +28,8 @@ class EncoderExport(nn.Module):
     ``text_lengths`` ``(B,)`` int64 -> ``memory`` ``(B, L, encoder_dim)``, ``processed_memory`` ``(B, L,
     attention_dim)``, ``mask`` ``(B, L)`` bool (``True`` at padded positions).
 
-    ``Encoder.forward(embedded, text_lengths)`` (zeros past each length) without ``pack_padded_sequence``, which does
-    not export: the BiLSTM runs as two one-way LSTMs sharing its weights, the backward one on each text reversed within
-    its length (a gather), its outputs put back in order by the same gather.
+    Without ``pack_padded_sequence``, which does not export: the BiLSTM runs as two one-way LSTMs sharing its weights,
+    the backward one on each text reversed within its length by a gather.
     """
 
     def __init__(self, model: Tacotron2):
@@ -68,15 +64,11 @@ class EncoderExport(nn.Module):
 class DecoderStepExport(nn.Module):
     """One decoder step (``Decoder._step``) with the pre-net in front and every state an input and an output.
 
-    Inputs: ``previous_frame`` ``(B, n_mels)`` (zeros at the first step), ``prenet_noise`` ``(2, B, prenet_dim)``
-    uniform in [0, 1) (fresh at every step), the :data:`DECODER_STATE` (``(B, attention_rnn_dim)`` x2, ``(B,
-    decoder_rnn_dim)`` x2, attention weights and their running sum ``(B, L)``, context ``(B, encoder_dim)``; zeros at
-    the first step), then the encoder's ``memory``, ``processed_memory`` and ``mask``. Outputs: ``frame`` ``(B,
-    n_mels)``, ``gate`` ``(B,)`` (stop logit) and the ``next_`` state.
-
-    The pre-net's dropout stays on at inference (:class:`modules.tacotron2.Prenet`); its random draw is the
-    ``prenet_noise`` input (a unit kept where its noise is >= the dropout probability, scaled by ``1 / (1 - p)``), so
-    the file is deterministic and the caller owns the random numbers (NVIDIA's export draws the mask in the graph).
+    Inputs: ``previous_frame`` ``(B, n_mels)``, ``prenet_noise`` ``(2, B, prenet_dim)`` uniform in [0, 1) (the pre-net
+    dropout's draw: a unit is kept where its noise is >= p, so the file is deterministic), the :data:`DECODER_STATE`
+    (``(B, attention_rnn_dim)`` x2, ``(B, decoder_rnn_dim)`` x2, attention weights and their running sum ``(B, L)``,
+    context ``(B, encoder_dim)``; zeros at the first step), then the encoder's ``memory``, ``processed_memory`` and
+    ``mask``. Outputs: ``frame`` ``(B, n_mels)``, ``gate`` ``(B,)`` (stop logit) and the ``next_`` state.
     """
 
     def __init__(self, decoder: Decoder):
@@ -108,9 +100,8 @@ class PostnetExport(nn.Module):
 
 
 def export_parts(model: Tacotron2, cfg: Config) -> list[ExportPart]:
-    """``ModelSpec.export_parts``: ``encoder``, ``decoder_step`` and ``postnet``; batch, text length and mel frames
-    dynamic, each checked on one unpadded item and on a padded batch of two (the encoder against ``Encoder.forward``
-    with packed sequences)."""
+    """``ModelSpec.export_parts``: ``encoder``, ``decoder_step`` and ``postnet``, batch, text length and mel frames
+    dynamic, each checked on one unpadded item and on a padded batch of two."""
     gen = torch.Generator().manual_seed(0)
     c, n_mels = cfg.tacotron2, cfg.audio.n_mels
     decoder = model.decoder
@@ -164,17 +155,11 @@ def export_parts(model: Tacotron2, cfg: Config) -> list[ExportPart]:
 def run_onnx(folder: Path, text: torch.Tensor, text_lengths: torch.Tensor, cfg: Config,
              max_steps: int | None = None, gate_threshold: float | None = None,
              generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Synthesize with the exported files in ``folder`` and ONNX Runtime on the CPU, as :meth:`Tacotron2.inference`
-    does with the model (NVIDIA's ``tensorrt/inference_trt.py`` runs the same loop): a reference for deploying them.
-
-    ``text`` ``(B, L)`` int64 symbol ids (zeros past each length), ``text_lengths`` ``(B,)`` int64 -> ``(mel_postnet
-    (B, n_mels, T), gate logits (B, T))``. The decoder loop stops after the step at which every item's
-    ``sigmoid(gate)`` exceeded ``gate_threshold``, or at ``max_steps`` (defaults: ``cfg.tacotron2``'s); items that
-    stopped early run on (trim each at its first gate crossing). ``generator`` draws the pre-net's dropout noise.
-
-    Raises:
-        ImportError: onnxruntime is not installed.
-    """
+    """Synthesize with the exported files in ``folder`` and ONNX Runtime on the CPU, as :meth:`Tacotron2.inference` does
+    (NVIDIA's ``tensorrt/inference_trt.py`` runs the same loop): ``text`` ``(B, L)`` int64 symbol ids (zeros past each
+    length), ``text_lengths`` ``(B,)`` int64 -> ``(mel_postnet (B, n_mels, T), gate logits (B, T))``. Stops as
+    ``Decoder.inference`` (``max_steps``, ``gate_threshold``: defaults ``cfg.tacotron2``'s); ``generator`` draws the
+    pre-net's dropout noise. Raises ImportError: onnxruntime is not installed."""
     import onnxruntime
 
     c = cfg.tacotron2

@@ -5,11 +5,14 @@ and audio for TensorBoard (alignment, mel, gate).
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
+import librosa
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,10 +20,12 @@ from torch import nn
 from model import Batch
 from models.tacotron2.network import Tacotron2
 from models.tacotron2.text import sequence_to_text, text_to_sequence
+from utils.checkpoint.files import CheckpointError
 from utils.config import Config
-from utils.data.audio import AudioConfig, check_wav_output, griffin_lim, save_wav
+from utils.data.audio import ArrayLike, AudioConfig, check_wav_output, save_wav
 from utils.data.corpus import DataError
-from utils.plotting import add_audio, first_time, fixed_random_state, plot_alignment, plot_gate, plot_spectrogram
+from models.tacotron2.plots import plot_alignment, plot_gate, plot_spectrogram
+from utils.plotting import add_audio, first_time, fixed_random_state
 
 LOG_GRIFFIN_LIM_ITERS = 32
 """Griffin-Lim iterations of the validation clips: enough to hear the words, far from vocoder quality."""
@@ -67,17 +72,55 @@ def log_validation(model: nn.Module, batch: Batch, outputs: dict[str, torch.Tens
                      audio_cfg)
 
 
+def dynamic_range_decompression(x: torch.Tensor, C: float = 1.0) -> torch.Tensor:
+    """Undo ``utils.data.audio.dynamic_range_compression`` (any shape): ``exp(x) / C``; values below the floor stay at the floor.
+    NVIDIA Tacotron2 reference (``audio_processing.dynamic_range_decompression``)."""
+    return torch.exp(x) / C
+
+
+def griffin_lim(log_mel: ArrayLike, audio_cfg: AudioConfig, n_iter: int = 60, seed: Optional[int] = 0) -> np.ndarray:
+    """Rough waveform from a log-mel ``(n_mels, frames)`` (tensor on any device, or array) made with ``audio_cfg``, for
+    listening checks without a vocoder: float32 ``(samples,)`` at ``audio_cfg.sampling_rate`` Hz, about ``frames *
+    hop_length`` samples, not clipped.
+
+    What ``librosa.feature.inverse.mel_to_audio`` does: ``exp``, ``mel_to_stft`` (magnitudes, the Slaney filters of
+    :class:`utils.data.audio.MelSpectrogram`), ``n_iter`` iterations of ``librosa.griffinlim``, with the initial phases drawn from
+    ``seed`` so the same mel gives the same audio (``None``: a fresh draw each call).
+
+    Raises:
+        ValueError: ``log_mel`` is not ``(n_mels, frames)``, holds NaN/inf, or ``n_iter`` < 1.
+    """
+    if isinstance(log_mel, torch.Tensor):
+        log_mel = log_mel.detach().cpu().float().numpy()
+    log_mel = np.asarray(log_mel, dtype=np.float32)
+    if log_mel.ndim != 2 or log_mel.shape[0] != audio_cfg.n_mels:
+        raise ValueError(f"griffin_lim expects a log-mel of shape (n_mels={audio_cfg.n_mels}, frames), "
+                         f"got {log_mel.shape}")
+    if not np.isfinite(log_mel).all():
+        raise ValueError("griffin_lim: the log-mel holds NaN or infinite values")
+    if n_iter < 1:
+        raise ValueError(f"griffin_lim: n_iter must be >= 1, got {n_iter}")
+    mel = dynamic_range_decompression(torch.from_numpy(log_mel)).numpy()
+    magnitude = librosa.feature.inverse.mel_to_stft(mel, sr=audio_cfg.sampling_rate, n_fft=audio_cfg.n_fft, power=1.0,
+                                                    fmin=audio_cfg.fmin, fmax=audio_cfg.fmax, htk=False)
+    # the seed's keyword: random_state until librosa 1.0 renamed it rng
+    seed_key = "rng" if "rng" in inspect.signature(librosa.griffinlim).parameters else "random_state"
+    audio = librosa.griffinlim(magnitude, n_iter=n_iter, hop_length=audio_cfg.hop_length, n_fft=audio_cfg.n_fft,
+                               win_length=audio_cfg.win_length, window="hann", **{seed_key: seed})
+    return audio.astype(np.float32)
+
+
 def griffin_lim_clip(log_mel: torch.Tensor, audio_cfg: AudioConfig,
                      n_iter: int = LOG_GRIFFIN_LIM_ITERS) -> torch.Tensor:
     """A log-mel ``(n_mels, frames)`` made audible: ``(frames * hop_length,)`` float32 samples on the CPU at
     ``audio_cfg.sampling_rate`` Hz, clipped to [-1, 1].
 
-    :func:`utils.data.audio.griffin_lim` gives ``(frames - 1) * hop_length`` samples (librosa's frames are centred); the
+    :func:`griffin_lim` gives ``(frames - 1) * hop_length`` samples (librosa's frames are centred); the
     last hop is filled with zeros so that the clip lasts as long as the mel. A mel too short to fill one STFT window
     that way (``(frames - 1) * hop_length < n_fft``) gives silence.
 
     Raises:
-        ValueError: see :func:`utils.data.audio.griffin_lim` (wrong shape, NaN or inf).
+        ValueError: see :func:`griffin_lim` (wrong shape, NaN or inf).
     """
     samples = log_mel.shape[1] * audio_cfg.hop_length
     if (log_mel.shape[1] - 1) * audio_cfg.hop_length < audio_cfg.n_fft:
@@ -112,10 +155,37 @@ def _add_griffin_lim(writer: Any, tag: str, log_mel: torch.Tensor, step: int, au
 
 
 def add_inference_args(parser: argparse.ArgumentParser) -> None:
-    """Tacotron2's ``inference.py`` options: the text (``inference.py`` adds ``--vocoder``, ``takes_vocoder``)."""
+    """Tacotron2's ``inference.py`` options: the text, and ``--vocoder`` where the project registers a vocoder."""
+    from models import MODELS  # the registry imports this package
+
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--text", help="the sentence to speak")
     source.add_argument("--text-file", help="a UTF-8 file of sentences, one wav per line (--output: a folder)")
+    if vocoders := [name for name, spec in MODELS.items() if spec.inference and spec.inference.vocode]:
+        parser.add_argument("--vocoder", help=f"a {' or '.join(vocoders)} checkpoint to vocode with (default: "
+                                              "Griffin-Lim)")
+
+
+def load_vocoder(args: argparse.Namespace, cfg: Config) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
+    """The ``mel (n_mels, frames) -> audio (samples,)`` of the ``--vocoder`` checkpoint (read by inference.py's
+    ``args.load_trained``), or ``None`` without one (Griffin-Lim).
+
+    Raises:
+        CheckpointError: its model cannot vocode, or its audio settings differ from ``cfg`` (``--checkpoint``'s).
+    """
+    from models import MODELS
+
+    if not getattr(args, "vocoder", None):
+        return None
+    name, vocoder, voc_cfg = args.load_trained(args.vocoder)
+    spec = MODELS[name].inference
+    if spec is None or spec.vocode is None:
+        raise CheckpointError(f"--vocoder {args.vocoder} holds a '{name}' model, which is not a vocoder")
+    same = {"exclude": {"mel_framing"}}  # another framing shifts the frames by half a hop: a vocoder does not mind
+    if voc_cfg.audio.model_dump(**same) != cfg.audio.model_dump(**same):
+        raise CheckpointError(f"--vocoder {args.vocoder} was trained with other audio settings than "
+                              f"{args.checkpoint}: {voc_cfg.audio} vs {cfg.audio}")
+    return lambda mel: spec.vocode(vocoder, mel, voc_cfg)
 
 
 def read_lines(args: argparse.Namespace) -> tuple[list[str], list[Path]]:
@@ -150,14 +220,13 @@ def read_lines(args: argparse.Namespace) -> tuple[list[str], list[Path]]:
 
 
 def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch.device) -> list[Path]:
-    """``inference.py`` for Tacotron2: each text -> mel -> audio (by the ``--vocoder`` checkpoint that
-    ``args.load_vocoder()`` loads, or Griffin-Lim) -> wav.
+    """``inference.py`` for Tacotron2: each text -> mel -> audio (by the ``--vocoder`` checkpoint, or Griffin-Lim) -> wav.
 
     Raises:
         ValueError, DataError: see :func:`read_lines`; a text with no character the model knows.
     """
     lines, outputs = read_lines(args)
-    vocode = args.load_vocoder()
+    vocode = load_vocoder(args, cfg)
     for text, out in zip(lines, outputs):
         ids = torch.tensor(text_to_sequence(text, cfg.tacotron2.text_cleaners), dtype=torch.long)
         if ids.numel() == 0:

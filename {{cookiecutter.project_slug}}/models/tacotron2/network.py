@@ -1,8 +1,5 @@
-"""Tacotron2's config section, model (teacher forcing and free-running inference), loss and fast path.
-
-Source: Shen et al., "Natural TTS Synthesis by Conditioning WaveNet on Mel Spectrogram Predictions" (ICASSP 2018), and
-NVIDIA's Tacotron2 for sizes and defaults (the layers: ``modules/tacotron2.py``).
-"""
+"""Tacotron2's config section, model, loss and fast path. Source: Shen et al., "Natural TTS Synthesis by Conditioning
+WaveNet on Mel Spectrogram Predictions" (ICASSP 2018), and NVIDIA's Tacotron2 for sizes and defaults."""
 
 from __future__ import annotations
 
@@ -20,15 +17,12 @@ from utils.config import Config, ModelSection
 class Tacotron2Config(ModelSection):
     """The ``tacotron2`` section of ``config.json`` (defaults: NVIDIA's LJSpeech hyper-parameters).
 
-    Sizes are in units/channels; ``*_kernel_size`` in characters (encoder), encoder steps (attention location filters)
-    or mel frames (post-net). ``max_decoder_steps`` caps free-running synthesis in mel frames (~11.6 ms each at 22050 Hz
-    / hop 256); ``gate_threshold`` is the stop probability that ends it. ``max_mel_frames`` drops longer clips (0: keep
-    all). ``mel_cache_dir``: where ``scripts/preprocess.py`` caches mels (inside ``data.dataset_path``, or absolute;
-    empty: no cache), used when it exists. ``mask_padding`` zeroes the outputs at padded frames (the loss ignores them
-    either way). ``val_audio_seconds``: the longest clip of each validation that rank 0 turns into Griffin-Lim audio for
-    TensorBoard (0: pictures only, as ``--tiny`` does: a tiny model's audio is noise, and Griffin-Lim would take most
-    of a tiny run's CPU time). ``n_mels`` is the ``audio`` section's. ``batch_size`` is per process; ``learning_rate``
-    and ``weight_decay`` are Adam's.
+    ``*_kernel_size`` in characters (encoder), encoder steps (attention location filters) or mel frames (post-net).
+    ``max_decoder_steps`` caps free-running synthesis in mel frames; ``gate_threshold`` is the stop probability that
+    ends it. ``max_mel_frames`` drops longer clips (0: keep all). ``mel_cache_dir``: where ``scripts/preprocess.py``
+    caches mels (inside ``data.dataset_path``, or absolute; empty: no cache). ``mask_padding`` zeroes the outputs at
+    padded frames. ``val_audio_seconds``: the longest validation clip rank 0 turns into Griffin-Lim audio for
+    TensorBoard (0: pictures only, as ``--tiny``). ``batch_size`` is per process.
     """
 
     n_symbols: int = Field(len(symbols), ge=1)
@@ -61,14 +55,10 @@ class Tacotron2Config(ModelSection):
 
 class Tacotron2(nn.Module):
     """Tacotron2 (Shen et al. 2018): characters -> mel spectrogram of ``n_mels`` channels, with a stop gate and the
-    attention alignments. Symbol embedding -> :class:`modules.tacotron2.Encoder` -> location-sensitive attention
-    :class:`modules.tacotron2.Decoder` (one frame per step) -> :class:`modules.tacotron2.Postnet` residual. Sizes,
-    initialisation and dropout follow NVIDIA's reference (28.19 M parameters with the defaults and 148 symbols).
-
-    Raises:
-        ValueError: ``n_symbols`` smaller than the symbol table, or ``symbols_embedding_dim`` different from
-            ``encoder_embedding_dim`` (the encoder convolutions take the embedding directly).
-    """
+    attention alignments: symbol embedding, encoder, attention decoder, post-net residual. Sizes, initialisation and
+    dropout follow NVIDIA's reference (28.19 M parameters with the defaults and 148 symbols). Raises ValueError:
+    ``n_symbols`` smaller than the symbol table, or ``symbols_embedding_dim`` different from ``encoder_embedding_dim``
+    (the encoder convolutions take the embedding directly)."""
 
     def __init__(self, cfg: Tacotron2Config, n_mels: int):
         super().__init__()
@@ -86,24 +76,14 @@ class Tacotron2(nn.Module):
         bound = (3.0 * 2.0 / (cfg.n_symbols + cfg.symbols_embedding_dim)) ** 0.5
         nn.init.uniform_(self.embedding.weight, -bound, bound)
         self.encoder = Encoder(cfg.encoder_embedding_dim, cfg.encoder_n_convolutions, cfg.encoder_kernel_size)
-        self.decoder = Decoder(
-            n_mels, encoder_dim=cfg.encoder_embedding_dim, attention_rnn_dim=cfg.attention_rnn_dim,
-            decoder_rnn_dim=cfg.decoder_rnn_dim, prenet_dim=cfg.prenet_dim, attention_dim=cfg.attention_dim,
-            attention_location_n_filters=cfg.attention_location_n_filters,
-            attention_location_kernel_size=cfg.attention_location_kernel_size,
-            max_decoder_steps=cfg.max_decoder_steps, gate_threshold=cfg.gate_threshold,
-            p_attention_dropout=cfg.p_attention_dropout, p_decoder_dropout=cfg.p_decoder_dropout)
+        self.decoder = Decoder(n_mels, cfg)
         self.postnet = Postnet(n_mels, cfg.postnet_embedding_dim, cfg.postnet_kernel_size, cfg.postnet_n_convolutions)
 
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """Teacher-forced pass over a padded batch of :class:`models.tacotron2.data.TextMelCollate` (``{"text": (B, L)
-        long, "text_lengths": (B,), "mel": (B, n_mels, T), "mel_lengths": (B,), ...}``) -> ``{"mel": (B, n_mels, T),
-        "mel_postnet": (B, n_mels, T), "gate": (B, T) logits, "alignments": (B, T, L)}``. With ``mask_padding``, mels
-        are 0 and gate logits 1e3 (certain stop) at padded frames, and the post-net sees zeros there.
-
-        Raises:
-            ValueError: the mel does not have ``n_mels`` channels or the lengths do not fit the padding.
-        """
+        """Teacher-forced pass over a padded batch (``{"text": (B, L) long, "text_lengths": (B,), "mel": (B, n_mels, T),
+        "mel_lengths": (B,), ...}``) -> ``{"mel": (B, n_mels, T), "mel_postnet": (B, n_mels, T), "gate": (B, T) logits,
+        "alignments": (B, T, L)}``. With ``mask_padding``, mels are 0 and gate logits 1e3 at padded frames. Raises
+        ValueError: the mel does not have ``n_mels`` channels or the lengths do not fit the padding."""
         text, text_lengths = batch["text"], batch["text_lengths"]
         mels, mel_lengths = batch["mel"], batch["mel_lengths"]
         text_mask = get_padding_mask(text_lengths, text.size(1))
@@ -121,14 +101,10 @@ class Tacotron2(nn.Module):
     @torch.no_grad()
     def inference(self, text: torch.Tensor, progress: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Synthesize from symbol ids ``text`` ``(1, L)`` (``(B, L)`` without padding also works) with the free-running
-        decoder (``Decoder.inference``: it stops when the gate fires, or at ``max_decoder_steps`` with a warning) ->
-        ``(mel_postnet (1, n_mels, T), gate logits (1, T), alignments (1, T, L))``. Call ``model.eval()`` first (batch
-        norm statistics, no decoder dropout); the pre-net keeps its dropout by design.
-
-        Raises:
-            ValueError: ``text`` is not a 2-D integer tensor with at least one symbol.
-        """
+        """Synthesize from symbol ids ``text`` ``(1, L)`` (``(B, L)`` without padding also works) with
+        ``Decoder.inference`` -> ``(mel_postnet (1, n_mels, T), gate logits (1, T), alignments (1, T, L))``. Call
+        ``model.eval()`` first; the pre-net keeps its dropout by design. Raises ValueError: ``text`` is not a 2-D
+        integer tensor with at least one symbol."""
         if text.dim() != 2 or text.size(1) == 0 or text.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"Tacotron2.inference expects symbol ids of shape (1, L), L >= 1, got "
                              f"{tuple(text.shape)} {text.dtype}")
@@ -139,13 +115,9 @@ class Tacotron2(nn.Module):
 
 class Tacotron2Loss(nn.Module):
     """``MSE(mel) + MSE(post-net mel) + BCE-with-logits(gate)``: the Tacotron2 objective (Shen et al. 2018; NVIDIA's
-    reference), except that padded frames (``t >= mel_lengths``) are left out of the averages instead of counted as
-    zero-error frames, so the value does not depend on a batch's padding. Computed in float32 (safe under autocast); the
-    last terms are kept, detached, in :attr:`last_terms` for logging.
-
-    Raises:
-        ValueError: (on call) the predicted and target mels differ in shape.
-    """
+    reference), except that padded frames (``t >= mel_lengths``) are left out of the averages. Computed in float32; the
+    last terms are kept, detached, in :attr:`last_terms` for logging. Raises ValueError: (on call) the predicted and
+    target mels differ in shape."""
 
     def __init__(self):
         super().__init__()
@@ -172,24 +144,15 @@ class Tacotron2Loss(nn.Module):
         return mel_loss + postnet_loss + gate_loss
 
 
-TEXT_BUCKET = 32
-"""Symbols the fast path pads the text axis to a multiple of: LJSpeech's texts (<= ~190 symbols) give 6 shapes, and the
-(masked) padding adds at most 31 positions to the per-step attention tensors autograd keeps."""
+TEXT_BUCKET = 32  # the fast path pads the text axis to a multiple of it: 6 shapes for LJSpeech's texts
 
 
 def optimize_for_training(model: nn.Module, cfg: Config, text_bucket: int = TEXT_BUCKET,
                           **compile_kwargs) -> nn.Module:
-    """Tacotron2's fast path, in place: the decoder step compiled once and reused at every step, the text axis padded
-    to a multiple of ``text_bucket`` (see :meth:`modules.tacotron2.Decoder.enable_fast_path`; ``compile_kwargs`` go to
-    ``torch.compile``). The encoder, pre-net, post-net and loss stay eager: they run once per batch, the step ``T``
-    (~800) times. Also raises Dynamo's (process-wide) recompile limit to 64 graphs, room for every text bucket of
-    training and validation (whose last batch may be smaller). Parameters and state-dict keys are unchanged; ``cfg`` is
-    unused (the ``ModelSpec.optimize_for_training`` contract). Returns ``model``.
-
-    Raises:
-        TypeError: ``model`` is not a :class:`Tacotron2`.
-        ValueError: ``text_bucket < 1``.
-    """
+    """Tacotron2's fast path, in place: the decoder step compiled once (``Decoder.enable_fast_path``; ``compile_kwargs``
+    go to ``torch.compile``), the rest eager. Also raises Dynamo's process-wide recompile limit to 64 graphs, room for
+    every text bucket. State-dict keys are unchanged; ``cfg`` is unused (the ``ModelSpec.optimize_for_training``
+    contract). Returns ``model``. Raises TypeError: not a :class:`Tacotron2`; ValueError: ``text_bucket < 1``."""
     if not isinstance(model, Tacotron2):
         raise TypeError(f"optimize_for_training expects a Tacotron2, got {type(model).__name__}")
     dynamo_config = torch._dynamo.config

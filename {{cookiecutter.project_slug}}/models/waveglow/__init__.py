@@ -1,8 +1,7 @@
-"""WaveGlow (mel -> audio), the model's spec: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network
-for speech synthesis" (ICASSP 2019), with NVIDIA's sizes and defaults (layers: ``modules/waveglow.py``)."""
+"""WaveGlow (mel -> audio), the model's spec: Prenger et al., ICASSP 2019, with NVIDIA's sizes and defaults."""
 
-from model import Benchmark, BenchmarkCase, Export, Inference, ModelSpec, Published, Training
-from models.waveglow.data import build_datasets, mel_on_device, synthetic_batch
+from model import Benchmark, Export, Inference, ModelSpec, Published, Training
+from models.waveglow.data import build_datasets, mel_on_device
 from models.waveglow.inference import add_inference_args, infer, log_validation, vocode
 from models.waveglow.network import WaveGlow, WaveGlowConfig, WaveGlowLoss, optimize_for_training
 from utils.data.datasets import collate_audio_mel
@@ -10,18 +9,7 @@ from utils.parts import optional_part
 
 export = optional_part("models.waveglow.export")  # after-training tools: None where the project left them out
 published = optional_part("models.waveglow.published")
-
-_TINY = ("waveglow.n_flows=4", "waveglow.n_early_every=2", "waveglow.wn_layers=2")
-BENCHMARK_CASES = (  # NVIDIA's published shapes (those of its reference benchmark harness)
-    BenchmarkCase("waveglow256_b12_s16000", ("waveglow.wn_channels=256", "waveglow.segment_length=16000"), 12,
-                  {"segment_length": 16000},
-                  tiny=BenchmarkCase("", _TINY + ("waveglow.wn_channels=16", "waveglow.segment_length=2048"), 2,
-                                     {"segment_length": 2048})),
-    BenchmarkCase("waveglow512_b10_s8000", ("waveglow.wn_channels=512", "waveglow.segment_length=8000"), 10,
-                  {"segment_length": 8000},
-                  tiny=BenchmarkCase("", _TINY + ("waveglow.wn_channels=32", "waveglow.segment_length=1024"), 2,
-                                     {"segment_length": 1024})),
-)
+bench = optional_part("models.waveglow.benchmark")  # the benchmarks part
 
 SPEC = ModelSpec(
     name="waveglow",
@@ -41,7 +29,7 @@ SPEC = ModelSpec(
     inference=Inference(infer=infer, add_args=add_inference_args, vocode=vocode),
     export=Export(parts=export.export_parts) if export else None,
     published=Published(read=published.read_published, pickled_classes=published.PICKLED_CLASSES) if published else None,
-    benchmark=Benchmark(synthetic_batch=synthetic_batch, cases=BENCHMARK_CASES),
+    benchmark=Benchmark(synthetic_batch=bench.synthetic_batch, cases=bench.CASES) if bench else None,
     # NVIDIA/waveglow: TacotronSTFT, no clipping; the autotuner on (NVIDIA's is off): one crop shape, tuned once
     recipe={"audio.mel_framing": "nvidia", "train.grad_clip": 0.0, "train.cudnn_benchmark": True},
 )

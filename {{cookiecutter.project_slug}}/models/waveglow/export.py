@@ -13,13 +13,11 @@ from utils.onnx_export import ExportPart
 
 class WaveGlowInferExport(nn.Module):
     """:meth:`WaveGlow.infer` with the noise as an input: ``mel`` ``(B, n_mels, frames)`` and ``z`` ``(B, n_group,
-    steps)`` -> ``audio`` ``(B, steps * n_group)`` in [-1, 1].
-
-    :meth:`WaveGlow.reverse` with two changes that keep the result (up to float32 rounding) and simplify the graph: each
-    1x1 convolution's inverse is computed once, here (a constant of the file, as in NVIDIA's export), and the upsampled
-    mel is grouped by a reshape instead of ``unfold``. ``steps`` is ``frames * hop_length // n_group`` for the whole
-    mel (what ``infer`` draws); fewer steps vocode a prefix.
-    """
+    steps)`` -> ``audio`` ``(B, steps * n_group)`` in [-1, 1]. :meth:`WaveGlow.reverse` with two changes that keep the
+    result (up to float32 rounding) and simplify the graph: each 1x1 convolution's inverse is computed once, here (a
+    constant of the file, as in NVIDIA's export), and the upsampled mel is grouped by a reshape instead of ``unfold``.
+    ``steps`` is ``frames * hop_length // n_group`` for the whole mel (what ``infer`` draws); fewer steps vocode a
+    prefix."""
 
     def __init__(self, model: WaveGlow):
         super().__init__()

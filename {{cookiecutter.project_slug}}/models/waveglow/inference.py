@@ -1,6 +1,5 @@
-"""WaveGlow at inference: vocoding a mel (``inference.py --mel`` or ``--wav``; another model's vocoder) and the audio
-of a validation batch for TensorBoard.
-"""
+"""WaveGlow at inference: vocoding a mel (``inference.py --mel`` or ``--wav``; Tacotron2's ``--vocoder``) and the
+validation audio for TensorBoard."""
 
 from __future__ import annotations
 
@@ -17,9 +16,7 @@ from utils.data.audio import check_wav_output, save_wav
 from utils.data.datasets import read_mel
 from utils.plotting import add_audio, first_time, fixed_random_state
 
-LOG_AUDIO_SECONDS = 2.0
-"""Longest clip vocoded for TensorBoard at each validation, in seconds (the validation crop, ``waveglow.segment_length``
-samples, is usually shorter)."""
+LOG_AUDIO_SECONDS = 2.0  # the longest clip vocoded for TensorBoard at each validation (the crop is usually shorter)
 
 
 def add_inference_args(parser: argparse.ArgumentParser) -> None:
@@ -40,14 +37,9 @@ def vocode(model: nn.Module, mel: torch.Tensor, cfg: Config, sigma: Optional[flo
 def log_validation(model: nn.Module, batch: Batch, outputs, step: int, writer: Any, output_dir: Any,
                    cfg: Optional[Config] = None) -> None:
     """Audio of the first utterance of a validation batch ``{"mel": (B, n_mels, frames), "audio": (B, samples), ...}``
-    for TensorBoard; nothing without a ``writer`` or a ``cfg`` (``outputs`` and ``output_dir`` are unused).
-
-    ``audio/vocoded``: at most :data:`LOG_AUDIO_SECONDS` of its mel, vocoded by :func:`vocode` with the unwrapped
-    ``model`` and the same noise at every validation (:func:`utils.plotting.fixed_random_state`), ``frames *
-    hop_length`` samples at ``audio.sampling_rate`` Hz; ``audio/ground_truth``: as many samples of its audio, at the
-    run's first validation only. The validation crops are the first ``segment_length`` samples of each clip and the
-    loader does not shuffle, so it is the same utterance and crop every time.
-    """
+    for TensorBoard (nothing without a ``writer`` or a ``cfg``): ``audio/vocoded``, at most :data:`LOG_AUDIO_SECONDS`
+    of its mel vocoded with the same noise every time, and at the first validation ``audio/ground_truth``, as many
+    samples of its audio (the loader does not shuffle: the same utterance and crop every time)."""
     if writer is None or cfg is None:
         return
     rate, hop = cfg.audio.sampling_rate, cfg.audio.hop_length
@@ -61,12 +53,9 @@ def log_validation(model: nn.Module, batch: Batch, outputs, step: int, writer: A
 
 
 def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch.device) -> list[Path]:
-    """``inference.py`` for WaveGlow: vocode ``--mel`` or the mel of ``--wav`` into the wav ``--output``.
-
-    Raises:
-        ValueError: neither ``--mel`` nor ``--wav``, a bad ``--sigma``, or an output that is not a .wav path.
-        DataError: see :func:`read_mel`.
-    """
+    """``inference.py`` for WaveGlow: vocode ``--mel`` or the mel of ``--wav`` into the wav ``--output``. Raises
+    ValueError for neither ``--mel`` nor ``--wav``, a bad ``--sigma``, or an output that is not a .wav path; DataError:
+    see :func:`read_mel`."""
     if not (args.mel or args.wav):
         raise ValueError(f"{args.checkpoint} is a WaveGlow checkpoint: give --mel or --wav")
     if args.sigma is not None and not 0 <= args.sigma < float("inf"):

@@ -1,8 +1,5 @@
-"""WaveGlow's config section, the flow (audio <-> Gaussian noise, conditioned on mels), its loss and its fast path.
-
-Source: Prenger, Valle and Catanzaro, "WaveGlow: a flow-based generative network for speech synthesis" (ICASSP 2019);
-layer sizes and defaults from NVIDIA's reference implementation (the layers: ``modules/waveglow.py``).
-"""
+"""WaveGlow's config section, the flow (audio <-> Gaussian noise, conditioned on mels), its loss and its fast path
+(Prenger et al., ICASSP 2019; sizes and defaults: NVIDIA's reference implementation)."""
 
 from __future__ import annotations
 
@@ -16,15 +13,10 @@ from utils.config import Config, ModelSection
 
 
 class WaveGlowConfig(ModelSection):
-    """The ``waveglow`` section of ``config.json`` (defaults: NVIDIA's published LJSpeech model).
-
-    ``n_group`` audio samples are squeezed into channels; every ``n_early_every`` flows, ``n_early_size`` channels
-    leave the flow early. ``segment_length`` (samples) is the training crop. ``sigma`` is the standard deviation of the
-    Gaussian prior in training, ``infer_sigma`` the one sampled from at inference (NVIDIA's 0.6 gives cleaner audio).
-    ``batch_size`` is per process; ``learning_rate`` and ``weight_decay`` are Adam's. ``mel_on_device``: the DataLoader
-    workers only decode and crop the audio, and the batch's mels are computed on the device in the training step (one
-    batched ``torch.stft``: the workers' heaviest work gone).
-    """
+    """The ``waveglow`` section (defaults: NVIDIA's LJSpeech model). ``n_group`` audio samples are squeezed into
+    channels; every ``n_early_every`` flows, ``n_early_size`` channels leave early. ``segment_length``: the training
+    crop (samples). ``sigma``: the prior's standard deviation in training, ``infer_sigma`` at inference.
+    ``mel_on_device``: the workers only decode and crop; the mels are computed on the device (one batched STFT)."""
 
     n_flows: int = Field(12, ge=1)
     n_group: int = Field(8, ge=2)
@@ -43,13 +35,9 @@ class WaveGlowConfig(ModelSection):
 
 
 class WaveGlow(nn.Module):
-    """WaveGlow: a normalising flow from audio to Gaussian noise, conditioned on mel spectrograms of ``n_mels``
-    channels, upsampled to audio rate by a transposed convolution of stride ``hop_length`` and kernel ``win_length``
-    (samples).
-
-    Raises:
-        ValueError: ``n_group`` odd, or early outputs that would leave fewer than 2 channels.
-    """
+    """A normalising flow from audio to Gaussian noise, conditioned on mels of ``n_mels`` channels upsampled to audio
+    rate by a transposed convolution of stride ``hop_length`` and kernel ``win_length`` (samples). Raises ValueError for
+    an odd ``n_group``, or early outputs that would leave fewer than 2 channels."""
 
     def __init__(self, cfg: WaveGlowConfig, n_mels: int, hop_length: int, win_length: int):
         super().__init__()
@@ -80,12 +68,8 @@ class WaveGlow(nn.Module):
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """Map audio to noise: ``batch`` ``{"mel": (B, n_mels, frames), "audio": (B, samples)}``, samples a multiple of
-        ``n_group`` and at most ``frames * hop_length``.
-
-        Returns:
-            ``(z, log_s_list, log_det_list)``: ``z`` ``(B, n_group, samples // n_group)``, each coupling's ``log s``
-            and each 1x1 convolution's log-determinant.
-        """
+        ``n_group`` and at most ``frames * hop_length`` -> ``(z, log_s_list, log_det_list)``: ``z`` ``(B, n_group,
+        samples // n_group)``, each coupling's ``log s`` and each 1x1 convolution's log-determinant."""
         audio = batch["audio"]
         g = self.cfg.n_group
         cond = self._grouped_mel(batch["mel"], audio.shape[1])
@@ -154,18 +138,10 @@ class WaveGlowLoss(nn.Module):
 
 
 def optimize_for_training(model: nn.Module, cfg: Config, **compile_kwargs) -> nn.Module:
-    """WaveGlow's fast path: ``torch.compile`` of the whole flow in place (``nn.Module.compile``; ``dynamic=False`` by
-    default: one graph for the training crop's shape), before the DDP wrapper; returns ``model``.
-
-    Inductor fuses each layer's gate (:func:`modules.waveglow.add_gated_activation`), the residual and skip sums, the
-    weight-norm arithmetic and the affine couplings. Not per WN block: weight norm gives every parametrized convolution
-    a class of its own, so each of the ``n_flows`` blocks would compile separately. Parameters and state-dict keys stay
-    the same; Inductor may sum in another order (float32 losses agree to ~1e-7 relative). ``cfg`` is unused (the
-    ``ModelSpec.optimize_for_training`` contract).
-
-    Raises:
-        TypeError: ``model`` is not a :class:`WaveGlow`.
-    """
+    """WaveGlow's fast path: ``torch.compile`` of the whole flow in place (``dynamic=False`` by default: one graph for
+    the crop's shape), before the DDP wrapper; returns ``model``. Not per WN block: weight norm gives every convolution
+    a class of its own, so each block would compile separately. Float32 losses agree with eager to ~1e-7 relative.
+    Raises TypeError where ``model`` is not a :class:`WaveGlow`."""
     if not isinstance(model, WaveGlow):
         raise TypeError(f"waveglow optimize_for_training expects a WaveGlow, got {type(model).__name__}")
     compile_kwargs.setdefault("dynamic", False)

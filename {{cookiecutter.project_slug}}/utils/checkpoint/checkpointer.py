@@ -1,17 +1,17 @@
-"""The run's one checkpoint owner (:class:`Checkpointer`): it holds the named stateful parts of a run and writes them
-as one file (``ddp``: rank 0) or one sharded folder (``fsdp``: every rank, through :mod:`utils.checkpoint.sharded`),
-and puts a checkpoint of either kind back into them. After torchtitan's ``CheckpointManager(states={...})``."""
+"""The run's one checkpoint owner (:class:`Checkpointer`), after torchtitan's ``CheckpointManager(states={...})``."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import torch
 
-from distributed import DistInfo, all_gather_object, broadcast_buffers, collective, reduce_tensor, split_over_ranks
+from distributed import CollectiveError, DistInfo, all_gather_object, collective, reduce_tensor, split_over_ranks
 from utils.checkpoint.files import CheckpointError, load_model_state
 from utils.checkpoint.names import last_checkpoint
 from utils.checkpoint.resume import check_training_state, folder_reader, read_checkpoint, saved_config, warn_changes
@@ -19,12 +19,14 @@ from utils.checkpoint.state import (STATEFUL_PARTS, NamedStates, capture_rng_sta
                                     save_checkpoint, takes_links, training_checkpoint)
 from utils.errors import TrainingError
 from utils.parts import optional_part
+from utils.run import GracePeriod, git_commit
+from utils.run_log import RunLog, one_line
 from utils.train_state import TrainState
 
 
 def nonfinite_weight(model: torch.nn.Module) -> Optional[str]:
-    """The name of the first floating-point parameter or buffer of ``model`` holding NaN or inf (this rank's shard of it
-    under FSDP), or ``None``. One device synchronisation."""
+    """The first floating-point parameter or buffer of ``model`` (this rank's shard) holding NaN or inf, or ``None``.
+    One device synchronisation."""
     named = [(name, tensor.to_local() if split_over_ranks(tensor) else tensor)
              for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_floating_point()]
     if not named:
@@ -34,52 +36,62 @@ def nonfinite_weight(model: torch.nn.Module) -> Optional[str]:
 
 
 class Checkpointer:
-    """Saves and loads a run's named stateful parts. Every rank builds it (a background save's process group is made
-    here) and calls :meth:`save` and :meth:`load` together.
-
-    ``parts``: ``"model"`` (plain or FSDP-sharded, never a DDP wrapper), ``"optimizer"``, ``"scheduler"``, ``"scaler"``
-    (each with ``state_dict``/``load_state_dict``; several phases' as one :class:`NamedStates`), ``"ema"`` (an
-    ``utils.training.ema.EMA`` or None) and ``"position"`` (the loop's :class:`TrainState`, updated in place by
-    :meth:`load`); the owner adds every rank's RNG states. The file keeps the layout of
-    :func:`utils.checkpoint.state.training_checkpoint` (the position's fields and provenance at the top level).
-    ``train``: the ``train`` settings (``sharded``, ``keep_last``; with sharding ``async_checkpoint``,
-    ``dist_timeout_s``).
-    """
+    """Saves a run's named stateful parts as one file (``ddp``: rank 0, :func:`training_checkpoint`'s layout) or one
+    sharded folder (``fsdp``: every rank, :mod:`utils.checkpoint.sharded`), with every rank's RNG states, and loads
+    either back. Every rank builds it (a background save's process group is made here) and calls its methods together;
+    :meth:`save`, :meth:`poll`, :meth:`finish` follow :meth:`start`. ``parts``: ``"model"`` (plain or FSDP-sharded,
+    never a DDP wrapper), ``"optimizer"``, ``"scheduler"``, ``"scaler"`` (``state_dict``/``load_state_dict``; several
+    phases' as one :class:`NamedStates`), ``"ema"`` (an EMA or None) and ``"position"`` (the loop's :class:`TrainState`,
+    updated in place by :meth:`load`). ``train``: the ``train`` settings."""
 
     def __init__(self, parts: Mapping[str, Any], output_dir: Path, dist: DistInfo, train: Any):
         self.parts, self.output_dir, self.dist, self.keep_last = parts, Path(output_dir), dist, train.keep_last
-        # utils.checkpoint.sharded for a sharded run (never in a project without the sharding part), else None
+        self.model: torch.nn.Module = parts["model"]
+        self.position: TrainState = parts["position"]
         self.sharded = optional_part("utils.checkpoint.sharded") if train.sharded else None
         self.writer = None if self.sharded is None else self.sharded.ShardedCheckpointer(
             output_dir, dist.rank, train.async_checkpoint, train.keep_last, train.dist_timeout_s)
+        self.log: Optional[RunLog] = None
+        self.info: dict[str, Any] = {}
+        self.grace = GracePeriod(os.environ)
 
-    @property
-    def model(self) -> torch.nn.Module:
-        """The model part."""
-        return self.parts["model"]
-
-    @property
-    def position(self) -> TrainState:
-        """The loop's position part."""
-        return self.parts["position"]
-
-    def save_bytes(self) -> int:
-        """About how many bytes one save makes this rank write: its shards under FSDP, else the file (twice where
-        ``checkpoint_last.pt`` must be a copy, not a link)."""
-        sharded = self.writer is not None
+    def start(self, log: RunLog, info: Mapping[str, Any]) -> None:
+        """Ready the loop's saves: ``log`` says what each one wrote, ``info`` is their provenance (``model_name``,
+        ``config``, ...); rank 0 warns where a save cannot fit the grace period after a stop signal
+        (:class:`utils.run.GracePeriod`; its test write raises :class:`CheckpointError` on a full disk)."""
+        self.log, self.info = log, dict(info)
+        if not self.dist.is_main:  # under FSDP every rank writes its own shards, in parallel
+            return
         nbytes = checkpoint_bytes([self.model], averages=int(self.parts.get("ema") is not None))
-        nbytes //= self.dist.world_size if sharded else 1
-        return nbytes * (1 if sharded or takes_links(self.output_dir) else 2)
+        if self.writer is not None:
+            nbytes //= self.dist.world_size
+        elif not takes_links(self.output_dir):
+            nbytes *= 2
+        try:
+            warning = self.grace.check_estimate(nbytes, self.output_dir)
+        except CheckpointError:
+            log.close()  # the progress bar's line ends before the error's
+            raise
+        if warning is not None:
+            log.print(warning)
 
-    def save(self, info: Mapping[str, Any]) -> Optional[Path]:
-        """Save every part at ``position.step``, with the provenance ``info`` stored as is (``model_name``, ``config``,
-        ``torch_version``, ...). Returns the file (rank 0) or the folder (every rank; with ``async_save`` a folder still
-        being written in the background); ``None`` on the ranks that write nothing.
+    def save(self, step_s: float) -> None:
+        """Save every part at ``position.step`` (:meth:`write`, raising what it raises) with :meth:`start`'s provenance,
+        torch's version and the git commit, and say so; ``step_s``: the step before (seconds), for the grace period."""
+        t_save, step, is_main = time.perf_counter(), self.position.step, self.dist.is_main
+        path = self.write(dict(self.info, torch_version=str(torch.__version__),
+                               git_commit=git_commit() if is_main else None))
+        if path is not None:
+            background = self.writer is not None and self.writer.async_save
+            self.log.print(f"step {step}: " + (f"saving {path} in the background" if background else f"saved {path}"))
+        if is_main and (warning := self.grace.check_save(step, time.perf_counter() - t_save, step_s)) is not None:
+            self.log.print(warning)
 
-        Raises:
-            TrainingError: the weights are not finite on some rank (nothing is saved).
-            CheckpointError: a file could not be written (a full disk); earlier checkpoints are kept.
-        """
+    def write(self, info: Mapping[str, Any]) -> Optional[Path]:
+        """Write every part at ``position.step``, with the provenance ``info`` stored as is: the file (rank 0) or the
+        folder (every rank; with ``train.async_checkpoint`` still being written), else ``None``. A
+        :class:`TrainingError` where the weights are not finite on some rank (nothing saved), a
+        :class:`CheckpointError` where a file could not be written (a full disk; earlier checkpoints are kept)."""
         dist, step, ema = self.dist, self.position.step, self.parts.get("ema")
         broken = nonfinite_weight(self.model)
         if reduce_tensor(torch.tensor([float(broken is not None)], device=dist.device), op="sum").item():
@@ -94,48 +106,42 @@ class Checkpointer:
                 return None
             saved = training_checkpoint(self.model, self.parts, self.position, rng, **info)
             return save_checkpoint(self.output_dir, saved, step, self.keep_last)
-        broadcast_buffers(self.model)  # rank 0's running statistics, whichever rank's copy DCP writes
+        self.sharded.broadcast_buffers(self.model)  # rank 0's running statistics, whichever rank's copy DCP writes
         train_state = self.sharded.sharded_train_state(self.parts, self.position, rng, **info) if dist.is_main else None
         with collective("sharded checkpoint save"):
             return self.writer.save(step, self.model, self._optimizers(), train_state,
                                     extra={"ema": ema.state_dict()} if ema is not None else None)
 
-    @property
-    def async_save(self) -> bool:
-        """Whether :meth:`save` writes sharded folders in the background (``train.async_checkpoint``)."""
-        return self.writer is not None and self.writer.async_save
+    def poll(self) -> None:
+        """Complete a background save that has finished, and say so (cheap: call it every step)."""
+        if self.writer is not None and (done := self.writer.poll()) is not None:
+            self.log.print(f"step {self.position.step}: saved {done} (written in the background)")
 
-    def poll(self) -> Optional[Path]:
-        """Complete a background save that has finished: its folder, or ``None`` (cheap: call it every step)."""
-        return self.writer.poll() if self.writer is not None else None
-
-    def wait(self) -> Optional[Path]:
-        """Wait for a background save, then complete it: its folder, or ``None`` without one.
-
-        Raises:
-            CheckpointError, CollectiveError: the background save failed (earlier checkpoints are kept).
-        """
+    def finish(self) -> None:
+        """Wait for a background save (``train.async_checkpoint``), then complete it: no run ends with half a save. A
+        :class:`CheckpointError` or ``CollectiveError`` where it failed (earlier checkpoints are kept)."""
         if self.writer is None or self.writer.pending is None:
-            return None
+            return
         with collective("background checkpoint save"):
-            return self.writer.wait()
+            done = self.writer.wait()
+        self.log.print(f"saved {done} (written in the background)")
+
+    def finish_after_error(self) -> None:
+        """On an error, still finish the last background save, or say in one line that the previous one is intact."""
+        try:
+            self.finish()
+        except (CheckpointError, CollectiveError) as err:
+            self.log.print(f"warning: the background checkpoint save did not finish ({one_line(err)}); the previous "
+                           "checkpoint is intact")
 
     def load(self, path: str | Path, model_name: str, config: Optional[Mapping[str, Any]] = None,
              train_utterances: Optional[int] = None) -> dict[str, Any]:
-        """Put a checkpoint (a file, or a sharded folder re-cut for this world size) back into every part: the model,
-        optimizer(s), scheduler(s), scaler, the EMA (afresh from the weights when the checkpoint has none), the
-        position (``samples_in_epoch`` worked out for an older checkpoint) and this rank's RNG states (on the same
-        world size only). Rank 0 warns about settings of ``config`` (``Config.to_dict()``) that differ,
-        ``train.max_steps`` aside (raising it continues a run), and about another number of ``train_utterances``.
-
-        Returns:
-            What was saved beyond the parts: ``{"world_size": processes that wrote it, "grad_accumulation": its
-            accumulation, "config": its config}``.
-
-        Raises:
-            CheckpointError: an unreadable or unsafe file, another model, weights that do not fit, or a weights-only
-                file that lacks the training state.
-        """
+        """Put a checkpoint (a file, or a sharded folder re-cut for this world size) back into every part: the EMA
+        afresh from the weights when it has none, the position (``samples_in_epoch`` worked out for an older one), the
+        RNG states on the same world size. Rank 0 warns about changed settings of ``config`` (``Config.to_dict()``) and
+        ``train_utterances`` (:func:`warn_changes`). Returns the rest: ``{"world_size": processes that wrote it,
+        "grad_accumulation", "config", "tracker_runs": {tracker: run id}}``; a :class:`CheckpointError` for an
+        unreadable or unsafe file, another model, weights that do not fit, or a weights-only file."""
         rank, sharded = self.dist.rank, folder_reader(path)
         saved = read_checkpoint(path, self.dist.device, verify=rank == 0)  # rank 0 verified a sharded folder's files
         if saved.get("model_name") != model_name:
@@ -158,16 +164,16 @@ class Checkpointer:
             batch_size = before.get(model_name, {}).get("batch_size", 0)
             position.samples_in_epoch = position.batch_in_epoch * batch_size * written_by
         accumulation = saved.get("grad_accumulation", before.get("train", {}).get("grad_accumulation", 1))
-        return {"world_size": written_by, "grad_accumulation": accumulation, "config": before}
+        return {"world_size": written_by, "grad_accumulation": accumulation, "config": before,
+                "tracker_runs": saved.get("tracker_runs", {})}
 
     def _optimizers(self) -> list:
         optimizer = self.parts["optimizer"]
         return list(optimizer.values()) if isinstance(optimizer, NamedStates) else [optimizer]
 
     def _load_parts(self, saved: Mapping[str, Any], path, sharded) -> None:
-        """Put back the optimizer(s), scheduler(s), scaler and EMA (and a sharded folder's model); raises
-        :class:`CheckpointError` where the EMA or a sharded entry does not fit this run. ``sharded``: the module that
-        reads a sharded folder (:func:`folder_reader`), or None for a file."""
+        """Put back the optimizer(s), scheduler(s), scaler and EMA (and a sharded folder's model: ``sharded`` is then
+        :func:`folder_reader`'s module); :class:`CheckpointError` where the EMA or a sharded entry does not fit."""
         ema = self.parts.get("ema")
         with_ema = ema is not None and (saved.get("ema_saved", False) if sharded else "ema" in saved)
         if sharded:

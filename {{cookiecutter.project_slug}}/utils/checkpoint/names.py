@@ -1,8 +1,6 @@
-"""The names of a run's checkpoints in its output folder, known here alone: ``checkpoint_<step>.pt`` (one file, DDP),
-``checkpoint_<step>/`` (a sharded folder, FSDP; ``.checkpoint_<step>.partial/`` while it is written), the
-``checkpoint_last.pt`` and ``checkpoint_last`` links naming the newest of each kind, the ``<name>.damaged`` and
-``<name>.unsafe`` names of what ``--resume auto`` passed over, and the ``.<name>.tmp<pid>`` temporaries of atomic
-writes. Imports nothing of the project."""
+"""The names of a run's checkpoints in its output folder, known here alone: ``checkpoint_<step>.pt`` (DDP),
+``checkpoint_<step>/`` (a sharded folder, FSDP; ``.checkpoint_<step>.partial/`` while written), the links to the newest
+of each, the ``.damaged``/``.unsafe`` names of what ``--resume auto`` passed over, the temporaries of atomic writes."""
 
 from __future__ import annotations
 
@@ -29,8 +27,7 @@ def partial(output_dir: str | Path, step: int) -> Path:
 
 
 def step_of(path: str | Path) -> Optional[int]:
-    """The step a numbered checkpoint's name holds (``checkpoint_12.pt``, ``checkpoint_12``: 12), else ``None``
-    (``checkpoint_last.pt``, ``checkpoint_12.pt.damaged``)."""
+    """The step of a numbered checkpoint (``checkpoint_12.pt``, ``checkpoint_12``: 12), else ``None``."""
     match = _NUMBERED.match(Path(path).name)
     return int(match.group(1)) if match else None
 
@@ -42,7 +39,7 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def list_sharded_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete sharded checkpoints (``checkpoint_<step>/`` folders, not links) in ``output_dir``, oldest step first."""
+    """Sharded checkpoints (``checkpoint_<step>/`` folders, not links) in ``output_dir``, oldest step first."""
     return sorted((path for path in Path(output_dir).glob("checkpoint_*")
                    if step_of(path) is not None and path.suffix != ".pt" and path.is_dir() and not path.is_symlink()),
                   key=step_of)
@@ -60,15 +57,13 @@ def last_links(output_dir: str | Path) -> list[Path]:
 
 
 def last_checkpoint_path(output_dir: str | Path) -> Optional[Path]:
-    """``output_dir``'s ``checkpoint_last`` link (sharded), else its ``checkpoint_last.pt``, else ``None`` (a link
-    naming nothing is none)."""
+    """``output_dir``'s ``checkpoint_last`` (sharded), else ``checkpoint_last.pt``, else (or dangling) ``None``."""
     last, link = Path(output_dir) / LAST_FILE, Path(output_dir) / LAST_FOLDER
     return link if link.is_dir() else last if last.is_file() else None
 
 
 def last_checkpoint(output_dir: str | Path) -> str:
-    """:func:`last_checkpoint_path` for messages, with what a link names (``out/checkpoint_last.pt
-    (checkpoint_8.pt)``); else ``"none yet"``."""
+    """:func:`last_checkpoint_path` for messages (``out/checkpoint_last.pt (checkpoint_8.pt)``), or ``"none yet"``."""
     if (path := last_checkpoint_path(output_dir)) is None:
         return "none yet"
     return f"{path} ({os.readlink(path)})" if path.is_symlink() else str(path)
@@ -87,7 +82,7 @@ def temporary_pid(path: str | Path) -> Optional[int]:
 
 
 def aside(path: str | Path, kind: str, n: int = 1) -> Path:
-    """The ``n``-th name for a damaged (``kind="damaged"``) or code-holding (``"unsafe"``) checkpoint moved aside:
-    ``<name>.<kind>``, then ``<name>.<kind>2``, ...; :func:`step_of` finds no step in it."""
+    """The ``n``-th name of a damaged (``kind="damaged"``) or code-holding (``"unsafe"``) checkpoint moved aside:
+    ``<name>.<kind>``, ``<name>.<kind>2``, ... (no step for :func:`step_of`)."""
     path = Path(path)
     return path.with_name(f"{path.name}.{kind}{n if n > 1 else ''}")

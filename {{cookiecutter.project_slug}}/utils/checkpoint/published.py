@@ -1,12 +1,14 @@
-"""Weights another project published, for ``train.py --init-from`` and ``scripts/import_weights.py``
-(:func:`read_published`, asked by :func:`utils.checkpoint.weights.read_weights` for a file that is not a checkpoint of
-``train.py``), which a model's ``Published.read`` renames (NVIDIA's Tacotron2 and WaveGlow, jik876's HiFi-GAN). Nothing
-in a file runs: a pickled module (NVIDIA's WaveGlow) is read as a :class:`Record` of attributes, from a zip archive
-(``torch.save`` since PyTorch 1.6) or from PyTorch's legacy format (before 1.6: the published
-``waveglow_256channels*.pt``), which :class:`_LegacyUnpickler` reads."""
+"""Published weights: this project's release checkpoints (:func:`release_checkpoint`), and weights another project
+published, for ``train.py --init-from`` and ``scripts/import_weights.py`` (:func:`read_published`, asked by
+:func:`utils.checkpoint.weights.read_weights` for a file that is not a checkpoint of ``train.py``), which a model's
+``Published.read`` renames (NVIDIA's Tacotron2 and WaveGlow, jik876's HiFi-GAN). Nothing in a file runs: a pickled
+module (NVIDIA's WaveGlow) is read as a :class:`Record` of attributes, from a zip archive (``torch.save`` since PyTorch
+1.6) or from PyTorch's legacy format (before 1.6: the published ``waveglow_256channels*.pt``), which
+:class:`_LegacyUnpickler` reads, once :func:`legacy_problem` (every loader's first check) found its sizes sound."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import re
@@ -15,12 +17,14 @@ import warnings
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Mapping, Optional
 
 import torch
 
-from utils.checkpoint.files import CheckpointError, _load_failure
+from utils.checkpoint.files import NEITHER, CheckpointError, _load_failure
+from utils.checkpoint.state import RELEASE_FORMAT, in_modules
 from utils.checkpoint.weights import Weights
+from utils.run_log import one_line
 
 
 class Record:
@@ -122,6 +126,70 @@ def _read_legacy(file: BinaryIO, records: dict[str, type]) -> Any:
     return loaded
 
 
+_ITEM_BYTES = {**{name: dtype.itemsize for name, dtype in _LEGACY_DTYPES.items()}, "ComplexFloatStorage": 8,
+               "ComplexDoubleStorage": 16}  # element bytes of the legacy format's storages
+
+
+class _Inert:
+    """What every class a legacy pickle names becomes in :func:`legacy_problem`: takes any arguments, state or items."""
+
+    def _ignore(self, *args: Any, **kwargs: Any) -> None:
+        """Takes anything, keeps nothing."""
+
+    __init__ = __setstate__ = __setitem__ = append = _ignore
+
+
+class _StorageScan(pickle._Unpickler):  # the Python unpickler: its memo is a dict, so an index allocates nothing
+    """One pickle of a legacy file, built of :class:`_Inert` s (a storage type: its element size), each storage it
+    names put in ``storages`` (key -> bytes; the first of a key counts, as in ``torch.load``). Reads a memory map: a
+    length field allocates nothing."""
+
+    dispatch = {code: load for code, load in pickle._Unpickler.dispatch.items() if code != pickle.BYTEARRAY8[0]}
+
+    def __init__(self, file: mmap.mmap, storages: dict[Any, int]):
+        super().__init__(file, encoding="latin1")
+        self.storages = storages
+
+    def find_class(self, module: str, name: str) -> Any:
+        return _ITEM_BYTES.get(name, 1) if module in ("torch", "torch.cuda") and name.endswith("Storage") else _Inert
+
+    def persistent_load(self, pid: Any) -> type:
+        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
+            item = pid[1] if isinstance(pid[1], int) else 1
+            self.storages.setdefault(pid[2], max(0, int(pid[4])) * item)
+        return _Inert  # a storage, or a pickled module's class
+
+
+_SCAN_ERRORS = (pickle.UnpicklingError, ValueError, TypeError, AttributeError, IndexError, KeyError, EOFError,
+                OverflowError, struct.error)  # what a pickle of arbitrary bytes may raise (any opcode's checks)
+
+
+def legacy_problem(path: Path) -> Optional[str]:
+    """What is wrong with ``path``, a file starting as a pickle does, as a file of PyTorch's legacy format (before 1.6:
+    pickles of the magic number, version, system's sizes and object, then each storage's bytes), or ``None`` (also for
+    a pickle of something else: the loaders refuse it). The pickles are scanned without building anything: the bytes
+    the tensors declare must be in the file, so that no loader allocates terabytes for a few bytes of pickle. Asked by
+    :func:`utils.checkpoint.files.torch_file_problem`, every loader's first check."""
+    storages: dict[Any, int] = {}
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        try:
+            magic = _StorageScan(mapped, storages).load()
+        except _SCAN_ERRORS:  # random bytes after a first 0x80
+            return f"is not a checkpoint: {NEITHER}"
+        if magic != LEGACY_MAGIC:
+            return None  # a pickle of something else: the loaders name what they refuse in it
+        try:
+            for _ in range(3):  # the format's version, the system's sizes, the object
+                _StorageScan(mapped, storages).load()
+        except _SCAN_ERRORS as err:
+            return f"is damaged (a file of PyTorch's legacy format whose pickle does not read: {one_line(err)})"
+        left = len(mapped) - mapped.tell()
+    if (declared := sum(storages.values())) > left:
+        return (f"is damaged (its tensors need more bytes than the file holds: {declared} declared, {left} left after "
+                "its pickles)")
+    return None
+
+
 def _load(path: Path, pickled_classes: tuple[str, ...], label: str) -> Any:
     """``torch.load(weights_only=True)`` (a zip archive) or :func:`_read_legacy` (the legacy format), with
     ``pickled_classes`` (``module.Class``) read as :class:`Record` s; a :class:`CheckpointError` for anything else that
@@ -140,8 +208,6 @@ def _load(path: Path, pickled_classes: tuple[str, ...], label: str) -> Any:
         raise CheckpointError(f"{label} {path}: cannot load it safely: {why}") from None
 
 
-
-
 def read_published(path: Path, models: dict[str, Any], cfg: Any, label: str) -> Weights:
     """The weights of ``path``, a file in a published format that some model of ``models`` reads (its
     ``Published.read``, given the loaded file and ``cfg``), in this project's key names; ``label`` names the file in
@@ -157,3 +223,15 @@ def read_published(path: Path, models: dict[str, Any], cfg: Any, label: str) -> 
             return weights
     raise CheckpointError(f"{label} {path}: not a checkpoint of this project, nor a published checkpoint a model "
                           f"of models/ reads ({', '.join(sorted(readers)) or 'none reads any'}: Published.read)")
+
+
+def release_checkpoint(model_name: str, model_state: Mapping[str, torch.Tensor], modules: tuple[str, ...],
+                       config: Mapping[str, Any], saved: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """What inference (and ``train.py --init-from``) needs alone: the weights of the sub-modules ``modules`` (all when
+    empty) of ``model_state`` (EMA weights in place), the model's name, config and source, and from ``saved`` (the
+    entries of the checkpoint at ``source``: a file's, or a sharded folder's train state) its step and whether it held
+    EMA weights; ``weights_only`` loads it."""
+    weights = {key: value.detach().cpu().clone() for key, value in model_state.items() if in_modules(key, modules)}
+    ema_weights = bool(saved.get("ema_saved") or isinstance(saved.get("ema"), dict) or saved.get("ema_weights"))
+    return {"format": RELEASE_FORMAT, "model_name": model_name, "config": dict(config), "step": saved.get("step"),
+            "model": weights, "ema_weights": ema_weights, "source": source, "torch_version": str(torch.__version__)}

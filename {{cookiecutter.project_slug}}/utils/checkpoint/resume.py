@@ -1,6 +1,5 @@
 """Resuming: which checkpoint ``--resume`` means, agreed by every rank; what a resume checks of it (the training state,
-the settings that changed since); keeping the global batch on another number of processes. The parts are put back by
-:meth:`utils.checkpoint.checkpointer.Checkpointer.load`."""
+the settings changed since); the global batch on another number of processes. :class:`Checkpointer` puts it back."""
 
 from __future__ import annotations
 
@@ -22,12 +21,8 @@ from utils.parts import optional_part
 
 
 def agreed_resume_path(resume: str, output_dir: Path, rank: int):
-    """The checkpoint to resume from, decided by rank 0 (:func:`resume_path`); every rank must see the same file there
-    (or none), which holds when ``--output-dir`` is one shared folder.
-
-    Raises:
-        CheckpointError: on every rank, when rank 0's decision fails or a rank sees another file than rank 0.
-    """
+    """The checkpoint to resume from, decided by rank 0 (:func:`resume_path`) and seen alike by every rank (one shared
+    ``--output-dir``); else, or where rank 0's decision fails, a :class:`CheckpointError` on every rank."""
     path, notes, error = None, [], None
     try:
         path, notes = resume_path(resume, output_dir) if rank == 0 else (None, [])
@@ -39,14 +34,8 @@ def agreed_resume_path(resume: str, output_dir: Path, rank: int):
     if error is not None:
         raise CheckpointError(error)
     looked_at = path if path is not None else output_dir / LAST_FILE
-
-    def seen() -> str:
-        try:
-            stat = looked_at.stat()
-        except OSError:
-            return "no file"
-        return f"{stat.st_size} bytes, modified {stat.st_mtime_ns}"
-    views = all_gather_object(seen())
+    stat = looked_at.stat() if looked_at.exists() else None
+    views = all_gather_object(f"{stat.st_size} bytes, modified {stat.st_mtime_ns}" if stat else "no file")
     r = next((i for i, view in enumerate(views) if view != views[0]), None)
     if r is not None:
         raise CheckpointError(f"ranks disagree about {looked_at}: rank 0 sees {views[0]}, rank {r} sees {views[r]}; "
@@ -55,19 +44,11 @@ def agreed_resume_path(resume: str, output_dir: Path, rank: int):
 
 
 def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], list[str]]:
-    """The checkpoint ``--resume`` names, and notes to print about the choice.
-
-    * ``auto``: the newer (put in place later) of ``OUTPUT/checkpoint_last.pt`` and the ``OUTPUT/checkpoint_last``
-      link (sharded), else the newest intact numbered checkpoint, with a note (also when a link names one that is
-      gone: pruned, removed); ``None`` when there is none. Damaged numbered ones passed over are renamed
-      ``<name>.damaged`` (folders holding code ``<name>.unsafe``), so that pruning never removes an intact
-      checkpoint for a damaged one.
-    * ``none``: ``None``, on a folder that holds no checkpoint; anything else: that file or sharded folder.
-
-    Raises:
-        CheckpointError: ``none`` on a folder with checkpoints (they would be overwritten); ``auto`` where every one is
-            damaged (step 0 would overwrite the only copies of progress); a path that is no intact file or sharded one.
-    """
+    """The checkpoint ``--resume`` names, and notes to print about the choice. ``auto``: the newer of the
+    ``checkpoint_last.pt`` and ``checkpoint_last`` (sharded) links, else the newest intact numbered checkpoint
+    (:func:`_newest_intact`), else ``None``; ``none``: ``None``; else that file or sharded folder. A
+    :class:`CheckpointError` for ``none`` on a folder with checkpoints, ``auto`` where every one is damaged (step 0
+    would overwrite them), or a path that is no intact checkpoint."""
     output_dir = Path(output_dir)
     # A link's own time (lstat) is when it was put in place; a copy's is when it was written.
     lasts = sorted(last_links(output_dir), key=lambda path: path.lstat().st_mtime, reverse=True)
@@ -90,9 +71,9 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
 
 
 def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path]) -> tuple[Optional[Path], list[str]]:
-    """``--resume auto``: the first intact of ``lasts``, then of ``numbered`` from the newest step down (the damaged
-    numbered ones passed over are renamed ``.damaged``, those holding code ``.unsafe``); :class:`CheckpointError` when
-    all are damaged or unsafe, or a link names what is gone and there is no other."""
+    """``--resume auto``: the first intact of ``lasts``, then of ``numbered`` from the newest step down; the numbered
+    ones passed over are renamed ``.damaged`` (holding code: ``.unsafe``), out of pruning's way. A
+    :class:`CheckpointError` when all are damaged or unsafe, or a link names what is gone and no other is there."""
     notes, problems, passed_over, gone = [], [], [], []
     for path in [*lasts, *reversed(numbered)]:
         if path.is_symlink() and not path.exists():  # what the link named was pruned or removed
@@ -119,8 +100,8 @@ def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path]) ->
 
 
 def move_aside(path: Path, kind: str = "damaged") -> Path:
-    """Rename a damaged (or, ``kind="unsafe"``, code-holding) checkpoint, file or folder, to ``<name>.<kind>``
-    (``.<kind>2``, ... if taken), out of what ``--resume auto`` and pruning look at; returns the new path."""
+    """Rename a damaged (``kind="unsafe"``: code-holding) checkpoint to ``<name>.<kind>`` (``.<kind>2``, ... if taken),
+    out of what ``--resume auto`` and pruning look at; returns the new path."""
     for n in range(1, 1000):
         target = aside(path, kind, n)
         if not target.exists():
@@ -130,8 +111,8 @@ def move_aside(path: Path, kind: str = "damaged") -> Path:
 
 
 def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
-    """``"section.key: old -> new"`` (values as JSON writes them) for every setting that differs between two
-    ``Config.to_dict()`` dicts, a key only one has included, except the ``section.key`` names in ``ignore``."""
+    """``"section.key: old -> new"`` (values as JSON writes them) for every setting, but those in ``ignore``, that
+    differs between two ``Config.to_dict()`` dicts (or that only one has)."""
     changes = []
     for section in sorted(set(before) | set(now)):
         old, new = before.get(section, {}), now.get(section, {})
@@ -149,8 +130,8 @@ def as_json(value: Any) -> str:
 
 
 def saved_config(saved: Mapping[str, Any]) -> dict[str, Any]:
-    """The config a checkpoint's run trained with (``{}`` where it has none), its ``audio`` section read as
-    :func:`utils.framing.recorded_audio` reads a record made before ``audio.mel_framing`` (jik876's frames)."""
+    """The config a checkpoint's run trained with (``{}`` where it has none), its ``audio`` section as
+    :func:`utils.framing.recorded_audio` reads one made before ``audio.mel_framing``."""
     config = saved.get("config") if isinstance(saved.get("config"), Mapping) else {}
     if isinstance(config.get("audio"), Mapping):
         config = {**config, "audio": recorded_audio(config["audio"])}
@@ -158,12 +139,8 @@ def saved_config(saved: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_training_state(saved: Mapping[str, Any], path, sharded: bool) -> None:
-    """Refuse a checkpoint that lacks what a resume puts back (a weights-only file); ``sharded``: a folder's train
-    state, whose optimizer is in its shards.
-
-    Raises:
-        CheckpointError: naming the entries it lacks.
-    """
+    """Raise :class:`CheckpointError`, naming what it lacks, for a checkpoint without what a resume puts back (a
+    weights-only file); ``sharded``: a folder's train state, whose optimizer is in its shards."""
     missing = [key for key in (*STATEFUL_PARTS, "step", "epoch", "batch_in_epoch", "rng")  # the others came later
                if key not in saved and not (sharded and key == "optimizer")]
     if missing:
@@ -173,8 +150,8 @@ def check_training_state(saved: Mapping[str, Any], path, sharded: bool) -> None:
 
 def warn_changes(saved: Mapping[str, Any], path, before: Mapping[str, Any],
                  config: Optional[Mapping[str, Any]], train_utterances: Optional[int]) -> None:
-    """Rank 0's warnings on a resume from ``saved`` (read from ``path``): settings of ``config`` that differ from
-    ``before`` (:func:`saved_config`), ``train.max_steps`` aside, and a corpus of another size than the checkpoint's."""
+    """Rank 0's warnings on a resume from ``saved``: settings of ``config`` that differ from ``before``
+    (:func:`saved_config`), ``train.max_steps`` aside, and a corpus of another size than the checkpoint's."""
     if config is not None and before and (changes := config_changes(before, config, ignore=("train.max_steps",))):
         print(f"warning: the config differs from the one {path} was trained with: {'; '.join(changes)}",
               file=sys.stderr, flush=True)
@@ -186,14 +163,10 @@ def warn_changes(saved: Mapping[str, Any], path, before: Mapping[str, Any],
 
 def world_size_change(written_by: int, accumulation: int, world_size: int, batch_size: int,
                       requested: int) -> tuple[int, Optional[str]]:
-    """``(grad_accumulation, line saying so)`` for a resumed run whose config keeps the ``train.grad_accumulation`` its
-    checkpoint's run started with (a value changed since is the user's); ``(accumulation, None)`` on the same world
-    size. ``written_by``: processes that wrote the checkpoint, ``accumulation``: the one it trained with;
-    ``batch_size``: samples per process per micro-batch; ``requested``: the config's value (not used). The global batch
-    (``batch_size * grad_accumulation * world_size``) is kept when it divides; else the closest accumulation (at least
-    1) is taken and the line says that the global batch changed. The data position carries over in global samples;
-    random streams (dropout) restart, so the run does not repeat the uninterrupted one exactly.
-    """
+    """``(grad_accumulation, line saying so)`` for a run resumed from a checkpoint that ``written_by`` processes wrote
+    with ``accumulation`` (``batch_size``: samples per process per micro-batch; ``requested``: the config's, unused);
+    ``(accumulation, None)`` on the same world size. The global batch (``batch_size * grad_accumulation *
+    world_size``) is kept when it divides, else the closest accumulation (at least 1) is taken and the line says so."""
     if written_by == world_size:
         return accumulation, None
     before = batch_size * accumulation * written_by
@@ -209,12 +182,8 @@ def world_size_change(written_by: int, accumulation: int, world_size: int, batch
 
 
 def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", verify: bool = True) -> dict[str, Any]:
-    """A checkpoint's entries: a single file's whole dict; a sharded folder's ``train_state.pt`` (no weights), once
-    :func:`sharded_intact` passes, unless ``verify`` is false (a rank whose rank 0 verified the folder).
-
-    Raises:
-        CheckpointError: neither a readable checkpoint file nor an intact sharded checkpoint folder.
-    """
+    """A checkpoint's entries: a file's whole dict; a sharded folder's ``train_state.pt`` (no weights), once its
+    ``sharded_intact`` passes (unless not ``verify``); else a :class:`CheckpointError`."""
     if (sharded := folder_reader(path)) is None:
         return load_checkpoint(path, map_location=map_location)
     if verify and (problem := sharded.sharded_intact(path)) is not None:
@@ -223,12 +192,8 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
 
 
 def folder_reader(path: str | Path, label: str = "") -> Optional[ModuleType]:
-    """:mod:`utils.checkpoint.sharded`, which reads a sharded checkpoint, when ``path`` is a folder (or the
-    ``checkpoint_last`` link to one); ``None`` for anything else. ``label`` starts the error (``"--resume "``).
-
-    Raises:
-        CheckpointError: a folder, in a project generated without sharded checkpoints.
-    """
+    """:mod:`utils.checkpoint.sharded` when ``path`` is a folder (or a link to one), else ``None``; a
+    :class:`CheckpointError` (starting with ``label``) for a folder in a project without sharded checkpoints."""
     if not Path(path).is_dir():
         return None
     if (sharded := optional_part("utils.checkpoint.sharded")) is None:

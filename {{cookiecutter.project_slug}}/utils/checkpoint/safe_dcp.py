@@ -1,9 +1,7 @@
-"""Sharded checkpoint folders read as data. ``torch.distributed.checkpoint`` (DCP) reads a folder's ``.metadata`` with
-``pickle.load`` and its non-tensor entries (an optimizer's ``lr``, ``betas``) with ``torch.load(weights_only=False)``:
-either runs whatever code the folder's writer pickled into it. Here ``.metadata`` is read by an unpickler that resolves
-only DCP's metadata classes (Python's "Restricting Globals", https://docs.python.org/3/library/pickle.html), and every
-non-tensor entry by ``torch.load(weights_only=True)``, as the ``.pt`` files are. Imported on first use (DCP takes
-half a second to import): by :mod:`utils.checkpoint.sharded` only."""
+"""Sharded checkpoint folders read as data. DCP reads a folder's ``.metadata`` with ``pickle.load`` and its non-tensor
+entries (an optimizer's ``lr``) with ``torch.load(weights_only=False)``: either runs whatever code was pickled into it.
+Here ``.metadata`` is read by an unpickler that resolves only DCP's metadata classes (Python's "Restricting Globals",
+https://docs.python.org/3/library/pickle.html), and every non-tensor entry by ``torch.load(weights_only=True)``."""
 
 from __future__ import annotations
 
@@ -35,11 +33,8 @@ METADATA_GLOBALS = {
 
 
 class MetadataUnpickler(pickle.Unpickler):
-    """An unpickler of DCP's ``.metadata`` that resolves only :data:`METADATA_GLOBALS` and torch's dtypes.
-
-    Raises:
-        UnsafeCheckpoint: at the first other global (``posix.system``, ``builtins.eval``), before anything is called.
-    """
+    """An unpickler of ``.metadata`` that resolves only :data:`METADATA_GLOBALS` and torch's dtypes. Raises
+    UnsafeCheckpoint: at the first other global (``posix.system``, ``builtins.eval``), before anything is called."""
 
     def find_class(self, module: str, name: str) -> Any:
         if name in METADATA_GLOBALS.get(module, ()) or (
@@ -49,12 +44,9 @@ class MetadataUnpickler(pickle.Unpickler):
 
 
 def read_metadata(folder: str | Path) -> Metadata:
-    """The DCP ``Metadata`` of the sharded checkpoint ``folder``, read by :class:`MetadataUnpickler`.
-
-    Raises:
-        UnsafeCheckpoint: the file pickles a global that checkpoint metadata never holds (nothing was run).
-        CheckpointError: the file is missing, cut short or not DCP metadata.
-    """
+    """The DCP ``Metadata`` of the sharded checkpoint ``folder``, read by :class:`MetadataUnpickler`. Raises
+    UnsafeCheckpoint: the file pickles a global that checkpoint metadata never holds (nothing was run); CheckpointError:
+    the file is missing, cut short or not DCP metadata."""
     path = Path(folder) / ".metadata"
     try:
         with open(path, "rb") as handle:
@@ -71,12 +63,9 @@ def read_metadata(folder: str | Path) -> Metadata:
 
 
 def load_entry(data: bytes, name: str) -> Any:
-    """A non-tensor entry of a sharded checkpoint (its ``torch.save`` bytes), loaded with ``weights_only=True``.
-
-    Raises:
-        UnsafeCheckpoint: the bytes pickle an object other than tensors and primitives (refused, never run).
-        CheckpointError: the bytes are not a ``torch.save`` file.
-    """
+    """A non-tensor entry of a sharded checkpoint (its ``torch.save`` bytes), loaded with ``weights_only=True``. Raises
+    UnsafeCheckpoint: the bytes pickle an object other than tensors and primitives (refused, never run);
+    CheckpointError: the bytes are not a ``torch.save`` file."""
     try:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
@@ -90,13 +79,8 @@ def load_entry(data: bytes, name: str) -> Any:
 
 def entry_problem(folder: Path, metadata: Metadata) -> Optional[str]:
     """What is wrong with the entries of ``metadata`` against the shards in ``folder``, or ``None``: a shard missing or
-    cut short, a tensor declaring more bytes than its shards hold (refused before any allocation), or a non-tensor
-    entry that does not load with ``weights_only=True`` (:func:`load_entry`; nothing in it runs).
-
-    Raises:
-        UnsafeCheckpoint: a non-tensor entry holds code.
-        CheckpointError: a non-tensor entry does not read.
-    """
+    cut short, a tensor declaring more bytes than its shards hold (refused before any allocation). Raises
+    UnsafeCheckpoint: a non-tensor entry holds code; CheckpointError: a non-tensor entry does not read."""
     if (problem := _shard_problem(folder, metadata)) is not None:
         return problem
     stored: dict[str, list] = {}
@@ -118,7 +102,7 @@ def entry_problem(folder: Path, metadata: Metadata) -> Optional[str]:
 
 
 def _shard_problem(folder: Path, metadata: Metadata) -> Optional[str]:
-    """A shard that ``metadata`` names and ``folder`` lacks (or holds outside itself), or one shorter than its entries."""
+    """A shard ``metadata`` names that ``folder`` lacks (or holds outside itself), or one shorter than its entries."""
     ends: dict[str, int] = {}
     for info in (metadata.storage_data or {}).values():
         ends[info.relative_path] = max(ends.get(info.relative_path, 0), int(info.offset) + int(info.length))
@@ -160,12 +144,9 @@ def load(state: dict[str, Any], folder: str | Path) -> None:
 
 
 def load_whole(folder: str | Path) -> dict[str, Any]:
-    """Every entry of the sharded checkpoint ``folder`` in this one process, nested as it was saved (``{"model": {...},
-    "optimizer": {"state": ..., "param_groups": [...]}}``): what PyTorch's ``dcp_to_torch_save`` gathers, read as data.
-
-    Raises:
-        UnsafeCheckpoint, CheckpointError: see :func:`read_metadata` and :func:`load_entry`.
-    """
+    """Every entry of the sharded checkpoint ``folder`` in this one process, nested as saved (``{"model": {...},
+    "optimizer": {...}}``): what PyTorch's ``dcp_to_torch_save`` gathers, read as data. Raises UnsafeCheckpoint,
+    CheckpointError: see :func:`read_metadata` and :func:`load_entry`."""
     metadata = read_metadata(folder)
     state: dict[str, Any] = {}
     for key, entry in metadata.state_dict_metadata.items():

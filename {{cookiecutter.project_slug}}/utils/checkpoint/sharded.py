@@ -6,35 +6,31 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import json
 import os
 import re
 import shutil
+import sys
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import torch
 import torch.distributed as dist
 
-from distributed import broadcast_object
-from utils.checkpoint.files import (CheckpointError, UnsafeCheckpoint, atomic_symlink, atomic_write_bytes,
-                                    checksum_problem, few, fsync_dir, intact, load_torch_file, prune, serialized,
-                                    write_checksums, write_failure)
+from distributed import broadcast_object, collective, get_world_size
+from utils.checkpoint.files import (CheckpointError, UnsafeCheckpoint, atomic_symlink, atomic_write_bytes, few,
+                                    fsync_dir, intact, load_torch_file, prune, serialized, write_failure)
 from utils.checkpoint.names import LAST_FILE, LAST_FOLDER, PARTIAL_GLOB, list_sharded_checkpoints, numbered, partial
 from utils.checkpoint.state import STATEFUL_PARTS, TrainState
 from utils.run_log import one_line
 
 
 def load_dcp():
-    """``torch.distributed.checkpoint`` (DCP) and its ``state_dict``, imported on first use (``distributed.split_over_ranks``)."""
+    """``torch.distributed.checkpoint`` (DCP) and its ``state_dict``, imported on first use (it is slow to import)."""
     import torch.distributed.checkpoint.state_dict  # binds this function's name torch: the package, DCP loaded
     return torch.distributed.checkpoint
-
-
-def load_safe_dcp():
-    """:mod:`utils.checkpoint.safe_dcp`, imported on first use (it imports DCP)."""
-    from utils.checkpoint import safe_dcp
-    return safe_dcp
 
 
 def sharded_train_state(parts: Mapping[str, Any], state: TrainState, rng: list, **info: Any) -> dict[str, Any]:
@@ -43,12 +39,74 @@ def sharded_train_state(parts: Mapping[str, Any], state: TrainState, rng: list, 
             **dataclasses.asdict(state), "rng": rng, **info}
 
 
+def broadcast_buffers(model: torch.nn.Module) -> None:
+    """Rank 0's values of ``model``'s buffers (BatchNorm's running statistics) on every rank, one broadcast per dtype,
+    as DDP before every forward; nothing in one process. Raises CollectiveTimeout / CollectiveError: another rank did
+    not join."""
+    buffers = list(model.buffers())
+    if not buffers or get_world_size() == 1:
+        return
+    with collective("broadcast of rank 0's buffers"), torch.no_grad():
+        for dtype in dict.fromkeys(buffer.dtype for buffer in buffers):
+            group = [buffer for buffer in buffers if buffer.dtype == dtype]
+            flat = torch.cat([buffer.reshape(-1) for buffer in group])
+            dist.broadcast(flat, src=0)
+            for buffer, value in zip(group, flat.split([buffer.numel() for buffer in group])):
+                buffer.copy_(value.view_as(buffer))
+
+
 TRAIN_STATE_NAME = "train_state.pt"  # rank 0's file of a sharded folder: all but the model and optimizer states
+CHECKSUMS_NAME = "checksums.json"  # the sizes and CRC-32s of a folder's files (a zip archive has its own)
+_verified: dict[tuple[str, int], Optional[str]] = {}  # checksum_problem's answers by (folder, listing's mtime)
 
 
-def is_sharded(path: str | Path) -> bool:
-    """Whether ``path`` is a sharded checkpoint (a folder, or the ``checkpoint_last`` link to one), not a .pt file."""
-    return Path(path).is_dir()
+def file_crc32(path: Path) -> str:
+    """The CRC-32 of a file's bytes, as 8 hexadecimal digits (read in chunks of 8 MiB)."""
+    crc = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(8 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def write_checksums(folder: Path) -> None:
+    """Write :data:`CHECKSUMS_NAME` for every file of ``folder`` (atomically)."""
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS_NAME)
+    listing = {p.name: {"bytes": p.stat().st_size, "crc32": file_crc32(p)} for p in files}
+    atomic_write_bytes(folder / CHECKSUMS_NAME, json.dumps(listing, indent=1).encode())
+
+
+def checksum_problem(folder: Path) -> Optional[str]:
+    """Why a file of ``folder`` does not match :data:`CHECKSUMS_NAME` (missing, another size, another CRC-32), or
+    ``None``; also ``None`` without that file (a folder from before checksums), with a note on stderr once. Remembered
+    per folder and mtime."""
+    listing_path = folder / CHECKSUMS_NAME
+    if not listing_path.is_file():
+        if (str(folder.resolve()), 0) not in _verified:
+            _verified[(str(folder.resolve()), 0)] = None
+            print(f"note: {folder} has no {CHECKSUMS_NAME} (written before checksums, or copied without it): its "
+                  "shards cannot be checked for damage", file=sys.stderr, flush=True)
+        return None
+    key = (str(folder.resolve()), listing_path.stat().st_mtime_ns)
+    if key not in _verified:
+        try:
+            listing = json.loads(listing_path.read_text())
+            expected = {name: (int(entry["bytes"]), str(entry["crc32"])) for name, entry in listing.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            return f"its {CHECKSUMS_NAME} does not read ({one_line(err)})"
+        problem = None
+        for name, (size, crc) in sorted(expected.items()):
+            file = folder / name
+            if not file.is_file():
+                problem = f"{name} is missing"
+            elif file.stat().st_size != size:
+                problem = f"{name} has {file.stat().st_size} bytes, {size} were written"
+            elif file_crc32(file) != crc:
+                problem = f"{name} fails its CRC-32 check (its bytes changed after it was written)"
+            if problem:
+                break
+        _verified[key] = problem
+    return _verified[key]
 
 
 def sharded_intact(path: str | Path) -> Optional[str]:
@@ -57,12 +115,12 @@ def sharded_intact(path: str | Path) -> Optional[str]:
     other objects than tensors and primitives; refused, nothing was run); ``"damaged (...)"``: its files fail their
     checksums, its ``.metadata`` does not read, a shard it names is missing or short, its train state is not
     :func:`intact`. Every loader of a folder asks this first (:mod:`utils.checkpoint.safe_dcp` reads it as data)."""
+    from utils.checkpoint import safe_dcp  # it imports DCP
     path = Path(path)
     if not path.exists():
         return "not found"
     if not (path / ".metadata").is_file():
         return "not a sharded checkpoint (it has no .metadata of torch.distributed.checkpoint)"
-    safe_dcp = load_safe_dcp()
     try:
         metadata = safe_dcp.read_metadata(path)
         if (problem := checksum_problem(path)) is not None:
@@ -85,11 +143,8 @@ def sharded_intact(path: str | Path) -> Optional[str]:
 
 
 def read_train_state(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """The :data:`TRAIN_STATE_NAME` dict of a sharded checkpoint folder (``weights_only=True``).
-
-    Raises:
-        CheckpointError: the folder is not a sharded checkpoint, or the file is unreadable or unsafe.
-    """
+    """The :data:`TRAIN_STATE_NAME` dict of a sharded checkpoint folder (``weights_only=True``). Raises CheckpointError:
+    the folder is not a sharded checkpoint, or the file is unreadable or unsafe."""
     file = Path(path) / TRAIN_STATE_NAME
     if not file.is_file():
         raise CheckpointError(f"{path} is not a sharded checkpoint of train.py (no {TRAIN_STATE_NAME})")
@@ -106,12 +161,8 @@ def _quiet_single_process_dcp():
 
 
 def load_sharded_model(path: str | Path, model: torch.nn.Module) -> None:
-    """Load the model weights of a sharded checkpoint folder into ``model``: a plain module in one process (inference)
-    or the run's own, plain or FSDP-sharded, on any number of ranks (the shards are re-cut for this world size).
-
-    Raises:
-        CheckpointError: the folder does not hold weights of this model (missing or misshapen entries, named).
-    """
+    """Load the model weights of a sharded checkpoint folder into ``model`` (:func:`load_sharded` without optimizers).
+    Raises CheckpointError: the folder does not hold weights of this model (missing or misshapen entries, named)."""
     load_sharded(path, model, [])
 
 
@@ -120,16 +171,14 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list,
     """Load the model (plain or FSDP-sharded, not a DDP wrapper) and ``optimizers`` of a sharded checkpoint folder on
     any world size (every rank calls it). ``extra``: further entries the save wrote (``{"ema": {name: tensor}}``),
     loaded into those tensors in place. Source: ``get_state_dict``/``set_state_dict`` of DCP's ``state_dict`` module.
-
-    Raises:
-        CheckpointError: missing or misshapen entries (named), or an unreadable folder.
-    """
+    Raises CheckpointError: missing or misshapen entries (named), or an unreadable folder."""
+    from utils.checkpoint import safe_dcp  # it imports DCP
     dcp = load_dcp()
     with _quiet_single_process_dcp():
         model_state, optim_state = dcp.state_dict.get_state_dict(model, optimizers)
         state = {"model": model_state, **({"optimizer": optim_state} if optimizers else {}), **(extra or {})}
         try:
-            load_safe_dcp().load(state, path)
+            safe_dcp.load(state, path)
         except UnsafeCheckpoint as err:
             raise UnsafeCheckpoint(f"{path} is unsafe: {err}") from None
         except (RuntimeError, ValueError, KeyError, OSError) as err:
@@ -141,16 +190,14 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list,
 
 
 def load_whole_sharded(path: str | Path) -> dict[str, Any]:
-    """Every entry of the sharded checkpoint folder ``path`` (model, optimizer, extra entries), put together in this
-    one process and nested as saved; ``train_state.pt`` is not among them (:func:`read_train_state`).
-
-    Raises:
-        CheckpointError: unreadable or unsafe entries (:class:`UnsafeCheckpoint`; nothing in them was run).
-    """
+    """Every entry of the sharded checkpoint folder ``path`` (model, optimizer, extra entries), put together in this one
+    process and nested as saved; ``train_state.pt`` is not among them (:func:`read_train_state`). Raises
+    CheckpointError: unreadable or unsafe entries (:class:`UnsafeCheckpoint`; nothing in them was run)."""
+    from utils.checkpoint import safe_dcp  # it imports DCP
     dcp = load_dcp()
     with _quiet_single_process_dcp():
         try:
-            return load_safe_dcp().load_whole(path)
+            return safe_dcp.load_whole(path)
         except dcp.CheckpointException as err:
             raise read_failure(err, path) from None
 
@@ -178,13 +225,11 @@ def _dcp_failure(err: BaseException) -> str:
 
 
 class ShardedCheckpointer:
-    """Writes sharded checkpoints: every rank saves its shards through ``torch.distributed.checkpoint`` (DCP) into
-    ``OUTPUT/.checkpoint_<step>.partial/``; once all are written, rank 0 lists their CRC-32s, renames the folder to
-    ``checkpoint_<step>/`` and points the ``checkpoint_last`` link at it: a killed save leaves the previous one last.
-    With ``async_save`` a background thread writes a host copy over its own gloo group (sharing the training's group
-    with background collectives can hang; torchtitan keeps them apart too); :meth:`wait` must run before the process
-    ends. Every rank constructs it (the group is a collective). Source: DCP's ``save``/``async_save``,
-    https://pytorch.org/docs/stable/distributed.checkpoint.html"""
+    """Writes sharded checkpoints: every rank saves its shards through DCP into ``OUTPUT/.checkpoint_<step>.partial/``;
+    then rank 0 lists their CRC-32s, renames the folder to ``checkpoint_<step>/`` and points ``checkpoint_last`` at it:
+    a killed save leaves the previous one last. With ``async_save`` a background thread writes a host copy over its own
+    gloo group (as torchtitan: a shared group can hang); :meth:`wait` before the process ends. Every rank constructs it.
+    Source: DCP's ``save``/``async_save``, https://pytorch.org/docs/stable/distributed.checkpoint.html"""
 
     def __init__(self, output_dir: str | Path, rank: int, async_save: bool = False, keep_last: int = 0,
                  timeout_s: float = 1800.0):
@@ -198,10 +243,7 @@ class ShardedCheckpointer:
              extra: Optional[dict[str, Any]] = None) -> Path:
         """Save ``model`` (plain or FSDP-sharded) and ``optimizers`` as step ``step``; rank 0's ``train_state`` goes to
         :data:`TRAIN_STATE_NAME`; ``extra``: further sharded entries. Returns the checkpoint's (async: future) folder.
-
-        Raises:
-            CheckpointError: a shard or file could not be written (a full disk); earlier checkpoints are kept.
-        """
+        Raises CheckpointError: a shard or file could not be written (a full disk); earlier checkpoints are kept."""
         self.wait()
         folder = partial(self.output_dir, step)
         failure = None
@@ -237,11 +279,8 @@ class ShardedCheckpointer:
         return self.wait() if self.pending is not None and self.pending[0].done() else None
 
     def wait(self) -> Optional[Path]:
-        """Block until a background save is written, then complete it; its folder, or ``None`` without one.
-
-        Raises:
-            CheckpointError: the background save failed (earlier checkpoints are kept).
-        """
+        """Block until a background save is written, then complete it; its folder, or ``None`` without one. Raises
+        CheckpointError: the background save failed (earlier checkpoints are kept)."""
         if self.pending is None:
             return None
         future, step = self.pending

@@ -1,5 +1,4 @@
-"""What a single-file checkpoint holds (the loop's position, every rank's RNG states, optimizer, scheduler, scaler,
-provenance), how it is written and pruned, and the release format that inference needs alone."""
+"""What a single-file checkpoint holds and how it is written and pruned."""
 
 from __future__ import annotations
 
@@ -24,23 +23,18 @@ _copying: set[Path] = set()  # folders whose checkpoint_last.pt is a copy: said 
 
 
 def checkpoint_bytes(modules: Sequence[torch.nn.Module], optimizer_moments: int = 2, averages: int = 0) -> int:
-    """The size of a training checkpoint of ``modules`` (bytes, about): their weights and buffers, plus
-    ``optimizer_moments`` copies of the trainable weights (Adam keeps 2) and ``averages`` copies (an EMA: 1)."""
+    """About the bytes of a training checkpoint of ``modules``: weights and buffers, plus ``optimizer_moments`` (Adam:
+    2) and ``averages`` (an EMA: 1) copies of the trainable weights."""
     weights = sum(t.numel() * t.element_size() for m in modules for t in [*m.parameters(), *m.buffers()])
     trainable = sum(t.numel() * t.element_size() for m in modules for t in m.parameters() if t.requires_grad)
     return weights + (optimizer_moments + averages) * trainable
 
 
 def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, keep_last: int = 0) -> Path:
-    """Write ``checkpoint_<step>.pt`` atomically into ``output_dir`` (it must exist) and point ``checkpoint_last.pt``
-    at it (:func:`point_last`: the bytes are written once); return it. The newest ``keep_last`` numbered ones by step
-    stay (0: all; the one just written, which the link names, always). A sharded ``checkpoint_last`` link (a run
-    continued with DDP) is removed: "last" names the newest of either kind.
-
-    Raises:
-        CheckpointError: ``state`` holds objects that :func:`load_checkpoint` would refuse (nothing is written), or a
-            file cannot be written (a full disk: no earlier checkpoint is touched).
-    """
+    """Write ``checkpoint_<step>.pt`` atomically into ``output_dir``, point ``checkpoint_last.pt`` at it
+    (:func:`point_last`; a sharded ``checkpoint_last`` link, older, goes) and return it; the newest ``keep_last`` by
+    step stay (0: all; the one just written always). A :class:`CheckpointError` where ``state`` holds objects a
+    ``weights_only`` load refuses (nothing written) or a file cannot be written (no earlier checkpoint touched)."""
     output_dir = Path(output_dir)
     remove_stale_temporaries(output_dir)
     path = numbered(output_dir, step)
@@ -65,12 +59,8 @@ def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, ke
 
 
 def point_last(path: Path, data: bytes) -> None:
-    """Make ``checkpoint_last.pt`` beside ``path`` a relative link to it, swapped in atomically; where the file system
-    refuses links (:data:`NO_LINKS`) write ``data``, ``path``'s bytes, as a copy instead, with a note once per run.
-
-    Raises:
-        OSError: neither could be made (a full disk).
-    """
+    """Make ``checkpoint_last.pt`` beside ``path`` a relative link to it (atomically); where the file system refuses
+    links (:data:`NO_LINKS`) a copy of ``data``, ``path``'s bytes, with a note once per run. ``OSError``: neither."""
     last = path.with_name(LAST_FILE)
     try:
         atomic_symlink(last, path.name)
@@ -85,8 +75,8 @@ def point_last(path: Path, data: bytes) -> None:
 
 
 def takes_links(folder: str | Path) -> bool:
-    """Whether ``folder`` takes the ``checkpoint_last.pt`` link (a test link made and removed), so that a save writes
-    its bytes once; ``True`` where the test fails otherwise (the save then says why)."""
+    """Whether ``folder`` takes the ``checkpoint_last.pt`` link (a test link made and removed): a save writes its
+    bytes once; ``True`` where the test fails otherwise (the save then says why)."""
     probe = temporary(Path(folder) / "checkpoint_link_test")  # a dead run's: removed as its other temporaries
     try:
         os.symlink(LAST_FILE, probe)
@@ -121,18 +111,13 @@ STATEFUL_PARTS = ("optimizer", "scheduler", "scaler")  # what a training checkpo
 
 
 class NamedStates(dict):
-    """Several stateful objects under one checkpoint entry, by name: the optimizers of a model with several phases
-    (``{"discriminator": ..., "generator": ...}``), or their schedulers. Saved as ``{name: state_dict}``."""
+    """Several stateful objects under one checkpoint entry, by name (a GAN's optimizers or schedulers), saved as
+    ``{name: state_dict}``; ``load_state_dict`` raises :class:`CheckpointError` where the checkpoint names others."""
 
     def state_dict(self) -> dict[str, Any]:
         return {name: part.state_dict() for name, part in self.items()}
 
     def load_state_dict(self, states: Mapping[str, Any]) -> None:
-        """Load each object's state.
-
-        Raises:
-            CheckpointError: the checkpoint names other objects than these.
-        """
         if not isinstance(states, Mapping) or set(states) != set(self):
             found = sorted(states) if isinstance(states, Mapping) else type(states).__name__
             raise CheckpointError(f"the checkpoint holds states for {found}, this run has {sorted(self)}")
@@ -142,13 +127,8 @@ class NamedStates(dict):
 
 def training_checkpoint(model: torch.nn.Module, parts: Mapping[str, Any], state: TrainState, rng: list,
                         **info: Any) -> dict[str, Any]:
-    """The dict ``train.py`` saves: everything the next step depends on, so that a resume is exact. ``model``: the
-    plain (unwrapped) one; ``parts``: :data:`STATEFUL_PARTS` by name; ``rng``: every rank's :func:`capture_rng_state`,
-    in rank order; ``info``: provenance stored as is (``model_name``, ``config``, ``torch_version``, ...).
-
-    Raises:
-        KeyError: ``parts`` lacks one of :data:`STATEFUL_PARTS`.
-    """
+    """The dict ``train.py`` saves: everything the next step depends on. ``model``: the plain (unwrapped) one;
+    ``parts``: :data:`STATEFUL_PARTS` by name; ``rng``: every rank's :func:`capture_rng_state`, in rank order."""
     return {"model": model.state_dict(), **{name: parts[name].state_dict() for name in STATEFUL_PARTS},
             **dataclasses.asdict(state), "rng": rng, **info}
 
@@ -159,15 +139,3 @@ RELEASE_FORMAT = "release"  # the "format" entry of a release checkpoint
 def in_modules(name: str, modules: Sequence[str]) -> bool:
     """Whether the state-dict key ``name`` belongs to one of the sub-modules ``modules`` (all of them when empty)."""
     return not modules or any(name == module or name.startswith(f"{module}.") for module in modules)
-
-
-def release_checkpoint(model_name: str, model_state: Mapping[str, torch.Tensor], modules: tuple[str, ...],
-                       config: Mapping[str, Any], saved: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """What inference (and ``train.py --init-from``) needs alone: the weights of the sub-modules ``modules`` (all when
-    empty) of ``model_state`` (EMA weights in place), the model's name, config and source, and from ``saved`` (the
-    entries of the checkpoint at ``source``: a file's, or a sharded folder's train state) its step and whether it held
-    EMA weights; ``weights_only`` loads it."""
-    weights = {key: value.detach().cpu().clone() for key, value in model_state.items() if in_modules(key, modules)}
-    ema_weights = bool(saved.get("ema_saved") or isinstance(saved.get("ema"), dict) or saved.get("ema_weights"))
-    return {"format": RELEASE_FORMAT, "model_name": model_name, "config": dict(config), "step": saved.get("step"),
-            "model": weights, "ema_weights": ema_weights, "source": source, "torch_version": str(torch.__version__)}

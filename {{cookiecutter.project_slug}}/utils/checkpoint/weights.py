@@ -1,6 +1,5 @@
-"""Weights to start from (``train.py --init-from``): a checkpoint of ``train.py`` (a file or a sharded folder), or, where
-the project has :mod:`utils.checkpoint.published`, a file another project published, which a model's ``Published.read``
-renames. :func:`load_into` puts them into a fresh model."""
+"""Weights to start from (``train.py --init-from``): a checkpoint of ``train.py`` or, with
+:mod:`utils.checkpoint.published`, a file another project published; :func:`load_into` puts them into a fresh model."""
 
 from __future__ import annotations
 
@@ -10,16 +9,16 @@ from typing import Any, Optional
 
 import torch
 
-from utils.checkpoint.files import CheckpointError, few, torch_file_problem
+from utils.checkpoint.files import CheckpointError, misfit, torch_file_problem
 from utils.checkpoint.resume import folder_reader, read_checkpoint
 from utils.parts import optional_part
 
 
 @dataclasses.dataclass
 class Weights:
-    """Weights read by :func:`read_weights`: ``source`` (what the file is, for the log), ``model_name``, ``state`` (this
-    project's key names), ``partial`` (key prefixes the file lacks, which keep their fresh initialisation) and
-    ``folder``: a sharded checkpoint folder, whose weights :func:`load_into` reads itself (``state`` is then empty)."""
+    """Weights read by :func:`read_weights`: ``source`` (what the file is, for the log), ``state`` (this project's key
+    names), ``partial`` (key prefixes the file lacks: they keep their initialisation) and ``folder``: a sharded
+    checkpoint folder, whose weights :func:`load_into` reads itself (``state`` is then empty)."""
 
     source: str
     model_name: str
@@ -30,14 +29,8 @@ class Weights:
 
 def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str = "--init-from") -> Weights:
     """The weights in ``path`` in this project's key names, and the model of ``models`` they belong to: a checkpoint of
-    ``train.py`` (a sharded folder's ``state`` is left empty, for ``load_sharded_model``), or a published format some
-    model's ``Published.read`` takes (:func:`utils.checkpoint.published.read_published`, where the project has it).
-    ``cfg``: this run's config (a format may need its sizes; ``Published.read`` may set what the weights expect, e.g.
-    Tacotron2's text cleaners); ``label``: what named the file, for errors.
-
-    Raises:
-        CheckpointError: a missing or unreadable file, a model this project does not have, or a format no model reads.
-    """
+    ``train.py``, or a published format some model's ``Published.read`` takes (it may set sizes of ``cfg``). A
+    :class:`CheckpointError` for a missing or unreadable file, a model not in ``models``, or a format no model reads."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{label} {path}: no such file or folder")
@@ -65,25 +58,15 @@ def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str 
 
 
 def load_into(model: torch.nn.Module, weights: Weights, source: str) -> list[str]:
-    """Copy ``weights.state`` (or the weights of the sharded ``weights.folder``) into ``model``: every key of the model
-    outside ``weights.partial`` must be given, shapes matching, and every given key must be the model's. Returns the
-    key prefixes that kept their initialisation.
-
-    Raises:
-        CheckpointError: missing, unexpected or misshapen keys (named, at most 5 of each).
-    """
+    """Copy ``weights.state`` (or the sharded ``weights.folder``'s) into ``model``: every key outside
+    ``weights.partial``, shapes matching, and no other; returns the key prefixes that kept their initialisation. A
+    :class:`CheckpointError` names missing, unexpected or misshapen keys (at most 5 of each)."""
     if weights.folder is not None:
         folder_reader(weights.folder).load_sharded_model(weights.folder, model)
         return []
     own = model.state_dict()
-    given = weights.state
-    problems = {"missing": sorted(key for key in own if key not in given and not key.startswith(weights.partial)),
-                "unexpected": sorted(set(given) - set(own)),
-                "other shapes": [f"{key} {tuple(given[key].shape)} vs {tuple(own[key].shape)}"
-                                 for key in sorted(set(own) & set(given)) if given[key].shape != own[key].shape]}
-    if any(problems.values()):
-        parts = "; ".join(f"{label}: {few(items)}" for label, items in problems.items() if items)
-        raise CheckpointError(f"{source} does not fit this run's {type(model).__name__} ({parts}); its config must "
+    if problems := misfit(own, weights.state, "other shapes", weights.partial):
+        raise CheckpointError(f"{source} does not fit this run's {type(model).__name__} ({problems}); its config must "
                               "match the weights' (sizes, n_mels, ...)")
     model.load_state_dict({**own, **{key: value.to(own[key].dtype) for key, value in weights.state.items()}})
     return list(weights.partial)

@@ -1,9 +1,8 @@
 """Audio: the ``audio`` config section, log-mel spectrograms framed as each model's reference frames them (NVIDIA's
-Tacotron2/WaveGlow, jik876's HiFi-GAN), their Griffin-Lim inversion, and reading and writing wav files."""
+Tacotron2/WaveGlow, jik876's HiFi-GAN), and reading and writing wav files."""
 
 from __future__ import annotations
 
-import inspect
 import struct
 import warnings
 from pathlib import Path
@@ -35,9 +34,7 @@ class AudioConfig(Section):
     fmin: float = Field(0.0, ge=0)  # Hz
     fmax: float = 8000.0  # Hz
     max_wav_value: float = Field(32768.0, gt=0)  # full scale of 16-bit PCM
-    # MelSpectrogram's framing; None: the model's reference (ModelSpec.recipe, or a data.mel_dir's), filled in when a
-    # run's config is loaded (utils.training.recipe.apply_recipe), so checkpoints record it
-    mel_framing: Optional[Framing] = None
+    mel_framing: Optional[Framing] = None  # None: the model's reference (or data.mel_dir's), set by apply_recipe
 
     @property
     def framing(self) -> str:
@@ -65,59 +62,29 @@ def dynamic_range_compression(x: torch.Tensor, C: float = 1.0, clip_val: float =
     return torch.log(torch.clamp(x, min=clip_val) * C)
 
 
-def dynamic_range_decompression(x: torch.Tensor, C: float = 1.0) -> torch.Tensor:
-    """Undo :func:`dynamic_range_compression` (any shape): ``exp(x) / C``; values below the floor stay at the floor.
-    NVIDIA Tacotron2 reference (``audio_processing.dynamic_range_decompression``)."""
-    return torch.exp(x) / C
-
-
 class MelSpectrogram(nn.Module):
-    """Waveform -> log-mel spectrogram, framed as ``framing``'s reference frames it, so its mels match that reference's
-    for the same settings (``tests/test_parity_mel.py``).
+    """Waveform -> log-mel spectrogram, framed as ``framing``'s reference frames it (``tests/test_parity_mel.py``).
 
-    Audio ``(B, T)`` or ``(T,)`` float samples in [-1, 1] becomes ``(B, n_mels, frames)`` or ``(n_mels, frames)``, with
-    ``frames = (T + 2 * pad - n_fft) // hop_length + 1``. ``"nvidia"``: NVIDIA's ``TacotronSTFT`` (its Tacotron 2
-    and WaveGlow ``stft.py``), ``pad = n_fft // 2`` (centred frames: ``1 + T // hop_length``, frame ``k`` centred on sample
-    ``k * hop_length``). ``"jik876"``: jik876/hifi-gan's ``mel_spectrogram``, ``pad = (n_fft - hop_length) // 2``
-    (``T // hop_length`` frames for even ``n_fft - hop_length``, frame ``k`` centred on hop ``k``'s middle: a
-    generator's ``hop_length`` samples per frame line up). Method: reflect-pad by ``pad`` on both sides, ``torch.stft``
-    with ``center=False`` and a periodic Hann window, magnitude (jik876's: ``sqrt(|X|^2 + 1e-9)``, NVIDIA's: ``|X|``), a
-    Slaney mel filterbank (:func:`slaney_mel_filters`), then ``log(clamp(mel, 1e-5))``. Rates in Hz, ``n_fft``,
-    ``hop_length`` and ``win_length`` in samples; ``fmax=None`` is ``sampling_rate / 2``.
-
-    Raises:
-        ValueError: a setting is not positive, ``win_length > n_fft``, ``hop_length > n_fft``, the band edges are not
-            ``0 <= fmin < fmax <= sampling_rate / 2``, or an unknown ``framing``.
+    Audio ``(B, T)`` or ``(T,)`` float samples in [-1, 1] becomes ``(B, n_mels, frames)`` or ``(n_mels, frames)``
+    (:meth:`num_frames`). ``"nvidia"``: NVIDIA's ``TacotronSTFT`` (Tacotron 2 and WaveGlow ``stft.py``), ``pad = n_fft
+    // 2`` (``1 + T // hop_length`` frames, frame ``k`` centred on sample ``k * hop_length``). ``"jik876"``:
+    jik876/hifi-gan's ``mel_spectrogram``, ``pad = (n_fft - hop_length) // 2`` (``T // hop_length`` frames for even
+    ``n_fft - hop_length``, frame ``k`` centred on hop ``k``'s middle). Method: reflect-pad by ``pad``, ``torch.stft``
+    (``center=False``, periodic Hann window), magnitude (jik876's ``sqrt(|X|^2 + 1e-9)``, NVIDIA's ``|X|``), Slaney mel
+    filterbank (:func:`slaney_mel_filters`), ``log(clamp(mel, 1e-5))``. Raises ValueError for an unknown ``framing``.
     """
 
-    def __init__(self, sampling_rate: int, n_fft: int, hop_length: int, win_length: int, n_mels: int,
-                 fmin: float = 0.0, fmax: Optional[float] = None, framing: str = UNRESOLVED_FRAMING):
+    def __init__(self, audio_cfg: AudioConfig):
         super().__init__()
-        for name, value in (("sampling_rate", sampling_rate), ("n_fft", n_fft), ("hop_length", hop_length),
-                            ("win_length", win_length), ("n_mels", n_mels)):
-            if value <= 0:
-                raise ValueError(f"MelSpectrogram: {name} must be positive, got {value}")
-        for name, value in (("win_length", win_length), ("hop_length", hop_length)):
-            if value > n_fft:
-                raise ValueError(f"MelSpectrogram: {name} ({value}) must not exceed n_fft ({n_fft})")
-        fmax = sampling_rate / 2 if fmax is None else fmax
-        if not 0 <= fmin < fmax <= sampling_rate / 2:
-            raise ValueError(f"MelSpectrogram: need 0 <= fmin < fmax <= sampling_rate/2, got fmin={fmin} Hz, "
-                             f"fmax={fmax} Hz, sampling_rate={sampling_rate} Hz")
+        n_fft, hop_length, framing = audio_cfg.n_fft, audio_cfg.hop_length, audio_cfg.framing
         pads = {"nvidia": n_fft // 2, "jik876": (n_fft - hop_length) // 2}
         if framing not in pads:
             raise ValueError(f"MelSpectrogram: framing must be one of {', '.join(pads)}, got {framing!r}")
-        self.sampling_rate, self.n_fft, self.hop_length, self.win_length = sampling_rate, n_fft, hop_length, win_length
-        self.n_mels, self.fmin, self.fmax, self.framing, self.pad = n_mels, fmin, fmax, framing, pads[framing]
-        mel_basis = slaney_mel_filters(sampling_rate, n_fft, n_mels, fmin, fmax)
+        self.n_fft, self.hop_length, self.win_length = n_fft, hop_length, audio_cfg.win_length
+        self.framing, self.pad = framing, pads[framing]
+        mel_basis = slaney_mel_filters(audio_cfg.sampling_rate, n_fft, audio_cfg.n_mels, audio_cfg.fmin, audio_cfg.fmax)
         self.register_buffer("mel_basis", torch.from_numpy(mel_basis).float())  # (n_mels, n_fft // 2 + 1)
-        self.register_buffer("window", torch.hann_window(win_length))
-
-    @classmethod
-    def from_config(cls, audio_cfg: AudioConfig) -> "MelSpectrogram":
-        """Build from the ``audio`` section of the config (``AudioConfig.framing``)."""
-        keys = ("sampling_rate", "n_fft", "hop_length", "win_length", "n_mels", "fmin", "fmax", "framing")
-        return cls(**{key: getattr(audio_cfg, key) for key in keys})
+        self.register_buffer("window", torch.hann_window(audio_cfg.win_length))
 
     @property
     def min_samples(self) -> int:
@@ -129,12 +96,8 @@ class MelSpectrogram(nn.Module):
         return (num_samples + 2 * self.pad - self.n_fft) // self.hop_length + 1
 
     def forward(self, audio: torch.Tensor) -> torch.Tensor:
-        """Log-mel of ``audio``: ``(B, T)`` -> ``(B, n_mels, frames)``, ``(T,)`` -> ``(n_mels, frames)``.
-
-        Raises:
-            ValueError: ``audio`` is not 1-D or 2-D, is not floating point, or is too short to frame (fewer than
-                :attr:`min_samples`).
-        """
+        """Log-mel of ``audio``: ``(B, T)`` -> ``(B, n_mels, frames)``, ``(T,)`` -> ``(n_mels, frames)``. Raises
+        ValueError if ``audio`` is not 1-D or 2-D, not floating point, or shorter than :attr:`min_samples`."""
         if audio.dim() not in (1, 2):
             raise ValueError(f"MelSpectrogram expects audio of shape (B, T) or (T,), got {tuple(audio.shape)}")
         if not audio.is_floating_point():
@@ -178,44 +141,9 @@ def slaney_mel_filters(sampling_rate: int, n_fft: int, n_mels: int, fmin: float,
     return weights
 
 
-def griffin_lim(log_mel: ArrayLike, audio_cfg: AudioConfig, n_iter: int = 60, seed: Optional[int] = 0) -> np.ndarray:
-    """Rough waveform from a log-mel ``(n_mels, frames)`` (tensor on any device, or array) made with ``audio_cfg``, for
-    listening checks without a vocoder: float32 ``(samples,)`` at ``audio_cfg.sampling_rate`` Hz, about ``frames *
-    hop_length`` samples, not clipped.
-
-    What ``librosa.feature.inverse.mel_to_audio`` does: ``exp``, ``mel_to_stft`` (magnitudes, the Slaney filters of
-    :class:`MelSpectrogram`), ``n_iter`` iterations of ``librosa.griffinlim``, with the initial phases drawn from
-    ``seed`` so the same mel gives the same audio (``None``: a fresh draw each call).
-
-    Raises:
-        ValueError: ``log_mel`` is not ``(n_mels, frames)``, holds NaN/inf, or ``n_iter`` < 1.
-    """
-    if isinstance(log_mel, torch.Tensor):
-        log_mel = log_mel.detach().cpu().float().numpy()
-    log_mel = np.asarray(log_mel, dtype=np.float32)
-    if log_mel.ndim != 2 or log_mel.shape[0] != audio_cfg.n_mels:
-        raise ValueError(f"griffin_lim expects a log-mel of shape (n_mels={audio_cfg.n_mels}, frames), "
-                         f"got {log_mel.shape}")
-    if not np.isfinite(log_mel).all():
-        raise ValueError("griffin_lim: the log-mel holds NaN or infinite values")
-    if n_iter < 1:
-        raise ValueError(f"griffin_lim: n_iter must be >= 1, got {n_iter}")
-    mel = dynamic_range_decompression(torch.from_numpy(log_mel)).numpy()
-    magnitude = librosa.feature.inverse.mel_to_stft(mel, sr=audio_cfg.sampling_rate, n_fft=audio_cfg.n_fft, power=1.0,
-                                                    fmin=audio_cfg.fmin, fmax=audio_cfg.fmax, htk=False)
-    # the seed's keyword: random_state until librosa 1.0 renamed it rng
-    seed_key = "rng" if "rng" in inspect.signature(librosa.griffinlim).parameters else "random_state"
-    audio = librosa.griffinlim(magnitude, n_iter=n_iter, hop_length=audio_cfg.hop_length, n_fft=audio_cfg.n_fft,
-                               win_length=audio_cfg.win_length, window="hann", **{seed_key: seed})
-    return audio.astype(np.float32)
-
-
 def check_wav_output(path: Union[str, Path]) -> Path:
-    """``path`` as a :class:`~pathlib.Path` if :func:`save_wav` can write a wav there, checked before any work is done.
-
-    Raises:
-        ValueError: ``path`` is an existing folder, or its name does not end in ``.wav`` (16-bit PCM WAV only).
-    """
+    """``path`` as a Path if :func:`save_wav` can write a wav there (checked before any work is done). Raises ValueError
+    if ``path`` is an existing folder, or its name does not end in ``.wav``."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"--output {path} is a folder; give a file name ending in .wav")
@@ -226,12 +154,9 @@ def check_wav_output(path: Union[str, Path]) -> Path:
 
 
 def save_wav(path: Union[str, Path], audio: ArrayLike, sampling_rate: int) -> Path:
-    """Write ``audio`` (``(T,)`` float samples, tensor on any device or array; clipped to [-1, 1]) as mono 16-bit PCM
-    wav at ``sampling_rate`` Hz, creating parent folders; warn about :func:`audio_problems`. Returns ``path`` as a Path.
-
-    Raises:
-        ValueError: ``audio`` is not 1-D, is empty, or holds NaN/inf (the message names ``path``).
-    """
+    """Write ``audio`` (``(T,)`` float samples, tensor or array, clipped to [-1, 1]) as mono 16-bit PCM wav at
+    ``sampling_rate`` Hz, creating parent folders; warn about :func:`audio_problems`. Returns ``path`` as a Path. Raises
+    ValueError naming ``path`` if ``audio`` is not 1-D, is empty, or holds NaN/inf."""
     path = Path(path)
     if isinstance(audio, torch.Tensor):
         audio = audio.detach().cpu().float().numpy()
@@ -252,14 +177,12 @@ def save_wav(path: Union[str, Path], audio: ArrayLike, sampling_rate: int) -> Pa
 
 
 CLIPPED_SHARE, DC_OFFSET, SILENT_PEAK = 0.01, 0.05, 1e-3
-"""What :func:`audio_problems` calls clipped (a share of samples at full scale), a DC offset (a mean) and silent (a
-peak), in full-scale units: none happens in speech a trained vocoder writes."""
+"""What :func:`audio_problems` calls clipped (share of samples at full scale), a DC offset (mean) and silent (peak)."""
 
 
 def audio_problems(audio: ArrayLike) -> list[str]:
-    """What is wrong with ``(T,)`` float samples (full scale 1.0, before clipping) as speech: ``["is 77% clipped
-    (samples at full scale)", "has a DC offset of 0.171 (its mean; speech's is near 0)", "is nearly silent (peak
-    2e-04)", "sounds like noise (spectral flatness 0.56; speech's is below 0.3)"]``, or ``[]``."""
+    """What is wrong with ``(T,)`` float samples (full scale 1.0, before clipping) as speech, or ``[]``: clipped, a DC
+    offset, nearly silent, like noise (``["is 77% clipped (samples at full scale)", ...]``)."""
     audio = np.asarray(audio, dtype=np.float64)
     clipped, mean, peak = float(np.mean(np.abs(audio) >= 0.999)), float(np.mean(audio)), float(np.max(np.abs(audio)))
     found = [f"is {100 * clipped:.0f}% clipped (samples at full scale)"] if clipped > CLIPPED_SHARE else []
@@ -271,14 +194,13 @@ def audio_problems(audio: ArrayLike) -> list[str]:
 
 
 NOISE_FLATNESS = 0.3
-"""Above this :func:`spectral_flatness` :func:`audio_problems` calls audio noise: white noise has 0.56 (``exp(-γ)``),
-an untrained or 30-step tiny WaveGlow writes 0.50 to 0.56, speech 0.01 or less (its voiced frames are harmonics)."""
+"""Above this :func:`spectral_flatness` is noise: white noise 0.56, untrained WaveGlow 0.50-0.56, speech <= 0.01."""
 
 
 def spectral_flatness(audio: np.ndarray, frame: int = 1024, hop: int = 256) -> float:
-    """The median, over the Hann-windowed ``frame``-sample frames of ``audio`` ``(T,)`` every ``hop`` samples (at most
-    1000 frames: further apart in longer audio) within 40 dB of the loudest, of the power spectrum's geometric over its
-    arithmetic mean (DC left out): 0 for a tone, ``exp(-γ)`` = 0.56 for white noise (Wiener entropy)."""
+    """Wiener entropy: the median, over the Hann-windowed ``frame``-sample frames of ``audio`` ``(T,)`` every ``hop``
+    samples (at most 1000 frames) within 40 dB of the loudest, of the power spectrum's geometric over its arithmetic
+    mean (DC left out): 0 for a tone, ``exp(-γ)`` = 0.56 for white noise."""
     audio = np.pad(audio, (0, max(0, frame - audio.size)))
     every = max(hop, audio.size // 1000)
     frames = np.lib.stride_tricks.sliding_window_view(audio, frame)[::every] * np.hanning(frame)
@@ -311,14 +233,9 @@ def check_wav_not_truncated(path: Path) -> None:
 
 
 def load_wav(path: PathLike, sampling_rate: int) -> torch.Tensor:
-    """A sound file as a float32 tensor ``(T,)`` of mono samples in [-1, 1] at ``sampling_rate`` Hz.
-
-    soundfile reads float32 (16-bit PCM / 32768, as NVIDIA's ``load_wav_to_torch`` then ``/ max_wav_value``); channels
-    are averaged; another rate is resampled with ``librosa.resample``, which may overshoot full scale, hence the clip.
-
-    Raises:
-        DataError: naming the file: missing, unreadable, truncated, empty, or holding NaN/inf samples.
-    """
+    """A sound file as a float32 tensor ``(T,)`` of mono samples in [-1, 1] at ``sampling_rate`` Hz: 16-bit PCM / 32768
+    (NVIDIA's ``load_wav_to_torch`` then ``/ max_wav_value``), channels averaged, another rate resampled by
+    ``librosa.resample`` and clipped. Raises DataError: a file missing, unreadable, cut short, empty or non-finite."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"wav file not found: {path}")

@@ -1,12 +1,5 @@
-"""The corpus check ``train.py`` runs before training: a bad clip found at step 30 000 costs a crashed run (again after
-every resume), found at start-up a line. :func:`check_corpus` reads, in parallel threads, every clip's header, and its
-samples until one is not silent (integer PCM, which holds only numbers) or all of them (float wavs, which may hold NaN).
-It finds wavs missing, a folder, unreadable or truncated (an interrupted copy); clips too short for one STFT window;
-silent clips (no sample above :data:`SILENCE_PEAK`), NaN or infinite samples; transcripts with no letter or digit, or
-that the model's ``check_text`` refuses. Any format soundfile reads passes (8-bit PCM is read as float like 16-bit).
-What each clip's reading found is cached by path, size and modification time (:func:`default_cache_file`), so a second
-run over a large corpus reads only what changed.
-"""
+"""The corpus check before training: wavs missing, a folder, unreadable or truncated; clips shorter than one STFT
+window, silent or with NaN/inf samples; transcripts without a letter or digit, or refused by ``check_text``."""
 
 from __future__ import annotations
 
@@ -30,20 +23,16 @@ from utils.data.corpus import BadClip, DataError, Utterance, load_splits
 from utils.run import check_output_dir
 from utils.run_log import one_line
 
-__all__ = ["BadClip", "SILENCE_PEAK", "check_corpus", "default_cache_file", "describe"]
-
 SILENCE_PEAK = 1e-4
-"""A clip none of whose samples exceeds this (full-scale units, about -80 dBFS: 3 steps of 16-bit PCM) is silent:
-nothing to learn from, and a mel of only the floor value."""
+"""A clip none of whose samples exceeds this (full scale 1, about -80 dBFS: 3 steps of 16-bit PCM) is silent."""
 
 _CACHE_VERSION = 3  # in every cache entry's key: an older check's entries are read again
 _FIRST_BLOCK, _BLOCK = 2048, 65536  # frames read at a time: a small first block (nearly every clip's sound), then 3 s
 
 
 def _loudest_until_sound(path: Path) -> float:
-    """The peak of ``path``'s samples (full scale 1), read block by block: an integer (PCM) wav until a block holds a
-    sample above :data:`SILENCE_PEAK`, a float wav to its end (any sample may be NaN). DataError naming the first NaN or
-    infinite sample."""
+    """The peak of ``path``'s samples (full scale 1), read block by block: an integer wav until a sample is above
+    :data:`SILENCE_PEAK`, a float wav to its end. DataError naming the first NaN or infinite sample."""
     peak, size, start = 0.0, _FIRST_BLOCK, 0
     with sf.SoundFile(str(path)) as clip:
         whole = clip.subtype in ("FLOAT", "DOUBLE")
@@ -98,15 +87,13 @@ def default_cache_file(dataset_path: str | Path) -> Path:
 def check_corpus(utterances: Sequence[Utterance], audio_cfg: AudioConfig,
                  text_check: Optional[Callable[[str], Optional[str]]] = None, cache_file: Optional[Path] = None,
                  workers: Optional[int] = None, progress: bool = False) -> list[BadClip]:
-    """The clips of ``utterances`` that cannot be trained on, as :class:`BadClip` (one reason each, the first found in
-    the order of the module's list), in corpus order; empty when all are fine.
-
-    ``audio_cfg``: a clip needs at least one STFT window of samples (``MelSpectrogram.min_samples``) at its
-    ``sampling_rate`` Hz (another rate's length is converted).
-    ``text_check``: the model's ``text -> reason or None``. ``cache_file``: JSON of what was read of each clip
-    (``None``: no cache; one that cannot be written is skipped). ``workers``: threads (default 4 per core, at most 32).
-    """
-    sampling_rate, min_samples = audio_cfg.sampling_rate, MelSpectrogram.from_config(audio_cfg).min_samples
+    """The clips of ``utterances`` that cannot be trained on, as :class:`BadClip` (the first reason found), in corpus
+    order; each clip's header read in a thread, its samples until one is not silent (integer PCM) or all of them (float
+    wavs, which may hold NaN). A clip needs ``MelSpectrogram.min_samples`` samples at ``audio_cfg.sampling_rate`` Hz.
+    ``text_check``: the model's ``text -> reason or None``. ``cache_file``: JSON of what was read of each clip, by path,
+    size and mtime, so a second run reads what changed (``None``: no cache). ``workers``: threads (default 4 per core,
+    at most 32)."""
+    sampling_rate, min_samples = audio_cfg.sampling_rate, MelSpectrogram(audio_cfg).min_samples
     cache = _read_cache(cache_file)
     keys = {utt.id: _stat_key(utt.wav_path) for utt in utterances}
     todo = [utt for utt in utterances if keys[utt.id] is None or cache.get(str(utt.wav_path), {}).get("key")
@@ -131,7 +118,6 @@ def check_corpus(utterances: Sequence[Utterance], audio_cfg: AudioConfig,
 
 
 def _read_cache(cache_file: Optional[Path]) -> dict:
-    """What an earlier check read of each clip; empty without a cache file or for a damaged one (never trusted)."""
     try:
         return json.loads(cache_file.read_text()) if cache_file is not None else {}
     except (OSError, json.JSONDecodeError):  # missing, a folder, damaged
@@ -139,18 +125,16 @@ def _read_cache(cache_file: Optional[Path]) -> dict:
 
 
 def _write_cache(cache_file: Path, cache: dict) -> None:
-    """Replace the cache file atomically; where it cannot be written (a read-only home) there is none."""
     tmp = cache_file.with_name(f".{cache_file.name}.tmp{os.getpid()}")
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(cache))
         os.replace(tmp, cache_file)
-    except OSError:
+    except OSError:  # a read-only home: no cache
         tmp.unlink(missing_ok=True)
 
 
 def _clip_problem(header: dict, sampling_rate: int, min_samples: int) -> Optional[str]:
-    """Why a clip read as ``header`` (:func:`_inspect`) cannot be trained on, or ``None``."""
     if header.get("error") is not None:
         return header["error"]
     samples = header["frames"] * sampling_rate // header["rate"]
@@ -170,12 +154,10 @@ def describe(bad: Sequence[BadClip], shown: int = 20) -> str:
 
 
 def prepare_run(cfg: Config, spec: ModelSpec, output_dir: Path) -> tuple[str, object]:
-    """Rank 0's checks before any training time is spent, whose outcome it broadcasts: ``("error", message)`` or
-    ``("skip", ids to leave out)``. The output folder must be writable; the bad corpus lines (:func:`load_splits`'s
-    ``bad``) and then the bad clips (:func:`check_corpus`) are, with ``data.on_bad_clip=skip``, listed in
-    ``OUTPUT/skipped_clips.txt`` (id, path, reason), counted in a warning naming the first 20, and their ids returned
-    for ``data.exclude``; with ``error`` the message names the first 20 and how many there are.
-    """
+    """Rank 0's checks before training, broadcast as ``("error", message)`` or ``("skip", ids to leave out)``: the
+    output folder must be writable; bad corpus lines (:func:`load_splits`) and clips (:func:`check_corpus`) are an error
+    naming them, or with ``data.on_bad_clip=skip`` listed in ``OUTPUT/skipped_clips.txt`` (id, path, reason), named (the
+    first 20) in a warning, and returned for ``data.exclude``."""
     listed: list = []  # the corpus lines load_splits refused
     try:
         check_output_dir(output_dir)

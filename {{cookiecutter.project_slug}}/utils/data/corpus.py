@@ -1,8 +1,6 @@
-"""Reading a speech corpus (an LJSpeech-layout folder or NVIDIA-style filelists) into utterances and train/validation
-splits. A problem is a one-line :class:`DataError` naming the file, and the line or utterance id where there is one; a
-problem of one line (malformed, a missing wav) can instead be collected as a :class:`BadClip` (the readers' ``bad``), so
-that ``train.py`` lists it with the other bad clips and, with ``data.on_bad_clip=skip``, trains without it.
-"""
+"""Reading a speech corpus (an LJSpeech-layout folder or NVIDIA-style filelists) into train/validation utterances. A
+problem is a one-line :class:`DataError` naming the file (and line or id), or a :class:`BadClip` collected in ``bad``
+(``data.on_bad_clip=skip``)."""
 
 from __future__ import annotations
 
@@ -26,12 +24,11 @@ class DataConfig(Section):
     val_size: int = Field(100, ge=1)
     num_workers: int = Field(4, ge=0)  # DataLoader workers per rank, each keeping prefetch_factor batches ready
     prefetch_factor: int = Field(2, ge=1)
-    persistent_workers: bool = True  # the epoch reaches them through datasets.SharedEpoch
+    persistent_workers: bool = True  # the epoch reaches them in shared memory (AudioMelDataset)
     on_bad_clip: Literal["error", "skip"] = "error"  # bad clips found at start-up: stop, or train without them
     exclude: list[str] = Field(default_factory=list)  # utterance ids left out (a malformed line's: metadata.csv:LINE)
     batching: Literal["random", "buckets"] = "random"  # buckets: similar lengths together (LengthBucketSampler)
     bucket_pool: int = Field(64, ge=1)  # micro-batches sorted by length together
-    mel_dir: str = ""  # mels to train a vocoder on (<id>.pt, from scripts.dump_gta_mels); empty: from the audio
 
 
 class DataError(ValueError):
@@ -69,8 +66,7 @@ def _read_lines(path: Path, what: str) -> list[tuple[int, str]]:
 
 class BadClip(NamedTuple):
     """One utterance (or corpus line) that cannot be trained on: its id, its wav (or the list file and line), and why.
-    A line without a usable id (malformed, an id already used) gets the id ``<file name>:<line>`` (``metadata.csv:7``),
-    which ``data.exclude`` accepts like any other."""
+    A line without a usable id (malformed, an id already used) gets the id ``<file name>:<line>`` (``metadata.csv:7``)."""
 
     id: str
     path: str
@@ -90,7 +86,6 @@ def _malformed(path: Path, number: int, expected: str) -> _LineIssue:
 
 
 def _wav_issue(utt_id: str, wav_path: Path, path: Path, number: int) -> Optional[_LineIssue]:
-    """The issue of line ``number`` of ``path`` if its wav is missing or a folder, else ``None``."""
     if wav_path.is_file():
         return None
     problem, said = ("is a folder, not a wav file",) * 2 if wav_path.is_dir() else ("wav not found", "not found")
@@ -99,7 +94,9 @@ def _wav_issue(utt_id: str, wav_path: Path, path: Path, number: int) -> Optional
 
 
 def _scan_ljspeech(root: Path) -> tuple[list[Utterance], list[_LineIssue]]:
-    """:func:`read_ljspeech`'s work: the good rows as utterances, the bad ones as issues, in file order."""
+    """The rows of ``root/metadata.csv`` (UTF-8 ``id|raw text|normalized text``, the normalized text else the raw; wav
+    ``wavs/<id>.wav``) in file order, good as utterances, bad (not 2 or 3 fields, an id empty or repeated, no
+    transcript, no wav file) as issues. DataError: no folder, or ``metadata.csv`` missing, empty, not UTF-8."""
     if not root.is_dir():
         raise DataError(f"dataset folder not found: {root} ({GET_DATA})")
     metadata = root / "metadata.csv"
@@ -133,7 +130,8 @@ def _scan_ljspeech(root: Path) -> tuple[list[Utterance], list[_LineIssue]]:
 
 
 def _scan_filelist(filelist: Path, root: Path) -> tuple[list[Utterance], list[_LineIssue]]:
-    """:func:`read_filelist`'s work: the good lines as utterances, the bad ones as issues, in file order."""
+    """The lines of a filelist, UTF-8 ``path|text`` (paths relative to ``root`` or absolute; ids the wavs' stems), in
+    file order: good ones as utterances, bad ones as issues. DataError: the filelist is missing, empty or not UTF-8."""
     utterances, issues = [], []
     for number, line in _read_lines(filelist, "filelist"):
         fields = line.split("|")
@@ -151,8 +149,7 @@ def _scan_filelist(filelist: Path, root: Path) -> tuple[list[Utterance], list[_L
 
 def _settle(utterances: list[Utterance], issues: Sequence[_LineIssue], bad: Optional[list[BadClip]],
             excluded: AbstractSet[str] = frozenset()) -> list[Utterance]:
-    """The utterances whose id is not ``excluded``; the issues whose id is not either are collected in ``bad``, or
-    without ``bad`` the first is raised."""
+    """The utterances not ``excluded``; the other issues go to ``bad``, or without ``bad`` the first is raised."""
     issues = [issue for issue in issues if issue.clip.id not in excluded]
     if bad is not None:
         bad.extend(issue.clip for issue in issues)
@@ -162,36 +159,7 @@ def _settle(utterances: list[Utterance], issues: Sequence[_LineIssue], bad: Opti
     return [utt for utt in utterances if utt.id not in excluded]
 
 
-def read_ljspeech(dataset_path: PathLike, bad: Optional[list[BadClip]] = None) -> list[Utterance]:
-    """Utterances of an LJSpeech-layout corpus, in ``metadata.csv`` order.
-
-    ``metadata.csv``: UTF-8, no header, ``id|raw text|normalized text`` split on ``|`` only (no CSV quoting; the
-    normalized text if non-empty, else the raw one), blank lines ignored; the wav of ``id`` is ``wavs/<id>.wav``. A bad
-    row (not 2 or 3 fields or an empty id, an id already used: listed as ``metadata.csv:<line>``; an empty transcript; a
-    wav missing or a folder) is appended to ``bad`` as a :class:`BadClip` and left out, or without ``bad`` raises.
-
-    Raises:
-        DataError: the folder or ``metadata.csv`` is missing, empty or not UTF-8; without ``bad``, a bad row (the
-            message names the line, and the id and path where there are).
-    """
-    return _settle(*_scan_ljspeech(Path(dataset_path)), bad)
-
-
-def read_filelist(filelist_path: PathLike, dataset_path: PathLike,
-                  bad: Optional[list[BadClip]] = None) -> list[Utterance]:
-    """Utterances of an NVIDIA-style filelist (UTF-8 ``path|text`` lines, paths relative to ``dataset_path`` or
-    absolute; ids are the wavs' file stems), in file order. A bad line (not ``path|text`` with both parts non-empty:
-    listed as ``<filelist name>:<line>``; a wav missing or a folder) is appended to ``bad`` or raises, as in
-    :func:`read_ljspeech`.
-
-    Raises:
-        DataError: the filelist is missing, empty or not UTF-8; without ``bad``, a bad line.
-    """
-    return _settle(*_scan_filelist(Path(filelist_path), Path(dataset_path)), bad)
-
-
 def _find_filelist(name: str, dataset_path: Path, key: str) -> Path:
-    """``name`` if it exists as given, else ``dataset_path / name``; DataError naming both if neither exists."""
     for path in (Path(name), dataset_path / name):
         if path.is_file():
             return path
@@ -199,16 +167,14 @@ def _find_filelist(name: str, dataset_path: Path, key: str) -> Path:
 
 
 def load_splits(data_cfg: DataConfig, bad: Optional[list[BadClip]] = None) -> tuple[list[Utterance], list[Utterance]]:
-    """The ``(train, validation)`` utterances the ``data`` section describes.
-
-    With ``training_files`` set, both filelists are read (:func:`read_filelist`; a relative path is tried as given, then
-    in ``dataset_path``); otherwise ``metadata.csv`` (:func:`read_ljspeech`), whose last ``min(val_size, max(1, len //
-    10))`` utterances validate. Utterances and bad lines whose id is in ``data.exclude`` (where ``train.py`` puts what
-    its start-up check refused, with ``data.on_bad_clip=skip``) are left out; other bad lines go to ``bad`` or raise.
+    """The ``(train, validation)`` utterances of the ``data`` section: with ``training_files`` set, both filelists (a
+    relative path tried as given, then in ``dataset_path``); otherwise ``metadata.csv``, whose last
+    ``min(val_size, max(1, len // 10))`` utterances validate. Ids in ``data.exclude`` are left out; other bad lines go
+    to ``bad`` as :class:`BadClip` or raise.
 
     Raises:
-        DataError: what the readers raise; ``training_files`` without ``validation_files``; ``val_size < 1``; fewer
-            than 2 utterances left (metadata.csv), or none on one side (filelists).
+        DataError: what the readers raise; ``training_files`` without ``validation_files``; under 2 utterances left
+            (metadata.csv), or none on one side (filelists).
     """
     root = Path(data_cfg.dataset_path)
     excluded = set(data_cfg.exclude)
@@ -227,8 +193,6 @@ def load_splits(data_cfg: DataConfig, bad: Optional[list[BadClip]] = None) -> tu
                 raise DataError(f"no {split} utterance left in {filelist}: {why}")
             splits.append(kept)
         return splits[0], splits[1]
-    if data_cfg.val_size < 1:
-        raise DataError(f"data.val_size must be at least 1, got {data_cfg.val_size}")
     utterances, issues = _scan_ljspeech(root)
     kept = _settle(utterances, issues, bad, excluded)
     if len(kept) < 2:

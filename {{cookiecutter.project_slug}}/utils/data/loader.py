@@ -29,14 +29,10 @@ def on_device_hook(spec: ModelSpec, cfg: Config) -> Optional[Callable[[dict], di
 
 
 def make_loader(dataset, spec: ModelSpec, cfg: Config, dist: DistInfo, train: bool) -> DataLoader:
-    """A DataLoader over the shard of rank ``dist.rank`` of ``dist.world_size`` (length buckets or a resumable random
-    order) in batches of the model section's ``batch_size`` per rank, with workers (persistent with
-    ``data.persistent_workers``: the epoch reaches them through ``SharedEpoch``) and pinned memory when ``dist.device``
-    is CUDA. ``train``: shuffled, the last incomplete batch dropped, ``data.batching`` applied; else in corpus order.
-
-    Raises:
-        ConfigError: ``data.batching=buckets`` with a training dataset that has no ``lengths()`` method.
-    """
+    """A DataLoader over rank ``dist.rank``'s shard (length buckets or a resumable random order) in batches of the
+    model section's ``batch_size``, with ``data``'s workers and pinned memory on CUDA. ``train``: shuffled, the last
+    incomplete batch dropped, ``data.batching`` applied; else in corpus order. Raises ConfigError for
+    ``data.batching=buckets`` with a training dataset that has no ``lengths()`` method."""
     batch_size, rank, world_size = cfg.section(spec.name).batch_size, dist.rank, dist.world_size
     if train and cfg.data.batching == "buckets":
         if not callable(getattr(dataset, "lengths", None)):
@@ -48,8 +44,7 @@ def make_loader(dataset, spec: ModelSpec, cfg: Config, dist: DistInfo, train: bo
         batching = dict(batch_size=batch_size, drop_last=train, sampler=ResumableDistributedSampler(
             dataset, num_replicas=world_size, rank=rank, shuffle=train, seed=cfg.train.seed, drop_last=train))
     workers = cfg.data.num_workers
-    # Its own generator: starting workers must not draw from the global RNG that dropout uses (a run resumed
-    # mid-epoch would see other dropout masks than the one that never stopped).
+    # Its own generator: starting workers must not draw from the global RNG dropout uses (a resume would change masks)
     return DataLoader(dataset, **batching, num_workers=workers, collate_fn=spec.training.collate_fn,
                       pin_memory=dist.device.type == "cuda", prefetch_factor=cfg.data.prefetch_factor if workers else None,
                       generator=torch.Generator().manual_seed(cfg.train.seed + rank),
@@ -66,8 +61,7 @@ def epoch_order(loader: DataLoader) -> tuple[Any, int]:
 
 def batch_stream(loader: DataLoader, state: TrainState):
     """Endless batches; each epoch reshuffles the shards (``set_epoch``), a resumed one skips what was read. Keeps
-    ``state.epoch``, ``state.batch_in_epoch`` and ``state.samples_in_epoch`` (global) up to date, so a checkpoint taken
-    between two batches records exactly where the stream is."""
+    ``state.epoch``, ``batch_in_epoch`` and ``samples_in_epoch`` (global) up to date for the checkpoints."""
     sampler, global_batch = epoch_order(loader)
     while True:
         sampler.set_epoch(state.epoch, start=state.samples_in_epoch)
@@ -95,6 +89,5 @@ def next_micro_batches(batches, spec: ModelSpec, accum: int, device: torch.devic
 
 
 def epochs_done(state: TrainState, loader: DataLoader) -> int:
-    """Epochs read to the end: the current one counts once fewer samples than one global batch are left of it (the
-    stream moves to the next epoch only when the next batch is asked for)."""
+    """Epochs read to the end: the current one counts once fewer samples than one global batch are left of it."""
     return state.epoch + (len(loader.dataset) - state.samples_in_epoch < epoch_order(loader)[1])

@@ -1,5 +1,5 @@
-"""Which items each rank reads in which order: a resumable ``DistributedSampler`` and length buckets (batches of similar
-lengths for variable-length models), with the padding they save."""
+"""Which items each rank reads in which order: a resumable ``DistributedSampler`` and length buckets, with the padding
+they save."""
 
 from __future__ import annotations
 
@@ -10,13 +10,9 @@ from torch.utils.data import DistributedSampler
 
 
 class ResumableDistributedSampler(DistributedSampler):
-    """A :class:`~torch.utils.data.DistributedSampler` that can start an epoch part-way through, on any number of ranks.
-
-    ``set_epoch(epoch, start=k)`` makes the next pass leave out the first ``k`` global samples of the epoch's order
-    (the parent's, by ``seed + epoch``, whatever the number of ranks) and split the rest across the ranks as the parent
-    splits a whole epoch (``drop_last`` drops the remainder, else it is padded from the start): on the same number of
-    ranks, a resumed epoch is exactly the rest of the uninterrupted one. The pass after it is whole again.
-    """
+    """A :class:`~torch.utils.data.DistributedSampler` that can start an epoch part-way, on any number of ranks: after
+    ``set_epoch(epoch, start=k)`` the next pass leaves out the epoch's first ``k`` global samples and splits the rest as
+    the parent splits an epoch (``drop_last``, else padded from the start); a resume on as many ranks is exact."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -47,27 +43,17 @@ class ResumableDistributedSampler(DistributedSampler):
 
 
 class LengthBucketSampler:
-    """A distributed batch sampler whose batches hold utterances of similar length (``data.batching=buckets``): a random
-    batch of LJSpeech-like clips (1-10 s) is largely padding, wasted compute for a variable-length model. The idea of
-    VITS' ``DistributedBucketSampler`` and NVIDIA NeMo's semi-sorted batches, made resumable. An epoch's order depends
-    on ``seed + epoch`` alone (not on the ranks or workers): the indices are shuffled; each run of ``pool``
-    (``data.bucket_pool``: larger pads less, smaller mixes more) micro-batches' worth is sorted by ``lengths``
-    (``(N,)``: what the collate function pads) and cut into micro-batches of ``batch_size`` (an incomplete one is left
-    out); the micro-batches are shuffled. Step ``s`` takes micro-batches ``s * num_replicas`` on, rank ``r`` the
-    ``r``-th; those that do not fill a last step are left out too, so each utterance is read at most once an epoch and
-    at most ``batch_size * num_replicas - 1`` are left out. ``set_epoch(epoch, start=k)`` leaves out the first ``k``
-    global samples: resumed on the same ranks the epoch goes on exactly; on others, they share the rest.
-
-    Raises:
-        ValueError: ``batch_size``, ``pool`` or ``num_replicas`` < 1, ``rank`` outside ``[0, num_replicas)``, a length <
-            1, or a ``start`` that is not a multiple of ``batch_size``.
-    """
+    """A distributed batch sampler whose batches hold utterances of similar length (``data.batching=buckets``), so a
+    variable-length model computes less padding: VITS' ``DistributedBucketSampler`` and NeMo's semi-sorted batches,
+    made resumable. An epoch's order depends on ``seed + epoch`` alone: the indices are shuffled; each run of ``pool``
+    (``data.bucket_pool``) micro-batches' worth is sorted by ``lengths`` ``(N,)`` and cut into micro-batches of
+    ``batch_size`` (an incomplete one left out); the micro-batches are shuffled. Step ``s`` takes micro-batches ``s *
+    num_replicas`` on, rank ``r`` the ``r``-th; those that do not fill a last step are left out too. ``set_epoch(epoch,
+    start=k)`` leaves out the first ``k`` global samples: resumed on the same ranks the epoch goes on exactly. Raises
+    ValueError for a length < 1, or a ``start`` that is not a multiple of ``batch_size``."""
 
     def __init__(self, lengths: Sequence[int], batch_size: int, num_replicas: int = 1, rank: int = 0,
                  seed: int = 0, pool: int = 64):
-        if batch_size < 1 or pool < 1 or num_replicas < 1 or not 0 <= rank < num_replicas:
-            raise ValueError(f"LengthBucketSampler: batch_size={batch_size}, pool={pool}, num_replicas="
-                             f"{num_replicas}, rank={rank}: sizes must be >= 1 and 0 <= rank < num_replicas")
         self.lengths = torch.as_tensor(list(lengths), dtype=torch.long)
         if len(self.lengths) and int(self.lengths.min()) < 1:
             raise ValueError(f"LengthBucketSampler: item {int(self.lengths.argmin())} has length "
@@ -99,8 +85,7 @@ class LengthBucketSampler:
         return rest[self.rank::self.num_replicas]
 
     def __iter__(self):
-        # A generator: its body runs at the first batch asked for. A DataLoader makes one iterator it throws away
-        # before the one it reads, and that one must not use up the skip, which applies to one pass only.
+        # A generator, so the skip is used up by the iterator a DataLoader reads, not the one it makes and throws away
         batches = self._rest()
         self.start = 0
         yield from batches
@@ -113,15 +98,13 @@ class LengthBucketSampler:
 
 
 def random_batches(count: int, batch_size: int, seed: int = 0) -> list[list[int]]:
-    """The full batches of one shuffled pass over ``count`` items (``data.batching=random`` on one rank, epoch 0): what
-    :func:`padding_fraction` compares bucketed batches with."""
+    """The full batches of one shuffled pass over ``count`` items (``data.batching=random`` on one rank, epoch 0)."""
     order = torch.randperm(count, generator=torch.Generator().manual_seed(seed)).tolist()
     return [order[i:i + batch_size] for i in range(0, count - batch_size + 1, batch_size)]
 
 
 def padding_fraction(batches: Sequence[Sequence[int]], lengths: Sequence[int]) -> float:
-    """The share of padding in ``batches`` (lists of item indices) padded to their longest: ``sum(len(b) * max(lengths
-    of b) - sum(lengths of b)) / sum(len(b) * max(lengths of b))``; 0.0 when there is no batch."""
+    """Padding's share in ``batches`` (lists of item indices), each padded to its longest ``lengths``; 0.0 if none."""
     padded = real = 0
     for batch in batches:
         sizes = [int(lengths[i]) for i in batch]

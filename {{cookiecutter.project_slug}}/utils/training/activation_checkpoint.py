@@ -1,11 +1,8 @@
-"""Activation checkpointing (``train.activation_checkpointing``): chosen blocks of ``Training.blocks`` keep only their
-inputs in the forward pass and run their forward again in the backward, about one more forward of compute for their
-activation memory. Only the block's ``forward`` is replaced (state-dict keys stay), by one through the non-reentrant
-:func:`torch.utils.checkpoint.checkpoint`, which restores the RNG state for the recomputation (the same dropout masks,
-the plain model's gradients). FSDP2 hooks around the block's ``__call__``, outside this forward: checkpoint inside,
-shard outside, as torchtitan applies them. Sources: https://pytorch.org/docs/stable/checkpoint.html; Chen et al.,
-"Training Deep Nets with Sublinear Memory Cost" (2016); pytorch/torchtitan's ``apply_ac``.
-"""
+"""Activation checkpointing (``train.activation_checkpointing``): chosen blocks keep only their inputs in the forward
+pass and run their forward again in the backward. Only the block's ``forward`` is replaced (state-dict keys stay), by
+the non-reentrant :func:`torch.utils.checkpoint.checkpoint`, which restores the RNG state (the same dropout masks).
+FSDP2 hooks around ``__call__``, outside it. Sources: https://pytorch.org/docs/stable/checkpoint.html; Chen et al.,
+"Training Deep Nets with Sublinear Memory Cost" (2016); torchtitan's ``apply_ac``."""
 
 from __future__ import annotations
 
@@ -15,18 +12,14 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-MODES = ("none", "full", "selective")
-"""The values of ``train.activation_checkpointing``."""
+MODES = ("none", "full", "selective")  # the values of train.activation_checkpointing
 
 
 def apply_activation_checkpointing(blocks: list[nn.Module], mode: str, every: int = 2) -> list[nn.Module]:
     """Checkpoint the activations of ``blocks`` (the model's repeated sub-modules in forward order) in place: ``none``,
     ``full`` (every block) or ``selective`` (blocks ``0, every, 2 * every, ...``, torchtitan's per-layer mode). Returns
-    the blocks it wrapped (a block checkpointed already is left as it is).
-
-    Raises:
-        ValueError: an unknown ``mode``, or ``every < 1``.
-    """
+    the blocks it wrapped (a block checkpointed already is left as it is); a ValueError for an unknown ``mode``, or
+    ``every < 1``."""
     if mode not in MODES:
         raise ValueError(f"activation checkpointing: unknown mode {mode!r}; use one of {', '.join(MODES)}")
     if every < 1:

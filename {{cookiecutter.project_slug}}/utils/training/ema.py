@@ -1,9 +1,7 @@
-"""An exponential moving average (EMA) of a model's weights for validation and inference (``train.ema_decay``): after
-every real optimizer step, ``ema = decay * ema + (1 - decay) * weights`` for the parameters inference uses
-(``Inference.modules``). Polyak averaging as BigVGAN and Vocos keep it; unlike ``torch.optim.swa_utils.AveragedModel``
-(a deep copy of whole modules) each average is a tensor like its parameter, so under FSDP2 a ``DTensor`` shard, saved
-and re-cut by ``torch.distributed.checkpoint`` as the weights are.
-"""
+"""An exponential moving average (EMA) of the weights inference uses (``train.ema_decay``), ``ema = decay * ema + (1 -
+decay) * weights`` after every real update: Polyak averaging as BigVGAN and Vocos keep it. Unlike
+``torch.optim.swa_utils.AveragedModel`` (a copy of whole modules) each average is a tensor like its parameter (under
+FSDP2 a ``DTensor`` shard, saved and re-cut as the weights are)."""
 
 from __future__ import annotations
 
@@ -17,21 +15,16 @@ from utils.checkpoint.state import in_modules
 
 
 def averaged_parameters(model: nn.Module, modules: Sequence[str]) -> dict[str, nn.Parameter]:
-    """``{name: parameter}`` of what an :class:`EMA` averages: the floating-point parameters of ``model`` under the
-    sub-modules ``modules`` (all of them when empty). Training and inference pick the same set through this."""
+    """``{name: parameter}`` of what an :class:`EMA` averages (training and inference alike): the floating-point
+    parameters of ``model`` under the sub-modules ``modules`` (all when empty)."""
     return {name: param for name, param in model.named_parameters()
             if in_modules(name, modules) and param.is_floating_point()}
 
 
 class EMA:
-    """The moving averages of ``model``'s parameters under ``modules``.
-
-    ``model``: plain or FSDP-sharded (never a DDP wrapper: the key names are the model's own); ``modules``: the
-    sub-modules to average (empty: all); ``decay`` in ``[0, 1)``: the weight of the old average at each update.
-
-    Raises:
-        ValueError: ``decay`` outside ``[0, 1)``, or ``modules`` naming no parameter of ``model``.
-    """
+    """The moving averages of ``model``'s parameters under ``modules`` (empty: all). ``model``: plain or FSDP-sharded,
+    never DDP-wrapped (the key names are the model's own); ``decay``: the old average's weight at each update. A
+    ``ValueError`` for ``decay`` outside ``[0, 1)``, or ``modules`` naming no parameter of ``model``."""
 
     def __init__(self, model: nn.Module, modules: Sequence[str], decay: float):
         if not 0.0 <= decay < 1.0:
@@ -53,8 +46,7 @@ class EMA:
 
     @torch.no_grad()
     def update(self, network: nn.Module | None = None) -> None:
-        """Move the averages towards the current weights: those of ``network`` only (the one an optimizer just stepped, for
-        a model with several), or all."""
+        """Move the averages towards the weights of ``network`` (the one an optimizer just stepped), or of all."""
         names = list(self.params) if network is None else self._names_in(network)
         for name in names:
             self.averages[name].lerp_(self.params[name].detach(), 1.0 - self.decay)
@@ -71,11 +63,8 @@ class EMA:
 
     @torch.no_grad()
     def load_state_dict(self, averages: dict[str, torch.Tensor], source: str) -> None:
-        """Put saved averages back (copied into this run's tensors, shards included).
-
-        Raises:
-            ValueError: the saved names or shapes are not this model's averaged parameters (named).
-        """
+        """Put saved averages back (copied into this run's tensors, shards included); a ``ValueError`` names saved
+        names or shapes that are not this model's averaged parameters."""
         missing, unexpected = sorted(set(self.averages) - set(averages)), sorted(set(averages) - set(self.averages))
         if missing or unexpected:
             raise ValueError(f"{source}: its EMA weights do not fit this model (missing: {', '.join(missing[:3]) or '-'}"
@@ -88,8 +77,7 @@ class EMA:
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:
-        """Within the block the model's averaged parameters hold their averages; the raw weights come back after it (also
-        on an error)."""
+        """The averages in the model's parameters within the block; the raw weights back after it (also on an error)."""
         with torch.no_grad():
             raw = {name: param.detach().clone() for name, param in self.params.items()}
             for name, param in self.params.items():

@@ -1,8 +1,6 @@
-"""Sharded training: FSDP2 (``train.parallelism=fsdp``) and activation checkpointing, with their ``train`` settings
-(:class:`ShardingSettings`, composed into ``utils.training.settings.TrainConfig``) and the settings refused with them
-(:func:`check_activation_checkpointing`, :func:`check_parallelism`). :func:`prepare_model` applies both to a model
-before its optimizers exist. Sources:
-https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html and torchtitan's per-block ``fully_shard``."""
+"""Sharded training: FSDP2 (``train.parallelism=fsdp``) and activation checkpointing, their ``train`` settings and the
+settings refused with them. Sources: https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html and
+torchtitan's per-block ``fully_shard``."""
 
 from __future__ import annotations
 
@@ -13,9 +11,9 @@ import torch.distributed as dist
 from pydantic import Field
 from torch import nn
 
-from distributed import broadcast_buffers, collective, get_world_size, split_over_ranks
+from distributed import collective, get_world_size, split_over_ranks
 from model import ModelSpec
-from utils.checkpoint.sharded import load_dcp
+from utils.checkpoint.sharded import broadcast_buffers, load_dcp
 from utils.config import Config, ConfigError, Section
 from utils.training.activation_checkpoint import apply_activation_checkpointing
 
@@ -24,7 +22,7 @@ class ShardingSettings(Section):
     """The ``train`` keys of sharded training, part of ``TrainConfig``."""
 
     # ddp: every rank holds the whole model, gradients and optimizer state; fsdp (FSDP2): each rank 1/world_size of
-    # them, per block of Training.blocks (bf16: bf16 compute, fp32 master weights and reduction; sharded checkpoints)
+    # them, sharded per block of Training.blocks, and writes sharded checkpoints
     parallelism: Literal["ddp", "fsdp"] = "ddp"
     reshard_after_forward: bool = True  # fsdp: free a block's gathered weights after its forward
     # none; full: every block of Training.blocks recomputes its forward in the backward instead of keeping its
@@ -40,12 +38,8 @@ class ShardingSettings(Section):
 
 
 def check_activation_checkpointing(spec: ModelSpec, cfg: Config) -> None:
-    """Refuse activation checkpointing of a model without ``Training.blocks``, and a block interval without the
-    selective mode.
-
-    Raises:
-        ConfigError: one line naming the setting.
-    """
+    """Refuse activation checkpointing of a model without ``Training.blocks``, and an interval without ``selective``: a
+    ConfigError naming the setting."""
     train, defaults = cfg.train, ShardingSettings()
     if train.activation_checkpointing != "none" and spec.training.blocks is None:
         raise ConfigError(f"train.activation_checkpointing={train.activation_checkpointing}: model '{spec.name}' "
@@ -58,11 +52,8 @@ def check_activation_checkpointing(spec: ModelSpec, cfg: Config) -> None:
 
 
 def check_parallelism(spec: ModelSpec, cfg: Config) -> None:
-    """Refuse FSDP's settings without FSDP, and FSDP with several optimizers, fp16 or ``train.compile``.
-
-    Raises:
-        ConfigError: one line naming the setting and what to do instead.
-    """
+    """Refuse FSDP's settings without FSDP, and FSDP with several optimizers, fp16 or ``train.compile``: a ConfigError
+    naming the setting and what to do instead."""
     train, defaults = cfg.train, ShardingSettings()
     if train.parallelism != "fsdp":
         for key, meaning in (("async_checkpoint", "writes sharded checkpoints in the background"),
@@ -87,13 +78,8 @@ def check_parallelism(spec: ModelSpec, cfg: Config) -> None:
 def prepare_model(spec: ModelSpec, model: nn.Module, cfg: Config,
                   networks: Callable[[], dict[str, nn.Module]]) -> None:
     """Activation checkpointing of ``Training.blocks``, then FSDP sharding of each phase's network (``networks()``:
-    ``{phase: network}``) block by block, then its root (torchtitan's order: recomputation inside, sharding outside),
-    in place, before the optimizers exist (FSDP replaces the parameters by their shards). What cannot work was refused
-    by :func:`utils.training.checks.check_settings`.
-
-    Raises:
-        ConfigError: activation checkpointing of a model whose ``Training.blocks`` returns no block.
-    """
+    ``{phase: network}``) block by block, then its root (torchtitan's order), in place, before the optimizers exist.
+    Raises ConfigError for activation checkpointing of a model whose ``Training.blocks`` returns no block."""
     train = cfg.train
     blocks = list(spec.training.blocks(model)) if spec.training.blocks is not None else []
     if train.activation_checkpointing != "none":
@@ -112,18 +98,13 @@ def prepare_model(spec: ModelSpec, model: nn.Module, cfg: Config,
 
 def shard_model(model: nn.Module, blocks: Sequence[nn.Module] = (), param_dtype: Optional[torch.dtype] = None,
                 reshard_after_forward: bool = True) -> nn.Module:
-    """FSDP2's ``fully_shard`` on each of ``blocks`` (sub-modules of ``model`` in forward order), then on ``model``:
-    each rank keeps ``1 / world_size`` of every parameter, gradient and optimizer state, a block's full parameters exist
-    while it runs (``reshard_after_forward=False``: from forward to backward, one all-gather fewer, more memory), its
-    gradients are reduce-scattered after its backward, so that after ``backward()`` each rank holds its shard of the
-    gradient of the mean loss over all ranks' batches. ``param_dtype`` (e.g. bf16) computes in that dtype with fp32
-    master weights, reduction and outputs. Move the model to its device first. The model changes in place (into an
-    ``FSDPModule``); rank 0's weights are broadcast first, and its buffers before every forward, as DDP does. Returns
-    ``model`` (unchanged without a process group, with world size 1 or when sharded already).
-
-    Raises:
-        ValueError: a block that is not part of ``model``.
-    """
+    """FSDP2's ``fully_shard`` on each of ``blocks`` (sub-modules of ``model`` in forward order), then on ``model``, in
+    place: each rank keeps ``1 / world_size`` of every parameter, gradient and optimizer state; a block's full
+    parameters exist while it runs (``reshard_after_forward=False``: until its backward); after ``backward()`` each rank
+    holds its shard of the gradient of the mean loss over all ranks. ``param_dtype`` (e.g. bf16) computes in that dtype
+    with fp32 master weights, reduction and outputs. Rank 0's weights are broadcast first, its buffers before every
+    forward, as DDP does. Returns ``model`` (unchanged with world size 1 or when sharded already); a ValueError for a
+    block that is not part of ``model``."""
     if split_over_ranks(model) or get_world_size() == 1:
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # costly: distributed.split_over_ranks
@@ -151,8 +132,7 @@ def shard_model(model: nn.Module, blocks: Sequence[nn.Module] = (), param_dtype:
 
 
 def _broadcast_initial_weights(model: nn.Module) -> None:
-    """Rank 0's parameters and buffers on every rank, made contiguous first (what DDP does at construction: one
-    starting point for every rank)."""
+    """Rank 0's parameters and buffers on every rank, made contiguous first (as DDP at construction)."""
     with collective("broadcast of rank 0's initial weights"), torch.no_grad():
         for param in model.parameters():
             if not param.is_contiguous():  # e.g. a transposed QR factor; FSDP shards along dim 0 of a dense layout
@@ -163,9 +143,8 @@ def _broadcast_initial_weights(model: nn.Module) -> None:
 
 def gathered_model(plain: nn.Module, spec: ModelSpec, cfg: Config, device: torch.device,
                    is_main: bool) -> Optional[nn.Module]:
-    """A copy of the sharded ``plain`` built from its gathered weights on rank 0 (every rank calls this: the gathering
-    is a collective; the other ranks get ``None``). Source:
-    ``torch.distributed.checkpoint.state_dict.get_model_state_dict(full_state_dict=True, cpu_offload=True)``."""
+    """A copy of the sharded ``plain`` from its gathered weights on rank 0, ``None`` on the others (every rank calls
+    it). Source: DCP's ``get_model_state_dict(full_state_dict=True, cpu_offload=True)``."""
     with collective("gathering of the sharded weights"):
         state_dict = load_dcp().state_dict
         options = state_dict.StateDictOptions(full_state_dict=True, cpu_offload=True)

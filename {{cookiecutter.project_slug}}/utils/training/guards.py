@@ -1,8 +1,5 @@
-"""What one step checks beyond the loop's lines: the ranks' agreement on its numbers (one small all-reduce per phase),
-non-finite losses and gradients, loss and gradient-norm spikes (``train.on_nonfinite``, ``train.on_spike``: log, skip
-the update, or stop) and runs of skipped updates (``train.max_skips_in_a_row``); weights that are no longer finite are
-never saved (``utils/checkpoint/checkpointer.py``). Every verdict is made from all-reduced values, so every rank reaches the same one.
-"""
+"""What one step checks: the ranks' agreement on its numbers (one small all-reduce per phase), non-finite losses and
+gradients, loss and gradient-norm spikes, runs of skipped updates; all-reduced, so every rank agrees."""
 
 from __future__ import annotations
 
@@ -31,22 +28,20 @@ class StepCounts(NamedTuple):
 
 
 class PhaseNumbers(NamedTuple):
-    """A phase's numbers as every rank sees them after :func:`all_reduce_numbers`, and the seconds this rank waited for
-    them."""
+    """A phase's numbers as every rank sees them after :func:`all_reduce_numbers`."""
 
     loss: float  # the mean over the ranks
     grad_norm: float  # the mean over the ranks (the same on every rank after DDP's all-reduce)
     nonfinite_ranks: int  # ranks that saw a non-finite loss or gradient norm (fp16 overflows left to the GradScaler)
     metrics: dict  # each named metric's mean over the ranks
     counts: Optional[StepCounts]  # summed over the ranks, when the call carried them (the step's last phase)
-    wait_s: float
+    wait_s: float  # this rank's wait for them
 
 
 def all_reduce_numbers(result: PhaseResult, scaler: torch.amp.GradScaler, dist: DistInfo,
                        counts: Optional[StepCounts] = None) -> PhaseNumbers:
-    """One small all-reduce per phase: the mean loss, the mean gradient norm, how many ranks saw a non-finite loss or
-    gradient norm, the mean of each named metric, and the sums of ``counts`` where given, so that every rank reaches the
-    same verdicts and stops at the same step."""
+    """One small all-reduce per phase: the mean loss and gradient norm, the ranks that saw either non-finite, the mean
+    of each named metric and the sums of ``counts`` where given."""
     t_start = time.perf_counter()
     bad = ~torch.isfinite(result.loss) | (~torch.isfinite(result.grad_norm) & (not scaler.is_enabled()))
     values = torch.stack([result.loss.float(), result.grad_norm.float(), bad.float(),
@@ -93,17 +88,6 @@ class StepOutcome(StepRecord):
             self.stop_requested, self.items = bool(numbers.counts.stop_requests), numbers.counts.items
 
 
-def spike(loss: float, grad_norm: float, monitors: tuple[SpikeMonitor, SpikeMonitor], of: str = "") -> str | None:
-    """What spiked this step (``"loss 9.1 is above 6 (3x the highest of its last 100 steps, 2)"``, the gradient norm
-    likewise; ``of``: the phase, ``"loss of generator 9.1 ..."``), or ``None``. Both monitors see every finite step; a
-    spike does not enter their windows."""
-    found = []
-    for name, value, monitor in (("loss", loss, monitors[0]), ("gradient norm", grad_norm, monitors[1])):
-        if monitor.is_spike(value):
-            found.append(monitor.describe(f"{name}{of}", value))
-    return "; ".join(found) or None
-
-
 def last_good_checkpoint(output_dir: Path, step: int, skips_before: int) -> str:
     """The newest checkpoint of ``output_dir`` (file or sharded folder) to name as good at an anomaly of ``step`` after
     ``skips_before`` updates skipped in a row: a first one may be its batch's fault, so one saved before ``step``; in a
@@ -115,13 +99,10 @@ def last_good_checkpoint(output_dir: Path, step: int, skips_before: int) -> str:
 
 
 class SpikeMonitor:
-    """Flags a spike of one series (a phase's loss or gradient norm): a value above ``high + (factor - 1) * max(|high|,
-    high - low)`` of the last ``window`` values (``factor * high`` for a positive series; the other terms keep the rule
-    meaningful for WaveGlow's negative loss). Checks start after ``warmup`` values; spikes do not enter the window;
-    ``factor <= 0`` disables it. Why the recent highest, not a mean: gradient norms are heavy-tailed. On full-size H100
-    runs WaveGlow's norm grew ~40x in 100 steps, then reached 4-7x its median every few dozen steps; "3x the running
-    mean" fired 3-23 times in every healthy run, this rule never; a clip of loud noise gave 4-17x the recent highest.
-    """
+    """Flags a spike of one series: a value above ``high + (factor - 1) * max(|high|, high - low)`` of the last
+    ``window`` values (``factor * high`` for a positive series; the rest: WaveGlow's negative loss), after ``warmup``
+    values; spikes do not enter the window; ``factor <= 0`` disables it. The recent highest, not a mean: on H100
+    WaveGlow runs "3x the running mean" fired 3-23 times per healthy run, this rule never; loud noise gave 4-17x."""
 
     def __init__(self, factor: float, warmup: int = 20, window: int = 100):
         self.factor, self.warmup = factor, warmup
@@ -142,18 +123,15 @@ class SpikeMonitor:
         return False
 
     def describe(self, name: str, value: float) -> str:
-        """``"gradient norm 22.5 is above 8.6 (3x the highest of its last 100 steps, 2.87)"``, for a spike just found (the
-        window is as the check saw it)."""
+        """``"gradient norm 22.5 is above 8.6 (3x the highest of its last 100 steps, 2.87)"`` for a spike just found."""
         return (f"{name} {value:.4g} is above {self.limit():.4g} ({self.factor:g}x the highest of its last "
                 f"{len(self.recent)} steps, {max(self.recent):.4g})")
 
 
 class Anomalies:
-    """The step's verdicts on one phase: a non-finite loss or gradient norm (``train.on_nonfinite``) or a spike
-    (``train.on_spike``) is logged to ``anomalies.jsonl`` with every rank's utterance ids, skipped (gradients dropped,
-    buffers taken back, counted) or stops the run naming the last good checkpoint of the log's folder; runs of skipped
-    updates are counted (``train.max_skips_in_a_row``). ``phases``: how many the model has (with several, messages
-    name the phase)."""
+    """The verdicts on each phase's update: a non-finite loss or gradient norm or a spike is logged to
+    ``anomalies.jsonl`` with every rank's utterance ids, skipped, or stops the run naming the last good checkpoint;
+    too many skips in a row stop it. ``phases``: how many the model has (with several, messages name the phase)."""
 
     def __init__(self, train_cfg, scaler, state: TrainState, log: RunLog, phases: int):
         self.cfg, self.scaler, self.state, self.log = train_cfg, scaler, state, log
@@ -163,46 +141,12 @@ class Anomalies:
         return f" of {phase.name}" if self.name_phases else ""
 
     def check(self, step: int, phase: Phase, numbers: PhaseNumbers, ids: list) -> Verdict:
-        """The verdict on ``phase``'s update: an fp16 overflow (the GradScaler skips it), and whether it is skipped at
-        all. A skip drops the phase's gradients (``optimizer.zero_grad``: its optimizer step is then a no-op) and takes
-        its buffers back.
-
-        Raises:
-            TrainingError: an anomaly with the policy ``stop``.
-        """
-        loss, grad_norm = numbers.loss, numbers.grad_norm
-        overflow = self.scaler.is_enabled() and not math.isfinite(grad_norm)  # the GradScaler skips this update
-        of = self._of(phase)
-        kind, message = (("nonfinite", f"non-finite loss or gradient norm{of} (loss {loss}, grad norm {grad_norm})")
-                         if numbers.nonfinite_ranks else ("spike", spike(loss, grad_norm, phase.monitors, of)))
-        if message is None:
-            return Verdict(overflow, skipped=overflow)
-        action = self.cfg.on_nonfinite if kind == "nonfinite" else self.cfg.on_spike
-        all_ids = sum(all_gather_object(ids), [])
-        good = last_good_checkpoint(self.log.output_dir, step, self.state.skips_in_a_row.get(phase.name, 0))
-        if action == "stop":
-            raise TrainingError(f"step {step}: {message}; batch utterances: {', '.join(map(str, all_ids))}; last good "
-                                f"checkpoint: {good}")
-        skipped = overflow
-        if action == "skip":
-            phase.optimizer.zero_grad(set_to_none=True)  # nothing to apply: its step is a no-op
-            phase.guard.restore()
-            self.state.skipped_steps += 1
-            skipped = True
-            message += f": step skipped ({self.state.skipped_steps} so far)"
-        self.log.anomaly(step, kind, f"{message}; last good checkpoint: {good}", all_ids)
-        return Verdict(overflow, skipped)
-
-    def count_skips(self, step: int, phase: Phase, verdict: Verdict) -> None:
-        """After the optimizer's step: count a skipped update (non-finite, a skipped spike, an fp16 overflow) in
-        ``state.skipped_updates`` and its run of skips in ``state.skips_in_a_row``. An fp16 overflow while the
-        GradScaler still searches its scale (at 1 or above) neither extends nor breaks the run; below 1 the gradients
-        are not finite unscaled either, and it counts.
-
-        Raises:
-            TrainingError: ``train.max_skips_in_a_row`` (0: none) updates in a row were skipped: skipping does not
-                recover the run, which stops naming the last good checkpoint (:func:`last_good_checkpoint`).
-        """
+        """The verdict on ``phase``'s update, a skip counted in ``state.skipped_updates`` and its run in
+        ``state.skips_in_a_row`` (an fp16 overflow while the GradScaler searches its scale, at 1 or above, neither
+        extends nor breaks the run). A :class:`TrainingError` for an anomaly under ``stop``, or
+        ``train.max_skips_in_a_row`` (0: none) updates skipped in a row."""
+        overflow = self.scaler.is_enabled() and not math.isfinite(numbers.grad_norm)  # the GradScaler skips it
+        verdict = Verdict(overflow, skipped=self._anomaly(step, phase, numbers, ids) or overflow)
         state, limit = self.state, self.cfg.max_skips_in_a_row
         if verdict.skipped:
             state.skipped_updates[phase.name] = state.skipped_updates.get(phase.name, 0) + 1
@@ -215,3 +159,31 @@ class Anomalies:
                                 "(non-finite loss or gradients, spikes or fp16 overflows; train.max_skips_in_a_row is "
                                 f"{limit}): skipping does not recover this run (a learning rate too high? broken "
                                 f"weights?); last good checkpoint: {good}")
+        return verdict
+
+    def _anomaly(self, step: int, phase: Phase, numbers: PhaseNumbers, ids: list) -> bool:
+        """Log, skip or stop (``train.on_nonfinite``, ``train.on_spike``) on a non-finite loss or gradient norm or a
+        spike of ``phase``; whether its update is skipped for one. A skip drops the phase's gradients (its optimizer
+        step is then a no-op) and takes its buffers back."""
+        loss, grad_norm, of = numbers.loss, numbers.grad_norm, self._of(phase)
+        if numbers.nonfinite_ranks:
+            kind, message = "nonfinite", f"non-finite loss or gradient norm{of} (loss {loss}, grad norm {grad_norm})"
+        else:  # each monitor checks its value, then says what spiked
+            series = (("loss", loss, phase.monitors[0]), ("gradient norm", grad_norm, phase.monitors[1]))
+            kind, message = "spike", "; ".join(monitor.describe(f"{name}{of}", value)
+                                               for name, value, monitor in series if monitor.is_spike(value))
+        if not message:
+            return False
+        action = self.cfg.on_nonfinite if kind == "nonfinite" else self.cfg.on_spike
+        all_ids = sum(all_gather_object(ids), [])
+        good = last_good_checkpoint(self.log.output_dir, step, self.state.skips_in_a_row.get(phase.name, 0))
+        if action == "stop":
+            raise TrainingError(f"step {step}: {message}; batch utterances: {', '.join(map(str, all_ids))}; last good "
+                                f"checkpoint: {good}")
+        if action == "skip":
+            phase.optimizer.zero_grad(set_to_none=True)  # nothing to apply: its step is a no-op
+            phase.guard.restore()
+            self.state.skipped_steps += 1
+            message += f": step skipped ({self.state.skipped_steps} so far)"
+        self.log.anomaly(step, kind, f"{message}; last good checkpoint: {good}", all_ids)
+        return action == "skip"

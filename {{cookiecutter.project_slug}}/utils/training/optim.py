@@ -1,12 +1,8 @@
-"""Optimizers, learning-rate schedules and precision: what the loop steps besides the model.
-
-``train.precision`` picks autocast and the GradScaler (:func:`setup_precision`); a model's ``Training.build_optimizer``
-gives one optimizer, or one per phase (:class:`model.Phases`); each gets the model's scheduler or the
-``train.lr_schedule`` multiplier (:func:`lr_lambda`). :func:`checkpoint_parts` names what a checkpoint saves of them.
-"""
+"""Optimizers, LR schedules and precision (autocast, the GradScaler): what the loop steps besides the model."""
 
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import nullcontext
 from typing import Callable, NamedTuple
@@ -27,30 +23,21 @@ class Precision(NamedTuple):
 
 
 def setup_precision(precision: str, device: torch.device) -> Precision:
-    """The :class:`Precision` (autocast context factory, GradScaler) of ``fp32 | tf32 | bf16 | fp16``.
-
-    TF32 matmuls/convolutions are enabled for every mode but fp32. The scaler is enabled for fp16 only (elsewhere it
-    passes gradients through unchanged). Source: PyTorch's AMP recipe (``torch.amp``).
-    """
+    """The :class:`Precision` of ``fp32 | tf32 | bf16 | fp16``: TF32 matmuls and convolutions in every mode but fp32,
+    the scaler enabled for fp16 only. Source: PyTorch's AMP recipe (``torch.amp``)."""
     allow_tf32 = precision != "fp32"
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     torch.backends.cudnn.allow_tf32 = allow_tf32
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    if dtype is None:
-        autocast = nullcontext
-    else:
-        def autocast():
-            return torch.autocast(device_type=device.type, dtype=dtype)
+    autocast = nullcontext if dtype is None else functools.partial(torch.autocast, device_type=device.type, dtype=dtype)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     return Precision(autocast, scaler)
 
 
-
 def loss_and_grads(model: torch.nn.Module, criterion: Callable, batch: dict, precision: str,
                    device: torch.device) -> tuple[float, torch.Tensor]:
-    """The loss (a float) and the flattened float32 gradients ``(n_parameters,)`` of one forward and backward of
-    ``model`` on ``batch`` at ``precision`` (``setup_precision``'s modes), global seed 0 first: what two ways of
-    computing the same step (eager and a fast path) are compared by. Gradients left None count as zeros."""
+    """The loss and the flattened float32 gradients ``(n_parameters,)`` (None as zeros) of one forward and backward of
+    ``model`` on ``batch`` at ``precision``, seed 0 first: what eager and a fast path are compared by."""
     autocast, _ = setup_precision(precision, device)
     model.zero_grad(set_to_none=True)
     torch.manual_seed(0)
@@ -60,6 +47,7 @@ def loss_and_grads(model: torch.nn.Module, criterion: Callable, batch: dict, pre
     grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).float().flatten()
                        for p in model.parameters()])
     return float(loss.detach()), grads
+
 
 def lr_lambda(cfg: Config):
     """Multiplier of the base learning rate at a step: linear warm-up, then constant or cosine to 1%."""
@@ -77,11 +65,7 @@ def lr_lambda(cfg: Config):
 
 def build_optimizers(spec: ModelSpec, model, model_cfg, device: torch.device) -> dict:
     """``{phase: optimizer}`` from ``Training.build_optimizer``: ``{"model": optimizer}`` for a one-loss model, one per
-    ``Phases.names`` otherwise.
-
-    Raises:
-        TrainingError: it returned something else (e.g. a dict from a model that declares no phases).
-    """
+    ``Phases.names`` otherwise; a :class:`TrainingError` where it returned something else."""
     built, names = spec.training.build_optimizer(model, model_cfg, device), spec.phase_names
     if not names:
         if not isinstance(built, torch.optim.Optimizer):
@@ -98,12 +82,8 @@ def build_optimizers(spec: ModelSpec, model, model_cfg, device: torch.device) ->
 
 
 def build_scheduler(spec: ModelSpec, phase: str, optimizer, cfg: Config) -> tuple:
-    """``(LR scheduler, "step" | "epoch")`` of one optimizer: the model's ``Phases.build_scheduler``, or the
-    ``train.lr_schedule`` multiplier (:func:`lr_lambda`) stepped every optimizer step.
-
-    Raises:
-        TrainingError: the model's scheduler names another interval.
-    """
+    """``(LR scheduler, "step" | "epoch")`` of one optimizer: the model's ``Phases.build_scheduler`` (a
+    :class:`TrainingError` where it names another interval), or :func:`lr_lambda` stepped every optimizer step."""
     phases = spec.training.phases
     if phases is None or phases.build_scheduler is None:
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg)), "step"
@@ -115,8 +95,7 @@ def build_scheduler(spec: ModelSpec, phase: str, optimizer, cfg: Config) -> tupl
 
 
 def checkpoint_parts(spec: ModelSpec, optimizers: dict, schedulers: dict, scaler) -> dict:
-    """The stateful objects a checkpoint holds besides the model (:data:`utils.checkpoint.state.STATEFUL_PARTS`): the
-    optimizer and its scheduler, or for several phases ``{phase: ...}`` of each (:class:`NamedStates`)."""
+    """What a checkpoint holds besides the model: optimizer, scheduler (several phases: ``{phase: ...}``), scaler."""
     if not spec.phase_names:
         return {"optimizer": optimizers["model"], "scheduler": schedulers["model"][0], "scaler": scaler}
     return {"optimizer": NamedStates(optimizers),

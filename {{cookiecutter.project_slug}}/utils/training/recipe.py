@@ -6,8 +6,8 @@ from typing import Any
 
 from model import ModelSpec
 from utils.config import Config
-from utils.data.datasets import mel_dir_framing
 from utils.framing import UNRESOLVED_FRAMING
+from utils.training.settings import MEL_DIR
 
 PROJECT_RECIPE: dict[str, Any] = {"audio.mel_framing": UNRESOLVED_FRAMING, "train.grad_clip": 0.0,
                                   "train.cudnn_benchmark": True}
@@ -15,12 +15,11 @@ PROJECT_RECIPE: dict[str, Any] = {"audio.mel_framing": UNRESOLVED_FRAMING, "trai
 
 
 def apply_recipe(spec: ModelSpec, cfg: Config) -> Config:
-    """Fill the shared settings ``cfg`` leaves null (None) for model ``spec``, in place: ``audio.mel_framing`` from the
-    ``data.mel_dir`` folder's record (a vocoder on Tacotron2's mels frames as they were made), else ``spec.recipe``
-    (its reference's values), else :data:`PROJECT_RECIPE`. Called once where a run's config is loaded, so checkpoints
-    record the values used. Returns ``cfg``."""
+    """Fill the shared settings ``cfg`` leaves null for model ``spec``, in place (checkpoints record the values used):
+    ``audio.mel_framing`` from the ``data.mel_dir`` folder's record (a vocoder on Tacotron2's mels frames as they were
+    made), else ``spec.recipe`` (its reference's values), else :data:`PROJECT_RECIPE`. Returns ``cfg``."""
     recipe = {**PROJECT_RECIPE, **spec.recipe}
-    if cfg.data.mel_dir and (framing := mel_dir_framing(cfg.data.mel_dir)):
+    if MEL_DIR and cfg.data.mel_dir and (framing := MEL_DIR.mel_dir_framing(cfg.data.mel_dir)):
         recipe["audio.mel_framing"] = framing
     for name, value in recipe.items():
         section, key = name.split(".")

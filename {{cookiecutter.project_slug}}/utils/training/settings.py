@@ -1,7 +1,5 @@
-"""The ``train`` section (:class:`TrainConfig`: the loop's settings, :class:`LoopSettings`, and those of the parts the
-project has) and, with the ``audio`` and ``data`` sections, declared beside the code that reads them, the sections every
-model shares (:data:`SHARED_SECTIONS`). The recipe that fills the settings left null is ``utils.training.recipe``; the
-settings a model cannot honour are refused in ``utils.training.checks``."""
+"""The ``train`` section (:class:`TrainConfig`: the loop's settings and those of the parts the project has) and the
+sections every model shares (:data:`SHARED_SECTIONS`; ``audio``, ``data`` declared beside the code that reads them)."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ class LoopSettings(Section):
     max_steps: int = Field(500000, ge=1)
     grad_accumulation: int = Field(1, ge=1)  # micro-batches per step: batch_size * grad_accumulation * world_size
     grad_clip: Optional[float] = Field(None, ge=0)  # the largest gradient norm; 0: no clipping; None: the recipe's
-    # constant, or cosine to 1% at max_steps, after warmup_steps of linear warm-up (a model with its own
-    # schedulers, Phases.build_scheduler, refuses both)
+    # constant, or cosine to 1% at max_steps, after warmup_steps of linear warm-up (Phases.build_scheduler refuses both)
     lr_schedule: Literal["constant", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     log_interval: int = Field(10, ge=1)
@@ -32,12 +29,10 @@ class LoopSettings(Section):
     checkpoint_interval: int = Field(1000, ge=1)
     keep_last: int = Field(5, ge=0)  # numbered checkpoints kept; 0: all
     on_nonfinite: Literal["skip", "stop"] = "skip"  # a NaN/inf loss or gradient norm: skip the step, or stop
-    # an optimizer whose update was skipped this many steps in a row (non-finite, spike, fp16 overflow) stops the run
-    # naming the last good checkpoint; 0: never
+    # an optimizer's updates skipped this many steps in a row (non-finite, spike, fp16 overflow) stop the run; 0: never
     max_skips_in_a_row: int = Field(20, ge=0)
-    # a loss or gradient norm above factor x the highest of its last 100 steps (guards.SpikeMonitor, after
-    # spike_warmup steps) is a spike, written to anomalies.jsonl with the batch's ids (0: no check); on_spike: log it,
-    # skip the step, or stop the run naming the last good checkpoint
+    # a loss or gradient norm above factor x the highest of its last 100 steps (after spike_warmup steps) is a spike,
+    # written to anomalies.jsonl with the batch's ids (0: no check); on_spike: log it, skip the step, or stop the run
     spike_factor: float = Field(3.0, ge=0)
     spike_warmup: int = Field(20, ge=1)
     # a rank whose peak memory (compute time per step, 3 log intervals in a row) is this share above the ranks'
@@ -62,13 +57,23 @@ class LoopSettings(Section):
 
 SHARDING = optional_part("utils.training.fsdp")
 """The sharded-training part (FSDP, activation checkpointing) or None where the project was generated without it."""
+TRACKING = optional_part("utils.tracking")
+"""The experiment trackers (W&B, MLflow beside TensorBoard) or None where the project was generated without them."""
 
 
-class TrainConfig(*([SHARDING.ShardingSettings] if SHARDING else []), LoopSettings):
-    """The ``train`` section: the loop's settings, and those of the parts the project has (its settings class first:
-    what it defines wins)."""
+class TrainConfig(*([SHARDING.ShardingSettings] if SHARDING else []),
+                  *([TRACKING.TrackerSettings] if TRACKING else []), LoopSettings):
+    """The ``train`` section: the loop's settings and the project's parts' (a part's class first: it wins)."""
 
 
-SHARED_SECTIONS: dict[str, type[Section]] = {"audio": AudioConfig, "data": DataConfig, "train": TrainConfig}
+MEL_DIR = optional_part("utils.data.mel_dir")
+"""Mels read from a folder (``data.mel_dir``, an after-training tool) or None where the project left them out."""
+
+
+class DataSettings(*([MEL_DIR.MelDirSettings] if MEL_DIR else []), DataConfig):
+    """The ``data`` section: the corpus's settings, and ``mel_dir`` where the project has it."""
+
+
+SHARED_SECTIONS: dict[str, type[Section]] = {"audio": AudioConfig, "data": DataSettings, "train": TrainConfig}
 """The sections of ``config.json`` every model reads (named in ``utils.config.SHARED_SECTION_NAMES``, in this
 order), beside one per model (``models.schemas.config_schemas``)."""

@@ -10,7 +10,7 @@ import os
 import random
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -21,8 +21,7 @@ from model import ModelSpec
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.checkpointer import Checkpointer
 from utils.checkpoint.resume import agreed_resume_path, world_size_change
-from utils.checkpoint.saver import Saver
-from utils.checkpoint.weights import Weights, load_into, read_weights
+from utils.checkpoint.weights import load_into, read_weights
 from utils.config import Config, ConfigError
 from utils.data.check import prepare_run
 from utils.data.corpus import DataError
@@ -30,15 +29,15 @@ from utils.data.loader import batch_stream, make_loader, on_device_hook
 from utils.data.samplers import LengthBucketSampler, padding_fraction, random_batches
 from utils.errors import TrainingError
 from utils.parts import optional_part
-from utils.run_log import BalanceMonitor, RunLog
+from utils.run_log import BalanceMonitor, RunLog, tensorboard_writer
 from utils.train_state import TrainState
 from utils.training.ema import EMA
 from utils.training.guards import Anomalies, SpikeMonitor
 from utils.training.optim import Precision, build_optimizers, build_scheduler, checkpoint_parts, setup_precision
 from utils.training.checks import model_config_errors
 from utils.training.recipe import PROJECT_RECIPE
-from utils.training.settings import SHARDING
-from utils.training.step import BufferGuard, Phase, clock_name, one_loss_step
+from utils.training.settings import SHARDING, TRACKING
+from utils.training.step import BufferGuard, Phase, one_loss_step
 from utils.training.validate import Validator
 
 
@@ -69,21 +68,15 @@ class Run:
     ema: Optional[EMA]
     log: RunLog
     validator: Validator
-    saver: Saver
+    checkpointer: Checkpointer
     anomalies: Anomalies
     balance: BalanceMonitor
 
 
 def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Config, dist: DistInfo) -> Optional[Run]:
-    """The run of ``models[args.model]`` once rank 0 holds the output folder: the corpus checked by rank 0, the checkpoint
-    to resume, the model (seeded, ``--init-from``, activation checkpointing, FSDP), precision, criterion, EMA, optimizers,
-    loaders, the resumed position, the DDP-wrapped phases, the log, the saver and the validator. ``models`` is the
-    registry (an ``--init-from`` file may hold any model). ``None`` when the checkpoint is at ``train.max_steps`` already
-    (said).
-
-    Raises:
-        DataError, ConfigError, CheckpointError, TrainingError: one line each.
-    """
+    """The run of ``models[args.model]`` (the registry: an ``--init-from`` file may hold any model) once rank 0 holds
+    the output folder; ``None`` when the checkpoint is at ``train.max_steps`` already (said). Raises
+    :class:`DataError`, :class:`ConfigError`, :class:`CheckpointError`, :class:`TrainingError`: one line each."""
     spec, output_dir = models[args.model], Path(args.output_dir)
     kind, found = broadcast_object(prepare_run(cfg, spec, output_dir) if dist.is_main else None)
     if kind == "error":
@@ -93,17 +86,18 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     model = build_model(models, args, cfg, dist, resuming=checkpoint_path is not None)
     precision = setup_precision(cfg.train.precision, dist.device)
     criterion = spec.training.build_criterion(cfg)
-    prepare_model(spec, model, cfg)
+    if SHARDING:  # activation checkpointing and FSDP sharding, in place, before the optimizers exist
+        SHARDING.prepare_model(spec, model, cfg, lambda: phase_networks(spec, model))
     ema = build_ema(spec, model, cfg)
     optimizers = build_optimizers(spec, model, cfg.section(spec.name), dist.device)
     schedulers = {name: build_scheduler(spec, name, optimizer, cfg) for name, optimizer in optimizers.items()}
     train_loader, val_loader = build_loaders(spec, cfg, dist)
     train_utterances = len(train_loader.dataset)
-    state, accumulation = TrainState(), cfg.train.grad_accumulation
+    state, accumulation, run_ids = TrainState(), cfg.train.grad_accumulation, {}
     checkpointer = Checkpointer({"model": model, **checkpoint_parts(spec, optimizers, schedulers, precision.scaler),
                                  "ema": ema, "position": state}, output_dir, dist, cfg.train)
     if checkpoint_path is not None:
-        accumulation = resume(spec, checkpoint_path, checkpointer, cfg, dist, train_utterances)  # state: put back
+        accumulation, run_ids = resume(spec, checkpoint_path, checkpointer, cfg, dist, train_utterances)  # state too
     if state.step >= cfg.train.max_steps:
         if dist.is_main:
             print(f"nothing to train: {output_dir} is at step {state.step} and train.max_steps is "
@@ -112,41 +106,60 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     if cfg.train.compile:  # the model's fast path (torch.compile'd hot loops); same mathematics as eager
         model = spec.training.optimize_for_training(model, cfg)
     phases = build_phases(spec, model, optimizers, schedulers, cfg)
-    platforms = optional_part("utils.platforms")  # Vertex AI's TensorBoard folder, where the project has it
     log = RunLog(output_dir, enabled=dist.is_main, total_steps=cfg.train.max_steps, initial_step=state.step,
                  data_advice=f"{spec.training.data_advice} (data.num_workers is {cfg.data.num_workers})",
-                 tensorboard=platforms.tensorboard_dir(os.environ, str(output_dir)) if platforms else None)
+                 writer=run_writer(spec, cfg, output_dir, state.step, run_ids) if dist.is_main else None)
     data = TrainData(loader=train_loader, batches=batch_stream(train_loader, state), prepare=on_device_hook(spec, cfg),
                      accumulation=accumulation)
     if dist.is_main:
         announce(spec, cfg, dist, log, data, len(val_loader.dataset))
     info = dict(data_seed=cfg.train.seed, model_name=spec.name, config=cfg.to_dict(), train_utterances=train_utterances,
                 grad_accumulation=accumulation)
-    saver = Saver(checkpointer, log, info)
+    if TRACKING and dist.is_main:  # the info rank 0 writes: the run ids to continue on a resume
+        info["tracker_runs"] = log.writer.run_ids()
+    checkpointer.start(log, info)
     validator = Validator(model=phases[0].wrapped if len(phases) == 1 else model,  # a one-loss model's DDP-wrapped network
                           criterion=criterion, loader=val_loader, spec=spec, cfg=cfg, dist=dist,
                           autocast=precision.autocast, prepare=data.prepare, writer=log.writer, output_dir=output_dir,
                           ema=ema)
     return Run(spec=spec, cfg=cfg, dist=dist, output_dir=output_dir, state=state, phases=phases,
                step_fn=spec.training.phases.train_step if spec.training.phases is not None else one_loss_step(criterion),
-               precision=precision, data=data, ema=ema, log=log, validator=validator, saver=saver,
+               precision=precision, data=data, ema=ema, log=log, validator=validator, checkpointer=checkpointer,
                anomalies=Anomalies(cfg.train, precision.scaler, state, log, len(phases)),
-               balance=BalanceMonitor(cfg.train.memory_imbalance, cfg.train.straggler_share,
-                                      clock=clock_name(dist.device)))
+               balance=BalanceMonitor(cfg.train.memory_imbalance, cfg.train.straggler_share,  # forward_backward's clock:
+                                      clock="cpu" if dist.device.type == "cpu" else "wall"))
+
+
+def run_writer(spec: ModelSpec, cfg: Config, output_dir: Path, step: int, run_ids: dict[str, str]) -> Any:
+    """Rank 0's run-log writer, resumed at ``step``: the trackers' fan-out (``train.trackers``, continuing ``run_ids``)
+    where the project has them, else TensorBoard's; in Vertex AI's TensorBoard folder with the cloud platforms."""
+    platforms = optional_part("utils.platforms")
+    folder = platforms.tensorboard_dir(os.environ, str(output_dir)) if platforms else str(output_dir / "tensorboard")
+    if TRACKING:
+        return TRACKING.open_trackers(cfg, spec.name, output_dir, folder, step, run_ids)
+    return tensorboard_writer(folder, step)
 
 
 def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Config, dist: DistInfo,
                 resuming: bool) -> torch.nn.Module:
     """The model on this rank's device: one seed everywhere for its weights (DDP also broadcasts rank 0's), the weights of
-    ``--init-from`` unless the run resumes its own checkpoint, then one seed per rank (dropout, crops)."""
-    spec = models[args.model]
-    # --init-from's file is read first: a published format may set the sizes its weights have (HiFi-GAN V2, V3).
-    weights = init_weights(models, spec, args.init_from, cfg) if args.init_from and not resuming else None
+    ``--init-from`` unless the run resumes its own checkpoint, then one seed per rank (dropout, crops). A
+    :class:`CheckpointError` where the ``--init-from`` file is unreadable, unsafe, of another model, or does not fit."""
+    spec, weights = models[args.model], None
+    if args.init_from and not resuming:  # read first: a published format may set its sizes in cfg (HiFi-GAN V2, V3)
+        weights = read_weights(args.init_from, models, cfg)  # this project's checkpoint, or a published one
+        if weights.model_name != spec.name:
+            raise CheckpointError(f"--init-from {args.init_from} holds a '{weights.model_name}' model; this run trains "
+                                  f"'{spec.name}' (--model {weights.model_name}?)")
     torch.manual_seed(cfg.train.seed)
     with model_config_errors(spec.name):
         model = spec.build_model(cfg)
     if weights is not None:
-        initialise(model, spec, weights, args.init_from, dist.is_main)
+        kept = load_into(model, weights, args.init_from)  # prefixes of the weights that start afresh
+        if dist.is_main:
+            fresh = f"; {', '.join(prefix.rstrip('.') for prefix in kept)} start afresh" if kept else ""
+            print(f"initialised {spec.name} from {args.init_from}, {weights.source}{fresh}; a fresh optimizer, step 0",
+                  file=sys.stderr, flush=True)
     elif args.init_from and dist.is_main:
         print(f"note: --init-from {args.init_from} is not used: {args.output_dir} holds this run's own checkpoint, "
               "which it resumes", file=sys.stderr, flush=True)
@@ -159,52 +172,9 @@ def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Con
     return model
 
 
-def init_weights(models: dict[str, ModelSpec], spec: ModelSpec, path: str, cfg: Config) -> Weights:
-    """``--init-from``: the weights of a checkpoint of this project, or (where the project has
-    :mod:`utils.checkpoint.published`) of one another project published for any model of ``models`` (``cfg`` may get
-    the sizes of a published variant), which must be of ``spec``'s model (every rank reads the file).
-
-    Raises:
-        CheckpointError: the file is unreadable, unsafe, or of another model.
-    """
-    weights = read_weights(path, models, cfg)
-    if weights.model_name != spec.name:
-        raise CheckpointError(f"--init-from {path} holds a '{weights.model_name}' model; this run trains "
-                              f"'{spec.name}' (--model {weights.model_name}?)")
-    return weights
-
-
-def initialise(model: torch.nn.Module, spec: ModelSpec, weights: Weights, path: str, is_main: bool) -> None:
-    """Put the ``--init-from`` ``weights`` (:func:`init_weights`) into the fresh ``model`` of ``spec``.
-
-    Raises:
-        CheckpointError: the weights do not fit this run's config (missing, unexpected or misshapen keys, named).
-    """
-    kept = load_into(model, weights, path)
-    if is_main:
-        fresh = f"; {', '.join(prefix.rstrip('.') for prefix in kept)} start afresh" if kept else ""
-        print(f"initialised {spec.name} from {path}, {weights.source}{fresh}; a fresh optimizer, step 0",
-              file=sys.stderr, flush=True)
-
-
-def prepare_model(spec: ModelSpec, model, cfg: Config) -> None:
-    """Where the project has sharded training (:mod:`utils.training.fsdp`), its activation checkpointing and FSDP
-    sharding of each phase's network, in place, before the optimizers exist; else nothing.
-
-    Raises:
-        ConfigError: activation checkpointing of a model whose ``Training.blocks`` returns no block.
-    """
-    if SHARDING:
-        SHARDING.prepare_model(spec, model, cfg, lambda: phase_networks(spec, model))
-
-
 def build_ema(spec: ModelSpec, model, cfg: Config) -> Optional[EMA]:
-    """``train.ema_decay``'s average of the parameters ``Inference.modules`` names (:class:`utils.training.ema.EMA`), or
-    ``None`` when the decay is 0.
-
-    Raises:
-        ConfigError: the inference modules name no parameter.
-    """
+    """``train.ema_decay``'s average of the parameters ``Inference.modules`` names (:class:`EMA`), or ``None`` when
+    the decay is 0; a :class:`ConfigError` where those modules name no parameter."""
     if not cfg.train.ema_decay:
         return None
     try:
@@ -214,11 +184,8 @@ def build_ema(spec: ModelSpec, model, cfg: Config) -> Optional[EMA]:
 
 
 def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo) -> tuple[DataLoader, DataLoader]:
-    """The training and the validation loader of this rank's shard (each loader's ``dataset``: the whole split).
-
-    Raises:
-        DataError: too few training utterances for one batch of every rank.
-    """
+    """The training and the validation loader of this rank's shard (each loader's ``dataset``: the whole split); a
+    :class:`DataError` for too few training utterances for one batch of every rank."""
     with model_config_errors(spec.name):
         train_set, val_set = spec.training.build_datasets(cfg)
     batch_size = cfg.section(spec.name).batch_size
@@ -231,14 +198,10 @@ def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo) -> tuple[DataLoa
 
 
 def resume(spec: ModelSpec, path: Path, checkpointer: Checkpointer, cfg: Config, dist: DistInfo,
-           train_utterances: int) -> int:
-    """Put the checkpoint at ``path`` back into the run's parts (:meth:`Checkpointer.load`), its position into the run's
-    ``TrainState`` (the checkpointer's ``position``); returns the gradient accumulation that keeps the global batch on
-    another number of processes.
-
-    Raises:
-        CheckpointError: a single-file checkpoint for an FSDP run, or what :meth:`Checkpointer.load` raises.
-    """
+           train_utterances: int) -> tuple[int, dict[str, str]]:
+    """Put the checkpoint at ``path`` back into the run's parts (:meth:`Checkpointer.load`, raising what it raises);
+    returns the gradient accumulation that keeps the global batch on another number of processes, and the trackers'
+    run ids the checkpoint holds (``{}``: none). A :class:`CheckpointError` for a single file and an FSDP run."""
     accumulation, batch_size = cfg.train.grad_accumulation, cfg.section(spec.name).batch_size
     if cfg.train.sharded and not Path(path).is_dir():
         raise CheckpointError(f"{path} is a single-file checkpoint (train.parallelism=ddp); continue "
@@ -255,15 +218,12 @@ def resume(spec: ModelSpec, path: Path, checkpointer: Checkpointer, cfg: Config,
         if note:
             print(note, file=sys.stderr, flush=True)
         print(f"resumed from {path} at step {state.step} (epoch {state.epoch}, sample {state.samples_in_epoch} of it)")
-    return accumulation
+    return accumulation, before["tracker_runs"]
 
 
 def phase_networks(spec: ModelSpec, model) -> dict:
-    """``{phase: network}``: ``{"model": model}`` for a one-loss model, else ``Phases.networks``.
-
-    Raises:
-        TrainingError: ``Phases.networks`` does not name one network per phase.
-    """
+    """``{phase: network}``: ``{"model": model}`` for a one-loss model, else ``Phases.networks``; a
+    :class:`TrainingError` where that does not name one network per phase."""
     phases = spec.training.phases
     nets = {"model": model} if phases is None else phases.networks(model) if phases.networks is not None else None
     if not isinstance(nets, dict) or set(nets) != set(spec.phase_names or ("model",)):
@@ -273,11 +233,8 @@ def phase_networks(spec: ModelSpec, model) -> dict:
 
 
 def build_phases(spec: ModelSpec, model, optimizers: dict, schedulers: dict, cfg: Config) -> list[Phase]:
-    """One :class:`Phase` per optimizer, each network DDP-wrapped on its own (under FSDP :func:`prepare_model` sharded it).
-
-    Raises:
-        TrainingError: ``Phases.networks`` does not name one network per phase.
-    """
+    """One :class:`Phase` per optimizer, each network DDP-wrapped on its own (under FSDP already sharded); a
+    :class:`TrainingError` as :func:`phase_networks` raises it."""
     nets = phase_networks(spec, model)
     skip = "skip" in (cfg.train.on_nonfinite, cfg.train.on_spike)
     return [Phase(phase, nets[phase], apply_gradient_allreduce(nets[phase]), optimizer, *schedulers[phase],
@@ -286,9 +243,8 @@ def build_phases(spec: ModelSpec, model, optimizers: dict, schedulers: dict, cfg
 
 
 def recipe_line(spec: ModelSpec) -> str:
-    """The recipe model ``spec`` gets, in one line: the values ``utils.training.recipe.apply_recipe`` gives the shared
-    settings a config leaves null (``ModelSpec.recipe``, each one it does not name from ``PROJECT_RECIPE``), and whose
-    they are, e.g. ``recipe (the project's defaults: gan_vocoder's ModelSpec has none) for the settings config.json
+    """The values ``utils.training.recipe.apply_recipe`` gives the shared settings a config leaves null, and whose they
+    are, in one line: ``recipe (the project's defaults: gan_vocoder's ModelSpec has none) for the settings config.json
     leaves null: audio.mel_framing=jik876, train.grad_clip=0.0, train.cudnn_benchmark=true``."""
     if not spec.recipe:
         whose = f"the project's defaults: {spec.name}'s ModelSpec has none"
@@ -302,8 +258,8 @@ def recipe_line(spec: ModelSpec) -> str:
 
 
 def announce(spec: ModelSpec, cfg: Config, dist: DistInfo, log: RunLog, data: TrainData, val_utterances: int) -> None:
-    """Rank 0: the run's ``config.json`` beside its checkpoints (in ``log.output_dir``), and its first lines (what trains
-    where, the global batch, the recipe the model gets: :func:`recipe_line`, the padding length buckets save)."""
+    """Rank 0: the run's ``config.json`` beside its checkpoints, and its first lines (what trains where, the global
+    batch, :func:`recipe_line`, the padding length buckets save)."""
     atomic_write_bytes(log.output_dir / "config.json", json.dumps(cfg.to_dict(), indent=2).encode())
     device, batch_size, train_loader = dist.device, cfg.section(spec.name).batch_size, data.loader
     threads = f" ({torch.get_num_threads()} threads)" if device.type == "cpu" else ""

@@ -1,7 +1,5 @@
-"""One training step's mechanics beyond the loop's lines: per phase (one optimizer; each network DDP-wrapped on its own,
-so a phase's backward all-reduces no other network's gradient), forward and backward over the accumulated micro-batches
-with the all-reduce in the last backward, unscaling and clipping; then the schedules.
-"""
+"""One training step's mechanics: per phase (one optimizer, its network DDP-wrapped on its own), forward and backward
+over the micro-batches, unscaling and clipping; then the schedules."""
 
 from __future__ import annotations
 
@@ -10,11 +8,11 @@ import dataclasses
 import math
 import time
 from contextlib import nullcontext
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
-from distributed import collective, full_value, no_sync, split_over_ranks
+from distributed import collective, no_sync, split_over_ranks
 from utils.training.optim import Precision
 
 
@@ -44,9 +42,8 @@ class PhaseResult:
 
 
 class BufferGuard:
-    """Takes back what a skipped step did to the model's buffers (BatchNorm's running statistics and batch count), so a
-    skipped step leaves the model exactly as it was: :meth:`save` before the forward (a few KB), :meth:`restore` on a skip.
-    """
+    """Takes back what a skipped step did to the model's buffers (BatchNorm's running statistics): :meth:`save` before
+    the forward (a few KB), :meth:`restore` on a skip."""
 
     def __init__(self, model: torch.nn.Module):
         self.buffers = list(model.buffers())
@@ -84,17 +81,16 @@ def frozen(modules):
 
 def forward_backward(phase: Phase, phases: list, step_fn, micro: list, precision: Precision,
                      grad_clip: Optional[float]) -> PhaseResult:
-    """One phase over the step's micro-batches: ``step_fn(phase, nets, batch) -> (loss, {name: scalar})`` forward (under
-    ``precision.autocast``) and backward on each, then unscaling and clipping to ``grad_clip`` (0 or None: no clipping);
-    no optimizer step yet. DDP all-reduces (FSDP reduce-scatters) the phase's gradients in the last micro-batch's
-    backward only (:func:`distributed.no_sync` before); the other phases' networks come unwrapped and frozen
-    (:func:`frozen`); fp16 losses share the step's one GradScaler (PyTorch's AMP recipe for several optimizers)."""
+    """One phase over the step's micro-batches: ``step_fn(phase, nets, batch) -> (loss, {name: scalar})`` forward and
+    backward on each, the gradients all-reduced in the last backward only, then unscaling and clipping to ``grad_clip``
+    (0 or None: none). The other phases' networks come unwrapped and frozen; fp16 losses share the step's one
+    GradScaler (PyTorch's AMP recipe for several optimizers)."""
     device = micro[0][next(k for k, v in micro[0].items() if torch.is_tensor(v))].device
-    clock = compute_clock(device)
+    # CPU seconds on the CPU (ranks sharing cores wait in turns, which is not slower computing), for the straggler check
+    clock = time.process_time if device.type == "cpu" else time.perf_counter
     loss_sum, metric_sums, compute_time = torch.zeros((), device=device), {}, 0.0
     nets = {other.name: other.wrapped if other is phase else other.network for other in phases}
-    # What a failed collective is named by: the forward talks too (DDP: its bucket rebuild at the second step, buffer
-    # broadcasts; FSDP: the all-gather of the weights).
+    # What a failed collective is named by: the forward talks too (DDP's bucket rebuild and buffer broadcasts).
     forward, backward = (("FSDP forward (weight all-gather)", "gradient reduce-scatter (FSDP backward)")
                          if split_over_ranks(phase.wrapped) else
                          ("DDP forward (bucket rebuild, buffer broadcast)", "gradient all-reduce (DDP backward)"))
@@ -113,24 +109,14 @@ def forward_backward(phase: Phase, phases: list, step_fn, micro: list, precision
                 metric_sums[name] = metric_sums.get(name, 0.0) + value.detach().float() / len(micro)
     precision.scaler.unscale_(phase.optimizer)  # no-op unless fp16: clipping and the norm need the true gradients
     with collective("gradient norm (FSDP: of the shards)"):  # FSDP: a DTensor, the norm of every rank's shard
-        grad_norm = full_value(torch.nn.utils.clip_grad_norm_(phase.network.parameters(), grad_clip or math.inf))
+        grad_norm = torch.nn.utils.clip_grad_norm_(phase.network.parameters(), grad_clip or math.inf)
+        grad_norm = grad_norm.full_tensor() if split_over_ranks(grad_norm) else grad_norm
     return PhaseResult(loss_sum, grad_norm, metric_sums, compute_time)
 
 
-def clock_name(device: torch.device) -> str:
-    """``"cpu"`` or ``"wall"``: what :func:`compute_clock` measures on ``device``."""
-    return "cpu" if compute_clock(device) is time.process_time else "wall"
-
-
-def compute_clock(device: torch.device) -> Callable[[], float]:
-    """A rank's compute clock for the straggler check (:class:`utils.run_log.BalanceMonitor`): this process's CPU seconds
-    on the CPU (ranks sharing cores wait in turns, which is not slower computing), wall seconds on a GPU."""
-    return time.process_time if device.type == "cpu" else time.perf_counter
-
-
 def step_schedulers(phases: list[Phase], applied: dict, epochs_seen: int, epochs_done: int) -> int:
-    """After the step's optimizer steps: each phase's scheduler steps per applied update (``"step"``; a skipped update does
-    not advance its schedule) or per epoch ended in this step (``"epoch"``). Returns the epochs now seen."""
+    """Each phase's scheduler steps per applied update (``"step"``) or per epoch ended in this step (``"epoch"``).
+    Returns the epochs now seen."""
     for phase in phases:
         if phase.interval == "step" and applied[phase.name]:
             phase.scheduler.step()

@@ -22,12 +22,10 @@ from utils.training.settings import SHARDING
 
 @dataclasses.dataclass(kw_only=True)
 class Validator:
-    """The run's validation, built once (:func:`utils.training.setup.build_run`) with what it needs, so the loop calls
-    ``validator.validate(step)``. ``model``: the network validated (a one-loss model's DDP-wrapped network, or the
-    whole model of several phases); ``criterion``: ``(outputs, batch) -> loss``, the training loss; ``loader``: this
-    rank's shard of the validation set; ``prepare``: the model's ``on_device`` hook (:func:`on_device_hook`) or None;
-    ``writer``: rank 0's TensorBoard writer (None elsewhere); ``ema``: the weights' moving averages, validated in place
-    of the weights when the run keeps them (the weights inference uses)."""
+    """The run's validation, built once with what it needs (the loop calls ``validator.validate(step)``). ``model``: a
+    one-loss model's DDP-wrapped network, or the whole model of several phases; ``criterion``: the training loss;
+    ``loader``: this rank's shard of the validation set; ``prepare``: the model's ``on_device`` hook or None;
+    ``writer``: rank 0's TensorBoard writer (None elsewhere); ``ema``: validated in place of the weights if kept."""
 
     model: torch.nn.Module
     criterion: Callable
@@ -42,10 +40,8 @@ class Validator:
     ema: Optional[EMA] = None
 
     def validate(self, step: int) -> float:
-        """The mean validation loss at ``step`` over all ranks' shards (each rank's batch losses summed, then
-        all-reduced, then divided by the number of batches); on the first batch, rank 0 draws the model's pictures and
-        audio (``Training.log_validation``). Every rank calls it (it all-reduces). The model is back in train mode
-        after it, with its own weights."""
+        """The mean batch loss at ``step`` over all ranks' shards (all ranks call it); rank 0 draws the first batch's
+        pictures and audio (``Training.log_validation``). The model ends in train mode, with its own weights."""
         with self.ema.applied() if self.ema is not None else contextlib.nullcontext():  # the weights inference uses
             return self._mean_loss(step)
 
@@ -63,19 +59,11 @@ class Validator:
                 loss = self.criterion(outputs, batch)
             total += torch.stack([loss.detach().double(), torch.ones((), device=device, dtype=torch.float64)])
             if i == 0 and spec.training.log_validation is not None:
-                plain = whole_model(model, spec, self.cfg, device, is_main)
+                plain = unwrap_model(model)
+                if split_over_ranks(plain):  # FSDP: rank 0 gets a copy from the gathered weights (every rank calls)
+                    plain = SHARDING.gathered_model(plain, spec, self.cfg, device, is_main)
                 if is_main:
                     spec.training.log_validation(plain, batch, outputs, step, self.writer, self.output_dir, cfg=self.cfg)
         total = reduce_tensor(total, op="sum")
         model.train()
         return (total[0] / total[1].clamp(min=1)).item()
-
-
-def whole_model(model, spec: ModelSpec, cfg: Config, device: torch.device, is_main: bool):
-    """The model with all its weights on rank 0, for what rank 0 runs alone (validation pictures and audio): the plain
-    module under DDP; under FSDP a copy built from the gathered weights (:func:`utils.training.fsdp.gathered_model`:
-    every rank calls this; the other ranks get ``None``)."""
-    plain = unwrap_model(model)
-    if not split_over_ranks(plain):  # always, in a project without sharded training
-        return plain
-    return SHARDING.gathered_model(plain, spec, cfg, device, is_main)
