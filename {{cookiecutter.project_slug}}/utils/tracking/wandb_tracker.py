@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -93,10 +95,24 @@ def start(ctx: TrackerContext) -> WandbTracker:
     left = ctx.settings.tracker_start_timeout_s - (time.monotonic() - began)
     settings = wandb.Settings(init_timeout=max(left / 2, 1.0), quiet=True)
     try:
+        if os.environ.get("WANDB_MODE", "online") in ("online", "run"):
+            server_reachable(min(5.0, max(left / 4, 1.0)))
         run = wandb.init(**options, settings=settings)
-    except wandb.Error as err:  # CommError: no network or no answer; UsageError, AuthenticationError: no or bad key
+    except (wandb.Error, OSError) as err:  # no network or no answer; UsageError, AuthenticationError: no or bad key
         wandb.teardown()  # W&B's service still holds the failed run's id
         run = wandb.init(**options, mode="offline", settings=wandb.Settings(quiet=True))
         folder = Path(run.dir).parent
         warn(f"wandb: {one_line(err)}; logging offline in {folder} instead: upload it later with `wandb sync {folder}`")
     return WandbTracker(wandb, run, ctx.output_dir)
+
+
+def server_reachable(timeout_s: float) -> None:
+    """Open and close a TCP connection to W&B's server (``WANDB_BASE_URL``, default https://api.wandb.ai) within
+    ``timeout_s`` seconds: without one, an online run's uploads are retried for as long as the process lives (wandb
+    before 0.31, which a project beside SkyPilot gets, also keeps the process from exiting). Raises OSError."""
+    url = urllib.parse.urlsplit(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout_s).close()
+    except OSError as err:
+        raise OSError(f"W&B's server {url.hostname}:{port} cannot be reached ({err.strerror or err})") from None
