@@ -33,11 +33,30 @@ from utils.tracking import Trackers
 
 STEPS = 6
 TRACKERS = ["tensorboard", *READERS]
-LOGGED = sorted({"tacotron2", "hifigan"} & set(MODELS)) or [TEST_MODEL]
-"""The models whose runs every tracker is read back from: the Tacotron2 and HiFi-GAN examples where registered."""
-MEDIA = {"tacotron2": ("images", "audio"), "hifigan": ("audio",), "waveglow": ("audio",)}
-"""What each example's validation gives TensorBoard (another model may log no media: then neither do the trackers)."""
-SETTINGS = {"tacotron2": ("tacotron2.val_audio_seconds=0.05",)}  # Griffin-Lim clips beside the figures
+
+
+def makes_mels(name: str) -> bool:
+    """Whether model ``name`` is a text-to-mel model (its inference takes a vocoder)."""
+    return bool(MODELS[name].inference and MODELS[name].inference.takes_vocoder)
+
+
+LOGGED = sorted({min((n for n in MODELS if makes_mels(n)), default=None),
+                 min((n for n in MODELS if len(MODELS[n].phase_names) > 1), default=None)} - {None}) or [TEST_MODEL]
+"""The models whose runs every tracker is read back from: the first text-to-mel model and the first model of two
+optimizers (a GAN vocoder) where registered, else the test model."""
+
+
+def media_of(name: str) -> tuple[str, ...]:
+    """What model ``name``'s validation gives TensorBoard: a text-to-mel model's figures and audio, a vocoder's audio,
+    nothing without ``log_validation`` (then neither do the trackers)."""
+    if MODELS[name].training.log_validation is None:
+        return ()
+    return ("images", "audio") if makes_mels(name) else ("audio",)
+
+
+def settings(name: str) -> tuple[str, ...]:
+    """A text-to-mel model's short Griffin-Lim clips beside its figures (where its section has the key)."""
+    return (f"{name}.val_audio_seconds=0.05",) if "val_audio_seconds" in MODELS[name].config_cls.model_fields else ()
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +145,7 @@ def stop_and_resume(folder, corpus, model: str) -> dict:
     wait = round(bound(2, starts=2))  # W&B's import (a process start), its online attempt and its offline start
     sets = (f"train.trackers={json.dumps(TRACKERS)}", "train.val_interval=2", "train.checkpoint_interval=1",
             "train.keep_last=0", "train.tracker_log_checkpoint=true", f"train.tracker_start_timeout_s={wait}",
-            *SETTINGS.get(model, ()))
+            *settings(model))
     proc = job(folder, corpus, model, *sets, env=env, plant=SLOW_STEPS, args=["--max-steps", str(STEPS)])
     wait_for_step(folder / "run", 3, proc, timeout=bound(120))
     os.kill(proc.pid, signal.SIGTERM)
@@ -166,7 +185,7 @@ def test_rank_0_alone_gives_each_tracker_every_scalar_the_config_and_the_media_t
     first = done["first"]
     assert 3 <= first["step"] < STEPS
     media = first["media"]
-    for kind in MEDIA.get(model, ()):  # an example's validation logs media: the comparison below is not of nothing
+    for kind in media_of(model):  # an example's validation logs media: the comparison below is not of nothing
         assert media[kind], f"{model}'s validation gave TensorBoard no {kind}"
     for name, runs in first["trackers"].items():
         assert len(runs) == 1, f"{name}: {len(runs)} runs (rank 0 alone logs)"

@@ -1,5 +1,5 @@
-"""What rank 0's validation gives TensorBoard besides a model's own figures (Tacotron2's: ``models/tacotron2/plots.py``):
-audio clips, once-only media, and a fixed random state for sampling."""
+"""What rank 0's validation gives TensorBoard besides a model's own figures (in its package): audio clips, once-only
+media, and a fixed random state for sampling."""
 
 from __future__ import annotations
 
