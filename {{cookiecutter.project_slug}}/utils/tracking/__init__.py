@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal, Optional, Protocol
+from typing import Any, Callable, Literal, Optional, Protocol
 
 import numpy
 import torch
@@ -123,9 +123,10 @@ class Trackers:
     """Rank 0's writer with the trackers: the ``SummaryWriter`` methods the run log and the models' ``log_validation``
     call (``add_scalar``, ``add_figure``, ``add_audio``, ``add_text``, ``close``), each passed on to every tracker
     (figures as RGB arrays, audio as a NumPy clip). A step's scalars are sent together, when the next step's come (or
-    media, or ``close``). With ``checkpoint`` (``train.tracker_log_checkpoint``), ``close`` logs it as an artifact."""
+    media, or ``close``). With ``checkpoint`` (``train.tracker_log_checkpoint``: the newest checkpoint's path, or None),
+    ``close`` logs what it gives as an artifact."""
 
-    def __init__(self, trackers: list[Tracker], checkpoint: Optional[Path] = None):
+    def __init__(self, trackers: list[Tracker], checkpoint: Optional[Callable[[], Optional[Path]]] = None):
         self.trackers, self.checkpoint = list(trackers), checkpoint
         self.ids = {tracker.name: tracker.run_id for tracker in trackers if tracker.run_id is not None}
         self._step, self._scalars = 0, {}
@@ -166,8 +167,8 @@ class Trackers:
 
     def close(self) -> None:
         self.flush()
-        if self.checkpoint is not None and self.checkpoint.exists():
-            self._each("log_artifact", None, self.checkpoint.resolve())
+        if self.checkpoint is not None and (last := self.checkpoint()) is not None:
+            self._each("log_artifact", None, last.resolve())
         self._each("close", None)
 
     def _each(self, method: str, step: Optional[int], *args: Any) -> None:
@@ -228,8 +229,7 @@ def open_trackers(cfg: Config, model_name: str, output_dir: Path, tensorboard_di
             warn(f"{name} did not start ({one_line(result)}); training goes on without it")
         else:
             started.append(result)
-    last = output_dir / "checkpoint_last.pt"
-    return Trackers(started, last if train.tracker_log_checkpoint else None)
+    return Trackers(started)
 
 
 def run_metadata(model_name: str) -> dict:

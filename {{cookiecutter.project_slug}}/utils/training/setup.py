@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -20,6 +21,7 @@ from distributed import DistInfo, apply_gradient_allreduce, broadcast_object
 from model import ModelSpec
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.checkpointer import Checkpointer
+from utils.checkpoint.names import last_checkpoint_path
 from utils.checkpoint.resume import agreed_resume_path, world_size_change
 from utils.checkpoint.weights import load_into, read_weights
 from utils.config import Config, ConfigError
@@ -136,7 +138,10 @@ def run_writer(spec: ModelSpec, cfg: Config, output_dir: Path, step: int, run_id
     platforms = optional_part("utils.platforms")
     folder = platforms.tensorboard_dir(os.environ, str(output_dir)) if platforms else str(output_dir / "tensorboard")
     if TRACKING:
-        return TRACKING.open_trackers(cfg, spec.name, output_dir, folder, step, run_ids)
+        writer = TRACKING.open_trackers(cfg, spec.name, output_dir, folder, step, run_ids)
+        if cfg.train.tracker_log_checkpoint:  # the newest checkpoint when the run ends, file or sharded folder
+            writer.checkpoint = functools.partial(last_checkpoint_path, output_dir)
+        return writer
     return tensorboard_writer(folder, step)
 
 
