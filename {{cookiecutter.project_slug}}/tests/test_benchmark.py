@@ -56,8 +56,10 @@ def test_check_passes_the_models_own_fast_path(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", FAST_MODELS)
+@pytest.mark.parametrize("name", FAST_MODELS[:1])
 def test_check_catches_a_fast_path_that_changes_the_mathematics(name, monkeypatch):
+    """The check compares whatever ``optimize_for_training`` returns with eager, the same code for every model: one
+    model shows it (each model's own fast path against eager: ``tests/test_fast_path.py``)."""
     spec = MODELS[name]
 
     def wrong(model, cfg, **kwargs):  # a 'fast path' that scales every parameter by 1.01
@@ -73,14 +75,15 @@ def test_check_catches_a_fast_path_that_changes_the_mathematics(name, monkeypatc
 
 
 @pytest.mark.slow
-def test_benchmark_cpu_smoke_writes_a_row_per_case_and_precision(tmp_path):
+def test_benchmark_cpu_smoke_writes_a_row_per_case_and_precision(tmp_path, capsys):
+    """``scripts.benchmark``'s ``main`` in this process (its command line as a process: the ``--loader`` progress test
+    below)."""
     out = tmp_path / "out.json"
-    proc = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--tiny", "--device", "cpu", "--json", str(out),
-                           "--steps", "1", "--warmup", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=clean_env(1))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code = benchmark.main(["--tiny", "--device", "cpu", "--json", str(out), "--steps", "1", "--warmup", "0"])
+    said = capsys.readouterr()
+    assert code == 0, said.err[-3000:]
     for name in WITHOUT_BATCHES:  # a model without random batches is skipped, and the run says so
-        assert f"skipping {name}: its ModelSpec has no synthetic_batch" in proc.stdout, proc.stdout
+        assert f"skipping {name}: its ModelSpec has no synthetic_batch" in said.out, said.out
     if not BATCH_MODELS:
         assert not out.exists() or json.loads(out.read_text()) == []
         return
@@ -98,7 +101,7 @@ def test_benchmark_cpu_smoke_writes_a_row_per_case_and_precision(tmp_path):
         fastest, slowest = (row["items_per_step"] / (row["step_s"] + error) for error in (-5e-5, 5e-5))
         assert slowest - 0.5 <= row["items_per_s"] <= fastest + 0.5, row
         assert row["items_per_step"] > 0 and row["loss"] == row["loss"]  # finite, not NaN
-    assert "| case | mode |" in proc.stdout
+    assert "| case | mode |" in said.out
 
 
 def test_padding_on_a_cpu_takes_the_tiny_batches_and_refuses_fixed_length_models_in_one_line(tmp_path, capsys):
@@ -292,17 +295,27 @@ def test_a_tiny_row_says_it_is_tiny_and_times_what_its_name_says():
 # --- python -m scripts.scaling ---------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_scaling_script_shows_progress_tables_and_plots_1_and_2_processes_and_keeps_their_output(tmp_path_factory, tmp_path):
+def test_scaling_script_shows_progress_tables_and_plots_1_and_2_processes_and_keeps_their_output(
+        tmp_path_factory, tmp_path, capsys, monkeypatch):
+    """``scripts.scaling``'s ``main`` in this process, in a launched job's environment (:func:`conftest.clean_env`,
+    which the runs it launches inherit); the runs are real ``multiproc.py`` jobs on 1 and 2 processes."""
+    from scripts import scaling  # matplotlib: imported by this test only
+
     corpus = shared_corpus(tmp_path_factory, "train_corpus", 30)
-    done = subprocess.run([sys.executable, "-m", "scripts.scaling", "--model", TEST_MODEL, "--tiny", "--procs", "1", "2",
-                           "--steps", "4", "--skip", "1", "--dataset-path", str(corpus), "--out", str(tmp_path)],
-                          cwd=ROOT, env=clean_env(2), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    env = clean_env(2)
+    for key in set(os.environ) - set(env):
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    code = scaling.main(["--model", TEST_MODEL, "--tiny", "--procs", "1", "2", "--steps", "4", "--skip", "1",
+                         "--dataset-path", str(corpus), "--out", str(tmp_path)])
+    done = capsys.readouterr()
+    assert code == 0, done.out + done.err
     for procs in (1, 2):
-        assert re.search(rf"{procs} process\(es\):\s+\d+%\|.*\| 0/4 \[", done.stderr), done.stderr  # a bar from the start
-        assert re.search(rf"{procs} process\(es\):\s+\d+%\|.*\| [1-4]/4 \[", done.stderr), done.stderr  # ... that moves
+        assert re.search(rf"{procs} process\(es\):\s+\d+%\|.*\| 0/4 \[", done.err), done.err  # a bar from the start
+        assert re.search(rf"{procs} process\(es\):\s+\d+%\|.*\| [1-4]/4 \[", done.err), done.err  # ... that moves
         assert "train" in (tmp_path / f"procs_{procs}" / "launcher.log").read_text()  # the run's own output, kept
-    lines = done.stdout.splitlines()
+    lines = done.out.splitlines()
     assert lines[0].split() == ["procs", "items/s", "speed-up", "efficiency"]
     assert [line.split()[0] for line in lines[1:3]] == ["1", "2"] and lines[1].split()[2:] == ["1.00x", "100%"]
     results = json.loads((tmp_path / "scaling.json").read_text())

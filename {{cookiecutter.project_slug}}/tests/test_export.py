@@ -69,16 +69,16 @@ def test_a_release_is_smaller_loads_weights_only_and_gives_the_full_checkpoints_
     assert "exists; pass --force" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # real processes
+@pytest.mark.slow  # each tool's start-up
 def test_a_checkpoint_with_64_bytes_flipped_is_refused_in_one_line_by_the_tools(tmp_path):
     """Bytes changed inside a tensor, found by the zip archive's CRC-32 before a tool writes anything (the core
     commands on such a file: ``tests/test_weights.py``)."""
     path = tiny_checkpoint(NAMES[0], tmp_path / "model.pt")
     damaged = f"{path} is damaged (its record {flip_tensor_bytes(path)} fails its CRC-32 check: its bytes changed"
     refused_in_one_line({
-        "export": (["-m", "scripts.export", "--checkpoint", str(path), "--format", "release", "--output",
+        "export": (["scripts.export", "--checkpoint", str(path), "--format", "release", "--output",
                     str(tmp_path / "release.pt")], f"ERROR: {damaged}"),
-        "import": (["-m", "scripts.import_weights", str(path), "--tiny", "--output", str(tmp_path / "i.pt")],
+        "import": (["scripts.import_weights", str(path), "--tiny", "--output", str(tmp_path / "i.pt")],
                    f"ERROR: the weights file {damaged}")})
     assert not any((tmp_path / name).exists() for name in ("release.pt", "i.pt"))
 

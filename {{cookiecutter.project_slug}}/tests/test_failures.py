@@ -11,14 +11,15 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TEST_MODEL, alive, bound, clean_env, process_start_s, finish, planted, synth_corpus
+from conftest import (ROOT, TEST_MODEL, alive, bound, clean_env, finish, planted, process_start_s, synth_corpus,
+                      train_in_process)
 
+from utils.errors import CheckpointError
 from utils.run import LOCK_NAME, RunLock
 
 pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
@@ -98,13 +99,15 @@ FULL_DISK = full_disk_writing(".checkpoint_8.pt.tmp")
 # The output folder has less room than the start-up write-speed test writes (min(checkpoint size, 64 MiB)).
 FULL_AT_START = full_disk_writing(".write_speed.tmp")
 
-# Training forwards wait while the file named by HOLD exists: a run that is surely still going when a second one
-# starts, and that goes on when the test removes the file.
+# The first training forward waits while the file named by HOLD exists: a run that is surely still going when a
+# second one starts, and that goes on when the test removes the file.
 HOLD = '''
 import os, time, torch
+released = [False]
 def _hold(module, args, output):
-    while type(module).__name__ == "DistributedDataParallel" and os.path.exists(os.environ["HOLD"]):
+    while module.training and not released[0] and os.path.exists(os.environ["HOLD"]):
         time.sleep(0.1)
+    released[0] = released[0] or module.training
 torch.nn.modules.module.register_module_forward_hook(_hold)
 '''
 
@@ -174,10 +177,12 @@ def test_a_bug_in_the_models_forward_ends_the_job_with_one_error_line(corpus, tm
         assert lines[0].startswith("ERROR: rank 0: TypeError: ") and "last checkpoint: none yet" in lines[0], lines
 
 
-@pytest.mark.parametrize("where", ["getitem", "collate"])
-def test_a_bug_in_data_code_run_by_workers_ends_the_job_with_one_error_line(corpus, tmp_path, where):
+@pytest.mark.parametrize("where, nproc", [("getitem", 2), ("collate", 0)], ids=["getitem", "collate"])
+def test_a_bug_in_data_code_run_by_workers_ends_the_job_with_one_error_line(corpus, tmp_path, where, nproc):
+    """Both run in DataLoader workers and reach the rank as the same worker error; the job with ranks to end is the
+    ``__getitem__`` one (``multiproc.py`` on 2 processes), the collate function's is a plain ``python train.py``."""
     out = tmp_path / "out"
-    code, output, took = ended_fast(start(out, corpus, f"WHERE = {where!r}\n" + IN_DATA))
+    code, output, took = ended_fast(start(out, corpus, f"WHERE = {where!r}\n" + IN_DATA, nproc=nproc))
     assert code != 0 and took < bound(12), (took, output)  # the failed rank's workers end at once, not 5 s each
     lines = error_lines(output)
     assert len(lines) == 1 and "KeyError" in lines[0], output
@@ -204,9 +209,9 @@ def test_a_full_disk_at_a_checkpoint_ends_the_job_and_keeps_the_earlier_checkpoi
 
 def test_an_output_folder_too_full_for_a_checkpoint_is_one_error_line_at_start_up(corpus, tmp_path):
     """Under ``multiproc.py`` (which gives the ranks its grace period) rank 0 times a test write at start-up: on a full
-    disk that is the first write to fail, said as one line, before any step."""
+    disk that is the first write to fail, said as one line, before any step. Rank 0 alone does it: one process."""
     out = tmp_path / "out"
-    code, output, took = ended_fast(start(out, corpus, FULL_AT_START))
+    code, output, took = ended_fast(start(out, corpus, FULL_AT_START, nproc=1))
     assert code != 0 and "Traceback" not in output, output
     lines = error_lines(output)
     assert len(lines) == 1 and lines[0].startswith(f"ERROR: rank 0: cannot write a checkpoint into {out}: No space "
@@ -215,15 +220,16 @@ def test_an_output_folder_too_full_for_a_checkpoint_is_one_error_line_at_start_u
 
 
 def test_a_second_run_into_a_busy_output_folder_is_refused(corpus, tmp_path):
+    """Two plain ``python train.py`` runs: the lock is rank 0's alone, whatever launched it."""
     out, hold = tmp_path / "out", tmp_path / "hold"
     hold.touch()
-    first = start(out, corpus, HOLD, HOLD=str(hold))
+    first = start(out, corpus, HOLD, nproc=0, HOLD=str(hold))
     deadline = time.monotonic() + bound(60)
     while not (out / LOCK_NAME).exists() or not (out / LOCK_NAME).read_text():
         assert first.poll() is None and time.monotonic() < deadline, first.stdout.read()
         time.sleep(0.2)
     holder = (out / LOCK_NAME).read_text()
-    code, output, _ = ended_fast(start(out, corpus, None))
+    code, output, _ = ended_fast(start(out, corpus, None, nproc=0))
     lines = error_lines(output)
     assert code != 0 and len(lines) == 1, output
     assert f"{out} is in use by another run ({holder.strip()})" in lines[0], lines
@@ -242,21 +248,21 @@ def test_the_lock_of_a_dead_run_is_taken_over_with_a_note(tmp_path):
     note = lock.acquire()
     assert note is not None and "no longer running (pid 999999 on elsewhere" in note
     assert f"pid {os.getpid()} " in (tmp_path / LOCK_NAME).read_text()
-    other = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-        from utils.run import RunLock
-        RunLock({str(tmp_path)!r}).acquire()
-    """)], cwd=ROOT, capture_output=True, text=True)
-    assert other.returncode != 0 and "is in use by another run (pid" in other.stderr, other.stderr
+    # Taken over, it is held like any other: another acquirer is refused (flock: a second open file of this same
+    # process is refused as another process would be; two real runs: the busy-folder test above).
+    with pytest.raises(CheckpointError, match=r"is in use by another run \(pid "):
+        RunLock(tmp_path).acquire()
     lock.release()
     assert not (tmp_path / LOCK_NAME).exists()
     assert RunLock(tmp_path).acquire() is None  # a cleanly released folder: no note
 
 
 def test_launching_a_finished_run_again_says_there_is_nothing_to_train(corpus, tmp_path):
+    """The run is trained in this process (:func:`conftest.train_in_process`: train.py's own code, without a start-up),
+    then ``python train.py`` is launched again with the same arguments."""
     out = tmp_path / "out"
     short = ["--max-steps", "2", "--set", "data.num_workers=0"]
-    code, output, _ = ended_fast(start(out, corpus, None, *short, nproc=0), limit_s=240)
-    assert code == 0, output
+    train_in_process([*ARGS, "--dataset-path", str(corpus), "--output-dir", str(out), *short])
     before = {p.name: p.stat().st_mtime_ns for p in out.glob("checkpoint_*.pt")}
     code, output, _ = ended_fast(start(out, corpus, None, *short, nproc=0), limit_s=240)
     assert code == 0, output

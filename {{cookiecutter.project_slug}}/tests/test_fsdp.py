@@ -1,19 +1,23 @@
-"""train.parallelism=fsdp under real launches (2 gloo processes on the CPU): the same losses as DDP, bf16, sharded
-and background checkpoints, exact resume after SIGTERM, resume on another number of processes (DDP's resume in
+"""train.parallelism=fsdp on 2 gloo processes on the CPU: the same losses as DDP, bf16, sharded and background
+checkpoints, exact resume after SIGTERM, resume on another number of processes (DDP's resume in
 tests/test_world_size_change.py), a save killed half-way, and the settings of sharded training refused where they
-would do nothing.
+would do nothing. A test about the job (a signal, a kill, a full disk, a resume on 2 processes) launches its own with
+multiproc.py; the runs that tests only read or continue are trained once per session, one after the other, in the
+same 2 processes (:func:`runs`).
 
 Each model trains its tiny config: every registered model with one optimizer (FSDP refuses the others, tested).
 """
 
 import json
 import os
+import shutil
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TEST_MODEL, bound, descendants, finish, run_train_main, synth_corpus
+from conftest import ROOT, TEST_MODEL, bound, descendants, finish, made_once, run_ranks, run_train_main, shared_corpus
 from test_bad_input import precious, run_train, snapshot, the_error  # noqa: F401 (precious: a fixture)
 from test_phases import TOY_SPEC, toy_config
 from test_world_size_change import COMMON, continues_on_one_then_on_two, launch, train, train_here
@@ -87,7 +91,78 @@ os.fsync = _full
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return synth_corpus(tmp_path_factory.mktemp("corpus"), n=30)
+    """30 clips, once per session: the shared runs (:func:`runs`) and the tests' own launches read the same folder."""
+    return shared_corpus(tmp_path_factory, "fsdp_corpus", 30)
+
+
+# The settings of the runs that the losses of DDP and FSDP are compared on: without gradient clipping (Tacotron2's
+# recipe clips), FSDP sums the clipping norm over shards in another order, and Adam magnifies that rounding on the
+# biases before BatchNorm, whose gradients are rounding noise (4.8e-4 in 20 steps, the losses still equal to 1e-5).
+# What is compared is the sharding.
+COMPARED = ["--max-steps", "8", "--set", "train.checkpoint_interval=8", "--set", "train.grad_clip=0"]
+BF16 = ["--max-steps", "6", "--set", "train.checkpoint_interval=6", *FSDP, "--set", "train.precision=bf16",
+        "--set", "train.on_nonfinite=stop"]
+BACKGROUND = ["--max-steps", "10", "--set", "train.checkpoint_interval=4", *FSDP, "--set", "train.async_checkpoint=true",
+              "--set", "train.ema_decay=0.9"]
+TWO_STEPS = [*FSDP, "--set", "train.checkpoint_interval=2", "--max-steps", "2"]
+
+
+def shared_runs() -> dict:
+    """``{name: train.py arguments after the common ones}`` of the runs :func:`runs` trains: DDP and FSDP of every model
+    in :data:`TRAINED` (``ddp-NAME``, ``fsdp-NAME``), and of :data:`MODEL` bf16, the uninterrupted run of background
+    checkpoints (``background``) and 2 steps with a sharded checkpoint at step 2 (``two_steps``)."""
+    found = {f"{kind}-{model}": [*COMMON, "--model", model, *COMPARED, *(FSDP if kind == "fsdp" else [])]
+             for model in TRAINED for kind in ("ddp", "fsdp")}
+    if MODEL is not None:
+        found.update({name: [*COMMON, "--model", MODEL, *settings]
+                      for name, settings in (("bf16", BF16), ("background", BACKGROUND), ("two_steps", TWO_STEPS))})
+    return found
+
+
+# Every run above, one after the other, by train.main in the same 2 gloo processes under one process group that the
+# worker starts (train.main's entry for a framework that starts the processes and their group itself, as Ray Train
+# does): the ranks' start-up is paid once, not once per run. Rank 0's output of each run is between its two lines.
+RUNS_WORKER = """
+import json
+import sys
+from pathlib import Path
+
+import distributed
+import train
+
+folder = Path(sys.argv[1])
+distributed.init_distributed()
+for name, argv in json.loads((folder / "runs.json").read_text()).items():
+    print(f"=== begin {name}", flush=True)
+    code = train.main(argv)
+    print(f"=== end {name}: exit {code}", flush=True)
+    if code != 0:
+        sys.exit(code)
+distributed.cleanup()
+"""
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, corpus):
+    """``name -> (output folder, rank 0's output)`` of every run of :func:`shared_runs` (2 processes, the tiny config),
+    trained once per session; no test may change their folders (copy one to continue it)."""
+    def make(folder):
+        config = str(Path(ROOT) / "config.json")
+        (folder / "runs.json").write_text(json.dumps({
+            name: [config if arg == "config.json" else arg for arg in argv] + [
+                "--dataset-path", str(corpus), "--output-dir", str(folder / name)]
+            for name, argv in shared_runs().items()}))
+        said = run_ranks(RUNS_WORKER, folder, timeout=bound(900))[0]
+        return {name: said.split(f"=== begin {name}\n", 1)[1].split(f"=== end {name}: exit 0\n", 1)[0]
+                for name in shared_runs()}
+    folder, said = made_once(tmp_path_factory, "fsdp_runs", make)
+    return {name: (folder / name, text) for name, text in said.items()}
+
+
+def copied(run: Path, out: Path) -> Path:
+    """A copy of a shared run's folder (its checkpoint_last link kept a link) at ``out``, to continue."""
+    shutil.copytree(run, out, symlinks=True)
+    return out
 
 
 def losses(out) -> list[float]:
@@ -117,65 +192,59 @@ def wait_for(condition, proc, timeout=180, what="the condition"):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", TRAINED)
-def test_fsdp_trains_with_the_losses_of_ddp(corpus, tmp_path, model):
-    # Without gradient clipping (Tacotron2's recipe clips): FSDP sums the clipping norm over shards in another order,
-    # and Adam magnifies that rounding on the biases before BatchNorm, whose gradients are rounding noise (4.8e-4 in
-    # 20 steps, the losses still equal to 1e-5). What is compared here is the sharding.
-    settings = ["--max-steps", "8", "--set", "train.checkpoint_interval=8", "--set", "train.grad_clip=0"]
-    train(tmp_path / "ddp", corpus, model, *settings)
-    output = train(tmp_path / "fsdp", corpus, model, *settings, *FSDP)
-    assert "parallelism fsdp" in output
-    ddp, fsdp = losses(tmp_path / "ddp"), losses(tmp_path / "fsdp")
+def test_fsdp_trains_with_the_losses_of_ddp(runs, model):
+    """The same 8 steps (:data:`COMPARED`) on 2 processes under DDP and under FSDP (:func:`runs`)."""
+    (ddp_out, ddp_said), (out, said) = runs[f"ddp-{model}"], runs[f"fsdp-{model}"]
+    assert "parallelism fsdp" in said and "parallelism fsdp" not in ddp_said
+    ddp, fsdp = losses(ddp_out), losses(out)
     assert len(ddp) == len(fsdp) == 8
     assert fsdp == pytest.approx(ddp, rel=1e-5, abs=1e-5), [abs(a - b) for a, b in zip(ddp, fsdp)]
     # A sharded checkpoint: a folder per step, the link to the last, nothing half-written.
-    out = tmp_path / "fsdp"
     assert os.readlink(out / "checkpoint_last") == "checkpoint_8"
     assert not list(out.glob(".checkpoint_*")) and not list(out.glob("checkpoint_*.pt"))
     assert max_difference(sharded_weights(out / "checkpoint_last", model),
-                          torch.load(tmp_path / "ddp" / "checkpoint_last.pt", weights_only=True)["model"]) < 1e-4
+                          torch.load(ddp_out / "checkpoint_last.pt", weights_only=True)["model"]) < 1e-4
 
 
 @pytest.mark.slow
 @needs_one
-def test_fsdp_with_bf16_mixed_precision_trains(corpus, tmp_path):
-    train(tmp_path, corpus, MODEL, "--max-steps", "6", "--set", "train.checkpoint_interval=6", *FSDP,
-          "--set", "train.precision=bf16", "--set", "train.on_nonfinite=stop")
-    assert all(torch.isfinite(torch.tensor(losses(tmp_path))))
-    weights = sharded_weights(tmp_path / "checkpoint_last", MODEL)
+def test_fsdp_with_bf16_mixed_precision_trains(runs):
+    out, said = runs["bf16"]  # 6 steps on 2 processes (BF16)
+    assert "parallelism fsdp" in said and len(losses(out)) == 6
+    assert all(torch.isfinite(torch.tensor(losses(out))))
+    weights = sharded_weights(out / "checkpoint_last", MODEL)
     assert all(w.dtype != torch.bfloat16 for w in weights.values() if w.is_floating_point()), "fp32 master weights"
 
 
 @pytest.mark.slow
 @needs_one
-def test_sigterm_then_resume_with_background_checkpoints_ends_like_the_uninterrupted_run(corpus, tmp_path):
-    settings = ["--max-steps", "10", "--set", "train.checkpoint_interval=4", *FSDP,
-                "--set", "train.async_checkpoint=true", "--set", "train.ema_decay=0.9"]
-    output = train(tmp_path / "reference", corpus, MODEL, *settings)
+def test_sigterm_then_resume_with_background_checkpoints_ends_like_the_uninterrupted_run(runs, corpus, tmp_path):
+    uninterrupted, output = runs["background"]  # BACKGROUND's settings, on 2 processes
     assert "in the background" in output
     out = tmp_path / "stopped"
-    proc = launch(out, corpus, MODEL, *settings, plant=SLOW_STEPS)
+    proc = launch(out, corpus, MODEL, *BACKGROUND, plant=SLOW_STEPS)
     wait_for(lambda: (out / "metrics.jsonl").exists() and len(losses(out)) >= 5, proc, what="step 5")
     os.kill(proc.pid, signal.SIGTERM)
     code, output = finish(proc)
     assert code == 0 and "stopped at step" in output, output[-3000:]
     stopped = read_train_state(out / "checkpoint_last")["step"]
     assert 5 <= stopped < 10 and os.readlink(out / "checkpoint_last") == f"checkpoint_{stopped}"
-    output = train(out, corpus, MODEL, *settings, "--resume", "auto")
+    output = train(out, corpus, MODEL, *BACKGROUND, "--resume", "auto")
     assert f"at step {stopped}" in output
-    reference = sharded_weights(tmp_path / "reference" / "checkpoint_last", MODEL)
+    reference = sharded_weights(uninterrupted / "checkpoint_last", MODEL)
     assert max_difference(reference, sharded_weights(out / "checkpoint_last", MODEL)) <= 1e-6
     assert read_train_state(out / "checkpoint_last")["step"] == 10
     # the EMA weights too: inference puts them together from every rank's shards, says so, and they are not the raw
     averaged = [inference.load_trained(folder / "checkpoint_last", torch.device("cpu"))[1].state_dict()
-                for folder in (tmp_path / "reference", out)]
+                for folder in (uninterrupted, out)]
     assert max_difference(*averaged) <= 1e-6 and max_difference(averaged[0], reference) > 1e-4
 
 
 @pytest.mark.slow
 @needs_one
-def test_a_sharded_checkpoint_of_two_processes_continues_on_one_then_on_two(corpus, tmp_path):
-    continues_on_one_then_on_two(corpus, tmp_path, MODEL, *FSDP)
+def test_a_sharded_checkpoint_of_two_processes_continues_on_one_then_on_two(runs, corpus, tmp_path):
+    out = copied(runs["two_steps"][0], tmp_path / "out")  # 2 steps on 2 processes (TWO_STEPS)
+    continues_on_one_then_on_two(corpus, out, MODEL, *FSDP, started=True)
 
 
 @pytest.mark.slow
@@ -197,10 +266,9 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_to_resume_from(co
 
 @pytest.mark.slow
 @needs_one
-def test_fsdp_refuses_what_it_cannot_do_in_one_line(corpus, tmp_path):
-    # A run without FSDP continues from a sharded checkpoint (the shards are put together), here on one process.
-    sharded = tmp_path / "sharded"
-    train(sharded, corpus, MODEL, "--max-steps", "2", "--set", "train.checkpoint_interval=2", *FSDP)
+def test_fsdp_refuses_what_it_cannot_do_in_one_line(runs, corpus, tmp_path):
+    # A run without FSDP continues from a sharded checkpoint of 2 processes (the shards are put together), here on one.
+    sharded = copied(runs["two_steps"][0], tmp_path / "sharded")  # 2 steps, a sharded checkpoint at step 2
     output = train_here(sharded, corpus, MODEL, "--max-steps", "3", "--resume", "auto")
     assert "at step 2" in output and (sharded / "checkpoint_last.pt").is_file()
     # "last" names the newest checkpoint, whichever its kind: the single file, no longer the sharded folder of step 2.

@@ -324,7 +324,7 @@ SLOW = '''
 import time, torch
 def _slow(module, args, output):
     if type(module).__name__ == "DistributedDataParallel" and module.training:
-        time.sleep(0.1)
+        time.sleep(0.3)
 torch.nn.modules.module.register_module_forward_hook(_slow)
 '''
 RUN = ["--config", "config.json", "--model", "hifigan", "--tiny", "--set", "train.log_interval=1", "--set",
@@ -355,14 +355,25 @@ def rows(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def two_ranks(out, corpus, *extra) -> str:
+    """What :func:`launch` runs, as 2 gloo ranks of ``train.py``'s ``main`` started by hand (no launcher: the tests
+    that use it prove the training, not the launch); rank 0's output once both exited 0 (the test fails otherwise)."""
+    import os
+
+    from conftest import ROOT, run_ranks
+
+    argv = [*RUN, "--dataset-path", str(corpus), "--output-dir", str(out), *extra]
+    argv[argv.index("config.json")] = os.path.join(ROOT, "config.json")
+    ranks = out.parent / f"{out.name}_ranks"
+    ranks.mkdir()
+    return run_ranks(f"import sys\nimport train\nsys.exit(train.main({argv!r}))\n", ranks, timeout=400)[0]
+
+
 @pytest.mark.slow
 def test_two_processes_train_it_and_every_named_loss_is_logged(gan_corpus, tmp_path):
-    from conftest import finish
-
     # at the full-size mel (80 channels): the halving below is what 60 steps give there
-    code, output = finish(launch(tmp_path / "out", gan_corpus, "--max-steps", "60", "--set", "audio.n_mels=80",
-                                 "--set", "audio.win_length=1024"), timeout=400)
-    assert code == 0, output
+    two_ranks(tmp_path / "out", gan_corpus, "--max-steps", "60", "--set", "audio.n_mels=80", "--set",
+              "audio.win_length=1024")
     logged = rows(tmp_path / "out")
     assert [r["step"] for r in logged] == list(range(1, 61))
     names = {"loss_discriminator", "loss_generator", "grad_norm_discriminator", "grad_norm_generator", "g_adv",
@@ -375,6 +386,8 @@ def test_two_processes_train_it_and_every_named_loss_is_logged(gan_corpus, tmp_p
 
 @pytest.mark.slow
 def test_a_sigterm_and_resume_end_equal_to_an_uninterrupted_run(gan_corpus, tmp_path):
+    """A run of 2 ranks launched by ``multiproc.py`` and sent SIGTERM mid-way stops with a checkpoint; resumed, it
+    ends equal to an uninterrupted run (that one and the resumed one: 2 ranks started by hand, :func:`two_ranks`)."""
     import os
     import signal
     import time
@@ -382,8 +395,7 @@ def test_a_sigterm_and_resume_end_equal_to_an_uninterrupted_run(gan_corpus, tmp_
     from conftest import finish
 
     steps = ["--max-steps", "12", "--set", "train.checkpoint_interval=100"]
-    code, output = finish(launch(tmp_path / "ref", gan_corpus, *steps), timeout=400)
-    assert code == 0, output
+    two_ranks(tmp_path / "ref", gan_corpus, *steps)  # the launcher is what the stopped run tests
     stopped = tmp_path / "stopped"
     proc = launch(stopped, gan_corpus, *steps, plant=SLOW)
     deadline = time.monotonic() + bound(100)
@@ -394,8 +406,8 @@ def test_a_sigterm_and_resume_end_equal_to_an_uninterrupted_run(gan_corpus, tmp_
     code, output = finish(proc, timeout=200)
     at = torch.load(stopped / "checkpoint_last.pt", weights_only=True)["step"]
     assert code == 0 and "stopped at step" in output and 5 <= at < 12, output
-    code, output = finish(launch(stopped, gan_corpus, *steps), timeout=400)
-    assert code == 0 and f"at step {at}" in output, output
+    output = two_ranks(stopped, gan_corpus, *steps)
+    assert f"at step {at}" in output, output
     ref, got = (torch.load(p / "checkpoint_last.pt", weights_only=True) for p in (tmp_path / "ref", stopped))
     assert ref["step"] == got["step"] == 12 and ref["epoch"] == got["epoch"] and ref["epoch"] >= 2
     for key in ref["model"]:
@@ -414,11 +426,8 @@ def test_a_sigterm_and_resume_end_equal_to_an_uninterrupted_run(gan_corpus, tmp_
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.slow
 def test_mixed_precision_runs_without_a_non_finite_loss(gan_corpus, tmp_path, precision):
-    from conftest import finish
-
-    code, output = finish(launch(tmp_path / "out", gan_corpus, "--max-steps", "10", "--set",
-                                 f"train.precision={precision}", "--set", "train.on_nonfinite=stop"), timeout=400)
-    assert code == 0, output
+    two_ranks(tmp_path / "out", gan_corpus, "--max-steps", "10", "--set", f"train.precision={precision}", "--set",
+              "train.on_nonfinite=stop")
     logged = rows(tmp_path / "out")
     assert len(logged) == 10 and all(math.isfinite(r["loss"]) for r in logged)
     assert all(math.isfinite(v) for r in logged for k, v in r["losses"].items() if not k.startswith("grad_norm"))
@@ -426,19 +435,15 @@ def test_mixed_precision_runs_without_a_non_finite_loss(gan_corpus, tmp_path, pr
 
 
 def test_inference_writes_the_wav_of_a_mel(tmp_path):
-    import subprocess
-    import sys
-
-    from conftest import ROOT, tiny_checkpoint
+    """``inference.py --checkpoint hifigan.pt --mel mel.pt`` (its command line in this process)."""
+    from conftest import run_main, tiny_checkpoint
 
     voc = tiny_checkpoint("hifigan", tmp_path / "hifigan.pt")
     audio = AudioConfig(**torch.load(voc, weights_only=True)["config"]["audio"])  # the tiny block's mel size
     mel = MelSpectrogram(audio)(torch.randn(1, 256 * 20) * 0.1)[0]
     torch.save(mel, tmp_path / "mel.pt")
-    done = subprocess.run([sys.executable, "inference.py", "--checkpoint", str(voc), "--mel", str(tmp_path / "mel.pt"),
-                           "--output", str(tmp_path / "a.wav"), "--device", "cpu"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=clean_env(1))
-    assert done.returncode == 0, done.stderr
+    run_main("inference", "--checkpoint", str(voc), "--mel", str(tmp_path / "mel.pt"), "--output",
+             str(tmp_path / "a.wav"), "--device", "cpu")  # fails the test unless it exits 0
     assert sf.info(str(tmp_path / "a.wav")).frames == mel.shape[-1] * 256
 
 
@@ -464,27 +469,38 @@ def test_validation_writes_the_generated_and_true_audio_of_a_fixed_utterance_to_
     assert np.abs(clips["audio/ground_truth"][0][2] - truth).max() < 2e-4  # 16-bit rounding, twice
 
 
-@pytest.mark.parametrize("setting, message", [
+REFUSED = [
     ("train.lr_schedule=cosine", "train.lr_schedule=cosine, train.warmup_steps=0: model 'hifigan' builds its own LR "
                                  "schedulers (Phases.build_scheduler), which these settings would not change"),
     ("train.warmup_steps=100", "train.lr_schedule=constant, train.warmup_steps=100: model 'hifigan' builds its own"),
     *([("train.parallelism=fsdp", "train.parallelism=fsdp with model 'hifigan', which trains several optimizers")]
       if has_part("utils.training.fsdp") else []),  # the sharding part's setting, where the project has it
-])
+]
+"""Settings a model with several optimizers cannot honour, and the start of the error line that refuses each."""
+
+
+@pytest.mark.parametrize("setting, message", REFUSED)
 def test_what_it_cannot_honour_is_refused_in_one_line_before_any_data_is_read(tmp_path, setting, message):
+    """The first setting in a ``python train.py`` process of its own (its exit status, its stderr, its time from
+    start to refusal); the others, whose refusal differs only in its line, through ``train.main`` in this process."""
     import subprocess
     import sys
     import time
 
-    from conftest import ROOT, bound
+    from conftest import ROOT, bound, run_train_main
 
+    argv = [*RUN, "--set", setting, "--dataset-path", str(tmp_path / "no_corpus_here"), "--output-dir",
+            str(tmp_path / "out")]
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "train.py", *RUN, "--set", setting, "--dataset-path",
-                           str(tmp_path / "no_corpus_here"), "--output-dir", str(tmp_path / "out")], cwd=ROOT,
-                          env=clean_env(1), capture_output=True, text=True, timeout=300)
+    if setting == REFUSED[0][0]:
+        done = subprocess.run([sys.executable, "train.py", *argv], cwd=ROOT, env=clean_env(1), capture_output=True,
+                              text=True, timeout=300)
+        code, stderr = done.returncode, done.stderr
+    else:
+        code, _, stderr = run_train_main(argv)
     took = time.monotonic() - start
-    assert done.returncode == 1 and done.stderr.startswith(f"ERROR: {message}"), done.stderr
-    assert len(done.stderr.splitlines()) == 1 and took < bound(5, 1), (took, done.stderr)
+    assert code == 1 and stderr.startswith(f"ERROR: {message}"), stderr
+    assert len(stderr.splitlines()) == 1 and took < bound(5, 1), (took, stderr)
     assert not (tmp_path / "out").exists()  # refused before the output folder, the process group, the corpus
 
 

@@ -154,12 +154,14 @@ def test_a_module_runs_on_every_rank_as_python_m_runs_it(tmp_path):
         missing.stderr
 
 
-def test_missing_script_is_one_line_and_exit_2(tmp_path):
-    done, _ = launch(tmp_path, "--nproc-per-node", "2", "no_such_script.py", "--x")
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
-        "multiproc: ERROR: training script not found: no_such_script.py"]
-    assert done.stdout == ""
+def test_missing_script_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # multiproc's main in this process, as the bad options below: nothing is launched
+    with pytest.raises(SystemExit) as exit_info:
+        multiproc.main(["--nproc-per-node", "2", "no_such_script.py", "--x"])
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines() == ["multiproc: ERROR: training script not found: no_such_script.py"]
+    assert out == ""
 
 
 @pytest.mark.parametrize("args, message", [
@@ -221,17 +223,19 @@ def test_a_node_whose_node_0_never_answers_is_reported(tmp_path):
     (["--set", "train.max_steps=abc"], "--set train.max_steps=abc: config key 'train.max_steps' must be int"),
     (["--no-such-option"], "unrecognized arguments: --no-such-option (python train.py --help lists the options)"),
 ], ids=["missing-corpus", "bad-set", "bad-option"])
-def test_a_bad_training_command_is_one_line_before_any_rank_starts(tmp_path, args, message):
-    """multiproc asks train.py's check_command_line first: one line, said once, in seconds, no rank started."""
+def test_a_bad_training_command_is_one_line_before_any_rank_starts(tmp_path, monkeypatch, capsys, args, message):
+    """multiproc asks train.py's check_command_line first: one line, said once, in seconds, no rank started
+    (multiproc's main in this process, in the project's folder: the check imports train.py, it starts nothing)."""
+    monkeypatch.chdir(ROOT)
     start = time.monotonic()
-    done = subprocess.run([sys.executable, MULTIPROC, "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
-                           "train.py", "--config", "config.json", "--tiny", "--output-dir", str(tmp_path / "out"),
-                           *args], cwd=ROOT, env=clean_env(2), capture_output=True, text=True, timeout=bound(60, 1))
+    code = multiproc.main(["--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"), "train.py", "--config",
+                           "config.json", "--tiny", "--output-dir", str(tmp_path / "out"), *args])
     took = time.monotonic() - start
-    assert done.returncode == 1 and done.stdout == "", (done.stdout, done.stderr)
-    lines = done.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("multiproc: ERROR: ") and message in lines[0], done.stderr
-    assert took < bound(10, 1), (took, done.stderr)
+    out, err = capsys.readouterr()
+    assert code == 1 and out == "", (out, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("multiproc: ERROR: ") and message in lines[0], err
+    assert took < bound(10, 0), (took, err)
     assert not (tmp_path / "logs").exists() and not (tmp_path / "out").exists()
 
 

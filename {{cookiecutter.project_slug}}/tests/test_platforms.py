@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import (IN_A_POD, ROOT, TEST_MODEL, bound, clean_env, finish, free_port, launch_command, made_once,
-                      shared_corpus)
+                      run_train_main, shared_corpus)
 
 import multiproc
 import train
@@ -84,15 +84,44 @@ def two_nodes(env_of, cmd_of, tmp_path) -> list:
     return finished([start(cmd_of(node), clean_env(4, **env_of(node))) for node in (1, 0)])
 
 
+@pytest.fixture(scope="module")
+def stopped_trainjob(tmp_path_factory, corpus):
+    """``(folder, result)``: the TrainJob's manifest command on 2 nodes x 2 processes under Trainer v2's ``PET_*``
+    variables (``--max-steps 1000``), then SIGTERM to each node's command once :data:`STEPS` steps are logged, as
+    Kubernetes stops a TrainJob's pods; ``folder / "out"`` its output, ``result`` each node's exit code and output
+    (node 1, node 0) and the seconds from the SIGTERM to every node's exit. Made once per session for the two tests of
+    it (:func:`conftest.made_once`)."""
+    def run(folder):
+        port = free_port()
+        nodes = [start(shipped(TRAINJOB, folder / "out", corpus, folder / f"logs{node}", "--max-steps", "1000"),
+                       clean_env(4, **IN_A_POD, PET_NNODES="2", PET_NPROC_PER_NODE="2", PET_NODE_RANK=str(node),
+                                 PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port))) for node in (1, 0)]
+        deadline = time.monotonic() + bound(120, 4)
+        while not (folder / "out" / "metrics.jsonl").exists() or len(losses(folder / "out")) < STEPS:
+            if time.monotonic() > deadline or any(proc.poll() is not None for proc in nodes):
+                for proc in nodes:
+                    if proc.poll() is None:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                said = [proc.communicate()[0][-3000:] for proc in nodes]
+                pytest.fail(f"no step {STEPS}:\n" + "\n".join(said))
+            time.sleep(0.1)
+        sent = time.monotonic()
+        for proc in nodes:
+            os.kill(proc.pid, signal.SIGTERM)
+        results = [finish(proc) for proc in nodes]
+        return {"codes": [code for code, _ in results], "outputs": [output for _, output in results],
+                "elapsed": time.monotonic() - sent}
+    folder, result = made_once(tmp_path_factory, "platforms_stopped_trainjob", run)
+    return folder / "out", result
+
+
 @pytest.mark.slow
-def test_kubeflow_trainjob_runs_its_manifest_command_with_the_losses_of_multiproc(reference, corpus, tmp_path):
-    """Trainer v2: only torchrun's ``PET_*`` variables on each node; the manifest's command as it is."""
-    port = free_port()
-    two_nodes(lambda node: dict(IN_A_POD, PET_NNODES="2", PET_NPROC_PER_NODE="2", PET_NODE_RANK=str(node),
-                                PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port)),
-              lambda node: shipped(TRAINJOB, tmp_path / "out", corpus, tmp_path / f"logs{node}"),
-              tmp_path)
-    assert losses(tmp_path / "out") == reference
+def test_kubeflow_trainjob_runs_its_manifest_command_with_the_losses_of_multiproc(reference, stopped_trainjob):
+    """Trainer v2: only torchrun's ``PET_*`` variables on each node; the manifest's command as it is. The run is the one
+    the SIGTERM test stops (:func:`stopped_trainjob`): its first :data:`STEPS` steps have the reference's losses (the
+    tiny config's learning rate is constant: ``--max-steps`` changes none of them)."""
+    out, _ = stopped_trainjob
+    assert losses(out)[:STEPS] == reference
 
 
 @pytest.mark.slow
@@ -171,53 +200,47 @@ def test_azure_ml_starts_every_process_itself_with_the_losses_of_multiproc(refer
 
 
 @pytest.mark.slow
-def test_sigterm_to_every_node_of_a_trainjob_saves_and_exits_143_within_30_s(corpus, tmp_path):
+def test_sigterm_to_every_node_of_a_trainjob_saves_and_exits_143_within_30_s(stopped_trainjob):
     """What Kubernetes does to a TrainJob's pods: SIGTERM to each node's command (the manifest's), SIGKILL 30 s later
     by default. Every node saves, says so without a traceback and exits 143 (128 + SIGTERM: retryable, where 0 would
-    end the Job as complete) well before that."""
-    port = free_port()
-    nodes = [start(shipped(TRAINJOB, tmp_path / "out", corpus, tmp_path / f"logs{node}", "--max-steps", "1000"),
-                   clean_env(4, **IN_A_POD, PET_NNODES="2", PET_NPROC_PER_NODE="2", PET_NODE_RANK=str(node),
-                             PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port))) for node in (1, 0)]
-    deadline = time.monotonic() + bound(120, 4)
-    while not (tmp_path / "out" / "metrics.jsonl").exists() or len(losses(tmp_path / "out")) < 3:
-        assert time.monotonic() < deadline and all(proc.poll() is None for proc in nodes), "no step 3"
-        time.sleep(0.1)
-    sent = time.monotonic()
-    for proc in nodes:
-        os.kill(proc.pid, signal.SIGTERM)
-    results = [finish(proc) for proc in nodes]
-    elapsed = time.monotonic() - sent
-    for code, output in results:
+    end the Job as complete) well before that (the run: :func:`stopped_trainjob`)."""
+    out, result = stopped_trainjob
+    for code, output in zip(result["codes"], result["outputs"]):
         assert code == 143 and "Traceback" not in output, output[-3000:]
-    assert "stopped at step" in results[1][1]
-    assert torch.load(tmp_path / "out" / "checkpoint_last.pt", map_location="cpu", weights_only=True)["step"] >= 3
-    assert elapsed < 30, f"{elapsed:.1f} s from SIGTERM to every node's exit"
+    assert "stopped at step" in result["outputs"][1]
+    assert torch.load(out / "checkpoint_last.pt", map_location="cpu", weights_only=True)["step"] >= STEPS
+    assert result["elapsed"] < 30, f"{result['elapsed']:.1f} s from SIGTERM to every node's exit"
 
 
 def test_a_node_rank_beside_a_process_world_size_without_a_launcher_is_one_error_line(tmp_path):
-    """A PyTorchJob's pod running ``train.py`` itself: ``RANK`` is the pod's index, ``WORLD_SIZE`` counts processes."""
-    env = clean_env(2, RANK="1", WORLD_SIZE="4", PET_NPROC_PER_NODE="2", PET_NNODES="2", MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(free_port()))
-    done = subprocess.run([sys.executable, "train.py", "--config", "config.json", "--model", TEST_MODEL, "--tiny",
-                           "--output-dir", str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=bound(60, 1))
-    errors = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode == 1 and len(errors) == 1, done.stderr
+    """A PyTorchJob's pod running ``train.py`` itself: ``RANK`` is the pod's index, ``WORLD_SIZE`` counts processes
+    (train.py's ``main`` in this process: it stops before any process group)."""
+    env = dict(RANK="1", WORLD_SIZE="4", PET_NPROC_PER_NODE="2", PET_NNODES="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()))
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        code, _, err = run_train_main(["--config", os.path.join(ROOT, "config.json"), "--model", TEST_MODEL, "--tiny",
+                                       "--output-dir", str(tmp_path / "out")])
+    errors = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and len(errors) == 1, err
     assert "node (pod) index" in errors[0] and "multiproc.py" in errors[0], errors
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.skipif(os.path.ismount("/gcs"), reason="Cloud Storage is mounted here")
-def test_a_cloud_storage_folder_without_its_mount_is_one_error_line_before_any_rank_starts(tmp_path):
+def test_a_cloud_storage_folder_without_its_mount_is_one_error_line_before_any_rank_starts(tmp_path, monkeypatch,
+                                                                                          capsys):
     """``AIP_CHECKPOINT_DIR=gs://...`` off Vertex AI: the checkpoints would go to a local ``/gcs/...`` folder."""
-    env = clean_env(2, AIP_CHECKPOINT_DIR="gs://bucket/x")
-    done = subprocess.run([sys.executable, "multiproc.py", "--log-dir", str(tmp_path / "logs"), "train.py", "--config",
-                           "config.json", "--model", TEST_MODEL, "--tiny"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=bound(60, 1))
-    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith("multiproc: ERROR: AIP_CHECKPOINT_DIR=gs://bucket/x: no Cloud Storage is mounted at "
-                                  "/gcs here"), done.stderr
+    monkeypatch.setenv("AIP_CHECKPOINT_DIR", "gs://bucket/x")
+    monkeypatch.chdir(ROOT)  # multiproc's main in this process: its check of train.py's command line starts nothing
+    code = multiproc.main(["--log-dir", str(tmp_path / "logs"), "train.py", "--config", "config.json", "--model",
+                           TEST_MODEL, "--tiny"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith("multiproc: ERROR: AIP_CHECKPOINT_DIR=gs://bucket/x: no Cloud Storage is mounted at "
+                          "/gcs here"), err
+    assert not (tmp_path / "logs").exists()
     assert not Path("/gcs/bucket").exists()
 
 

@@ -1,10 +1,11 @@
 """The fast tier's end-to-end check (``python -m pytest -m "not slow" tests``): the quick start in small, on the
 model the generic tests train. Two processes train a few tiny steps through ``multiproc.py``, and for a vocoder
-``inference.py`` writes from the checkpoint they saved."""
+``inference.py`` writes from the checkpoint they saved (its ``main``, in this process: the launch proven here is the
+training's; what inference proves is that the checkpoint the two processes saved is read and written from)."""
 
 import sys
 
-from conftest import TEST_MODEL, bound, finish, start_job, synth_corpus
+from conftest import TEST_MODEL, bound, finish, run_main, start_job, synth_corpus
 
 from models import MODELS
 from utils.training.setup import recipe_line
@@ -23,7 +24,6 @@ def test_two_processes_train_and_inference_writes_from_their_checkpoint(tmp_path
     if inference_group is None or inference_group.vocode is None:
         return  # not a vocoder: its inference options are its own, run by its own test file's fast tests
     args = ["--wav", str(sorted((corpus / "wavs").glob("*.wav"))[0]), "--output", str(tmp_path / "x.wav")]
-    code, output = finish(start_job([sys.executable, "inference.py", "--checkpoint", str(out / "checkpoint_last.pt"),
-                                     "--device", "cpu", *args], tmp_path, nproc=1), timeout=bound(180, 1))
-    assert code == 0 and f"wrote {tmp_path / 'x.wav'}" in output, output[-3000:]
+    done = run_main("inference", "--checkpoint", str(out / "checkpoint_last.pt"), "--device", "cpu", *args)
+    assert f"wrote {tmp_path / 'x.wav'}" in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
     assert (tmp_path / "x.wav").stat().st_size > 1000

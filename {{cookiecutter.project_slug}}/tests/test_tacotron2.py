@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import check_recipe, clean_env, read_ljspeech, run_train_main, tiny_checkpoint
+from conftest import check_recipe, read_ljspeech, run_train_main, tiny_checkpoint
 from torch._dynamo.utils import counters
 
 import inference
@@ -558,30 +558,60 @@ def test_validation_audio_draws_the_same_noise_and_leaves_the_training_random_st
     assert tensorboard_audio(tmp_path / "quiet") == {} and (tmp_path / "quiet" / "alignment_3.png").is_file()
 
 
-@pytest.mark.slow
-def test_validation_writes_griffin_lim_audio_of_a_fixed_utterance_to_tensorboard(tmp_path):
-    """A real run (``python train.py``, 1 process, tiny, a validation after each of 2 steps): the teacher-forced and
-    free-running mels of the first validation item as audio at both validations, its target mel at the first;
-    ``audio.sampling_rate`` Hz, finite, and as long as the mels (cut at ``tacotron2.val_audio_seconds``, which the
-    run sets: ``--tiny`` leaves the audio out)."""
-    import os
+# --- one tiny run on LJSpeech-length clips, validating after each step: what it keeps, trains and logs ------------
 
-    from conftest import ROOT, synth_corpus, tensorboard_audio, train_with_validation_every_step
+def long_clip_corpus(root: Path, n: int = 6) -> Path:
+    """``n`` clips of 6 to 9 s (conftest's 7.5 s +-20 %), the first one stretched to 10.2 s (LJSpeech's longest
+    is 10.1 s), at 22050 Hz."""
+    from conftest import synth_corpus
+
+    corpus = synth_corpus(root, n=n, seconds=7.5)
+    first = corpus / "wavs" / "SYN-0001.wav"
+    audio, rate = sf.read(first, dtype="float32")
+    sf.write(first, np.resize(audio, int(10.2 * rate)), rate, subtype="PCM_16")
+    return corpus
+
+
+VAL_AUDIO_SECONDS = 3.0
+"""``tacotron2.val_audio_seconds`` of the shared run (``--tiny`` leaves the audio out): shorter than its validation
+clip (6 s or more), so the teacher-forced and target audio are cut there, and longer than the free-running mel can
+be (``max_decoder_steps`` 200 frames: 2.3 s)."""
+
+
+@pytest.fixture(scope="module")
+def long_clip_run(tmp_path_factory):
+    """``(corpus, output folder, what it said)`` of ``train.py --model tacotron2 --tiny`` on :func:`long_clip_corpus`
+    (in this process), 2 steps each logged and followed by a validation that logs audio (:data:`VAL_AUDIO_SECONDS`);
+    made once per session and shared by the two tests below."""
+    from conftest import made_once, train_with_validation_every_step
+
+    def make(folder):
+        return train_with_validation_every_step("tacotron2", long_clip_corpus(folder / "corpus"), folder / "out",
+                                                "train.log_interval=1",
+                                                f"tacotron2.val_audio_seconds={VAL_AUDIO_SECONDS}")
+    folder, said = made_once(tmp_path_factory, "tacotron2_long_clips", make)
+    return folder / "corpus", folder / "out", said
+
+
+@pytest.mark.slow
+def test_validation_writes_griffin_lim_audio_of_a_fixed_utterance_to_tensorboard(long_clip_run):
+    """The shared run (``train.py``, 1 process, tiny, a validation after each of 2 steps): the teacher-forced and
+    free-running mels of the first validation item as audio at both validations, its target mel at the first;
+    ``audio.sampling_rate`` Hz, finite, and as long as the mels, cut at ``tacotron2.val_audio_seconds`` (which the
+    run sets below the clip's length: ``--tiny`` leaves the audio out)."""
+    from conftest import ROOT, tensorboard_audio
 
     from models.schemas import config_schemas
     from utils.config import load_config
 
-    corpus = synth_corpus(tmp_path / "corpus", n=20)  # 18 train, 2 validation clips: one validation batch
-    out = tmp_path / "run"
-    seconds = 3.0
-    train_with_validation_every_step("tacotron2", corpus, out, f"tacotron2.val_audio_seconds={seconds}")
-
+    corpus, out, _ = long_clip_run
     cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True,
                       overrides=[f"data.dataset_path={corpus}", "audio.mel_framing=nvidia"])  # train.py's: the recipe's
     rate, hop = cfg.audio.sampling_rate, cfg.audio.hop_length
     val_set = build_datasets(cfg)[1]
     first = TextMelCollate()([val_set[i] for i in range(len(val_set))])  # sorted by text length, as validate's
-    max_frames = int(seconds * rate / hop)
+    max_frames = int(VAL_AUDIO_SECONDS * rate / hop)
+    assert int(first["mel_lengths"][0]) > max_frames  # the run cuts its audio
     samples = min(int(first["mel_lengths"][0]), max_frames) * hop
 
     clips = tensorboard_audio(out)
@@ -599,65 +629,40 @@ def test_validation_writes_griffin_lim_audio_of_a_fixed_utterance_to_tensorboard
                 assert np.sqrt(np.mean(clip ** 2)) > 1e-3, (tag, step)
 
 
-# --- LJSpeech-length clips with --tiny, and max_mel_frames that leaves nothing -----------------------------
-
-def long_clip_corpus(root: Path, n: int = 6) -> Path:
-    """``n`` clips of 6 to 9 s (conftest's 7.5 s +-20 %), the first one stretched to 10.2 s (LJSpeech's longest
-    is 10.1 s), at 22050 Hz."""
-    from conftest import synth_corpus
-
-    corpus = synth_corpus(root, n=n, seconds=7.5)
-    first = corpus / "wavs" / "SYN-0001.wav"
-    audio, rate = sf.read(first, dtype="float32")
-    sf.write(first, np.resize(audio, int(10.2 * rate)), rate, subtype="PCM_16")
-    return corpus
-
-
 @pytest.mark.slow
-def test_tiny_trains_on_ljspeech_length_clips(tmp_path):
-    """``python train.py --model tacotron2 --tiny`` on clips of 6 to 10.2 s: every clip is kept (the tiny
-    max_mel_frames covers 10+ s), a few steps train, validation runs, exit 0."""
-    import subprocess
-    import sys
-
-    from conftest import ROOT, clean_env, finish
-
-    corpus = long_clip_corpus(tmp_path / "corpus")
+def test_tiny_trains_on_ljspeech_length_clips(long_clip_run):
+    """``train.py --model tacotron2 --tiny`` on clips of 6 to 10.2 s (the shared run): every clip is kept (the tiny
+    max_mel_frames covers 10+ s), a few steps train, validation runs on a 6-9 s clip, exit 0."""
+    corpus, out, said = long_clip_run
     assert sf.info(str(corpus / "wavs" / "SYN-0001.wav")).duration > 10
-    out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "train.py", "--config", "config.json", "--model", "tacotron2", "--tiny",
-                             "--max-steps", "3", "--dataset-path", str(corpus), "--output-dir", str(out),
-                             "--set", "data.num_workers=0", "--set", "train.log_interval=1"],
-                            cwd=ROOT, env=clean_env(1, XDG_CACHE_HOME=str(tmp_path / "cache")), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    code, output = finish(proc, timeout=400)
-    assert code == 0, output
-    assert "5 train / 1 val utterances" in output and "skipped" not in output, output
+    assert "5 train / 1 val utterances" in said and "skipped" not in said, said
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in steps] == [1, 2, 3] and all(np.isfinite(row["loss"]) for row in steps)
-    assert (out / "val_metrics.jsonl").read_text().strip()  # the last step validated on the 6-9 s clip
-    assert torch.load(out / "checkpoint_last.pt", map_location="cpu", weights_only=True)["step"] == 3
+    assert [row["step"] for row in steps] == [1, 2] and all(np.isfinite(row["loss"]) for row in steps)
+    validated = [json.loads(line) for line in (out / "val_metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in validated] == [1, 2] and all(np.isfinite(row["val_loss"]) for row in validated)
+    assert torch.load(out / "checkpoint_last.pt", map_location="cpu", weights_only=True)["step"] == 2
 
 
 @pytest.mark.slow
 def test_length_buckets_train_two_ranks_and_a_mid_epoch_resume_repeats_the_run(tmp_path):
-    """``data.batching=buckets`` on 2 gloo ranks: the run states the padding it saves, and a checkpoint taken
-    inside an epoch resumes to the same loss at every later step and the same weights as the run that went on."""
+    """``data.batching=buckets`` on 2 gloo ranks (``train.py``'s ``main`` in each, started by hand: what is proven is
+    the training, not the launcher): the run states the padding it saves, and a checkpoint taken inside an epoch
+    resumes to the same loss at every later step and the same weights as the run that went on."""
     import re
     import shutil
-    import sys
 
-    from conftest import bound, finish, start_job, synth_corpus
+    from conftest import ROOT, bound, run_ranks, synth_corpus
 
     corpus = synth_corpus(tmp_path / "corpus", n=22, seconds=1.0, spread=(0.3, 2.0))  # 0.3 to 2 s
 
     def run(out, *extra):
-        cmd = [sys.executable, "multiproc.py", "--nproc-per-node", "2", "--log-dir", f"{out}_logs", "train.py",
-               "--config", "config.json", "--model", "tacotron2", "--tiny", "--max-steps", "7",
-               "--dataset-path", str(corpus), "--output-dir", str(out), "--set", "data.batching=buckets",
-               "--set", "data.bucket_pool=10", "--set", "train.log_interval=1", *extra]
-        code, output = finish(start_job(cmd, out, 2), timeout=bound(300))
-        assert code == 0, output[-4000:]
+        argv = ["--config", os.path.join(ROOT, "config.json"), "--model", "tacotron2", "--tiny", "--max-steps", "7",
+                "--dataset-path", str(corpus), "--output-dir", str(out), "--set", "data.batching=buckets",
+                "--set", "data.bucket_pool=10", "--set", "train.log_interval=1", *extra]
+        ranks = tmp_path / f"{out.name}_ranks"
+        ranks.mkdir()
+        output = run_ranks(f"import sys\nimport train\nsys.exit(train.main({argv!r}))\n", ranks,
+                           timeout=bound(300))[0]  # rank 0's: each rank must exit 0
         return output, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
     output, whole = run(tmp_path / "whole", "--set", "train.checkpoint_interval=3", "--set", "train.keep_last=5")
@@ -735,11 +740,9 @@ def test_max_mel_frames_never_empties_the_validation_set_silently(tmp_path):
 
 @pytest.mark.parametrize("vocoder", ["waveglow", "hifigan"])
 def test_text_to_speech_through_a_vocoder_checkpoint(tmp_path, vocoder):
-    """``inference.py --text ... --vocoder VOCODER.pt``: Tacotron2's mel, vocoded by the other checkpoint."""
-    import subprocess
-    import sys
-
-    from conftest import ROOT, tiny_checkpoint
+    """``inference.py --text ... --vocoder VOCODER.pt`` (its command line in this process): Tacotron2's mel, vocoded
+    by the other checkpoint."""
+    from conftest import run_main, tiny_checkpoint
 
     from models import MODELS
 
@@ -747,10 +750,8 @@ def test_text_to_speech_through_a_vocoder_checkpoint(tmp_path, vocoder):
         pytest.skip(f"this project has no {vocoder} model to chain")
     tts = tiny_checkpoint("tacotron2", tmp_path / "tacotron2.pt")
     voc = tiny_checkpoint(vocoder, tmp_path / f"{vocoder}.pt")
-    done = subprocess.run([sys.executable, "inference.py", "--checkpoint", str(tts), "--text", "Hello there.",
-                           "--vocoder", str(voc), "--output", str(tmp_path / "t.wav"), "--device", "cpu"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, env=clean_env(1))
-    assert done.returncode == 0, done.stderr
+    run_main("inference", "--checkpoint", str(tts), "--text", "Hello there.", "--vocoder", str(voc), "--output",
+             str(tmp_path / "t.wav"), "--device", "cpu")  # fails the test unless it exits 0
     info = sf.info(str(tmp_path / "t.wav"))
     assert info.samplerate == 22050 and info.frames > 0 and info.frames % 256 == 0
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 from conftest import (ROOT, TEST_MODEL, alive, bound, clean_env, descendants, finish, flip_tensor_bytes, free_port,
                       made_once, rank_pids, run_ranks, shared_corpus, start_job, synth_corpus)
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import train
 from models import MODELS
@@ -155,35 +156,46 @@ def test_two_processes_train_and_only_rank0_writes(reference):
         assert key in state
 
 
-def test_resume_from_a_mid_epoch_checkpoint_repeats_the_run_exactly(reference, corpus, tmp_path):
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory, reference, corpus):
+    """``(folder, output)`` of one ``--resume auto`` run (made once per session) in a folder holding the reference's
+    checkpoints 1-4, its ``metrics.jsonl`` of all 12 steps and its ``checkpoint_last.pt`` (step 12) damaged: it falls
+    back to ``checkpoint_4.pt``, a checkpoint inside an epoch, and trains steps 5-12 again."""
+    def run(out):
+        for step in range(1, 5):
+            shutil.copy(reference / f"checkpoint_{step}.pt", out)
+        shutil.copy(reference / "checkpoint_last.pt", out)
+        flip_tensor_bytes(out / "checkpoint_last.pt")
+        shutil.copy(reference / "metrics.jsonl", out)
+        code, output = finish(launch(out, corpus, "--resume", "auto"))
+        assert code == 0, output
+        return output
+    folder, output = made_once(tmp_path_factory, "train_resumed", run)
+    return folder, output
+
+
+def test_resume_from_a_mid_epoch_checkpoint_repeats_the_run_exactly(reference, resumed):
+    folder, output = resumed
     state = torch.load(reference / "checkpoint_4.pt", map_location="cpu", weights_only=True)
     assert state["batch_in_epoch"] > 0, "the checkpoint must sit inside an epoch for this test to mean anything"
-    shutil.copy(reference / "checkpoint_4.pt", tmp_path / "checkpoint_last.pt")
-    code, output = finish(launch(tmp_path, corpus, "--resume", "auto"))
-    assert code == 0, output
-    assert "resumed from" in output
-    # Same loss at every later step: gloo sums two values per element, so the order cannot differ.
+    assert f"resumed from {folder / 'checkpoint_4.pt'} at step 4 " in output, output
+    # Same loss at every later step: gloo sums two values per element, so the order cannot differ. (The first run's
+    # rows after step 4 are removed as the resume starts: test_a_fallback_resume...; these are the steps trained again.)
     ref_loss = {r["step"]: r["loss"] for r in rows(reference)}
-    resumed = rows(tmp_path)
-    assert [r["step"] for r in resumed] == list(range(5, STEPS + 1))
-    for r in resumed:
+    resumed_rows = rows(folder)[4:]
+    assert [r["step"] for r in resumed_rows] == list(range(5, STEPS + 1))
+    for r in resumed_rows:
         assert r["loss"] == ref_loss[r["step"]], (r["step"], r["loss"], ref_loss[r["step"]])
-    assert_same_weights(final_weights(tmp_path), final_weights(reference))
+    assert_same_weights(final_weights(folder), final_weights(reference))
 
 
-def test_a_fallback_resume_keeps_one_metrics_row_per_step_with_the_reference_losses(reference, corpus, tmp_path):
-    """``--resume auto`` past a damaged ``checkpoint_last.pt`` to ``checkpoint_8.pt``: steps 9-12 are trained again, and
+def test_a_fallback_resume_keeps_one_metrics_row_per_step_with_the_reference_losses(reference, resumed):
+    """``--resume auto`` past a damaged ``checkpoint_last.pt`` to ``checkpoint_4.pt``: steps 5-12 are trained again, and
     their rows of the first run (in ``metrics.jsonl``, TensorBoard) go, said in one line; the earlier rows stay."""
-    for step in range(1, 9):
-        shutil.copy(reference / f"checkpoint_{step}.pt", tmp_path)
-    shutil.copy(reference / "checkpoint_last.pt", tmp_path)
-    flip_tensor_bytes(tmp_path / "checkpoint_last.pt")
-    shutil.copy(reference / "metrics.jsonl", tmp_path)
-    code, output = finish(launch(tmp_path, corpus, "--resume", "auto"))
-    assert code == 0, output
-    assert f"resuming from {tmp_path / 'checkpoint_8.pt'}, the newest intact checkpoint" in output, output
-    assert "note: metrics.jsonl: 4 row(s) after step 8, the step resumed from, removed" in output, output
-    assert [(r["step"], r["loss"]) for r in rows(tmp_path)] == [(r["step"], r["loss"]) for r in rows(reference)]
+    folder, output = resumed
+    assert f"resuming from {folder / 'checkpoint_4.pt'}, the newest intact checkpoint" in output, output
+    assert "note: metrics.jsonl: 8 row(s) after step 4, the step resumed from, removed" in output, output
+    assert [(r["step"], r["loss"]) for r in rows(folder)] == [(r["step"], r["loss"]) for r in rows(reference)]
 
 
 def test_an_option_and_a_set_of_the_same_setting_are_refused_in_one_line(capsys, tmp_path):
@@ -232,14 +244,11 @@ def test_a_stopped_job_saves_says_how_to_resume_and_leaves_nothing(reference, co
     while alive(job) and time.monotonic() < ended + 10:
         time.sleep(0.2)
     assert not alive(job), "processes left 10 s after the launcher ended"
-    # The stopped run saved exactly the state the uninterrupted one had at that step; resuming from such a
-    # state repeats the run exactly (test_resume_from_a_mid_epoch_checkpoint...). One mode also resumes here.
+    # The stopped run saved exactly the state the uninterrupted one had at that step (training state, RNG, loop
+    # position): resuming from such a state repeats the run exactly (test_resume_from_a_mid_epoch_checkpoint...),
+    # and the same command resumes in a folder a stopped job left (test_a_killed_worker_is_restarted...).
     assert_same_state(torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=True),
                       torch.load(reference / f"checkpoint_{stopped}.pt", map_location="cpu", weights_only=True))
-    if how == "sigterm-every-process":
-        code, output = finish(launch(tmp_path, corpus, "--resume", "auto"))
-        assert code == 0 and f"at step {stopped}" in output, output
-        assert_same_weights(final_weights(tmp_path), final_weights(reference))
 
 
 def test_plain_torchrun_sigterm_saves_and_says_how_to_resume(reference, corpus, tmp_path):
@@ -533,33 +542,27 @@ def test_last_good_checkpoint_names_one_before_the_weights_that_kept_failing(tmp
     assert last_good_checkpoint(tmp_path, 6, 2) == "none kept from before step 3"
 
 
-# From the third optimizer step of a job started with this on PYTHONPATH, the first parameter of the optimizer holds NaN
-# (broken weights with a finite loss: what a damaged checkpoint or a bad kernel leaves behind).
-BREAK_WEIGHTS = """
-import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
-
-_steps = [0]
-
-
-def _break(optimizer, args, kwargs):
-    _steps[0] += 1
-    if _steps[0] >= 3:
-        with torch.no_grad():
-            optimizer.param_groups[0]["params"][0].fill_(float("nan"))
-
-
-register_optimizer_step_post_hook(_break)
-"""
-
-
-def test_weights_that_are_not_finite_are_never_saved_nor_make_a_good_checkpoint_go(corpus, tmp_path):
+def test_weights_that_are_not_finite_are_never_saved_nor_make_a_good_checkpoint_go(capsys, corpus, tmp_path):
+    """From the third optimizer step on, the first parameter of the optimizer holds NaN (broken weights with a finite
+    loss: what a damaged checkpoint or a bad kernel leaves behind; a global optimizer post-step hook, in this process:
+    what is proven is the loop's check before a save, not the launch)."""
     spec = MODELS[MODEL]
     broken_at = -(-3 // len(spec.phase_names or "x"))  # the step of the third optimizer step
-    code, output = finish(launch(tmp_path, corpus, "--max-steps", "8", "--set", "train.checkpoint_interval=1", "--set",
-                                 "train.keep_last=1", plant=BREAK_WEIGHTS))
-    errors = [line for line in output.splitlines() if line.startswith("ERROR:")]
-    assert code != 0 and len(errors) == 1, output
+    steps = [0]
+
+    def break_weights(optimizer, args, kwargs):
+        steps[0] += 1
+        if steps[0] >= 3:
+            with torch.no_grad():
+                optimizer.param_groups[0]["params"][0].fill_(float("nan"))
+    hook = register_optimizer_step_post_hook(break_weights)
+    try:
+        code, out, err = run_single(capsys, tmp_path, corpus, "--max-steps", "8", "--set",
+                                    "train.checkpoint_interval=1", "--set", "train.keep_last=1")
+    finally:
+        hook.remove()
+    errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
+    assert code != 0 and len(errors) == 1, out + err
     assert f"step {broken_at}: the weights are not finite" in errors[0] and "not saved" in errors[0], errors[0]
     good = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert good["step"] == broken_at - 1 and all(torch.isfinite(v).all() for v in good["model"].values()
@@ -647,42 +650,19 @@ def test_a_clip_of_loud_noise_is_caught_as_a_spike_named_and_skipped(tmp_path):
     assert rows(out)[-1]["skipped_steps"] == len(with_noise)
 
 
-# Rank 1 of a job started with this on PYTHONPATH holds 600 MB more than rank 0 and computes 0.15 s more in
-# every forward pass (a busy loop in a global forward hook on the DDP wrapper: CPU time, as a rank with more work
-# spends; the straggler check of CPU ranks compares CPU seconds): planted faults for the balance warnings.
-UNBALANCED = """
+# Rank 1 of a job started with this on PYTHONPATH holds 600 MB more than rank 0 and computes 0.15 s more in each of
+# its first SLOW_FORWARDS training forward passes (a busy loop in a global forward hook on the DDP wrapper: CPU time, as
+# a rank with more work spends; the straggler check of CPU ranks compares CPU seconds); and every DataLoader fetch of
+# every rank sleeps 0.1 s (an input pipeline that cannot keep up, planted in the workers, which inherit the patch from
+# their rank): planted faults for the balance and data warnings, of one job. Rank 1 is slow only in the first steps,
+# the balance warnings' window: a slow rank would hide rank 0's wait for data (it would wait for rank 1 instead).
+SLOW_FORWARDS = 6
+UNBALANCED = f"""
 import os
-if os.environ.get("RANK") == "1":
-    import time
-    import torch
-    BALLAST = bytearray(600 * 2**20)
-    BALLAST[::4096] = b"x" * len(BALLAST[::4096])  # touch every page: resident memory
-
-    def _slow(module, args, output):
-        if type(module).__name__ == "DistributedDataParallel" and module.training:
-            end = time.process_time() + 0.15
-            while time.process_time() < end:
-                pass
-    torch.nn.modules.module.register_module_forward_hook(_slow)
-"""
-
-
-def test_a_rank_with_extra_memory_and_a_slow_rank_are_named(corpus, tmp_path):
-    code, output = finish(launch(tmp_path, corpus, "--max-steps", "6", plant=UNBALANCED))
-    assert code == 0, output
-    warnings = [line for line in output.splitlines() if line.startswith("warning:")]
-    assert any("rank 1 holds" in w and "above the median" in w for w in warnings), output
-    assert any("rank 1 is a straggler" in w and "for 3 log intervals" in w for w in warnings), output
-    last = rows(tmp_path)[-1]
-    assert len(last["memory_gib"]) == 2 and last["memory_gib"][1] > last["memory_gib"][0] + 0.4
-    assert last["compute_s"][1] > last["compute_s"][0] + 0.1
-
-
-# Every DataLoader fetch of a job started with this on PYTHONPATH sleeps 0.1 s: an input pipeline that cannot
-# keep up (planted in the workers, which inherit the patch from their rank).
-SLOW_LOADER = """
 import time
+import torch
 import torch.utils.data._utils.fetch as fetch
+
 _fetch = fetch._MapDatasetFetcher.fetch
 
 
@@ -692,14 +672,47 @@ def _slow_fetch(self, possibly_batched_index):
 
 
 fetch._MapDatasetFetcher.fetch = _slow_fetch
+
+if os.environ.get("RANK") == "1":
+    BALLAST = bytearray(600 * 2**20)
+    BALLAST[::4096] = b"x" * len(BALLAST[::4096])  # touch every page: resident memory
+    _forwards = [0]
+
+    def _slow(module, args, output):
+        if type(module).__name__ == "DistributedDataParallel" and module.training and _forwards[0] < {SLOW_FORWARDS}:
+            _forwards[0] += 1
+            end = time.process_time() + 0.15
+            while time.process_time() < end:
+                pass
+    torch.nn.modules.module.register_module_forward_hook(_slow)
 """
 
 
-def test_a_slow_input_pipeline_is_named_with_a_fix_this_project_has(corpus, tmp_path):
-    steps = RunLog.DATA_WAIT_WARMUP + 3
-    code, output = finish(launch(tmp_path, corpus, "--max-steps", str(steps), "--set", "data.num_workers=1",
-                                 plant=SLOW_LOADER))
-    assert code == 0, output
+@pytest.fixture(scope="module")
+def unbalanced(tmp_path_factory, corpus):
+    """``(folder, output)`` of the job with :data:`UNBALANCED` planted, one DataLoader worker per rank, for 3 steps past
+    the data-wait warm-up (made once per session)."""
+    def run(out):
+        code, output = finish(launch(out, corpus, "--max-steps", str(RunLog.DATA_WAIT_WARMUP + 3), "--set",
+                                     "data.num_workers=1", plant=UNBALANCED))
+        assert code == 0, output
+        return output
+    folder, output = made_once(tmp_path_factory, "train_unbalanced", run)
+    return folder, output
+
+
+def test_a_rank_with_extra_memory_and_a_slow_rank_are_named(unbalanced):
+    folder, output = unbalanced
+    warnings = [line for line in output.splitlines() if line.startswith("warning:")]
+    assert any("rank 1 holds" in w and "above the median" in w for w in warnings), output
+    assert any("rank 1 is a straggler" in w and "for 3 log intervals" in w for w in warnings), output
+    last, slow = rows(folder)[-1], rows(folder)[SLOW_FORWARDS - 1]  # the last step, and rank 1's last slow one
+    assert len(last["memory_gib"]) == 2 and last["memory_gib"][1] > last["memory_gib"][0] + 0.4
+    assert slow["compute_s"][1] > slow["compute_s"][0] + 0.1
+
+
+def test_a_slow_input_pipeline_is_named_with_a_fix_this_project_has(unbalanced):
+    _, output = unbalanced
     warnings = [line for line in output.splitlines() if "per step for data" in line]
     assert len(warnings) == 1, output  # once, past the warm-up, not every step
     assert warnings[0].endswith(f"{MODELS[MODEL].training.data_advice} (data.num_workers is 1)"), warnings[0]
@@ -709,16 +722,14 @@ def test_a_slow_input_pipeline_is_named_with_a_fix_this_project_has(corpus, tmp_
         assert os.path.isfile(os.path.join(ROOT, *module.split(".")) + ".py"), module
 
 
-def test_a_checkpoint_that_cannot_fit_the_grace_period_is_said_at_start_up(corpus, tmp_path):
-    """A grace period shorter than any checkpoint's write (1 ns): one warning at start-up, with what to raise. (With
-    multiproc's default of 25 s a tiny run warns of nothing: this file's reference run holds no warning.)"""
-    env = clean_env(1, MULTIPROC_STOP_TIMEOUT="1e-9")
-    done = subprocess.run([sys.executable, "train.py", "--config", "config.json", "--model", MODEL, "--tiny",
-                           "--max-steps", "1", "--set", "data.num_workers=1", "--dataset-path", str(corpus),
-                           "--output-dir", str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=bound(120, 1))
-    assert done.returncode == 0, done.stderr[-3000:]
-    warnings = [line for line in done.stdout.splitlines() + done.stderr.splitlines() if "grace period" in line]
-    assert len(warnings) == 1, done.stdout + done.stderr
+def test_a_checkpoint_that_cannot_fit_the_grace_period_is_said_at_start_up(capsys, monkeypatch, corpus, tmp_path):
+    """A grace period shorter than any checkpoint's write (1 ns, as ``multiproc.py --stop-timeout`` gives it to the
+    ranks): one warning at start-up, with what to raise. (With multiproc's default of 25 s a tiny run warns of
+    nothing: this file's reference run holds no warning.) In this process: the launcher's side is the variable."""
+    monkeypatch.setenv("MULTIPROC_STOP_TIMEOUT", "1e-9")
+    code, out, err = run_single(capsys, tmp_path / "out", corpus, "--max-steps", "1")
+    assert code == 0, err[-3000:]
+    warnings = [line for line in out.splitlines() + err.splitlines() if "grace period" in line]
+    assert len(warnings) == 1, out + err
     assert warnings[0].startswith("warning: a checkpoint takes ~") and "--stop-timeout" in warnings[0] \
         and "terminationGracePeriodSeconds" in warnings[0], warnings

@@ -4,13 +4,11 @@ damaged file is refused in one line by every core command. Every registered mode
 train.py (in this process: a few seconds each)."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import (ROOT, TEST_MODEL, bound, flip_tensor_bytes, made_once, run_train_main, shared_corpus,
+from conftest import (ROOT, TEST_MODEL, flip_tensor_bytes, made_once, run_main, run_train_main, shared_corpus,
                       synth_corpus, tiny_checkpoint, train_in_process)
 
 import inference
@@ -49,13 +47,20 @@ def train_args(name, corpus, out, *extra):
 
 
 def refused_in_one_line(commands: dict) -> None:
-    """Run each of ``commands`` (``{what: (python arguments, start of its ERROR line)}``) in its own process from the
-    project's root: each exits 1 with exactly one ``ERROR:`` line, which starts as given, and no traceback."""
+    """Run each of ``commands`` (``{what: (module, its arguments..., start of its ERROR line)}``: ``train``, ``inference``,
+    ``scripts.NAME``) through the module's ``main`` in this process (:func:`conftest.run_train_main`,
+    :func:`conftest.run_main`: the code its command line runs, without an interpreter's start-up; a real process
+    refusing a checkpoint in one line: ``tests/test_bad_input.py``): each exits 1 with exactly one ``ERROR:`` line,
+    which starts as given, and no traceback (an exception would end the test with its own)."""
     for what, (args, said) in commands.items():
-        done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=bound(120, 1))
-        errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR:")]
-        assert done.returncode == 1 and len(errors) == 1 and errors[0].startswith(said), (what, done.stderr[-3000:])
-        assert "Traceback" not in done.stderr, (what, done.stderr[-3000:])
+        if args[0] == "train":
+            code, _, stderr = run_train_main(list(args[1:]))
+        else:
+            done = run_main(*args, check=False)
+            code, stderr = done.returncode, done.stderr
+        errors = [line for line in stderr.splitlines() if line.startswith("ERROR:")]
+        assert code == 1 and len(errors) == 1 and errors[0].startswith(said), (what, stderr[-3000:])
+        assert "Traceback" not in stderr, (what, stderr[-3000:])
 
 
 def test_inference_runs_the_ema_weights_when_the_checkpoint_has_them(trained):
@@ -133,17 +138,17 @@ def test_init_from_another_model_is_refused_and_a_folder_with_its_own_checkpoint
     assert code == 0 and "is not used" in output and "resumed from" in output, output[-2000:]
 
 
-@pytest.mark.slow  # real processes: the fast tier keeps one 2-process smoke run
+@pytest.mark.slow  # every core command's start-up, three times
 def test_a_checkpoint_with_64_bytes_flipped_is_refused_in_one_line_by_every_command(corpus, tmp_path):
     """Bytes changed inside a tensor (a disk's or a copy's damage) read without complaint by torch.load: the zip
     archive's CRC-32 of the record finds them before any command uses the weights or writes anything."""
     name = NAMES[0]
     path = tiny_checkpoint(name, tmp_path / "model.pt")
     damaged = f"{path} is damaged (its record {flip_tensor_bytes(path)} fails its CRC-32 check: its bytes changed"
-    train = ["train.py", "--config", "config.json", "--model", name, "--tiny", "--dataset-path", str(corpus),
+    train = ["train", "--config", "config.json", "--model", name, "--tiny", "--dataset-path", str(corpus),
              "--set", "data.num_workers=0", "--max-steps", "1"]
     refused_in_one_line({
-        "inference": (["inference.py", "--checkpoint", str(path), "--output", str(tmp_path / "x.wav")],
+        "inference": (["inference", "--checkpoint", str(path), "--output", str(tmp_path / "x.wav")],
                       f"ERROR: {damaged}"),
         "resume": ([*train, "--output-dir", str(tmp_path / "resumed"), "--resume", str(path)],
                    f"ERROR: rank 0: --resume {path}: the file is damaged (its record "),

@@ -52,12 +52,14 @@ def train_here(out, corpus, model, *extra) -> str:
                              *extra])
 
 
-def continues_on_one_then_on_two(corpus, tmp_path, model: str, *extra: str) -> None:
+def continues_on_one_then_on_two(corpus, tmp_path, model: str, *extra: str, started: bool = False) -> None:
     """2 steps on 2 processes, then on 1 (train.grad_accumulation 1 -> 2 keeps the global batch, the epoch continues
-    where it stopped), then on 2 again (2 -> 1): one metrics row per step, 1 to 6. ``extra``: more arguments of every
-    run (none: DDP, the default parallelism)."""
+    where it stopped), then on 2 again (2 -> 1): one metrics row per step, 1 to 6, in the output folder ``tmp_path``.
+    ``extra``: more arguments of every run (none: DDP, the default parallelism). ``started``: ``tmp_path`` already
+    holds those first 2 steps on 2 processes (a copy of a run another test shares), not trained here."""
     settings = [*extra, "--set", "train.checkpoint_interval=2"]
-    train(tmp_path, corpus, model, *settings, "--max-steps", "2")
+    if not started:
+        train(tmp_path, corpus, model, *settings, "--max-steps", "2")
     output = train_here(tmp_path, corpus, model, *settings, "--max-steps", "4", "--resume", "auto")
     notes = [line for line in output.splitlines() if "process(es), this run has" in line]
     assert len(notes) == 1 and "written by 2 process(es), this run has 1" in notes[0], output[-3000:]
