@@ -116,6 +116,63 @@ def shared_corpus(tmp_path_factory, name: str, n: int) -> Path:
     return made_once(tmp_path_factory, name, make)[0]
 
 
+QUICK_BATCH, QUICK_CLIPS, QUICK_EPOCHS, QUICK_CLIP = 2, 8, 3, 1e-3
+"""The shared quick-start run (:func:`quick_start_run`): per-rank batch, training clips (2 steps an epoch on 2 ranks),
+epochs, and ``train.grad_clip`` (far below any tiny model's gradient norm, so every update is clipped)."""
+QUICK_STEPS = QUICK_EPOCHS * QUICK_CLIPS // (2 * QUICK_BATCH)
+
+QUICK_RECORDER = '''
+import os, sys
+if os.environ.get("RANK") is not None and sys.argv[0].endswith("train.py"):  # a rank, not the launcher
+    import atexit, json
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    from utils.data import loader  # before train.py imports next_micro_batches from it
+    read, seen, stepped = loader.next_micro_batches, [], []
+
+    def reading(*args, **kwargs):  # the batches the loop trains on, as it receives them
+        micro = read(*args, **kwargs)
+        seen.append(list(micro[2]))
+        return micro
+
+    def before_step(optimizer, args, kwargs):  # the gradient the update is made from
+        grads = [p.grad.detach().flatten() for group in optimizer.param_groups for p in group["params"]
+                 if p.grad is not None]
+        stepped.append(float(torch.linalg.vector_norm(torch.cat(grads))))
+
+    def save():
+        with open(os.path.join(FOLDER, "rank" + os.environ["RANK"] + ".json"), "w") as file:
+            json.dump({"ids": seen, "step_norms": stepped}, file)
+
+    loader.next_micro_batches = reading
+    register_optimizer_step_pre_hook(before_step)
+    atexit.register(save)
+'''
+"""The recorder planted in the quick-start run's processes: each rank writes ``rank<RANK>.json`` into the run's folder
+at exit, the utterance ids of every micro-batch the loop received and the norm of the gradient each optimizer step
+used (a global optimizer pre-step hook); the loop's own code is left as it is."""
+
+
+@pytest.fixture(scope="session")
+def quick_start_run(tmp_path_factory) -> tuple[Path, int, str]:
+    """``(folder, exit code, output)`` of the quick start in small, made once per session (:func:`made_once`) for
+    test_smoke and test_wiring: ``multiproc.py --nproc-per-node 2 train.py`` of :data:`TEST_MODEL` (``--tiny``) for
+    :data:`QUICK_STEPS` steps on ``folder/corpus`` (:data:`QUICK_CLIPS` training clips and 1 validation clip,
+    validation every 3 steps), into ``folder/out``, with :data:`QUICK_RECORDER` planted. No caller may change it."""
+    def make(folder):
+        corpus = synth_corpus(folder / "corpus", n=QUICK_CLIPS + 1, seconds=0.3)  # the last validates
+        argv = [sys.executable, "multiproc.py", "--nproc-per-node", "2", "--log-dir", str(folder / "out" / "logs"),
+                "train.py", "--config", "config.json", "--model", TEST_MODEL, "--tiny", "--max-steps",
+                str(QUICK_STEPS), "--dataset-path", str(corpus), "--output-dir", str(folder / "out")]
+        for setting in ("data.val_size=1", "data.num_workers=0", f"{TEST_MODEL}.batch_size={QUICK_BATCH}",
+                        "train.log_interval=1", "train.val_interval=3", f"train.grad_clip={QUICK_CLIP}"):
+            argv += ["--set", setting]
+        plant = QUICK_RECORDER.replace("FOLDER", repr(str(folder)))
+        return finish(start_job(argv, folder, nproc=2, plant=plant), timeout=bound(180))
+    folder, (code, output) = made_once(tmp_path_factory, "quick_start_run", make)
+    return folder, code, output
+
+
 TEST_MODEL = os.environ.get("TEST_MODEL") or min(
     MODELS, key=lambda name: (bool(MODELS[name].inference and MODELS[name].inference.takes_vocoder), name), default=None)
 if TEST_MODEL is not None and TEST_MODEL not in MODELS:

@@ -1,24 +1,19 @@
 """The fast tier's end-to-end check (``python -m pytest -m "not slow" tests``): the quick start in small, on the
-model the generic tests train. Two processes train a few tiny steps through ``multiproc.py``, and for a vocoder
-``inference.py`` writes from the checkpoint they saved (its ``main``, in this process: the launch proven here is the
-training's; what inference proves is that the checkpoint the two processes saved is read and written from)."""
+model the generic tests train. Two processes train a few tiny steps through ``multiproc.py`` (conftest's
+:func:`quick_start_run`, made once per session: test_wiring reads what the same run's ranks recorded), and for a
+vocoder ``inference.py`` writes from the checkpoint they saved (its ``main``, in this process: the launch proven here
+is the training's; what inference proves is that the checkpoint the two processes saved is read and written from)."""
 
-import sys
-
-from conftest import TEST_MODEL, bound, finish, run_main, start_job, synth_corpus
+from conftest import QUICK_STEPS, TEST_MODEL, run_main
 
 from models import MODELS
 from utils.training.setup import recipe_line
 
 
-def test_two_processes_train_and_inference_writes_from_their_checkpoint(tmp_path):
-    corpus, out = synth_corpus(tmp_path / "corpus", n=12), tmp_path / "out"
-    code, output = finish(start_job([sys.executable, "multiproc.py", "--nproc-per-node", "2", "--log-dir",
-                                     str(out / "logs"), "train.py", "--config", "config.json", "--model", TEST_MODEL,
-                                     "--tiny", "--max-steps", "3", "--dataset-path", str(corpus), "--output-dir",
-                                     str(out), "--set", "data.num_workers=0", "--set", "train.val_interval=3"],
-                                    tmp_path, nproc=2), timeout=bound(180))
-    assert code == 0 and "done: 3 steps" in output and "Traceback" not in output, output[-3000:]
+def test_two_processes_train_and_inference_writes_from_their_checkpoint(quick_start_run, tmp_path):
+    folder, code, output = quick_start_run
+    corpus, out = folder / "corpus", folder / "out"
+    assert code == 0 and f"done: {QUICK_STEPS} steps" in output and "Traceback" not in output, output[-3000:]
     assert recipe_line(MODELS[TEST_MODEL]) in output, output[-3000:]  # the start-up says which recipe it gets
     inference_group = MODELS[TEST_MODEL].inference
     if inference_group is None or inference_group.vocode is None:
