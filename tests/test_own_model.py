@@ -133,7 +133,7 @@ VARIANTS = {
 
 def together(variant: str) -> pytest.MarkDecorator:
     """The ``xdist_group`` of the variant's tests (conftest.HEAVY): on one worker, which makes its :func:`own` once;
-    ``beside-both`` (and its suite's slow tier: :data:`SUITES`) on one of its own."""
+    ``beside-both`` (its whole suite, fast and slow) on one of its own."""
     return pytest.mark.xdist_group("beside-both" if variant == "beside-both" else "own-variants")
 
 
@@ -240,23 +240,13 @@ class Own:
 
 
 @pytest.fixture(scope="session")
-def copied(bake_once):
-    """``copied(variant)``: the variant's project with its example model copied in, made on first use."""
-    @functools.cache
-    def make(variant: str) -> Path:
-        spec = VARIANTS[variant]
-        project = bake_once(example_model=spec.example_model)
-        add_own_model(project, spec.example, spec.replace)
-        return project
-    return make
-
-
-@pytest.fixture(scope="session")
-def own(copied, demo_corpus):
+def own(bake_once, demo_corpus):
     """``own(variant)``: the variant's :class:`Own`, made on first use and shared by every test of the session."""
     @functools.cache
     def make(variant: str) -> Own:
-        spec, project = VARIANTS[variant], copied(variant)
+        spec = VARIANTS[variant]
+        project = bake_once(example_model=spec.example_model)
+        add_own_model(project, spec.example, spec.replace)
         lint = run(["ruff", "check", "--no-cache", f"models/{spec.example.name}.py", "models/__init__.py",
                     spec.example.docs_file], cwd=project, check=False)
         code, output = finish(launch(project, spec.example, demo_corpus, "out"))
@@ -355,30 +345,18 @@ def test_the_files_only_beside_both_runs_read_nothing_a_variant_changes():
             assert word not in text, f"tests/{name} names {word}: run it in every variant (SAME_IN_EVERY_VARIANT)"
 
 
-SUITES = [
-    # beside-both's suite in two runs, its slow tier (most of the minutes) on a worker of its own, its fast tier beside
-    # the other variants: the two workers of the template's CI end together.
-    pytest.param("beside-both", ("-m", "slow"), marks=together("beside-both"), id="beside-both-slow"),
-    pytest.param("beside-both", ("-m", "not slow"), marks=pytest.mark.xdist_group("own-variants"),
-                 id="beside-both-fast"),
-    *(pytest.param(name, (), marks=together(name), id=name) for name in VARIANTS if name != "beside-both"),
-]
-"""``(variant, tier)``: each variant's share of its project's suite (:attr:`Variant.selection`), ``tier`` added."""
-
-
-@pytest.mark.parametrize("variant, tier", SUITES)
+@each_variant
 @pytest.mark.timeout(0)  # minutes, more under load: a nested suite is bounded by its silence (conftest.SILENCE_S)
-def test_the_projects_suite_passes_with_its_generic_tests_training_the_copied_model(copied, variant, tier, request):
-    spec = VARIANTS[variant]
-    project, selection = copied(variant), (*spec.selection, *tier)
+def test_the_projects_suite_passes_with_its_generic_tests_training_the_copied_model(own, variant, request):
+    done, selection = own(variant), VARIANTS[variant].selection
     # In a random order (pytest-randomly); the seed is chosen here so that a failure says how to repeat it. Two
     # pytest-xdist workers, as the project's README runs it (-n auto): its tests hold under it, and most of their
     # time is waiting on the processes they start.
     seed = random.randrange(2**32)
     code, said = stream([PY, "-m", "pytest", "-v", "-n", "2", "--dist", "worksteal", "-p", "no:cacheprovider",
                          f"--randomly-seed={seed}",
-                         *selection, "tests"], project, request.node.callspec.id, request.config,
-                        env={"TEST_MODEL": spec.example.name})
+                         *selection, "tests"], done.project, variant, request.config,
+                        env={"TEST_MODEL": done.example.name})
     last = said.splitlines()[-1] if said else ""
     assert code == 0 and " passed" in last and " failed" not in last, \
         f"--randomly-seed={seed} {' '.join(selection)} repeats this run\n{said[-3000:]}"
