@@ -522,6 +522,14 @@ def run_ranks(script: str, folder, nproc: int = 2, timeout: Optional[float] = No
     return outputs
 
 
+def train_on_ranks(argv: list, folder, timeout: Optional[float] = None) -> list[str]:
+    """``train.main(argv)`` on 2 gloo ranks started by hand (:func:`run_ranks`, no launcher: for tests that prove the
+    training, not the launch), its worker script in ``folder`` (made here, absent before); each rank's output. Fails
+    the test when a rank fails."""
+    Path(folder).mkdir()
+    return run_ranks(f"import sys\nimport train\nsys.exit(train.main({argv!r}))\n", folder, timeout=timeout)
+
+
 def finish_all(procs: list, timeout: float) -> list[str]:
     """Each process's output once all have ended, within ``timeout`` seconds together. Past it, fails the test
     showing which were still running and what every one had printed, then kills those left (never left running)."""

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 import torch
-from conftest import (LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, bound, finish, made_once, run_ranks, shared_corpus,
-                      start_job, synth_corpus, tiny_checkpoint, train_in_process)
+from conftest import (LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, bound, finish, made_once, shared_corpus,
+                      start_job, synth_corpus, tiny_checkpoint, train_in_process, train_on_ranks)
 
 import train
 from models import MODELS
@@ -320,7 +320,5 @@ def test_two_ranks_fine_tune_on_clips_one_segment_long_whose_every_crop_reaches_
     argv = ["--config", os.path.join(ROOT, "config.json"), "--model", VOCODER, "--tiny", "--max-steps", "2",
             "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out"), "--set", f"data.mel_dir={mels}",
             "--set", "data.num_workers=0", "--set", "train.val_interval=2"]
-    (tmp_path / "ranks").mkdir()
-    outputs = run_ranks(f"import sys\nimport train\nsys.exit(train.main({argv!r}))\n", tmp_path / "ranks",
-                        timeout=bound(180))  # each rank must exit 0
+    outputs = train_on_ranks(argv, tmp_path / "ranks", timeout=bound(180))  # each rank must exit 0
     assert "done: 2 steps" in outputs[0] and not any("Traceback" in output for output in outputs), outputs[0][-3000:]

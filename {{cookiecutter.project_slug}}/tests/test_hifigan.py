@@ -360,13 +360,11 @@ def two_ranks(out, corpus, *extra) -> str:
     that use it prove the training, not the launch); rank 0's output once both exited 0 (the test fails otherwise)."""
     import os
 
-    from conftest import ROOT, run_ranks
+    from conftest import ROOT, train_on_ranks
 
     argv = [*RUN, "--dataset-path", str(corpus), "--output-dir", str(out), *extra]
     argv[argv.index("config.json")] = os.path.join(ROOT, "config.json")
-    ranks = out.parent / f"{out.name}_ranks"
-    ranks.mkdir()
-    return run_ranks(f"import sys\nimport train\nsys.exit(train.main({argv!r}))\n", ranks, timeout=400)[0]
+    return train_on_ranks(argv, out.parent / f"{out.name}_ranks", timeout=400)[0]
 
 
 @pytest.mark.slow

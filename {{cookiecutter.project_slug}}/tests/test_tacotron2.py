@@ -651,7 +651,7 @@ def test_length_buckets_train_two_ranks_and_a_mid_epoch_resume_repeats_the_run(t
     import re
     import shutil
 
-    from conftest import ROOT, bound, run_ranks, synth_corpus
+    from conftest import ROOT, bound, synth_corpus, train_on_ranks
 
     corpus = synth_corpus(tmp_path / "corpus", n=22, seconds=1.0, spread=(0.3, 2.0))  # 0.3 to 2 s
 
@@ -659,10 +659,7 @@ def test_length_buckets_train_two_ranks_and_a_mid_epoch_resume_repeats_the_run(t
         argv = ["--config", os.path.join(ROOT, "config.json"), "--model", "tacotron2", "--tiny", "--max-steps", "7",
                 "--dataset-path", str(corpus), "--output-dir", str(out), "--set", "data.batching=buckets",
                 "--set", "data.bucket_pool=10", "--set", "train.log_interval=1", *extra]
-        ranks = tmp_path / f"{out.name}_ranks"
-        ranks.mkdir()
-        output = run_ranks(f"import sys\nimport train\nsys.exit(train.main({argv!r}))\n", ranks,
-                           timeout=bound(300))[0]  # rank 0's: each rank must exit 0
+        output = train_on_ranks(argv, tmp_path / f"{out.name}_ranks", timeout=bound(300))[0]  # each rank exits 0
         return output, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
     output, whole = run(tmp_path / "whole", "--set", "train.checkpoint_interval=3", "--set", "train.keep_last=5")
