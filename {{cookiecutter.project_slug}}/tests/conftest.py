@@ -82,6 +82,10 @@ order of magnitude. The jobs tests launch run one thread per process (:func:`cle
 if XDIST_WORKERS > 1:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
+    # train.py's main, which tests call in this process, gives the process a thread per CPU it may use unless
+    # OMP_NUM_THREADS is set: it keeps this share. (Threads beyond a worker's share cost CPU for nothing: on 2 busy
+    # cores, one intra-op thread too many spin-waits away five times the CPU of the work itself.)
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 
 def made_once(tmp_path_factory, name: str, make):
@@ -584,11 +588,12 @@ def train_from_and_infer(tmp_path, name: str, weights, infer_args: list) -> None
 
 
 def run_train_main(argv: list) -> tuple[int, str, str]:
-    """``train.main(argv)`` in this process, its signal handlers and TF32/cuDNN flags restored after; (exit code,
-    stdout, stderr)."""
+    """``train.main(argv)`` in this process, its signal handlers, TF32/cuDNN flags and intra-op thread count restored
+    after; (exit code, stdout, stderr)."""
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     backends = torch.backends
     flags = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark)
+    threads = torch.get_num_threads()
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -597,6 +602,7 @@ def run_train_main(argv: list) -> tuple[int, str, str]:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = flags
+        torch.set_num_threads(threads)
     return code, out.getvalue(), err.getvalue()
 
 
