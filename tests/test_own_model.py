@@ -28,7 +28,8 @@ below. What each proves that no faster test does:
   everything HiFi-GAN's, the GAN's or its vocoder's on Tacotron2's mels (GTA) that is slow, and the fast tests of
   the parts' files (:data:`PART_TESTS`) but Tacotron2's own (its other fast tests run in ``tests/test_parts.py``,
   in the all-off ``tacotron2_hifigan`` with the GAN copied in the same way), and the replaced project's fast tests;
-  in neither the test files that are the same in every variant (:data:`SAME_IN_EVERY_VARIANT`, checked to stay so).
+  in neither the test files that are the same in every variant (:data:`SAME_IN_EVERY_VARIANT`, checked to stay so)
+  nor, but in the smallest WaveGlow project, the launch's (:data:`SAME_FOR_EVERY_MODEL`).
 """
 
 import dataclasses
@@ -113,15 +114,23 @@ class Variant:
     selection: tuple[str, ...]
 
 
-SAME_IN_EVERY_VARIANT = ("test_audio_processing.py", "test_data_utils.py", "test_run_log.py", "test_text.py")
+SAME_IN_EVERY_VARIANT = ("test_audio_processing.py", "test_data_utils.py", "test_parity_mel.py", "test_run_log.py",
+                         "test_text.py")
 """The project's test files that read neither the registry nor ``config.json`` nor ``TEST_MODEL``: the same tests of
 the same code in every project that has them, run by ``beside-both``'s whole suite and left out of the others'."""
+SAME_FOR_EVERY_MODEL = ("test_distributed.py", "test_multiproc.py")
+"""The project's tests of its launch (``distributed.py``, ``multiproc.py``): like :data:`SAME_IN_EVERY_VARIANT`'s they
+read no registry, config or ``TEST_MODEL``, but the code they test takes another path without the cloud part; so they
+run in ``beside-both``'s whole suite (every part) and in the smallest WaveGlow project's fast tier (no part), and are
+left out of the others'."""
 ANYWHERE_ELSE = f"not ({' or '.join(SAME_IN_EVERY_VARIANT)})"
+MODEL_BOUND = f"not ({' or '.join(SAME_IN_EVERY_VARIANT + SAME_FOR_EVERY_MODEL)})"
+"""``-k`` of the tests that are not the same in every variant of the same parts."""
 
 VARIANTS = {
     "beside-both": Variant("both", "", ONE_LOSS, ()),
     # Its registry, config and README without the example models; the generic tests training melae alone.
-    "replacing-waveglow": Variant("waveglow", "waveglow", ONE_LOSS, ("-m", "not slow", "-k", ANYWHERE_ELSE)),
+    "replacing-waveglow": Variant("waveglow", "waveglow", ONE_LOSS, ("-m", "not slow", "-k", MODEL_BOUND)),
     # HiFi-GAN's, the GAN's and GTA's slow tests; the fast ones of the parts' files but Tacotron2's (beside-both's).
     # The other fast tests run in the all-off project with the GAN copied in (test_parts.COPIED).
     "two-optimizers-beside-tacotron2-hifigan": Variant(
@@ -337,12 +346,14 @@ def test_the_gans_ema_and_release_file_hold_its_generator_alone(own, demo_corpus
 
 def test_the_files_only_beside_both_runs_read_nothing_a_variant_changes():
     """What makes a project differ from ``both``: its registry (``MODELS``, ``config_schemas``), ``config.json`` and
-    ``TEST_MODEL``; the files of :data:`SAME_IN_EVERY_VARIANT` name none of them and are not templated."""
+    ``TEST_MODEL``; the files of :data:`SAME_IN_EVERY_VARIANT` and :data:`SAME_FOR_EVERY_MODEL` name none of them and
+    are not templated."""
     tests = ROOT / "{{cookiecutter.project_slug}}" / "tests"
-    for name in SAME_IN_EVERY_VARIANT:
-        text = (tests / name).read_text()
-        for word in ("MODELS", "config_schemas", "config.json", "TEST_MODEL", "{%", "{{"):
-            assert word not in text, f"tests/{name} names {word}: run it in every variant (SAME_IN_EVERY_VARIANT)"
+    for group, names in (("SAME_IN_EVERY_VARIANT", SAME_IN_EVERY_VARIANT), ("SAME_FOR_EVERY_MODEL", SAME_FOR_EVERY_MODEL)):
+        for name in names:
+            text = (tests / name).read_text()
+            for word in ("MODELS", "config_schemas", "config.json", "TEST_MODEL", "{%", "{{"):
+                assert word not in text, f"tests/{name} names {word}: run it in every variant (take it out of {group})"
 
 
 @each_variant

@@ -11,7 +11,9 @@ from there, and their words from :data:`WORDS`.
   ``--help``; a key of it given on the command line is refused as unknown.
 * The smallest projects (WaveGlow alone and Tacotron2 with HiFi-GAN, every part left out) pass their own fast tier,
   which runs every tool's ``--help`` (``tests/test_docs.py``); less the test files of code no part and no model changes
-  (``test_own_model.SAME_IN_EVERY_VARIANT``: the same files testing the same code, run by the whole project's suite).
+  (``test_own_model.SAME_IN_EVERY_VARIANT``: the same files testing the same code, run by the whole project's suite);
+  Tacotron2 with HiFi-GAN's less the launch's too (``test_own_model.SAME_FOR_EVERY_MODEL``: WaveGlow's runs them on
+  the same code, every part left out).
   Tacotron2 with HiFi-GAN's has the two-optimizer example model copied in (``test_own_model.TWO_OPTIMIZERS``, as
   ``two-optimizers-beside-tacotron2-hifigan`` there), its generic tests training it: that variant's fast tests
   outside the parts' files run here, once (:data:`COPIED`).
@@ -28,7 +30,7 @@ import pytest
 
 from conftest import PY, ROOT, run, stream
 from test_ecosystem import MODELS, call, output, tool
-from test_own_model import ANYWHERE_ELSE, TWO_OPTIMIZERS, add_own_model
+from test_own_model import ANYWHERE_ELSE, MODEL_BOUND, TWO_OPTIMIZERS, add_own_model
 
 
 def hook_names(name: str):
@@ -262,7 +264,8 @@ def test_the_smallest_project_passes_its_fast_tier(bake_once, model, request):
     seed = random.randrange(2**32)
     code, said = stream([PY, "-m", "pytest", "-v", "-n", "2", "--dist", "worksteal", "-p", "no:cacheprovider",
                          f"--randomly-seed={seed}",
-                         "-m", "not slow", "-k", ANYWHERE_ELSE, "tests"], project, f"small-{model}", request.config,
+                         "-m", "not slow", "-k", MODEL_BOUND if model in COPIED else ANYWHERE_ELSE, "tests"], project,
+                        f"small-{model}", request.config,
                         env=env)
     last = said.splitlines()[-1] if said else ""
     assert code == 0 and " passed" in last and " failed" not in last, f"--randomly-seed={seed}\n{said[-3000:]}"

@@ -11,7 +11,8 @@
 * :func:`free_port`, :func:`child_pids` / :func:`rank_pids`, :class:`OpensAFile`, :func:`synth_corpus`.
 * :func:`train_with_validation_every_step` and :func:`tensorboard_audio`: the audio a run logs at validation.
 * :func:`start_job`: a launched job, optionally with a planted ``sitecustomize.py`` (a fault, a slow step);
-  :func:`run_ranks`: one script on 2 gloo ranks started by hand (no launcher).
+  :func:`run_ranks`: one script on 2 gloo ranks started by hand (no launcher; forked from a server that imported
+  torch and the project once).
 * :func:`perturbed_tiny_model`, :func:`old_weight_norm_names`, :func:`train_from_and_infer`: weights in other
   projects' formats (``--init-from``).
 * :data:`START_DELAY_S`, :func:`process_start_s` and :func:`bound`: time limits that follow the machine.
@@ -41,8 +42,11 @@ import functools
 import importlib
 import io
 import json
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import random
+import runpy
 import shlex
 import shutil
 import signal
@@ -508,21 +512,75 @@ def planted(out, plant: str, env: dict) -> dict:
     return env
 
 
+RANK_PRELOAD = ("torch", "torch._dynamo", "distributed", "train", "conftest")
+"""What the server :func:`run_ranks` forks its ranks from has imported: a fresh interpreter spends about 3 s of CPU on
+these (torch, and Dynamo, which the first optimizer imports) before a tiny job's first step."""
+
+
+@functools.cache
+def _rank_context():
+    """The ``forkserver`` context of :func:`run_ranks`, its server (started on first use, with one OpenMP thread: torch
+    reads ``OMP_NUM_THREADS`` when it is imported) having imported :data:`RANK_PRELOAD`."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(RANK_PRELOAD))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        multiprocessing.forkserver.ensure_running()
+    return context
+
+
+def _run_rank(script: str, argv: list, env: dict, cwd: str, log: str) -> None:
+    """A rank of :func:`run_ranks`, forked: ``env`` as its whole environment, ``cwd``, its output to ``log``, then
+    ``script`` run as ``__main__`` (its ``sys.exit`` code is the process's), as ``python script argv...`` would."""
+    time.sleep(START_DELAY_S)  # a GPU host's slow start, where asked for
+    multiprocessing.set_start_method(None, force=True)  # the interpreter's default (a forked child inherits its own)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    handle = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for stream in (1, 2):
+        os.dup2(handle, stream)
+    os.close(handle)
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True, write_through=True)
+    sys.argv = [script, *argv]
+    runpy.run_path(script, run_name="__main__")
+
+
 def run_ranks(script: str, folder, nproc: int = 2, timeout: Optional[float] = None) -> list[str]:
     """Run ``script`` (Python source) as ``nproc`` gloo ranks on the CPU, each with ``RANK``/``WORLD_SIZE``/...
     set and ``tests/`` on ``PYTHONPATH``; ``sys.argv[1:]`` is ``folder`` and the tests folder. Returns each rank's
-    output; fails the test when a rank fails. ``timeout``: seconds (default :func:`bound` of 120 s of work)."""
+    output; fails the test when a rank fails. ``timeout``: seconds (default :func:`bound` of 120 s of work).
+
+    Each rank is a process of its own, forked from a server that has imported :data:`RANK_PRELOAD` once
+    (:func:`_rank_context`), which saves a tiny job most of its CPU; the tests of the launch itself start fresh
+    interpreters (``multiproc.py``, :func:`start_job`)."""
     path = Path(folder) / "worker.py"
     path.write_text(script)
-    port, procs = free_port(), []
+    port, procs, logs = free_port(), [], []
     for rank in range(nproc):
         env = clean_env(nproc, cpu_only=True, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests"), env["PYTHONPATH"]])
-        procs.append(subprocess.Popen([sys.executable, str(path), str(folder), os.path.join(ROOT, "tests")], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = finish_all(procs, timeout or bound(120))
-    assert all(proc.returncode == 0 for proc in procs), outputs
+        logs.append(Path(folder) / f"rank{rank}.log")
+        procs.append(_rank_context().Process(target=_run_rank, args=(
+            str(path), [str(folder), os.path.join(ROOT, "tests")], env, os.getcwd(), str(logs[-1]))))
+        procs[-1].start()
+    deadline = time.monotonic() + (timeout or bound(120))
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    running = [proc.pid for proc in procs if proc.exitcode is None]
+    for proc in procs:
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+    outputs = [log.read_text(errors="replace") if log.exists() else "" for log in logs]
+    if running:
+        shown = "\n".join(f"--- rank {rank} (pid {proc.pid}):\n{said[-3000:]}"
+                           for rank, (proc, said) in enumerate(zip(procs, outputs)))
+        pytest.fail(f"not finished after {timeout or bound(120):.0f} s; still running: {running}\n{shown}")
+    assert all(proc.exitcode == 0 for proc in procs), outputs
     return outputs
 
 

@@ -1,5 +1,5 @@
-"""Bad input through the real command lines of train.py and inference.py: one ``ERROR:`` line that names the
-culprit, a non-zero exit, and nothing already written lost.
+"""Bad input through the real command lines of train.py, inference.py and multiproc.py: one ``ERROR:`` line that
+names the culprit, a non-zero exit, and nothing already written lost.
 
 Most cases call ``train.main(argv)`` / ``inference.main(argv)`` in this process (the code ``python train.py``
 runs, without paying the interpreter start-up each time); a few run ``python train.py`` / ``python
@@ -18,15 +18,17 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import ROOT, TEST_MODEL, OpensAFile, clean_env, made_once, read_ljspeech, synth_corpus
+from conftest import ROOT, TEST_MODEL, OpensAFile, bound, clean_env, made_once, read_ljspeech, synth_corpus
 
 import inference
+import multiproc
 import train
 from models import MODELS
 from utils.data import check as data_check
@@ -937,3 +939,36 @@ def test_a_corpus_changed_since_the_checkpoint_is_named_on_resume(capsys, finish
     assert code == 0, err
     assert f"the corpus changed since {out / 'checkpoint_last.pt'} ({N_UTTERANCES - 1} -> {N_UTTERANCES + 3} " \
            "training utterances)" in err, err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dataset-path", "no_corpus_here"], "dataset folder not found: no_corpus_here (get LJSpeech with "
+                                           "scripts/dataset.sh data, or a small demo corpus with python -m "
+                                           "scripts.make_demo_corpus --output data/demo"),
+    (["--set", "train.max_steps=abc"], "--set train.max_steps=abc: config key 'train.max_steps' must be int"),
+    (["--no-such-option"], "unrecognized arguments: --no-such-option (python train.py --help lists the options)"),
+], ids=["missing-corpus", "bad-set", "bad-option"])
+def test_a_bad_training_command_is_one_line_before_any_rank_starts(tmp_path, monkeypatch, capsys, args, message):
+    """multiproc asks train.py's check_command_line first: one line, said once, in seconds, no rank started
+    (multiproc's main in this process, in the project's folder: the check imports train.py, it starts nothing)."""
+    monkeypatch.chdir(ROOT)
+    start = time.monotonic()
+    code = multiproc.main(["--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"), "train.py", "--config",
+                           "config.json", "--tiny", "--output-dir", str(tmp_path / "out"), *args])
+    took = time.monotonic() - start
+    out, err = capsys.readouterr()
+    assert code == 1 and out == "", (out, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("multiproc: ERROR: ") and message in lines[0], err
+    assert took < bound(10, 0), (took, err)
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "out").exists()
+
+
+def test_multiproc_inside_a_launcher_that_started_the_processes_is_one_error_line():
+    """``multiproc.py`` where ``LOCAL_RANK`` is set (inside the processes torchrun or a platform started) would start a
+    second world: refused before anything starts (``utils.launch.check_not_launched``)."""
+    env = clean_env(2, RANK="0", LOCAL_RANK="0", WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    done = subprocess.run([sys.executable, "multiproc.py", "train.py", "--config", "config.json"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=bound(60, 1))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("multiproc: ERROR: LOCAL_RANK=0 is set") and "train.py itself" in done.stderr

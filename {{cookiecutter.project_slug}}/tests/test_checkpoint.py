@@ -9,12 +9,15 @@ import pickle
 import queue
 import random
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
 import zipfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -196,16 +199,11 @@ def test_temporaries_of_dead_processes_are_removed_by_the_next_save(tmp_path):
 # --- SIGKILL in the middle of a save ----------------------------------------------------------------------
 
 # Imports torch once, then for each start step read from stdin forks a writer that saves a ~25 MB state in
-# a loop (announcing each save before and after) until the test SIGKILLs it. Its fsync returns at once: fsync makes a
-# save outlast a power cut, which no process here can cause; the page cache outlives a killed process, and the order
-# of the writes (a temporary file, then a rename) is what leaves checkpoint_last.pt whole. A SIGKILL waits for an
-# fsync in flight, and on a CI disk busy with other tests' writes one such wait outlasted 250 s.
+# a loop (announcing each save before and after) until the test SIGKILLs it.
 WRITER = textwrap.dedent('''
     import os, sys
     import torch
     from utils.checkpoint.state import save_checkpoint
-
-    os.fsync = lambda fd: None
 
     out = sys.argv[1]
     for line in sys.stdin:
@@ -228,11 +226,38 @@ WRITER = textwrap.dedent('''
 ''')
 
 
+@pytest.fixture
+def scratch(tmp_path):
+    """An empty folder in RAM (``/dev/shm``) where the machine has one with room, else ``tmp_path``. The writer below
+    replaces 25 MB files as fast as it can, for seconds; on CI's disk, amid that churn and the other tests' writes,
+    a SIGKILL'd writer twice stayed unreaped for over 4 minutes. A kill leaves the page cache as it is, so nothing
+    proven here is about the disk."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 2**30):
+        yield tmp_path
+        return
+    folder = Path(tempfile.mkdtemp(prefix="sigkill-", dir=shm))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def process_state(pid: int) -> str:
+    """What ``/proc`` says of a process (its state and the kernel function it waits in), for a hang's message."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError as err:
+        return f"pid {pid}: {err.strerror}"
+    return f"pid {pid}: state {stat[stat.rfind(')') + 2]}, waiting in {wchan or '-'}"
+
+
 @pytest.mark.slow
-def test_sigkill_in_the_middle_of_saves_leaves_checkpoint_last_loadable(tmp_path):
-    out = tmp_path / "out"
+def test_sigkill_in_the_middle_of_saves_leaves_checkpoint_last_loadable(scratch):
+    out = scratch / "out"
     out.mkdir()
-    script = tmp_path / "writer.py"
+    script = scratch / "writer.py"
     script.write_text(WRITER)
     proc = subprocess.Popen([sys.executable, str(script), str(out)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -240,30 +265,32 @@ def test_sigkill_in_the_middle_of_saves_leaves_checkpoint_last_loadable(tmp_path
     lines = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line.strip()) for line in proc.stdout], daemon=True).start()
 
-    def next_line(timeout=None):
+    def next_line(seen=(), pid=None):
         # A guard against a hang, not a speed test; the machine's measured process starts scale it.
-        timeout = timeout or bound(240, 1)
+        timeout = bound(240, 1)
         try:
             return lines.get(timeout=timeout)
         except queue.Empty:
-            raise AssertionError(f"the writer said nothing for {timeout:.0f} s") from None
+            states = "; ".join(process_state(p) for p in (proc.pid, pid) if p is not None)
+            raise AssertionError(f"the writer said nothing for {timeout:.0f} s after {list(seen)[-4:]}: {states}") \
+                from None
 
     rng = random.Random(20240607)
     delays, killed_mid_save = [], 0
     try:
-        for round_ in range(12):  # each lands in a write of the file now and then: a torn one shows within 12
+        for round_ in range(24):  # each lands in a write of the file now and then: a torn one shows within 24
             proc.stdin.write(f"{round_ * 1000}\n")
             proc.stdin.flush()
             seen = [next_line()]
             assert seen[0].startswith("pid "), seen
             pid = int(seen[0].split()[1])
             while not seen[-1].startswith("saved"):  # one whole save first, so there is something to keep
-                seen.append(next_line())
-            delays.append(rng.uniform(0.0, 0.8))
+                seen.append(next_line(seen, pid))
+            delays.append(rng.uniform(0.0, 0.25))
             time.sleep(delays[-1])
             os.kill(pid, signal.SIGKILL)
             while seen[-1] != f"reaped {pid}":
-                seen.append(next_line())
+                seen.append(next_line(seen, pid))
             saved = max(int(s.split()[1]) for s in seen if s.startswith("saved"))
             begun = max(int(s.split()[1]) for s in seen if s.startswith("begin"))
             killed_mid_save += begun > saved
