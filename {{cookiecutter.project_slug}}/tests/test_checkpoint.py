@@ -9,10 +9,8 @@ import pickle
 import queue
 import random
 import signal
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -199,11 +197,16 @@ def test_temporaries_of_dead_processes_are_removed_by_the_next_save(tmp_path):
 # --- SIGKILL in the middle of a save ----------------------------------------------------------------------
 
 # Imports torch once, then for each start step read from stdin forks a writer that saves a ~25 MB state in
-# a loop (announcing each save before and after) until the test SIGKILLs it.
+# a loop (announcing each save before and after) until the test SIGKILLs it. Each line is one write(2), which a kill
+# cannot cut: print writes a line's text and its newline apart (the output is unbuffered), and a kill between the two
+# once glued the parent's "reaped" to the child's last words, leaving the test waiting for a line that never came.
 WRITER = textwrap.dedent('''
     import os, sys
     import torch
     from utils.checkpoint.state import save_checkpoint
+
+    def say(text):
+        os.write(1, f"{text}\\n".encode())
 
     out = sys.argv[1]
     for line in sys.stdin:
@@ -215,32 +218,15 @@ WRITER = textwrap.dedent('''
                 while True:
                     step += 1
                     payload.fill_(float(step))
-                    print(f"begin {step}", flush=True)
+                    say(f"begin {step}")
                     save_checkpoint(out, {"model": {"w": payload}, "step": step}, step, keep_last=2)
-                    print(f"saved {step}", flush=True)
+                    say(f"saved {step}")
             finally:
                 os._exit(1)
-        print(f"pid {pid}", flush=True)
+        say(f"pid {pid}")
         os.waitpid(pid, 0)
-        print(f"reaped {pid}", flush=True)
+        say(f"reaped {pid}")
 ''')
-
-
-@pytest.fixture
-def scratch(tmp_path):
-    """An empty folder in RAM (``/dev/shm``) where the machine has one with room, else ``tmp_path``. The writer below
-    replaces 25 MB files as fast as it can, for seconds; on CI's disk, amid that churn and the other tests' writes,
-    a SIGKILL'd writer twice stayed unreaped for over 4 minutes. A kill leaves the page cache as it is, so nothing
-    proven here is about the disk."""
-    shm = Path("/dev/shm")
-    if not (shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 2**30):
-        yield tmp_path
-        return
-    folder = Path(tempfile.mkdtemp(prefix="sigkill-", dir=shm))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def process_state(pid: int) -> str:
@@ -254,10 +240,10 @@ def process_state(pid: int) -> str:
 
 
 @pytest.mark.slow
-def test_sigkill_in_the_middle_of_saves_leaves_checkpoint_last_loadable(scratch):
-    out = scratch / "out"
+def test_sigkill_in_the_middle_of_saves_leaves_checkpoint_last_loadable(tmp_path):
+    out = tmp_path / "out"
     out.mkdir()
-    script = scratch / "writer.py"
+    script = tmp_path / "writer.py"
     script.write_text(WRITER)
     proc = subprocess.Popen([sys.executable, str(script), str(out)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -281,10 +267,11 @@ def test_sigkill_in_the_middle_of_saves_leaves_checkpoint_last_loadable(scratch)
         for round_ in range(24):  # each lands in a write of the file now and then: a torn one shows within 24
             proc.stdin.write(f"{round_ * 1000}\n")
             proc.stdin.flush()
-            seen = [next_line()]
-            assert seen[0].startswith("pid "), seen
-            pid = int(seen[0].split()[1])
-            while not seen[-1].startswith("saved"):  # one whole save first, so there is something to keep
+            seen = [next_line()]  # the writer's "pid N" and its child's first lines, in either order
+            while not seen[-1].startswith("pid "):
+                seen.append(next_line(seen))
+            pid = int(seen[-1].split()[1])
+            while not any(line.startswith("saved") for line in seen):  # one whole save first, to have one to keep
                 seen.append(next_line(seen, pid))
             delays.append(rng.uniform(0.0, 0.25))
             time.sleep(delays[-1])
