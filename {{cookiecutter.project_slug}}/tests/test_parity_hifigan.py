@@ -12,6 +12,7 @@ from conftest import (ROOT, assert_close, formula_state, import_published, mel_i
 from models import MODELS
 from models.schemas import config_schemas
 from scripts import import_weights
+from utils.checkpoint.files import CheckpointError
 from utils.config import load_config
 
 pytestmark = [pytest.mark.skipif("hifigan" not in MODELS, reason="no HiFi-GAN in this project"),
@@ -82,6 +83,27 @@ def test_a_generator_file_of_no_published_shapes_is_refused_naming_the_closest(t
     assert ("fits neither this config's generator nor V1, V2 or V3; the closest, V2, differs in upsample_kernel_sizes "
             "(the file: (16, 16, 4, 8), V2: (16, 16, 4, 4))") in err[0], err
     assert not (tmp_path / "out.pt").exists()
+
+
+@pytest.mark.parametrize("change, file_kernels", [("ups.3 kernel 8", "(16, 16, 4, 8)"),
+                                                  ("no ups.3", "(16, 16, 4)")])
+def test_a_near_v1_generator_file_is_refused_naming_v1_and_only_what_differs(change, file_kernels):
+    """V1's weights with its last upsampling kernel 8, or without its last upsampling layer (``ups.3``; its residual
+    blocks kept): with the default config (V1's) or the tiny one, the closest named is V1, never the config, and the one
+    entry that differs is the upsampling kernels (12 residual blocks over 3 upsampling layers are not 4 kernels)."""
+    _, meta = reference_fixture("net_hifigan_v1.npz")
+    theirs = {key: torch.zeros(shape) for key, shape, _ in meta["keys"]}
+    if change == "no ups.3":
+        theirs = {key: value for key, value in theirs.items() if not key.startswith("ups.3.")}
+    else:
+        theirs["ups.3.weight_v"] = torch.zeros(64, 32, 8)
+    for tiny in (False, True):
+        cfg = load_config(f"{ROOT}/config.json", config_schemas(), tiny=tiny)
+        with pytest.raises(CheckpointError) as refused:
+            MODELS["hifigan"].published.read({"generator": theirs}, cfg)
+        assert str(refused.value).endswith(
+            f"the closest, V1, differs in upsample_kernel_sizes (the file: {file_kernels}, V1: (16, 16, 4, 4)). Give "
+            "the generator's settings with --set hifigan.KEY=VALUE"), str(refused.value)
 
 
 @pytest.mark.slow

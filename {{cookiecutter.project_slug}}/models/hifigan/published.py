@@ -32,17 +32,22 @@ def shapes(settings: Any) -> dict[str, Any]:
 
 
 def file_shapes(state: dict) -> dict[str, Any]:
-    """:func:`shapes` as read from a jik876 generator ``state_dict`` (``conv_pre``, ``ups.<i>``, ``resblocks.<n>``)."""
+    """:func:`shapes` as read from a jik876 generator ``state_dict`` (``conv_pre``, ``ups.<i>``, ``resblocks.<n>``).
+    The kernels are those of the first upsampling stage's residual blocks ``resblocks.<j>``, ``j < kernels``: those
+    with ``resblocks.0``'s channels (each stage halves them), whatever the count of upsampling layers (V1 without
+    ``ups.3`` has V1's kernels, not 12 blocks / 3 layers = 4)."""
     ups = sorted({int(m.group(1)) for key in state if (m := re.match(r"^ups\.(\d+)\.weight_v$", key))})
-    convs = {}  # (residual block, convolution) of its first convolution list: convs1 (type 1) or convs (type 2)
+    convs = {}  # (residual block, convolution): (channels, kernel) of its first convolution list, convs1 or convs
     for key in state:
         if m := re.match(r"^resblocks\.(\d+)\.convs1?\.(\d+)\.weight_v$", key):
-            convs[int(m.group(1)), int(m.group(2))] = state[key].shape[-1]
-    kernels = len({block for block, _ in convs}) // max(len(ups), 1)
+            convs[int(m.group(1)), int(m.group(2))] = (state[key].shape[0], state[key].shape[-1])
+    kernels = 0
+    while (kernels, 0) in convs and convs[kernels, 0][0] == convs[0, 0][0]:
+        kernels += 1
     return {"upsample_initial_channel": state["conv_pre.weight_v"].shape[0],
             "resblock": 2 if any(re.match(r"^resblocks\.\d+\.convs\.", key) for key in state) else 1,
             "upsample_kernel_sizes": tuple(state[f"ups.{i}.weight_v"].shape[-1] for i in ups),
-            "resblock_kernel_sizes": tuple(convs.get((j, 0)) for j in range(kernels)),
+            "resblock_kernel_sizes": tuple(convs[j, 0][1] for j in range(kernels)),
             "dilations per residual block": tuple(sum(block == j for block, _ in convs) for j in range(kernels))}
 
 
@@ -51,7 +56,8 @@ def generator_settings(state: dict, cfg: Config) -> tuple[str, str]:
     ``cfg`` whose generator has other shapes gets the variant's settings (``cfg.hifigan`` is changed).
 
     Raises:
-        CheckpointError: the shapes fit neither ``cfg``'s generator nor a variant's; names the closest and what differs.
+        CheckpointError: the shapes fit neither ``cfg``'s generator nor a variant's; names the variant that differs in
+            the fewest of :func:`shapes`' entries, and what differs.
     """
     found = file_shapes(state)
     variant = next((name for name, settings in VARIANTS.items() if shapes(settings) == found), "")
@@ -64,9 +70,9 @@ def generator_settings(state: dict, cfg: Config) -> tuple[str, str]:
         return variant, (f"; {variant}'s generator settings (config_{variant.lower()}.json) replace the config's: "
                          + ", ".join(f"hifigan.{key}={json.dumps(value, separators=(',', ':'))}"
                                      for key, value in changed.items()))
-    candidates = {"this config": shapes(cfg.hifigan), **{name: shapes(value) for name, value in VARIANTS.items()}}
+    candidates = {name: shapes(value) for name, value in VARIANTS.items()}
     differs = {name: [key for key in found if theirs[key] != found[key]] for name, theirs in candidates.items()}
-    closest = min(differs, key=lambda name: len(differs[name]))
+    closest = min(differs, key=lambda name: len(differs[name]))  # the first, V1 before V2 before V3, of a tie
     raise CheckpointError(
         f"jik876/hifi-gan's generator file fits neither this config's generator nor V1, V2 or V3; the closest, "
         f"{closest}, differs in " + "; ".join(f"{key} (the file: {found[key]}, {closest}: {candidates[closest][key]})"
