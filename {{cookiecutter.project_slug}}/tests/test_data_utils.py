@@ -232,11 +232,12 @@ def test_dataset_first_segment_when_not_random(tmp_path):
 
 
 def test_dataset_peak_scales_each_clip_before_its_crop_and_mel(tmp_path):
-    """HiFi-GAN's recipe (jik876's ``normalize(audio) * 0.95``): the whole clip scaled to the peak, then cropped."""
+    """HiFi-GAN's recipe (jik876's ``normalize(audio) * 0.95``): the whole clip scaled to the peak in float64, then
+    cropped."""
     utts = read_ljspeech(make_ljspeech(tmp_path, 1, lengths=[10000]))
     full = load_wav(utts[0].wav_path, SR)
     dataset = AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT, random=False), peak=0.5)
-    item, scaled = dataset[0], full * (0.5 / full.abs().max())
+    item, scaled = dataset[0], (full.double() / full.double().abs().max() * 0.5).float()
     assert abs(float(full.abs().max()) - 0.5) > 0.1  # the clip's own peak is another
     torch.testing.assert_close(item["audio"], scaled[:SEGMENT])
     torch.testing.assert_close(item["mel"], dataset.mel(scaled[:SEGMENT]))

@@ -257,6 +257,26 @@ def test_dataset_crops_line_up_with_the_generator(tmp_path):
     assert SPEC.training.count_items(batch) == 2 * 2048
 
 
+def test_items_are_peak_normalised_as_jik876s_in_float64(tmp_path):
+    """A near-silent 16-bit clip (a few LSBs of noise under a peak of 41 / 32768): the item's audio is jik876's
+    ``MelDataset``'s to the bit (``int16 / 32768.0`` in float64, ``librosa.util.normalize`` times 0.95, then float32),
+    and so its mel; a float32 scaling rounds some samples one way or the other and moves near-silent mel bins."""
+    corpus = synth_corpus(tmp_path / "corpus", n=6)
+    rng = np.random.default_rng(1)
+    for wav in sorted((corpus / "wavs").glob("*.wav")):
+        pcm = rng.integers(-3, 4, size=sf.info(wav).frames).astype(np.int16)
+        pcm[100] = 41
+        sf.write(wav, pcm, 22050, subtype="PCM_16")
+    cfg = config(f"data.dataset_path={corpus}")
+    _, val_set = build_datasets(cfg)
+    item = val_set[0]
+    pcm, _ = sf.read(corpus / "wavs" / f"{item['id']}.wav", dtype="int16")
+    theirs = pcm / 32768.0  # float64, as jik876's audio / MAX_WAV_VALUE
+    expected = torch.from_numpy((theirs / np.abs(theirs).max() * 0.95).astype(np.float32))[:2048]
+    assert torch.equal(item["audio"], expected), (item["audio"] - expected).abs().max()
+    assert torch.equal(item["mel"], MelSpectrogram(cfg.audio)(expected))
+
+
 def test_validation_criterion_is_the_mel_l1():
     cfg = config()
     criterion = SPEC.training.build_criterion(cfg)

@@ -42,7 +42,8 @@ class AudioMelDataset(Dataset):
     Item ``i`` is ``{"mel": (n_mels, MelSpectrogram.num_frames(segment_length)) float32, "audio": (segment_length,)
     float32, "id": str}`` (batch with :func:`collate_audio_mel`): ``crop.segment_length`` samples of utterance ``i``'s
     wav, where :class:`Crop` puts them, zero-padded; ``with_mel=False``: no ``"mel"`` (computed on the device).
-    ``peak``: each clip scaled to that peak first (jik876's ``normalize(audio) * 0.95``; 0: as read).
+    ``peak``: each clip scaled to that peak first, in float64 then cast to float32 (jik876's ``MelDataset``:
+    ``librosa.util.normalize(audio) * 0.95`` on the float64 clip, ``torch.FloatTensor`` of it; 0: as read).
 
     Raises:
         DataError: no utterances; in ``__getitem__``, a wav file unreadable (naming it).
@@ -78,8 +79,9 @@ class AudioMelDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         utt = self.utterances[index]
         audio = load_wav(utt.wav_path, self.audio_cfg.sampling_rate)
-        if self.peak:
-            audio = audio * (self.peak / audio.abs().max().clamp_min(1e-8))
+        if self.peak:  # jik876's order and precision: librosa's normalize of the float64 clip, times the peak
+            audio64 = audio.double()
+            audio = (audio64 / audio64.abs().max().clamp_min(torch.finfo(torch.float64).tiny) * self.peak).float()
         if audio.shape[0] >= self.segment_length:
             start = self.crop.start(index, self.epoch, audio.shape[0] - self.segment_length + 1)
             audio = audio[start:start + self.segment_length]
