@@ -28,6 +28,18 @@ def test_numbers_amounts_and_decimals(text, expected):
     assert english_cleaners(text) == expected
 
 
+def test_pound_amounts_are_read_in_pounds_and_pence_as_dollar_amounts_in_dollars_and_cents():
+    """Pounds and pence, a unit of one singular; NVIDIA's rules read whole pounds only (its ``normalize_numbers``:
+    "three pounds.fifty"), and its ``english_cleaners`` makes "£" "ps" before (``tests/data/reference/text_nvidia.json``:
+    "£12" is "pstwelve")."""
+    assert [english_cleaners(text) for text in ("£3.50", "£1", "£0.01", "£1.01", "£.50", "£2.00", "£1,000",
+                                                "£2,500.75", "It cost £3.50.")] == [
+        "three pounds, fifty pence", "one pound", "one penny", "one pound, one penny", "fifty pence", "two pounds",
+        "one thousand pounds", "two thousand, five hundred pounds, seventy-five pence", "it cost three pounds, fifty pence."]
+    assert normalize_numbers("£3.50", nvidia=True) == "three pounds.fifty"
+    assert clean_text("£3.50", ["nvidia_english_cleaners"]) == "psthree point fifty"
+
+
 @pytest.mark.parametrize("text, expected", [
     ("1st", "first"), ("2nd", "second"), ("3rd", "third"), ("4th", "fourth"), ("22nd", "twenty-second"),
     ("101st", "one hundred first"),
