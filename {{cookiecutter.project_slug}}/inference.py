@@ -25,6 +25,7 @@ from utils.checkpoint.resume import folder_reader, read_checkpoint
 from utils.checkpoint.state import RELEASE_FORMAT, in_modules
 from utils.config import Config, ConfigError, config_from_dict
 from utils.data.corpus import DataError
+from utils.framing import saved_framing
 from utils.parts import has_part
 from utils.run_log import one_line, one_line_warnings
 from utils.training.ema import averaged_parameters
@@ -33,7 +34,9 @@ from utils.training.ema import averaged_parameters
 def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.Module, Config]:
     """``(model name, model, config)`` of a checkpoint (a single file, a sharded folder, or a release checkpoint of
     ``ModelSpec.inference_modules`` only), the model in eval mode on ``device``; EMA weights replace the raw ones,
-    and a line on stderr says so.
+    and a line on stderr says so. The config's ``audio.mel_framing`` is the one the weights were trained on
+    (:func:`utils.framing.saved_framing`: jik876 for a checkpoint made before the setting; the model's reference for an
+    import that recorded null, and a line on stderr says so).
 
     Raises:
         CheckpointError: unreadable or unsafe file, a model this project does not define, or weights that do not fit.
@@ -45,6 +48,11 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
         raise CheckpointError(f"{path} holds a model '{name}' that models/__init__.py does not register "
                               f"(known: {', '.join(MODELS) or 'none'})")
     cfg = config_from_dict(state.get("config", {}), config_schemas())
+    cfg.audio.mel_framing, assumed = saved_framing(state, MODELS[name].recipe)
+    if assumed:
+        print(f"note: {path} records no audio.mel_framing (an import of an earlier version): its mels are framed as "
+              f"{name}'s reference frames them, {cfg.audio.mel_framing} (ModelSpec.recipe)", file=sys.stderr,
+              flush=True)
     try:
         model = MODELS[name].build_model(cfg)
     except ValueError as err:

@@ -4,8 +4,10 @@ training, or to share them in this project's format.
     python -m scripts.import_weights PUBLISHED_FILE --output model.pt
     python inference.py --checkpoint model.pt --output out.wav ...
 
-Reads a file in a registered model's reference format (``Published.read``; nothing in it runs) into the model of
-``--config`` and writes ``{"model", "model_name", "config", "step": 0}``; ``train.py --init-from`` fine-tunes from it.
+Reads a file in a registered model's reference format (``Published.read``; nothing in it runs), or a checkpoint of
+this project, into the model of ``--config`` and writes ``{"model", "model_name", "config", "step": 0, "source"}``;
+``train.py --init-from`` fine-tunes from it. The config records the mel framing the weights were trained on
+(:func:`settle_framing`), which ``inference.py --wav`` and ``scripts.dump_gta_mels`` frame with.
 Exit status 1 with one ``ERROR:`` line for a file of no known format, weights that do not fit the config, or an
 ``--output`` that exists (``--force`` replaces it) or whose folder does not.
 """
@@ -25,10 +27,27 @@ import torch
 from models import MODELS
 from models.schemas import config_schemas
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
-from utils.checkpoint.weights import load_into, read_weights
-from utils.config import ConfigError, load_config
+from utils.checkpoint.weights import Weights, load_into, read_weights
+from utils.config import Config, ConfigError, load_config
+from utils.training.recipe import apply_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def settle_framing(cfg: Config, weights: Weights) -> str:
+    """Fill ``cfg`` as ``train.py`` fills a run's (:func:`utils.training.recipe.apply_recipe`: the settings it leaves
+    null take the model's recipe), ``audio.mel_framing`` first set to the framing a checkpoint of this project records
+    (``weights.framing``), replacing the config's: its weights keep the frames they were trained on. A published file
+    records none and takes its model's reference framing (NVIDIA's Tacotron2 and WaveGlow: ``nvidia``; jik876's
+    HiFi-GAN: ``jik876``), or the value the config gives. Returns what the output line adds: the framing, and the
+    config's value it replaced."""
+    given = cfg.audio.mel_framing
+    if weights.framing is not None:
+        cfg.audio.mel_framing = weights.framing
+    apply_recipe(MODELS[weights.model_name], cfg)
+    replaced = f", replacing the config's {given}: the framing its weights were trained on" if given not in (
+        None, cfg.audio.mel_framing) else ""
+    return f"; audio.mel_framing={cfg.audio.mel_framing}{replaced}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             raise CheckpointError(f"{args.output} exists; pass --force to replace it, or --output another file")
         cfg = load_config(args.config, config_schemas(), tiny=args.tiny, overrides=args.set)
         weights = read_weights(args.weights, MODELS, cfg, label="the weights file")
+        framing = settle_framing(cfg, weights)
         model = MODELS[weights.model_name].build_model(cfg)
         kept = load_into(model, weights, str(args.weights))
     except (CheckpointError, ConfigError, ValueError) as err:
@@ -62,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ERROR: cannot write {args.output}: {err.strerror or err}", file=sys.stderr)
         return 1
     fresh = f"; {', '.join(prefix.rstrip('.') for prefix in kept)} untrained (not in the file)" if kept else ""
-    print(f"wrote {args.output}: model '{weights.model_name}' from {weights.source}{fresh}")
+    print(f"wrote {args.output}: model '{weights.model_name}' from {weights.source}{fresh}{framing}")
     return 0
 
 

@@ -365,6 +365,18 @@ def tiny_checkpoint(name: str, path) -> Path:
     return Path(path)
 
 
+def reframed_checkpoint(checkpoint, path, framing, entries: Optional[dict] = None) -> Path:
+    """A copy at ``path`` of the checkpoint file ``checkpoint`` whose config records ``audio.mel_framing`` ``framing``
+    (``...``: no such key, as before the setting existed), ``entries`` added or replaced (``source``, ``step``: as
+    ``scripts.import_weights`` writes them). Returns ``path``."""
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    saved["config"]["audio"].pop("mel_framing")
+    if framing is not ...:
+        saved["config"]["audio"]["mel_framing"] = framing
+    torch.save({**saved, **(entries or {})}, path)
+    return Path(path)
+
+
 def flip_tensor_bytes(path, count: int = 64) -> str:
     """Invert ``count`` bytes in the middle of the largest tensor record of the ``torch.save`` file ``path`` (a disk's
     or a copy's damage: ``torch.load`` still reads it); returns the record's name."""

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 import torch
-from conftest import (LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, bound, finish, made_once, shared_corpus,
-                      start_job, synth_corpus, tiny_checkpoint, train_in_process, train_on_ranks)
+from conftest import (LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, bound, finish, made_once, reframed_checkpoint,
+                      shared_corpus, start_job, synth_corpus, tiny_checkpoint, train_in_process, train_on_ranks)
 
 import train
 from models import MODELS
@@ -173,6 +173,19 @@ def test_too_long_utterances_are_left_out_in_one_line_and_bad_options_are_one_li
     code, _, errors = dump(capsys, "--checkpoint", tiny_checkpoint(VOCODER, wrong), "--dataset-path", corpus,
                            "--output", tmp_path / "x")
     assert code == 1 and errors.count("\n") == 1 and "give a Tacotron2 checkpoint" in errors, errors
+
+
+def test_a_dump_from_an_early_import_that_recorded_no_framing_makes_nvidias_frames(corpus, checkpoint, tmp_path,
+                                                                                   capsys, one_process):
+    """A file of an earlier ``scripts.import_weights`` (NVIDIA's Tacotron2 weights; ``audio.mel_framing`` null, step 0):
+    its GTA mels have Tacotron2's reference frames, NVIDIA's, recorded for the vocoder, and one note says so."""
+    early = reframed_checkpoint(checkpoint, tmp_path / "imported.pt", None, {"source": "tacotron2_statedict.pt"})
+    code, said, errors = dump(capsys, "--checkpoint", early, "--dataset-path", corpus, "--output", tmp_path / "gta")
+    assert code == 0 and errors.splitlines() == [
+        f"note: {early} records no audio.mel_framing (an import of an earlier version): its mels are framed as "
+        "tacotron2's reference frames them, nvidia (ModelSpec.recipe)"], errors
+    assert json.loads((tmp_path / "gta" / "_audio_config.json").read_text())["mel_framing"] == "nvidia"
+    assert assert_frame_rule(tmp_path / "gta", corpus) == 10
 
 
 # --- data.mel_dir in the dataset ------------------------------------------------------------------------------------

@@ -52,14 +52,15 @@ def test_each_variant_is_told_apart_by_its_weights_shapes(version):
 @pytest.mark.parametrize("version", ["v2", "v3"])
 def test_a_generator_file_imports_as_its_variant_with_no_settings_given(tmp_path, version):
     """``import_weights`` with the default config (V1's) and no ``--set`` says which variant it read, writes its
-    generator settings, and the checkpoint computes the reference's audio. V3's residual blocks (type 2) are
-    ``resblocks.<n>.convs.<m>`` in jik876's files."""
+    generator settings and jik876's mel framing, and the checkpoint computes the reference's audio. V3's residual
+    blocks (type 2) are ``resblocks.<n>.convs.<m>`` in jik876's files."""
     arrays, meta = reference_fixture(f"net_hifigan_{version}.npz")
     theirs = formula_state(meta)
     torch.save({"generator": theirs}, tmp_path / f"g_{version}")
     saved, line = import_published(tmp_path, tmp_path / f"g_{version}", {})
     assert f"from jik876/hifi-gan's {version.upper()} generator file" in line, line
     assert ("replace the config's" in line) == (version != "v1"), line
+    assert saved["config"]["audio"]["mel_framing"] == "jik876"  # HiFi-GAN's recipe: jik876's frames
     settings = {key: saved["config"]["hifigan"][key] for key in meta["config"]}
     assert json.loads(json.dumps(settings)) == generator_settings(meta)["hifigan"]
     model = MODELS["hifigan"].build_model(reference_config(hifigan=settings)).eval()

@@ -105,7 +105,8 @@ def test_nvidias_tacotron2_checkpoint_loads_exactly(tmp_path):
 
 
 def test_published_tacotron2_weights_become_a_checkpoint_inference_reads(tmp_path, capsys):
-    """scripts.import_weights: NVIDIA's checkpoint -> this project's, and inference.py speaks from it."""
+    """scripts.import_weights: NVIDIA's checkpoint -> this project's, NVIDIA's mel framing recorded, and inference.py
+    speaks from it."""
     from scripts import import_weights as script
 
     model, _ = nvidia_checkpoint(tmp_path / "t.pt")
@@ -114,6 +115,7 @@ def test_published_tacotron2_weights_become_a_checkpoint_inference_reads(tmp_pat
     assert f"wrote {out}: model 'tacotron2' from NVIDIA/tacotron2's checkpoint" in capsys.readouterr().out
     state = torch.load(out, weights_only=True)
     assert state["step"] == 0 and all(torch.equal(state["model"][k], v) for k, v in model.state_dict().items())
+    assert state["config"]["audio"]["mel_framing"] == "nvidia"  # Tacotron2's recipe: the frames its GTA mels have
     assert inference.main(["--checkpoint", str(out), "--text", "Hi.", "--output", str(tmp_path / "hi.wav"),
                            "--device", "cpu"]) == 0
     assert (tmp_path / "hi.wav").is_file()

@@ -3,12 +3,16 @@ by ``Published.read``) and inputs, the flow computes the reference's ``z`` and l
 its audio (``tests/data/reference``, whose README says how it was made); its published files in PyTorch's legacy
 format and with 2018's per-layer conditioning read."""
 
+import numpy as np
 import pytest
+import soundfile as sf
 import torch
 from conftest import (REFERENCE, as_records, assert_close, audio_input, formula_state, import_published, mel_input,
-                      reference_config, reference_fixture, reference_model)
+                      reference_config, reference_fixture, reference_model, tiny_checkpoint)
 
+import inference
 from models import MODELS
+from scripts import import_weights
 from utils.checkpoint.weights import read_weights
 
 pytestmark = [pytest.mark.skipif("waveglow" not in MODELS, reason="no WaveGlow in this project"),
@@ -61,7 +65,7 @@ def test_a_legacy_serialized_file_reads_and_computes_its_audio(tmp_path):
     torch.manual_seed(1234)
     assert_close(model.infer(mel, sigma=0.6), arrays["infer_audio"], "legacy WaveGlow infer (seeded)")
     saved, line = import_published(tmp_path, REFERENCE / "waveglow_tiny_legacy.pt", tiny_config(meta))
-    assert "from NVIDIA/waveglow's checkpoint (a pickled glow.WaveGlow)" in line
+    assert "from NVIDIA/waveglow's checkpoint (a pickled glow.WaveGlow); audio.mel_framing=nvidia" in line
     assert torch.equal(saved["model"]["convs.1.weight"], formula_state(meta)["convinv.1.conv.weight"][:, :, 0])
 
 
@@ -182,3 +186,24 @@ def test_a_run_starts_from_nvidias_waveglow_weights(tmp_path):
     nvidia_pickled_waveglow(tmp_path / "waveglow_256channels.pt", tmp_path / "code_ran")
     train_from_and_infer(tmp_path, "waveglow", tmp_path / "waveglow_256channels.pt", [])
     assert not (tmp_path / "code_ran").exists()
+
+
+def test_an_imported_waveglow_vocodes_a_wav_to_as_many_samples_as_the_checkpoint_it_came_from(tmp_path, capsys):
+    """``scripts.import_weights`` of NVIDIA's WaveGlow file and of this project's WaveGlow checkpoint records NVIDIA's
+    framing (WaveGlow's recipe): ``inference.py --wav`` of a 0.5 s clip then vocodes ``1 + T // hop`` frames, as
+    NVIDIA's ``TacotronSTFT`` and the checkpoint itself do: 11,264 samples (jik876's frames: 11,008)."""
+    nvidia_pickled_waveglow(tmp_path / "nvidia.pt", tmp_path / "code_ran")
+    tiny_checkpoint("waveglow", tmp_path / "own.pt")
+    clip = tmp_path / "clip.wav"
+    sf.write(clip, 0.1 * np.sin(np.arange(11025) / 10.0).astype(np.float32), 22050, subtype="PCM_16")
+    samples = {}
+    for name in ("nvidia", "own"):
+        assert import_weights.main([str(tmp_path / f"{name}.pt"), "--output", str(tmp_path / f"{name}_imported.pt"),
+                                    "--tiny"]) == 0, capsys.readouterr().err
+        saved = torch.load(tmp_path / f"{name}_imported.pt", weights_only=True)
+        assert saved["config"]["audio"]["mel_framing"] == "nvidia", name
+    for name in ("own", "own_imported", "nvidia_imported"):
+        assert inference.main(["--checkpoint", str(tmp_path / f"{name}.pt"), "--device", "cpu", "--wav", str(clip),
+                               "--output", str(tmp_path / f"{name}.wav")]) == 0, capsys.readouterr().err
+        samples[name] = sf.info(str(tmp_path / f"{name}.wav")).frames
+    assert samples == {"own": 11264, "own_imported": 11264, "nvidia_imported": 11264}

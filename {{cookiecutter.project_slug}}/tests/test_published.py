@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TEST_MODEL, OpensAFile, run_main, tiny_checkpoint
+from conftest import ROOT, TEST_MODEL, OpensAFile, reframed_checkpoint, run_main, tiny_checkpoint
 from test_checkpoint_safety import FILE_ROUTES, assert_refused, craft, single  # noqa: F401 (fixture)
 
 from models import MODELS
@@ -60,6 +60,24 @@ def test_import_weights_names_what_it_cannot_do_in_one_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("ERROR: ") and message in err[0], err
         assert "--init-from" not in err[0], err  # an option of train.py, not of this script
+
+
+def test_an_imported_checkpoint_of_this_project_keeps_the_framing_it_was_trained_on(tmp_path, capsys):
+    """``scripts.import_weights`` of a checkpoint of ``train.py`` records its ``audio.mel_framing`` (here not its
+    model's reference), whatever the config's (replaced, and its line says so); a file an earlier import wrote, which
+    recorded null, takes its model's reference framing (``ModelSpec.recipe``) as ``train.py`` would."""
+    reference = MODELS[TEST_MODEL].recipe.get("audio.mel_framing", "jik876")
+    framing = {"nvidia": "jik876", "jik876": "nvidia"}[reference]
+    own = reframed_checkpoint(tiny_checkpoint(TEST_MODEL, tmp_path / "own.pt"), tmp_path / "own.pt", framing)
+    for sets, said in (([], f"; audio.mel_framing={framing}\n"),
+                       (["--set", f"audio.mel_framing={reference}"], f"; audio.mel_framing={framing}, replacing the "
+                        f"config's {reference}: the framing its weights were trained on\n")):
+        assert import_weights.main([str(own), "--output", str(tmp_path / "copy.pt"), "--tiny", "--force", *sets]) == 0
+        assert capsys.readouterr().out.endswith(said)
+        assert torch.load(tmp_path / "copy.pt", weights_only=True)["config"]["audio"]["mel_framing"] == framing
+    early = reframed_checkpoint(own, tmp_path / "early.pt", None, {"source": "published.pt"})
+    assert import_weights.main([str(early), "--output", str(tmp_path / "copy.pt"), "--tiny", "--force"]) == 0
+    assert torch.load(tmp_path / "copy.pt", weights_only=True)["config"]["audio"]["mel_framing"] == reference
 
 
 def test_random_bytes_after_a_pickles_first_byte_are_named_as_no_checkpoint_by_every_loader(tmp_path, capsys):

@@ -1,7 +1,7 @@
 """The after-training tools on sharded checkpoint folders (``train.parallelism=fsdp``): ``scripts.import_weights`` and
-``scripts.export`` refuse a folder holding code in one line, and an honest folder imports to the weights it holds and
-consolidates to alike. The crafted folders and the run that writes them are ``tests/test_checkpoint_folders.py``'s;
-the tools' calls ``tests/test_published.py``'s."""
+``scripts.export`` refuse a folder holding code in one line, and an honest folder imports to the weights it holds (and
+the mel framing it records) and consolidates to alike. The crafted folders and the run that writes them are
+``tests/test_checkpoint_folders.py``'s; the tools' calls ``tests/test_published.py``'s."""
 
 
 import pytest
@@ -37,7 +37,10 @@ def test_an_honest_sharded_folder_imports_and_consolidates_to_the_same_weights(s
                     str(tmp_path / "imported.pt"))
     assert f"model '{name}' from a sharded checkpoint of model '{name}' at step 2" in done.stdout
     run_main("scripts.consolidate_checkpoint", str(out / "checkpoint_2"), "--output", str(tmp_path / "whole.pt"))
-    imported = torch.load(tmp_path / "imported.pt", weights_only=True)["model"]
+    imported = torch.load(tmp_path / "imported.pt", weights_only=True)
+    assert imported["config"]["audio"]["mel_framing"] == read_train_state(out / "checkpoint_2")["config"]["audio"][
+        "mel_framing"]  # the framing the folder's weights were trained on
+    imported = imported["model"]
     whole = torch.load(tmp_path / "whole.pt", weights_only=True)
     assert whole["step"] == 2 and whole["optimizer"]["param_groups"][0]["lr"] > 0
     model = MODELS[name].build_model(config_from_dict(read_train_state(out / "checkpoint_2")["config"],

@@ -1,15 +1,15 @@
-"""A trained checkpoint's weights in the core commands: ``inference.py`` runs its EMA weights, ``train.py --init-from``
-fine-tunes from it (a fresh optimizer, step 0) or refuses what is not a checkpoint of this project in one line, and a
-damaged file is refused in one line by every core command. Every registered model, each trained a few tiny steps by
-train.py (in this process: a few seconds each)."""
+"""A trained checkpoint's weights in the core commands: ``inference.py`` runs its EMA weights with the mel framing it
+records, ``train.py --init-from`` fine-tunes from it (a fresh optimizer, step 0) or refuses what is not a checkpoint
+of this project in one line, and a damaged file is refused in one line by every core command. Every registered model,
+each trained a few tiny steps by train.py (in this process: a few seconds each)."""
 
 import json
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import (ROOT, TEST_MODEL, flip_tensor_bytes, made_once, run_main, run_train_main, shared_corpus,
-                      synth_corpus, tiny_checkpoint, train_in_process)
+from conftest import (ROOT, TEST_MODEL, flip_tensor_bytes, made_once, reframed_checkpoint, run_main, run_train_main,
+                      shared_corpus, synth_corpus, tiny_checkpoint, train_in_process)
 
 import inference
 from models import MODELS
@@ -101,6 +101,30 @@ def test_a_checkpoint_of_this_project_is_read_and_a_missing_one_is_one_line(tmp_
     assert weights.state.keys() == saved.keys() and all(torch.equal(weights.state[key], saved[key]) for key in saved)
     with pytest.raises(CheckpointError, match="no such file or folder"):
         read_weights(tmp_path / "missing.pt", MODELS, cfg)
+
+
+def test_inference_frames_as_the_checkpoint_records_and_an_early_import_as_its_models_reference(tmp_path, capsys):
+    """``inference.load_trained``'s mel framing: the checkpoint's (here not its model's reference); jik876
+    where it records none (made before the setting existed), a release of such a checkpoint (``source``, step 3, null)
+    too; the model's reference framing (its ``ModelSpec.recipe``'s, else the project's), with one note, for a file of
+    an earlier ``scripts.import_weights``, which recorded null (``source``, step 0)."""
+    reference = MODELS[TEST_MODEL].recipe.get("audio.mel_framing", "jik876")
+    other = {"nvidia": "jik876", "jik876": "nvidia"}[reference]
+    own = tiny_checkpoint(TEST_MODEL, tmp_path / "own.pt")
+    cases = {"trained": (other, {}), "before the setting": (..., {}),
+             "release of one before": (None, {"source": "out/checkpoint_3.pt", "step": 3}),
+             "early import": (None, {"source": "waveglow_256channels.pt", "step": 0})}
+    for what, (framing, entries) in cases.items():
+        path = reframed_checkpoint(own, tmp_path / "case.pt", framing, entries)
+        capsys.readouterr()
+        cfg = inference.load_trained(path, torch.device("cpu"))[2]
+        notes = capsys.readouterr().err.splitlines()
+        expected = {"trained": other, "before the setting": "jik876", "release of one before": "jik876",
+                    "early import": reference}
+        assert cfg.audio.framing == expected[what], what
+        assert notes == ([f"note: {path} records no audio.mel_framing (an import of an earlier version): its mels are "
+                          f"framed as {TEST_MODEL}'s reference frames them, {reference} (ModelSpec.recipe)"]
+                         if what == "early import" else []), (what, notes)
 
 
 def test_init_from_a_file_that_is_no_checkpoint_of_this_project_is_one_error_line_naming_it(tmp_path):

@@ -11,20 +11,25 @@ import torch
 
 from utils.checkpoint.files import CheckpointError, misfit, torch_file_problem
 from utils.checkpoint.resume import folder_reader, read_checkpoint
+from utils.framing import Framing, saved_framing
 from utils.parts import optional_part
 
 
 @dataclasses.dataclass
 class Weights:
     """Weights read by :func:`read_weights`: ``source`` (what the file is, for the log), ``state`` (this project's key
-    names), ``partial`` (key prefixes the file lacks: they keep their initialisation) and ``folder``: a sharded
-    checkpoint folder, whose weights :func:`load_into` reads itself (``state`` is then empty)."""
+    names), ``partial`` (key prefixes the file lacks: they keep their initialisation), ``folder``: a sharded
+    checkpoint folder, whose weights :func:`load_into` reads itself (``state`` is then empty), and ``framing``: the
+    ``audio.mel_framing`` of the mels they were trained on where the file records it (a checkpoint of ``train.py``:
+    :func:`utils.framing.saved_framing`), else None (a published file, or an import that recorded null: its model's
+    recipe tells)."""
 
     source: str
     model_name: str
     state: dict[str, torch.Tensor]
     partial: tuple[str, ...] = ()
     folder: Optional[Path] = None
+    framing: Optional[Framing] = None
 
 
 def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str = "--init-from") -> Weights:
@@ -48,13 +53,26 @@ def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str 
         if name not in models:
             raise CheckpointError(f"{label} {path}: it holds a '{name}' model, which models/__init__.py does not "
                                   "register")
+        framing = recorded_framing(state, models[name].recipe, f"{label} {path}")
         if path.is_dir():  # a sharded folder (read_checkpoint refused it without the part)
             return Weights(f"a sharded checkpoint of model '{name}' at step {state.get('step')}", name, {},
-                           folder=path)
-        return Weights(f"a checkpoint of model '{name}' at step {state.get('step')}", name, state["model"])
+                           folder=path, framing=framing)
+        return Weights(f"a checkpoint of model '{name}' at step {state.get('step')}", name, state["model"],
+                       framing=framing)
     if published is None:
         raise CheckpointError(f"{label} {path}: not a checkpoint of this project (no 'model_name' entry)")
     return published.read_published(path, models, cfg, label)
+
+
+def recorded_framing(saved: dict[str, Any], recipe: dict[str, Any], what: str) -> Optional[Framing]:
+    """The framing ``saved`` (a checkpoint's entries, ``what``: how errors name it) records for its weights
+    (:func:`utils.framing.saved_framing`), None where it is only assumed (its model's ``recipe``'s); a
+    :class:`CheckpointError` for a value that is no framing."""
+    try:
+        framing, assumed = saved_framing(saved, recipe)
+    except ValueError as err:
+        raise CheckpointError(f"{what}: {err}") from None
+    return None if assumed else framing
 
 
 def load_into(model: torch.nn.Module, weights: Weights, source: str) -> list[str]:
