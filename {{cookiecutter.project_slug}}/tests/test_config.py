@@ -335,6 +335,31 @@ def test_tiny_without_a_tiny_block_is_refused():
         build({}, tiny=True, source="my.json")
 
 
+# --- settings set from elsewhere (a checkpoint's) ---------------------------------------------------------
+
+def test_settings_from_a_checkpoint_are_checked_whole_before_any_is_set():
+    """``Config.apply`` (a resume's settings that its first weights set): what changed, as typed values (a list read
+    as the field's tuple); anything unknown or failing a check is one line naming where it came from, and nothing of
+    it is set, another section's good values included. ``changed_since`` gives what ``apply`` takes."""
+    cfg = build()
+    before = cfg.to_dict()
+    assert cfg.apply({"toy": {"dims": [5, 6], "width": 8}, "train": {"seed": 4}}, "ckpt") == [
+        ("toy.dims", (2, 2), (5, 6)), ("train.seed", before["train"]["seed"], 4)]
+    assert (cfg.toy.dims, cfg.toy.width, cfg.train.seed) == ((5, 6), 8, 4)
+    assert cfg.changed_since(before) == {"toy": {"dims": (5, 6)}, "train": {"seed": 4}}
+    for values, message in (
+            ({"train": {"seed": 9}, "toy": {"dims": [0]}}, "ckpt: config key 'toy.dims[0]' must be >= 1, got 0"),
+            ({"train": {"seed": 9}, "toy": {"batch_size": "2"}}, "ckpt: config key 'toy.batch_size' must be int"),
+            ({"train": {"seed": 9}, "nope": {}}, "ckpt: unknown section 'nope'"),
+            ({"train": {"seed": 9, "nope": 1}}, "ckpt: unknown key 'train.nope'"),
+            ({"train": [9]}, "ckpt: section 'train' must be an object, got list"),
+            ([("train", {})], "ckpt must be an object of sections, got list")):
+        with pytest.raises(ConfigError) as info:
+            cfg.apply(values, "ckpt")
+        assert str(info.value).startswith(message) and "\n" not in str(info.value), str(info.value)
+        assert (cfg.train.seed, cfg.toy.dims) == (4, (5, 6)), "nothing is set from settings that fail"
+
+
 # --- choices and bounds -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("key, good, bad", [

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 from conftest import (ROOT, assert_close, formula_state, import_published, mel_input, reference_config,
-                      reference_fixture, reference_model, synth_corpus, train_in_process)
+                      reference_fixture, reference_model, run_train_main, synth_corpus, train_in_process,
+                      train_on_ranks)
 
 from models import MODELS
 from models.schemas import config_schemas
@@ -121,6 +122,52 @@ def test_a_v3_generator_file_fine_tunes_with_no_settings_given(tmp_path):
     assert "jik876/hifi-gan's V3 generator file; V3's generator settings" in said, said[-3000:]
     saved = torch.load(out / "checkpoint_last.pt", weights_only=True)
     assert saved["config"]["hifigan"]["resblock"] == 2 and saved["step"] == 1
+
+
+@pytest.mark.slow
+def test_a_v2_fine_tuning_job_restarts_with_the_command_that_started_it(tmp_path):
+    """``train.py --init-from`` a V2 generator file, no ``--set hifigan.*``: the settings the file set travel in the
+    run's checkpoints (``weights_settings``). Stopped after a checkpoint, the job restarts with the same command (the
+    run's own checkpoint wins over ``--init-from``), then with ``--resume auto`` and no ``--init-from``, then from
+    ``--resume PATH`` in another folder, each on V2's generator, one line naming the settings kept over the config's;
+    such settings that fail the config's checks are one line, nothing trained. One process: every rank reads the
+    checkpoint and sets them alike."""
+    _, meta = reference_fixture("net_hifigan_v2.npz")
+    torch.save({"generator": formula_state(meta)}, tmp_path / "g_v2")
+    corpus, out = synth_corpus(tmp_path / "corpus", n=6), tmp_path / "out"
+    common = ["--config", "config.json", "--model", "hifigan", "--tiny", "--dataset-path", str(corpus),
+              *(f"--set={setting}" for setting in ("data.num_workers=0", "train.val_interval=1000", "audio.n_mels=80",
+                                                   "train.checkpoint_interval=1", "hifigan.segment_length=1024",
+                                                   "hifigan.batch_size=1"))]
+    command = [*common, "--output-dir", str(out), "--max-steps", "2", "--init-from", str(tmp_path / "g_v2")]
+    assert "V2's generator settings (config_v2.json) replace the config's" in train_in_process(command)
+    for late in ("checkpoint_2.pt", "checkpoint_last.pt"):  # preempted after its step 1 checkpoint
+        (out / late).unlink()
+    kept = "kept over the config's: hifigan.upsample_initial_channel=128 (config: 32), hifigan.resblock_kernel_sizes"
+    other = tmp_path / "other"
+    runs = {"the same command": (command, out / "checkpoint_1.pt", out / "checkpoint_2.pt"),  # (argv, from, to)
+            "--resume auto": ([*common, "--output-dir", str(out), "--max-steps", "3", "--resume", "auto"],
+                              out / "checkpoint_last.pt", out / "checkpoint_3.pt"),
+            "--resume PATH": ([*common, "--output-dir", str(other), "--max-steps", "4", "--resume",
+                               str(out / "checkpoint_3.pt")], out / "checkpoint_3.pt", other / "checkpoint_4.pt")}
+    for how, (argv, resumed, written) in runs.items():  # --resume PATH on 2 gloo ranks: each sets the settings
+        said = train_on_ranks(argv, tmp_path / "ranks")[0] if how == "--resume PATH" else train_in_process(argv)
+        assert f"resumed from {resumed} at step {int(written.stem[11:]) - 1} " in said, (how, said[-3000:])
+        assert f"note: {resumed} was trained with settings its first weights (--init-from) set, {kept}" in said, how
+        assert "warning: the config differs" not in said, (how, said[-3000:])
+        saved = torch.load(written, weights_only=True)
+        assert saved["config"]["hifigan"]["upsample_initial_channel"] == 128, how
+        assert saved["model"]["generator.conv_pre.bias"].shape == (128,), how
+        assert saved["weights_settings"]["hifigan"]["upsample_initial_channel"] == 128, how
+    saved["weights_settings"]["hifigan"]["upsample_initial_channel"] = 0
+    torch.save(saved, tmp_path / "bad.pt")
+    code, _, errors = run_train_main([*common, "--output-dir", str(tmp_path / "bad"), "--max-steps", "5", "--resume",
+                                      str(tmp_path / "bad.pt")])
+    lines = [line for line in errors.splitlines() if line.startswith("ERROR:")]
+    assert code == 1 and "Traceback" not in errors and lines == [
+        f"ERROR: rank 0: {tmp_path / 'bad.pt'}: its weights_settings: config key 'hifigan.upsample_initial_channel' "
+        "must be >= 1, got 0"], errors[-3000:]
+    assert not list((tmp_path / "bad").glob("checkpoint_*"))
 
 
 # --- jik876/hifi-gan's generator files (utils.checkpoint.published, read_published) --------------------------------

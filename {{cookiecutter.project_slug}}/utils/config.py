@@ -195,6 +195,33 @@ class Config:
         """Plain dict (what checkpoints store; :func:`config_from_dict` loads it back, tuples from JSON lists too)."""
         return {name: value.model_dump() for name, value in self._sections.items()}
 
+    def changed_since(self, before: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+        """``{section: {key: value}}``: the values that differ from ``before`` (an earlier :meth:`to_dict`)."""
+        return {name: changed for name, values in self.to_dict().items()
+                if (changed := {key: value for key, value in values.items() if before.get(name, {}).get(key) != value})}
+
+    def apply(self, values: Any, source: str) -> list[tuple[str, Any, Any]]:
+        """Set ``values`` (``{section: {key: value}}`` as :meth:`changed_since` gives them; ``source``: where they come
+        from, e.g. a checkpoint) in their sections, each section checked whole (types, bounds, checks across keys)
+        before any value is set; returns ``(section.key, old, new)`` for each value that changed. Raises ConfigError
+        naming ``source`` for what is not such an object, an unknown section or key, or a value that fails a check."""
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{source} must be an object of sections, got {type(values).__name__}")
+        schemas, read = {name: type(section) for name, section in self._sections.items()}, {}
+        for name, keys in values.items():
+            cls = _section_cls(source, schemas, name, keys)
+            read[name], errors = _read(cls, {**self._sections[name].model_dump(), **keys})
+            if errors:  # a key's own error first, then a check across keys
+                raise ConfigError(f"{source}: {_explain(name, cls, min(errors, key=lambda error: not error['loc']))}")
+        changed = []
+        for name, keys in values.items():
+            for key in keys:
+                old, new = getattr(self._sections[name], key), getattr(read[name], key)
+                if old != new:
+                    changed.append((f"{name}.{key}", old, new))
+                    setattr(self._sections[name], key, new)
+        return changed
+
 
 def _section_cls(label: str, schemas: Mapping[str, type[Section]], section: str, values: Any) -> type[Section]:
     """The class of section ``section``, once the section and its keys (of ``values``) are known ones."""

@@ -135,15 +135,17 @@ class Checkpointer:
                            "checkpoint is intact")
 
     def load(self, path: str | Path, model_name: str, config: Optional[Mapping[str, Any]] = None,
-             train_utterances: Optional[int] = None) -> dict[str, Any]:
+             train_utterances: Optional[int] = None, saved: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         """Put a checkpoint (a file, or a sharded folder re-cut for this world size) back into every part: the EMA
         afresh from the weights when it has none, the position (``samples_in_epoch`` worked out for an older one), the
         RNG states on the same world size. Rank 0 warns about changed settings of ``config`` (``Config.to_dict()``) and
-        ``train_utterances`` (:func:`warn_changes`). Returns the rest: ``{"world_size": processes that wrote it,
+        ``train_utterances`` (:func:`warn_changes`). ``saved``: its entries where the caller read them already
+        (:func:`read_checkpoint` on this device). Returns the rest: ``{"world_size": processes that wrote it,
         "grad_accumulation", "config", "tracker_runs": {tracker: run id}}``; a :class:`CheckpointError` for an
         unreadable or unsafe file, another model, weights that do not fit, or a weights-only file."""
         rank, sharded = self.dist.rank, folder_reader(path)
-        saved = read_checkpoint(path, self.dist.device, verify=rank == 0)  # rank 0 verified a sharded folder's files
+        if saved is None:  # rank 0 verifies a sharded folder's files
+            saved = read_checkpoint(path, self.dist.device, verify=rank == 0)
         if saved.get("model_name") != model_name:
             raise CheckpointError(f"{path} holds a '{saved.get('model_name')}' model, not '{model_name}'")
         if not sharded:  # the weights first: a state dict of another network is named key by key

@@ -22,7 +22,7 @@ from model import ModelSpec
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.checkpointer import Checkpointer
 from utils.checkpoint.names import last_checkpoint_path
-from utils.checkpoint.resume import agreed_resume_path, world_size_change
+from utils.checkpoint.resume import agreed_resume_path, read_checkpoint, world_size_change
 from utils.checkpoint.weights import load_into, read_weights
 from utils.config import Config, ConfigError
 from utils.data.check import prepare_run
@@ -85,7 +85,8 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
         raise DataError(found)
     cfg.data.exclude = sorted({*cfg.data.exclude, *found})  # load_splits leaves these out
     checkpoint_path = agreed_resume_path(args.resume, output_dir, dist.rank)
-    model = build_model(models, args, cfg, dist, resuming=checkpoint_path is not None)
+    saved = None if checkpoint_path is None else read_checkpoint(checkpoint_path, dist.device, verify=dist.is_main)
+    model, weights_settings = build_model(models, args, cfg, dist, (checkpoint_path, saved))
     precision = setup_precision(cfg.train.precision, dist.device)
     criterion = spec.training.build_criterion(cfg)
     if SHARDING:  # activation checkpointing and FSDP sharding, in place, before the optimizers exist
@@ -98,8 +99,9 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     state, accumulation, run_ids = TrainState(), cfg.train.grad_accumulation, {}
     checkpointer = Checkpointer({"model": model, **checkpoint_parts(spec, optimizers, schedulers, precision.scaler),
                                  "ema": ema, "position": state}, output_dir, dist, cfg.train)
-    if checkpoint_path is not None:
-        accumulation, run_ids = resume(spec, checkpoint_path, checkpointer, cfg, dist, train_utterances)  # state too
+    if saved is not None:
+        accumulation, run_ids = resume(spec, (checkpoint_path, saved), checkpointer, cfg, train_utterances)  # state too
+        saved = None  # its tensors go now, not after DDP's buckets are made
     if state.step >= cfg.train.max_steps:
         if dist.is_main:
             print(f"nothing to train: {output_dir} is at step {state.step} and train.max_steps is "
@@ -116,7 +118,7 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     if dist.is_main:
         announce(spec, cfg, dist, log, data, len(val_loader.dataset))
     info = dict(data_seed=cfg.train.seed, model_name=spec.name, config=cfg.to_dict(), train_utterances=train_utterances,
-                grad_accumulation=accumulation)
+                grad_accumulation=accumulation, **({WEIGHTS_SETTINGS: weights_settings} if weights_settings else {}))
     if TRACKING and dist.is_main:  # the info rank 0 writes: the run ids to continue on a resume
         info["tracker_runs"] = log.writer.run_ids()
     checkpointer.start(log, info)
@@ -145,14 +147,30 @@ def run_writer(spec: ModelSpec, cfg: Config, output_dir: Path, step: int, run_id
     return tensorboard_writer(folder, step)
 
 
+WEIGHTS_SETTINGS = "weights_settings"
+"""The checkpoint entry of the settings a run's first weights set in its config (``{section: {key: value}}``: what a
+published format's ``Published.read`` set, e.g. HiFi-GAN V2's generator sizes); a resume sets them again over the
+config's (:func:`resumed_settings`), so that a fine-tuning job restarts with the command that started it."""
+
+
 def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Config, dist: DistInfo,
-                resuming: bool) -> torch.nn.Module:
-    """The model on this rank's device: one seed everywhere for its weights (DDP also broadcasts rank 0's), the weights of
-    ``--init-from`` unless the run resumes its own checkpoint, then one seed per rank (dropout, crops). A
-    :class:`CheckpointError` where the ``--init-from`` file is unreadable, unsafe, of another model, or does not fit."""
-    spec, weights = models[args.model], None
-    if args.init_from and not resuming:  # read first: a published format may set its sizes in cfg (HiFi-GAN V2, V3)
+                checkpoint: tuple[Optional[Path], Optional[dict]]) -> tuple[torch.nn.Module, dict[str, dict]]:
+    """The model on this rank's device, and the settings its first weights set in ``cfg`` (:data:`WEIGHTS_SETTINGS`):
+    one seed everywhere for its weights (DDP also broadcasts rank 0's); the weights of ``--init-from`` unless the run
+    resumes its own checkpoint (``checkpoint``: its path and entries, else ``(None, None)``), whose settings come from
+    there (:func:`resumed_settings`); then one seed per rank (dropout, crops). A :class:`CheckpointError` where the
+    ``--init-from`` file is unreadable, unsafe, of another model, or does not fit; a :class:`ConfigError` where the
+    checkpoint's settings fail the config's checks."""
+    (path, saved), spec, weights, settings = checkpoint, models[args.model], None, {}
+    if saved is not None:
+        if args.init_from and dist.is_main:
+            print(f"note: --init-from {args.init_from} is not used: {args.output_dir} holds this run's own checkpoint, "
+                  "which it resumes", file=sys.stderr, flush=True)
+        settings = resumed_settings(spec, path, saved, cfg, dist.is_main)
+    elif args.init_from:  # read first: a published format may set its sizes in cfg (HiFi-GAN V2, V3)
+        before = cfg.to_dict()
         weights = read_weights(args.init_from, models, cfg)  # this project's checkpoint, or a published one
+        settings = cfg.changed_since(before)
         if weights.model_name != spec.name:
             raise CheckpointError(f"--init-from {args.init_from} holds a '{weights.model_name}' model; this run trains "
                                   f"'{spec.name}' (--model {weights.model_name}?)")
@@ -165,16 +183,34 @@ def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Con
             fresh = f"; {', '.join(prefix.rstrip('.') for prefix in kept)} start afresh" if kept else ""
             print(f"initialised {spec.name} from {args.init_from}, {weights.source}{fresh}; a fresh optimizer, step 0",
                   file=sys.stderr, flush=True)
-    elif args.init_from and dist.is_main:
-        print(f"note: --init-from {args.init_from} is not used: {args.output_dir} holds this run's own checkpoint, "
-              "which it resumes", file=sys.stderr, flush=True)
     model = model.to(dist.device)
     seed = cfg.train.seed + dist.rank
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.backends.cudnn.benchmark = cfg.train.cudnn_benchmark
-    return model
+    return model, settings
+
+
+def resumed_settings(spec: ModelSpec, path: Path, saved: Any, cfg: Config, is_main: bool) -> dict[str, dict]:
+    """The settings the first weights of the run in ``saved`` (the entries of its checkpoint at ``path``) set
+    (:data:`WEIGHTS_SETTINGS`), set in ``cfg`` again and returned; rank 0 names in one line those that differ from the
+    config's; ``{}`` for a checkpoint without them or of another model (:meth:`Checkpointer.load` refuses it). A
+    :class:`ConfigError` naming the checkpoint where they are not settings of this config or fail its checks."""
+    if not isinstance(saved, dict) or saved.get("model_name") != spec.name or WEIGHTS_SETTINGS not in saved:
+        return {}
+    changed = cfg.apply(saved[WEIGHTS_SETTINGS], f"{path}: its {WEIGHTS_SETTINGS}")
+    if changed and is_main:
+        print(f"note: {path} was trained with settings its first weights (--init-from) set, kept over the config's: "
+              + ", ".join(f"{key}={compact(new)} (config: {compact(old)})" for key, old, new in changed),
+              file=sys.stderr, flush=True)
+    return {name: {key: getattr(cfg.section(name), key) for key in keys}
+            for name, keys in saved[WEIGHTS_SETTINGS].items()}
+
+
+def compact(value: Any) -> str:
+    """A setting's value as ``--set`` takes it, without spaces: ``128``, ``[3,7,11]``, ``"text"``."""
+    return json.dumps(value, separators=(",", ":"))
 
 
 def build_ema(spec: ModelSpec, model, cfg: Config) -> Optional[EMA]:
@@ -202,16 +238,18 @@ def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo) -> tuple[DataLoa
     return train_loader, val_loader
 
 
-def resume(spec: ModelSpec, path: Path, checkpointer: Checkpointer, cfg: Config, dist: DistInfo,
+def resume(spec: ModelSpec, checkpoint: tuple[Path, dict], checkpointer: Checkpointer, cfg: Config,
            train_utterances: int) -> tuple[int, dict[str, str]]:
-    """Put the checkpoint at ``path`` back into the run's parts (:meth:`Checkpointer.load`, raising what it raises);
-    returns the gradient accumulation that keeps the global batch on another number of processes, and the trackers'
-    run ids the checkpoint holds (``{}``: none). A :class:`CheckpointError` for a single file and an FSDP run."""
+    """Put the checkpoint back into the run's parts (:meth:`Checkpointer.load`, raising what it raises; ``checkpoint``:
+    its path and the entries read there); returns the gradient accumulation that keeps the global batch on another
+    number of processes, and the trackers' run ids the checkpoint holds (``{}``: none). A :class:`CheckpointError` for
+    a single file and an FSDP run."""
+    (path, saved), dist = checkpoint, checkpointer.dist
     accumulation, batch_size = cfg.train.grad_accumulation, cfg.section(spec.name).batch_size
     if cfg.train.sharded and not Path(path).is_dir():
         raise CheckpointError(f"{path} is a single-file checkpoint (train.parallelism=ddp); continue "
                               "it with train.parallelism=ddp (a ddp run reads sharded checkpoints too)")
-    before = checkpointer.load(path, spec.name, config=cfg.to_dict(), train_utterances=train_utterances)
+    before = checkpointer.load(path, spec.name, config=cfg.to_dict(), train_utterances=train_utterances, saved=saved)
     state = checkpointer.position
     note = None
     if before["config"].get("train", {}).get("grad_accumulation", accumulation) == accumulation:
