@@ -2,6 +2,7 @@
 at all, the checkpoint_last link, keep_last, the fallback past a damaged folder; inference.py from a folder and from
 its consolidated file (python -m scripts.consolidate_checkpoint). Written by 2 real processes: tests/test_fsdp.py."""
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import inference
 from models import MODELS
 from utils.checkpoint.names import list_sharded_checkpoints
 from utils.checkpoint.resume import resume_path
+from utils.checkpoint.sharded import sharded_intact
 
 pytestmark = pytest.mark.skipif(TEST_MODEL is None, reason="no model is registered in model.py")
 
@@ -171,23 +173,41 @@ def test_a_full_disk_in_a_sharded_save_is_one_line_naming_it(saved, tmp_path):
 
 
 def unchecked_folder(tmp_path):
-    """``(folder, note)``: a sharded checkpoint of 2 steps in ``tmp_path`` without its checksums.json and with a bit
-    flip in its largest shard, and the note a command that reads it must print once."""
+    """``(folder, warning)``: a sharded checkpoint of 2 steps in ``tmp_path`` without its checksums.json and with a bit
+    flip in its largest shard, and the warning a command that reads it must print once."""
     write_checkpoints(tmp_path, [2])
     folder = tmp_path / "checkpoint_2"
     (folder / "checksums.json").unlink()
     flip_bytes(max(folder.glob("*.distcp"), key=lambda p: p.stat().st_size))
-    return folder, (f"note: {folder} has no checksums.json (written before checksums, or copied without it): its "
-                    "shards cannot be checked for damage")
+    return folder, (f"warning: {folder} has no checksums.json (written before checksums, or copied without it): its "
+                    "weights are unverified (damage to its shards cannot be found)")
+
+
+def test_a_listing_that_leaves_out_a_file_is_damage_and_resume_auto_falls_back(tmp_path):
+    """A folder whose shard changed and whose checksums.json lists nothing (``{}``), or all but that shard: what a
+    save never writes, so damaged, not a folder from before checksums."""
+    write_checkpoints(tmp_path, [2, 4])
+    folder = tmp_path / "checkpoint_4"
+    shard = max(folder.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    flip_bytes(shard)
+    listing = json.loads((folder / "checksums.json").read_text())
+    for kept, unlisted in (({}, f".metadata, {shard.name}, train_state.pt"),
+                           ({name: entry for name, entry in listing.items() if name != shard.name}, shard.name)):
+        (folder / "checksums.json").write_text(json.dumps(kept))
+        assert sharded_intact(folder) == f"damaged (its checksums.json does not list {unlisted}: their bytes cannot " \
+                                         "be checked)"
+    path, notes = resume_path("auto", tmp_path)
+    assert path == tmp_path / "checkpoint_2" and len(notes) == 1, notes
+    assert f"does not list {shard.name}" in notes[0] and "checkpoint_4 -> checkpoint_4.damaged" in notes[0], notes[0]
 
 
 @pytest.mark.slow  # a whole checkpoint written, damaged and consolidated
 def test_a_folder_without_its_checksums_is_read_with_a_line_saying_so(tmp_path):
     """A folder written before checksums (or copied without its checksums.json): a bit flip in it cannot be found, so
-    every command that reads it says that its shards are unchecked (once), then reads it (``scripts.export``:
+    every command that reads it warns that its weights are unverified (once), then reads it (``scripts.export``:
     ``tests/test_tools_sharded.py``). ``python -m scripts.consolidate_checkpoint``'s main in this process: what is
     proven is what it reads and says, not the launch."""
-    folder, note = unchecked_folder(tmp_path)
+    folder, warning = unchecked_folder(tmp_path)
     done = run("scripts.consolidate_checkpoint", str(folder), "--output", str(tmp_path / "whole.pt"), check=False)
-    assert done.returncode == 0 and done.stderr.splitlines().count(note) == 1, done.stderr
-    assert "checksums.json" not in done.stderr.replace(note, ""), done.stderr
+    assert done.returncode == 0 and done.stderr.splitlines().count(warning) == 1, done.stderr
+    assert "checksums.json" not in done.stderr.replace(warning, ""), done.stderr

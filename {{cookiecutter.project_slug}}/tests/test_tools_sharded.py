@@ -53,10 +53,10 @@ def test_an_honest_sharded_folder_imports_and_consolidates_to_the_same_weights(s
 @pytest.mark.slow  # a whole checkpoint written, damaged and exported
 def test_a_folder_without_its_checksums_exports_with_a_line_saying_so(tmp_path):
     """A folder written before checksums (or copied without its checksums.json): a bit flip in it cannot be found, so
-    ``scripts.export`` says once that its shards are unchecked, then writes the release file (its main in this
+    ``scripts.export`` warns once that its weights are unverified, then writes the release file (its main in this
     process: what is proven is what it reads and says, not the launch)."""
-    folder, note = unchecked_folder(tmp_path)
+    folder, warning = unchecked_folder(tmp_path)
     done = run_main("scripts.export", "--checkpoint", str(folder), "--format", "release", "--output",
                     str(tmp_path / "release.pt"), check=False)
-    assert done.returncode == 0 and done.stderr.splitlines().count(note) == 1, done.stderr
-    assert "checksums.json" not in done.stderr.replace(note, "") and (tmp_path / "release.pt").is_file(), done.stderr
+    assert done.returncode == 0 and done.stderr.splitlines().count(warning) == 1, done.stderr
+    assert "checksums.json" not in done.stderr.replace(warning, "") and (tmp_path / "release.pt").is_file(), done.stderr

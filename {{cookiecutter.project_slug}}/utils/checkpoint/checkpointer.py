@@ -13,7 +13,7 @@ import torch
 
 from distributed import CollectiveError, DistInfo, all_gather_object, collective, reduce_tensor, split_over_ranks
 from utils.checkpoint.files import CheckpointError, load_model_state
-from utils.checkpoint.names import last_checkpoint
+from utils.checkpoint.names import last_checkpoint, last_good_checkpoint
 from utils.checkpoint.resume import check_training_state, folder_reader, read_checkpoint, saved_config, warn_changes
 from utils.checkpoint.state import (STATEFUL_PARTS, NamedStates, capture_rng_state, checkpoint_bytes, restore_rng_state,
                                     save_checkpoint, takes_links, training_checkpoint)
@@ -53,6 +53,7 @@ class Checkpointer:
             output_dir, dist.rank, train.async_checkpoint, train.keep_last, train.dist_timeout_s)
         self.log: Optional[RunLog] = None
         self.info: dict[str, Any] = {}
+        self.origin: Optional[Path] = None  # the checkpoint :meth:`load` read, until a save of this run completes
         self.grace = GracePeriod(os.environ)
 
     def start(self, log: RunLog, info: Mapping[str, Any]) -> None:
@@ -81,6 +82,8 @@ class Checkpointer:
         t_save, step, is_main = time.perf_counter(), self.position.step, self.dist.is_main
         path = self.write(dict(self.info, torch_version=str(torch.__version__),
                                git_commit=git_commit() if is_main else None))
+        if self.writer is None or not self.writer.async_save:
+            self.origin = None  # saved: the weights since are this run's (a background save: once it completes)
         if path is not None:
             background = self.writer is not None and self.writer.async_save
             self.log.print(f"step {step}: " + (f"saving {path} in the background" if background else f"saved {path}"))
@@ -90,13 +93,16 @@ class Checkpointer:
     def write(self, info: Mapping[str, Any]) -> Optional[Path]:
         """Write every part at ``position.step``, with the provenance ``info`` stored as is: the file (rank 0) or the
         folder (every rank; with ``train.async_checkpoint`` still being written), else ``None``. A
-        :class:`TrainingError` where the weights are not finite on some rank (nothing saved), a
-        :class:`CheckpointError` where a file could not be written (a full disk; earlier checkpoints are kept)."""
+        :class:`TrainingError` where the weights are not finite on some rank (nothing saved; it names ``checkpoint_last``
+        as the last good checkpoint, but not the checkpoint the run loaded while no save has followed: the one before
+        it), a :class:`CheckpointError` where a file could not be written (a full disk; earlier checkpoints are kept)."""
         dist, step, ema = self.dist, self.position.step, self.parts.get("ema")
         broken = nonfinite_weight(self.model)
         if reduce_tensor(torch.tensor([float(broken is not None)], device=dist.device), op="sum").item():
+            good = last_checkpoint(self.output_dir) if self.origin is None else \
+                last_good_checkpoint(self.output_dir, step, 0, self.origin)
             raise TrainingError(f"step {step}: the weights are not finite ({broken or 'on another rank'}): not "
-                                f"saved; last good checkpoint: {last_checkpoint(self.output_dir)}")
+                                f"saved; last good checkpoint: {good}")
         rng = all_gather_object(capture_rng_state())
         info = dict(info)
         if ema is not None:  # sharded: every rank writes its shards of the averages too
@@ -112,9 +118,19 @@ class Checkpointer:
             return self.writer.save(step, self.model, self._optimizers(), train_state,
                                     extra={"ema": ema.state_dict()} if ema is not None else None)
 
+    def suspect(self) -> Optional[Path]:
+        """The checkpoint :meth:`load` read, while no save of this run has completed since, when the weights are not
+        finite (on some rank): they came from it, so no message names it a good checkpoint; else ``None``. Every rank
+        calls it together (one all-reduce)."""
+        broken = nonfinite_weight(self.model) is not None
+        if reduce_tensor(torch.tensor([float(broken)], device=self.dist.device), op="sum").item():
+            return self.origin
+        return None
+
     def poll(self) -> None:
         """Complete a background save that has finished, and say so (cheap: call it every step)."""
         if self.writer is not None and (done := self.writer.poll()) is not None:
+            self.origin = None
             self.log.print(f"step {self.position.step}: saved {done} (written in the background)")
 
     def finish(self) -> None:
@@ -124,6 +140,7 @@ class Checkpointer:
             return
         with collective("background checkpoint save"):
             done = self.writer.wait()
+        self.origin = None
         self.log.print(f"saved {done} (written in the background)")
 
     def finish_after_error(self) -> None:
@@ -146,6 +163,7 @@ class Checkpointer:
         rank, sharded = self.dist.rank, folder_reader(path)
         if saved is None:  # rank 0 verifies a sharded folder's files
             saved = read_checkpoint(path, self.dist.device, verify=rank == 0)
+        self.origin = Path(path).parent / os.readlink(path) if Path(path).is_symlink() else Path(path)
         if saved.get("model_name") != model_name:
             raise CheckpointError(f"{path} holds a '{saved.get('model_name')}' model, not '{model_name}'")
         if not sharded:  # the weights first: a state dict of another network is named key by key

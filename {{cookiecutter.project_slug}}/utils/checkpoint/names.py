@@ -69,6 +69,23 @@ def last_checkpoint(output_dir: str | Path) -> str:
     return f"{path} ({os.readlink(path)})" if path.is_symlink() else str(path)
 
 
+def last_good_checkpoint(output_dir: str | Path, step: int, skips_before: int,
+                         suspect: Optional[Path] = None) -> str:
+    """The newest checkpoint of ``output_dir`` (file or sharded folder) to name as good at an anomaly of ``step`` after
+    ``skips_before`` updates skipped in a row: a first one may be its batch's fault, so one saved before ``step``; in a
+    run of skips from step ``b`` on, the weights after step ``b - 1``'s update are the ones that keep failing (every
+    checkpoint since holds them), so one saved before ``b - 1``. Else ``"none kept from before step N"``. ``suspect``:
+    a checkpoint never named (the one a run loaded its weights from when they turned non-finite before a save: loaded
+    again, it leads there again); where it was passed over, the answer says so."""
+    before = step - skips_before - (skips_before > 0)
+    earlier = [path for path in list_numbered(output_dir) if step_of(path) < before]
+    kept = [path for path in earlier if suspect is None or os.path.realpath(path) != os.path.realpath(suspect)]
+    good = str(kept[-1]) if kept else f"none kept from before step {before}"
+    if len(kept) == len(earlier):
+        return good
+    return f"{good} (not {suspect}: the weights this run loaded from it turned non-finite before a save)"
+
+
 def temporary(path: str | Path) -> Path:
     """This process's temporary for an atomic write of ``path``: ``.<name>.tmp<pid>`` beside it."""
     path = Path(path)

@@ -76,16 +76,18 @@ def write_checksums(folder: Path) -> None:
     atomic_write_bytes(folder / CHECKSUMS_NAME, json.dumps(listing, indent=1).encode())
 
 
-def checksum_problem(folder: Path) -> Optional[str]:
+def checksum_problem(folder: Path, read: tuple[str, ...] = ()) -> Optional[str]:
     """Why a file of ``folder`` does not match :data:`CHECKSUMS_NAME` (missing, another size, another CRC-32), or
-    ``None``; also ``None`` without that file (a folder from before checksums), with a note on stderr once. Remembered
-    per folder and mtime."""
+    ``None``; a listing that leaves out a file of ``read`` (the files a load reads: ``.metadata``, the shards,
+    ``train_state.pt``) is damage too (a save lists every file). ``None`` without that file (a folder from before
+    checksums, or copied without it), with a warning on stderr once that its weights are unverified. Remembered per
+    folder and mtime."""
     listing_path = folder / CHECKSUMS_NAME
     if not listing_path.is_file():
         if (str(folder.resolve()), 0) not in _verified:
             _verified[(str(folder.resolve()), 0)] = None
-            print(f"note: {folder} has no {CHECKSUMS_NAME} (written before checksums, or copied without it): its "
-                  "shards cannot be checked for damage", file=sys.stderr, flush=True)
+            print(f"warning: {folder} has no {CHECKSUMS_NAME} (written before checksums, or copied without it): its "
+                  "weights are unverified (damage to its shards cannot be found)", file=sys.stderr, flush=True)
         return None
     key = (str(folder.resolve()), listing_path.stat().st_mtime_ns)
     if key not in _verified:
@@ -94,27 +96,34 @@ def checksum_problem(folder: Path) -> Optional[str]:
             expected = {name: (int(entry["bytes"]), str(entry["crc32"])) for name, entry in listing.items()}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             return f"its {CHECKSUMS_NAME} does not read ({one_line(err)})"
-        problem = None
-        for name, (size, crc) in sorted(expected.items()):
-            file = folder / name
-            if not file.is_file():
-                problem = f"{name} is missing"
-            elif file.stat().st_size != size:
-                problem = f"{name} has {file.stat().st_size} bytes, {size} were written"
-            elif file_crc32(file) != crc:
-                problem = f"{name} fails its CRC-32 check (its bytes changed after it was written)"
-            if problem:
-                break
-        _verified[key] = problem
+        if unlisted := sorted(set(read) - set(expected)):
+            return f"its {CHECKSUMS_NAME} does not list {few(unlisted)}: their bytes cannot be checked"
+        _verified[key] = _first_mismatch(folder, expected)
     return _verified[key]
+
+
+def _first_mismatch(folder: Path, expected: dict[str, tuple[int, str]]) -> Optional[str]:
+    """The first file of ``expected`` (``{name: (bytes, crc32)}``) that ``folder`` lacks or holds otherwise, said."""
+    for name, (size, crc) in sorted(expected.items()):
+        file = folder / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes, {size} were written"
+        if file_crc32(file) != crc:
+            return f"{name} fails its CRC-32 check (its bytes changed after it was written)"
+    return None
 
 
 def sharded_intact(path: str | Path) -> Optional[str]:
     """Why the sharded checkpoint folder at ``path`` cannot be loaded, or ``None``. ``"unsafe: ..."``: it holds code
     (a ``.metadata`` pickling other globals than DCP's metadata, a non-tensor entry or ``train_state.pt`` pickling
     other objects than tensors and primitives; refused, nothing was run); ``"damaged (...)"``: its files fail their
-    checksums, its ``.metadata`` does not read, a shard it names is missing or short, its train state is not
-    :func:`intact`. Every loader of a folder asks this first (:mod:`utils.checkpoint.safe_dcp` reads it as data)."""
+    checksums (or its :data:`CHECKSUMS_NAME` does not list every file a load reads), its ``.metadata`` does not read or
+    holds what no save writes (:func:`utils.checkpoint.safe_dcp.metadata_problem`), a shard it names is missing or
+    short, its entries declare more bytes than its shards hold, its train state is not :func:`intact`. Without a
+    :data:`CHECKSUMS_NAME` all but the shards' bytes is checked, with one warning. Every loader of a folder asks this
+    first (:mod:`utils.checkpoint.safe_dcp` reads it as data)."""
     from utils.checkpoint import safe_dcp  # it imports DCP
     path = Path(path)
     if not path.exists():
@@ -123,7 +132,9 @@ def sharded_intact(path: str | Path) -> Optional[str]:
         return "not a sharded checkpoint (it has no .metadata of torch.distributed.checkpoint)"
     try:
         metadata = safe_dcp.read_metadata(path)
-        if (problem := checksum_problem(path)) is not None:
+        read = {".metadata", TRAIN_STATE_NAME, *(info.relative_path for info in metadata.storage_data.values())}
+        present = tuple(sorted(name for name in read if Path(name).name == name and (path / name).is_file()))
+        if (problem := checksum_problem(path, present)) is not None:
             return f"damaged ({problem})"
         if (problem := safe_dcp.entry_problem(path, metadata)) is not None:
             return f"damaged ({problem})"

@@ -8,12 +8,12 @@ import dataclasses
 import math
 import time
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
 from distributed import DistInfo, all_gather_object, reduce_tensor
-from utils.checkpoint.names import list_numbered, step_of
+from utils.checkpoint.names import last_good_checkpoint
 from utils.errors import TrainingError
 from utils.run_log import RunLog, StepRecord
 from utils.train_state import TrainState
@@ -88,16 +88,6 @@ class StepOutcome(StepRecord):
             self.stop_requested, self.items = bool(numbers.counts.stop_requests), numbers.counts.items
 
 
-def last_good_checkpoint(output_dir: Path, step: int, skips_before: int) -> str:
-    """The newest checkpoint of ``output_dir`` (file or sharded folder) to name as good at an anomaly of ``step`` after
-    ``skips_before`` updates skipped in a row: a first one may be its batch's fault, so one saved before ``step``; in a
-    run of skips from step ``b`` on, the weights after step ``b - 1``'s update are the ones that keep failing (every
-    checkpoint since holds them), so one saved before ``b - 1``. Else ``"none kept from before step N"``."""
-    before = step - skips_before - (skips_before > 0)
-    kept = [path for path in list_numbered(output_dir) if step_of(path) < before]
-    return str(kept[-1]) if kept else f"none kept from before step {before}"
-
-
 class SpikeMonitor:
     """Flags a spike of one series: a value above ``high + (factor - 1) * max(|high|, high - low)`` of the last
     ``window`` values (``factor * high`` for a positive series; the rest: WaveGlow's negative loss), after ``warmup``
@@ -131,10 +121,13 @@ class SpikeMonitor:
 class Anomalies:
     """The verdicts on each phase's update: a non-finite loss or gradient norm or a spike is logged to
     ``anomalies.jsonl`` with every rank's utterance ids, skipped, or stops the run naming the last good checkpoint;
-    too many skips in a row stop it. ``phases``: how many the model has (with several, messages name the phase)."""
+    too many skips in a row stop it. ``phases``: how many the model has (with several, messages name the phase).
+    ``suspect``: the checkpoint not to name as good (``Checkpointer.suspect``: the one the weights, no longer finite,
+    came from before a save; every rank calls it, at a non-finite anomaly and at a stop for skips)."""
 
-    def __init__(self, train_cfg, scaler, state: TrainState, log: RunLog, phases: int):
-        self.cfg, self.scaler, self.state, self.log = train_cfg, scaler, state, log
+    def __init__(self, train_cfg, scaler, state: TrainState, log: RunLog, phases: int,
+                 suspect: Callable[[], Optional[Path]] = lambda: None):
+        self.cfg, self.scaler, self.state, self.log, self.suspect = train_cfg, scaler, state, log, suspect
         self.name_phases = phases > 1
 
     def _of(self, phase: Phase) -> str:
@@ -154,7 +147,7 @@ class Anomalies:
         if not searching:
             state.skips_in_a_row[phase.name] = state.skips_in_a_row.get(phase.name, 0) + 1 if verdict.skipped else 0
         if limit and (skips := state.skips_in_a_row.get(phase.name, 0)) >= limit:
-            good = last_good_checkpoint(self.log.output_dir, step, skips - 1)
+            good = last_good_checkpoint(self.log.output_dir, step, skips - 1, self.suspect())
             raise TrainingError(f"step {step}: the update{self._of(phase)} was skipped {skips} steps in a row "
                                 "(non-finite loss or gradients, spikes or fp16 overflows; train.max_skips_in_a_row is "
                                 f"{limit}): skipping does not recover this run (a learning rate too high? broken "
@@ -176,7 +169,8 @@ class Anomalies:
             return False
         action = self.cfg.on_nonfinite if kind == "nonfinite" else self.cfg.on_spike
         all_ids = sum(all_gather_object(ids), [])
-        good = last_good_checkpoint(self.log.output_dir, step, self.state.skips_in_a_row.get(phase.name, 0))
+        good = last_good_checkpoint(self.log.output_dir, step, self.state.skips_in_a_row.get(phase.name, 0),
+                                    self.suspect() if kind == "nonfinite" else None)
         if action == "stop":
             raise TrainingError(f"step {step}: {message}; batch utterances: {', '.join(map(str, all_ids))}; last good "
                                 f"checkpoint: {good}")

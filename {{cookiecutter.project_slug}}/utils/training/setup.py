@@ -129,7 +129,7 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     return Run(spec=spec, cfg=cfg, dist=dist, output_dir=output_dir, state=state, phases=phases,
                step_fn=spec.training.phases.train_step if spec.training.phases is not None else one_loss_step(criterion),
                precision=precision, data=data, ema=ema, log=log, validator=validator, checkpointer=checkpointer,
-               anomalies=Anomalies(cfg.train, precision.scaler, state, log, len(phases)),
+               anomalies=Anomalies(cfg.train, precision.scaler, state, log, len(phases), checkpointer.suspect),
                balance=BalanceMonitor(cfg.train.memory_imbalance, cfg.train.straggler_share,  # forward_backward's clock:
                                       clock="cpu" if dist.device.type == "cpu" else "wall"))
 
