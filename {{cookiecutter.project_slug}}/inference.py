@@ -20,6 +20,7 @@ import torch
 
 from models import MODELS
 from models.schemas import config_schemas
+from utils.checkpoint.budget import build_recorded
 from utils.checkpoint.files import CheckpointError, load_model_state
 from utils.checkpoint.resume import folder_reader, read_checkpoint
 from utils.checkpoint.state import RELEASE_FORMAT, in_modules
@@ -39,7 +40,9 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
     import that recorded null, and a line on stderr says so).
 
     Raises:
-        CheckpointError: unreadable or unsafe file, a model this project does not define, or weights that do not fit.
+        CheckpointError: unreadable or unsafe file, a model this project does not define, a recorded config that
+            builds a larger model than the checkpoint's bytes justify (:func:`utils.checkpoint.budget.build_recorded`:
+            refused before that is allocated), or weights that do not fit.
         ConfigError: the checkpoint's config does not load (e.g. a key this version does not know).
     """
     state = read_checkpoint(path)
@@ -53,8 +56,9 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
         print(f"note: {path} records no audio.mel_framing (an import of an earlier version): its mels are framed as "
               f"{name}'s reference frames them, {cfg.audio.mel_framing} (ModelSpec.recipe)", file=sys.stderr,
               flush=True)
-    try:
-        model = MODELS[name].build_model(cfg)
+    release = state.get("format") == RELEASE_FORMAT
+    try:  # within what the checkpoint's bytes justify: its config may be crafted too
+        model = build_recorded(lambda: MODELS[name].build_model(cfg), path, release)
     except ValueError as err:
         raise CheckpointError(f"{path}: its {name} config does not build a model: {one_line(err)}") from None
     averaged = averaged_parameters(model, MODELS[name].inference_modules)
@@ -62,7 +66,7 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
     if (sharded := folder_reader(path)) is not None:
         ema = {key: torch.empty_like(param) for key, param in averaged.items()} if state.get("ema_saved") else None
         sharded.load_sharded(path, model, [], extra=None if ema is None else {"ema": ema})
-    elif state.get("format") == RELEASE_FORMAT:  # the inference modules' weights; the rest stays as built
+    elif release:  # the inference modules' weights; the rest stays as built
         kept = {key: value for key, value in model.state_dict().items()
                 if not in_modules(key, MODELS[name].inference_modules)}
         load_model_state(model, {**kept, **state["model"]}, str(path))

@@ -20,7 +20,8 @@
   session, not once per pytest-xdist worker.
 * :func:`write_checkpoints`: sharded checkpoint folders of ``TEST_MODEL`` written in this process.
 * :func:`run_train_main`, :func:`train_in_process`: ``train.py`` inside the test's process, where what is proven is not
-  the launch; :func:`run_main`: another command line of the project (``inference``, ``scripts.NAME``) likewise.
+  the launch; :func:`run_main`: another command line of the project (``inference``, ``scripts.NAME``) likewise;
+  :func:`mains_within`: several of them in one fresh process of bounded memory (what they allocate is tested).
 
 Time limits follow the machine, not a fast laptop. A GPU host starts every process slowly (CUDA and NCCL
 initialisation take seconds) and ``pytest -n auto`` runs many jobs at once; so every bound on a job's wall time
@@ -721,6 +722,40 @@ def run_main(*args, check=True) -> subprocess.CompletedProcess:
     if check:
         assert code == 0, done.stderr[-3000:]
     return done
+
+
+MAINS_WITHIN = '''
+import contextlib, importlib, io, json, resource, sys, traceback
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+said = []
+for module, *argv in json.loads(sys.argv[2]):
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            code = importlib.import_module(module).main(argv)
+        except SystemExit as exit_:  # argparse's usage errors
+            code = exit_.code
+        except Exception:  # noqa: BLE001 - the test reads it: a traceback is what it must not see
+            code = None
+            traceback.print_exc()
+    said.append([code, err.getvalue()])
+print(json.dumps({"said": said, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+'''
+
+
+def mains_within(commands: list, limit: int = 2 << 30) -> tuple[list[tuple[Optional[int], str]], int]:
+    """Each of ``commands`` (``[module, its arguments...]``: ``train``, ``inference``, ``scripts.NAME``) through the
+    module's ``main``, one after the other in one fresh process whose address space is limited to ``limit`` bytes
+    (``RLIMIT_AS``: an allocation past it fails in that process, never takes this machine's memory). Returns each
+    one's ``(exit status, stderr)`` (``None`` and the traceback where it raised) and the process's peak resident
+    bytes (``getrusage``)."""
+    env = clean_env(1, cpu_only=True, MALLOC_ARENA_MAX="2")  # glibc's arenas reserve 64 MB of address space each
+    done = subprocess.run([sys.executable, "-c", MAINS_WITHIN, str(limit), json.dumps(commands)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=bound(120, starts=1))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    return [tuple(said) for said in result["said"]], result["peak"]
 
 
 def launch_command(path) -> list[str]:

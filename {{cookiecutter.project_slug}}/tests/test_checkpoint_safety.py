@@ -6,9 +6,14 @@ marker never appears.
 
 The routes: a ``.pt`` file (``torch.save``'s zip archive; PyTorch's legacy pickle format; a published format's
 pickled module holding the payload). Everything runs in this process
-(``conftest.run_main``, ``conftest.run_train_main``): what is proven is what a load runs, not the launch."""
+(``conftest.run_main``, ``conftest.run_train_main``): what is proven is what a load runs, not the launch.
+
+Nor does a harmless crafted file cost more than its bytes: a recorded config asking for a model far larger than the
+file (``inference.py``, ``scripts.export``), entries of other types than ``train.py`` writes (``--resume``). Each is one line, in a process whose memory is bounded and measured (``conftest.mains_within``);
+``--resume auto`` passes over such a file as over a damaged one."""
 
 import io
+import os
 import shutil
 import sys
 import types
@@ -17,9 +22,12 @@ from typing import Optional
 
 import pytest
 import torch
-from conftest import TEST_MODEL, OpensAFile, made_once, run_main, run_train_main, synth_corpus, train_in_process
+from conftest import (TEST_MODEL, OpensAFile, bound, made_once, mains_within, run_main, run_ranks, run_train_main,
+                      synth_corpus, train_in_process)
 
 from models import MODELS
+from utils.checkpoint.state import in_modules
+from utils.parts import has_part
 
 pytestmark = pytest.mark.skipif(TEST_MODEL is None, reason="no model is registered in models/__init__.py")
 
@@ -154,3 +162,143 @@ def test_a_pt_file_holding_code_under_resume_auto_is_refused_and_kept(single, tm
                                    str(out), "--max-steps", "3", "--resume", "auto"])
     assert_refused(code, err, marker, out / "checkpoint_last.pt")
     assert (out / "checkpoint_last.pt").read_bytes() == path.read_bytes(), "the refused file is kept as it was"
+
+
+# --- crafted sizes and entries: harmless files that once ended in a traceback or took the machine's memory --------
+
+WIDER = {"waveglow": {"wn_channels": 100_000}, "hifigan": {"upsample_initial_channel": 100_000},
+         "tacotron2": {"encoder_n_convolutions": 10**9}}
+"""Each example model's own crafted size: layers 240 GB wide (WaveGlow), or 10^9 layers (Tacotron2)."""
+TOOLS = has_part("scripts.export")  # the after-training tools: export builds from the recorded config too
+
+
+def recorded(honest: Path, target: Path, release: bool = False, **sections: dict) -> Path:
+    """A copy of the checkpoint ``honest`` whose recorded config has ``sections`` (``{key: value}`` each) set;
+    ``release``: as ``scripts.export --format release`` writes one (the inference modules' weights only)."""
+    state = torch.load(honest, weights_only=True)
+    config = {**state["config"], **{name: {**state["config"][name], **keys} for name, keys in sections.items()}}
+    if release:
+        modules = MODELS[state["model_name"]].inference_modules
+        state = {"format": "release", "model_name": state["model_name"], "step": state["step"], "ema_weights": False,
+                 "model": {key: value for key, value in state["model"].items() if in_modules(key, modules)}}
+    torch.save({**state, "config": config}, target)
+    return target
+
+
+def spoiled_lrs(entry: dict) -> dict:
+    """A scheduler entry (one state dict, or several by phase) whose ``base_lrs`` are a string."""
+    if "base_lrs" in entry:
+        return {**entry, "base_lrs": "0.1"}
+    return {phase: spoiled_lrs(state) for phase, state in entry.items()}
+
+
+def entries(honest: Path) -> dict:
+    """``{case: entries that replace the checkpoint's}``: of a type ``train.py`` never writes, each."""
+    state = torch.load(honest, weights_only=True)
+    rng = state["rng"][0]
+    return {"rng": {"rng": "seeded"}, "rng of rank 1": {"rng": [rng, {**rng, "torch": torch.zeros(3)}]},
+            "scheduler": {"scheduler": [state["scheduler"]]},
+            "scheduler's lrs": {"scheduler": spoiled_lrs(state["scheduler"])}, "optimizer": {"optimizer": 0.001}}
+
+
+@pytest.fixture(scope="module")
+def crafted(single, tmp_path_factory):
+    """``({case: (crafted file, exit status, stderr)}, peak bytes)``: ``inference.py`` (and ``scripts.export``, where
+    the project has the after-training tools) on recorded configs of larger models, and ``train.py --resume PATH`` on
+    entries of other types (:func:`entries`), all in one process of at most 2 GiB of address space
+    (:func:`conftest.mains_within`)."""
+    corpus, out = single
+    where, honest = tmp_path_factory.mktemp("crafted"), out / "checkpoint_2.pt"
+    larger = {"audio.n_mels": recorded(honest, where / "mels.pt", audio={"n_mels": 10**6}),
+              "release audio.n_mels": recorded(honest, where / "release.pt", True, audio={"n_mels": 10**6}),
+              **{f"{TEST_MODEL}.{key}": recorded(honest, where / f"{key}.pt", **{TEST_MODEL: {key: value}})
+                 for key, value in WIDER.get(TEST_MODEL, {}).items()}}
+    runs = {case: (path, ["inference", "--checkpoint", str(path), "--device", "cpu", "--output", str(where / "x.wav")])
+            for case, path in larger.items()}
+    if TOOLS:
+        runs["export audio.n_mels"] = (larger["audio.n_mels"], [
+            "scripts.export", "--checkpoint", str(larger["audio.n_mels"]), "--format", "release", "--output",
+            str(where / "exported.pt")])
+    state = torch.load(honest, weights_only=True)
+    for case, change in entries(honest).items():
+        path = where / f"{case.replace(' ', '_')}.pt"
+        torch.save({**state, **change}, path)
+        runs[case] = (path, ["train", *COMMON, "--model", TEST_MODEL, "--dataset-path", str(corpus), "--max-steps",
+                             "3", "--output-dir", str(where / f"out_{path.stem}"), "--resume", str(path)])
+    said, peak = mains_within([command for _, command in runs.values()])
+    return {case: (path, *outcome) for (case, (path, _)), outcome in zip(runs.items(), said)}, peak
+
+
+def one_line(code, err: str) -> str:
+    """The one ``ERROR:`` line of a refusal: exit status 1, no traceback."""
+    errors = [line for line in err.splitlines() if line.startswith("ERROR")]
+    assert code == 1 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    return errors[0]
+
+
+@pytest.mark.parametrize("case", ["audio.n_mels", "release audio.n_mels", *(["export audio.n_mels"] if TOOLS else []),
+                                  *(f"{TEST_MODEL}.{key}" for key in WIDER.get(TEST_MODEL, {}))])
+def test_a_recorded_config_of_a_larger_model_is_one_line_before_it_is_allocated(crafted, case):
+    outcomes, peak = crafted
+    path, code, err = outcomes[case]
+    line = one_line(code, err)
+    assert line.startswith(f"ERROR: {path}: its recorded config builds a larger model than the checkpoint justifies: "
+                           "past "), line
+    assert line.endswith("which was not allocated"), line
+    assert peak < 2 << 30, f"{peak / 2**30:.1f} GiB at peak"
+
+
+@pytest.mark.parametrize("case", ["rng", "rng of rank 1", "scheduler", "optimizer"])
+def test_an_entry_of_another_type_is_one_line_for_resume_path(crafted, case):
+    outcomes, peak = crafted
+    path, code, err = outcomes[case]
+    entry = case.split(" of ")[0]
+    assert one_line(code, err).startswith(f"ERROR: rank 0: --resume {path}: the file is malformed (its '{entry}' "
+                                          f"entry {'of rank 1 ' if 'rank 1' in case else ''}is "), err
+    assert peak < 2 << 30, f"{peak / 2**30:.1f} GiB at peak"
+
+
+def test_an_entry_whose_values_are_of_other_kinds_than_the_runs_is_one_line(crafted):
+    outcomes, peak = crafted
+    path, code, err = outcomes["scheduler's lrs"]
+    line = one_line(code, err)
+    assert line.startswith(f"ERROR: rank 0: {path}: its 'scheduler' entry does not fit this run: at "), line
+    assert "['base_lrs']: a str, this run's is a list" in line, line
+    assert peak < 2 << 30, f"{peak / 2**30:.1f} GiB at peak"
+
+
+def test_resume_auto_passes_over_a_checkpoint_whose_entries_are_of_other_types(single, tmp_path):
+    corpus, honest = single
+    out = tmp_path / "out"
+    shutil.copytree(honest, out, symlinks=True)  # checkpoint_last.pt: a link to checkpoint_2.pt
+    state = torch.load(honest / "checkpoint_2.pt", weights_only=True)
+    os.unlink(out / "checkpoint_2.pt")
+    torch.save({**state, **entries(honest / "checkpoint_2.pt")["scheduler"]}, out / "checkpoint_2.pt")
+    code, said, err = run_train_main([*COMMON, "--model", TEST_MODEL, "--dataset-path", str(corpus), "--output-dir",
+                                      str(out), "--max-steps", "1", "--resume", "auto"])  # resumed: nothing to train
+    assert code == 0 and "Traceback" not in err, err[-3000:]
+    assert (f"{out / 'checkpoint_2.pt'} is malformed (its 'scheduler' entry is a list, not a state dict): resuming "
+            f"from {out / 'checkpoint_1.pt'}, the newest intact checkpoint (renamed aside: checkpoint_2.pt -> "
+            "checkpoint_2.pt.damaged)") in err, err
+    assert f"resumed from {out / 'checkpoint_1.pt'} at step 1" in said, said
+    assert (out / "checkpoint_2.pt.damaged").is_file()
+
+
+RANKS_SAY = """import train
+print("exit status", train.main({argv!r}))
+"""
+"""A rank's script: ``train.main`` on the arguments, its exit status printed (:func:`conftest.run_ranks` wants 0)."""
+
+
+@pytest.mark.slow  # two ranks started
+def test_an_rng_entry_of_another_type_stops_both_ranks_with_rank_0s_one_line(single, crafted, tmp_path):
+    corpus, _ = single
+    path = crafted[0]["rng of rank 1"][0]
+    argv = [*COMMON, "--model", TEST_MODEL, "--dataset-path", str(corpus), "--max-steps", "3", "--output-dir",
+            str(tmp_path / "out"), "--resume", str(path)]
+    (tmp_path / "ranks").mkdir()
+    for rank, said in enumerate(run_ranks(RANKS_SAY.format(argv=argv), tmp_path / "ranks", timeout=bound(120))):
+        assert "exit status 1" in said, said[-3000:]
+        assert one_line(1, said) == (f"ERROR: rank {rank}: --resume {path}: the file is malformed (its 'rng' entry of "
+                                     "rank 1 is a dict of generator states that do not load (TypeError: RNG state "
+                                     "must be a torch.ByteTensor))"), said[-3000:]

@@ -15,8 +15,8 @@ from distributed import CollectiveError, DistInfo, all_gather_object, collective
 from utils.checkpoint.files import CheckpointError, load_model_state
 from utils.checkpoint.names import last_checkpoint, last_good_checkpoint
 from utils.checkpoint.resume import check_training_state, folder_reader, read_checkpoint, saved_config, warn_changes
-from utils.checkpoint.state import (STATEFUL_PARTS, NamedStates, capture_rng_state, checkpoint_bytes, restore_rng_state,
-                                    save_checkpoint, takes_links, training_checkpoint)
+from utils.checkpoint.state import (STATEFUL_PARTS, NamedStates, capture_rng_state, checkpoint_bytes, entries_problem,
+                                    load_part, restore_rng_state, save_checkpoint, takes_links, training_checkpoint)
 from utils.errors import TrainingError
 from utils.parts import optional_part
 from utils.run import GracePeriod, git_commit
@@ -159,13 +159,16 @@ class Checkpointer:
         ``train_utterances`` (:func:`warn_changes`). ``saved``: its entries where the caller read them already
         (:func:`read_checkpoint` on this device). Returns the rest: ``{"world_size": processes that wrote it,
         "grad_accumulation", "config", "tracker_runs": {tracker: run id}}``; a :class:`CheckpointError` for an
-        unreadable or unsafe file, another model, weights that do not fit, or a weights-only file."""
+        unreadable or unsafe file, another model, entries not as ``train.py`` writes them (``entries_problem``),
+        weights or states that do not fit (``load_part``), or a weights-only file."""
         rank, sharded = self.dist.rank, folder_reader(path)
         if saved is None:  # rank 0 verifies a sharded folder's files
             saved = read_checkpoint(path, self.dist.device, verify=rank == 0)
         self.origin = Path(path).parent / os.readlink(path) if Path(path).is_symlink() else Path(path)
         if saved.get("model_name") != model_name:
             raise CheckpointError(f"{path} holds a '{saved.get('model_name')}' model, not '{model_name}'")
+        if (problem := entries_problem(saved)) is not None:  # every rank's rng entry too: all ranks stop alike
+            raise CheckpointError(f"{path} is malformed ({problem})")
         if not sharded:  # the weights first: a state dict of another network is named key by key
             load_model_state(self.model, saved["model"], str(path))
         check_training_state(saved, path, sharded is not None)
@@ -210,4 +213,4 @@ class Checkpointer:
                       file=sys.stderr, flush=True)
         for name in STATEFUL_PARTS:
             if not (sharded and name == "optimizer"):
-                self.parts[name].load_state_dict(saved[name])
+                load_part(self.parts[name], saved[name], name, path)

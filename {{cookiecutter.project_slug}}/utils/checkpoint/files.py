@@ -111,10 +111,11 @@ def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
     return removed
 
 
-def load_torch_file(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
-    """``torch.load(path, weights_only=True)`` once :func:`torch_file_problem` found the file sound; a
-    :class:`CheckpointError` for a file missing, not a checkpoint, damaged, or holding pickled objects other than
-    tensors and primitives (refused, never run)."""
+def load_torch_file(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)`` once :func:`torch_file_problem` found the file sound (``mmap``: a zip
+    archive's tensors mapped from the file, not read: a look at its entries); a :class:`CheckpointError` for a file
+    missing, not a checkpoint, damaged, or holding pickled objects other than tensors and primitives (refused, never
+    run)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -123,7 +124,8 @@ def load_torch_file(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the error below says it all
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(path, map_location=map_location, weights_only=True,
+                              mmap=mmap and zipfile.is_zipfile(path))
     except Exception as err:  # noqa: BLE001 - untrusted input: whatever the damage raises is this one failure
         raise CheckpointError(f"cannot load checkpoint {path} safely: {_load_failure(err)}") from err
 

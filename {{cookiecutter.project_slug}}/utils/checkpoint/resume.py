@@ -13,9 +13,9 @@ from typing import Any, Mapping, Optional
 import torch
 
 from distributed import all_gather_object, broadcast_object
-from utils.checkpoint.files import CheckpointError, intact, load_checkpoint, torch_file_problem
+from utils.checkpoint.files import CheckpointError, intact, load_checkpoint, load_torch_file, torch_file_problem
 from utils.checkpoint.names import LAST_FILE, aside, last_links, list_numbered
-from utils.checkpoint.state import STATEFUL_PARTS
+from utils.checkpoint.state import STATEFUL_PARTS, entries_problem
 from utils.framing import recorded_audio
 from utils.parts import optional_part
 
@@ -64,6 +64,8 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
         raise CheckpointError(f"--resume {resume}: no such checkpoint")
     if Path(resume).is_file() and (problem := torch_file_problem(Path(resume))) is not None:
         raise CheckpointError(f"--resume {resume}: the file {problem}")
+    if Path(resume).is_file() and (problem := malformed(Path(resume))) is not None:
+        raise CheckpointError(f"--resume {resume}: the file is {problem}")
     if (sharded := folder_reader(resume, "--resume ")) is not None and \
             (problem := sharded.sharded_intact(resume)) is not None:
         raise CheckpointError(f"--resume {resume}: the sharded checkpoint is {problem}")
@@ -80,8 +82,8 @@ def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path]) ->
             gone.append(f"{path} names {os.readlink(path)}, which is gone")
             problems.append(gone[-1])
             continue
-        problem = (folder_reader(path).sharded_intact(path) if path.is_dir() else intact(path) if path.is_file()
-                   else "not a file")
+        problem = (folder_reader(path).sharded_intact(path) if path.is_dir()
+                   else intact(path) or malformed(path) if path.is_file() else "not a file")
         if problem is None:
             if problems:
                 moved = [f"{old.name} -> {move_aside(old, kind).name}" for old, kind in passed_over]
@@ -97,6 +99,15 @@ def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path]) ->
     if gone:
         raise CheckpointError(f"{'; '.join(gone)}; move it aside or pass --resume PATH")
     return None, []
+
+
+def malformed(path: Path) -> Optional[str]:
+    """``"malformed (its 'rng' entry is ...)"`` for a checkpoint file whose entries are not as ``train.py`` writes them
+    (:func:`utils.checkpoint.state.entries_problem`; read with ``mmap``: its tensors stay on disk), else ``None``; a
+    :class:`CheckpointError` where it holds code (refused, never run) or does not load."""
+    saved = load_torch_file(path, mmap=True)
+    problem = entries_problem(saved) if isinstance(saved, Mapping) else f"it holds a {type(saved).__name__}, not a dict"
+    return None if problem is None else f"malformed ({problem})"
 
 
 def move_aside(path: Path, kind: str = "damaged") -> Path:
@@ -130,9 +141,11 @@ def as_json(value: Any) -> str:
 
 
 def saved_config(saved: Mapping[str, Any]) -> dict[str, Any]:
-    """The config a checkpoint's run trained with (``{}`` where it has none), its ``audio`` section as
-    :func:`utils.framing.recorded_audio` reads one made before ``audio.mel_framing``."""
+    """The config a checkpoint's run trained with (``{}`` where it has none; a section that is no dict, as in a crafted
+    file, left out), its ``audio`` section as :func:`utils.framing.recorded_audio` reads one made before
+    ``audio.mel_framing``."""
     config = saved.get("config") if isinstance(saved.get("config"), Mapping) else {}
+    config = {section: keys for section, keys in config.items() if isinstance(keys, Mapping)}
     if isinstance(config.get("audio"), Mapping):
         config = {**config, "audio": recorded_audio(config["audio"])}
     return config

@@ -8,7 +8,7 @@ import os
 import random
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -16,6 +16,7 @@ import torch
 from utils.checkpoint.files import (CheckpointError, atomic_symlink, atomic_write_bytes, fsync_dir, prune,
                                     remove_stale_temporaries, serialized, write_failure)
 from utils.checkpoint.names import LAST_FILE, LAST_FOLDER, list_checkpoints, numbered, temporary
+from utils.run_log import one_line
 from utils.train_state import TrainState
 
 NO_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)  # os.symlink on a file system without them
@@ -107,7 +108,126 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
+def rng_problem(state: Any) -> Optional[str]:
+    """What of one rank's entry of a checkpoint's ``rng`` list :func:`restore_rng_state` could not put back (each
+    generator's state is tried on a new generator of its kind, which checks it as this process's would), or ``None``."""
+    if not isinstance(state, Mapping) or not {"python", "numpy", "torch"} <= state.keys():
+        return f"{_a(state)}, not a dict of the 'python', 'numpy' and 'torch' generator states"
+    cuda = state.get("cuda", [])
+    if not isinstance(cuda, (list, tuple)) or not all(isinstance(s, torch.Tensor) and s.dtype == torch.uint8
+                                                      for s in cuda):
+        return "a dict whose 'cuda' states are not a list of byte tensors"
+    try:
+        version, internal, gauss = state["python"]
+        random.Random().setstate((version, tuple(internal), gauss))
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.RandomState().set_state((kind, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, cached))
+        torch.Generator().set_state(state["torch"].cpu())
+    except (AttributeError, OverflowError, RuntimeError, TypeError, ValueError) as err:  # the generators' own checks
+        return f"a dict of generator states that do not load ({type(err).__name__}: {one_line(err)})"
+    return None
+
+
 STATEFUL_PARTS = ("optimizer", "scheduler", "scaler")  # what a training checkpoint holds besides the model
+PART_KEYS: dict[str, dict[str, type]] = {"optimizer": {"state": Mapping, "param_groups": list},
+                                         "scheduler": {"last_epoch": int}, "scaler": {}}
+"""What every state dict of each of :data:`STATEFUL_PARTS` holds (``torch.optim``'s optimizers and LR schedulers): key
+and type."""
+
+
+def entries_problem(saved: Mapping[str, Any]) -> Optional[str]:
+    """The first of a checkpoint's entries that is not as ``train.py`` writes it, of those it holds: ``model`` and
+    ``ema`` dicts of tensors, each of :data:`STATEFUL_PARTS` a state dict with its :data:`PART_KEYS` (several phases':
+    a dict of them), ``rng`` every rank's generator states (:func:`rng_problem`), :class:`TrainState`'s counters
+    integers >= 0 and its tallies dicts, ``grad_accumulation`` an integer >= 1; as ``"its 'rng' entry is ..."``, or
+    ``None``. What a resume needs but the checkpoint lacks is ``resume.check_training_state``'s to say."""
+    for name in ("model", "ema"):
+        if name in saved and not (isinstance(saved[name], Mapping)
+                                  and all(isinstance(value, torch.Tensor) for value in saved[name].values())):
+            return f"its {name!r} entry is {_a(saved[name])}, not a dict of tensors"
+    for name, keys in PART_KEYS.items():
+        if name in saved and (problem := _part_problem(saved[name], keys)) is not None:
+            return f"its {name!r} entry is {problem}"
+    if "rng" in saved:
+        if not isinstance(saved["rng"], (list, tuple)) or not saved["rng"]:
+            shown = "an empty list" if isinstance(saved["rng"], (list, tuple)) else _a(saved["rng"])
+            return f"its 'rng' entry is {shown}, not a list of every rank's generator states"
+        for rank, state in enumerate(saved["rng"]):
+            if (problem := rng_problem(state)) is not None:
+                return f"its 'rng' entry of rank {rank} is {problem}"
+    return _position_problem(saved)
+
+
+def _part_problem(entry: Any, keys: dict[str, type]) -> Optional[str]:
+    """What in one stateful part's ``entry`` is not a state dict holding ``keys``, or a dict of them by phase."""
+    if not isinstance(entry, Mapping):
+        return f"{_a(entry)}, not a state dict"
+    by_phase = bool(keys) and bool(entry) and not keys.keys() & entry.keys() and all(
+        isinstance(value, Mapping) for value in entry.values())
+    for phase, state in (entry.items() if by_phase else [(None, entry)]):
+        wrong = [f"{'a dict' if kind is Mapping else _a(kind())} {key!r}" for key, kind in keys.items()
+                 if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool)]
+        if wrong:
+            return f"a state dict{f' (of {phase!r})' if phase is not None else ''} without {', '.join(wrong)}"
+    return None
+
+
+def _position_problem(saved: Mapping[str, Any]) -> Optional[str]:
+    """What of the position's entries (:class:`TrainState`'s, ``grad_accumulation``) is no count or no tally."""
+    fields = {field.name: field for field in dataclasses.fields(TrainState)}
+    least = {name: 0 for name, field in fields.items() if isinstance(field.default, int)} | {"grad_accumulation": 1}
+    for name in sorted(saved.keys() & least.keys()):
+        if isinstance(value := saved[name], bool) or not isinstance(value, int) or value < least[name]:
+            shown = value if isinstance(value, int) else _a(value)
+            return f"its {name!r} entry is {shown}, not an integer >= {least[name]}"
+    for name in sorted(saved.keys() & fields.keys() - least.keys()):  # the tallies by phase
+        if not isinstance(saved[name], Mapping):
+            return f"its {name!r} entry is {_a(saved[name])}, not a dict"
+    return None
+
+
+def _a(value: Any) -> str:
+    """``"a list"``, ``"an int"``: what ``value`` is, for a message."""
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def state_misfit(own: Any, given: Any, at: str = "") -> Optional[str]:
+    """Where ``given`` (a part's state from a checkpoint) holds another kind of value than ``own`` (the run's own
+    ``state_dict()``) at the same place, as ``"at ['last_epoch']: a str, this run's is an int"``, or ``None``. Dicts
+    are compared at their shared keys, lists item by item (as long as each other); values by kind: a number for a
+    number, a flag for a flag, a tensor for a tensor; ``None`` on either side fits anything."""
+    if own is None or given is None:
+        return None
+    if isinstance(own, Mapping) and isinstance(given, Mapping):
+        shared = sorted(own.keys() & given.keys(), key=str)
+        found = (state_misfit(own[key], given[key], f"{at}[{key!r}]") for key in shared)
+        return next((problem for problem in found if problem is not None), None)
+    if isinstance(own, (list, tuple)) and isinstance(given, (list, tuple)):
+        if len(own) != len(given):
+            return f"at {at or 'the top'}: {len(given)} values, this run's has {len(own)}"
+        found = (state_misfit(mine, theirs, f"{at}[{i}]") for i, (mine, theirs) in enumerate(zip(own, given)))
+        return next((problem for problem in found if problem is not None), None)
+    if _kind(own) != _kind(given):
+        return f"at {at or 'the top'}: {_a(given)}, this run's is {_a(own)}"
+    return None
+
+
+def _kind(value: Any) -> str:
+    """What :func:`state_misfit` compares: ``"number"`` for an int or a float, else the type's name."""
+    return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
+
+
+def load_part(part: Any, state: Any, name: str, path: str | Path) -> None:
+    """``part.load_state_dict(state)``, ``state`` being the entry ``name`` of the checkpoint at ``path``, once
+    :func:`state_misfit` finds it fits ``part.state_dict()``; a :class:`CheckpointError` names what does not fit, or
+    what ``load_state_dict`` itself refused."""
+    if (problem := state_misfit(part.state_dict(), state)) is not None:
+        raise CheckpointError(f"{path}: its {name!r} entry does not fit this run: {problem}")
+    try:
+        part.load_state_dict(state)
+    except (AttributeError, IndexError, KeyError, RuntimeError, TypeError, ValueError) as err:  # untrusted input
+        raise CheckpointError(f"{path}: its {name!r} entry does not fit this run: {one_line(err)}") from None
 
 
 class NamedStates(dict):
