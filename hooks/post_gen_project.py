@@ -4,11 +4,15 @@ idempotent.
 Each example model is a set of whole files (its package in ``models/``, its layers, its tests); the table below lists
 them, and a second one the files that need two of them (Tacotron2 and a vocoder). ``config.json`` loses the sections
 (and ``tiny`` overrides) of models not chosen, and the registry ``models/__init__.py`` the lines that name them (its
-``from models import <name>`` and ``<name>.SPEC,`` lines). Only paths of these tables, ``config.json`` and the
-registry are touched: never ``.git`` or a user's own files, so regenerating over an existing project (``cookiecutter
--f``, ``cruft update``) is safe.
+``from models import <name>`` and ``<name>.SPEC,`` lines). The parts are declared once, in the project's composition
+root ``parts.py`` (:data:`ROOT_FILE`): its ``TABLE`` lists each part's files and config keys, read here; a part
+answered no loses them and its lines there (tagged ``# part: <name>``), whose ``TABLE`` and ``LEFT_OUT`` are written
+anew (those left out keep only their names and keys). Only paths of these tables, ``config.json``, the registry and
+``parts.py`` are touched: never ``.git`` or a user's own files, so regenerating over an existing project
+(``cookiecutter -f``, ``cruft update``) is safe.
 """
 
+import ast
 import json
 import re
 import shutil
@@ -40,52 +44,93 @@ TOGETHER = {
 ANSWERS = {"sharding": "{{ cookiecutter.sharding }}", "cloud_platforms": "{{ cookiecutter.cloud_platforms }}",
            "after_training_tools": "{{ cookiecutter.after_training_tools }}", "benchmarks": "{{ cookiecutter.benchmarks }}",
            "experiment_trackers": "{{ cookiecutter.experiment_trackers }}"}
-PARTS: dict[str, dict[str, list[str]]] = {
-    "sharding": {"files": ["utils/training/fsdp.py", "utils/training/activation_checkpoint.py",
-                           "utils/checkpoint/sharded.py", "utils/checkpoint/safe_dcp.py",
-                           "scripts/consolidate_checkpoint.py", "scripts/memory.py", "tests/test_fsdp.py",
-                           "tests/test_sharded_checkpoint.py", "tests/test_checkpoint_folders.py", "tests/test_memory.py",
-                           "tests/test_activation_checkpoint.py", "tests/test_tools_sharded.py"],
-                 "keys": ["train.parallelism", "train.reshard_after_forward", "train.async_checkpoint",
-                          "train.activation_checkpointing", "train.activation_checkpointing_every"]},
-    "cloud_platforms": {"files": ["utils/platforms.py", "scripts/kubeflow", "scripts/skypilot", "scripts/grace_period.py",
-                                  "requirements-launch.txt", "tests/test_platforms.py", "tests/test_launch_files.py",
-                                  "tests/test_grace_period.py"], "keys": []},
-    "after_training_tools": {"files": ["scripts/export.py", "utils/onnx_export.py", "scripts/import_weights.py",
-                                       "utils/checkpoint/published.py", "scripts/dump_gta_mels.py",
-                                       "utils/data/mel_dir.py", "tests/test_mel_dir.py",
-                                       *(f"models/{name}/{tool}.py" for name in FILES for tool in ("export", "published")),
-                                       "tests/test_export.py", "tests/test_onnx_export.py", "tests/test_published.py",
-                                       "tests/test_gta.py", "tests/test_tools_sharded.py", "scripts/plot_run.py",
-                                       "tests/test_plot_run.py",
-                                       *(f"tests/test_parity_{name}.py" for name in FILES)],
-                             "keys": ["data.mel_dir"]},
-    "benchmarks": {"files": ["scripts/benchmark.py", "scripts/benchmark_step.py", "scripts/benchmark_data.py",
-                             "scripts/scaling.py", "tests/test_benchmark.py", "tests/test_benchmark_hifigan.py",
-                             "tests/test_benchmark_tacotron2.py", *(f"models/{name}/benchmark.py" for name in FILES)],
-                   "keys": []},
-    "experiment_trackers": {"files": ["utils/tracking", "requirements-trackers.txt", "tests/test_trackers.py",
-                                      "tests/tracker_readers.py"],
-                            "keys": [f"train.{key}" for key in ("trackers", "tracker_project", "tracker_run_name",
-                                                                "tracker_start_timeout_s", "tracker_log_checkpoint")]},
-}
-"""The parts a project may leave out (cookiecutter's yes/no questions): each is whole files (its modules, tools, tests
-and launch files; the code keeps no line of it: the core reaches it through ``utils.parts``) and the ``config.json``
-keys it declares (``section.key``, removed from the top level and the ``tiny`` block). Its docs sections and
-requirements are rendered out by their templates."""
+"""The answers to the parts' yes/no questions (the parts of the project's ``parts.TABLE``, in its order)."""
 LEFT_OUT = [part for part, answer in ANSWERS.items() if answer == "no"]
 EXECUTABLE = ["scripts/dataset.sh", "scripts/mpirun.sh", "scripts/slurm/train.sbatch"]
+ROOT_FILE = "parts.py"
+"""The project's composition root: its ``TABLE`` of parts (part -> ``"files"`` and ``"keys"``, lists of paths and of ``section.key`` strings),
+its ``LEFT_OUT`` (``{part: keys}``), its lines tagged ``# part: <name>``."""
+TAG = re.compile(r"#\s*part:\s*(\w+)\s*$")
 
 
-def prune_config(path: Path) -> None:
-    """Remove the config sections of models not chosen, top level and ``tiny`` block alike."""
+def literal(source: str, name: str) -> ast.stmt:
+    """The statement of ``source`` that assigns the literal ``name`` (``NAME = ...`` or ``NAME: type = ...``)."""
+    for node in ast.parse(source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(target, ast.Name) and target.id == name for target in targets):
+            return node
+    raise SystemExit(f"ERROR: {ROOT_FILE} assigns no {name}")
+
+
+def read_table(path: Path) -> dict[str, dict[str, list[str]]]:
+    """The parts' ``TABLE`` of the composition root at ``path``, read as a literal (nothing of it runs)."""
+    return ast.literal_eval(literal(path.read_text(), "TABLE").value)
+
+
+def wrapped(head: str, items: list[str], tail: str, width: int = 120) -> list[str]:
+    """Lines of ``head`` (up to and with ``[``), then ``items`` as JSON strings, wrapped before ``width`` under the
+    first one, then ``]`` and ``tail``."""
+    lines, line, pad = [], head, " " * len(head)
+    for i, item in enumerate(items):
+        piece = json.dumps(item) + (", " if i < len(items) - 1 else "]" + tail)
+        if line != head and len(line + piece.rstrip()) > width:
+            lines.append(line.rstrip())
+            line = pad
+        line += piece
+    return [*lines, line if items else head + "]" + tail]
+
+
+def table_lines(table: dict[str, dict[str, list[str]]]) -> list[str]:
+    """``TABLE = {...}`` as ``parts.py`` writes it: a part a block, its files and keys wrapped at 120 columns."""
+    if not table:
+        return ["TABLE = {}"]
+    lines = ["TABLE = {"]
+    for part, entry in table.items():
+        lines += ["    " + json.dumps(part) + ": {", *wrapped('        "files": [', entry["files"], ","),
+                  *wrapped('        "keys": [', entry["keys"], ","), "    },"]
+    return [*lines, "}"]
+
+
+def left_out_lines(left_out: dict[str, list[str]]) -> list[str]:
+    """``LEFT_OUT: dict[str, list[str]] = {...}`` as ``parts.py`` writes it: a part a line (wrapped at 120)."""
+    head = "LEFT_OUT: dict[str, list[str]] = {"
+    if not left_out:
+        return [head + "}"]
+    return [head, *(line for part, keys in left_out.items() for line in wrapped(f"    {json.dumps(part)}: [", keys, ",")),
+            "}"]
+
+
+def replace_literal(source: str, name: str, lines: list[str]) -> str:
+    """``source`` with the statement that assigns ``name`` replaced by ``lines``."""
+    node, old = literal(source, name), source.splitlines()
+    return "\n".join([*old[:node.lineno - 1], *lines, *old[node.end_lineno:]]) + "\n"
+
+
+def prune_root(path: Path, table: dict[str, dict[str, list[str]]]) -> None:
+    """The composition root without the lines tagged ``# part: <name>`` of a part left out, or naming a model not
+    chosen; its ``TABLE`` of the parts kept (the files of each that this project holds) and its ``LEFT_OUT``."""
+    unchosen = set(FILES) - CHOSEN
+    kept = [line for line in path.read_text().splitlines()
+            if not ((tag := TAG.search(line)) and (tag.group(1) in LEFT_OUT
+                                                   or any(re.search(rf"\b{name}\b", line) for name in unchosen)))]
+    source = "\n".join(kept) + "\n"
+    root = path.parent
+    present = {part: {"files": [rel for rel in entry["files"] if (root / rel).exists()], "keys": entry["keys"]}
+               for part, entry in table.items() if part not in LEFT_OUT}
+    source = replace_literal(source, "LEFT_OUT", left_out_lines({part: table[part]["keys"] for part in LEFT_OUT}))
+    path.write_text(replace_literal(source, "TABLE", table_lines(present)))
+
+
+def prune_config(path: Path, table: dict[str, dict[str, list[str]]]) -> None:
+    """Remove the config sections of models not chosen and the keys of parts left out, top level and ``tiny`` block
+    alike."""
     config = json.loads(path.read_text())
     unchosen = set(FILES) - CHOSEN
     for block in (config, config.get("tiny", {})):
         for name in unchosen:
             block.pop(name, None)
         for part in LEFT_OUT:
-            for key in PARTS[part]["keys"]:
+            for key in table[part]["keys"]:
                 section, name = key.split(".")
                 block.get(section, {}).pop(name, None)
     path.write_text(json.dumps(config, indent=2) + "\n")
@@ -101,9 +146,10 @@ def prune_registry(path: Path) -> None:
 
 def main() -> None:
     root = Path.cwd()
+    table = read_table(root / ROOT_FILE)
     unchosen = [paths for name, paths in FILES.items() if name not in CHOSEN]
     unchosen += [[rel] for rel, needs in TOGETHER.items() if not all(CHOSEN & need for need in needs)]
-    unchosen += [PARTS[part]["files"] for part in LEFT_OUT]
+    unchosen += [table[part]["files"] for part in LEFT_OUT]
     for paths in unchosen:
         for rel in paths:
             target = root / rel
@@ -115,8 +161,9 @@ def main() -> None:
         for path in [root / cache, *(found for folder in ("models", "modules", "utils", "scripts", "tests")
                                      for found in (root / folder).rglob(cache))]:
             shutil.rmtree(path, ignore_errors=True)
-    prune_config(root / "config.json")
+    prune_config(root / "config.json", table)
     prune_registry(root / "models" / "__init__.py")
+    prune_root(root / ROOT_FILE, table)
     for rel in EXECUTABLE:
         if (root / rel).exists():
             (root / rel).chmod(0o755)

@@ -10,7 +10,7 @@ user to use it, copied into ``models/`` and listed in the registry:
   ``discriminator`` then ``generator``, two Adams, a per-epoch schedule, named losses), beside Tacotron2 and HiFi-GAN,
   with ``Training.blocks`` added to the copy as a user adds activation checkpointing (:attr:`Example.edits`).
 
-Neither file has a ``Benchmark`` (optional in ``model.py``; checked when copied): the project's suite must not need one.
+Neither file has a ``Benchmark`` (optional, registered in ``parts.py``; checked when copied): the project's suite must not need one.
 
 Each project is made and its model trained on 2 processes once per session (:func:`own`), then checked by the tests
 below. What each proves that no faster test does:
@@ -53,9 +53,9 @@ from conftest import PY, ROOT, run, stream
 HOOK = runpy.run_path(str(ROOT / "hooks" / "post_gen_project.py"))
 # The example models' files, as the post-generation hook lists them (removed with the model they belong to).
 MODEL_FILES = HOOK["FILES"]
-PART_TESTS = sorted({Path(rel).name for part in HOOK["PARTS"].values() for rel in part["files"]
-                     if rel.startswith("tests/test_")})
-"""The test files of the optional parts (the hook's ``PARTS``): run only where every part is in."""
+PART_TESTS = sorted({Path(rel).name for part in HOOK["read_table"](ROOT / "{{cookiecutter.project_slug}}" / "parts.py")
+                     .values() for rel in part["files"] if rel.startswith("tests/test_")})
+"""The test files of the optional parts (``parts.TABLE``): run only where every part is in."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,7 +297,7 @@ def test_inference_writes_through_the_models_hook_and_the_benchmark_says_why_it_
         assert torch.load(written, weights_only=True).shape[0] == n_mels
 
     said = run([PY, "-m", "scripts.benchmark", "--device", "cpu", "--model", example.name], cwd=project)
-    assert f"skipping {example.name}: its ModelSpec has no synthetic_batch" in said.stdout, said.stdout
+    assert f"skipping {example.name}: parts.py registers no Benchmark of it" in said.stdout, said.stdout
 
 
 @together("two-optimizers-beside-tacotron2-hifigan")

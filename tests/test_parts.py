@@ -1,6 +1,6 @@
-"""The parts a user may leave out at generation: the post-generation hook's ``ANSWERS`` and ``PARTS`` name them
-(sharding, cloud platforms, after-training tools, benchmarks, experiment trackers, ...); every test here reads them
-from there, and their words from :data:`WORDS`.
+"""The parts a user may leave out at generation: the post-generation hook's ``ANSWERS`` and the project's composition
+root's ``TABLE`` (``parts.py``, which the hook reads) name them (sharding, cloud platforms, after-training tools,
+benchmarks, experiment trackers, ...); every test here reads them from there, and their words from :data:`WORDS`.
 
 * Every combination of answers, with every example model, generates a project that passes ruff and keeps its import
   contracts (both static: nothing of the project is imported, torch neither). Cheap enough for 2 ** len(PARTS)
@@ -8,7 +8,8 @@ from there, and their words from :data:`WORDS`.
   running lint-imports in each project.
 * A part answered no is gone whole: every path the post-generation hook lists for it (each one present when it is
   answered yes), its config keys, and every word of it in the README, the manual, ``config.json`` and each tool's
-  ``--help``; a key of it given on the command line is refused as unknown.
+  ``--help``; a key of it given on the command line is refused naming its part, and a config copied from a project
+  with every part is refused in one run, one line naming every such key and its part.
 * The smallest projects (WaveGlow alone and Tacotron2 with HiFi-GAN, every part left out) pass their own fast tier,
   which runs every tool's ``--help`` (``tests/test_docs.py``); less the test files of code no part and no model changes
   (``test_own_model.SAME_IN_EVERY_VARIANT``: the same files testing the same code, run by the whole project's suite);
@@ -34,9 +35,8 @@ from test_own_model import ANYWHERE_ELSE, MODEL_BOUND, TWO_OPTIMIZERS, add_own_m
 
 
 def hook_names(name: str):
-    """A table of the post-generation hook (``ANSWERS``: ``{part: its Jinja answer}``; ``PARTS``: ``{part: {"files":
-    [...], "keys": [...]}}``): its module run unrendered, as a module (its ``main`` is not called; the answers it
-    holds are Jinja strings, unused here)."""
+    """A name of the post-generation hook (``ANSWERS``: ``{part: its Jinja answer}``; ``read_table``): its module run
+    unrendered, as a module (its ``main`` is not called; the answers it holds are Jinja strings, unused here)."""
     namespace = {"__name__": "post_gen_project"}
     exec(compile((ROOT / "hooks" / "post_gen_project.py").read_text(), "post_gen_project.py", "exec"), namespace)
     return namespace[name]
@@ -59,8 +59,9 @@ WORDS = {  # what a project without the part must not mention (case-insensitive,
 
 
 def hook_parts() -> dict:
-    """The post-generation hook's ``PARTS`` table."""
-    return hook_names("PARTS")
+    """The parts' ``TABLE`` (``{part: {"files": [...], "keys": [...]}}``) of the template's composition root, as the
+    post-generation hook reads it."""
+    return hook_names("read_table")(ROOT / "{{cookiecutter.project_slug}}" / "parts.py")
 
 
 def combinations():
@@ -73,9 +74,9 @@ def test_the_hook_and_the_questions_name_the_same_parts():
     yes_no = [name for name, choices in questions.items() if choices == ["yes", "no"]]
     assert yes_no == list(PARTS), "cookiecutter.json's yes/no questions are the parts of the hook's ANSWERS"
     table = hook_parts()
-    assert list(table) == list(PARTS)
+    assert list(table) == list(PARTS), "parts.TABLE names the parts of the hook's ANSWERS, in their order"
     for part, entry in table.items():
-        assert entry["files"], f"the hook lists no file of part {part}"
+        assert entry["files"], f"parts.TABLE lists no file of part {part}"
     assert list(WORDS) == list(PARTS), "WORDS lists the words of each part (a project without it names none)"
 
 
@@ -217,23 +218,50 @@ def said(module, argv):
             code = stop.code
     return [code, out.getvalue()]
 
-modules, keys = json.loads(sys.argv[1])
+modules, keys, copied = json.loads(sys.argv[1])
 answers = {name: said(name, ["--help"]) for name in modules}
 for key in keys:
     answers[key] = said("train", ["--config", "config.json", "--set", f"{key}=1", "--output-dir", "out"])
+answers["copied"] = said("train", ["--config", copied, "--output-dir", "out"])
 print(json.dumps(answers))
 """
-"""Run in the project's folder by one interpreter (torch imported once): each module's ``main(["--help"])``, and
-``train.main`` with ``--set KEY=1`` for each key; prints ``{name: [exit status, output]}`` as JSON."""
+"""Run in the project's folder by one interpreter (torch imported once): each module's ``main(["--help"])``,
+``train.main`` with ``--set KEY=1`` for each key, and with the config file ``copied``; prints ``{name: [exit status,
+output]}`` as JSON."""
+
+
+def copy_of_the_whole_config(project: Path) -> Path:
+    """``config.json`` of a project of the same models with every part, copied into ``project`` (``whole.json``): the
+    template's (every model's sections, every part's keys), less the sections of models ``project`` does not have."""
+    whole = json.loads((ROOT / "{{cookiecutter.project_slug}}" / "config.json").read_text())
+    own = json.loads((project / "config.json").read_text())
+    whole = {name: values for name, values in whole.items() if name in own}
+    whole["tiny"] = {name: values for name, values in whole["tiny"].items() if name in own["tiny"]}
+    (project / "whole.json").write_text(json.dumps(whole, indent=2))
+    return project / "whole.json"
+
+
+@pytest.fixture(scope="module")
+def asked(all_off):
+    """``asked(model)``: :data:`ASK`'s answers in the smallest project of ``model``, asked once."""
+    made = {}
+
+    def ask(model):
+        if model not in made:
+            project = all_off(model)
+            keys = [key for part in hook_parts().values() for key in part["keys"]]
+            argv = json.dumps([tools_of(project), keys, str(copy_of_the_whole_config(project))])
+            made[model] = project, json.loads(run([PY, "-c", ASK, argv], cwd=project).stdout)
+        return made[model]
+    return ask
 
 
 @pytest.mark.parametrize("model", ["waveglow", "tacotron2_hifigan"])
-def test_the_smallest_project_says_nothing_of_what_it_lacks_and_refuses_its_keys(all_off, model):
-    project = all_off(model)
+def test_the_smallest_project_says_nothing_of_what_it_lacks_and_refuses_its_keys(asked, model):
+    project, answers = asked(model)
     words = [word for part in PARTS for word in WORDS.get(part, [])]
     assert not mentions(text_of(project), words)
     keys = [key for part in hook_parts().values() for key in part["keys"]]
-    answers = json.loads(run([PY, "-c", ASK, json.dumps([tools_of(project), keys])], cwd=project).stdout)
     for module in tools_of(project):
         code, text = answers[module]
         assert code == 0, f"{module} --help exited {code}: {text[-2000:]}"
@@ -242,10 +270,33 @@ def test_the_smallest_project_says_nothing_of_what_it_lacks_and_refuses_its_keys
         code, text = answers[key]
         errors = [line for line in text.splitlines() if line.startswith("ERROR:")]
         assert code != 0 and len(errors) == 1 and key in errors[0] and "Traceback" not in text, (key, text[-2000:])
+        assert f"{key} ({part_of(key)})" in errors[0], errors[0]  # named with its part
     proc = run([PY, "train.py", "--config", "config.json", "--set", f"{keys[0]}=1", "--output-dir", "out"],
                cwd=project, check=False)  # the same, as a user runs it
     assert proc.returncode != 0 and proc.stderr.startswith("ERROR:") and keys[0] in proc.stderr, proc.stderr
     assert not (project / "out").exists(), "a refused setting wrote an output folder"
+
+
+def part_of(key: str) -> str:
+    """The part whose config key ``key`` is."""
+    return next(part for part, entry in hook_parts().items() if key in entry["keys"])
+
+
+@pytest.mark.parametrize("model", ["waveglow", "tacotron2_hifigan"])
+def test_a_config_of_a_project_with_every_part_is_refused_in_one_line_naming_each_key_and_its_part(asked, model):
+    """A config copied from a project of the same models with every part: one run, one line naming every key of the
+    parts the project left out, each with its part, and the ``cruft update`` that brings them back (one key per run,
+    as an unknown key, would take a run per key to clean)."""
+    project, answers = asked(model)
+    code, text = answers["copied"]
+    errors = [line for line in text.splitlines() if line.startswith("ERROR:")]
+    assert code == 1 and len(errors) == 1 and "Traceback" not in text, text[-2000:]
+    with_keys = {part: entry["keys"] for part, entry in hook_parts().items() if entry["keys"]}
+    for part, keys in with_keys.items():
+        assert f"{', '.join(keys)} ({part})" in errors[0], (part, errors[0])
+    answer = json.dumps(dict.fromkeys(with_keys, "yes"))
+    assert errors[0].endswith(f"cruft update --variables-to-update '{answer}'"), errors[0]
+    assert not (project / "out").exists(), "a refused config wrote an output folder"
 
 
 COPIED = {"tacotron2_hifigan": TWO_OPTIMIZERS}

@@ -21,7 +21,7 @@ import os
 import re
 import sys
 import time
-from typing import Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from utils.launch import _int_var, detect_launcher_env, die_with_launcher
-from utils.parts import optional_part
 from utils.run_log import one_line
 
 logger = logging.getLogger(__name__)
@@ -102,15 +101,18 @@ RENDEZVOUS_FLOOR_S = 300.0  # the shortest default rendezvous timeout: ranks sta
 
 
 def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800,
-                     rendezvous_timeout_s: Optional[float] = None) -> DistInfo:
+                     rendezvous_timeout_s: Optional[float] = None,
+                     check_environ: Optional[Callable[[Mapping[str, str]], None]] = None) -> DistInfo:
     """Join the launcher's job (:func:`utils.launch.detect_launcher_env`): set the device (``cuda:<local_rank>`` before
     any CUDA call, or ``cpu``) and, with world size > 1, export ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR``, ``MASTER_PORT`` and call ``init_process_group`` (NCCL bound to this GPU with CUDA, else gloo); an
     existing group (Ray Train's) is used as is. ``timeout_s``: seconds a collective waits; ``rendezvous_timeout_s``: for
-    every rank to start (default ``max(timeout_s, RENDEZVOUS_FLOOR_S)``). Under torchrun, SIGTERM if the launcher dies.
+    every rank to start (default ``max(timeout_s, RENDEZVOUS_FLOOR_S)``); ``check_environ``: a platform's check of the
+    environment before it is read (raising ValueError). Under torchrun, SIGTERM if the launcher dies.
 
     Raises:
-        ValueError: inconsistent launcher variables, a non-positive timeout, or ``backend="nccl"`` without CUDA.
+        ValueError: inconsistent launcher variables (or refused by ``check_environ``), a non-positive timeout, or
+            ``backend="nccl"`` without CUDA.
         RuntimeError: ``LOCAL_RANK`` >= the number of visible GPUs.
         CollectiveTimeout: the rendezvous timed out (a rank never started); CollectiveError: it failed otherwise.
     """
@@ -123,9 +125,8 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800,
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         local_rank = _int_var(os.environ, "LOCAL_RANK") if os.environ.get("LOCAL_RANK") else 0
         return DistInfo(dist.get_rank(), local_rank, dist.get_world_size(), device, dist.get_backend())
-    platforms = optional_part("utils.platforms")
-    if platforms:  # a Kubeflow PyTorchJob pod's index is no process's rank
-        platforms.check_process_rank(os.environ)
+    if check_environ is not None:  # e.g. a pod's index that is no process's rank
+        check_environ(os.environ)
     env = detect_launcher_env(os.environ)
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if env["local_rank"] >= count > 0:

@@ -14,12 +14,13 @@ import argparse
 import gc
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
 from models import MODELS
-from models.schemas import config_schemas
+from parts import LEFT_OUT, PARTS, config_schemas
 from utils.checkpoint.budget import build_recorded
 from utils.checkpoint.files import CheckpointError, load_model_state
 from utils.checkpoint.resume import folder_reader, read_checkpoint
@@ -27,7 +28,6 @@ from utils.checkpoint.state import RELEASE_FORMAT, in_modules
 from utils.config import Config, ConfigError, config_from_dict
 from utils.data.corpus import DataError
 from utils.framing import saved_framing
-from utils.parts import has_part
 from utils.run_log import one_line, one_line_warnings
 from utils.training.ema import averaged_parameters
 
@@ -45,12 +45,12 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
             refused before that is allocated), or weights that do not fit.
         ConfigError: the checkpoint's config does not load (e.g. a key this version does not know).
     """
-    state = read_checkpoint(path)
+    state = read_checkpoint(path, formats=PARTS.formats)
     name = state.get("model_name")
     if name not in MODELS:
         raise CheckpointError(f"{path} holds a model '{name}' that models/__init__.py does not register "
                               f"(known: {', '.join(MODELS) or 'none'})")
-    cfg = config_from_dict(state.get("config", {}), config_schemas())
+    cfg = config_from_dict(state.get("config", {}), config_schemas(), LEFT_OUT)
     cfg.audio.mel_framing, assumed = saved_framing(state, MODELS[name].recipe)
     if assumed:
         print(f"note: {path} records no audio.mel_framing (an import of an earlier version): its mels are framed as "
@@ -63,7 +63,7 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
         raise CheckpointError(f"{path}: its {name} config does not build a model: {one_line(err)}") from None
     averaged = averaged_parameters(model, MODELS[name].inference_modules)
     ema = None
-    if (sharded := folder_reader(path)) is not None:
+    if (sharded := folder_reader(path, PARTS.formats.folder)) is not None:
         ema = {key: torch.empty_like(param) for key, param in averaged.items()} if state.get("ema_saved") else None
         sharded.load_sharded(path, model, [], extra=None if ema is None else {"ema": ema})
     elif release:  # the inference modules' weights; the rest stays as built
@@ -107,19 +107,34 @@ def build_parser(model_names: list[str]) -> argparse.ArgumentParser:
                                      conflict_handler="resolve" if len(model_names) > 1 else "error")
     parser.add_argument("--checkpoint", required=True,
                         help="a checkpoint written by train.py: a .pt file"
-                             + (" or a sharded checkpoint folder" if has_part("utils.checkpoint.sharded") else ""))
+                             + (" or a sharded checkpoint folder" if PARTS.formats.folder else ""))
     parser.add_argument("--output", required=True, help="where to write (a .wav file for the example models)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the random draws (a vocoder's noise, a prenet's dropout, Griffin-Lim's "
                              "phases): the same checkpoint and input give the same output (default 0)")
+    vocoders = [name for name, spec in MODELS.items() if spec.inference and spec.inference.vocode]
     for name in model_names:
         spec = MODELS[name].inference
         group = parser.add_argument_group(f"{name} options")
         if spec is not None and spec.add_args is not None:
             spec.add_args(group)
+        if spec is not None and spec.takes_vocoder and vocoders:
+            group.add_argument("--vocoder", help=f"a {' or '.join(vocoders)} checkpoint to vocode with (default: "
+                                                 "Griffin-Lim)")
     return parser
+
+
+def load_vocoder(path: str, device: torch.device) -> tuple[Callable[[torch.Tensor], torch.Tensor], Config]:
+    """The ``mel (n_mels, frames) -> audio (samples,)`` of the vocoder checkpoint ``path`` (:func:`load_trained`), and
+    its config: what a mel-making model's ``infer`` gets as ``args.load_vocoder`` (for ``--vocoder``). Raises
+    :class:`CheckpointError` as :func:`load_trained`, and for a model that cannot vocode."""
+    name, vocoder, cfg = load_trained(path, device)
+    spec = MODELS[name].inference
+    if spec is None or spec.vocode is None:
+        raise CheckpointError(f"--vocoder {path} holds a '{name}' model, which is not a vocoder")
+    return (lambda mel: spec.vocode(vocoder, mel, cfg)), cfg
 
 
 def unknown_options(unknown: list[str], name: str, checkpoint: str) -> str:
@@ -142,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     probe.add_argument("--checkpoint")
     known, _ = probe.parse_known_args(argv)
     try:
-        state = None if known.checkpoint is None else read_checkpoint(known.checkpoint)
+        state = None if known.checkpoint is None else read_checkpoint(known.checkpoint, formats=PARTS.formats)
         name = None if state is None else state.get("model_name")
         if state is not None and name not in MODELS:
             raise CheckpointError(f"{known.checkpoint} holds a model '{name}' that models/__init__.py does not "
@@ -164,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"model '{name}' has no inference hook (Inference.infer of its spec in models/{name})")
         device = parse_device(args.device)
         _, model, cfg = load_trained(args.checkpoint, device)
-        args.load_trained = lambda path: load_trained(path, device)  # another checkpoint (Tacotron2's --vocoder)
+        args.load_vocoder = lambda path: load_vocoder(path, device)  # a mel-making model's --vocoder
         torch.manual_seed(args.seed)  # every device's generator
         np.random.seed(args.seed)  # Griffin-Lim's random initial phases (librosa)
         with one_line_warnings():

@@ -5,7 +5,8 @@ config section (a :class:`utils.config.ModelSection`), an ``nn.Module`` whose ``
 ``criterion(outputs, batch) -> scalar`` and ``build_datasets(cfg) -> (train, val)``, ending in ``SPEC =
 ModelSpec(name="<name>", ...)``; list it in ``models/__init__.py``; train it with ``python multiproc.py train.py
 --model <name>``. A batch is a dict of tensors plus an ``"ids"`` list of utterance ids. The groups besides
-:class:`Training` are optional, each read by one consumer that says where one is missing. Several optimizers
+:class:`Training` are optional, each read by one consumer that says where one is missing; what a tool of an optional
+part needs of a model is declared by that part and registered in ``parts.py``. Several optimizers
 (:class:`Phases`: a GAN) and a model bigger than one GPU (``Training.blocks``) fit without touching ``train.py``
 (torchtitan's ``ModelSpec`` is the model).
 """
@@ -74,40 +75,6 @@ class Inference:
 
 
 @dataclasses.dataclass(frozen=True)
-class Export:
-    """What ``scripts/export.py --format onnx`` needs."""
-
-    parts: Callable[..., list]  # (model, cfg) -> [utils.onnx_export.ExportPart]: one checked ONNX file each
-
-
-@dataclasses.dataclass(frozen=True)
-class Published:
-    """Weights another project published (``train.py --init-from``, ``scripts/import_weights.py``)."""
-
-    read: Callable[[Any, Config], Any]  # (loaded file, cfg) -> utils.checkpoint.published.Weights | None
-    pickled_classes: tuple[str, ...] = ()  # "module.Class" names such a file pickles, read as inert records
-
-
-@dataclasses.dataclass(frozen=True)
-class BenchmarkCase:
-    """A train-step shape: ``section.key=value`` overrides, batch size, synthetic_batch keywords; ``tiny``: a CPU's."""
-
-    name: str
-    overrides: tuple[str, ...]
-    batch_size: int
-    batch_kwargs: dict = dataclasses.field(default_factory=dict)
-    tiny: Optional["BenchmarkCase"] = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Benchmark:
-    """Synthetic batches of set shapes, for the tools that time a train step or plan its memory and for the tests."""
-
-    synthetic_batch: Callable[..., Batch]  # (cfg, batch_size, generator, **shape) -> a batch of random CPU tensors
-    cases: tuple[BenchmarkCase, ...] = ()  # the shapes to time (NVIDIA's published ones for the examples)
-
-
-@dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """One model: its name (``--model NAME``, its ``config.json`` section), the section's class, ``build_model`` (``cfg
     -> nn.Module``; ``forward(batch)`` returns what the criterion reads), and the groups above."""
@@ -117,9 +84,6 @@ class ModelSpec:
     build_model: Callable[[Config], nn.Module]
     training: Training
     inference: Optional[Inference] = None
-    export: Optional[Export] = None
-    published: Optional[Published] = None
-    benchmark: Optional[Benchmark] = None
     # its reference's values of shared settings a config leaves null ({"train.grad_clip": 1.0}); else the project's
     recipe: dict[str, Any] = dataclasses.field(default_factory=dict)
 

@@ -32,8 +32,8 @@ from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
+from parts import PARTS
 from utils.launch import check_not_launched
-from utils.parts import optional_part
 from utils.run import StopForwarder, stop_exit_code
 from utils.run_log import one_line
 
@@ -76,10 +76,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """multiproc's own options, checked, those left out filled from the platform's variables (``utils.platforms``, where
+    """multiproc's own options, checked, those left out filled from the platform's variables (``PARTS.platforms``, where
     present), and the script's arguments verbatim; a bad option exits with one ``multiproc: ERROR:`` line."""
     p = _Parser(prog="multiproc.py", description=__doc__.split("\n")[0])
-    platforms = optional_part("utils.platforms")  # the help names Kubernetes where the project runs there
+    platforms = PARTS.platforms  # the help names Kubernetes where the project runs there
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None,
                    help="processes on this node (default: visible GPUs, or 2 without CUDA)")
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")

@@ -26,7 +26,7 @@ import torch
 
 from distributed import CollectiveError, all_gather_object, broadcast_object, cleanup, init_distributed
 from models import MODELS
-from models.schemas import config_schemas
+from parts import LEFT_OUT, PARTS, config_schemas
 from utils.checkpoint.files import CheckpointError
 from utils.checkpoint.names import last_checkpoint, last_checkpoint_path
 from utils.config import Config, ConfigError, load_config
@@ -34,7 +34,6 @@ from utils.data.corpus import DataError, load_splits
 from utils.data.loader import epochs_done, next_micro_batches
 from utils.errors import TrainingError
 from utils.launch import cpu_threads, record_failure
-from utils.parts import has_part, optional_part
 from utils.run import RunLock, StopRequest, end_dataloader_workers, take_output_dir
 from utils.run_log import StepWindow, one_line, one_line_warnings
 from utils.training.guards import StepCounts, StepOutcome, all_reduce_numbers
@@ -124,7 +123,7 @@ def check_command_line(argv: list[str]) -> Optional[str]:
     try:
         args = parse_args(argv)
         cfg = load_run_config(args)
-        check_settings(MODELS[args.model], cfg)
+        check_settings(MODELS[args.model], cfg, PARTS.checks)
         load_splits(cfg.data, bad=[])  # the corpus is there and has utterances (its clips are checked by rank 0)
     except (CommandLineError, ConfigError, DataError) as err:
         return one_line(err)
@@ -135,13 +134,13 @@ def run_training(args: argparse.Namespace, stop: StopRequest) -> int:
     """:func:`main` once the arguments are read: config, process group, training, and the exit status."""
     try:
         cfg = load_run_config(args)  # before the process group: a bad config fails alone, fast
-        check_settings(MODELS[args.model], cfg)
+        check_settings(MODELS[args.model], cfg, PARTS.checks)
     except ConfigError as err:
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1
     caller_group = torch.distributed.is_available() and torch.distributed.is_initialized()
     try:
-        dist = init_distributed(timeout_s=cfg.train.dist_timeout_s)
+        dist = init_distributed(timeout_s=cfg.train.dist_timeout_s, check_environ=PARTS.check_environ)
     except (ValueError, RuntimeError) as err:  # launcher variables, a GPU that is not there, the rendezvous
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1
@@ -193,7 +192,7 @@ def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> Non
         kind, found = broadcast_object(take_output_dir(output_dir, lock) if dist.is_main else None)
         if kind == "error":
             raise CheckpointError(found)
-        run = build_run(MODELS, args, cfg, dist)
+        run = build_run(MODELS, args, cfg, dist, PARTS.run)
         if run is None:
             return
         try:
@@ -224,7 +223,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     that a ``--set`` contradicts, or a platform's folder variable that cannot work here (``--help`` still prints and
     exits 0)."""
     models = sorted(MODELS)
-    platforms = optional_part("utils.platforms")  # the cloud platforms' folders and argument style, where present
+    platforms = PARTS.platforms  # the cloud platforms' folders and argument style, where present
     parser = _Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="config.json", help="JSON config (default: config.json)")
     parser.add_argument("--model", choices=models, default=models[0] if models else None,
@@ -239,7 +238,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--init-from", metavar="WEIGHTS",
                         help="start from these weights, with a fresh optimizer at step 0 (fine-tuning): a checkpoint "
                              "of this project" + (", or NVIDIA's Tacotron2 or WaveGlow checkpoint, or jik876's HiFi-GAN "
-                                                  "generator" if has_part("utils.checkpoint.published") else "")
+                                                  "generator" if PARTS.formats.published else "")
                              + "; an --output-dir with its own checkpoint resumes that instead")
     parser.add_argument("--tiny", action="store_true", help="apply the config's tiny block (CPU smoke runs)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -273,8 +272,8 @@ def load_run_config(args: argparse.Namespace) -> Config:
         overrides.append(f"data.dataset_path={args.dataset_path}")
     if args.max_steps is not None:
         overrides.append(f"train.max_steps={args.max_steps}")
-    return apply_recipe(MODELS[args.model], load_config(args.config, config_schemas(), tiny=args.tiny,
-                                                        overrides=overrides))
+    cfg = load_config(args.config, config_schemas(), tiny=args.tiny, overrides=overrides, left_out=LEFT_OUT)
+    return apply_recipe(MODELS[args.model], cfg, PARTS.data_framing(cfg))
 
 
 if __name__ == "__main__":

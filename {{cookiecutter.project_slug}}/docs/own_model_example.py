@@ -21,8 +21,9 @@ loss and the data. What each part is for:
 * :func:`add_inference_args` and :func:`infer`: ``inference.py``'s options and work (the optional ``Inference``).
 * ``SPEC = ModelSpec(...)`` at the end: the model's name (``--model melae``) and everything above.
 
-Optional parts it leaves out, each skipped with a line saying so where it would be used (see ``model.py``): ``Export``,
-``Published``, ``Benchmark``; of ``Training``: a fast path, ``log_validation``, ``build_optimizer`` (Adam otherwise).
+Optional parts it leaves out, each skipped with a line saying so where it would be used: of ``Training`` (see
+``model.py``), a fast path, ``log_validation``, ``build_optimizer`` (Adam otherwise); what the optional parts' tools
+need of a model, registered in ``parts.py``.
 """
 
 from __future__ import annotations

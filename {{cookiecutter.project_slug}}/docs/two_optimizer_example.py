@@ -41,8 +41,9 @@ losses and the data. What each part is for:
   only them; left out, both would hold the discriminator too.
 * ``SPEC = ModelSpec(...)`` at the end: the model's name (``--model gan_vocoder``) and everything above.
 
-Optional parts it leaves out, each skipped with a line saying so where it would be used (see ``model.py``): ``Export``,
-``Published``, ``Benchmark`` (synthetic batches); of ``Training``: a fast path, ``log_validation``. A full GAN
+Optional parts it leaves out, each skipped with a line saying so where it would be used: of ``Training`` (see
+``model.py``), a fast path, ``log_validation``; what the optional parts' tools need of a model (synthetic batches,
+...), registered in ``parts.py``. A full GAN
 vocoder adds several discriminators (periods, scales), feature-matching losses and larger networks; the training
 contract stays this one.
 """

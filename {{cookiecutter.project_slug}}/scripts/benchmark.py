@@ -39,11 +39,11 @@ if not __package__:  # run by its path, not as python -m scripts.NAME: the proje
 
 import torch
 
-from model import BenchmarkCase
 from models import MODELS
 from scripts.benchmark_data import loader_rows, padding_rows, print_loader_table
 from scripts.benchmark_step import (PRECISION_MODES, BenchmarkError, bench_case, case_config, case_name, cases_for,
                                     check_case, skip_note, use_fast_path)
+from utils.benchmark import BenchmarkCase
 from utils.config import ConfigError
 from utils.data.corpus import DataError
 from utils.errors import TrainingError

@@ -12,6 +12,7 @@ import torch
 from distributed import DistInfo
 from model import ModelSpec
 from models import MODELS
+from parts import PARTS
 from scripts.benchmark_step import (BenchmarkError, make_train_step, median_step_time, progress_bar, release, skip_note,
                                     synchronize)
 from train import load_run_config
@@ -19,6 +20,7 @@ from utils.config import Config
 from utils.data.loader import batch_stream, make_loader, to_device
 from utils.data.samplers import LengthBucketSampler, padding_fraction, random_batches
 from utils.train_state import TrainState
+from utils.training.setup import model_datasets
 
 
 def run_config(args: argparse.Namespace, name: str, tiny: bool, extra: tuple[str, ...] = ()) -> Config:
@@ -36,7 +38,7 @@ def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str
     rows = []
     for name in models:
         spec = MODELS[name]
-        train_set, _ = spec.training.build_datasets(run_config(args, name, args.tiny, ("data.num_workers=0",)))
+        train_set, _ = model_datasets(spec, run_config(args, name, args.tiny, ("data.num_workers=0",)), PARTS.run.datasets)
         rows.append(step_on_real_batch(spec, run_config(args, name, args.tiny, ("data.num_workers=0",)), train_set,
                                        args, device))
         emit(rows[-1])
@@ -64,7 +66,7 @@ def padding_rows(args: argparse.Namespace, models: list[str], emit: Callable[[di
             skip_note(name, "its items all have one length (ModelSpec.variable_length is not set): no padding")
             continue
         cfg = run_config(args, name, args.tiny)
-        train_set, _ = MODELS[name].training.build_datasets(cfg)
+        train_set, _ = model_datasets(MODELS[name], cfg, PARTS.run.datasets)
         lengths = train_set.lengths()
         batch_size = cfg.section(name).batch_size
         if len(lengths) < batch_size:

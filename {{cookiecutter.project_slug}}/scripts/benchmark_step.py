@@ -13,9 +13,10 @@ import torch
 import torch._inductor.config as inductor_config
 from tqdm import tqdm
 
-from model import BenchmarkCase, ModelSpec
+from model import ModelSpec
 from models import MODELS
-from models.schemas import config_schemas
+from parts import LEFT_OUT, PARTS, config_schemas
+from utils.benchmark import BenchmarkCase
 from utils.config import Config, build_config, load_config
 from utils.data.loader import on_device_hook, to_device
 from utils.run_log import bar_options
@@ -38,16 +39,16 @@ def skip_note(name: str, what: str) -> None:
 
 
 def cases_for(models: list[str]) -> list[tuple[str, BenchmarkCase]]:
-    """``(model, case)`` pairs of ``models``: each model's ``Benchmark.cases``, or one ``<name>_default`` case sized
-    from ``config.json``; a model without a ``Benchmark`` is skipped with a line saying so."""
+    """``(model, case)`` pairs of ``models``: each model's ``Benchmark.cases`` (``parts.PARTS.benchmarks``), or one
+    ``<name>_default`` case sized from ``config.json``; a model without a ``Benchmark`` is skipped with a line saying
+    so."""
     found = []
     for name in models:
-        spec = MODELS[name]
-        if spec.benchmark is None:
-            skip_note(name, "its ModelSpec has no synthetic_batch, which the train-step benchmark needs "
-                            "(--loader still times its DataLoader)")
+        if (bench := PARTS.benchmarks.get(name)) is None:
+            skip_note(name, "parts.py registers no Benchmark of it (its synthetic_batch), which the train-step "
+                            "benchmark needs (--loader still times its DataLoader)")
             continue
-        found += [(name, case) for case in spec.benchmark.cases or (BenchmarkCase(f"{name}_default", (), 0),)]
+        found += [(name, case) for case in bench.cases or (BenchmarkCase(f"{name}_default", (), 0),)]
     return found
 
 
@@ -57,12 +58,12 @@ def case_config(name: str, case: BenchmarkCase, args: argparse.Namespace) -> tup
     shape = (case.tiny or case) if args.tiny else case
     overrides = [*shape.overrides, *args.set]
     if args.tiny or case.name.endswith("_default"):  # the tiny block, or a model without shapes of its own
-        cfg = load_config(args.config, config_schemas(), tiny=args.tiny, overrides=overrides)
+        cfg = load_config(args.config, config_schemas(), tiny=args.tiny, overrides=overrides, left_out=LEFT_OUT)
     else:  # NVIDIA's published models are the config dataclasses' defaults
-        cfg = build_config({}, config_schemas(), overrides=overrides, source="dataclass defaults")
+        cfg = build_config({}, config_schemas(), overrides=overrides, source="dataclass defaults", left_out=LEFT_OUT)
     if shape.batch_size == 0:
         shape = dataclasses.replace(shape, batch_size=cfg.section(name).batch_size)
-    return apply_recipe(MODELS[name], cfg), shape
+    return apply_recipe(MODELS[name], cfg, PARTS.data_framing(cfg)), shape
 
 
 def case_name(name: str, case: BenchmarkCase, shape: BenchmarkCase, tiny: bool) -> str:
@@ -164,8 +165,8 @@ def use_fast_path(args: argparse.Namespace, device: torch.device) -> bool:
 
 def synthetic_batch(spec: ModelSpec, cfg: Config, shape: BenchmarkCase) -> dict:
     """The case's random batch on the CPU: ``Benchmark.synthetic_batch`` at ``shape`` (seed 0)."""
-    return spec.benchmark.synthetic_batch(cfg, shape.batch_size, torch.Generator().manual_seed(0),
-                                          **shape.batch_kwargs)
+    return PARTS.benchmarks[spec.name].synthetic_batch(cfg, shape.batch_size, torch.Generator().manual_seed(0),
+                                                       **shape.batch_kwargs)
 
 
 def build(spec: ModelSpec, cfg: Config, shape: BenchmarkCase, device: torch.device, fast: bool,

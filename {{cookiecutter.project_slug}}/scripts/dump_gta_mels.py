@@ -41,6 +41,7 @@ from distributed import all_gather_object, broadcast_object, cleanup, init_distr
 from inference import load_trained, parse_device
 from models.tacotron2.data import TextMelCollate, TextMelDataset, mel_cache_path
 from models.tacotron2.text import text_to_sequence
+from parts import PARTS
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.config import Config, ConfigError
 from utils.data.audio import load_wav
@@ -48,7 +49,6 @@ from utils.data.corpus import BadClip, DataError, Utterance, load_splits
 from utils.data.mel_dir import LEFT_OUT_FILE, MEL_SETTINGS_FILE
 from utils.framing import recorded_audio
 from utils.launch import detect_launcher_env
-from utils.parts import has_part
 from utils.run_log import one_line, one_line_warnings
 
 SOURCE_FILE = "_gta_source.json"  # which weights the folder's mels come from (checkpoint path, SHA-256)
@@ -74,7 +74,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = _Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoint", required=True,
                         help="a Tacotron2 checkpoint of train.py (a .pt file"
-                             + (" or a sharded checkpoint folder)" if has_part("utils.checkpoint.sharded") else ")"))
+                             + (" or a sharded checkpoint folder)" if PARTS.formats.folder else ")"))
     parser.add_argument("--dataset-path", required=True,
                         help="the corpus (LJSpeech layout, or the checkpoint's filelists inside it)")
     parser.add_argument("--output", required=True, help="folder for <id>.pt mels (created)")
@@ -398,7 +398,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if job.world > 1:
             init_distributed(backend="gloo" if job.device.type == "cpu" else None, timeout_s=DIST_TIMEOUT_S,
-                             rendezvous_timeout_s=RENDEZVOUS_TIMEOUT_S)
+                             rendezvous_timeout_s=RENDEZVOUS_TIMEOUT_S, check_environ=PARTS.check_environ)
     except (ValueError, RuntimeError) as err:  # launcher variables, a GPU that is not there, the rendezvous
         print(f"ERROR: rank {job.rank}: {one_line(err)}", file=sys.stderr)
         return 1

@@ -24,12 +24,12 @@ import torch
 
 from inference import load_trained
 from models import MODELS
+from parts import PARTS
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.resume import read_checkpoint
 from utils.checkpoint.published import release_checkpoint
 from utils.config import ConfigError
 from utils.onnx_export import ExportError, export_model, onnx_runtime
-from utils.parts import has_part
 from utils.run_log import one_line
 
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", type=Path, required=True,
                         help="a checkpoint of train.py: a .pt file" + (" or a sharded folder (checkpoint_last works)"
-                                                                      if has_part("utils.checkpoint.sharded") else ""))
+                                                                      if PARTS.formats.folder else ""))
     parser.add_argument("--format", choices=("release", "onnx"), required=True,
                         help="release: one file for inference; onnx: the inference path as ONNX files, checked")
     parser.add_argument("--output", type=Path, required=True, help="release: the file; onnx: the folder")
@@ -57,12 +57,13 @@ def main(argv: list[str] | None = None) -> int:
             raise CheckpointError(f"{output} exists; pass --force to replace it, or --output another "
                                   f"{'file' if release_format else 'folder'}")
         if release_format:
-            saved = read_checkpoint(args.checkpoint)
+            saved = read_checkpoint(args.checkpoint, formats=PARTS.formats)
         else:
             onnx_runtime()  # before anything is read or created
         name, model, cfg = load_trained(args.checkpoint, torch.device("cpu"))
         if not release_format:
-            rows = export_model(MODELS[name], model, cfg, output)  # creates the folder once the model passes its checks
+            # creates the folder once the model passes its checks
+            rows = export_model(name, PARTS.exports.get(name), model, cfg, output)
             print(f"wrote {len(rows)} ONNX file(s) to {output}; the largest difference to PyTorch: "
                   f"{max(row['max_abs_diff'] for row in rows):.1e}")
             return 0

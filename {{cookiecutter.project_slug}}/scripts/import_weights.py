@@ -25,7 +25,7 @@ if not __package__:  # run by its path, not as python -m scripts.NAME: the proje
 import torch
 
 from models import MODELS
-from models.schemas import config_schemas
+from parts import LEFT_OUT, PARTS, config_schemas
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.weights import Weights, load_into, read_weights
 from utils.config import Config, ConfigError, load_config
@@ -44,7 +44,7 @@ def settle_framing(cfg: Config, weights: Weights) -> str:
     given = cfg.audio.mel_framing
     if weights.framing is not None:
         cfg.audio.mel_framing = weights.framing
-    apply_recipe(MODELS[weights.model_name], cfg)
+    apply_recipe(MODELS[weights.model_name], cfg, PARTS.data_framing(cfg))
     replaced = f", replacing the config's {given}: the framing its weights were trained on" if given not in (
         None, cfg.audio.mel_framing) else ""
     return f"; audio.mel_framing={cfg.audio.mel_framing}{replaced}"
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             raise CheckpointError(f"--output {args.output}: the folder {args.output.parent} does not exist")
         if args.output.exists() and not args.force:
             raise CheckpointError(f"{args.output} exists; pass --force to replace it, or --output another file")
-        cfg = load_config(args.config, config_schemas(), tiny=args.tiny, overrides=args.set)
-        weights = read_weights(args.weights, MODELS, cfg, label="the weights file")
+        cfg = load_config(args.config, config_schemas(), tiny=args.tiny, overrides=args.set, left_out=LEFT_OUT)
+        weights = read_weights(args.weights, MODELS, cfg, label="the weights file", formats=PARTS.formats)
         framing = settle_framing(cfg, weights)
         model = MODELS[weights.model_name].build_model(cfg)
         kept = load_into(model, weights, str(args.weights))

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from distributed import all_gather_object, apply_gradient_allreduce, barrier, cleanup, init_distributed
 from model import adam
 from models import MODELS
-from models.schemas import config_schemas
+from parts import LEFT_OUT, PARTS, config_schemas
 from utils.checkpoint.sharded import ShardedCheckpointer, load_sharded, sharded_intact
 from utils.config import load_config
 from utils.run_log import bar_options
@@ -98,16 +98,17 @@ def model_subject(name: str, tiny: bool) -> Subject:
     if name not in MODELS:
         raise CannotMeasure(f"--model {name}: models/__init__.py registers no such model (it has "
                             f"{', '.join(sorted(MODELS))})")
-    spec = MODELS[name]
-    bench = spec.benchmark
-    lacking = [what for what, missing in (("blocks", spec.training.blocks is None), ("synthetic_batch", bench is None),
-                                          ("benchmark_cases", bench is None or not bench.cases)) if missing]
+    spec, bench = MODELS[name], PARTS.benchmarks.get(name)
+    lacking = [what for what, missing in (("Training.blocks", spec.training.blocks is None),
+                                          ("synthetic_batch (a Benchmark in parts.py)", bench is None),
+                                          ("benchmark cases", bench is None or not bench.cases)) if missing]
     if lacking or spec.phase_names:
-        raise CannotMeasure(f"--model {name}: " + (f"its ModelSpec has no {', '.join(lacking)}" if lacking else
+        raise CannotMeasure(f"--model {name}: " + (f"it has no {', '.join(lacking)}" if lacking else
                                                   "it trains several optimizers, which FSDP does not shard yet"))
     case = bench.cases[0]
     shape = case.tiny if tiny and case.tiny is not None else case
-    cfg = load_config(str(ROOT / "config.json"), config_schemas(), tiny=tiny, overrides=list(case.overrides))
+    cfg = load_config(str(ROOT / "config.json"), config_schemas(), tiny=tiny, overrides=list(case.overrides),
+                      left_out=LEFT_OUT)
     batch = bench.synthetic_batch(cfg, shape.batch_size, torch.Generator().manual_seed(0), **shape.batch_kwargs)
     criterion = spec.training.build_criterion(cfg)
     build_optimizer = spec.training.build_optimizer or adam
@@ -263,7 +264,7 @@ def stall(async_save: bool, args, rank: int, device: torch.device, folder: Path)
 
 def worker(args) -> None:
     """Each rank's body (``--worker``): every setting, then the saves; rank 0 writes them to ``--result``."""
-    info = init_distributed()
+    info = init_distributed(check_environ=PARTS.check_environ)
     rows, stalls = [], []
     jobs = [*SETTINGS, *([] if args.no_stall else [("save", "sync"), ("save", "async")])]
     bar = tqdm(total=len(jobs), desc="memory.py", unit="setting", disable=not info.is_main, dynamic_ncols=True,

@@ -26,8 +26,8 @@ import torch
 from tqdm import tqdm
 
 from models import MODELS
-from models.schemas import config_schemas
 from models.tacotron2.data import CACHE_SETTINGS_FILE, check_cache_settings, mel_cache_path
+from parts import LEFT_OUT, PARTS, config_schemas
 from utils.config import Config, ConfigError, load_config
 from utils.data.audio import AudioConfig, MelSpectrogram, load_wav
 from utils.data.corpus import DataError, load_splits
@@ -133,8 +133,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     overrides = [f"data.dataset_path={args.dataset_path}"] if args.dataset_path else []
     try:
-        cfg = apply_recipe(MODELS["tacotron2"], load_config(args.config, config_schemas(), tiny=args.tiny,
-                                                                      overrides=overrides))
+        cfg = load_config(args.config, config_schemas(), tiny=args.tiny, overrides=overrides, left_out=LEFT_OUT)
+        apply_recipe(MODELS["tacotron2"], cfg, PARTS.data_framing(cfg))
         counts = preprocess(cfg, args.workers, args.overwrite, progress=not args.no_progress)
     except (ConfigError, DataError) as err:
         print(f"ERROR: {err}", file=sys.stderr)

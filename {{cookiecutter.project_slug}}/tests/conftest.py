@@ -70,7 +70,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import train
 from models import MODELS
-from models.schemas import config_schemas
+from parts import config_schemas
 from utils.checkpoint.state import TrainState
 from utils.checkpoint.weights import load_into
 from utils.config import load_config

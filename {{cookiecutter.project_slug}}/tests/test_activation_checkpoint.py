@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from models import MODELS
-from models.schemas import config_schemas
+from parts import PARTS, config_schemas
 from utils.config import load_config
 from utils.training.activation_checkpoint import apply_activation_checkpointing, is_checkpointed
 
@@ -55,10 +55,9 @@ def tiny_batch(spec, cfg, corpus) -> dict:
     """The synthetic batch of the model's first benchmark case (its tiny form); for a model without benchmark cases,
     the first two items of its training set over ``corpus()`` (``Training.build_datasets`` and ``collate_fn``, as the
     loop batches them). Moved through ``Training.on_device`` when the model has one."""
-    if spec.benchmark is not None and spec.benchmark.cases:
-        case = spec.benchmark.cases[0].tiny
-        batch = spec.benchmark.synthetic_batch(cfg, case.batch_size, torch.Generator().manual_seed(1),
-                                               **case.batch_kwargs)
+    if (bench := PARTS.benchmarks.get(spec.name)) is not None and bench.cases:
+        case = bench.cases[0].tiny
+        batch = bench.synthetic_batch(cfg, case.batch_size, torch.Generator().manual_seed(1), **case.batch_kwargs)
     else:
         cfg.data.dataset_path = str(corpus())
         train_set, _ = spec.training.build_datasets(cfg)

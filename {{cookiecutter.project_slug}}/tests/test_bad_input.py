@@ -31,8 +31,8 @@ import inference
 import multiproc
 import train
 from models import MODELS
+from parts import PARTS
 from utils.data import check as data_check
-from utils.parts import has_part
 from utils.training.checks import check_settings
 
 MODEL = TEST_MODEL
@@ -192,9 +192,11 @@ def test_a_bad_config_file_names_the_file_and_the_key(capsys, tmp_path, precious
     ("train.on_nonfinite=ignore", "config key 'train.on_nonfinite' must be one of skip, stop, got 'ignore'"),
     (f"{MODEL}.batch_size=0", f"config key '{MODEL}.batch_size' must be >= 1, got 0"),
     ("train.max_steps", "--set expects section.key=value, got 'train.max_steps'"),
-    # a project generated without sharded training refuses its keys as unknown (with it, its own tests check them)
-    *([] if has_part("utils.training.fsdp") else
-      [("train.parallelism=fsdp", "--set train.parallelism=fsdp: unknown key 'train.parallelism' (keys of 'train':")]),
+    # a project generated without sharded training refuses its keys naming the part (with it, its own tests check them)
+    *([] if PARTS.run.sharding is not None else
+      [("train.parallelism=fsdp", "--set train.parallelism=fsdp: keys of parts this project was generated without: "
+                                  "train.parallelism (sharding); leave them out, or bring the parts back with cruft "
+                                  """update --variables-to-update '{"sharding": "yes"}'""")]),
 ])
 def test_a_bad_set_is_named(capsys, precious, corpus, setting, message):
     before = snapshot(precious)
@@ -811,7 +813,7 @@ KINDS = ["malformed line", "repeated id", "empty transcript", "emoji transcript"
 
 
 def tiny_config(corpus: Path, mode: str):
-    from models.schemas import config_schemas
+    from parts import config_schemas
     from utils.config import load_config
 
     return load_config(CONFIG, config_schemas(), tiny=True, overrides=[

@@ -16,15 +16,15 @@ import pytest
 import torch
 from conftest import (ROOT, TEST_MODEL, bound, clean_env, process_settings_kept, shared_corpus, synth_corpus)
 
-from model import BenchmarkCase
 from models import MODELS
-from models.schemas import config_schemas
+from parts import PARTS, config_schemas
 from scripts import benchmark, benchmark_step
+from utils.benchmark import BenchmarkCase
 from utils.config import load_config
 
 CPU = torch.device("cpu")
 FAST_MODELS = [name for name, spec in MODELS.items() if spec.training.optimize_for_training is not None]
-BATCH_MODELS = [name for name, spec in MODELS.items() if spec.benchmark is not None]
+BATCH_MODELS = [name for name in MODELS if name in PARTS.benchmarks]
 WITHOUT_BATCHES = sorted(set(MODELS) - set(BATCH_MODELS))
 
 
@@ -83,7 +83,7 @@ def test_benchmark_cpu_smoke_writes_a_row_per_case_and_precision(tmp_path, capsy
     said = capsys.readouterr()
     assert code == 0, said.err[-3000:]
     for name in WITHOUT_BATCHES:  # a model without random batches is skipped, and the run says so
-        assert f"skipping {name}: its ModelSpec has no synthetic_batch" in said.out, said.out
+        assert f"skipping {name}: parts.py registers no Benchmark of it" in said.out, said.out
     if not BATCH_MODELS:
         assert not out.exists() or json.loads(out.read_text()) == []
         return
@@ -285,7 +285,7 @@ def test_a_tiny_row_says_it_is_tiny_and_times_what_its_name_says():
     assert row["case"] == benchmark_step.case_name(name, case, shape, True) and row["case"].startswith("tiny_")
     assert row["tiny"] is True and row.get("full_size_case", case.name) == case.name
     assert int(re.search(r"_b(\d+)", row["case"]).group(1)) == shape.batch_size
-    batch = MODELS[name].benchmark.synthetic_batch(benchmark_step.case_config(name, case, args)[0], shape.batch_size,
+    batch = PARTS.benchmarks[name].synthetic_batch(benchmark_step.case_config(name, case, args)[0], shape.batch_size,
                                                    torch.Generator().manual_seed(0), **shape.batch_kwargs)
     assert row["items_per_step"] == MODELS[name].training.count_items(batch)  # the tiny batch's items, not the full one's
     full = benchmark.parse_args(["--device", "cpu", "--full-size"])

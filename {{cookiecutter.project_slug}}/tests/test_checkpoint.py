@@ -26,6 +26,7 @@ from torch import nn
 
 from distributed import DistInfo
 from models import MODELS
+from parts import PARTS
 from utils.checkpoint.checkpointer import Checkpointer
 from utils.checkpoint.files import (CheckpointError, atomic_write_bytes, intact, load_checkpoint, load_model_state,
                                     remove_stale_temporaries)
@@ -34,7 +35,6 @@ from utils.checkpoint.names import list_checkpoints
 from utils.checkpoint.resume import config_changes, resume_path
 from utils.checkpoint.state import capture_rng_state, restore_rng_state, save_checkpoint, takes_links
 from utils.checkpoint.weights import read_weights
-from utils.parts import has_part
 from utils.train_state import TrainState
 from utils.training.ema import EMA
 
@@ -159,18 +159,18 @@ def test_a_dangling_checkpoint_last_falls_back_to_the_newest_intact_numbered_one
     for step in (1, 2, 3):
         save_checkpoint(tmp_path, state_of(step), step)
     (tmp_path / "checkpoint_3.pt").unlink()  # removed by hand: the link names nothing
-    path, notes = resume_path("auto", tmp_path)
+    path, notes = resume_path("auto", tmp_path, PARTS.formats)
     assert path == tmp_path / "checkpoint_2.pt", (path, notes)
     assert notes == [f"warning: {tmp_path / 'checkpoint_last.pt'} names checkpoint_3.pt, which is gone: resuming "
                      f"from {tmp_path / 'checkpoint_2.pt'}, the newest intact checkpoint"], notes
     for step in (1, 2):
         (tmp_path / f"checkpoint_{step}.pt").unlink()
     with pytest.raises(CheckpointError) as info:  # nothing left to resume from: not a silent start at step 0
-        resume_path("auto", tmp_path)
+        resume_path("auto", tmp_path, PARTS.formats)
     assert str(info.value) == (f"{tmp_path / 'checkpoint_last.pt'} names checkpoint_3.pt, which is gone; move it "
                                "aside or pass --resume PATH")
     with pytest.raises(CheckpointError, match="already holds checkpoints"):
-        resume_path("none", tmp_path)
+        resume_path("none", tmp_path, PARTS.formats)
 
 
 def test_a_state_that_could_not_be_loaded_back_is_not_written(tmp_path):
@@ -324,9 +324,9 @@ def test_a_checkpoint_holding_code_is_refused_and_never_run(tmp_path, payload, g
     else:
         path.write_bytes(pickle.dumps(state))
     with pytest.raises(CheckpointError) as info:
-        load_checkpoint(path)
+        load_checkpoint(path, legacy=PARTS.formats.legacy)
     message = str(info.value)
-    refused = (f"{path} {OLD_FORMAT}" if container == "pickle" and not has_part("utils.checkpoint.published")
+    refused = (f"{path} {OLD_FORMAT}" if container == "pickle" and PARTS.formats.published is None
                else f"cannot load checkpoint {path} safely: refused by weights_only=True, nothing was run: ")
     assert message.startswith(refused), message
     assert "\n" not in message and "allowlist" not in message and "Please use" not in message, message
@@ -351,16 +351,17 @@ def test_a_file_of_pytorchs_old_format_holding_code_is_refused_by_every_loader(t
     marker, path = tmp_path / "pwned", tmp_path / "old.pt"
     state = {"model": {"w": torch.zeros(2)}, "step": 1, "extra": OpensAFile(marker)}
     torch.save(state, path, _use_new_zipfile_serialization=False)
-    loads = {"": load_checkpoint, "--init-from ": lambda file: read_weights(file, MODELS, None),
-             "--resume ": lambda file: resume_path(str(file), tmp_path)}
+    loads = {"": lambda file: load_checkpoint(file, legacy=PARTS.formats.legacy),
+             "--init-from ": lambda file: read_weights(file, MODELS, None, formats=PARTS.formats),
+             "--resume ": lambda file: resume_path(str(file), tmp_path, PARTS.formats)}
     for label, load in loads.items():
-        if has_part("utils.checkpoint.published") and label == "--resume ":
+        if PARTS.formats.published is not None and label == "--resume ":
             continue  # sound by its sizes: what it holds is refused when it is loaded, as above
         with pytest.raises(CheckpointError) as info:
             load(path)
         message = str(info.value)
         assert message.startswith(label) and str(path) in message and "\n" not in message, message
-        assert "nothing was run" in message and (has_part("utils.checkpoint.published") or message.endswith(OLD_FORMAT))
+        assert "nothing was run" in message and (PARTS.formats.published is not None or message.endswith(OLD_FORMAT))
     assert not marker.exists(), "the payload ran"
 
 
@@ -572,18 +573,18 @@ def test_the_checkpointer_writes_the_file_layout_and_puts_every_part_back(tmp_pa
     parts = owned_parts(seed=0)
     parts["position"].step, parts["position"].epoch, parts["position"].samples_in_epoch = 7, 1, 12
     parts["position"].skipped_updates = {"model": 2}
-    path = Checkpointer(parts, tmp_path, dist, train).write({"model_name": "tiny", "config": {"train": {}},
-                                                            "grad_accumulation": 3})
+    path = Checkpointer(parts, tmp_path, dist, train, PARTS.formats).write(
+        {"model_name": "tiny", "config": {"train": {}}, "grad_accumulation": 3})
     after_save = torch.rand(3)
     saved = load_checkpoint(path)
     assert path == tmp_path / "checkpoint_7.pt" and list(saved) == FILE_ENTRIES
 
     fresh = owned_parts(seed=1)
-    before = Checkpointer(fresh, tmp_path, dist, train).load(path, "tiny")
+    before = Checkpointer(fresh, tmp_path, dist, train, PARTS.formats).load(path, "tiny")
     assert before == {"world_size": 1, "grad_accumulation": 3, "config": {"train": {}}, "tracker_runs": {}}
     assert torch.equal(torch.rand(3), after_save)  # this rank's generators, as they were at the save
     assert fresh["position"] == parts["position"]
     for name in ("model", "optimizer", "scheduler", "ema"):
         assert same(fresh[name].state_dict(), parts[name].state_dict()), name
     with pytest.raises(CheckpointError, match="holds a 'tiny' model, not 'other'"):
-        Checkpointer(owned_parts(seed=1), tmp_path, dist, train).load(path, "other")
+        Checkpointer(owned_parts(seed=1), tmp_path, dist, train, PARTS.formats).load(path, "other")

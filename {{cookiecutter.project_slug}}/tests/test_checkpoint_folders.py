@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from models import MODELS
+from parts import PARTS
 from utils.checkpoint.resume import resume_path
 from utils.checkpoint.sharded import TRAIN_STATE_NAME, sharded_intact, write_checksums
 
@@ -226,7 +227,7 @@ def test_a_folder_crafted_out_of_bounds_is_damaged_and_resume_auto_falls_back(sh
     said = crafted_folder(kind, honest / "checkpoint_2", out / "checkpoint_2")  # the newest, named by checkpoint_last
     problem = sharded_intact(out / "checkpoint_2")
     assert problem is not None and problem.startswith("damaged (") and said in problem, problem
-    path, notes = resume_path("auto", out)
+    path, notes = resume_path("auto", out, PARTS.formats)
     assert path == out / "checkpoint_1" and len(notes) == 1 and said in notes[0], notes
     assert "checkpoint_2 -> checkpoint_2.damaged" in notes[0], notes[0]
 

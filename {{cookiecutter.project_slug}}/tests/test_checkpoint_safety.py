@@ -26,8 +26,8 @@ from conftest import (TEST_MODEL, OpensAFile, bound, made_once, mains_within, ru
                       synth_corpus, train_in_process)
 
 from models import MODELS
+from parts import PARTS
 from utils.checkpoint.state import in_modules
-from utils.parts import has_part
 
 pytestmark = pytest.mark.skipif(TEST_MODEL is None, reason="no model is registered in models/__init__.py")
 
@@ -71,7 +71,7 @@ def legacy_file(source: Path, target: Path, marker: Path) -> None:
 def record_file(source: Path, target: Path, marker: Path) -> None:
     """A published format's pickled module (a class its reader turns into a record of attributes, e.g. NVIDIA's
     ``glow.WaveGlow``) whose attributes hold the payload."""
-    classes = [name for spec in MODELS.values() if spec.published for name in spec.published.pickled_classes]
+    classes = [name for reader in READERS.values() for name in reader.pickled_classes]
     module, _, name = classes[0].rpartition(".")
     published = type(name, (), {"__module__": module})
     record = published.__new__(published)
@@ -97,9 +97,10 @@ class PicklesAs:
             sys.modules[self.module] = self.before
 
 
+READERS = PARTS.formats.published.readers if PARTS.formats.published is not None else {}
+"""The published formats' readers, by model (none without the after-training tools)."""
 FILE_ROUTES = {"zip": zip_file, "legacy": legacy_file,
-               **({"record": record_file} if any(spec.published and spec.published.pickled_classes
-                                                 for spec in MODELS.values()) else {})}
+               **({"record": record_file} if any(reader.pickled_classes for reader in READERS.values()) else {})}
 
 
 def craft(route: str, honest: Path, where: Path, routes: Optional[dict] = None) -> tuple[Path, Path]:
@@ -169,7 +170,7 @@ def test_a_pt_file_holding_code_under_resume_auto_is_refused_and_kept(single, tm
 WIDER = {"waveglow": {"wn_channels": 100_000}, "hifigan": {"upsample_initial_channel": 100_000},
          "tacotron2": {"encoder_n_convolutions": 10**9}}
 """Each example model's own crafted size: layers 240 GB wide (WaveGlow), or 10^9 layers (Tacotron2)."""
-TOOLS = has_part("scripts.export")  # the after-training tools: export builds from the recorded config too
+TOOLS = PARTS.formats.published is not None  # the after-training tools: export builds from the recorded config too
 
 
 def recorded(honest: Path, target: Path, release: bool = False, **sections: dict) -> Path:

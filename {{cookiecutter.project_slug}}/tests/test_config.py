@@ -12,12 +12,11 @@ from conftest import ROOT
 from pydantic import Field, ValidationError
 
 from models import MODELS, registry
-from models.schemas import config_schemas
+from parts import SHARED_SECTIONS, TrainConfig, config_schemas
 from utils.config import SHARED_SECTION_NAMES, Config, ConfigError, ModelSection, Section, build_config, config_from_dict, load_config, parse_override
 from utils.data.audio import AudioConfig
 from utils.data.corpus import DataConfig
 from utils.training.recipe import apply_recipe
-from utils.training.settings import SHARED_SECTIONS, TrainConfig
 from utils.training.setup import recipe_line
 
 Count = Annotated[int, Field(ge=1)]

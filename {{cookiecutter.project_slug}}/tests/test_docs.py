@@ -144,7 +144,7 @@ if NAME not in MODELS:  # (a project that already lists models/NAME.py, the copy
 EXAMPLE_CHECK = 'NAME = "melae"' + REGISTER + """
 import torch
 from models import MODELS
-from models.schemas import config_schemas
+from parts import config_schemas
 from utils.config import build_config
 cfg = build_config({}, config_schemas(), overrides=[f"data.dataset_path={sys.argv[2]}", "data.val_size=2"])
 melae = MODELS["melae"]
@@ -183,7 +183,7 @@ TWO_OPTIMIZER_CHECK = 'NAME = "gan_vocoder"' + REGISTER + """
 import json
 import torch
 from models import MODELS
-from models.schemas import config_schemas
+from parts import config_schemas
 from utils.config import load_config
 from utils.training.optim import build_optimizers, build_scheduler, setup_precision
 from utils.training.setup import build_phases
@@ -341,13 +341,16 @@ def test_no_text_of_the_project_runs_a_tool_by_its_path():
 
 def test_the_texts_say_where_each_config_section_is_declared():
     """"A setting" in ``docs/architecture.md`` names the class and file of each shared section, and the README's
-    ``utils/`` row their files; a model's section is in ``models/``: none is in ``utils/config.py``."""
+    ``utils/`` row their files (or its ``parts.py`` row, for a section the composition root composes); a model's
+    section is in ``models/``: none is in ``utils/config.py``."""
     from models import MODELS
-    from models.schemas import config_schemas
+    from parts import config_schemas
 
     setting = (PROJECT / "docs" / "architecture.md").read_text().split("* **A setting**", 1)[1].split("\n* ", 1)[0]
     setting = " ".join(setting.split())
-    utils_row = next(line for line in (PROJECT / "README.md").read_text().splitlines() if line.startswith("| `utils/`"))
+    rows = (PROJECT / "README.md").read_text().splitlines()
+    utils_row = next(line for line in rows if line.startswith("| `utils/`"))
+    parts_row = next(line for line in rows if line.startswith("| `parts.py`"))
     settings = re.search(r"`config\.py` \(([^()]*)\)", utils_row).group(1)  # what the row says of the settings
     for name, schema in config_schemas().items():
         file = Path(inspect.getsourcefile(schema)).resolve().relative_to(PROJECT.resolve())
@@ -355,6 +358,9 @@ def test_the_texts_say_where_each_config_section_is_declared():
             assert file.parts[0] == "models", (name, file)
             continue
         assert f"`{name}` is `{schema.__name__}` in `{file.as_posix()}`" in setting, (name, file, setting)
+        if file.as_posix() == "parts.py":
+            assert f"`{name}`" in parts_row, (name, parts_row)
+            continue
         in_utils = file.relative_to("utils")
         assert f"`{name}`" in settings and (f"`{in_utils.as_posix()}`" in settings
                                             or f"`{in_utils.parent.as_posix()}/`" in settings), (name, settings)

@@ -16,9 +16,8 @@ from conftest import ROOT, process_settings_kept, shared_corpus
 from torch._dynamo.utils import counters
 from torch.utils.data import default_collate
 
-from model import BenchmarkCase
 from models import MODELS
-from models.schemas import config_schemas
+from parts import PARTS, config_schemas
 from utils.config import build_config, load_config
 from utils.training.optim import loss_and_grads
 from utils.training.recipe import apply_recipe
@@ -38,18 +37,16 @@ def tiny_case(name: str, corpus) -> tuple:
     recipe, and that case's tiny synthetic batch (``Benchmark.synthetic_batch``, seed 0) on the CPU; for a model
     without a ``Benchmark`` (a project without the benchmarks part), the first two items of its training set over
     ``corpus()``, batched as the loop batches them."""
-    spec = MODELS[name]
-    cases = spec.benchmark.cases if spec.benchmark is not None else ()
-    case = cases[0] if cases else BenchmarkCase(f"{name}_default", (), 0)
-    shape = case.tiny or case
+    spec, bench = MODELS[name], PARTS.benchmarks.get(name)
+    shape = (bench.cases[0].tiny or bench.cases[0]) if bench is not None and bench.cases else None
     cfg = apply_recipe(spec, load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True,
-                                         overrides=list(shape.overrides)))
-    if spec.benchmark is None:
+                                         overrides=list(shape.overrides) if shape else []))
+    if bench is None:
         cfg.data.dataset_path = str(corpus())
         train_set, _ = spec.training.build_datasets(cfg)
         return cfg, (spec.training.collate_fn or default_collate)([train_set[0], train_set[1]])
-    batch = spec.benchmark.synthetic_batch(cfg, shape.batch_size or cfg.section(name).batch_size,
-                                           torch.Generator().manual_seed(0), **shape.batch_kwargs)
+    batch = bench.synthetic_batch(cfg, (shape.batch_size if shape else 0) or cfg.section(name).batch_size,
+                                  torch.Generator().manual_seed(0), **(shape.batch_kwargs if shape else {}))
     return cfg, batch
 
 

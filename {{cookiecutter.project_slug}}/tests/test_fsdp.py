@@ -24,7 +24,7 @@ from test_world_size_change import COMMON, continues_on_one_then_on_two, launch,
 
 import inference
 from models import MODELS
-from models.schemas import config_schemas
+from parts import config_schemas
 from utils.checkpoint.sharded import load_sharded_model, read_train_state
 from utils.config import ConfigError, load_config
 from utils.training.checks import check_settings

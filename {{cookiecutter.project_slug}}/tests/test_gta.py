@@ -19,7 +19,7 @@ from conftest import (LAUNCHER_PREFIXES, LAUNCHER_VARS, ROOT, bound, finish, mad
 
 import train
 from models import MODELS
-from models.schemas import config_schemas
+from parts import PARTS, config_schemas
 from scripts import dump_gta_mels
 from utils.config import load_config
 from utils.data.audio import MelSpectrogram, load_wav
@@ -27,6 +27,7 @@ from utils.data.corpus import DataError, Utterance, load_splits
 from utils.data.datasets import Crop
 from utils.data.mel_dir import MEL_SETTINGS_FILE, SILENCE_LOG_MEL, MelDirDataset
 from utils.framing import recorded_audio
+from utils.training.setup import model_datasets
 
 VOCODER = "waveglow" if "waveglow" in MODELS else "hifigan"
 """The project's vocoder (this file exists in projects with Tacotron2 and one of them)."""
@@ -150,7 +151,7 @@ def test_too_long_utterances_are_left_out_in_one_line_and_bad_options_are_one_li
     cfg = train.load_run_config(train.parse_args(argv))
     assert cfg.audio.mel_framing == "nvidia" and cfg.train.grad_clip == MODELS[VOCODER].recipe["train.grad_clip"]
     with pytest.warns(UserWarning) as said:
-        train_set, val_set = MODELS[VOCODER].training.build_datasets(cfg)
+        train_set, val_set = model_datasets(MODELS[VOCODER], cfg, PARTS.run.datasets)
     kept = sorted(utt.id for utt in [*train_set.utterances, *val_set.utterances])
     assert kept == sorted(set(lengths) - set(longer)), kept
     lines = [str(warning.message) for warning in said]
@@ -160,7 +161,7 @@ def test_too_long_utterances_are_left_out_in_one_line_and_bad_options_are_one_li
     assert val_set[0]["mel"].shape[1] == getattr(cfg, VOCODER).segment_length // 256
     cfg = train.load_run_config(train.parse_args([*argv, "--set", "audio.mel_framing=jik876"]))
     with pytest.raises(DataError, match="other audio settings .*mel_framing: mels 'nvidia', config 'jik876'"):
-        MODELS[VOCODER].training.build_datasets(cfg)
+        model_datasets(MODELS[VOCODER], cfg, PARTS.run.datasets)
 
     for args, message in ((["--batch-size", "0"], "--batch-size must be >= 1"),
                           (["--checkpoint", tmp_path / "none.pt"], "not found"),
@@ -254,7 +255,7 @@ def test_the_vocoder_reads_data_mel_dir_and_mel_on_device_with_it_is_refused_bef
     mels = real_mels(corpus, tmp_path / "mels", MODELS[VOCODER].recipe["audio.mel_framing"])  # no record: the recipe's
     cfg = train.load_run_config(train.parse_args(["--model", VOCODER, "--tiny", "--dataset-path", str(corpus),
                                                   "--set", f"data.mel_dir={mels}"]))
-    train_set, val_set = MODELS[VOCODER].training.build_datasets(cfg)
+    train_set, val_set = model_datasets(MODELS[VOCODER], cfg, PARTS.run.datasets)
     item = val_set[0]  # the first crop: the file's first frames
     assert train_set.mel_dir == val_set.mel_dir == mels
     frames = getattr(cfg, VOCODER).segment_length // 256

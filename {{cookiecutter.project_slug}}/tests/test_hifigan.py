@@ -17,10 +17,9 @@ from models.hifigan.data import build_datasets, mel_on_device
 from models.hifigan.inference import log_validation, vocode
 from modules.hifigan import (Discriminator, Generator, discriminator_loss, feature_matching_loss,
                              generator_adversarial_loss)
+from parts import PARTS, SHARED_SECTIONS
 from utils.config import ConfigError, build_config, config_from_dict
 from utils.data.audio import AudioConfig, MelSpectrogram
-from utils.parts import has_part
-from utils.training.settings import SHARED_SECTIONS
 
 SPEC = MODELS["hifigan"]
 
@@ -286,14 +285,15 @@ def test_validation_criterion_is_the_mel_l1():
     assert criterion.audio_cfg.fmax == cfg.audio.sampling_rate / 2  # over the whole band, as jik876's fmax_for_loss
 
 
-@pytest.mark.skipif(not has_part("models.hifigan.benchmark"), reason="the benchmarks part is left out")
+@pytest.mark.skipif("hifigan" not in PARTS.benchmarks, reason="the benchmarks part is left out")
 def test_synthetic_batch_and_benchmark_cases():
     cfg = config()
-    batch = SPEC.benchmark.synthetic_batch(cfg, 3, torch.Generator().manual_seed(0))
+    bench = PARTS.benchmarks["hifigan"]
+    batch = bench.synthetic_batch(cfg, 3, torch.Generator().manual_seed(0))
     assert batch["mel"].shape == (3, 80, 8) and batch["audio"].shape == (3, 2048) and len(batch["ids"]) == 3
     with pytest.raises(ValueError, match="multiple of audio.hop_length=256"):
-        SPEC.benchmark.synthetic_batch(cfg, 1, torch.Generator(), segment_length=1000)
-    for case in SPEC.benchmark.cases:
+        bench.synthetic_batch(cfg, 1, torch.Generator(), segment_length=1000)
+    for case in bench.cases:
         tiny = build_config({}, SCHEMAS, overrides=[*case.overrides, *case.tiny.overrides])
         assert tiny.hifigan.upsample_initial_channel == hg.TINY_OVERRIDES["upsample_initial_channel"]
         assert build_config({}, SCHEMAS, overrides=case.overrides).hifigan.segment_length == 8192
@@ -492,7 +492,7 @@ REFUSED = [
                                  "schedulers (Phases.build_scheduler), which these settings would not change"),
     ("train.warmup_steps=100", "train.lr_schedule=constant, train.warmup_steps=100: model 'hifigan' builds its own"),
     *([("train.parallelism=fsdp", "train.parallelism=fsdp with model 'hifigan', which trains several optimizers")]
-      if has_part("utils.training.fsdp") else []),  # the sharding part's setting, where the project has it
+      if PARTS.run.sharding is not None else []),  # the sharding part's setting, where the project has it
 ]
 """Settings a model with several optimizers cannot honour, and the start of the error line that refuses each."""
 

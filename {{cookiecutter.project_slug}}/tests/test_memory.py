@@ -8,6 +8,7 @@ import pytest
 from conftest import bound, finish, start_job
 
 from models import MODELS
+from parts import PARTS
 from scripts import memory
 
 pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
@@ -52,7 +53,7 @@ def test_memory_script_refuses_bad_arguments_in_one_line(tmp_path, capsys):
 
 def test_memory_script_measures_a_model_of_the_project(tmp_path):
     measurable = sorted(name for name, spec in MODELS.items() if spec.training.blocks is not None
-                        and not spec.phase_names and spec.benchmark is not None and spec.benchmark.cases)
+                        and not spec.phase_names and name in PARTS.benchmarks and PARTS.benchmarks[name].cases)
     if not measurable:
         pytest.skip("no registered model has blocks, a synthetic batch and one optimizer")
     name, out = measurable[0], tmp_path / "memory.json"

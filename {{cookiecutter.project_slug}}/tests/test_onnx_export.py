@@ -4,7 +4,6 @@ within 1e-4 on perturbed tiny weights, at the parts' example sizes and at other 
 declare those axes variable (a model's own loop over its files is tested with the model). A model without the hook, a part that cannot be exported, a length baked into the graph and a wrapper that does not
 compute what the model does are each refused with a one-line :class:`ExportError`."""
 
-import dataclasses
 import importlib.util
 
 import pytest
@@ -12,14 +11,14 @@ import torch
 from conftest import perturbed_tiny_model
 from torch import nn
 
-from model import Export
 from models import MODELS
-from utils.onnx_export import ExportError, ExportPart, export_model
+from parts import PARTS
+from utils.onnx_export import Export, ExportError, ExportPart, export_model
 
 pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(name) is None for name in ("onnx", "onnxruntime")),
                                 reason="ONNX export needs the onnx and onnxruntime packages")
 
-EXPORTABLE = [name for name in sorted(MODELS) if MODELS[name].export is not None]
+EXPORTABLE = [name for name in sorted(MODELS) if name in PARTS.exports]
 TOLERANCE = 1e-4
 
 
@@ -28,8 +27,8 @@ def test_export_matches_eager_at_two_lengths(name, tmp_path):
     import onnx  # an optional dependency (the module is skipped without it)
 
     model, cfg = perturbed_tiny_model(name)
-    parts = {part.name: part for part in MODELS[name].export.parts(model.eval(), cfg)}
-    rows = export_model(MODELS[name], model, cfg, tmp_path, progress=False)
+    parts = {part.name: part for part in PARTS.exports[name].parts(model.eval(), cfg)}
+    rows = export_model(name, PARTS.exports[name], model, cfg, tmp_path, progress=False)
     assert [row["part"] for row in rows] == list(parts)
     for row in rows:
         part = parts[row["part"]]
@@ -54,12 +53,11 @@ def test_export_matches_eager_at_two_lengths(name, tmp_path):
 
 def test_model_without_export_parts_is_refused(tmp_path):
     name = sorted(MODELS)[0]
-    spec = dataclasses.replace(MODELS[name], export=None)
     with pytest.raises(ExportError) as err:
-        export_model(spec, nn.Linear(2, 2), None, tmp_path, progress=False)
+        export_model(name, None, nn.Linear(2, 2), None, tmp_path, progress=False)
     message = str(err.value)
     assert "\n" not in message and name in message and "no Export group" in message  # what is missing, and where
-    assert "export=Export(parts=" in message and "ModelSpec" in message  # to add it
+    assert "EXPORT = Export(parts=" in message and "parts.py" in message  # to add it
     assert not any(tmp_path.iterdir())
 
 
@@ -86,8 +84,8 @@ def test_bad_part_is_refused_naming_it(case, tmp_path):
     part = ExportPart(name=case, module=module, inputs=(torch.rand(2, 3, 3),), other_inputs=(torch.rand(2, 5, 5),),
                       input_names=("x",), output_names=("y",), dynamic_axes={"x": {1: "n", 2: "m"}},
                       reference=reference)
-    spec = dataclasses.replace(MODELS[sorted(MODELS)[0]], export=Export(parts=lambda model, cfg: [part]))
     with pytest.raises(ExportError) as err:
-        export_model(spec, nn.Linear(2, 2), None, tmp_path, progress=False)
+        export_model(sorted(MODELS)[0], Export(parts=lambda model, cfg: [part]), nn.Linear(2, 2), None, tmp_path,
+                     progress=False)
     message = str(err.value)
     assert "\n" not in message and f"export part {case!r}" in message and expected in message, message

@@ -11,7 +11,8 @@ from conftest import (ROOT, assert_close, formula_state, import_published, mel_i
                       train_on_ranks)
 
 from models import MODELS
-from models.schemas import config_schemas
+from models.hifigan.published import PUBLISHED
+from parts import PARTS, config_schemas
 from scripts import import_weights
 from utils.checkpoint.files import CheckpointError
 from utils.config import load_config
@@ -29,7 +30,7 @@ def generator_settings(meta) -> dict:
 def test_the_generator_computes_jik876s_audio(version):
     arrays, meta = reference_fixture(f"net_hifigan_{version}.npz")
     cfg = reference_config(**generator_settings(meta))
-    model = reference_model("hifigan", cfg, MODELS["hifigan"].published.read({"generator": formula_state(meta)}, cfg))
+    model = reference_model("hifigan", cfg, PUBLISHED.read({"generator": formula_state(meta)}, cfg))
     with torch.no_grad():
         audio = model.generator(mel_input(6))
     assert_close(audio, arrays["audio"], f"HiFi-GAN {version} audio")
@@ -43,7 +44,7 @@ def test_each_variant_is_told_apart_by_its_weights_shapes(version):
     zeros = {key: torch.zeros(shape) for key, shape, _ in meta["keys"]}
     for tiny in (False, True):
         cfg = load_config(f"{ROOT}/config.json", config_schemas(), tiny=tiny)
-        weights = MODELS["hifigan"].published.read({"generator": zeros}, cfg)
+        weights = PUBLISHED.read({"generator": zeros}, cfg)
         assert weights.source.startswith(f"jik876/hifi-gan's {version.upper()} generator file"), weights.source
         assert ("replace the config's" in weights.source) == (tiny or version != "v1"), weights.source
         got = {key: getattr(cfg.hifigan, key) for key in meta["config"]}
@@ -102,7 +103,7 @@ def test_a_near_v1_generator_file_is_refused_naming_v1_and_only_what_differs(cha
     for tiny in (False, True):
         cfg = load_config(f"{ROOT}/config.json", config_schemas(), tiny=tiny)
         with pytest.raises(CheckpointError) as refused:
-            MODELS["hifigan"].published.read({"generator": theirs}, cfg)
+            PUBLISHED.read({"generator": theirs}, cfg)
         assert str(refused.value).endswith(
             f"the closest, V1, differs in upsample_kernel_sizes (the file: {file_kernels}, V1: (16, 16, 4, 4)). Give "
             "the generator's settings with --set hifigan.KEY=VALUE"), str(refused.value)
@@ -201,7 +202,7 @@ def test_jik876s_generator_file_loads_exactly_and_the_discriminators_start_afres
     from utils.checkpoint.weights import load_into, read_weights
 
     model, cfg = jik876_generator_file(tmp_path / "g_02500000")
-    weights = read_weights(tmp_path / "g_02500000", MODELS, cfg)
+    weights = read_weights(tmp_path / "g_02500000", MODELS, cfg, formats=PARTS.formats)
     assert weights.source == "jik876/hifi-gan's generator file"
     fresh, _ = perturbed_tiny_model("hifigan")
     with torch.no_grad():

@@ -13,8 +13,10 @@ from conftest import (assert_close, formula_state, import_published, mel_input, 
 
 import inference
 from models import MODELS
+from models.tacotron2.published import PUBLISHED
 from models.tacotron2.network import Tacotron2
 from models.tacotron2.text import text_to_sequence
+from parts import PARTS
 
 pytestmark = [pytest.mark.skipif("tacotron2" not in MODELS, reason="no Tacotron2 in this project"),
               pytest.mark.filterwarnings("error::DeprecationWarning", "error::FutureWarning")]
@@ -26,7 +28,7 @@ def test_teacher_forced_and_free_running_decoding_compute_nvidias(variant):
     teacher, meta = reference_fixture("net_tacotron2_tf.npz")
     free, _ = reference_fixture("net_tacotron2_fr.npz")
     cfg = reference_config(tacotron2={"max_decoder_steps": 8})
-    model = reference_model("tacotron2", cfg, MODELS["tacotron2"].published.read(
+    model = reference_model("tacotron2", cfg, PUBLISHED.read(
         {"state_dict": formula_state(meta)}, cfg))
     assert text_to_sequence(meta["text"], cfg.tacotron2.text_cleaners) == teacher["text_ids"][0].tolist()
     if variant == "no_prenet_dropout":
@@ -96,7 +98,7 @@ def test_nvidias_tacotron2_checkpoint_loads_exactly(tmp_path):
     from utils.checkpoint.weights import load_into, read_weights
 
     model, cfg = nvidia_checkpoint(tmp_path / "checkpoint_40000")
-    weights = read_weights(tmp_path / "checkpoint_40000", MODELS, cfg)
+    weights = read_weights(tmp_path / "checkpoint_40000", MODELS, cfg, formats=PARTS.formats)
     assert weights.model_name == "tacotron2" and weights.source.startswith("NVIDIA/tacotron2's checkpoint")
     fresh = Tacotron2(cfg.tacotron2, cfg.audio.n_mels)
     assert load_into(fresh, weights, "x") == []
@@ -141,7 +143,7 @@ def test_the_onnx_decoder_loop_gives_the_mels_of_inference(tmp_path):
     model, cfg = perturbed_tiny_model("tacotron2")
     # Eager inference draws the pre-net's dropout masks itself; with dropout off both loops are deterministic.
     model.decoder.prenet.dropout = 0.0
-    export_model(MODELS["tacotron2"], model, cfg, tmp_path, progress=False)
+    export_model("tacotron2", PARTS.exports["tacotron2"], model, cfg, tmp_path, progress=False)
     steps = 6
     model.decoder.max_decoder_steps, model.decoder.gate_threshold = steps, 1.0  # never stops early
     text = torch.randint(1, cfg.tacotron2.n_symbols, (1, 11), generator=torch.Generator().manual_seed(1))

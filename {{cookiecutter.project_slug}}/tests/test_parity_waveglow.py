@@ -12,6 +12,8 @@ from conftest import (REFERENCE, as_records, assert_close, audio_input, formula_
 
 import inference
 from models import MODELS
+from models.waveglow.published import PUBLISHED
+from parts import PARTS
 from scripts import import_weights
 from utils.checkpoint.weights import read_weights
 
@@ -22,7 +24,7 @@ pytestmark = [pytest.mark.skipif("waveglow" not in MODELS, reason="no WaveGlow i
 def test_forward_and_seeded_infer_compute_nvidias():
     arrays, meta = reference_fixture("net_waveglow.npz")
     cfg = reference_config()  # the defaults are NVIDIA's published WaveGlow
-    model = reference_model("waveglow", cfg, MODELS["waveglow"].published.read(
+    model = reference_model("waveglow", cfg, PUBLISHED.read(
         {"model": as_records(formula_state(meta))}, cfg))
     mel = mel_input(3)
     with torch.no_grad():
@@ -52,8 +54,8 @@ def test_a_legacy_serialized_file_reads_and_computes_its_audio(tmp_path):
     published ``waveglow_256channels.pt``), its module source text a line that raises if it is ever run."""
     arrays, meta = reference_fixture("waveglow_tiny_expected.npz")
     cfg = reference_config(**tiny_config(meta))
-    weights = read_weights(REFERENCE / "waveglow_tiny_legacy.pt", MODELS, cfg)
-    expected = MODELS["waveglow"].published.read({"model": as_records(formula_state(meta))}, cfg).state
+    weights = read_weights(REFERENCE / "waveglow_tiny_legacy.pt", MODELS, cfg, formats=PARTS.formats)
+    expected = PUBLISHED.read({"model": as_records(formula_state(meta))}, cfg).state
     assert weights.state.keys() == expected.keys()
     assert all(torch.equal(weights.state[key], value) for key, value in expected.items())
     model = reference_model("waveglow", cfg, weights)
@@ -80,7 +82,7 @@ def test_a_2018_file_with_a_cond_layer_per_wn_layer_reads_as_the_fused_one():
             for i, part in enumerate(value.chunk(meta["config"]["WN_config"]["n_layers"])):
                 split[key.replace(".cond_layer.", f".cond_layers.{i}.")] = part
     cfg = reference_config(**tiny_config(meta))
-    ours, old = (MODELS["waveglow"].published.read({"model": as_records(state)}, cfg).state for state in (fused, split))
+    ours, old = (PUBLISHED.read({"model": as_records(state)}, cfg).state for state in (fused, split))
     assert ours.keys() == old.keys() and all(torch.equal(ours[key], old[key]) for key in ours)
 
 
@@ -170,7 +172,7 @@ def test_nvidias_pickled_waveglow_loads_exactly_without_running_its_code(tmp_pat
 
     marker = tmp_path / "code_ran"
     model, cfg = nvidia_pickled_waveglow(tmp_path / "wg.pt", marker)
-    weights = read_weights(tmp_path / "wg.pt", MODELS, cfg)
+    weights = read_weights(tmp_path / "wg.pt", MODELS, cfg, formats=PARTS.formats)
     assert weights.source == "NVIDIA/waveglow's checkpoint (a pickled glow.WaveGlow)"
     fresh = MODELS["waveglow"].build_model(cfg)
     load_into(fresh, weights, "wg.pt")

@@ -18,7 +18,7 @@ from torch import nn
 
 from distributed import DistInfo
 from model import ModelSpec, Phases, Training
-from models.schemas import config_schemas
+from parts import config_schemas
 from utils.checkpoint.files import CheckpointError
 from utils.checkpoint.state import NamedStates
 from utils.config import load_config

@@ -17,7 +17,7 @@ from conftest import ROOT, TEST_MODEL, OpensAFile, reframed_checkpoint, run_main
 from test_checkpoint_safety import FILE_ROUTES, assert_refused, craft, single  # noqa: F401 (fixture)
 
 from models import MODELS
-from models.schemas import config_schemas
+from parts import PARTS, config_schemas
 from scripts import import_weights
 from utils.checkpoint.files import CheckpointError, load_checkpoint, torch_file_problem
 from utils.checkpoint.published import LEGACY_MAGIC
@@ -34,17 +34,17 @@ def tiny_config():
 def test_a_file_of_no_known_format_is_one_line(tmp_path):
     torch.save({"weights": {"a": torch.zeros(1)}}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="not a checkpoint of this project, nor a published checkpoint a model"):
-        read_weights(tmp_path / "other.pt", MODELS, tiny_config())
+        read_weights(tmp_path / "other.pt", MODELS, tiny_config(), formats=PARTS.formats)
     (tmp_path / "code.pt").write_bytes(b"\x80\x04\x95\x18\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06system\x94"
                                        b"\x93\x94.")  # a pickle that names os.system
     with pytest.raises(CheckpointError, match="cannot load it safely: pickle data was truncated"):
-        read_weights(tmp_path / "code.pt", MODELS, tiny_config())
+        read_weights(tmp_path / "code.pt", MODELS, tiny_config(), formats=PARTS.formats)
     for legacy, message in ((False, "refused by weights_only=True"),
                             (True, "it holds code: it names io.open, which is refused")):
         torch.save({"model": OpensAFile(tmp_path / "ran")}, tmp_path / "code.pt",
                    _use_new_zipfile_serialization=not legacy)
         with pytest.raises(CheckpointError, match=f"cannot load it safely: {message}"):
-            read_weights(tmp_path / "code.pt", MODELS, tiny_config())
+            read_weights(tmp_path / "code.pt", MODELS, tiny_config(), formats=PARTS.formats)
     assert not (tmp_path / "ran").exists(), "loading the file ran its code"
 
 
@@ -89,9 +89,9 @@ def test_random_bytes_after_a_pickles_first_byte_are_named_as_no_checkpoint_by_e
         path = tmp_path / f"random80_{seed}.pt"
         path.write_bytes(b"\x80" + random.Random(seed).randbytes(4095))
         with pytest.raises(CheckpointError, match=f"^{re.escape(f'{path} {neither}')}$"):
-            load_checkpoint(path)
+            load_checkpoint(path, legacy=PARTS.formats.legacy)
         with pytest.raises(CheckpointError, match=f"^{re.escape(f'--init-from {path} {neither}')}$"):
-            read_weights(path, MODELS, None)
+            read_weights(path, MODELS, None, formats=PARTS.formats)
         assert import_weights.main([str(path), "--output", str(tmp_path / "out.pt")]) == 1
         assert capsys.readouterr().err == f"ERROR: the weights file {path} {neither}\n"
     assert not (tmp_path / "out.pt").exists()
@@ -121,17 +121,17 @@ def test_pytorchs_legacy_format_is_read_without_running_it_and_damage_is_one_lin
     path = tmp_path / "old.pt"
     torch.save({"weights": {"a": torch.arange(6.0).reshape(2, 3)[:, 1:]}}, path, _use_new_zipfile_serialization=False)
     with pytest.raises(CheckpointError, match="not a checkpoint of this project, nor a published checkpoint"):
-        read_weights(path, MODELS, tiny_config())
+        read_weights(path, MODELS, tiny_config(), formats=PARTS.formats)
     data = path.read_bytes()
     for cut in (10, len(data) // 2, len(data) - 5):
         (tmp_path / "cut.pt").write_bytes(data[:cut])
         damaged = r"(: cannot load it safely:| is damaged| is not a checkpoint)"  # by the loader, or by the size check
         with pytest.raises(CheckpointError, match=rf"^--init-from \S+cut.pt{damaged}[^\n]+$"):
-            read_weights(tmp_path / "cut.pt", MODELS, tiny_config())
+            read_weights(tmp_path / "cut.pt", MODELS, tiny_config(), formats=PARTS.formats)
     header = b"".join(pickle.dumps(item, protocol=2) for item in (LEGACY_MAGIC, 1001, {"little_endian": True}))
     (tmp_path / "code.pt").write_bytes(header + pickle.dumps({"model": OpensAFile(tmp_path / "ran")}, protocol=2))
     with pytest.raises(CheckpointError, match="it names io.open, which is refused"):
-        read_weights(tmp_path / "code.pt", MODELS, tiny_config())
+        read_weights(tmp_path / "code.pt", MODELS, tiny_config(), formats=PARTS.formats)
     assert not (tmp_path / "ran").exists()
 
     class DeclaresATerabyte(pickle.Pickler):
@@ -142,7 +142,7 @@ def test_pytorchs_legacy_format_is_read_without_running_it_and_damage_is_one_lin
     DeclaresATerabyte(buffer, protocol=2).dump({"model": DeclaresATerabyte})
     (tmp_path / "huge.pt").write_bytes(header + buffer.getvalue())
     with pytest.raises(CheckpointError, match="its tensors need more bytes than the file holds"):
-        read_weights(tmp_path / "huge.pt", MODELS, tiny_config())
+        read_weights(tmp_path / "huge.pt", MODELS, tiny_config(), formats=PARTS.formats)
 
 
 def legacy_file(path, storages, tail: bytes = b"") -> None:
@@ -171,13 +171,13 @@ def test_a_legacy_file_declaring_more_bytes_than_it_holds_is_refused_before_any_
     assert size < 400
     damaged = f"is damaged (its tensors need more bytes than the file holds: {2 ** 42} declared, "
     with pytest.raises(CheckpointError, match=f"^{re.escape(f'{path} {damaged}')}"):
-        load_checkpoint(path)
+        load_checkpoint(path, legacy=PARTS.formats.legacy)
     with pytest.raises(CheckpointError, match=f"^{re.escape(f'--init-from {path} {damaged}')}"):
-        read_weights(path, MODELS, None)
+        read_weights(path, MODELS, None, formats=PARTS.formats)
     # Two storages of 3 floats and 6 bytes need 18 bytes after the pickles.
     for tail, fits in ((bytes(17), False), (bytes(18), True)):
         legacy_file(path, {"a": (torch.FloatStorage, 3), "b": (torch.ByteStorage, 6)}, tail)
-        assert (torch_file_problem(path) is None) == fits, torch_file_problem(path)
+        assert (torch_file_problem(path, PARTS.formats.legacy) is None) == fits, torch_file_problem(path, PARTS.formats.legacy)
 
 
 def test_a_legacy_storage_named_twice_counts_at_the_size_torch_load_allocates(tmp_path):
@@ -186,6 +186,6 @@ def test_a_legacy_storage_named_twice_counts_at_the_size_torch_load_allocates(tm
     for refs in ([("0", (torch.FloatStorage, 2 ** 40)), ("0", (torch.FloatStorage, 1))],
                  [(0, (torch.FloatStorage, 2 ** 40)), ("0", (torch.FloatStorage, 1))]):  # two keys to torch.load
         legacy_file(path, refs, bytes(64))
-        problem = torch_file_problem(path) or ""
+        problem = torch_file_problem(path, PARTS.formats.legacy) or ""
         declared = re.match(r"is damaged \(its tensors need more bytes than the file holds: (\d+) declared", problem)
         assert declared and int(declared.group(1)) >= 2 ** 42, problem

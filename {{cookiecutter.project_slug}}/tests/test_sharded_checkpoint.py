@@ -16,6 +16,7 @@ from conftest import write_checkpoints
 
 import inference
 from models import MODELS
+from parts import PARTS
 from utils.checkpoint.names import list_sharded_checkpoints
 from utils.checkpoint.resume import resume_path
 from utils.checkpoint.sharded import sharded_intact
@@ -28,17 +29,17 @@ def test_step_folders_appear_whole_the_link_names_the_last_and_keep_last_holds(t
     assert [p.name for p in list_sharded_checkpoints(tmp_path)] == ["checkpoint_4", "checkpoint_6"]
     assert os.readlink(tmp_path / "checkpoint_last") == "checkpoint_6"
     assert not list(tmp_path.glob(".checkpoint_*")), "no partial folder or temporary link left"
-    assert resume_path("auto", tmp_path) == (tmp_path / "checkpoint_last", [])
+    assert resume_path("auto", tmp_path, PARTS.formats) == (tmp_path / "checkpoint_last", [])
 
 
 def test_a_killed_save_and_a_damaged_folder_fall_back_to_the_last_intact_checkpoint(tmp_path):
     write_checkpoints(tmp_path, [2, 4])
     (tmp_path / ".checkpoint_6.partial").mkdir()  # what a save killed half-way leaves
     (tmp_path / ".checkpoint_6.partial" / "__0_0.distcp").write_bytes(b"\0" * 100)
-    assert resume_path("auto", tmp_path) == (tmp_path / "checkpoint_last", [])
+    assert resume_path("auto", tmp_path, PARTS.formats) == (tmp_path / "checkpoint_last", [])
     shard = next((tmp_path / "checkpoint_4").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:1000])  # cut short
-    path, notes = resume_path("auto", tmp_path)
+    path, notes = resume_path("auto", tmp_path, PARTS.formats)
     assert path == tmp_path / "checkpoint_2" and len(notes) == 1
     assert "is damaged (shard" in notes[0] and "cut short" in notes[0] and "checkpoint_2" in notes[0]
 
@@ -63,7 +64,7 @@ def test_a_bit_flip_inside_a_shard_is_found_and_the_intact_checkpoint_taken(tmp_
         assert done.returncode == 1 and len(errors) == 1, done.stderr
         assert f"{shard.name} fails its CRC-32 check" in errors[0], errors[0]
     assert not (tmp_path / "x.wav").exists() and not (tmp_path / "x.pt").exists()
-    path, notes = resume_path("auto", tmp_path)
+    path, notes = resume_path("auto", tmp_path, PARTS.formats)
     assert path == tmp_path / "checkpoint_4" and len(notes) == 1, notes
     assert f"{shard.name} fails its CRC-32 check" in notes[0] and "checkpoint_6 -> checkpoint_6.damaged" in notes[0]
     # Out of the way: the next save with keep_last=2 keeps the intact 4 beside the new 8, not the damaged 6.
@@ -196,7 +197,7 @@ def test_a_listing_that_leaves_out_a_file_is_damage_and_resume_auto_falls_back(t
         (folder / "checksums.json").write_text(json.dumps(kept))
         assert sharded_intact(folder) == f"damaged (its checksums.json does not list {unlisted}: their bytes cannot " \
                                          "be checked)"
-    path, notes = resume_path("auto", tmp_path)
+    path, notes = resume_path("auto", tmp_path, PARTS.formats)
     assert path == tmp_path / "checkpoint_2" and len(notes) == 1, notes
     assert f"does not list {shard.name}" in notes[0] and "checkpoint_4 -> checkpoint_4.damaged" in notes[0], notes[0]
 

@@ -23,9 +23,8 @@ from scripts import preprocess
 from utils.config import build_config
 from utils.data.audio import AudioConfig, MelSpectrogram, dynamic_range_compression
 from utils.data.corpus import DataError, Utterance
-from utils.parts import has_part
 from models.tacotron2.plots import plot_alignment
-from utils.training.settings import SHARED_SECTIONS
+from parts import PARTS, SHARED_SECTIONS
 
 N_MELS = 12
 TINY = dict(symbols_embedding_dim=32, encoder_embedding_dim=32, encoder_n_convolutions=2, encoder_kernel_size=5,
@@ -361,10 +360,8 @@ def test_registered_with_the_contract():
     spec = MODELS["tacotron2"]
     assert spec.training.build_datasets is build_datasets and spec.training.count_items is count_items
     assert spec.inference.infer is not None
-    if has_part("models.tacotron2.benchmark"):  # the benchmarks part
-        assert spec.benchmark.synthetic_batch is not None and spec.benchmark.cases
-    else:
-        assert spec.benchmark is None
+    if "tacotron2" in PARTS.benchmarks:  # the benchmarks part
+        assert PARTS.benchmarks["tacotron2"].synthetic_batch is not None and PARTS.benchmarks["tacotron2"].cases
 
 
 def tiny_tacotron2(text_bucket=1):
@@ -601,7 +598,7 @@ def test_validation_writes_griffin_lim_audio_of_a_fixed_utterance_to_tensorboard
     run sets below the clip's length: ``--tiny`` leaves the audio out)."""
     from conftest import ROOT, tensorboard_audio
 
-    from models.schemas import config_schemas
+    from parts import config_schemas
     from utils.config import load_config
 
     corpus, out, _ = long_clip_run
@@ -712,7 +709,7 @@ def test_max_mel_frames_never_empties_the_validation_set_silently(tmp_path):
     assert frames[2.0] > 100
 
     def datasets(max_mel_frames: int):
-        from models.schemas import config_schemas
+        from parts import config_schemas
         from utils.config import load_config
 
         cfg = load_config(Path(__file__).parent.parent / "config.json", config_schemas(), tiny=True,

@@ -13,7 +13,7 @@ from test_published import tool_calls
 from test_sharded_checkpoint import unchecked_folder
 
 from models import MODELS
-from models.schemas import config_schemas
+from parts import config_schemas
 from utils.checkpoint.sharded import load_sharded_model, read_train_state, sharded_intact
 from utils.config import config_from_dict
 

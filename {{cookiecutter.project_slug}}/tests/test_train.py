@@ -23,7 +23,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import train
 from models import MODELS
-from models.schemas import config_schemas
+from parts import config_schemas
 from utils.config import load_config
 from utils.run_log import RunLog
 from utils.training.guards import last_good_checkpoint

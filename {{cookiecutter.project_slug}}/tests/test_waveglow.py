@@ -175,7 +175,7 @@ def test_inference_writes_a_wav_from_a_wav(checkpoint, clip, tmp_path, capsys):
 
 
 def tiny_config(*overrides):
-    from models.schemas import config_schemas
+    from parts import config_schemas
     from utils.config import load_config
 
     return load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True, overrides=list(overrides))

@@ -13,11 +13,10 @@ from conftest import (ROOT, TEST_MODEL, flip_tensor_bytes, made_once, reframed_c
 
 import inference
 from models import MODELS
-from models.schemas import config_schemas
+from parts import PARTS, config_schemas
 from utils.checkpoint.files import CheckpointError
 from utils.checkpoint.weights import read_weights
 from utils.config import load_config
-from utils.parts import has_part
 
 pytestmark = pytest.mark.skipif(TEST_MODEL is None, reason="no model is registered in models/__init__.py")
 NAMES = sorted(MODELS)
@@ -95,12 +94,12 @@ def test_fine_tuning_from_a_full_checkpoint_starts_at_step_0_with_its_weights(tr
 def test_a_checkpoint_of_this_project_is_read_and_a_missing_one_is_one_line(tmp_path):
     cfg = load_config(str(Path(ROOT) / "config.json"), config_schemas(), tiny=True)
     checkpoint = tiny_checkpoint(TEST_MODEL, tmp_path / "own.pt")
-    weights = read_weights(checkpoint, MODELS, cfg)
+    weights = read_weights(checkpoint, MODELS, cfg, formats=PARTS.formats)
     assert weights.model_name == TEST_MODEL and weights.source == f"a checkpoint of model '{TEST_MODEL}' at step 0"
     saved = torch.load(checkpoint, map_location="cpu", weights_only=True)["model"]
     assert weights.state.keys() == saved.keys() and all(torch.equal(weights.state[key], saved[key]) for key in saved)
     with pytest.raises(CheckpointError, match="no such file or folder"):
-        read_weights(tmp_path / "missing.pt", MODELS, cfg)
+        read_weights(tmp_path / "missing.pt", MODELS, cfg, formats=PARTS.formats)
 
 
 def test_inference_frames_as_the_checkpoint_records_and_an_early_import_as_its_models_reference(tmp_path, capsys):
@@ -138,7 +137,7 @@ def test_init_from_a_file_that_is_no_checkpoint_of_this_project_is_one_error_lin
     lines = [line for line in errors.splitlines() if line.startswith("ERROR:")]
     assert code == 1 and len(lines) == 1 and "Traceback" not in errors, errors[-3000:]
     assert str(foreign) in lines[0] and "not a checkpoint of this project" in lines[0], lines
-    assert ("published" in lines[0]) == has_part("utils.checkpoint.published"), lines
+    assert ("published" in lines[0]) == (PARTS.formats.published is not None), lines
     assert not list(out.glob("checkpoint_*")), "nothing was trained"
 
 

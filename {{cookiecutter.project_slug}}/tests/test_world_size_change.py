@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT, TEST_MODEL, bound, finish, start_job, synth_corpus, train_in_process
 
 from models import MODELS
-from models.schemas import config_schemas
+from parts import config_schemas
 from utils.checkpoint.resume import world_size_change
 from utils.config import load_config
 from utils.data.samplers import ResumableDistributedSampler

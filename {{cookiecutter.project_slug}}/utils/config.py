@@ -170,7 +170,7 @@ class ModelSection(Section):
 
 
 SHARED_SECTION_NAMES = ("audio", "data", "train")
-"""The sections every model reads (``utils.training.settings.SHARED_SECTIONS``): names no model may take."""
+"""The sections every model reads (``parts.SHARED_SECTIONS``): names no model may take."""
 
 
 def cross_check_error(message: str, *keys: str) -> PydanticCustomError:
@@ -294,16 +294,45 @@ def _assemble(schemas: Mapping[str, type[Section]], source: str, layers: list[tu
     return Config(sections)
 
 
+def refuse_left_out(given: typing.Iterable[tuple[str, str]], left_out: Mapping[str, typing.Sequence[str]]) -> None:
+    """Raise one ConfigError naming every key of ``given`` (``(where it was given, "section.key")``) that belongs to a
+    part the project was generated without (``left_out``: ``{part: its keys}``, ``parts.LEFT_OUT``), each with its part
+    (in ``left_out``'s order), and the ``cruft update`` that brings those parts back; nothing where there is none."""
+    given = list(given)
+    keys = {key for _, key in given}
+    found = {part: [key for key in part_keys if key in keys] for part, part_keys in left_out.items()}
+    found = {part: part_keys for part, part_keys in found.items() if part_keys}
+    if not found:
+        return
+    places = list(dict.fromkeys(where for where, key in given if any(key in part_keys for part_keys in found.values())))
+    named = "; ".join(f"{', '.join(part_keys)} ({part})" for part, part_keys in found.items())
+    answers = json.dumps(dict.fromkeys(found, "yes"))
+    raise ConfigError(f"{', '.join(places)}: keys of parts this project was generated without: {named}; leave them out, "
+                      f"or bring the parts back with cruft update --variables-to-update '{answers}'")
+
+
+def _keys_given(label: str, block: Any) -> list[tuple[str, str]]:
+    """``(label, "section.key")`` for each key of ``block`` (a layer of sections), where it is such a layer."""
+    if not isinstance(block, Mapping):
+        return []
+    return [(label, f"{section}.{key}") for section, values in block.items() if isinstance(values, Mapping)
+            for key in values]
+
+
 def build_config(raw: Mapping[str, Any], schemas: Mapping[str, type[Section]], *, tiny: bool = False,
-                 overrides: typing.Sequence[str] = (), source: str = "config") -> Config:
+                 overrides: typing.Sequence[str] = (), source: str = "config",
+                 left_out: Optional[Mapping[str, typing.Sequence[str]]] = None) -> Config:
     """Check ``raw`` (``{section: {key: value}, "tiny": {...}}``) against ``schemas``, apply the tiny block if ``tiny``,
-    then ``overrides`` (:func:`parse_override`); ``source`` names the file in errors. Raises ConfigError for unknown
-    sections or keys, wrong types, values out of bounds or contradicting each other (also in the tiny block without
-    ``--tiny``), ``--tiny`` without a tiny block."""
+    then ``overrides`` (:func:`parse_override`); ``source`` names the file in errors. Raises ConfigError for keys of the
+    parts ``left_out`` (all named at once: :func:`refuse_left_out`), unknown sections or keys, wrong types, values out
+    of bounds or contradicting each other (also in the tiny block without ``--tiny``), ``--tiny`` without a tiny
+    block."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source} must be a JSON object of sections, got {type(raw).__name__}")
     raw = dict(raw)
     tiny_block = raw.pop("tiny", None)
+    refuse_left_out([*_keys_given(source, raw), *_keys_given(f"{source} (tiny block)", tiny_block),
+                     *((f"--set {text}", text.partition("=")[0].strip()) for text in overrides)], left_out or {})
     layers, label = [(source, _check_layer(source, raw, schemas))], f"{source} (tiny block)"
     tiny_layer = [] if tiny_block is None else [(label, _check_layer(label, tiny_block, schemas))]
     if tiny and not tiny_layer:
@@ -326,7 +355,8 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def load_config(path: str | Path, schemas: Mapping[str, type[Section]], *, tiny: bool = False,
-                overrides: typing.Sequence[str] = ()) -> Config:
+                overrides: typing.Sequence[str] = (), left_out: Optional[Mapping[str, typing.Sequence[str]]] = None
+                ) -> Config:
     """Read and check a JSON config file (see :func:`build_config`). Raises ConfigError if the file is missing or
     unreadable, not UTF-8 JSON, names a key twice, or fails the checks."""
     path = Path(path)
@@ -342,11 +372,13 @@ def load_config(path: str | Path, schemas: Mapping[str, type[Section]], *, tiny:
         raise ConfigError(f"{path} is not valid JSON: {err}") from None
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
-    return build_config(raw, schemas, tiny=tiny, overrides=overrides, source=str(path))
+    return build_config(raw, schemas, tiny=tiny, overrides=overrides, source=str(path), left_out=left_out)
 
 
-def config_from_dict(data: Mapping[str, Any], schemas: Mapping[str, type[Section]]) -> Config:
+def config_from_dict(data: Mapping[str, Any], schemas: Mapping[str, type[Section]],
+                     left_out: Optional[Mapping[str, typing.Sequence[str]]] = None) -> Config:
     """Rebuild a :class:`Config` from :meth:`Config.to_dict` output (a checkpoint's), leaving out sections not in
     ``schemas`` (another model's). Raises ConfigError as :func:`build_config`, naming the ``checkpoint config`` (e.g. a
-    key since removed)."""
-    return build_config({k: v for k, v in data.items() if k in schemas}, schemas, source="checkpoint config")
+    key since removed, or one of a part ``left_out``)."""
+    return build_config({k: v for k, v in data.items() if k in schemas}, schemas, source="checkpoint config",
+                        left_out=left_out)

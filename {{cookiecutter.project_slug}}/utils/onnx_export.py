@@ -74,8 +74,17 @@ class ExportPart:
                     raise ExportError(f"{where}: dynamic axes {sorted(axes)} of {name!r} out of range for rank {rank}")
 
 
-def export_model(spec: Any, model: nn.Module, cfg: Any, folder: Path, progress: bool = True) -> list[dict]:
-    """Export each :class:`ExportPart` of ``spec.export.parts(model, cfg)`` to ``<folder>/<part>.onnx`` (opset
+@dataclasses.dataclass(frozen=True)
+class Export:
+    """What ``scripts/export.py --format onnx`` needs of a model (``models/<name>/export.py``'s ``EXPORT``, registered in
+    ``parts.py``)."""
+
+    parts: Callable[..., list]  # (model, cfg) -> [ExportPart]: one checked ONNX file each
+
+
+def export_model(name: str, export: Optional[Export], model: nn.Module, cfg: Any, folder: Path,
+                 progress: bool = True) -> list[dict]:
+    """Export each :class:`ExportPart` of model ``name``'s ``export.parts(model, cfg)`` to ``<folder>/<part>.onnx`` (opset
     :data:`OPSET`, weights inside; same-named files replaced), run it with ONNX Runtime's CPU provider on both input
     sets and compare every output with the eager reference. ``model``: on the CPU in float32. Method: NVIDIA
     DeepLearningExamples' Tacotron2/WaveGlow ONNX export for TensorRT.
@@ -88,15 +97,15 @@ def export_model(spec: Any, model: nn.Module, cfg: Any, folder: Path, progress: 
         ExportError: one line: no ``Export`` group, not on the CPU in float32, ``onnx`` or ``onnxruntime`` missing, a
             part malformed, failing to export or load, or off eager beyond its tolerance.
     """
-    onnxruntime = _checked_exportable(spec, model)
+    onnxruntime = _checked_exportable(name, export, model)
     model.eval()
-    parts = spec.export.parts(model, cfg)
+    parts = export.parts(model, cfg)
     if not parts:
-        raise ExportError(f"model {spec.name!r}: Export.parts returned no part")
+        raise ExportError(f"model {name!r}: Export.parts returned no part")
     for i, part in enumerate(parts):
         part.check()
         if part.name in (other.name for other in parts[:i]):
-            raise ExportError(f"model {spec.name!r}: two export parts are named {part.name!r}")
+            raise ExportError(f"model {name!r}: two export parts are named {part.name!r}")
     Path(folder).mkdir(parents=True, exist_ok=True)
     rows = []
     for part in parts:
@@ -117,16 +126,17 @@ def export_model(spec: Any, model: nn.Module, cfg: Any, folder: Path, progress: 
     return rows
 
 
-def _checked_exportable(spec: Any, model: nn.Module) -> Any:
+def _checked_exportable(name: str, export: Optional[Export], model: nn.Module) -> Any:
     """The ``onnxruntime`` module once the model can be exported; else :class:`ExportError`."""
-    if spec.export is None:
-        raise ExportError(f"model {spec.name!r} cannot be exported to ONNX: its spec has no Export group; add "
-                          "export=Export(parts=(model, cfg) -> [utils.onnx_export.ExportPart, ...]) to its ModelSpec")
+    if export is None:
+        raise ExportError(f"model {name!r} cannot be exported to ONNX: it has no Export group; write EXPORT = "
+                          "Export(parts=(model, cfg) -> [utils.onnx_export.ExportPart, ...]) in its export.py and "
+                          "register it in parts.py")
     params = list(model.parameters()) + list(model.buffers())
     if any(p.device.type != "cpu" for p in params):
-        raise ExportError(f"model {spec.name!r} must be on the CPU to be exported and checked: call model.cpu() first")
+        raise ExportError(f"model {name!r} must be on the CPU to be exported and checked: call model.cpu() first")
     if any(p.is_floating_point() and p.dtype != torch.float32 for p in params):
-        raise ExportError(f"model {spec.name!r} must be float32 to be exported and checked: call model.float() first")
+        raise ExportError(f"model {name!r} must be float32 to be exported and checked: call model.float() first")
     return onnx_runtime()
 
 

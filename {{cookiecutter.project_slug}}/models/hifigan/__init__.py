@@ -2,17 +2,12 @@
 Networks for Efficient and High Fidelity Speech Synthesis" (NeurIPS 2020), with jik876/hifi-gan's sizes and defaults
 (layers: ``modules/hifigan.py``)."""
 
-from model import Benchmark, Export, Inference, ModelSpec, Phases, Published, Training
+from model import Inference, ModelSpec, Phases, Training
 from models.hifigan.data import build_datasets, mel_on_device
 from models.hifigan.inference import add_inference_args, infer, log_validation, vocode
 from models.hifigan.network import (PHASES, HiFiGAN, HiFiGANConfig, MelL1Loss, blocks, build_optimizer, build_scheduler,
                                     loss_audio, networks, train_step)
 from utils.data.datasets import collate_audio_mel
-from utils.parts import optional_part
-
-export = optional_part("models.hifigan.export")  # after-training tools: None where the project left them out
-published = optional_part("models.hifigan.published")
-bench = optional_part("models.hifigan.benchmark")  # the benchmarks part
 
 SPEC = ModelSpec(
     name="hifigan",
@@ -31,9 +26,6 @@ SPEC = ModelSpec(
         phases=Phases(names=PHASES, networks=networks, train_step=train_step, build_scheduler=build_scheduler),
     ),
     inference=Inference(infer=infer, add_args=add_inference_args, vocode=vocode, modules=("generator",)),
-    export=Export(parts=export.export_parts) if export else None,
-    published=Published(read=published.read_published) if published else None,
-    benchmark=Benchmark(synthetic_batch=bench.synthetic_batch, cases=bench.CASES) if bench else None,
     # jik876: meldataset.py's frames, no clipping, train.py's cudnn.benchmark
     recipe={"audio.mel_framing": "jik876", "train.grad_clip": 0.0, "train.cudnn_benchmark": True},
 )

@@ -6,8 +6,9 @@ from typing import Optional
 
 import torch
 
-from model import Batch, BenchmarkCase
+from model import Batch
 from models.hifigan.network import TINY_OVERRIDES
+from utils.benchmark import Benchmark, BenchmarkCase
 from utils.config import Config
 
 _TINY = tuple(f"hifigan.{key}={value}".replace(" ", "") for key, value in TINY_OVERRIDES.items()
@@ -36,3 +37,7 @@ def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
     mel = torch.randn(batch_size, cfg.audio.n_mels, segment // cfg.audio.hop_length, generator=generator)
     audio = torch.randn(batch_size, segment, generator=generator) * 0.1
     return {"mel": mel, "audio": audio, "ids": [f"synthetic_{i}" for i in range(batch_size)]}
+
+
+BENCHMARK = Benchmark(synthetic_batch=synthetic_batch, cases=CASES)
+"""HiFi-GAN's synthetic batches and shapes, as ``parts.py`` registers them for the benchmark and memory tools."""

@@ -10,9 +10,6 @@ from models.hifigan.network import mel_function
 from utils.config import Config
 from utils.data.corpus import load_splits
 from utils.data.datasets import AudioMelDataset, Crop
-from utils.parts import optional_part
-
-MEL_DIR = optional_part("utils.data.mel_dir")  # after-training tools: None where the project left them out
 
 
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
@@ -20,21 +17,17 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     for validation), each clip first scaled to the peak ``hifigan.peak_normalize`` (jik876's ``MelDataset``); mels
     ``(n_mels, MelSpectrogram.num_frames(segment_length))``: ``segment_length // hop_length`` in jik876's framing, the
     recipe's (the generator's ``frames * hop_length`` samples line up with the crop; NVIDIA's gives one frame more, its
-    samples cut off). With ``data.mel_dir`` the mels are read from that folder and cropped with the audio, as read, on
-    frame boundaries: fine-tuning on Tacotron2's teacher-forced mels (``scripts/dump_gta_mels.py``), as
-    jik876/hifi-gan's ``--fine_tuning`` does.
+    samples cut off).
 
     Raises:
         ValueError: ``segment_length`` not a multiple of ``audio.hop_length`` (the output would not line up).
-        DataError: see :class:`AudioMelDataset` and ``utils.data.mel_dir.MelDirDataset``.
+        DataError: see :class:`AudioMelDataset`.
     """
     seg = cfg.hifigan.segment_length
     if seg % cfg.audio.hop_length:
         raise ValueError(f"hifigan.segment_length ({seg}) must be a multiple of audio.hop_length "
                          f"({cfg.audio.hop_length})")
     splits = load_splits(cfg.data)
-    if MEL_DIR and cfg.data.mel_dir:
-        return MEL_DIR.vocoder_datasets(cfg, splits, seg)
     kwargs = {"with_mel": not cfg.hifigan.mel_on_device, "peak": cfg.hifigan.peak_normalize}
     return (AudioMelDataset(splits[0], cfg.audio, Crop(seg, seed=cfg.train.seed), **kwargs),
             AudioMelDataset(splits[1], cfg.audio, Crop(seg, random=False), **kwargs))

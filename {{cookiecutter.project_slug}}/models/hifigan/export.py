@@ -8,7 +8,7 @@ from torch import nn
 from models.hifigan.network import HiFiGAN
 from modules.hifigan import Generator
 from utils.config import Config
-from utils.onnx_export import ExportPart
+from utils.onnx_export import Export, ExportPart
 
 
 class GeneratorExport(nn.Module):
@@ -33,3 +33,7 @@ def export_parts(model: HiFiGAN, cfg: Config) -> list[ExportPart]:
         input_names=("mel",), output_names=("audio",),
         dynamic_axes={"mel": {0: "batch", 2: "frames"}, "audio": {0: "batch", 1: "samples"}},
         description=f"mel (B, {n_mels}, frames) -> audio (B, frames * {model.generator.hop_length})")]
+
+
+EXPORT = Export(parts=export_parts)
+"""HiFi-GAN's ONNX files, as ``parts.py`` registers them for ``scripts/export.py --format onnx``."""

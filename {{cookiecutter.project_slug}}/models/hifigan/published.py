@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from utils.checkpoint.files import CheckpointError
-from utils.checkpoint.published import Weights, weight_norm_key
+from utils.checkpoint.published import Published, Weights, weight_norm_key
 from utils.config import Config
 
 VARIANTS = {  # jik876/hifi-gan's config_v1.json, config_v2.json, config_v3.json: their generator settings
@@ -105,3 +105,7 @@ def read_published(loaded: Any, cfg: Config) -> Weights | None:
         renamed["generator." + weight_norm_key(key)] = value
     source = f"jik876/hifi-gan's {variant + ' ' if variant else ''}generator file{applied}"
     return Weights(source, "hifigan", renamed, partial=("discriminator.",))
+
+
+PUBLISHED = Published(read=read_published)
+"""jik876/hifi-gan's generator files, as ``parts.py`` registers HiFi-GAN's reader."""

@@ -1,15 +1,10 @@
 """Tacotron2 (text -> mel), the model's spec: Shen et al., "Natural TTS Synthesis by Conditioning WaveNet on Mel
 Spectrogram Predictions" (ICASSP 2018), with NVIDIA's sizes and defaults (layers: ``modules/tacotron2.py``)."""
 
-from model import Benchmark, Export, Inference, ModelSpec, Published, Training
+from model import Inference, ModelSpec, Training
 from models.tacotron2.data import TextMelCollate, build_datasets, check_text, count_items
 from models.tacotron2.inference import add_inference_args, infer, log_validation
 from models.tacotron2.network import Tacotron2, Tacotron2Config, Tacotron2Loss, optimize_for_training
-from utils.parts import optional_part
-
-export = optional_part("models.tacotron2.export")  # after-training tools: None where the project left them out
-published = optional_part("models.tacotron2.published")
-bench = optional_part("models.tacotron2.benchmark")  # the benchmarks part
 
 SPEC = ModelSpec(
     name="tacotron2",
@@ -28,9 +23,6 @@ SPEC = ModelSpec(
         blocks=lambda model: [model.encoder, model.decoder, model.postnet],
     ),
     inference=Inference(infer=infer, add_args=add_inference_args, takes_vocoder=True),
-    export=Export(parts=export.export_parts) if export else None,
-    published=Published(read=published.read_published) if published else None,
-    benchmark=Benchmark(synthetic_batch=bench.synthetic_batch, cases=bench.CASES) if bench else None,
     # NVIDIA/tacotron2: TacotronSTFT's centred frames, hparams.py's grad_clip_thresh and cudnn_benchmark
     recipe={"audio.mel_framing": "nvidia", "train.grad_clip": 1.0, "train.cudnn_benchmark": False},
 )

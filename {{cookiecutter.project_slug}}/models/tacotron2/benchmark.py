@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from model import Batch, BenchmarkCase
+from model import Batch
 from modules.tacotron2 import get_padding_mask
+from utils.benchmark import Benchmark, BenchmarkCase
 from utils.config import Config
 
 _FULL = {"text_lengths": (60, 160), "mel_lengths": (300, 800), "longest_mel": 800}
@@ -37,3 +38,7 @@ def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
     gate = (torch.arange(max_frames).unsqueeze(0) >= (mel_lens - 1).unsqueeze(1)).float()
     return {"text": text, "text_lengths": text_lens, "mel": mel, "gate": gate, "mel_lengths": mel_lens,
             "ids": [f"synthetic_{i}" for i in range(batch_size)]}
+
+
+BENCHMARK = Benchmark(synthetic_batch=synthetic_batch, cases=CASES)
+"""Tacotron2's synthetic batches and shapes, as ``parts.py`` registers them for the benchmark and memory tools."""

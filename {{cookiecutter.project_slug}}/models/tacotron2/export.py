@@ -14,7 +14,7 @@ from torch import nn
 from models.tacotron2.network import Tacotron2
 from modules.tacotron2 import Decoder, Postnet, get_padding_mask
 from utils.config import Config
-from utils.onnx_export import ExportPart
+from utils.onnx_export import Export, ExportPart
 
 # The decoder step's recurrent inputs, in order; its outputs carry the same names with next_ in front.
 DECODER_STATE = ("attention_hidden", "attention_cell", "decoder_hidden", "decoder_cell", "attention_weights",
@@ -189,3 +189,7 @@ def run_onnx(folder: Path, text: torch.Tensor, text_lengths: torch.Tensor, cfg: 
         stopped |= torch.sigmoid(gates[-1]) > gate_threshold
     mel_postnet = postnet.run(None, {"mel": torch.stack(frames, dim=2).numpy()})[0]
     return torch.from_numpy(mel_postnet), torch.stack(gates, dim=1)
+
+
+EXPORT = Export(parts=export_parts)
+"""Tacotron2's ONNX files, as ``parts.py`` registers them for ``scripts/export.py --format onnx``."""

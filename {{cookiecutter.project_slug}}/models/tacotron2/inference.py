@@ -155,37 +155,28 @@ def _add_griffin_lim(writer: Any, tag: str, log_mel: torch.Tensor, step: int, au
 
 
 def add_inference_args(parser: argparse.ArgumentParser) -> None:
-    """Tacotron2's ``inference.py`` options: the text, and ``--vocoder`` where the project registers a vocoder."""
-    from models import MODELS  # the registry imports this package
-
+    """Tacotron2's ``inference.py`` options: the text (``inference.py`` adds ``--vocoder`` where the project registers a
+    vocoder: ``Inference.takes_vocoder``)."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--text", help="the sentence to speak")
     source.add_argument("--text-file", help="a UTF-8 file of sentences, one wav per line (--output: a folder)")
-    if vocoders := [name for name, spec in MODELS.items() if spec.inference and spec.inference.vocode]:
-        parser.add_argument("--vocoder", help=f"a {' or '.join(vocoders)} checkpoint to vocode with (default: "
-                                              "Griffin-Lim)")
 
 
 def load_vocoder(args: argparse.Namespace, cfg: Config) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
     """The ``mel (n_mels, frames) -> audio (samples,)`` of the ``--vocoder`` checkpoint (read by inference.py's
-    ``args.load_trained``), or ``None`` without one (Griffin-Lim).
+    ``args.load_vocoder``), or ``None`` without one (Griffin-Lim).
 
     Raises:
         CheckpointError: its model cannot vocode, or its audio settings differ from ``cfg`` (``--checkpoint``'s).
     """
-    from models import MODELS
-
     if not getattr(args, "vocoder", None):
         return None
-    name, vocoder, voc_cfg = args.load_trained(args.vocoder)
-    spec = MODELS[name].inference
-    if spec is None or spec.vocode is None:
-        raise CheckpointError(f"--vocoder {args.vocoder} holds a '{name}' model, which is not a vocoder")
+    vocode, voc_cfg = args.load_vocoder(args.vocoder)
     same = {"exclude": {"mel_framing"}}  # another framing shifts the frames by half a hop: a vocoder does not mind
     if voc_cfg.audio.model_dump(**same) != cfg.audio.model_dump(**same):
         raise CheckpointError(f"--vocoder {args.vocoder} was trained with other audio settings than "
                               f"{args.checkpoint}: {voc_cfg.audio} vs {cfg.audio}")
-    return lambda mel: spec.vocode(vocoder, mel, voc_cfg)
+    return vocode
 
 
 def read_lines(args: argparse.Namespace) -> tuple[list[str], list[Path]]:

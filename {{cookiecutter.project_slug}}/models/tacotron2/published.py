@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from utils.checkpoint.published import Weights
+from utils.checkpoint.published import Published, Weights
 from utils.config import Config
 
 NVIDIA_CLEANERS = ["nvidia_english_cleaners"]
@@ -31,3 +31,7 @@ def read_published(loaded: Any, cfg: Config) -> Weights | None:
         source += (f"; text cleaned as NVIDIA's: tacotron2.text_cleaners={NVIDIA_CLEANERS} (replacing the default; "
                    "another value is kept)")
     return Weights(source, "tacotron2", renamed)
+
+
+PUBLISHED = Published(read=read_published)
+"""NVIDIA/tacotron2's checkpoints, as ``parts.py`` registers Tacotron2's reader."""

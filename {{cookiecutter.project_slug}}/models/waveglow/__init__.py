@@ -1,15 +1,10 @@
 """WaveGlow (mel -> audio), the model's spec: Prenger et al., ICASSP 2019, with NVIDIA's sizes and defaults."""
 
-from model import Benchmark, Export, Inference, ModelSpec, Published, Training
+from model import Inference, ModelSpec, Training
 from models.waveglow.data import build_datasets, mel_on_device
 from models.waveglow.inference import add_inference_args, infer, log_validation, vocode
 from models.waveglow.network import WaveGlow, WaveGlowConfig, WaveGlowLoss, optimize_for_training
 from utils.data.datasets import collate_audio_mel
-from utils.parts import optional_part
-
-export = optional_part("models.waveglow.export")  # after-training tools: None where the project left them out
-published = optional_part("models.waveglow.published")
-bench = optional_part("models.waveglow.benchmark")  # the benchmarks part
 
 SPEC = ModelSpec(
     name="waveglow",
@@ -27,9 +22,6 @@ SPEC = ModelSpec(
         blocks=lambda model: list(model.flows),  # the WN coupling networks: nearly all weights and activations
     ),
     inference=Inference(infer=infer, add_args=add_inference_args, vocode=vocode),
-    export=Export(parts=export.export_parts) if export else None,
-    published=Published(read=published.read_published, pickled_classes=published.PICKLED_CLASSES) if published else None,
-    benchmark=Benchmark(synthetic_batch=bench.synthetic_batch, cases=bench.CASES) if bench else None,
     # NVIDIA/waveglow: TacotronSTFT, no clipping; the autotuner on (NVIDIA's is off): one crop shape, tuned once
     recipe={"audio.mel_framing": "nvidia", "train.grad_clip": 0.0, "train.cudnn_benchmark": True},
 )

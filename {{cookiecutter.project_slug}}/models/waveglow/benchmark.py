@@ -6,7 +6,8 @@ from typing import Optional
 
 import torch
 
-from model import Batch, BenchmarkCase
+from model import Batch
+from utils.benchmark import Benchmark, BenchmarkCase
 from utils.config import Config
 
 _TINY = ("waveglow.n_flows=4", "waveglow.n_early_every=2", "waveglow.wn_layers=2")
@@ -35,3 +36,7 @@ def synthetic_batch(cfg: Config, batch_size: int, generator: torch.Generator,
     mel = torch.randn(batch_size, cfg.audio.n_mels, segment // cfg.audio.hop_length + 1, generator=generator)
     audio = torch.randn(batch_size, segment, generator=generator) * 0.1
     return {"mel": mel, "audio": audio, "ids": [f"synthetic_{i}" for i in range(batch_size)]}
+
+
+BENCHMARK = Benchmark(synthetic_batch=synthetic_batch, cases=CASES)
+"""WaveGlow's synthetic batches and shapes, as ``parts.py`` registers them for the benchmark and memory tools."""

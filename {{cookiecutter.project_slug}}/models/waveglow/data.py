@@ -10,20 +10,13 @@ from utils.config import Config
 from utils.data.audio import MelSpectrogram
 from utils.data.corpus import load_splits
 from utils.data.datasets import AudioMelDataset, Crop
-from utils.parts import optional_part
-
-MEL_DIR = optional_part("utils.data.mel_dir")  # after-training tools: None where the project left them out
 
 
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     """Train and validation :class:`AudioMelDataset` (random crops for training, first crop for validation; the mels in
-    ``audio.mel_framing``, NVIDIA's by the recipe: ``1 + segment_length // hop_length`` frames, as ``Mel2Samp``), or
-    with ``data.mel_dir`` the mels read from that folder (``utils.data.mel_dir``). Raises DataError (see
-    :class:`AudioMelDataset` and ``utils.data.mel_dir.MelDirDataset``), and with ``data.mel_dir`` ValueError for a
-    ``waveglow.segment_length`` not a multiple of ``audio.hop_length``."""
+    ``audio.mel_framing``, NVIDIA's by the recipe: ``1 + segment_length // hop_length`` frames, as ``Mel2Samp``).
+    Raises DataError (see :class:`AudioMelDataset`)."""
     splits, seg, with_mel = load_splits(cfg.data), cfg.waveglow.segment_length, not cfg.waveglow.mel_on_device
-    if MEL_DIR and cfg.data.mel_dir:
-        return MEL_DIR.vocoder_datasets(cfg, splits, seg)
     return (AudioMelDataset(splits[0], cfg.audio, Crop(seg, seed=cfg.train.seed), with_mel=with_mel),
             AudioMelDataset(splits[1], cfg.audio, Crop(seg, random=False), with_mel=with_mel))
 

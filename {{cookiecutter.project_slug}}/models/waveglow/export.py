@@ -8,7 +8,7 @@ from torch import nn
 from models.waveglow.network import WaveGlow
 from modules.waveglow import at_least_fp32
 from utils.config import Config
-from utils.onnx_export import ExportPart
+from utils.onnx_export import Export, ExportPart
 
 
 class WaveGlowInferExport(nn.Module):
@@ -68,3 +68,7 @@ def export_parts(model: WaveGlow, cfg: Config) -> list[ExportPart]:
                       "audio": {0: "batch", 1: "samples"}},
         reference=lambda mel, z: model.reverse(mel, z).clamp(-1.0, 1.0),
         description=f"mel (B, {n_mels}, frames), z (B, {g}, frames * {hop} // {g}) -> audio (B, samples)")]
+
+
+EXPORT = Export(parts=export_parts)
+"""WaveGlow's ONNX files, as ``parts.py`` registers them for ``scripts/export.py --format onnx``."""

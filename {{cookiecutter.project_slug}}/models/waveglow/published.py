@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from utils.checkpoint.published import Record, Weights, record_parameters, weight_norm_key
+from utils.checkpoint.published import Published, Record, Weights, record_parameters, weight_norm_key
 from utils.config import Config
 
 PICKLED_CLASSES = ("glow.WaveGlow", "glow.WN", "glow.Invertible1x1Conv", "torch.nn.modules.conv.Conv1d",
@@ -48,3 +48,7 @@ def read_published(loaded: Any, cfg: Config) -> Weights | None:
             key, value = re.sub(r"^convinv\.(\d+)\.conv\.", r"convs.\1.", key), value.squeeze(-1)
         renamed[weight_norm_key(key)] = value
     return Weights("NVIDIA/waveglow's checkpoint (a pickled glow.WaveGlow)", "waveglow", renamed)
+
+
+PUBLISHED = Published(read=read_published, pickled_classes=PICKLED_CLASSES)
+"""NVIDIA/waveglow's checkpoints, as ``parts.py`` registers WaveGlow's reader."""

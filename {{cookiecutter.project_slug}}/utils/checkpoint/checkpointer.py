@@ -14,11 +14,11 @@ import torch
 from distributed import CollectiveError, DistInfo, all_gather_object, collective, reduce_tensor, split_over_ranks
 from utils.checkpoint.files import CheckpointError, load_model_state
 from utils.checkpoint.names import last_checkpoint, last_good_checkpoint
-from utils.checkpoint.resume import check_training_state, folder_reader, read_checkpoint, saved_config, warn_changes
+from utils.checkpoint.resume import (Formats, check_training_state, folder_reader, read_checkpoint, saved_config,
+                                     warn_changes)
 from utils.checkpoint.state import (STATEFUL_PARTS, NamedStates, capture_rng_state, checkpoint_bytes, entries_problem,
                                     load_part, restore_rng_state, save_checkpoint, takes_links, training_checkpoint)
 from utils.errors import TrainingError
-from utils.parts import optional_part
 from utils.run import GracePeriod, git_commit
 from utils.run_log import RunLog, one_line
 from utils.train_state import TrainState
@@ -37,18 +37,20 @@ def nonfinite_weight(model: torch.nn.Module) -> Optional[str]:
 
 class Checkpointer:
     """Saves a run's named stateful parts as one file (``ddp``: rank 0, :func:`training_checkpoint`'s layout) or one
-    sharded folder (``fsdp``: every rank, :mod:`utils.checkpoint.sharded`), with every rank's RNG states, and loads
-    either back. Every rank builds it (a background save's process group is made here) and calls its methods together;
+    sharded folder (``fsdp``: every rank, ``formats.folder``), with every rank's RNG states, and loads either back.
+    Every rank builds it (a background save's process group is made here) and calls its methods together;
     :meth:`save`, :meth:`poll`, :meth:`finish` follow :meth:`start`. ``parts``: ``"model"`` (plain or FSDP-sharded,
     never a DDP wrapper), ``"optimizer"``, ``"scheduler"``, ``"scaler"`` (``state_dict``/``load_state_dict``; several
     phases' as one :class:`NamedStates`), ``"ema"`` (an EMA or None) and ``"position"`` (the loop's :class:`TrainState`,
-    updated in place by :meth:`load`). ``train``: the ``train`` settings."""
+    updated in place by :meth:`load`). ``train``: the ``train`` settings; ``formats``: the checkpoint formats the
+    project reads besides single files."""
 
-    def __init__(self, parts: Mapping[str, Any], output_dir: Path, dist: DistInfo, train: Any):
+    def __init__(self, parts: Mapping[str, Any], output_dir: Path, dist: DistInfo, train: Any, formats: Formats):
         self.parts, self.output_dir, self.dist, self.keep_last = parts, Path(output_dir), dist, train.keep_last
         self.model: torch.nn.Module = parts["model"]
         self.position: TrainState = parts["position"]
-        self.sharded = optional_part("utils.checkpoint.sharded") if train.sharded else None
+        self.formats = formats
+        self.sharded = formats.folder if train.sharded else None
         self.writer = None if self.sharded is None else self.sharded.ShardedCheckpointer(
             output_dir, dist.rank, train.async_checkpoint, train.keep_last, train.dist_timeout_s)
         self.log: Optional[RunLog] = None
@@ -161,9 +163,9 @@ class Checkpointer:
         "grad_accumulation", "config", "tracker_runs": {tracker: run id}}``; a :class:`CheckpointError` for an
         unreadable or unsafe file, another model, entries not as ``train.py`` writes them (``entries_problem``),
         weights or states that do not fit (``load_part``), or a weights-only file."""
-        rank, sharded = self.dist.rank, folder_reader(path)
+        rank, sharded = self.dist.rank, folder_reader(path, self.formats.folder)
         if saved is None:  # rank 0 verifies a sharded folder's files
-            saved = read_checkpoint(path, self.dist.device, verify=rank == 0)
+            saved = read_checkpoint(path, self.dist.device, verify=rank == 0, formats=self.formats)
         self.origin = Path(path).parent / os.readlink(path) if Path(path).is_symlink() else Path(path)
         if saved.get("model_name") != model_name:
             raise CheckpointError(f"{path} holds a '{saved.get('model_name')}' model, not '{model_name}'")
@@ -196,7 +198,7 @@ class Checkpointer:
 
     def _load_parts(self, saved: Mapping[str, Any], path, sharded) -> None:
         """Put back the optimizer(s), scheduler(s), scaler and EMA (and a sharded folder's model: ``sharded`` is then
-        :func:`folder_reader`'s module); :class:`CheckpointError` where the EMA or a sharded entry does not fit."""
+        ``formats.folder``); :class:`CheckpointError` where the EMA or a sharded entry does not fit."""
         ema = self.parts.get("ema")
         with_ema = ema is not None and (saved.get("ema_saved", False) if sharded else "ema" in saved)
         if sharded:

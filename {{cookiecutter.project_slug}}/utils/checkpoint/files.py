@@ -8,18 +8,22 @@ import os
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
 from utils.checkpoint.names import TEMPORARY_GLOB, temporary, temporary_pid
 from utils.errors import CheckpointError
-from utils.parts import optional_part
 from utils.run_log import one_line
 
 
 class UnsafeCheckpoint(CheckpointError):
     """A checkpoint holds pickled code (or objects a checkpoint never holds): refused before anything in it ran."""
+
+
+LegacyCheck = Callable[[Path], Optional[str]]
+"""What is wrong with a file of PyTorch's legacy format (a pickle, before 1.6), or ``None``: the after-training tools'
+``utils.checkpoint.published.legacy_problem``, handed down (``utils.checkpoint.resume.Formats``)."""
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -111,15 +115,16 @@ def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
     return removed
 
 
-def load_torch_file(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Any:
+def load_torch_file(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False,
+                    legacy: Optional[LegacyCheck] = None) -> Any:
     """``torch.load(path, weights_only=True)`` once :func:`torch_file_problem` found the file sound (``mmap``: a zip
-    archive's tensors mapped from the file, not read: a look at its entries); a :class:`CheckpointError` for a file
-    missing, not a checkpoint, damaged, or holding pickled objects other than tensors and primitives (refused, never
-    run)."""
+    archive's tensors mapped from the file, not read: a look at its entries; ``legacy``: as there); a
+    :class:`CheckpointError` for a file missing, not a checkpoint, damaged, or holding pickled objects other than
+    tensors and primitives (refused, never run)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
-    if (problem := torch_file_problem(path)) is not None:
+    if (problem := torch_file_problem(path, legacy)) is not None:
         raise CheckpointError(f"{path} {problem}")
     try:
         with warnings.catch_warnings():
@@ -130,10 +135,11 @@ def load_torch_file(path: str | Path, map_location: str | torch.device = "cpu", 
         raise CheckpointError(f"cannot load checkpoint {path} safely: {_load_failure(err)}") from err
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """A checkpoint of this project (a dict with a ``model`` entry), read by :func:`load_torch_file`; a
-    :class:`CheckpointError` as there, or where the file holds something else."""
-    state = load_torch_file(path, map_location)
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
+                    legacy: Optional[LegacyCheck] = None) -> dict[str, Any]:
+    """A checkpoint of this project (a dict with a ``model`` entry), read by :func:`load_torch_file` (``legacy``: as
+    there); a :class:`CheckpointError` as there, or where the file holds something else."""
+    state = load_torch_file(path, map_location, legacy=legacy)
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path} is not a checkpoint of this project (no 'model' entry)")
     return state
@@ -208,19 +214,19 @@ def intact(path: str | Path) -> Optional[str]:
     return problem
 
 
-def torch_file_problem(path: Path) -> Optional[str]:
+def torch_file_problem(path: Path, legacy: Optional[LegacyCheck] = None) -> Optional[str]:
     """What is wrong with ``path`` as a ``torch.save`` file (``"is damaged (...)"``, ``"is not a checkpoint: ..."``),
-    or ``None``: a zip archive that is :func:`intact`, or a pickle (PyTorch's legacy format, before 1.6) that the
-    after-training tools pass (``utils.checkpoint.published.legacy_problem``); without them, refused unread."""
+    or ``None``: a zip archive that is :func:`intact`, or a pickle (PyTorch's legacy format, before 1.6) that
+    ``legacy`` passes; without ``legacy``, refused unread."""
     with open(path, "rb") as handle:
         head = handle.read(512)
     if head.startswith(b"PK"):
         return None if (problem := intact(path)) is None else f"is {problem}"
     if head.startswith(b"\x80"):
-        if (published := optional_part("utils.checkpoint.published")) is None:
+        if legacy is None:
             return ("is in PyTorch's old format (a pickle, before 1.6), which this project reads only with the "
                     "after-training tools: refused, nothing was run")
-        return published.legacy_problem(path)
+        return legacy(path)
     text = b"\0" not in head and head.decode("utf-8", "replace").count("\ufffd") <= 1  # 1: a character cut at 512
     kind = "a text file: " * text + NEITHER
     return f"is not a checkpoint: {kind if head else 'an empty file'}"

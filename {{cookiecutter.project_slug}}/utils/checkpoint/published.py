@@ -1,13 +1,14 @@
 """Published weights: this project's release checkpoints (:func:`release_checkpoint`), and weights another project
-published, for ``train.py --init-from`` and ``scripts/import_weights.py`` (:func:`read_published`, asked by
+published, for ``train.py --init-from`` and ``scripts/import_weights.py`` (:class:`Readers`, asked by
 :func:`utils.checkpoint.weights.read_weights` for a file that is not a checkpoint of ``train.py``), which a model's
-``Published.read`` renames (NVIDIA's Tacotron2 and WaveGlow, jik876's HiFi-GAN). Nothing in a file runs: a pickled
+:class:`Published` reader renames (NVIDIA's Tacotron2 and WaveGlow, jik876's HiFi-GAN). Nothing in a file runs: a pickled
 module (NVIDIA's WaveGlow) is read as a :class:`Record` of attributes, from a zip archive (``torch.save`` since PyTorch
 1.6) or from PyTorch's legacy format (before 1.6: the published ``waveglow_256channels*.pt``), which
 :class:`_LegacyUnpickler` reads, once :func:`legacy_problem` (every loader's first check) found its sizes sound."""
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 import pickle
@@ -17,7 +18,7 @@ import warnings
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, BinaryIO, Mapping, Optional
+from typing import Any, BinaryIO, Callable, Mapping, Optional
 
 import torch
 
@@ -25,6 +26,15 @@ from utils.checkpoint.files import NEITHER, CheckpointError, _load_failure
 from utils.checkpoint.state import RELEASE_FORMAT, in_modules
 from utils.checkpoint.weights import Weights
 from utils.run_log import one_line
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """A model's reader of the weights its reference project published (``models/<name>/published.py``'s
+    ``PUBLISHED``, registered in ``parts.py``)."""
+
+    read: Callable[[Any, Any], Optional[Weights]]  # (loaded file, cfg) -> Weights, or None for another format
+    pickled_classes: tuple[str, ...] = ()  # "module.Class" names such a file pickles, read as inert records
 
 
 class Record:
@@ -208,21 +218,28 @@ def _load(path: Path, pickled_classes: tuple[str, ...], label: str) -> Any:
         raise CheckpointError(f"{label} {path}: cannot load it safely: {why}") from None
 
 
-def read_published(path: Path, models: dict[str, Any], cfg: Any, label: str) -> Weights:
-    """The weights of ``path``, a file in a published format that some model of ``models`` reads (its
-    ``Published.read``, given the loaded file and ``cfg``), in this project's key names; ``label`` names the file in
-    errors. :func:`utils.checkpoint.weights.read_weights` asks here for a file that is not a checkpoint of ``train.py``.
+@dataclasses.dataclass(frozen=True)
+class Readers:
+    """The published formats the models read (``{model name: Published}``), as ``Formats.published``: the file of
+    PyTorch's legacy format checked (:func:`legacy_problem`), a published file read (:meth:`read`)."""
 
-    Raises:
-        CheckpointError: an unsafe or damaged file, or a format no model reads.
-    """
-    readers = {name: spec.published for name, spec in models.items() if spec.published is not None}
-    loaded = _load(path, tuple(name for published in readers.values() for name in published.pickled_classes), label)
-    for published in readers.values():
-        if (weights := published.read(loaded, cfg)) is not None:
-            return weights
-    raise CheckpointError(f"{label} {path}: not a checkpoint of this project, nor a published checkpoint a model "
-                          f"of models/ reads ({', '.join(sorted(readers)) or 'none reads any'}: Published.read)")
+    readers: Mapping[str, Published]
+    legacy_problem = staticmethod(legacy_problem)
+
+    def read(self, path: Path, cfg: Any, label: str) -> Weights:
+        """The weights of ``path``, a file in a published format that some model's reader takes (given the loaded
+        file and ``cfg``, whose sizes it may set), in this project's key names; ``label`` names the file in errors.
+
+        Raises:
+            CheckpointError: an unsafe or damaged file, or a format no model reads.
+        """
+        readers = self.readers
+        loaded = _load(path, tuple(name for published in readers.values() for name in published.pickled_classes), label)
+        for published in readers.values():
+            if (weights := published.read(loaded, cfg)) is not None:
+                return weights
+        raise CheckpointError(f"{label} {path}: not a checkpoint of this project, nor a published checkpoint a model "
+                              f"of models/ reads ({', '.join(sorted(readers)) or 'none reads any'}: Published.read)")
 
 
 def release_checkpoint(model_name: str, model_state: Mapping[str, torch.Tensor], modules: tuple[str, ...],

@@ -3,29 +3,71 @@ the settings changed since); the global batch on another number of processes. :c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
-from types import ModuleType
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Protocol
 
 import torch
 
 from distributed import all_gather_object, broadcast_object
-from utils.checkpoint.files import CheckpointError, intact, load_checkpoint, load_torch_file, torch_file_problem
+from utils.checkpoint.files import (CheckpointError, LegacyCheck, intact, load_checkpoint, load_torch_file,
+                                    torch_file_problem)
 from utils.checkpoint.names import LAST_FILE, aside, last_links, list_numbered
 from utils.checkpoint.state import STATEFUL_PARTS, entries_problem
 from utils.framing import recorded_audio
-from utils.parts import optional_part
 
 
-def agreed_resume_path(resume: str, output_dir: Path, rank: int):
+class FolderFormat(Protocol):
+    """Sharded checkpoint folders, as the core reads and writes them (the sharding part's ``utils.checkpoint.sharded``
+    is one): a folder's integrity and train state, its weights and optimizer states put back, a run's saves."""
+
+    ShardedCheckpointer: Callable[..., Any]  # (output_dir, rank, async_save, keep_last, timeout_s) -> the saver
+
+    def sharded_intact(self, path: str | Path) -> Optional[str]: ...
+
+    def read_train_state(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]: ...
+
+    def load_sharded(self, path: str | Path, model: Any, optimizers: list, extra: Any = None) -> None: ...
+
+    def load_sharded_model(self, path: str | Path, model: Any) -> None: ...
+
+    def broadcast_buffers(self, model: Any) -> None: ...
+
+    def sharded_train_state(self, parts: Mapping[str, Any], state: Any, rng: list, **info: Any) -> dict: ...
+
+
+class PublishedFormat(Protocol):
+    """Weights another project published, and PyTorch's format before 1.6 they come in (the after-training tools'
+    ``utils.checkpoint.published.Readers``)."""
+
+    def legacy_problem(self, path: Path) -> Optional[str]: ...
+
+    def read(self, path: Path, cfg: Any, label: str) -> Any: ...  # -> utils.checkpoint.weights.Weights
+
+
+@dataclasses.dataclass(frozen=True)
+class Formats:
+    """The checkpoint formats a project reads besides its single files, each None where it left their part out:
+    ``parts.py`` builds it, and hands it to every reader of checkpoints."""
+
+    folder: Optional[FolderFormat] = None  # sharded checkpoint folders
+    published: Optional[PublishedFormat] = None  # other projects' weights, PyTorch's legacy files
+
+    @property
+    def legacy(self) -> Optional[LegacyCheck]:
+        """The check of a file of PyTorch's legacy format (:func:`utils.checkpoint.files.torch_file_problem`)."""
+        return self.published.legacy_problem if self.published is not None else None
+
+
+def agreed_resume_path(resume: str, output_dir: Path, rank: int, formats: Formats):
     """The checkpoint to resume from, decided by rank 0 (:func:`resume_path`) and seen alike by every rank (one shared
     ``--output-dir``); else, or where rank 0's decision fails, a :class:`CheckpointError` on every rank."""
     path, notes, error = None, [], None
     try:
-        path, notes = resume_path(resume, output_dir) if rank == 0 else (None, [])
+        path, notes = resume_path(resume, output_dir, formats) if rank == 0 else (None, [])
     except CheckpointError as err:
         error = str(err)
     for note in notes:
@@ -43,10 +85,10 @@ def agreed_resume_path(resume: str, output_dir: Path, rank: int):
     return path
 
 
-def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], list[str]]:
+def resume_path(resume: str, output_dir: str | Path, formats: Formats) -> tuple[Optional[Path], list[str]]:
     """The checkpoint ``--resume`` names, and notes to print about the choice. ``auto``: the newer of the
     ``checkpoint_last.pt`` and ``checkpoint_last`` (sharded) links, else the newest intact numbered checkpoint
-    (:func:`_newest_intact`), else ``None``; ``none``: ``None``; else that file or sharded folder. A
+    (:func:`_newest_intact`), else ``None``; ``none``: ``None``; else that file or sharded folder (of ``formats``). A
     :class:`CheckpointError` for ``none`` on a folder with checkpoints, ``auto`` where every one is damaged (step 0
     would overwrite them), or a path that is no intact checkpoint."""
     output_dir = Path(output_dir)
@@ -54,7 +96,7 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
     lasts = sorted(last_links(output_dir), key=lambda path: path.lstat().st_mtime, reverse=True)
     numbered = list_numbered(output_dir)
     if resume == "auto":
-        return _newest_intact(output_dir, lasts, numbered)
+        return _newest_intact(output_dir, lasts, numbered, formats)
     if resume == "none":
         if lasts or numbered:
             raise CheckpointError(f"{output_dir} already holds checkpoints, which --resume none would overwrite; "
@@ -62,17 +104,18 @@ def resume_path(resume: str, output_dir: str | Path) -> tuple[Optional[Path], li
         return None, []
     if not Path(resume).is_file() and not Path(resume).is_dir():
         raise CheckpointError(f"--resume {resume}: no such checkpoint")
-    if Path(resume).is_file() and (problem := torch_file_problem(Path(resume))) is not None:
+    if Path(resume).is_file() and (problem := torch_file_problem(Path(resume), formats.legacy)) is not None:
         raise CheckpointError(f"--resume {resume}: the file {problem}")
-    if Path(resume).is_file() and (problem := malformed(Path(resume))) is not None:
+    if Path(resume).is_file() and (problem := malformed(Path(resume), formats.legacy)) is not None:
         raise CheckpointError(f"--resume {resume}: the file is {problem}")
-    if (sharded := folder_reader(resume, "--resume ")) is not None and \
+    if (sharded := folder_reader(resume, formats.folder, "--resume ")) is not None and \
             (problem := sharded.sharded_intact(resume)) is not None:
         raise CheckpointError(f"--resume {resume}: the sharded checkpoint is {problem}")
     return Path(resume), []
 
 
-def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path]) -> tuple[Optional[Path], list[str]]:
+def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path],
+                   formats: Formats) -> tuple[Optional[Path], list[str]]:
     """``--resume auto``: the first intact of ``lasts``, then of ``numbered`` from the newest step down; the numbered
     ones passed over are renamed ``.damaged`` (holding code: ``.unsafe``), out of pruning's way. A
     :class:`CheckpointError` when all are damaged or unsafe, or a link names what is gone and no other is there."""
@@ -82,8 +125,8 @@ def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path]) ->
             gone.append(f"{path} names {os.readlink(path)}, which is gone")
             problems.append(gone[-1])
             continue
-        problem = (folder_reader(path).sharded_intact(path) if path.is_dir()
-                   else intact(path) or malformed(path) if path.is_file() else "not a file")
+        problem = (folder_reader(path, formats.folder).sharded_intact(path) if path.is_dir()
+                   else intact(path) or malformed(path, formats.legacy) if path.is_file() else "not a file")
         if problem is None:
             if problems:
                 moved = [f"{old.name} -> {move_aside(old, kind).name}" for old, kind in passed_over]
@@ -101,11 +144,12 @@ def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path]) ->
     return None, []
 
 
-def malformed(path: Path) -> Optional[str]:
+def malformed(path: Path, legacy: Optional[LegacyCheck] = None) -> Optional[str]:
     """``"malformed (its 'rng' entry is ...)"`` for a checkpoint file whose entries are not as ``train.py`` writes them
     (:func:`utils.checkpoint.state.entries_problem`; read with ``mmap``: its tensors stay on disk), else ``None``; a
-    :class:`CheckpointError` where it holds code (refused, never run) or does not load."""
-    saved = load_torch_file(path, mmap=True)
+    :class:`CheckpointError` where it holds code (refused, never run) or does not load (``legacy``: as
+    :func:`utils.checkpoint.files.torch_file_problem` takes it)."""
+    saved = load_torch_file(path, mmap=True, legacy=legacy)
     problem = entries_problem(saved) if isinstance(saved, Mapping) else f"it holds a {type(saved).__name__}, not a dict"
     return None if problem is None else f"malformed ({problem})"
 
@@ -194,21 +238,23 @@ def world_size_change(written_by: int, accumulation: int, world_size: int, batch
                      f"({batch_size} x {closest} x {world_size}; no train.grad_accumulation keeps {before}); {tail}")
 
 
-def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", verify: bool = True) -> dict[str, Any]:
+def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", verify: bool = True, *,
+                    formats: Formats) -> dict[str, Any]:
     """A checkpoint's entries: a file's whole dict; a sharded folder's ``train_state.pt`` (no weights), once its
-    ``sharded_intact`` passes (unless not ``verify``); else a :class:`CheckpointError`."""
-    if (sharded := folder_reader(path)) is None:
-        return load_checkpoint(path, map_location=map_location)
+    ``sharded_intact`` passes (unless not ``verify``); else a :class:`CheckpointError`. ``formats``: those the project
+    reads besides single files."""
+    if (sharded := folder_reader(path, formats.folder)) is None:
+        return load_checkpoint(path, map_location=map_location, legacy=formats.legacy)
     if verify and (problem := sharded.sharded_intact(path)) is not None:
         raise CheckpointError(f"{path} is {problem}")
     return sharded.read_train_state(path, map_location)
 
 
-def folder_reader(path: str | Path, label: str = "") -> Optional[ModuleType]:
-    """:mod:`utils.checkpoint.sharded` when ``path`` is a folder (or a link to one), else ``None``; a
-    :class:`CheckpointError` (starting with ``label``) for a folder in a project without sharded checkpoints."""
+def folder_reader(path: str | Path, folder: Optional[FolderFormat], label: str = "") -> Optional[FolderFormat]:
+    """``folder`` (the project's sharded folders) when ``path`` is a folder (or a link to one), else ``None``; a
+    :class:`CheckpointError` (starting with ``label``) for a folder in a project without them (``folder`` None)."""
     if not Path(path).is_dir():
         return None
-    if (sharded := optional_part("utils.checkpoint.sharded")) is None:
+    if folder is None:
         raise CheckpointError(f"{label}{path} is a folder: this project reads single-file checkpoints (.pt)")
-    return sharded
+    return folder

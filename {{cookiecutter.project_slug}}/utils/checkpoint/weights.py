@@ -1,25 +1,26 @@
-"""Weights to start from (``train.py --init-from``): a checkpoint of ``train.py`` or, with
-:mod:`utils.checkpoint.published`, a file another project published; :func:`load_into` puts them into a fresh model."""
+"""Weights to start from (``train.py --init-from``): a checkpoint of ``train.py`` or, with the published formats
+(``Formats.published``), a file another project published; :func:`load_into` puts them into a fresh model."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from utils.checkpoint.files import CheckpointError, misfit, torch_file_problem
-from utils.checkpoint.resume import folder_reader, read_checkpoint
+from utils.checkpoint.resume import Formats, read_checkpoint
 from utils.framing import Framing, saved_framing
-from utils.parts import optional_part
 
 
 @dataclasses.dataclass
 class Weights:
     """Weights read by :func:`read_weights`: ``source`` (what the file is, for the log), ``state`` (this project's key
-    names), ``partial`` (key prefixes the file lacks: they keep their initialisation), ``folder``: a sharded
-    checkpoint folder, whose weights :func:`load_into` reads itself (``state`` is then empty), and ``framing``: the
+    names), ``partial`` (key prefixes the file lacks: they keep their initialisation), ``load_folder``: a sharded
+    checkpoint folder's reader of its weights into a model, which :func:`load_into` calls (``state`` is then empty),
+    and ``framing``: the
     ``audio.mel_framing`` of the mels they were trained on where the file records it (a checkpoint of ``train.py``:
     :func:`utils.framing.saved_framing`), else None (a published file, or an import that recorded null: its model's
     recipe tells)."""
@@ -28,22 +29,23 @@ class Weights:
     model_name: str
     state: dict[str, torch.Tensor]
     partial: tuple[str, ...] = ()
-    folder: Optional[Path] = None
+    load_folder: Optional[Callable[[torch.nn.Module], None]] = None
     framing: Optional[Framing] = None
 
 
-def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str = "--init-from") -> Weights:
+def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str = "--init-from", *,
+                 formats: Formats) -> Weights:
     """The weights in ``path`` in this project's key names, and the model of ``models`` they belong to: a checkpoint of
-    ``train.py``, or a published format some model's ``Published.read`` takes (it may set sizes of ``cfg``). A
-    :class:`CheckpointError` for a missing or unreadable file, a model not in ``models``, or a format no model reads."""
-    path = Path(path)
+    ``train.py`` (a file, or a folder of ``formats``), or a published format ``formats.published`` reads (it may set
+    sizes of ``cfg``). A :class:`CheckpointError` for a missing or unreadable file, a model not in ``models``, or a
+    format no model reads."""
+    path, published = Path(path), formats.published
     if not path.exists():
         raise CheckpointError(f"{label} {path}: no such file or folder")
-    if path.is_file() and (problem := torch_file_problem(path)) is not None:
+    if path.is_file() and (problem := torch_file_problem(path, formats.legacy)) is not None:
         raise CheckpointError(f"{label} {path} {problem}")
-    published = optional_part("utils.checkpoint.published")
     try:
-        state = read_checkpoint(path)
+        state = read_checkpoint(path, formats=formats)
     except CheckpointError:
         if path.is_dir() or published is None:
             raise
@@ -56,12 +58,12 @@ def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str 
         framing = recorded_framing(state, models[name].recipe, f"{label} {path}")
         if path.is_dir():  # a sharded folder (read_checkpoint refused it without the part)
             return Weights(f"a sharded checkpoint of model '{name}' at step {state.get('step')}", name, {},
-                           folder=path, framing=framing)
+                           load_folder=functools.partial(formats.folder.load_sharded_model, path), framing=framing)
         return Weights(f"a checkpoint of model '{name}' at step {state.get('step')}", name, state["model"],
                        framing=framing)
     if published is None:
         raise CheckpointError(f"{label} {path}: not a checkpoint of this project (no 'model_name' entry)")
-    return published.read_published(path, models, cfg, label)
+    return published.read(path, cfg, label)
 
 
 def recorded_framing(saved: dict[str, Any], recipe: dict[str, Any], what: str) -> Optional[Framing]:
@@ -76,11 +78,11 @@ def recorded_framing(saved: dict[str, Any], recipe: dict[str, Any], what: str) -
 
 
 def load_into(model: torch.nn.Module, weights: Weights, source: str) -> list[str]:
-    """Copy ``weights.state`` (or the sharded ``weights.folder``'s) into ``model``: every key outside
+    """Copy ``weights.state`` (or a sharded folder's, by ``weights.load_folder``) into ``model``: every key outside
     ``weights.partial``, shapes matching, and no other; returns the key prefixes that kept their initialisation. A
     :class:`CheckpointError` names missing, unexpected or misshapen keys (at most 5 of each)."""
-    if weights.folder is not None:
-        folder_reader(weights.folder).load_sharded_model(weights.folder, model)
+    if weights.load_folder is not None:
+        weights.load_folder(model)
         return []
     own = model.state_dict()
     if problems := misfit(own, weights.state, "other shapes", weights.partial):

@@ -15,14 +15,13 @@ import torch
 from model import ModelSpec
 from utils.config import Config, ConfigError, Section
 from utils.data.audio import AudioConfig, dynamic_range_compression, load_wav
-from utils.data.corpus import DataError, PathLike, Utterance
+from utils.data.corpus import DataError, PathLike, Utterance, load_splits
 from utils.data.datasets import TORCH_LOAD_ERRORS, AudioMelDataset, Crop
 from utils.framing import Framing, recorded_audio
-from utils.parts import has_part
 
 
 class MelDirSettings(Section):
-    """The ``data`` section's key of this part (``utils.training.settings.DataSettings``)."""
+    """The ``data`` section's key of this part (one of the bases of ``parts.DataSettings``)."""
 
     mel_dir: str = ""  # mels to train a vocoder on (<id>.pt, from scripts.dump_gta_mels); empty: from the audio
 
@@ -51,9 +50,13 @@ def _read_record(path: Path) -> Optional[dict]:
     return record
 
 
-def mel_dir_framing(mel_dir: PathLike) -> Optional[str]:
-    """The framing the mels of ``mel_dir`` were made with (:data:`MEL_SETTINGS_FILE`; one made before the setting:
-    ``jik876``), or None without a readable record (:func:`check_mel_dir` says why)."""
+def mel_dir_framing(cfg: Config) -> Optional[str]:
+    """The framing the mels of ``data.mel_dir`` were made with (:data:`MEL_SETTINGS_FILE`; one made before the
+    setting: ``jik876``), or None without ``data.mel_dir`` or a readable record (:func:`check_mel_dir` says why): what
+    ``utils.training.recipe.apply_recipe`` gives ``audio.mel_framing`` when the config leaves it null."""
+    mel_dir = cfg.data.mel_dir
+    if not mel_dir:
+        return None
     try:
         record = _read_record(Path(mel_dir) / MEL_SETTINGS_FILE)
     except DataError:
@@ -63,13 +66,16 @@ def mel_dir_framing(mel_dir: PathLike) -> Optional[str]:
 
 
 def check_config(spec: ModelSpec, cfg: Config) -> None:
-    """Refuse a ``data.mel_dir`` the model cannot train on: not a vocoder, mels computed on the device, or a
-    ``segment_length`` that is not a multiple of ``audio.hop_length``.
+    """Refuse a ``data.mel_dir`` (none: nothing to check) the model cannot train on: not a vocoder, no
+    ``segment_length`` in its section to crop with, mels computed on the device, or a ``segment_length`` that is not a
+    multiple of ``audio.hop_length``.
 
     Raises:
         ConfigError: one line naming the setting and what to do instead.
     """
     name, mel_dir = spec.name, cfg.data.mel_dir
+    if not mel_dir:
+        return
     if spec.inference is None or spec.inference.vocode is None:
         raise ConfigError(f"data.mel_dir={mel_dir}: model '{name}' is not a vocoder (its spec has no "
                           "Inference.vocode) and does not read mels from a folder; leave data.mel_dir empty")
@@ -79,7 +85,10 @@ def check_config(spec: ModelSpec, cfg: Config) -> None:
                           f"data.mel_dir, not computed from the audio on the device; set {name}.mel_on_device=false "
                           "or data.mel_dir=\"\"")
     segment = getattr(model_cfg, "segment_length", None)
-    if isinstance(segment, int) and segment % hop:
+    if not isinstance(segment, int):
+        raise ConfigError(f"data.mel_dir={mel_dir}: model '{name}' has no {name}.segment_length, the crop its audio and "
+                          "mels are cut to; leave data.mel_dir empty")
+    if segment % hop:
         nearest = " or ".join(str(n) for n in (segment // hop * hop, (segment // hop + 1) * hop) if n)
         raise ConfigError(f"{name}.segment_length={segment} is not a multiple of audio.hop_length={hop}: with "
                           f"data.mel_dir audio and mel are cropped together on frame boundaries; use {nearest}")
@@ -95,9 +104,8 @@ def check_mel_dir(mel_dir: Path, audio_cfg: AudioConfig, utterances: Sequence[Ut
             or no utterance left.
     """
     if not mel_dir.is_dir():
-        dump = "dump mels there with python -m scripts.dump_gta_mels, or " if has_part("scripts.dump_gta_mels") else ""
-        raise DataError(f"data.mel_dir {mel_dir} is not a folder ({dump}set data.mel_dir=\"\" to compute the mels "
-                        "from the audio)")
+        raise DataError(f"data.mel_dir {mel_dir} is not a folder (of <id>.pt mels, as a text-to-mel model's dump "
+                        "writes them; set data.mel_dir=\"\" to compute the mels from the audio)")
     recorded = _read_record(mel_dir / MEL_SETTINGS_FILE)
     if recorded is not None:
         recorded, audio = recorded_audio(recorded), recorded_audio(audio_cfg.model_dump())
@@ -196,10 +204,13 @@ class MelDirDataset(AudioMelDataset):
         return {"mel": mel.contiguous(), "audio": audio.contiguous(), "id": utt.id}
 
 
-def vocoder_datasets(cfg: Config, splits: tuple[list[Utterance], list[Utterance]],
-                     segment_length: int) -> tuple[MelDirDataset, MelDirDataset]:
-    """A vocoder's train and validation :class:`MelDirDataset` on ``data.mel_dir``: random ``segment_length``-sample
-    crops seeded by ``train.seed``, and the first crop."""
+def vocoder_datasets(spec: ModelSpec, cfg: Config) -> Optional[tuple[MelDirDataset, MelDirDataset]]:
+    """A vocoder's train and validation :class:`MelDirDataset` on ``data.mel_dir`` in place of its model's datasets
+    (``None`` without ``data.mel_dir``): random crops of the model's ``segment_length`` samples seeded by
+    ``train.seed``, and the first crop. :func:`check_config` has refused a model that cannot train on them."""
+    if not cfg.data.mel_dir:
+        return None
+    splits, segment_length = load_splits(cfg.data), cfg.section(spec.name).segment_length
     train = MelDirDataset(splits[0], cfg.audio, Crop(segment_length, seed=cfg.train.seed), cfg.data.mel_dir)
     val = MelDirDataset(splits[1], cfg.audio, Crop(segment_length, random=False), cfg.data.mel_dir)
     return train, val

@@ -4,39 +4,35 @@ exists (:func:`check_settings`), and while the model and datasets are built (:fu
 from __future__ import annotations
 
 import contextlib
+from typing import Callable, Sequence
 
 from model import ModelSpec
 from utils.config import Config, ConfigError
 from utils.data.corpus import DataError
 from utils.run_log import one_line
-from utils.training.settings import MEL_DIR, SHARDING, TRACKING, TrainConfig
+from utils.training.settings import LoopSettings
 
 
-def check_settings(spec: ModelSpec, cfg: Config) -> None:
+def check_settings(spec: ModelSpec, cfg: Config, checks: Sequence[Callable[[ModelSpec, Config], None]] = ()) -> None:
     """Refuse settings that cannot work with this model or would do nothing in the chosen mode: a :class:`ConfigError`
-    naming the setting and what to do instead."""
-    train, defaults, phases = cfg.train, TrainConfig(), spec.training.phases
+    naming the setting and what to do instead; then ``checks``, those of the project's optional parts
+    (``parts.PARTS.checks``), each raising one."""
+    train, defaults, phases = cfg.train, LoopSettings(), spec.training.phases
     if phases is not None and phases.build_scheduler is not None and (
             train.lr_schedule != defaults.lr_schedule or train.warmup_steps != defaults.warmup_steps):
         raise ConfigError(f"train.lr_schedule={train.lr_schedule}, train.warmup_steps={train.warmup_steps}: model "
                           f"'{spec.name}' builds its own LR schedulers (Phases.build_scheduler), which these settings "
                           f"would not change; leave them at {defaults.lr_schedule} and {defaults.warmup_steps}, or "
                           "schedule the learning rate in the model's build_scheduler")
-    if SHARDING:
-        SHARDING.check_activation_checkpointing(spec, cfg)
     if cfg.data.batching == "buckets" and not spec.training.variable_length:
         raise ConfigError(f"data.batching=buckets: model '{spec.name}' trains on items of one length (its "
                           "Training.variable_length is not set), so there is no padding to save; use "
                           "data.batching=random")
-    if MEL_DIR and cfg.data.mel_dir:  # mels read from a folder (a vocoder fine-tuned on Tacotron2's GTA mels)
-        MEL_DIR.check_config(spec, cfg)
     if train.compile and spec.training.optimize_for_training is None:
         raise ConfigError(f"train.compile=true, but model '{spec.name}' has no fast path "
                           "(Training.optimize_for_training)")
-    if SHARDING:
-        SHARDING.check_parallelism(spec, cfg)
-    if TRACKING:  # a tracker named twice, or its library not installed
-        TRACKING.check_trackers(cfg)
+    for check in checks:
+        check(spec, cfg)
 
 
 @contextlib.contextmanager

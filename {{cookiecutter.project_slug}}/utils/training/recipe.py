@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from model import ModelSpec
 from utils.config import Config
 from utils.framing import UNRESOLVED_FRAMING
-from utils.training.settings import MEL_DIR
 
 PROJECT_RECIPE: dict[str, Any] = {"audio.mel_framing": UNRESOLVED_FRAMING, "train.grad_clip": 0.0,
                                   "train.cudnn_benchmark": True}
 """What a shared setting left null takes when the model's ``ModelSpec.recipe`` does not name it."""
 
 
-def apply_recipe(spec: ModelSpec, cfg: Config) -> Config:
+def apply_recipe(spec: ModelSpec, cfg: Config, data_framing: Optional[str] = None) -> Config:
     """Fill the shared settings ``cfg`` leaves null for model ``spec``, in place (checkpoints record the values used):
-    ``audio.mel_framing`` from the ``data.mel_dir`` folder's record (a vocoder on Tacotron2's mels frames as they were
-    made), else ``spec.recipe`` (its reference's values), else :data:`PROJECT_RECIPE`. Returns ``cfg``."""
+    ``audio.mel_framing`` from ``data_framing``, the framing the training data records of its mels (a vocoder on a text
+    model's mels frames as they were made: ``parts.PARTS.data_framing``), else ``spec.recipe`` (its reference's
+    values), else :data:`PROJECT_RECIPE`. Returns ``cfg``."""
     recipe = {**PROJECT_RECIPE, **spec.recipe}
-    if MEL_DIR and cfg.data.mel_dir and (framing := MEL_DIR.mel_dir_framing(cfg.data.mel_dir)):
-        recipe["audio.mel_framing"] = framing
+    if data_framing:
+        recipe["audio.mel_framing"] = data_framing
     for name, value in recipe.items():
         section, key = name.split(".")
         if getattr(cfg.section(section), key) is None:

@@ -1,5 +1,5 @@
-"""The ``train`` section (:class:`TrainConfig`: the loop's settings and those of the parts the project has) and the
-sections every model shares (:data:`SHARED_SECTIONS`; ``audio``, ``data`` declared beside the code that reads them)."""
+"""The ``train`` section's keys every project has (:class:`LoopSettings`): ``parts.TrainConfig`` adds those of the
+optional parts the project has."""
 
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ from typing import Literal, Optional
 from pydantic import Field
 
 from utils.config import Section
-from utils.data.audio import AudioConfig
-from utils.data.corpus import DataConfig
-from utils.parts import optional_part
 
 
 class LoopSettings(Section):
@@ -53,27 +50,3 @@ class LoopSettings(Section):
     def sharded(self) -> bool:
         """Whether the run shards its model and writes sharded checkpoints (never, without the sharding part)."""
         return False
-
-
-SHARDING = optional_part("utils.training.fsdp")
-"""The sharded-training part (FSDP, activation checkpointing) or None where the project was generated without it."""
-TRACKING = optional_part("utils.tracking")
-"""The experiment trackers (W&B, MLflow beside TensorBoard) or None where the project was generated without them."""
-
-
-class TrainConfig(*([SHARDING.ShardingSettings] if SHARDING else []),
-                  *([TRACKING.TrackerSettings] if TRACKING else []), LoopSettings):
-    """The ``train`` section: the loop's settings and the project's parts' (a part's class first: it wins)."""
-
-
-MEL_DIR = optional_part("utils.data.mel_dir")
-"""Mels read from a folder (``data.mel_dir``, an after-training tool) or None where the project left them out."""
-
-
-class DataSettings(*([MEL_DIR.MelDirSettings] if MEL_DIR else []), DataConfig):
-    """The ``data`` section: the corpus's settings, and ``mel_dir`` where the project has it."""
-
-
-SHARED_SECTIONS: dict[str, type[Section]] = {"audio": AudioConfig, "data": DataSettings, "train": TrainConfig}
-"""The sections of ``config.json`` every model reads (named in ``utils.config.SHARED_SECTION_NAMES``, in this
-order), beside one per model (``models.schemas.config_schemas``)."""

@@ -11,7 +11,7 @@ import os
 import random
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, Protocol
 
 import numpy as np
 import torch
@@ -22,7 +22,7 @@ from model import ModelSpec
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.checkpointer import Checkpointer
 from utils.checkpoint.names import last_checkpoint_path
-from utils.checkpoint.resume import agreed_resume_path, read_checkpoint, world_size_change
+from utils.checkpoint.resume import Formats, agreed_resume_path, read_checkpoint, world_size_change
 from utils.checkpoint.weights import load_into, read_weights
 from utils.config import Config, ConfigError
 from utils.data.check import prepare_run
@@ -30,7 +30,6 @@ from utils.data.corpus import DataError
 from utils.data.loader import batch_stream, make_loader, on_device_hook
 from utils.data.samplers import LengthBucketSampler, padding_fraction, random_batches
 from utils.errors import TrainingError
-from utils.parts import optional_part
 from utils.run_log import BalanceMonitor, RunLog, tensorboard_writer
 from utils.train_state import TrainState
 from utils.training.ema import EMA
@@ -38,9 +37,31 @@ from utils.training.guards import Anomalies, SpikeMonitor
 from utils.training.optim import Precision, build_optimizers, build_scheduler, checkpoint_parts, setup_precision
 from utils.training.checks import model_config_errors
 from utils.training.recipe import PROJECT_RECIPE
-from utils.training.settings import SHARDING, TRACKING
 from utils.training.step import BufferGuard, Phase, one_loss_step
 from utils.training.validate import Validator
+
+
+class Sharding(Protocol):
+    """A model prepared before its optimizers exist, and gathered for rank 0's validation pictures (the sharding
+    part's ``utils.training.fsdp`` is one)."""
+
+    def prepare_model(self, spec: ModelSpec, model: torch.nn.Module, cfg: Config,
+                      networks: Callable[[], dict[str, torch.nn.Module]]) -> None: ...
+
+    def gathered_model(self, plain: torch.nn.Module, spec: ModelSpec, cfg: Config, device: torch.device,
+                       is_main: bool) -> Optional[torch.nn.Module]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class RunParts:
+    """What a run takes of the project's optional parts, each None where the project left its part out: ``parts.py``
+    builds it (``parts.PARTS.run``) and ``train.py`` hands it to :func:`build_run`."""
+
+    formats: Formats = Formats()  # the checkpoint formats it resumes and starts from, besides single files
+    sharding: Optional[Sharding] = None  # the model's preparation before its optimizers (train.parallelism)
+    datasets: Optional[Callable[[ModelSpec, Config], Optional[tuple]]] = None  # (train, val) in place of the model's
+    writer: Optional[Callable[..., Any]] = None  # rank 0's run-log writer in place of TensorBoard's alone
+    tensorboard_dir: Optional[Callable[[Mapping[str, str], str], str]] = None  # (environ, output_dir) -> the folder
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -75,30 +96,33 @@ class Run:
     balance: BalanceMonitor
 
 
-def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Config, dist: DistInfo) -> Optional[Run]:
-    """The run of ``models[args.model]`` (the registry: an ``--init-from`` file may hold any model) once rank 0 holds
-    the output folder; ``None`` when the checkpoint is at ``train.max_steps`` already (said). Raises
-    :class:`DataError`, :class:`ConfigError`, :class:`CheckpointError`, :class:`TrainingError`: one line each."""
+def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Config, dist: DistInfo,
+              parts: RunParts) -> Optional[Run]:
+    """The run of ``models[args.model]`` (the registry: an ``--init-from`` file may hold any model), with what the
+    project's optional ``parts`` add, once rank 0 holds the output folder; ``None`` when the checkpoint is at
+    ``train.max_steps`` already (said). Raises :class:`DataError`, :class:`ConfigError`, :class:`CheckpointError`,
+    :class:`TrainingError`: one line each."""
     spec, output_dir = models[args.model], Path(args.output_dir)
     kind, found = broadcast_object(prepare_run(cfg, spec, output_dir) if dist.is_main else None)
     if kind == "error":
         raise DataError(found)
     cfg.data.exclude = sorted({*cfg.data.exclude, *found})  # load_splits leaves these out
-    checkpoint_path = agreed_resume_path(args.resume, output_dir, dist.rank)
-    saved = None if checkpoint_path is None else read_checkpoint(checkpoint_path, dist.device, verify=dist.is_main)
-    model, weights_settings = build_model(models, args, cfg, dist, (checkpoint_path, saved))
+    checkpoint_path = agreed_resume_path(args.resume, output_dir, dist.rank, parts.formats)
+    saved = None if checkpoint_path is None else read_checkpoint(checkpoint_path, dist.device, verify=dist.is_main,
+                                                                 formats=parts.formats)
+    model, weights_settings = build_model(models, args, cfg, dist, (checkpoint_path, saved), parts.formats)
     precision = setup_precision(cfg.train.precision, dist.device)
     criterion = spec.training.build_criterion(cfg)
-    if SHARDING:  # activation checkpointing and FSDP sharding, in place, before the optimizers exist
-        SHARDING.prepare_model(spec, model, cfg, lambda: phase_networks(spec, model))
+    if parts.sharding is not None:  # in place, before the optimizers exist
+        parts.sharding.prepare_model(spec, model, cfg, lambda: phase_networks(spec, model))
     ema = build_ema(spec, model, cfg)
     optimizers = build_optimizers(spec, model, cfg.section(spec.name), dist.device)
     schedulers = {name: build_scheduler(spec, name, optimizer, cfg) for name, optimizer in optimizers.items()}
-    train_loader, val_loader = build_loaders(spec, cfg, dist)
+    train_loader, val_loader = build_loaders(spec, cfg, dist, parts.datasets)
     train_utterances = len(train_loader.dataset)
     state, accumulation, run_ids = TrainState(), cfg.train.grad_accumulation, {}
     checkpointer = Checkpointer({"model": model, **checkpoint_parts(spec, optimizers, schedulers, precision.scaler),
-                                 "ema": ema, "position": state}, output_dir, dist, cfg.train)
+                                 "ema": ema, "position": state}, output_dir, dist, cfg.train, parts.formats)
     if saved is not None:
         accumulation, run_ids = resume(spec, (checkpoint_path, saved), checkpointer, cfg, train_utterances)  # state too
         saved = None  # its tensors go now, not after DDP's buckets are made
@@ -112,20 +136,20 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     phases = build_phases(spec, model, optimizers, schedulers, cfg)
     log = RunLog(output_dir, enabled=dist.is_main, total_steps=cfg.train.max_steps, initial_step=state.step,
                  data_advice=f"{spec.training.data_advice} (data.num_workers is {cfg.data.num_workers})",
-                 writer=run_writer(spec, cfg, output_dir, state.step, run_ids) if dist.is_main else None)
+                 writer=run_writer(spec, cfg, (output_dir, state.step, run_ids), parts) if dist.is_main else None)
     data = TrainData(loader=train_loader, batches=batch_stream(train_loader, state), prepare=on_device_hook(spec, cfg),
                      accumulation=accumulation)
     if dist.is_main:
         announce(spec, cfg, dist, log, data, len(val_loader.dataset))
     info = dict(data_seed=cfg.train.seed, model_name=spec.name, config=cfg.to_dict(), train_utterances=train_utterances,
                 grad_accumulation=accumulation, **({WEIGHTS_SETTINGS: weights_settings} if weights_settings else {}))
-    if TRACKING and dist.is_main:  # the info rank 0 writes: the run ids to continue on a resume
+    if parts.writer is not None and dist.is_main:  # the info rank 0 writes: the run ids to continue on a resume
         info["tracker_runs"] = log.writer.run_ids()
     checkpointer.start(log, info)
     validator = Validator(model=phases[0].wrapped if len(phases) == 1 else model,  # a one-loss model's DDP-wrapped network
                           criterion=criterion, loader=val_loader, spec=spec, cfg=cfg, dist=dist,
                           autocast=precision.autocast, prepare=data.prepare, writer=log.writer, output_dir=output_dir,
-                          ema=ema)
+                          ema=ema, gather=parts.sharding.gathered_model if parts.sharding is not None else None)
     return Run(spec=spec, cfg=cfg, dist=dist, output_dir=output_dir, state=state, phases=phases,
                step_fn=spec.training.phases.train_step if spec.training.phases is not None else one_loss_step(criterion),
                precision=precision, data=data, ema=ema, log=log, validator=validator, checkpointer=checkpointer,
@@ -134,13 +158,15 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
                                       clock="cpu" if dist.device.type == "cpu" else "wall"))
 
 
-def run_writer(spec: ModelSpec, cfg: Config, output_dir: Path, step: int, run_ids: dict[str, str]) -> Any:
-    """Rank 0's run-log writer, resumed at ``step``: the trackers' fan-out (``train.trackers``, continuing ``run_ids``)
-    where the project has them, else TensorBoard's; in Vertex AI's TensorBoard folder with the cloud platforms."""
-    platforms = optional_part("utils.platforms")
-    folder = platforms.tensorboard_dir(os.environ, str(output_dir)) if platforms else str(output_dir / "tensorboard")
-    if TRACKING:
-        writer = TRACKING.open_trackers(cfg, spec.name, output_dir, folder, step, run_ids)
+def run_writer(spec: ModelSpec, cfg: Config, where: tuple[Path, int, dict[str, str]], parts: RunParts) -> Any:
+    """Rank 0's run-log writer in ``output_dir``, resumed at ``step`` (``where``: those and the run ids the checkpoint
+    holds): ``parts.writer``'s (continuing the run ids) where the project has one, else TensorBoard's; in the folder
+    ``parts.tensorboard_dir`` gives, else ``<output_dir>/tensorboard``."""
+    output_dir, step, run_ids = where
+    folder = parts.tensorboard_dir(os.environ, str(output_dir)) if parts.tensorboard_dir else \
+        str(output_dir / "tensorboard")
+    if parts.writer is not None:
+        writer = parts.writer(cfg, spec.name, output_dir, folder, step, run_ids)
         if cfg.train.tracker_log_checkpoint:  # the newest checkpoint when the run ends, file or sharded folder
             writer.checkpoint = functools.partial(last_checkpoint_path, output_dir)
         return writer
@@ -154,13 +180,14 @@ config's (:func:`resumed_settings`), so that a fine-tuning job restarts with the
 
 
 def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Config, dist: DistInfo,
-                checkpoint: tuple[Optional[Path], Optional[dict]]) -> tuple[torch.nn.Module, dict[str, dict]]:
+                checkpoint: tuple[Optional[Path], Optional[dict]],
+                formats: Formats) -> tuple[torch.nn.Module, dict[str, dict]]:
     """The model on this rank's device, and the settings its first weights set in ``cfg`` (:data:`WEIGHTS_SETTINGS`):
     one seed everywhere for its weights (DDP also broadcasts rank 0's); the weights of ``--init-from`` unless the run
     resumes its own checkpoint (``checkpoint``: its path and entries, else ``(None, None)``), whose settings come from
     there (:func:`resumed_settings`); then one seed per rank (dropout, crops). A :class:`CheckpointError` where the
-    ``--init-from`` file is unreadable, unsafe, of another model, or does not fit; a :class:`ConfigError` where the
-    checkpoint's settings fail the config's checks."""
+    ``--init-from`` file (read with ``formats``) is unreadable, unsafe, of another model, or does not fit; a
+    :class:`ConfigError` where the checkpoint's settings fail the config's checks."""
     (path, saved), spec, weights, settings = checkpoint, models[args.model], None, {}
     if saved is not None:
         if args.init_from and dist.is_main:
@@ -169,7 +196,7 @@ def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Con
         settings = resumed_settings(spec, path, saved, cfg, dist.is_main)
     elif args.init_from:  # read first: a published format may set its sizes in cfg (HiFi-GAN V2, V3)
         before = cfg.to_dict()
-        weights = read_weights(args.init_from, models, cfg)  # this project's checkpoint, or a published one
+        weights = read_weights(args.init_from, models, cfg, formats=formats)  # ours, or a published one
         settings = cfg.changed_since(before)
         if weights.model_name != spec.name:
             raise CheckpointError(f"--init-from {args.init_from} holds a '{weights.model_name}' model; this run trains "
@@ -224,11 +251,12 @@ def build_ema(spec: ModelSpec, model, cfg: Config) -> Optional[EMA]:
         raise ConfigError(f"train.ema_decay={cfg.train.ema_decay} with model '{spec.name}': {err}") from None
 
 
-def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo) -> tuple[DataLoader, DataLoader]:
-    """The training and the validation loader of this rank's shard (each loader's ``dataset``: the whole split); a
-    :class:`DataError` for too few training utterances for one batch of every rank."""
+def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo,
+                  datasets: Optional[Callable[..., Optional[tuple]]] = None) -> tuple[DataLoader, DataLoader]:
+    """The training and the validation loader of this rank's shard (each loader's ``dataset``: the whole split) of
+    :func:`model_datasets`; a :class:`DataError` for too few training utterances for one batch of every rank."""
     with model_config_errors(spec.name):
-        train_set, val_set = spec.training.build_datasets(cfg)
+        train_set, val_set = model_datasets(spec, cfg, datasets)
     batch_size = cfg.section(spec.name).batch_size
     train_loader = make_loader(train_set, spec, cfg, dist, train=True)
     val_loader = make_loader(val_set, spec, cfg, dist, train=False)
@@ -236,6 +264,13 @@ def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo) -> tuple[DataLoa
         raise DataError(f"{len(train_set)} training utterances are too few for batch_size {batch_size} "
                         f"x {dist.world_size} processes; lower {spec.name}.batch_size or add data")
     return train_loader, val_loader
+
+
+def model_datasets(spec: ModelSpec, cfg: Config, datasets: Optional[Callable[..., Optional[tuple]]] = None) -> tuple:
+    """``(train, val)``: those ``datasets`` (``RunParts.datasets``) gives in place of the model's (a part's:
+    ``data.mel_dir``), else the model's ``Training.build_datasets``."""
+    found = datasets(spec, cfg) if datasets is not None else None
+    return found if found is not None else spec.training.build_datasets(cfg)
 
 
 def resume(spec: ModelSpec, checkpoint: tuple[Path, dict], checkpointer: Checkpointer, cfg: Config,

@@ -17,7 +17,6 @@ from utils.config import Config
 from utils.data.loader import to_device
 from utils.run import stop_signals_blocked
 from utils.training.ema import EMA
-from utils.training.settings import SHARDING
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -25,7 +24,8 @@ class Validator:
     """The run's validation, built once with what it needs (the loop calls ``validator.validate(step)``). ``model``: a
     one-loss model's DDP-wrapped network, or the whole model of several phases; ``criterion``: the training loss;
     ``loader``: this rank's shard of the validation set; ``prepare``: the model's ``on_device`` hook or None;
-    ``writer``: rank 0's TensorBoard writer (None elsewhere); ``ema``: validated in place of the weights if kept."""
+    ``writer``: rank 0's TensorBoard writer (None elsewhere); ``ema``: validated in place of the weights if kept;
+    ``gather``: a model split over the ranks, whole on rank 0 for its pictures (``Sharding.gathered_model``)."""
 
     model: torch.nn.Module
     criterion: Callable
@@ -38,6 +38,7 @@ class Validator:
     writer: Any
     output_dir: Path
     ema: Optional[EMA] = None
+    gather: Optional[Callable[..., Optional[torch.nn.Module]]] = None
 
     def validate(self, step: int) -> float:
         """The mean batch loss at ``step`` over all ranks' shards (all ranks call it); rank 0 draws the first batch's
@@ -60,8 +61,8 @@ class Validator:
             total += torch.stack([loss.detach().double(), torch.ones((), device=device, dtype=torch.float64)])
             if i == 0 and spec.training.log_validation is not None:
                 plain = unwrap_model(model)
-                if split_over_ranks(plain):  # FSDP: rank 0 gets a copy from the gathered weights (every rank calls)
-                    plain = SHARDING.gathered_model(plain, spec, self.cfg, device, is_main)
+                if split_over_ranks(plain):  # rank 0 gets a copy from the gathered weights (every rank calls)
+                    plain = self.gather(plain, spec, self.cfg, device, is_main)
                 if is_main:
                     spec.training.log_validation(plain, batch, outputs, step, self.writer, self.output_dir, cfg=self.cfg)
         total = reduce_tensor(total, op="sum")
