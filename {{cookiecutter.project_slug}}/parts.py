@@ -121,12 +121,12 @@ class Parts:
 
     formats: Formats = Formats()  # the checkpoint formats read besides single files
     run: RunParts = RunParts()  # what a training run takes of the parts (utils.training.setup.build_run)
-    checks: tuple[Callable[[ModelSpec, Config], None], ...] = ()  # the parts' settings a model cannot honour
+    checks: tuple[Callable[[ModelSpec, Config], None], ...] = ()  # settings a model cannot honour, refused
     data_framing: Callable[[Config], Optional[str]] = lambda cfg: None  # the framing the training mels record
-    platforms: Optional[ModuleType] = None  # the cloud platforms' launch variables, folders and arguments
-    check_environ: Optional[Callable[[Mapping[str, str]], None]] = None  # distributed.init_distributed's check
-    exports: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # model -> what scripts.export writes
-    benchmarks: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # model -> synthetic batches, shapes
+    platforms: Optional[ModuleType] = None  # a launch platform's variables, folders and argument style
+    check_environ: Optional[Callable[[Mapping[str, str]], None]] = None  # of the launch environment, before it is read
+    exports: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # model name -> its export group
+    benchmarks: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # model name -> its synthetic batches
 
 
 FORMATS = Formats(

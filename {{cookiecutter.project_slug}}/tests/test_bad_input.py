@@ -236,10 +236,10 @@ def test_length_buckets_for_a_model_of_fixed_length_items_are_refused(variable_l
     spec = MODELS[MODEL]
     spec = dataclasses.replace(spec, training=dataclasses.replace(spec.training, variable_length=variable_length))
     if variable_length:
-        check_settings(spec, cfg)
+        check_settings(spec, cfg, PARTS.checks)
         return
     with pytest.raises(ConfigError, match=f"data.batching=buckets: model '{MODEL}' trains on items of one length"):
-        check_settings(spec, cfg)  # before any model, process group or data
+        check_settings(spec, cfg, PARTS.checks)  # before any model, process group or data
 
 
 def test_a_bad_launcher_environment_is_one_line(capsys, corpus, tmp_path, monkeypatch):

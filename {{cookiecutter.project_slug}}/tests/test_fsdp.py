@@ -24,7 +24,7 @@ from test_world_size_change import COMMON, continues_on_one_then_on_two, launch,
 
 import inference
 from models import MODELS
-from parts import config_schemas
+from parts import PARTS, config_schemas
 from utils.checkpoint.sharded import load_sharded_model, read_train_state
 from utils.config import ConfigError, load_config
 from utils.training.checks import check_settings
@@ -313,7 +313,7 @@ def test_fsdp_of_a_model_with_several_optimizers_is_refused_with_a_reason():
     cfg.train.parallelism = "fsdp"
     with pytest.raises(ConfigError, match="trains several optimizers \\(discriminator, generator\\).*use "
                                           "train.parallelism=ddp"):
-        check_settings(TOY_SPEC, cfg)  # before any model, process group or data
+        check_settings(TOY_SPEC, cfg, PARTS.checks)  # before any model, process group or data
 
 
 # settings that would do nothing in the chosen mode are refused, not silently ignored (tests/test_bad_input.py has

@@ -13,7 +13,7 @@ from utils.run_log import one_line
 from utils.training.settings import LoopSettings
 
 
-def check_settings(spec: ModelSpec, cfg: Config, checks: Sequence[Callable[[ModelSpec, Config], None]] = ()) -> None:
+def check_settings(spec: ModelSpec, cfg: Config, checks: Sequence[Callable[[ModelSpec, Config], None]]) -> None:
     """Refuse settings that cannot work with this model or would do nothing in the chosen mode: a :class:`ConfigError`
     naming the setting and what to do instead; then ``checks``, those of the project's optional parts
     (``parts.PARTS.checks``), each raising one."""
