@@ -48,15 +48,15 @@ ANSWERS = {"sharding": "{{ cookiecutter.sharding }}", "cloud_platforms": "{{ coo
 LEFT_OUT = [part for part, answer in ANSWERS.items() if answer == "no"]
 EXECUTABLE = ["scripts/dataset.sh", "scripts/mpirun.sh", "scripts/slurm/train.sbatch"]
 ROOT_FILE = "parts.py"
-"""The project's composition root: its ``TABLE`` of parts (part -> ``"files"`` and ``"keys"``, lists of paths and of ``section.key`` strings),
-its ``LEFT_OUT`` (``{part: keys}``), its lines tagged ``# part: <name>``."""
+"""The project's composition root: its ``TABLE`` of parts (part -> ``"files"`` and ``"keys"``, lists of paths and of
+``section.key`` strings), its ``LEFT_OUT`` (part -> its keys), its lines tagged ``# part: <name>``."""
 TAG = re.compile(r"#\s*part:\s*(\w+)\s*$")
 
 
 def literal(source: str, name: str) -> ast.stmt:
     """The statement of ``source`` that assigns the literal ``name`` (``NAME = ...`` or ``NAME: type = ...``)."""
     for node in ast.parse(source).body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = [node.target] if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [])
         if any(isinstance(target, ast.Name) and target.id == name for target in targets):
             return node
     raise SystemExit(f"ERROR: {ROOT_FILE} assigns no {name}")
@@ -96,8 +96,8 @@ def left_out_lines(left_out: dict[str, list[str]]) -> list[str]:
     head = "LEFT_OUT: dict[str, list[str]] = {"
     if not left_out:
         return [head + "}"]
-    return [head, *(line for part, keys in left_out.items() for line in wrapped(f"    {json.dumps(part)}: [", keys, ",")),
-            "}"]
+    lines = [line for part, keys in left_out.items() for line in wrapped(f"    {json.dumps(part)}: [", keys, ",")]
+    return [head, *lines, "}"]
 
 
 def replace_literal(source: str, name: str, lines: list[str]) -> str:

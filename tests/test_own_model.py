@@ -10,7 +10,8 @@ user to use it, copied into ``models/`` and listed in the registry:
   ``discriminator`` then ``generator``, two Adams, a per-epoch schedule, named losses), beside Tacotron2 and HiFi-GAN,
   with ``Training.blocks`` added to the copy as a user adds activation checkpointing (:attr:`Example.edits`).
 
-Neither file has a ``Benchmark`` (optional, registered in ``parts.py``; checked when copied): the project's suite must not need one.
+Neither file has a ``Benchmark`` (optional, registered in ``parts.py``; checked when copied): the project's suite
+must not need one.
 
 Each project is made and its model trained on 2 processes once per session (:func:`own`), then checked by the tests
 below. What each proves that no faster test does:

@@ -104,7 +104,8 @@ def test_modules_are_looked_up_by_name_in_the_composition_root_and_the_entry_scr
 def import_cycles(modules: dict[str, ast.Module]) -> list[list[str]]:
     """The strongly connected components of more than one module (or one importing itself) of the import graph,
     every import and every load by a constant name counted (Tarjan's algorithm)."""
-    graph = {name: sorted({target for target, _ in imported(tree, name, set(modules))}) for name, tree in modules.items()}
+    graph = {name: sorted({target for target, _ in imported(tree, name, set(modules))})
+             for name, tree in modules.items()}
     index, low, stack, on_stack, cycles = {}, {}, [], set(), []
 
     def visit(name: str) -> None:
