@@ -65,9 +65,10 @@ PARTS: dict[str, dict[str, list[str]]] = {
                              "tests/test_benchmark_tacotron2.py", *(f"models/{name}/benchmark.py" for name in FILES)],
                    "keys": []},
     "experiment_trackers": {"files": ["utils/tracking", "requirements-trackers.txt", "tests/test_trackers.py",
-                                      "tests/tracker_readers.py"],
+                                      "tests/test_trackers_outages.py", "tests/tracker_readers.py"],
                             "keys": [f"train.{key}" for key in ("trackers", "tracker_project", "tracker_run_name",
-                                                                "tracker_start_timeout_s", "tracker_log_checkpoint")]},
+                                                                "tracker_start_timeout_s", "tracker_finish_timeout_s",
+                                                                "tracker_log_checkpoint")]},
 }
 """The parts a project may leave out (cookiecutter's yes/no questions): each is whole files (its modules, tools, tests
 and launch files; the code keeps no line of it: the core reaches it through ``utils.parts``) and the ``config.json``
