@@ -102,7 +102,9 @@ def expected_scalars(run_dir) -> dict:
             if value is not None:
                 found.setdefault(tag, {})[row["step"]] = value
     for row in rows(run_dir / "val_metrics.jsonl"):
-        found.setdefault("val/loss", {})[row["step"]] = row["val_loss"]
+        named = {f"val/{key}": value for key, value in row.get("losses", {}).items()}
+        for tag, value in {"val/loss": row["val_loss"], **named}.items():
+            found.setdefault(tag, {})[row["step"]] = value
     return found
 
 
