@@ -2,19 +2,19 @@
 
 Your own model (``docs/own_model_example.py`` is a complete file to start from): write ``models/<name>.py`` with a
 config section (a :class:`utils.config.ModelSection`), an ``nn.Module`` whose ``forward`` takes a batch dict, a loss
-``criterion(outputs, batch) -> scalar`` and ``build_datasets(cfg) -> (train, val)``, ending in ``SPEC =
-ModelSpec(name="<name>", ...)``; list it in ``models/__init__.py``; train it with ``python multiproc.py train.py
---model <name>``. A batch is a dict of tensors plus an ``"ids"`` list of utterance ids. The groups besides
-:class:`Training` are optional, each read by one consumer that says where one is missing; what a tool of an optional
-part needs of a model is declared by that part and registered in ``parts.py``. Several optimizers
-(:class:`Phases`: a GAN) and a model bigger than one GPU (``Training.blocks``) fit without touching ``train.py``
-(torchtitan's ``ModelSpec`` is the model).
+``criterion(outputs, batch) -> scalar`` (or ``(scalar, {term: scalar})``, each term logged) and
+``build_datasets(cfg) -> (train, val)``, ending in ``SPEC = ModelSpec(name="<name>", ...)``; list it in
+``models/__init__.py``; train it with ``python multiproc.py train.py --model <name>``. A batch is a dict of tensors
+plus an ``"ids"`` list of utterance ids. The groups besides :class:`Training` are optional, each read by one consumer
+that says where one is missing; what a tool of an optional part needs of a model is declared by that part and
+registered in ``parts.py``. Several optimizers (:class:`Phases`: a GAN) and a model bigger than one GPU
+(``Training.blocks``) fit without touching ``train.py`` (torchtitan's ``ModelSpec`` is the model).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
 from torch import nn
@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the contract depends on torch alone; a section's class is t
     from utils.config import Config
 
 Batch = dict[str, Any]
+Loss = Union[torch.Tensor, tuple[torch.Tensor, dict[str, torch.Tensor]]]  # a criterion's: the loss, or with its terms
 
 
 def adam(model: nn.Module, model_cfg: Any, device: torch.device) -> torch.optim.Optimizer:
@@ -47,7 +48,9 @@ class Phases:
 class Training:
     """What ``train.py`` needs; the first four are required."""
 
-    build_criterion: Callable[[Config], Callable[[Any, Batch], torch.Tensor]]  # cfg -> (outputs, batch) -> scalar loss
+    # cfg -> (outputs, batch) -> the scalar loss, or (loss, {term: scalar}): each term logged as the loss is (under
+    # "losses" of metrics.jsonl and val_metrics.jsonl, train/<term> and val/<term>), never back-propagated
+    build_criterion: Callable[[Config], Callable[[Any, Batch], Loss]]
     build_datasets: Callable[[Config], tuple]  # cfg -> (train_dataset, val_dataset)
     collate_fn: Optional[Callable[[list], Batch]]  # items -> batch dict (None: PyTorch's default collation)
     count_items: Callable[[Batch], int]  # batch -> the items it holds (audio samples, mel frames), for items/s

@@ -40,6 +40,7 @@ from utils.config import Config, Section
 from utils.data import mel_dir  # part: after_training_tools
 from utils.data.audio import AudioConfig
 from utils.data.corpus import DataConfig
+from utils.tracking import mlflow_tracker, tensorboard, wandb_tracker  # part: experiment_trackers
 from utils.training import fsdp  # part: sharding
 from utils.training.settings import LoopSettings
 from utils.training.setup import RunParts
@@ -78,9 +79,10 @@ TABLE = {
         "keys": [],
     },
     "experiment_trackers": {
-        "files": ["utils/tracking", "requirements-trackers.txt", "tests/test_trackers.py", "tests/tracker_readers.py"],
+        "files": ["utils/tracking", "requirements-trackers.txt", "tests/test_trackers.py",
+                  "tests/test_trackers_outages.py", "tests/tracker_readers.py"],
         "keys": ["train.trackers", "train.tracker_project", "train.tracker_run_name", "train.tracker_start_timeout_s",
-                 "train.tracker_log_checkpoint"],
+                 "train.tracker_finish_timeout_s", "train.tracker_log_checkpoint"],
     },
 }
 """The parts a project may leave out at generation (cookiecutter's yes/no questions, in their order): each is whole
@@ -143,7 +145,11 @@ PARTS = Parts(
         formats=FORMATS,
         sharding=fsdp,  # part: sharding
         datasets=mel_dir.vocoder_datasets,  # part: after_training_tools
-        writer=tracking.open_trackers,  # part: experiment_trackers
+        writer=tracking.Backends({  # part: experiment_trackers
+            "tensorboard": tensorboard.start,  # part: experiment_trackers
+            "wandb": wandb_tracker.start,  # part: experiment_trackers
+            "mlflow": mlflow_tracker.start,  # part: experiment_trackers
+        }).open,  # part: experiment_trackers
         tensorboard_dir=platforms.tensorboard_dir,  # part: cloud_platforms
     ),
     checks=(

@@ -78,7 +78,7 @@ def train_loop(run: Run, stop: StopRequest) -> bool:
             log_window(run, window, outcome.grad_norm)
             window = StepWindow()
         if step % cfg.val_interval == 0 or last:
-            log.validation(step, state.epoch, run.validator.validate(step))
+            log.validation(step, state.epoch, *run.validator.validate(step))
         run.checkpointer.poll()
         if outcome.stop_requested or step % cfg.checkpoint_interval == 0 or last:
             run.checkpointer.save(outcome.step_time)

@@ -15,7 +15,9 @@ loss and the data. What each part is for:
   model's section; ``Field`` declares bounds, checked when the config loads; ``Optional[...]`` accepts
   ``null`` in JSON and ``--set melae.dropout=null``.
 * :class:`MelAE`: the network; ``forward(batch)`` takes the batch dict the collate function makes.
-* :func:`reconstruction_loss`: ``criterion(outputs, batch) -> scalar``, the one loss the loop minimises.
+* :func:`reconstruction_loss`: ``criterion(outputs, batch) -> scalar``, the one loss the loop minimises. A loss of
+  several terms may return ``(loss, {"name": term, ...})`` (scalar tensors): each term is then logged beside the loss
+  (``losses`` of ``metrics.jsonl`` and ``val_metrics.jsonl``, TensorBoard's ``train/<name>`` and ``val/<name>``).
 * :func:`build_datasets`: ``(train, val)`` datasets over an LJSpeech-layout corpus; their items are batched by
   ``collate_audio_mel`` into ``{"mel": (B, n_mels, frames), "audio": (B, samples), "ids": [str] * B}``.
 * :func:`add_inference_args` and :func:`infer`: ``inference.py``'s options and work (the optional ``Inference``).

@@ -41,6 +41,7 @@ from utils.config import load_config
 from utils.run_log import bar_options
 from utils.train_state import TrainState
 from utils.training.activation_checkpoint import apply_activation_checkpointing
+from utils.training.criterion import loss_and_terms
 from utils.training.fsdp import shard_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +121,7 @@ def model_subject(name: str, tiny: bool) -> Subject:
     def loss(net: nn.Module, rank: int) -> torch.Tensor:
         device = next(net.parameters()).device
         on_device = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-        return criterion(net(on_device), on_device)
+        return loss_and_terms(criterion(net(on_device), on_device))[0]
     return Subject(build, lambda model: list(spec.training.blocks(model)), loss,
                    lambda model: build_optimizer(model, cfg.section(name), torch.device("cpu")),
                    f"model '{name}' ({'tiny' if tiny else 'config.json'} size), batch {shape.batch_size} per rank")

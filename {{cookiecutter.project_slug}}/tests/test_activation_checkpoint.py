@@ -17,6 +17,7 @@ from models import MODELS
 from parts import PARTS, config_schemas
 from utils.config import load_config
 from utils.training.activation_checkpoint import apply_activation_checkpointing, is_checkpointed
+from utils.training.criterion import loss_and_terms
 
 WITH_BLOCKS = sorted(name for name, spec in MODELS.items() if spec.training.blocks is not None)
 
@@ -45,7 +46,7 @@ def loss_and_gradients(name: str, mode: str, corpus, every: int = 2):
         nets = training.phases.networks(model)
         loss = sum(training.phases.train_step(phase, nets, batch)[0] for phase in training.phases.names)
     else:
-        loss = training.build_criterion(cfg)(model(batch), batch)
+        loss, _ = loss_and_terms(training.build_criterion(cfg)(model(batch), batch))
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return loss.detach(), grads, wrapped, model
@@ -186,7 +187,7 @@ def test_checkpointed_blocks_work_with_the_fast_path(fresh_dynamo, corpus):
         model = spec.training.optimize_for_training(model, cfg)
         batch = tiny_batch(spec, cfg, corpus)
         torch.manual_seed(2)
-        spec.training.build_criterion(cfg)(model(batch), batch).backward()
+        loss_and_terms(spec.training.build_criterion(cfg)(model(batch), batch))[0].backward()
         grads[mode] = {key: p.grad for key, p in model.named_parameters() if p.grad is not None}
     assert grads["full"].keys() == grads["none"].keys() and grads["none"]
     for key in grads["none"]:

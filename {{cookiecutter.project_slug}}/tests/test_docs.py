@@ -7,6 +7,8 @@
   model's ``SPEC`` that, listed in the registry (``models/__init__.py``), loads its config, reads a corpus, trains (its
   loss falls); the registry does not import it from ``docs/``. The manual and both example files show a model as it
   is now: a ``SPEC = ModelSpec(...)`` listed in ``models/__init__.py``.
+* A term its criterion returns beside the loss, ``(loss, {"mae": ...})``, is logged (``metrics.jsonl``,
+  ``val_metrics.jsonl``, TensorBoard) with no other edit.
 * ``docs/two_optimizer_example.py``, the manual's model with two optimizers, is offered the same way, works
   with the project's config as it is, and trains both of its phases with the loop's own functions: each phase
   updates only its network, and its named mel L1 falls.
@@ -20,8 +22,10 @@
 """
 
 import ast
+import importlib.util
 import inspect
 import json
+import math
 import os
 import re
 import subprocess
@@ -29,7 +33,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, bound, clean_env, run_main, synth_corpus
+from conftest import ROOT, bound, clean_env, run_main, synth_corpus, train_in_process
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from models import MODELS
 
 PROJECT = Path(ROOT)
 EXAMPLE = PROJECT / "docs" / "own_model_example.py"
@@ -177,6 +184,42 @@ def test_the_example_model_file_loads_reads_a_corpus_and_learns(tmp_path):
     assert int(train_count) + int(val_count) == 8 and int(train_count) >= 4 and int(val_count) >= 1
     assert int(items) == int(frames) > 0  # count_items: mel frames of the batch, for items/s
     assert float(last) < 0.8 * float(first), (first, last)  # 30 Adam steps on one batch: it learns
+
+
+TERM = ('    return torch.mean((outputs.float() - batch["mel"].float()) ** 2)\n',
+        '    error = outputs.float() - batch["mel"].float()\n'
+        '    return torch.mean(error ** 2), {"mae": error.abs().mean()}\n')
+"""A user's edit of the example's criterion, ``(old, new)``: the same loss, returned with a term to log (the mean
+absolute error)."""
+
+
+def test_a_term_the_example_criterion_returns_is_logged_with_no_other_edit(tmp_path, monkeypatch):
+    """The example file with :data:`TERM` as its only change, listed in the registry: a run of 2 steps (in this
+    process) logs the term in every row of ``metrics.jsonl`` and ``val_metrics.jsonl`` (under ``losses``, each the
+    mean absolute error of the mean squared error beside it, so at most its root) and in TensorBoard."""
+    text = EXAMPLE.read_text()
+    assert text.count(TERM[0]) == 1, "the example's criterion changed: change TERM with it"
+    (tmp_path / "melae.py").write_text(text.replace(*TERM))
+    found = importlib.util.spec_from_file_location("melae_with_a_term", tmp_path / "melae.py")
+    module = importlib.util.module_from_spec(found)
+    monkeypatch.setitem(sys.modules, found.name, module)  # where pydantic resolves its section's annotations
+    found.loader.exec_module(module)
+    monkeypatch.setitem(MODELS, "melae", module.SPEC)  # what listing it in models/__init__.py does
+    corpus, out = synth_corpus(tmp_path / "corpus", n=6), tmp_path / "out"
+    train_in_process(["--config", "config.json", "--model", "melae", "--tiny", "--max-steps", "2", "--dataset-path",
+                      str(corpus), "--output-dir", str(out), *(arg for setting in (
+                          "train.log_interval=1", "train.val_interval=2", "data.val_size=2", "data.num_workers=0")
+                          for arg in ("--set", setting))])
+    rows, val = ([json.loads(line) for line in (out / name).read_text().splitlines()]
+                 for name in ("metrics.jsonl", "val_metrics.jsonl"))
+    assert [row["step"] for row in rows] == [1, 2] and [row["step"] for row in val] == [2]
+    for row in rows + val:
+        loss = row.get("loss", row.get("val_loss"))
+        assert list(row["losses"]) == ["mae"] and 0 < row["losses"]["mae"] <= math.sqrt(loss), row
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    assert [event.value for event in events.Scalars("train/mae")] == pytest.approx([r["losses"]["mae"] for r in rows])
+    assert [event.value for event in events.Scalars("val/mae")] == pytest.approx([val[0]["losses"]["mae"]])
 
 
 TWO_OPTIMIZER_CHECK = 'NAME = "gan_vocoder"' + REGISTER + """

@@ -102,7 +102,7 @@ def test_forward_shapes_and_padding_mask():
 def test_every_parameter_gets_a_gradient():
     net = tiny_model()
     batch = tiny_batch()
-    Tacotron2Loss()(net(batch), batch).backward()
+    Tacotron2Loss()(net(batch), batch)[0].backward()
     missing = [name for name, p in net.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
     assert missing == []  # DDP needs every parameter in every step
 
@@ -115,13 +115,14 @@ def test_loss_is_finite_and_decreases_when_overfitting():
     optimizer = torch.optim.Adam(net.parameters(), lr=5e-3)
     losses = []
     for _ in range(20):
-        loss = criterion(net(batch), batch)
+        loss, terms = criterion(net(batch), batch)
         assert torch.isfinite(loss)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    assert set(criterion.last_terms) == {"mel", "mel_postnet", "gate"}
+    assert list(terms) == ["mel", "mel_postnet", "gate"] and not any(term.requires_grad for term in terms.values())
+    assert loss.item() == pytest.approx(sum(term.item() for term in terms.values()), rel=1e-6)
     assert np.mean(losses[-3:]) < 0.5 * np.mean(losses[:3]), losses
 
 
@@ -137,7 +138,7 @@ def test_padding_frames_and_symbols_do_not_change_loss():
     assert padded["mel"].shape[2] == 32
     with torch.no_grad():
         out, out_padded = net(batch), net(padded)
-        loss, loss_padded = criterion(out, batch), criterion(out_padded, padded)
+        loss, loss_padded = criterion(out, batch)[0], criterion(out_padded, padded)[0]
     assert torch.allclose(loss, loss_padded, atol=1e-5)
     assert torch.allclose(out["mel_postnet"], out_padded["mel_postnet"][:, :, :20], atol=1e-5)
 
@@ -150,16 +151,16 @@ def test_loss_ignores_whatever_is_in_padded_frames():
     garbage["mel_postnet"][1, :, 14:] = -50.0
     garbage["gate"][1, 14:] = -30.0
     criterion = Tacotron2Loss()
-    assert torch.allclose(criterion(out, batch), criterion(garbage, batch))
+    assert torch.allclose(criterion(out, batch)[0], criterion(garbage, batch)[0])
     garbage["mel"][1, :, 13] += 1.0  # the last real frame does count
-    assert criterion(garbage, batch) > criterion(out, batch)
+    assert criterion(garbage, batch)[0] > criterion(out, batch)[0]
 
 
 def test_bf16_autocast_forward_backward():
     net = tiny_model()
     batch = tiny_batch()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = Tacotron2Loss()(net(batch), batch)
+        loss, _ = Tacotron2Loss()(net(batch), batch)
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
     loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in net.parameters())
@@ -340,7 +341,7 @@ def test_spec_datasets_and_validation_pictures(tmp_path):
     net = spec.build_model(cfg).eval()
     with torch.no_grad():
         outputs = net(batch)
-    loss = spec.training.build_criterion(cfg)(outputs, batch)
+    loss, _ = spec.training.build_criterion(cfg)(outputs, batch)
     assert torch.isfinite(loss) and spec.training.count_items(batch) == int(batch["mel_lengths"].sum())
     log_validation(net, batch, outputs, 7, None, tmp_path / "out")
     assert (tmp_path / "out/alignment_7.png").stat().st_size > 0

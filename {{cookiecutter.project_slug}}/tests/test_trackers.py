@@ -8,7 +8,10 @@
 * a 1-process run with MLflow at a server that never answers;
 * a launcher whose chosen tracker library is not installed.
 
-The fan-out's skipping and dropping, and the config's refusals, are tested in this process."""
+Outages (a server that never answers, a service that stops, a store that fills): ``tests/test_trackers_outages.py``.
+
+The fan-out's skipping, dropping and bounded end, MLflow's artifact location in a SQLite store, and the config's
+refusals, are tested in this process."""
 
 import json
 import os
@@ -16,7 +19,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,8 +33,9 @@ from conftest import ROOT, TEST_MODEL, bound, clean_env, finish, free_port, made
 from models import MODELS
 from test_train import SLOW_STEPS, wait_for_step
 from tracker_readers import READERS, flat
+from utils.run import git_commit
 from utils.run_log import PER_RANK, SCALARS
-from utils.tracking import Trackers
+from utils.tracking import TrackerContext, Trackers, TrackerSettings
 
 STEPS = 6
 TRACKERS = ["tensorboard", *READERS]
@@ -96,7 +102,9 @@ def expected_scalars(run_dir) -> dict:
             if value is not None:
                 found.setdefault(tag, {})[row["step"]] = value
     for row in rows(run_dir / "val_metrics.jsonl"):
-        found.setdefault("val/loss", {})[row["step"]] = row["val_loss"]
+        named = {f"val/{key}": value for key, value in row.get("losses", {}).items()}
+        for tag, value in {"val/loss": row["val_loss"], **named}.items():
+            found.setdefault(tag, {})[row["step"]] = value
     return found
 
 
@@ -196,7 +204,7 @@ def test_rank_0_alone_gives_each_tracker_every_scalar_the_config_and_the_media_t
         assert run["params"]["train.trackers"] == json.dumps(TRACKERS), name
         assert {kind: {tag: sorted(steps) for tag, steps in run[kind].items()} for kind in media} == media, name
         assert run["tags"]["world_size"] == "2" and run["tags"]["model_name"] == model, name
-        assert {"git_commit", "torch_version", "launcher"} <= run["tags"].keys(), name
+        assert {"torch_version", "launcher"} <= run["tags"].keys(), name
         assert f"checkpoint_{first['step']}.pt" in run["files"], name
 
 
@@ -261,6 +269,51 @@ def test_a_tracking_server_that_does_not_answer_costs_the_bounded_start_up_wait_
 
 
 @pytest.mark.slow
+def test_mlflow_s_run_names_its_entry_script_and_no_unknown_git_commit(logged):
+    """MLflow's run has the tags ``mlflow.start_run`` gives (``mlflow.source.name``: the entry script, train.py), and
+    ``git_commit`` only when the project is a git checkout (not the text "None")."""
+    _, done = logged
+    (run,) = done["first"]["trackers"]["mlflow"]
+    assert Path(run["tags"]["mlflow.source.name"]).name == "train.py", run["tags"]
+    assert run["tags"].get("git_commit") == git_commit(), run["tags"]
+
+
+@pytest.mark.slow  # MLflow's import and a SQLite store's set-up: seconds of CPU
+def test_an_mlflow_experiment_in_a_sqlite_store_keeps_its_artifacts_beside_the_database(tmp_path, monkeypatch):
+    """Runs started in one folder logging to a SQLite store in another (``mlflow_tracker.start`` in this process): the
+    experiment they create keeps its runs' artifacts in ``mlartifacts`` beside the database, not in ``./mlruns`` of the
+    folder they started in; an experiment created with an artifact location keeps it."""
+    mlflow = pytest.importorskip("mlflow")
+    pytest.importorskip("sqlalchemy", reason="MLflow's SQLite store needs SQLAlchemy (not in mlflow-skinny)")
+    from utils.tracking import mlflow_tracker
+
+    store, started, chosen = tmp_path / "store", tmp_path / "started_here", tmp_path / "chosen"
+    store.mkdir()
+    started.mkdir()
+    monkeypatch.chdir(started)
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    for key, value in {"MLFLOW_TRACKING_URI": uri, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                       "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}.items():
+        monkeypatch.setenv(key, value)  # start() sets the last two where unset: put back after the test
+    mlflow.MlflowClient(uri).create_experiment("chosen", artifact_location=chosen.as_uri())
+    checkpoint = tmp_path / "checkpoint_1.pt"
+    checkpoint.write_bytes(b"weights")
+    runs = {}
+    for project in ("new", "new", "chosen"):  # created, found, the user's
+        ctx = TrackerContext(settings=TrackerSettings(tracker_project=project), config={"train": {"seed": 1}},
+                             metadata={"git_commit": None}, output_dir=tmp_path / "run", tensorboard_dir="",
+                             run_name="run", run_id=None, resumed_step=0)
+        tracker = mlflow_tracker.start(ctx)
+        tracker.log_artifact(checkpoint)
+        tracker.close(False)
+        runs.setdefault(project, []).append(tracker.run_id)
+    beside = sorted(path.relative_to(store).parts for path in store.rglob("checkpoint_1.pt"))
+    assert beside == sorted(("mlartifacts", "new", run, "artifacts", checkpoint.name) for run in runs["new"]), beside
+    assert [path.relative_to(chosen).parts[0] for path in chosen.rglob("checkpoint_1.pt")] == runs["chosen"]
+    assert not list(started.iterdir()), "nothing is written where the runs started"
+
+
+@pytest.mark.slow
 def test_a_tracker_not_installed_is_an_error_line_before_any_work(corpus, tmp_path):
     began = time.monotonic()
     code, output = finish(job(tmp_path, corpus, TEST_MODEL, 'train.trackers=["tensorboard", "mlflow"]',
@@ -303,11 +356,36 @@ def test_the_fan_out_skips_the_steps_a_resumed_run_holds_and_drops_a_failing_tra
     assert image.dtype == "uint8" and image.ndim == 3 and image.shape[2] == 3
     clip = next(call[2] for call in fresh.calls if call[0] == "add_audio")
     assert clip.shape == (8,) and clip.dtype == "float32"
-    assert ("close",) in fresh.calls and ("close",) not in failing.calls  # dropped at its first failure
+    assert ("close", False) in fresh.calls and ("close", False) not in failing.calls  # dropped at its first failure
     warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
     assert warnings == ["warning: failing failed (failing is unreachable) and is dropped; training goes on logging "
                         "to the others"]
     assert trackers.run_ids() == {"resumed": "resumed-id", "fresh": "fresh-id", "failing": "failing-id"}
+
+
+def test_the_fan_out_ends_within_the_finish_timeout_and_abandons_a_tracker_that_hangs_or_fails(capsys):
+    """``close`` gives every tracker ``finish_timeout_s`` together: one still ending its run then, or failing, is
+    dropped with one warning line and abandoned (its ``abandon``); the others end theirs, as failed when ``close`` runs
+    while an error is raised."""
+    release = threading.Event()
+    fine, hanging, failing = Recorder("fine"), Recorder("hanging"), Recorder("failing", fail="close")
+    hanging.close = lambda failed: release.wait(60)  # a finish that waits for a server, until abandoned
+    hanging.abandon = release.set
+    trackers = Trackers([fine, hanging, failing], finish_timeout_s=0.5)
+    began = time.monotonic()
+    trackers.close()
+    assert time.monotonic() - began < 5 and release.is_set()
+    assert ("close", False) in fine.calls and ("abandon",) in failing.calls and ("abandon",) not in fine.calls
+    assert warnings_of(capsys.readouterr().out) == [
+        "warning: hanging did not end its run within train.tracker_finish_timeout_s=0.5 s (is its server reachable?) "
+        "and is abandoned", "warning: failing failed to end its run (failing is unreachable)"]
+    after_error = Recorder("after_error")
+    with pytest.raises(KeyError):
+        try:
+            raise KeyError("a step's error")
+        finally:
+            Trackers([after_error]).close()
+    assert after_error.calls == [("close", True)]
 
 
 @pytest.mark.parametrize("trackers, says", [

@@ -25,7 +25,9 @@ import train
 from models import MODELS
 from parts import config_schemas
 from utils.config import load_config
+from utils.errors import TrainingError
 from utils.run_log import RunLog
+from utils.training.criterion import loss_and_terms
 from utils.training.guards import last_good_checkpoint
 
 pytestmark = pytest.mark.slow  # real multi-process jobs: python -m pytest -m "not slow" leaves them out
@@ -411,8 +413,8 @@ def nan_loss(monkeypatch):
         criterion = spec.training.build_criterion(cfg)
 
         def poisoned(outputs, batch):
-            loss = criterion(outputs, batch)
-            return poison(loss) if torch.is_grad_enabled() else loss  # a training step, not validation
+            loss, terms = loss_and_terms(criterion(outputs, batch))
+            return (poison(loss) if torch.is_grad_enabled() else loss), terms  # a training step, not validation
         return poisoned
     monkeypatch.setitem(MODELS, MODEL, with_training(spec, build_criterion=build_criterion))
     return calls
@@ -433,6 +435,20 @@ def poisoned_weights(state: dict) -> dict:
     net = spec.training.phases.networks(model)[spec.phase_names[-1]]
     owned = {id(tensor) for tensor in net.state_dict(keep_vars=True).values()}
     return {k: v for k, v in state.items() if id(model.state_dict(keep_vars=True)[k]) in owned}
+
+
+def test_a_criterion_returns_its_loss_or_its_loss_and_named_scalar_terms_and_nothing_else():
+    """What the loop takes from a criterion (``loss_and_terms``), and the line a run ends with for anything else."""
+    loss, term = torch.tensor(1.5, requires_grad=True), torch.tensor(0.5)
+    assert loss_and_terms(loss)[0] is loss and loss_and_terms(loss)[1] == {}
+    taken = loss_and_terms((loss, {"mae": term}))
+    assert taken[0] is loss and taken[1] == {"mae": term}
+    wrong = {"a tuple of 1": (loss,), "a list": [loss, {}], "a tuple of 2": (1.5, {}), "a term named 'loss'":
+             (loss, {"loss": term}), "a term named 1": (loss, {1: term}), "term 'mae' as float": (loss, {"mae": 0.5}),
+             "term 'mae' as a tensor of shape (2,)": (loss, {"mae": torch.ones(2)})}
+    for said, returned in wrong.items():
+        with pytest.raises(TrainingError, match=re.escape(f"the model's criterion returned {said}")):
+            loss_and_terms(returned)
 
 
 def test_non_finite_loss_stops_with_step_and_utterance_ids(capsys, nan_loss, corpus, tmp_path):

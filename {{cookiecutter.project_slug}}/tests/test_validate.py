@@ -1,7 +1,8 @@
-"""The run's validation component (:class:`utils.training.validate.Validator`) on a toy linear model: the loss it returns
-is the mean over every batch of every rank's shard, computed with the EMA weights when the run keeps them, and the
-model comes back with its own weights, in train mode; rank 0 draws the first batch once. The ranks' mean is checked on
-2 real gloo processes whose shards hold different numbers of batches."""
+"""The run's validation component (:class:`utils.training.validate.Validator`) on a toy linear model: the loss it returns,
+and each term its criterion returns beside the loss, is the mean over every batch of every rank's shard, computed with
+the EMA weights when the run keeps them, and the model comes back with its own weights, in train mode; rank 0 draws
+the first batch once. The ranks' mean is checked on 2 real gloo processes whose shards hold different numbers of
+batches."""
 
 import contextlib
 import json
@@ -38,6 +39,11 @@ class Toy(nn.Linear):
         return super().forward(batch["x"])
 
 
+def mse_and_mae(outputs: torch.Tensor, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The toy's criterion: the mean squared error, and the mean absolute error as a term to log."""
+    return nn.functional.mse_loss(outputs, batch["y"]), {"mae": nn.functional.l1_loss(outputs, batch["y"])}
+
+
 def toy_validator(rank: int, world_size: int, drawn: list) -> tuple[Validator, nn.Module, EMA]:
     """A validator of a ``(B, 4) -> (B, 2)`` linear model whose EMA holds other weights than the model; ``drawn``
     receives ``(step, batch)`` of each ``log_validation`` call."""
@@ -49,7 +55,7 @@ def toy_validator(rank: int, world_size: int, drawn: list) -> tuple[Validator, n
             average.add_(1.0)  # the averages differ from the weights
     spec = SimpleNamespace(training=SimpleNamespace(
         log_validation=lambda plain, batch, outputs, step, writer, output_dir, cfg: drawn.append((step, batch))))
-    validator = Validator(model=model, criterion=lambda outputs, batch: nn.functional.mse_loss(outputs, batch["y"]),
+    validator = Validator(model=model, criterion=mse_and_mae,
                           loader=shard(rank), spec=spec, cfg=None,
                           dist=DistInfo(rank=rank, local_rank=rank, world_size=world_size, device=CPU, backend=None),
                           autocast=contextlib.nullcontext,
@@ -57,20 +63,24 @@ def toy_validator(rank: int, world_size: int, drawn: list) -> tuple[Validator, n
     return validator, model, ema
 
 
-def expected_loss(ema: EMA, ranks: range) -> float:
-    """The mean over every batch of ``ranks``' shards of the loss of a model holding the EMA's averages."""
+def expected_losses(ema: EMA, ranks: range) -> list[float]:
+    """The means over every batch of ``ranks``' shards of the loss and the term of a model holding the EMA's averages."""
     model = nn.Linear(4, 2)
     model.load_state_dict(ema.averages)
-    losses = [nn.functional.mse_loss(model(batch["x"]), batch["y"]).item() for rank in ranks for batch in shard(rank)]
-    return sum(losses) / len(losses)
+    losses, maes = [], []
+    for batch in (batch for rank in ranks for batch in shard(rank)):
+        loss, terms = mse_and_mae(model(batch["x"]), batch)
+        losses.append(loss.item())
+        maes.append(terms["mae"].item())
+    return [sum(losses) / len(losses), sum(maes) / len(maes)]
 
 
 def test_validation_is_the_mean_batch_loss_of_the_ema_weights_and_leaves_the_model_training():
     drawn = []
     validator, model, ema = toy_validator(0, 1, drawn)
     weights = {name: value.clone() for name, value in model.state_dict().items()}
-    loss = validator.validate(step=7)
-    assert loss == pytest.approx(expected_loss(ema, range(1)), rel=1e-6)
+    loss, terms = validator.validate(step=7)
+    assert [loss, *terms.values()] == pytest.approx(expected_losses(ema, range(1)), rel=1e-6) and list(terms) == ["mae"]
     assert all(torch.equal(value, weights[name]) for name, value in model.state_dict().items())  # its own weights back
     assert model.training
     assert [step for step, _ in drawn] == [7] and torch.equal(drawn[0][1]["x"], shard(0)[0]["x"])  # the first batch
@@ -84,9 +94,9 @@ WORKER = textwrap.dedent('''
     info = D.init_distributed()
     drawn = []
     validator, model, _ = toy_validator(info.rank, info.world_size, drawn)
-    loss = validator.validate(step=3)
+    loss, terms = validator.validate(step=3)
     with open(f"{sys.argv[1]}/rank{info.rank}.json", "w") as file:
-        json.dump({"loss": loss, "drawn": [step for step, _ in drawn]}, file)
+        json.dump({"loss": loss, "terms": terms, "drawn": [step for step, _ in drawn]}, file)
     D.cleanup()
 ''')
 
@@ -96,6 +106,7 @@ def test_validation_is_the_mean_over_every_batch_of_every_rank(tmp_path):
     run_ranks(WORKER, tmp_path)
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
     _, _, ema = toy_validator(0, 2, [])
-    expected = expected_loss(ema, range(2))  # 3 batches: rank 0's 2 and rank 1's 1
-    assert [result["loss"] for result in results] == pytest.approx([expected, expected], rel=1e-6)
+    expected = expected_losses(ema, range(2))  # 3 batches: rank 0's 2 and rank 1's 1
+    for result in results:
+        assert [result["loss"], result["terms"]["mae"]] == pytest.approx(expected, rel=1e-6)
     assert [result["drawn"] for result in results] == [[3], []]  # rank 0 alone draws

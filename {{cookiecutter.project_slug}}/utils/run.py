@@ -1,5 +1,5 @@
 """A run's life outside the loop: stop signals (the ranks' and the launcher's side), the output folder (writable, one
-run at a time), the grace period a stop must fit, the git commit."""
+run at a time), the grace period a stop must fit, the git commit, this process's children."""
 
 from __future__ import annotations
 
@@ -217,12 +217,24 @@ def stop_exit_code(signal_name: str, chosen: int | None, environ) -> int:
     return 128 + int(signal.Signals[signal_name]) if environ.get("KUBERNETES_SERVICE_HOST") else 0
 
 
-def signal_children(sig: int) -> None:
-    """Send ``sig`` to this process's living children (torchrun's workers), found in /proc; nothing off Linux."""
+def child_pids(program: Optional[str] = None) -> list[int]:
+    """Pids of this process's children, found in /proc (none off Linux); with ``program``, only those running it (the
+    base name of their ``argv[0]``: a library's helper process)."""
+    found, wanted = [], None if program is None else os.fsencode(program)
     for entry in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError, IndexError, ValueError):  # the process ended meanwhile
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
-                os.kill(int(entry.name), sig)
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != os.getpid():
+                continue
+            if wanted is None or os.path.basename((entry / "cmdline").read_bytes().split(b"\0")[0]) == wanted:
+                found.append(int(entry.name))
+    return found
+
+
+def signal_children(sig: int) -> None:
+    """Send ``sig`` to this process's living children (torchrun's workers); nothing off Linux."""
+    for pid in child_pids():
+        with contextlib.suppress(OSError):  # ended meanwhile
+            os.kill(pid, sig)
 
 
 class StopForwarder:

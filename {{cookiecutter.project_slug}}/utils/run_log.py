@@ -278,13 +278,18 @@ class RunLog:
         for key, value in named.items():
             self.writer.add_scalar(f"train/{key}", value, row["step"])
         shown = {key: f"{value:.4g}" for key, value in named.items() if not key.startswith("grad_norm_")}
-        self.progress.set_postfix(loss=f"{row['loss']:.4f}", **shown, items_s=f"{row['items_per_s']:.0f}")
+        self.progress.set_postfix({"loss": f"{row['loss']:.4f}", **shown, "items_s": f"{row['items_per_s']:.0f}"})
 
-    def validation(self, step: int, epoch: int, val_loss: float) -> None:
+    def validation(self, step: int, epoch: int, val_loss: float, terms: Optional[dict[str, float]] = None) -> None:
+        """A ``val_metrics.jsonl`` row (``step``, ``epoch``, ``val_loss``, and the criterion's ``terms`` under
+        ``losses`` where it has any), ``val/loss`` and ``val/<term>`` on the writer, a console line."""
         if not self.enabled:
             return
         self.writer.add_scalar("val/loss", val_loss, step)
-        self._append("val_metrics.jsonl", {"step": step, "epoch": epoch, "val_loss": val_loss})
+        for name, value in (terms or {}).items():
+            self.writer.add_scalar(f"val/{name}", value, step)
+        self._append("val_metrics.jsonl", {"step": step, "epoch": epoch, "val_loss": val_loss,
+                                           **({"losses": terms} if terms else {})})
         self.print(f"step {step}: validation loss {val_loss:.4f}")
 
     def anomaly(self, step: int, kind: str, message: str, ids: list) -> None:

@@ -115,15 +115,11 @@ class Tacotron2(nn.Module):
 
 class Tacotron2Loss(nn.Module):
     """``MSE(mel) + MSE(post-net mel) + BCE-with-logits(gate)``: the Tacotron2 objective (Shen et al. 2018; NVIDIA's
-    reference), except that padded frames (``t >= mel_lengths``) are left out of the averages. Computed in float32; the
-    last terms are kept, detached, in :attr:`last_terms` for logging. Raises ValueError: (on call) the predicted and
-    target mels differ in shape."""
+    reference), except that padded frames (``t >= mel_lengths``) are left out of the averages. Computed in float32;
+    returns ``(loss, terms)``, ``terms`` its three summands ``mel``, ``mel_postnet``, ``gate`` (detached) for the loop to
+    log. Raises ValueError: (on call) the predicted and target mels differ in shape."""
 
-    def __init__(self):
-        super().__init__()
-        self.last_terms: dict[str, torch.Tensor] = {}
-
-    def forward(self, outputs: dict[str, torch.Tensor], batch: Batch) -> torch.Tensor:
+    def forward(self, outputs: dict[str, torch.Tensor], batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         target, gate_target = batch["mel"].float(), batch["gate"].float()
         if outputs["mel"].shape != target.shape:
             raise ValueError(f"Tacotron2Loss: predicted mel {tuple(outputs['mel'].shape)} vs target "
@@ -139,9 +135,8 @@ class Tacotron2Loss(nn.Module):
         postnet_loss = masked_mse(outputs["mel_postnet"])
         gate_loss = (F.binary_cross_entropy_with_logits(outputs["gate"].float(), gate_target, reduction="none")
                      * keep).sum() / n_frames
-        self.last_terms = {"mel": mel_loss.detach(), "mel_postnet": postnet_loss.detach(),
-                           "gate": gate_loss.detach()}
-        return mel_loss + postnet_loss + gate_loss
+        terms = {"mel": mel_loss.detach(), "mel_postnet": postnet_loss.detach(), "gate": gate_loss.detach()}
+        return mel_loss + postnet_loss + gate_loss, terms
 
 
 TEXT_BUCKET = 32  # the fast path pads the text axis to a multiple of it: 6 shapes for LJSpeech's texts

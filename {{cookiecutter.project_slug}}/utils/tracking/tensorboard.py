@@ -35,7 +35,7 @@ class TensorBoard:
     def log_artifact(self, path: Path) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         self.writer.close()
 
 

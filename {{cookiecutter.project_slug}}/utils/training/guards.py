@@ -65,7 +65,8 @@ class Verdict(NamedTuple):
 @dataclasses.dataclass
 class StepOutcome(StepRecord):
     """One optimizer step, filled phase by phase (:meth:`add`): what its metrics row counts (:class:`StepRecord`; its
-    ``loss`` is the last phase's, a GAN's generator's) and what the loop reads once the phases are done."""
+    ``loss`` is the last phase's, a GAN's generator's; its ``losses`` each phase's named scalars, and with
+    ``named_losses`` each phase's loss and gradient norm) and what the loop reads once the phases are done."""
 
     named_losses: bool = False  # keep each phase's numbers as loss_<phase>, grad_norm_<phase> (several optimizers)
     stop_requested: bool = False  # a rank was asked to stop: the run saves and ends after this step
@@ -81,8 +82,8 @@ class StepOutcome(StepRecord):
         self.loss, self.grad_norm = None if self.any_nonfinite else numbers.loss, numbers.grad_norm
         self.overflows += verdict.overflow
         if self.named_losses:
-            self.losses.update({f"loss_{phase.name}": numbers.loss, f"grad_norm_{phase.name}": numbers.grad_norm,
-                                **numbers.metrics})
+            self.losses.update({f"loss_{phase.name}": numbers.loss, f"grad_norm_{phase.name}": numbers.grad_norm})
+        self.losses.update(numbers.metrics)  # the step's named scalars: a GAN's, or the terms a criterion returned
         self.applied[phase.name] = not verdict.skipped
         if numbers.counts is not None:
             self.stop_requested, self.items = bool(numbers.counts.stop_requests), numbers.counts.items

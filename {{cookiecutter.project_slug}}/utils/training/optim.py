@@ -13,6 +13,7 @@ from model import ModelSpec
 from utils.checkpoint.state import NamedStates
 from utils.config import Config
 from utils.errors import TrainingError
+from utils.training.criterion import loss_and_terms
 
 
 class Precision(NamedTuple):
@@ -42,7 +43,7 @@ def loss_and_grads(model: torch.nn.Module, criterion: Callable, batch: dict, pre
     model.zero_grad(set_to_none=True)
     torch.manual_seed(0)
     with autocast():
-        loss = criterion(model(batch), batch)
+        loss, _ = loss_and_terms(criterion(model(batch), batch))
     loss.backward()
     grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).float().flatten()
                        for p in model.parameters()])

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from distributed import collective, no_sync, split_over_ranks
+from utils.training.criterion import loss_and_terms
 from utils.training.optim import Precision
 
 
@@ -59,9 +60,10 @@ class BufferGuard:
 
 
 def one_loss_step(criterion):
-    """The training step of a one-loss model (no :class:`model.Phases`): ``criterion(model(batch), batch)``."""
+    """The training step of a one-loss model (no :class:`model.Phases`): ``criterion(model(batch), batch)`` as ``(loss,
+    {term: scalar})``, its terms none or those it returned (:func:`utils.training.criterion.loss_and_terms`)."""
     def step(phase: str, nets: dict, batch: dict):
-        return criterion(nets[phase](batch), batch), {}
+        return loss_and_terms(criterion(nets[phase](batch), batch))
     return step
 
 
