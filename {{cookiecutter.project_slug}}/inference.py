@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"model '{name}' has no inference hook (Inference.infer of its spec in models/{name})")
         device = parse_device(args.device)
         _, model, cfg = load_trained(args.checkpoint, device)
+        args.load_trained = lambda path: load_trained(path, device)  # another checkpoint of this project
         args.load_vocoder = lambda path: load_vocoder(path, device)  # a mel-making model's --vocoder
         torch.manual_seed(args.seed)  # every device's generator
         np.random.seed(args.seed)  # Griffin-Lim's random initial phases (librosa)

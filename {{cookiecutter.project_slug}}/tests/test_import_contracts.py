@@ -4,6 +4,7 @@ project is imported or run. Skipped only where import-linter is not installed (`
 
 import ast
 import configparser
+import functools
 import importlib.util
 import subprocess
 import sys
@@ -49,9 +50,10 @@ COMPOSITION = {"parts", "train", "inference", "multiproc"}
 """The modules that may look a module up by its name: the composition root and the entry scripts."""
 
 
+@functools.cache
 def project_modules() -> dict[str, ast.Module]:
     """Every module of the project (its top-level files and packages, not ``tests`` or ``docs``): dotted name -> its
-    parsed source. Read, never imported."""
+    parsed source, parsed once. Read, never imported."""
     found, folders = {}, [Path(ROOT)]
     while folders:
         folder = folders.pop()
