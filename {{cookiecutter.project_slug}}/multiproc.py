@@ -243,7 +243,7 @@ def preflight(script: str, script_args: list[str], module: bool = False) -> str 
         if "\ndef check_command_line(" not in path.read_text(errors="replace") or not path.is_relative_to(ROOT):
             return None
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-    checker = getattr(importlib.import_module(name), "check_command_line", None)
+    checker = getattr(importlib.import_module(name), "check_command_line", None)  # noqa: TID251 - the command line's
     return checker(list(script_args)) if callable(checker) else None
 
 
