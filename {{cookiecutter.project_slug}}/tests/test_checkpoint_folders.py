@@ -21,16 +21,15 @@ import os
 import pickle
 import shutil
 import struct
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import (ROOT, TEST_MODEL, OpensAFile, made_once, run_main, run_train_main, synth_corpus,
+from conftest import (TEST_MODEL, OpensAFile, made_once, mains_within, run_main, run_train_main, synth_corpus,
                       write_checkpoints)
-from test_checkpoint_safety import COMMON, assert_refused, craft, loaders, run_dir, zip_file
+from test_checkpoint_safety import COMMON, assert_refused, craft, loaders, one_line, run_dir, zip_file
 from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, MetadataIndex,
                                                    TensorStorageMetadata)
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -232,39 +231,21 @@ def test_a_folder_crafted_out_of_bounds_is_damaged_and_resume_auto_falls_back(sh
     assert "checkpoint_2 -> checkpoint_2.damaged" in notes[0], notes[0]
 
 
-PEAK_RUN = """
-import resource, sys
-from scripts import consolidate_checkpoint
-mib = 1 << 20
-with open("/proc/self/status") as status:  # room for 3 GiB beyond the imports: a safety net, not the measure
-    vm = int(next(line for line in status if line.startswith("VmSize")).split()[1]) * 1024
-hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-resource.setrlimit(resource.RLIMIT_AS, (vm + 3 * 1024 * mib if hard == resource.RLIM_INFINITY else
-                                        min(hard, vm + 3 * 1024 * mib), hard))
-for folder in sys.argv[1:]:
-    print(consolidate_checkpoint.main([folder, "--output", folder + ".pt"]), flush=True)
-print("peak", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # kilobytes on Linux
-"""
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="measures the peak with Linux's /proc and ru_maxrss")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="measures the peak with Linux's /proc")
 def test_folders_crafted_out_of_bounds_end_in_one_line_each_in_a_process_under_2_gb(sharded, tmp_path):
     """``scripts.consolidate_checkpoint`` (it allocates every tensor a folder declares) on each crafted folder, in one
-    process of its own: exit status 1, one ``ERROR:`` line naming the folder, no traceback, and a peak resident size
-    under 2 GB (3 GiB beyond the imports would fail the process: the code before this check allocated 6 GiB for
-    ``shared_bytes`` and 80 GB of ``None`` for ``far_list_index``)."""
+    process of its own of at most 2 GiB of address space (:func:`conftest.mains_within`: the code before this check
+    allocated 6 GiB for ``shared_bytes`` and 80 GB of ``None`` for ``far_list_index``): exit status 1, one ``ERROR:``
+    line naming the folder, no traceback, and a peak resident size of that process under 2 GB."""
     _, honest = sharded
     folders = [tmp_path / kind for kind in sorted(CRAFTED)]
-    said = [crafted_folder(folder.name, honest / "checkpoint_2", folder) for folder in folders]
-    done = subprocess.run([sys.executable, "-c", PEAK_RUN, *map(str, folders)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    lines = done.stdout.splitlines()
-    errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR:")]
-    assert done.returncode == 0 and lines[:-1] == ["1"] * len(folders), done.stdout + done.stderr[-3000:]
-    assert "Traceback" not in done.stderr and len(errors) == len(folders), done.stderr[-3000:]
-    for folder, what, error in zip(folders, said, errors):
-        assert error.startswith(f"ERROR: {folder} is damaged (") and what in error, error
-    assert int(lines[-1].split()[1]) < 2e9, lines[-1]
+    expected = [crafted_folder(folder.name, honest / "checkpoint_2", folder) for folder in folders]
+    said, peak = mains_within([["scripts.consolidate_checkpoint", str(folder), "--output", f"{folder}.pt"]
+                               for folder in folders])
+    for folder, what, (code, err) in zip(folders, expected, said):
+        line = one_line(code, err)
+        assert line.startswith(f"ERROR: {folder} is damaged (") and what in line, line
+    assert peak < 2e9, f"peak {peak}"
 
 
 @needs_folders

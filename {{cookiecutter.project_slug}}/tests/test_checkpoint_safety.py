@@ -9,8 +9,9 @@ pickled module holding the payload). Everything runs in this process
 (``conftest.run_main``, ``conftest.run_train_main``): what is proven is what a load runs, not the launch.
 
 Nor does a harmless crafted file cost more than its bytes: a recorded config asking for a model far larger than the
-file (``inference.py``, ``scripts.export``), entries of other types than ``train.py`` writes (``--resume``). Each is one line, in a process whose memory is bounded and measured (``conftest.mains_within``);
-``--resume auto`` passes over such a file as over a damaged one."""
+file (``inference.py``, ``scripts.export``; each example model's own size in its test file: :data:`LARGER`), entries of
+other types than ``train.py`` writes (``--resume``). Each is one line, in a process whose memory is bounded and
+measured (``conftest.mains_within``); ``--resume auto`` passes over such a file as over a damaged one."""
 
 import io
 import os
@@ -23,7 +24,7 @@ from typing import Optional
 import pytest
 import torch
 from conftest import (TEST_MODEL, OpensAFile, bound, made_once, mains_within, run_main, run_ranks, run_train_main,
-                      synth_corpus, train_in_process)
+                      synth_corpus, tiny_checkpoint, train_in_process)
 
 from models import MODELS
 from parts import PARTS
@@ -167,9 +168,10 @@ def test_a_pt_file_holding_code_under_resume_auto_is_refused_and_kept(single, tm
 
 # --- crafted sizes and entries: harmless files that once ended in a traceback or took the machine's memory --------
 
-WIDER = {"waveglow": {"wn_channels": 100_000}, "hifigan": {"upsample_initial_channel": 100_000},
-         "tacotron2": {"encoder_n_convolutions": 10**9}}
-"""Each example model's own crafted size: layers 240 GB wide (WaveGlow), or 10^9 layers (Tacotron2)."""
+LARGER: dict[str, dict] = {}
+"""``{model: {key: value}}``: a model's own crafted size (layers hundreds of GB wide, 10^9 layers), which the model's
+test file adds at import (removed with the model, so a project names none but its own) and tests
+(:func:`larger_refused`); :func:`crafted_outcomes` runs each registered model's case on its tiny checkpoint."""
 TOOLS = PARTS.formats.published is not None  # the after-training tools: export builds from the recorded config too
 
 
@@ -202,32 +204,43 @@ def entries(honest: Path) -> dict:
             "scheduler's lrs": {"scheduler": spoiled_lrs(state["scheduler"])}, "optimizer": {"optimizer": 0.001}}
 
 
+def crafted_outcomes(tmp_path_factory) -> tuple[dict, int]:
+    """``({case: [crafted file, exit status, stderr]}, peak bytes)``: ``inference.py`` (and ``scripts.export``, where
+    the project has the after-training tools) on recorded configs of larger models (each model's of :data:`LARGER` on
+    its :func:`conftest.tiny_checkpoint`), and ``train.py --resume PATH`` on entries of other types
+    (:func:`entries`), all in one process of at most 2 GiB of address space (:func:`conftest.mains_within`); made
+    once per session (:func:`conftest.made_once`), for this file's tests and the models' own."""
+    corpus, out = run_dir(tmp_path_factory, "safety_single", TEST_MODEL)
+    honest = out / "checkpoint_2.pt"
+
+    def make(where: Path) -> tuple[dict, int]:
+        larger = {"audio.n_mels": recorded(honest, where / "mels.pt", audio={"n_mels": 10**6}),
+                  "release audio.n_mels": recorded(honest, where / "release.pt", True, audio={"n_mels": 10**6}),
+                  **{f"{model}.{key}": recorded(tiny_checkpoint(model, where / f"tiny_{model}.pt"),
+                                                where / f"{model}_{key}.pt", **{model: {key: value}})
+                     for model, keys in sorted(LARGER.items()) if model in MODELS for key, value in keys.items()}}
+        runs = {case: (path, ["inference", "--checkpoint", str(path), "--device", "cpu", "--output",
+                              str(where / "x.wav")]) for case, path in larger.items()}
+        if TOOLS:
+            runs["export audio.n_mels"] = (larger["audio.n_mels"], [
+                "scripts.export", "--checkpoint", str(larger["audio.n_mels"]), "--format", "release", "--output",
+                str(where / "exported.pt")])
+        state = torch.load(honest, weights_only=True)
+        for case, change in entries(honest).items():
+            path = where / f"{case.replace(' ', '_')}.pt"
+            torch.save({**state, **change}, path)
+            runs[case] = (path, ["train", *COMMON, "--model", TEST_MODEL, "--dataset-path", str(corpus),
+                                 "--max-steps", "3", "--output-dir", str(where / f"out_{path.stem}"), "--resume",
+                                 str(path)])
+        said, peak = mains_within([command for _, command in runs.values()])
+        return {case: (path, *outcome) for (case, (path, _)), outcome in zip(runs.items(), said)}, peak
+    return tuple(made_once(tmp_path_factory, "safety_crafted", make)[1])
+
+
 @pytest.fixture(scope="module")
-def crafted(single, tmp_path_factory):
-    """``({case: (crafted file, exit status, stderr)}, peak bytes)``: ``inference.py`` (and ``scripts.export``, where
-    the project has the after-training tools) on recorded configs of larger models, and ``train.py --resume PATH`` on
-    entries of other types (:func:`entries`), all in one process of at most 2 GiB of address space
-    (:func:`conftest.mains_within`)."""
-    corpus, out = single
-    where, honest = tmp_path_factory.mktemp("crafted"), out / "checkpoint_2.pt"
-    larger = {"audio.n_mels": recorded(honest, where / "mels.pt", audio={"n_mels": 10**6}),
-              "release audio.n_mels": recorded(honest, where / "release.pt", True, audio={"n_mels": 10**6}),
-              **{f"{TEST_MODEL}.{key}": recorded(honest, where / f"{key}.pt", **{TEST_MODEL: {key: value}})
-                 for key, value in WIDER.get(TEST_MODEL, {}).items()}}
-    runs = {case: (path, ["inference", "--checkpoint", str(path), "--device", "cpu", "--output", str(where / "x.wav")])
-            for case, path in larger.items()}
-    if TOOLS:
-        runs["export audio.n_mels"] = (larger["audio.n_mels"], [
-            "scripts.export", "--checkpoint", str(larger["audio.n_mels"]), "--format", "release", "--output",
-            str(where / "exported.pt")])
-    state = torch.load(honest, weights_only=True)
-    for case, change in entries(honest).items():
-        path = where / f"{case.replace(' ', '_')}.pt"
-        torch.save({**state, **change}, path)
-        runs[case] = (path, ["train", *COMMON, "--model", TEST_MODEL, "--dataset-path", str(corpus), "--max-steps",
-                             "3", "--output-dir", str(where / f"out_{path.stem}"), "--resume", str(path)])
-    said, peak = mains_within([command for _, command in runs.values()])
-    return {case: (path, *outcome) for (case, (path, _)), outcome in zip(runs.items(), said)}, peak
+def crafted(tmp_path_factory):
+    """:func:`crafted_outcomes`."""
+    return crafted_outcomes(tmp_path_factory)
 
 
 def one_line(code, err: str) -> str:
@@ -237,9 +250,9 @@ def one_line(code, err: str) -> str:
     return errors[0]
 
 
-@pytest.mark.parametrize("case", ["audio.n_mels", "release audio.n_mels", *(["export audio.n_mels"] if TOOLS else []),
-                                  *(f"{TEST_MODEL}.{key}" for key in WIDER.get(TEST_MODEL, {}))])
-def test_a_recorded_config_of_a_larger_model_is_one_line_before_it_is_allocated(crafted, case):
+def larger_refused(crafted: tuple[dict, int], case: str) -> None:
+    """The ``case`` of :func:`crafted_outcomes` (a recorded config of a larger model) ended in one line naming the
+    file before the model was allocated, and the process stayed under 2 GiB."""
     outcomes, peak = crafted
     path, code, err = outcomes[case]
     line = one_line(code, err)
@@ -247,6 +260,11 @@ def test_a_recorded_config_of_a_larger_model_is_one_line_before_it_is_allocated(
                            "past "), line
     assert line.endswith("which was not allocated"), line
     assert peak < 2 << 30, f"{peak / 2**30:.1f} GiB at peak"
+
+
+@pytest.mark.parametrize("case", ["audio.n_mels", "release audio.n_mels", *(["export audio.n_mels"] if TOOLS else [])])
+def test_a_recorded_config_of_a_larger_model_is_one_line_before_it_is_allocated(crafted, case):
+    larger_refused(crafted, case)
 
 
 @pytest.mark.parametrize("case", ["rng", "rng of rank 1", "scheduler", "optimizer"])
@@ -266,6 +284,17 @@ def test_an_entry_whose_values_are_of_other_kinds_than_the_runs_is_one_line(craf
     assert line.startswith(f"ERROR: rank 0: {path}: its 'scheduler' entry does not fit this run: at "), line
     assert "['base_lrs']: a str, this run's is a list" in line, line
     assert peak < 2 << 30, f"{peak / 2**30:.1f} GiB at peak"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="measures the peak with Linux's /proc")
+def test_the_peak_measured_is_the_started_processs_own_not_the_test_processs():
+    """:func:`conftest.mains_within`'s peak is its process's own: a test process that held 256 MiB (as a worker does
+    after a few tests) starts one that runs nothing, whose peak is a few MiB. (``getrusage``'s, which Linux carries
+    across ``exec``, said 2 GB for a crafted folder whose process took 300 MB.)"""
+    held = torch.ones(64 << 20)  # 256 MiB, every page written
+    del held
+    said, peak = mains_within([])
+    assert said == [] and peak < 64 << 20, f"{peak / 2**20:.0f} MiB at peak"
 
 
 def test_resume_auto_passes_over_a_checkpoint_whose_entries_are_of_other_types(single, tmp_path):

@@ -9,6 +9,7 @@ import pytest
 import soundfile as sf
 import torch
 from conftest import bound, check_recipe, clean_env, synth_corpus
+from test_checkpoint_safety import LARGER, crafted_outcomes, larger_refused
 from torch.nn.utils import parametrize
 
 from models import MODELS
@@ -463,6 +464,13 @@ def test_inference_writes_the_wav_of_a_mel(tmp_path):
     run_main("inference", "--checkpoint", str(voc), "--mel", str(tmp_path / "mel.pt"), "--output",
              str(tmp_path / "a.wav"), "--device", "cpu")  # fails the test unless it exits 0
     assert sf.info(str(tmp_path / "a.wav")).frames == mel.shape[-1] * 256
+
+
+LARGER["hifigan"] = {"upsample_initial_channel": 100_000}  # its recorded config: a generator of 900 GB
+
+
+def test_a_recorded_config_of_a_900_gb_generator_is_one_line_before_it_is_allocated(tmp_path_factory):
+    larger_refused(crafted_outcomes(tmp_path_factory), "hifigan.upsample_initial_channel")
 
 
 @pytest.mark.slow

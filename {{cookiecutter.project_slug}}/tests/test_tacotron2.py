@@ -11,6 +11,7 @@ import pytest
 import soundfile as sf
 import torch
 from conftest import check_recipe, read_ljspeech, run_train_main, tiny_checkpoint
+from test_checkpoint_safety import LARGER, crafted_outcomes, larger_refused
 from torch._dynamo.utils import counters
 
 import inference
@@ -731,6 +732,13 @@ def test_max_mel_frames_never_empties_the_validation_set_silently(tmp_path):
                                  f"tacotron2.max_mel_frames to at least {frames[2.0]}")
     (train_set, val_set), said = datasets(0)  # 0: no limit
     assert (len(train_set), len(val_set), said) == (5, 1, [])
+
+
+LARGER["tacotron2"] = {"encoder_n_convolutions": 10**9}  # its recorded config: 10^9 encoder layers
+
+
+def test_a_recorded_config_of_a_billion_layers_is_one_line_before_it_is_allocated(tmp_path_factory):
+    larger_refused(crafted_outcomes(tmp_path_factory), "tacotron2.encoder_n_convolutions")
 
 
 @pytest.mark.parametrize("vocoder", ["waveglow", "hifigan"])

@@ -9,6 +9,7 @@ import pytest
 import soundfile as sf
 import torch
 from conftest import ROOT, check_recipe, synth_corpus, tensorboard_audio, tiny_checkpoint, train_with_validation_every_step
+from test_checkpoint_safety import LARGER, crafted_outcomes, larger_refused
 from torch._dynamo.utils import counters
 
 import inference
@@ -172,6 +173,13 @@ def test_inference_writes_a_wav_from_a_wav(checkpoint, clip, tmp_path, capsys):
     assert inference.main(["--checkpoint", str(checkpoint), "--device", "cpu", "--wav", str(clip),
                            "--output", str(tmp_path / "x.wav")]) == 0
     assert sf.info(str(tmp_path / "x.wav")).samplerate == 22050
+
+
+LARGER["waveglow"] = {"wn_channels": 100_000}  # its recorded config: coupling layers 240 GB wide
+
+
+def test_a_recorded_config_of_layers_240_gb_wide_is_one_line_before_it_is_allocated(tmp_path_factory):
+    larger_refused(crafted_outcomes(tmp_path_factory), "waveglow.wn_channels")
 
 
 def tiny_config(*overrides):
