@@ -943,6 +943,25 @@ def test_a_corpus_changed_since_the_checkpoint_is_named_on_resume(capsys, finish
            "training utterances)" in err, err
 
 
+def test_a_checkpoint_of_an_earlier_version_resumes_and_loads_with_its_optimizer_settings(capsys, finished, tmp_path):
+    """A checkpoint written before the ``optimizer`` section recorded the rate and weight decay in every model's
+    section and the schedule in ``train``: resumed, it names no change of settings (its model's values are read as the
+    ``optimizer`` section's, the other models' left out), and ``inference.py`` loads it with them."""
+    saved = torch.load(finished[0] / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    config, optimizer = saved["config"], saved["config"].pop("optimizer")
+    config["train"].update(lr_schedule=optimizer["schedule"], warmup_steps=optimizer["warmup_steps"])
+    for name in MODELS:  # as the earlier version wrote them
+        config[name].update(learning_rate=optimizer["lr"] if name == MODEL else 0.5,
+                            weight_decay=optimizer["weight_decay"] if name == MODEL else 0.25)
+    torch.save(saved, tmp_path / "old.pt")
+    code, out, err = run_train(capsys, "--dataset-path", config["data"]["dataset_path"], "--output-dir",
+                               str(tmp_path / "out"), "--resume", str(tmp_path / "old.pt"), "--max-steps", "3")
+    assert code == 0 and f"resumed from {tmp_path / 'old.pt'} at step 2" in out, err
+    assert "the config differs" not in err, err
+    _, _, cfg = inference.load_trained(tmp_path / "old.pt", torch.device("cpu"))
+    assert (cfg.optimizer.lr, cfg.optimizer.weight_decay) == (optimizer["lr"], optimizer["weight_decay"])
+
+
 @pytest.mark.parametrize("args, message", [
     (["--dataset-path", "no_corpus_here"], "dataset folder not found: no_corpus_here (get LJSpeech with "
                                            "scripts/dataset.sh data, or a small demo corpus with python -m "

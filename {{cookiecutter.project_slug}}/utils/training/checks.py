@@ -10,20 +10,20 @@ from model import ModelSpec
 from utils.config import Config, ConfigError
 from utils.data.corpus import DataError
 from utils.run_log import one_line
-from utils.training.settings import LoopSettings
+from utils.training.optim import OptimizerConfig
 
 
 def check_settings(spec: ModelSpec, cfg: Config, checks: Sequence[Callable[[ModelSpec, Config], None]]) -> None:
     """Refuse settings that cannot work with this model or would do nothing in the chosen mode: a :class:`ConfigError`
     naming the setting and what to do instead; then ``checks``, those of the project's optional parts
     (``parts.PARTS.checks``), each raising one."""
-    train, defaults, phases = cfg.train, LoopSettings(), spec.training.phases
+    train, optimizer, defaults, phases = cfg.train, cfg.optimizer, OptimizerConfig(), spec.training.phases
     if phases is not None and phases.build_scheduler is not None and (
-            train.lr_schedule != defaults.lr_schedule or train.warmup_steps != defaults.warmup_steps):
-        raise ConfigError(f"train.lr_schedule={train.lr_schedule}, train.warmup_steps={train.warmup_steps}: model "
-                          f"'{spec.name}' builds its own LR schedulers (Phases.build_scheduler), which these settings "
-                          f"would not change; leave them at {defaults.lr_schedule} and {defaults.warmup_steps}, or "
-                          "schedule the learning rate in the model's build_scheduler")
+            optimizer.schedule != defaults.schedule or optimizer.warmup_steps != defaults.warmup_steps):
+        raise ConfigError(f"optimizer.schedule={optimizer.schedule}, optimizer.warmup_steps={optimizer.warmup_steps}: "
+                          f"model '{spec.name}' builds its own LR schedulers (Phases.build_scheduler), which these "
+                          f"settings would not change; leave them at {defaults.schedule} and {defaults.warmup_steps}, "
+                          "or schedule the learning rate in the model's build_scheduler")
     if cfg.data.batching == "buckets" and not spec.training.variable_length:
         raise ConfigError(f"data.batching=buckets: model '{spec.name}' trains on items of one length (its "
                           "Training.variable_length is not set), so there is no padding to save; use "
