@@ -136,5 +136,5 @@ SPEC = ModelSpec(
         collate_fn=collate_audio_mel,
         count_items=lambda batch: batch["mel"].shape[0] * batch["mel"].shape[2]),   # mel frames, for items/s
     inference=Inference(infer=infer, add_args=add_inference_args),  # optional: inference.py's work and options
-    recipe={"optimizer.lr": 3e-3},                                # optional: Adam's rate where config.json has null
+    recipe={"optimizer.lr": 3e-3},                                # optional: its rate where optimizer.lr is null
 )

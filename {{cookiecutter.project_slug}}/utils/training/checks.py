@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Sequence
 
-from model import ModelSpec
-from utils.config import Config, ConfigError
+from model import ModelSpec, adam
+from utils.config import MOVED, Config, ConfigError
 from utils.data.corpus import DataError
 from utils.run_log import one_line
 from utils.training.optim import OptimizerConfig
@@ -31,8 +31,22 @@ def check_settings(spec: ModelSpec, cfg: Config, checks: Sequence[Callable[[Mode
     if train.compile and spec.training.optimize_for_training is None:
         raise ConfigError(f"train.compile=true, but model '{spec.name}' has no fast path "
                           "(Training.optimize_for_training)")
+    check_rate_not_in_section(spec)
     for check in checks:
         check(spec, cfg)
+
+
+def check_rate_not_in_section(spec: ModelSpec) -> None:
+    """Refuse a model's section that declares a key an earlier version gave every model's (``learning_rate``,
+    ``weight_decay``: ``utils.config.MOVED``) where the default optimizer, which reads the ``optimizer`` section, would
+    leave it unread (a model of one's own written for that version): a :class:`ConfigError` naming each and its new
+    key."""
+    fields = getattr(spec.config_cls, "model_fields", {})
+    unread = [f"{spec.name}.{old[2:]} (now {new})" for old, new in MOVED.items() if old[2:] in fields and old[:2] == "*."]
+    if unread and spec.training.build_optimizer is adam:
+        raise ConfigError(f"{', '.join(unread)}: model '{spec.name}' declares it in its section, which the default "
+                          "optimizer does not read since it moved (see CHANGELOG); take it out of the section and give "
+                          "the model's own value in its ModelSpec.recipe")
 
 
 @contextlib.contextmanager
