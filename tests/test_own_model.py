@@ -93,7 +93,9 @@ class Example:
         return sum(last) / len(last) < 0.8 * sum(first) / len(first)
 
 
-ONE_LOSS = Example("docs/own_model_example.py", "melae", ("melae.dropout=0.1",), 12, "loss", 1, "recon.pt")
+# The tiny block's optimizer.lr (0.001) is every model's in a --tiny run: melae's own rate (its recipe's) falls in 12 steps.
+ONE_LOSS = Example("docs/own_model_example.py", "melae", ("melae.dropout=0.1", "optimizer.lr=0.003"), 12, "loss", 1,
+                   "recon.pt")
 # Training.blocks: the generator's residual blocks, which activation checkpointing may recompute (the project's
 # test of it then needs a batch of a model without a Benchmark).
 GAN_BLOCKS = ("        phases=Phases(names=PHASES,",

@@ -50,7 +50,7 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
     if name not in MODELS:
         raise CheckpointError(f"{path} holds a model '{name}' that models/__init__.py does not register "
                               f"(known: {', '.join(MODELS) or 'none'})")
-    cfg = config_from_dict(state.get("config", {}), config_schemas(), LEFT_OUT)
+    cfg = config_from_dict(state.get("config", {}), config_schemas(), LEFT_OUT, name)
     cfg.audio.mel_framing, assumed = saved_framing(state, MODELS[name].recipe)
     if assumed:
         print(f"note: {path} records no audio.mel_framing (an import of an earlier version): its mels are framed as "

@@ -26,9 +26,9 @@ Batch = dict[str, Any]
 Loss = Union[torch.Tensor, tuple[torch.Tensor, dict[str, torch.Tensor]]]  # a criterion's: the loss, or with its terms
 
 
-def adam(model: nn.Module, model_cfg: Any, device: torch.device) -> torch.optim.Optimizer:
-    """The default optimizer: Adam with the section's ``learning_rate`` and ``weight_decay``, fused on CUDA."""
-    return torch.optim.Adam(model.parameters(), lr=model_cfg.learning_rate, weight_decay=model_cfg.weight_decay,
+def adam(model: nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
+    """The default optimizer: Adam with ``optimizer.lr`` and ``optimizer.weight_decay``, fused on CUDA."""
+    return torch.optim.Adam(model.parameters(), lr=cfg.optimizer.lr, weight_decay=cfg.optimizer.weight_decay,
                             fused=device.type == "cuda")
 
 
@@ -40,7 +40,7 @@ class Phases:
     networks: Callable[[nn.Module], dict[str, nn.Module]]  # model -> {phase: the network its optimizer trains}
     # (phase, nets, batch) -> (loss, {name: scalar to log}); nets[phase] is DDP-wrapped, the others plain and frozen
     train_step: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-    # (phase, optimizer, cfg) -> (LRScheduler, "step" | "epoch"); None: train.lr_schedule, stepped every step
+    # (phase, optimizer, cfg) -> (LRScheduler, "step" | "epoch"); None: optimizer.schedule, stepped every step
     build_scheduler: Optional[Callable[..., tuple[Any, str]]] = None
 
 
@@ -54,7 +54,7 @@ class Training:
     build_datasets: Callable[[Config], tuple]  # cfg -> (train_dataset, val_dataset)
     collate_fn: Optional[Callable[[list], Batch]]  # items -> batch dict (None: PyTorch's default collation)
     count_items: Callable[[Batch], int]  # batch -> the items it holds (audio samples, mel frames), for items/s
-    build_optimizer: Callable[..., Any] = adam  # (model, model_cfg, device) -> Optimizer, or {phase: Optimizer}
+    build_optimizer: Callable[..., Any] = adam  # (model, cfg, device) -> Optimizer, or {phase: Optimizer}
     on_device: Optional[Callable[[Batch, Config], Batch]] = None  # (batch, cfg) -> batch, on the device in the step
     check_text: Optional[Callable[[str, Config], Optional[str]]] = None  # the corpus check's (text, cfg) -> reason
     data_advice: str = "raise data.num_workers"  # what to do when the GPU waits for this model's data

@@ -42,6 +42,7 @@ from utils.data.audio import AudioConfig
 from utils.data.corpus import DataConfig
 from utils.tracking import mlflow_tracker, tensorboard, wandb_tracker  # part: experiment_trackers
 from utils.training import fsdp  # part: sharding
+from utils.training.optim import OptimizerConfig
 from utils.training.settings import LoopSettings
 from utils.training.setup import RunParts
 
@@ -105,7 +106,8 @@ class DataSettings(
     """The ``data`` section: the corpus's keys and those of each part the project has."""
 
 
-SHARED_SECTIONS: dict[str, type[Section]] = {"audio": AudioConfig, "data": DataSettings, "train": TrainConfig}
+SHARED_SECTIONS: dict[str, type[Section]] = {"audio": AudioConfig, "data": DataSettings, "train": TrainConfig,
+                                             "optimizer": OptimizerConfig}
 """The sections of ``config.json`` every model reads (named in ``utils.config.SHARED_SECTION_NAMES``, in this
 order), beside one per model (:func:`config_schemas`)."""
 
@@ -124,7 +126,7 @@ class Parts:
     formats: Formats = Formats()  # the checkpoint formats read besides single files
     run: RunParts = RunParts()  # what a training run takes of the parts (utils.training.setup.build_run)
     checks: tuple[Callable[[ModelSpec, Config], None], ...] = ()  # settings a model cannot honour, refused
-    data_framing: Callable[[Config], Optional[str]] = lambda cfg: None  # the framing the training mels record
+    data_framing: Callable[[Any], Optional[str]] = lambda data: None  # the data section's mels' recorded framing
     platforms: Optional[ModuleType] = None  # a launch platform's variables, folders and argument style
     check_environ: Optional[Callable[[Mapping[str, str]], None]] = None  # of the launch environment, before it is read
     exports: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # model name -> its export group
@@ -156,7 +158,7 @@ PARTS = Parts(
         fsdp.check_activation_checkpointing,  # part: sharding
         mel_dir.check_config,  # part: after_training_tools
         fsdp.check_parallelism,  # part: sharding
-        lambda spec, cfg: tracking.check_trackers(cfg),  # part: experiment_trackers
+        lambda spec, cfg: tracking.check_trackers(cfg.train),  # part: experiment_trackers
     ),
     data_framing=mel_dir.mel_dir_framing,  # part: after_training_tools
     platforms=platforms,  # part: cloud_platforms

@@ -46,7 +46,7 @@ from utils.training.step import forward_backward, step_schedulers
 def train_loop(run: Run, stop: StopRequest) -> bool:
     """Optimizer steps until ``train.max_steps`` or a stop signal; logs, validates and saves at their intervals (saves
     at a stop and at the end too). Returns whether it trained to the end (not stopped)."""
-    cfg, state, log = run.cfg.train, run.state, run.log
+    cfg, state, log = run.train, run.state, run.log
     window, epochs_seen = StepWindow(), epochs_done(state, run.data.loader)
     scaler = run.precision.scaler  # fp16's loss scaling; a pass-through in the other precisions
     while state.step < cfg.max_steps:
@@ -149,7 +149,7 @@ def run_training(args: argparse.Namespace, stop: StopRequest) -> int:
     try:
         train(args, cfg, dist, stop)
     except Exception as err:  # noqa: BLE001 - every failure ends the rank with one line, never a hang
-        return failure_status(err, dist.rank, cfg, Path(args.output_dir))
+        return failure_status(err, dist.rank, cfg.train.dist_timeout_s, Path(args.output_dir))
     except KeyboardInterrupt:
         print(f"ERROR: rank {dist.rank}: interrupted (Ctrl-C three times): stopped without saving; "
               f"{Path(args.output_dir) / 'checkpoint_last.pt'} is the last checkpoint", file=sys.stderr)
@@ -162,15 +162,16 @@ def run_training(args: argparse.Namespace, stop: StopRequest) -> int:
     return 130 if stop.signal_name == "SIGINT" and not under_launcher else 0
 
 
-def failure_status(err: Exception, rank: int, cfg: Config, output_dir: Path) -> int:
-    """Print the one ``ERROR:`` line of a failed rank (after a traceback for a bug in model or data code) and return 1."""
+def failure_status(err: Exception, rank: int, timeout_s: float, output_dir: Path) -> int:
+    """Print the one ``ERROR:`` line of a failed rank (after a traceback for a bug in model or data code; ``timeout_s``:
+    ``train.dist_timeout_s``, which a failed collective waited) and return 1."""
     lost_peer = None  # the collective in which a peer was lost (another rank's error is the cause)
     if isinstance(err, CollectiveError):  # its message names the rank, the collective and the timeout
         line, lost_peer = one_line(err), err.collective
     elif isinstance(err, (ConfigError, DataError, CheckpointError, TrainingError)):
         line = f"rank {rank}: {one_line(err)}"
     elif isinstance(err, torch.distributed.DistBackendError):
-        line, lost_peer = (f"rank {rank}: a collective failed or timed out after {cfg.train.dist_timeout_s:.0f} s "
+        line, lost_peer = (f"rank {rank}: a collective failed or timed out after {timeout_s:.0f} s "
                            f"(another rank hung or died): {one_line(err)}", "a collective")
     else:  # a bug in model or data code, a full disk...
         traceback.print_exception(err)
@@ -273,7 +274,7 @@ def load_run_config(args: argparse.Namespace) -> Config:
     if args.max_steps is not None:
         overrides.append(f"train.max_steps={args.max_steps}")
     cfg = load_config(args.config, config_schemas(), tiny=args.tiny, overrides=overrides, left_out=LEFT_OUT)
-    return apply_recipe(MODELS[args.model], cfg, PARTS.data_framing(cfg))
+    return apply_recipe(MODELS[args.model], cfg, PARTS.data_framing(cfg.data))
 
 
 if __name__ == "__main__":

@@ -11,9 +11,9 @@ For a model of your own, rename the file, the ``melae`` section and the classes,
 loss and the data. What each part is for:
 
 * :class:`MelAEConfig`: the ``melae`` section of ``config.json``. The section is optional (a key left out takes
-  its default here); ``batch_size``, ``learning_rate`` and ``weight_decay`` are required fields of every
-  model's section; ``Field`` declares bounds, checked when the config loads; ``Optional[...]`` accepts
-  ``null`` in JSON and ``--set melae.dropout=null``.
+  its default here); ``batch_size`` is a required field of every model's section; ``Field`` declares bounds,
+  checked when the config loads; ``Optional[...]`` accepts ``null`` in JSON and ``--set melae.dropout=null``.
+  The learning rate and weight decay are the shared ``optimizer`` section's (``optimizer.lr``, ...).
 * :class:`MelAE`: the network; ``forward(batch)`` takes the batch dict the collate function makes.
 * :func:`reconstruction_loss`: ``criterion(outputs, batch) -> scalar``, the one loss the loop minimises. A loss of
   several terms may return ``(loss, {"name": term, ...})`` (scalar tensors): each term is then logged beside the loss
@@ -21,7 +21,9 @@ loss and the data. What each part is for:
 * :func:`build_datasets`: ``(train, val)`` datasets over an LJSpeech-layout corpus; their items are batched by
   ``collate_audio_mel`` into ``{"mel": (B, n_mels, frames), "audio": (B, samples), "ids": [str] * B}``.
 * :func:`add_inference_args` and :func:`infer`: ``inference.py``'s options and work (the optional ``Inference``).
-* ``SPEC = ModelSpec(...)`` at the end: the model's name (``--model melae``) and everything above.
+* ``SPEC = ModelSpec(...)`` at the end: the model's name (``--model melae``), everything above and its ``recipe``:
+  the values it takes where ``config.json`` leaves a shared setting null (its learning rate where ``optimizer.lr``
+  is null; the project's defaults for the rest).
 
 Optional parts it leaves out, each skipped with a line saying so where it would be used: of ``Training`` (see
 ``model.py``), a fast path, ``log_validation``, ``build_optimizer`` (Adam otherwise); what the optional parts' tools
@@ -50,8 +52,7 @@ class MelAEConfig(ModelSection):
     ``hidden``: channels of the two hidden convolutions; ``bottleneck``: channels of the code between
     encoder and decoder (fewer than ``audio.n_mels``, or the model learns a copy); ``dropout``: probability
     (0 to 1) after the encoder's first layer, ``None`` for none; ``segment_frames``: training crops in mel
-    frames (``audio.hop_length`` samples each); ``batch_size``: crops per process and step;
-    ``learning_rate``: Adam's step size; ``weight_decay``: Adam's L2 penalty.
+    frames (``audio.hop_length`` samples each); ``batch_size``: crops per process and step.
     """
 
     hidden: int = Field(32, ge=1)
@@ -59,8 +60,6 @@ class MelAEConfig(ModelSection):
     dropout: Optional[float] = Field(None, ge=0, lt=1)
     segment_frames: int = Field(24, ge=4)
     batch_size: int = Field(4, ge=1)
-    learning_rate: float = Field(3e-3, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
 
 
 class MelAE(nn.Module):
@@ -137,4 +136,5 @@ SPEC = ModelSpec(
         collate_fn=collate_audio_mel,
         count_items=lambda batch: batch["mel"].shape[0] * batch["mel"].shape[2]),   # mel frames, for items/s
     inference=Inference(infer=infer, add_args=add_inference_args),  # optional: inference.py's work and options
+    recipe={"optimizer.lr": 3e-3},                                # optional: its rate where optimizer.lr is null
 )

@@ -24,12 +24,12 @@ in ``config.json`` (``--tiny`` changes only the shared sections). To train it fo
 For a model of your own, rename the file, the ``gan_vocoder`` section and the classes, and change the networks, the
 losses and the data. What each part is for:
 
-* :class:`GANVocoderConfig`: the ``gan_vocoder`` section of ``config.json`` (optional; ``batch_size``,
-  ``learning_rate`` and ``weight_decay`` are required fields of every model's section).
+* :class:`GANVocoderConfig`: the ``gan_vocoder`` section of ``config.json`` (optional; ``batch_size`` is a required
+  field of every model's section; the learning rate and weight decay are the shared ``optimizer`` section's).
 * :class:`Generator` (log-mel -> audio, and the log-mel of that audio) and :class:`Discriminator` (audio ->
   real/fake scores); :class:`GANVocoder` holds both, and its ``forward(batch)`` is what validation runs.
 * :func:`networks`, :func:`build_optimizer`, :func:`build_scheduler`: one network, one optimizer and one
-  learning-rate schedule per phase (the schedule is optional: without it, ``train.lr_schedule`` applies).
+  learning-rate schedule per phase (the schedule is optional: without it, ``optimizer.schedule`` applies).
 * :func:`train_step`: ``(phase, nets, batch) -> (loss, {name: scalar})``, the loss of one phase.
 * :func:`mel_l1`: the validation criterion (``criterion(outputs, batch) -> scalar``): the number to compare
   between runs, since the adversarial losses of a GAN do not fall steadily.
@@ -79,8 +79,8 @@ class GANVocoderConfig(ModelSection):
     at least 2; their product must be ``audio.hop_length``, 256 samples per mel frame). ``channels``: the
     generator's width after its input convolution, halved at every upsampling. ``discriminator_channels``:
     the discriminator's first width (it grows to 4x). ``segment_frames``: training crops in mel frames
-    (``audio.hop_length`` samples each). ``batch_size``: crops per process and step. ``learning_rate``,
-    ``adam_betas``, ``weight_decay``: Adam's, the same for both networks. ``lr_decay``: the learning rate is
+    (``audio.hop_length`` samples each). ``batch_size``: crops per process and step. ``adam_betas``: Adam's, the
+    same for both networks (at ``optimizer.lr`` and ``optimizer.weight_decay``). ``lr_decay``: the learning rate is
     multiplied by it after every epoch. ``mel_loss_weight``: the generator's loss is its adversarial loss plus
     this times the mel L1.
     """
@@ -90,9 +90,7 @@ class GANVocoderConfig(ModelSection):
     discriminator_channels: int = Field(16, ge=1)
     segment_frames: int = Field(16, ge=1)
     batch_size: int = Field(4, ge=1)
-    learning_rate: float = Field(1e-3, gt=0)
     adam_betas: tuple[Beta, Beta] = (0.8, 0.99)
-    weight_decay: float = Field(0.0, ge=0)
     lr_decay: float = Field(0.999, gt=0, le=1)
     mel_loss_weight: float = Field(45.0, ge=0)
 
@@ -186,11 +184,11 @@ def networks(model: GANVocoder) -> dict[str, nn.Module]:
     return {"discriminator": model.discriminator, "generator": model.generator}
 
 
-def build_optimizer(model: GANVocoder, model_cfg: GANVocoderConfig,
-                    device: torch.device) -> dict[str, torch.optim.Optimizer]:
-    """``{phase: Adam}``, one per network, with the section's learning rate, betas and weight decay."""
-    return {phase: torch.optim.Adam(net.parameters(), lr=model_cfg.learning_rate, betas=tuple(model_cfg.adam_betas),
-                                    weight_decay=model_cfg.weight_decay, fused=device.type == "cuda")
+def build_optimizer(model: GANVocoder, cfg: Config, device: torch.device) -> dict[str, torch.optim.Optimizer]:
+    """``{phase: Adam}``, one per network, at ``optimizer.lr`` and ``optimizer.weight_decay`` with the section's
+    betas."""
+    return {phase: torch.optim.Adam(net.parameters(), lr=cfg.optimizer.lr, betas=tuple(cfg.gan_vocoder.adam_betas),
+                                    weight_decay=cfg.optimizer.weight_decay, fused=device.type == "cuda")
             for phase, net in networks(model).items()}
 
 

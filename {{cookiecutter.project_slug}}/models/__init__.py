@@ -11,7 +11,8 @@ def registry(*specs: ModelSpec) -> dict[str, ModelSpec]:
     """``{name: spec}`` in the order given (``model.py`` says what a spec holds).
 
     Raises:
-        ValueError: a name given twice, not an identifier, or that of a shared section (audio, data, train) or "tiny";
+        ValueError: a name given twice, not an identifier, or that of a shared section (audio, data, train, optimizer)
+            or "tiny";
             a section class that is not a :class:`utils.config.ModelSection`.
     """
     found: dict[str, ModelSpec] = {}
@@ -23,7 +24,7 @@ def registry(*specs: ModelSpec) -> dict[str, ModelSpec]:
             raise ValueError(f"model name {spec.name!r} is registered twice")
         if not (isinstance(spec.config_cls, type) and issubclass(spec.config_cls, ModelSection)):
             raise ValueError(f"model {spec.name!r}: its config_cls {spec.config_cls!r} is not a utils.config.ModelSection "
-                             "(the section every model has: batch_size, learning_rate, weight_decay)")
+                             "(the section every model has: batch_size)")
         found[spec.name] = spec
     return found
 

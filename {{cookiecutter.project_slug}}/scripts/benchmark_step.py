@@ -63,7 +63,7 @@ def case_config(name: str, case: BenchmarkCase, args: argparse.Namespace) -> tup
         cfg = build_config({}, config_schemas(), overrides=overrides, source="dataclass defaults", left_out=LEFT_OUT)
     if shape.batch_size == 0:
         shape = dataclasses.replace(shape, batch_size=cfg.section(name).batch_size)
-    return apply_recipe(MODELS[name], cfg, PARTS.data_framing(cfg)), shape
+    return apply_recipe(MODELS[name], cfg, PARTS.data_framing(cfg.data)), shape
 
 
 def case_name(name: str, case: BenchmarkCase, shape: BenchmarkCase, tiny: bool) -> str:
@@ -138,9 +138,9 @@ def make_train_step(model: torch.nn.Module, criterion: Callable, batch: dict, cf
         TrainingError: the model's ``build_optimizer`` or ``networks`` do not match its phases.
     """
     amp = setup_precision(precision, device)
-    optimizers = build_optimizers(spec, model, cfg.section(spec.name), device)
+    optimizers = build_optimizers(spec, model, cfg, device)
     no_schedule = {phase: (None, "step") for phase in optimizers}  # the benchmark keeps the learning rate fixed
-    phases = build_phases(spec, model, optimizers, no_schedule, cfg)
+    phases = build_phases(spec, model, optimizers, no_schedule, cfg.train)
     step_fn = spec.training.phases.train_step if spec.training.phases is not None else one_loss_step(criterion)
     prepare = on_device_hook(spec, cfg)
 

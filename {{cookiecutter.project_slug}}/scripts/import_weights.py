@@ -44,7 +44,7 @@ def settle_framing(cfg: Config, weights: Weights) -> str:
     given = cfg.audio.mel_framing
     if weights.framing is not None:
         cfg.audio.mel_framing = weights.framing
-    apply_recipe(MODELS[weights.model_name], cfg, PARTS.data_framing(cfg))
+    apply_recipe(MODELS[weights.model_name], cfg, PARTS.data_framing(cfg.data))
     replaced = f", replacing the config's {given}: the framing its weights were trained on" if given not in (
         None, cfg.audio.mel_framing) else ""
     return f"; audio.mel_framing={cfg.audio.mel_framing}{replaced}"

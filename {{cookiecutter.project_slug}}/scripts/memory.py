@@ -43,6 +43,7 @@ from utils.train_state import TrainState
 from utils.training.activation_checkpoint import apply_activation_checkpointing
 from utils.training.criterion import loss_and_terms
 from utils.training.fsdp import shard_model
+from utils.training.recipe import apply_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,8 +109,8 @@ def model_subject(name: str, tiny: bool) -> Subject:
                                                   "it trains several optimizers, which FSDP does not shard yet"))
     case = bench.cases[0]
     shape = case.tiny if tiny and case.tiny is not None else case
-    cfg = load_config(str(ROOT / "config.json"), config_schemas(), tiny=tiny, overrides=list(case.overrides),
-                      left_out=LEFT_OUT)
+    cfg = apply_recipe(spec, load_config(str(ROOT / "config.json"), config_schemas(), tiny=tiny,
+                                         overrides=list(case.overrides), left_out=LEFT_OUT))
     batch = bench.synthetic_batch(cfg, shape.batch_size, torch.Generator().manual_seed(0), **shape.batch_kwargs)
     criterion = spec.training.build_criterion(cfg)
     build_optimizer = spec.training.build_optimizer or adam
@@ -123,7 +124,7 @@ def model_subject(name: str, tiny: bool) -> Subject:
         on_device = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
         return loss_and_terms(criterion(net(on_device), on_device))[0]
     return Subject(build, lambda model: list(spec.training.blocks(model)), loss,
-                   lambda model: build_optimizer(model, cfg.section(name), torch.device("cpu")),
+                   lambda model: build_optimizer(model, cfg, torch.device("cpu")),
                    f"model '{name}' ({'tiny' if tiny else 'config.json'} size), batch {shape.batch_size} per rank")
 
 

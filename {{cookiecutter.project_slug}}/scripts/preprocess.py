@@ -134,7 +134,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     overrides = [f"data.dataset_path={args.dataset_path}"] if args.dataset_path else []
     try:
         cfg = load_config(args.config, config_schemas(), tiny=args.tiny, overrides=overrides, left_out=LEFT_OUT)
-        apply_recipe(MODELS["tacotron2"], cfg, PARTS.data_framing(cfg))
+        apply_recipe(MODELS["tacotron2"], cfg, PARTS.data_framing(cfg.data))
         counts = preprocess(cfg, args.workers, args.overwrite, progress=not args.no_progress)
     except (ConfigError, DataError) as err:
         print(f"ERROR: {err}", file=sys.stderr)

@@ -26,12 +26,15 @@ import pytest
 import soundfile as sf
 import torch
 from conftest import ROOT, TEST_MODEL, OpensAFile, bound, clean_env, made_once, read_ljspeech, synth_corpus
+from pydantic import Field
 
 import inference
 import multiproc
 import train
+from model import adam
 from models import MODELS
 from parts import PARTS
+from utils.config import ConfigError
 from utils.data import check as data_check
 from utils.training.checks import check_settings
 
@@ -231,7 +234,6 @@ def test_a_value_the_model_refuses_is_one_line_naming_its_section(capsys, corpus
 
 @pytest.mark.parametrize("variable_length", [False, True])
 def test_length_buckets_for_a_model_of_fixed_length_items_are_refused(variable_length):
-    from utils.config import ConfigError
     cfg = train.load_run_config(train.parse_args(["--set", "data.batching=buckets"]))
     spec = MODELS[MODEL]
     spec = dataclasses.replace(spec, training=dataclasses.replace(spec.training, variable_length=variable_length))
@@ -240,6 +242,24 @@ def test_length_buckets_for_a_model_of_fixed_length_items_are_refused(variable_l
         return
     with pytest.raises(ConfigError, match=f"data.batching=buckets: model '{MODEL}' trains on items of one length"):
         check_settings(spec, cfg, PARTS.checks)  # before any model, process group or data
+
+
+def test_a_model_section_declaring_its_own_rate_for_the_default_optimizer_is_refused():
+    """A model of one's own written before the ``optimizer`` section declares ``learning_rate`` in its section: the
+    default Adam, which reads ``optimizer.lr``, would leave it unread, so it is one line before any work."""
+    spec = MODELS[MODEL]
+
+    class Older(spec.config_cls):
+        learning_rate: float = Field(3e-3, gt=0)
+    older = dataclasses.replace(spec, config_cls=Older,
+                                training=dataclasses.replace(spec.training, build_optimizer=adam))
+    cfg = train.load_run_config(train.parse_args([]))
+    with pytest.raises(ConfigError) as info:
+        check_settings(older, cfg, PARTS.checks)
+    assert str(info.value) == (f"{MODEL}.learning_rate (now optimizer.lr): model '{MODEL}' declares it in its section, "
+                               "which the default optimizer does not read since it moved (see CHANGELOG); take it out "
+                               "of the section and give the model's own value in its ModelSpec.recipe")
+    check_settings(spec, cfg, PARTS.checks)
 
 
 def test_a_bad_launcher_environment_is_one_line(capsys, corpus, tmp_path, monkeypatch):
@@ -941,6 +961,25 @@ def test_a_corpus_changed_since_the_checkpoint_is_named_on_resume(capsys, finish
     assert code == 0, err
     assert f"the corpus changed since {out / 'checkpoint_last.pt'} ({N_UTTERANCES - 1} -> {N_UTTERANCES + 3} " \
            "training utterances)" in err, err
+
+
+def test_a_checkpoint_of_an_earlier_version_resumes_and_loads_with_its_optimizer_settings(capsys, finished, tmp_path):
+    """A checkpoint written before the ``optimizer`` section recorded the rate and weight decay in every model's
+    section and the schedule in ``train``: resumed, it names no change of settings (its model's values are read as the
+    ``optimizer`` section's, the other models' left out), and ``inference.py`` loads it with them."""
+    saved = torch.load(finished[0] / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    config, optimizer = saved["config"], saved["config"].pop("optimizer")
+    config["train"].update(lr_schedule=optimizer["schedule"], warmup_steps=optimizer["warmup_steps"])
+    for name in MODELS:  # as the earlier version wrote them
+        config[name].update(learning_rate=optimizer["lr"] if name == MODEL else 0.5,
+                            weight_decay=optimizer["weight_decay"] if name == MODEL else 0.25)
+    torch.save(saved, tmp_path / "old.pt")
+    code, out, err = run_train(capsys, "--dataset-path", config["data"]["dataset_path"], "--output-dir",
+                               str(tmp_path / "out"), "--resume", str(tmp_path / "old.pt"), "--max-steps", "3")
+    assert code == 0 and f"resumed from {tmp_path / 'old.pt'} at step 2" in out, err
+    assert "the config differs" not in err, err
+    _, _, cfg = inference.load_trained(tmp_path / "old.pt", torch.device("cpu"))
+    assert (cfg.optimizer.lr, cfg.optimizer.weight_decay) == (optimizer["lr"], optimizer["weight_decay"])
 
 
 @pytest.mark.parametrize("args, message", [

@@ -13,7 +13,7 @@ from pydantic import Field, ValidationError
 
 from models import MODELS, registry
 from parts import SHARED_SECTIONS, TrainConfig, config_schemas
-from utils.config import SHARED_SECTION_NAMES, Config, ConfigError, ModelSection, Section, build_config, config_from_dict, load_config, parse_override
+from utils.config import SHARED_SECTION_NAMES, Config, ConfigError, ModelSection, Section, build_config, config_from_dict, load_config, parse_override, read_moved
 from utils.data.audio import AudioConfig
 from utils.data.corpus import DataConfig
 from utils.training.recipe import apply_recipe
@@ -73,7 +73,8 @@ def test_left_out_keys_take_the_section_defaults():
 
 
 def test_unknown_section_is_named_with_the_known_ones():
-    with pytest.raises(ConfigError, match=r"^config: unknown section 'trian' \(known: audio, data, train, toy\)$"):
+    with pytest.raises(ConfigError,
+                       match=r"^config: unknown section 'trian' \(known: audio, data, train, optimizer, toy\)$"):
         build({"trian": {"max_steps": 1}})
     with pytest.raises(ConfigError, match="config has no section 'nope'"):
         build().section("nope")
@@ -84,6 +85,43 @@ def test_unknown_key_is_named_with_its_section_keys():
         build({"train": {"max_step": 1}})
     with pytest.raises(ConfigError, match=r"unknown key 'toy\.depth' \(keys of 'toy': width, names, batch_size"):
         build({"toy": {"depth": 1}})
+
+
+class Plain(ModelSection):
+    """A model's section as this version declares one: no optimizer setting of its own."""
+
+    width: int = Field(8, ge=1)
+
+
+def test_keys_an_earlier_version_had_are_refused_together_each_naming_its_new_key():
+    """A model section's ``learning_rate`` and ``weight_decay`` and ``train.lr_schedule`` and ``warmup_steps`` moved
+    to the ``optimizer`` section: wherever a config gives them (the file, its tiny block, ``--set``), one line names
+    each with its new key; a model whose section declares such a key of its own keeps it."""
+    schemas = {**SHARED_SECTIONS, "plain": Plain, "other": Plain}
+    raw = {"train": {"lr_schedule": "cosine", "seed": 3}, "plain": {"learning_rate": 1e-3, "weight_decay": 0.0},
+           "tiny": {"other": {"learning_rate": 1e-2}}}
+    with pytest.raises(ConfigError) as info:
+        build_config(raw, schemas, source="old.json", overrides=["train.warmup_steps=5", "plain.width=4"])
+    assert str(info.value) == (
+        "old.json, old.json (tiny block), --set train.warmup_steps=5: train.lr_schedule moved to optimizer.schedule; "
+        "plain.learning_rate, other.learning_rate moved to optimizer.lr; plain.weight_decay moved to "
+        "optimizer.weight_decay; train.warmup_steps moved to optimizer.warmup_steps in this version (see CHANGELOG)")
+    assert build({"toy": {"learning_rate": 0.5}}).toy.learning_rate == 0.5  # toy declares its own
+
+
+def test_a_checkpoints_config_of_an_earlier_version_reads_its_moved_keys_as_the_new_ones():
+    """A checkpoint written before the ``optimizer`` section recorded its run's rate in its model's section (every
+    model's section had one) and the schedule in ``train``: read back, they are the ``optimizer`` section's, so that a
+    resume names no change and ``inference.py`` loads it; a config of this version keeps its keys."""
+    schemas = {**SHARED_SECTIONS, "plain": Plain, "other": Plain}
+    now = build_config({"optimizer": {"lr": 2e-4, "weight_decay": 0.01, "schedule": "cosine", "warmup_steps": 3}},
+                       schemas).to_dict()
+    old = {name: dict(keys) for name, keys in now.items() if name != "optimizer"}  # as the earlier version wrote it
+    old["train"].update(lr_schedule="cosine", warmup_steps=3)
+    old["plain"].update(learning_rate=1e-3, weight_decay=0.0)  # another model's, which the run did not use
+    old["other"].update(learning_rate=2e-4, weight_decay=0.01)
+    assert config_from_dict(old, schemas, model_name="other").to_dict() == now
+    assert read_moved(now, "other") == now and read_moved(old, "other") == now
 
 
 def test_a_section_that_is_not_an_object_is_refused():
@@ -284,7 +322,8 @@ def test_set_parses_json_literals_and_bare_strings(text, expected):
     ("train.max_steps", "--set expects section.key=value, got 'train.max_steps'"),
     ("max_steps=3", "--set expects section.key=value, got 'max_steps=3'"),
     ("train.=3", "--set expects section.key=value, got 'train.=3'"),
-    ("trian.max_steps=3", "--set trian.max_steps=3: unknown section 'trian' (known: audio, data, train, toy)"),
+    ("trian.max_steps=3", "--set trian.max_steps=3: unknown section 'trian' (known: audio, data, train, optimizer, "
+                          "toy)"),
     ("train.nope=3", "--set train.nope=3: unknown key 'train.nope' (keys of 'train': seed, precision,"),
     ("train.max_steps=abc", "--set train.max_steps=abc: config key 'train.max_steps' must be int, got str 'abc'"),
     ("train.cudnn_benchmark=True", "config key 'train.cudnn_benchmark' must be bool or None, got str 'True'"),
@@ -361,18 +400,18 @@ def test_settings_from_a_checkpoint_are_checked_whole_before_any_is_set():
 
 # --- choices and bounds -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("key, good, bad", [
-    ("precision", ["fp32", "tf32", "bf16", "fp16"], ["fp8", "FP32", ""]),
-    ("lr_schedule", ["constant", "cosine"], ["linear"]),
-    ("on_nonfinite", ["skip", "stop"], ["ignore"]),
+@pytest.mark.parametrize("section, key, good, bad", [
+    ("train", "precision", ["fp32", "tf32", "bf16", "fp16"], ["fp8", "FP32", ""]),
+    ("optimizer", "schedule", ["constant", "cosine"], ["linear"]),
+    ("train", "on_nonfinite", ["skip", "stop"], ["ignore"]),
 ])
-def test_enum_keys_accept_their_choices_and_name_them_otherwise(key, good, bad):
+def test_enum_keys_accept_their_choices_and_name_them_otherwise(section, key, good, bad):
     for value in good:
-        assert getattr(build({"train": {key: value}}).train, key) == value
+        assert getattr(build({section: {key: value}}).section(section), key) == value
     for value in bad:
         with pytest.raises(ConfigError) as info:
-            build({"train": {key: value}})
-        assert f"config key 'train.{key}' must be one of {', '.join(good)}, got '{value}'" in str(info.value)
+            build({section: {key: value}})
+        assert f"config key '{section}.{key}' must be one of {', '.join(good)}, got '{value}'" in str(info.value)
 
 
 @pytest.mark.parametrize("section, key, value, message", [
@@ -386,6 +425,8 @@ def test_enum_keys_accept_their_choices_and_name_them_otherwise(key, good, bad):
     ("data", "val_size", 0, "'data.val_size' must be >= 1, got 0"),
     ("toy", "batch_size", 0, "'toy.batch_size' must be >= 1, got 0"),
     ("toy", "learning_rate", 0, "'toy.learning_rate' must be > 0, got 0.0"),
+    ("optimizer", "lr", 0, "'optimizer.lr' must be > 0, got 0.0"),
+    ("optimizer", "warmup_steps", -1, "'optimizer.warmup_steps' must be >= 0, got -1"),
     ("audio", "sampling_rate", 0, "'audio.sampling_rate' must be > 0, got 0"),
     ("audio", "win_length", 2048, "'audio.win_length' (2048) must not exceed audio.n_fft (1024)"),
     ("audio", "fmax", 12000.0, "fmin < fmax <= sampling_rate / 2, got fmin=0.0, fmax=12000.0, sampling_rate=22050"),
@@ -414,7 +455,7 @@ def test_range_errors_name_where_the_value_came_from():
 
 
 def test_bounds_themselves_are_accepted():
-    cfg = build({"train": {"keep_last": 0, "grad_clip": 0, "seed": 0, "warmup_steps": 0},
+    cfg = build({"train": {"keep_last": 0, "grad_clip": 0, "seed": 0}, "optimizer": {"warmup_steps": 0},
                  "data": {"num_workers": 0}, "audio": {"fmax": 11025.0, "win_length": 1024}})
     assert cfg.train.keep_last == 0 and cfg.data.num_workers == 0 and cfg.audio.fmax == 11025.0
 
@@ -542,7 +583,7 @@ def test_to_dict_round_trips_through_config_from_dict():
 
 
 def test_to_dict_round_trips_none_tuples_and_literals():
-    raw = {"train": {"precision": "bf16", "lr_schedule": "cosine"},
+    raw = {"train": {"precision": "bf16"}, "optimizer": {"schedule": "cosine"},
            "toy": {"scale": None, "window": [2, 3], "dims": [1], "pair": [7, "z"], "mode": "b", "level": 2,
                    "weights": {"a": 1}, "crop": None, "label": None, "either": "e"}}
     cfg = build(raw)
@@ -575,21 +616,24 @@ def test_the_start_up_line_names_the_recipe_a_model_gets_its_own_or_the_projects
     mine = dataclasses.replace(next(iter(MODELS.values())), name="mine", recipe={})
     assert recipe_line(mine) == ("recipe (the project's defaults: mine's ModelSpec has none) for the settings "
                                  "config.json leaves null: audio.mel_framing=jik876, train.grad_clip=0.0, "
-                                 "train.cudnn_benchmark=true")
-    cfg = apply_recipe(mine, load_config(f"{ROOT}/config.json", config_schemas(), tiny=True))
+                                 "train.cudnn_benchmark=true, optimizer.lr=0.001, optimizer.weight_decay=0.0")
+    cfg = apply_recipe(mine, load_config(f"{ROOT}/config.json", config_schemas()))
     assert (cfg.audio.mel_framing, cfg.train.grad_clip, cfg.train.cudnn_benchmark) == ("jik876", 0.0, True)
-    some = dataclasses.replace(mine, recipe={"train.grad_clip": 1.0})
+    assert (cfg.optimizer.lr, cfg.optimizer.weight_decay) == (1e-3, 0.0)
+    some = dataclasses.replace(mine, recipe={"train.grad_clip": 1.0, "optimizer.lr": 3e-3})
     assert recipe_line(some) == ("recipe (mine's ModelSpec.recipe, the project's defaults for the rest) for the "
                                  "settings config.json leaves null: audio.mel_framing=jik876, train.grad_clip=1.0, "
-                                 "train.cudnn_benchmark=true")
+                                 "train.cudnn_benchmark=true, optimizer.lr=0.003, optimizer.weight_decay=0.0")
     own = dataclasses.replace(mine, recipe={"audio.mel_framing": "nvidia", "train.grad_clip": 1.0,
-                                            "train.cudnn_benchmark": False})
+                                            "train.cudnn_benchmark": False, "optimizer.lr": 1e-4,
+                                            "optimizer.weight_decay": 1e-6})
     assert recipe_line(own) == ("recipe (mine's ModelSpec.recipe) for the settings config.json leaves null: "
-                                "audio.mel_framing=nvidia, train.grad_clip=1.0, train.cudnn_benchmark=false")
+                                "audio.mel_framing=nvidia, train.grad_clip=1.0, train.cudnn_benchmark=false, "
+                                "optimizer.lr=0.0001, optimizer.weight_decay=1e-06")
 
 
 def test_the_registry_refuses_a_model_section_without_what_every_model_has():
-    """A model's section must be a ModelSection (batch_size, learning_rate, weight_decay): the rule, checked."""
+    """A model's section must be a ModelSection (batch_size): the rule, checked."""
 
     class Plain(Section):
         width: int = Field(4, ge=1)
@@ -600,7 +644,7 @@ def test_the_registry_refuses_a_model_section_without_what_every_model_has():
     spec = next(iter(MODELS.values()))
     with pytest.raises(ValueError, match=r"its config_cls .*Plain.* is not a utils.config.ModelSection"):
         registry(dataclasses.replace(spec, config_cls=Plain))
-    assert registry(dataclasses.replace(spec, config_cls=Own))[spec.name].config_cls().learning_rate > 0
+    assert registry(dataclasses.replace(spec, config_cls=Own))[spec.name].config_cls().batch_size == 3
 
 
 def test_the_registry_refuses_the_shared_sections_names_which_are_the_sections_config_schemas_gives():
@@ -611,7 +655,7 @@ def test_the_registry_refuses_the_shared_sections_names_which_are_the_sections_c
     spec = next(iter(MODELS.values()))
     for name in (*SHARED_SECTION_NAMES, "tiny", "not-an-identifier"):
         with pytest.raises(ValueError, match=f"model name '{name}' must be an identifier other than audio, data, "
-                                             "train, tiny"):
+                                             "train, optimizer, tiny"):
             registry(dataclasses.replace(spec, name=name))
 
 

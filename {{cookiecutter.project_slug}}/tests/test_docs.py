@@ -153,14 +153,16 @@ import torch
 from models import MODELS
 from parts import config_schemas
 from utils.config import build_config
-cfg = build_config({}, config_schemas(), overrides=[f"data.dataset_path={sys.argv[2]}", "data.val_size=2"])
+from utils.training.recipe import apply_recipe
 melae = MODELS["melae"]
+cfg = apply_recipe(melae, build_config({}, config_schemas(),
+                                       overrides=[f"data.dataset_path={sys.argv[2]}", "data.val_size=2"]))
 train_set, val_set = melae.training.build_datasets(cfg)
 batch = melae.training.collate_fn([train_set[i] for i in range(cfg.melae.batch_size)])
 torch.manual_seed(0)
 model = melae.build_model(cfg)
 criterion = melae.training.build_criterion(cfg)
-optimizer = melae.training.build_optimizer(model, cfg.melae, torch.device("cpu"))
+optimizer = melae.training.build_optimizer(model, cfg, torch.device("cpu"))
 losses = []
 for _ in range(30):
     optimizer.zero_grad()
@@ -229,20 +231,21 @@ from models import MODELS
 from parts import config_schemas
 from utils.config import load_config
 from utils.training.optim import build_optimizers, build_scheduler, setup_precision
+from utils.training.recipe import apply_recipe
 from utils.training.setup import build_phases
 from utils.training.step import forward_backward
-# The project's config.json as --tiny reads it: it has no gan_vocoder section, the defaults apply.
-cfg = load_config("config.json", config_schemas(), tiny=True,
-                  overrides=[f"data.dataset_path={sys.argv[2]}", "data.val_size=2"])
 gan = MODELS["gan_vocoder"]
+# The project's config.json as --tiny reads it: it has no gan_vocoder section, the defaults apply.
+cfg = apply_recipe(gan, load_config("config.json", config_schemas(), tiny=True,
+                                    overrides=[f"data.dataset_path={sys.argv[2]}", "data.val_size=2"]))
 train_set, val_set = gan.training.build_datasets(cfg)
 batch = gan.training.collate_fn([train_set[i] for i in range(cfg.gan_vocoder.batch_size)])
 torch.manual_seed(0)
 model = gan.build_model(cfg)
 cpu = torch.device("cpu")
-optimizers = build_optimizers(gan, model, cfg.gan_vocoder, cpu)
+optimizers = build_optimizers(gan, model, cfg, cpu)
 schedulers = {name: build_scheduler(gan, name, opt, cfg) for name, opt in optimizers.items()}
-phases = build_phases(gan, model, optimizers, schedulers, cfg)
+phases = build_phases(gan, model, optimizers, schedulers, cfg.train)
 fp32 = setup_precision("fp32", cpu)
 networks = gan.training.phases.networks(model)
 steps = []

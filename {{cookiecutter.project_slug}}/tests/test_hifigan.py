@@ -21,6 +21,7 @@ from modules.hifigan import (Discriminator, Generator, discriminator_loss, featu
 from parts import PARTS, SHARED_SECTIONS
 from utils.config import ConfigError, build_config, config_from_dict
 from utils.data.audio import AudioConfig, MelSpectrogram
+from utils.training.recipe import apply_recipe
 
 SPEC = MODELS["hifigan"]
 
@@ -29,8 +30,10 @@ HOP = 256
 
 
 def config(*overrides, tiny=True):
-    """The project's defaults with :data:`TINY_OVERRIDES` as config.json's tiny block would apply them."""
-    return build_config({"tiny": {"hifigan": hg.TINY_OVERRIDES}}, SCHEMAS, tiny=tiny, overrides=list(overrides))
+    """The project's defaults with :data:`TINY_OVERRIDES` and the tiny learning rate as config.json's tiny block would
+    apply them, the settings left null HiFi-GAN's recipe's (as ``train.py`` fills them)."""
+    raw = {"tiny": {"hifigan": hg.TINY_OVERRIDES, "optimizer": {"lr": 0.001}}}
+    return apply_recipe(SPEC, build_config(raw, SCHEMAS, tiny=tiny, overrides=list(overrides)))
 
 
 def tiny_model(*overrides):
@@ -88,7 +91,8 @@ def test_defaults_are_the_papers_v1():
                                                                                              (16, 16, 4, 4), 512)
     assert (cfg.resblock, cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes) == (1, (3, 7, 11), ((1, 3, 5),) * 3)
     assert (cfg.mpd_periods, cfg.msd_scales, cfg.segment_length, cfg.batch_size) == ((2, 3, 5, 7, 11), 3, 8192, 16)
-    assert (cfg.learning_rate, cfg.adam_betas, cfg.weight_decay, cfg.lr_decay) == (2e-4, (0.8, 0.99), 0.01, 0.999)
+    assert (cfg.adam_betas, cfg.lr_decay) == ((0.8, 0.99), 0.999)
+    assert (SPEC.recipe["optimizer.lr"], SPEC.recipe["optimizer.weight_decay"]) == (2e-4, 0.01)  # config.json: null
     assert (cfg.mel_loss_weight, cfg.feature_loss_weight) == (45.0, 2.0)
     assert (cfg.loss_fmax, cfg.peak_normalize) == (None, 0.95)  # config_v1's fmax_for_loss null; MelDataset's peak
     v1 = hg.HiFiGAN(cfg, config(tiny=False).audio)  # the audio section shared with Tacotron2 and WaveGlow
@@ -180,7 +184,7 @@ def test_alternating_steps_lower_the_mel_l1():
     """30 discriminator + generator AdamW steps on one fixed batch, driven by hand as the loop would."""
     model, cfg = tiny_model()
     nets = hg.networks(model)
-    optimizers = hg.build_optimizer(model, cfg.hifigan, torch.device("cpu"))
+    optimizers = hg.build_optimizer(model, cfg, torch.device("cpu"))
     batch = harmonic_batch(cfg, items=1)
     history = []
     for _ in range(30):
@@ -195,7 +199,7 @@ def test_alternating_steps_lower_the_mel_l1():
 def test_optimizers_and_schedulers():
     model, _ = tiny_model()
     cfg = config(tiny=False)
-    optimizers = hg.build_optimizer(model, cfg.hifigan, torch.device("cpu"))
+    optimizers = hg.build_optimizer(model, cfg, torch.device("cpu"))
     assert list(optimizers) == list(hg.PHASES) == list(SPEC.training.phases.names)
     for name, optimizer in optimizers.items():
         assert isinstance(optimizer, torch.optim.AdamW)
@@ -496,9 +500,10 @@ def test_validation_writes_the_generated_and_true_audio_of_a_fixed_utterance_to_
 
 
 REFUSED = [
-    ("train.lr_schedule=cosine", "train.lr_schedule=cosine, train.warmup_steps=0: model 'hifigan' builds its own LR "
-                                 "schedulers (Phases.build_scheduler), which these settings would not change"),
-    ("train.warmup_steps=100", "train.lr_schedule=constant, train.warmup_steps=100: model 'hifigan' builds its own"),
+    ("optimizer.schedule=cosine", "optimizer.schedule=cosine, optimizer.warmup_steps=0: model 'hifigan' builds its "
+                                  "own LR schedulers (Phases.build_scheduler), which these settings would not change"),
+    ("optimizer.warmup_steps=100", "optimizer.schedule=constant, optimizer.warmup_steps=100: model 'hifigan' builds "
+                                   "its own"),
     *([("train.parallelism=fsdp", "train.parallelism=fsdp with model 'hifigan', which trains several optimizers")]
       if PARTS.run.sharding is not None else []),  # the sharding part's setting, where the project has it
 ]
@@ -532,4 +537,4 @@ def test_what_it_cannot_honour_is_refused_in_one_line_before_any_data_is_read(tm
 
 def test_settings_left_null_take_the_recipe():
     """jik876's frames, no clipping, cuDNN's autotuner."""
-    check_recipe("hifigan", *("jik876", 0.0, True))
+    check_recipe("hifigan", *("jik876", 0.0, True), optimizer=(2e-4, 0.01))

@@ -55,7 +55,7 @@ def toy_step(phase, nets, batch):
 
 TOY_SPEC = ModelSpec(name="toy", config_cls=object, build_model=lambda cfg: ToyGAN(), training=Training(
     build_criterion=lambda cfg: None, build_datasets=lambda cfg: ((), ()), collate_fn=None, count_items=len,
-    build_optimizer=lambda model, model_cfg, device: {
+    build_optimizer=lambda model, cfg, device: {
         "discriminator": torch.optim.AdamW(model.discriminator.parameters(), lr=1e-3),
         "generator": torch.optim.AdamW(model.generator.parameters(), lr=1e-3)},
     phases=Phases(names=PHASES, networks=lambda model: {"discriminator": model.discriminator,
@@ -82,7 +82,7 @@ def build(seed: int = 0):
     model, cfg = ToyGAN(), toy_config()
     optimizers = build_optimizers(TOY_SPEC, model, None, torch.device("cpu"))
     schedulers = {name: build_scheduler(TOY_SPEC, name, opt, cfg) for name, opt in optimizers.items()}
-    return model, build_phases(TOY_SPEC, model, optimizers, schedulers, cfg)
+    return model, build_phases(TOY_SPEC, model, optimizers, schedulers, cfg.train)
 
 
 def test_accumulating_two_halves_gives_the_gradients_of_the_whole_batch():
@@ -186,7 +186,7 @@ def test_a_bad_optimizer_contract_is_one_clear_error():
     model = ToyGAN()
     optimizers = build_optimizers(no_networks, model, None, torch.device("cpu"))
     try:
-        build_phases(no_networks, model, optimizers, {n: (None, "step") for n in optimizers}, cfg)
+        build_phases(no_networks, model, optimizers, {n: (None, "step") for n in optimizers}, cfg.train)
     except TrainingError as err:
         assert "Phases.networks must map each phase" in str(err)
     else:

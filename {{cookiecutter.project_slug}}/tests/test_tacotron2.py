@@ -211,8 +211,7 @@ def test_config_section_loads_and_is_checked():
         build_config({"tacotron2": {"text_cleaners": "english_cleaners"}}, schemas)
     spec = MODELS["tacotron2"]
     assert spec.config_cls is Tacotron2Config
-    for field in ("batch_size", "learning_rate", "weight_decay"):
-        assert field in Tacotron2Config.model_fields
+    assert "batch_size" in Tacotron2Config.model_fields  # its rate and weight decay: the optimizer section's
 
 
 def test_collate_sorts_pads_and_builds_gate_targets():
@@ -761,4 +760,4 @@ def test_text_to_speech_through_a_vocoder_checkpoint(tmp_path, vocoder):
 
 def test_settings_left_null_take_the_recipe():
     """NVIDIA's TacotronSTFT frames, grad_clip_thresh 1.0, no cuDNN autotuner (its lengths vary)."""
-    check_recipe("tacotron2", *("nvidia", 1.0, False))
+    check_recipe("tacotron2", *("nvidia", 1.0, False), optimizer=(1e-3, 1e-6))

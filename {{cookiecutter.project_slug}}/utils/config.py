@@ -161,16 +161,19 @@ class Section(BaseModel):
 
 
 class ModelSection(Section):
-    """What every model's section holds: ``batch_size`` (items per process and micro-batch), ``learning_rate`` and
-    ``weight_decay``. A model's section subclasses it (``models.registry`` checks), with its own defaults and bounds."""
+    """What every model's section holds: ``batch_size`` (items per process and micro-batch). A model's section
+    subclasses it (``models.registry`` checks), with its own default and bounds."""
 
     batch_size: int = Field(16, ge=1)
-    learning_rate: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
 
 
-SHARED_SECTION_NAMES = ("audio", "data", "train")
+SHARED_SECTION_NAMES = ("audio", "data", "train", "optimizer")
 """The sections every model reads (``parts.SHARED_SECTIONS``): names no model may take."""
+
+MOVED: dict[str, str] = {"*.learning_rate": "optimizer.lr", "*.weight_decay": "optimizer.weight_decay",
+                         "train.lr_schedule": "optimizer.schedule", "train.warmup_steps": "optimizer.warmup_steps"}
+"""Keys an earlier version had, ``old -> new`` (``*``: a model's section): a config that gives an old one is refused
+naming the new (:func:`refuse_moved`); a checkpoint's recorded config reads it as the new (:func:`read_moved`)."""
 
 
 def cross_check_error(message: str, *keys: str) -> PydanticCustomError:
@@ -311,6 +314,48 @@ def refuse_left_out(given: typing.Iterable[tuple[str, str]], left_out: Mapping[s
                       f"or bring the parts back with cruft update --variables-to-update '{answers}'")
 
 
+def _moved_to(name: str, schemas: Mapping[str, type[Section]]) -> Optional[str]:
+    """The key ``name`` (``section.key``) moved to (:data:`MOVED`), or None: a key its section declares (a model's own
+    ``learning_rate``) or one no version had."""
+    section, _, key = name.partition(".")
+    if section not in schemas or key in schemas[section].model_fields:
+        return None
+    return MOVED.get(name) or (MOVED.get(f"*.{key}") if section not in SHARED_SECTION_NAMES else None)
+
+
+def refuse_moved(given: typing.Iterable[tuple[str, str]], schemas: Mapping[str, type[Section]]) -> None:
+    """Raise one ConfigError naming every key of ``given`` (``(where it was given, "section.key")``) that an earlier
+    version had and this one moved (:data:`MOVED`), each with its new key; nothing where there is none."""
+    found = [(where, name, new) for where, name in given if (new := _moved_to(name, schemas)) is not None]
+    if not found:
+        return
+    moved: dict[str, dict[str, None]] = {}  # new key -> the old ones given, in their order
+    for _, name, new in found:
+        moved.setdefault(new, {})[name] = None
+    said = "; ".join(f"{', '.join(olds)} moved to {new}" for new, olds in moved.items())
+    places = ", ".join(dict.fromkeys(where for where, _, _ in found))
+    raise ConfigError(f"{places}: {said} in this version (see CHANGELOG)")
+
+
+def read_moved(config: Mapping[str, Any], model_name: Optional[str]) -> dict[str, Any]:
+    """A checkpoint's recorded config (:meth:`Config.to_dict`) with the keys an earlier version had (:data:`MOVED`)
+    read as the new ones: model ``model_name``'s ``learning_rate`` as ``optimizer.lr`` (another model's, which the run
+    did not use, left out), ``train.lr_schedule`` as ``optimizer.schedule``. A config that has a new key's section was
+    written after the move and keeps its keys."""
+    read = {name: dict(keys) if isinstance(keys, Mapping) else keys for name, keys in config.items()}
+    for old, new in MOVED.items():
+        (section, key), (new_section, new_key) = old.split("."), new.split(".")
+        if new_section in config:
+            continue
+        owners = [name for name in read if name not in SHARED_SECTION_NAMES] if section == "*" else [section]
+        values = {name: read[name].pop(key) for name in owners
+                  if isinstance(read.get(name), dict) and key in read[name]}
+        used = model_name if section == "*" else section  # the section whose value the run used
+        if used in values:
+            read.setdefault(new_section, {})[new_key] = values[used]
+    return read
+
+
 def _keys_given(label: str, block: Any) -> list[tuple[str, str]]:
     """``(label, "section.key")`` for each key of ``block`` (a layer of sections), where it is such a layer."""
     if not isinstance(block, Mapping):
@@ -324,15 +369,17 @@ def build_config(raw: Mapping[str, Any], schemas: Mapping[str, type[Section]], *
                  left_out: Optional[Mapping[str, typing.Sequence[str]]] = None) -> Config:
     """Check ``raw`` (``{section: {key: value}, "tiny": {...}}``) against ``schemas``, apply the tiny block if ``tiny``,
     then ``overrides`` (:func:`parse_override`); ``source`` names the file in errors. Raises ConfigError for keys of the
-    parts ``left_out`` (all named at once: :func:`refuse_left_out`), unknown sections or keys, wrong types, values out
-    of bounds or contradicting each other (also in the tiny block without ``--tiny``), ``--tiny`` without a tiny
-    block."""
+    parts ``left_out`` (all named at once: :func:`refuse_left_out`), keys an earlier version had (all named at once,
+    each with its new key: :func:`refuse_moved`), unknown sections or keys, wrong types, values out of bounds or
+    contradicting each other (also in the tiny block without ``--tiny``), ``--tiny`` without a tiny block."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source} must be a JSON object of sections, got {type(raw).__name__}")
     raw = dict(raw)
     tiny_block = raw.pop("tiny", None)
-    refuse_left_out([*_keys_given(source, raw), *_keys_given(f"{source} (tiny block)", tiny_block),
-                     *((f"--set {text}", text.partition("=")[0].strip()) for text in overrides)], left_out or {})
+    given = [*_keys_given(source, raw), *_keys_given(f"{source} (tiny block)", tiny_block),
+             *((f"--set {text}", text.partition("=")[0].strip()) for text in overrides)]
+    refuse_left_out(given, left_out or {})
+    refuse_moved(given, schemas)
     layers, label = [(source, _check_layer(source, raw, schemas))], f"{source} (tiny block)"
     tiny_layer = [] if tiny_block is None else [(label, _check_layer(label, tiny_block, schemas))]
     if tiny and not tiny_layer:
@@ -376,9 +423,11 @@ def load_config(path: str | Path, schemas: Mapping[str, type[Section]], *, tiny:
 
 
 def config_from_dict(data: Mapping[str, Any], schemas: Mapping[str, type[Section]],
-                     left_out: Optional[Mapping[str, typing.Sequence[str]]] = None) -> Config:
-    """Rebuild a :class:`Config` from :meth:`Config.to_dict` output (a checkpoint's), leaving out sections not in
-    ``schemas`` (another model's). Raises ConfigError as :func:`build_config`, naming the ``checkpoint config`` (e.g. a
-    key since removed, or one of a part ``left_out``)."""
-    return build_config({k: v for k, v in data.items() if k in schemas}, schemas, source="checkpoint config",
-                        left_out=left_out)
+                     left_out: Optional[Mapping[str, typing.Sequence[str]]] = None,
+                     model_name: Optional[str] = None) -> Config:
+    """Rebuild a :class:`Config` from :meth:`Config.to_dict` output (a checkpoint's, of a run of ``model_name``),
+    leaving out sections not in ``schemas`` (another model's), the keys an earlier version had read as the new ones
+    (:func:`read_moved`). Raises ConfigError as :func:`build_config`, naming the ``checkpoint config`` (e.g. a key
+    since removed, or one of a part ``left_out``)."""
+    return build_config({k: v for k, v in read_moved(data, model_name).items() if k in schemas}, schemas,
+                        source="checkpoint config", left_out=left_out)

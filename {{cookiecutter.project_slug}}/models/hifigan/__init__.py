@@ -26,6 +26,7 @@ SPEC = ModelSpec(
         phases=Phases(names=PHASES, networks=networks, train_step=train_step, build_scheduler=build_scheduler),
     ),
     inference=Inference(infer=infer, add_args=add_inference_args, vocode=vocode, modules=("generator",)),
-    # jik876: meldataset.py's frames, no clipping, train.py's cudnn.benchmark
-    recipe={"audio.mel_framing": "jik876", "train.grad_clip": 0.0, "train.cudnn_benchmark": True},
+    # jik876: meldataset.py's frames, no clipping, train.py's cudnn.benchmark; the paper's AdamW (Section 3)
+    recipe={"audio.mel_framing": "jik876", "train.grad_clip": 0.0, "train.cudnn_benchmark": True,
+            "optimizer.lr": 2e-4, "optimizer.weight_decay": 0.01},
 )

@@ -12,7 +12,7 @@ from utils.benchmark import Benchmark, BenchmarkCase
 from utils.config import Config
 
 _TINY = tuple(f"hifigan.{key}={value}".replace(" ", "") for key, value in TINY_OVERRIDES.items()
-              if key not in ("segment_length", "batch_size", "learning_rate"))
+              if key not in ("segment_length", "batch_size"))
 CASES = (  # the V1 training shape (batch 16 of 8192-sample crops)
     BenchmarkCase("hifigan_v1_b16_s8192", ("hifigan.segment_length=8192",), 16, {"segment_length": 8192},
                   tiny=BenchmarkCase("", _TINY + ("hifigan.segment_length=2048",), 2, {"segment_length": 2048})),

@@ -37,13 +37,14 @@ class HiFiGANConfig(ModelSection):
     ``resblock_kernel_sizes`` (``k_r``) and ``resblock_dilation_sizes`` (``D_r``) of the MRF blocks. Discriminators
     (Section 2.3): ``mpd_periods``, ``mpd_channels`` (a period discriminator's 5 widths), ``msd_scales``,
     ``msd_channels`` (a scale discriminator's 7 widths; smaller ones make CPU runs fast). ``segment_length``: training
-    crop in samples, a multiple of ``audio.hop_length``; ``batch_size`` per process. AdamW for both networks
-    (``learning_rate``, ``adam_betas``, ``weight_decay``), the learning rate multiplied by ``lr_decay`` after every
-    epoch. Generator loss weights (Eq. 5): ``feature_loss_weight`` (``lambda_fm``), ``mel_loss_weight``
-    (``lambda_mel``); ``loss_fmax``: the mel loss's top band edge in Hz (None: ``sampling_rate / 2``, jik876's
-    ``fmax_for_loss``). ``peak_normalize``: each clip scaled to this peak before cropping (jik876's ``normalize(audio)
-    * 0.95``; 0: as read; never with ``data.mel_dir``, as jik876's fine-tuning). ``mel_on_device``: the workers only
-    decode and crop the audio; the batch's mels are computed on the device in the step.
+    crop in samples, a multiple of ``audio.hop_length``; ``batch_size`` per process. AdamW for both networks at
+    ``optimizer.lr`` and ``optimizer.weight_decay`` (null: the paper's 2e-4 and 0.01) with ``adam_betas``, the rate
+    multiplied by ``lr_decay`` after every epoch (its own schedule: ``optimizer.schedule`` is refused). Generator loss
+    weights (Eq. 5): ``feature_loss_weight`` (``lambda_fm``), ``mel_loss_weight`` (``lambda_mel``); ``loss_fmax``: the
+    mel loss's top band edge in Hz (None: ``sampling_rate / 2``, jik876's ``fmax_for_loss``). ``peak_normalize``: each
+    clip scaled to this peak before cropping (jik876's ``normalize(audio) * 0.95``; 0: as read; never with
+    ``data.mel_dir``, as jik876's fine-tuning). ``mel_on_device``: the workers only decode and crop the audio; the
+    batch's mels are computed on the device in the step.
     """
 
     upsample_rates: tuple[Size, ...] = (8, 8, 2, 2)
@@ -58,9 +59,7 @@ class HiFiGANConfig(ModelSection):
     msd_channels: tuple[Size, Size, Size, Size, Size, Size, Size] = (128, 128, 256, 512, 1024, 1024, 1024)
     segment_length: int = Field(8192, ge=1)
     batch_size: int = Field(16, ge=1)
-    learning_rate: float = Field(2e-4, gt=0)
     adam_betas: tuple[Beta, Beta] = (0.8, 0.99)
-    weight_decay: float = Field(0.01, ge=0)
     lr_decay: float = Field(0.999, gt=0, le=1)
     mel_loss_weight: float = Field(45.0, ge=0)
     feature_loss_weight: float = Field(2.0, ge=0)
@@ -72,7 +71,7 @@ class HiFiGANConfig(ModelSection):
 TINY_OVERRIDES: dict[str, Any] = {
     "upsample_initial_channel": 32, "resblock_kernel_sizes": [3, 7], "resblock_dilation_sizes": [[1, 3], [1, 3]],
     "mpd_channels": [4, 8, 16, 32, 32], "msd_channels": [16, 16, 16, 32, 32, 32, 32], "segment_length": 2048,
-    "batch_size": 2, "learning_rate": 0.001}
+    "batch_size": 2}
 """The ``hifigan`` entry of ``config.json``'s ``tiny`` block (JSON values, as the file holds them)."""
 
 
@@ -127,11 +126,11 @@ def networks(model: nn.Module) -> dict[str, nn.Module]:
     return {"discriminator": model.discriminator, "generator": model.generator}
 
 
-def build_optimizer(model: nn.Module, model_cfg: HiFiGANConfig,
-                    device: torch.device) -> dict[str, torch.optim.Optimizer]:
-    """One AdamW per network (Section 3: betas 0.8/0.99, weight decay 0.01, learning rate 2e-4), fused on CUDA."""
-    return {name: torch.optim.AdamW(net.parameters(), lr=model_cfg.learning_rate, betas=tuple(model_cfg.adam_betas),
-                                    weight_decay=model_cfg.weight_decay, fused=device.type == "cuda")
+def build_optimizer(model: nn.Module, cfg: Config, device: torch.device) -> dict[str, torch.optim.Optimizer]:
+    """One AdamW per network at ``optimizer.lr`` and ``optimizer.weight_decay`` with ``hifigan.adam_betas`` (Section
+    3: learning rate 2e-4, weight decay 0.01, betas 0.8/0.99), fused on CUDA."""
+    return {name: torch.optim.AdamW(net.parameters(), lr=cfg.optimizer.lr, betas=tuple(cfg.hifigan.adam_betas),
+                                    weight_decay=cfg.optimizer.weight_decay, fused=device.type == "cuda")
             for name, net in networks(model).items()}
 
 

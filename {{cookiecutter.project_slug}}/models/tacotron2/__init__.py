@@ -23,6 +23,8 @@ SPEC = ModelSpec(
         blocks=lambda model: [model.encoder, model.decoder, model.postnet],
     ),
     inference=Inference(infer=infer, add_args=add_inference_args, takes_vocoder=True),
-    # NVIDIA/tacotron2: TacotronSTFT's centred frames, hparams.py's grad_clip_thresh and cudnn_benchmark
-    recipe={"audio.mel_framing": "nvidia", "train.grad_clip": 1.0, "train.cudnn_benchmark": False},
+    # NVIDIA/tacotron2: TacotronSTFT's centred frames, hparams.py's grad_clip_thresh, cudnn_benchmark, learning_rate
+    # and weight_decay
+    recipe={"audio.mel_framing": "nvidia", "train.grad_clip": 1.0, "train.cudnn_benchmark": False,
+            "optimizer.lr": 1e-3, "optimizer.weight_decay": 1e-6},
 )

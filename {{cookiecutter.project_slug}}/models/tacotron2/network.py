@@ -49,8 +49,6 @@ class Tacotron2Config(ModelSection):
     mask_padding: bool = True
     val_audio_seconds: float = Field(3.0, ge=0)
     batch_size: int = Field(64, ge=1)
-    learning_rate: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(1e-6, ge=0)
 
 
 class Tacotron2(nn.Module):

@@ -22,6 +22,8 @@ SPEC = ModelSpec(
         blocks=lambda model: list(model.flows),  # the WN coupling networks: nearly all weights and activations
     ),
     inference=Inference(infer=infer, add_args=add_inference_args, vocode=vocode),
-    # NVIDIA/waveglow: TacotronSTFT, no clipping; the autotuner on (NVIDIA's is off): one crop shape, tuned once
-    recipe={"audio.mel_framing": "nvidia", "train.grad_clip": 0.0, "train.cudnn_benchmark": True},
+    # NVIDIA/waveglow: TacotronSTFT, no clipping, config.json's Adam rate (no weight decay); the autotuner on
+    # (NVIDIA's is off): one crop shape, tuned once
+    recipe={"audio.mel_framing": "nvidia", "train.grad_clip": 0.0, "train.cudnn_benchmark": True,
+            "optimizer.lr": 1e-4, "optimizer.weight_decay": 0.0},
 )

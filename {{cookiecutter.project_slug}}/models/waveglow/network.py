@@ -29,8 +29,6 @@ class WaveGlowConfig(ModelSection):
     infer_sigma: float = Field(0.6, ge=0)
     segment_length: int = Field(16000, ge=1)
     batch_size: int = Field(12, ge=1)
-    learning_rate: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
     mel_on_device: bool = False
 
 

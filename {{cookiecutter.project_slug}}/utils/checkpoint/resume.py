@@ -17,6 +17,7 @@ from utils.checkpoint.files import (CheckpointError, LegacyCheck, intact, load_c
                                     torch_file_problem)
 from utils.checkpoint.names import LAST_FILE, aside, last_links, list_numbered
 from utils.checkpoint.state import STATEFUL_PARTS, entries_problem
+from utils.config import read_moved
 from utils.framing import recorded_audio
 
 
@@ -187,9 +188,10 @@ def as_json(value: Any) -> str:
 def saved_config(saved: Mapping[str, Any]) -> dict[str, Any]:
     """The config a checkpoint's run trained with (``{}`` where it has none; a section that is no dict, as in a crafted
     file, left out), its ``audio`` section as :func:`utils.framing.recorded_audio` reads one made before
-    ``audio.mel_framing``."""
+    ``audio.mel_framing``, the keys an earlier version had as :func:`utils.config.read_moved` reads them."""
     config = saved.get("config") if isinstance(saved.get("config"), Mapping) else {}
     config = {section: keys for section, keys in config.items() if isinstance(keys, Mapping)}
+    config = read_moved(config, saved.get("model_name"))
     if isinstance(config.get("audio"), Mapping):
         config = {**config, "audio": recorded_audio(config["audio"])}
     return config

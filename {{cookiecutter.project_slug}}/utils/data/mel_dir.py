@@ -50,11 +50,12 @@ def _read_record(path: Path) -> Optional[dict]:
     return record
 
 
-def mel_dir_framing(cfg: Config) -> Optional[str]:
-    """The framing the mels of ``data.mel_dir`` were made with (:data:`MEL_SETTINGS_FILE`; one made before the
-    setting: ``jik876``), or None without ``data.mel_dir`` or a readable record (:func:`check_mel_dir` says why): what
-    ``utils.training.recipe.apply_recipe`` gives ``audio.mel_framing`` when the config leaves it null."""
-    mel_dir = cfg.data.mel_dir
+def mel_dir_framing(data: MelDirSettings) -> Optional[str]:
+    """The framing the mels of ``data.mel_dir`` (of the ``data`` section) were made with (:data:`MEL_SETTINGS_FILE`;
+    one made before the setting: ``jik876``), or None without ``data.mel_dir`` or a readable record
+    (:func:`check_mel_dir` says why): what ``utils.training.recipe.apply_recipe`` gives ``audio.mel_framing`` when the
+    config leaves it null."""
+    mel_dir = data.mel_dir
     if not mel_dir:
         return None
     try:

@@ -108,13 +108,14 @@ def project_name(ctx: TrackerContext, variable: str) -> str:
     return ctx.settings.tracker_project or os.environ.get(variable) or PROJECT
 
 
-def check_trackers(cfg: Config) -> None:
-    """Refuse a tracker named twice, and a chosen tracker whose library is not installed (before any work).
+def check_trackers(train: TrackerSettings) -> None:
+    """Refuse a tracker named twice in the ``train`` section's ``trackers``, and a chosen tracker whose library is not
+    installed (before any work).
 
     Raises:
         ConfigError: one line naming the tracker (and the pip line).
     """
-    chosen = cfg.train.trackers
+    chosen = train.trackers
     if twice := sorted({name for name in chosen if chosen.count(name) > 1}):
         raise ConfigError(f"train.trackers names {', '.join(twice)} more than once; name each tracker once")
     missing = [name for name in chosen if LIBRARIES[name] and importlib.util.find_spec(LIBRARIES[name]) is None]

@@ -4,7 +4,7 @@ torchtitan's per-block ``fully_shard``."""
 
 from __future__ import annotations
 
-from typing import Callable, Literal, Optional, Sequence
+from typing import Any, Callable, Literal, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -75,12 +75,12 @@ def check_parallelism(spec: ModelSpec, cfg: Config) -> None:
                           "whole model, which FSDP's per-block hooks break; use one of the two")
 
 
-def prepare_model(spec: ModelSpec, model: nn.Module, cfg: Config,
+def prepare_model(spec: ModelSpec, model: nn.Module, train: Any,
                   networks: Callable[[], dict[str, nn.Module]]) -> None:
     """Activation checkpointing of ``Training.blocks``, then FSDP sharding of each phase's network (``networks()``:
-    ``{phase: network}``) block by block, then its root (torchtitan's order), in place, before the optimizers exist.
-    Raises ConfigError for activation checkpointing of a model whose ``Training.blocks`` returns no block."""
-    train = cfg.train
+    ``{phase: network}``) block by block, then its root (torchtitan's order), in place, before the optimizers exist,
+    as the ``train`` section (:class:`ShardingSettings`' keys and ``precision``) says. Raises ConfigError for activation
+    checkpointing of a model whose ``Training.blocks`` returns no block."""
     blocks = list(spec.training.blocks(model)) if spec.training.blocks is not None else []
     if train.activation_checkpointing != "none":
         if not blocks:

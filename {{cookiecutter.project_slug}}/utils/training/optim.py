@@ -1,19 +1,34 @@
-"""Optimizers, LR schedules and precision (autocast, the GradScaler): what the loop steps besides the model."""
+"""Optimizers, LR schedules and precision (autocast, the GradScaler): what the loop steps besides the model; the
+``optimizer`` section (:class:`OptimizerConfig`)."""
 
 from __future__ import annotations
 
 import functools
 import math
 from contextlib import nullcontext
-from typing import Callable, NamedTuple
+from typing import Callable, Literal, NamedTuple, Optional
 
 import torch
+from pydantic import Field
 
 from model import ModelSpec
 from utils.checkpoint.state import NamedStates
-from utils.config import Config
+from utils.config import Config, Section
 from utils.errors import TrainingError
 from utils.training.criterion import loss_and_terms
+
+
+class OptimizerConfig(Section):
+    """The ``optimizer`` section: every optimizer's learning rate and weight decay (a GAN's two alike), and the LR
+    schedule over the run, side by side (fairseq2's optimizer and LR-scheduler sections). ``lr`` and ``weight_decay``
+    left null take the model's reference values (``ModelSpec.recipe``: ``utils.training.recipe.apply_recipe``); a model
+    that schedules its own rate (``Phases.build_scheduler``) refuses ``schedule`` and ``warmup_steps``."""
+
+    lr: Optional[float] = Field(None, gt=0)  # the learning rate; None: the recipe's
+    weight_decay: Optional[float] = Field(None, ge=0)  # Adam's L2 penalty (AdamW's decoupled decay); None: the recipe's
+    # constant, or cosine to 1% of lr at train.max_steps, after warmup_steps of linear warm-up from lr / warmup_steps
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
 
 
 class Precision(NamedTuple):
@@ -50,24 +65,25 @@ def loss_and_grads(model: torch.nn.Module, criterion: Callable, batch: dict, pre
     return float(loss.detach()), grads
 
 
-def lr_lambda(cfg: Config):
-    """Multiplier of the base learning rate at a step: linear warm-up, then constant or cosine to 1%."""
-    warmup, total = cfg.train.warmup_steps, cfg.train.max_steps
+def lr_lambda(optimizer: OptimizerConfig, total: int) -> Callable[[int], float]:
+    """Multiplier of the base learning rate at a step of ``total`` (``train.max_steps``): ``optimizer.warmup_steps`` of
+    linear warm-up, then ``optimizer.schedule``, constant or cosine to 1%."""
+    warmup, cosine = optimizer.warmup_steps, optimizer.schedule == "cosine"
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        if cfg.train.lr_schedule == "cosine":
+        if cosine:
             progress = min(1.0, (step - warmup) / max(1, total - warmup))
             return 0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * progress))
         return 1.0
     return factor
 
 
-def build_optimizers(spec: ModelSpec, model, model_cfg, device: torch.device) -> dict:
+def build_optimizers(spec: ModelSpec, model, cfg: Config, device: torch.device) -> dict:
     """``{phase: optimizer}`` from ``Training.build_optimizer``: ``{"model": optimizer}`` for a one-loss model, one per
     ``Phases.names`` otherwise; a :class:`TrainingError` where it returned something else."""
-    built, names = spec.training.build_optimizer(model, model_cfg, device), spec.phase_names
+    built, names = spec.training.build_optimizer(model, cfg, device), spec.phase_names
     if not names:
         if not isinstance(built, torch.optim.Optimizer):
             raise TrainingError(f"model '{spec.name}': build_optimizer returned a {type(built).__name__}, not an "
@@ -87,7 +103,7 @@ def build_scheduler(spec: ModelSpec, phase: str, optimizer, cfg: Config) -> tupl
     :class:`TrainingError` where it names another interval), or :func:`lr_lambda` stepped every optimizer step."""
     phases = spec.training.phases
     if phases is None or phases.build_scheduler is None:
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg)), "step"
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.optimizer, cfg.train.max_steps)), "step"
     scheduler, interval = phases.build_scheduler(phase, optimizer, cfg)
     if interval not in ("step", "epoch"):
         raise TrainingError(f"model '{spec.name}': build_scheduler for '{phase}' must step per 'step' or 'epoch', "

@@ -18,9 +18,6 @@ class LoopSettings(Section):
     max_steps: int = Field(500000, ge=1)
     grad_accumulation: int = Field(1, ge=1)  # micro-batches per step: batch_size * grad_accumulation * world_size
     grad_clip: Optional[float] = Field(None, ge=0)  # the largest gradient norm; 0: no clipping; None: the recipe's
-    # constant, or cosine to 1% at max_steps, after warmup_steps of linear warm-up (Phases.build_scheduler refuses both)
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    warmup_steps: int = Field(0, ge=0)
     log_interval: int = Field(10, ge=1)
     val_interval: int = Field(1000, ge=1)
     checkpoint_interval: int = Field(1000, ge=1)

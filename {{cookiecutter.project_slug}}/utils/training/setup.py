@@ -37,6 +37,7 @@ from utils.training.guards import Anomalies, SpikeMonitor
 from utils.training.optim import Precision, build_optimizers, build_scheduler, checkpoint_parts, setup_precision
 from utils.training.checks import model_config_errors
 from utils.training.recipe import PROJECT_RECIPE
+from utils.training.settings import LoopSettings
 from utils.training.step import BufferGuard, Phase, one_loss_step
 from utils.training.validate import Validator
 
@@ -45,7 +46,7 @@ class Sharding(Protocol):
     """A model prepared before its optimizers exist, and gathered for rank 0's validation pictures (the sharding
     part's ``utils.training.fsdp`` is one)."""
 
-    def prepare_model(self, spec: ModelSpec, model: torch.nn.Module, cfg: Config,
+    def prepare_model(self, spec: ModelSpec, model: torch.nn.Module, train: Any,
                       networks: Callable[[], dict[str, torch.nn.Module]]) -> None: ...
 
     def gathered_model(self, plain: torch.nn.Module, spec: ModelSpec, cfg: Config, device: torch.device,
@@ -76,11 +77,12 @@ class TrainData:
 
 @dataclasses.dataclass(kw_only=True)
 class Run:
-    """What the loop in ``train.py`` reads and steps: the run's settings and position (``state``), its phases (one per
-    optimizer) and the step function they run, and the components that hold their own settings and collaborators."""
+    """What the loop in ``train.py`` reads and steps: its settings (the ``train`` section) and position (``state``), its
+    phases (one per optimizer) and the step function they run, and the components that hold their own settings and
+    collaborators."""
 
     spec: ModelSpec
-    cfg: Config
+    train: LoopSettings
     dist: DistInfo
     output_dir: Path
     state: TrainState
@@ -114,9 +116,9 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     precision = setup_precision(cfg.train.precision, dist.device)
     criterion = spec.training.build_criterion(cfg)
     if parts.sharding is not None:  # in place, before the optimizers exist
-        parts.sharding.prepare_model(spec, model, cfg, lambda: phase_networks(spec, model))
-    ema = build_ema(spec, model, cfg)
-    optimizers = build_optimizers(spec, model, cfg.section(spec.name), dist.device)
+        parts.sharding.prepare_model(spec, model, cfg.train, lambda: phase_networks(spec, model))
+    ema = build_ema(spec, model, cfg.train.ema_decay)
+    optimizers = build_optimizers(spec, model, cfg, dist.device)
     schedulers = {name: build_scheduler(spec, name, optimizer, cfg) for name, optimizer in optimizers.items()}
     train_loader, val_loader = build_loaders(spec, cfg, dist, parts.datasets)
     train_utterances = len(train_loader.dataset)
@@ -133,7 +135,7 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
         return None
     if cfg.train.compile:  # the model's fast path (torch.compile'd hot loops); same mathematics as eager
         model = spec.training.optimize_for_training(model, cfg)
-    phases = build_phases(spec, model, optimizers, schedulers, cfg)
+    phases = build_phases(spec, model, optimizers, schedulers, cfg.train)
     log = RunLog(output_dir, enabled=dist.is_main, total_steps=cfg.train.max_steps, initial_step=state.step,
                  data_advice=f"{spec.training.data_advice} (data.num_workers is {cfg.data.num_workers})",
                  writer=run_writer(spec, cfg, (output_dir, state.step, run_ids), parts) if dist.is_main else None)
@@ -150,7 +152,7 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
                           criterion=criterion, loader=val_loader, spec=spec, cfg=cfg, dist=dist,
                           autocast=precision.autocast, prepare=data.prepare, writer=log.writer, output_dir=output_dir,
                           ema=ema, gather=parts.sharding.gathered_model if parts.sharding is not None else None)
-    return Run(spec=spec, cfg=cfg, dist=dist, output_dir=output_dir, state=state, phases=phases,
+    return Run(spec=spec, train=cfg.train, dist=dist, output_dir=output_dir, state=state, phases=phases,
                step_fn=spec.training.phases.train_step if spec.training.phases is not None else one_loss_step(criterion),
                precision=precision, data=data, ema=ema, log=log, validator=validator, checkpointer=checkpointer,
                anomalies=Anomalies(cfg.train, precision.scaler, state, log, len(phases), checkpointer.suspect),
@@ -240,15 +242,15 @@ def compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def build_ema(spec: ModelSpec, model, cfg: Config) -> Optional[EMA]:
-    """``train.ema_decay``'s average of the parameters ``Inference.modules`` names (:class:`EMA`), or ``None`` when
-    the decay is 0; a :class:`ConfigError` where those modules name no parameter."""
-    if not cfg.train.ema_decay:
+def build_ema(spec: ModelSpec, model, decay: float) -> Optional[EMA]:
+    """``train.ema_decay``'s (``decay``) average of the parameters ``Inference.modules`` names (:class:`EMA`), or
+    ``None`` when the decay is 0; a :class:`ConfigError` where those modules name no parameter."""
+    if not decay:
         return None
     try:
-        return EMA(model, spec.inference_modules, cfg.train.ema_decay)
+        return EMA(model, spec.inference_modules, decay)
     except ValueError as err:
-        raise ConfigError(f"train.ema_decay={cfg.train.ema_decay} with model '{spec.name}': {err}") from None
+        raise ConfigError(f"train.ema_decay={decay} with model '{spec.name}': {err}") from None
 
 
 def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo,
@@ -310,13 +312,13 @@ def phase_networks(spec: ModelSpec, model) -> dict:
     return nets
 
 
-def build_phases(spec: ModelSpec, model, optimizers: dict, schedulers: dict, cfg: Config) -> list[Phase]:
-    """One :class:`Phase` per optimizer, each network DDP-wrapped on its own (under FSDP already sharded); a
-    :class:`TrainingError` as :func:`phase_networks` raises it."""
+def build_phases(spec: ModelSpec, model, optimizers: dict, schedulers: dict, train: LoopSettings) -> list[Phase]:
+    """One :class:`Phase` per optimizer, each network DDP-wrapped on its own (under FSDP already sharded), with the
+    ``train`` section's spike and non-finite guards; a :class:`TrainingError` as :func:`phase_networks` raises it."""
     nets = phase_networks(spec, model)
-    skip = "skip" in (cfg.train.on_nonfinite, cfg.train.on_spike)
+    skip = "skip" in (train.on_nonfinite, train.on_spike)
     return [Phase(phase, nets[phase], apply_gradient_allreduce(nets[phase]), optimizer, *schedulers[phase],
-                  tuple(SpikeMonitor(cfg.train.spike_factor, warmup=cfg.train.spike_warmup) for _ in "ln"),
+                  tuple(SpikeMonitor(train.spike_factor, warmup=train.spike_warmup) for _ in "ln"),
                   BufferGuard(nets[phase]) if skip else None) for phase, optimizer in optimizers.items()]
 
 
