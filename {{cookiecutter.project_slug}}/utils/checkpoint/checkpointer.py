@@ -15,7 +15,7 @@ from distributed import CollectiveError, DistInfo, collective, reduce_tensor, sp
 from utils.checkpoint.files import CheckpointError
 from utils.checkpoint.names import last_checkpoint, last_good_checkpoint
 from utils.checkpoint.resume import Formats, saved_config, warn_changes, world_size_change
-from utils.checkpoint.state import TOP_LEVEL, checkpoint_bytes, entries_problem, load_part
+from utils.checkpoint.state import TOP_LEVEL, Stateful, checkpoint_bytes, entries_problem, load_part
 from utils.config import Config
 from utils.errors import TrainingError
 from utils.run import GracePeriod, git_commit
@@ -54,7 +54,7 @@ class Checkpointer:
     ``"rng"`` (:class:`~utils.checkpoint.state.RngStates`) and ``"ema"`` where the run keeps one: a part with
     ``reset()`` starts afresh where a checkpoint holds none. ``train``: the ``train`` settings."""
 
-    def __init__(self, states: Mapping[str, Any], output_dir: Path, dist: DistInfo, train: Any, formats: Formats):
+    def __init__(self, states: Mapping[str, Stateful], output_dir: Path, dist: DistInfo, train: Any, formats: Formats):
         self.states, self.output_dir, self.dist, self.formats = dict(states), Path(output_dir), dist, formats
         self.model: torch.nn.Module = states["model"]
         self.position: TrainState = states["position"]
@@ -98,9 +98,10 @@ class Checkpointer:
     def write(self, info: Mapping[str, Any]) -> Optional[Path]:
         """Write every part at ``position.step``, with the provenance ``info`` stored as is, in the run's format: its
         file or folder (a background save: being written), or ``None`` on a rank that writes nothing. A
-        :class:`TrainingError` where the weights are not finite on some rank (nothing saved; it names ``checkpoint_last``
-        as the last good checkpoint, but not the checkpoint the run loaded while no save has followed: the one before
-        it), a :class:`CheckpointError` where a file could not be written (a full disk; earlier checkpoints are kept)."""
+        :class:`TrainingError` where the weights are not finite on some rank (nothing saved; it names
+        ``checkpoint_last`` as the last good checkpoint, but not the checkpoint the run loaded while no save has
+        followed: the one before it), a :class:`CheckpointError` where a file could not be written (a full disk;
+        earlier checkpoints are kept)."""
         step, broken = self.position.step, nonfinite_weight(self.model)
         if self._on_some_rank(broken is not None):
             good = last_checkpoint(self.output_dir) if self.origin is None else \
@@ -144,13 +145,14 @@ class Checkpointer:
 
     def load(self, path: str | Path, model_name: str, config: Optional[Mapping[str, Any]] = None,
              train_utterances: Optional[int] = None, saved: Optional[dict[str, Any]] = None) -> Resumed:
-        """Put a checkpoint back into every part: those its format holds its own way by its ``load`` (the weights first),
-        the others through their ``load_state_dict``: the position (``samples_in_epoch`` worked out for an older checkpoint),
-        the RNG states on the same world size, a part the checkpoint lacks afresh (``reset()``). Rank 0 warns about
-        changed settings of ``config`` (``Config.to_dict()``) and ``train_utterances`` (:func:`warn_changes`).
-        ``saved``: its entries where the caller read them already (its format's ``read`` on this device). A
-        :class:`CheckpointError` for an unreadable or unsafe checkpoint, another model, entries not as ``train.py``
-        writes them (``entries_problem``), weights or states that do not fit (``load_part``), or a weights-only file."""
+        """Put a checkpoint back into every part: those its format holds its own way by its ``load`` (the weights
+        first), the others through their ``load_state_dict``: the position (``samples_in_epoch`` worked out for an
+        older checkpoint), the RNG states on the same world size, a part the checkpoint lacks afresh (``reset()``).
+        Rank 0 warns about changed settings of ``config`` (``Config.to_dict()``) and ``train_utterances``
+        (:func:`warn_changes`). ``saved``: its entries where the caller read them already (its format's ``read`` on
+        this device). A :class:`CheckpointError` for an unreadable or unsafe checkpoint, another model, entries not as
+        ``train.py`` writes them (``entries_problem``), weights or states that do not fit (``load_part``), or a
+        weights-only file."""
         kind = self.formats.of(path)
         if saved is None:  # rank 0 verifies what it reads of every rank's files
             saved = kind.read(path, self.dist.device, verify=self.dist.rank == 0)

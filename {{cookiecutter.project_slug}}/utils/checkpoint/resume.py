@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional, Protocol
 from distributed import DistInfo, all_gather_object, from_rank0
 from utils.checkpoint.files import CheckpointError, LegacyCheck, torch_file_problem
 from utils.checkpoint.names import LAST_FILE, aside, last_links, list_numbered
-from utils.checkpoint.state import SingleFile, malformed
+from utils.checkpoint.state import SingleFile, Stateful, malformed
 from utils.framing import recorded_audio
 
 
@@ -24,7 +24,7 @@ class Saver(Protocol):
 
     background: bool  # a save goes on after ``save`` returns (``train.async_checkpoint``)
 
-    def save(self, step: int, states: Mapping[str, Any], info: Mapping[str, Any]) -> Optional[Path]: ...
+    def save(self, step: int, states: Mapping[str, Stateful], info: Mapping[str, Any]) -> Optional[Path]: ...
 
     def poll(self) -> Optional[Path]: ...  # a background save completed since, else None (cheap)
 
@@ -44,7 +44,7 @@ class CheckpointFormat(Protocol):
 
     def read(self, path: str | Path, map_location: Any = "cpu", verify: bool = True) -> dict[str, Any]: ...
 
-    def load(self, path: str | Path, states: Mapping[str, Any], saved: Mapping[str, Any]) -> tuple[str, ...]: ...
+    def load(self, path: str | Path, states: Mapping[str, Stateful], saved: Mapping[str, Any]) -> tuple[str, ...]: ...
 
     def continues(self, path: Path) -> Optional[str]: ...  # why a run saving in it cannot resume ``path``, else None
 

@@ -22,7 +22,7 @@ from distributed import DistInfo, collective, from_rank0, get_world_size
 from utils.checkpoint.files import (CheckpointError, UnsafeCheckpoint, atomic_symlink, atomic_write_bytes, few,
                                     fsync_dir, intact, load_torch_file, prune, serialized, write_failure)
 from utils.checkpoint.names import LAST_FILE, LAST_FOLDER, PARTIAL_GLOB, list_sharded_checkpoints, numbered, partial
-from utils.checkpoint.state import NamedStates, checkpoint_entries
+from utils.checkpoint.state import NamedStates, Stateful, checkpoint_entries
 from utils.run_log import one_line
 
 
@@ -255,7 +255,7 @@ class ShardedCheckpointer:
             self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
         self.pending = None  # (future, step) of a background save
 
-    def save(self, step: int, states: Mapping[str, Any], info: Mapping[str, Any]) -> Path:
+    def save(self, step: int, states: Mapping[str, Stateful], info: Mapping[str, Any]) -> Path:
         """Save a checkpoint's ``states`` (``"model"``: plain or FSDP-sharded, with rank 0's buffers) as step ``step``:
         those of :data:`SHARDS` in every rank's shards, the others with the provenance ``info`` in rank 0's
         :data:`TRAIN_STATE_NAME`. Returns the checkpoint's folder (a background save: being written). Raises
@@ -274,7 +274,7 @@ class ShardedCheckpointer:
         return numbered(self.output_dir, step, sharded=True)
 
     def _start(self, folder: Path, train_state: dict[str, Any], step: int) -> None:
-        """Rank 0: a fresh ``folder`` holding ``train_state``; a killed save's leftovers go (``RunLock``: ours alone)."""
+        """Rank 0: a fresh ``folder`` holding ``train_state``; a killed save's leftovers go (``RunLock``: ours)."""
         for stale in self.output_dir.glob(PARTIAL_GLOB):
             shutil.rmtree(stale, ignore_errors=True)
         try:
@@ -362,7 +362,7 @@ class ShardedFolder:
             raise CheckpointError(f"{path} is {problem}")
         return read_train_state(path, map_location)
 
-    def load(self, path: str | Path, states: Mapping[str, Any], saved: Mapping[str, Any]) -> tuple[str, ...]:
+    def load(self, path: str | Path, states: Mapping[str, Stateful], saved: Mapping[str, Any]) -> tuple[str, ...]:
         """Every rank loads the parts of :data:`SHARDS` that ``states`` has and the folder holds (the EMA where its
         save had one: ``ema_saved``), in place, and returns their names (:func:`load_sharded`)."""
         held = tuple(name for name in SHARDS if name in states and (name != "ema" or saved.get("ema_saved", False)))

@@ -9,7 +9,7 @@ import os
 import random
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -250,7 +250,15 @@ class NamedStates(dict):
             part.load_state_dict(states[name])
 
 
-def checkpoint_entries(states: Mapping[str, Any], info: Mapping[str, Any], held: tuple[str, ...] = ()
+class Stateful(Protocol):
+    """A part of a run that a checkpoint holds (the protocol of ``torch.distributed.checkpoint.stateful.Stateful``)."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+def checkpoint_entries(states: Mapping[str, Stateful], info: Mapping[str, Any], held: tuple[str, ...] = ()
                        ) -> dict[str, Any]:
     """A checkpoint's dict: each part's ``state_dict()`` under its name (those of :data:`TOP_LEVEL` spread at the top),
     but the parts ``held`` elsewhere (by a format of its own), then the provenance ``info`` as is. Every rank calls it
@@ -307,8 +315,9 @@ class SingleFile:
         """The file's dict (:func:`load_checkpoint`, which verifies it always)."""
         return load_checkpoint(path, map_location, self.legacy)
 
-    def load(self, path: str | Path, states: Mapping[str, Any], saved: Mapping[str, Any]) -> tuple[str, ...]:
-        """The weights first, strictly: another network's keys and shapes are named (:func:`load_model_state`)."""
+    def load(self, path: str | Path, states: Mapping[str, Stateful], saved: Mapping[str, Any]) -> tuple[str, ...]:
+        """The weights, strictly (another network's keys and shapes named: :func:`load_model_state`); the other states
+        are ``saved``'s entries."""
         load_model_state(states["model"], saved["model"], str(path))
         return ("model",)
 
@@ -329,7 +338,7 @@ class FileSaver:
     keep_last: int
     background = False
 
-    def save(self, step: int, states: Mapping[str, Any], info: Mapping[str, Any]) -> Optional[Path]:
+    def save(self, step: int, states: Mapping[str, Stateful], info: Mapping[str, Any]) -> Optional[Path]:
         """Rank 0 writes ``states`` and ``info`` (:func:`checkpoint_entries`) as step ``step`` and returns the file;
         ``None`` on the other ranks. Raises what :func:`save_checkpoint` raises."""
         entries = checkpoint_entries(states, info)

@@ -120,13 +120,12 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     train_loader, val_loader = build_loaders(spec, cfg, dist, parts.datasets)
     train_utterances = len(train_loader.dataset)
     state, accumulation, run_ids = TrainState(), cfg.train.grad_accumulation, {}
-    checkpointer = Checkpointer({"model": model, **checkpoint_parts(spec, optimizers, schedulers, precision.scaler),
-                                 "position": state, "rng": RngStates(dist.rank, dist.world_size),
-                                 **({"ema": ema} if ema is not None else {})}, output_dir, dist, cfg.train, parts.formats)
-    if saved is not None:  # every part's state, the position too
+    states = {"model": model, **checkpoint_parts(spec, optimizers, schedulers, precision.scaler), "position": state,
+              "rng": RngStates(dist.rank, dist.world_size), **({"ema": ema} if ema is not None else {})}
+    checkpointer = Checkpointer(states, output_dir, dist, cfg.train, parts.formats)
+    if saved is not None:  # every part's state, the position too; its tensors go now, not after DDP's buckets are made
         resumed = checkpointer.resume(checkpoint_path, saved, cfg, spec.name, train_utterances)
-        accumulation, run_ids = resumed.grad_accumulation, resumed.tracker_runs
-        saved = None  # its tensors go now, not after DDP's buckets are made
+        accumulation, run_ids, saved = resumed.grad_accumulation, resumed.tracker_runs, None
     if state.step >= cfg.train.max_steps:
         if dist.is_main:
             print(f"nothing to train: {output_dir} is at step {state.step} and train.max_steps is "
