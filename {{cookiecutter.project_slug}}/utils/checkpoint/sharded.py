@@ -176,12 +176,6 @@ def _quiet_single_process_dcp():
         yield
 
 
-def load_sharded_model(path: str | Path, model: torch.nn.Module) -> None:
-    """Load the model weights of a sharded checkpoint folder into ``model`` (:func:`load_sharded` without optimizers).
-    Raises CheckpointError: the folder does not hold weights of this model (missing or misshapen entries, named)."""
-    load_sharded(path, model, [])
-
-
 def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list,
                  extra: Optional[dict[str, Any]] = None) -> None:
     """Load the model (plain or FSDP-sharded, not a DDP wrapper) and ``optimizers`` of a sharded checkpoint folder on
@@ -381,7 +375,8 @@ class ShardedFolder:
         return ShardedCheckpointer(output_dir, dist.rank, train.async_checkpoint, train.keep_last, train.dist_timeout_s)
 
     def load_weights(self, path: str | Path, model: torch.nn.Module, averages: Optional[dict] = None) -> None:
-        """The folder's weights into ``model``, and its EMA's into the tensors of ``averages`` where given."""
+        """The folder's weights into ``model`` (plain or sharded), and its EMA's into the tensors of ``averages`` where
+        given. Raises CheckpointError: the folder does not hold this model's (missing or misshapen entries, named)."""
         load_sharded(path, model, [], extra=None if averages is None else {"ema": averages})
 
 
