@@ -21,7 +21,7 @@ import os
 import re
 import sys
 import time
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -275,15 +275,28 @@ def reduce_tensor(tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
     return work.to(tensor.device) if work is not result else result
 
 
-def broadcast_object(obj, src: int = 0):
-    """Rank ``src``'s ``obj`` (picklable) on every rank, which must all call it; ``obj`` alone. Raises
-    :class:`CollectiveTimeout` past the process group's timeout. Source: ``torch.distributed.broadcast_object_list``."""
-    if get_world_size() == 1:
-        return obj
-    box = [obj]
-    with collective("broadcast_object"):
-        dist.broadcast_object_list(box, src=src)
-    return box[0]
+T = TypeVar("T")
+
+
+def from_rank0(compute: Callable[[], T], *errors: type[Exception]) -> T:
+    """What ``compute()`` returns on rank 0 (it runs there alone), on every rank, which must all call this together; or,
+    where it raises one of ``errors``, that error raised on every rank (rank 0's own, the others a copy: its type and
+    message; it must pickle). Raises :class:`CollectiveTimeout` past the process group's timeout (rank 0 raising
+    another error ends there). Source: ``torch.distributed.broadcast_object_list``."""
+    value, error = None, None
+    if get_world_size() == 1 or dist.get_rank() == 0:
+        try:
+            value = compute()
+        except errors as err:
+            error = err
+    box = [(value, error)]
+    if get_world_size() > 1:
+        with collective("broadcast_object"):
+            dist.broadcast_object_list(box, src=0)
+    value, copied = box[0]
+    if error is not None or copied is not None:
+        raise error or copied
+    return value
 
 
 def all_gather_object(obj) -> list:

@@ -23,7 +23,6 @@ from models import MODELS
 from parts import LEFT_OUT, PARTS, config_schemas
 from utils.checkpoint.budget import build_recorded
 from utils.checkpoint.files import CheckpointError, load_model_state
-from utils.checkpoint.resume import folder_reader, read_checkpoint
 from utils.checkpoint.state import RELEASE_FORMAT, in_modules
 from utils.config import Config, ConfigError, config_from_dict
 from utils.data.corpus import DataError
@@ -45,7 +44,7 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
             refused before that is allocated), or weights that do not fit.
         ConfigError: the checkpoint's config does not load (e.g. a key this version does not know).
     """
-    state = read_checkpoint(path, formats=PARTS.formats)
+    state = PARTS.formats.of(path).read(path)
     name = state.get("model_name")
     if name not in MODELS:
         raise CheckpointError(f"{path} holds a model '{name}' that models/__init__.py does not register "
@@ -63,9 +62,9 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.
         raise CheckpointError(f"{path}: its {name} config does not build a model: {one_line(err)}") from None
     averaged = averaged_parameters(model, MODELS[name].inference_modules)
     ema = None
-    if (sharded := folder_reader(path, PARTS.formats.folder)) is not None:
+    if (folder := PARTS.formats.folder_of(path)) is not None:
         ema = {key: torch.empty_like(param) for key, param in averaged.items()} if state.get("ema_saved") else None
-        sharded.load_sharded(path, model, [], extra=None if ema is None else {"ema": ema})
+        folder.load_weights(path, model, ema)
     elif release:  # the inference modules' weights; the rest stays as built
         kept = {key: value for key, value in model.state_dict().items()
                 if not in_modules(key, MODELS[name].inference_modules)}
@@ -157,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     probe.add_argument("--checkpoint")
     known, _ = probe.parse_known_args(argv)
     try:
-        state = None if known.checkpoint is None else read_checkpoint(known.checkpoint, formats=PARTS.formats)
+        state = None if known.checkpoint is None else PARTS.formats.of(known.checkpoint).read(known.checkpoint)
         name = None if state is None else state.get("model_name")
         if state is not None and name not in MODELS:
             raise CheckpointError(f"{known.checkpoint} holds a model '{name}' that models/__init__.py does not "

@@ -134,7 +134,7 @@ class Parts:
 
 
 FORMATS = Formats(
-    folder=sharded,  # part: sharding
+    folder=sharded.FOLDER,  # part: sharding
     published=published.Readers({  # part: after_training_tools
         "hifigan": hifigan_published.PUBLISHED,  # part: after_training_tools
         "tacotron2": tacotron2_published.PUBLISHED,  # part: after_training_tools

@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from distributed import CollectiveError, all_gather_object, broadcast_object, cleanup, init_distributed
+from distributed import CollectiveError, all_gather_object, cleanup, from_rank0, init_distributed
 from models import MODELS
 from parts import LEFT_OUT, PARTS, config_schemas
 from utils.checkpoint.files import CheckpointError
@@ -190,9 +190,7 @@ def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> Non
     lock = RunLock(output_dir) if dist.is_main else None
     created = dist.is_main and not output_dir.exists()
     try:
-        kind, found = broadcast_object(take_output_dir(output_dir, lock) if dist.is_main else None)
-        if kind == "error":
-            raise CheckpointError(found)
+        from_rank0(lambda: take_output_dir(output_dir, lock), ConfigError, CheckpointError)
         run = build_run(MODELS, args, cfg, dist, PARTS.run)
         if run is None:
             return

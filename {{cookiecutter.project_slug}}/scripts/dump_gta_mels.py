@@ -37,7 +37,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from distributed import all_gather_object, broadcast_object, cleanup, init_distributed
+from distributed import all_gather_object, cleanup, from_rank0, init_distributed
 from inference import load_trained, parse_device
 from models.tacotron2.data import TextMelCollate, TextMelDataset, mel_cache_path
 from models.tacotron2.text import text_to_sequence
@@ -365,16 +365,11 @@ def dump_all(job: Job, output: Path, args: argparse.Namespace) -> Optional[list[
     (a share that failed as a whole: ``{"fatal": line, "share"}``), or ``None`` when the output folder cannot be used
     (rank 0 has said why in one ``ERROR:`` line)."""
     rank, world = job.rank, job.world
-    verdict = None
-    if rank == 0:
-        try:
-            prepare_output(output, job.cfg, job.source, args.overwrite)
-        except (DataError, OSError) as err:
-            verdict = one_line(err)
-    verdict = broadcast_object(verdict)
-    if verdict is not None:
+    try:
+        from_rank0(lambda: prepare_output(output, job.cfg, job.source, args.overwrite), DataError, OSError)
+    except (DataError, OSError) as err:
         if rank == 0:
-            print(f"ERROR: {verdict}", file=sys.stderr)
+            print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return None
     share = job.utterances[rank::world]
     print(f"rank {rank} of {world}: {len(share)} of {len(job.utterances)} utterances (numbers {rank}, {rank + world}, "

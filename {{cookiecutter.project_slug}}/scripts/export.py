@@ -26,7 +26,6 @@ from inference import load_trained
 from models import MODELS
 from parts import PARTS
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
-from utils.checkpoint.resume import read_checkpoint
 from utils.checkpoint.published import release_checkpoint
 from utils.config import ConfigError
 from utils.onnx_export import ExportError, export_model, onnx_runtime
@@ -57,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             raise CheckpointError(f"{output} exists; pass --force to replace it, or --output another "
                                   f"{'file' if release_format else 'folder'}")
         if release_format:
-            saved = read_checkpoint(args.checkpoint, formats=PARTS.formats)
+            saved = PARTS.formats.of(args.checkpoint).read(args.checkpoint)
         else:
             onnx_runtime()  # before anything is read or created
         name, model, cfg = load_trained(args.checkpoint, torch.device("cpu"))

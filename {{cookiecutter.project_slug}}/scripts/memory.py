@@ -240,7 +240,7 @@ def stall(async_save: bool, args, rank: int, device: torch.device, folder: Path)
     saver = ShardedCheckpointer(folder, rank, async_save=async_save)  # the async one creates its gloo group here
     barrier()
     start = time.perf_counter()
-    saver.save(1, model, [optimizer], {"step": 1, **TrainState(step=1).__dict__} if rank == 0 else None)
+    saver.save(1, {"model": model, "optimizer": optimizer, "position": TrainState(step=1)}, {})
     blocked = time.perf_counter() - start
     with torch.no_grad():  # the next training step, as far as the checkpoint can tell: every value changes
         for tensor in state_tensors(model, optimizer):

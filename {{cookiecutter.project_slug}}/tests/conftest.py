@@ -71,7 +71,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import train
 from models import MODELS
 from parts import config_schemas
-from utils.checkpoint.state import TrainState
+from utils.checkpoint.state import RngStates, TrainState
 from utils.checkpoint.weights import load_into
 from utils.config import load_config
 from utils.data import corpus
@@ -689,7 +689,7 @@ def write_checkpoints(out, steps, keep_last=0):
     """A model of TEST_MODEL (tiny config) and its optimizer saved at each of ``steps`` as sharded checkpoint folders
     (``ShardedCheckpointer`` in this one process, not train.py: any model, several optimizers too); returns the model.
     Only the tests of the sharding part call it (a project without it has no ``utils.checkpoint.sharded``)."""
-    from utils.checkpoint.sharded import ShardedCheckpointer, sharded_train_state
+    from utils.checkpoint.sharded import ShardedCheckpointer
     cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
     torch.manual_seed(0)
     model = MODELS[TEST_MODEL].build_model(cfg)
@@ -700,9 +700,10 @@ def write_checkpoints(out, steps, keep_last=0):
     for step in steps:
         with torch.no_grad():
             next(model.parameters()).add_(1.0)  # every step's weights differ
-        state = sharded_train_state({"scheduler": scheduler, "scaler": scaler}, TrainState(step=step), [],
-                                    model_name=TEST_MODEL, config=cfg.to_dict())
-        assert checkpointer.save(step, model, [optimizer], state) == out / f"checkpoint_{step}"
+        states = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler,
+                  "position": TrainState(step=step), "rng": RngStates()}
+        info = {"model_name": TEST_MODEL, "config": cfg.to_dict()}
+        assert checkpointer.save(step, states, info) == out / f"checkpoint_{step}"
     return model
 
 

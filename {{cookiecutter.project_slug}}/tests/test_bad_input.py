@@ -36,6 +36,7 @@ from models import MODELS
 from parts import PARTS
 from utils.config import ConfigError
 from utils.data import check as data_check
+from utils.data.corpus import DataError
 from utils.training.checks import check_settings
 
 MODEL = TEST_MODEL
@@ -843,27 +844,30 @@ def tiny_config(corpus: Path, mode: str):
 @pytest.mark.parametrize("mode", ["error", "skip"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_kind_of_bad_clip_is_named_or_skipped_at_start_up(capsys, own_corpus, tmp_path, monkeypatch, kind, mode):
-    """``utils.data.check.prepare_run``, rank 0's start-up check: ``error`` names the clip in one message; ``skip`` lists it
-    in skipped_clips.txt and a warning line and returns its id, which (in ``data.exclude``) leaves it out of both
-    datasets. An 8-bit clip is no bad clip: it is read as float, and it stays in the datasets."""
+    """``utils.data.check.prepare_run``, rank 0's start-up check: ``error`` names the clip in one message (a DataError);
+    ``skip`` lists it in skipped_clips.txt and a warning line and returns its id, which (in ``data.exclude``) leaves it
+    out of both datasets. An 8-bit clip is no bad clip: it is read as float, and it stays in the datasets."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     expected = damage(own_corpus, 3, kind)
     cfg = tiny_config(own_corpus, mode)
     spec = MODELS[MODEL]
-    outcome, found = data_check.prepare_run(cfg, spec, tmp_path / "out")
-    err = capsys.readouterr().err
     listing = tmp_path / "out" / "skipped_clips.txt"
-    if expected is None:  # the 8-bit clip
-        assert (outcome, found) == ("skip", []) and not listing.exists() and "warning" not in err
-    elif mode == "error":
+    if expected is not None and mode == "error":
         clip_id, path, reason = expected
-        assert outcome == "error" and found.startswith(f"1 bad clip(s): '{clip_id}' ({path}): {reason}"), found
+        with pytest.raises(DataError) as refused:
+            data_check.prepare_run(cfg, spec, tmp_path / "out")
+        found = str(refused.value)
+        assert found.startswith(f"1 bad clip(s): '{clip_id}' ({path}): {reason}"), found
         assert found.endswith("fix or remove them, or set data.on_bad_clip=skip to train without them")
         assert not listing.exists()
         return
+    found = data_check.prepare_run(cfg, spec, tmp_path / "out")
+    err = capsys.readouterr().err
+    if expected is None:  # the 8-bit clip
+        assert found == [] and not listing.exists() and "warning" not in err
     else:
         clip_id, path, reason = expected
-        assert (outcome, found) == ("skip", [clip_id])
+        assert found == [clip_id]
         [row] = [line.split("\t") for line in listing.read_text().splitlines()]
         assert row[:2] == [clip_id, path] and row[2].startswith(reason), row
         assert f"warning: leaving out 1 bad clip(s), listed in {listing} (1 bad clip(s): '{clip_id}' ({path}): " \

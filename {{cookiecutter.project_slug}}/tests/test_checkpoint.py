@@ -27,13 +27,13 @@ from torch import nn
 from distributed import DistInfo
 from models import MODELS
 from parts import PARTS
-from utils.checkpoint.checkpointer import Checkpointer
+from utils.checkpoint.checkpointer import Checkpointer, Resumed
 from utils.checkpoint.files import (CheckpointError, atomic_write_bytes, intact, load_checkpoint, load_model_state,
                                     remove_stale_temporaries)
 from utils.checkpoint import state as checkpoint_state
 from utils.checkpoint.names import list_checkpoints
 from utils.checkpoint.resume import config_changes, resume_path
-from utils.checkpoint.state import capture_rng_state, restore_rng_state, save_checkpoint, takes_links
+from utils.checkpoint.state import RngStates, capture_rng_state, restore_rng_state, save_checkpoint, takes_links
 from utils.checkpoint.weights import read_weights
 from utils.train_state import TrainState
 from utils.training.ema import EMA
@@ -536,10 +536,11 @@ def test_config_changes_are_named_as_config_json_writes_them():
 
 # --- the checkpoint owner ---------------------------------------------------------------------------------------------
 
-# The entries of a single-file training checkpoint, in order: a file written before the Checkpointer must still resume.
+# The entries of a single-file training checkpoint, in the order of the parts, then the provenance: the names of the
+# files written before the Checkpointer took its parts by name (which still resume).
 FILE_ENTRIES = ["model", "optimizer", "scheduler", "scaler", "step", "epoch", "batch_in_epoch", "skipped_steps",
-                "samples_in_epoch", "skipped_updates", "skips_in_a_row", "rng", "model_name", "config",
-                "grad_accumulation", "ema"]
+                "samples_in_epoch", "skipped_updates", "skips_in_a_row", "rng", "ema", "model_name", "config",
+                "grad_accumulation"]
 
 
 def owned_parts(seed: int) -> dict:
@@ -554,7 +555,8 @@ def owned_parts(seed: int) -> dict:
     scheduler.step()
     ema.update()
     return {"model": model, "optimizer": optimizer, "scheduler": scheduler,
-            "scaler": torch.amp.GradScaler("cpu", enabled=False), "ema": ema, "position": TrainState()}
+            "scaler": torch.amp.GradScaler("cpu", enabled=False), "position": TrainState(), "rng": RngStates(),
+            "ema": ema}
 
 
 def same(a, b) -> bool:
@@ -581,10 +583,29 @@ def test_the_checkpointer_writes_the_file_layout_and_puts_every_part_back(tmp_pa
 
     fresh = owned_parts(seed=1)
     before = Checkpointer(fresh, tmp_path, dist, train, PARTS.formats).load(path, "tiny")
-    assert before == {"world_size": 1, "grad_accumulation": 3, "config": {"train": {}}, "tracker_runs": {}}
+    assert before == Resumed(world_size=1, grad_accumulation=3, config={"train": {}}, tracker_runs={})
     assert torch.equal(torch.rand(3), after_save)  # this rank's generators, as they were at the save
     assert fresh["position"] == parts["position"]
     for name in ("model", "optimizer", "scheduler", "ema"):
         assert same(fresh[name].state_dict(), parts[name].state_dict()), name
     with pytest.raises(CheckpointError, match="holds a 'tiny' model, not 'other'"):
         Checkpointer(owned_parts(seed=1), tmp_path, dist, train, PARTS.formats).load(path, "other")
+
+
+def test_a_part_a_checkpoint_lacks_starts_afresh_and_one_that_does_not_fit_is_named(tmp_path, capsys):
+    """Every part is put back alike: the EMA of a checkpoint without one restarts from the weights loaded (said on
+    stderr); averages of other parameters are one error naming the file and the entry."""
+    dist, train = DistInfo(0, 0, 1, torch.device("cpu"), None), SimpleNamespace(sharded=False, keep_last=0)
+    saved = load_checkpoint(Checkpointer(owned_parts(seed=0), tmp_path, dist, train, PARTS.formats).write(
+        {"model_name": "tiny"}))
+    without, other = tmp_path / "without.pt", tmp_path / "other.pt"
+    torch.save({key: value for key, value in saved.items() if key != "ema"}, without)
+    torch.save({**saved, "ema": {"other": torch.zeros(2)}}, other)
+    fresh = owned_parts(seed=1)
+    Checkpointer(fresh, tmp_path, dist, train, PARTS.formats).load(without, "tiny")
+    assert same(fresh["ema"].state_dict(), saved["model"])
+    assert f"note: {without} holds no 'ema' entry" in capsys.readouterr().err
+    with pytest.raises(CheckpointError) as info:
+        Checkpointer(owned_parts(seed=1), tmp_path, dist, train, PARTS.formats).load(other, "tiny")
+    assert str(info.value) == (f"{other}: its 'ema' entry does not fit this run: EMA weights of other parameters "
+                               "(missing: bias, weight; unexpected: other)")

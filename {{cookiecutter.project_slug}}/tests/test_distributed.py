@@ -53,6 +53,16 @@ WORKER = textwrap.dedent('''
         result["reduced"] = {op: D.reduce_tensor(t, op).tolist() for op in ops}
         result["input_unchanged"] = t.tolist() == [info.rank + 1.0, 10.0 * (info.rank + 1)]
         result["int_sum"] = D.reduce_tensor(torch.tensor([info.rank + 1]), "sum").tolist()
+        computed = []  # the ranks that ran what from_rank0 was given
+        def refuse():
+            computed.append(info.rank)
+            raise FileExistsError(17, "rank 0's reason", "out")
+        result["from_rank0"] = D.from_rank0(lambda: computed.append(info.rank) or {"rank": info.rank}, ValueError)
+        try:
+            D.from_rank0(refuse, ValueError, OSError)
+        except OSError as err:
+            result["rank0_error"] = (type(err).__name__, str(err))
+        result["computed"] = computed
         if mode == "full":
             model = make_model(seed=100 + info.rank)  # ranks differ until DDP broadcasts rank 0's
             before = [p.detach().clone() for p in model.parameters()]
@@ -144,6 +154,15 @@ def test_reduce_tensor_over_two_ranks(torchrun_job):
                                      "max": [2.0, 20.0], "min": [1.0, 10.0]}
         assert result["input_unchanged"]
         assert result["int_sum"] == [3]
+
+
+def test_rank_0s_value_or_error_reaches_every_rank(torchrun_job):
+    """``from_rank0``: what rank 0 computed, it alone, on every rank; an error of the kinds named that it raised, raised
+    on every rank with its type and message."""
+    for result in torchrun_job:
+        assert result["from_rank0"] == {"rank": 0}
+        assert result["rank0_error"] == ("FileExistsError", "[Errno 17] rank 0's reason: 'out'")
+    assert [result["computed"] for result in torchrun_job] == [[0, 0], []]
 
 
 @pytest.mark.slow

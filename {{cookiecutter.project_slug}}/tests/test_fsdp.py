@@ -25,7 +25,7 @@ from test_world_size_change import COMMON, continues_on_one_then_on_two, launch,
 import inference
 from models import MODELS
 from parts import PARTS, config_schemas
-from utils.checkpoint.sharded import load_sharded_model, read_train_state
+from utils.checkpoint.sharded import FOLDER, read_train_state
 from utils.config import ConfigError, load_config
 from utils.training.checks import check_settings
 
@@ -173,7 +173,7 @@ def sharded_weights(folder, model: str) -> dict:
     """The weights of a sharded checkpoint, put together in this one process."""
     cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
     net = MODELS[model].build_model(cfg)
-    load_sharded_model(folder, net)
+    FOLDER.load_weights(folder, net)
     return net.state_dict()
 
 

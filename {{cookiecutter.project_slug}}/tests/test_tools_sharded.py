@@ -14,7 +14,7 @@ from test_sharded_checkpoint import unchecked_folder
 
 from models import MODELS
 from parts import config_schemas
-from utils.checkpoint.sharded import load_sharded_model, read_train_state, sharded_intact
+from utils.checkpoint.sharded import FOLDER, read_train_state, sharded_intact
 from utils.config import config_from_dict
 
 pytestmark = pytest.mark.skipif(TEST_MODEL is None, reason="no model is registered in models/__init__.py")
@@ -45,7 +45,7 @@ def test_an_honest_sharded_folder_imports_and_consolidates_to_the_same_weights(s
     assert whole["step"] == 2 and whole["optimizer"]["param_groups"][0]["lr"] > 0
     model = MODELS[name].build_model(config_from_dict(read_train_state(out / "checkpoint_2")["config"],
                                                              config_schemas()))
-    load_sharded_model(out / "checkpoint_2", model)
+    FOLDER.load_weights(out / "checkpoint_2", model)
     for key, value in model.state_dict().items():
         assert torch.equal(imported[key], value) and torch.equal(whole["model"][key], value), key
 

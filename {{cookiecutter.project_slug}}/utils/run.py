@@ -19,7 +19,6 @@ from typing import Optional
 
 from utils.config import ConfigError
 from utils.errors import CheckpointError
-from utils.run_log import one_line
 
 
 class GracePeriod:
@@ -144,16 +143,12 @@ def stop_signals_blocked():
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
-def take_output_dir(output_dir: Path, lock: RunLock) -> tuple[str, Optional[str]]:
-    """Rank 0: create the output folder and hold its :class:`RunLock`; ``("ok", None)`` or ``("error", message)``."""
-    try:
-        check_output_dir(output_dir)
-        note = lock.acquire()
-    except (ConfigError, CheckpointError) as err:
-        return "error", one_line(err)
-    if note:
+def take_output_dir(output_dir: Path, lock: RunLock) -> None:
+    """Rank 0: create the output folder and hold its :class:`RunLock`. Raises ConfigError (not writable) or
+    CheckpointError (another run holds it)."""
+    check_output_dir(output_dir)
+    if note := lock.acquire():
         print(note, file=sys.stderr, flush=True)
-    return "ok", None
 
 
 LOCK_NAME = ".run.lock"

@@ -1,5 +1,6 @@
-"""Resuming: which checkpoint ``--resume`` means, agreed by every rank; what a resume checks of it (the training state,
-the settings changed since); the global batch on another number of processes. :class:`Checkpointer` puts it back."""
+"""The checkpoint formats (:class:`CheckpointFormat`, held by :class:`Formats`) and resuming: which checkpoint
+``--resume`` means, agreed by every rank; the settings changed since; the global batch on another number of processes.
+``Checkpointer`` puts it back."""
 
 from __future__ import annotations
 
@@ -8,36 +9,53 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Protocol
+from typing import Any, Mapping, Optional, Protocol
 
-import torch
 
-from distributed import all_gather_object, broadcast_object
-from utils.checkpoint.files import (CheckpointError, LegacyCheck, intact, load_checkpoint, load_torch_file,
-                                    torch_file_problem)
+from distributed import DistInfo, all_gather_object, from_rank0
+from utils.checkpoint.files import CheckpointError, LegacyCheck, torch_file_problem
 from utils.checkpoint.names import LAST_FILE, aside, last_links, list_numbered
-from utils.checkpoint.state import STATEFUL_PARTS, entries_problem
+from utils.checkpoint.state import SingleFile, Stateful, malformed
 from utils.config import read_moved
 from utils.framing import recorded_audio
 
 
-class FolderFormat(Protocol):
-    """Sharded checkpoint folders, as the core reads and writes them (the sharding part's ``utils.checkpoint.sharded``
-    is one): a folder's integrity and train state, its weights and optimizer states put back, a run's saves."""
+class Saver(Protocol):
+    """A run's saves in one format (:meth:`CheckpointFormat.saver`); every rank calls each method together."""
 
-    ShardedCheckpointer: Callable[..., Any]  # (output_dir, rank, async_save, keep_last, timeout_s) -> the saver
+    background: bool  # a save goes on after ``save`` returns (``train.async_checkpoint``)
 
-    def sharded_intact(self, path: str | Path) -> Optional[str]: ...
+    def save(self, step: int, states: Mapping[str, Stateful], info: Mapping[str, Any]) -> Optional[Path]: ...
 
-    def read_train_state(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]: ...
+    def poll(self) -> Optional[Path]: ...  # a background save completed since, else None (cheap)
 
-    def load_sharded(self, path: str | Path, model: Any, optimizers: list, extra: Any = None) -> None: ...
+    def wait(self) -> Optional[Path]: ...  # the background save, once completed; None without one
 
-    def load_sharded_model(self, path: str | Path, model: Any) -> None: ...
+    def share(self, nbytes: int) -> int: ...  # what rank 0 writes of a checkpoint of ``nbytes`` per save
 
-    def broadcast_buffers(self, model: Any) -> None: ...
 
-    def sharded_train_state(self, parts: Mapping[str, Any], state: Any, rng: list, **info: Any) -> dict: ...
+class CheckpointFormat(Protocol):
+    """How checkpoints lie on disk, one per step: a single file (``utils.checkpoint.state.SingleFile``, the core's) or
+    a part's folder (:attr:`Formats.folder`). ``Checkpointer`` saves a run in its format and loads a checkpoint through
+    the format of its path (:meth:`Formats.of`), whose ``load`` puts back the states it holds its own way."""
+
+    noun: str  # what a checkpoint of it is called in a message
+
+    def problem(self, path: Path) -> Optional[str]: ...  # why it cannot be loaded ("damaged (...)"), else None
+
+    def read(self, path: str | Path, map_location: Any = "cpu", verify: bool = True) -> dict[str, Any]: ...
+
+    def load(self, path: str | Path, states: Mapping[str, Stateful], saved: Mapping[str, Any]) -> tuple[str, ...]: ...
+
+    def continues(self, path: Path) -> Optional[str]: ...  # why a run saving in it cannot resume ``path``, else None
+
+    def saver(self, output_dir: Path, dist: DistInfo, train: Any) -> Saver: ...
+
+
+class FolderFormat(CheckpointFormat, Protocol):
+    """A format of folders, whose weights tools read without a run (``--init-from``, ``inference.py``)."""
+
+    def load_weights(self, path: str | Path, model: Any, averages: Optional[dict] = None) -> None: ...
 
 
 class PublishedFormat(Protocol):
@@ -62,20 +80,41 @@ class Formats:
         """The check of a file of PyTorch's legacy format (:func:`utils.checkpoint.files.torch_file_problem`)."""
         return self.published.legacy_problem if self.published is not None else None
 
+    @property
+    def file(self) -> SingleFile:
+        """The single files, reading PyTorch's legacy format where :attr:`published` does."""
+        return SingleFile(self.legacy)
 
-def agreed_resume_path(resume: str, output_dir: Path, rank: int, formats: Formats):
-    """The checkpoint to resume from, decided by rank 0 (:func:`resume_path`) and seen alike by every rank (one shared
-    ``--output-dir``); else, or where rank 0's decision fails, a :class:`CheckpointError` on every rank."""
-    path, notes, error = None, [], None
-    try:
-        path, notes = resume_path(resume, output_dir, formats) if rank == 0 else (None, [])
-    except CheckpointError as err:
-        error = str(err)
-    for note in notes:
-        print(note, file=sys.stderr, flush=True)
-    path, error = broadcast_object((path, error))  # rank 0's decision
-    if error is not None:
-        raise CheckpointError(error)
+    def writing(self, split: bool) -> CheckpointFormat:
+        """The format a run saves in: :attr:`folder` where its model is split over the ranks (``train.sharded``), else
+        :attr:`file`."""
+        return self.folder if split else self.file
+
+    def of(self, path: str | Path, label: str = "") -> CheckpointFormat:
+        """The format of the checkpoint at ``path``: :attr:`folder` for a folder, else :attr:`file`; as
+        :meth:`folder_of` raises."""
+        return self.folder_of(path, label) or self.file
+
+    def folder_of(self, path: str | Path, label: str = "") -> Optional[FolderFormat]:
+        """:attr:`folder` when ``path`` is a folder (or a link to one), else ``None``; a :class:`CheckpointError`
+        (starting with ``label``) for a folder in a project without them."""
+        if not Path(path).is_dir():
+            return None
+        if self.folder is None:
+            raise CheckpointError(f"{label}{path} is a folder: this project reads single-file checkpoints (.pt)")
+        return self.folder
+
+
+def agreed_resume_path(resume: str, output_dir: Path, formats: Formats) -> Optional[Path]:
+    """The checkpoint to resume from, decided by rank 0 (:func:`resume_path`, its notes printed there) and seen alike by
+    every rank (one shared ``--output-dir``); else, or where rank 0's decision fails, a :class:`CheckpointError` on
+    every rank."""
+    def decide() -> Optional[Path]:
+        path, notes = resume_path(resume, output_dir, formats)
+        for note in notes:
+            print(note, file=sys.stderr, flush=True)
+        return path
+    path = from_rank0(decide, CheckpointError)
     looked_at = path if path is not None else output_dir / LAST_FILE
     stat = looked_at.stat() if looked_at.exists() else None
     views = all_gather_object(f"{stat.st_size} bytes, modified {stat.st_mtime_ns}" if stat else "no file")
@@ -107,11 +146,9 @@ def resume_path(resume: str, output_dir: str | Path, formats: Formats) -> tuple[
         raise CheckpointError(f"--resume {resume}: no such checkpoint")
     if Path(resume).is_file() and (problem := torch_file_problem(Path(resume), formats.legacy)) is not None:
         raise CheckpointError(f"--resume {resume}: the file {problem}")
-    if Path(resume).is_file() and (problem := malformed(Path(resume), formats.legacy)) is not None:
-        raise CheckpointError(f"--resume {resume}: the file is {problem}")
-    if (sharded := folder_reader(resume, formats.folder, "--resume ")) is not None and \
-            (problem := sharded.sharded_intact(resume)) is not None:
-        raise CheckpointError(f"--resume {resume}: the sharded checkpoint is {problem}")
+    kind, path = formats.of(resume, "--resume "), Path(resume)
+    if (problem := malformed(path, formats.legacy) if path.is_file() else kind.problem(path)) is not None:
+        raise CheckpointError(f"--resume {resume}: the {kind.noun} is {problem}")
     return Path(resume), []
 
 
@@ -126,8 +163,7 @@ def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path],
             gone.append(f"{path} names {os.readlink(path)}, which is gone")
             problems.append(gone[-1])
             continue
-        problem = (folder_reader(path, formats.folder).sharded_intact(path) if path.is_dir()
-                   else intact(path) or malformed(path, formats.legacy) if path.is_file() else "not a file")
+        problem = formats.of(path).problem(path)
         if problem is None:
             if problems:
                 moved = [f"{old.name} -> {move_aside(old, kind).name}" for old, kind in passed_over]
@@ -143,16 +179,6 @@ def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path],
     if gone:
         raise CheckpointError(f"{'; '.join(gone)}; move it aside or pass --resume PATH")
     return None, []
-
-
-def malformed(path: Path, legacy: Optional[LegacyCheck] = None) -> Optional[str]:
-    """``"malformed (its 'rng' entry is ...)"`` for a checkpoint file whose entries are not as ``train.py`` writes them
-    (:func:`utils.checkpoint.state.entries_problem`; read with ``mmap``: its tensors stay on disk), else ``None``; a
-    :class:`CheckpointError` where it holds code (refused, never run) or does not load (``legacy``: as
-    :func:`utils.checkpoint.files.torch_file_problem` takes it)."""
-    saved = load_torch_file(path, mmap=True, legacy=legacy)
-    problem = entries_problem(saved) if isinstance(saved, Mapping) else f"it holds a {type(saved).__name__}, not a dict"
-    return None if problem is None else f"malformed ({problem})"
 
 
 def move_aside(path: Path, kind: str = "damaged") -> Path:
@@ -197,16 +223,6 @@ def saved_config(saved: Mapping[str, Any]) -> dict[str, Any]:
     return config
 
 
-def check_training_state(saved: Mapping[str, Any], path, sharded: bool) -> None:
-    """Raise :class:`CheckpointError`, naming what it lacks, for a checkpoint without what a resume puts back (a
-    weights-only file); ``sharded``: a folder's train state, whose optimizer is in its shards."""
-    missing = [key for key in (*STATEFUL_PARTS, "step", "epoch", "batch_in_epoch", "rng")  # the others came later
-               if key not in saved and not (sharded and key == "optimizer")]
-    if missing:
-        raise CheckpointError(f"{path} is not a training checkpoint of train.py (it has no {', '.join(missing)}); "
-                              "--resume needs one written by train.py")
-
-
 def warn_changes(saved: Mapping[str, Any], path, before: Mapping[str, Any],
                  config: Optional[Mapping[str, Any]], train_utterances: Optional[int]) -> None:
     """Rank 0's warnings on a resume from ``saved``: settings of ``config`` that differ from ``before``
@@ -238,25 +254,3 @@ def world_size_change(written_by: int, accumulation: int, world_size: int, batch
     closest = max(1, round(before / (batch_size * world_size)))
     return closest, (f"warning: {head}: the global batch changes {before} -> {batch_size * closest * world_size} "
                      f"({batch_size} x {closest} x {world_size}; no train.grad_accumulation keeps {before}); {tail}")
-
-
-def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", verify: bool = True, *,
-                    formats: Formats) -> dict[str, Any]:
-    """A checkpoint's entries: a file's whole dict; a sharded folder's ``train_state.pt`` (no weights), once its
-    ``sharded_intact`` passes (unless not ``verify``); else a :class:`CheckpointError`. ``formats``: those the project
-    reads besides single files."""
-    if (sharded := folder_reader(path, formats.folder)) is None:
-        return load_checkpoint(path, map_location=map_location, legacy=formats.legacy)
-    if verify and (problem := sharded.sharded_intact(path)) is not None:
-        raise CheckpointError(f"{path} is {problem}")
-    return sharded.read_train_state(path, map_location)
-
-
-def folder_reader(path: str | Path, folder: Optional[FolderFormat], label: str = "") -> Optional[FolderFormat]:
-    """``folder`` (the project's sharded folders) when ``path`` is a folder (or a link to one), else ``None``; a
-    :class:`CheckpointError` (starting with ``label``) for a folder in a project without them (``folder`` None)."""
-    if not Path(path).is_dir():
-        return None
-    if folder is None:
-        raise CheckpointError(f"{label}{path} is a folder: this project reads single-file checkpoints (.pt)")
-    return folder

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import json
 import os
@@ -19,11 +18,11 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from distributed import broadcast_object, collective, get_world_size
+from distributed import DistInfo, collective, from_rank0, get_world_size
 from utils.checkpoint.files import (CheckpointError, UnsafeCheckpoint, atomic_symlink, atomic_write_bytes, few,
                                     fsync_dir, intact, load_torch_file, prune, serialized, write_failure)
 from utils.checkpoint.names import LAST_FILE, LAST_FOLDER, PARTIAL_GLOB, list_sharded_checkpoints, numbered, partial
-from utils.checkpoint.state import STATEFUL_PARTS, TrainState
+from utils.checkpoint.state import NamedStates, Stateful, checkpoint_entries
 from utils.run_log import one_line
 
 
@@ -33,10 +32,16 @@ def load_dcp():
     return torch.distributed.checkpoint
 
 
-def sharded_train_state(parts: Mapping[str, Any], state: TrainState, rng: list, **info: Any) -> dict[str, Any]:
-    """Rank 0's :data:`TRAIN_STATE_NAME` dict: :func:`training_checkpoint` without the (sharded) model and optimizer."""
-    return {**{name: parts[name].state_dict() for name in STATEFUL_PARTS if name != "optimizer"},
-            **dataclasses.asdict(state), "rng": rng, **info}
+SHARDS = ("model", "optimizer", "ema")
+"""The parts a folder holds in its shards (split over the ranks under FSDP), by their names in the checkpoint's states;
+the others, with the provenance, are rank 0's :data:`TRAIN_STATE_NAME`."""
+EXTRA = SHARDS[2:]  # those DCP takes as they are (tensors loaded in place), not through its model and optimizer states
+
+
+def _optimizers(states: Mapping[str, Any]) -> list:
+    """The optimizers of a checkpoint's ``states``: its ``"optimizer"``, or each of several phases'."""
+    optimizer = states.get("optimizer")
+    return [] if optimizer is None else list(optimizer.values()) if isinstance(optimizer, NamedStates) else [optimizer]
 
 
 def broadcast_buffers(model: torch.nn.Module) -> None:
@@ -171,12 +176,6 @@ def _quiet_single_process_dcp():
         yield
 
 
-def load_sharded_model(path: str | Path, model: torch.nn.Module) -> None:
-    """Load the model weights of a sharded checkpoint folder into ``model`` (:func:`load_sharded` without optimizers).
-    Raises CheckpointError: the folder does not hold weights of this model (missing or misshapen entries, named)."""
-    load_sharded(path, model, [])
-
-
 def load_sharded(path: str | Path, model: torch.nn.Module, optimizers: list,
                  extra: Optional[dict[str, Any]] = None) -> None:
     """Load the model (plain or FSDP-sharded, not a DDP wrapper) and ``optimizers`` of a sharded checkpoint folder on
@@ -238,46 +237,54 @@ def _dcp_failure(err: BaseException) -> str:
 class ShardedCheckpointer:
     """Writes sharded checkpoints: every rank saves its shards through DCP into ``OUTPUT/.checkpoint_<step>.partial/``;
     then rank 0 lists their CRC-32s, renames the folder to ``checkpoint_<step>/`` and points ``checkpoint_last`` at it:
-    a killed save leaves the previous one last. With ``async_save`` a background thread writes a host copy over its own
-    gloo group (as torchtitan: a shared group can hang); :meth:`wait` before the process ends. Every rank constructs it.
-    Source: DCP's ``save``/``async_save``, https://pytorch.org/docs/stable/distributed.checkpoint.html"""
+    a killed save leaves the previous one last. With ``async_save`` (``background``) a thread writes a host copy over
+    its own gloo group (as torchtitan: a shared group can hang); :meth:`wait` before the process ends. Every rank
+    constructs it. Source: DCP's ``save``/``async_save``, https://pytorch.org/docs/stable/distributed.checkpoint.html"""
 
     def __init__(self, output_dir: str | Path, rank: int, async_save: bool = False, keep_last: int = 0,
                  timeout_s: float = 1800.0):
-        self.output_dir, self.rank, self.keep_last, self.async_save = Path(output_dir), rank, keep_last, async_save
+        self.output_dir, self.rank, self.keep_last, self.background = Path(output_dir), rank, keep_last, async_save
         self.group = None
         if async_save and dist.is_available() and dist.is_initialized():
             self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
         self.pending = None  # (future, step) of a background save
 
-    def save(self, step: int, model: torch.nn.Module, optimizers: list, train_state: Optional[dict],
-             extra: Optional[dict[str, Any]] = None) -> Path:
-        """Save ``model`` (plain or FSDP-sharded) and ``optimizers`` as step ``step``; rank 0's ``train_state`` goes to
-        :data:`TRAIN_STATE_NAME`; ``extra``: further sharded entries. Returns the checkpoint's (async: future) folder.
-        Raises CheckpointError: a shard or file could not be written (a full disk); earlier checkpoints are kept."""
+    def save(self, step: int, states: Mapping[str, Stateful], info: Mapping[str, Any]) -> Path:
+        """Save a checkpoint's ``states`` (``"model"``: plain or FSDP-sharded, with rank 0's buffers) as step ``step``:
+        those of :data:`SHARDS` in every rank's shards, the others with the provenance ``info`` in rank 0's
+        :data:`TRAIN_STATE_NAME`. Returns the checkpoint's folder (a background save: being written). Raises
+        CheckpointError: a shard or file could not be written (a full disk); earlier checkpoints are kept."""
         self.wait()
-        folder = partial(self.output_dir, step)
-        failure = None
-        if self.rank == 0:
-            for stale in self.output_dir.glob(PARTIAL_GLOB):
-                shutil.rmtree(stale, ignore_errors=True)  # a killed save's leftovers (RunLock: ours alone)
-            try:
-                folder.mkdir()
-                atomic_write_bytes(folder / TRAIN_STATE_NAME, serialized(train_state, folder))
-            except OSError as err:
-                failure = str(self._write_error(step, err))
-        if (failure := broadcast_object(failure)) is not None:  # every rank stops with rank 0's reason
-            raise CheckpointError(failure)
-        model_state, optim_state = load_dcp().state_dict.get_state_dict(model, optimizers)
-        state = {"model": model_state, "optimizer": optim_state, **(extra or {})}
-        with _quiet_single_process_dcp():
-            self._write(state, folder, step)
+        with collective("sharded checkpoint save"):
+            broadcast_buffers(states["model"])  # rank 0's running statistics, whichever rank's copy DCP writes
+            entries = checkpoint_entries(states, {**info, **({"ema_saved": True} if "ema" in states else {})}, SHARDS)
+            folder = partial(self.output_dir, step)
+            from_rank0(lambda: self._start(folder, entries, step), CheckpointError)  # every rank stops with rank 0's
+            model_state, optim_state = load_dcp().state_dict.get_state_dict(states["model"], _optimizers(states))
+            state = {"model": model_state, "optimizer": optim_state,
+                     **{name: states[name].state_dict() for name in EXTRA if name in states}}
+            with _quiet_single_process_dcp():
+                self._write(state, folder, step)
         return numbered(self.output_dir, step, sharded=True)
+
+    def _start(self, folder: Path, train_state: dict[str, Any], step: int) -> None:
+        """Rank 0: a fresh ``folder`` holding ``train_state``; a killed save's leftovers go (``RunLock``: ours)."""
+        for stale in self.output_dir.glob(PARTIAL_GLOB):
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            folder.mkdir()
+            atomic_write_bytes(folder / TRAIN_STATE_NAME, serialized(train_state, folder))
+        except OSError as err:
+            raise self._write_error(step, err) from None
+
+    def share(self, nbytes: int) -> int:
+        """Rank 0 writes its shards of a checkpoint of ``nbytes``: one share of the world's."""
+        return nbytes // get_world_size()
 
     def _write(self, state: dict, folder: Path, step: int) -> None:
         dcp = load_dcp()
         try:
-            if self.async_save:
+            if self.background:
                 self.pending = (dcp.async_save(state, checkpoint_id=str(folder), process_group=self.group), step)
             else:
                 dcp.save(state, checkpoint_id=str(folder))
@@ -330,3 +337,48 @@ class ShardedCheckpointer:
         if "unexpected pos" in reason:  # torch.save's zip writer lost the OSError of a short write (ENOSPC, EDQUOT)
             reason = f"no space left on device writing {folder} (or a quota or file size limit: a write came up short)"
         return write_failure(step, self.output_dir, reason, list_sharded_checkpoints(self.output_dir)[-1:])
+
+
+class ShardedFolder:
+    """The sharding part's checkpoint format (``utils.checkpoint.resume.FolderFormat``): one folder per step, written
+    by every rank (:class:`ShardedCheckpointer`), verified file by file (:func:`sharded_intact`) and loaded on any
+    number of ranks."""
+
+    noun = "sharded checkpoint"
+
+    def problem(self, path: Path) -> Optional[str]:
+        return sharded_intact(path)
+
+    def read(self, path: str | Path, map_location: Any = "cpu", verify: bool = True) -> dict[str, Any]:
+        """The folder's :data:`TRAIN_STATE_NAME` (no weights), once :func:`sharded_intact` passes (unless not
+        ``verify``); else a CheckpointError."""
+        if verify and (problem := sharded_intact(path)) is not None:
+            raise CheckpointError(f"{path} is {problem}")
+        return read_train_state(path, map_location)
+
+    def load(self, path: str | Path, states: Mapping[str, Stateful], saved: Mapping[str, Any]) -> tuple[str, ...]:
+        """Every rank loads the parts of :data:`SHARDS` that ``states`` has and the folder holds (the EMA where its
+        save had one: ``ema_saved``), in place, and returns their names (:func:`load_sharded`)."""
+        held = tuple(name for name in SHARDS if name in states and (name != "ema" or saved.get("ema_saved", False)))
+        extra = {name: states[name].state_dict() for name in held if name in EXTRA}
+        load_sharded(path, states["model"], _optimizers(states), extra=extra or None)
+        return held
+
+    def continues(self, path: Path) -> Optional[str]:
+        """A sharded model takes its weights from a folder: a file is no checkpoint to continue."""
+        if Path(path).is_dir():
+            return None
+        return ("is a single-file checkpoint (train.parallelism=ddp); continue it with train.parallelism=ddp (a ddp "
+                "run reads sharded checkpoints too)")
+
+    def saver(self, output_dir: Path, dist: DistInfo, train: Any) -> ShardedCheckpointer:
+        return ShardedCheckpointer(output_dir, dist.rank, train.async_checkpoint, train.keep_last, train.dist_timeout_s)
+
+    def load_weights(self, path: str | Path, model: torch.nn.Module, averages: Optional[dict] = None) -> None:
+        """The folder's weights into ``model`` (plain or sharded), and its EMA's into the tensors of ``averages`` where
+        given. Raises CheckpointError: the folder does not hold this model's (missing or misshapen entries, named)."""
+        load_sharded(path, model, [], extra=None if averages is None else {"ema": averages})
+
+
+FOLDER = ShardedFolder()
+"""The sharded checkpoint folders, as ``parts.py`` hands them to the readers of checkpoints."""

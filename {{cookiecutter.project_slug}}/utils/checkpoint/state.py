@@ -1,4 +1,5 @@
-"""What a single-file checkpoint holds and how it is written and pruned."""
+"""What a checkpoint holds (:func:`checkpoint_entries`, checked by :func:`entries_problem`), and the core's format:
+:class:`SingleFile`, one file per step, written and pruned by rank 0."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import os
 import random
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
 
-from utils.checkpoint.files import (CheckpointError, atomic_symlink, atomic_write_bytes, fsync_dir, prune,
+from distributed import DistInfo, all_gather_object
+from utils.checkpoint.files import (CheckpointError, LegacyCheck, atomic_symlink, atomic_write_bytes, fsync_dir,
+                                    intact, load_checkpoint, load_model_state, load_torch_file, prune,
                                     remove_stale_temporaries, serialized, write_failure)
 from utils.checkpoint.names import LAST_FILE, LAST_FOLDER, list_checkpoints, numbered, temporary
 from utils.run_log import one_line
@@ -128,19 +131,21 @@ def rng_problem(state: Any) -> Optional[str]:
     return None
 
 
-STATEFUL_PARTS = ("optimizer", "scheduler", "scaler")  # what a training checkpoint holds besides the model
 PART_KEYS: dict[str, dict[str, type]] = {"optimizer": {"state": Mapping, "param_groups": list},
                                          "scheduler": {"last_epoch": int}, "scaler": {}}
-"""What every state dict of each of :data:`STATEFUL_PARTS` holds (``torch.optim``'s optimizers and LR schedulers): key
-and type."""
+"""What every state dict of torch's stateful parts holds (its optimizers, LR schedulers, gradient scaler): key and
+type; :func:`load_part` compares such an entry with the run's own state before it is loaded."""
+TOP_LEVEL = {"position": ("step", "epoch", "batch_in_epoch")}
+"""The parts whose entries lie at a checkpoint's top level, not under their name (the loop's position, as since the
+first checkpoints), and those of their entries a resume needs (the others came later)."""
 
 
 def entries_problem(saved: Mapping[str, Any]) -> Optional[str]:
     """The first of a checkpoint's entries that is not as ``train.py`` writes it, of those it holds: ``model`` and
-    ``ema`` dicts of tensors, each of :data:`STATEFUL_PARTS` a state dict with its :data:`PART_KEYS` (several phases':
-    a dict of them), ``rng`` every rank's generator states (:func:`rng_problem`), :class:`TrainState`'s counters
-    integers >= 0 and its tallies dicts, ``grad_accumulation`` an integer >= 1; as ``"its 'rng' entry is ..."``, or
-    ``None``. What a resume needs but the checkpoint lacks is ``resume.check_training_state``'s to say."""
+    ``ema`` dicts of tensors, each of :data:`PART_KEYS` a state dict with its keys (several phases': a dict of them),
+    ``rng`` every rank's generator states (:func:`rng_problem`), :class:`TrainState`'s counters integers >= 0 and its
+    tallies dicts, ``grad_accumulation`` an integer >= 1; as ``"its 'rng' entry is ..."``, or ``None``. What a resume
+    needs but the checkpoint lacks is the ``Checkpointer``'s to say."""
     for name in ("model", "ema"):
         if name in saved and not (isinstance(saved[name], Mapping)
                                   and all(isinstance(value, torch.Tensor) for value in saved[name].values())):
@@ -219,10 +224,10 @@ def _kind(value: Any) -> str:
 
 
 def load_part(part: Any, state: Any, name: str, path: str | Path) -> None:
-    """``part.load_state_dict(state)``, ``state`` being the entry ``name`` of the checkpoint at ``path``, once
-    :func:`state_misfit` finds it fits ``part.state_dict()``; a :class:`CheckpointError` names what does not fit, or
-    what ``load_state_dict`` itself refused."""
-    if (problem := state_misfit(part.state_dict(), state)) is not None:
+    """``part.load_state_dict(state)``, ``state`` being the entry ``name`` of the checkpoint at ``path`` (one of
+    :data:`PART_KEYS`: once :func:`state_misfit` finds it fits ``part.state_dict()``); a :class:`CheckpointError` names
+    what does not fit, or what ``load_state_dict`` itself refused."""
+    if name in PART_KEYS and (problem := state_misfit(part.state_dict(), state)) is not None:
         raise CheckpointError(f"{path}: its {name!r} entry does not fit this run: {problem}")
     try:
         part.load_state_dict(state)
@@ -245,12 +250,108 @@ class NamedStates(dict):
             part.load_state_dict(states[name])
 
 
-def training_checkpoint(model: torch.nn.Module, parts: Mapping[str, Any], state: TrainState, rng: list,
-                        **info: Any) -> dict[str, Any]:
-    """The dict ``train.py`` saves: everything the next step depends on. ``model``: the plain (unwrapped) one;
-    ``parts``: :data:`STATEFUL_PARTS` by name; ``rng``: every rank's :func:`capture_rng_state`, in rank order."""
-    return {"model": model.state_dict(), **{name: parts[name].state_dict() for name in STATEFUL_PARTS},
-            **dataclasses.asdict(state), "rng": rng, **info}
+class Stateful(Protocol):
+    """A part of a run that a checkpoint holds (the protocol of ``torch.distributed.checkpoint.stateful.Stateful``)."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+def checkpoint_entries(states: Mapping[str, Stateful], info: Mapping[str, Any], held: tuple[str, ...] = ()
+                       ) -> dict[str, Any]:
+    """A checkpoint's dict: each part's ``state_dict()`` under its name (those of :data:`TOP_LEVEL` spread at the top),
+    but the parts ``held`` elsewhere (by a format of its own), then the provenance ``info`` as is. Every rank calls it
+    together (:class:`RngStates` gathers every rank's)."""
+    entries: dict[str, Any] = {}
+    for name, part in states.items():
+        if name not in held:
+            state = part.state_dict()
+            entries.update(state if name in TOP_LEVEL else {name: state})
+    return {**entries, **info}
+
+
+class RngStates:
+    """Every rank's generator states as one stateful part (a checkpoint's ``rng`` entry: a list in rank order):
+    ``state_dict`` gathers them (every rank calls it), ``load_state_dict`` puts this rank's back
+    (:func:`restore_rng_state`) where as many ranks wrote them; on another world size the streams restart."""
+
+    def __init__(self, rank: int = 0, world_size: int = 1):
+        self.rank, self.world_size = rank, world_size
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        return all_gather_object(capture_rng_state())
+
+    def load_state_dict(self, states: Sequence[dict[str, Any]]) -> None:
+        if len(states) == self.world_size:
+            restore_rng_state(states[self.rank])
+
+
+def malformed(path: Path, legacy: Optional[LegacyCheck] = None) -> Optional[str]:
+    """``"malformed (its 'rng' entry is ...)"`` for a checkpoint file whose entries are not as ``train.py`` writes them
+    (:func:`entries_problem`; read with ``mmap``: its tensors stay on disk), else ``None``; a :class:`CheckpointError`
+    where it holds code (refused, never run) or does not load (``legacy``: as
+    :func:`utils.checkpoint.files.torch_file_problem` takes it)."""
+    saved = load_torch_file(path, mmap=True, legacy=legacy)
+    problem = entries_problem(saved) if isinstance(saved, Mapping) else f"it holds a {type(saved).__name__}, not a dict"
+    return None if problem is None else f"malformed ({problem})"
+
+
+@dataclasses.dataclass(frozen=True)
+class SingleFile:
+    """The core's checkpoint format (``utils.checkpoint.resume.CheckpointFormat``): one file per step,
+    ``checkpoint_<step>.pt``, holding :func:`checkpoint_entries`' dict, written by rank 0 (:class:`FileSaver`).
+    ``legacy``: as :func:`utils.checkpoint.files.torch_file_problem` takes it."""
+
+    legacy: Optional[LegacyCheck] = None
+    noun = "file"
+
+    def problem(self, path: Path) -> Optional[str]:
+        """Why the file cannot be loaded (:func:`intact`, :func:`malformed`), or ``None``; a CheckpointError where it
+        holds code."""
+        return intact(path) or malformed(path, self.legacy) if Path(path).is_file() else "not a file"
+
+    def read(self, path: str | Path, map_location: Any = "cpu", verify: bool = True) -> dict[str, Any]:
+        """The file's dict (:func:`load_checkpoint`, which verifies it always)."""
+        return load_checkpoint(path, map_location, self.legacy)
+
+    def load(self, path: str | Path, states: Mapping[str, Stateful], saved: Mapping[str, Any]) -> tuple[str, ...]:
+        """The weights, strictly (another network's keys and shapes named: :func:`load_model_state`); the other states
+        are ``saved``'s entries."""
+        load_model_state(states["model"], saved["model"], str(path))
+        return ("model",)
+
+    def continues(self, path: Path) -> None:
+        """``None``: a run saving files resumes from any checkpoint it reads."""
+
+    def saver(self, output_dir: Path, dist: DistInfo, train: Any) -> FileSaver:
+        return FileSaver(Path(output_dir), dist.rank, train.keep_last)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileSaver:
+    """A run's saves as single files (:class:`SingleFile`): rank 0 writes each at once; ``keep_last``: as
+    :func:`save_checkpoint` takes it."""
+
+    output_dir: Path
+    rank: int
+    keep_last: int
+    background = False
+
+    def save(self, step: int, states: Mapping[str, Stateful], info: Mapping[str, Any]) -> Optional[Path]:
+        """Rank 0 writes ``states`` and ``info`` (:func:`checkpoint_entries`) as step ``step`` and returns the file;
+        ``None`` on the other ranks. Raises what :func:`save_checkpoint` raises."""
+        entries = checkpoint_entries(states, info)
+        return save_checkpoint(self.output_dir, entries, step, self.keep_last) if self.rank == 0 else None
+
+    def poll(self) -> None:
+        """``None``: nothing is written in the background."""
+
+    wait = poll
+
+    def share(self, nbytes: int) -> int:
+        """Rank 0 writes the whole checkpoint of ``nbytes``; twice where the folder takes no link (a copy is made)."""
+        return nbytes if takes_links(self.output_dir) else 2 * nbytes
 
 
 RELEASE_FORMAT = "release"  # the "format" entry of a release checkpoint

@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from utils.checkpoint.files import CheckpointError, misfit, torch_file_problem
-from utils.checkpoint.resume import Formats, read_checkpoint
+from utils.checkpoint.resume import Formats
 from utils.framing import Framing, saved_framing
 
 
@@ -45,7 +45,7 @@ def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str 
     if path.is_file() and (problem := torch_file_problem(path, formats.legacy)) is not None:
         raise CheckpointError(f"{label} {path} {problem}")
     try:
-        state = read_checkpoint(path, formats=formats)
+        state = formats.of(path).read(path)
     except CheckpointError:
         if path.is_dir() or published is None:
             raise
@@ -58,7 +58,7 @@ def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str 
         framing = recorded_framing(state, models[name].recipe, f"{label} {path}")
         if path.is_dir():  # a sharded folder (read_checkpoint refused it without the part)
             return Weights(f"a sharded checkpoint of model '{name}' at step {state.get('step')}", name, {},
-                           load_folder=functools.partial(formats.folder.load_sharded_model, path), framing=framing)
+                           load_folder=functools.partial(formats.folder.load_weights, path), framing=framing)
         return Weights(f"a checkpoint of model '{name}' at step {state.get('step')}", name, state["model"],
                        framing=framing)
     if published is None:

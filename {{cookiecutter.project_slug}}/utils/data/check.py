@@ -17,11 +17,10 @@ from tqdm import tqdm
 
 from model import ModelSpec
 from utils.checkpoint.files import atomic_write_bytes
-from utils.config import Config, ConfigError
+from utils.config import Config
 from utils.data.audio import AudioConfig, MelSpectrogram, check_wav_not_truncated
 from utils.data.corpus import BadClip, DataError, Utterance, load_splits
 from utils.run import check_output_dir
-from utils.run_log import one_line
 
 SILENCE_PEAK = 1e-4
 """A clip none of whose samples exceeds this (full scale 1, about -80 dBFS: 3 steps of 16-bit PCM) is silent."""
@@ -153,27 +152,24 @@ def describe(bad: Sequence[BadClip], shown: int = 20) -> str:
     return f"{len(bad)} bad clip(s): {named}{more}"
 
 
-def prepare_run(cfg: Config, spec: ModelSpec, output_dir: Path) -> tuple[str, object]:
-    """Rank 0's checks before training, broadcast as ``("error", message)`` or ``("skip", ids to leave out)``: the
-    output folder must be writable; bad corpus lines (:func:`load_splits`) and clips (:func:`check_corpus`) are an error
-    naming them, or with ``data.on_bad_clip=skip`` listed in ``OUTPUT/skipped_clips.txt`` (id, path, reason), named (the
-    first 20) in a warning, and returned for ``data.exclude``."""
+def prepare_run(cfg: Config, spec: ModelSpec, output_dir: Path) -> list[str]:
+    """Rank 0's checks before training: the output folder must be writable (else a ConfigError); bad corpus lines
+    (:func:`load_splits`) and clips (:func:`check_corpus`) are a DataError naming them, or with
+    ``data.on_bad_clip=skip`` listed in ``OUTPUT/skipped_clips.txt`` (id, path, reason), named (the first 20) in a
+    warning, and their ids returned for ``data.exclude`` (``[]``: none)."""
     listed: list = []  # the corpus lines load_splits refused
-    try:
-        check_output_dir(output_dir)
-        train_utts, val_utts = load_splits(cfg.data, bad=listed)
-    except (ConfigError, DataError) as err:
-        return "error", one_line(err)
+    check_output_dir(output_dir)
+    train_utts, val_utts = load_splits(cfg.data, bad=listed)
     text_check = (lambda text: spec.training.check_text(text, cfg)) if spec.training.check_text is not None else None
     bad = listed + check_corpus([*train_utts, *val_utts], cfg.audio, text_check,
                                 cache_file=default_cache_file(cfg.data.dataset_path), progress=True)
     if not bad:
-        return "skip", []
+        return []
     if cfg.data.on_bad_clip == "error":
-        return "error", (f"{describe(bad)} (in {cfg.data.dataset_path}); fix or remove them, or set "
-                         "data.on_bad_clip=skip to train without them")
+        raise DataError(f"{describe(bad)} (in {cfg.data.dataset_path}); fix or remove them, or set "
+                        "data.on_bad_clip=skip to train without them")
     listing = output_dir / "skipped_clips.txt"
     atomic_write_bytes(listing, "".join(f"{c.id}\t{c.path}\t{c.reason}\n" for c in bad).encode())
     print(f"warning: leaving out {len(bad)} bad clip(s), listed in {listing} ({describe(bad)})", file=sys.stderr,
           flush=True)
-    return "skip", [clip.id for clip in bad]
+    return [clip.id for clip in bad]

@@ -62,16 +62,16 @@ class EMA:
         return dict(self.averages)
 
     @torch.no_grad()
-    def load_state_dict(self, averages: dict[str, torch.Tensor], source: str) -> None:
+    def load_state_dict(self, averages: dict[str, torch.Tensor]) -> None:
         """Put saved averages back (copied into this run's tensors, shards included); a ``ValueError`` names saved
         names or shapes that are not this model's averaged parameters."""
         missing, unexpected = sorted(set(self.averages) - set(averages)), sorted(set(averages) - set(self.averages))
         if missing or unexpected:
-            raise ValueError(f"{source}: its EMA weights do not fit this model (missing: {', '.join(missing[:3]) or '-'}"
-                             f"; unexpected: {', '.join(unexpected[:3]) or '-'})")
+            raise ValueError(f"EMA weights of other parameters (missing: {', '.join(missing[:3]) or '-'}; unexpected: "
+                             f"{', '.join(unexpected[:3]) or '-'})")
         for name, average in averages.items():
             if average.shape != self.averages[name].shape:
-                raise ValueError(f"{source}: EMA weight {name} has shape {tuple(average.shape)}, the model's "
+                raise ValueError(f"EMA weight {name} has shape {tuple(average.shape)}, the model's "
                                  f"{tuple(self.averages[name].shape)}")
             self.averages[name].copy_(average)
 

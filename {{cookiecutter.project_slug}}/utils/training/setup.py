@@ -17,12 +17,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from distributed import DistInfo, apply_gradient_allreduce, broadcast_object
+from distributed import DistInfo, apply_gradient_allreduce, from_rank0
 from model import ModelSpec
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.checkpointer import Checkpointer
 from utils.checkpoint.names import last_checkpoint_path
-from utils.checkpoint.resume import Formats, agreed_resume_path, read_checkpoint, world_size_change
+from utils.checkpoint.resume import Formats, agreed_resume_path
+from utils.checkpoint.state import RngStates
 from utils.checkpoint.weights import load_into, read_weights
 from utils.config import Config, ConfigError
 from utils.data.check import prepare_run
@@ -105,13 +106,11 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     ``train.max_steps`` already (said). Raises :class:`DataError`, :class:`ConfigError`, :class:`CheckpointError`,
     :class:`TrainingError`: one line each."""
     spec, output_dir = models[args.model], Path(args.output_dir)
-    kind, found = broadcast_object(prepare_run(cfg, spec, output_dir) if dist.is_main else None)
-    if kind == "error":
-        raise DataError(found)
+    found = from_rank0(lambda: prepare_run(cfg, spec, output_dir), ConfigError, DataError)
     cfg.data.exclude = sorted({*cfg.data.exclude, *found})  # load_splits leaves these out
-    checkpoint_path = agreed_resume_path(args.resume, output_dir, dist.rank, parts.formats)
-    saved = None if checkpoint_path is None else read_checkpoint(checkpoint_path, dist.device, verify=dist.is_main,
-                                                                 formats=parts.formats)
+    checkpoint_path = agreed_resume_path(args.resume, output_dir, parts.formats)
+    saved = None if checkpoint_path is None else \
+        parts.formats.of(checkpoint_path).read(checkpoint_path, dist.device, verify=dist.is_main)
     model, weights_settings = build_model(models, args, cfg, dist, (checkpoint_path, saved), parts.formats)
     precision = setup_precision(cfg.train.precision, dist.device)
     criterion = spec.training.build_criterion(cfg)
@@ -123,11 +122,12 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     train_loader, val_loader = build_loaders(spec, cfg, dist, parts.datasets)
     train_utterances = len(train_loader.dataset)
     state, accumulation, run_ids = TrainState(), cfg.train.grad_accumulation, {}
-    checkpointer = Checkpointer({"model": model, **checkpoint_parts(spec, optimizers, schedulers, precision.scaler),
-                                 "ema": ema, "position": state}, output_dir, dist, cfg.train, parts.formats)
-    if saved is not None:
-        accumulation, run_ids = resume(spec, (checkpoint_path, saved), checkpointer, cfg, train_utterances)  # state too
-        saved = None  # its tensors go now, not after DDP's buckets are made
+    states = {"model": model, **checkpoint_parts(spec, optimizers, schedulers, precision.scaler), "position": state,
+              "rng": RngStates(dist.rank, dist.world_size), **({"ema": ema} if ema is not None else {})}
+    checkpointer = Checkpointer(states, output_dir, dist, cfg.train, parts.formats)
+    if saved is not None:  # every part's state, the position too; its tensors go now, not after DDP's buckets are made
+        resumed = checkpointer.resume(checkpoint_path, saved, cfg, spec.name, train_utterances)
+        accumulation, run_ids, saved = resumed.grad_accumulation, resumed.tracker_runs, None
     if state.step >= cfg.train.max_steps:
         if dist.is_main:
             print(f"nothing to train: {output_dir} is at step {state.step} and train.max_steps is "
@@ -273,32 +273,6 @@ def model_datasets(spec: ModelSpec, cfg: Config, datasets: Optional[Callable[...
     ``data.mel_dir``), else the model's ``Training.build_datasets``."""
     found = datasets(spec, cfg) if datasets is not None else None
     return found if found is not None else spec.training.build_datasets(cfg)
-
-
-def resume(spec: ModelSpec, checkpoint: tuple[Path, dict], checkpointer: Checkpointer, cfg: Config,
-           train_utterances: int) -> tuple[int, dict[str, str]]:
-    """Put the checkpoint back into the run's parts (:meth:`Checkpointer.load`, raising what it raises; ``checkpoint``:
-    its path and the entries read there); returns the gradient accumulation that keeps the global batch on another
-    number of processes, and the trackers' run ids the checkpoint holds (``{}``: none). A :class:`CheckpointError` for
-    a single file and an FSDP run."""
-    (path, saved), dist = checkpoint, checkpointer.dist
-    accumulation, batch_size = cfg.train.grad_accumulation, cfg.section(spec.name).batch_size
-    if cfg.train.sharded and not Path(path).is_dir():
-        raise CheckpointError(f"{path} is a single-file checkpoint (train.parallelism=ddp); continue "
-                              "it with train.parallelism=ddp (a ddp run reads sharded checkpoints too)")
-    before = checkpointer.load(path, spec.name, config=cfg.to_dict(), train_utterances=train_utterances, saved=saved)
-    state = checkpointer.position
-    note = None
-    if before["config"].get("train", {}).get("grad_accumulation", accumulation) == accumulation:
-        accumulation, note = world_size_change(before["world_size"], before["grad_accumulation"], dist.world_size,
-                                               batch_size, accumulation)
-    # else: the user changed train.grad_accumulation (named in the config warning): theirs, as given
-    state.batch_in_epoch = state.samples_in_epoch // (batch_size * dist.world_size)
-    if dist.is_main:
-        if note:
-            print(note, file=sys.stderr, flush=True)
-        print(f"resumed from {path} at step {state.step} (epoch {state.epoch}, sample {state.samples_in_epoch} of it)")
-    return accumulation, before["tracker_runs"]
 
 
 def phase_networks(spec: ModelSpec, model) -> dict:
