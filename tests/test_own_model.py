@@ -163,7 +163,8 @@ def train_args(example: Example) -> list[str]:
 def add_own_model(project: Path, example: Example, replace: str = "") -> None:
     """Copy the project's example model file to ``models/<name>.py`` with ``example.edits`` made and list it in the
     registry (``models/__init__.py``: its import after the last model import, its ``SPEC`` at the end of the list), as
-    its docstring says; with ``replace``, delete that example model (its files, registry lines and config sections)."""
+    its docstring says; with ``replace``, delete that example model (its files, registry lines, the tagged lines of
+    ``parts.py`` that name it and its config sections), as the manual's "Replacing an example model" says."""
     text = (project / example.docs_file).read_text()
     assert "Benchmark(" not in text, f"{example.docs_file} has a Benchmark: the suite is proven on models without one"
     for old, new in example.edits:
@@ -181,6 +182,9 @@ def add_own_model(project: Path, example: Example, replace: str = "") -> None:
         for rel in MODEL_FILES[replace]:
             path = project / rel
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        root = project / "parts.py"  # its groups of the parts (exports, weight readers, benchmarks): tagged lines
+        root.write_text("".join(line for line in root.read_text().splitlines(keepends=True)
+                                if not (replace in line and "# part: " in line)))
         config = json.loads((project / "config.json").read_text())
         config.pop(replace)
         config["tiny"].pop(replace)
