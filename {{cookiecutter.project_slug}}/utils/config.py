@@ -198,6 +198,10 @@ class Config:
         """Plain dict (what checkpoints store; :func:`config_from_dict` loads it back, tuples from JSON lists too)."""
         return {name: value.model_dump() for name, value in self._sections.items()}
 
+    def defaults(self) -> dict[str, dict[str, Any]]:
+        """Each section's keys at their defaults, as :meth:`to_dict` gives values."""
+        return {name: type(value)().model_dump() for name, value in self._sections.items()}
+
     def changed_since(self, before: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
         """``{section: {key: value}}``: the values that differ from ``before`` (an earlier :meth:`to_dict`)."""
         return {name: changed for name, values in self.to_dict().items()

@@ -143,12 +143,12 @@ class Checkpointer:
             self.log.print(f"warning: the background checkpoint save did not finish ({one_line(err)}); the previous "
                            "checkpoint is intact")
 
-    def load(self, path: str | Path, model_name: str, config: Optional[Mapping[str, Any]] = None,
+    def load(self, path: str | Path, model_name: str, config: Optional[Config] = None,
              train_utterances: Optional[int] = None, saved: Optional[dict[str, Any]] = None) -> Resumed:
         """Put a checkpoint back into every part: those its format holds its own way by its ``load`` (the weights
         first), the others through their ``load_state_dict``: the position (``samples_in_epoch`` worked out for an
         older checkpoint), the RNG states on the same world size, a part the checkpoint lacks afresh (``reset()``).
-        Rank 0 warns about changed settings of ``config`` (``Config.to_dict()``) and ``train_utterances``
+        Rank 0 warns about changed settings of ``config`` (the run's) and ``train_utterances``
         (:func:`warn_changes`). ``saved``: its entries where the caller read them already (its format's ``read`` on
         this device). A :class:`CheckpointError` for an unreadable or unsafe checkpoint, another model, entries not as
         ``train.py`` writes them (``entries_problem``), weights or states that do not fit (``load_part``), or a
@@ -201,7 +201,7 @@ class Checkpointer:
         :class:`CheckpointError` for a checkpoint the run's format cannot continue."""
         if (problem := self.format.continues(Path(path))) is not None:
             raise CheckpointError(f"{path} {problem}")
-        resumed = self.load(path, model_name, config=cfg.to_dict(), train_utterances=train_utterances, saved=saved)
+        resumed = self.load(path, model_name, config=cfg, train_utterances=train_utterances, saved=saved)
         accumulation, batch_size = cfg.train.grad_accumulation, cfg.section(model_name).batch_size
         note, world_size = None, self.dist.world_size
         if resumed.config.get("train", {}).get("grad_accumulation", accumulation) == accumulation:

@@ -16,7 +16,7 @@ from distributed import DistInfo, all_gather_object, from_rank0
 from utils.checkpoint.files import CheckpointError, LegacyCheck, torch_file_problem
 from utils.checkpoint.names import LAST_FILE, aside, last_links, list_numbered
 from utils.checkpoint.state import SingleFile, Stateful, malformed
-from utils.config import read_moved
+from utils.config import Config, read_moved
 from utils.framing import recorded_audio
 
 
@@ -192,17 +192,20 @@ def move_aside(path: Path, kind: str = "damaged") -> Path:
     raise CheckpointError(f"cannot rename the {kind} {path}: too many .{kind} copies beside it")
 
 
-def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
+def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], ignore: tuple[str, ...] = (),
+                   defaults: Optional[Mapping[str, Mapping[str, Any]]] = None) -> list[str]:
     """``"section.key: old -> new"`` (values as JSON writes them) for every setting, but those in ``ignore``, that
-    differs between two ``Config.to_dict()`` dicts (or that only one has)."""
+    differs between two ``Config.to_dict()`` dicts, or that only one has; a key ``before`` lacks (recorded before the
+    key existed) is no change where ``now`` holds its default (``defaults``: ``Config.defaults()``)."""
     changes = []
     for section in sorted(set(before) | set(now)):
         old, new = before.get(section, {}), now.get(section, {})
         if not isinstance(old, Mapping) or not isinstance(new, Mapping):
             continue
+        known = {**(defaults or {}).get(section, {}), **old}
         changes += [f"{section}.{key}: {as_json(old.get(key, 'unset'))} -> {as_json(new.get(key, 'unset'))}"
                     for key in sorted(set(old) | set(new))
-                    if f"{section}.{key}" not in ignore and old.get(key, "unset") != new.get(key, "unset")]
+                    if f"{section}.{key}" not in ignore and known.get(key, "unset") != new.get(key, "unset")]
     return changes
 
 
@@ -223,11 +226,13 @@ def saved_config(saved: Mapping[str, Any]) -> dict[str, Any]:
     return config
 
 
-def warn_changes(saved: Mapping[str, Any], path, before: Mapping[str, Any],
-                 config: Optional[Mapping[str, Any]], train_utterances: Optional[int]) -> None:
+def warn_changes(saved: Mapping[str, Any], path, before: Mapping[str, Any], config: Optional[Config],
+                 train_utterances: Optional[int]) -> None:
     """Rank 0's warnings on a resume from ``saved``: settings of ``config`` that differ from ``before``
-    (:func:`saved_config`), ``train.max_steps`` aside, and a corpus of another size than the checkpoint's."""
-    if config is not None and before and (changes := config_changes(before, config, ignore=("train.max_steps",))):
+    (:func:`saved_config`; :func:`config_changes`), ``train.max_steps`` aside, and a corpus of another size than the
+    checkpoint's."""
+    if config is not None and before and (changes := config_changes(before, config.to_dict(), ("train.max_steps",),
+                                                                     config.defaults())):
         print(f"warning: the config differs from the one {path} was trained with: {'; '.join(changes)}",
               file=sys.stderr, flush=True)
     if train_utterances is not None and (known := saved.get("train_utterances")) not in (None, train_utterances):
