@@ -236,14 +236,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="auto: continue from OUTPUT/checkpoint_last.pt if present; none; or a checkpoint path")
     parser.add_argument("--init-from", metavar="WEIGHTS",
                         help="start from these weights, with a fresh optimizer at step 0 (fine-tuning): a checkpoint "
-                             "of this project" + (", or NVIDIA's Tacotron2 or WaveGlow checkpoint, or jik876's HiFi-GAN "
-                                                  "generator" if PARTS.formats.published else "")
+                             "of this project" + (f", or a published file ({PARTS.formats.published.sources})"
+                                                  if PARTS.formats.published else "")
                              + "; an --output-dir with its own checkpoint resumes that instead")
     parser.add_argument("--tiny", action="store_true", help="apply the config's tiny block (CPU smoke runs)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config value; repeatable")
     argv = sys.argv[1:] if argv is None else argv
-    # SageMaker passes hyperparameters as --name value: --train.lr 1e-4 is --set train.lr=1e-4, --tiny True is --tiny
+    # a platform's hyperparameters as --name value: --train.lr 1e-4 is --set train.lr=1e-4, --tiny True is --tiny
     args = parser.parse_args(platforms.hyperparameter_argv(argv, ["--tiny"]) if platforms else argv)
     if args.model is None:
         parser.error("models/ registers no model: add one (see model.py)")

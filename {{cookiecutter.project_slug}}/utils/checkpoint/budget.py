@@ -18,8 +18,8 @@ UNSAVED_BYTES = 64 << 20
 """What a model may build beyond its checkpoint's bytes: buffers no checkpoint holds, its initialisation's
 temporaries."""
 RELEASE_BYTES = 512 << 20
-"""And beyond a release file's: the modules outside ``Inference.modules``, built afresh (HiFi-GAN V1's discriminators:
-283 MB)."""
+"""And beyond a release file's: the modules outside ``Inference.modules``, built afresh (a GAN's discriminators: 283 MB
+in jik876's V1)."""
 TENSOR_MIN_BYTES = 16 << 10
 """What each tensor counts at the least (its module's Python objects and their time): a config multiplying
 small layers stops as soon as one widening them."""
@@ -34,7 +34,7 @@ CONSTRUCTORS = frozenset({
 
 
 def bytes_on_disk(path: str | Path) -> int:
-    """Bytes of a checkpoint file, or of every file in a sharded checkpoint folder."""
+    """Bytes of a checkpoint file, or of every file in a checkpoint folder."""
     path = Path(path)
     return path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 

@@ -62,6 +62,8 @@ class PublishedFormat(Protocol):
     """Weights another project published, and PyTorch's format before 1.6 they come in (the after-training tools'
     ``utils.checkpoint.published.Readers``)."""
 
+    sources: str  # what such files are, for --help
+
     def legacy_problem(self, path: Path) -> Optional[str]: ...
 
     def read(self, path: Path, cfg: Any, label: str) -> Any: ...  # -> utils.checkpoint.weights.Weights
@@ -72,7 +74,7 @@ class Formats:
     """The checkpoint formats a project reads besides its single files, each None where it left their part out:
     ``parts.py`` builds it, and hands it to every reader of checkpoints."""
 
-    folder: Optional[FolderFormat] = None  # sharded checkpoint folders
+    folder: Optional[FolderFormat] = None  # checkpoint folders, one per step
     published: Optional[PublishedFormat] = None  # other projects' weights, PyTorch's legacy files
 
     @property
@@ -127,8 +129,8 @@ def agreed_resume_path(resume: str, output_dir: Path, formats: Formats) -> Optio
 
 def resume_path(resume: str, output_dir: str | Path, formats: Formats) -> tuple[Optional[Path], list[str]]:
     """The checkpoint ``--resume`` names, and notes to print about the choice. ``auto``: the newer of the
-    ``checkpoint_last.pt`` and ``checkpoint_last`` (sharded) links, else the newest intact numbered checkpoint
-    (:func:`_newest_intact`), else ``None``; ``none``: ``None``; else that file or sharded folder (of ``formats``). A
+    ``checkpoint_last.pt`` and ``checkpoint_last`` (a folder's) links, else the newest intact numbered checkpoint
+    (:func:`_newest_intact`), else ``None``; ``none``: ``None``; else that file or folder (of ``formats``). A
     :class:`CheckpointError` for ``none`` on a folder with checkpoints, ``auto`` where every one is damaged (step 0
     would overwrite them), or a path that is no intact checkpoint."""
     output_dir = Path(output_dir)

@@ -36,7 +36,7 @@ def checkpoint_bytes(modules: Sequence[torch.nn.Module], optimizer_moments: int 
 
 def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, keep_last: int = 0) -> Path:
     """Write ``checkpoint_<step>.pt`` atomically into ``output_dir``, point ``checkpoint_last.pt`` at it
-    (:func:`point_last`; a sharded ``checkpoint_last`` link, older, goes) and return it; the newest ``keep_last`` by
+    (:func:`point_last`; a folder's ``checkpoint_last`` link, older, goes) and return it; the newest ``keep_last`` by
     step stay (0: all; the one just written always). A :class:`CheckpointError` where ``state`` holds objects a
     ``weights_only`` load refuses (nothing written) or a file cannot be written (no earlier checkpoint touched)."""
     output_dir = Path(output_dir)
@@ -49,7 +49,7 @@ def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, ke
         written.append(path)
         point_last(path, data)
         written.append(files[1])
-        if (output_dir / LAST_FOLDER).is_symlink():  # an older sharded checkpoint's: this file is newer
+        if (output_dir / LAST_FOLDER).is_symlink():  # an older checkpoint folder's: this file is newer
             (output_dir / LAST_FOLDER).unlink()
             fsync_dir(output_dir)
     except OSError as err:  # a full disk, a quota, a folder gone read-only: the earlier files are untouched

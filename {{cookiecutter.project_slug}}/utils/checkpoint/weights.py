@@ -18,12 +18,11 @@ from utils.framing import Framing, saved_framing
 @dataclasses.dataclass
 class Weights:
     """Weights read by :func:`read_weights`: ``source`` (what the file is, for the log), ``state`` (this project's key
-    names), ``partial`` (key prefixes the file lacks: they keep their initialisation), ``load_folder``: a sharded
-    checkpoint folder's reader of its weights into a model, which :func:`load_into` calls (``state`` is then empty),
-    and ``framing``: the
-    ``audio.mel_framing`` of the mels they were trained on where the file records it (a checkpoint of ``train.py``:
-    :func:`utils.framing.saved_framing`), else None (a published file, or an import that recorded null: its model's
-    recipe tells)."""
+    names), ``partial`` (key prefixes the file lacks: they keep their initialisation), ``load_folder``: a checkpoint
+    folder's reader of its weights into a model, which :func:`load_into` calls (``state`` is then empty), and
+    ``framing``: the ``audio.mel_framing`` of the mels they were trained on where the file records it (a checkpoint of
+    ``train.py``: :func:`utils.framing.saved_framing`), else None (a published file, or an import that recorded null:
+    its model's recipe tells)."""
 
     source: str
     model_name: str
@@ -56,8 +55,8 @@ def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str 
             raise CheckpointError(f"{label} {path}: it holds a '{name}' model, which models/__init__.py does not "
                                   "register")
         framing = recorded_framing(state, models[name].recipe, f"{label} {path}")
-        if path.is_dir():  # a sharded folder (read_checkpoint refused it without the part)
-            return Weights(f"a sharded checkpoint of model '{name}' at step {state.get('step')}", name, {},
+        if path.is_dir():  # a folder of formats.folder (formats.of refused it without one)
+            return Weights(f"a {formats.folder.noun} of model '{name}' at step {state.get('step')}", name, {},
                            load_folder=functools.partial(formats.folder.load_weights, path), framing=framing)
         return Weights(f"a checkpoint of model '{name}' at step {state.get('step')}", name, state["model"],
                        framing=framing)
@@ -78,7 +77,7 @@ def recorded_framing(saved: dict[str, Any], recipe: dict[str, Any], what: str) -
 
 
 def load_into(model: torch.nn.Module, weights: Weights, source: str) -> list[str]:
-    """Copy ``weights.state`` (or a sharded folder's, by ``weights.load_folder``) into ``model``: every key outside
+    """Copy ``weights.state`` (or a folder's, by ``weights.load_folder``) into ``model``: every key outside
     ``weights.partial``, shapes matching, and no other; returns the key prefixes that kept their initialisation. A
     :class:`CheckpointError` names missing, unexpected or misshapen keys (at most 5 of each)."""
     if weights.load_folder is not None:

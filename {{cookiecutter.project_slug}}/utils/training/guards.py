@@ -91,9 +91,10 @@ class StepOutcome(StepRecord):
 
 class SpikeMonitor:
     """Flags a spike of one series: a value above ``high + (factor - 1) * max(|high|, high - low)`` of the last
-    ``window`` values (``factor * high`` for a positive series; the rest: WaveGlow's negative loss), after ``warmup``
-    values; spikes do not enter the window; ``factor <= 0`` disables it. The recent highest, not a mean: on H100
-    WaveGlow runs "3x the running mean" fired 3-23 times per healthy run, this rule never; loud noise gave 4-17x."""
+    ``window`` values (``factor * high`` for a positive series; the rest: a flow's negative log-likelihood), after
+    ``warmup`` values; spikes do not enter the window; ``factor <= 0`` disables it. The recent highest, not a mean: in
+    H100 runs of a flow vocoder "3x the running mean" fired 3-23 times per healthy run, this rule never; loud noise gave
+    4-17x."""
 
     def __init__(self, factor: float, warmup: int = 20, window: int = 100):
         self.factor, self.warmup = factor, warmup

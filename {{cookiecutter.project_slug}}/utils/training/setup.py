@@ -44,8 +44,8 @@ from utils.training.validate import Validator
 
 
 class Sharding(Protocol):
-    """A model prepared before its optimizers exist, and gathered for rank 0's validation pictures (the sharding
-    part's ``utils.training.fsdp`` is one)."""
+    """A model prepared before its optimizers exist (split over the ranks), and gathered whole for rank 0's validation
+    pictures."""
 
     def prepare_model(self, spec: ModelSpec, model: torch.nn.Module, train: Any,
                       networks: Callable[[], dict[str, torch.nn.Module]]) -> None: ...
@@ -169,7 +169,7 @@ def run_writer(spec: ModelSpec, cfg: Config, where: tuple[Path, int, dict[str, s
         str(output_dir / "tensorboard")
     if parts.writer is not None:
         writer = parts.writer(cfg, spec.name, output_dir, folder, step, run_ids)
-        if cfg.train.tracker_log_checkpoint:  # the newest checkpoint when the run ends, file or sharded folder
+        if cfg.train.tracker_log_checkpoint:  # the newest checkpoint when the run ends, file or folder
             writer.checkpoint = functools.partial(last_checkpoint_path, output_dir)
         return writer
     return tensorboard_writer(folder, step)
@@ -177,7 +177,7 @@ def run_writer(spec: ModelSpec, cfg: Config, where: tuple[Path, int, dict[str, s
 
 WEIGHTS_SETTINGS = "weights_settings"
 """The checkpoint entry of the settings a run's first weights set in its config (``{section: {key: value}}``: what a
-published format's ``Published.read`` set, e.g. HiFi-GAN V2's generator sizes); a resume sets them again over the
+published format's ``Published.read`` set, e.g. a published generator's sizes); a resume sets them again over the
 config's (:func:`resumed_settings`), so that a fine-tuning job restarts with the command that started it."""
 
 
@@ -196,7 +196,7 @@ def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Con
             print(f"note: --init-from {args.init_from} is not used: {args.output_dir} holds this run's own checkpoint, "
                   "which it resumes", file=sys.stderr, flush=True)
         settings = resumed_settings(spec, path, saved, cfg, dist.is_main)
-    elif args.init_from:  # read first: a published format may set its sizes in cfg (HiFi-GAN V2, V3)
+    elif args.init_from:  # read first: a published format may set its sizes in cfg
         before = cfg.to_dict()
         weights = read_weights(args.init_from, models, cfg, formats=formats)  # ours, or a published one
         settings = cfg.changed_since(before)
@@ -287,7 +287,7 @@ def phase_networks(spec: ModelSpec, model) -> dict:
 
 
 def build_phases(spec: ModelSpec, model, optimizers: dict, schedulers: dict, train: LoopSettings) -> list[Phase]:
-    """One :class:`Phase` per optimizer, each network DDP-wrapped on its own (under FSDP already sharded), with the
+    """One :class:`Phase` per optimizer, each network DDP-wrapped on its own (split over the ranks already: as it is), with the
     ``train`` section's spike and non-finite guards; a :class:`TrainingError` as :func:`phase_networks` raises it."""
     nets = phase_networks(spec, model)
     skip = "skip" in (train.on_nonfinite, train.on_spike)
