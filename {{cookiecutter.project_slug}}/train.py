@@ -105,8 +105,7 @@ def log_window(run: Run, window: StepWindow, grad_norm: float) -> None:
 
 def main(argv=None) -> int:
     """``python train.py``: 0 when done or stopped by a signal (130 after Ctrl-C without a launcher), else 1 after one
-    ``ERROR:`` line. Also the entry of a framework that starts the processes and their process group itself (Ray
-    Train: ``train.main(["--config", ...])`` in each worker): that group is used and not destroyed at the end."""
+    ``ERROR:`` line; also called in the workers of a framework that makes the process group (left to it)."""
     stop = StopRequest()  # first: a signal from here on stops the run cleanly instead of killing it
     try:
         args = parse_args(argv)
@@ -219,8 +218,7 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_args(argv=None) -> argparse.Namespace:
     """``train.py``'s command line. Raises CommandLineError for an unknown, missing or malformed argument, an option
-    that a ``--set`` contradicts, or a platform's folder variable that cannot work here (``--help`` still prints and
-    exits 0)."""
+    a ``--set`` contradicts, or a platform's folder variable that cannot work here."""
     models = sorted(MODELS)
     platforms = PARTS.platforms  # the cloud platforms' folders and argument style, where present
     parser = _Parser(description=__doc__.split("\n\n")[0])

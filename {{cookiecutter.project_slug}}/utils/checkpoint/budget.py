@@ -1,8 +1,6 @@
-"""A model built from a checkpoint's recorded config (``inference.py``, ``scripts/export.py``): that config is data as
-much as the weights are, and a crafted one can ask for a 240 GB layer, or for 10^9 small ones. :func:`build_recorded`
-builds it while counting the tensors the build creates, each sized on the meta device before it is allocated, and
-stops at the bytes the checkpoint justifies; the weights' keys and shapes are compared after
-(:func:`utils.checkpoint.files.load_model_state`)."""
+"""A model built from a checkpoint's recorded config, which is data as much as the weights are: a crafted one can ask
+for a 240 GB layer, or 10^9 small ones. :func:`build_recorded` counts the tensors the build creates, each sized on the
+meta device before it is allocated, and stops at the bytes the checkpoint justifies."""
 
 from __future__ import annotations
 
@@ -41,10 +39,9 @@ def bytes_on_disk(path: str | Path) -> int:
 
 def build_recorded(build: Callable[[], torch.nn.Module], checkpoint: str | Path, release: bool = False
                    ) -> torch.nn.Module:
-    """``build()`` (a model of ``checkpoint``'s recorded config), its tensors summing to at most the checkpoint's
-    :func:`bytes_on_disk` plus :data:`UNSAVED_BYTES` (plus :data:`RELEASE_BYTES` for a ``release`` file), each counted
-    as at least :data:`TENSOR_MIN_BYTES`. Raises :class:`CheckpointError` at the first tensor past that sum, before it
-    is allocated."""
+    """``build()``, its tensors (each at least :data:`TENSOR_MIN_BYTES`) within :func:`bytes_on_disk` of
+    ``checkpoint`` and :data:`UNSAVED_BYTES` (and :data:`RELEASE_BYTES` for a ``release`` file). Raises
+    :class:`CheckpointError` at the first tensor past that, before it is allocated."""
     on_disk, extra = bytes_on_disk(checkpoint), UNSAVED_BYTES + RELEASE_BYTES * release
     try:
         with _Budget(on_disk + extra):

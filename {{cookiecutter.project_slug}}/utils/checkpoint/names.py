@@ -72,12 +72,9 @@ def last_checkpoint(output_dir: str | Path) -> str:
 
 def last_good_checkpoint(output_dir: str | Path, step: int, skips_before: int,
                          suspect: Optional[Path] = None) -> str:
-    """The newest checkpoint of ``output_dir`` (file or folder) to name as good at an anomaly of ``step`` after
-    ``skips_before`` updates skipped in a row: a first one may be its batch's fault, so one saved before ``step``; in a
-    run of skips from step ``b`` on, the weights after step ``b - 1``'s update are the ones that keep failing (every
-    checkpoint since holds them), so one saved before ``b - 1``. Else ``"none kept from before step N"``. ``suspect``:
-    a checkpoint never named (the one a run loaded its weights from when they turned non-finite before a save: loaded
-    again, it leads there again); where it was passed over, the answer says so."""
+    """The newest checkpoint to name as good at an anomaly of ``step`` after ``skips_before`` skips in a row: saved
+    before ``step``, or in a run of skips from ``b`` before ``b - 1`` (its weights are the ones that keep failing); else
+    ``"none kept from before step N"``. ``suspect`` is never named, and the answer says it was passed over."""
     before = step - skips_before - (skips_before > 0)
     earlier = [path for path in list_numbered(output_dir) if step_of(path) < before]
     kept = [path for path in earlier if suspect is None or os.path.realpath(path) != os.path.realpath(suspect)]

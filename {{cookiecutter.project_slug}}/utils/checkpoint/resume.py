@@ -1,6 +1,5 @@
-"""The checkpoint formats (:class:`CheckpointFormat`, held by :class:`Formats`) and resuming: which checkpoint
-``--resume`` means, agreed by every rank; the settings changed since; the global batch on another number of processes.
-``Checkpointer`` puts it back."""
+"""The checkpoint formats (:class:`Formats`) and resuming: which checkpoint ``--resume`` means, agreed by every rank;
+the settings changed since; the global batch on another number of processes."""
 
 from __future__ import annotations
 
@@ -35,9 +34,8 @@ class Saver(Protocol):
 
 
 class CheckpointFormat(Protocol):
-    """How checkpoints lie on disk, one per step: a single file (``utils.checkpoint.state.SingleFile``, the core's) or
-    a part's folder (:attr:`Formats.folder`). ``Checkpointer`` saves a run in its format and loads a checkpoint through
-    the format of its path (:meth:`Formats.of`), whose ``load`` puts back the states it holds its own way."""
+    """How checkpoints lie on disk, one per step: the core's single file (``state.SingleFile``) or a part's folder;
+    ``load`` puts back the states the format holds its own way."""
 
     noun: str  # what a checkpoint of it is called in a message
 
@@ -108,9 +106,8 @@ class Formats:
 
 
 def agreed_resume_path(resume: str, output_dir: Path, formats: Formats) -> Optional[Path]:
-    """The checkpoint to resume from, decided by rank 0 (:func:`resume_path`, its notes printed there) and seen alike by
-    every rank (one shared ``--output-dir``); else, or where rank 0's decision fails, a :class:`CheckpointError` on
-    every rank."""
+    """The checkpoint to resume from, decided by rank 0 (:func:`resume_path`) and seen alike by every rank; else a
+    :class:`CheckpointError` on every rank."""
     def decide() -> Optional[Path]:
         path, notes = resume_path(resume, output_dir, formats)
         for note in notes:
@@ -128,11 +125,9 @@ def agreed_resume_path(resume: str, output_dir: Path, formats: Formats) -> Optio
 
 
 def resume_path(resume: str, output_dir: str | Path, formats: Formats) -> tuple[Optional[Path], list[str]]:
-    """The checkpoint ``--resume`` names, and notes to print about the choice. ``auto``: the newer of the
-    ``checkpoint_last.pt`` and ``checkpoint_last`` (a folder's) links, else the newest intact numbered checkpoint
-    (:func:`_newest_intact`), else ``None``; ``none``: ``None``; else that file or folder (of ``formats``). A
-    :class:`CheckpointError` for ``none`` on a folder with checkpoints, ``auto`` where every one is damaged (step 0
-    would overwrite them), or a path that is no intact checkpoint."""
+    """The checkpoint ``--resume`` names, and notes on the choice: ``auto`` the newest intact (the last links first),
+    or ``None``; ``none``: ``None``; else that path. A :class:`CheckpointError` for ``none`` where checkpoints are,
+    ``auto`` where every one is damaged (step 0 would overwrite them), a path that is no intact checkpoint."""
     output_dir = Path(output_dir)
     # A link's own time (lstat) is when it was put in place; a copy's is when it was written.
     lasts = sorted(last_links(output_dir), key=lambda path: path.lstat().st_mtime, reverse=True)
@@ -156,9 +151,8 @@ def resume_path(resume: str, output_dir: str | Path, formats: Formats) -> tuple[
 
 def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path],
                    formats: Formats) -> tuple[Optional[Path], list[str]]:
-    """``--resume auto``: the first intact of ``lasts``, then of ``numbered`` from the newest step down; the numbered
-    ones passed over are renamed ``.damaged`` (holding code: ``.unsafe``), out of pruning's way. A
-    :class:`CheckpointError` when all are damaged or unsafe, or a link names what is gone and no other is there."""
+    """The first intact of ``lasts``, then of ``numbered`` newest first, those passed over renamed ``.damaged`` (or
+    ``.unsafe``). A :class:`CheckpointError` when all are damaged, or a link names what is gone and none is there."""
     notes, problems, passed_over, gone = [], [], [], []
     for path in [*lasts, *reversed(numbered)]:
         if path.is_symlink() and not path.exists():  # what the link named was pruned or removed
@@ -217,9 +211,8 @@ def as_json(value: Any) -> str:
 
 
 def saved_config(saved: Mapping[str, Any]) -> dict[str, Any]:
-    """The config a checkpoint's run trained with (``{}`` where it has none; a section that is no dict, as in a crafted
-    file, left out), its ``audio`` section as :func:`utils.framing.recorded_audio` reads one made before
-    ``audio.mel_framing``, the keys an earlier version had as :func:`utils.config.read_moved` reads them."""
+    """The config a checkpoint's run trained with (``{}``: none; a section that is no dict left out), read as this
+    version reads it (``recorded_audio``, ``read_moved``)."""
     config = saved.get("config") if isinstance(saved.get("config"), Mapping) else {}
     config = {section: keys for section, keys in config.items() if isinstance(keys, Mapping)}
     config = read_moved(config, saved.get("model_name"))
@@ -230,9 +223,8 @@ def saved_config(saved: Mapping[str, Any]) -> dict[str, Any]:
 
 def warn_changes(saved: Mapping[str, Any], path, before: Mapping[str, Any], config: Optional[Config],
                  train_utterances: Optional[int]) -> None:
-    """Rank 0's warnings on a resume from ``saved``: settings of ``config`` that differ from ``before``
-    (:func:`saved_config`; :func:`config_changes`), ``train.max_steps`` aside, and a corpus of another size than the
-    checkpoint's."""
+    """Rank 0's warnings on a resume: settings of ``config`` that differ from ``before`` (but ``train.max_steps``), a
+    corpus of another size than the checkpoint's."""
     if config is not None and before and (changes := config_changes(before, config.to_dict(), ("train.max_steps",),
                                                                      config.defaults())):
         print(f"warning: the config differs from the one {path} was trained with: {'; '.join(changes)}",
@@ -245,10 +237,8 @@ def warn_changes(saved: Mapping[str, Any], path, before: Mapping[str, Any], conf
 
 def world_size_change(written_by: int, accumulation: int, world_size: int, batch_size: int,
                       requested: int) -> tuple[int, Optional[str]]:
-    """``(grad_accumulation, line saying so)`` for a run resumed from a checkpoint that ``written_by`` processes wrote
-    with ``accumulation`` (``batch_size``: samples per process per micro-batch; ``requested``: the config's, unused);
-    ``(accumulation, None)`` on the same world size. The global batch (``batch_size * grad_accumulation *
-    world_size``) is kept when it divides, else the closest accumulation (at least 1) is taken and the line says so."""
+    """``(grad_accumulation, line saying so)`` on a resume of ``written_by`` processes' checkpoint (``requested``:
+    unused): the global batch, ``batch_size * grad_accumulation * world_size``, kept where it divides, else closest."""
     if written_by == world_size:
         return accumulation, None
     before = batch_size * accumulation * written_by
