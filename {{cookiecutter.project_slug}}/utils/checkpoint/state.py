@@ -292,12 +292,15 @@ class SingleFile:
     noun = "file"
 
     def problem(self, path: Path) -> Optional[str]:
+        """Why the file cannot be loaded (:func:`intact`, :func:`malformed`), or ``None``."""
         return intact(path) or malformed(path, self.legacy) if Path(path).is_file() else "not a file"
 
     def read(self, path: str | Path, map_location: Any = "cpu", verify: bool = True) -> dict[str, Any]:
+        """The file's dict, verified always (:func:`load_checkpoint`)."""
         return load_checkpoint(path, map_location, self.legacy)
 
     def load(self, path: str | Path, states: Mapping[str, Stateful], saved: Mapping[str, Any]) -> tuple[str, ...]:
+        """The weights, strictly (:func:`load_model_state`); the other states are ``saved``'s entries."""
         load_model_state(states["model"], saved["model"], str(path))
         return ("model",)
 
@@ -318,11 +321,12 @@ class FileSaver:
     background = False
 
     def save(self, step: int, states: Mapping[str, Stateful], info: Mapping[str, Any]) -> Optional[Path]:
+        """Rank 0's file of step ``step`` (``None`` on the others); raises what :func:`save_checkpoint` raises."""
         entries = checkpoint_entries(states, info)
         return save_checkpoint(self.output_dir, entries, step, self.keep_last) if self.rank == 0 else None
 
     def poll(self) -> None:
-        return None  # nothing is written in the background
+        """``None``: nothing is written in the background."""
 
     wait = poll
 
