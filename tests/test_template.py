@@ -189,6 +189,34 @@ def test_a_vocoder_alone_has_no_tacotron2_option_anywhere(bake, vocoder, other):
     assert "--wav" in help_text and "--text" not in help_text and "--vocoder" not in help_text
 
 
+OWN_WORDS = {"waveglow": ["waveglow"], "tacotron2": ["tacotron2"], "hifigan": ["hifigan", "hifi-gan"]}
+"""How each example model is named; a project of one names no other (NVIDIA's ``TacotronSTFT`` and the framings
+``nvidia``/``jik876`` are other words)."""
+PART_ANSWERS = [name for name, choices in json.loads((ROOT / "cookiecutter.json").read_text()).items()
+                if choices == ["yes", "no"]]
+
+
+@pytest.mark.parametrize("parts", ["yes", "no"])
+@pytest.mark.parametrize("model", list(OWN_WORDS))
+def test_a_single_model_project_names_no_other_example_model(bake, model, parts):
+    """Outside ``tests/`` (whose reference fixtures name the repositories they came from), with every part or
+    none, case-insensitive, as whole words."""
+    project = bake(example_model=model, project_slug=f"{model}_{parts}", **dict.fromkeys(PART_ANSWERS, parts))
+    others = [word for name, words in OWN_WORDS.items() if name != model for word in words]
+    pattern = re.compile(rf"(?<![\w])({'|'.join(map(re.escape, others))})(?![\w])", re.IGNORECASE)
+    found = [f"{path.relative_to(project)}:{number}: {line.strip()}" for path in sorted(project.rglob("*"))
+             if path.is_file() and path.relative_to(project).parts[0] != "tests"
+             for number, line in enumerate(path.read_text().splitlines(), start=1) if pattern.search(line)]
+    assert not found, "\n".join(found[:20])
+
+
+def test_the_readme_of_a_project_with_every_part_fits_the_first_hour(bake):
+    """The README of the largest project (both models, every part) keeps to a first hour's reading: the quick start
+    and a line per capability; the depth is the manual's."""
+    lines = len((bake(example_model="both") / "README.md").read_text().splitlines())
+    assert lines <= 200, f"the README of both with every part has {lines} lines"
+
+
 def test_regenerating_over_a_git_project_works_and_leaves_git_alone(tmp_path):
     """``cookiecutter -f`` over an existing project that is a git repository (binary files in .git)."""
     assert generate_cli(tmp_path, "example_model=both").returncode == 0

@@ -1,14 +1,6 @@
-"""Data-parallel training helpers with NVIDIA's multi-GPU names, done by ``torch.distributed``. In a script started
-by ``multiproc.py`` (torchrun), ``srun`` or ``mpirun``::
-
-    info = init_distributed()                 # reads the launcher's environment (utils/launch.py)
-    model = apply_gradient_allreduce(MyNet().to(info.device))
-    loss_for_logging = reduce_tensor(loss.detach())   # mean over all ranks
-    cleanup()
-
-Alone (world size 1) nothing is initialised and every helper is an identity. Sources:
-https://pytorch.org/docs/stable/distributed.html, https://pytorch.org/docs/stable/notes/ddp.html.
-"""
+"""Data-parallel training helpers with NVIDIA's multi-GPU names (``init_distributed``, ``apply_gradient_allreduce``,
+``reduce_tensor``, ``cleanup``), done by ``torch.distributed``; alone (world size 1) every helper is an identity.
+Sources: https://pytorch.org/docs/stable/distributed.html, https://pytorch.org/docs/stable/notes/ddp.html."""
 
 from __future__ import annotations
 
@@ -38,7 +30,7 @@ _timeout_s: Optional[float] = None  # the process group's timeout (init_distribu
 
 
 class CollectiveError(dist.DistBackendError):
-    """A collective (all-reduce, all-gather, barrier, rendezvous) failed on this rank; ``collective``: its name."""
+    """A collective failed on this rank; ``collective``: its name."""
 
     def __init__(self, message: str, collective: str):
         super().__init__(message)
@@ -51,10 +43,10 @@ class CollectiveTimeout(CollectiveError):
 
 @contextlib.contextmanager
 def collective(name: str, rank: Optional[int] = None, timeout: Optional[tuple[str, float]] = None):
-    """Turn a communication failure inside (torch's ``DistError``, or gloo's bare ``RuntimeError`` recognised by its
-    text) into one line naming this rank, the collective ``name`` and the timeout (``timeout``: its name and seconds,
-    default the process group's); other errors (out of memory) pass unchanged. Raises :class:`CollectiveTimeout` when
-    the error says it timed out after at least 80% of the timeout, else :class:`CollectiveError`."""
+    """A communication failure inside (torch's ``DistError``, or gloo's bare ``RuntimeError`` by its text) as one line
+    naming this rank, the collective ``name`` and the timeout (``timeout``: its name and seconds; default the process
+    group's): :class:`CollectiveTimeout` after at least 80% of the timeout, else :class:`CollectiveError`. Other errors
+    (out of memory) pass unchanged."""
     start = time.monotonic()
     try:
         yield
@@ -83,8 +75,7 @@ _COMMUNICATION_RE = re.compile(r"gloo|nccl|time[d ]?\s?out|connection (?:closed|
 
 @dataclasses.dataclass(frozen=True)
 class DistInfo:
-    """Where this process sits in the job: global ``rank``, ``local_rank`` (its GPU's index on this node),
-    ``world_size`` (1 alone), ``device`` and the process group's ``backend`` (``None`` without a process group)."""
+    """Where this process sits in the job; ``local_rank``: its GPU's index on this node; ``backend``: None alone."""
 
     rank: int
     local_rank: int
@@ -103,16 +94,14 @@ RENDEZVOUS_FLOOR_S = 300.0  # the shortest default rendezvous timeout: ranks sta
 def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800,
                      rendezvous_timeout_s: Optional[float] = None,
                      check_environ: Optional[Callable[[Mapping[str, str]], None]] = None) -> DistInfo:
-    """Join the launcher's job (:func:`utils.launch.detect_launcher_env`): set the device (``cuda:<local_rank>`` before
-    any CUDA call, or ``cpu``) and, with world size > 1, export ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-    ``MASTER_ADDR``, ``MASTER_PORT`` and call ``init_process_group`` (NCCL bound to this GPU with CUDA, else gloo); an
-    existing group (Ray Train's) is used as is. ``timeout_s``: seconds a collective waits; ``rendezvous_timeout_s``: for
-    every rank to start (default ``max(timeout_s, RENDEZVOUS_FLOOR_S)``); ``check_environ``: a platform's check of the
-    environment before it is read (raising ValueError). Under torchrun, SIGTERM if the launcher dies.
+    """Join the launcher's job (:func:`utils.launch.detect_launcher_env`): the device (``cuda:<local_rank>``, set
+    before any CUDA call, or ``cpu``) and with world size > 1 the process group (NCCL bound to this GPU, else gloo;
+    an existing group is used as is). ``timeout_s``: seconds a collective waits; ``rendezvous_timeout_s``: for every
+    rank to start (default ``max(timeout_s, RENDEZVOUS_FLOOR_S)``); ``check_environ``: a check of the environment
+    before it is read. Under torchrun, SIGTERM if the launcher dies.
 
     Raises:
-        ValueError: inconsistent launcher variables (or refused by ``check_environ``), a non-positive timeout, or
-            ``backend="nccl"`` without CUDA.
+        ValueError: inconsistent launcher variables (or ``check_environ``'s), a non-positive timeout, NCCL without CUDA.
         RuntimeError: ``LOCAL_RANK`` >= the number of visible GPUs.
         CollectiveTimeout: the rendezvous timed out (a rank never started); CollectiveError: it failed otherwise.
     """
@@ -121,11 +110,11 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800,
         if seconds <= 0:
             raise ValueError(f"{name} must be > 0, got {seconds}")
     die_with_launcher()
-    if dist.is_initialized():  # ours from an earlier call, or the caller's (Ray Train)
+    if dist.is_initialized():  # ours from an earlier call, or the caller's
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         local_rank = _int_var(os.environ, "LOCAL_RANK") if os.environ.get("LOCAL_RANK") else 0
         return DistInfo(dist.get_rank(), local_rank, dist.get_world_size(), device, dist.get_backend())
-    if check_environ is not None:  # e.g. a pod's index that is no process's rank
+    if check_environ is not None:
         check_environ(os.environ)
     env = detect_launcher_env(os.environ)
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -143,8 +132,9 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 1800,
 
 def _join(env: dict, device: torch.device, backend: Optional[str], timeout_s: float,
           rendezvous_timeout_s: float) -> DistInfo:
-    """:func:`init_distributed` with world size > 1, on ``env://``'s store with its own join timeout: rank 0's, or under
-    torchrun the launcher's with a prefix per restart (a restarted rank must not read its predecessors' addresses)."""
+    """:func:`init_distributed`'s process group, exporting ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+    ``MASTER_PORT``, on a store with its own join timeout: rank 0's, or under torchrun the launcher's with a prefix per
+    restart (a restarted rank must not read its predecessors' addresses)."""
     rank, local_rank, world_size = env["rank"], env["local_rank"], env["world_size"]
     addr, port, wait = env["master_addr"], env["master_port"], datetime.timedelta(seconds=rendezvous_timeout_s)
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
@@ -178,26 +168,25 @@ def get_world_size() -> int:
 
 
 def barrier() -> None:
-    """Wait until every rank reaches this point; no-op alone. Raises :class:`CollectiveTimeout` past the timeout."""
+    """Wait until every rank reaches this point."""
     if get_world_size() > 1:
         with collective("barrier"):
             dist.barrier()
 
 
 def cleanup() -> None:
-    """Destroy the default process group if one exists. Garbage is collected first: objects in reference cycles bound
-    to it (DDP's reducer, a sharded model's state) left to the interpreter's exit abort it (SIGABRT)."""
+    """Destroy the default process group, if any, after a garbage collection: objects in reference cycles bound to it
+    (DDP's reducer), left to the interpreter's exit, abort it (SIGABRT)."""
     if dist.is_initialized():
         gc.collect()
         dist.destroy_process_group()
 
 
 def apply_gradient_allreduce(model: nn.Module, **ddp_options) -> nn.Module:
-    """Make ``model``'s gradients the average over all ranks: after ``backward()`` each rank holds the gradient of the
-    mean loss over all ranks' (equal) batches, all-reduced in buckets during the backward by ``DistributedDataParallel``
-    with ``ddp_options`` (defaults: ``device_ids``, the model's one GPU; ``gradient_as_bucket_view``). Move the model to
-    its device first. Returns ``model`` itself with world size 1, or when already wrapped or split over the ranks.
-    Raises TypeError when ``model`` is not an ``nn.Module``. Source: https://pytorch.org/docs/stable/notes/ddp.html."""
+    """``model`` (on its device) in ``DistributedDataParallel`` with ``ddp_options`` (defaults: ``device_ids``, its one
+    GPU; ``gradient_as_bucket_view``): after ``backward()`` each rank holds the gradient of the mean loss over all
+    ranks' batches, all-reduced in buckets during the backward. ``model`` itself alone, or already wrapped or split over
+    the ranks. Raises TypeError for what is no ``nn.Module``."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"apply_gradient_allreduce needs an nn.Module, got {type(model).__name__}")
     if isinstance(model, DistributedDataParallel) or split_over_ranks(model) or get_world_size() == 1:
@@ -212,8 +201,8 @@ def apply_gradient_allreduce(model: nn.Module, **ddp_options) -> nn.Module:
 
 @contextlib.contextmanager
 def no_sync(model: nn.Module):
-    """Inside the block, backward passes accumulate gradients locally, without DDP's all-reduce or a sharded model's
-    reduce-scatter (``DistributedDataParallel.no_sync``, ``set_requires_gradient_sync``); a plain module: nothing."""
+    """Backward passes inside accumulate gradients locally: no all-reduce (``DistributedDataParallel.no_sync``) or
+    reduce-scatter of a model split over the ranks (``set_requires_gradient_sync``)."""
     if isinstance(model, DistributedDataParallel):
         with model.no_sync():
             yield
@@ -228,8 +217,8 @@ def no_sync(model: nn.Module):
 
 
 def split_over_ranks(obj: object) -> bool:
-    """Whether ``obj`` is split over the ranks: a ``DTensor`` (a sharded model's parameters, gradients, norm) or a
-    module ``fully_shard`` made. False until ``torch.distributed.tensor`` is imported (0.6 s: not at every start)."""
+    """Whether ``obj`` is split over the ranks: a ``DTensor``, or a module ``fully_shard`` made. False until
+    ``torch.distributed.tensor`` is imported (0.6 s: not at every start)."""
     if sys.modules.get("torch.distributed.tensor") is None:
         return False
     if isinstance(obj, nn.Module):
@@ -238,7 +227,7 @@ def split_over_ranks(obj: object) -> bool:
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The plain module inside DDP and/or ``torch.compile`` wrappers, in any nesting (for saving, exporting)."""
+    """The plain module inside DDP and ``torch.compile`` wrappers, in any nesting."""
     while True:
         if isinstance(model, DistributedDataParallel):
             model = model.module
@@ -249,13 +238,9 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 
 def reduce_tensor(tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
-    """All-reduce a detached copy of ``tensor`` (any shape, the same on every rank) element-wise over all ranks: ``op``
-    ``"mean"`` (floating dtypes), ``"sum"``, ``"max"`` or ``"min"``. Returns a new tensor like it (alone a clone).
-
-    Raises:
-        ValueError: unknown ``op``. TypeError: not a tensor, or ``op="mean"`` on a non-floating dtype.
-        CollectiveTimeout: another rank did not join in time; CollectiveError: the all-reduce failed otherwise.
-    """
+    """A detached copy of ``tensor`` (any shape, the same on every rank) all-reduced element-wise: ``op`` ``"mean"``
+    (floating dtypes), ``"sum"``, ``"max"`` or ``"min"``. Raises ValueError (unknown ``op``), TypeError (no tensor, a
+    mean of integers), as :func:`collective`."""
     if op not in _REDUCE_OPS:
         raise ValueError(f"reduce_tensor: unknown op {op!r}; use one of {sorted(_REDUCE_OPS)}")
     if not isinstance(tensor, torch.Tensor):
@@ -279,10 +264,9 @@ T = TypeVar("T")
 
 
 def from_rank0(compute: Callable[[], T], *errors: type[Exception]) -> T:
-    """What ``compute()`` returns on rank 0 (it runs there alone), on every rank, which must all call this together; or,
-    where it raises one of ``errors``, that error raised on every rank (rank 0's own, the others a copy: its type and
-    message; it must pickle). Raises :class:`CollectiveTimeout` past the process group's timeout (rank 0 raising
-    another error ends there). Source: ``torch.distributed.broadcast_object_list``."""
+    """What ``compute()`` returns on rank 0 (it runs there alone), on every rank (all call this together); where it
+    raises one of ``errors``, that error on every rank (a picklable copy on the others); rank 0 raising another error
+    leaves the others to :class:`CollectiveTimeout`. Source: ``torch.distributed.broadcast_object_list``."""
     value, error = None, None
     if get_world_size() == 1 or dist.get_rank() == 0:
         try:
@@ -300,8 +284,7 @@ def from_rank0(compute: Callable[[], T], *errors: type[Exception]) -> T:
 
 
 def all_gather_object(obj) -> list:
-    """Every rank's ``obj`` (picklable; small, rare exchanges), in rank order, on every rank; ``[obj]`` alone. Raises
-    :class:`CollectiveTimeout` past the process group's timeout. Source: ``torch.distributed.all_gather_object``."""
+    """Every rank's ``obj`` (picklable, small), in rank order, on every rank: ``dist.all_gather_object``."""
     if get_world_size() == 1:
         return [obj]
     gathered = [None] * dist.get_world_size()

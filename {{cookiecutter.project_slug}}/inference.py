@@ -2,7 +2,7 @@
 
     python inference.py --checkpoint out/checkpoint_last.pt --output out.wav [model options]
     python inference.py --checkpoint out/checkpoint_last.pt --help      # the options of that checkpoint's model
-    python inference.py --checkpoint out/checkpoint_last --output out.wav   # a sharded checkpoint (FSDP) alike
+    python inference.py --checkpoint out/checkpoint_last --output out.wav   # a checkpoint folder alike, if any
 
 The checkpoint names its model and carries its config; the work is the model's ``Inference.infer``, its options its
 ``Inference.add_args``. Every failure is one ``ERROR:`` line and exit status 1; nothing is written then.
@@ -32,18 +32,11 @@ from utils.training.ema import averaged_parameters
 
 
 def load_trained(path: str | Path, device: torch.device) -> tuple[str, torch.nn.Module, Config]:
-    """``(model name, model, config)`` of a checkpoint (a single file, a sharded folder, or a release checkpoint of
-    ``ModelSpec.inference_modules`` only), the model in eval mode on ``device``; EMA weights replace the raw ones,
-    and a line on stderr says so. The config's ``audio.mel_framing`` is the one the weights were trained on
-    (:func:`utils.framing.saved_framing`: jik876 for a checkpoint made before the setting; the model's reference for an
-    import that recorded null, and a line on stderr says so).
-
-    Raises:
-        CheckpointError: unreadable or unsafe file, a model this project does not define, a recorded config that
-            builds a larger model than the checkpoint's bytes justify (:func:`utils.checkpoint.budget.build_recorded`:
-            refused before that is allocated), or weights that do not fit.
-        ConfigError: the checkpoint's config does not load (e.g. a key this version does not know).
-    """
+    """``(model name, model, config)`` of a checkpoint (a file, a folder of ``PARTS.formats``, a release file), the
+    model in eval mode on ``device``, its EMA weights in place where it has them (said), its config's
+    ``audio.mel_framing`` the one the weights were trained on (:func:`utils.framing.saved_framing`). Raises
+    CheckpointError (unreadable or unsafe, a model this project does not define, a recorded config larger than the
+    checkpoint's bytes justify, weights that do not fit), ConfigError (a config that does not load)."""
     state = PARTS.formats.of(path).read(path)
     name = state.get("model_name")
     if name not in MODELS:
@@ -106,7 +99,7 @@ def build_parser(model_names: list[str]) -> argparse.ArgumentParser:
                                      conflict_handler="resolve" if len(model_names) > 1 else "error")
     parser.add_argument("--checkpoint", required=True,
                         help="a checkpoint written by train.py: a .pt file"
-                             + (" or a sharded checkpoint folder" if PARTS.formats.folder else ""))
+                             + (f" or a {PARTS.formats.folder.noun} folder" if PARTS.formats.folder else ""))
     parser.add_argument("--output", required=True, help="where to write (a .wav file for the example models)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cpu, cuda or cuda:N (default: cuda when available)")
@@ -126,9 +119,8 @@ def build_parser(model_names: list[str]) -> argparse.ArgumentParser:
 
 
 def load_vocoder(path: str, device: torch.device) -> tuple[Callable[[torch.Tensor], torch.Tensor], Config]:
-    """The ``mel (n_mels, frames) -> audio (samples,)`` of the vocoder checkpoint ``path`` (:func:`load_trained`), and
-    its config: what a mel-making model's ``infer`` gets as ``args.load_vocoder`` (for ``--vocoder``). Raises
-    :class:`CheckpointError` as :func:`load_trained`, and for a model that cannot vocode."""
+    """The ``mel (n_mels, frames) -> audio (samples,)`` of the vocoder checkpoint ``path``, and its config
+    (``args.load_vocoder`` of ``--vocoder``). Raises :class:`CheckpointError` also for a model that cannot vocode."""
     name, vocoder, cfg = load_trained(path, device)
     spec = MODELS[name].inference
     if spec is None or spec.vocode is None:

@@ -61,7 +61,7 @@ class Training:
     variable_length: bool = False  # items differ in length; the train dataset has lengths(): data.batching=buckets
     log_validation: Optional[Callable[..., None]] = None  # rank 0: (model, batch, outputs, step, writer, dir, cfg=)
     optimize_for_training: Optional[Callable[..., nn.Module]] = None  # (model, cfg, **compile_kwargs): train.compile
-    # model -> its repeated units in forward order: what FSDP shards one by one and activation checkpointing recomputes
+    # model -> its repeated units in forward order: what a model split over the ranks splits and recomputes one by one
     blocks: Optional[Callable[[nn.Module], list[nn.Module]]] = None
     phases: Optional[Phases] = None  # several optimizers; None: one network, one loss, one optimizer
 

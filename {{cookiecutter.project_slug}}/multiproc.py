@@ -154,11 +154,10 @@ class RendezvousError(RuntimeError):
 
 
 def rendezvous(args: argparse.Namespace) -> TCPStore:
-    """The job's rendezvous store at ``master_addr:master_port``, multi-tenant (torchrun's static rendezvous reuses it)
-    and held to the end so that no other program takes the port. Node 0 hosts it (one node without ``--master-port``:
-    on a port the kernel picks, set in ``args``); with ``--nnodes`` > 1 every node checks in and waits for all within
-    ``--rdzv-timeout``. File descriptor 2 is silenced while it opens: c10d logs a failed connect as a C++ stack trace.
-    Raises RendezvousError naming what failed."""
+    """The job's rendezvous store, multi-tenant (torchrun's static rendezvous reuses it) and held to the end so that no
+    other program takes the port: node 0's (one node without ``--master-port``: a port the kernel picks, set in
+    ``args``), every node checked in within ``--rdzv-timeout``; c10d's C++ trace of a failed connect silenced. Raises
+    RendezvousError naming what failed."""
     where = f"{args.master_addr}:{args.master_port}"
     sys.stderr.flush()
     saved = os.dup(2)

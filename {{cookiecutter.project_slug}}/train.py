@@ -105,8 +105,7 @@ def log_window(run: Run, window: StepWindow, grad_norm: float) -> None:
 
 def main(argv=None) -> int:
     """``python train.py``: 0 when done or stopped by a signal (130 after Ctrl-C without a launcher), else 1 after one
-    ``ERROR:`` line. Also the entry of a framework that starts the processes and their process group itself (Ray
-    Train: ``train.main(["--config", ...])`` in each worker): that group is used and not destroyed at the end."""
+    ``ERROR:`` line; also called in the workers of a framework that makes the process group (left to it)."""
     stop = StopRequest()  # first: a signal from here on stops the run cleanly instead of killing it
     try:
         args = parse_args(argv)
@@ -219,8 +218,7 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_args(argv=None) -> argparse.Namespace:
     """``train.py``'s command line. Raises CommandLineError for an unknown, missing or malformed argument, an option
-    that a ``--set`` contradicts, or a platform's folder variable that cannot work here (``--help`` still prints and
-    exits 0)."""
+    a ``--set`` contradicts, or a platform's folder variable that cannot work here."""
     models = sorted(MODELS)
     platforms = PARTS.platforms  # the cloud platforms' folders and argument style, where present
     parser = _Parser(description=__doc__.split("\n\n")[0])
@@ -236,14 +234,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="auto: continue from OUTPUT/checkpoint_last.pt if present; none; or a checkpoint path")
     parser.add_argument("--init-from", metavar="WEIGHTS",
                         help="start from these weights, with a fresh optimizer at step 0 (fine-tuning): a checkpoint "
-                             "of this project" + (", or NVIDIA's Tacotron2 or WaveGlow checkpoint, or jik876's HiFi-GAN "
-                                                  "generator" if PARTS.formats.published else "")
+                             "of this project" + (f", or a published file ({PARTS.formats.published.sources})"
+                                                  if PARTS.formats.published else "")
                              + "; an --output-dir with its own checkpoint resumes that instead")
     parser.add_argument("--tiny", action="store_true", help="apply the config's tiny block (CPU smoke runs)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config value; repeatable")
     argv = sys.argv[1:] if argv is None else argv
-    # SageMaker passes hyperparameters as --name value: --train.lr 1e-4 is --set train.lr=1e-4, --tiny True is --tiny
+    # a platform's hyperparameters as --name value: --train.lr 1e-4 is --set train.lr=1e-4, --tiny True is --tiny
     args = parser.parse_args(platforms.hyperparameter_argv(argv, ["--tiny"]) if platforms else argv)
     if args.model is None:
         parser.error("models/ registers no model: add one (see model.py)")

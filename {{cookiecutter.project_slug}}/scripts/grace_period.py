@@ -3,7 +3,7 @@ has exited. Set the platform's grace period (Kubernetes' ``terminationGracePerio
 ``multiproc.py --stop-timeout`` from these numbers.
 
     python -m scripts.grace_period [--after-steps 5] [--json FILE] [-- launcher options] -- train.py's arguments
-    python -m scripts.grace_period -- --config config.json --model waveglow --dataset-path data/LJSpeech-1.1
+    python -m scripts.grace_period -- --config config.json --model NAME --dataset-path data/LJSpeech-1.1
     python -m scripts.grace_period --launcher="--nproc-per-node 2" -- --config config.json --tiny
 
 Runs ``python multiproc.py [launcher options] train.py ARGS`` into a temporary ``--output-dir``, sends the launcher

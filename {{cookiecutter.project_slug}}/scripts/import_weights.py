@@ -38,8 +38,8 @@ def settle_framing(cfg: Config, weights: Weights) -> str:
     """Fill ``cfg`` as ``train.py`` fills a run's (:func:`utils.training.recipe.apply_recipe`: the settings it leaves
     null take the model's recipe), ``audio.mel_framing`` first set to the framing a checkpoint of this project records
     (``weights.framing``), replacing the config's: its weights keep the frames they were trained on. A published file
-    records none and takes its model's reference framing (NVIDIA's Tacotron2 and WaveGlow: ``nvidia``; jik876's
-    HiFi-GAN: ``jik876``), or the value the config gives. Returns what the output line adds: the framing, and the
+    records none and takes its model's reference framing (its ``ModelSpec.recipe``'s: ``nvidia`` or ``jik876``), or
+    the value the config gives. Returns what the output line adds: the framing, and the
     config's value it replaced."""
     given = cfg.audio.mel_framing
     if weights.framing is not None:
@@ -53,7 +53,7 @@ def settle_framing(cfg: Config, weights: Weights) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Write the published file as a checkpoint of this project. Returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("weights", type=Path, help="the published file (NVIDIA Tacotron2/WaveGlow, jik876 HiFi-GAN)")
+    parser.add_argument("weights", type=Path, help=f"the published file ({PARTS.formats.published.sources})")
     parser.add_argument("--output", type=Path, required=True, help="the checkpoint to write (a .pt file)")
     parser.add_argument("--config", default=str(ROOT / "config.json"), help="the config to build the model with")
     parser.add_argument("--tiny", action="store_true", help="apply the config's tiny block (weights of tiny models)")

@@ -3,7 +3,7 @@
     python -m scripts.memory                          # 2 processes, a 24-block model (~50M parameters)
     python -m scripts.memory --nproc 4 --depth 48 --json memory.json
     python -m scripts.memory --tiny                   # a quick look: 6 blocks of width 512 (~20 s on 2 CPU cores)
-    python -m scripts.memory --model waveglow         # a registered model, its config.json size (--tiny: its tiny one)
+    python -m scripts.memory --model NAME             # a registered model, its config.json size (--tiny: its tiny one)
 
 Starts its own ranks, trains one step per wrapping (ddp, fsdp) and activation checkpointing (none, full, selective),
 and reports per rank, in MiB: parameters, gradients, optimizer state, activations (GPU: peak allocated; CPU:

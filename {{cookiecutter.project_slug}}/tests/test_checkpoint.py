@@ -26,7 +26,7 @@ from torch import nn
 
 from distributed import DistInfo
 from models import MODELS
-from parts import PARTS
+from parts import PARTS, TrainConfig
 from utils.checkpoint.checkpointer import Checkpointer, Resumed
 from utils.checkpoint.files import (CheckpointError, atomic_write_bytes, intact, load_checkpoint, load_model_state,
                                     remove_stale_temporaries)
@@ -35,6 +35,7 @@ from utils.checkpoint.names import list_checkpoints
 from utils.checkpoint.resume import config_changes, resume_path
 from utils.checkpoint.state import RngStates, capture_rng_state, restore_rng_state, save_checkpoint, takes_links
 from utils.checkpoint.weights import read_weights
+from utils.config import Config, ModelSection
 from utils.train_state import TrainState
 from utils.training.ema import EMA
 
@@ -533,6 +534,24 @@ def test_config_changes_are_named_as_config_json_writes_them():
     assert config_changes(before, now) == ['data.exclude: [] -> ["LJ001"]', "train.compile: false -> true",
                                            "train.grad_clip: 0.0 -> 0.5", "train.lr_schedule: constant -> cosine"]
 
+
+
+def test_a_key_newer_than_the_checkpoint_is_no_change_at_its_default(tmp_path, capsys):
+    """A checkpoint recorded before a key existed (its config lacks it) resumes without a warning about the key where
+    the run keeps its default; a value other than the default is still named."""
+    dist, train = DistInfo(0, 0, 1, torch.device("cpu"), None), SimpleNamespace(sharded=False, keep_last=0)
+    cfg = Config({"train": TrainConfig(), "tiny": ModelSection()})
+    recorded = cfg.to_dict()
+    del recorded["train"]["compile"]
+    path = Checkpointer(owned_parts(seed=0), tmp_path, dist, train, PARTS.formats).write(
+        {"model_name": "tiny", "config": recorded})
+    Checkpointer(owned_parts(seed=1), tmp_path, dist, train, PARTS.formats).resume(path, load_checkpoint(path), cfg,
+                                                                                     "tiny", 0)
+    assert "the config differs" not in capsys.readouterr().err
+    cfg.train.compile = True
+    Checkpointer(owned_parts(seed=1), tmp_path, dist, train, PARTS.formats).resume(path, load_checkpoint(path), cfg,
+                                                                                     "tiny", 0)
+    assert "train.compile: unset -> true" in capsys.readouterr().err
 
 # --- the checkpoint owner ---------------------------------------------------------------------------------------------
 

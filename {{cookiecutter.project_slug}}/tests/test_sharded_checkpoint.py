@@ -17,7 +17,7 @@ from conftest import write_checkpoints
 import inference
 from models import MODELS
 from parts import PARTS
-from utils.checkpoint.names import list_sharded_checkpoints
+from utils.checkpoint.names import list_checkpoint_folders
 from utils.checkpoint.resume import resume_path
 from utils.checkpoint.sharded import sharded_intact
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(TEST_MODEL is None, reason="no model is register
 
 def test_step_folders_appear_whole_the_link_names_the_last_and_keep_last_holds(tmp_path):
     write_checkpoints(tmp_path, [2, 4, 6], keep_last=2)
-    assert [p.name for p in list_sharded_checkpoints(tmp_path)] == ["checkpoint_4", "checkpoint_6"]
+    assert [p.name for p in list_checkpoint_folders(tmp_path)] == ["checkpoint_4", "checkpoint_6"]
     assert os.readlink(tmp_path / "checkpoint_last") == "checkpoint_6"
     assert not list(tmp_path.glob(".checkpoint_*")), "no partial folder or temporary link left"
     assert resume_path("auto", tmp_path, PARTS.formats) == (tmp_path / "checkpoint_last", [])
@@ -69,7 +69,7 @@ def test_a_bit_flip_inside_a_shard_is_found_and_the_intact_checkpoint_taken(tmp_
     assert f"{shard.name} fails its CRC-32 check" in notes[0] and "checkpoint_6 -> checkpoint_6.damaged" in notes[0]
     # Out of the way: the next save with keep_last=2 keeps the intact 4 beside the new 8, not the damaged 6.
     write_checkpoints(tmp_path, [8], keep_last=2)
-    assert [p.name for p in list_sharded_checkpoints(tmp_path)] == ["checkpoint_4", "checkpoint_8"]
+    assert [p.name for p in list_checkpoint_folders(tmp_path)] == ["checkpoint_4", "checkpoint_8"]
     assert (tmp_path / "checkpoint_6.damaged").is_dir()
 
 

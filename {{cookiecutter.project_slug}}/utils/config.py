@@ -1,10 +1,7 @@
-"""Configuration: read ``config.json``, apply its ``tiny`` block and ``--set`` overrides, check every key.
-
-Each section is a :class:`Section` (pydantic), read strictly as JSON gives it: an int is a float for a float field, a
-list a tuple; a bool or a string is never a number; floats are finite. Whatever is wrong is a one-line
-:class:`ConfigError` naming where the value came from (the file, its tiny block, the ``--set``), the key, what it allows
-and the value given.
-"""
+"""Configuration: ``config.json``, its ``tiny`` block and ``--set`` overrides, every key checked. Each section is a
+:class:`Section` (pydantic), read strictly as JSON gives it (an int is a float for a float field, a list a tuple; a
+bool or a string is never a number; floats are finite); whatever is wrong is a one-line :class:`ConfigError` naming
+where the value came from (the file, its tiny block, the ``--set``), the key, what it allows and the value given."""
 
 from __future__ import annotations
 
@@ -34,7 +31,7 @@ def _bare(tp: Any) -> Any:
 
 
 def _members(tp: Any) -> list[Any]:
-    """The types a union (``Optional[X]`` included) takes other than ``None``; ``[tp]`` for any other type."""
+    """The types a union takes other than ``None``; ``[tp]`` for any other type."""
     tp = _bare(tp)
     return [_bare(arg) for arg in typing.get_args(tp) if arg is not _NONE] if typing.get_origin(tp) in _UNIONS else [tp]
 
@@ -63,14 +60,14 @@ def _describe(tp: Any) -> str:
 
 
 def _bool_or_float_for_int_choice(tp: Any, value: Any) -> bool:
-    """Whether ``value`` is ``true`` or ``1.0`` for a ``Literal[1, 2]`` field: pydantic, even strict, reads it as 1."""
+    """Whether ``value`` is ``true`` or ``1.0`` for a ``Literal[1, 2]`` field (pydantic, even strict, reads 1)."""
     members = _members(tp)
     return (len(members) == 1 and typing.get_origin(members[0]) is Literal and isinstance(value, (bool, float))
             and not any(type(choice) is type(value) for choice in typing.get_args(members[0])))
 
 
 def _takes_text(tp: Any) -> bool:
-    """Whether the field type ``tp`` takes some string: ``str``, a Literal with a string, a union with one of those."""
+    """Whether the field type ``tp`` takes some string."""
     return any(member is str or (typing.get_origin(member) is Literal
                                  and any(isinstance(choice, str) for choice in typing.get_args(member)))
                for member in _members(tp))
@@ -109,8 +106,8 @@ def _explain(section: str, cls: type[Section], error: Mapping[str, Any]) -> str:
 
 
 def _read(cls: type[Section], values: Mapping[str, Any]) -> tuple[Optional[Section], list]:
-    """``values`` read as ``cls`` through JSON text (lists become tuples, ``"3"`` is no int): ``(section, [])`` or
-    ``(None, errors)``, with those pydantic lets pass (``true`` for ``Literal[1, 2]``) or cannot see (a set)."""
+    """``values`` read as ``cls`` through JSON text: ``(section, [])``, or ``(None, errors)`` with those pydantic lets
+    pass (``true`` for ``Literal[1, 2]``) or cannot see (a set)."""
     found = []
     for key, value in values.items():
         try:
@@ -136,11 +133,10 @@ def _type_errors(errors: list, keys: typing.Iterable[str]) -> list:
 
 
 class Section(BaseModel):
-    """A section of ``config.json``: subclass it and declare its keys as fields with their types, defaults, bounds
-    (``width: int = Field(64, ge=1)``; per item through ``Annotated``), choices (``Literal``) and checks across keys (a
-    ``model_validator`` raising :func:`cross_check_error`). Instances are mutable: ``cfg.data.exclude = [...]``.
-    Defining the class raises TypeError for a field without a default or of a type JSON cannot hold (a ``set``),
-    ValueError for a default out of its bounds or of the wrong type."""
+    """A section of ``config.json``: its keys as fields with types, defaults, bounds (``Field(64, ge=1)``; per item
+    through ``Annotated``), choices (``Literal``) and checks across keys (a ``model_validator`` raising
+    :func:`cross_check_error`); mutable. Defining one raises TypeError for a field without a default or of a type JSON
+    cannot hold, ValueError for a default that breaks its rules."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, validate_default=True)
 
@@ -161,8 +157,7 @@ class Section(BaseModel):
 
 
 class ModelSection(Section):
-    """What every model's section holds: ``batch_size`` (items per process and micro-batch). A model's section
-    subclasses it (``models.registry`` checks), with its own default and bounds."""
+    """What every model's section holds: ``batch_size`` (items per process and micro-batch)."""
 
     batch_size: int = Field(16, ge=1)
 
@@ -182,7 +177,7 @@ def cross_check_error(message: str, *keys: str) -> PydanticCustomError:
 
 
 class Config:
-    """Checked configuration: one :class:`Section` per section as attributes (``cfg.audio``, ``cfg.<model name>``)."""
+    """Checked configuration: one :class:`Section` per section as attributes (``cfg.audio``)."""
 
     def __init__(self, sections: Mapping[str, Section]):
         self._sections = dict(sections)
@@ -195,8 +190,12 @@ class Config:
         return self._sections[name]
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        """Plain dict (what checkpoints store; :func:`config_from_dict` loads it back, tuples from JSON lists too)."""
+        """Plain dict (what checkpoints store; :func:`config_from_dict` loads it back)."""
         return {name: value.model_dump() for name, value in self._sections.items()}
+
+    def defaults(self) -> dict[str, dict[str, Any]]:
+        """Each section's keys at their defaults, as :meth:`to_dict` gives values."""
+        return {name: type(value)().model_dump() for name, value in self._sections.items()}
 
     def changed_since(self, before: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
         """``{section: {key: value}}``: the values that differ from ``before`` (an earlier :meth:`to_dict`)."""
@@ -204,10 +203,9 @@ class Config:
                 if (changed := {key: value for key, value in values.items() if before.get(name, {}).get(key) != value})}
 
     def apply(self, values: Any, source: str) -> list[tuple[str, Any, Any]]:
-        """Set ``values`` (``{section: {key: value}}`` as :meth:`changed_since` gives them; ``source``: where they come
-        from, e.g. a checkpoint) in their sections, each section checked whole (types, bounds, checks across keys)
-        before any value is set; returns ``(section.key, old, new)`` for each value that changed. Raises ConfigError
-        naming ``source`` for what is not such an object, an unknown section or key, or a value that fails a check."""
+        """Set ``values`` (as :meth:`changed_since` gives them; ``source``: where they come from), each section checked
+        whole before any value is set; returns ``(section.key, old, new)`` for each change. Raises ConfigError naming
+        ``source`` for what is no such object, an unknown section or key, or a value that fails a check."""
         if not isinstance(values, Mapping):
             raise ConfigError(f"{source} must be an object of sections, got {type(values).__name__}")
         schemas, read = {name: type(section) for name, section in self._sections.items()}, {}
@@ -227,7 +225,7 @@ class Config:
 
 
 def _section_cls(label: str, schemas: Mapping[str, type[Section]], section: str, values: Any) -> type[Section]:
-    """The class of section ``section``, once the section and its keys (of ``values``) are known ones."""
+    """The class of ``section``, once it and the keys of ``values`` are known ones."""
     if section not in schemas:
         raise ConfigError(f"{label}: unknown section '{section}' (known: {', '.join(schemas)})")
     if not isinstance(values, Mapping):
@@ -241,7 +239,7 @@ def _section_cls(label: str, schemas: Mapping[str, type[Section]], section: str,
 
 
 def _check_layer(label: str, block: Any, schemas: Mapping[str, type[Section]]) -> dict[str, dict[str, Any]]:
-    """Check one layer (the file, its tiny block) by itself: known sections and keys, values of their fields' types."""
+    """One layer (the file, its tiny block) checked by itself: known sections and keys, values of their types."""
     if not isinstance(block, Mapping):
         raise ConfigError(f"{label} must be a JSON object of sections, got {type(block).__name__}")
     for section, values in block.items():
@@ -253,10 +251,9 @@ def _check_layer(label: str, block: Any, schemas: Mapping[str, type[Section]]) -
 
 
 def parse_override(text: str, schemas: Mapping[str, type[Section]]) -> tuple[str, str, Any]:
-    """Parse one ``section.key=value`` override into ``(section, key, value)``: a JSON literal (``null``, ``3``,
-    ``[1, 2]``), or the text itself where that fails or misfits a field that takes a string (``data.dataset_path=123``
-    is ``"123"``); bounds are checked by :func:`build_config`. Raises ConfigError for malformed text, an unknown section
-    or key, or a value of the wrong type."""
+    """One ``section.key=value`` as ``(section, key, value)``: a JSON literal, or the text itself where that fails or
+    misfits a field that takes a string (``data.dataset_path=123`` is ``"123"``); bounds wait for :func:`build_config`.
+    Raises ConfigError for malformed text, an unknown section or key, or a value of the wrong type."""
     name, sep, value_text = text.partition("=")
     section, dot, key = name.strip().partition(".")
     if not sep or not dot or not key:
@@ -278,8 +275,8 @@ def parse_override(text: str, schemas: Mapping[str, type[Section]]) -> tuple[str
 
 
 def _assemble(schemas: Mapping[str, type[Section]], source: str, layers: list[tuple[str, Mapping]]) -> Config:
-    """The config as run: ``layers`` (``(label, {section: {key: value}})``) applied in order over the defaults; an error
-    names the layer its key came from (of a check's keys the last-applied; ``source`` for a default)."""
+    """The config as run: ``layers`` (``(label, {section: {key: value}})``) in order over the defaults; an error names
+    the layer its key came from (``source`` for a default)."""
     values, origins = {}, {}  # {section: {key: value}}, {(section, key): (layer's order, its label)}
     for order, (label, layer) in enumerate(layers):
         for section, kv in layer.items():
@@ -298,9 +295,8 @@ def _assemble(schemas: Mapping[str, type[Section]], source: str, layers: list[tu
 
 
 def refuse_left_out(given: typing.Iterable[tuple[str, str]], left_out: Mapping[str, typing.Sequence[str]]) -> None:
-    """Raise one ConfigError naming every key of ``given`` (``(where it was given, "section.key")``) that belongs to a
-    part the project was generated without (``left_out``: ``{part: its keys}``, ``parts.LEFT_OUT``), each with its part
-    (in ``left_out``'s order), and the ``cruft update`` that brings those parts back; nothing where there is none."""
+    """One ConfigError naming every key of ``given`` (``(where, "section.key")``) of a part the project was generated
+    without (``left_out``: ``parts.LEFT_OUT``), each with its part, and the ``cruft update`` that brings them back."""
     given = list(given)
     keys = {key for _, key in given}
     found = {part: [key for key in part_keys if key in keys] for part, part_keys in left_out.items()}
@@ -315,8 +311,7 @@ def refuse_left_out(given: typing.Iterable[tuple[str, str]], left_out: Mapping[s
 
 
 def _moved_to(name: str, schemas: Mapping[str, type[Section]]) -> Optional[str]:
-    """The key ``name`` (``section.key``) moved to (:data:`MOVED`), or None: a key its section declares (a model's own
-    ``learning_rate``) or one no version had."""
+    """Where the key ``name`` moved (:data:`MOVED`), or None (a key its section declares, or one no version had)."""
     section, _, key = name.partition(".")
     if section not in schemas or key in schemas[section].model_fields:
         return None
@@ -324,8 +319,7 @@ def _moved_to(name: str, schemas: Mapping[str, type[Section]]) -> Optional[str]:
 
 
 def refuse_moved(given: typing.Iterable[tuple[str, str]], schemas: Mapping[str, type[Section]]) -> None:
-    """Raise one ConfigError naming every key of ``given`` (``(where it was given, "section.key")``) that an earlier
-    version had and this one moved (:data:`MOVED`), each with its new key; nothing where there is none."""
+    """One ConfigError naming every key of ``given`` that an earlier version had (:data:`MOVED`), with its new key."""
     found = [(where, name, new) for where, name in given if (new := _moved_to(name, schemas)) is not None]
     if not found:
         return
@@ -338,10 +332,8 @@ def refuse_moved(given: typing.Iterable[tuple[str, str]], schemas: Mapping[str, 
 
 
 def read_moved(config: Mapping[str, Any], model_name: Optional[str]) -> dict[str, Any]:
-    """A checkpoint's recorded config (:meth:`Config.to_dict`) with the keys an earlier version had (:data:`MOVED`)
-    read as the new ones: model ``model_name``'s ``learning_rate`` as ``optimizer.lr`` (another model's, which the run
-    did not use, left out), ``train.lr_schedule`` as ``optimizer.schedule``. A config that has a new key's section was
-    written after the move and keeps its keys."""
+    """A checkpoint's recorded config with the keys an earlier version had (:data:`MOVED`) read as the new ones (model
+    ``model_name``'s ``learning_rate`` as ``optimizer.lr``; another model's left out), unless it has the new section."""
     read = {name: dict(keys) if isinstance(keys, Mapping) else keys for name, keys in config.items()}
     for old, new in MOVED.items():
         (section, key), (new_section, new_key) = old.split("."), new.split(".")
@@ -357,7 +349,7 @@ def read_moved(config: Mapping[str, Any], model_name: Optional[str]) -> dict[str
 
 
 def _keys_given(label: str, block: Any) -> list[tuple[str, str]]:
-    """``(label, "section.key")`` for each key of ``block`` (a layer of sections), where it is such a layer."""
+    """``(label, "section.key")`` for each key of the layer ``block``."""
     if not isinstance(block, Mapping):
         return []
     return [(label, f"{section}.{key}") for section, values in block.items() if isinstance(values, Mapping)
@@ -367,11 +359,10 @@ def _keys_given(label: str, block: Any) -> list[tuple[str, str]]:
 def build_config(raw: Mapping[str, Any], schemas: Mapping[str, type[Section]], *, tiny: bool = False,
                  overrides: typing.Sequence[str] = (), source: str = "config",
                  left_out: Optional[Mapping[str, typing.Sequence[str]]] = None) -> Config:
-    """Check ``raw`` (``{section: {key: value}, "tiny": {...}}``) against ``schemas``, apply the tiny block if ``tiny``,
-    then ``overrides`` (:func:`parse_override`); ``source`` names the file in errors. Raises ConfigError for keys of the
-    parts ``left_out`` (all named at once: :func:`refuse_left_out`), keys an earlier version had (all named at once,
-    each with its new key: :func:`refuse_moved`), unknown sections or keys, wrong types, values out of bounds or
-    contradicting each other (also in the tiny block without ``--tiny``), ``--tiny`` without a tiny block."""
+    """``raw`` (``{section: {key: value}, "tiny": {...}}``) checked against ``schemas``, with the tiny block if
+    ``tiny``, then ``overrides``; ``source`` names the file. Raises ConfigError for keys of the parts ``left_out`` or
+    of an earlier version (each all at once), unknown sections or keys, wrong types, values out of bounds or
+    contradicting each other (the tiny block's too), ``--tiny`` without a tiny block."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source} must be a JSON object of sections, got {type(raw).__name__}")
     raw = dict(raw)
@@ -393,7 +384,7 @@ def build_config(raw: Mapping[str, Any], schemas: Mapping[str, type[Section]], *
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads``'s hook: the object, or a ConfigError naming the first key given twice."""
+    """``json.loads``'s hook: a ConfigError naming the first key given twice."""
     keys = [key for key, _ in pairs]
     for i, key in enumerate(keys):
         if key in keys[:i]:
@@ -404,8 +395,8 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def load_config(path: str | Path, schemas: Mapping[str, type[Section]], *, tiny: bool = False,
                 overrides: typing.Sequence[str] = (), left_out: Optional[Mapping[str, typing.Sequence[str]]] = None
                 ) -> Config:
-    """Read and check a JSON config file (see :func:`build_config`). Raises ConfigError if the file is missing or
-    unreadable, not UTF-8 JSON, names a key twice, or fails the checks."""
+    """A JSON config file, checked (:func:`build_config`). Raises ConfigError for a file missing or unreadable, not
+    UTF-8 JSON, naming a key twice, or failing the checks."""
     path = Path(path)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys)
@@ -425,9 +416,8 @@ def load_config(path: str | Path, schemas: Mapping[str, type[Section]], *, tiny:
 def config_from_dict(data: Mapping[str, Any], schemas: Mapping[str, type[Section]],
                      left_out: Optional[Mapping[str, typing.Sequence[str]]] = None,
                      model_name: Optional[str] = None) -> Config:
-    """Rebuild a :class:`Config` from :meth:`Config.to_dict` output (a checkpoint's, of a run of ``model_name``),
-    leaving out sections not in ``schemas`` (another model's), the keys an earlier version had read as the new ones
-    (:func:`read_moved`). Raises ConfigError as :func:`build_config`, naming the ``checkpoint config`` (e.g. a key
-    since removed, or one of a part ``left_out``)."""
+    """A :class:`Config` of :meth:`Config.to_dict`'s (a checkpoint's, of a run of ``model_name``; sections not in
+    ``schemas`` left out, :func:`read_moved`). Raises ConfigError as :func:`build_config`, naming the checkpoint
+    config."""
     return build_config({k: v for k, v in read_moved(data, model_name).items() if k in schemas}, schemas,
                         source="checkpoint config", left_out=left_out)

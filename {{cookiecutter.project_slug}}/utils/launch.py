@@ -53,14 +53,10 @@ def slurm_port(job_id: int, step_id: int) -> int:
 
 
 def detect_launcher_env(env: Mapping[str, str]) -> dict:
-    """``{"launcher": "torchrun" | "slurm" | "openmpi" | "none", "rank", "local_rank", "world_size", "master_addr",
-    "master_port"}`` of the first of :data:`LAUNCHERS` whose variables ``env`` holds (a missing local rank: torchrun's
-    rank, else 0); none: rank 0 of 1, no address. SLURM's address: :func:`_slurm_address`; OpenMPI's: ``mpirun -x``.
-
-    Raises:
-        ValueError: a variable is not an integer, one of ``RANK`` and ``WORLD_SIZE`` without the other, inconsistent
-            values (``rank >= world_size``, negative, port out of range), or several processes without an address.
-    """
+    """``{"launcher", "rank", "local_rank", "world_size", "master_addr", "master_port"}`` of the first of
+    :data:`LAUNCHERS` whose variables ``env`` holds (none: rank 0 of 1, no address). Raises ValueError: a variable that
+    is no integer, ``RANK`` without ``WORLD_SIZE`` or the reverse, inconsistent values, several processes without an
+    address."""
     master_addr = env.get("MASTER_ADDR") or None
     master_port: Optional[int] = _int_var(env, "MASTER_PORT") if env.get("MASTER_PORT") else None
     if ("RANK" in env) != ("WORLD_SIZE" in env):

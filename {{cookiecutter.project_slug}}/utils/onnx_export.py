@@ -1,8 +1,8 @@
 """ONNX export of a model's inference path, each file checked with ONNX Runtime against the eager model; a loop exports
-its body (Tacotron2 is split as NVIDIA's DeepLearningExamples deploy it). Exporter: the traced ``torch.onnx.export(...,
-dynamo=False)``: the ``torch.export``-based one specialises ``nn.LSTM``'s time axis to the example's length in PyTorch
-2.13 (pytorch/pytorch#191855); a run on inputs of other lengths catches a trace that baked a length in. Needs ``onnx``
-and ``onnxruntime``, imported only when :func:`export_model` runs."""
+its body (a decoder is split as NVIDIA's DeepLearningExamples deploy theirs). Exporter: the traced
+``torch.onnx.export(..., dynamo=False)``: the ``torch.export``-based one specialises ``nn.LSTM``'s time axis to the
+example's length in PyTorch 2.13 (pytorch/pytorch#191855); a run on inputs of other lengths catches a trace that baked a
+length in. Needs ``onnx`` and ``onnxruntime``, imported only when :func:`export_model` runs."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def export_model(name: str, export: Optional[Export], model: nn.Module, cfg: Any
     """Export each :class:`ExportPart` of model ``name``'s ``export.parts(model, cfg)`` to ``<folder>/<part>.onnx`` (opset
     :data:`OPSET`, weights inside; same-named files replaced), run it with ONNX Runtime's CPU provider on both input
     sets and compare every output with the eager reference. ``model``: on the CPU in float32. Method: NVIDIA
-    DeepLearningExamples' Tacotron2/WaveGlow ONNX export for TensorRT.
+    DeepLearningExamples' ONNX export for TensorRT.
 
     Returns:
         One row per part: ``{"part", "path", "max_abs_diff" (over both runs, in output units), "inputs": [{input name:

@@ -50,7 +50,7 @@ def first_time(writer: Any, tag: str) -> bool:
 @contextlib.contextmanager
 def fixed_random_state(device: torch.device, seed: int = 0) -> Iterator[None]:
     """Run the block with the CPU's random generator, and a CUDA ``device``'s, seeded with ``seed``; restore them after.
-    A validation clip's sampling (WaveGlow's noise, Tacotron2's pre-net dropout) then draws the same numbers every time,
+    A validation clip's sampling (a vocoder's noise, a pre-net's dropout) then draws the same numbers every time,
     so clips differ only by what the model learned, and the training's own random stream is left as it was."""
     device = torch.device(device)
     cuda = device.type == "cuda"

@@ -107,5 +107,5 @@ def read_published(loaded: Any, cfg: Config) -> Weights | None:
     return Weights(source, "hifigan", renamed, partial=("discriminator.",))
 
 
-PUBLISHED = Published(read=read_published)
+PUBLISHED = Published(read=read_published, source="jik876's HiFi-GAN generator")
 """jik876/hifi-gan's generator files, as ``parts.py`` registers HiFi-GAN's reader."""

@@ -33,5 +33,5 @@ def read_published(loaded: Any, cfg: Config) -> Weights | None:
     return Weights(source, "tacotron2", renamed)
 
 
-PUBLISHED = Published(read=read_published)
+PUBLISHED = Published(read=read_published, source="NVIDIA's Tacotron2 checkpoint")
 """NVIDIA/tacotron2's checkpoints, as ``parts.py`` registers Tacotron2's reader."""

@@ -1,5 +1,5 @@
-"""WaveGlow at inference: vocoding a mel (``inference.py --mel`` or ``--wav``; Tacotron2's ``--vocoder``) and the
-validation audio for TensorBoard."""
+"""WaveGlow at inference: vocoding a mel (``inference.py --mel`` or ``--wav``; a mel-making model's ``--vocoder``) and
+the validation audio for TensorBoard."""
 
 from __future__ import annotations
 

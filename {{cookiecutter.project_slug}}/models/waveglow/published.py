@@ -50,5 +50,5 @@ def read_published(loaded: Any, cfg: Config) -> Weights | None:
     return Weights("NVIDIA/waveglow's checkpoint (a pickled glow.WaveGlow)", "waveglow", renamed)
 
 
-PUBLISHED = Published(read=read_published, pickled_classes=PICKLED_CLASSES)
+PUBLISHED = Published(read=read_published, source="NVIDIA's WaveGlow checkpoint", pickled_classes=PICKLED_CLASSES)
 """NVIDIA/waveglow's checkpoints, as ``parts.py`` registers WaveGlow's reader."""

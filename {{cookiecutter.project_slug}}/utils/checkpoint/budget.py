@@ -1,8 +1,6 @@
-"""A model built from a checkpoint's recorded config (``inference.py``, ``scripts/export.py``): that config is data as
-much as the weights are, and a crafted one can ask for a 240 GB layer, or for 10^9 small ones. :func:`build_recorded`
-builds it while counting the tensors the build creates, each sized on the meta device before it is allocated, and
-stops at the bytes the checkpoint justifies; the weights' keys and shapes are compared after
-(:func:`utils.checkpoint.files.load_model_state`)."""
+"""A model built from a checkpoint's recorded config, which is data as much as the weights are: a crafted one can ask
+for a 240 GB layer, or 10^9 small ones. :func:`build_recorded` counts the tensors the build creates, each sized on the
+meta device before it is allocated, and stops at the bytes the checkpoint justifies."""
 
 from __future__ import annotations
 
@@ -18,8 +16,8 @@ UNSAVED_BYTES = 64 << 20
 """What a model may build beyond its checkpoint's bytes: buffers no checkpoint holds, its initialisation's
 temporaries."""
 RELEASE_BYTES = 512 << 20
-"""And beyond a release file's: the modules outside ``Inference.modules``, built afresh (HiFi-GAN V1's discriminators:
-283 MB)."""
+"""And beyond a release file's: the modules outside ``Inference.modules``, built afresh (a GAN's discriminators: 283 MB
+in jik876's V1)."""
 TENSOR_MIN_BYTES = 16 << 10
 """What each tensor counts at the least (its module's Python objects and their time): a config multiplying
 small layers stops as soon as one widening them."""
@@ -34,17 +32,16 @@ CONSTRUCTORS = frozenset({
 
 
 def bytes_on_disk(path: str | Path) -> int:
-    """Bytes of a checkpoint file, or of every file in a sharded checkpoint folder."""
+    """Bytes of a checkpoint file, or of every file in a checkpoint folder."""
     path = Path(path)
     return path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def build_recorded(build: Callable[[], torch.nn.Module], checkpoint: str | Path, release: bool = False
                    ) -> torch.nn.Module:
-    """``build()`` (a model of ``checkpoint``'s recorded config), its tensors summing to at most the checkpoint's
-    :func:`bytes_on_disk` plus :data:`UNSAVED_BYTES` (plus :data:`RELEASE_BYTES` for a ``release`` file), each counted
-    as at least :data:`TENSOR_MIN_BYTES`. Raises :class:`CheckpointError` at the first tensor past that sum, before it
-    is allocated."""
+    """``build()``, its tensors (each at least :data:`TENSOR_MIN_BYTES`) within :func:`bytes_on_disk` of
+    ``checkpoint`` and :data:`UNSAVED_BYTES` (and :data:`RELEASE_BYTES` for a ``release`` file). Raises
+    :class:`CheckpointError` at the first tensor past that, before it is allocated."""
     on_disk, extra = bytes_on_disk(checkpoint), UNSAVED_BYTES + RELEASE_BYTES * release
     try:
         with _Budget(on_disk + extra):

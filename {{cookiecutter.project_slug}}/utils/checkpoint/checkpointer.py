@@ -45,14 +45,11 @@ class Resumed:
 
 
 class Checkpointer:
-    """Saves a run's stateful parts by name (``state_dict``/``load_state_dict``) in the run's checkpoint format
-    (``formats.writing``; the core's: a file that rank 0 writes) and loads them back from a checkpoint of any format the
-    project reads (``formats.of``). Every rank builds it (a background save's process group is made here) and calls its
-    methods together; :meth:`save`, :meth:`poll`, :meth:`finish` follow :meth:`start`. ``states``: ``"model"``
-    (unwrapped: never a DDP wrapper), ``"optimizer"``, ``"scheduler"``, ``"scaler"`` (several phases' as one
-    :class:`~utils.checkpoint.state.NamedStates`), ``"position"`` (the loop's :class:`TrainState`, updated in place),
-    ``"rng"`` (:class:`~utils.checkpoint.state.RngStates`) and ``"ema"`` where the run keeps one: a part with
-    ``reset()`` starts afresh where a checkpoint holds none. ``train``: the ``train`` settings."""
+    """Saves a run's stateful parts by name in the run's format (``formats.writing``) and loads them back from a
+    checkpoint of any format the project reads (``formats.of``); every rank builds it and calls its methods together,
+    :meth:`start` first. ``states``: ``"model"`` (never DDP-wrapped), ``"optimizer"``, ``"scheduler"``, ``"scaler"``
+    (several phases' as one ``NamedStates``), ``"position"`` (the loop's :class:`TrainState`, updated in place),
+    ``"rng"`` and ``"ema"`` (a part with ``reset()`` starts afresh where a checkpoint holds none)."""
 
     def __init__(self, states: Mapping[str, Stateful], output_dir: Path, dist: DistInfo, train: Any, formats: Formats):
         self.states, self.output_dir, self.dist, self.formats = dict(states), Path(output_dir), dist, formats
@@ -66,9 +63,8 @@ class Checkpointer:
         self.grace = GracePeriod(os.environ)
 
     def start(self, log: RunLog, info: Mapping[str, Any]) -> None:
-        """Ready the loop's saves: ``log`` says what each one wrote, ``info`` is their provenance (``model_name``,
-        ``config``, ...); rank 0 warns where a save cannot fit the grace period after a stop signal
-        (:class:`utils.run.GracePeriod`; its test write raises :class:`CheckpointError` on a full disk)."""
+        """Ready the saves: ``log`` says what each wrote, ``info`` is their provenance; rank 0 warns where a save cannot
+        fit the grace period after a stop signal (:class:`GracePeriod`: a CheckpointError on a full disk)."""
         self.log, self.info = log, dict(info)
         if not self.dist.is_main:
             return
@@ -96,12 +92,10 @@ class Checkpointer:
             self.log.print(warning)
 
     def write(self, info: Mapping[str, Any]) -> Optional[Path]:
-        """Write every part at ``position.step``, with the provenance ``info`` stored as is, in the run's format: its
-        file or folder (a background save: being written), or ``None`` on a rank that writes nothing. A
-        :class:`TrainingError` where the weights are not finite on some rank (nothing saved; it names
-        ``checkpoint_last`` as the last good checkpoint, but not the checkpoint the run loaded while no save has
-        followed: the one before it), a :class:`CheckpointError` where a file could not be written (a full disk;
-        earlier checkpoints are kept)."""
+        """Write every part at ``position.step`` with the provenance ``info``; its file or folder, or ``None`` on a rank
+        that writes nothing. A :class:`TrainingError` where the weights are not finite on some rank (nothing saved; the
+        last good checkpoint named, never the one they came from: :meth:`suspect`), a :class:`CheckpointError` where a
+        file could not be written (earlier checkpoints are kept)."""
         step, broken = self.position.step, nonfinite_weight(self.model)
         if self._on_some_rank(broken is not None):
             good = last_checkpoint(self.output_dir) if self.origin is None else \
@@ -111,9 +105,8 @@ class Checkpointer:
         return self.saver.save(step, self.states, info)
 
     def suspect(self) -> Optional[Path]:
-        """The checkpoint :meth:`load` read, while no save of this run has completed since, when the weights are not
-        finite (on some rank): they came from it, so no message names it a good checkpoint; else ``None``. Every rank
-        calls it together (one all-reduce)."""
+        """The checkpoint :meth:`load` read, while no save has completed since, when the weights are not finite on some
+        rank (they came from it: no message names it good); else ``None``. One all-reduce."""
         return self.origin if self._on_some_rank(nonfinite_weight(self.model) is not None) else None
 
     def _on_some_rank(self, flag: bool) -> bool:
@@ -143,16 +136,13 @@ class Checkpointer:
             self.log.print(f"warning: the background checkpoint save did not finish ({one_line(err)}); the previous "
                            "checkpoint is intact")
 
-    def load(self, path: str | Path, model_name: str, config: Optional[Mapping[str, Any]] = None,
+    def load(self, path: str | Path, model_name: str, config: Optional[Config] = None,
              train_utterances: Optional[int] = None, saved: Optional[dict[str, Any]] = None) -> Resumed:
-        """Put a checkpoint back into every part: those its format holds its own way by its ``load`` (the weights
-        first), the others through their ``load_state_dict``: the position (``samples_in_epoch`` worked out for an
-        older checkpoint), the RNG states on the same world size, a part the checkpoint lacks afresh (``reset()``).
-        Rank 0 warns about changed settings of ``config`` (``Config.to_dict()``) and ``train_utterances``
-        (:func:`warn_changes`). ``saved``: its entries where the caller read them already (its format's ``read`` on
-        this device). A :class:`CheckpointError` for an unreadable or unsafe checkpoint, another model, entries not as
-        ``train.py`` writes them (``entries_problem``), weights or states that do not fit (``load_part``), or a
-        weights-only file."""
+        """Put a checkpoint back into every part: its format's own first (the weights), the others by
+        ``load_state_dict``; rank 0 warns of changes to the run's ``config`` and ``train_utterances``
+        (:func:`warn_changes`). ``saved``: its entries, where read already. A :class:`CheckpointError` for an
+        unreadable or unsafe checkpoint, another model, entries not as ``train.py`` writes them, weights or states
+        that do not fit, or a weights-only file."""
         kind = self.formats.of(path)
         if saved is None:  # rank 0 verifies what it reads of every rank's files
             saved = kind.read(path, self.dist.device, verify=self.dist.rank == 0)
@@ -173,9 +163,8 @@ class Checkpointer:
         return Resumed(written_by, accumulation, before, saved.get("tracker_runs", {}))
 
     def _load_parts(self, path: str | Path, saved: Mapping[str, Any], held: tuple[str, ...]) -> None:
-        """Put back every part but those its format ``held`` (:func:`load_part`): those of :data:`TOP_LEVEL` from the
-        top level; one without an entry afresh (a part with ``reset()``), else a :class:`CheckpointError` naming every
-        entry a resume needs and ``saved`` lacks (a weights-only file)."""
+        """Put back every part but those its format ``held``; a :class:`CheckpointError` naming every entry a resume
+        needs and ``saved`` lacks."""
         needed = [key for name, part in self.states.items() if name not in held and not hasattr(part, "reset")
                   for key in TOP_LEVEL.get(name, (name,))]
         if missing := [key for key in needed if key not in saved]:
@@ -194,14 +183,13 @@ class Checkpointer:
 
     def resume(self, path: Path, saved: dict[str, Any], cfg: Config, model_name: str,
                train_utterances: int) -> Resumed:
-        """Resume the run of ``model_name`` with the config ``cfg`` from the checkpoint at ``path`` (:meth:`load`,
-        raising what it raises; ``saved``: its entries, read already), and say so on rank 0. Returns what it says, its
-        ``grad_accumulation`` the one this run takes: the checkpoint's, or the one that keeps the global batch on
-        another number of processes (:func:`world_size_change`), or the config's where that changed it. A
-        :class:`CheckpointError` for a checkpoint the run's format cannot continue."""
+        """Resume the run of ``model_name`` with ``cfg`` from the checkpoint at ``path`` (:meth:`load` of ``saved``),
+        said on rank 0. Its ``grad_accumulation``: the checkpoint's, the one that keeps the global batch on another
+        number of processes, or the config's where that changed. A :class:`CheckpointError` also for a checkpoint the
+        run's format cannot continue."""
         if (problem := self.format.continues(Path(path))) is not None:
             raise CheckpointError(f"{path} {problem}")
-        resumed = self.load(path, model_name, config=cfg.to_dict(), train_utterances=train_utterances, saved=saved)
+        resumed = self.load(path, model_name, config=cfg, train_utterances=train_utterances, saved=saved)
         accumulation, batch_size = cfg.train.grad_accumulation, cfg.section(model_name).batch_size
         note, world_size = None, self.dist.world_size
         if resumed.config.get("train", {}).get("grad_accumulation", accumulation) == accumulation:

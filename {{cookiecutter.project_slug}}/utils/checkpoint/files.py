@@ -117,10 +117,9 @@ def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
 
 def load_torch_file(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False,
                     legacy: Optional[LegacyCheck] = None) -> Any:
-    """``torch.load(path, weights_only=True)`` once :func:`torch_file_problem` found the file sound (``mmap``: a zip
-    archive's tensors mapped from the file, not read: a look at its entries; ``legacy``: as there); a
-    :class:`CheckpointError` for a file missing, not a checkpoint, damaged, or holding pickled objects other than
-    tensors and primitives (refused, never run)."""
+    """``torch.load(path, weights_only=True)`` once :func:`torch_file_problem` passes (``mmap``: tensors mapped, not
+    read); a :class:`CheckpointError` for a file missing, not a checkpoint, damaged, or holding pickled objects other
+    than tensors and primitives (refused, never run)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")

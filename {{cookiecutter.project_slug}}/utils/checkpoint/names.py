@@ -1,6 +1,7 @@
 """The names of a run's checkpoints in its output folder, known here alone: ``checkpoint_<step>.pt`` (DDP),
-``checkpoint_<step>/`` (a sharded folder, FSDP; ``.checkpoint_<step>.partial/`` while written), the links to the newest
-of each, the ``.damaged``/``.unsafe`` names of what ``--resume auto`` passed over, the temporaries of atomic writes."""
+``checkpoint_<step>/`` (a folder, where the project saves in folders; ``.checkpoint_<step>.partial/`` while written),
+the links to the newest of each, the ``.damaged``/``.unsafe`` names of what ``--resume auto`` passed over, the
+temporaries of atomic writes."""
 
 from __future__ import annotations
 
@@ -10,19 +11,19 @@ from pathlib import Path
 from typing import Optional
 
 LAST_FILE = "checkpoint_last.pt"  # a relative link to the newest checkpoint_<step>.pt (a copy where links are refused)
-LAST_FOLDER = "checkpoint_last"  # a relative link to the newest sharded checkpoint_<step>/ folder
-PARTIAL_GLOB = ".checkpoint_*.partial"  # sharded folders being written (or left by a killed save)
+LAST_FOLDER = "checkpoint_last"  # a relative link to the newest checkpoint_<step>/ folder
+PARTIAL_GLOB = ".checkpoint_*.partial"  # checkpoint folders being written (or left by a killed save)
 TEMPORARY_GLOB = ".checkpoint_*.tmp*"  # temporaries of checkpoint files and of the last links
 _NUMBERED = re.compile(r"^checkpoint_(\d+)(\.pt)?$")
 
 
-def numbered(output_dir: str | Path, step: int, sharded: bool = False) -> Path:
-    """``output_dir/checkpoint_<step>.pt``, or with ``sharded`` the folder ``output_dir/checkpoint_<step>``."""
-    return Path(output_dir) / (f"checkpoint_{step}" if sharded else f"checkpoint_{step}.pt")
+def numbered(output_dir: str | Path, step: int, folder: bool = False) -> Path:
+    """``output_dir/checkpoint_<step>.pt``, or with ``folder`` the folder ``output_dir/checkpoint_<step>``."""
+    return Path(output_dir) / (f"checkpoint_{step}" if folder else f"checkpoint_{step}.pt")
 
 
 def partial(output_dir: str | Path, step: int) -> Path:
-    """The folder a sharded save of ``step`` writes into before it is renamed :func:`numbered`."""
+    """The folder a save of ``step`` in folders writes into before it is renamed :func:`numbered`."""
     return Path(output_dir) / f".checkpoint_{step}.partial"
 
 
@@ -38,8 +39,8 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
                   key=step_of)
 
 
-def list_sharded_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Sharded checkpoints (``checkpoint_<step>/`` folders, not links) in ``output_dir``, oldest step first."""
+def list_checkpoint_folders(output_dir: str | Path) -> list[Path]:
+    """Checkpoint folders (``checkpoint_<step>/``, not links) in ``output_dir``, oldest step first."""
     return sorted((path for path in Path(output_dir).glob("checkpoint_*")
                    if step_of(path) is not None and path.suffix != ".pt" and path.is_dir() and not path.is_symlink()),
                   key=step_of)
@@ -47,7 +48,7 @@ def list_sharded_checkpoints(output_dir: str | Path) -> list[Path]:
 
 def list_numbered(output_dir: str | Path) -> list[Path]:
     """Numbered checkpoints of both kinds in ``output_dir``, oldest step first (a file before a folder of its step)."""
-    return sorted([*list_checkpoints(output_dir), *list_sharded_checkpoints(output_dir)], key=step_of)
+    return sorted([*list_checkpoints(output_dir), *list_checkpoint_folders(output_dir)], key=step_of)
 
 
 def last_links(output_dir: str | Path) -> list[Path]:
@@ -57,7 +58,7 @@ def last_links(output_dir: str | Path) -> list[Path]:
 
 
 def last_checkpoint_path(output_dir: str | Path) -> Optional[Path]:
-    """``output_dir``'s ``checkpoint_last`` (sharded), else ``checkpoint_last.pt``, else (or dangling) ``None``."""
+    """``output_dir``'s ``checkpoint_last`` (a folder), else ``checkpoint_last.pt``, else (or dangling) ``None``."""
     last, link = Path(output_dir) / LAST_FILE, Path(output_dir) / LAST_FOLDER
     return link if link.is_dir() else last if last.is_file() else None
 
@@ -71,12 +72,9 @@ def last_checkpoint(output_dir: str | Path) -> str:
 
 def last_good_checkpoint(output_dir: str | Path, step: int, skips_before: int,
                          suspect: Optional[Path] = None) -> str:
-    """The newest checkpoint of ``output_dir`` (file or sharded folder) to name as good at an anomaly of ``step`` after
-    ``skips_before`` updates skipped in a row: a first one may be its batch's fault, so one saved before ``step``; in a
-    run of skips from step ``b`` on, the weights after step ``b - 1``'s update are the ones that keep failing (every
-    checkpoint since holds them), so one saved before ``b - 1``. Else ``"none kept from before step N"``. ``suspect``:
-    a checkpoint never named (the one a run loaded its weights from when they turned non-finite before a save: loaded
-    again, it leads there again); where it was passed over, the answer says so."""
+    """The newest checkpoint to name as good at an anomaly of ``step`` after ``skips_before`` skips in a row: saved
+    before ``step``, or in a run of skips from ``b`` before ``b - 1`` (its weights are the ones that keep failing); else
+    ``"none kept from before step N"``. ``suspect`` is never named, and the answer says it was passed over."""
     before = step - skips_before - (skips_before > 0)
     earlier = [path for path in list_numbered(output_dir) if step_of(path) < before]
     kept = [path for path in earlier if suspect is None or os.path.realpath(path) != os.path.realpath(suspect)]

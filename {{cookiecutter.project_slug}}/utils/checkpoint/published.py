@@ -1,10 +1,10 @@
 """Published weights: this project's release checkpoints (:func:`release_checkpoint`), and weights another project
 published, for ``train.py --init-from`` and ``scripts/import_weights.py`` (:class:`Readers`, asked by
 :func:`utils.checkpoint.weights.read_weights` for a file that is not a checkpoint of ``train.py``), which a model's
-:class:`Published` reader renames (NVIDIA's Tacotron2 and WaveGlow, jik876's HiFi-GAN). Nothing in a file runs: a pickled
-module (NVIDIA's WaveGlow) is read as a :class:`Record` of attributes, from a zip archive (``torch.save`` since PyTorch
-1.6) or from PyTorch's legacy format (before 1.6: the published ``waveglow_256channels*.pt``), which
-:class:`_LegacyUnpickler` reads, once :func:`legacy_problem` (every loader's first check) found its sizes sound."""
+:class:`Published` reader renames (its ``source``: the example models' references). Nothing in a file runs: a pickled
+module (one of NVIDIA's files) is read as a :class:`Record` of attributes, from a zip archive (``torch.save`` since
+PyTorch 1.6) or from PyTorch's legacy format (before 1.6, as NVIDIA published some), which :class:`_LegacyUnpickler`
+reads, once :func:`legacy_problem` (every loader's first check) found its sizes sound."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ class Published:
     ``PUBLISHED``, registered in ``parts.py``)."""
 
     read: Callable[[Any, Any], Optional[Weights]]  # (loaded file, cfg) -> Weights, or None for another format
+    source: str  # what such a file is, for --help (whose checkpoint or generator)
     pickled_classes: tuple[str, ...] = ()  # "module.Class" names such a file pickles, read as inert records
 
 
@@ -225,6 +226,11 @@ class Readers:
 
     readers: Mapping[str, Published]
     legacy_problem = staticmethod(legacy_problem)
+
+    @property
+    def sources(self) -> str:
+        """What the files the models read are, for ``--help``: each reader's ``source``, comma-separated."""
+        return ", ".join(published.source for published in self.readers.values())
 
     def read(self, path: Path, cfg: Any, label: str) -> Weights:
         """The weights of ``path``, a file in a published format that some model's reader takes (given the loaded

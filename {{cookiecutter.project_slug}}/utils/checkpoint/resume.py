@@ -1,6 +1,5 @@
-"""The checkpoint formats (:class:`CheckpointFormat`, held by :class:`Formats`) and resuming: which checkpoint
-``--resume`` means, agreed by every rank; the settings changed since; the global batch on another number of processes.
-``Checkpointer`` puts it back."""
+"""The checkpoint formats (:class:`Formats`) and resuming: which checkpoint ``--resume`` means, agreed by every rank;
+the settings changed since; the global batch on another number of processes."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from distributed import DistInfo, all_gather_object, from_rank0
 from utils.checkpoint.files import CheckpointError, LegacyCheck, torch_file_problem
 from utils.checkpoint.names import LAST_FILE, aside, last_links, list_numbered
 from utils.checkpoint.state import SingleFile, Stateful, malformed
-from utils.config import read_moved
+from utils.config import Config, read_moved
 from utils.framing import recorded_audio
 
 
@@ -35,9 +34,8 @@ class Saver(Protocol):
 
 
 class CheckpointFormat(Protocol):
-    """How checkpoints lie on disk, one per step: a single file (``utils.checkpoint.state.SingleFile``, the core's) or
-    a part's folder (:attr:`Formats.folder`). ``Checkpointer`` saves a run in its format and loads a checkpoint through
-    the format of its path (:meth:`Formats.of`), whose ``load`` puts back the states it holds its own way."""
+    """How checkpoints lie on disk, one per step: the core's single file (``state.SingleFile``) or a part's folder;
+    ``load`` puts back the states the format holds its own way."""
 
     noun: str  # what a checkpoint of it is called in a message
 
@@ -62,6 +60,8 @@ class PublishedFormat(Protocol):
     """Weights another project published, and PyTorch's format before 1.6 they come in (the after-training tools'
     ``utils.checkpoint.published.Readers``)."""
 
+    sources: str  # what such files are, for --help
+
     def legacy_problem(self, path: Path) -> Optional[str]: ...
 
     def read(self, path: Path, cfg: Any, label: str) -> Any: ...  # -> utils.checkpoint.weights.Weights
@@ -72,7 +72,7 @@ class Formats:
     """The checkpoint formats a project reads besides its single files, each None where it left their part out:
     ``parts.py`` builds it, and hands it to every reader of checkpoints."""
 
-    folder: Optional[FolderFormat] = None  # sharded checkpoint folders
+    folder: Optional[FolderFormat] = None  # checkpoint folders, one per step
     published: Optional[PublishedFormat] = None  # other projects' weights, PyTorch's legacy files
 
     @property
@@ -106,9 +106,8 @@ class Formats:
 
 
 def agreed_resume_path(resume: str, output_dir: Path, formats: Formats) -> Optional[Path]:
-    """The checkpoint to resume from, decided by rank 0 (:func:`resume_path`, its notes printed there) and seen alike by
-    every rank (one shared ``--output-dir``); else, or where rank 0's decision fails, a :class:`CheckpointError` on
-    every rank."""
+    """The checkpoint to resume from, decided by rank 0 (:func:`resume_path`) and seen alike by every rank; else a
+    :class:`CheckpointError` on every rank."""
     def decide() -> Optional[Path]:
         path, notes = resume_path(resume, output_dir, formats)
         for note in notes:
@@ -126,11 +125,9 @@ def agreed_resume_path(resume: str, output_dir: Path, formats: Formats) -> Optio
 
 
 def resume_path(resume: str, output_dir: str | Path, formats: Formats) -> tuple[Optional[Path], list[str]]:
-    """The checkpoint ``--resume`` names, and notes to print about the choice. ``auto``: the newer of the
-    ``checkpoint_last.pt`` and ``checkpoint_last`` (sharded) links, else the newest intact numbered checkpoint
-    (:func:`_newest_intact`), else ``None``; ``none``: ``None``; else that file or sharded folder (of ``formats``). A
-    :class:`CheckpointError` for ``none`` on a folder with checkpoints, ``auto`` where every one is damaged (step 0
-    would overwrite them), or a path that is no intact checkpoint."""
+    """The checkpoint ``--resume`` names, and notes on the choice: ``auto`` the newest intact (the last links first),
+    or ``None``; ``none``: ``None``; else that path. A :class:`CheckpointError` for ``none`` where checkpoints are,
+    ``auto`` where every one is damaged (step 0 would overwrite them), a path that is no intact checkpoint."""
     output_dir = Path(output_dir)
     # A link's own time (lstat) is when it was put in place; a copy's is when it was written.
     lasts = sorted(last_links(output_dir), key=lambda path: path.lstat().st_mtime, reverse=True)
@@ -154,9 +151,8 @@ def resume_path(resume: str, output_dir: str | Path, formats: Formats) -> tuple[
 
 def _newest_intact(output_dir: Path, lasts: list[Path], numbered: list[Path],
                    formats: Formats) -> tuple[Optional[Path], list[str]]:
-    """``--resume auto``: the first intact of ``lasts``, then of ``numbered`` from the newest step down; the numbered
-    ones passed over are renamed ``.damaged`` (holding code: ``.unsafe``), out of pruning's way. A
-    :class:`CheckpointError` when all are damaged or unsafe, or a link names what is gone and no other is there."""
+    """The first intact of ``lasts``, then of ``numbered`` newest first, those passed over renamed ``.damaged`` (or
+    ``.unsafe``). A :class:`CheckpointError` when all are damaged, or a link names what is gone and none is there."""
     notes, problems, passed_over, gone = [], [], [], []
     for path in [*lasts, *reversed(numbered)]:
         if path.is_symlink() and not path.exists():  # what the link named was pruned or removed
@@ -192,17 +188,20 @@ def move_aside(path: Path, kind: str = "damaged") -> Path:
     raise CheckpointError(f"cannot rename the {kind} {path}: too many .{kind} copies beside it")
 
 
-def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
+def config_changes(before: Mapping[str, Any], now: Mapping[str, Any], ignore: tuple[str, ...] = (),
+                   defaults: Optional[Mapping[str, Mapping[str, Any]]] = None) -> list[str]:
     """``"section.key: old -> new"`` (values as JSON writes them) for every setting, but those in ``ignore``, that
-    differs between two ``Config.to_dict()`` dicts (or that only one has)."""
+    differs between two ``Config.to_dict()`` dicts, or that only one has; a key ``before`` lacks (recorded before the
+    key existed) is no change where ``now`` holds its default (``defaults``: ``Config.defaults()``)."""
     changes = []
     for section in sorted(set(before) | set(now)):
         old, new = before.get(section, {}), now.get(section, {})
         if not isinstance(old, Mapping) or not isinstance(new, Mapping):
             continue
+        known = {**(defaults or {}).get(section, {}), **old}
         changes += [f"{section}.{key}: {as_json(old.get(key, 'unset'))} -> {as_json(new.get(key, 'unset'))}"
                     for key in sorted(set(old) | set(new))
-                    if f"{section}.{key}" not in ignore and old.get(key, "unset") != new.get(key, "unset")]
+                    if f"{section}.{key}" not in ignore and known.get(key, "unset") != new.get(key, "unset")]
     return changes
 
 
@@ -212,9 +211,8 @@ def as_json(value: Any) -> str:
 
 
 def saved_config(saved: Mapping[str, Any]) -> dict[str, Any]:
-    """The config a checkpoint's run trained with (``{}`` where it has none; a section that is no dict, as in a crafted
-    file, left out), its ``audio`` section as :func:`utils.framing.recorded_audio` reads one made before
-    ``audio.mel_framing``, the keys an earlier version had as :func:`utils.config.read_moved` reads them."""
+    """The config a checkpoint's run trained with (``{}``: none; a section that is no dict left out), read as this
+    version reads it (``recorded_audio``, ``read_moved``)."""
     config = saved.get("config") if isinstance(saved.get("config"), Mapping) else {}
     config = {section: keys for section, keys in config.items() if isinstance(keys, Mapping)}
     config = read_moved(config, saved.get("model_name"))
@@ -223,11 +221,12 @@ def saved_config(saved: Mapping[str, Any]) -> dict[str, Any]:
     return config
 
 
-def warn_changes(saved: Mapping[str, Any], path, before: Mapping[str, Any],
-                 config: Optional[Mapping[str, Any]], train_utterances: Optional[int]) -> None:
-    """Rank 0's warnings on a resume from ``saved``: settings of ``config`` that differ from ``before``
-    (:func:`saved_config`), ``train.max_steps`` aside, and a corpus of another size than the checkpoint's."""
-    if config is not None and before and (changes := config_changes(before, config, ignore=("train.max_steps",))):
+def warn_changes(saved: Mapping[str, Any], path, before: Mapping[str, Any], config: Optional[Config],
+                 train_utterances: Optional[int]) -> None:
+    """Rank 0's warnings on a resume: settings of ``config`` that differ from ``before`` (but ``train.max_steps``), a
+    corpus of another size than the checkpoint's."""
+    if config is not None and before and (changes := config_changes(before, config.to_dict(), ("train.max_steps",),
+                                                                     config.defaults())):
         print(f"warning: the config differs from the one {path} was trained with: {'; '.join(changes)}",
               file=sys.stderr, flush=True)
     if train_utterances is not None and (known := saved.get("train_utterances")) not in (None, train_utterances):
@@ -238,10 +237,8 @@ def warn_changes(saved: Mapping[str, Any], path, before: Mapping[str, Any],
 
 def world_size_change(written_by: int, accumulation: int, world_size: int, batch_size: int,
                       requested: int) -> tuple[int, Optional[str]]:
-    """``(grad_accumulation, line saying so)`` for a run resumed from a checkpoint that ``written_by`` processes wrote
-    with ``accumulation`` (``batch_size``: samples per process per micro-batch; ``requested``: the config's, unused);
-    ``(accumulation, None)`` on the same world size. The global batch (``batch_size * grad_accumulation *
-    world_size``) is kept when it divides, else the closest accumulation (at least 1) is taken and the line says so."""
+    """``(grad_accumulation, line saying so)`` on a resume of ``written_by`` processes' checkpoint (``requested``:
+    unused): the global batch, ``batch_size * grad_accumulation * world_size``, kept where it divides, else closest."""
     if written_by == world_size:
         return accumulation, None
     before = batch_size * accumulation * written_by

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from distributed import DistInfo, collective, from_rank0, get_world_size
 from utils.checkpoint.files import (CheckpointError, UnsafeCheckpoint, atomic_symlink, atomic_write_bytes, few,
                                     fsync_dir, intact, load_torch_file, prune, serialized, write_failure)
-from utils.checkpoint.names import LAST_FILE, LAST_FOLDER, PARTIAL_GLOB, list_sharded_checkpoints, numbered, partial
+from utils.checkpoint.names import LAST_FILE, LAST_FOLDER, PARTIAL_GLOB, list_checkpoint_folders, numbered, partial
 from utils.checkpoint.state import NamedStates, Stateful, checkpoint_entries
 from utils.run_log import one_line
 
@@ -265,7 +265,7 @@ class ShardedCheckpointer:
                      **{name: states[name].state_dict() for name in EXTRA if name in states}}
             with _quiet_single_process_dcp():
                 self._write(state, folder, step)
-        return numbered(self.output_dir, step, sharded=True)
+        return numbered(self.output_dir, step, folder=True)
 
     def _start(self, folder: Path, train_state: dict[str, Any], step: int) -> None:
         """Rank 0: a fresh ``folder`` holding ``train_state``; a killed save's leftovers go (``RunLock``: ours)."""
@@ -310,7 +310,7 @@ class ShardedCheckpointer:
         return self._complete(step)
 
     def _complete(self, step: int) -> Path:
-        final = numbered(self.output_dir, step, sharded=True)
+        final = numbered(self.output_dir, step, folder=True)
         if self.rank != 0:
             return final
         folder = partial(self.output_dir, step)
@@ -324,7 +324,7 @@ class ShardedCheckpointer:
         atomic_symlink(self.output_dir / LAST_FOLDER, final.name)  # the link names the old folder or the new
         (self.output_dir / LAST_FILE).unlink(missing_ok=True)  # a single file of a run before (or its link): older
         fsync_dir(self.output_dir)
-        prune([path for path in list_sharded_checkpoints(self.output_dir) if path != final], self.keep_last,
+        prune([path for path in list_checkpoint_folders(self.output_dir) if path != final], self.keep_last,
               shutil.rmtree)
         return final
 
@@ -336,7 +336,7 @@ class ShardedCheckpointer:
         reason = dcp_cause(err) if isinstance(err, load_dcp().CheckpointException) else err.strerror or str(err)
         if "unexpected pos" in reason:  # torch.save's zip writer lost the OSError of a short write (ENOSPC, EDQUOT)
             reason = f"no space left on device writing {folder} (or a quota or file size limit: a write came up short)"
-        return write_failure(step, self.output_dir, reason, list_sharded_checkpoints(self.output_dir)[-1:])
+        return write_failure(step, self.output_dir, reason, list_checkpoint_folders(self.output_dir)[-1:])
 
 
 class ShardedFolder:

@@ -27,18 +27,18 @@ _copying: set[Path] = set()  # folders whose checkpoint_last.pt is a copy: said 
 
 
 def checkpoint_bytes(modules: Sequence[torch.nn.Module], optimizer_moments: int = 2, averages: int = 0) -> int:
-    """About the bytes of a training checkpoint of ``modules``: weights and buffers, plus ``optimizer_moments`` (Adam:
-    2) and ``averages`` (an EMA: 1) copies of the trainable weights."""
+    """About the bytes of a training checkpoint of ``modules``: weights, buffers, and ``optimizer_moments`` (Adam: 2)
+    and ``averages`` (an EMA: 1) copies of the trainable weights."""
     weights = sum(t.numel() * t.element_size() for m in modules for t in [*m.parameters(), *m.buffers()])
     trainable = sum(t.numel() * t.element_size() for m in modules for t in m.parameters() if t.requires_grad)
     return weights + (optimizer_moments + averages) * trainable
 
 
 def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, keep_last: int = 0) -> Path:
-    """Write ``checkpoint_<step>.pt`` atomically into ``output_dir``, point ``checkpoint_last.pt`` at it
-    (:func:`point_last`; a sharded ``checkpoint_last`` link, older, goes) and return it; the newest ``keep_last`` by
-    step stay (0: all; the one just written always). A :class:`CheckpointError` where ``state`` holds objects a
-    ``weights_only`` load refuses (nothing written) or a file cannot be written (no earlier checkpoint touched)."""
+    """Write ``checkpoint_<step>.pt`` atomically, point ``checkpoint_last.pt`` at it (:func:`point_last`; an older
+    folder's ``checkpoint_last`` link goes) and return it; the newest ``keep_last`` by step stay (0: all). A
+    :class:`CheckpointError` where ``state`` holds what a ``weights_only`` load refuses (nothing written) or a file
+    cannot be written (no earlier checkpoint touched)."""
     output_dir = Path(output_dir)
     remove_stale_temporaries(output_dir)
     path = numbered(output_dir, step)
@@ -49,7 +49,7 @@ def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, ke
         written.append(path)
         point_last(path, data)
         written.append(files[1])
-        if (output_dir / LAST_FOLDER).is_symlink():  # an older sharded checkpoint's: this file is newer
+        if (output_dir / LAST_FOLDER).is_symlink():  # an older checkpoint folder's: this file is newer
             (output_dir / LAST_FOLDER).unlink()
             fsync_dir(output_dir)
     except OSError as err:  # a full disk, a quota, a folder gone read-only: the earlier files are untouched
@@ -63,8 +63,8 @@ def save_checkpoint(output_dir: str | Path, state: dict[str, Any], step: int, ke
 
 
 def point_last(path: Path, data: bytes) -> None:
-    """Make ``checkpoint_last.pt`` beside ``path`` a relative link to it (atomically); where the file system refuses
-    links (:data:`NO_LINKS`) a copy of ``data``, ``path``'s bytes, with a note once per run. ``OSError``: neither."""
+    """``checkpoint_last.pt`` beside ``path`` made a relative link to it, or where the file system refuses links a copy
+    of ``data`` (``path``'s bytes), said once per run. ``OSError``: neither."""
     last = path.with_name(LAST_FILE)
     try:
         atomic_symlink(last, path.name)
@@ -79,8 +79,8 @@ def point_last(path: Path, data: bytes) -> None:
 
 
 def takes_links(folder: str | Path) -> bool:
-    """Whether ``folder`` takes the ``checkpoint_last.pt`` link (a test link made and removed): a save writes its
-    bytes once; ``True`` where the test fails otherwise (the save then says why)."""
+    """Whether ``folder`` takes the ``checkpoint_last.pt`` link (a test link made and removed); ``True`` where the test
+    fails otherwise (the save then says why)."""
     probe = temporary(Path(folder) / "checkpoint_link_test")  # a dead run's: removed as its other temporaries
     try:
         os.symlink(LAST_FILE, probe)
@@ -112,8 +112,8 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def rng_problem(state: Any) -> Optional[str]:
-    """What of one rank's entry of a checkpoint's ``rng`` list :func:`restore_rng_state` could not put back (each
-    generator's state is tried on a new generator of its kind, which checks it as this process's would), or ``None``."""
+    """What of one rank's entry of a checkpoint's ``rng`` list :func:`restore_rng_state` could not put back (tried on
+    new generators), or ``None``."""
     if not isinstance(state, Mapping) or not {"python", "numpy", "torch"} <= state.keys():
         return f"{_a(state)}, not a dict of the 'python', 'numpy' and 'torch' generator states"
     cuda = state.get("cuda", [])
@@ -133,19 +133,17 @@ def rng_problem(state: Any) -> Optional[str]:
 
 PART_KEYS: dict[str, dict[str, type]] = {"optimizer": {"state": Mapping, "param_groups": list},
                                          "scheduler": {"last_epoch": int}, "scaler": {}}
-"""What every state dict of torch's stateful parts holds (its optimizers, LR schedulers, gradient scaler): key and
-type; :func:`load_part` compares such an entry with the run's own state before it is loaded."""
+"""What the state dicts of torch's optimizers, LR schedulers and gradient scaler hold: key and type."""
 TOP_LEVEL = {"position": ("step", "epoch", "batch_in_epoch")}
-"""The parts whose entries lie at a checkpoint's top level, not under their name (the loop's position, as since the
-first checkpoints), and those of their entries a resume needs (the others came later)."""
+"""The parts whose entries lie at a checkpoint's top level (the loop's position, as in the first checkpoints), and
+those of their entries a resume needs."""
 
 
 def entries_problem(saved: Mapping[str, Any]) -> Optional[str]:
-    """The first of a checkpoint's entries that is not as ``train.py`` writes it, of those it holds: ``model`` and
-    ``ema`` dicts of tensors, each of :data:`PART_KEYS` a state dict with its keys (several phases': a dict of them),
-    ``rng`` every rank's generator states (:func:`rng_problem`), :class:`TrainState`'s counters integers >= 0 and its
-    tallies dicts, ``grad_accumulation`` an integer >= 1; as ``"its 'rng' entry is ..."``, or ``None``. What a resume
-    needs but the checkpoint lacks is the ``Checkpointer``'s to say."""
+    """The first entry of a checkpoint that is not as ``train.py`` writes it (``"its 'rng' entry is ..."``), or None:
+    ``model`` and ``ema`` dicts of tensors, each of :data:`PART_KEYS` a state dict (several phases': a dict of them),
+    ``rng`` every rank's generator states, :class:`TrainState`'s counts integers >= 0 and its tallies dicts,
+    ``grad_accumulation`` >= 1. A missing entry is the ``Checkpointer``'s to name."""
     for name in ("model", "ema"):
         if name in saved and not (isinstance(saved[name], Mapping)
                                   and all(isinstance(value, torch.Tensor) for value in saved[name].values())):
@@ -164,7 +162,6 @@ def entries_problem(saved: Mapping[str, Any]) -> Optional[str]:
 
 
 def _part_problem(entry: Any, keys: dict[str, type]) -> Optional[str]:
-    """What in one stateful part's ``entry`` is not a state dict holding ``keys``, or a dict of them by phase."""
     if not isinstance(entry, Mapping):
         return f"{_a(entry)}, not a state dict"
     by_phase = bool(keys) and bool(entry) and not keys.keys() & entry.keys() and all(
@@ -178,7 +175,6 @@ def _part_problem(entry: Any, keys: dict[str, type]) -> Optional[str]:
 
 
 def _position_problem(saved: Mapping[str, Any]) -> Optional[str]:
-    """What of the position's entries (:class:`TrainState`'s, ``grad_accumulation``) is no count or no tally."""
     fields = {field.name: field for field in dataclasses.fields(TrainState)}
     least = {name: 0 for name, field in fields.items() if isinstance(field.default, int)} | {"grad_accumulation": 1}
     for name in sorted(saved.keys() & least.keys()):
@@ -192,16 +188,14 @@ def _position_problem(saved: Mapping[str, Any]) -> Optional[str]:
 
 
 def _a(value: Any) -> str:
-    """``"a list"``, ``"an int"``: what ``value`` is, for a message."""
     name = type(value).__name__
     return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def state_misfit(own: Any, given: Any, at: str = "") -> Optional[str]:
-    """Where ``given`` (a part's state from a checkpoint) holds another kind of value than ``own`` (the run's own
-    ``state_dict()``) at the same place, as ``"at ['last_epoch']: a str, this run's is an int"``, or ``None``. Dicts
-    are compared at their shared keys, lists item by item (as long as each other); values by kind: a number for a
-    number, a flag for a flag, a tensor for a tensor; ``None`` on either side fits anything."""
+    """Where ``given`` (a part's state from a checkpoint) holds another kind of value than ``own`` (the run's
+    ``state_dict()``), as ``"at ['last_epoch']: a str, this run's is an int"``, or ``None``: dicts at their shared
+    keys, lists item by item, values by kind (a number, a flag, a tensor; ``None`` fits anything)."""
     if own is None or given is None:
         return None
     if isinstance(own, Mapping) and isinstance(given, Mapping):
@@ -219,14 +213,12 @@ def state_misfit(own: Any, given: Any, at: str = "") -> Optional[str]:
 
 
 def _kind(value: Any) -> str:
-    """What :func:`state_misfit` compares: ``"number"`` for an int or a float, else the type's name."""
     return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
 
 
 def load_part(part: Any, state: Any, name: str, path: str | Path) -> None:
-    """``part.load_state_dict(state)``, ``state`` being the entry ``name`` of the checkpoint at ``path`` (one of
-    :data:`PART_KEYS`: once :func:`state_misfit` finds it fits ``part.state_dict()``); a :class:`CheckpointError` names
-    what does not fit, or what ``load_state_dict`` itself refused."""
+    """``part.load_state_dict(state)`` of the entry ``name`` of the checkpoint at ``path`` (one of :data:`PART_KEYS`
+    once :func:`state_misfit` passes); a :class:`CheckpointError` names what does not fit."""
     if name in PART_KEYS and (problem := state_misfit(part.state_dict(), state)) is not None:
         raise CheckpointError(f"{path}: its {name!r} entry does not fit this run: {problem}")
     try:
@@ -236,8 +228,8 @@ def load_part(part: Any, state: Any, name: str, path: str | Path) -> None:
 
 
 class NamedStates(dict):
-    """Several stateful objects under one checkpoint entry, by name (a GAN's optimizers or schedulers), saved as
-    ``{name: state_dict}``; ``load_state_dict`` raises :class:`CheckpointError` where the checkpoint names others."""
+    """Stateful objects by name under one checkpoint entry (a GAN's optimizers); ``load_state_dict`` raises
+    :class:`CheckpointError` where the checkpoint names others."""
 
     def state_dict(self) -> dict[str, Any]:
         return {name: part.state_dict() for name, part in self.items()}
@@ -260,9 +252,8 @@ class Stateful(Protocol):
 
 def checkpoint_entries(states: Mapping[str, Stateful], info: Mapping[str, Any], held: tuple[str, ...] = ()
                        ) -> dict[str, Any]:
-    """A checkpoint's dict: each part's ``state_dict()`` under its name (those of :data:`TOP_LEVEL` spread at the top),
-    but the parts ``held`` elsewhere (by a format of its own), then the provenance ``info`` as is. Every rank calls it
-    together (:class:`RngStates` gathers every rank's)."""
+    """A checkpoint's dict: each part's ``state_dict()`` under its name (:data:`TOP_LEVEL`'s at the top), but those
+    ``held`` by a format of its own, then the provenance ``info``. Every rank calls it (:class:`RngStates` gathers)."""
     entries: dict[str, Any] = {}
     for name, part in states.items():
         if name not in held:
@@ -272,9 +263,7 @@ def checkpoint_entries(states: Mapping[str, Stateful], info: Mapping[str, Any], 
 
 
 class RngStates:
-    """Every rank's generator states as one stateful part (a checkpoint's ``rng`` entry: a list in rank order):
-    ``state_dict`` gathers them (every rank calls it), ``load_state_dict`` puts this rank's back
-    (:func:`restore_rng_state`) where as many ranks wrote them; on another world size the streams restart."""
+    """Every rank's generator states, in rank order (a checkpoint's ``rng``); on another world size they restart."""
 
     def __init__(self, rank: int = 0, world_size: int = 1):
         self.rank, self.world_size = rank, world_size
@@ -288,10 +277,8 @@ class RngStates:
 
 
 def malformed(path: Path, legacy: Optional[LegacyCheck] = None) -> Optional[str]:
-    """``"malformed (its 'rng' entry is ...)"`` for a checkpoint file whose entries are not as ``train.py`` writes them
-    (:func:`entries_problem`; read with ``mmap``: its tensors stay on disk), else ``None``; a :class:`CheckpointError`
-    where it holds code (refused, never run) or does not load (``legacy``: as
-    :func:`utils.checkpoint.files.torch_file_problem` takes it)."""
+    """``"malformed (its 'rng' entry is ...)"`` (:func:`entries_problem`, its tensors mapped, not read) or ``None``;
+    a :class:`CheckpointError` where the file holds code or does not load (``legacy``: as ``torch_file_problem``)."""
     saved = load_torch_file(path, mmap=True, legacy=legacy)
     problem = entries_problem(saved) if isinstance(saved, Mapping) else f"it holds a {type(saved).__name__}, not a dict"
     return None if problem is None else f"malformed ({problem})"
@@ -299,30 +286,26 @@ def malformed(path: Path, legacy: Optional[LegacyCheck] = None) -> Optional[str]
 
 @dataclasses.dataclass(frozen=True)
 class SingleFile:
-    """The core's checkpoint format (``utils.checkpoint.resume.CheckpointFormat``): one file per step,
-    ``checkpoint_<step>.pt``, holding :func:`checkpoint_entries`' dict, written by rank 0 (:class:`FileSaver`).
-    ``legacy``: as :func:`utils.checkpoint.files.torch_file_problem` takes it."""
+    """The core's ``CheckpointFormat``: ``checkpoint_<step>.pt`` of :func:`checkpoint_entries`, written by rank 0."""
 
     legacy: Optional[LegacyCheck] = None
     noun = "file"
 
     def problem(self, path: Path) -> Optional[str]:
-        """Why the file cannot be loaded (:func:`intact`, :func:`malformed`), or ``None``; a CheckpointError where it
-        holds code."""
+        """Why the file cannot be loaded (:func:`intact`, :func:`malformed`), or ``None``."""
         return intact(path) or malformed(path, self.legacy) if Path(path).is_file() else "not a file"
 
     def read(self, path: str | Path, map_location: Any = "cpu", verify: bool = True) -> dict[str, Any]:
-        """The file's dict (:func:`load_checkpoint`, which verifies it always)."""
+        """The file's dict, verified always (:func:`load_checkpoint`)."""
         return load_checkpoint(path, map_location, self.legacy)
 
     def load(self, path: str | Path, states: Mapping[str, Stateful], saved: Mapping[str, Any]) -> tuple[str, ...]:
-        """The weights, strictly (another network's keys and shapes named: :func:`load_model_state`); the other states
-        are ``saved``'s entries."""
+        """The weights, strictly (:func:`load_model_state`); the other states are ``saved``'s entries."""
         load_model_state(states["model"], saved["model"], str(path))
         return ("model",)
 
     def continues(self, path: Path) -> None:
-        """``None``: a run saving files resumes from any checkpoint it reads."""
+        """``None``: a run saving files resumes from any checkpoint."""
 
     def saver(self, output_dir: Path, dist: DistInfo, train: Any) -> FileSaver:
         return FileSaver(Path(output_dir), dist.rank, train.keep_last)
@@ -330,8 +313,7 @@ class SingleFile:
 
 @dataclasses.dataclass(frozen=True)
 class FileSaver:
-    """A run's saves as single files (:class:`SingleFile`): rank 0 writes each at once; ``keep_last``: as
-    :func:`save_checkpoint` takes it."""
+    """A run's saves as single files: rank 0 writes each at once (:func:`save_checkpoint`)."""
 
     output_dir: Path
     rank: int
@@ -339,8 +321,7 @@ class FileSaver:
     background = False
 
     def save(self, step: int, states: Mapping[str, Stateful], info: Mapping[str, Any]) -> Optional[Path]:
-        """Rank 0 writes ``states`` and ``info`` (:func:`checkpoint_entries`) as step ``step`` and returns the file;
-        ``None`` on the other ranks. Raises what :func:`save_checkpoint` raises."""
+        """Rank 0's file of step ``step`` (``None`` on the others); raises what :func:`save_checkpoint` raises."""
         entries = checkpoint_entries(states, info)
         return save_checkpoint(self.output_dir, entries, step, self.keep_last) if self.rank == 0 else None
 
@@ -350,7 +331,7 @@ class FileSaver:
     wait = poll
 
     def share(self, nbytes: int) -> int:
-        """Rank 0 writes the whole checkpoint of ``nbytes``; twice where the folder takes no link (a copy is made)."""
+        """Rank 0 writes the whole checkpoint; twice where the folder takes no link."""
         return nbytes if takes_links(self.output_dir) else 2 * nbytes
 
 

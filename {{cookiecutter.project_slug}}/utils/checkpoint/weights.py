@@ -17,13 +17,9 @@ from utils.framing import Framing, saved_framing
 
 @dataclasses.dataclass
 class Weights:
-    """Weights read by :func:`read_weights`: ``source`` (what the file is, for the log), ``state`` (this project's key
-    names), ``partial`` (key prefixes the file lacks: they keep their initialisation), ``load_folder``: a sharded
-    checkpoint folder's reader of its weights into a model, which :func:`load_into` calls (``state`` is then empty),
-    and ``framing``: the
-    ``audio.mel_framing`` of the mels they were trained on where the file records it (a checkpoint of ``train.py``:
-    :func:`utils.framing.saved_framing`), else None (a published file, or an import that recorded null: its model's
-    recipe tells)."""
+    """Weights read by :func:`read_weights`: ``source`` (what the file is), ``state`` (in this project's key names),
+    ``partial`` (key prefixes the file lacks), ``load_folder`` (a folder's reader of its weights into a model, in place
+    of ``state``), ``framing`` (of the mels they were trained on, where a checkpoint records it)."""
 
     source: str
     model_name: str
@@ -35,10 +31,9 @@ class Weights:
 
 def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str = "--init-from", *,
                  formats: Formats) -> Weights:
-    """The weights in ``path`` in this project's key names, and the model of ``models`` they belong to: a checkpoint of
-    ``train.py`` (a file, or a folder of ``formats``), or a published format ``formats.published`` reads (it may set
-    sizes of ``cfg``). A :class:`CheckpointError` for a missing or unreadable file, a model not in ``models``, or a
-    format no model reads."""
+    """The weights in ``path`` and their model: a checkpoint of ``train.py`` (a file, or a folder of ``formats``), or a
+    file ``formats.published`` reads (it may set sizes of ``cfg``). A :class:`CheckpointError` for a file missing or
+    unreadable, of a model not in ``models``, or of a format no model reads."""
     path, published = Path(path), formats.published
     if not path.exists():
         raise CheckpointError(f"{label} {path}: no such file or folder")
@@ -56,8 +51,8 @@ def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str 
             raise CheckpointError(f"{label} {path}: it holds a '{name}' model, which models/__init__.py does not "
                                   "register")
         framing = recorded_framing(state, models[name].recipe, f"{label} {path}")
-        if path.is_dir():  # a sharded folder (read_checkpoint refused it without the part)
-            return Weights(f"a sharded checkpoint of model '{name}' at step {state.get('step')}", name, {},
+        if path.is_dir():  # a folder of formats.folder (formats.of refused it without one)
+            return Weights(f"a {formats.folder.noun} of model '{name}' at step {state.get('step')}", name, {},
                            load_folder=functools.partial(formats.folder.load_weights, path), framing=framing)
         return Weights(f"a checkpoint of model '{name}' at step {state.get('step')}", name, state["model"],
                        framing=framing)
@@ -67,9 +62,8 @@ def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str 
 
 
 def recorded_framing(saved: dict[str, Any], recipe: dict[str, Any], what: str) -> Optional[Framing]:
-    """The framing ``saved`` (a checkpoint's entries, ``what``: how errors name it) records for its weights
-    (:func:`utils.framing.saved_framing`), None where it is only assumed (its model's ``recipe``'s); a
-    :class:`CheckpointError` for a value that is no framing."""
+    """The framing the checkpoint entries ``saved`` record (``saved_framing``), None where only assumed; a
+    :class:`CheckpointError` (naming ``what``) for a value that is no framing."""
     try:
         framing, assumed = saved_framing(saved, recipe)
     except ValueError as err:
@@ -78,9 +72,8 @@ def recorded_framing(saved: dict[str, Any], recipe: dict[str, Any], what: str) -
 
 
 def load_into(model: torch.nn.Module, weights: Weights, source: str) -> list[str]:
-    """Copy ``weights.state`` (or a sharded folder's, by ``weights.load_folder``) into ``model``: every key outside
-    ``weights.partial``, shapes matching, and no other; returns the key prefixes that kept their initialisation. A
-    :class:`CheckpointError` names missing, unexpected or misshapen keys (at most 5 of each)."""
+    """``weights`` into ``model``: every key outside ``weights.partial``, shapes matching, and no other; returns the
+    prefixes that kept their initialisation. A :class:`CheckpointError` names the keys that do not fit."""
     if weights.load_folder is not None:
         weights.load_folder(model)
         return []

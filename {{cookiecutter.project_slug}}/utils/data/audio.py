@@ -1,5 +1,5 @@
 """Audio: the ``audio`` config section, log-mel spectrograms framed as each model's reference frames them (NVIDIA's
-Tacotron2/WaveGlow, jik876's HiFi-GAN), and reading and writing wav files."""
+``TacotronSTFT``, jik876's ``mel_spectrogram``), and reading and writing wav files."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class AudioConfig(Section):
 
 def dynamic_range_compression(x: torch.Tensor, C: float = 1.0, clip_val: float = 1e-5) -> torch.Tensor:
     """Log-compress linear magnitudes (any shape): ``log(clamp(x, min=clip_val) * C)``, silence at ``log(1e-5) ~
-    -11.5``. NVIDIA Tacotron2 reference (``audio_processing.dynamic_range_compression``)."""
+    -11.5``. NVIDIA's reference (``audio_processing.dynamic_range_compression``)."""
     return torch.log(torch.clamp(x, min=clip_val) * C)
 
 
@@ -66,9 +66,9 @@ class MelSpectrogram(nn.Module):
     """Waveform -> log-mel spectrogram, framed as ``framing``'s reference frames it (``tests/test_parity_mel.py``).
 
     Audio ``(B, T)`` or ``(T,)`` float samples in [-1, 1] becomes ``(B, n_mels, frames)`` or ``(n_mels, frames)``
-    (:meth:`num_frames`). ``"nvidia"``: NVIDIA's ``TacotronSTFT`` (Tacotron 2 and WaveGlow ``stft.py``), ``pad = n_fft
-    // 2`` (``1 + T // hop_length`` frames, frame ``k`` centred on sample ``k * hop_length``). ``"jik876"``:
-    jik876/hifi-gan's ``mel_spectrogram``, ``pad = (n_fft - hop_length) // 2`` (``T // hop_length`` frames for even
+    (:meth:`num_frames`). ``"nvidia"``: NVIDIA's ``TacotronSTFT`` (their ``stft.py``), ``pad = n_fft // 2``
+    (``1 + T // hop_length`` frames, frame ``k`` centred on sample ``k * hop_length``). ``"jik876"``:
+    jik876's ``mel_spectrogram``, ``pad = (n_fft - hop_length) // 2`` (``T // hop_length`` frames for even
     ``n_fft - hop_length``, frame ``k`` centred on hop ``k``'s middle). Method: reflect-pad by ``pad``, ``torch.stft``
     (``center=False``, periodic Hann window), magnitude (jik876's ``sqrt(|X|^2 + 1e-9)``, NVIDIA's ``|X|``), Slaney mel
     filterbank (:func:`slaney_mel_filters`), ``log(clamp(mel, 1e-5))``. Raises ValueError for an unknown ``framing``.
@@ -194,7 +194,7 @@ def audio_problems(audio: ArrayLike) -> list[str]:
 
 
 NOISE_FLATNESS = 0.3
-"""Above this :func:`spectral_flatness` is noise: white noise 0.56, untrained WaveGlow 0.50-0.56, speech <= 0.01."""
+"""Above this :func:`spectral_flatness` is noise: white noise 0.56, an untrained vocoder's 0.50-0.56, speech <= 0.01."""
 
 
 def spectral_flatness(audio: np.ndarray, frame: int = 1024, hop: int = 256) -> float:

@@ -86,12 +86,10 @@ def default_cache_file(dataset_path: str | Path) -> Path:
 def check_corpus(utterances: Sequence[Utterance], audio_cfg: AudioConfig,
                  text_check: Optional[Callable[[str], Optional[str]]] = None, cache_file: Optional[Path] = None,
                  workers: Optional[int] = None, progress: bool = False) -> list[BadClip]:
-    """The clips of ``utterances`` that cannot be trained on, as :class:`BadClip` (the first reason found), in corpus
-    order; each clip's header read in a thread, its samples until one is not silent (integer PCM) or all of them (float
-    wavs, which may hold NaN). A clip needs ``MelSpectrogram.min_samples`` samples at ``audio_cfg.sampling_rate`` Hz.
-    ``text_check``: the model's ``text -> reason or None``. ``cache_file``: JSON of what was read of each clip, by path,
-    size and mtime, so a second run reads what changed (``None``: no cache). ``workers``: threads (default 4 per core,
-    at most 32)."""
+    """The clips of ``utterances`` that cannot be trained on (:class:`BadClip`, the first reason found), in corpus
+    order: headers read in threads (``workers``: default 4 per core, at most 32), samples until one is not silent (all
+    of a float wav's, which may hold NaN), at least ``MelSpectrogram.min_samples`` of them; ``text_check``: the
+    model's ``text -> reason or None``; ``cache_file``: what was read of each clip, by path, size and mtime."""
     sampling_rate, min_samples = audio_cfg.sampling_rate, MelSpectrogram(audio_cfg).min_samples
     cache = _read_cache(cache_file)
     keys = {utt.id: _stat_key(utt.wav_path) for utt in utterances}
@@ -153,10 +151,9 @@ def describe(bad: Sequence[BadClip], shown: int = 20) -> str:
 
 
 def prepare_run(cfg: Config, spec: ModelSpec, output_dir: Path) -> list[str]:
-    """Rank 0's checks before training: the output folder must be writable (else a ConfigError); bad corpus lines
-    (:func:`load_splits`) and clips (:func:`check_corpus`) are a DataError naming them, or with
-    ``data.on_bad_clip=skip`` listed in ``OUTPUT/skipped_clips.txt`` (id, path, reason), named (the first 20) in a
-    warning, and their ids returned for ``data.exclude`` (``[]``: none)."""
+    """Rank 0's checks before training: a ConfigError for an output folder that is not writable, a DataError naming
+    bad corpus lines and clips, or with ``data.on_bad_clip=skip`` their ids for ``data.exclude``, listed in
+    ``OUTPUT/skipped_clips.txt`` and named in a warning."""
     listed: list = []  # the corpus lines load_splits refused
     check_output_dir(output_dir)
     train_utts, val_utts = load_splits(cfg.data, bad=listed)

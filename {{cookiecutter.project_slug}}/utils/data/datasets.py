@@ -21,7 +21,7 @@ TORCH_LOAD_ERRORS = (pickle.UnpicklingError, RuntimeError, EOFError, ValueError,
 
 @dataclasses.dataclass(frozen=True)
 class Crop:
-    """Which ``segment_length`` samples of a clip an item holds (NVIDIA WaveGlow's ``Mel2Samp``, jik876's
+    """Which ``segment_length`` samples of a clip an item holds (NVIDIA's ``Mel2Samp``, jik876's
     ``MelDataset``): with ``random`` a start seeded by ``(seed, epoch, index)`` (resumes crop alike), else the first."""
 
     segment_length: int  # samples
@@ -37,7 +37,7 @@ class Crop:
 
 
 class AudioMelDataset(Dataset):
-    """Fixed-length audio segments and their log-mels: NVIDIA WaveGlow's ``Mel2Samp`` recipe.
+    """Fixed-length audio segments and their log-mels: NVIDIA's ``Mel2Samp`` recipe.
 
     Item ``i`` is ``{"mel": (n_mels, MelSpectrogram.num_frames(segment_length)) float32, "audio": (segment_length,)
     float32, "id": str}`` (batch with :func:`collate_audio_mel`): ``crop.segment_length`` samples of utterance ``i``'s

@@ -1,5 +1,5 @@
-"""Mels read from a folder (``data.mel_dir``) instead of computed from the audio: a vocoder fine-tuned on Tacotron2's
-teacher-forced mels from ``scripts/dump_gta_mels.py`` (Shen et al. 2018; jik876/hifi-gan's ``--fine_tuning``). One of
+"""Mels read from a folder (``data.mel_dir``) instead of computed from the audio: a vocoder fine-tuned on a text-to-mel
+model's teacher-forced mels from ``scripts/dump_gta_mels.py`` (Shen et al. 2018; jik876's ``--fine_tuning``). One of
 the after-training tools: a project without them has no ``data.mel_dir``."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """An exponential moving average (EMA) of the weights inference uses (``train.ema_decay``), ``ema = decay * ema + (1 -
 decay) * weights`` after every real update: Polyak averaging as BigVGAN and Vocos keep it. Unlike
-``torch.optim.swa_utils.AveragedModel`` (a copy of whole modules) each average is a tensor like its parameter (under
-FSDP2 a ``DTensor`` shard, saved and re-cut as the weights are)."""
+``torch.optim.swa_utils.AveragedModel`` (a copy of whole modules) each average is a tensor like its parameter (split
+over the ranks: a ``DTensor`` shard, saved and re-cut as the weights are)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def averaged_parameters(model: nn.Module, modules: Sequence[str]) -> dict[str, n
 
 
 class EMA:
-    """The moving averages of ``model``'s parameters under ``modules`` (empty: all). ``model``: plain or FSDP-sharded,
-    never DDP-wrapped (the key names are the model's own); ``decay``: the old average's weight at each update. A
+    """The moving averages of ``model``'s parameters under ``modules`` (empty: all). ``model``: plain or split over the
+    ranks, never DDP-wrapped (the key names are the model's own); ``decay``: the old average's weight at each update. A
     ``ValueError`` for ``decay`` outside ``[0, 1)``, or ``modules`` naming no parameter of ``model``."""
 
     def __init__(self, model: nn.Module, modules: Sequence[str], decay: float):

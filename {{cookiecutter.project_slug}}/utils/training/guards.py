@@ -91,9 +91,10 @@ class StepOutcome(StepRecord):
 
 class SpikeMonitor:
     """Flags a spike of one series: a value above ``high + (factor - 1) * max(|high|, high - low)`` of the last
-    ``window`` values (``factor * high`` for a positive series; the rest: WaveGlow's negative loss), after ``warmup``
-    values; spikes do not enter the window; ``factor <= 0`` disables it. The recent highest, not a mean: on H100
-    WaveGlow runs "3x the running mean" fired 3-23 times per healthy run, this rule never; loud noise gave 4-17x."""
+    ``window`` values (``factor * high`` for a positive series; the rest: a flow's negative log-likelihood), after
+    ``warmup`` values; spikes do not enter the window; ``factor <= 0`` disables it. The recent highest, not a mean: in
+    H100 runs of a flow vocoder "3x the running mean" fired 3-23 times per healthy run, this rule never; loud noise gave
+    4-17x."""
 
     def __init__(self, factor: float, warmup: int = 20, window: int = 100):
         self.factor, self.warmup = factor, warmup
@@ -122,9 +123,8 @@ class SpikeMonitor:
 class Anomalies:
     """The verdicts on each phase's update: a non-finite loss or gradient norm or a spike is logged to
     ``anomalies.jsonl`` with every rank's utterance ids, skipped, or stops the run naming the last good checkpoint;
-    too many skips in a row stop it. ``phases``: how many the model has (with several, messages name the phase).
-    ``suspect``: the checkpoint not to name as good (``Checkpointer.suspect``: the one the weights, no longer finite,
-    came from before a save; every rank calls it, at a non-finite anomaly and at a stop for skips)."""
+    too many skips in a row stop it. ``phases``: how many the model has (several: messages name the phase);
+    ``suspect``: ``Checkpointer.suspect``, which every rank calls at a non-finite anomaly and a stop for skips."""
 
     def __init__(self, train_cfg, scaler, state: TrainState, log: RunLog, phases: int,
                  suspect: Callable[[], Optional[Path]] = lambda: None):
@@ -156,9 +156,8 @@ class Anomalies:
         return verdict
 
     def _anomaly(self, step: int, phase: Phase, numbers: PhaseNumbers, ids: list) -> bool:
-        """Log, skip or stop (``train.on_nonfinite``, ``train.on_spike``) on a non-finite loss or gradient norm or a
-        spike of ``phase``; whether its update is skipped for one. A skip drops the phase's gradients (its optimizer
-        step is then a no-op) and takes its buffers back."""
+        """Log, skip or stop (``train.on_nonfinite``, ``train.on_spike``) on an anomaly of ``phase``; whether its update
+        is skipped (its gradients dropped, its buffers taken back)."""
         loss, grad_norm, of = numbers.loss, numbers.grad_norm, self._of(phase)
         if numbers.nonfinite_ranks:
             kind, message = "nonfinite", f"non-finite loss or gradient norm{of} (loss {loss}, grad norm {grad_norm})"

@@ -45,5 +45,6 @@ class LoopSettings(Section):
 
     @property
     def sharded(self) -> bool:
-        """Whether the run shards its model and writes sharded checkpoints (never, without the sharding part)."""
+        """Whether the run splits its model over the ranks, and saves in their format (never, without a part that
+        does)."""
         return False

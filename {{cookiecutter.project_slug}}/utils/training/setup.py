@@ -44,8 +44,8 @@ from utils.training.validate import Validator
 
 
 class Sharding(Protocol):
-    """A model prepared before its optimizers exist, and gathered for rank 0's validation pictures (the sharding
-    part's ``utils.training.fsdp`` is one)."""
+    """A model prepared before its optimizers exist (split over the ranks), and gathered whole for rank 0's validation
+    pictures."""
 
     def prepare_model(self, spec: ModelSpec, model: torch.nn.Module, train: Any,
                       networks: Callable[[], dict[str, torch.nn.Module]]) -> None: ...
@@ -78,9 +78,8 @@ class TrainData:
 
 @dataclasses.dataclass(kw_only=True)
 class Run:
-    """What the loop in ``train.py`` reads and steps: its settings (the ``train`` section) and position (``state``), its
-    phases (one per optimizer) and the step function they run, and the components that hold their own settings and
-    collaborators."""
+    """What the loop in ``train.py`` reads and steps: the ``train`` section, the position, one phase per optimizer and
+    their step function, and the components that hold their own settings."""
 
     spec: ModelSpec
     train: LoopSettings
@@ -101,10 +100,9 @@ class Run:
 
 def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Config, dist: DistInfo,
               parts: RunParts) -> Optional[Run]:
-    """The run of ``models[args.model]`` (the registry: an ``--init-from`` file may hold any model), with what the
-    project's optional ``parts`` add, once rank 0 holds the output folder; ``None`` when the checkpoint is at
-    ``train.max_steps`` already (said). Raises :class:`DataError`, :class:`ConfigError`, :class:`CheckpointError`,
-    :class:`TrainingError`: one line each."""
+    """The run of ``models[args.model]`` with what the optional ``parts`` add, once rank 0 holds the output folder;
+    ``None`` (said) when the checkpoint is at ``train.max_steps``. Raises :class:`DataError`, :class:`ConfigError`,
+    :class:`CheckpointError`, :class:`TrainingError`."""
     spec, output_dir = models[args.model], Path(args.output_dir)
     found = from_rank0(lambda: prepare_run(cfg, spec, output_dir), ConfigError, DataError)
     cfg.data.exclude = sorted({*cfg.data.exclude, *found})  # load_splits leaves these out
@@ -161,42 +159,40 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
 
 
 def run_writer(spec: ModelSpec, cfg: Config, where: tuple[Path, int, dict[str, str]], parts: RunParts) -> Any:
-    """Rank 0's run-log writer in ``output_dir``, resumed at ``step`` (``where``: those and the run ids the checkpoint
-    holds): ``parts.writer``'s (continuing the run ids) where the project has one, else TensorBoard's; in the folder
-    ``parts.tensorboard_dir`` gives, else ``<output_dir>/tensorboard``."""
+    """Rank 0's run-log writer (``where``: the output folder, the step resumed at, the checkpoint's run ids):
+    ``parts.writer``'s, else TensorBoard's, in the folder ``parts.tensorboard_dir`` gives, else
+    ``<output_dir>/tensorboard``."""
     output_dir, step, run_ids = where
     folder = parts.tensorboard_dir(os.environ, str(output_dir)) if parts.tensorboard_dir else \
         str(output_dir / "tensorboard")
     if parts.writer is not None:
         writer = parts.writer(cfg, spec.name, output_dir, folder, step, run_ids)
-        if cfg.train.tracker_log_checkpoint:  # the newest checkpoint when the run ends, file or sharded folder
+        if cfg.train.tracker_log_checkpoint:  # the newest checkpoint when the run ends, file or folder
             writer.checkpoint = functools.partial(last_checkpoint_path, output_dir)
         return writer
     return tensorboard_writer(folder, step)
 
 
 WEIGHTS_SETTINGS = "weights_settings"
-"""The checkpoint entry of the settings a run's first weights set in its config (``{section: {key: value}}``: what a
-published format's ``Published.read`` set, e.g. HiFi-GAN V2's generator sizes); a resume sets them again over the
-config's (:func:`resumed_settings`), so that a fine-tuning job restarts with the command that started it."""
+"""The checkpoint entry of the settings a run's first weights set (``{section: {key: value}}``: what a published
+format's reader set), set again on a resume: a fine-tuning job restarts with the command that started it."""
 
 
 def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Config, dist: DistInfo,
                 checkpoint: tuple[Optional[Path], Optional[dict]],
                 formats: Formats) -> tuple[torch.nn.Module, dict[str, dict]]:
     """The model on this rank's device, and the settings its first weights set in ``cfg`` (:data:`WEIGHTS_SETTINGS`):
-    one seed everywhere for its weights (DDP also broadcasts rank 0's); the weights of ``--init-from`` unless the run
-    resumes its own checkpoint (``checkpoint``: its path and entries, else ``(None, None)``), whose settings come from
-    there (:func:`resumed_settings`); then one seed per rank (dropout, crops). A :class:`CheckpointError` where the
-    ``--init-from`` file (read with ``formats``) is unreadable, unsafe, of another model, or does not fit; a
-    :class:`ConfigError` where the checkpoint's settings fail the config's checks."""
+    one seed everywhere for its weights; those of ``--init-from`` unless the run resumes its own ``checkpoint`` (path
+    and entries, or Nones), whose settings come from there; then one seed per rank. A :class:`CheckpointError` for an
+    ``--init-from`` file unreadable, unsafe, of another model or not fitting; a :class:`ConfigError` for settings that
+    fail the config's checks."""
     (path, saved), spec, weights, settings = checkpoint, models[args.model], None, {}
     if saved is not None:
         if args.init_from and dist.is_main:
             print(f"note: --init-from {args.init_from} is not used: {args.output_dir} holds this run's own checkpoint, "
                   "which it resumes", file=sys.stderr, flush=True)
         settings = resumed_settings(spec, path, saved, cfg, dist.is_main)
-    elif args.init_from:  # read first: a published format may set its sizes in cfg (HiFi-GAN V2, V3)
+    elif args.init_from:  # read first: a published format may set its sizes in cfg
         before = cfg.to_dict()
         weights = read_weights(args.init_from, models, cfg, formats=formats)  # ours, or a published one
         settings = cfg.changed_since(before)
@@ -222,10 +218,9 @@ def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Con
 
 
 def resumed_settings(spec: ModelSpec, path: Path, saved: Any, cfg: Config, is_main: bool) -> dict[str, dict]:
-    """The settings the first weights of the run in ``saved`` (the entries of its checkpoint at ``path``) set
-    (:data:`WEIGHTS_SETTINGS`), set in ``cfg`` again and returned; rank 0 names in one line those that differ from the
-    config's; ``{}`` for a checkpoint without them or of another model (:meth:`Checkpointer.load` refuses it). A
-    :class:`ConfigError` naming the checkpoint where they are not settings of this config or fail its checks."""
+    """The :data:`WEIGHTS_SETTINGS` of the checkpoint entries ``saved`` (at ``path``) set in ``cfg`` again and
+    returned (``{}``: none, or another model), rank 0 naming those that differ from the config's in one line. A
+    :class:`ConfigError` naming the checkpoint where they fail the config's checks."""
     if not isinstance(saved, dict) or saved.get("model_name") != spec.name or WEIGHTS_SETTINGS not in saved:
         return {}
     changed = cfg.apply(saved[WEIGHTS_SETTINGS], f"{path}: its {WEIGHTS_SETTINGS}")
@@ -287,7 +282,7 @@ def phase_networks(spec: ModelSpec, model) -> dict:
 
 
 def build_phases(spec: ModelSpec, model, optimizers: dict, schedulers: dict, train: LoopSettings) -> list[Phase]:
-    """One :class:`Phase` per optimizer, each network DDP-wrapped on its own (under FSDP already sharded), with the
+    """One :class:`Phase` per optimizer, each network DDP-wrapped on its own (split over the ranks already: as it is), with the
     ``train`` section's spike and non-finite guards; a :class:`TrainingError` as :func:`phase_networks` raises it."""
     nets = phase_networks(spec, model)
     skip = "skip" in (train.on_nonfinite, train.on_spike)
@@ -297,9 +292,9 @@ def build_phases(spec: ModelSpec, model, optimizers: dict, schedulers: dict, tra
 
 
 def recipe_line(spec: ModelSpec) -> str:
-    """The values ``utils.training.recipe.apply_recipe`` gives the shared settings a config leaves null, and whose they
-    are, in one line: ``recipe (the project's defaults: gan_vocoder's ModelSpec has none) for the settings config.json
-    leaves null: audio.mel_framing=jik876, train.grad_clip=0.0, train.cudnn_benchmark=true``."""
+    """What ``apply_recipe`` gives the settings a config leaves null, and whose they are: ``recipe (the project's
+    defaults: gan_vocoder's ModelSpec has none) for the settings config.json leaves null: audio.mel_framing=jik876,
+    ...``."""
     if not spec.recipe:
         whose = f"the project's defaults: {spec.name}'s ModelSpec has none"
     elif set(PROJECT_RECIPE) <= set(spec.recipe):

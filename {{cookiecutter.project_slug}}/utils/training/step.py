@@ -93,7 +93,7 @@ def forward_backward(phase: Phase, phases: list, step_fn, micro: list, precision
     loss_sum, metric_sums, compute_time = torch.zeros((), device=device), {}, 0.0
     nets = {other.name: other.wrapped if other is phase else other.network for other in phases}
     # What a failed collective is named by: the forward talks too (DDP's bucket rebuild and buffer broadcasts).
-    forward, backward = (("FSDP forward (weight all-gather)", "gradient reduce-scatter (FSDP backward)")
+    forward, backward = (("forward (weight all-gather)", "gradient reduce-scatter (backward)")
                          if split_over_ranks(phase.wrapped) else
                          ("DDP forward (bucket rebuild, buffer broadcast)", "gradient all-reduce (DDP backward)"))
     with frozen([other.network for other in phases if other is not phase]):
@@ -110,7 +110,7 @@ def forward_backward(phase: Phase, phases: list, step_fn, micro: list, precision
             for name, value in metrics.items():
                 metric_sums[name] = metric_sums.get(name, 0.0) + value.detach().float() / len(micro)
     precision.scaler.unscale_(phase.optimizer)  # no-op unless fp16: clipping and the norm need the true gradients
-    with collective("gradient norm (FSDP: of the shards)"):  # FSDP: a DTensor, the norm of every rank's shard
+    with collective("gradient norm"):  # split over the ranks: a DTensor, the norm of every rank's shard
         grad_norm = torch.nn.utils.clip_grad_norm_(phase.network.parameters(), grad_clip or math.inf)
         grad_norm = grad_norm.full_tensor() if split_over_ranks(grad_norm) else grad_norm
     return PhaseResult(loss_sum, grad_norm, metric_sums, compute_time)
