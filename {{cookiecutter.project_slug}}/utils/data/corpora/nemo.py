@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -44,15 +45,15 @@ def matches(root: Path) -> bool:
     return bool(_manifests(root))
 
 
-def _utterance(entry: dict, manifest: Path, number: int) -> Utterance:
-    """The utterance of one manifest line (checked by :func:`_scan`)."""
-    written = Path(entry["audio_filepath"])
-    audio = manifest.parent / written  # an absolute path stays itself
-    utt_id = written.stem if written.is_absolute() else "_".join(written.with_suffix("").parts)
+def _utterance(entry: dict, folder: str, manifest: str) -> Utterance:
+    """The utterance of one line (checked by :func:`_problem`) of the manifest named ``manifest`` in ``folder``
+    (strings, not paths: a million lines take seconds, not a minute)."""
+    written = os.path.normpath(entry["audio_filepath"])
+    audio = os.path.join(folder, written)  # an absolute path stays itself
+    utt_id = os.path.splitext(os.path.basename(written) if os.path.isabs(written) else written)[0].replace(os.sep, "_")
     duration, offset = float(entry.get("duration", math.nan)), float(entry.get("offset") or 0.0)
-    source = f"{audio}#t={offset},{offset + duration}" if offset else str(audio)
-    speaker = entry.get("speaker", manifest.name.split("_manifest")[0] if "_manifest" in manifest.name else
-                        SINGLE_SPEAKER)
+    source = f"{audio}#t={offset},{offset + duration}" if offset else audio
+    speaker = entry.get("speaker", manifest.split("_manifest")[0] if "_manifest" in manifest else SINGLE_SPEAKER)
     text = next((str(entry[key]).strip() for key in TEXT_KEYS if entry.get(key) is not None), "")
     return Utterance(utt_id, source, text, str(speaker), str(entry.get("language", entry.get("lang", ""))), duration)
 
@@ -82,16 +83,15 @@ def _scan(manifests: list[Path], first: dict[str, str]) -> Part:
             if problem is not None:
                 issues.append(malformed(manifest, number, f"{problem}, got {line[:200]!r}"))
                 continue
-            utt = _utterance(entry, manifest, number)
+            utt = _utterance(entry, str(manifest.parent), manifest.name)
             if utt.id in first:
                 issues.append(repeated_id(utt.id, utt.audio, manifest, number, first[utt.id]))
                 continue
             first[utt.id] = f"{manifest.name} line {number}"
-            audio = Path(utt.audio.split("#t=")[0])
-            issue = text_issue(utt.id, utt.audio, manifest, number) if not utt.text else \
-                audio_issue(utt.id, audio, manifest, number)
-            if issue is not None:
-                issues.append(issue)
+            audio = utt.audio.split("#t=")[0]
+            if not utt.text or not os.path.isfile(audio):
+                issues.append(text_issue(utt.id, utt.audio, manifest, number) if not utt.text else
+                              audio_issue(utt.id, Path(audio), manifest, number))
                 continue
             rows.append(utt)
     return Part(rows, issues, str(manifests[0] if len(manifests) == 1 else manifests[0].parent))
