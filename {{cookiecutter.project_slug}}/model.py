@@ -63,6 +63,8 @@ class Training:
     optimize_for_training: Optional[Callable[..., nn.Module]] = None  # (model, cfg, **compile_kwargs): train.compile
     # model -> its repeated units in forward order: what a model split over the ranks splits and recomputes one by one
     blocks: Optional[Callable[[nn.Module], list[nn.Module]]] = None
+    # state-dict keys of tables with a row per speaker of data.speakers: from --init-from, new speakers' rows are added
+    speaker_rows: tuple[str, ...] = ()
     phases: Optional[Phases] = None  # several optimizers; None: one network, one loss, one optimizer
 
 

@@ -145,11 +145,12 @@ class Decoder(nn.Module):
     attention LSTM on (pre-net output, previous context); location-sensitive attention gives a new context; decoder
     LSTM on (attention LSTM output, context); linear projections of (decoder LSTM output, context) give the frame and
     the gate logit. Dropout on the two LSTM outputs in training, carried to the next step. ``cfg``: the ``tacotron2``
-    config section, as NVIDIA's ``hparams``."""
+    config section, as NVIDIA's ``hparams``; ``memory_dim``: the width of the memory it attends to (``None``:
+    ``cfg.encoder_embedding_dim``; wider by a speaker embedding concatenated to it, as in NVIDIA's Mellotron)."""
 
-    def __init__(self, n_mels: int, cfg):
+    def __init__(self, n_mels: int, cfg, memory_dim: Optional[int] = None):
         super().__init__()
-        encoder_dim, prenet_dim = cfg.encoder_embedding_dim, cfg.prenet_dim
+        encoder_dim, prenet_dim = memory_dim or cfg.encoder_embedding_dim, cfg.prenet_dim
         self.n_mels, self.encoder_dim = n_mels, encoder_dim
         self.attention_rnn_dim, self.decoder_rnn_dim = cfg.attention_rnn_dim, cfg.decoder_rnn_dim
         self.max_decoder_steps, self.gate_threshold = cfg.max_decoder_steps, cfg.gate_threshold

@@ -15,6 +15,7 @@ from conftest import LAYOUT_RATES, TEST_MODEL, layout_corpus, run_train_main, tr
 from utils.data.audio import decoding
 from utils.data.corpora import load_splits, parquet
 from utils.data.corpus import Corpus, DataConfig, DataError, Strings, Utterance
+from utils.data import speakers
 from utils.data.sources import clip_samples, parse, read_audio
 
 SR = 22050
@@ -199,3 +200,28 @@ def test_a_tiny_training_on_two_ranks_reads_a_vctk_layout_and_records_its_decode
     assert "(p315: VCTK 0.92 ships p315 so)" in said[0]
     saved = torch.load(out / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert saved["audio_decoding"] == decoding() and saved["train_utterances"] == 5
+
+
+def test_the_speaker_map_is_the_training_splits_sorted_verified_on_resume_and_extended_from_init():
+    """``utils.data.speakers``: the training split's speakers sorted; a resume keeps the saved map when the split
+    makes it again (an ``--init-from`` run's too: its inherited names first), else one DataError line naming the
+    first difference; ``--init-from`` keeps its map and appends the split's new names, said in one line; a
+    checkpoint without a map (an earlier version's) gives the split's; a malformed entry is refused."""
+    corpus = Corpus.of(Utterance(f"u{i}", f"u{i}.wav", "Hi.", speaker) for i, speaker in enumerate("CABCA"))
+    made = speakers.data_speakers(corpus)
+    assert made == ["A", "B", "C"]
+    entry = {speakers.ENTRY: speakers.as_entry(made), speakers.INHERITED: 0}
+    assert speakers.settle(made, speakers.saved_map(entry, "ck.pt"), "ck.pt", resume=True) == (made, 0, None)
+    with pytest.raises(DataError, match=r"not the one ck.pt was trained with \(3\): index 1 is 'B' there, 'C' here"):
+        speakers.settle(["A", "C", "D"], speakers.saved_map(entry, "ck.pt"), "ck.pt", resume=True)
+    with pytest.raises(DataError, match="index 3 is 'D' here only"):
+        speakers.settle(["A", "B", "C", "D"], speakers.saved_map(entry, "ck.pt"), "ck.pt", resume=True)
+    names, inherited, line = speakers.settle(["A", "D", "E"], speakers.saved_map(entry, "ck.pt"), "ck.pt",
+                                             resume=False)
+    assert (names, inherited) == (["A", "B", "C", "D", "E"], 3)
+    assert line == "--init-from ck.pt: 2 new speaker(s) appended to its map of 3: D, E"
+    grown = {speakers.ENTRY: speakers.as_entry(names), speakers.INHERITED: inherited}
+    assert speakers.settle(["A", "D", "E"], speakers.saved_map(grown, "g.pt"), "g.pt", resume=True)[0] == names
+    assert speakers.settle(made, speakers.saved_map({}, "old.pt"), "old.pt", resume=True) == (made, 0, None)
+    with pytest.raises(DataError, match="bad.pt: its 'speakers' entry is not a speaker map"):
+        speakers.saved_map({speakers.ENTRY: {"A": 0, "B": 5}}, "bad.pt")

@@ -1,7 +1,10 @@
 """Tacotron2: model size and shapes, loss and masking, inference stopping, data pipeline, preprocessing."""
 
+import contextlib
 import copy
+import io
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -10,7 +13,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import check_recipe, read_ljspeech, run_train_main, tiny_checkpoint
+from conftest import (check_recipe, read_ljspeech, run_train_main, synth_corpus, tiny_checkpoint, train_in_process,
+                      train_on_ranks)
 from test_checkpoint_safety import LARGER, crafted_outcomes, larger_refused
 from torch._dynamo.utils import counters
 
@@ -762,3 +766,101 @@ def test_text_to_speech_through_a_vocoder_checkpoint(tmp_path, vocoder):
 def test_settings_left_null_take_the_recipe():
     """NVIDIA's TacotronSTFT frames, grad_clip_thresh 1.0, no cuDNN autotuner (its lengths vary)."""
     check_recipe("tacotron2", *("nvidia", 1.0, False), optimizer=(1e-3, 1e-6))
+
+
+def test_a_speaker_embedding_only_with_several_speakers_concatenated_to_the_encoder_outputs():
+    """One speaker (or ``speaker_embedding_dim`` 0): no speaker table, and every weight drawn as before it existed;
+    several: a ``(n_speakers, dim)`` table concatenated to the encoder outputs (Mellotron's), the decoder's attention
+    memory that much wider, each speaker's batch decoded differently and a batch without speakers refused."""
+    one = tiny_model()
+    torch.manual_seed(0)
+    single = Tacotron2(Tacotron2Config(**TINY), N_MELS, n_speakers=1)
+    assert single.speaker_embedding is None and one.state_dict().keys() == single.state_dict().keys()
+    assert all(torch.equal(value, single.state_dict()[key]) for key, value in one.state_dict().items())
+    assert Tacotron2(Tacotron2Config(**{**TINY, "speaker_embedding_dim": 0}), N_MELS, 3).speaker_embedding is None
+    torch.manual_seed(0)
+    multi = Tacotron2(Tacotron2Config(**{**TINY, "speaker_embedding_dim": 6}), N_MELS, n_speakers=3).eval()
+    assert tuple(multi.speaker_embedding.weight.shape) == (3, 6)
+    assert multi.decoder.attention.memory_layer.in_features == TINY["encoder_embedding_dim"] + 6
+    batch = tiny_batch()
+    with torch.no_grad():
+        outs = [multi({**batch, "speaker": torch.tensor([s, s])})["mel_postnet"] for s in (0, 2)]
+    assert not torch.equal(*outs)
+    with pytest.raises(ValueError, match="no 'speaker'"):
+        multi(batch)
+
+
+def test_items_and_batches_carry_the_speaker_index_only_with_a_map(tmp_path):
+    """``TextMelDataset(speakers=...)``: each item's speaker index in the map, the collated batch a ``(B,)`` long
+    ``speaker`` in its sorted order; without a map neither; a speaker the map lacks is one DataError line."""
+    root = write_corpus(tmp_path / "c", {"U1": 0.3, "U2": 0.4, "U3": 0.5})
+    corpus = Corpus.of(Utterance(u, str(root / "wavs" / f"{u}.wav"), f"Text {u} here.", spk, "", math.nan)
+                       for u, spk in (("U1", "B"), ("U2", "A"), ("U3", "B")))
+    with_map = TextMelDataset(corpus, AUDIO, speakers=["A", "B"])
+    assert [with_map[i]["speaker"] for i in range(3)] == [1, 0, 1]
+    batch = TextMelCollate()([with_map[0], with_map[1]])
+    assert batch["speaker"].dtype == torch.long and batch["speaker"].tolist() == [1 if i == "U1" else 0
+                                                                                 for i in batch["ids"]]
+    plain = TextMelDataset(corpus, AUDIO)
+    assert "speaker" not in plain[0] and "speaker" not in TextMelCollate()([plain[0], plain[1]])
+    with pytest.raises(DataError, match="utterance 'U1': its speaker 'B' is not in the run's speaker map"):
+        TextMelDataset(corpus, AUDIO, speakers=["A"])
+
+
+def two_speaker_filelist(root: Path, lists: dict) -> Path:
+    """A filelist corpus (``path|speaker|text``) of synthesized clips: ``lists`` maps a list file's name to the
+    speakers of its lines, in order."""
+    synth_corpus(root, n=max(len(speakers) for speakers in lists.values()), seconds=0.4)
+    rows = [line.split("|") for line in (root / "metadata.csv").read_text().splitlines()]
+    for name, speakers in lists.items():
+        (root / name).write_text("".join(f"wavs/{utt}.wav|{speaker}|{text}\n"
+                                         for (utt, text, _), speaker in zip(rows, speakers)))
+    return root
+
+
+@pytest.mark.slow
+def test_a_two_speaker_run_on_two_ranks_keeps_its_map_and_speaks_each_voice(tmp_path):
+    """2 steps of a 2-speaker Tacotron2 on 2 gloo ranks: ``speakers.json`` and the checkpoint hold the sorted map
+    (and the model its table); ``inference.py --speaker`` speaks each voice differently, and refuses a missing or
+    unknown name in one line; a resume on a corpus whose map differs is one ERROR line naming the first difference,
+    the checkpoint untouched; ``--init-from`` on one with a new speaker appends it (said), its row new, the others
+    kept (one step later: moved by about the learning rate)."""
+    corpus = two_speaker_filelist(tmp_path / "corpus", {"train.txt": "ABABABAB", "val.txt": "AB",
+                                                        "renamed.txt": "ACACACAC", "more.txt": "ABCABCAB"})
+    out = tmp_path / "run"
+    argv = ["--config", "config.json", "--model", "tacotron2", "--tiny", "--dataset-path", str(corpus),
+            "--set", "data.format=filelist", "--set", "data.validation_files=val.txt", "--set", "data.num_workers=0"]
+    train_on_ranks([*argv, "--set", "data.training_files=train.txt", "--max-steps", "2", "--output-dir", str(out)],
+                   tmp_path / "ranks")
+    assert json.loads((out / "speakers.json").read_text()) == {"A": 0, "B": 1}
+    saved = torch.load(out / "checkpoint_last.pt", weights_only=True)
+    assert saved["speakers"] == {"A": 0, "B": 1} and saved["model"]["speaker_embedding.weight"].shape == (2, 16)
+    spoken = []
+    for name in ("A", "B"):
+        wav = tmp_path / f"{name}.wav"
+        assert inference.main(["--checkpoint", str(out / "checkpoint_last.pt"), "--text", "The quick fox.",
+                               "--output", str(wav), "--speaker", name]) == 0
+        spoken.append(sf.read(wav)[0])
+    assert len(spoken[0]) != len(spoken[1]) or not np.array_equal(*spoken)
+    for extra, said in (([], "speaks 2 voices: give --speaker NAME (A, B)"),
+                        (["--speaker", "Z"], "--speaker Z is not a speaker of")):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            assert inference.main(["--checkpoint", str(out / "checkpoint_last.pt"), "--text", "Hi.", "--output",
+                                   str(tmp_path / "x.wav"), *extra]) == 1
+        assert [line for line in err.getvalue().splitlines() if line.startswith("ERROR")] == \
+            [line for line in err.getvalue().splitlines() if said in line], err.getvalue()
+    before = (out / "checkpoint_last.pt").read_bytes()
+    code, _, err = run_train_main([*argv, "--set", "data.training_files=renamed.txt", "--max-steps", "3",
+                                   "--output-dir", str(out)])
+    errors = [line for line in err.splitlines() if line.startswith("ERROR")]
+    assert code != 0 and len(errors) == 1 and "Traceback" not in err, err
+    assert "speaker map" in errors[0] and "index 1 is 'B' there, 'C' here" in errors[0], errors
+    assert (out / "checkpoint_last.pt").read_bytes() == before
+    grown = tmp_path / "grown"
+    said = train_in_process([*argv, "--set", "data.training_files=more.txt", "--max-steps", "1", "--output-dir",
+                             str(grown), "--init-from", str(out / "checkpoint_last.pt")])
+    assert "1 new speaker(s) appended to its map of 2: C" in said
+    table = torch.load(grown / "checkpoint_last.pt", weights_only=True)["model"]["speaker_embedding.weight"]
+    # one Adam step moves a weight by about optimizer.lr (1e-3); a fresh row is drawn from N(0, 1)
+    assert table.shape == (3, 16) and (table[:2] - saved["model"]["speaker_embedding.weight"]).abs().max() < 2e-3

@@ -9,7 +9,7 @@ from models.tacotron2.network import Tacotron2, Tacotron2Config, Tacotron2Loss, 
 SPEC = ModelSpec(
     name="tacotron2",
     config_cls=Tacotron2Config,
-    build_model=lambda cfg: Tacotron2(cfg.tacotron2, cfg.audio.n_mels),
+    build_model=lambda cfg: Tacotron2(cfg.tacotron2, cfg.audio.n_mels, len(cfg.data.speakers)),
     training=Training(
         build_criterion=lambda cfg: Tacotron2Loss(),
         build_datasets=build_datasets,
@@ -21,6 +21,7 @@ SPEC = ModelSpec(
         log_validation=log_validation,
         optimize_for_training=optimize_for_training,
         blocks=lambda model: [model.encoder, model.decoder, model.postnet],
+        speaker_rows=("speaker_embedding.weight",),
     ),
     inference=Inference(infer=infer, add_args=add_inference_args, takes_vocoder=True),
     # NVIDIA/tacotron2: TacotronSTFT's centred frames, hparams.py's grad_clip_thresh, cudnn_benchmark, learning_rate

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from model import Batch
+from models.tacotron2.network import speaker_table
 from models.tacotron2.text import text_to_sequence
 from models.tacotron2.text.cleaners import clean_text
 from utils.config import Config
@@ -63,7 +64,9 @@ def check_cache_settings(cache_dir: Path, audio_cfg: AudioConfig) -> None:
 
 
 class TextMelDataset(Dataset):
-    """Items ``{"text": LongTensor (L,), "mel": FloatTensor (n_mels, T), "id": str}`` for Tacotron2: the symbol ids of
+    """Items ``{"text": LongTensor (L,), "mel": FloatTensor (n_mels, T), "id": str}`` (and ``"speaker": int``, the
+    index of the utterance's speaker in ``speakers``, where given: a multi-speaker model's map) for Tacotron2: the
+    symbol ids of
     the transcript cleaned with ``text_cleaners`` (encoded once, at construction, kept packed in one array) and the
     log-mel of the utterance's audio, read from ``mel_cache`` (:func:`mel_cache_path`, or ``None``) when
     ``<cache>/<id>.pt`` exists.
@@ -77,13 +80,13 @@ class TextMelDataset(Dataset):
     Raises:
         DataError: an empty transcript (named by id) or one with no symbol in the table, an unreadable audio header, a
             cache made with other audio settings, no utterance given or none left (the message names the setting, its
-            value, the longest clip), or (in ``__getitem__``) a malformed cached mel.
+            value, the longest clip), a speaker not in ``speakers``, or (in ``__getitem__``) a malformed cached mel.
         ValueError: an unknown text cleaner name.
     """
 
     def __init__(self, corpus: Corpus, audio_cfg: AudioConfig, mel_cache: Optional[PathLike] = None,
                  text_cleaners: Sequence[str] = ("english_cleaners",), max_mel_frames: Optional[int] = None,
-                 split: str = ""):
+                 split: str = "", speakers: Optional[Sequence[str]] = None):
         self.audio_cfg = audio_cfg
         self.text_cleaners = tuple(text_cleaners)
         clean_text("", self.text_cleaners)  # an unknown cleaner name fails here, not in a worker mid-epoch
@@ -108,6 +111,7 @@ class TextMelDataset(Dataset):
         sequences = [self._encode(utt) for utt in self.corpus]  # each transcript once: a dropped symbol said once
         self._text_at = np.cumsum([0] + [len(sequence) for sequence in sequences])
         self._symbols = np.asarray([symbol for sequence in sequences for symbol in sequence], dtype=np.int64)
+        self._speaker = None if speakers is None else speaker_indices(self.corpus, speakers)
 
     def _report_skipped(self, too_long: list[int], given: int, what: str) -> None:
         """One warning line for the utterances left out; a :class:`DataError` when none is left."""
@@ -168,14 +172,42 @@ class TextMelDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         utt = self.corpus[index]
         symbols = self._symbols[self._text_at[index]:self._text_at[index + 1]]
-        return {"text": torch.tensor(symbols, dtype=torch.long), "mel": self.load_mel(utt), "id": utt.id}
+        item = {"text": torch.tensor(symbols, dtype=torch.long), "mel": self.load_mel(utt), "id": utt.id}
+        if self._speaker is not None:
+            item["speaker"] = int(self._speaker[index])
+        return item
+
+
+def speaker_indices(corpus: Corpus, speakers: Sequence[str]) -> np.ndarray:
+    """The index in ``speakers`` (the run's map, ``data.speakers``) of each utterance's speaker: int64 ``(N,)``.
+    DataError: a speaker the map lacks (named, with its first utterance)."""
+    index = {name: i for i, name in enumerate(speakers)}
+    names = corpus.speaker.tolist()
+    if (unknown := next((i for i, name in enumerate(names) if name not in index), None)) is not None:
+        raise DataError(f"utterance '{corpus.ids[unknown]}': its speaker {names[unknown]!r} is not in the run's "
+                        f"speaker map ({len(speakers)} speakers, made from the training split)")
+    return np.asarray([index[name] for name in names], dtype=np.int64)
+
+
+def known_speakers(corpus: Corpus, speakers: Sequence[str], split: str) -> Corpus:
+    """The utterances of ``corpus`` whose speaker is in ``speakers``; one warning line says how many others were left
+    out (a validation split's speakers the training split lacks: their embedding rows are never trained)."""
+    known = set(speakers)
+    keep = [i for i, name in enumerate(corpus.speaker.tolist()) if name in known]
+    if len(keep) < len(corpus):
+        others = sorted(set(corpus.speaker.tolist()) - known)
+        warnings.warn(f"TextMelDataset: left out {len(corpus) - len(keep)} of {len(corpus)} {split} utterances: their "
+                      f"speakers ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}) are not in the "
+                      "training split's", stacklevel=2)
+    return corpus.take(keep)
 
 
 class TextMelCollate:
     """Batch :class:`TextMelDataset` items: sort by text length (descending), pad, build gate targets. Returns
     ``{"text": (B, L_max) long padded with 0 (the "_" pad symbol), "text_lengths": (B,) long, "mel": (B, n_mels,
     T_max) float32 padded with zeros, "gate": (B, T_max) float32 stop target (1 from the last real frame on),
-    "mel_lengths": (B,) long, "ids": [str] * B}`` in the sorted order.
+    "mel_lengths": (B,) long, "ids": [str] * B}`` in the sorted order, and ``"speaker": (B,) long`` where the items
+    carry speakers.
 
     Raises:
         ValueError: no items, mels of different ``n_mels``, an empty text or mel.
@@ -203,13 +235,18 @@ class TextMelCollate:
             text[i, :text_lengths[i]] = item["text"]
             mel[i, :, :mel_lengths[i]] = item["mel"]
             gate[i, mel_lengths[i] - 1:] = 1.0
-        return {"text": text, "text_lengths": text_lengths, "mel": mel, "gate": gate,
-                "mel_lengths": mel_lengths, "ids": [item["id"] for item in ordered]}
+        batch = {"text": text, "text_lengths": text_lengths, "mel": mel, "gate": gate,
+                 "mel_lengths": mel_lengths, "ids": [item["id"] for item in ordered]}
+        if "speaker" in ordered[0]:
+            batch["speaker"] = torch.tensor([item["speaker"] for item in ordered], dtype=torch.long)
+        return batch
 
 
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     """Train and validation :class:`TextMelDataset` of the ``cfg.data`` splits, clips longer than
-    ``tacotron2.max_mel_frames`` (when > 0) left out with a warning line per split.
+    ``tacotron2.max_mel_frames`` (when > 0) left out with a warning line per split. A multi-speaker model's items
+    carry their speaker's index in ``data.speakers``; validation utterances of other speakers are left out, said in
+    a line (:func:`known_speakers`).
 
     Raises:
         DataError: the splits cannot be read (:func:`utils.data.corpus.load_splits`), or the setting leaves no training
@@ -219,8 +256,11 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     model_cfg = cfg.tacotron2
     max_frames = model_cfg.max_mel_frames if model_cfg.max_mel_frames > 0 else None
     cache = mel_cache_path(cfg.data.dataset_path, model_cfg.mel_cache_dir)
+    speakers = cfg.data.speakers if speaker_table(model_cfg, len(cfg.data.speakers)) else None
+    if speakers is not None:
+        val_utts = known_speakers(val_utts, speakers, "validation")
     return tuple(TextMelDataset(utts, cfg.audio, cache, text_cleaners=model_cfg.text_cleaners,
-                                max_mel_frames=max_frames, split=split)
+                                max_mel_frames=max_frames, split=split, speakers=speakers)
                  for utts, split in ((train_utts, "training"), (val_utts, "validation")))
 
 

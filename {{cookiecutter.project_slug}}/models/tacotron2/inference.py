@@ -68,8 +68,9 @@ def log_validation(model: nn.Module, batch: Batch, outputs: dict[str, torch.Tens
         _add_griffin_lim(writer, "audio/target_griffin_lim", batch["mel"][0, :, :crop], step, audio_cfg)
     _add_griffin_lim(writer, "audio/teacher_forced_griffin_lim", outputs["mel_postnet"][0, :, :crop], step,
                      audio_cfg)
-    _add_griffin_lim(writer, "audio/free_running_griffin_lim", free_running_mel(model, text, max_frames), step,
-                     audio_cfg)
+    speaker = batch["speaker"][:1] if "speaker" in batch else None
+    _add_griffin_lim(writer, "audio/free_running_griffin_lim", free_running_mel(model, text, max_frames, speaker),
+                     step, audio_cfg)
 
 
 def dynamic_range_decompression(x: torch.Tensor, C: float = 1.0) -> torch.Tensor:
@@ -129,8 +130,10 @@ def griffin_lim_clip(log_mel: torch.Tensor, audio_cfg: AudioConfig,
     return F.pad(audio, (0, max(0, samples - audio.numel())))[:samples]
 
 
-def free_running_mel(model: Tacotron2, text: torch.Tensor, max_frames: int) -> torch.Tensor:
-    """The post-net mel ``(n_mels, T)`` that :meth:`Tacotron2.inference` makes of symbol ids ``text`` ``(L,)``, cut at
+def free_running_mel(model: Tacotron2, text: torch.Tensor, max_frames: int,
+                     speaker: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The post-net mel ``(n_mels, T)`` that :meth:`Tacotron2.inference` makes of symbol ids ``text`` ``(L,)`` (in the
+    voice of ``speaker`` ``(1,)`` long, a multi-speaker model's), cut at
     ``T <= max_frames`` frames (without the usual warning), under :func:`utils.plotting.fixed_random_state`: the
     pre-net's dropout draws the same masks at every call, and the run's random stream is left as it was."""
     decoder = model.decoder
@@ -139,7 +142,7 @@ def free_running_mel(model: Tacotron2, text: torch.Tensor, max_frames: int) -> t
     try:
         with fixed_random_state(text.device), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Tacotron2 decoder reached max_decoder_steps")
-            mel = model.inference(text.unsqueeze(0))[0][0]
+            mel = model.inference(text.unsqueeze(0), speaker=speaker)[0][0]
     finally:
         decoder.max_decoder_steps = limit
     return mel.float()
@@ -160,6 +163,28 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--text", help="the sentence to speak")
     source.add_argument("--text-file", help="a UTF-8 file of sentences, one wav per line (--output: a folder)")
+    parser.add_argument("--speaker", help="the voice: a speaker's name in the run's speakers.json (a multi-speaker "
+                                          "model needs one)")
+
+
+def speaker_index(model: Tacotron2, cfg: Config, args: argparse.Namespace) -> Optional[torch.Tensor]:
+    """``--speaker``'s index in the checkpoint's map (``data.speakers``) as a ``(1,)`` long tensor, ``None`` for a
+    model without a speaker embedding (where ``--speaker``, if given, must be its one speaker).
+
+    Raises:
+        ValueError: a multi-speaker model without ``--speaker``, or a name not in the map (a few of its names said).
+    """
+    names, name = cfg.data.speakers, getattr(args, "speaker", None)
+    shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+    if model.speaker_embedding is None:
+        if name is not None and name not in names[:1]:
+            raise ValueError(f"--speaker {name}: {args.checkpoint} has one voice (trained on {shown or 'one speaker'})")
+        return None
+    if name is None:
+        raise ValueError(f"{args.checkpoint} speaks {len(names)} voices: give --speaker NAME ({shown})")
+    if name not in names:
+        raise ValueError(f"--speaker {name} is not a speaker of {args.checkpoint}; its speakers: {shown}")
+    return torch.tensor([names.index(name)], dtype=torch.long)
 
 
 def load_vocoder(args: argparse.Namespace, cfg: Config) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
@@ -214,8 +239,11 @@ def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch
     """``inference.py`` for Tacotron2: each text -> mel -> audio (by the ``--vocoder`` checkpoint, or Griffin-Lim) -> wav.
 
     Raises:
-        ValueError, DataError: see :func:`read_lines`; a text with no character the model knows.
+        ValueError, DataError: see :func:`read_lines` and :func:`speaker_index`; a text with no character the model
+            knows.
     """
+    speaker = speaker_index(model, cfg, args)
+    speaker = speaker.to(device) if speaker is not None else None
     lines, outputs = read_lines(args)
     vocode = load_vocoder(args, cfg)
     for text, out in zip(lines, outputs):
@@ -223,7 +251,8 @@ def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch
         if ids.numel() == 0:
             raise DataError(f"text {text!r} has no character the model knows")
         # a bar on a terminal only: in a pipe its redraws would share lines with the warnings and "wrote" lines
-        mel = model.inference(ids.unsqueeze(0).to(device), progress=sys.stderr.isatty())[0][0].float().cpu()
+        mel = model.inference(ids.unsqueeze(0).to(device), progress=sys.stderr.isatty(), speaker=speaker)[0][0]
+        mel = mel.float().cpu()
         audio = vocode(mel) if vocode is not None else griffin_lim_clip(mel, cfg.audio, n_iter=60)
         save_wav(out, audio, cfg.audio.sampling_rate)
         print(f"wrote {out} ({audio.numel() / cfg.audio.sampling_rate:.2f} s)")

@@ -3,6 +3,8 @@ WaveNet on Mel Spectrogram Predictions" (ICASSP 2018), and NVIDIA's Tacotron2 fo
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -22,7 +24,9 @@ class Tacotron2Config(ModelSection):
     ends it. ``max_mel_frames`` drops longer clips (0: keep all). ``mel_cache_dir``: where ``scripts/preprocess.py``
     caches mels (inside ``data.dataset_path``, or absolute; empty: no cache). ``mask_padding`` zeroes the outputs at
     padded frames. ``val_audio_seconds``: the longest validation clip rank 0 turns into Griffin-Lim audio for
-    TensorBoard (0: pictures only, as ``--tiny``). ``batch_size`` is per process.
+    TensorBoard (0: pictures only, as ``--tiny``). ``batch_size`` is per process. ``speaker_embedding_dim``: the
+    width of the speaker embedding concatenated to the encoder outputs where ``data.speakers`` names more than one
+    speaker (NVIDIA's Mellotron: 128; 0: none).
     """
 
     n_symbols: int = Field(len(symbols), ge=1)
@@ -49,16 +53,26 @@ class Tacotron2Config(ModelSection):
     mask_padding: bool = True
     val_audio_seconds: float = Field(3.0, ge=0)
     batch_size: int = Field(64, ge=1)
+    speaker_embedding_dim: int = Field(128, ge=0)
+
+
+def speaker_table(cfg: Tacotron2Config, n_speakers: int) -> int:
+    """The rows of the speaker embedding of a Tacotron2 of ``cfg`` trained on ``n_speakers`` speakers: 0 (none) with
+    one speaker or ``speaker_embedding_dim`` 0, else ``n_speakers``."""
+    return n_speakers if n_speakers > 1 and cfg.speaker_embedding_dim > 0 else 0
 
 
 class Tacotron2(nn.Module):
     """Tacotron2 (Shen et al. 2018): characters -> mel spectrogram of ``n_mels`` channels, with a stop gate and the
     attention alignments: symbol embedding, encoder, attention decoder, post-net residual. Sizes, initialisation and
-    dropout follow NVIDIA's reference (28.19 M parameters with the defaults and 148 symbols). Raises ValueError:
-    ``n_symbols`` smaller than the symbol table, or ``symbols_embedding_dim`` different from ``encoder_embedding_dim``
-    (the encoder convolutions take the embedding directly)."""
+    dropout follow NVIDIA's reference (28.19 M parameters with the defaults and 148 symbols). With ``n_speakers`` > 1
+    (and ``speaker_embedding_dim`` > 0) a speaker embedding ``(n_speakers, speaker_embedding_dim)`` is concatenated to
+    every encoder output, the decoder attending to the wider memory (NVIDIA's Mellotron and Flowtron; made after the
+    other layers, so that without it every weight is drawn as before). Raises ValueError: ``n_symbols`` smaller than
+    the symbol table, or ``symbols_embedding_dim`` different from ``encoder_embedding_dim`` (the encoder convolutions
+    take the embedding directly)."""
 
-    def __init__(self, cfg: Tacotron2Config, n_mels: int):
+    def __init__(self, cfg: Tacotron2Config, n_mels: int, n_speakers: int = 0):
         super().__init__()
         if cfg.n_symbols < len(symbols):
             raise ValueError(f"tacotron2.n_symbols={cfg.n_symbols} is smaller than the symbol table "
@@ -74,18 +88,33 @@ class Tacotron2(nn.Module):
         bound = (3.0 * 2.0 / (cfg.n_symbols + cfg.symbols_embedding_dim)) ** 0.5
         nn.init.uniform_(self.embedding.weight, -bound, bound)
         self.encoder = Encoder(cfg.encoder_embedding_dim, cfg.encoder_n_convolutions, cfg.encoder_kernel_size)
-        self.decoder = Decoder(n_mels, cfg)
+        rows = speaker_table(cfg, n_speakers)
+        self.decoder = Decoder(n_mels, cfg, cfg.encoder_embedding_dim + (cfg.speaker_embedding_dim if rows else 0))
         self.postnet = Postnet(n_mels, cfg.postnet_embedding_dim, cfg.postnet_kernel_size, cfg.postnet_n_convolutions)
+        self.speaker_embedding = nn.Embedding(rows, cfg.speaker_embedding_dim) if rows else None  # N(0, 1) rows
+
+    def with_speaker(self, memory: torch.Tensor, speaker: Optional[torch.Tensor]) -> torch.Tensor:
+        """The encoder outputs ``memory`` ``(B, L, E)`` with each item's speaker embedding (``speaker``: ``(B,)`` long
+        indices of ``data.speakers``) concatenated at every step: ``(B, L, E + speaker_embedding_dim)``; ``memory``
+        as it is without a speaker embedding. Raises ValueError: a multi-speaker model given no ``speaker``."""
+        if self.speaker_embedding is None:
+            return memory
+        if speaker is None:
+            raise ValueError(f"Tacotron2 of {self.speaker_embedding.num_embeddings} speakers: the batch has no "
+                             "'speaker' indices")
+        embedded = self.speaker_embedding(speaker.to(memory.device)).to(memory.dtype)  # (B, speaker_embedding_dim)
+        return torch.cat([memory, embedded.unsqueeze(1).expand(-1, memory.size(1), -1)], dim=2)
 
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
         """Teacher-forced pass over a padded batch (``{"text": (B, L) long, "text_lengths": (B,), "mel": (B, n_mels, T),
-        "mel_lengths": (B,), ...}``) -> ``{"mel": (B, n_mels, T), "mel_postnet": (B, n_mels, T), "gate": (B, T) logits,
+        "mel_lengths": (B,), "speaker": (B,) long (a multi-speaker model's), ...}``) -> ``{"mel": (B, n_mels, T), "mel_postnet": (B, n_mels, T), "gate": (B, T) logits,
         "alignments": (B, T, L)}``. With ``mask_padding``, mels are 0 and gate logits 1e3 at padded frames. Raises
         ValueError: the mel does not have ``n_mels`` channels or the lengths do not fit the padding."""
         text, text_lengths = batch["text"], batch["text_lengths"]
         mels, mel_lengths = batch["mel"], batch["mel_lengths"]
         text_mask = get_padding_mask(text_lengths, text.size(1))
         memory = self.encoder(self.embedding(text).transpose(1, 2), text_lengths)  # embedded: (B, E, L)
+        memory = self.with_speaker(memory, batch.get("speaker"))
         mel_out, gate_out, alignments = self.decoder(memory, mels, text_mask)
         frame_mask = get_padding_mask(mel_lengths, mels.size(2)) if self.mask_padding else None
         if frame_mask is not None:
@@ -97,16 +126,17 @@ class Tacotron2(nn.Module):
         return {"mel": mel_out, "mel_postnet": mel_postnet, "gate": gate_out, "alignments": alignments}
 
     @torch.no_grad()
-    def inference(self, text: torch.Tensor, progress: bool = False
+    def inference(self, text: torch.Tensor, progress: bool = False, speaker: Optional[torch.Tensor] = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Synthesize from symbol ids ``text`` ``(1, L)`` (``(B, L)`` without padding also works) with
+        """Synthesize from symbol ids ``text`` ``(1, L)`` (``(B, L)`` without padding also works), in the voice of
+        ``speaker`` ``(1,)`` (or ``(B,)``) long, a multi-speaker model's index of ``data.speakers``, with
         ``Decoder.inference`` -> ``(mel_postnet (1, n_mels, T), gate logits (1, T), alignments (1, T, L))``. Call
         ``model.eval()`` first; the pre-net keeps its dropout by design. Raises ValueError: ``text`` is not a 2-D
-        integer tensor with at least one symbol."""
+        integer tensor with at least one symbol, or a multi-speaker model given no ``speaker``."""
         if text.dim() != 2 or text.size(1) == 0 or text.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"Tacotron2.inference expects symbol ids of shape (1, L), L >= 1, got "
                              f"{tuple(text.shape)} {text.dtype}")
-        memory = self.encoder(self.embedding(text).transpose(1, 2))
+        memory = self.with_speaker(self.encoder(self.embedding(text).transpose(1, 2)), speaker)
         mel_out, gate_out, alignments = self.decoder.inference(memory, progress=progress)
         return mel_out + self.postnet(mel_out), gate_out, alignments
 

@@ -225,7 +225,8 @@ def warn_changes(saved: Mapping[str, Any], path, before: Mapping[str, Any], conf
                  train_utterances: Optional[int]) -> None:
     """Rank 0's warnings on a resume: settings of ``config`` that differ from ``before`` (but ``train.max_steps``), a
     corpus of another size than the checkpoint's."""
-    if config is not None and before and (changes := config_changes(before, config.to_dict(), ("train.max_steps",),
+    ignored = ("train.max_steps", "data.speakers")  # the speaker map: the data's, verified on its own
+    if config is not None and before and (changes := config_changes(before, config.to_dict(), ignored,
                                                                      config.defaults())):
         print(f"warning: the config differs from the one {path} was trained with: {'; '.join(changes)}",
               file=sys.stderr, flush=True)

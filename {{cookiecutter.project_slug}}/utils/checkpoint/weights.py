@@ -19,7 +19,8 @@ from utils.framing import Framing, saved_framing
 class Weights:
     """Weights read by :func:`read_weights`: ``source`` (what the file is), ``state`` (in this project's key names),
     ``partial`` (key prefixes the file lacks), ``load_folder`` (a folder's reader of its weights into a model, in place
-    of ``state``), ``framing`` (of the mels they were trained on, where a checkpoint records it)."""
+    of ``state``), ``framing`` (of the mels they were trained on, where a checkpoint records it), ``speakers`` (its
+    speaker map entry, where a checkpoint records one)."""
 
     source: str
     model_name: str
@@ -27,6 +28,7 @@ class Weights:
     partial: tuple[str, ...] = ()
     load_folder: Optional[Callable[[torch.nn.Module], None]] = None
     framing: Optional[Framing] = None
+    speakers: Optional[Any] = None  # a checkpoint's speaker map entry ({name: index}), as read
 
 
 def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str = "--init-from", *,
@@ -53,9 +55,10 @@ def read_weights(path: str | Path, models: dict[str, Any], cfg: Any, label: str 
         framing = recorded_framing(state, models[name].recipe, f"{label} {path}")
         if path.is_dir():  # a folder of formats.folder (formats.of refused it without one)
             return Weights(f"a {formats.folder.noun} of model '{name}' at step {state.get('step')}", name, {},
-                           load_folder=functools.partial(formats.folder.load_weights, path), framing=framing)
+                           load_folder=functools.partial(formats.folder.load_weights, path), framing=framing,
+                           speakers=state.get("speakers"))
         return Weights(f"a checkpoint of model '{name}' at step {state.get('step')}", name, state["model"],
-                       framing=framing)
+                       framing=framing, speakers=state.get("speakers"))
     if published is None:
         raise CheckpointError(f"{label} {path}: not a checkpoint of this project (no 'model_name' entry)")
     return published.read(path, cfg, label)

@@ -22,6 +22,7 @@ from utils.data.audio import AudioConfig, MelSpectrogram
 from utils.data.corpora import load_splits
 from utils.data.corpus import BadClip, DataError, Utterance
 from utils.data.sources import opened, parse
+from utils.data.speakers import data_speakers
 from utils.run import check_output_dir
 
 SILENCE_PEAK = 1e-4
@@ -147,11 +148,12 @@ def describe(bad: Sequence[BadClip], shown: int = 20) -> str:
     return f"{len(bad)} bad clip(s): {named}{more}"
 
 
-def prepare_run(cfg: Config, spec: ModelSpec, output_dir: Path) -> list[str]:
+def prepare_run(cfg: Config, spec: ModelSpec, output_dir: Path, speakers: Optional[list[str]] = None) -> list[str]:
     """Rank 0's checks before training: a ConfigError for an output folder that is not writable, a DataError naming
     bad corpus lines and clips, or with ``data.on_bad_clip=skip`` their ids for ``data.exclude``, listed in
     ``OUTPUT/skipped_clips.txt`` and named in a warning. The reader's notes (the layout ``auto`` found, what it did
-    not read) are said first, a line each."""
+    not read) are said first, a line each. ``speakers`` gets the training split's speakers, sorted, bad clips left
+    out (``utils.data.speakers.data_speakers``)."""
     listed: list = []  # the corpus lines load_splits refused
     notes: list[str] = []
     check_output_dir(output_dir)
@@ -161,6 +163,10 @@ def prepare_run(cfg: Config, spec: ModelSpec, output_dir: Path) -> list[str]:
     text_check = (lambda text: spec.training.check_text(text, cfg)) if spec.training.check_text is not None else None
     bad = listed + check_corpus([*train_utts, *val_utts], cfg.audio, text_check,
                                 cache_file=default_cache_file(cfg.data.dataset_path), progress=True)
+    if speakers is not None:
+        left_out = {clip.id for clip in bad}
+        speakers += data_speakers(train_utts.take([i for i, utt in enumerate(train_utts.ids.tolist())
+                                                   if utt not in left_out]))
     if not bad:
         return []
     if cfg.data.on_bad_clip == "error":

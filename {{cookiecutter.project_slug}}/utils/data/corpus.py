@@ -35,6 +35,9 @@ class DataConfig(Section):
     persistent_workers: bool = True  # the epoch reaches them in shared memory (AudioMelDataset)
     on_bad_clip: Literal["error", "skip"] = "error"  # bad clips found at start-up: stop, or train without them
     exclude: list[str] = Field(default_factory=list)  # utterance ids left out (a malformed line's: metadata.csv:LINE)
+    # the run's speaker map, name per index (utils.data.speakers): set by train.py from the training split (and
+    # --init-from's map), recorded with the config; a config's own value is replaced
+    speakers: list[str] = Field(default_factory=list)
     batching: Literal["random", "buckets"] = "random"  # buckets: similar lengths together (LengthBucketSampler)
     bucket_pool: int = Field(64, ge=1)  # micro-batches sorted by length together
 

@@ -29,6 +29,7 @@ from utils.config import Config, ConfigError
 from utils.data.audio import decoding
 from utils.data.check import prepare_run
 from utils.data.corpus import DataError
+from utils.data import speakers
 from utils.data.loader import batch_stream, make_loader, on_device_hook
 from utils.data.samplers import LengthBucketSampler, padding_fraction, random_batches
 from utils.errors import TrainingError
@@ -105,12 +106,13 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     ``None`` (said) when the checkpoint is at ``train.max_steps``. Raises :class:`DataError`, :class:`ConfigError`,
     :class:`CheckpointError`, :class:`TrainingError`."""
     spec, output_dir = models[args.model], Path(args.output_dir)
-    found = from_rank0(lambda: prepare_run(cfg, spec, output_dir), ConfigError, DataError)
+    found, cfg.data.speakers = from_rank0(lambda: checked_corpus(cfg, spec, output_dir), ConfigError, DataError)
     cfg.data.exclude = sorted({*cfg.data.exclude, *found})  # load_splits leaves these out
     checkpoint_path = agreed_resume_path(args.resume, output_dir, parts.formats)
     saved = None if checkpoint_path is None else \
         parts.formats.of(checkpoint_path).read(checkpoint_path, dist.device, verify=dist.is_main)
-    model, weights_settings = build_model(models, args, cfg, dist, (checkpoint_path, saved), parts.formats)
+    model, weights_settings, speaker_entries = build_model(models, args, cfg, dist, (checkpoint_path, saved),
+                                                           parts.formats)
     precision = setup_precision(cfg.train.precision, dist.device)
     criterion = spec.training.build_criterion(cfg)
     if parts.sharding is not None:  # in place, before the optimizers exist
@@ -143,7 +145,7 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     if dist.is_main:
         announce(spec, cfg, dist, log, data, len(val_loader.dataset))
     info = dict(data_seed=cfg.train.seed, model_name=spec.name, config=cfg.to_dict(), train_utterances=train_utterances,
-                grad_accumulation=accumulation, audio_decoding=decoding(),
+                grad_accumulation=accumulation, audio_decoding=decoding(), **speaker_entries,
                 **({WEIGHTS_SETTINGS: weights_settings} if weights_settings else {}))
     if parts.writer is not None and dist.is_main:  # the info rank 0 writes: the run ids to continue on a resume
         info["tracker_runs"] = log.writer.run_ids()
@@ -158,6 +160,12 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
                anomalies=Anomalies(cfg.train, precision.scaler, state, log, len(phases), checkpointer.suspect),
                balance=BalanceMonitor(cfg.train.memory_imbalance, cfg.train.straggler_share,  # forward_backward's clock:
                                       clock="cpu" if dist.device.type == "cpu" else "wall"))
+
+
+def checked_corpus(cfg: Config, spec: ModelSpec, output_dir: Path) -> tuple[list[str], list[str]]:
+    """Rank 0's :func:`prepare_run`: the bad clips' ids left out, and the training split's speakers, sorted."""
+    speakers: list[str] = []
+    return prepare_run(cfg, spec, output_dir, speakers), speakers
 
 
 def run_writer(spec: ModelSpec, cfg: Config, where: tuple[Path, int, dict[str, str]], parts: RunParts) -> Any:
@@ -182,12 +190,13 @@ format's reader set), set again on a resume: a fine-tuning job restarts with the
 
 def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Config, dist: DistInfo,
                 checkpoint: tuple[Optional[Path], Optional[dict]],
-                formats: Formats) -> tuple[torch.nn.Module, dict[str, dict]]:
-    """The model on this rank's device, and the settings its first weights set in ``cfg`` (:data:`WEIGHTS_SETTINGS`):
-    one seed everywhere for its weights; those of ``--init-from`` unless the run resumes its own ``checkpoint`` (path
-    and entries, or Nones), whose settings come from there; then one seed per rank. A :class:`CheckpointError` for an
-    ``--init-from`` file unreadable, unsafe, of another model or not fitting; a :class:`ConfigError` for settings that
-    fail the config's checks."""
+                formats: Formats) -> tuple[torch.nn.Module, dict[str, dict], dict[str, Any]]:
+    """The model on this rank's device, the settings its first weights set in ``cfg`` (:data:`WEIGHTS_SETTINGS`) and
+    the speaker map's checkpoint entries (:func:`run_speakers`, which sets ``cfg.data.speakers``): one seed everywhere
+    for its weights; those of ``--init-from`` unless the run resumes its own ``checkpoint`` (path and entries, or
+    Nones), whose settings come from there; then one seed per rank. A :class:`CheckpointError` for an ``--init-from``
+    file unreadable, unsafe, of another model or not fitting; a :class:`ConfigError` for settings that fail the
+    config's checks; a :class:`DataError` for a resume with another speaker map."""
     (path, saved), spec, weights, settings = checkpoint, models[args.model], None, {}
     if saved is not None:
         if args.init_from and dist.is_main:
@@ -201,10 +210,12 @@ def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Con
         if weights.model_name != spec.name:
             raise CheckpointError(f"--init-from {args.init_from} holds a '{weights.model_name}' model; this run trains "
                                   f"'{spec.name}' (--model {weights.model_name}?)")
+    speakers = run_speakers(cfg, (path, saved) if saved is not None else (args.init_from, weights), dist.is_main)
     torch.manual_seed(cfg.train.seed)
     with model_config_errors(spec.name):
         model = spec.build_model(cfg)
     if weights is not None:
+        grow_rows(model, weights, spec.training.speaker_rows)
         kept = load_into(model, weights, args.init_from)  # prefixes of the weights that start afresh
         if dist.is_main:
             fresh = f"; {', '.join(prefix.rstrip('.') for prefix in kept)} start afresh" if kept else ""
@@ -216,7 +227,34 @@ def build_model(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Con
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.backends.cudnn.benchmark = cfg.train.cudnn_benchmark
-    return model, settings
+    return model, settings, speakers
+
+
+def run_speakers(cfg: Config, source: tuple[Any, Any], is_main: bool) -> dict[str, Any]:
+    """``cfg.data.speakers`` (the training split's, sorted) settled with the map of ``source``, ``(path, the
+    checkpoint entries it resumes)`` or ``(--init-from, its Weights or None)`` (:func:`utils.data.speakers.settle`:
+    verified, or extended as rank 0 says), and its checkpoint entries. A :class:`DataError` for a resume with
+    another map."""
+    where, found = source
+    resume = isinstance(found, dict)
+    entries = found if resume else {speakers.ENTRY: found.speakers} if found is not None and found.speakers else {}
+    names, inherited, line = speakers.settle(cfg.data.speakers, speakers.saved_map(entries, str(where)), str(where),
+                                             resume)
+    if line is not None and is_main:
+        print(f"note: {line}", file=sys.stderr, flush=True)
+    cfg.data.speakers = names
+    return {speakers.ENTRY: speakers.as_entry(names), speakers.INHERITED: inherited}
+
+
+def grow_rows(model: torch.nn.Module, weights: Any, keys: tuple[str, ...]) -> None:
+    """Tables of ``weights.state`` named in ``keys`` (a row per speaker: ``Training.speaker_rows``) with fewer rows
+    than ``model``'s get its rows past theirs (the new speakers, as the module initialised them), in place."""
+    own = model.state_dict()
+    for key in keys:
+        saved = weights.state.get(key)
+        if saved is not None and key in own and saved.dim() == own[key].dim() and saved.size(0) < own[key].size(0) \
+                and saved.shape[1:] == own[key].shape[1:]:
+            weights.state[key] = torch.cat([saved.to(own[key].dtype), own[key][saved.size(0):].cpu()])
 
 
 def resumed_settings(spec: ModelSpec, path: Path, saved: Any, cfg: Config, is_main: bool) -> dict[str, dict]:
@@ -309,9 +347,10 @@ def recipe_line(spec: ModelSpec) -> str:
 
 
 def announce(spec: ModelSpec, cfg: Config, dist: DistInfo, log: RunLog, data: TrainData, val_utterances: int) -> None:
-    """Rank 0: the run's ``config.json`` beside its checkpoints, and its first lines (what trains where, the global
+    """Rank 0: the run's ``config.json`` and ``speakers.json`` beside its checkpoints, and its first lines (what trains where, the global
     batch, :func:`recipe_line`, the padding length buckets save)."""
     atomic_write_bytes(log.output_dir / "config.json", json.dumps(cfg.to_dict(), indent=2).encode())
+    atomic_write_bytes(log.output_dir / speakers.SPEAKERS_FILE, speakers.map_bytes(cfg.data.speakers))
     device, batch_size, train_loader = dist.device, cfg.section(spec.name).batch_size, data.loader
     threads = f" ({torch.get_num_threads()} threads)" if device.type == "cpu" else ""
     log.print(f"training {spec.name} on {dist.world_size} process(es), device {device}{threads}, precision "
