@@ -27,8 +27,6 @@ class DataConfig(Section):
     persistent_workers: bool = True  # the epoch reaches them in shared memory (AudioMelDataset)
     on_bad_clip: Literal["error", "skip"] = "error"  # bad clips found at start-up: stop, or train without them
     exclude: list[str] = Field(default_factory=list)  # utterance ids left out (a malformed line's: metadata.csv:LINE)
-    batching: Literal["random", "buckets"] = "random"  # buckets: similar lengths together (LengthBucketSampler)
-    bucket_pool: int = Field(64, ge=1)  # micro-batches sorted by length together
 
 
 class DataError(ValueError):
