@@ -58,7 +58,7 @@ class Training:
     on_device: Optional[Callable[[Batch, Config], Batch]] = None  # (batch, cfg) -> batch, on the device in the step
     check_text: Optional[Callable[[str, Config], Optional[str]]] = None  # the corpus check's (text, cfg) -> reason
     data_advice: str = "raise data.num_workers"  # what to do when the GPU waits for this model's data
-    variable_length: bool = False  # items differ in length; the train dataset has lengths(): data.batching=buckets
+    variable_length: bool = False  # items differ in length; its train dataset has lengths(): batching by length
     log_validation: Optional[Callable[..., None]] = None  # rank 0: (model, batch, outputs, step, writer, dir, cfg=)
     optimize_for_training: Optional[Callable[..., nn.Module]] = None  # (model, cfg, **compile_kwargs): train.compile
     # model -> its repeated units in forward order: what a model split over the ranks splits and recomputes one by one

@@ -40,6 +40,7 @@ from utils.config import Config, Section
 from utils.data import mel_dir  # part: after_training_tools
 from utils.data.audio import AudioConfig
 from utils.data.corpus import DataConfig
+from utils.data.loader import BatchingConfig
 from utils.tracking import mlflow_tracker, tensorboard, wandb_tracker  # part: experiment_trackers
 from utils.training import fsdp  # part: sharding
 from utils.training.optim import OptimizerConfig
@@ -102,8 +103,9 @@ class TrainConfig(
 
 class DataSettings(
         mel_dir.MelDirSettings,  # part: after_training_tools
+        BatchingConfig,
         DataConfig):
-    """The ``data`` section: the corpus's keys and those of each part the project has."""
+    """The ``data`` section: the corpus's keys, the batches', and those of each part the project has."""
 
 
 SHARED_SECTIONS: dict[str, type[Section]] = {"audio": AudioConfig, "data": DataSettings, "train": TrainConfig,

@@ -7,7 +7,8 @@
     python -m scripts.benchmark --device cpu --full-size          # full-size models on a CPU (minutes a step)
     python -m scripts.benchmark --check                           # fast path loss vs eager float32 loss
     python -m scripts.benchmark --loader --dataset-path DIR       # input pipeline items/s
-    python -m scripts.benchmark --padding --dataset-path DIR      # padded share of batches: random vs buckets
+    python -m scripts.benchmark --padding --dataset-path DIR      # padded share of batches: random, buckets, frames
+    python -m scripts.benchmark --plan 1000000                    # an epoch planned over a million lengths
 
 Everything about a model comes from its ``ModelSpec``; a model that lacks what a mode needs is skipped with a line
 saying so. Progress bars go to stderr (``--no-progress``), rows and tables to stdout.
@@ -21,7 +22,11 @@ untimed steps, then the median of ``--steps``. Rows: ``case``, ``mode`` (``tf32`
 ``check-fp32`` and ``check-amp-bf16`` with ``loss_rel_diff``, ``limit`` (1e-5, 2e-2), ``ok``, ``grad_rel_diff``.
 **Loader** (``--loader``): ``train.py``'s DataLoader with each ``--workers`` count: rows ``loader_<model>_wav`` (and
 ``_cached_mels``), then the fewest workers that keep up. **Padding** (``--padding``): per model with
-``Training.variable_length``, the padded share of one epoch's batches, ``data.batching=random`` vs ``buckets``.
+``Training.variable_length``, one epoch's batches of its training utterances as ``data.batching=frames``, ``buckets``
+and ``random`` make them: rows ``padding_<model>`` with ``batches``, ``items_per_batch``, ``padding_fraction``,
+``plan_s``, ``items_per_s`` (planned) and ``peak_rss_mib``, then a table. **Plan** (``--plan N``): the same over
+``N`` lengths spread as LJSpeech's, no corpus read (rows ``plan_<N>``; the full-size config's batch size): the time
+and memory a rank spends planning an epoch of a corpus that size.
 
 Exit status 0; 2 for a bad argument; 1 for a bad config or corpus, or a failed check.
 """
@@ -40,7 +45,7 @@ if not __package__:  # run by its path, not as python -m scripts.NAME: the proje
 import torch
 
 from models import MODELS
-from scripts.benchmark_data import loader_rows, padding_rows, print_loader_table
+from scripts.benchmark_data import loader_rows, padding_rows, plan_rows, print_batching_table, print_loader_table
 from scripts.benchmark_step import (PRECISION_MODES, BenchmarkError, bench_case, case_config, case_name, cases_for,
                                     check_case, skip_note, use_fast_path)
 from utils.benchmark import BenchmarkCase
@@ -88,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compare", metavar="REF_JSON", help="reference harness rows: add ratio_vs_reference")
     parser.add_argument("--loader", action="store_true", help="time the training DataLoader instead")
     parser.add_argument("--padding", action="store_true",
-                        help="the padded share of batches over one epoch, random vs length-bucketed (no model runs)")
+                        help="the padded share of batches over one epoch, each data.batching (no model runs)")
+    parser.add_argument("--plan", type=int, metavar="N",
+                        help="plan an epoch of N synthetic lengths with each data.batching: seconds, memory, padding")
     parser.add_argument("--dataset-path", help="corpus for --loader and --padding (overrides data.dataset_path)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8],
                         help="--loader: DataLoader worker counts to time (default 1 2 4 8)")
@@ -137,10 +144,13 @@ def check_modes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     for mode in ("loader", "padding"):
         if getattr(args, mode) and not args.dataset_path:
             parser.error(f"--{mode} needs --dataset-path")
-    if args.loader and args.padding:
-        parser.error("--loader and --padding are separate runs: give one")
-    if args.padding and not any(MODELS[name].training.variable_length for name in args.models):
-        parser.exit(2, f"ERROR: --padding measures models whose items differ in length (ModelSpec.variable_length): "
+    if sum(map(bool, (args.loader, args.padding, args.plan is not None))) > 1:
+        parser.error("--loader, --padding and --plan are separate runs: give one")
+    if args.plan is not None and args.plan < 1:
+        parser.error(f"--plan {args.plan}: plan at least 1 length")
+    mode = "--padding" if args.padding else "--plan" if args.plan else None
+    if mode and not any(MODELS[name].training.variable_length for name in args.models):
+        parser.exit(2, f"ERROR: {mode} measures models whose items differ in length (ModelSpec.variable_length): "
                        f"{', '.join(args.models)} {'has' if len(args.models) == 1 else 'have'} items of one length\n")
     if any(w < 0 for w in args.workers):
         parser.error("--workers counts must be >= 0")
@@ -222,8 +232,8 @@ def run_checks(cases: list[tuple[str, BenchmarkCase]], args: argparse.Namespace,
 
 def run(args: argparse.Namespace, device: torch.device, emit: Rows) -> int:
     """The mode the command line asks for (padding, loader, check, or timing the train step); its exit status."""
-    if args.padding:
-        padding_rows(args, args.models, emit)
+    if args.padding or args.plan:
+        print_batching_table((padding_rows if args.padding else plan_rows)(args, args.models, emit))
         return 0
     if args.loader:
         print_loader_table(loader_rows(args, device, args.models, emit))
@@ -246,7 +256,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device: {name} torch {torch.__version__}; threads {torch.get_num_threads()}", flush=True)
-    note = (CPU_TINY_PADDING_NOTE if args.size_note == CPU_TINY_NOTE else "") if args.padding else args.size_note
+    note = (CPU_TINY_PADDING_NOTE if args.size_note == CPU_TINY_NOTE else "") if args.padding else \
+        "" if args.plan else args.size_note
     if note:
         print(note, flush=True)
     emit = Rows(args.json_out, args.compare)

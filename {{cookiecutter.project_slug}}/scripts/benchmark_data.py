@@ -1,12 +1,14 @@
-"""The ``--loader`` and ``--padding`` parts of ``python -m scripts.benchmark`` (see its docstring)."""
+"""The ``--loader``, ``--padding`` and ``--plan`` parts of ``python -m scripts.benchmark`` (see its docstring)."""
 
 from __future__ import annotations
 
 import argparse
+import resource
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from distributed import DistInfo
@@ -18,7 +20,7 @@ from scripts.benchmark_step import (BenchmarkError, make_train_step, median_step
 from train import load_run_config
 from utils.config import Config
 from utils.data.loader import batch_stream, make_loader, to_device
-from utils.data.samplers import LengthBucketSampler, padding_fraction, random_batches
+from utils.data.samplers import FrameBudgetSampler, LengthBucketSampler, padding_fraction, random_batches
 from utils.train_state import TrainState
 from utils.training.setup import model_datasets
 
@@ -58,8 +60,9 @@ def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str
 
 
 def padding_rows(args: argparse.Namespace, models: list[str], emit: Callable[[dict], None]) -> list[dict]:
-    """``padding_<model>`` rows of the ``models`` with ``Training.variable_length``, each passed to ``emit``; the others
-    are skipped with a line saying so. Raises BenchmarkError: fewer training utterances than one batch."""
+    """``padding_<model>`` rows of the ``models`` with ``Training.variable_length`` (:func:`batching_rows` of their
+    training utterances), each passed to ``emit``; the others are skipped with a line saying so. Raises
+    BenchmarkError: fewer training utterances than one batch."""
     rows = []
     for name in models:
         if not MODELS[name].training.variable_length:
@@ -68,18 +71,65 @@ def padding_rows(args: argparse.Namespace, models: list[str], emit: Callable[[di
         cfg = run_config(args, name, args.tiny)
         train_set, _ = model_datasets(MODELS[name], cfg, PARTS.run.datasets)
         lengths = train_set.lengths()
-        batch_size = cfg.section(name).batch_size
-        if len(lengths) < batch_size:
-            raise BenchmarkError(f"{len(lengths)} training utterances are too few for one batch of {batch_size}; "
-                                 f"use --set {name}.batch_size=N")
-        buckets = LengthBucketSampler(lengths, batch_size, seed=cfg.train.seed, pool=cfg.data.bucket_pool)
-        for batching, batches in (("random", random_batches(len(lengths), batch_size, cfg.train.seed)),
-                                  ("buckets", buckets.epoch_batches())):
-            rows.append({"case": f"padding_{name}", "mode": "padding", "batching": batching, "batch_size": batch_size,
-                         "utterances": len(lengths), "batches": len(batches),
-                         "padding_fraction": round(padding_fraction(batches, lengths), 4)})
-            emit(rows[-1])
+        if len(lengths) < cfg.section(name).batch_size:
+            raise BenchmarkError(f"{len(lengths)} training utterances are too few for one batch of "
+                                 f"{cfg.section(name).batch_size}; use --set {name}.batch_size=N")
+        rows += batching_rows((f"padding_{name}", "padding"), lengths, cfg, name, emit)
     return rows
+
+
+def plan_rows(args: argparse.Namespace, models: list[str], emit: Callable[[dict], None]) -> list[dict]:
+    """``plan_<count>`` rows (:func:`batching_rows`) of ``--plan`` lengths drawn as :func:`ljspeech_like_lengths`, with
+    the full-size config (``--tiny``: its tiny block) of the first of ``models`` with ``Training.variable_length``;
+    what a rank does at each epoch's start, with the corpus's metadata only."""
+    name = next(name for name in models if MODELS[name].training.variable_length)
+    return batching_rows((f"plan_{args.plan}", "plan"), ljspeech_like_lengths(args.plan),
+                         run_config(args, name, args.explicit_tiny), name, emit)
+
+
+def ljspeech_like_lengths(count: int, seed: int = 0) -> np.ndarray:
+    """Mel frames ``(count,)`` int64 of clips spread as LJSpeech's (1 to 10.1 s, most 5 to 9 s, 86 frames a second)."""
+    seconds = np.clip(np.random.default_rng(seed).normal(6.6, 2.2, count), 1.0, 10.1)
+    return (seconds * 86).astype(np.int64)
+
+
+def batching_rows(case: tuple[str, str], lengths: Sequence[int], cfg: Config, name: str,
+                  emit: Callable[[dict], None]) -> list[dict]:
+    """Rows of ``case`` (its name and mode), each passed to ``emit``: one epoch's batches of ``lengths`` (mel frames)
+    as each ``data.batching`` makes them with ``cfg``, frame budgets first (within ``data.max_frames``, or where it is
+    0 within model ``name``'s ``batch_size`` x the longest length, what a fixed batch may pad to): ``batches``,
+    ``items_per_batch``, ``padding_fraction``, ``plan_s`` (seconds to plan the epoch for all ranks, as every rank
+    does), ``items_per_s`` (planned) and ``peak_rss_mib`` (this process's peak resident memory so far, imports
+    included)."""
+    data, batch_size, seed = cfg.data, cfg.section(name).batch_size, cfg.train.seed
+    max_frames = data.max_frames or batch_size * int(max(lengths))
+    plans = {"frames": lambda: FrameBudgetSampler(lengths, max_frames, seed=seed, pool=data.bucket_pool,
+                                                  max_items=data.max_items,
+                                                  quadratic=data.quadratic_frames).epoch_batches(),
+             "buckets": lambda: LengthBucketSampler(lengths, batch_size, seed=seed, pool=data.bucket_pool).epoch_batches(),
+             "random": lambda: random_batches(len(lengths), batch_size, seed)}
+    rows = []
+    for batching, plan in plans.items():
+        begin = time.perf_counter()
+        batches = plan()
+        seconds = time.perf_counter() - begin
+        rows.append({"case": case[0], "mode": case[1], "batching": batching, "batch_size": batch_size,
+                     **({"max_frames": max_frames} if batching == "frames" else {}), "utterances": len(lengths),
+                     "batches": len(batches), "items_per_batch": round(sum(map(len, batches)) / len(batches), 2),
+                     "padding_fraction": round(padding_fraction(batches, lengths), 4), "plan_s": round(seconds, 4),
+                     "items_per_s": round(len(lengths) / seconds),
+                     "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)})
+        emit(rows[-1])
+    return rows
+
+
+def print_batching_table(rows: list[dict]) -> None:
+    """The batching rows side by side."""
+    print("\n| case | batching | utterances | batches | items a batch | padding | plan s | items/s | peak RSS MiB |\n"
+          + "|---" * 9 + "|")
+    for r in rows:
+        print(f"| {r['case']} | {r['batching']} | {r['utterances']:,} | {r['batches']:,} | {r['items_per_batch']} | "
+              f"{100 * r['padding_fraction']:.1f}% | {r['plan_s']} | {r['items_per_s']:,} | {r['peak_rss_mib']:,} |")
 
 
 def training_loader(spec: ModelSpec, cfg: Config, train_set, device: torch.device):

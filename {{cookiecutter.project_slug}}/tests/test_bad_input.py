@@ -233,16 +233,25 @@ def test_a_value_the_model_refuses_is_one_line_naming_its_section(capsys, corpus
     assert the_error(code, err, out) == f"ERROR: rank 0: {MODEL} config: width must be even, got 7"
 
 
+@pytest.mark.parametrize("batching", ["buckets", "frames"])
 @pytest.mark.parametrize("variable_length", [False, True])
-def test_length_buckets_for_a_model_of_fixed_length_items_are_refused(variable_length):
-    cfg = train.load_run_config(train.parse_args(["--set", "data.batching=buckets"]))
+def test_batches_by_length_for_a_model_of_fixed_length_items_are_refused(variable_length, batching):
+    cfg = train.load_run_config(train.parse_args(["--set", f"data.batching={batching}", "--set", "data.max_frames=9"]))
     spec = MODELS[MODEL]
     spec = dataclasses.replace(spec, training=dataclasses.replace(spec.training, variable_length=variable_length))
     if variable_length:
         check_settings(spec, cfg, PARTS.checks)
         return
-    with pytest.raises(ConfigError, match=f"data.batching=buckets: model '{MODEL}' trains on items of one length"):
+    with pytest.raises(ConfigError, match=f"data.batching={batching}: model '{MODEL}' trains on items of one length"):
         check_settings(spec, cfg, PARTS.checks)  # before any model, process group or data
+
+
+def test_frame_budgets_without_a_budget_are_one_line_before_any_work(capsys, tmp_path):
+    code, out, err = run_train(capsys, "--set", "data.batching=frames", "--output-dir", str(tmp_path / "out"))
+    assert the_error(code, err, out) == (
+        "ERROR: --set data.batching=frames: config key 'data.max_frames' must be > 0 with data.batching=frames: the "
+        "padded mel frames a GPU takes per micro-batch (the manual's \"Frame budgets\" says how to choose them)")
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_model_section_declaring_its_own_rate_for_the_default_optimizer_is_refused():

@@ -115,7 +115,7 @@ def test_padding_on_a_cpu_takes_the_tiny_batches_and_refuses_fixed_length_models
         rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
         assert {(r["case"], r["batching"], r["batch_size"]) for r in rows} == {
-            (f"padding_{n}", b, cfg.section(n).batch_size) for n in variable for b in ("random", "buckets")}
+            (f"padding_{n}", b, cfg.section(n).batch_size) for n in variable for b in ("random", "buckets", "frames")}
         assert "on a CPU: the batch sizes of config.json's tiny block" in out
         assert all(f"skipping {name}: its items all have one length" in out for name in fixed), out
     if fixed:
@@ -125,6 +125,30 @@ def test_padding_on_a_cpu_takes_the_tiny_batches_and_refuses_fixed_length_models
         assert exit_.value.code == 2 and said.out == "" and said.err == (
             f"ERROR: --padding measures models whose items differ in length (ModelSpec.variable_length): {fixed[0]} "
             "has items of one length\n")
+
+
+@pytest.mark.skipif(not any(spec.training.variable_length for spec in MODELS.values()),
+                    reason="no registered model has items of different lengths to batch by length")
+def test_plan_times_an_epoch_of_synthetic_lengths_for_each_batching_side_by_side(capsys):
+    """``--plan N``: no corpus; a row per ``data.batching`` over ``N`` LJSpeech-like lengths (the full-size batch size,
+    frame budgets within as many padded frames as its fullest batch), then the table."""
+    variable = [name for name in MODELS if MODELS[name].training.variable_length]
+    assert benchmark.main(["--plan", "5000", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = {row["batching"]: row for row in map(json.loads, (line for line in out.splitlines() if line[:1] == "{"))}
+    cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas())
+    batch = cfg.section(variable[0]).batch_size
+    assert list(rows) == ["frames", "buckets", "random"] and {r["utterances"] for r in rows.values()} == {5000}
+    assert rows["random"]["items_per_batch"] == rows["buckets"]["items_per_batch"] == batch
+    assert rows["frames"]["max_frames"] == batch * 868 and rows["frames"]["items_per_batch"] > batch  # 10.1 s clips
+    assert rows["frames"]["padding_fraction"] < 0.05 < 0.25 < rows["random"]["padding_fraction"]
+    assert all(r["plan_s"] >= 0 and r["items_per_s"] > 0 and r["peak_rss_mib"] > 0 for r in rows.values())
+    assert "| plan_5000 | frames | 5,000 |" in out
+    for argv, said in ((["--plan", "0"], "--plan 0: plan at least 1 length"),
+                       (["--plan", "9", "--loader", "--dataset-path", "x"], "--loader, --padding and --plan are separate")):
+        with pytest.raises(SystemExit):
+            benchmark.parse_args([*argv, "--device", "cpu"])
+        assert said in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["--precision", "fp8"], ["--model", "nosuchmodel"], ["--loader"]])

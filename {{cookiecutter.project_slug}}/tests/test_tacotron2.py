@@ -19,6 +19,7 @@ from test_checkpoint_safety import LARGER, crafted_outcomes, larger_refused
 from torch._dynamo.utils import counters
 
 import inference
+import train
 from models import MODELS
 from models.tacotron2.data import TextMelCollate, TextMelDataset, build_datasets, count_items
 from models.tacotron2.inference import dynamic_range_decompression, griffin_lim, log_validation
@@ -680,6 +681,111 @@ def test_length_buckets_train_two_ranks_and_a_mid_epoch_resume_repeats_the_run(t
     final = [torch.load(folder / "checkpoint_last.pt", map_location="cpu", weights_only=True)["model"]
              for folder in (tmp_path / "whole", resumed)]
     assert all(torch.equal(final[0][key], final[1][key]) for key in final[0])
+
+
+RECORDED_RANK = """
+import json, os, signal, sys
+import train
+read, seen = train.next_micro_batches, []
+
+def reading(*args, **kwargs):  # the utterance ids of every step, as the loop receives them
+    micro = read(*args, **kwargs)
+    seen.append(micro[2])
+    if len(seen) == STOP_AT and os.environ["RANK"] == "0":
+        os.kill(os.getpid(), signal.SIGTERM)  # inside step STOP_AT: the run stops after it, on every rank
+    return micro
+
+train.next_micro_batches = reading
+code = train.main(ARGV)
+with open(os.path.join(sys.argv[1], "ids" + os.environ["RANK"] + ".json"), "w") as file:
+    json.dump(seen, file)
+sys.exit(code)
+"""
+"""A rank of :func:`test_frame_budgets_resume_bit_exactly_after_sigterm_and_read_each_utterance_once_through_2_1_2`
+(``STOP_AT``, ``ARGV`` put in front): ``train.main(ARGV)`` recording the ids of every step it trains in
+``ids<RANK>.json``; rank 0 sends itself SIGTERM while it reads step ``STOP_AT`` (0: never)."""
+
+
+@pytest.mark.slow
+def test_frame_budgets_resume_bit_exactly_after_sigterm_and_read_each_utterance_once_through_2_1_2(tmp_path,
+                                                                                              monkeypatch):
+    """``data.batching=frames`` on 2 gloo ranks (``train.py``'s ``main`` in each, started by hand), 21 training clips
+    of 0.3 to 2 s: a run stopped by SIGTERM inside its first epoch resumes on 2 processes to the same losses, batches
+    and weights as the run that went on; resumed on 1 process for a step (2 micro-batches), then on 2 again, the epoch
+    reads each training utterance once, and each resume on another number of processes says the rest was planned
+    afresh."""
+    import shutil
+
+    from conftest import ROOT, bound, run_ranks, synth_corpus, train_in_process
+
+    corpus = synth_corpus(tmp_path / "corpus", n=23, seconds=1.0, spread=(0.3, 2.0))  # 21 train, 2 val: uneven
+    common = ["--config", os.path.join(ROOT, "config.json"), "--model", "tacotron2", "--tiny", "--dataset-path",
+              str(corpus), "--set", "data.batching=frames", "--set", "data.max_frames=350",
+              "--set", "train.log_interval=1"]
+
+    def on_two(out, steps, stop_at=0):
+        argv = [*common, "--output-dir", str(out), "--max-steps", str(steps)]
+        folder = tmp_path / f"{out.name}_{steps}_ranks"
+        folder.mkdir()
+        said = run_ranks(f"STOP_AT = {stop_at}\nARGV = {argv!r}\n{RECORDED_RANK}", folder, timeout=bound(300))[0]
+        ranks = [json.loads((folder / f"ids{rank}.json").read_text()) for rank in (0, 1)]
+        return said, [step0 + step1 for step0, step1 in zip(*ranks)]  # the ids of each step, both ranks
+
+    def rows(out):
+        return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    _, whole_ids = on_two(tmp_path / "whole", 4)
+    said, stopped_ids = on_two(tmp_path / "stopped", 4, stop_at=2)
+    assert "stopped at step 2 on SIGTERM" in said and stopped_ids == whole_ids[:2], said[-2000:]
+    shutil.copytree(tmp_path / "stopped", tmp_path / "resumed", symlinks=True)
+    _, resumed_ids = on_two(tmp_path / "resumed", 4)
+    assert resumed_ids == whole_ids[2:]
+    assert [row["loss"] for row in rows(tmp_path / "resumed")] == [row["loss"] for row in rows(tmp_path / "whole")]
+    final = [torch.load(tmp_path / name / "checkpoint_last.pt", map_location="cpu", weights_only=True)["model"]
+             for name in ("whole", "resumed")]
+    assert all(torch.equal(final[0][key], final[1][key]) for key in final[0])
+
+    # 2 -> 1 -> 2 inside the first epoch (its 21 utterances in 9 batches: 5 steps of 2 ranks)
+    one, one_ids, read = tmp_path / "one", [], train.next_micro_batches
+    shutil.copytree(tmp_path / "stopped", one, symlinks=True)
+
+    def reading(*args):
+        micro = read(*args)
+        one_ids.append(micro[2])
+        return micro
+    monkeypatch.setattr(train, "next_micro_batches", reading)
+    said = train_in_process([*common, "--output-dir", str(one), "--max-steps", "3", "--set", "data.num_workers=0"])
+    assert "written by 2 process(es), this run has 1" in said and "planned afresh for 1" in said, said[-2000:]
+    said, two_ids = on_two(one, 6)
+    assert "planned afresh for 2" in said, said[-2000:]
+    epochs = [row["epoch"] for row in rows(one)]
+    assert epochs[:3] == [0, 0, 0] and epochs[-1] == 1, epochs  # the last step reads the next epoch
+    first_epoch = [i for step in stopped_ids[:2] + one_ids + two_ids[:epochs.count(0) - 3] for i in step]
+    assert sorted(first_epoch) == [f"SYN-{i:04d}" for i in range(1, 22)]
+
+
+def test_a_frame_budget_below_the_longest_utterance_is_one_line_before_any_work(tmp_path):
+    """``data.max_frames`` below the longest training clip (or below its cost with ``data.quadratic_frames``): one
+    ERROR line naming the setting, the longest clip's frames and what to raise it to; no checkpoint."""
+    from conftest import synth_corpus
+
+    corpus = synth_corpus(tmp_path / "corpus", n=6)  # 5 train, 1 val (tiny: data.val_size 2, a tenth at least 1)
+    longest = max(MelSpectrogram(AudioConfig(mel_framing="nvidia")).num_frames(sf.info(str(wav)).frames)
+                  for wav in sorted((corpus / "wavs").glob("*.wav"))[:5])
+    for budget, extra, said in ((longest - 1, "", f"({longest} mel frames): raise it to at least {longest}"),
+                                (longest, "400", f"({longest} mel frames, {longest + longest ** 2 / 400:.0f} with "
+                                                 f"data.quadratic_frames=400): raise it to at least "
+                                                 f"{int(np.ceil(longest + longest ** 2 / 400))}")):
+        code, out, err = run_train_main(["--config", "config.json", "--model", "tacotron2", "--tiny", "--max-steps",
+                                         "1", "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out"),
+                                         "--set", "data.num_workers=0", "--set", "data.batching=frames",
+                                         "--set", f"data.max_frames={budget}",
+                                         *(["--set", f"data.quadratic_frames={extra}"] if extra else [])])
+        errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
+        assert code == 1 and len(errors) == 1 and "Traceback" not in err, err
+        assert errors[0] == (f"ERROR: rank 0: data.max_frames={budget} is smaller than the longest training utterance "
+                             f"{said}, or leave the longest utterances out")
+        assert not (tmp_path / "out" / "checkpoint_last.pt").exists()
 
 
 def test_a_max_mel_frames_that_leaves_no_utterance_is_one_line_naming_it(tmp_path):

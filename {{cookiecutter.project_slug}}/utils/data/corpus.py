@@ -38,8 +38,6 @@ class DataConfig(Section):
     # the run's speaker map, name per index (utils.data.speakers): set by train.py from the training split (and
     # --init-from's map), recorded with the config; a config's own value is replaced
     speakers: list[str] = Field(default_factory=list)
-    batching: Literal["random", "buckets"] = "random"  # buckets: similar lengths together (LengthBucketSampler)
-    bucket_pool: int = Field(64, ge=1)  # micro-batches sorted by length together
 
 
 class DataError(ValueError):

@@ -24,8 +24,8 @@ def check_settings(spec: ModelSpec, cfg: Config, checks: Sequence[Callable[[Mode
                           f"model '{spec.name}' builds its own LR schedulers (Phases.build_scheduler), which these "
                           f"settings would not change; leave them at {defaults.schedule} and {defaults.warmup_steps}, "
                           "or schedule the learning rate in the model's build_scheduler")
-    if cfg.data.batching == "buckets" and not spec.training.variable_length:
-        raise ConfigError(f"data.batching=buckets: model '{spec.name}' trains on items of one length (its "
+    if cfg.data.batching != "random" and not spec.training.variable_length:
+        raise ConfigError(f"data.batching={cfg.data.batching}: model '{spec.name}' trains on items of one length (its "
                           "Training.variable_length is not set), so there is no padding to save; use "
                           "data.batching=random")
     if train.compile and spec.training.optimize_for_training is None:

@@ -30,8 +30,7 @@ from utils.data.audio import decoding
 from utils.data.check import prepare_run
 from utils.data.corpus import DataError
 from utils.data import speakers
-from utils.data.loader import batch_stream, make_loader, on_device_hook
-from utils.data.samplers import LengthBucketSampler, padding_fraction, random_batches
+from utils.data.loader import batch_stream, batching_line, make_loader, on_device_hook, replan_note
 from utils.errors import TrainingError
 from utils.run_log import BalanceMonitor, RunLog, tensorboard_writer
 from utils.train_state import TrainState
@@ -129,6 +128,8 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     if saved is not None:  # every part's state, the position too; its tensors go now, not after DDP's buckets are made
         resumed = checkpointer.resume(checkpoint_path, saved, cfg, spec.name, train_utterances)
         accumulation, run_ids, saved = resumed.grad_accumulation, resumed.tracker_runs, None
+        if dist.is_main and (note := replan_note(train_loader, state, resumed.world_size)) is not None:
+            print(note, file=sys.stderr, flush=True)
     if state.step >= cfg.train.max_steps:
         if dist.is_main:
             print(f"nothing to train: {output_dir} is at step {state.step} and train.max_steps is "
@@ -298,8 +299,10 @@ def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo,
     train_loader = make_loader(train_set, spec, cfg, dist, train=True)
     val_loader = make_loader(val_set, spec, cfg, dist, train=False)
     if len(train_loader) == 0:
-        raise DataError(f"{len(train_set)} training utterances are too few for batch_size {batch_size} "
-                        f"x {dist.world_size} processes; lower {spec.name}.batch_size or add data")
+        each, fix = ("one", "add data") if cfg.data.batching == "frames" else \
+            (f"batch_size {batch_size}", f"lower {spec.name}.batch_size or add data")
+        raise DataError(f"{len(train_set)} training utterances are too few for {each} x {dist.world_size} processes; "
+                        f"{fix}")
     return train_loader, val_loader
 
 
@@ -347,21 +350,20 @@ def recipe_line(spec: ModelSpec) -> str:
 
 
 def announce(spec: ModelSpec, cfg: Config, dist: DistInfo, log: RunLog, data: TrainData, val_utterances: int) -> None:
-    """Rank 0: the run's ``config.json`` and ``speakers.json`` beside its checkpoints, and its first lines (what trains where, the global
-    batch, :func:`recipe_line`, the padding length buckets save)."""
+    """Rank 0: the run's ``config.json`` and ``speakers.json`` beside its checkpoints, and its first lines (what
+    trains where, the global batch, :func:`recipe_line`, the padding batches by length save: :func:`batching_line`)."""
     atomic_write_bytes(log.output_dir / "config.json", json.dumps(cfg.to_dict(), indent=2).encode())
     atomic_write_bytes(log.output_dir / speakers.SPEAKERS_FILE, speakers.map_bytes(cfg.data.speakers))
     device, batch_size, train_loader = dist.device, cfg.section(spec.name).batch_size, data.loader
     threads = f" ({torch.get_num_threads()} threads)" if device.type == "cpu" else ""
+    steps = data.accumulation * dist.world_size  # micro-batches a step
+    batch = f"up to {cfg.data.max_frames * steps} padded mel frames" if cfg.data.batching == "frames" else \
+        batch_size * steps
     log.print(f"training {spec.name} on {dist.world_size} process(es), device {device}{threads}, precision "
               f"{cfg.train.precision}; {len(train_loader.dataset)} train / {val_utterances} val utterances; "
-              f"global batch {batch_size * data.accumulation * dist.world_size}"
+              f"global batch {batch}"
               + (f", parallelism {cfg.train.parallelism}" if cfg.train.sharded else "")
               + (f"; validation with an EMA of the weights (decay {cfg.train.ema_decay})" if cfg.train.ema_decay else ""))
     log.print(recipe_line(spec))
-    if isinstance(train_loader.batch_sampler, LengthBucketSampler):
-        lengths = train_loader.batch_sampler.lengths
-        bucketed = padding_fraction(train_loader.batch_sampler.epoch_batches(), lengths)
-        shuffled = padding_fraction(random_batches(len(lengths), batch_size, cfg.train.seed), lengths)
-        log.print(f"batches of similar lengths (data.batching=buckets): {100 * bucketed:.1f}% of a batch is "
-                  f"padding, against {100 * shuffled:.1f}% in random batches")
+    if (line := batching_line(train_loader, batch_size, cfg.train.seed)) is not None:
+        log.print(line)
