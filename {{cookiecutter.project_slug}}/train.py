@@ -30,7 +30,8 @@ from parts import LEFT_OUT, PARTS, config_schemas
 from utils.checkpoint.files import CheckpointError
 from utils.checkpoint.names import last_checkpoint, last_checkpoint_path
 from utils.config import Config, ConfigError, load_config
-from utils.data.corpus import DataError, load_splits
+from utils.data.corpora import load_splits
+from utils.data.corpus import DataError
 from utils.data.loader import epochs_done, next_micro_batches
 from utils.errors import TrainingError
 from utils.launch import cpu_threads, record_failure
@@ -225,7 +226,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--config", default="config.json", help="JSON config (default: config.json)")
     parser.add_argument("--model", choices=models, default=models[0] if models else None,
                         help=f"which model of models/ to train (default: {models[0] if models else 'none'})")
-    parser.add_argument("--dataset-path", help="LJSpeech-layout folder; overrides data.dataset_path"
+    parser.add_argument("--dataset-path", help="the corpus's root folder (data.format: its layout); overrides data.dataset_path"
                         + (f" (default: {platforms.DATASET_PATH_DEFAULT})" if platforms else ""))
     parser.add_argument("--output-dir", help="checkpoints, logs, metrics (default: "
                                              f"{platforms.OUTPUT_DIR_DEFAULT if platforms else 'output'})")

@@ -18,7 +18,7 @@ loss and the data. What each part is for:
 * :func:`reconstruction_loss`: ``criterion(outputs, batch) -> scalar``, the one loss the loop minimises. A loss of
   several terms may return ``(loss, {"name": term, ...})`` (scalar tensors): each term is then logged beside the loss
   (``losses`` of ``metrics.jsonl`` and ``val_metrics.jsonl``, TensorBoard's ``train/<name>`` and ``val/<name>``).
-* :func:`build_datasets`: ``(train, val)`` datasets over an LJSpeech-layout corpus; their items are batched by
+* :func:`build_datasets`: ``(train, val)`` datasets over the corpus (any layout ``data.format`` reads); their items are batched by
   ``collate_audio_mel`` into ``{"mel": (B, n_mels, frames), "audio": (B, samples), "ids": [str] * B}``.
 * :func:`add_inference_args` and :func:`infer`: ``inference.py``'s options and work (the optional ``Inference``).
 * ``SPEC = ModelSpec(...)`` at the end: the model's name (``--model melae``), everything above and its ``recipe``:
@@ -42,7 +42,7 @@ from torch import nn
 
 from model import Inference, ModelSpec, Training
 from utils.config import Config, ModelSection
-from utils.data.corpus import load_splits
+from utils.data.corpora import load_splits
 from utils.data.datasets import AudioMelDataset, Crop, collate_audio_mel, read_mel
 
 

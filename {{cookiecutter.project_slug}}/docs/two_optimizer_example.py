@@ -33,7 +33,7 @@ losses and the data. What each part is for:
 * :func:`train_step`: ``(phase, nets, batch) -> (loss, {name: scalar})``, the loss of one phase.
 * :func:`mel_l1`: the validation criterion (``criterion(outputs, batch) -> scalar``): the number to compare
   between runs, since the adversarial losses of a GAN do not fall steadily.
-* :func:`build_datasets`: ``(train, val)`` crops of an LJSpeech-layout corpus, batched by ``collate_audio_mel``
+* :func:`build_datasets`: ``(train, val)`` crops of the corpus (any layout ``data.format`` reads), batched by ``collate_audio_mel``
   into ``{"mel": (B, n_mels, frames), "audio": (B, frames * hop_length), "ids": [str] * B}``.
 * :func:`add_inference_args`, :func:`infer` (``inference.py``) and :func:`vocode` (another model's mels to
   audio), all optional; ``Inference.modules``, ``("generator",)``: the sub-modules inference uses. A release
@@ -64,7 +64,7 @@ from distributed import unwrap_model
 from model import Inference, ModelSpec, Phases, Training
 from utils.config import Config, ModelSection
 from utils.data.audio import AudioConfig, MelSpectrogram, check_wav_output, save_wav
-from utils.data.corpus import load_splits
+from utils.data.corpora import load_splits
 from utils.data.datasets import AudioMelDataset, Crop, collate_audio_mel, read_mel
 
 PHASES = ("discriminator", "generator")

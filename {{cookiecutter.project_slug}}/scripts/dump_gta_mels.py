@@ -32,7 +32,7 @@ from typing import Any, Optional, Sequence
 if not __package__:  # run by its path, not as python -m scripts.NAME: the project's modules would not import
     sys.exit(f"ERROR: run this tool from the project folder as: python -m scripts.{Path(__file__).stem} ...")
 
-import soundfile as sf
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
@@ -44,9 +44,10 @@ from models.tacotron2.text import text_to_sequence
 from parts import PARTS
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.config import Config, ConfigError
-from utils.data.audio import load_wav
-from utils.data.corpus import BadClip, DataError, Utterance, load_splits
+from utils.data.corpora import load_splits
+from utils.data.corpus import BadClip, Corpus, DataError
 from utils.data.mel_dir import LEFT_OUT_FILE, MEL_SETTINGS_FILE
+from utils.data.sources import clip_samples, read_audio
 from utils.framing import recorded_audio
 from utils.launch import detect_launcher_env
 from utils.run_log import one_line, one_line_warnings
@@ -76,7 +77,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="a Tacotron2 checkpoint of train.py (a .pt file"
                              + (" or a sharded checkpoint folder)" if PARTS.formats.folder else ")"))
     parser.add_argument("--dataset-path", required=True,
-                        help="the corpus (LJSpeech layout, or the checkpoint's filelists inside it)")
+                        help="the corpus's root folder (in a layout data.format reads; filelists: the checkpoint's, "
+                             "inside it)")
     parser.add_argument("--output", required=True, help="folder for <id>.pt mels (created)")
     parser.add_argument("--batch-size", type=int, default=16, help="utterances per forward pass and process "
                         "(default 16)")
@@ -167,27 +169,31 @@ def prepare_output(output: Path, cfg: Config, source: dict, overwrite: bool) -> 
     atomic_write_bytes(output / SOURCE_FILE, (json.dumps(source, indent=2) + "\n").encode())
 
 
-def corpus(cfg: Config) -> tuple[list[Utterance], list[BadClip]]:
+def corpus(cfg: Config) -> tuple[Corpus, list[BadClip]]:
     """Every utterance of both splits once, in corpus order (training first), and the corpus lines left out.
 
     Raises:
         DataError: the corpus cannot be listed."""
     bad: list[BadClip] = []
-    train_utts, val_utts = load_splits(cfg.data, bad=bad)
-    unique: dict[str, Utterance] = {}
-    for utt in [*train_utts, *val_utts]:
-        unique.setdefault(utt.id, utt)
-    return list(unique.values()), bad
+    both = Corpus.join(load_splits(cfg.data, bad=bad))
+    first = {utt_id: i for i, utt_id in reversed(list(enumerate(both.ids.tolist())))}
+    return both.take(sorted(first.values())), bad
 
 
-def header_samples(utt: Utterance, sampling_rate: int) -> int:
-    """The clip's samples at ``sampling_rate`` from its header (to batch similar lengths); 0 when unreadable (the
-    error comes when it is loaded)."""
+def header_samples(share: Corpus, sampling_rate: int) -> np.ndarray:
+    """Each clip's samples at ``sampling_rate`` from durations and headers (to batch similar lengths); 0 where a
+    header is unreadable (the error comes when it is loaded)."""
     try:
-        info = sf.info(str(utt.wav_path))
-    except (sf.LibsndfileError, RuntimeError, OSError):
+        return clip_samples(share, sampling_rate)
+    except DataError:
+        return np.array([_one_header(share.take([i]), sampling_rate) for i in range(len(share))], dtype=np.int64)
+
+
+def _one_header(one: Corpus, sampling_rate: int) -> int:
+    try:
+        return int(clip_samples(one, sampling_rate)[0])
+    except DataError:
         return 0
-    return info.frames * sampling_rate // max(info.samplerate, 1)
 
 
 class GTAItems(Dataset):
@@ -202,9 +208,9 @@ class GTAItems(Dataset):
         return len(self.text_mel)
 
     def __getitem__(self, index: int) -> dict:
-        utt = self.text_mel.utterances[index]
+        utt = self.text_mel.corpus[index]
         try:
-            samples = load_wav(utt.wav_path, self.text_mel.audio_cfg.sampling_rate).shape[0]
+            samples = read_audio(utt.audio, self.text_mel.audio_cfg.sampling_rate).shape[0]
             frames = self.mel_fn.num_frames(samples)
             if samples < self.mel_fn.min_samples:
                 raise DataError(f"{samples} samples, shorter than one STFT window ({self.mel_fn.min_samples})")
@@ -235,7 +241,7 @@ def teacher_forced(model: torch.nn.Module, batch: dict, device: torch.device, se
     return model(inputs)["mel_postnet"].float().cpu()
 
 
-def dump_share(model: torch.nn.Module, cfg: Config, share: list[Utterance], output: Path, args: argparse.Namespace,
+def dump_share(model: torch.nn.Module, cfg: Config, share: Corpus, output: Path, args: argparse.Namespace,
                device: torch.device, progress: bool) -> dict:
     """Write the mels of ``share`` (one rank's utterances) that are not there yet (all with ``--overwrite``), each
     ``(n_mels, frames)`` atomically; returns ``{"share", "written", "already", "left_out": [(id, frames)], "errors"}``.
@@ -245,21 +251,23 @@ def dump_share(model: torch.nn.Module, cfg: Config, share: list[Utterance], outp
         OSError: a mel cannot be written."""
     report: dict[str, Any] = {"share": len(share), "written": 0, "already": 0, "left_out": [], "errors": []}
     todo = []
-    for utt in share:
+    for i, utt in enumerate(share):
         if not args.overwrite and (output / f"{utt.id}.pt").is_file():
             report["already"] += 1
         elif not text_to_sequence(utt.text, cfg.tacotron2.text_cleaners):
             report["errors"].append(f"{utt.id}: no symbol of its transcript {utt.text!r} is in the symbol table")
         else:
-            todo.append(utt)
+            todo.append(i)
     bar = tqdm(total=len(todo), unit="utt", desc=f"GTA mels -> {output}", disable=not progress)
     if not todo:
         bar.close()
         return report
     max_frames = cfg.tacotron2.max_mel_frames if args.max_mel_frames is None else args.max_mel_frames
+    todo = share.take(todo)
     text_mel = TextMelDataset(todo, cfg.audio, mel_cache_path(cfg.data.dataset_path, cfg.tacotron2.mel_cache_dir),
                               text_cleaners=cfg.tacotron2.text_cleaners)
-    order = sorted(range(len(todo)), key=lambda i: -header_samples(todo[i], cfg.audio.sampling_rate))
+    samples = header_samples(todo, cfg.audio.sampling_rate)
+    order = sorted(range(len(todo)), key=lambda i: -samples[i])
     loader = DataLoader(GTAItems(text_mel, max_frames or None), batch_size=args.batch_size, sampler=order,
                         collate_fn=collate)
     model.mask_padding = True  # padded frames zeroed before every post-net layer: none reaches a kept frame
@@ -334,7 +342,7 @@ class Job:
     device: torch.device
     model: torch.nn.Module
     cfg: Config
-    utterances: list[Utterance]
+    utterances: Corpus
     bad: list[BadClip]
     source: dict
 
@@ -371,7 +379,7 @@ def dump_all(job: Job, output: Path, args: argparse.Namespace) -> Optional[list[
         if rank == 0:
             print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return None
-    share = job.utterances[rank::world]
+    share = job.utterances.take(range(rank, len(job.utterances), world))
     print(f"rank {rank} of {world}: {len(share)} of {len(job.utterances)} utterances (numbers {rank}, {rank + world}, "
           f"... of the corpus list) on {job.device}", flush=True)
     try:

@@ -4,7 +4,7 @@
     python -m scripts.make_demo_corpus --output data/vctk --layout vctk --speakers 4 --num-utterances 16
 
 ``--layout`` writes the tree of LJSpeech-1.1 (the default: ``metadata.csv`` ``id|text|text``, ``wavs/LJ_DEMO_*.wav``),
-VITS-style filelists, VCTK 0.92, LibriTTS, NeMo manifests (HiFi-TTS), a Hugging Face parquet (LibriTTS-R's columns) or
+VITS-style filelists, VCTK 0.92, LibriTTS, HiFi-TTS's NeMo manifests, a Hugging Face parquet (LibriTTS-R's columns) or
 a lhotse CutSet, at that corpus's sampling rate (:data:`LAYOUTS`; the manual's "Corpora" shows each tree). Utterance
 ``i`` speaks sentence ``i % 40``, each pass over the sentences slower or faster, ``--seed`` jittering the rate (+-5%).
 ``--speakers N`` gives it to speaker ``i % N``, speaker ``k`` always in the ``k``-th installed voice of
@@ -254,12 +254,17 @@ def _index_libritts(output: Path, lines: list[Line], _: Path) -> None:
 
 
 def _index_nemo(output: Path, lines: list[Line], _: Path) -> None:
-    """NeMo JSON-lines manifests, one object a line: ``audio_filepath`` (relative to the corpus folder), ``duration``
-    (seconds), ``text``, ``speaker`` (the reader's id as an integer, as HiFi-TTS numbers them)."""
+    """HiFi-TTS's NeMo manifests, a speaker's split each (``<spk>_manifest_clean_train.json``, ``..._dev.json``), one
+    JSON object a line: ``audio_filepath`` (relative to the corpus folder), ``duration`` (seconds), ``text`` and
+    ``text_normalized``, and the ``speaker`` NeMo's multi-speaker recipes add (the reader's id, an integer)."""
     cut = len(lines) - _validating(len(lines))
-    for name, part in (("train_manifest.json", lines[:cut]), ("val_manifest.json", lines[cut:])):
-        rows = [json.dumps({"audio_filepath": line.audio, "duration": sf.info(str(output / line.audio)).duration,
-                            "text": line.text, "speaker": int(line.speaker.name)}) + "\n" for line in part]
+    manifests: dict[str, list[str]] = {}
+    for number, line in enumerate(lines):
+        name = f"{line.speaker.name}_manifest_clean_{'train' if number < cut else 'dev'}.json"
+        manifests.setdefault(name, []).append(json.dumps({
+            "audio_filepath": line.audio, "duration": sf.info(str(output / line.audio)).duration, "text": line.text,
+            "text_normalized": line.text, "speaker": int(line.speaker.name)}) + "\n")
+    for name, rows in manifests.items():
         _write_text(output / name, "".join(rows))
 
 
@@ -325,8 +330,8 @@ LAYOUTS = {
     "libritts": Layout(24000, LIBRITTS_ID, "train-clean-100/{spk}/{chapter}/{id}.wav", _index_libritts,
                        ("speakers.tsv",), ("train-clean-100/*/*/*",), shows="speakers.tsv + train-clean-100/"),
     "nemo": Layout(44100, "{spk}_{n:04d}", "audio/{spk}_clean/{chapter}/{id}.flac", _index_nemo,
-                   ("train_manifest.json", "val_manifest.json"), ("audio/*/*/*.flac",),
-                   shows="train_manifest.json and val_manifest.json + audio/"),
+                   ("*_manifest_clean_*.json",), ("audio/*/*/*.flac",),
+                   shows="<speaker>_manifest_clean_train.json and _dev.json + audio/"),
     "parquet": Layout(24000, LIBRITTS_ID, "{id}.wav", _index_parquet, ("clean/train.clean.100/*.parquet",),
                       needs="datasets", shows="clean/train.clean.100/0000.parquet"),
     "lhotse": Layout(24000, LIBRITTS_ID, "recordings/{spk}/{id}.wav", _index_lhotse, ("cuts.jsonl.gz",),

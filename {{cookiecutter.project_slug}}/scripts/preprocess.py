@@ -29,8 +29,10 @@ from models import MODELS
 from models.tacotron2.data import CACHE_SETTINGS_FILE, check_cache_settings, mel_cache_path
 from parts import LEFT_OUT, PARTS, config_schemas
 from utils.config import Config, ConfigError, load_config
-from utils.data.audio import AudioConfig, MelSpectrogram, load_wav
-from utils.data.corpus import DataError, load_splits
+from utils.data.audio import AudioConfig, MelSpectrogram
+from utils.data.corpora import load_splits
+from utils.data.corpus import DataError
+from utils.data.sources import read_audio
 from utils.framing import recorded_audio
 from utils.training.recipe import apply_recipe
 
@@ -49,12 +51,12 @@ def _init_worker(audio_cfg: AudioConfig, threads: Optional[int]) -> None:
 
 def _write_mel(job: tuple[str, str, str]) -> tuple[str, Optional[str]]:
     """Compute and atomically save one mel. Returns ``(id, None)`` or ``(id, error message)``."""
-    utt_id, wav_path, out_path = job
+    utt_id, source, out_path = job
     out = Path(out_path)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         with torch.no_grad():
-            torch.save(_worker_mel(load_wav(wav_path, _worker_rate)).contiguous(), tmp)
+            torch.save(_worker_mel(read_audio(source, _worker_rate)).contiguous(), tmp)
         os.replace(tmp, out)
     except (DataError, ValueError, OSError, RuntimeError) as err:
         tmp.unlink(missing_ok=True)
@@ -113,7 +115,7 @@ def preprocess(cfg: Config, workers: Optional[int] = None, overwrite: bool = Fal
     except OSError as err:  # a read-only dataset folder, a file in the cache folder's place, a full disk
         raise DataError(f"cannot write the mel cache folder {cache_dir}: {err.strerror or err} (set "
                         "tacotron2.mel_cache_dir to a writable folder: an absolute path is taken as it is)") from None
-    jobs = [(utt.id, str(utt.wav_path), str(cache_dir / f"{utt.id}.pt")) for utt in utterances.values()
+    jobs = [(utt.id, utt.audio, str(cache_dir / f"{utt.id}.pt")) for utt in utterances.values()
             if overwrite or not (cache_dir / f"{utt.id}.pt").is_file()]
     counts = {"total": len(utterances), "written": 0, "skipped": len(utterances) - len(jobs), "failed": 0}
     for error in _write_all(jobs, cfg, workers, progress, cache_dir, counts):

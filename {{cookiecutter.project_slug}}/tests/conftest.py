@@ -8,7 +8,8 @@
   running the tests, with GPUs hidden when there are fewer than the job's processes.
 * :func:`finish`: wait for a launched job; on a timeout, show what is still running.
 * :func:`tiny_checkpoint`: an untrained checkpoint of a model, for inference tests.
-* :func:`free_port`, :func:`child_pids` / :func:`rank_pids`, :class:`OpensAFile`, :func:`synth_corpus`.
+* :func:`free_port`, :func:`child_pids` / :func:`rank_pids`, :class:`OpensAFile`, :func:`synth_corpus`;
+  :func:`layout_corpus`: a tiny multi-speaker corpus in one of the layouts the readers read (VCTK, LibriTTS, ...).
 * :func:`train_with_validation_every_step` and :func:`tensorboard_audio`: the audio a run logs at validation.
 * :func:`start_job`: a launched job, optionally with a planted ``sitecustomize.py`` (a fault, a slow step);
   :func:`run_ranks`: one script on 2 gloo ranks started by hand (no launcher; forked from a server that imported
@@ -75,7 +76,9 @@ from scripts import make_demo_corpus
 from utils.checkpoint.state import RngStates, TrainState
 from utils.checkpoint.weights import load_into
 from utils.config import load_config
-from utils.data import corpus
+from utils.data import corpora
+from utils.data.corpora import filelist, ljspeech
+from utils.data.corpus import DataConfig
 from utils.training.recipe import apply_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -448,6 +451,133 @@ def process_settings_kept():
             backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = flags
 
 
+def synth_voice(rng: np.random.Generator, samples: int, sampling_rate: int) -> np.ndarray:
+    """``(samples,)`` float32 of a voiced-sounding clip (harmonics of a gliding f0 under an envelope, a little noise),
+    peak near 0.3."""
+    t = np.arange(samples) / sampling_rate
+    f0 = rng.uniform(90, 220) * (1 + 0.2 * np.sin(2 * np.pi * rng.uniform(0.5, 2) * t))
+    phase = 2 * np.pi * np.cumsum(f0) / sampling_rate
+    voice = sum(np.sin(k * phase) / k for k in range(1, 8))
+    envelope = np.sin(np.pi * t / t[-1]) ** 2
+    return (0.3 * envelope * voice / 2.6 + 0.005 * rng.standard_normal(t.size)).astype(np.float32)
+
+
+LAYOUT_RATES = {"vctk": 48000, "libritts": 24000, "nemo": 44100, "parquet": 24000, "lhotse": 16000, "filelist": 22050}
+"""The sampling rate each layout's corpus ships at (HiFi-TTS's 44.1 kHz for NeMo manifests; lhotse: any)."""
+
+
+def layout_corpus(root, layout: str, speakers: tuple[str, ...] = ("1034", "2911"), per_speaker: int = 3,
+                  seconds: float = 0.4, seed: int = 0) -> list[tuple[str, str, str, str, float]]:
+    """Write a tiny corpus at ``root`` as ``layout``'s real corpora ship it (see each reader's module docstring), the
+    last speaker's clips validating where the layout has splits, and a test split or speaker that is not read. Returns
+    ``[(split, id, text, speaker, seconds)]`` of what a reader must find, in its order; every clip is voiced
+    (:func:`synth_voice`) at :data:`LAYOUT_RATES`."""
+    root, rng, rows = Path(root), np.random.default_rng(seed), []
+    rate = LAYOUT_RATES[layout]
+    for s, speaker in enumerate(speakers):
+        split = "val" if s == len(speakers) - 1 else "train"
+        for n in range(1, per_speaker + 1):
+            utt = {"vctk": f"p{speaker}_{n:03d}", "libritts": f"{speaker}_100_{n:06d}_000000"}.get(layout,
+                                                                                               f"{speaker}_{n:04d}")
+            rows.append((split, utt, f"Speaker {speaker} says {['one', 'two', 'three', 'four'][n % 4]}.",
+                         f"p{speaker}" if layout == "vctk" else speaker, round(seconds * rng.uniform(0.8, 1.2), 3)))
+    write = {"vctk": _write_vctk, "libritts": _write_libritts, "nemo": _write_nemo, "parquet": _write_parquet,
+             "lhotse": _write_lhotse, "filelist": _write_filelist}[layout]
+    write(root, rows, lambda seconds: synth_voice(rng, int(seconds * rate), rate), rate)
+    if layout == "nemo":  # its ids: the audio's path below the manifest, folders joined by _
+        rows = [(split, f"audio_{speaker}_clean_10425_{utt}", text, speaker, seconds)
+                for split, utt, text, speaker, seconds in rows]
+    return rows if layout in ("nemo", "parquet", "lhotse", "filelist") else \
+        [row for row in rows if row[0] == "train"] + [row for row in rows if row[0] == "val"]
+
+
+def _write_vctk(root, rows, voice, rate):
+    for _, utt, text, speaker, seconds in rows:
+        (root / "txt" / speaker).mkdir(parents=True, exist_ok=True)
+        (root / "wav48_silence_trimmed" / speaker).mkdir(parents=True, exist_ok=True)
+        (root / "txt" / speaker / f"{utt}.txt").write_text(text + "\n")
+        for mic in ("mic1", "mic2"):
+            sf.write(root / "wav48_silence_trimmed" / speaker / f"{utt}_{mic}.flac", voice(seconds), rate)
+    (root / "wav48_silence_trimmed" / "p315").mkdir()  # VCTK 0.92's speaker without transcripts
+    sf.write(root / "wav48_silence_trimmed" / "p315" / "p315_001_mic1.flac", voice(0.3), rate)
+    (root / "speaker-info.txt").write_text("ID  AGE  GENDER  ACCENTS  REGION COMMENTS\n" + "".join(
+        f"{speaker[1:]}  23  F    English    Southern England\n" for speaker in sorted({row[3] for row in rows})))
+
+
+def _write_libritts(root, rows, voice, rate):
+    for split, utt, text, speaker, seconds in rows + [("test", "99_100_000001_000000", "Not read.", "99", 0.3)]:
+        folder = root / {"train": "train-clean-100", "val": "dev-clean", "test": "test-clean"}[split] / speaker / "100"
+        folder.mkdir(parents=True, exist_ok=True)
+        sf.write(folder / f"{utt}.wav", voice(seconds), rate, subtype="PCM_16")
+        (folder / f"{utt}.normalized.txt").write_text(text)
+        (folder / f"{utt}.original.txt").write_text(text.upper())
+
+
+def _write_nemo(root, rows, voice, rate):
+    """HiFi-TTS's layout: a manifest per speaker and split, ``<speaker>_manifest_clean_<split>.json``, without a
+    ``speaker`` field (the name says it)."""
+    for split, utt, text, speaker, seconds in rows:
+        audio = Path("audio") / f"{speaker}_clean" / "10425" / f"{utt}.flac"
+        (root / audio).parent.mkdir(parents=True, exist_ok=True)
+        sf.write(root / audio, voice(seconds), rate)
+        entry = {"audio_filepath": str(audio), "duration": seconds, "text": text.upper(), "text_normalized": text}
+        with open(root / f"{speaker}_manifest_clean_{'dev' if split == 'val' else split}.json", "a") as manifest:
+            manifest.write(json.dumps(entry) + "\n")
+    test = {"audio_filepath": f"audio/{rows[0][3]}_clean/10425/{rows[0][1]}.flac", "duration": 0.3, "text": "Not read."}
+    (root / f"{rows[0][3]}_manifest_clean_test.json").write_text(json.dumps(test) + "\n")  # a test split: not read
+
+
+def _write_parquet(root, rows, voice, rate):
+    """A Hugging Face dataset's parquet files, as LibriTTS-R's on the Hub: ``audio`` (an ``Audio`` feature of wav
+    bytes), ``text_normalized``, ``speaker_id``, ``id``."""
+    import datasets  # only these tests' (4 s)
+
+    datasets.disable_progress_bars()
+    (root / "data").mkdir(parents=True)
+    for split, name in (("train", "train.clean.100"), ("val", "dev.clean")):
+        chosen = [row for row in rows if row[0] == split]
+        clips = []
+        for row in chosen:
+            buffer = io.BytesIO()
+            sf.write(buffer, voice(row[4]), rate, format="WAV", subtype="PCM_16")
+            clips.append({"bytes": buffer.getvalue(), "path": f"{row[1]}.wav"})
+        table = datasets.Dataset.from_dict({"audio": clips, "text_normalized": [row[2] for row in chosen],
+                                            "speaker_id": [row[3] for row in chosen], "id": [row[1] for row in chosen]})
+        table.cast_column("audio", datasets.Audio(sampling_rate=rate)).to_parquet(
+            root / "data" / f"{name}-00000-of-00001.parquet")
+
+
+def _write_lhotse(root, rows, voice, rate):
+    """lhotse CutSet manifests (``cuts_train.jsonl.gz``, ``cuts_dev.jsonl.gz``); each cut a span of a longer
+    recording (0.1 s of silence on each side), its supervision's speaker, text and language."""
+    from lhotse import CutSet, MonoCut, Recording, SupervisionSegment  # only these tests' (3 s)
+
+    (root / "audio").mkdir(parents=True)
+    for split in ("train", "dev"):
+        cuts = []
+        for _, utt, text, speaker, seconds in (row for row in rows if row[0] == ("val" if split == "dev" else split)):
+            pad = np.zeros(int(0.1 * rate), np.float32)
+            sf.write(root / "audio" / f"{utt}.flac", np.concatenate([pad, voice(seconds), pad]), rate)
+            recording = Recording.from_file(root / "audio" / f"{utt}.flac", recording_id=utt)
+            recording.sources[0].source = f"audio/{utt}.flac"  # relative to the manifest's folder
+            supervision = SupervisionSegment(id=utt, recording_id=utt, start=0.1, duration=seconds, text=text,
+                                             speaker=speaker, language="English")
+            cuts.append(MonoCut(id=utt, start=0.1, duration=seconds, channel=0, recording=recording,
+                                supervisions=[supervision]))
+        CutSet.from_cuts(cuts).to_file(root / f"cuts_{split}.jsonl.gz")
+
+
+def _write_filelist(root, rows, voice, rate):
+    """VITS-style lists ``path|speaker|text``: ``train.txt`` and ``val.txt``."""
+    for split in ("train", "val"):
+        lines = []
+        for _, utt, text, speaker, seconds in (row for row in rows if row[0] == split):
+            (root / "wavs" / speaker).mkdir(parents=True, exist_ok=True)
+            sf.write(root / "wavs" / speaker / f"{utt}.wav", voice(seconds), rate, subtype="PCM_16")
+            lines.append(f"wavs/{speaker}/{utt}.wav|{speaker}|{text}\n")
+        (root / f"{split}.txt").write_text("".join(lines))
+
+
 def synth_corpus(root, n: int = 24, seconds: float = 0.6, sampling_rate: int = 22050, seed: int = 0,
                  loud_noise: tuple[str, ...] = (), spread: tuple[float, float] = (0.8, 1.2)):
     """Write an LJSpeech-layout corpus of ``n`` voiced-sounding clips (harmonics of a gliding f0 under an
@@ -463,15 +593,10 @@ def synth_corpus(root, n: int = 24, seconds: float = 0.6, sampling_rate: int = 2
     words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "again"]
     lines = []
     for i in range(n):
-        t = np.arange(int(seconds * sampling_rate * rng.uniform(*spread))) / sampling_rate
-        f0 = rng.uniform(90, 220) * (1 + 0.2 * np.sin(2 * np.pi * rng.uniform(0.5, 2) * t))
-        phase = 2 * np.pi * np.cumsum(f0) / sampling_rate
-        voice = sum(np.sin(k * phase) / k for k in range(1, 8))
-        envelope = np.sin(np.pi * t / t[-1]) ** 2
-        audio = 0.3 * envelope * voice / 2.6 + 0.005 * rng.standard_normal(t.size)
+        audio = synth_voice(rng, int(seconds * sampling_rate * rng.uniform(*spread)), sampling_rate)
         utt = f"SYN-{i + 1:04d}"
         if utt in loud_noise:
-            audio = np.clip(0.5 * rng.standard_normal(t.size), -0.99, 0.99)
+            audio = np.clip(0.5 * rng.standard_normal(audio.size), -0.99, 0.99)
         sf.write(root / "wavs" / f"{utt}.wav", audio.astype(np.float32), sampling_rate, subtype="PCM_16")
         text = " ".join(rng.choice(words, size=rng.integers(2, 6))).capitalize() + "."
         lines.append(f"{utt}|{text}|{text}\n")
@@ -482,12 +607,14 @@ def synth_corpus(root, n: int = 24, seconds: float = 0.6, sampling_rate: int = 2
 def read_ljspeech(root, bad: Optional[list] = None) -> list:
     """Every utterance of an LJSpeech-layout corpus (``load_splits`` before it splits): a bad row goes to ``bad`` as a
     ``BadClip``, or without ``bad`` raises ``DataError``."""
-    return corpus._settle(*corpus._scan_ljspeech(Path(root)), bad)
+    corpora.detect(DataConfig(dataset_path=str(root), format="ljspeech"))  # the folder is there
+    return corpora._settle(ljspeech.read(Path(root), DataConfig()).train, bad, frozenset())
 
 
-def read_filelist(filelist, root, bad: Optional[list] = None) -> list:
-    """Every utterance of an NVIDIA-style filelist (``path|text``, paths relative to ``root``), as :func:`read_ljspeech`."""
-    return corpus._settle(*corpus._scan_filelist(Path(filelist), Path(root)), bad)
+def read_filelist(filelist_path, root, bad: Optional[list] = None) -> list:
+    """Every utterance of a filelist (``path|text`` or ``path|speaker|text``, paths relative to ``root``), as
+    :func:`read_ljspeech`."""
+    return corpora._settle(filelist.scan(Path(filelist_path), Path(root)), bad, frozenset())
 
 
 def train_with_validation_every_step(model: str, corpus, out, *settings: str) -> str:

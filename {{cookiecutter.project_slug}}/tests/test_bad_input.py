@@ -278,7 +278,7 @@ def test_a_missing_dataset_folder_is_named(capsys, tmp_path, precious):
     assert the_error(code, err, out) == f"ERROR: rank 0: dataset folder not found: {tmp_path / 'no_corpus'} (get " \
                                         "LJSpeech with scripts/dataset.sh data, or a small demo corpus with python -m " \
                                         "scripts.make_demo_corpus --output data/demo, or point --dataset-path at " \
-                                        "a folder in the LJSpeech layout)"
+                                        "a corpus's root folder: data.format names its layout)"
     assert snapshot(precious) == before
 
 
@@ -294,11 +294,17 @@ def test_a_bad_argument_of_train_py_is_one_line_and_exit_2(capsys):
                                               "train.py --help lists the options)"], err
 
 
-def test_an_empty_dataset_folder_names_the_missing_metadata(capsys, tmp_path, precious):
+def test_an_empty_dataset_folder_names_the_layouts_it_is_not_in(capsys, tmp_path, precious):
+    """A folder in no layout ``data.format=auto`` knows (here an empty one) is one line naming each layout; a
+    ``metadata.csv`` makes it LJSpeech's, whose reader names what is wrong with it."""
     empty = tmp_path / "empty_corpus"
     empty.mkdir()
     before = snapshot(precious)
     code, out, err = run_train(capsys, "--dataset-path", str(empty), "--output-dir", str(precious))
+    assert the_error(code, err, out).startswith(f"ERROR: rank 0: {empty} is in no layout data.format=auto knows "
+                                                "(ljspeech: metadata.csv + wavs/<id>.wav; filelist: ")
+    code, out, err = run_train(capsys, "--dataset-path", str(empty), "--output-dir", str(precious), "--set",
+                               "data.format=ljspeech")
     assert the_error(code, err, out) == f"ERROR: rank 0: metadata file not found: {empty / 'metadata.csv'}"
     (empty / "metadata.csv").write_text("\n\n")
     code, out, err = run_train(capsys, "--dataset-path", str(empty), "--output-dir", str(precious))
@@ -874,10 +880,10 @@ def test_each_kind_of_bad_clip_is_named_or_skipped_at_start_up(capsys, own_corpu
                f"{reason}" in err, err
         cfg.data.exclude = found  # what train.py does with the outcome
     datasets = spec.training.build_datasets(cfg)
-    ids = [utt.id for dataset in datasets for utt in dataset.utterances]
+    ids = [utt.id for dataset in datasets for utt in dataset.corpus]
     if expected is None:
         assert "SYN-0003" in ids
-        item = datasets[0][[utt.id for utt in datasets[0].utterances].index("SYN-0003")]
+        item = datasets[0][[utt.id for utt in datasets[0].corpus].index("SYN-0003")]
         assert item["id"] == "SYN-0003"
     else:
         assert "SYN-0003" not in ids or kind == "repeated id"  # a repeated id: its first row is fine

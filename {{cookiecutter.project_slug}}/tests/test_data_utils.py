@@ -11,7 +11,8 @@ from conftest import read_filelist, read_ljspeech
 from torch.utils.data import DataLoader
 
 from utils.data.audio import AudioConfig, MelSpectrogram, load_wav
-from utils.data.corpus import DataConfig, DataError, Utterance, load_splits
+from utils.data.corpora import load_splits
+from utils.data.corpus import Corpus, DataConfig, DataError, Utterance
 from utils.data.datasets import AudioMelDataset, Crop, collate_audio_mel
 from utils.run import end_dataloader_workers
 
@@ -49,7 +50,7 @@ def test_read_ljspeech_reads_rows_in_order(tmp_path):
     root = make_ljspeech(tmp_path / "LJ", 3)
     utts = read_ljspeech(root)
     assert [u.id for u in utts] == ["LJ000-0001", "LJ000-0002", "LJ000-0003"]
-    assert utts[1] == Utterance("LJ000-0002", root / "wavs" / "LJ000-0002.wav", "Normalized text 2.")
+    assert utts[1] == Utterance("LJ000-0002", str(root / "wavs" / "LJ000-0002.wav"), "Normalized text 2.")
 
 
 def test_read_ljspeech_falls_back_to_raw_text_and_keeps_quotes(tmp_path):
@@ -101,8 +102,8 @@ def test_read_filelist_relative_and_absolute_paths(tmp_path):
     filelist = tmp_path / "list.txt"
     filelist.write_text(f"wavs/LJ000-0002.wav|Second one.\n\n{outside}|An absolute path.\n", encoding="utf-8")
     utts = read_filelist(filelist, root)
-    assert utts == [Utterance("LJ000-0002", root / "wavs" / "LJ000-0002.wav", "Second one."),
-                    Utterance("extra", outside, "An absolute path.")]
+    assert utts == [Utterance("LJ000-0002", str(root / "wavs" / "LJ000-0002.wav"), "Second one."),
+                    Utterance("extra", str(outside), "An absolute path.")]
 
 
 def test_read_filelist_errors(tmp_path):
@@ -125,7 +126,7 @@ def test_load_splits_holds_out_the_last_utterances(tmp_path, n, val_size, n_val)
     root = make_ljspeech(tmp_path, n)
     train, val = load_splits(DataConfig(dataset_path=str(root), val_size=val_size))
     assert (len(train), len(val)) == (n - n_val, n_val)
-    assert train + val == read_ljspeech(root)
+    assert list(train) + list(val) == read_ljspeech(root)
 
 
 def test_load_splits_needs_two_utterances(tmp_path):
@@ -211,7 +212,7 @@ SEGMENT = 4096  # samples; 16 mel frames at hop 256
 
 def test_dataset_item_shapes(tmp_path):
     utts = read_ljspeech(make_ljspeech(tmp_path, 2, lengths=[10000, 10000]))
-    item = AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT))[1]
+    item = AudioMelDataset(Corpus.of(utts), AudioConfig(), Crop(SEGMENT))[1]
     assert set(item) == {"mel", "audio", "id"}
     assert item["mel"].shape == (80, 16) and item["mel"].dtype == torch.float32
     assert item["audio"].shape == (SEGMENT,) and item["audio"].dtype == torch.float32
@@ -220,9 +221,9 @@ def test_dataset_item_shapes(tmp_path):
 
 def test_dataset_first_segment_when_not_random(tmp_path):
     utts = read_ljspeech(make_ljspeech(tmp_path, 1, lengths=[10000]))
-    dataset = AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT, random=False))
+    dataset = AudioMelDataset(Corpus.of(utts), AudioConfig(), Crop(SEGMENT, random=False))
     first, again = dataset[0], dataset[0]
-    full = load_wav(utts[0].wav_path, SR)
+    full = load_wav(utts[0].audio, SR)
     torch.testing.assert_close(first["audio"], full[:SEGMENT])
     torch.testing.assert_close(first["mel"], dataset.mel(full[:SEGMENT]))
     torch.testing.assert_close(first["mel"], again["mel"])
@@ -232,8 +233,8 @@ def test_dataset_peak_scales_each_clip_before_its_crop_and_mel(tmp_path):
     """HiFi-GAN's recipe (jik876's ``normalize(audio) * 0.95``): the whole clip scaled to the peak in float64, then
     cropped."""
     utts = read_ljspeech(make_ljspeech(tmp_path, 1, lengths=[10000]))
-    full = load_wav(utts[0].wav_path, SR)
-    dataset = AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT, random=False), peak=0.5)
+    full = load_wav(utts[0].audio, SR)
+    dataset = AudioMelDataset(Corpus.of(utts), AudioConfig(), Crop(SEGMENT, random=False), peak=0.5)
     item, scaled = dataset[0], (full.double() / full.double().abs().max() * 0.5).float()
     assert abs(float(full.abs().max()) - 0.5) > 0.1  # the clip's own peak is another
     torch.testing.assert_close(item["audio"], scaled[:SEGMENT])
@@ -242,8 +243,8 @@ def test_dataset_peak_scales_each_clip_before_its_crop_and_mel(tmp_path):
 
 def test_dataset_random_crop_is_a_slice_fixed_by_seed_epoch_and_index(tmp_path):
     utts = read_ljspeech(make_ljspeech(tmp_path, 1, lengths=[20000]))
-    dataset = AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT, seed=7))
-    full = load_wav(utts[0].wav_path, SR)
+    dataset = AudioMelDataset(Corpus.of(utts), AudioConfig(), Crop(SEGMENT, seed=7))
+    full = load_wav(utts[0].audio, SR)
     starts = []
     for epoch in range(6):
         dataset.set_epoch(epoch)
@@ -256,7 +257,7 @@ def test_dataset_random_crop_is_a_slice_fixed_by_seed_epoch_and_index(tmp_path):
     dataset.set_epoch(3)
     torch.manual_seed(1000)
     torch.testing.assert_close(dataset[0]["audio"], full[starts[3]:starts[3] + SEGMENT])  # and is reproducible
-    other = AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT, seed=8))
+    other = AudioMelDataset(Corpus.of(utts), AudioConfig(), Crop(SEGMENT, seed=8))
     other.set_epoch(3)
     assert not torch.equal(other[0]["audio"], dataset[0]["audio"])  # the seed matters
 
@@ -390,8 +391,8 @@ def test_length_buckets_refuse_bad_arguments():
 
 def test_dataset_pads_short_clips_with_zeros(tmp_path):
     utts = read_ljspeech(make_ljspeech(tmp_path, 1, lengths=[1000]))
-    item = AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT))[0]
-    full = load_wav(utts[0].wav_path, SR)
+    item = AudioMelDataset(Corpus.of(utts), AudioConfig(), Crop(SEGMENT))[0]
+    full = load_wav(utts[0].audio, SR)
     assert item["audio"].shape == (SEGMENT,)
     torch.testing.assert_close(item["audio"][:1000], full)
     assert torch.count_nonzero(item["audio"][1000:]) == 0
@@ -400,23 +401,23 @@ def test_dataset_pads_short_clips_with_zeros(tmp_path):
 
 def test_dataset_rejects_empty_list_and_tiny_segments(tmp_path):
     with pytest.raises(DataError, match="no utterances"):
-        AudioMelDataset([], AudioConfig(), Crop(SEGMENT))
+        AudioMelDataset(Corpus.of([]), AudioConfig(), Crop(SEGMENT))
     utts = read_ljspeech(make_ljspeech(tmp_path, 1))
     with pytest.raises(ValueError, match="segment_length=100"):
-        AudioMelDataset(utts, AudioConfig(), Crop(100))
+        AudioMelDataset(Corpus.of(utts), AudioConfig(), Crop(100))
 
 
 def test_dataset_names_a_broken_wav(tmp_path):
     utts = read_ljspeech(make_ljspeech(tmp_path, 2))
-    utts[1].wav_path.write_bytes(b"broken")
-    dataset = AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT))
+    Path(utts[1].audio).write_bytes(b"broken")
+    dataset = AudioMelDataset(Corpus.of(utts), AudioConfig(), Crop(SEGMENT))
     with pytest.raises(DataError, match="LJ000-0002.wav"):
         dataset[1]
 
 
 def test_collate_audio_mel_through_a_dataloader(tmp_path):
     utts = read_ljspeech(make_ljspeech(tmp_path, 3, lengths=[5000, 9000, 3000]))
-    loader = DataLoader(AudioMelDataset(utts, AudioConfig(), Crop(SEGMENT)), batch_size=3,
+    loader = DataLoader(AudioMelDataset(Corpus.of(utts), AudioConfig(), Crop(SEGMENT)), batch_size=3,
                         collate_fn=collate_audio_mel)
     batch = next(iter(loader))
     assert batch["mel"].shape == (3, 80, 16)
@@ -493,7 +494,8 @@ def test_read_filelist_collects_bad_lines_as_clips(tmp_path):
                         encoding="utf-8")
     bad = []
     assert [u.id for u in read_filelist(filelist, root, bad)] == ["LJ000-0001"]
-    assert bad == [BadClip("train.txt:2", f"{filelist}:2", "malformed line: expected 'path|text', got "
+    assert bad == [BadClip("train.txt:2", f"{filelist}:2", "malformed line: expected 'path|text' or "
+                           "'path|speaker|text', got "
                            "'wavs/LJ000-0002.wav'"),
                    BadClip("gone", str(root / "wavs" / "gone.wav"), "wav not found (train.txt line 3)"),
                    BadClip("folder", str(root / "wavs" / "folder.wav"), "is a folder, not a wav file (train.txt line 4)")]
@@ -570,7 +572,7 @@ def test_check_corpus_finds_silent_clips_and_passes_8_bit_and_late_sound(tmp_pat
              "eight_bit": (0.5 * ramp(8000), "PCM_U8"), "normal": (ramp(8000), "PCM_16"),
              "nan": (np.where(np.arange(8000) == 700, np.nan, 0.0), "FLOAT"),
              "late_nan": (np.concatenate([ramp(4000), np.full(70000, np.nan)]), "FLOAT")}  # NaN past the sound
-    utts = [Utterance(name, write_wav(tmp_path / f"{name}.wav", audio, subtype=subtype), "Some text.")
+    utts = [Utterance(name, str(write_wav(tmp_path / f"{name}.wav", audio, subtype=subtype)), "Some text.")
             for name, (audio, subtype) in clips.items()]
     found = {clip.id: clip.reason for clip in check(utts)}
     assert found == {"zeros16": "silent: every sample is zero", "zeros_float": "silent: every sample is zero",
@@ -585,10 +587,11 @@ def test_check_corpus_names_a_missing_wav_a_folder_and_a_clip_shorter_than_one_s
     clip of another rate counts its resampled length)."""
     (tmp_path / "folder.wav").mkdir()
     shortest = MelSpectrogram(AudioConfig(sampling_rate=SR)).min_samples
-    utts = [Utterance("gone", tmp_path / "gone.wav", "Text."), Utterance("folder", tmp_path / "folder.wav", "Text."),
-            Utterance("fine", write_wav(tmp_path / "fine.wav", ramp(4000)), "Text."),
-            Utterance("just_long_enough", write_wav(tmp_path / "enough.wav", ramp(shortest)), "Text."),
-            Utterance("short", write_wav(tmp_path / "short.wav", ramp(2 * shortest - 2), sr=2 * SR), "Text.")]
+    utts = [Utterance("gone", str(tmp_path / "gone.wav"), "Text."),
+            Utterance("folder", str(tmp_path / "folder.wav"), "Text."),
+            Utterance("fine", str(write_wav(tmp_path / "fine.wav", ramp(4000))), "Text."),
+            Utterance("just_long_enough", str(write_wav(tmp_path / "enough.wav", ramp(shortest))), "Text."),
+            Utterance("short", str(write_wav(tmp_path / "short.wav", ramp(2 * shortest - 2), sr=2 * SR)), "Text.")]
     assert [(clip.id, clip.reason) for clip in check(utts)] == [
         ("gone", "wav not found"), ("folder", "is a folder, not a wav file"),
         ("short", f"too short: {shortest - 1} samples at {SR} Hz, fewer than {shortest} (one STFT window)")]
@@ -602,12 +605,12 @@ def test_check_corpus_cache_reads_each_clip_once_until_it_changes(tmp_path, monk
 
     from utils.data import check as data_check
 
-    utts = [Utterance(name, write_wav(tmp_path / f"{name}.wav", audio), "Text.")
+    utts = [Utterance(name, str(write_wav(tmp_path / f"{name}.wav", audio)), "Text.")
             for name, audio in (("loud", ramp(4000)), ("silent", np.zeros(4000)))]
     cache_file = tmp_path / "cache" / "headers.json"
     read = []
     inspect = data_check._inspect
-    monkeypatch.setattr(data_check, "_inspect", lambda path: read.append(path.stem) or inspect(path))
+    monkeypatch.setattr(data_check, "_inspect", lambda source: read.append(Path(source).stem) or inspect(source))
     assert [clip.id for clip in check(utts, cache_file)] == ["silent"]
     assert sorted(read) == ["loud", "silent"]
     read.clear()

@@ -18,6 +18,9 @@ from conftest import demo_corpus, read_ljspeech
 
 from scripts import make_demo_corpus as demo
 from utils.data.audio import load_wav
+from utils.data.corpora import load_splits
+from utils.data.corpus import Corpus, DataConfig
+from utils.data.sources import clip_samples, read_audio
 
 SR = 22050
 
@@ -38,6 +41,8 @@ def files(root) -> dict[str, bytes]:
 SPEAKERS = {"vctk": ("p225", "p226")}
 READERS = (("19", "198"), ("26", "495"))
 LIBRITTS = [f"{spk}/{chapter}/{spk}_{chapter}_{para:06d}_000000" for spk, chapter in READERS for para in (0, 1)]
+NEMO = ["19_manifest_clean_train.json", "26_manifest_clean_train.json", "26_manifest_clean_dev.json"]
+"""HiFi-TTS's manifests of the 2 speakers: the last utterance (speaker 26's second) validates."""
 TREES = {
     "ljspeech": ["metadata.csv"] + [f"wavs/LJ_DEMO_{i:04d}.wav" for i in (1, 2, 3, 4)],
     "filelist": ["filelists/train.txt", "filelists/val.txt"]
@@ -48,8 +53,7 @@ TREES = {
     "libritts": ["speakers.tsv"] + [f"train-clean-100/{spk}/{chapter}/{spk}_{chapter}.trans.tsv" for spk, chapter in READERS]
                 + [f"train-clean-100/{utt}{suffix}" for utt in LIBRITTS
                    for suffix in (".normalized.txt", ".original.txt", ".wav")],
-    "nemo": ["train_manifest.json", "val_manifest.json"]
-            + [f"audio/{spk}_clean/{chapter}/{spk}_{n:04d}.flac" for spk, chapter in READERS for n in (1, 2)],
+    "nemo": NEMO + [f"audio/{spk}_clean/{chapter}/{spk}_{n:04d}.flac" for spk, chapter in READERS for n in (1, 2)],
     "parquet": ["clean/train.clean.100/0000.parquet"],
     "lhotse": ["cuts.jsonl.gz"] + [f"recordings/{utt.split('/')[0]}/{utt.split('/')[-1]}.wav" for utt in LIBRITTS],
 }
@@ -72,6 +76,26 @@ def test_each_layout_writes_the_tree_of_its_corpus(tmp_path_factory, layout):
         info = sf.info(str(path))
         assert (info.format, info.samplerate, info.channels, info.subtype) == (*AUDIO[layout], 1, "PCM_16"), path
         assert info.duration > 0.5 and np.abs(sf.read(str(path))[0]).max() > 0.01, path  # speech, not silence
+
+
+@pytest.mark.parametrize("layout", list(TREES))
+def test_data_format_auto_reads_each_layout_as_written(tmp_path_factory, layout):
+    """The corpus readers, left to find the layout (``data.format=auto``, the default section), name the layout
+    written and read its 4 utterances, each with its text and speaker (LJSpeech's one), the last validating; every
+    clip decodes, at the model's rate, to the length its metadata gives (headers exactly, manifests to the sample)."""
+    root = built(tmp_path_factory, layout)
+    lists = {"training_files": "filelists/train.txt", "validation_files": "filelists/val.txt"}
+    notes = []
+    train, val = load_splits(DataConfig(dataset_path=str(root), **(lists if layout == "filelist" else {})), notes=notes)
+    assert notes[0].startswith(f"data.format=auto: found the {layout} layout in {root} (")
+    names = {"ljspeech": ("LJ", "LJ"), "vctk": ("p225", "p226")}.get(layout, ("19", "26"))
+    assert (len(train), len(val)) == (3, 1)
+    assert sorted((u.text, u.speaker) for u in [*train, *val]) == \
+        sorted((demo.DEMO_SENTENCES[i], names[i % 2]) for i in range(4))
+    both = Corpus.join([train, val])
+    decoded = [len(read_audio(source, SR)) for source in both.audio.tolist()]
+    tolerance = 1 if layout in ("nemo", "lhotse") else 0  # durations in seconds, not samples
+    assert np.abs(np.array(decoded) - clip_samples(both, SR)).max() <= tolerance, (decoded, clip_samples(both, SR))
 
 
 def test_vctk_has_its_texts_speaker_list_and_second_microphone(tmp_path_factory):
@@ -101,12 +125,12 @@ def test_filelists_and_nemo_manifests_list_path_speaker_and_text(tmp_path_factor
     assert train[1] == f"wavs/26/26_0001.wav|26|{demo.DEMO_SENTENCES[1]}" and len(train) == 3
     assert val == [f"wavs/26/26_0002.wav|26|{demo.DEMO_SENTENCES[3]}"]  # the last max(1, 4 // 10)
     root = built(tmp_path_factory, "nemo")
-    rows = [json.loads(line) for name in ("train_manifest.json", "val_manifest.json")
-            for line in (root / name).read_text().splitlines()]
-    assert [row["speaker"] for row in rows] == [19, 26, 19, 26]
-    assert [row["text"] for row in rows] == list(demo.DEMO_SENTENCES[:4])
+    rows = [json.loads(line) for name in NEMO for line in (root / name).read_text().splitlines()]
+    assert [row["speaker"] for row in rows] == [19, 19, 26, 26]
+    assert [row["text"] for row in rows] == [demo.DEMO_SENTENCES[i] for i in (0, 2, 1, 3)]
     for row in rows:
-        assert set(row) == {"audio_filepath", "duration", "text", "speaker"}
+        assert set(row) == {"audio_filepath", "duration", "text", "text_normalized", "speaker"}
+        assert row["text_normalized"] == row["text"] and row["audio_filepath"].startswith(f"audio/{row['speaker']}_clean/")
         assert row["duration"] == sf.info(str(root / row["audio_filepath"])).duration
 
 
@@ -170,10 +194,10 @@ def test_make_demo_corpus_builds_a_readable_corpus(tmp_path):
     assert [u.id for u in utts] == ["LJ_DEMO_0001", "LJ_DEMO_0002", "LJ_DEMO_0003"]
     assert [u.text for u in utts] == list(demo.DEMO_SENTENCES[:3])
     for utt in utts:
-        info = sf.info(str(utt.wav_path))
+        info = sf.info(str(utt.audio))
         assert (info.samplerate, info.channels, info.subtype) == (SR, 1, "PCM_16")
         assert info.duration > 0.5
-        assert float(load_wav(utt.wav_path, SR).abs().max()) > 0.01  # speech, not silence
+        assert float(load_wav(utt.audio, SR).abs().max()) > 0.01  # speech, not silence
 
 
 def test_the_ljspeech_layout_of_one_speaker_is_the_default_to_the_byte(tmp_path, tmp_path_factory):
@@ -187,9 +211,9 @@ def test_make_demo_corpus_varies_repeated_sentences(tmp_path, monkeypatch):
     monkeypatch.setattr(demo, "DEMO_SENTENCES", ("One short sentence.",))
     out = tmp_path / "demo"
     assert demo.main(["--output", str(out), "--num-utterances", "2", "--sampling-rate", "16000", "--seed", "0"]) == 0
-    first, second = (load_wav(u.wav_path, 16000) for u in read_ljspeech(out))
+    first, second = (load_wav(u.audio, 16000) for u in read_ljspeech(out))
     assert first.shape != second.shape or not torch.equal(first, second)
-    assert {sf.info(str(u.wav_path)).samplerate for u in read_ljspeech(out)} == {16000}
+    assert {sf.info(str(u.audio)).samplerate for u in read_ljspeech(out)} == {16000}
 
 
 # --- refusals ------------------------------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ from parts import PARTS, config_schemas
 from scripts import dump_gta_mels
 from utils.config import load_config
 from utils.data.audio import MelSpectrogram, load_wav
-from utils.data.corpus import DataError, Utterance, load_splits
+from utils.data.corpora import load_splits
+from utils.data.corpus import Corpus, DataError, Utterance
 from utils.data.datasets import Crop
 from utils.data.mel_dir import MEL_SETTINGS_FILE, SILENCE_LOG_MEL, MelDirDataset
 from utils.framing import recorded_audio
@@ -68,11 +69,10 @@ def audio_cfg(framing: str = "nvidia"):
                        overrides=[f"audio.mel_framing={framing}"]).audio
 
 
-def utterances(corpus) -> list[Utterance]:
+def utterances(corpus) -> Corpus:
     cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True,
                       overrides=[f"data.dataset_path={corpus}"])
-    train, val = load_splits(cfg.data)
-    return [*train, *val]
+    return Corpus.join(load_splits(cfg.data))
 
 
 def real_mels(corpus, folder, framing: str = "nvidia") -> Path:
@@ -80,7 +80,7 @@ def real_mels(corpus, folder, framing: str = "nvidia") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     mel_fn = MelSpectrogram(audio_cfg(framing))
     for utt in utterances(corpus):
-        torch.save(mel_fn(load_wav(utt.wav_path, 22050)), folder / f"{utt.id}.pt")
+        torch.save(mel_fn(load_wav(utt.audio, 22050)), folder / f"{utt.id}.pt")
     return folder
 
 
@@ -130,7 +130,7 @@ def test_a_mel_off_the_frame_rule_is_one_error_line_and_a_resumed_dump_writes_on
 
 def test_too_long_utterances_are_left_out_in_one_line_and_bad_options_are_one_line(corpus, checkpoint, tmp_path, capsys,
                                                                                   one_process):
-    lengths = {utt.id: load_wav(utt.wav_path, 22050).shape[0] // 256 + 1 for utt in utterances(corpus)}
+    lengths = {utt.id: load_wav(utt.audio, 22050).shape[0] // 256 + 1 for utt in utterances(corpus)}
     limit = sorted(lengths.values())[6]
     longer = sorted(utt_id for utt_id, frames in lengths.items() if frames > limit)
     code, said, errors = dump(capsys, "--checkpoint", checkpoint, "--dataset-path", corpus, "--output",
@@ -152,7 +152,7 @@ def test_too_long_utterances_are_left_out_in_one_line_and_bad_options_are_one_li
     assert cfg.audio.mel_framing == "nvidia" and cfg.train.grad_clip == MODELS[VOCODER].recipe["train.grad_clip"]
     with pytest.warns(UserWarning) as said:
         train_set, val_set = model_datasets(MODELS[VOCODER], cfg, PARTS.run.datasets)
-    kept = sorted(utt.id for utt in [*train_set.utterances, *val_set.utterances])
+    kept = sorted(utt.id for utt in [*train_set.corpus, *val_set.corpus])
     assert kept == sorted(set(lengths) - set(longer)), kept
     lines = [str(warning.message) for warning in said]
     expected = f"than the text-to-mel model's max_mel_frames={limit} mel frames"
@@ -200,7 +200,7 @@ def test_audio_and_mel_are_cropped_together_on_frame_boundaries_with_the_seeded_
     starts = []
     for index, utt in enumerate(utts):
         item, whole = data[index], torch.load(mels / f"{utt.id}.pt", weights_only=True)
-        audio = load_wav(utt.wav_path, 22050)
+        audio = load_wav(utt.audio, 22050)
         assert item["mel"].shape == (cfg.n_mels, SEGMENT // 256) and item["audio"].shape == (SEGMENT,)
         start = next(f for f in range(whole.shape[1] - 15) if torch.equal(whole[:, f:f + 16], item["mel"]))
         assert torch.equal(item["audio"], audio[start * 256:start * 256 + SEGMENT])  # the same frames' samples
@@ -216,10 +216,10 @@ def test_audio_and_mel_are_cropped_together_on_frame_boundaries_with_the_seeded_
 
     short = tmp_path / "short"  # 3000 samples: 11 frames (NVIDIA's: 12), then silence in both
     (short / "wavs").mkdir(parents=True)
-    sf.write(short / "wavs" / "S.wav", load_wav(utts[0].wav_path, 22050)[:3000].numpy(), 22050, subtype="PCM_16")
+    sf.write(short / "wavs" / "S.wav", load_wav(utts[0].audio, 22050)[:3000].numpy(), 22050, subtype="PCM_16")
     audio = load_wav(short / "wavs" / "S.wav", 22050)
     torch.save(mel_fn(audio), short / "S.pt")
-    item = MelDirDataset([Utterance("S", short / "wavs" / "S.wav", "a")], cfg, Crop(SEGMENT), short)[0]
+    item = MelDirDataset(Corpus.of([Utterance("S", str(short / "wavs" / "S.wav"), "a")]), cfg, Crop(SEGMENT), short)[0]
     n = {"nvidia": 12, "jik876": 11}[framing]
     assert torch.equal(item["mel"][:, :n], mel_fn(audio)) and (item["mel"][:, n:] == SILENCE_LOG_MEL).all()
     kept = min(n * 256, 3000)  # the audio of its frames (NVIDIA's 12 reach past its end)

@@ -7,7 +7,7 @@ import soundfile as sf
 import torch
 
 from utils.data.audio import AudioConfig, MelSpectrogram, load_wav
-from utils.data.corpus import Utterance
+from utils.data.corpus import Corpus, Utterance
 from utils.data.datasets import Crop
 from utils.data.mel_dir import SILENCE_LOG_MEL, MelDirDataset
 
@@ -29,7 +29,8 @@ def test_every_crop_of_a_mel_dir_clip_is_a_whole_segment_from_its_first_frames_s
     hop, frames = 16, 8  # a small hop: every remainder of a clip's length modulo the hop in a few dozen clips
     cfg, segment = AudioConfig(n_fft=64, hop_length=hop, win_length=64, n_mels=2, mel_framing=framing), frames * hop
     lengths = [k * hop + r for k in (frames - 1, frames, frames + 1) for r in range(hop)]
-    utts = [Utterance(f"C{length}", ramp_wav(tmp_path / f"C{length}.wav", length), "a") for length in lengths]
+    utts = Corpus.of(Utterance(f"C{length}", str(ramp_wav(tmp_path / f"C{length}.wav", length)), "a")
+                     for length in lengths)
     mel_fn = MelSpectrogram(cfg)
     for utt, length in zip(utts, lengths):  # mel frame f holds f: the crop's frames can be read off it
         count = mel_fn.num_frames(length)
@@ -41,7 +42,7 @@ def test_every_crop_of_a_mel_dir_clip_is_a_whole_segment_from_its_first_frames_s
         dataset[index]
         choices = drawn[0] if drawn else 1  # a clip shorter than the crop may take its one crop without a draw
         assert choices == max(count - frames, 0) + 1, (utt.id, drawn)  # the last crop ends on the clip's last frame
-        frames_audio = load_wav(utt.wav_path, SR)[:count * hop]
+        frames_audio = load_wav(utt.audio, SR)[:count * hop]
         for start in range(choices):
             monkeypatch.setattr(Crop, "start", lambda crop, i, epoch, choices, start=start: start)
             item, where = dataset[index], (utt.id, length, start)

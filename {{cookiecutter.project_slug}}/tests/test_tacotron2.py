@@ -23,7 +23,7 @@ from modules.layers import ConvNorm
 from scripts import preprocess
 from utils.config import build_config
 from utils.data.audio import AudioConfig, MelSpectrogram, dynamic_range_compression
-from utils.data.corpus import DataError, Utterance
+from utils.data.corpus import Corpus, DataError, Utterance
 from models.tacotron2.plots import plot_alignment
 from parts import PARTS, SHARED_SECTIONS
 
@@ -231,7 +231,7 @@ def test_collate_sorts_pads_and_builds_gate_targets():
 
 def test_dataset_computes_mels_skips_overlong_clips_and_counts_them(tmp_path):
     root = write_corpus(tmp_path / "corpus", {"u1": 0.3, "u2": 0.5, "long1": 2.0, "long2": 1.5})
-    utts = read_ljspeech(root)
+    utts = Corpus.of(read_ljspeech(root))
     with pytest.warns(UserWarning, match="skipped 2 of 4 utterances.*max_mel_frames=80"):
         ds = TextMelDataset(utts, AUDIO, root / "mels", max_mel_frames=80)
     assert sorted(ds.skipped_ids) == ["long1", "long2"] and len(ds) == 2
@@ -241,12 +241,13 @@ def test_dataset_computes_mels_skips_overlong_clips_and_counts_them(tmp_path):
     assert item["mel"].shape == expected.shape == (N_MELS, ds.mel_transform.num_frames(4000))
     assert torch.allclose(item["mel"], expected, atol=1e-4)
     # The header-based estimate (used for skipping) equals the real frame count.
-    assert ds._estimated_frames(utts[1]) == item["mel"].shape[1]
+    assert ds.lengths()[1] == item["mel"].shape[1]
 
 
 def test_dataset_reads_cached_mels_and_checks_them(tmp_path):
     root = write_corpus(tmp_path / "corpus", {"u1": 0.3, "u2": 0.3})
-    utts = [Utterance("u1", root / "wavs/u1.wav", "Hello."), Utterance("u2", root / "wavs/u2.wav", "World.")]
+    utts = Corpus.of([Utterance("u1", str(root / "wavs/u1.wav"), "Hello."),
+                      Utterance("u2", str(root / "wavs/u2.wav"), "World.")])
     (root / "mels").mkdir()
     sentinel = torch.full((N_MELS, 7), 0.25)
     torch.save(sentinel, root / "mels/u1.pt")
@@ -262,12 +263,12 @@ def test_dataset_reads_cached_mels_and_checks_them(tmp_path):
 def test_dataset_rejects_empty_transcripts_and_stale_caches(tmp_path):
     root = write_corpus(tmp_path / "corpus", {"u1": 0.3})
     with pytest.raises(DataError, match="'u1' has an empty transcript"):
-        TextMelDataset([Utterance("u1", root / "wavs/u1.wav", "  ")], AUDIO)
+        TextMelDataset(Corpus.of([Utterance("u1", str(root / "wavs/u1.wav"), "  ")]), AUDIO)
     (root / "mels").mkdir()
     stale = {**AUDIO.model_dump(), "hop_length": 32}
     (root / "mels/_audio_config.json").write_text(json.dumps(stale))
     with pytest.raises(DataError, match="hop_length"):
-        TextMelDataset([Utterance("u1", root / "wavs/u1.wav", "Hi.")], AUDIO, root / "mels")
+        TextMelDataset(Corpus.of([Utterance("u1", str(root / "wavs/u1.wav"), "Hi.")]), AUDIO, root / "mels")
 
 
 def write_config(tmp_path: Path, root: Path) -> Path:

@@ -8,13 +8,12 @@ symbol ids, the target is the utterance's log-mel, a batch is sorted by text len
 from __future__ import annotations
 
 import json
-import math
 import pickle
 import warnings
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-import soundfile as sf
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -22,8 +21,10 @@ from model import Batch
 from models.tacotron2.text import text_to_sequence
 from models.tacotron2.text.cleaners import clean_text
 from utils.config import Config
-from utils.data.audio import AudioConfig, MelSpectrogram, load_wav
-from utils.data.corpus import DataError, Utterance, load_splits
+from utils.data.audio import AudioConfig, MelSpectrogram
+from utils.data.corpora import load_splits
+from utils.data.corpus import Corpus, DataError, Utterance
+from utils.data.sources import clip_samples, read_audio
 from utils.framing import recorded_audio
 
 PathLike = Union[str, Path]
@@ -63,23 +64,24 @@ def check_cache_settings(cache_dir: Path, audio_cfg: AudioConfig) -> None:
 
 class TextMelDataset(Dataset):
     """Items ``{"text": LongTensor (L,), "mel": FloatTensor (n_mels, T), "id": str}`` for Tacotron2: the symbol ids of
-    the transcript cleaned with ``text_cleaners`` (encoded once, at construction) and the log-mel of the wav, read from
-    ``mel_cache`` (:func:`mel_cache_path`, or ``None``) when ``<cache>/<id>.pt`` exists.
+    the transcript cleaned with ``text_cleaners`` (encoded once, at construction, kept packed in one array) and the
+    log-mel of the utterance's audio, read from ``mel_cache`` (:func:`mel_cache_path`, or ``None``) when
+    ``<cache>/<id>.pt`` exists.
 
-    Utterances longer than ``max_mel_frames`` mel frames (from the wav header: no audio decoded; ``None``: no limit)
-    are left out, never cut: with teacher forcing the decoder is fed the whole target mel, and a mel cut short would
-    train the stop gate to go on where the transcript ends. They are listed in :attr:`skipped_ids`, and one
+    Utterances longer than ``max_mel_frames`` mel frames (from durations and headers: no audio decoded; ``None``: no
+    limit) are left out, never cut: with teacher forcing the decoder is fed the whole target mel, and a mel cut short
+    would train the stop gate to go on where the transcript ends. They are listed in :attr:`skipped_ids`, and one
     ``UserWarning`` line says how many of how many (``split``: of which split), by which setting
     (``tacotron2.max_mel_frames`` and its value) and the longest.
 
     Raises:
-        DataError: an empty transcript (named by id) or one with no symbol in the table, an unreadable wav header, a
+        DataError: an empty transcript (named by id) or one with no symbol in the table, an unreadable audio header, a
             cache made with other audio settings, no utterance given or none left (the message names the setting, its
             value, the longest clip), or (in ``__getitem__``) a malformed cached mel.
         ValueError: an unknown text cleaner name.
     """
 
-    def __init__(self, utterances: Sequence[Utterance], audio_cfg: AudioConfig, mel_cache: Optional[PathLike] = None,
+    def __init__(self, corpus: Corpus, audio_cfg: AudioConfig, mel_cache: Optional[PathLike] = None,
                  text_cleaners: Sequence[str] = ("english_cleaners",), max_mel_frames: Optional[int] = None,
                  split: str = ""):
         self.audio_cfg = audio_cfg
@@ -90,34 +92,27 @@ class TextMelDataset(Dataset):
         self.cache_dir = None if mel_cache is None else Path(mel_cache)
         if self.cache_dir is not None:
             check_cache_settings(self.cache_dir, audio_cfg)
-        self.utterances: list[Utterance] = []
-        self._sequences: dict[str, list[int]] = {}
-        self.skipped_ids: list[str] = []
         what = f"{split} utterances" if split else "utterances"
-        if not utterances:
+        if len(corpus) == 0:
             raise DataError(f"TextMelDataset: no {what} given")
-        self._report_skipped(self._keep_fitting(utterances), len(utterances), what)
-
-    def _keep_fitting(self, utterances: Sequence[Utterance]) -> list[int]:
-        """Keep the utterances within ``max_mel_frames`` (encoding each transcript once, so a dropped symbol is reported
-        once per run); returns the frame counts of those left out."""
-        too_long: list[int] = []
-        for utt in utterances:
+        for utt in corpus:
             if not utt.text.strip():
-                raise DataError(f"utterance '{utt.id}' has an empty transcript ({utt.wav_path})")
-            frames = self._estimated_frames(utt) if self.max_mel_frames is not None else 0
-            if self.max_mel_frames is not None and frames > self.max_mel_frames:
-                too_long.append(frames)
-                self.skipped_ids.append(utt.id)
-                continue
-            self._sequences[utt.id] = self._encode(utt)
-            self.utterances.append(utt)
-        return too_long
+                raise DataError(f"utterance '{utt.id}' has an empty transcript ({utt.audio})")
+        self._frames = None if max_mel_frames is None else self._mel_frames(corpus)
+        fits = np.ones(len(corpus), dtype=bool) if self._frames is None else self._frames <= max_mel_frames
+        self.skipped_ids: list[str] = corpus.ids.take(np.flatnonzero(~fits)).tolist()
+        self.corpus = corpus.take(np.flatnonzero(fits))
+        self._report_skipped([] if self._frames is None else self._frames[~fits].tolist(), len(corpus), what)
+        if self._frames is not None:
+            self._frames = self._frames[fits]
+        sequences = [self._encode(utt) for utt in self.corpus]  # each transcript once: a dropped symbol said once
+        self._text_at = np.cumsum([0] + [len(sequence) for sequence in sequences])
+        self._symbols = np.asarray([symbol for sequence in sequences for symbol in sequence], dtype=np.int64)
 
     def _report_skipped(self, too_long: list[int], given: int, what: str) -> None:
         """One warning line for the utterances left out; a :class:`DataError` when none is left."""
         key, limit = "tacotron2.max_mel_frames", self.max_mel_frames
-        if not self.utterances:
+        if not len(self.corpus):
             raise DataError(f"{key} is {limit}: {len(too_long)} of {given} {what} are longer (longest {max(too_long)} "
                             f"frames); no {what} left: raise {key} to at least {max(too_long)}")
         if too_long:
@@ -125,13 +120,9 @@ class TextMelDataset(Dataset):
                           f"{key}={limit} mel frames, the longest {max(too_long)}); raise the setting to keep them",
                           stacklevel=3)
 
-    def _estimated_frames(self, utt: Utterance) -> int:
-        """Mel frames the clip will give, from its header: resampled length -> ``MelSpectrogram.num_frames``."""
-        try:
-            info = sf.info(str(utt.wav_path))
-        except (sf.LibsndfileError, RuntimeError) as err:
-            raise DataError(f"cannot read the header of utterance '{utt.id}': {utt.wav_path}: {err}") from None
-        return self.mel_transform.num_frames(math.ceil(info.frames * self.audio_cfg.sampling_rate / info.samplerate))
+    def _mel_frames(self, corpus: Corpus) -> np.ndarray:
+        """Mel frames ``(N,)`` each clip will give, from durations and headers (``clip_samples``): no audio decoded."""
+        return self.mel_transform.num_frames(clip_samples(corpus, self.audio_cfg.sampling_rate))
 
     def _encode(self, utt: Utterance) -> list[int]:
         sequence = text_to_sequence(utt.text, self.text_cleaners)
@@ -140,7 +131,7 @@ class TextMelDataset(Dataset):
         return sequence
 
     def load_mel(self, utt: Utterance) -> torch.Tensor:
-        """The log-mel ``(n_mels, T)`` float32 of ``utt``: from the cache if present, else from its wav.
+        """The log-mel ``(n_mels, T)`` float32 of ``utt``: from the cache if present, else from its audio.
 
         Raises:
             DataError: the cached file cannot be loaded or is not a 2-D float tensor with ``n_mels`` rows.
@@ -157,25 +148,27 @@ class TextMelDataset(Dataset):
                 raise DataError(f"cached mel of '{utt.id}' ({cached}) should be a float tensor "
                                 f"({self.audio_cfg.n_mels}, T), got {got}")
             return mel.float()
-        audio = load_wav(utt.wav_path, self.audio_cfg.sampling_rate)
+        audio = read_audio(utt.audio, self.audio_cfg.sampling_rate)
         with torch.no_grad():
             return self.mel_transform(audio)
 
     def lengths(self) -> list[int]:
-        """Mel frames of every item, from the wav headers (what ``data.batching=buckets`` sorts by).
+        """Mel frames of every item, from durations and headers (what ``data.batching=buckets`` sorts by).
 
         Raises:
-            DataError: a wav header cannot be read.
+            DataError: an audio header cannot be read.
         """
-        return [self._estimated_frames(utt) for utt in self.utterances]
+        if self._frames is None:
+            self._frames = self._mel_frames(self.corpus)
+        return self._frames.tolist()
 
     def __len__(self) -> int:
-        return len(self.utterances)
+        return len(self.corpus)
 
     def __getitem__(self, index: int) -> dict:
-        utt = self.utterances[index]
-        return {"text": torch.tensor(self._sequences[utt.id], dtype=torch.long), "mel": self.load_mel(utt),
-                "id": utt.id}
+        utt = self.corpus[index]
+        symbols = self._symbols[self._text_at[index]:self._text_at[index + 1]]
+        return {"text": torch.tensor(symbols, dtype=torch.long), "mel": self.load_mel(utt), "id": utt.id}
 
 
 class TextMelCollate:

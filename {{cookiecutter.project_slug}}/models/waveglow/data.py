@@ -8,7 +8,7 @@ from torch.utils.data import Dataset
 from model import Batch
 from utils.config import Config
 from utils.data.audio import MelSpectrogram
-from utils.data.corpus import load_splits
+from utils.data.corpora import load_splits
 from utils.data.datasets import AudioMelDataset, Crop
 
 

@@ -1,4 +1,4 @@
-"""The corpus check before training: wavs missing, a folder, unreadable or truncated; clips shorter than one STFT
+"""The corpus check before training: audio missing, a folder, unreadable or truncated; clips shorter than one STFT
 window, silent or with NaN/inf samples; transcripts without a letter or digit, or refused by ``check_text``."""
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from tqdm import tqdm
 from model import ModelSpec
 from utils.checkpoint.files import atomic_write_bytes
 from utils.config import Config
-from utils.data.audio import AudioConfig, MelSpectrogram, check_wav_not_truncated
-from utils.data.corpus import BadClip, DataError, Utterance, load_splits
+from utils.data.audio import AudioConfig, MelSpectrogram
+from utils.data.corpora import load_splits
+from utils.data.corpus import BadClip, DataError, Utterance
+from utils.data.sources import opened, parse
 from utils.run import check_output_dir
 
 SILENCE_PEAK = 1e-4
@@ -29,48 +31,44 @@ _CACHE_VERSION = 3  # in every cache entry's key: an older check's entries are r
 _FIRST_BLOCK, _BLOCK = 2048, 65536  # frames read at a time: a small first block (nearly every clip's sound), then 3 s
 
 
-def _loudest_until_sound(path: Path) -> float:
-    """The peak of ``path``'s samples (full scale 1), read block by block: an integer wav until a sample is above
-    :data:`SILENCE_PEAK`, a float wav to its end. DataError naming the first NaN or infinite sample."""
+def _loudest_until_sound(clip: sf.SoundFile, frames: int) -> float:
+    """The peak of the open ``clip``'s next ``frames`` samples (full scale 1), read block by block: an integer file's
+    until a sample is above :data:`SILENCE_PEAK`, a float file's to the end. DataError naming the first NaN or
+    infinite sample."""
     peak, size, start = 0.0, _FIRST_BLOCK, 0
-    with sf.SoundFile(str(path)) as clip:
-        whole = clip.subtype in ("FLOAT", "DOUBLE")
-        while whole or peak <= SILENCE_PEAK:
-            block = clip.read(size, dtype="float32", always_2d=True)
-            if block.size == 0:
-                break
-            finite = np.isfinite(block).all(axis=1)
-            if not finite.all():
-                raise DataError(f"holds NaN or infinite samples (the first at sample {start + int(np.argmin(finite))})")
-            peak = max(peak, float(np.abs(block).max()))
-            start += block.shape[0]
-            size = _BLOCK
+    whole = clip.subtype in ("FLOAT", "DOUBLE")
+    while (whole or peak <= SILENCE_PEAK) and start < frames:
+        block = clip.read(min(size, frames - start), dtype="float32", always_2d=True)
+        if block.size == 0:
+            break
+        finite = np.isfinite(block).all(axis=1)
+        if not finite.all():
+            raise DataError(f"holds NaN or infinite samples (the first at sample {start + int(np.argmin(finite))})")
+        peak = max(peak, float(np.abs(block).max()))
+        start += block.shape[0]
+        size = _BLOCK
     return peak
 
 
-def _inspect(path: Path) -> dict:
+def _inspect(source: str) -> dict:
     """What :func:`check_corpus` caches per clip: ``{"frames", "rate", "silent_peak"}`` (the peak of a silent clip,
     else ``None``) or ``{"error": reason}``."""
-    if path.is_dir():
-        return {"error": "is a folder, not a wav file"}
-    if not path.exists():
-        return {"error": "wav not found"}
+    path = parse(source)[0]
     what = "header"
     try:
-        check_wav_not_truncated(path)
-        info = sf.info(str(path))
-        what = "samples"
-        peak = _loudest_until_sound(path)
+        with opened(source) as (clip, frames):
+            rate, what = clip.samplerate, "samples"
+            peak = _loudest_until_sound(clip, frames)
     except DataError as err:  # "truncated wav file: PATH (data chunk declares ...)": the path is named apart
         return {"error": str(err).replace(f": {path}", "")}
     except (sf.LibsndfileError, RuntimeError, OSError) as err:
         return {"error": f"unreadable {what} ({str(err).splitlines()[0] if str(err) else type(err).__name__})"}
-    return {"frames": info.frames, "rate": info.samplerate, "silent_peak": None if peak > SILENCE_PEAK else peak}
+    return {"frames": frames, "rate": rate, "silent_peak": None if peak > SILENCE_PEAK else peak}
 
 
-def _stat_key(path: Path) -> Optional[str]:
+def _stat_key(source: str) -> Optional[str]:
     try:
-        stat = path.stat()
+        stat = parse(source)[0].stat()
     except OSError:
         return None
     return f"v{_CACHE_VERSION}:{stat.st_size}:{stat.st_mtime_ns}"
@@ -92,25 +90,24 @@ def check_corpus(utterances: Sequence[Utterance], audio_cfg: AudioConfig,
     model's ``text -> reason or None``; ``cache_file``: what was read of each clip, by path, size and mtime."""
     sampling_rate, min_samples = audio_cfg.sampling_rate, MelSpectrogram(audio_cfg).min_samples
     cache = _read_cache(cache_file)
-    keys = {utt.id: _stat_key(utt.wav_path) for utt in utterances}
-    todo = [utt for utt in utterances if keys[utt.id] is None or cache.get(str(utt.wav_path), {}).get("key")
-            != keys[utt.id]]
+    keys = {utt.id: _stat_key(utt.audio) for utt in utterances}
+    todo = [utt for utt in utterances if keys[utt.id] is None or cache.get(utt.audio, {}).get("key") != keys[utt.id]]
     with ThreadPoolExecutor(max_workers=workers or min(32, 4 * (os.cpu_count() or 1))) as pool:
-        headers = pool.map(_inspect, [utt.wav_path for utt in todo])
+        headers = pool.map(_inspect, [utt.audio for utt in todo])
         for utt, header in tqdm(zip(todo, headers), total=len(todo), desc="checking clips", unit="clip",
                                 disable=not progress or len(todo) < 1000):
-            cache[str(utt.wav_path)] = {"key": keys[utt.id], **header}
+            cache[utt.audio] = {"key": keys[utt.id], **header}
     if cache_file is not None and todo:
         _write_cache(cache_file, cache)
     bad = []
     for utt in utterances:
-        reason = _clip_problem(cache[str(utt.wav_path)], sampling_rate, min_samples)
+        reason = _clip_problem(cache[utt.audio], sampling_rate, min_samples)
         if reason is None and not any(ch.isalnum() for ch in utt.text):
             reason = f"transcript {utt.text!r} has no letter or digit"
         if reason is None and text_check is not None:
             reason = text_check(utt.text)
         if reason is not None:
-            bad.append(BadClip(utt.id, str(utt.wav_path), reason))
+            bad.append(BadClip(utt.id, utt.audio, reason))
     return bad
 
 
@@ -153,10 +150,14 @@ def describe(bad: Sequence[BadClip], shown: int = 20) -> str:
 def prepare_run(cfg: Config, spec: ModelSpec, output_dir: Path) -> list[str]:
     """Rank 0's checks before training: a ConfigError for an output folder that is not writable, a DataError naming
     bad corpus lines and clips, or with ``data.on_bad_clip=skip`` their ids for ``data.exclude``, listed in
-    ``OUTPUT/skipped_clips.txt`` and named in a warning."""
+    ``OUTPUT/skipped_clips.txt`` and named in a warning. The reader's notes (the layout ``auto`` found, what it did
+    not read) are said first, a line each."""
     listed: list = []  # the corpus lines load_splits refused
+    notes: list[str] = []
     check_output_dir(output_dir)
-    train_utts, val_utts = load_splits(cfg.data, bad=listed)
+    train_utts, val_utts = load_splits(cfg.data, bad=listed, notes=notes)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
     text_check = (lambda text: spec.training.check_text(text, cfg)) if spec.training.check_text is not None else None
     bad = listed + check_corpus([*train_utts, *val_utts], cfg.audio, text_check,
                                 cache_file=default_cache_file(cfg.data.dataset_path), progress=True)

@@ -12,7 +12,8 @@ import torch
 from torch.utils.data import Dataset
 
 from utils.data.audio import AudioConfig, MelSpectrogram, load_wav
-from utils.data.corpus import DataError, Utterance
+from utils.data.corpus import Corpus, DataError
+from utils.data.sources import read_audio
 
 
 TORCH_LOAD_ERRORS = (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, KeyError, IndexError,
@@ -41,20 +42,19 @@ class AudioMelDataset(Dataset):
 
     Item ``i`` is ``{"mel": (n_mels, MelSpectrogram.num_frames(segment_length)) float32, "audio": (segment_length,)
     float32, "id": str}`` (batch with :func:`collate_audio_mel`): ``crop.segment_length`` samples of utterance ``i``'s
-    wav, where :class:`Crop` puts them, zero-padded; ``with_mel=False``: no ``"mel"`` (computed on the device).
+    audio (:func:`~utils.data.sources.read_audio`), where :class:`Crop` puts them, zero-padded; ``with_mel=False``: no ``"mel"`` (computed on the device).
     ``peak``: each clip scaled to that peak first, in float64 then cast to float32 (jik876's ``MelDataset``:
     ``librosa.util.normalize(audio) * 0.95`` on the float64 clip, ``torch.FloatTensor`` of it; 0: as read).
 
     Raises:
-        DataError: no utterances; in ``__getitem__``, a wav file unreadable (naming it).
+        DataError: no utterances; in ``__getitem__``, an audio file unreadable (naming it).
         ValueError: ``segment_length`` too short for a mel frame.
     """
 
-    def __init__(self, utterances: Sequence[Utterance], audio_cfg: AudioConfig, crop: Crop, with_mel: bool = True,
-                 peak: float = 0.0):
-        if len(utterances) == 0:
+    def __init__(self, corpus: Corpus, audio_cfg: AudioConfig, crop: Crop, with_mel: bool = True, peak: float = 0.0):
+        if len(corpus) == 0:
             raise DataError("AudioMelDataset: no utterances given")
-        self.utterances, self.audio_cfg, self.crop = list(utterances), audio_cfg, crop
+        self.corpus, self.audio_cfg, self.crop = corpus, audio_cfg, crop
         self.with_mel, self.peak = with_mel, peak
         # Shared memory: persistent workers hold the dataset as it was at their start, out of a plain attribute's reach
         self._epoch = multiprocessing.Value("q", 0, lock=False)
@@ -66,7 +66,7 @@ class AudioMelDataset(Dataset):
                              "framing)")
 
     def __len__(self) -> int:
-        return len(self.utterances)
+        return len(self.corpus)
 
     @property
     def epoch(self) -> int:
@@ -77,8 +77,8 @@ class AudioMelDataset(Dataset):
         self._epoch.value = epoch
 
     def __getitem__(self, index: int) -> dict:
-        utt = self.utterances[index]
-        audio = load_wav(utt.wav_path, self.audio_cfg.sampling_rate)
+        utt = self.corpus[index]
+        audio = read_audio(utt.audio, self.audio_cfg.sampling_rate)
         if self.peak:  # jik876's order and precision: librosa's normalize of the float64 clip, times the peak
             audio64 = audio.double()
             audio = (audio64 / audio64.abs().max().clamp_min(torch.finfo(torch.float64).tiny) * self.peak).float()

@@ -8,15 +8,17 @@ import json
 import typing
 import warnings
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
 from model import ModelSpec
 from utils.config import Config, ConfigError, Section
-from utils.data.audio import AudioConfig, dynamic_range_compression, load_wav
-from utils.data.corpus import DataError, PathLike, Utterance, load_splits
+from utils.data.audio import AudioConfig, dynamic_range_compression
+from utils.data.corpora import load_splits
+from utils.data.corpus import Corpus, DataError, PathLike
 from utils.data.datasets import TORCH_LOAD_ERRORS, AudioMelDataset, Crop
+from utils.data.sources import read_audio
 from utils.framing import Framing, recorded_audio
 
 
@@ -95,7 +97,7 @@ def check_config(spec: ModelSpec, cfg: Config) -> None:
                           f"data.mel_dir audio and mel are cropped together on frame boundaries; use {nearest}")
 
 
-def check_mel_dir(mel_dir: Path, audio_cfg: AudioConfig, utterances: Sequence[Utterance]) -> list[Utterance]:
+def check_mel_dir(mel_dir: Path, audio_cfg: AudioConfig, utterances: Corpus) -> Corpus:
     """The ``utterances`` a mel folder serves, checked before any audio is read: it must exist, its recorded audio
     settings (:data:`MEL_SETTINGS_FILE`) be ``audio_cfg``'s, and every utterance have ``<id>.pt`` but those its dump
     left out (:data:`LEFT_OUT_FILE`), which are left out here too, said in one warning line.
@@ -116,14 +118,14 @@ def check_mel_dir(mel_dir: Path, audio_cfg: AudioConfig, utterances: Sequence[Ut
             raise DataError(f"the mels in {mel_dir} were made with other audio settings ({'; '.join(differing)}): "
                             "set the audio section to theirs, or dump them again with this one")
     left_out = _read_record(mel_dir / LEFT_OUT_FILE) or {}
-    missing = [utt.id for utt in utterances if not (mel_dir / f"{utt.id}.pt").is_file()]
+    missing = [utt_id for utt_id in utterances.ids.tolist() if not (mel_dir / f"{utt_id}.pt").is_file()]
     unexplained = [utt_id for utt_id in missing if utt_id not in left_out.get("frames", {})]
     if unexplained:
         more = f" (and {len(unexplained) - 1} more of {len(utterances)} utterances)" if len(unexplained) > 1 else ""
         raise DataError(f"no mel for utterance '{unexplained[0]}': {mel_dir / (unexplained[0] + '.pt')} not found"
                         f"{more}; dump it into data.mel_dir, or leave the utterance out with data.exclude")
     gone = set(missing)
-    kept = [utt for utt in utterances if utt.id not in gone]
+    kept = utterances.take([i for i, utt_id in enumerate(utterances.ids.tolist()) if utt_id not in gone])
     if missing:
         why = (f"{len(missing)} of {len(utterances)} utterances have no mel in {mel_dir}: its dump left them out, "
                f"longer than the text-to-mel model's max_mel_frames={left_out.get('max_mel_frames')} mel frames ({LEFT_OUT_FILE})")
@@ -174,19 +176,19 @@ class MelDirDataset(AudioMelDataset):
         ValueError: ``segment_length`` too short for a mel frame, or not a multiple of ``hop_length``.
     """
 
-    def __init__(self, utterances: Sequence[Utterance], audio_cfg: AudioConfig, crop: Crop, mel_dir: PathLike):
-        super().__init__(utterances, audio_cfg, crop)
+    def __init__(self, corpus: Corpus, audio_cfg: AudioConfig, crop: Crop, mel_dir: PathLike):
+        super().__init__(corpus, audio_cfg, crop)
         self.mel_dir, segment_length, hop = Path(mel_dir), crop.segment_length, audio_cfg.hop_length
         if segment_length % hop:
             lower, upper = segment_length // hop * hop, (segment_length // hop + 1) * hop
             raise ValueError(f"segment_length={segment_length} is not a multiple of audio.hop_length={hop}: with "
                              f"data.mel_dir audio and mel are cropped together on frame boundaries; use "
                              f"{f'{lower} or ' if lower else ''}{upper}")
-        self.utterances = check_mel_dir(self.mel_dir, audio_cfg, self.utterances)
+        self.corpus = check_mel_dir(self.mel_dir, audio_cfg, self.corpus)
 
     def __getitem__(self, index: int) -> dict:
-        utt = self.utterances[index]
-        audio = load_wav(utt.wav_path, self.audio_cfg.sampling_rate)
+        utt = self.corpus[index]
+        audio = read_audio(utt.audio, self.audio_cfg.sampling_rate)
         hop, path = self.audio_cfg.hop_length, self.mel_dir / f"{utt.id}.pt"
         mel = load_mel_file(path, utt.id, self.audio_cfg.n_mels)
         expected = self.mel.num_frames(audio.shape[0])

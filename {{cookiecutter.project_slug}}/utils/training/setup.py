@@ -26,6 +26,7 @@ from utils.checkpoint.resume import Formats, agreed_resume_path
 from utils.checkpoint.state import RngStates
 from utils.checkpoint.weights import load_into, read_weights
 from utils.config import Config, ConfigError
+from utils.data.audio import decoding
 from utils.data.check import prepare_run
 from utils.data.corpus import DataError
 from utils.data.loader import batch_stream, make_loader, on_device_hook
@@ -142,7 +143,8 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     if dist.is_main:
         announce(spec, cfg, dist, log, data, len(val_loader.dataset))
     info = dict(data_seed=cfg.train.seed, model_name=spec.name, config=cfg.to_dict(), train_utterances=train_utterances,
-                grad_accumulation=accumulation, **({WEIGHTS_SETTINGS: weights_settings} if weights_settings else {}))
+                grad_accumulation=accumulation, audio_decoding=decoding(),
+                **({WEIGHTS_SETTINGS: weights_settings} if weights_settings else {}))
     if parts.writer is not None and dist.is_main:  # the info rank 0 writes: the run ids to continue on a resume
         info["tracker_runs"] = log.writer.run_ids()
     checkpointer.start(log, info)

@@ -1,0 +1,55 @@
+"""Filelists (NVIDIA's Tacotron2 and WaveGlow, VITS, Matcha-TTS): ``data.training_files`` and
+``data.validation_files``, UTF-8, one utterance a line, its audio's path relative to ``data.dataset_path`` (or
+absolute), and its speaker where the list names one::
+
+    wavs/LJ001-0001.wav|Printing, in the only sense with which we are at present concerned, ...
+    wav48/p225/p225_001.wav|p225|Please call Stella.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from utils.data.corpora.common import Found, Part, audio_issue, malformed, read_lines
+from utils.data.corpus import SINGLE_SPEAKER, DataConfig, DataError, Utterance
+
+TREE = "data.training_files and data.validation_files: path|text or path|speaker|text"
+
+
+def find(name: str, root: Path, key: str) -> Path:
+    """The list ``name`` (``data.<key>``): as given, else inside ``root``. DataError: neither is a file."""
+    for path in (Path(name), root / name):
+        if path.is_file():
+            return path
+    raise DataError(f"data.{key} not found: {Path(name)} (also looked for {root / name})")
+
+
+def scan(filelist: Path, root: Path) -> Part:
+    """The lines of ``filelist`` in file order (ids: the audio files' stems; speaker :data:`SINGLE_SPEAKER` where the
+    line names none): good ones as utterances, bad ones (not 2 or 3 fields, an empty one, no audio file) as issues.
+    DataError: the filelist is missing, empty or not UTF-8."""
+    rows, issues = [], []
+    for number, line in read_lines(filelist, "filelist"):
+        fields = [field.strip() for field in line.split("|")]
+        if len(fields) not in (2, 3) or not all(fields):
+            issues.append(malformed(filelist, number, f"expected 'path|text' or 'path|speaker|text', got {line!r}"))
+            continue
+        audio = root / fields[0]  # an absolute path stays itself
+        issue = audio_issue(audio.stem, audio, filelist, number)
+        if issue is not None:
+            issues.append(issue)
+            continue
+        speaker = fields[1] if len(fields) == 3 else SINGLE_SPEAKER
+        rows.append(Utterance(audio.stem, str(audio), fields[-1], speaker))
+    return Part(rows, issues, str(filelist))
+
+
+def read(root: Path, data: DataConfig) -> Found:
+    """Both filelists of the ``data`` section (:func:`find`, :func:`scan`). DataError: ``training_files`` without
+    ``validation_files`` (or none), a list missing, empty or not UTF-8."""
+    if not data.training_files or not data.validation_files:
+        raise DataError("data.format=filelist needs data.training_files and data.validation_files: give both "
+                        "filelists" if not data.training_files else
+                        "data.training_files is set but data.validation_files is empty: give both filelists")
+    return Found(scan(find(data.training_files, root, "training_files"), root),
+                 scan(find(data.validation_files, root, "validation_files"), root), [])

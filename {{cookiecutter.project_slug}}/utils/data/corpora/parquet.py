@@ -1,0 +1,134 @@
+"""Hugging Face datasets saved as local parquet files (LibriTTS-R on the Hub: ``mythicinfinity/libritts_r``), read
+with the ``datasets`` library: an ``Audio`` column (encoded bytes, decoded here with soundfile, never by
+``datasets``), a transcript and a speaker column::
+
+    libritts_r/data/train.clean.100-00000-of-00018.parquet    columns: audio, text_normalized, speaker_id, id, ...
+    libritts_r/data/dev.clean-00000-of-00001.parquet           (validates; test.*: not read)
+
+Every ``*.parquet`` below ``--dataset-path`` is read, split by its path's words (``dev``/``val``: validation,
+``test``: not read). ``datasets`` keeps a memory-mapped Arrow copy of each file in its cache
+(``HF_DATASETS_CACHE``), which the loader workers read rows from; nothing is fetched.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from utils.data.corpora.common import Found, LineIssue, Part, apart, repeated_id, text_issue
+from utils.data.corpus import SINGLE_SPEAKER, BadClip, DataConfig, DataError, Utterance
+
+TREE = "*.parquet of a Hugging Face dataset: audio (Audio), text_normalized, speaker_id"
+TEXT = ("text_normalized", "normalized_text", "text")  # the first column present is the transcript
+SPEAKER, LANGUAGE, ID = ("speaker_id", "speaker"), ("language", "lang"), ("id",)
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(root.rglob("*.parquet"))
+
+
+def matches(root: Path) -> bool:
+    """Whether ``root`` holds a ``*.parquet`` file (at any depth)."""
+    return next(root.rglob("*.parquet"), None) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def columns(path: Path) -> tuple[str, Optional[str], list[str]]:
+    """``(audio column, transcript column or None, every column)`` of a parquet file, from its schema alone: the
+    audio column is the one its Hugging Face features call ``Audio``, else one named ``audio``. DataError: not a
+    parquet file, or no audio column."""
+    import pyarrow  # only this layout's (0.5 s): imported where it is used
+    import pyarrow.parquet as pq
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, pyarrow.ArrowException) as err:
+        raise DataError(f"cannot read the parquet file {path}: {err}") from None
+    try:
+        features = json.loads((schema.metadata or {}).get(b"huggingface", b"{}")).get("info", {}).get("features", {})
+    except (json.JSONDecodeError, AttributeError):
+        features = {}
+    names = list(schema.names)
+    audio = next((name for name, feature in features.items() if isinstance(feature, dict)
+                  and feature.get("_type") == "Audio"), "audio" if "audio" in names else None)
+    if audio is None:
+        raise DataError(f"{path} has no audio column (a Hugging Face Audio feature, or a column named 'audio'); its "
+                        f"columns: {', '.join(names)}")
+    return audio, next((name for name in TEXT if name in names), None), names
+
+
+@functools.lru_cache(maxsize=64)
+def dataset(path: Path) -> Any:
+    """The ``datasets.Dataset`` of one parquet file (its memory-mapped Arrow copy, made once in the cache), once per
+    process; forked loader workers inherit it."""
+    import datasets  # heavy (4 s): imported where it is used
+
+    datasets.disable_progress_bars()
+    return datasets.Dataset.from_parquet(str(path))
+
+
+def audio_bytes(path: Path, row: int) -> bytes:
+    """The encoded audio of row ``row`` of the parquet file ``path`` (as :func:`columns` finds its column).
+    DataError: the row holds no audio bytes."""
+    column, _, _ = columns(path)
+    value = dataset(path).data.column(column)[row].as_py()
+    if not isinstance(value, dict) or not value.get("bytes"):
+        raise DataError(f"{path}#row={row}: no audio bytes in column '{column}' (a path alone is not read)")
+    return value["bytes"]
+
+
+def _column(table: Any, names: tuple[str, ...], default: Any) -> list:
+    name = next((name for name in names if name in table.column_names), None)
+    return table.column(name).to_pylist() if name is not None else [default] * table.num_rows
+
+
+def _scan(path: Path, first: dict[str, str]) -> tuple[list[Utterance], list[LineIssue]]:
+    audio, text, _ = columns(path)
+    if text is None:
+        raise DataError(f"{path} has no transcript column (one of {', '.join(TEXT)})")
+    table = dataset(path).data
+    ids = [f"{path.stem}-{row}" if value is None else str(value) for row, value in enumerate(_column(table, ID, None))]
+    rows, issues = [], []
+    has_audio = table.column(audio).is_valid().to_pylist()
+    for row, (utt_id, said, speaker, language, duration, good) in enumerate(zip(
+            ids, _column(table, (text,), ""), _column(table, SPEAKER, SINGLE_SPEAKER),
+            _column(table, LANGUAGE, ""), _column(table, ("duration",), None), has_audio)):
+        source = f"{path}#row={row}"
+        if utt_id in first:
+            issues.append(repeated_id(utt_id, source, path, row, first[utt_id]))
+        elif not (said or "").strip():
+            issues.append(text_issue(utt_id, source, path, row))
+        elif not good:
+            issues.append(LineIssue(BadClip(utt_id, source, f"no audio (row {row})"),
+                                    f"{path}: row {row} (utterance '{utt_id}') has no audio"))
+        else:
+            rows.append(Utterance(utt_id, source, said.strip(), str(speaker), str(language or ""),
+                                  math.nan if duration is None else float(duration)))
+        first.setdefault(utt_id, f"{path.name} row {row}")
+    return rows, issues
+
+
+def _part(files: list[Path], root: Path, first: dict[str, str]) -> Part:
+    rows, issues = [], []
+    for path in files:
+        found = _scan(path, first)
+        rows += found[0]
+        issues += found[1]
+    return Part(rows, issues, str(files[0] if len(files) == 1 else root))
+
+
+def read(root: Path, data: DataConfig) -> Found:
+    """Every row of the parquet files (each file's columns checked first, before any is read): its id (the ``id``
+    column, else ``<file stem>-<row>``), audio ``FILE#row=N``, transcript, speaker (``speaker_id`` or ``speaker``,
+    else :data:`SINGLE_SPEAKER`), language and ``duration`` where the columns are there. DataError: no parquet file,
+    one unreadable, without an audio or a transcript column."""
+    files = _files(root)
+    for path in files:
+        columns(path)
+    train, val, notes = apart(files, root)
+    if not train:
+        raise DataError(f"{root}: no parquet file to train on")
+    first: dict[str, str] = {}
+    return Found(_part(train, root, first), _part(val, root, first) if val else None, notes)
