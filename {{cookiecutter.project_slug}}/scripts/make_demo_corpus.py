@@ -1,28 +1,36 @@
-"""Build a small LJSpeech-layout corpus offline with a local text-to-speech engine (flite or espeak-ng).
+"""Build a small speech corpus offline with local text-to-speech engines (flite, espeak-ng), laid out as a real one.
 
     python -m scripts.make_demo_corpus --output data/demo --num-utterances 60
+    python -m scripts.make_demo_corpus --output data/vctk --layout vctk --speakers 4 --num-utterances 16
 
-Writes ``DIR/metadata.csv`` (``id|text|text``) and ``DIR/wavs/LJ_DEMO_*.wav`` (16-bit mono PCM at ``--sampling-rate``
-Hz) to smoke-test without LJSpeech; a sentence spoken again gets another voice or rate, ``--seed`` jitters it (+-5%).
+``--layout`` writes the tree of LJSpeech-1.1 (the default: ``metadata.csv`` ``id|text|text``, ``wavs/LJ_DEMO_*.wav``),
+VITS-style filelists, VCTK 0.92, LibriTTS, HiFi-TTS's NeMo manifests, a Hugging Face parquet (LibriTTS-R's columns) or
+a lhotse CutSet, at that corpus's sampling rate (:data:`LAYOUTS`; the manual's "Corpora" shows each tree). Utterance
+``i`` speaks sentence ``i % 40``, each pass over the sentences slower or faster, ``--seed`` jittering the rate (+-5%).
+``--speakers N`` gives it to speaker ``i % N``, speaker ``k`` always in the ``k``-th installed voice of
+:data:`SPEAKER_VOICES`; one speaker (the default) reads each pass in the next voice, as this tool always did.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
+import json
 import random
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 if not __package__:  # run by its path, not as python -m scripts.NAME: the project's modules would not import
     sys.exit(f"ERROR: run this tool from the project folder as: python -m scripts.{Path(__file__).stem} ...")
 
 import librosa
 import numpy as np
+import soundfile as sf
 import torch
 from tqdm import tqdm
 
@@ -81,6 +89,49 @@ class Voice:
     speed: float = 1.0
 
 
+class SpeakerVoice(NamedTuple):
+    """A voice one speaker of ``--speakers`` keeps, and what VCTK's ``speaker-info.txt`` and LibriTTS's
+    ``speakers.tsv`` say of it: ``gender`` (F or M) and ``accent``."""
+
+    voice: Voice
+    gender: str
+    accent: str
+
+
+SPEAKER_VOICES = tuple(SpeakerVoice(Voice(engine, name), gender, accent) for engine, name, gender, accent in (
+    ("flite", "slt", "F", "American"), ("flite", "rms", "M", "American"), ("flite", "awb", "M", "Scottish"),
+    ("flite", "kal16", "M", "American"), ("espeak-ng", "en-us", "M", "American"),
+    ("espeak-ng", "en-gb-x-rp+f4", "F", "English"), ("espeak-ng", "en-029+m7", "M", "Caribbean"),
+    ("espeak-ng", "en-us+f5", "F", "American"), ("espeak-ng", "en-us+edward", "M", "American"),
+    ("espeak-ng", "en-us+f1", "F", "American"), ("espeak-ng", "en-029+f3", "F", "Caribbean"),
+    ("espeak-ng", "en-029", "M", "Caribbean")))
+"""Speaker ``k``'s voice: the ``k``-th of these whose engine (and flite voice) is installed, so at most 4 speakers with
+flite alone, 8 with espeak-ng alone, 12 with both."""
+
+READERS = (("19", "198"), ("26", "495"), ("27", "123349"), ("32", "21625"), ("39", "121914"), ("40", "121026"),
+           ("60", "121082"), ("78", "368"), ("83", "3054"), ("87", "121553"), ("89", "218"), ("103", "1240"))
+"""LibriVox ``(reader, chapter)`` ids as LibriTTS (and HiFi-TTS) name speakers: speaker ``k`` of the layouts not VCTK's
+(which names speaker ``k`` ``p{225 + k}``)."""
+
+
+class Speaker(NamedTuple):
+    """One speaker of the corpus: its ``name`` in the layout (``p225``, ``19``), LibriTTS's ``chapter``, its voice."""
+
+    name: str
+    chapter: str
+    voice: SpeakerVoice
+
+
+class Line(NamedTuple):
+    """One utterance as the layout names it: ``id``, ``speaker``, ``text``, and ``audio``, its file's path relative to
+    the corpus folder (the parquet's: to a scratch folder, the table holding its bytes)."""
+
+    id: str
+    speaker: Speaker
+    text: str
+    audio: str
+
+
 def find_engine() -> str:
     """flite if installed, else espeak-ng. Raises :class:`DemoCorpusError` when neither is."""
     for name in ENGINES:
@@ -96,6 +147,20 @@ def _flite_voices() -> list[Optional[str]]:
     return [voice for voice in FLITE_VOICES if voice in available] or [None]
 
 
+def speaker_voices(count: int) -> list[SpeakerVoice]:
+    """The first ``count`` of :data:`SPEAKER_VOICES` installed here, in its order. Raises :class:`DemoCorpusError`
+    (naming what is installed) when fewer are."""
+    flite = set(_flite_voices()) if shutil.which("flite") else set()
+    found = [voice for voice in SPEAKER_VOICES if voice.voice.name in flite
+             or (voice.voice.engine == "espeak-ng" and shutil.which("espeak-ng"))]
+    found = found or [SpeakerVoice(Voice(find_engine(), None), "M", "American")]  # flite without those: its default
+    if len(found) < count:
+        names = ", ".join(f"{voice.voice.engine} {voice.voice.name}" for voice in found) or "none"
+        raise DemoCorpusError(f"--speakers {count}: only {len(found)} distinct voice(s) are installed here ({names}); "
+                              f"flite and espeak-ng together give {len(SPEAKER_VOICES)}")
+    return found[:count]
+
+
 def _synth_command(voice: Voice, text_file: Path, wav_file: Path) -> list[str]:
     """The command that speaks ``text_file`` into ``wav_file`` (a file: a sentence starting with '-' is no option)."""
     if voice.engine == "flite":
@@ -103,19 +168,6 @@ def _synth_command(voice: Voice, text_file: Path, wav_file: Path) -> list[str]:
                 f"duration_stretch={1.0 / voice.speed:.3f}", "-f", str(text_file), "-o", str(wav_file)]
     return ["espeak-ng", "-v", voice.name or "en-us", "-s", str(round(ESPEAK_DEFAULT_WPM * voice.speed)),
             "-w", str(wav_file), "-f", str(text_file)]
-
-
-def _prepare_output(output: Path, overwrite: bool) -> None:
-    """Create ``output/wavs``; refuse a folder that already holds a corpus unless ``overwrite``."""
-    if output.exists() and not output.is_dir():
-        raise DemoCorpusError(f"--output {output} exists and is not a folder")
-    if (output / "metadata.csv").exists():
-        if not overwrite:
-            raise DemoCorpusError(f"{output} already holds a metadata.csv; pass --overwrite to replace the corpus")
-        (output / "metadata.csv").unlink()  # first: a failed rebuild never leaves metadata naming deleted wavs
-        for old in (output / "wavs").glob("LJ_DEMO_*.wav"):
-            old.unlink()
-    (output / "wavs").mkdir(parents=True, exist_ok=True)
 
 
 def _speak(voice: Voice, text: str, utt_id: str, scratch: Path, sampling_rate: int) -> torch.Tensor:
@@ -135,36 +187,251 @@ def _speak(voice: Voice, text: str, utt_id: str, scratch: Path, sampling_rate: i
     return audio
 
 
+def _write_audio(path: Path, audio: np.ndarray, sampling_rate: int) -> None:
+    """``audio`` ``(T,)`` as mono 16-bit PCM at ``sampling_rate`` Hz: FLAC for a ``.flac`` path, else wav."""
+    if path.suffix == ".flac":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sf.write(str(path), np.clip(audio, -1.0, 1.0), sampling_rate, format="FLAC", subtype="PCM_16")
+    else:
+        save_wav(path, audio, sampling_rate)
+
+
+def _write_text(path: Path, text: str) -> None:
+    """``text`` as the UTF-8 file ``path``, creating its folders."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def _validating(count: int) -> int:
+    """How many of the last of ``count`` utterances validate where a layout has two lists: ``max(1, count // 10)``."""
+    return max(1, count // 10)
+
+
+# --- the layouts: each names its utterances and writes its index (what marks the corpus: written last) ---------------
+
+def _index_ljspeech(output: Path, lines: list[Line], _: Path) -> None:
+    """LJSpeech-1.1: ``metadata.csv``, ``id|text|normalized text`` (the same text twice)."""
+    _write_text(output / "metadata.csv", "".join(f"{line.id}|{line.text}|{line.text}\n" for line in lines))
+
+
+def _index_filelist(output: Path, lines: list[Line], _: Path) -> None:
+    """VITS-style filelists ``filelists/train.txt`` and ``val.txt``: ``path|speaker|text``, paths relative to the
+    corpus folder."""
+    cut = len(lines) - _validating(len(lines))
+    for name, part in (("train.txt", lines[:cut]), ("val.txt", lines[cut:])):
+        _write_text(output / "filelists" / name, "".join(f"{ln.audio}|{ln.speaker.name}|{ln.text}\n" for ln in part))
+
+
+def _index_vctk(output: Path, lines: list[Line], _: Path) -> None:
+    """VCTK 0.92: ``txt/<spk>/<id>.txt``, a second microphone (``_mic2.flac``: mic1 at half the amplitude, so a test
+    can tell which was read) and ``speaker-info.txt``."""
+    for line in lines:
+        _write_text(output / "txt" / line.speaker.name / f"{line.id}.txt", line.text + "\n")
+        mic1 = output / line.audio
+        audio, rate = sf.read(str(mic1), dtype="float32")
+        _write_audio(mic1.with_name(f"{line.id}_mic2.flac"), 0.5 * audio, rate)
+    speakers = dict.fromkeys(line.speaker for line in lines)
+    _write_text(output / "speaker-info.txt", "ID  AGE  GENDER  ACCENTS  REGION COMMENTS \n" + "".join(
+        f"{s.name}  23  {s.voice.gender}    {s.voice.accent}  Demo  ({s.voice.voice.engine} {s.voice.voice.name})\n"
+        for s in speakers))
+
+
+def _index_libritts(output: Path, lines: list[Line], _: Path) -> None:
+    """LibriTTS: ``<id>.normalized.txt`` and ``.original.txt`` beside each wav, ``<spk>_<chapter>.trans.tsv`` in each
+    chapter's folder, ``speakers.tsv`` at the top."""
+    chapters: dict[Path, list[str]] = {}
+    for line in lines:
+        wav = output / line.audio
+        for kind in ("normalized", "original"):
+            _write_text(wav.with_name(f"{line.id}.{kind}.txt"), line.text)
+        chapters.setdefault(wav.parent, []).append(f"{line.id}\t{line.text}\t{line.text}\n")
+    for folder, rows in chapters.items():
+        _write_text(folder / f"{folder.parent.name}_{folder.name}.trans.tsv", "".join(rows))
+    speakers = dict.fromkeys(line.speaker for line in lines)
+    _write_text(output / "speakers.tsv", "READER\tGENDER\tSUBSET\tNAME\n" + "".join(
+        f"{s.name}\t{s.voice.gender}\ttrain-clean-100\t{s.voice.voice.engine} {s.voice.voice.name}\n"
+        for s in speakers))
+
+
+def _index_nemo(output: Path, lines: list[Line], _: Path) -> None:
+    """HiFi-TTS's NeMo manifests, a speaker's split each (``<spk>_manifest_clean_train.json``, ``..._dev.json``), one
+    JSON object a line: ``audio_filepath`` (relative to the corpus folder), ``duration`` (seconds), ``text`` and
+    ``text_normalized``, and the ``speaker`` NeMo's multi-speaker recipes add (the reader's id, an integer)."""
+    cut = len(lines) - _validating(len(lines))
+    manifests: dict[str, list[str]] = {}
+    for number, line in enumerate(lines):
+        name = f"{line.speaker.name}_manifest_clean_{'train' if number < cut else 'dev'}.json"
+        manifests.setdefault(name, []).append(json.dumps({
+            "audio_filepath": line.audio, "duration": sf.info(str(output / line.audio)).duration, "text": line.text,
+            "text_normalized": line.text, "speaker": int(line.speaker.name)}) + "\n")
+    for name, rows in manifests.items():
+        _write_text(output / name, "".join(rows))
+
+
+def _index_parquet(output: Path, lines: list[Line], scratch: Path) -> None:
+    """A Hugging Face ``datasets`` parquet as LibriTTS-R's on the Hub (``clean/train.clean.100/0000.parquet``): columns
+    ``audio`` (``Audio(sampling_rate=...)``, the wav's bytes and file name), ``text_normalized``, ``text_original``,
+    ``speaker_id``, ``path``, ``chapter_id``, ``id`` (strings)."""
+    from datasets import Audio, Dataset, Features, Value  # ~5 s to import: this layout alone needs it
+
+    rate = sf.info(str(scratch / lines[0].audio)).samplerate
+    columns = {"audio": [{"bytes": (scratch / line.audio).read_bytes(), "path": line.audio} for line in lines],
+               "text_normalized": [line.text for line in lines], "text_original": [line.text for line in lines],
+               "speaker_id": [line.speaker.name for line in lines], "path": [line.audio for line in lines],
+               "chapter_id": [line.speaker.chapter for line in lines], "id": [line.id for line in lines]}
+    features = Features({name: Value("string") for name in columns} | {
+        "audio": {"bytes": Value("binary"), "path": Value("string")}})
+    table = Dataset.from_dict(columns, features=features).cast_column("audio", Audio(sampling_rate=rate))
+    (output / "clean" / "train.clean.100").mkdir(parents=True, exist_ok=True)
+    table.to_parquet(str(output / "clean" / "train.clean.100" / "0000.parquet"))
+
+
+def _index_lhotse(output: Path, lines: list[Line], _: Path) -> None:
+    """A lhotse CutSet (``cuts.jsonl.gz``): a recording (its path relative to the corpus folder) and one supervision
+    (``text``, ``speaker``, ``language`` English) an utterance, written by lhotse itself."""
+    from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet  # ~5 s to import
+
+    recordings = [Recording.from_file(output / line.audio, recording_id=line.id, relative_path_depth=3)
+                  for line in lines]
+    supervisions = [SupervisionSegment(id=line.id, recording_id=line.id, start=0.0, duration=recording.duration,
+                                       channel=0, text=line.text, speaker=line.speaker.name, language="English")
+                    for line, recording in zip(lines, recordings)]
+    CutSet.from_manifests(recordings=RecordingSet.from_recordings(recordings),
+                          supervisions=SupervisionSet.from_segments(supervisions)).to_file(output / "cuts.jsonl.gz")
+
+
+class Layout(NamedTuple):
+    """How a corpus ships: its sampling ``rate`` (Hz); the ``id`` and ``audio`` path (relative to the corpus folder) of
+    an utterance, as formats of ``spk`` (the speaker's name), ``chapter``, ``i`` (the utterance's number in the corpus,
+    from 1), ``n`` (in the speaker's, from 1) and ``para`` (``n - 1``); its index writer ``(folder, lines, scratch)``;
+    the globs of its ``index`` (a corpus is there: refused without --overwrite; removed first) and ``data`` (removed
+    before writing); the package it ``needs``; what the closing line ``shows``."""
+
+    rate: int
+    id: str
+    audio: str
+    write_index: Callable[[Path, list[Line], Path], None]
+    index: tuple[str, ...]
+    data: tuple[str, ...] = ()
+    needs: str = ""
+    shows: str = ""
+
+
+LIBRITTS_ID = "{spk}_{chapter}_{para:06d}_000000"
+LAYOUTS = {
+    "ljspeech": Layout(22050, "LJ_DEMO_{i:04d}", "wavs/{id}.wav", _index_ljspeech, ("metadata.csv",),
+                       ("wavs/LJ_DEMO_*.wav",), shows="metadata.csv + wavs/"),
+    "filelist": Layout(22050, "{spk}_{n:04d}", "wavs/{spk}/{id}.wav", _index_filelist,
+                       ("filelists/train.txt", "filelists/val.txt"), ("wavs/*/*.wav",),
+                       shows="filelists/train.txt and val.txt, path|speaker|text, + wavs/"),
+    "vctk": Layout(48000, "{spk}_{n:03d}", "wav48_silence_trimmed/{spk}/{id}_mic1.flac", _index_vctk,
+                   ("speaker-info.txt",), ("txt/*/*.txt", "wav48_silence_trimmed/*/*.flac"),
+                   shows="speaker-info.txt + txt/ + wav48_silence_trimmed/"),
+    "libritts": Layout(24000, LIBRITTS_ID, "train-clean-100/{spk}/{chapter}/{id}.wav", _index_libritts,
+                       ("speakers.tsv",), ("train-clean-100/*/*/*",), shows="speakers.tsv + train-clean-100/"),
+    "nemo": Layout(44100, "{spk}_{n:04d}", "audio/{spk}_clean/{chapter}/{id}.flac", _index_nemo,
+                   ("*_manifest_clean_*.json",), ("audio/*/*/*.flac",),
+                   shows="<speaker>_manifest_clean_train.json and _dev.json + audio/"),
+    "parquet": Layout(24000, LIBRITTS_ID, "{id}.wav", _index_parquet, ("clean/train.clean.100/*.parquet",),
+                      needs="datasets", shows="clean/train.clean.100/0000.parquet"),
+    "lhotse": Layout(24000, LIBRITTS_ID, "recordings/{spk}/{id}.wav", _index_lhotse, ("cuts.jsonl.gz",),
+                     ("recordings/*/*.wav",), needs="lhotse", shows="cuts.jsonl.gz + recordings/"),
+}
+"""Each ``--layout``: its real corpus's sampling rate, names and files (the manual's "Corpora" shows each tree)."""
+
+
+def _remove(output: Path, patterns: Sequence[str]) -> None:
+    """Delete the files matching ``patterns`` under ``output``, then the folders that left empty."""
+    folders: set[Path] = set()
+    for pattern in patterns:
+        for path in sorted(output.glob(pattern)):
+            if path.is_file():
+                path.unlink()
+                folders.update(parent for parent in path.parents if output in parent.parents)
+    for folder in sorted(folders, key=lambda path: len(path.parts), reverse=True):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+
+
+def _prepare_output(output: Path, layout: Layout, overwrite: bool) -> None:
+    """Create ``output``; refuse a folder that already holds a corpus of ``layout`` unless ``overwrite``; remove its
+    index (first: a failed rebuild never leaves an index naming deleted files), then its files."""
+    if output.exists() and not output.is_dir():
+        raise DemoCorpusError(f"--output {output} exists and is not a folder")
+    held = [path for pattern in layout.index for path in sorted(output.glob(pattern))]
+    if held and not overwrite:
+        raise DemoCorpusError(f"{output} already holds a corpus ({held[0].relative_to(output)}); pass --overwrite to "
+                              "replace it")
+    _remove(output, layout.index)
+    _remove(output, layout.data)
+    output.mkdir(parents=True, exist_ok=True)
+
+
+def _check_arguments(args: argparse.Namespace, layout: Layout) -> None:
+    """Raise :class:`DemoCorpusError` for arguments that cannot make a corpus of ``layout``."""
+    count, speakers = args.num_utterances, args.speakers
+    if count < 1:
+        raise DemoCorpusError(f"--num-utterances must be at least 1, got {count}")
+    if args.sampling_rate is not None and args.sampling_rate <= 0:
+        raise DemoCorpusError(f"--sampling-rate must be positive, got {args.sampling_rate}")
+    if not 1 <= speakers <= count:
+        raise DemoCorpusError(f"--speakers must be between 1 and --num-utterances ({count}), got {speakers}")
+    if args.layout == "ljspeech" and speakers > 1:
+        raise DemoCorpusError(f"--layout ljspeech has one speaker (metadata.csv names none); --speakers {speakers} "
+                              "needs another layout: " + ", ".join(name for name in LAYOUTS if name != "ljspeech"))
+    if args.layout in ("filelist", "nemo") and count - _validating(count) < speakers:
+        raise DemoCorpusError(f"--layout {args.layout} validates on the last max(1, N // 10) utterances: "
+                              f"--num-utterances {count} leaves a speaker of {speakers} none to train on")
+    if layout.needs and importlib.util.find_spec(layout.needs) is None:
+        raise DemoCorpusError(f"--layout {args.layout} needs the {layout.needs} package: pip install -r "
+                              "requirements.txt")
+
+
+def plan_lines(args: argparse.Namespace, layout: Layout) -> list[Line]:
+    """The ``args.num_utterances`` lines of the corpus: utterance ``i`` speaks sentence ``i % len(DEMO_SENTENCES)``,
+    given to speaker ``i % args.speakers`` (named as ``layout`` names speakers). Raises :class:`DemoCorpusError` when
+    fewer voices than speakers are installed."""
+    voices = speaker_voices(args.speakers)
+    speakers = [Speaker(f"p{225 + k}", "", voice) if args.layout == "vctk" else Speaker(*READERS[k], voice)
+                for k, voice in enumerate(voices)]
+    lines = []
+    for i in range(args.num_utterances):
+        speaker, n = speakers[i % len(speakers)], i // len(speakers) + 1
+        names = {"spk": speaker.name, "chapter": speaker.chapter, "i": i + 1, "n": n, "para": n - 1}
+        utt_id, text = layout.id.format(**names), DEMO_SENTENCES[i % len(DEMO_SENTENCES)]
+        lines.append(Line(utt_id, speaker, text, layout.audio.format(id=utt_id, **names)))
+    return lines
+
+
 def make_corpus(args: argparse.Namespace) -> Path:
-    """Speak ``args.num_utterances`` of :data:`DEMO_SENTENCES` into an LJSpeech-layout corpus at ``args.output``
-    (``args.overwrite`` replaces one there), returned as a Path: utterance ``i`` speaks sentence
-    ``i % len(DEMO_SENTENCES)``, each pass over them in the next voice and speed (normal, slower, faster), jittered.
-    Raises DemoCorpusError for no engine, fewer than one utterance, a rate that is not positive, an existing corpus
-    without ``overwrite``, or the engine failing (naming the utterance)."""
-    output, sampling_rate, sentences = Path(args.output), args.sampling_rate, DEMO_SENTENCES
-    if args.num_utterances < 1:
-        raise DemoCorpusError(f"--num-utterances must be at least 1, got {args.num_utterances}")
-    if sampling_rate <= 0:
-        raise DemoCorpusError(f"--sampling-rate must be positive, got {sampling_rate}")
-    engine = find_engine()
+    """Speak ``args.num_utterances`` of :data:`DEMO_SENTENCES` into a corpus of ``args.layout`` (:data:`LAYOUTS`) at
+    ``args.output`` (``args.overwrite`` replaces one there), returned as a Path, at ``args.sampling_rate`` Hz (None: the
+    layout's): :func:`plan_lines` says who speaks what; one speaker reads each pass over the sentences in the next
+    voice and speed (normal, slower, faster), ``args.speakers`` > 1 each in their own voice; every rate jittered.
+    Raises DemoCorpusError, before any file is written, for no engine, fewer than one utterance or fewer than
+    ``args.speakers``, a rate that is not positive, more speakers than installed voices or than the layout holds, an
+    existing corpus without ``overwrite``; and for the engine failing (naming the utterance)."""
+    output, layout = Path(args.output), LAYOUTS[args.layout]
+    _check_arguments(args, layout)
+    sampling_rate, engine = args.sampling_rate or layout.rate, find_engine()
+    lines = plan_lines(args, layout)
     names = _flite_voices() if engine == "flite" else list(ESPEAK_VOICES)
     voices = [Voice(engine, name, speed) for speed in SPEEDS for name in names]  # each at speed 1, slower, faster
     rng = random.Random(args.seed)
-    _prepare_output(output, args.overwrite)
-    rows = []
+    _prepare_output(output, layout, args.overwrite)
     with tempfile.TemporaryDirectory() as tmp:
+        scratch, table = Path(tmp), Path(tmp) / "table"
         print("loading the resampler (librosa) ...", end=" ", flush=True)
         librosa.resample(np.zeros(1024, dtype=np.float32), orig_sr=16000, target_sr=sampling_rate)
         print("done", flush=True)
-        for i in tqdm(range(args.num_utterances), desc=f"speaking with {engine}", unit="utt"):
-            utt_id = f"LJ_DEMO_{i + 1:04d}"
-            text = sentences[i % len(sentences)]
-            voice = voices[(i // len(sentences)) % len(voices)]
+        for i, line in enumerate(tqdm(lines, desc=f"speaking with {engine}", unit="utt")):
+            passed = i // len(DEMO_SENTENCES)
+            voice = (voices[passed % len(voices)] if args.speakers == 1 else
+                     dataclasses.replace(line.speaker.voice.voice, speed=SPEEDS[passed % len(SPEEDS)]))
             voice = dataclasses.replace(voice, speed=voice.speed * rng.uniform(1.0 - RATE_JITTER, 1.0 + RATE_JITTER))
-            audio = _speak(voice, text, utt_id, Path(tmp), sampling_rate)
-            save_wav(output / "wavs" / f"{utt_id}.wav", audio, sampling_rate)
-            rows.append(f"{utt_id}|{text}|{text}\n")
-    (output / "metadata.csv").write_text("".join(rows), encoding="utf-8")
+            audio = _speak(voice, line.text, line.id, scratch, sampling_rate)
+            _write_audio((table if args.layout == "parquet" else output) / line.audio, audio.numpy(), sampling_rate)
+        layout.write_index(output, lines, table)
     return output
 
 
@@ -173,8 +440,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True, type=Path, help="corpus folder to create")
     parser.add_argument("--num-utterances", type=int, default=len(DEMO_SENTENCES),
-                        help="number of wavs (default: one per sentence, 40)")
-    parser.add_argument("--sampling-rate", type=int, default=22050, help="Hz of the written wavs")
+                        help="number of utterances, all speakers together (default: one per sentence, 40)")
+    parser.add_argument("--layout", choices=list(LAYOUTS), default="ljspeech",
+                        help="how the corpus ships (default: ljspeech)")
+    parser.add_argument("--speakers", type=int, default=1, help="number of speakers, each its own voice (default: 1)")
+    parser.add_argument("--sampling-rate", type=int, default=None,
+                        help="Hz of the written audio (default: the layout's corpus's: LJSpeech 22050, VCTK 48000, "
+                             "LibriTTS 24000, HiFi-TTS 44100)")
     parser.add_argument("--seed", type=int, default=1234, help="seed of the speaking-rate jitter")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing corpus in --output")
     args = parser.parse_args(argv)
@@ -183,7 +455,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except DemoCorpusError as err:
         print(f"ERROR: {err}", file=sys.stderr)
         return 1
-    print(f"wrote {args.num_utterances} utterances to {output} (metadata.csv + wavs/)")
+    voices = f" of {args.speakers} speakers" if args.speakers > 1 else ""
+    print(f"wrote {args.num_utterances} utterances{voices} to {output} ({LAYOUTS[args.layout].shows})")
     return 0
 
 

@@ -72,6 +72,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import train
 from models import MODELS
 from parts import config_schemas
+from scripts import make_demo_corpus
 from utils.checkpoint.state import RngStates, TrainState
 from utils.checkpoint.weights import load_into
 from utils.config import load_config
@@ -126,6 +127,18 @@ def shared_corpus(tmp_path_factory, name: str, n: int) -> Path:
     def make(folder):
         synth_corpus(folder, n=n)
     return made_once(tmp_path_factory, name, make)[0]
+
+
+def demo_corpus(tmp_path_factory, layout: str, speakers: int = 2, n: int = 4) -> Path:
+    """A corpus of ``scripts.make_demo_corpus`` (speech of flite or espeak-ng) in ``layout`` (``vctk``, ``nemo``,
+    ...): ``n`` utterances, ``speakers`` voices, made once per test session (:func:`made_once`); no caller may change
+    it. Raises RuntimeError with the tool's error line if it cannot be made."""
+    def make(folder):
+        argv = ["--output", str(folder), "--layout", layout, "--speakers", str(speakers), "--num-utterances", str(n)]
+        with contextlib.redirect_stderr(io.StringIO()) as said:
+            if make_demo_corpus.main(argv) != 0:
+                raise RuntimeError(said.getvalue().strip().splitlines()[-1])
+    return made_once(tmp_path_factory, f"demo_{layout}_{speakers}x{n}", make)[0]
 
 
 QUICK_BATCH, QUICK_CLIPS, QUICK_EPOCHS, QUICK_CLIP = 2, 8, 3, 1e-3

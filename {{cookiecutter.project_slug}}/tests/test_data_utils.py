@@ -1,9 +1,6 @@
-"""Tests of utils/data (corpus, audio, datasets, samplers, check) and scripts.make_demo_corpus, on tiny corpora written
-into tmp_path."""
+"""Tests of utils/data (corpus, audio, datasets, samplers, check), on tiny corpora written into tmp_path."""
 
-import importlib
 import multiprocessing
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -568,61 +565,6 @@ def test_collate_audio_mel_rejects_mixed_shapes():
         collate_audio_mel([a, b])
     with pytest.raises(ValueError, match="empty"):
         collate_audio_mel([])
-
-
-# --- scripts.make_demo_corpus -----------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def demo():
-    return importlib.import_module("scripts.make_demo_corpus")
-
-
-def need_engine():
-    if not (shutil.which("flite") or shutil.which("espeak-ng")):
-        pytest.skip("neither flite nor espeak-ng is installed, so no demo corpus can be spoken")
-
-
-def test_make_demo_corpus_builds_a_readable_corpus(tmp_path, demo):
-    need_engine()
-    out = tmp_path / "demo"
-    assert demo.main(["--output", str(out), "--num-utterances", "3", "--sampling-rate", str(SR), "--seed", "0"]) == 0
-    utts = read_ljspeech(out)
-    assert [u.id for u in utts] == ["LJ_DEMO_0001", "LJ_DEMO_0002", "LJ_DEMO_0003"]
-    assert [u.text for u in utts] == list(demo.DEMO_SENTENCES[:3])
-    for utt in utts:
-        info = sf.info(str(utt.audio))
-        assert (info.samplerate, info.channels, info.subtype) == (SR, 1, "PCM_16")
-        assert info.duration > 0.5
-        assert float(load_wav(utt.audio, SR).abs().max()) > 0.01  # speech, not silence
-
-
-def test_make_demo_corpus_varies_repeated_sentences(tmp_path, demo, monkeypatch):
-    need_engine()
-    monkeypatch.setattr(demo, "DEMO_SENTENCES", ("One short sentence.",))
-    out = tmp_path / "demo"
-    assert demo.main(["--output", str(out), "--num-utterances", "2", "--sampling-rate", "16000", "--seed", "0"]) == 0
-    first, second = (load_wav(u.audio, 16000) for u in read_ljspeech(out))
-    assert first.shape != second.shape or not torch.equal(first, second)
-    assert {sf.info(str(u.audio)).samplerate for u in read_ljspeech(out)} == {16000}
-
-
-def test_make_demo_corpus_refuses_an_existing_corpus(tmp_path, demo, capsys):
-    need_engine()
-    out = tmp_path / "demo"
-    assert demo.main(["--output", str(out), "--num-utterances", "1"]) == 0
-    assert demo.main(["--output", str(out), "--num-utterances", "1"]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("ERROR: ") and "--overwrite" in err[-1]
-    assert demo.main(["--output", str(out), "--num-utterances", "2", "--overwrite"]) == 0
-    assert len(read_ljspeech(out)) == 2
-
-
-def test_make_demo_corpus_without_any_engine(tmp_path, demo, monkeypatch, capsys):
-    monkeypatch.setattr(demo.shutil, "which", lambda name: None)
-    assert demo.main(["--output", str(tmp_path / "demo")]) == 1
-    assert capsys.readouterr().err.strip() == \
-        "ERROR: neither flite nor espeak-ng is installed (apt-get install flite)"
-    assert not (tmp_path / "demo").exists()
 
 
 # --- bad corpus lines as bad clips (read_ljspeech / read_filelist / load_splits with a ``bad`` list) ---------
