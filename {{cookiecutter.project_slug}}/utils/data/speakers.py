@@ -34,7 +34,7 @@ def saved_map(saved: Mapping[str, Any], what: str) -> Optional[tuple[list[str], 
     if (not isinstance(entry, Mapping) or not all(isinstance(name, str) for name in entry)
             or sorted(entry.values()) != list(range(len(entry))) or not isinstance(inherited, int)
             or not 0 <= inherited <= len(entry)):
-        raise DataError(f"{what}: its {ENTRY!r} entry is not a speaker map ({{name: index}}, indices 0 to N-1)")
+        raise DataError(f"{what}: its {ENTRY!r} entry is not a speaker map (a name -> index mapping, indices 0 to N-1)")
     return sorted(entry, key=entry.__getitem__), inherited
 
 

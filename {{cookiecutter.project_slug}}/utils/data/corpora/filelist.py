@@ -1,4 +1,4 @@
-"""Filelists (NVIDIA's Tacotron2 and WaveGlow, VITS, Matcha-TTS): ``data.training_files`` and
+"""Filelists (NVIDIA's reference repositories, VITS, Matcha-TTS): ``data.training_files`` and
 ``data.validation_files``, UTF-8, one utterance a line, its audio's path relative to ``data.dataset_path`` (or
 absolute), and its speaker where the list names one::
 
