@@ -972,6 +972,20 @@ def test_a_two_speaker_run_on_two_ranks_keeps_its_map_and_speaks_each_voice(tmp_
     assert table.shape == (3, 16) and (table[:2] - saved["model"]["speaker_embedding.weight"]).abs().max() < 2e-3
 
 
+
+def test_a_validation_split_of_no_training_speaker_is_one_data_error(tmp_path):
+    """A validation split none of whose speakers trains (LibriTTS's ``dev-*`` speakers are none of its training
+    speakers): a multi-speaker model, which has no voice for them, stops in one DataError naming them and the way
+    out, not in an empty validation set."""
+    corpus = two_speaker_filelist(tmp_path / "corpus", {"train.txt": "ABAB", "val.txt": "CD"})
+    data = {"dataset_path": str(corpus), "format": "filelist", "training_files": "train.txt",
+            "validation_files": "val.txt", "speakers": ["A", "B"]}
+    cfg = build_config({"audio": AUDIO.model_dump(), "data": data, "tacotron2": {**TINY, "speaker_embedding_dim": 4}},
+                       {**SHARED_SECTIONS, "tacotron2": Tacotron2Config})
+    with pytest.raises(DataError, match=r"none of the 2 validation utterances is of a training speaker \(theirs: C, D\)"
+                       r".*point --dataset-path at the training part alone"):
+        build_datasets(cfg)
+
 FOUR_VOICES = {"vctk": ["p225", "p226", "p227", "p228"], "libritts": ["19", "26", "27", "32"]}
 """The speakers of a 4-voice demo corpus (``scripts.make_demo_corpus --speakers 4``) in each layout: VCTK's names,
 elsewhere LibriVox reader ids (sorted as strings)."""

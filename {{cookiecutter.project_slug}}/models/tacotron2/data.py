@@ -191,11 +191,17 @@ def speaker_indices(corpus: Corpus, speakers: Sequence[str]) -> np.ndarray:
 
 def known_speakers(corpus: Corpus, speakers: Sequence[str], split: str) -> Corpus:
     """The utterances of ``corpus`` whose speaker is in ``speakers``; one warning line says how many others were left
-    out (a validation split's speakers the training split lacks: their embedding rows are never trained)."""
+    out (a validation split's speakers the training split lacks: their embedding rows are never trained).
+    DataError: none is left (LibriTTS's ``dev-*`` speakers are none of its training speakers)."""
     known = set(speakers)
     keep = [i for i, name in enumerate(corpus.speaker.tolist()) if name in known]
     if len(keep) < len(corpus):
         others = sorted(set(corpus.speaker.tolist()) - known)
+        if not keep:
+            raise DataError(f"none of the {len(corpus)} {split} utterances is of a training speaker (theirs: "
+                            f"{', '.join(others[:5])}{', ...' if len(others) > 5 else ''}), and a multi-speaker "
+                            f"model has no voice for others: give a {split} split of training speakers, or point "
+                            "--dataset-path at the training part alone (its last data.val_size utterances validate)")
         warnings.warn(f"TextMelDataset: left out {len(corpus) - len(keep)} of {len(corpus)} {split} utterances: their "
                       f"speakers ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}) are not in the "
                       "training split's", stacklevel=2)
