@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import (check_recipe, read_ljspeech, run_train_main, synth_corpus, tiny_checkpoint, train_in_process,
-                      train_on_ranks)
+from conftest import (check_recipe, demo_corpus, read_ljspeech, run_train_main, synth_corpus, tiny_checkpoint,
+                      train_in_process, train_on_ranks)
 from test_checkpoint_safety import LARGER, crafted_outcomes, larger_refused
 from torch._dynamo.utils import counters
 
@@ -970,3 +970,68 @@ def test_a_two_speaker_run_on_two_ranks_keeps_its_map_and_speaks_each_voice(tmp_
     table = torch.load(grown / "checkpoint_last.pt", weights_only=True)["model"]["speaker_embedding.weight"]
     # one Adam step moves a weight by about optimizer.lr (1e-3); a fresh row is drawn from N(0, 1)
     assert table.shape == (3, 16) and (table[:2] - saved["model"]["speaker_embedding.weight"]).abs().max() < 2e-3
+
+
+
+def test_a_validation_split_of_no_training_speaker_validates_on_the_last_training_utterances(tmp_path):
+    """A validation split none of whose speakers trains (LibriTTS's ``dev-*`` speakers are none of its training
+    speakers): a multi-speaker model, which has no voice for them, validates on the last training utterances instead,
+    said in one line, as a layout without a validation split does; one unknown speaker of two is left out."""
+    corpus = two_speaker_filelist(tmp_path / "corpus", {"train.txt": "ABABABABABAB", "val.txt": "CD",
+                                                        "mixed.txt": "CA"})
+    data = {"dataset_path": str(corpus), "format": "filelist", "training_files": "train.txt",
+            "validation_files": "val.txt", "speakers": ["A", "B"]}
+    sections = {**SHARED_SECTIONS, "tacotron2": Tacotron2Config}
+    model = {**TINY, "speaker_embedding_dim": 4}
+    cfg = build_config({"audio": AUDIO.model_dump(), "data": data, "tacotron2": model}, sections)
+    with pytest.warns(UserWarning, match=r"none of the 2 validation utterances is of a training speaker \(theirs: C, D\)"
+                      r": the last 1 training utterances validate instead"):
+        train, val = build_datasets(cfg)
+    every = [line.split("|")[0] for line in (corpus / "train.txt").read_text().splitlines()]
+    assert [utt.audio for utt in train.corpus] + [utt.audio for utt in val.corpus] == [str(corpus / p) for p in every]
+    assert len(val) == 1
+    mixed = build_config({"audio": AUDIO.model_dump(), "data": {**data, "validation_files": "mixed.txt"},
+                          "tacotron2": model}, sections)
+    with pytest.warns(UserWarning, match=r"left out 1 of 2 validation utterances: their speakers \(C\)"):
+        train, val = build_datasets(mixed)
+    assert (len(train), len(val)) == (12, 1)
+
+
+FOUR_VOICES = {"vctk": ["p225", "p226", "p227", "p228"], "libritts": ["19", "26", "27", "32"]}
+"""The speakers of a 4-voice demo corpus (``scripts.make_demo_corpus --speakers 4``) in each layout: VCTK's names,
+elsewhere LibriVox reader ids (sorted as strings)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["vctk", "libritts", "filelist", "nemo", "parquet", "lhotse"])
+def test_a_four_speaker_tacotron2_trains_on_each_layout_and_speaks_each_voice(layout, tmp_path, tmp_path_factory):
+    """A 4-voice demo corpus in each layout, read by ``data.format=auto`` (8 utterances, 2 a voice: a layout that
+    validates on its last utterance keeps every voice in training), then 1 step of Tacotron2 on it: on 2 gloo ranks
+    for VCTK, in this process for the others (the ranks' path proven once, each reader on its own).
+    ``speakers.json`` and the checkpoint hold the 4 voices, sorted, and the model a 4-row speaker table; for VCTK,
+    ``inference.py --speaker`` speaks each voice differently. (The gate threshold is one no untrained gate reaches:
+    every voice runs ``max_decoder_steps`` frames, where the default lets some stop at the first frame, which is
+    silence whatever the voice.)"""
+    corpus, out = demo_corpus(tmp_path_factory, layout, speakers=4, n=8), tmp_path / "run"
+    argv = ["--config", "config.json", "--model", "tacotron2", "--tiny", "--dataset-path", str(corpus), "--max-steps",
+            "1", "--output-dir", str(out), "--set", "data.num_workers=0", "--set", "tacotron2.gate_threshold=0.999999",
+            "--set", "tacotron2.max_decoder_steps=16", "--set", "audio.hop_length=1024",  # a quarter of the frames
+            "--set", "train.trackers=[]"]  # no validation pictures nor audio
+    if layout == "filelist":
+        argv += ["--set", "data.training_files=filelists/train.txt", "--set", "data.validation_files=filelists/val.txt"]
+    said = "".join(train_on_ranks(argv, tmp_path / "ranks")) if layout == "vctk" else train_in_process(argv)
+    assert f"data.format=auto: found the {layout} layout" in said, said[-3000:]
+    voices = FOUR_VOICES.get(layout, FOUR_VOICES["libritts"])
+    assert json.loads((out / "speakers.json").read_text()) == {name: i for i, name in enumerate(voices)}
+    saved = torch.load(out / "checkpoint_last.pt", weights_only=True)
+    assert saved["speakers"] == {name: i for i, name in enumerate(voices)}
+    assert saved["model"]["speaker_embedding.weight"].shape[0] == 4
+    if layout != "vctk":
+        return
+    spoken = []
+    for name in voices:
+        wav = tmp_path / f"{name}.wav"
+        assert inference.main(["--checkpoint", str(out / "checkpoint_last.pt"), "--text", "The quick fox.",
+                               "--output", str(wav), "--speaker", name, "--device", "cpu"]) == 0
+        spoken.append(sf.read(wav)[0].tobytes())
+    assert len(set(spoken)) == 4, "two voices gave the same audio"

@@ -189,17 +189,33 @@ def speaker_indices(corpus: Corpus, speakers: Sequence[str]) -> np.ndarray:
     return np.asarray([index[name] for name in names], dtype=np.int64)
 
 
-def known_speakers(corpus: Corpus, speakers: Sequence[str], split: str) -> Corpus:
-    """The utterances of ``corpus`` whose speaker is in ``speakers``; one warning line says how many others were left
-    out (a validation split's speakers the training split lacks: their embedding rows are never trained)."""
+def known_speakers(train: Corpus, val: Corpus, speakers: Sequence[str], val_size: int) -> tuple[Corpus, Corpus]:
+    """``(train, val)`` with the validation utterances whose speaker is not in ``speakers`` left out (their embedding
+    rows are never trained), one warning line saying how many. Where none is left (LibriTTS's ``dev-*`` speakers are
+    none of its training speakers), the last ``min(val_size, max(1, len(train) // 10))`` training utterances validate
+    instead, said in a warning line, as in a layout without a validation split.
+
+    Raises:
+        DataError: none is left and the training split has under 2 utterances.
+    """
     known = set(speakers)
-    keep = [i for i, name in enumerate(corpus.speaker.tolist()) if name in known]
-    if len(keep) < len(corpus):
-        others = sorted(set(corpus.speaker.tolist()) - known)
-        warnings.warn(f"TextMelDataset: left out {len(corpus) - len(keep)} of {len(corpus)} {split} utterances: their "
-                      f"speakers ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}) are not in the "
-                      "training split's", stacklevel=2)
-    return corpus.take(keep)
+    keep = [i for i, name in enumerate(val.speaker.tolist()) if name in known]
+    if len(keep) == len(val):
+        return train, val
+    others = sorted(set(val.speaker.tolist()) - known)
+    named = f"{', '.join(others[:5])}{', ...' if len(others) > 5 else ''}"
+    if keep:
+        warnings.warn(f"TextMelDataset: left out {len(val) - len(keep)} of {len(val)} validation utterances: their "
+                      f"speakers ({named}) are not in the training split's", stacklevel=2)
+        return train, val.take(keep)
+    if len(train) < 2:
+        raise DataError(f"none of the {len(val)} validation utterances is of a training speaker (theirs: {named}), and "
+                        f"{len(train)} training utterance(s) cannot give one: give a validation split of training "
+                        "speakers")
+    n_val = min(val_size, max(1, len(train) // 10))
+    warnings.warn(f"TextMelDataset: none of the {len(val)} validation utterances is of a training speaker (theirs: "
+                  f"{named}): the last {n_val} training utterances validate instead", stacklevel=2)
+    return train.take(range(len(train) - n_val)), train.take(range(len(train) - n_val, len(train)))
 
 
 class TextMelCollate:
@@ -246,7 +262,7 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     """Train and validation :class:`TextMelDataset` of the ``cfg.data`` splits, clips longer than
     ``tacotron2.max_mel_frames`` (when > 0) left out with a warning line per split. A multi-speaker model's items
     carry their speaker's index in ``data.speakers``; validation utterances of other speakers are left out, said in
-    a line (:func:`known_speakers`).
+    a line, and where none is left training utterances validate (:func:`known_speakers`).
 
     Raises:
         DataError: the splits cannot be read (:func:`utils.data.corpus.load_splits`), or the setting leaves no training
@@ -258,7 +274,7 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     cache = mel_cache_path(cfg.data.dataset_path, model_cfg.mel_cache_dir)
     speakers = cfg.data.speakers if speaker_table(model_cfg, len(cfg.data.speakers)) else None
     if speakers is not None:
-        val_utts = known_speakers(val_utts, speakers, "validation")
+        train_utts, val_utts = known_speakers(train_utts, val_utts, speakers, cfg.data.val_size)
     return tuple(TextMelDataset(utts, cfg.audio, cache, text_cleaners=model_cfg.text_cleaners,
                                 max_mel_frames=max_frames, split=split, speakers=speakers)
                  for utts, split in ((train_utts, "training"), (val_utts, "validation")))
