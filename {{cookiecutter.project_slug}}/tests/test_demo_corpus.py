@@ -80,13 +80,13 @@ def test_each_layout_writes_the_tree_of_its_corpus(tmp_path_factory, layout):
 
 @pytest.mark.parametrize("layout", list(TREES))
 def test_data_format_auto_reads_each_layout_as_written(tmp_path_factory, layout):
-    """The corpus readers, left to find the layout (``data.format=auto``, the default section), name the layout
+    """The corpus readers, left to find the layout (``data.format=auto``, the default section: the filelists too, in
+    ``filelists/``), name the layout
     written and read its 4 utterances, each with its text and speaker (LJSpeech's one), the last validating; every
     clip decodes, at the model's rate, to the length its metadata gives (headers exactly, manifests to the sample)."""
     root = built(tmp_path_factory, layout)
-    lists = {"training_files": "filelists/train.txt", "validation_files": "filelists/val.txt"}
     notes = []
-    train, val = load_splits(DataConfig(dataset_path=str(root), **(lists if layout == "filelist" else {})), notes=notes)
+    train, val = load_splits(DataConfig(dataset_path=str(root)), notes=notes)  # filelists/train.txt and val.txt
     assert notes[0].startswith(f"data.format=auto: found the {layout} layout in {root} (")
     names = {"ljspeech": ("LJ", "LJ"), "vctk": ("p225", "p226")}.get(layout, ("19", "26"))
     assert (len(train), len(val)) == (3, 1)

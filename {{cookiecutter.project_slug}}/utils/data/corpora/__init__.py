@@ -15,13 +15,13 @@ from utils.data.corpus import GET_DATA, BadClip, Corpus, DataConfig, DataError, 
 
 READERS: dict[str, ModuleType] = {"ljspeech": ljspeech, "filelist": filelist, "vctk": vctk, "nemo": nemo,
                                   "lhotse": lhotse, "libritts": libritts, "parquet": parquet}
-"""``data.format`` -> its reader, in the order ``auto`` tries them (``filelist`` aside: data.training_files), those
-that look at the root's own files first, those that search its tree last."""
+"""``data.format`` -> its reader, in the order ``auto`` tries them (``filelist`` aside: data.training_files, else
+last), those that look at the root's own files first, those that search its tree last."""
 
 
 def detect(data: DataConfig) -> tuple[str, Optional[str]]:
     """The layout ``data.format`` names, or ``auto``'s: ``filelist`` (or ``nemo`` for JSON lines) where
-    ``data.training_files`` is set, else the first of :data:`READERS` whose ``matches`` the root; and the line that
+    ``data.training_files`` is set, else the first of :data:`READERS` whose ``matches`` the root (``filelist`` last); and the line that
     says what ``auto`` found (None where ``data.format`` named it). DataError: no root folder (but for filelists,
     whose paths may be absolute), a root in no layout, or not in the one named."""
     root = Path(data.dataset_path)
@@ -36,7 +36,8 @@ def detect(data: DataConfig) -> tuple[str, Optional[str]]:
             raise DataError(f"{root} is not in the {name} layout ({READERS[name].TREE}); point --dataset-path at the "
                             "corpus's root, or set data.format (auto: detected)")
     else:
-        name = next((name for name, reader in READERS.items() if name != "filelist" and reader.matches(root)), "")
+        name = next((name for name, reader in READERS.items() if name != "filelist" and reader.matches(root)),
+                    "filelist" if filelist.matches(root) else "")
     if not name:
         trees = "; ".join(f"{name}: {reader.TREE}" for name, reader in READERS.items())
         raise DataError(f"{root} is in no layout data.format=auto knows ({trees}); point --dataset-path at the "

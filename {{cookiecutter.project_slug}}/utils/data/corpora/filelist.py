@@ -1,5 +1,5 @@
 """Filelists (NVIDIA's reference repositories, VITS, Matcha-TTS): ``data.training_files`` and
-``data.validation_files``, UTF-8, one utterance a line, its audio's path relative to ``data.dataset_path`` (or
+``data.validation_files`` (where neither is set: one ``filelists/*train*.txt`` and one ``*val*.txt``), UTF-8, one utterance a line, its audio's path relative to ``data.dataset_path`` (or
 absolute), and its speaker where the list names one::
 
     wavs/LJ001-0001.wav|Printing, in the only sense with which we are at present concerned, ...
@@ -9,11 +9,27 @@ absolute), and its speaker where the list names one::
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from utils.data.corpora.common import Found, Part, audio_issue, malformed, read_lines
 from utils.data.corpus import SINGLE_SPEAKER, DataConfig, DataError, Utterance
 
-TREE = "data.training_files and data.validation_files: path|text or path|speaker|text"
+TREE = ("data.training_files and data.validation_files, or filelists/*train*.txt and *val*.txt: path|text or "
+        "path|speaker|text")
+
+
+def conventional(root: Path) -> Optional[tuple[Path, Path]]:
+    """The training and validation lists of ``root/filelists/`` where no ``data`` key names them: one ``*train*.txt``
+    and one ``*val*.txt`` (NVIDIA's ``ljs_audio_text_train_filelist.txt`` and ``..._val_filelist.txt``, the demo
+    corpus's ``train.txt`` and ``val.txt``); None where there are not exactly one of each."""
+    folder = root / "filelists"
+    train, val = (sorted(folder.glob(pattern)) if folder.is_dir() else [] for pattern in ("*train*.txt", "*val*.txt"))
+    return (train[0], val[0]) if len(train) == 1 and len(val) == 1 else None
+
+
+def matches(root: Path) -> bool:
+    """Whether ``root`` holds its lists where :func:`conventional` finds them."""
+    return conventional(root) is not None
 
 
 def find(name: str, root: Path, key: str) -> Path:
@@ -45,8 +61,12 @@ def scan(filelist: Path, root: Path) -> Part:
 
 
 def read(root: Path, data: DataConfig) -> Found:
-    """Both filelists of the ``data`` section (:func:`find`, :func:`scan`). DataError: ``training_files`` without
-    ``validation_files`` (or none), a list missing, empty or not UTF-8."""
+    """Both filelists of the ``data`` section (:func:`find`, :func:`scan`), or where it names none, those
+    :func:`conventional` finds. DataError: ``training_files`` without ``validation_files`` (or none, and none found), a
+    list missing, empty or not UTF-8."""
+    found = conventional(root) if not data.training_files and not data.validation_files else None
+    if found is not None:
+        return Found(scan(found[0], root), scan(found[1], root), [])
     if not data.training_files or not data.validation_files:
         raise DataError("data.format=filelist needs data.training_files and data.validation_files: give both "
                         "filelists" if not data.training_files else
