@@ -9,6 +9,7 @@
     python -m scripts.benchmark --loader --dataset-path DIR       # input pipeline items/s
     python -m scripts.benchmark --padding --dataset-path DIR      # padded share of batches: random, buckets, frames
     python -m scripts.benchmark --plan 1000000                    # an epoch planned over a million lengths
+    python -m scripts.benchmark --plan-corpus --dataset-path DIR  # a corpus read, measured and planned
 
 Everything about a model comes from its ``ModelSpec``; a model that lacks what a mode needs is skipped with a line
 saying so. Progress bars go to stderr (``--no-progress``), rows and tables to stdout.
@@ -26,7 +27,10 @@ untimed steps, then the median of ``--steps``. Rows: ``case``, ``mode`` (``tf32`
 and ``random`` make them: rows ``padding_<model>`` with ``batches``, ``items_per_batch``, ``padding_fraction``,
 ``plan_s``, ``items_per_s`` (planned) and ``peak_rss_mib``, then a table. **Plan** (``--plan N``): the same over
 ``N`` lengths spread as LJSpeech's, no corpus read (rows ``plan_<N>``; the full-size config's batch size): the time
-and memory a rank spends planning an epoch of a corpus that size.
+and memory a rank spends planning an epoch of a corpus that size. **Plan a corpus** (``--plan-corpus``): what a
+rank does at start-up with the training split of ``--dataset-path``, metadata only: reader, lengths and frame-budget
+plan timed apart (``read_s``, ``lengths_s``, ``plan_s``, ``total_s``), ``peak_rss_mib``, and ``worker_own_mib``, the
+memory a forked loader worker makes its own reading every utterance's fields (``corpus_<N>``).
 
 Exit status 0; 2 for a bad argument; 1 for a bad config or corpus, or a failed check.
 """
@@ -45,7 +49,8 @@ if not __package__:  # run by its path, not as python -m scripts.NAME: the proje
 import torch
 
 from models import MODELS
-from scripts.benchmark_data import loader_rows, padding_rows, plan_rows, print_batching_table, print_loader_table
+from scripts.benchmark_data import (corpus_plan_row, loader_rows, padding_rows, plan_rows, print_batching_table,
+                                    print_loader_table)
 from scripts.benchmark_step import (PRECISION_MODES, BenchmarkError, bench_case, case_config, case_name, cases_for,
                                     check_case, skip_note, use_fast_path)
 from utils.benchmark import BenchmarkCase
@@ -96,7 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the padded share of batches over one epoch, each data.batching (no model runs)")
     parser.add_argument("--plan", type=int, metavar="N",
                         help="plan an epoch of N synthetic lengths with each data.batching: seconds, memory, padding")
-    parser.add_argument("--dataset-path", help="corpus for --loader and --padding (overrides data.dataset_path)")
+    parser.add_argument("--plan-corpus", action="store_true",
+                        help="read, measure and plan the training split of --dataset-path: seconds, memory")
+    parser.add_argument("--dataset-path",
+                        help="corpus for --loader, --padding and --plan-corpus (overrides data.dataset_path)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8],
                         help="--loader: DataLoader worker counts to time (default 1 2 4 8)")
     parser.add_argument("--config", default=str(PROJECT_ROOT / "config.json"),
@@ -141,14 +149,14 @@ def check_modes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     """``parser.error`` (exit 2) for step counts, modes and worker counts that do not go together."""
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
-    for mode in ("loader", "padding"):
+    for mode in ("loader", "padding", "plan_corpus"):
         if getattr(args, mode) and not args.dataset_path:
-            parser.error(f"--{mode} needs --dataset-path")
-    if sum(map(bool, (args.loader, args.padding, args.plan is not None))) > 1:
-        parser.error("--loader, --padding and --plan are separate runs: give one")
+            parser.error(f"--{mode.replace('_', '-')} needs --dataset-path")
+    if sum(map(bool, (args.loader, args.padding, args.plan is not None, args.plan_corpus))) > 1:
+        parser.error("--loader, --padding, --plan and --plan-corpus are separate runs: give one")
     if args.plan is not None and args.plan < 1:
         parser.error(f"--plan {args.plan}: plan at least 1 length")
-    mode = "--padding" if args.padding else "--plan" if args.plan else None
+    mode = "--padding" if args.padding else "--plan" if args.plan else "--plan-corpus" if args.plan_corpus else None
     if mode and not any(MODELS[name].training.variable_length for name in args.models):
         parser.exit(2, f"ERROR: {mode} measures models whose items differ in length (ModelSpec.variable_length): "
                        f"{', '.join(args.models)} {'has' if len(args.models) == 1 else 'have'} items of one length\n")
@@ -235,6 +243,12 @@ def run(args: argparse.Namespace, device: torch.device, emit: Rows) -> int:
     if args.padding or args.plan:
         print_batching_table((padding_rows if args.padding else plan_rows)(args, args.models, emit))
         return 0
+    if args.plan_corpus:
+        row = corpus_plan_row(args, args.models, emit)
+        print(f"\n{row['utterances']:,} utterances: read {row['read_s']} s, lengths {row['lengths_s']} s, planned "
+              f"{row['plan_s']} s (total {row['total_s']} s); peak RSS {row['peak_rss_mib']:,} MiB; a forked worker "
+              f"reading every utterance's fields makes {row['worker_own_mib']} MiB its own")
+        return 0
     if args.loader:
         print_loader_table(loader_rows(args, device, args.models, emit))
         return 0
@@ -257,7 +271,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device: {name} torch {torch.__version__}; threads {torch.get_num_threads()}", flush=True)
     note = (CPU_TINY_PADDING_NOTE if args.size_note == CPU_TINY_NOTE else "") if args.padding else \
-        "" if args.plan else args.size_note
+        "" if args.plan or args.plan_corpus else args.size_note
     if note:
         print(note, flush=True)
     emit = Rows(args.json_out, args.compare)

@@ -1,12 +1,13 @@
-"""The ``--loader``, ``--padding`` and ``--plan`` parts of ``python -m scripts.benchmark`` (see its docstring)."""
+"""The ``--loader``, ``--padding``, ``--plan`` and ``--plan-corpus`` parts of ``python -m scripts.benchmark`` (see its docstring)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -19,8 +20,11 @@ from scripts.benchmark_step import (BenchmarkError, make_train_step, median_step
                                     synchronize)
 from train import load_run_config
 from utils.config import Config
+from utils.data.audio import MelSpectrogram
+from utils.data.corpora import load_splits
 from utils.data.loader import batch_stream, make_loader, to_device
 from utils.data.samplers import FrameBudgetSampler, LengthBucketSampler, padding_fraction, random_batches
+from utils.data.sources import clip_samples
 from utils.train_state import TrainState
 from utils.training.setup import model_datasets
 
@@ -85,6 +89,64 @@ def plan_rows(args: argparse.Namespace, models: list[str], emit: Callable[[dict]
     name = next(name for name in models if MODELS[name].training.variable_length)
     return batching_rows((f"plan_{args.plan}", "plan"), ljspeech_like_lengths(args.plan),
                          run_config(args, name, args.explicit_tiny), name, emit)
+
+
+def corpus_plan_row(args: argparse.Namespace, models: list[str], emit: Callable[[dict], None]) -> dict:
+    """The ``corpus_<N>`` row (``--plan-corpus``), passed to ``emit``: what a rank does with the training corpus of
+    ``--dataset-path`` at start-up, metadata only, for the first of ``models`` with ``Training.variable_length``: read
+    it (``data.format``'s reader: ``read_s``), its lengths in mel frames (durations, else headers: ``lengths_s``), the
+    first epoch's frame-budget plan for all ranks (``plan_s``; ``data.max_frames``, or where it is 0 ``batch_size`` x
+    the longest), ``total_s``, ``peak_rss_mib`` (this process, imports included) and ``worker_own_mib``: the memory a
+    process forked from it (as a loader worker is) makes its own reading every utterance's fields in the plan's order
+    (Linux's ``Private_Dirty``; None elsewhere). Raises DataError: what the reader raises."""
+    name = next(name for name in models if MODELS[name].training.variable_length)
+    cfg = run_config(args, name, args.explicit_tiny)
+    begin = time.perf_counter()
+    train_set = load_splits(cfg.data)[0]
+    read = time.perf_counter()
+    lengths = MelSpectrogram(cfg.audio).num_frames(clip_samples(train_set, cfg.audio.sampling_rate))
+    measured = time.perf_counter()
+    max_frames = cfg.data.max_frames or cfg.section(name).batch_size * int(lengths.max())
+    order, ends = FrameBudgetSampler(lengths, max_frames, seed=cfg.train.seed, pool=cfg.data.bucket_pool,
+                                     max_items=cfg.data.max_items, quadratic=cfg.data.quadratic_frames).plan()
+    planned = time.perf_counter()
+    row = {"case": f"corpus_{len(train_set)}", "mode": "plan_corpus", "utterances": len(train_set),
+           "max_frames": max_frames, "batches": len(ends), "read_s": round(read - begin, 3),
+           "lengths_s": round(measured - read, 3), "plan_s": round(planned - measured, 3),
+           "total_s": round(planned - begin, 3),
+           "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+           "worker_own_mib": worker_own_mib(lambda: all(map(train_set.__getitem__, order)))}
+    emit(row)
+    return row
+
+
+def private_dirty_mib() -> Optional[float]:
+    """This process's ``Private_Dirty`` memory in MiB (pages written since a fork: its own), None without Linux's
+    ``/proc/self/smaps_rollup``."""
+    try:
+        with open("/proc/self/smaps_rollup") as file:
+            return next(int(line.split()[1]) for line in file if line.startswith("Private_Dirty:")) / 1024
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def worker_own_mib(work: Callable[[], object]) -> Optional[float]:
+    """MiB that a process forked from this one makes its own (:func:`private_dirty_mib`, after less before) doing
+    ``work``; None where it cannot be measured (no fork, no smaps_rollup)."""
+    if not hasattr(os, "fork") or private_dirty_mib() is None:
+        return None
+    readable, writable = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: measure, say it through the pipe, exit without running the parent's cleanup
+        before = private_dirty_mib()
+        work()
+        os.write(writable, f"{private_dirty_mib() - before:.1f}".encode())
+        os._exit(0)
+    os.close(writable)
+    with os.fdopen(readable) as said:
+        own = said.read()
+    os.waitpid(child, 0)
+    return float(own) if own else None
 
 
 def ljspeech_like_lengths(count: int, seed: int = 0) -> np.ndarray:

@@ -608,13 +608,13 @@ def read_ljspeech(root, bad: Optional[list] = None) -> list:
     """Every utterance of an LJSpeech-layout corpus (``load_splits`` before it splits): a bad row goes to ``bad`` as a
     ``BadClip``, or without ``bad`` raises ``DataError``."""
     corpora.detect(DataConfig(dataset_path=str(root), format="ljspeech"))  # the folder is there
-    return corpora._settle(ljspeech.read(Path(root), DataConfig()).train, bad, frozenset())
+    return list(corpora._settle(ljspeech.read(Path(root), DataConfig()).train, bad, frozenset()))
 
 
 def read_filelist(filelist_path, root, bad: Optional[list] = None) -> list:
     """Every utterance of a filelist (``path|text`` or ``path|speaker|text``, paths relative to ``root``), as
     :func:`read_ljspeech`."""
-    return corpora._settle(filelist.scan(Path(filelist_path), Path(root)), bad, frozenset())
+    return list(corpora._settle(filelist.scan(Path(filelist_path), Path(root)), bad, frozenset()))
 
 
 def train_with_validation_every_step(model: str, corpus, out, *settings: str) -> str:

@@ -145,10 +145,30 @@ def test_plan_times_an_epoch_of_synthetic_lengths_for_each_batching_side_by_side
     assert all(r["plan_s"] >= 0 and r["items_per_s"] > 0 and r["peak_rss_mib"] > 0 for r in rows.values())
     assert "| plan_5000 | frames | 5,000 |" in out
     for argv, said in ((["--plan", "0"], "--plan 0: plan at least 1 length"),
-                       (["--plan", "9", "--loader", "--dataset-path", "x"], "--loader, --padding and --plan are separate")):
+                       (["--plan", "9", "--loader", "--dataset-path", "x"],
+                        "--loader, --padding, --plan and --plan-corpus are separate")):
         with pytest.raises(SystemExit):
             benchmark.parse_args([*argv, "--device", "cpu"])
         assert said in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not any(spec.training.variable_length for spec in MODELS.values()),
+                    reason="no registered model has items of different lengths to batch by length")
+def test_plan_corpus_times_reading_measuring_and_planning_a_corpus_and_a_worker_shares_it(capsys, tmp_path):
+    """``--plan-corpus``: the training split of ``--dataset-path`` read, its lengths taken from the headers, the first
+    epoch planned in frame budgets, each timed; the peak resident memory, and the memory a forked loader worker makes
+    its own reading every utterance (the table's arrays are shared: well under a MiB here)."""
+    corpus = synth_corpus(tmp_path / "corpus", n=12)
+    assert benchmark.main(["--plan-corpus", "--dataset-path", str(corpus), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    row = next(json.loads(line) for line in out.splitlines() if line[:1] == "{")
+    assert row["case"] == "corpus_11" and row["utterances"] == 11 and row["batches"] >= 1  # 1 of 12 validates
+    assert row["total_s"] >= row["read_s"] + row["lengths_s"] + row["plan_s"] - 0.01 and row["peak_rss_mib"] > 0
+    assert row["worker_own_mib"] is None or row["worker_own_mib"] < 1, row
+    assert "11 utterances: read " in out and "a forked worker reading every utterance's fields makes" in out
+    with pytest.raises(SystemExit):
+        benchmark.parse_args(["--plan-corpus", "--device", "cpu"])
+    assert "--plan-corpus needs --dataset-path" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["--precision", "fp8"], ["--model", "nosuchmodel"], ["--loader"]])

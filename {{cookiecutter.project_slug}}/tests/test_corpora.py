@@ -3,6 +3,7 @@
 :func:`layout_corpus`); one tiny training on 2 gloo ranks reads a layout other than LJSpeech's."""
 
 import io
+import json
 import math
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import torch
 from conftest import LAYOUT_RATES, TEST_MODEL, layout_corpus, run_train_main, train_on_ranks
 
 from utils.data.audio import decoding
-from utils.data.corpora import load_splits, parquet
+from utils.data.corpora import load_splits, nemo, parquet
 from utils.data.corpus import Corpus, DataConfig, DataError, Strings, Utterance
 from utils.data import speakers
 from utils.data.sources import clip_samples, parse, read_audio
@@ -184,6 +185,38 @@ def test_bad_lines_of_a_manifest_are_bad_clips_named_or_skipped(tmp_path):
         "'audio_1034_clean_10425_1034_0001' appears twice"]
     with pytest.raises(DataError, match=rf"^{manifest}:2: not JSON .*\(and 3 more bad line\(s\)\)$"):
         load_splits(DataConfig(dataset_path=str(root)))
+
+
+def test_a_nemo_manifest_of_good_lines_is_read_at_once_into_the_utterances_read_line_by_line(tmp_path, monkeypatch):
+    """A manifest whose lines are all good is read by Arrow at once, as columns (a million lines in seconds): the same
+    utterances in the same order as line by line (integer speakers, a language, the speaker from the manifest's name,
+    several transcript keys, the first a line gives taken); an id given again in the validation manifest is named."""
+    for speaker in (92, 6097):
+        (tmp_path / "audio" / str(speaker)).mkdir(parents=True)
+    lines = {"92_manifest_clean_train.json": [{"audio_filepath": f"audio/92/a.{i}.flac", "duration": 1 + i / 10,
+                                                "text": f" Line {i}. ", "speaker": 92, "lang": "en"} for i in range(4)],
+             "6097_manifest_clean_train.json": [{"audio_filepath": f"audio/6097/b{i}.flac", "duration": 2,
+                                                 "text": "Raw.", "text_normalized": f"Line {i}." if i else None} for i in range(3)],
+             "92_manifest_clean_dev.json": [{"audio_filepath": f"audio/6097/v{i}.flac", "duration": 1.5,
+                                             "text": "Held out."} for i in range(2)]}
+    for name, entries in lines.items():
+        (tmp_path / name).write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+        for entry in entries:
+            (tmp_path / entry["audio_filepath"]).touch()  # never decoded: the durations are given
+    assert all(nemo._table(tmp_path / name, {}) is not None for name in lines)  # each read at once
+    at_once = load_splits(DataConfig(dataset_path=str(tmp_path)))
+    monkeypatch.setattr(nemo, "_table", lambda manifest, first: None)
+    assert at_once == load_splits(DataConfig(dataset_path=str(tmp_path)))  # as read line by line
+    train, val = at_once
+    assert [u.speaker for u in train] == ["6097"] * 3 + ["92"] * 4 and {u.language for u in train} == {"", "en"}
+    assert [train[0].text, train[1].text] == ["Raw.", "Line 1."]
+    assert train[3] == Utterance("audio_92_a.0", str(tmp_path / "audio/92/a.0.flac"), "Line 0.", "92", "en", 1.0)
+    assert [u.id for u in val] == ["audio_6097_v0", "audio_6097_v1"]
+    monkeypatch.undo()
+    dev = tmp_path / "92_manifest_clean_dev.json"
+    dev.write_text(dev.read_text() + json.dumps(lines["92_manifest_clean_train.json"][1]) + "\n")
+    with pytest.raises(DataError, match=r"dev.json:3: utterance id 'audio_92_a.1' appears twice$"):
+        load_splits(DataConfig(dataset_path=str(tmp_path)))
 
 
 @pytest.mark.slow

@@ -87,11 +87,25 @@ class Strings:
         """Every string, in order."""
         return [self[i] for i in range(len(self))]
 
+    @classmethod
+    def join(cls, parts: Sequence[Strings]) -> Strings:
+        """``parts`` one after the other."""
+        joined = cls()
+        if parts:
+            joined.data = np.concatenate([part.data for part in parts])
+            shifts = np.cumsum([0] + [int(part.offsets[-1]) for part in parts[:-1]])
+            joined.offsets = np.concatenate([[0], *(part.offsets[1:] + shift for part, shift in zip(parts, shifts))])
+        return joined
+
     def take(self, indices: np.ndarray) -> Strings:
         """The strings at ``indices`` (int array ``(M,)``), gathered without a Python object per string."""
         indices = np.asarray(indices, dtype=np.int64)
-        starts, sizes = self.offsets[indices], self.offsets[indices + 1] - self.offsets[indices]
         taken = Strings()
+        if len(indices) and indices[0] >= 0 and (np.diff(indices) == 1).all():  # a run: a slice, no index per byte
+            first, last = self.offsets[indices[0]], self.offsets[indices[-1] + 1]
+            taken.data, taken.offsets = self.data[first:last], self.offsets[indices[0]:indices[-1] + 2] - first
+            return taken
+        starts, sizes = self.offsets[indices], self.offsets[indices + 1] - self.offsets[indices]
         taken.offsets = np.zeros(len(indices) + 1, dtype=np.int64)
         np.cumsum(sizes, out=taken.offsets[1:])
         # byte k of the result comes from byte k - (its string's start in the result) + (its start here)
@@ -122,7 +136,9 @@ class Corpus:
     @classmethod
     def join(cls, parts: Sequence[Corpus]) -> Corpus:
         """``parts`` one after the other."""
-        return cls.of(utt for part in parts for utt in part)
+        columns = ("ids", "audio", "text", "speaker", "language")
+        return cls(*(Strings.join([getattr(part, column) for part in parts]) for column in columns),
+                   np.concatenate([part.duration for part in parts]) if parts else np.zeros(0))
 
     def __len__(self) -> int:
         return len(self.duration)

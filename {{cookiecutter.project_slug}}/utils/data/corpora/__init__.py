@@ -11,7 +11,7 @@ from typing import AbstractSet, Optional
 
 from utils.data.corpora import filelist, lhotse, libritts, ljspeech, nemo, parquet, vctk
 from utils.data.corpora.common import Part
-from utils.data.corpus import GET_DATA, BadClip, Corpus, DataConfig, DataError, Utterance
+from utils.data.corpus import GET_DATA, BadClip, Corpus, DataConfig, DataError
 
 READERS: dict[str, ModuleType] = {"ljspeech": ljspeech, "filelist": filelist, "vctk": vctk, "nemo": nemo,
                                   "lhotse": lhotse, "libritts": libritts, "parquet": parquet}
@@ -46,7 +46,7 @@ def detect(data: DataConfig) -> tuple[str, Optional[str]]:
                   if data.format == "auto" else None)
 
 
-def _settle(part: Part, bad: Optional[list[BadClip]], excluded: AbstractSet[str]) -> list[Utterance]:
+def _settle(part: Part, bad: Optional[list[BadClip]], excluded: AbstractSet[str]) -> Corpus:
     """The utterances of ``part`` not ``excluded``; its other issues go to ``bad``, or without ``bad`` the first is
     raised."""
     issues = [issue for issue in part.issues if issue.clip.id not in excluded]
@@ -55,7 +55,10 @@ def _settle(part: Part, bad: Optional[list[BadClip]], excluded: AbstractSet[str]
     elif issues:
         more = f" (and {len(issues) - 1} more bad line(s))" if len(issues) > 1 else ""
         raise DataError(f"{issues[0].message}{more}")
-    return [utt for utt in part.rows if utt.id not in excluded]
+    rows = part.rows if isinstance(part.rows, Corpus) else Corpus.of(part.rows)
+    if not excluded:
+        return rows
+    return rows.take([i for i, utt_id in enumerate(rows.ids.tolist()) if utt_id not in excluded])
 
 
 def load_splits(data: DataConfig, bad: Optional[list[BadClip]] = None,
@@ -90,5 +93,5 @@ def load_splits(data: DataConfig, bad: Optional[list[BadClip]] = None,
             raise DataError(f"{found.train.where} lists {len(train)} usable utterance(s){why}; at least 2 are needed "
                             "(one to train on, one to validate)")
         n_val = min(data.val_size, max(1, len(train) // 10))
-        train, val = train[:-n_val], train[-n_val:]
-    return Corpus.of(train), Corpus.of(val)
+        train, val = train.take(range(len(train) - n_val)), train.take(range(len(train) - n_val, len(train)))
+    return train, val

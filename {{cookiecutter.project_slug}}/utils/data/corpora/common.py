@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal, NamedTuple, Optional
+from typing import Literal, NamedTuple, Optional, Union
 
-from utils.data.corpus import BadClip, DataError, Utterance
+from utils.data.corpus import BadClip, Corpus, DataError, Utterance
 
 
 class LineIssue(NamedTuple):
@@ -18,10 +18,11 @@ class LineIssue(NamedTuple):
 
 
 class Part(NamedTuple):
-    """A split as a reader found it: its good utterances in corpus order, the lines it refused, and the file or folder
-    the messages name (``metadata.csv``'s path, a filelist's, a subset's)."""
+    """A split as a reader found it: its good utterances in corpus order (a :class:`Corpus` where the reader makes
+    the columns at once), the lines it refused, and the file or folder the messages name (``metadata.csv``'s path, a
+    filelist's, a subset's)."""
 
-    rows: list[Utterance]
+    rows: Union[list[Utterance], Corpus]
     issues: list[LineIssue]
     where: str
 
