@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal, NamedTuple, Optional, Union
+from typing import Callable, Literal, NamedTuple, Optional, Union
 
-from utils.data.corpus import BadClip, Corpus, DataError, Utterance
+from utils.data.corpus import BadClip, Corpus, DataConfig, DataError, Utterance
 
 
 class LineIssue(NamedTuple):
@@ -119,3 +119,19 @@ def named_files(pattern: str, root: Path, key: str) -> list[Path]:
     if not found:
         raise DataError(f"data.{key} not found: {pattern} (looked in {root})")
     return found
+
+
+def manifests_of(data: DataConfig, root: Path, find: Callable[[Path], list[Path]],
+                 none: str) -> tuple[list[Path], list[Path], list[str]]:
+    """The training and validation manifests: those ``data.training_files`` and ``data.validation_files`` name
+    (:func:`named_files`), else ``find(root)``'s sorted by :func:`apart`; and the note :func:`apart` gives.
+    DataError: one named and not found, or no training manifest (``none``: what the message says is missing)."""
+    notes: list[str] = []
+    if data.training_files:
+        train = named_files(data.training_files, root, "training_files")
+        val = named_files(data.validation_files, root, "validation_files") if data.validation_files else []
+    else:
+        train, val, notes = apart(find(root), root)
+    if not train:
+        raise DataError(f"{root}: {none}; name it with data.training_files")
+    return train, val, notes

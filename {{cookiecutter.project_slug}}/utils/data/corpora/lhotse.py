@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from utils.data.corpora.common import Found, LineIssue, Part, apart, audio_issue, named_files, repeated_id
+from utils.data.corpora.common import Found, LineIssue, Part, audio_issue, manifests_of, repeated_id
 from utils.data.corpus import SINGLE_SPEAKER, BadClip, DataConfig, DataError, Utterance
 
 TREE = "*cuts*.jsonl[.gz]: lhotse CutSet manifests"
@@ -100,14 +100,6 @@ def read(root: Path, data: DataConfig) -> Found:
     """The cuts of the manifests (see the module): id, audio (``PATH#t=START,END`` where the cut is a span of its
     recording), the supervisions' transcripts joined, the first one's speaker (else :data:`SINGLE_SPEAKER`) and
     language, the cut's duration. DataError: no manifest, one named and not found, unreadable, or not of cuts."""
-    notes: list[str] = []
-    if data.training_files:
-        train = named_files(data.training_files, root, "training_files")
-        val = named_files(data.validation_files, root, "validation_files") if data.validation_files else []
-    else:
-        train, val, notes = apart(_manifests(root), root)
-    if not train:
-        raise DataError(f"{root}: no lhotse cuts manifest to train on (*cuts*.jsonl[.gz]); name it with "
-                        "data.training_files")
+    train, val, notes = manifests_of(data, root, _manifests, "no lhotse cuts manifest to train on (*cuts*.jsonl[.gz])")
     first: dict[str, str] = {}
     return Found(_scan(train, first), _scan(val, first) if val else None, notes)

@@ -21,9 +21,17 @@ from typing import Optional
 
 import numpy as np
 
-from utils.data.corpora.common import (Found, Part, apart, audio_issue, malformed, named_files, read_lines, repeated_id,
-                                      text_issue)
-from utils.data.corpus import SINGLE_SPEAKER, Corpus, DataConfig, DataError, Strings, Utterance
+from utils.data.corpora.common import (
+    Found,
+    Part,
+    audio_issue,
+    malformed,
+    manifests_of,
+    read_lines,
+    repeated_id,
+    text_issue,
+)
+from utils.data.corpus import SINGLE_SPEAKER, Corpus, DataConfig, Strings, Utterance
 
 TREE = "*.json or *.jsonl manifests: audio_filepath, duration, text, speaker"
 TEXT_KEYS = ("text_normalized", "normalized_text", "text")  # the first a line has is its transcript
@@ -194,14 +202,6 @@ def read(root: Path, data: DataConfig) -> Found:
     manifest's folder, without suffix, folders joined by ``_``; its speaker: the line's ``speaker``, else the
     manifest's name before ``_manifest`` as HiFi-TTS names them, else :data:`SINGLE_SPEAKER`). DataError: no
     manifest, one named and not found, unreadable or empty."""
-    notes: list[str] = []
-    if data.training_files:
-        train = named_files(data.training_files, root, "training_files")
-        val = named_files(data.validation_files, root, "validation_files") if data.validation_files else []
-    else:
-        train, val, notes = apart(_manifests(root), root)
-    if not train:
-        raise DataError(f"{root}: no NeMo training manifest (*.json or *.jsonl lines with an audio_filepath); name "
-                        "them with data.training_files")
+    train, val, notes = manifests_of(data, root, _manifests, "no NeMo training manifest (*.json or *.jsonl lines with an audio_filepath)")
     first: dict[str, str] = {}
     return Found(_scan(train, first), _scan(val, first) if val else None, notes)
