@@ -7,7 +7,7 @@
     python -m scripts.benchmark --device cpu --full-size          # full-size models on a CPU (minutes a step)
     python -m scripts.benchmark --check                           # fast path loss vs eager float32 loss
     python -m scripts.benchmark --loader --dataset-path DIR       # input pipeline items/s
-    python -m scripts.benchmark --padding --dataset-path DIR      # padded share of batches: random, buckets, frames
+    python -m scripts.benchmark --padding --dataset-path DIR      # random, buckets, frames: padding, train items/s
     python -m scripts.benchmark --plan 1000000                    # an epoch planned over a million lengths
     python -m scripts.benchmark --plan-corpus --dataset-path DIR  # a corpus read, measured and planned
 
@@ -25,9 +25,13 @@ untimed steps, then the median of ``--steps``. Rows: ``case``, ``mode`` (``tf32`
 ``_cached_mels``), then the fewest workers that keep up. **Padding** (``--padding``): per model with
 ``Training.variable_length``, one epoch's batches of its training utterances as ``data.batching=frames``, ``buckets``
 and ``random`` make them: rows ``padding_<model>`` with ``batches``, ``items_per_batch``, ``padding_fraction``,
-``plan_s``, ``items_per_s`` (planned) and ``peak_rss_mib``, then a table. **Plan** (``--plan N``): the same over
-``N`` lengths spread as LJSpeech's, no corpus read (rows ``plan_<N>``; the full-size config's batch size): the time
-and memory a rank spends planning an epoch of a corpus that size. **Plan a corpus** (``--plan-corpus``): what a
+``plan_s``, ``plan_items_per_s`` (utterances planned a second) and ``peak_rss_mib``; then the train step (eager,
+``train.precision``) on the first ``--steps`` batches of each batching's training loader, read beforehand (loading
+not timed): ``train_batches``, ``train_padding_fraction`` (of those batches), ``train_step_s`` (mean),
+``train_items_per_s`` (utterances a second through forward, backward and optimizer) and ``train_frames_per_s`` (their
+mel frames, padding excluded); then a table. **Plan** (``--plan N``): the planning columns over ``N`` lengths spread
+as LJSpeech's, no corpus read (rows ``plan_<N>``; the full-size config's batch size): the time and memory a rank
+spends planning an epoch of a corpus that size. **Plan a corpus** (``--plan-corpus``): what a
 rank does at start-up with the training split of ``--dataset-path``, metadata only: reader, lengths and frame-budget
 plan timed apart (``read_s``, ``lengths_s``, ``plan_s``, ``total_s``), ``peak_rss_mib``, and ``worker_own_mib``, the
 memory a forked loader worker makes its own reading every utterance's fields (``corpus_<N>``).
@@ -98,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compare", metavar="REF_JSON", help="reference harness rows: add ratio_vs_reference")
     parser.add_argument("--loader", action="store_true", help="time the training DataLoader instead")
     parser.add_argument("--padding", action="store_true",
-                        help="the padded share of batches over one epoch, each data.batching (no model runs)")
+                        help="each data.batching's padded share over one epoch, and the train step's items/s on "
+                        "--steps of its batches")
     parser.add_argument("--plan", type=int, metavar="N",
                         help="plan an epoch of N synthetic lengths with each data.batching: seconds, memory, padding")
     parser.add_argument("--plan-corpus", action="store_true",
@@ -241,7 +246,8 @@ def run_checks(cases: list[tuple[str, BenchmarkCase]], args: argparse.Namespace,
 def run(args: argparse.Namespace, device: torch.device, emit: Rows) -> int:
     """The mode the command line asks for (padding, loader, check, or timing the train step); its exit status."""
     if args.padding or args.plan:
-        print_batching_table((padding_rows if args.padding else plan_rows)(args, args.models, emit))
+        print_batching_table(padding_rows(args, device, args.models, emit) if args.padding else
+                             plan_rows(args, args.models, emit))
         return 0
     if args.plan_corpus:
         row = corpus_plan_row(args, args.models, emit)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import resource
 import time
@@ -17,12 +18,12 @@ from model import ModelSpec
 from models import MODELS
 from parts import PARTS
 from scripts.benchmark_step import (BenchmarkError, make_train_step, median_step_time, progress_bar, release, skip_note,
-                                    synchronize)
+                                    synchronize, timed_call)
 from train import load_run_config
 from utils.config import Config
 from utils.data.audio import MelSpectrogram
 from utils.data.corpora import load_splits
-from utils.data.loader import batch_stream, make_loader, to_device
+from utils.data.loader import batch_stream, epoch_order, make_loader, to_device
 from utils.data.samplers import FrameBudgetSampler, LengthBucketSampler, padding_fraction, random_batches
 from utils.data.sources import clip_samples
 from utils.train_state import TrainState
@@ -63,10 +64,11 @@ def loader_rows(args: argparse.Namespace, device: torch.device, models: list[str
     return rows
 
 
-def padding_rows(args: argparse.Namespace, models: list[str], emit: Callable[[dict], None]) -> list[dict]:
+def padding_rows(args: argparse.Namespace, device: torch.device, models: list[str],
+                 emit: Callable[[dict], None]) -> list[dict]:
     """``padding_<model>`` rows of the ``models`` with ``Training.variable_length`` (:func:`batching_rows` of their
-    training utterances), each passed to ``emit``; the others are skipped with a line saying so. Raises
-    BenchmarkError: fewer training utterances than one batch."""
+    training utterances, with :func:`trained_fields` on ``device``), each passed to ``emit``; the others are skipped
+    with a line saying so. Raises BenchmarkError: fewer training utterances than one batch."""
     rows = []
     for name in models:
         if not MODELS[name].training.variable_length:
@@ -78,8 +80,45 @@ def padding_rows(args: argparse.Namespace, models: list[str], emit: Callable[[di
         if len(lengths) < cfg.section(name).batch_size:
             raise BenchmarkError(f"{len(lengths)} training utterances are too few for one batch of "
                                  f"{cfg.section(name).batch_size}; use --set {name}.batch_size=N")
-        rows += batching_rows((f"padding_{name}", "padding"), lengths, cfg, name, emit)
+        rows += batching_rows((f"padding_{name}", "padding"), lengths, cfg, name, emit, lambda batching, max_frames: (
+            trained_fields(MODELS[name], run_config(args, name, args.tiny, (
+                "data.num_workers=0", f"data.batching={batching}", f"data.max_frames={max_frames}")), train_set, args,
+                device)))
     return rows
+
+
+def trained_fields(spec: ModelSpec, cfg: Config, train_set, args: argparse.Namespace, device: torch.device) -> dict:
+    """The train step (:func:`make_train_step`: eager, ``train.precision``, one model of seed 0) on the first ``--steps``
+    batches of ``train.py``'s training loader with ``cfg`` (its ``data.batching``; epoch 0, then 1, ... as needed),
+    all read before the first step (data loading excluded, the copy to ``device`` included), each stepped once and
+    timed; ``--warmup`` untimed steps on the first batch before. Fields: ``train_batches``,
+    ``train_padding_fraction`` (padded mel frames' share of those batches), ``train_step_s`` (mean seconds a step),
+    ``train_items_per_s`` (utterances a second through forward, backward and optimizer step) and
+    ``train_frames_per_s`` (their mel frames a second, padding excluded). Raises BenchmarkError: the dataset is too
+    small for one batch."""
+    loader, lengths = training_loader(spec, cfg, train_set, device), train_set.lengths()
+    sampler, indices, epoch = epoch_order(loader)[0], [], 0
+    while len(indices) < args.steps:
+        sampler.set_epoch(epoch)
+        indices += itertools.islice(loader.batch_sampler, args.steps - len(indices))
+        epoch += 1
+    batches = [loader.collate_fn([train_set[i] for i in batch]) for batch in indices]
+    torch.manual_seed(0)
+    step = make_train_step(spec.build_model(cfg).to(device), spec.training.build_criterion(cfg), batches[0], cfg, spec,
+                           cfg.train.precision, device)
+    for _ in range(args.warmup):
+        step()
+    synchronize(device)
+    seconds = 0.0
+    with progress_bar(len(batches), f"train_{spec.name} ({cfg.data.batching})", "step", args.progress) as bar:
+        for batch in batches:
+            seconds += timed_call(lambda: step(batch), device)
+            bar.update()
+    release(device)
+    items = [i for batch in indices for i in batch]
+    return {"train_batches": len(batches), "train_padding_fraction": round(padding_fraction(indices, lengths), 4),
+            "train_step_s": round(seconds / len(batches), 4), "train_items_per_s": round(len(items) / seconds, 2),
+            "train_frames_per_s": round(sum(lengths[i] for i in items) / seconds)}
 
 
 def plan_rows(args: argparse.Namespace, models: list[str], emit: Callable[[dict], None]) -> list[dict]:
@@ -155,14 +194,14 @@ def ljspeech_like_lengths(count: int, seed: int = 0) -> np.ndarray:
     return (seconds * 86).astype(np.int64)
 
 
-def batching_rows(case: tuple[str, str], lengths: Sequence[int], cfg: Config, name: str,
-                  emit: Callable[[dict], None]) -> list[dict]:
+def batching_rows(case: tuple[str, str], lengths: Sequence[int], cfg: Config, name: str, emit: Callable[[dict], None],
+                  more: Callable[[str, int], dict] = lambda batching, max_frames: {}) -> list[dict]:
     """Rows of ``case`` (its name and mode), each passed to ``emit``: one epoch's batches of ``lengths`` (mel frames)
     as each ``data.batching`` makes them with ``cfg``, frame budgets first (within ``data.max_frames``, or where it is
     0 within model ``name``'s ``batch_size`` x the longest length, what a fixed batch may pad to): ``batches``,
     ``items_per_batch``, ``padding_fraction``, ``plan_s`` (seconds to plan the epoch for all ranks, as every rank
-    does), ``items_per_s`` (planned) and ``peak_rss_mib`` (this process's peak resident memory so far, imports
-    included)."""
+    does), ``plan_items_per_s`` (utterances planned a second, not trained), ``peak_rss_mib`` (this process's peak
+    resident memory so far, imports included), then the fields ``more(batching, max_frames)`` gives."""
     data, batch_size, seed = cfg.data, cfg.section(name).batch_size, cfg.train.seed
     max_frames = data.max_frames or batch_size * int(max(lengths))
     plans = {"frames": lambda: FrameBudgetSampler(lengths, max_frames, seed=seed, pool=data.bucket_pool,
@@ -179,19 +218,24 @@ def batching_rows(case: tuple[str, str], lengths: Sequence[int], cfg: Config, na
                      **({"max_frames": max_frames} if batching == "frames" else {}), "utterances": len(lengths),
                      "batches": len(batches), "items_per_batch": round(sum(map(len, batches)) / len(batches), 2),
                      "padding_fraction": round(padding_fraction(batches, lengths), 4), "plan_s": round(seconds, 4),
-                     "items_per_s": round(len(lengths) / seconds),
+                     "plan_items_per_s": round(len(lengths) / seconds),
                      "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)})
+        rows[-1].update(more(batching, max_frames))
         emit(rows[-1])
     return rows
 
 
 def print_batching_table(rows: list[dict]) -> None:
-    """The batching rows side by side."""
-    print("\n| case | batching | utterances | batches | items a batch | padding | plan s | items/s | peak RSS MiB |\n"
-          + "|---" * 9 + "|")
+    """The batching rows side by side: the epoch's plan, then (rows with :func:`trained_fields`) the train step's."""
+    trained = all("train_batches" in r for r in rows)
+    print("\n| case | batching | utterances | batches | items a batch | padding | plan s | plan items/s | peak RSS MiB |"
+          + (" trained batches | their padding | train items/s | train frames/s |" if trained else "") + "\n"
+          + "|---" * (13 if trained else 9) + "|")
     for r in rows:
         print(f"| {r['case']} | {r['batching']} | {r['utterances']:,} | {r['batches']:,} | {r['items_per_batch']} | "
-              f"{100 * r['padding_fraction']:.1f}% | {r['plan_s']} | {r['items_per_s']:,} | {r['peak_rss_mib']:,} |")
+              f"{100 * r['padding_fraction']:.1f}% | {r['plan_s']} | {r['plan_items_per_s']:,} | {r['peak_rss_mib']:,} |"
+              + (f" {r['train_batches']} | {100 * r['train_padding_fraction']:.1f}% | {r['train_items_per_s']:,} | "
+                 f"{r['train_frames_per_s']:,} |" if trained else ""))
 
 
 def training_loader(spec: ModelSpec, cfg: Config, train_set, device: torch.device):

@@ -7,7 +7,7 @@ import argparse
 import copy
 import dataclasses
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch._inductor.config as inductor_config
@@ -97,7 +97,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_call(step: Callable[[], Any], device: torch.device) -> float:
+def timed_call(step: Callable[[], Any], device: torch.device) -> float:
     """Seconds of one call of ``step``: between two CUDA events on CUDA (the device's own time, queued work
     included), ``time.perf_counter`` on the CPU."""
     if device.type != "cuda":
@@ -123,16 +123,17 @@ def median_step_time(step: Callable[[], Any], warmup: int, steps: int, device: t
             synchronize(device)
             bar.update()
         for _ in range(steps):
-            times.append(_timed_call(step, device))
+            times.append(timed_call(step, device))
             bar.update()
     return sorted(times)[len(times) // 2]
 
 
 def make_train_step(model: torch.nn.Module, criterion: Callable, batch: dict, cfg: Config, spec: ModelSpec,
-                    precision: str, device: torch.device) -> Callable[[], dict[str, torch.Tensor]]:
+                    precision: str, device: torch.device) -> Callable[..., dict[str, torch.Tensor]]:
     """``train.py``'s optimizer step (one micro-batch, one process; no all-reduce, spike check or LR schedule) as a
     closure returning ``{"loss": the last phase's detached loss}``, plus ``loss_<phase>`` and each phase's metrics for
-    a model of several optimizers: per phase :func:`utils.training.step.forward_backward` and its optimizer step.
+    a model of several optimizers: per phase :func:`utils.training.step.forward_backward` and its optimizer step. The
+    closure steps on ``batch``, or on the batch it is given.
 
     Raises:
         TrainingError: the model's ``build_optimizer`` or ``networks`` do not match its phases.
@@ -144,8 +145,8 @@ def make_train_step(model: torch.nn.Module, criterion: Callable, batch: dict, cf
     step_fn = spec.training.phases.train_step if spec.training.phases is not None else one_loss_step(criterion)
     prepare = on_device_hook(spec, cfg)
 
-    def step() -> dict[str, torch.Tensor]:
-        micro, losses = [to_device(batch, device, prepare)], {}
+    def step(other: Optional[dict] = None) -> dict[str, torch.Tensor]:
+        micro, losses = [to_device(batch if other is None else other, device, prepare)], {}
         for phase in phases:
             result = forward_backward(phase, phases, step_fn, micro, amp, cfg.train.grad_clip)
             amp.scaler.step(phase.optimizer)

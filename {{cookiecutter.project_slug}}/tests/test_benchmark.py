@@ -104,18 +104,31 @@ def test_benchmark_cpu_smoke_writes_a_row_per_case_and_precision(tmp_path, capsy
     assert "| case | mode |" in said.out
 
 
-def test_padding_on_a_cpu_takes_the_tiny_batches_and_refuses_fixed_length_models_in_one_line(tmp_path, capsys):
+def test_padding_trains_each_batching_at_the_tiny_batch_sizes_and_refuses_fixed_length_models(tmp_path, capsys):
     """``--padding`` as the manual writes it, without ``--tiny``: a CPU takes the tiny block's batch sizes (a demo
-    corpus holds fewer utterances than one full-size batch); a run of fixed-length models only is one error line."""
-    corpus, variable = synth_corpus(tmp_path / "corpus", n=12), [n for n in MODELS if MODELS[n].training.variable_length]
+    corpus holds fewer utterances than one full-size batch); each batching's row has the planning speed and the train
+    step's over ``--steps`` batches of its loader: 2, a whole epoch of fixed batches of 2 here, which pad as the
+    epoch's plan does. A run of fixed-length models only is one error line."""
+    corpus, variable = synth_corpus(tmp_path / "corpus", n=6), [n for n in MODELS if MODELS[n].training.variable_length]
     fixed = [name for name in MODELS if name not in variable]
     if variable:
-        assert benchmark.main(["--padding", "--device", "cpu", "--dataset-path", str(corpus)]) == 0
+        assert benchmark.main(["--padding", "--device", "cpu", "--dataset-path", str(corpus), "--steps", "2",
+                               "--warmup", "0", "--no-progress"]) == 0
         out = capsys.readouterr().out
         rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
         assert {(r["case"], r["batching"], r["batch_size"]) for r in rows} == {
             (f"padding_{n}", b, cfg.section(n).batch_size) for n in variable for b in ("random", "buckets", "frames")}
+        for r in rows:
+            assert "items_per_s" not in r and r["plan_items_per_s"] > 0 and r["train_batches"] == 2, r
+            assert r["train_items_per_s"] > 0 and 0 <= r["train_padding_fraction"] < 1, r
+            utterances = r["train_items_per_s"] * r["train_step_s"] * 2  # both rounded: within 1% here
+            if r["batching"] == "frames":  # at least one a batch
+                assert utterances > 0.99 * 2, r
+            else:  # the epoch's fixed batches, trained as planned
+                assert r["batches"] == 2 and utterances == pytest.approx(2 * r["batch_size"], rel=0.01), r
+                assert r["train_padding_fraction"] == r["padding_fraction"], r
+        assert "| plan items/s | peak RSS MiB | trained batches | their padding | train items/s |" in out
         assert "on a CPU: the batch sizes of config.json's tiny block" in out
         assert all(f"skipping {name}: its items all have one length" in out for name in fixed), out
     if fixed:
@@ -142,7 +155,7 @@ def test_plan_times_an_epoch_of_synthetic_lengths_for_each_batching_side_by_side
     assert rows["random"]["items_per_batch"] == rows["buckets"]["items_per_batch"] == batch
     assert rows["frames"]["max_frames"] == batch * 868 and rows["frames"]["items_per_batch"] > batch  # 10.1 s clips
     assert rows["frames"]["padding_fraction"] < 0.05 < 0.25 < rows["random"]["padding_fraction"]
-    assert all(r["plan_s"] >= 0 and r["items_per_s"] > 0 and r["peak_rss_mib"] > 0 for r in rows.values())
+    assert all(r["plan_s"] >= 0 and r["plan_items_per_s"] > 0 and r["peak_rss_mib"] > 0 for r in rows.values())
     assert "| plan_5000 | frames | 5,000 |" in out
     for argv, said in ((["--plan", "0"], "--plan 0: plan at least 1 length"),
                        (["--plan", "9", "--loader", "--dataset-path", "x"],
