@@ -54,7 +54,7 @@ WORDS = {  # what a project without the part must not mention (case-insensitive,
                         "azureml", "vertex ai", "grace_period", "requirements-launch"],
     "after_training_tools": ["onnx", "onnxruntime", "scripts.export", "import_weights", "dump_gta_mels",
                              "scripts.plot_run"],
-    "benchmarks": ["scripts.benchmark", "benchmark_step", "benchmark_data", "scripts.scaling"],
+    "benchmarks": ["scripts.benchmark", "benchmark_step", "benchmark_data", "benchmark_data_rows", "scripts.scaling"],
     "experiment_trackers": ["wandb", "mlflow", "requirements-trackers", "tracker_project"],
 }
 """Words of each part: a project without it names none of them in its README, manual, config or ``--help`` texts."""

@@ -75,8 +75,8 @@ TABLE = {
     },
     "benchmarks": {
         "files": ["utils/benchmark.py", "scripts/benchmark.py", "scripts/benchmark_step.py",
-                  "scripts/benchmark_data.py", "scripts/scaling.py", "tests/test_benchmark.py",
-                  "tests/test_benchmark_hifigan.py", "tests/test_benchmark_tacotron2.py",
+                  "scripts/benchmark_data.py", "scripts/benchmark_data_rows.py", "scripts/scaling.py",
+                  "tests/test_benchmark.py", "tests/test_benchmark_hifigan.py", "tests/test_benchmark_tacotron2.py",
                   "models/waveglow/benchmark.py", "models/hifigan/benchmark.py", "models/tacotron2/benchmark.py"],
         "keys": [],
     },

@@ -53,8 +53,8 @@ if not __package__:  # run by its path, not as python -m scripts.NAME: the proje
 import torch
 
 from models import MODELS
-from scripts.benchmark_data import (corpus_plan_row, loader_rows, padding_rows, plan_rows, print_batching_table,
-                                    print_loader_table)
+from scripts.benchmark_data_rows import (corpus_plan_row, loader_rows, padding_rows, plan_rows, print_batching_table,
+                                         print_loader_table)
 from scripts.benchmark_step import (PRECISION_MODES, BenchmarkError, bench_case, case_config, case_name, cases_for,
                                     check_case, skip_note, use_fast_path)
 from utils.benchmark import BenchmarkCase

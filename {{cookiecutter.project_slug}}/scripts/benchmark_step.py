@@ -1,5 +1,5 @@
 """The train-step and ``--check`` parts of ``python -m scripts.benchmark`` (its docstring says what they measure), and
-the cases, train step, timing and progress bars that :mod:`scripts.benchmark_data` uses too."""
+the cases, train step, timing and progress bars that :mod:`scripts.benchmark_data_rows` uses too."""
 
 from __future__ import annotations
 

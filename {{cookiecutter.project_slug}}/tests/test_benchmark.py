@@ -18,7 +18,7 @@ from conftest import (ROOT, TEST_MODEL, bound, clean_env, process_settings_kept,
 
 from models import MODELS
 from parts import PARTS, config_schemas
-from scripts import benchmark, benchmark_step
+from scripts import benchmark, benchmark_data, benchmark_step
 from utils.benchmark import BenchmarkCase
 from utils.config import load_config
 
@@ -163,6 +163,23 @@ def test_plan_times_an_epoch_of_synthetic_lengths_for_each_batching_side_by_side
         with pytest.raises(SystemExit):
             benchmark.parse_args([*argv, "--device", "cpu"])
         assert said in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not any(spec.training.variable_length for spec in MODELS.values()),
+                    reason="no registered model has items of different lengths to batch by length")
+def test_benchmark_data_runs_a_data_mode_alone_and_refuses_none(capsys):
+    """``python -m scripts.benchmark_data``: a data mode of ``scripts.benchmark`` alone, the same rows and table; a
+    usage error naming the data modes where none is given."""
+    assert benchmark_data.main(["--plan", "3000", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = [json.loads(line) for line in out.splitlines() if line[:1] == "{"]
+    assert [(row["case"], row["batching"]) for row in rows] == [("plan_3000", name)
+                                                                for name in ("frames", "buckets", "random")]
+    assert "| plan_3000 | frames | 3,000 |" in out
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark_data.main(["--device", "cpu"])
+    said = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "give one of --loader, --padding, --plan, --plan-corpus" in said, said
 
 
 @pytest.mark.skipif(not any(spec.training.variable_length for spec in MODELS.values()),
