@@ -21,6 +21,9 @@ from utils.data.sources import clip_samples, parse, read_audio
 
 SR = 22050
 LAYOUTS = ["vctk", "libritts", "nemo", "parquet", "lhotse", "filelist"]
+HEAVY = ("parquet", "lhotse")
+"""The layouts whose libraries take seconds to import (``datasets``, ``lhotse``): their tests are in the slow tier."""
+EACH_LAYOUT = [pytest.param(layout, marks=pytest.mark.slow) if layout in HEAVY else layout for layout in LAYOUTS]
 GIVES_DURATIONS = {"nemo", "lhotse"}  # the others' durations come from the headers
 NOTES = {"vctk": "not read: the audio of 1 speaker(s) without transcripts (p315", "libritts": "not read: 1 test split",
          "nemo": "not read: 1 test split", "parquet": "", "lhotse": "", "filelist": ""}
@@ -34,12 +37,19 @@ def data_section(root: Path, layout: str, **keys) -> DataConfig:
 
 @pytest.fixture(scope="module")
 def corpora(tmp_path_factory):
-    """Each layout's tiny corpus (2 speakers, 3 clips each) and the rows a reader must find."""
+    """``corpora[layout]``: the layout's tiny corpus (2 speakers, 3 clips each) and the rows a reader must find, written
+    when first asked for (the parquet and lhotse layouts import libraries that take seconds)."""
     root = tmp_path_factory.mktemp("layouts")
-    return {layout: (root / layout, layout_corpus(root / layout, layout)) for layout in LAYOUTS}
+
+    class Written(dict):
+        def __missing__(self, layout: str):
+            self[layout] = (root / layout, layout_corpus(root / layout, layout))
+            return self[layout]
+
+    return Written()
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", EACH_LAYOUT)
 def test_each_layout_is_detected_and_read_with_ids_texts_speakers_and_durations(corpora, layout):
     """``data.format=auto`` names the layout it found; every utterance has its id, transcript (the normalized one),
     speaker and language; durations come from the manifests that give them, else the headers (NaN in the table);
@@ -61,7 +71,7 @@ def test_each_layout_is_detected_and_read_with_ids_texts_speakers_and_durations(
     assert {u.language for u in [*train, *val]} == ({"English"} if layout == "lhotse" else {""})
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", EACH_LAYOUT)
 def test_each_layouts_clips_decode_to_the_length_their_metadata_gives(corpora, layout):
     """Every clip decodes (soundfile; FLAC, WAV, a parquet row's bytes, a span of a recording), resampled to the
     model's rate, to the samples ``clip_samples`` gives from headers (exactly) or durations (to the sample)."""
@@ -75,6 +85,7 @@ def test_each_layouts_clips_decode_to_the_length_their_metadata_gives(corpora, l
         (layout, [len(audio) for audio in decoded], samples.tolist())
 
 
+@pytest.mark.slow  # the parquet and lhotse layouts (HEAVY)
 def test_a_clip_at_another_rate_is_resampled_as_librosa_resamples_it(corpora):
     """A 24 kHz parquet row and a 16 kHz span of a lhotse recording: soxr at HQ, the length librosa's ``resample``
     gives, its samples to the bit (``librosa.resample(res_type="soxr_hq")``, what the project used before)."""

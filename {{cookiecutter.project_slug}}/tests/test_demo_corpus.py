@@ -60,6 +60,9 @@ TREES = {
 AUDIO = {"ljspeech": ("WAV", 22050), "filelist": ("WAV", 22050), "vctk": ("FLAC", 48000), "libritts": ("WAV", 24000),
          "nemo": ("FLAC", 44100), "lhotse": ("WAV", 24000)}
 """Each layout's audio files: format and sampling rate (Hz), as its real corpus's (the parquet's: tested below)."""
+EACH_LAYOUT = [pytest.param(layout, marks=pytest.mark.slow) if layout in ("parquet", "lhotse") else layout
+               for layout in TREES]
+"""Every layout; those whose libraries take seconds to import (``datasets``, ``lhotse``) in the slow tier."""
 
 
 def built(tmp_path_factory, layout: str) -> Path:
@@ -68,7 +71,7 @@ def built(tmp_path_factory, layout: str) -> Path:
     return demo_corpus(tmp_path_factory, layout, speakers=1 if layout == "ljspeech" else 2, n=4)
 
 
-@pytest.mark.parametrize("layout", list(TREES))
+@pytest.mark.parametrize("layout", EACH_LAYOUT)
 def test_each_layout_writes_the_tree_of_its_corpus(tmp_path_factory, layout):
     root = built(tmp_path_factory, layout)
     assert sorted(files(root)) == sorted(TREES[layout])
@@ -78,7 +81,7 @@ def test_each_layout_writes_the_tree_of_its_corpus(tmp_path_factory, layout):
         assert info.duration > 0.5 and np.abs(sf.read(str(path))[0]).max() > 0.01, path  # speech, not silence
 
 
-@pytest.mark.parametrize("layout", list(TREES))
+@pytest.mark.parametrize("layout", EACH_LAYOUT)
 def test_data_format_auto_reads_each_layout_as_written(tmp_path_factory, layout):
     """The corpus readers, left to find the layout (``data.format=auto``, the default section: the filelists too, in
     ``filelists/``), name the layout
@@ -134,6 +137,7 @@ def test_filelists_and_nemo_manifests_list_path_speaker_and_text(tmp_path_factor
         assert row["duration"] == sf.info(str(root / row["audio_filepath"])).duration
 
 
+@pytest.mark.slow  # datasets and lhotse take seconds to import
 def test_the_parquet_loads_with_datasets_as_libritts_r_on_the_hub(tmp_path_factory, tmp_path):
     from datasets import Audio, Dataset
 
@@ -150,6 +154,7 @@ def test_the_parquet_loads_with_datasets_as_libritts_r_on_the_hub(tmp_path_facto
         assert (info.format, info.samplerate, info.channels) == ("WAV", 24000, 1) and info.duration > 0.5
 
 
+@pytest.mark.slow  # datasets and lhotse take seconds to import
 def test_the_lhotse_cutset_loads_with_lhotse(tmp_path_factory):
     from lhotse import load_manifest_lazy
 
