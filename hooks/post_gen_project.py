@@ -2,7 +2,8 @@
 idempotent.
 
 Each example model is a set of whole files (its package in ``models/``, its layers, its tests); the table below lists
-them, and a second one the files that need two of them (Tacotron2 and a vocoder). ``config.json`` loses the sections
+them, and a second one the files that need two of them (Tacotron2 and a vocoder). Matcha-TTS is listed before it is a
+choice: no answer chooses it yet, so every project leaves its files out. ``config.json`` loses the sections
 (and ``tiny`` overrides) of models not chosen, and the registry ``models/__init__.py`` the lines that name them (its
 ``from models import <name>`` and ``<name>.SPEC,`` lines). The parts are declared once, in the project's composition
 root ``parts.py`` (:data:`ROOT_FILE`): its ``TABLE`` lists each part's files and config keys, read here; a part
@@ -34,6 +35,9 @@ FILES = {
                   "scripts/preprocess.py", "tests/test_tacotron2.py", "tests/test_text.py",
                   "tests/test_parity_tacotron2.py", "tests/test_benchmark_tacotron2.py", REF + "net_tacotron2_tf.npz",
                   REF + "net_tacotron2_fr.npz", REF + "text_nvidia.json"],
+    "matcha": ["models/matcha", "modules/matcha.py", "modules/matcha_decoder.py", "tests/test_matcha.py",
+               "tests/test_parity_matcha.py", REF + "make_fixtures_matcha.py", REF + "mas_matcha.npz",
+               REF + "net_matcha_ljspeech.npz", REF + "net_matcha_vctk.npz", REF + "provenance_matcha.json"],
 }
 TOGETHER = {
     "scripts/dump_gta_mels.py": [{"tacotron2"}, {"waveglow", "hifigan"}],
