@@ -1,0 +1,174 @@
+"""Matcha-TTS's network: the text encoder and duration predictor, the optimal-transport conditional flow matching
+(OT-CFM) decoder with its Euler sampler, the alignment of text to frames (monotonic alignment search in training,
+rounded-up predicted durations in synthesis) and the three training losses. Source: Mehta, Tu, Beskow, Székely and
+Henter, "Matcha-TTS: A fast TTS architecture with conditional flow matching" (ICASSP 2024), Sections 2.2 and 3
+(Eqs. 1-4; the prior and duration losses of Glow-TTS, Kim et al., NeurIPS 2020), with the sizes, defaults and masking
+of the authors' implementation (shivammehta25/Matcha-TTS, ``configs/model/matcha.yaml``). Mels are normalised
+(``(log_mel - mel_mean) / mel_std`` over the corpus) ``(B, n_feats, frames)`` at 22.05 kHz, hop 256 (jik876's
+frames); text is token ids ``(B, T_text)``."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.matcha.monotonic_align import maximum_path
+from modules.matcha import TextEncoder, generate_path, sequence_mask
+from modules.matcha_decoder import UNetDecoder
+
+SIGMA_MIN = 1e-4
+"""OT-CFM's ``sigma_min`` (Eq. 3): the width of the conditional path at ``t = 1``."""
+
+
+def fix_length(frames: int, downsamplings: int = 2) -> int:
+    """``frames`` rounded up to a multiple of ``2^downsamplings`` (the authors' ``fix_len_compatibility``; the U-Net
+    halves the frames ``len(channels) - 1`` times, and 2 is their default)."""
+    return int(math.ceil(frames / 2 ** downsamplings) * 2 ** downsamplings)
+
+
+class MatchaTTS(nn.Module):
+    """Text -> normalised mel. ``n_vocab`` token ids; ``n_spks`` speakers (more than 1: a table of ``spk_emb_dim``
+    vectors, joined to the encoder's channels and to the decoder's input); ``n_feats`` mel bands. The encoder:
+    ``n_channels`` wide, ``n_layers`` rotary-attention layers of ``n_heads`` heads, feed-forward ``filter_channels``,
+    ``kernel_size``, dropout ``p_dropout``, a duration predictor of ``filter_channels_dp``. The decoder: U-Net
+    ``channels`` per level, ``n_blocks`` transformer blocks per level of ``num_heads`` x ``attention_head_dim``,
+    ``num_mid_blocks`` middle levels, dropout ``dropout``. Defaults: the authors' LJSpeech model (about 18 M
+    parameters)."""
+
+    def __init__(self, n_vocab: int = 178, n_spks: int = 1, spk_emb_dim: int = 64, n_feats: int = 80,
+                 encoder: dict | None = None, decoder: dict | None = None):
+        super().__init__()
+        enc = {"n_channels": 192, "filter_channels": 768, "filter_channels_dp": 256, "n_heads": 2, "n_layers": 6,
+               "kernel_size": 3, "p_dropout": 0.1, **(encoder or {})}
+        dec = {"channels": (256, 256), "dropout": 0.05, "attention_head_dim": 64, "n_blocks": 1,
+               "num_mid_blocks": 2, "num_heads": 2, **(decoder or {})}
+        self.n_spks, self.n_feats = n_spks, n_feats
+        speaker_channels = spk_emb_dim if n_spks > 1 else 0
+        self.speakers = nn.Embedding(n_spks, spk_emb_dim) if n_spks > 1 else None
+        self.encoder = TextEncoder(n_vocab, n_feats, enc["n_channels"], enc["filter_channels"], enc["n_heads"],
+                                   enc["n_layers"], enc["kernel_size"], enc["p_dropout"], enc["filter_channels_dp"],
+                                   speaker_channels)
+        self.decoder = UNetDecoder(2 * n_feats + speaker_channels, n_feats, **dec)
+
+    def encode(self, ids: torch.Tensor, lengths: torch.Tensor, speakers: torch.Tensor | None = None):
+        """``(mu, logw, mask, speaker vectors)``: ``mu`` ``(B, n_feats, T_text)``, ``logw`` ``(B, 1, T_text)``,
+        ``mask`` ``(B, 1, T_text)``; the speaker vectors ``(B, spk_emb_dim)`` of ids ``speakers`` ``(B,)`` (None with
+        one speaker)."""
+        vectors = self.speakers(speakers.long()) if self.speakers is not None else None
+        mu, logw, mask = self.encoder(ids, lengths, vectors)
+        return mu, logw, mask, vectors
+
+    def euler(self, noise: torch.Tensor, mu: torch.Tensor, mask: torch.Tensor, n_timesteps: int,
+              speakers: torch.Tensor | None = None, steps: list | None = None) -> torch.Tensor:
+        """Integrate the decoder's vector field from ``x_0 = noise`` (``(B, n_feats, T)``, already times the
+        temperature) over ``t`` in [0, 1] with ``n_timesteps`` Euler steps; returns ``x_1``. ``steps``, when given,
+        gets ``x`` before each step (the noise first). ``speakers``: vectors ``(B, spk_emb_dim)`` or None."""
+        t_span = torch.linspace(0, 1, n_timesteps + 1, device=mu.device)
+        t, dt, x = t_span[0], t_span[1] - t_span[0], noise
+        for step in range(1, n_timesteps + 1):
+            if steps is not None:
+                steps.append(x)
+            x = x + dt * self.decoder(x, mask, mu, t, speakers)
+            t = t + dt
+            if step < n_timesteps:
+                dt = t_span[step + 1] - t
+        return x
+
+    @torch.no_grad()
+    def synthesise(self, ids: torch.Tensor, lengths: torch.Tensor, n_timesteps: int, temperature: float = 1.0,
+                   speakers: torch.Tensor | None = None, length_scale: float = 1.0,
+                   noise: torch.Tensor | None = None, steps: list | None = None) -> dict:
+        """Normalised mel of ``ids`` ``(B, T_text)``: each token lasts ``ceil(exp(logw)) * length_scale`` frames, the
+        aligned ``mu`` conditions the sampler, started at ``temperature * noise`` (``(B, n_feats, T)``, ``T`` the
+        longest item's frames rounded up by :func:`fix_length`; drawn from a standard normal when None); ``steps``: as
+        :meth:`euler`'s. Returns
+        ``mu_y`` and ``decoder_out`` ``(B, n_feats, T)`` (unpadded to the longest item: ``[..., :max(mel_lengths)]``),
+        ``durations`` ``(B, 1, T_text)`` (the rounded ones), ``attn`` ``(B, T_text, T)``, ``mel_lengths`` ``(B,)``."""
+        mu_x, logw, x_mask, vectors = self.encode(ids, lengths, speakers)
+        durations = torch.ceil(torch.exp(logw) * x_mask) * length_scale
+        mel_lengths = torch.clamp_min(torch.sum(durations, [1, 2]), 1).long()
+        y_mask = sequence_mask(mel_lengths, fix_length(int(mel_lengths.max()))).unsqueeze(1).to(x_mask.dtype)
+        attn = generate_path(durations.squeeze(1), (x_mask.unsqueeze(-1) * y_mask.unsqueeze(2)).squeeze(1))
+        mu_y = torch.matmul(attn.transpose(1, 2), mu_x.transpose(1, 2)).transpose(1, 2)
+        noise = torch.randn_like(mu_y) if noise is None else noise
+        out = self.euler(noise * temperature, mu_y, y_mask, n_timesteps, vectors, steps)
+        return {"mu_y": mu_y, "decoder_out": out, "durations": durations, "attn": attn, "mel_lengths": mel_lengths}
+
+    def losses(self, ids: torch.Tensor, lengths: torch.Tensor, mel: torch.Tensor, mel_lengths: torch.Tensor,
+               speakers: torch.Tensor | None = None, t: torch.Tensor | None = None,
+               noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(duration, prior, flow_matching, attn)`` of one batch: ``mel`` ``(B, n_feats, T)`` normalised, zero past
+        ``mel_lengths``. The alignment ``attn`` ``(B, T_text, T)`` is the monotonic alignment search's under the
+        encoder's unit-variance Gaussians (no gradient). Duration: squared error of ``logw`` to ``log(1e-8 + frames
+        per token)``, summed, over the number of tokens. Prior: the Gaussian negative log-likelihood of the frames
+        under the aligned ``mu``, over the real frames times ``n_feats``. Flow matching (Eq. 4): squared error of the
+        vector field at ``y = (1 - (1 - sigma_min) t) noise + t mel`` to ``mel - (1 - sigma_min) noise``, summed over
+        the real frames (the field is masked; the target is not), over real frames times ``n_feats``. ``t`` ``(B, 1,
+        1)`` uniform and ``noise`` like ``mel`` standard normal are drawn when None."""
+        mu_x, logw, x_mask, vectors = self.encode(ids, lengths, speakers)
+        y_mask = sequence_mask(mel_lengths, mel.shape[-1]).unsqueeze(1).to(x_mask)
+        attn_mask = (x_mask.unsqueeze(-1) * y_mask.unsqueeze(2)).squeeze(1)
+        with torch.no_grad():
+            log_prior = (torch.matmul(-0.5 * torch.ones_like(mu_x).transpose(1, 2), mel ** 2)
+                         - torch.matmul((-mu_x).transpose(1, 2), mel)
+                         + torch.sum(-0.5 * mu_x ** 2, 1).unsqueeze(-1) - 0.5 * math.log(2 * math.pi) * self.n_feats)
+            attn = maximum_path(log_prior, attn_mask).detach()
+        target_logw = torch.log(1e-8 + torch.sum(attn.unsqueeze(1), -1)) * x_mask
+        duration = torch.sum((logw - target_logw) ** 2) / torch.sum(lengths)
+        mu_y = torch.matmul(attn.transpose(1, 2), mu_x.transpose(1, 2)).transpose(1, 2)
+        t = torch.rand(mel.shape[0], 1, 1, device=mel.device, dtype=mel.dtype) if t is None else t
+        noise = torch.randn_like(mel) if noise is None else noise
+        y = (1 - (1 - SIGMA_MIN) * t) * noise + t * mel
+        u = mel - (1 - SIGMA_MIN) * noise
+        field = self.decoder(y, y_mask, mu_y, t.squeeze(), vectors)
+        flow = F.mse_loss(field, u, reduction="sum") / (torch.sum(y_mask) * u.shape[1])
+        frames = torch.sum(y_mask) * self.n_feats
+        prior = torch.sum(0.5 * ((mel - mu_y) ** 2 + math.log(2 * math.pi)) * y_mask) / frames
+        return duration, prior, flow, attn
+
+
+REFERENCE_NAMES = [  # (the authors' key pattern, ours), applied in order, each at most once per key
+    (r"^spk_emb\.", "speakers."), (r"^encoder\.emb\.", "encoder.embedding."),
+    (r"^encoder\.prenet\.conv_layers\.", "encoder.prenet.convs."),
+    (r"^encoder\.prenet\.norm_layers\.", "encoder.prenet.norms."),
+    (r"^encoder\.encoder\.attn_layers\.(\d+)\.conv_([qkvo])\.", r"encoder.layers.\1.attn.\2."),
+    (r"^encoder\.encoder\.norm_layers_1\.(\d+)\.", r"encoder.layers.\1.norm_attn."),
+    (r"^encoder\.encoder\.ffn_layers\.(\d+)\.", r"encoder.layers.\1.ffn."),
+    (r"^encoder\.encoder\.norm_layers_2\.(\d+)\.", r"encoder.layers.\1.norm_ffn."),
+    (r"^encoder\.proj_m\.", "encoder.to_mu."), (r"^encoder\.proj_w\.", "encoder.durations."),
+    (r"^decoder\.estimator\.", "decoder."),
+    (r"^decoder\.(down|up)_blocks\.(\d+)\.2\.(conv\.)?", r"decoder.\1.\2.resample."),
+    (r"^decoder\.(down|mid|up)_blocks\.(\d+)\.0\.", r"decoder.\1.\2.resnet."),
+    (r"^decoder\.(down|mid|up)_blocks\.(\d+)\.1\.", r"decoder.\1.\2.transformers."),
+    (r"\.mlp\.1\.", ".time_proj."), (r"block(1|2)?\.block\.0\.", r"block\1.conv."),
+    (r"block(1|2)?\.block\.1\.", r"block\1.norm."), (r"\.norm1\.", ".norm_attn."), (r"\.norm3\.", ".norm_ff."),
+    (r"\.attn1\.to_(q|k|v)\.", r".attn.\1."), (r"\.attn1\.to_out\.0\.", ".attn.out."),
+    (r"\.ff\.net\.0\.proj\.", ".ff.proj."), (r"\.ff\.net\.0\.(alpha|beta)$", r".ff.\1"),
+    (r"\.ff\.net\.2\.", ".ff.out."),
+]
+"""How the authors' ``MatchaTTS`` state_dict names map to this network's (:func:`reference_key`)."""
+SHORT = {"q": "query", "k": "key", "v": "value", "o": "out"}
+
+
+def reference_key(key: str) -> str:
+    """This network's name of the authors' ``MatchaTTS`` state_dict key ``key`` (its ``encoder.*``,
+    ``decoder.estimator.*``, ``spk_emb.weight``); the key itself when no rule applies."""
+    for pattern, replacement in REFERENCE_NAMES:
+        key = re.sub(pattern, replacement, key, count=1)
+    return re.sub(r"\.attn\.([qkvo])\.", lambda m: f".attn.{SHORT[m.group(1)]}.", key)
+
+
+def from_reference(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The authors' ``MatchaTTS`` state_dict (``{key: tensor}``) under this network's names (:func:`reference_key`).
+    Raises ``KeyError`` naming the keys when two of theirs map to one of ours."""
+    ours: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        name = reference_key(key)
+        if name in ours:
+            raise KeyError(f"{key} and another key both map to {name}")
+        ours[name] = value
+    return ours
