@@ -19,11 +19,13 @@ CONFIGS = ["ljspeech", "vctk"]
 
 @functools.cache
 def reference_network(name: str) -> tuple[MatchaTTS, dict, dict]:
-    """``(model, arrays, meta)``: the fixture's model, holding the reference's formula weights, in eval mode (made
-    once: the tests only read it)."""
+    """``(model, arrays, meta)``: the fixture's model, holding the reference's formula weights (and its
+    ``overrides``: constants that make the durations differ) in eval mode (made once: the tests only read it)."""
     arrays, meta = reference_fixture(f"net_matcha_{name}.npz")
     model = MatchaTTS(n_spks=meta["data"]["n_spks"])
-    model.load_state_dict(from_reference(formula_state(meta)))
+    state = formula_state(meta)
+    state.update({key: torch.full_like(state[key], value) for key, value in meta["overrides"].items()})
+    model.load_state_dict(from_reference(state))
     return model.eval(), arrays, meta
 
 
@@ -59,7 +61,7 @@ def test_synthesis_computes_the_references_steps_and_mel(name):
     with torch.no_grad():
         mu_x, logw, _, _ = model.encode(ids, lengths, speakers)
         steps = []
-        out = model.synthesise(ids, lengths, n_timesteps=4, temperature=0.667, speakers=speakers,
+        out = model.synthesise(ids, lengths, n_timesteps=3, temperature=0.667, speakers=speakers,
                                noise=torch.from_numpy(arrays["noise"]), steps=steps)
     assert_close(mu_x, arrays["mu_x"], "encoder mu")
     assert_close(logw, arrays["logw"], "log-durations")
