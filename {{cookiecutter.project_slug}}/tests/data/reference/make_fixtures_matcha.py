@@ -96,7 +96,8 @@ def mas_fixture(out: Path) -> None:
     meta = {"reference": "matcha.utils.monotonic_align.maximum_path(value, mask) (Cython core.pyx)",
             "cases": MAS_CASES, "value": f"3 * torch.randn(B, T_text, T_mel, generator) - 50, or whole numbers "
             "torch.randint(-2, 3, (B, T_text, T_mel), generator).float(); generator = "
-            f"torch.Generator().manual_seed({SEED}), drawn case after case", "mask": "1 inside each item's text length x mel length corner",
+            f"torch.Generator().manual_seed({SEED}), drawn case after case",
+            "mask": "1 inside each item's text length x mel length corner",
             "durations_path": "matcha.utils.model.generate_path(durations, durations_mask)"}
     save_npz(out / "mas_matcha.npz", meta, **arrays)
 
