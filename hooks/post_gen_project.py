@@ -2,8 +2,7 @@
 idempotent.
 
 Each example model is a set of whole files (its package in ``models/``, its layers, its tests); the table below lists
-them, and a second one the files that need two of them (Tacotron2 and a vocoder). Matcha-TTS is listed before it is a
-choice: no answer chooses it yet, so every project leaves its files out. ``config.json`` loses the sections
+them, and a second one the files that need two of them (Tacotron2 and a vocoder). ``config.json`` loses the sections
 (and ``tiny`` overrides) of models not chosen, and the registry ``models/__init__.py`` the lines that name them (its
 ``from models import <name>`` and ``<name>.SPEC,`` lines). The parts are declared once, in the project's composition
 root ``parts.py`` (:data:`ROOT_FILE`): its ``TABLE`` lists each part's files and config keys, read here; a part
@@ -21,7 +20,8 @@ import sys
 from pathlib import Path
 
 CHOICE = "{{ cookiecutter.example_model }}"
-CHOSEN = {"both": {"tacotron2", "waveglow"}, "tacotron2_hifigan": {"tacotron2", "hifigan"}}.get(CHOICE, {CHOICE})
+CHOSEN = {"both": {"tacotron2", "waveglow"}, "tacotron2_hifigan": {"tacotron2", "hifigan"},
+          "matcha_hifigan": {"matcha", "hifigan"}}.get(CHOICE, {CHOICE})
 
 REF = "tests/data/reference/"
 FILES = {

@@ -21,14 +21,14 @@ PARTS = {"sharding": {{ cookiecutter.sharding | tojson }}, "cloud_platforms": {{
 
 # Modules the generated project imports or holds: a folder of the same name on sys.path would shadow them.
 SHADOWED = {
-    "torch", "torchaudio", "numpy", "scipy", "librosa", "soundfile", "inflect", "unidecode", "tqdm",
+    "torch", "torchaudio", "numpy", "scipy", "librosa", "soundfile", "inflect", "unidecode", "numba", "phonemizer", "tqdm",
     "tensorboard", "matplotlib", "jinja2", "pytest", "test", "tests", "distributed", "multiproc", "train",
     "model", "inference", "modules", "utils", "scripts", "config", "text", "json", "os", "sys", "io",
     "math", "random", "signal", "typing", "dataclasses", "logging", "pathlib", "time", "copy", "site",
     "wandb", "mlflow",
 }
 LICENSES = ("MIT", "BSD-3-Clause", "Apache-2.0", "Proprietary")
-MODELS = ("waveglow", "tacotron2", "both", "hifigan", "tacotron2_hifigan")
+MODELS = ("waveglow", "tacotron2", "both", "hifigan", "tacotron2_hifigan", "matcha", "matcha_hifigan")
 # registry/namespace/name:tag, as `docker pull` accepts (lower-case repository, tag of [\w.-]).
 IMAGE_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)+:[\w][\w.-]{0,127}$")
 

@@ -2,6 +2,7 @@
 
 from model import ModelSpec
 from models import hifigan
+from models import matcha
 from models import tacotron2
 from models import waveglow
 from utils.config import SHARED_SECTION_NAMES, ModelSection
@@ -31,6 +32,7 @@ def registry(*specs: ModelSpec) -> dict[str, ModelSpec]:
 
 MODELS: dict[str, ModelSpec] = registry(
     hifigan.SPEC,
+    matcha.SPEC,
     tacotron2.SPEC,
     waveglow.SPEC,
 )

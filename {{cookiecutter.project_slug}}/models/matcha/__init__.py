@@ -1,4 +1,28 @@
-"""Matcha-TTS (text -> mel by optimal-transport conditional flow matching): Mehta, Tu, Beskow, Székely and Henter,
-"Matcha-TTS: A fast TTS architecture with conditional flow matching" (ICASSP 2024), with shivammehta25/Matcha-TTS's
-sizes and defaults (layers: ``modules/matcha.py``, ``modules/matcha_decoder.py``). Not registered yet: the network,
-its losses and the alignment search, without a config section, data or training wiring."""
+"""Matcha-TTS (text -> mel by optimal-transport conditional flow matching), the model's spec: Mehta, Tu, Beskow,
+Székely and Henter, "Matcha-TTS: A fast TTS architecture with conditional flow matching" (ICASSP 2024), with
+shivammehta25/Matcha-TTS's sizes and defaults (layers: ``modules/matcha.py``, ``modules/matcha_decoder.py``; text:
+``models/matcha/text.py``)."""
+
+from model import Inference, ModelSpec, Training
+from models.matcha.data import MatchaCollate, build_datasets, count_items
+from models.matcha.inference import add_inference_args, infer
+from models.matcha.network import MatchaConfig, MatchaLoss, build_matcha
+
+SPEC = ModelSpec(
+    name="matcha",
+    config_cls=MatchaConfig,
+    build_model=build_matcha,
+    training=Training(
+        build_criterion=lambda cfg: MatchaLoss(),
+        build_datasets=build_datasets,
+        collate_fn=MatchaCollate(),
+        count_items=count_items,
+        variable_length=True,
+        speaker_rows=("speakers.weight",),
+    ),
+    inference=Inference(infer=infer, add_args=add_inference_args, takes_vocoder=True),
+    # shivammehta25/Matcha-TTS: HiFi-GAN's (jik876's) frames, configs/trainer/default.yaml's gradient_clip_val,
+    # configs/model/optimizer/adam.yaml's lr and weight_decay
+    recipe={"audio.mel_framing": "jik876", "train.grad_clip": 5.0, "train.cudnn_benchmark": False,
+            "optimizer.lr": 1e-4, "optimizer.weight_decay": 0.0},
+)

@@ -11,17 +11,73 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 
+from model import Batch
 from models.matcha.monotonic_align import maximum_path
+from models.matcha.text import SYMBOLS
 from modules.matcha import TextEncoder, generate_path, sequence_mask
 from modules.matcha_decoder import UNetDecoder
+from utils.config import Config, ModelSection
 
 SIGMA_MIN = 1e-4
 """OT-CFM's ``sigma_min`` (Eq. 3): the width of the conditional path at ``t = 1``."""
+
+
+class MatchaConfig(ModelSection):
+    """The ``matcha`` section of ``config.json`` (defaults: the authors' LJSpeech model, ``configs/model/matcha.yaml``
+    and ``configs/experiment/ljspeech.yaml``).
+
+    The encoder: ``n_channels`` wide, ``n_layers`` rotary-attention layers of ``n_heads`` heads, feed-forward
+    ``filter_channels``, convolutions of ``kernel_size`` tokens, dropout ``p_dropout``, a duration predictor of
+    ``filter_channels_dp``; ``spk_emb_dim``: the speaker vectors where ``data.speakers`` names more than one. The
+    decoder: U-Net ``decoder_channels`` per level, ``n_blocks`` transformer blocks per level of ``num_heads`` x
+    ``attention_head_dim``, ``num_mid_blocks`` middle levels, dropout ``decoder_dropout``. ``sigma_min``: OT-CFM's
+    path width at ``t = 1``. Synthesis: ``n_timesteps`` Euler steps from noise times ``temperature``, durations times
+    ``length_scale``. ``mel_mean`` / ``mel_std``: the corpus's log-mel statistics the mels are normalised by (null:
+    computed over the training split when a run starts, and recorded in its checkpoints' config;
+    ``python -m scripts.mel_statistics`` prints them). ``batch_size`` is per process.
+    """
+
+    spk_emb_dim: int = Field(64, ge=1)
+    n_channels: int = Field(192, ge=2)
+    filter_channels: int = Field(768, ge=1)
+    filter_channels_dp: int = Field(256, ge=1)
+    n_heads: int = Field(2, ge=1)
+    n_layers: int = Field(6, ge=1)
+    kernel_size: int = Field(3, ge=1)
+    p_dropout: float = Field(0.1, ge=0, lt=1)
+    decoder_channels: list[int] = Field(default_factory=lambda: [256, 256], min_length=1)
+    decoder_dropout: float = Field(0.05, ge=0, lt=1)
+    attention_head_dim: int = Field(64, ge=1)
+    n_blocks: int = Field(1, ge=1)
+    num_mid_blocks: int = Field(2, ge=0)
+    num_heads: int = Field(2, ge=1)
+    sigma_min: float = Field(SIGMA_MIN, ge=0, lt=1)
+    n_timesteps: int = Field(10, ge=1)
+    temperature: float = Field(0.667, ge=0)
+    length_scale: float = Field(1.0, gt=0)
+    mel_mean: Optional[float] = None
+    mel_std: Optional[float] = Field(None, gt=0)
+    batch_size: int = Field(32, ge=1)
+
+
+def build_matcha(cfg: Config) -> MatchaTTS:
+    """The :class:`MatchaTTS` of ``cfg.matcha`` over the table of :data:`models.matcha.text.SYMBOLS`, with
+    ``audio.n_mels`` bands and a speaker table where ``data.speakers`` names more than one speaker."""
+    section = cfg.matcha
+    encoder = {key: getattr(section, key) for key in ("n_channels", "filter_channels", "filter_channels_dp",
+                                                       "n_heads", "n_layers", "kernel_size", "p_dropout")}
+    decoder = {"channels": tuple(section.decoder_channels), "dropout": section.decoder_dropout,
+               "attention_head_dim": section.attention_head_dim, "n_blocks": section.n_blocks,
+               "num_mid_blocks": section.num_mid_blocks, "num_heads": section.num_heads}
+    return MatchaTTS(len(SYMBOLS), max(1, len(cfg.data.speakers)), section.spk_emb_dim, cfg.audio.n_mels, encoder,
+                     decoder, sigma_min=section.sigma_min)
 
 
 def fix_length(frames: int, downsamplings: int = 2) -> int:
@@ -37,11 +93,12 @@ class MatchaTTS(nn.Module):
     ``kernel_size``, dropout ``p_dropout``, a duration predictor of ``filter_channels_dp``. The decoder: U-Net
     ``channels`` per level, ``n_blocks`` transformer blocks per level of ``num_heads`` x ``attention_head_dim``,
     ``num_mid_blocks`` middle levels, dropout ``dropout``. Defaults: the authors' LJSpeech model (about 18 M
-    parameters)."""
+    parameters); ``sigma_min``: OT-CFM's (Eq. 3)."""
 
     def __init__(self, n_vocab: int = 178, n_spks: int = 1, spk_emb_dim: int = 64, n_feats: int = 80,
-                 encoder: dict | None = None, decoder: dict | None = None):
+                 encoder: dict | None = None, decoder: dict | None = None, sigma_min: float = SIGMA_MIN):
         super().__init__()
+        self.sigma_min = sigma_min
         enc = {"n_channels": 192, "filter_channels": 768, "filter_channels_dp": 256, "n_heads": 2, "n_layers": 6,
                "kernel_size": 3, "p_dropout": 0.1, **(encoder or {})}
         dec = {"channels": (256, 256), "dropout": 0.05, "attention_head_dim": 64, "n_blocks": 1,
@@ -122,13 +179,29 @@ class MatchaTTS(nn.Module):
         mu_y = torch.matmul(attn.transpose(1, 2), mu_x.transpose(1, 2)).transpose(1, 2)
         t = torch.rand(mel.shape[0], 1, 1, device=mel.device, dtype=mel.dtype) if t is None else t
         noise = torch.randn_like(mel) if noise is None else noise
-        y = (1 - (1 - SIGMA_MIN) * t) * noise + t * mel
-        u = mel - (1 - SIGMA_MIN) * noise
+        y = (1 - (1 - self.sigma_min) * t) * noise + t * mel
+        u = mel - (1 - self.sigma_min) * noise
         field = self.decoder(y, y_mask, mu_y, t.squeeze(), vectors)
         flow = F.mse_loss(field, u, reduction="sum") / (torch.sum(y_mask) * u.shape[1])
         frames = torch.sum(y_mask) * self.n_feats
         prior = torch.sum(0.5 * ((mel - mu_y) ** 2 + math.log(2 * math.pi)) * y_mask) / frames
         return duration, prior, flow, attn
+
+    def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The training losses of :class:`models.matcha.data.MatchaCollate`'s ``batch`` (:meth:`losses`):
+        ``{"duration", "prior", "flow": scalars, "attn": (B, T_text, T)}``."""
+        duration, prior, flow, attn = self.losses(batch["text"], batch["text_lengths"], batch["mel"],
+                                                  batch["mel_lengths"], batch.get("speaker"))
+        return {"duration": duration, "prior": prior, "flow": flow, "attn": attn}
+
+
+class MatchaLoss:
+    """The criterion: ``(duration + prior + flow, {"prior", "duration", "flow"})`` of :meth:`MatchaTTS.forward`'s
+    outputs, as the authors' training step sums them (each term logged)."""
+
+    def __call__(self, outputs: dict[str, torch.Tensor], batch: Batch) -> tuple[torch.Tensor, dict]:
+        terms = {name: outputs[name] for name in ("prior", "duration", "flow")}
+        return terms["prior"] + terms["duration"] + terms["flow"], terms
 
 
 REFERENCE_NAMES = [  # (the authors' key pattern, ours), applied in order, each at most once per key

@@ -1,0 +1,169 @@
+"""Phoneme ids + normalised mel pairs for Matcha-TTS: the dataset, the corpus's mel statistics, the padding collate.
+
+Follows the authors' ``TextMelDataModule`` (shivammehta25/Matcha-TTS, ``matcha/data/text_mel_datamodule.py``): the
+transcript's ``english_cleaners2`` phoneme ids with blanks (:mod:`models.matcha.text`), the log-mel of the clip in
+jik876's frames (the recipe's ``audio.mel_framing``) normalised as ``(mel - mel_mean) / mel_std``, a batch padded to
+frames the U-Net can halve (:func:`models.matcha.network.fix_length`).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from model import Batch
+from models.matcha.network import fix_length
+from models.matcha.text import PhonemizerMissing, text_to_ids
+from utils.config import Config
+from utils.data.audio import AudioConfig, MelSpectrogram
+from utils.data.corpora import load_splits
+from utils.data.corpus import Corpus, DataError
+from utils.data.sources import clip_samples, read_audio
+
+
+def encode(corpus: Corpus) -> list[list[int]]:
+    """The phoneme ids with blanks of each transcript of ``corpus``.
+
+    Raises:
+        DataError: a transcript that phonemizes to nothing (named by id), or no phonemizer (what to install).
+    """
+    encoded = []
+    for utt in corpus:
+        try:
+            encoded.append(text_to_ids(utt.text))
+        except PhonemizerMissing as err:
+            raise DataError(str(err)) from None
+        except ValueError as err:
+            raise DataError(f"utterance '{utt.id}' ({utt.audio}): {err}") from None
+    return encoded
+
+
+class MatchaDataset(Dataset):
+    """Items ``{"text": LongTensor (L,), "mel": FloatTensor (n_mels, T), "id": str}`` (and ``"speaker": int``, the
+    index of the utterance's speaker in ``speakers`` where given): the phoneme ids with blanks of the transcript
+    (phonemized once, at construction) and the log-mel of the clip, normalised by ``stats`` ``(mel_mean, mel_std)``
+    (``None``: the log-mel as it is, what :func:`mel_statistics` reads).
+
+    Raises:
+        DataError: no utterance given, see :func:`encode`, a speaker not in ``speakers``; an unreadable clip (in
+            ``__getitem__`` and :meth:`lengths`).
+    """
+
+    def __init__(self, corpus: Corpus, audio_cfg: AudioConfig, stats: Optional[tuple[float, float]] = None,
+                 split: str = "", speakers: Optional[Sequence[str]] = None):
+        if len(corpus) == 0:
+            raise DataError(f"MatchaDataset: no {split + ' ' if split else ''}utterances given")
+        self.corpus, self.audio_cfg, self.stats = corpus, audio_cfg, stats
+        self.mel_transform = MelSpectrogram(audio_cfg)
+        self._ids = encode(corpus)
+        self._speaker = None if speakers is None else speaker_indices(corpus, speakers)
+
+    def mel(self, index: int) -> torch.Tensor:
+        """The log-mel ``(n_mels, T)`` of item ``index``, normalised by :attr:`stats` where given."""
+        with torch.no_grad():
+            mel = self.mel_transform(read_audio(self.corpus[index].audio, self.audio_cfg.sampling_rate))
+        return mel if self.stats is None else (mel - self.stats[0]) / self.stats[1]
+
+    def lengths(self) -> list[int]:
+        """Mel frames of every item, from durations and headers (what ``data.batching`` sorts and budgets by)."""
+        return self.mel_transform.num_frames(clip_samples(self.corpus, self.audio_cfg.sampling_rate)).tolist()
+
+    def __len__(self) -> int:
+        return len(self.corpus)
+
+    def __getitem__(self, index: int) -> dict:
+        item = {"text": torch.tensor(self._ids[index], dtype=torch.long), "mel": self.mel(index),
+                "id": self.corpus[index].id}
+        if self._speaker is not None:
+            item["speaker"] = int(self._speaker[index])
+        return item
+
+
+def speaker_indices(corpus: Corpus, speakers: Sequence[str]) -> np.ndarray:
+    """The index in ``speakers`` (``data.speakers``) of each utterance's speaker: int64 ``(N,)``.
+
+    Raises:
+        DataError: a speaker the map lacks (named, with its first utterance).
+    """
+    index = {name: i for i, name in enumerate(speakers)}
+    names = corpus.speaker.tolist()
+    if (unknown := next((i for i, name in enumerate(names) if name not in index), None)) is not None:
+        raise DataError(f"utterance '{corpus.ids[unknown]}': its speaker {names[unknown]!r} is not in the run's "
+                        f"speaker map ({len(speakers)} speakers, made from the training split)")
+    return np.asarray([index[name] for name in names], dtype=np.int64)
+
+
+def mel_statistics(dataset: MatchaDataset) -> tuple[float, float]:
+    """``(mel_mean, mel_std)`` over every value of every log-mel of ``dataset`` (made without ``stats``), as the
+    authors' ``generate_data_statistics.py``: the mean, and the square root of the mean square less the squared mean.
+
+    Raises:
+        DataError: an unreadable clip.
+    """
+    total, squares, count = 0.0, 0.0, 0
+    for index in range(len(dataset)):
+        mel = dataset.mel(index).double()
+        total, squares, count = total + float(mel.sum()), squares + float((mel ** 2).sum()), count + mel.numel()
+    mean = total / count
+    return mean, math.sqrt(max(squares / count - mean ** 2, 0.0))
+
+
+class MatchaCollate:
+    """Batch :class:`MatchaDataset` items: ``{"text": (B, L_max) long padded with 0, "text_lengths": (B,) long, "mel":
+    (B, n_mels, T) float32 zero past each item's frames, ``T`` the longest rounded up by
+    :func:`models.matcha.network.fix_length`, "mel_lengths": (B,) long, "ids": [str] * B}`` in the items' order, and
+    ``"speaker": (B,) long`` where the items carry speakers.
+
+    Raises:
+        ValueError: no items, an empty text or mel.
+    """
+
+    def __call__(self, items: Sequence[dict]) -> Batch:
+        if not items:
+            raise ValueError("MatchaCollate: empty list of items")
+        for item in items:
+            if item["text"].numel() == 0 or item["mel"].size(-1) == 0:
+                raise ValueError(f"MatchaCollate: item '{item['id']}' has an empty text or mel")
+        text_lengths = torch.tensor([item["text"].numel() for item in items], dtype=torch.long)
+        mel_lengths = torch.tensor([item["mel"].size(1) for item in items], dtype=torch.long)
+        text = torch.zeros(len(items), int(text_lengths.max()), dtype=torch.long)
+        mel = torch.zeros(len(items), items[0]["mel"].size(0), fix_length(int(mel_lengths.max())))
+        for i, item in enumerate(items):
+            text[i, :text_lengths[i]] = item["text"]
+            mel[i, :, :mel_lengths[i]] = item["mel"]
+        batch = {"text": text, "text_lengths": text_lengths, "mel": mel, "mel_lengths": mel_lengths,
+                 "ids": [item["id"] for item in items]}
+        if "speaker" in items[0]:
+            batch["speaker"] = torch.tensor([item["speaker"] for item in items], dtype=torch.long)
+        return batch
+
+
+def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
+    """Train and validation :class:`MatchaDataset` of the ``cfg.data`` splits, normalised by ``matcha.mel_mean`` and
+    ``matcha.mel_std``; where either is null both are computed over the training split (:func:`mel_statistics`, said in a
+    warning line) and set in ``cfg``, so that the run's checkpoints record them. A multi-speaker model's
+    items carry their speaker's index in ``data.speakers``.
+
+    Raises:
+        DataError: the splits cannot be read (:func:`utils.data.corpus.load_splits`), see :class:`MatchaDataset`.
+    """
+    train_utts, val_utts = load_splits(cfg.data)
+    section, speakers = cfg.matcha, cfg.data.speakers if len(cfg.data.speakers) > 1 else None
+    train = MatchaDataset(train_utts, cfg.audio, None, "training", speakers)
+    if section.mel_mean is None or section.mel_std is None:
+        section.mel_mean, section.mel_std = mel_statistics(train)
+        warnings.warn(f"matcha.mel_mean {section.mel_mean:.6f}, matcha.mel_std {section.mel_std:.6f}: computed over "
+                      f"the {len(train)} training utterances (set them in config.json to skip this)", stacklevel=2)
+    train.stats = (section.mel_mean, section.mel_std)
+    val = MatchaDataset(val_utts, cfg.audio, train.stats, "validation", speakers)
+    return train, val
+
+
+def count_items(batch: Batch) -> int:
+    """Mel frames in the batch (padding excluded)."""
+    return int(batch["mel_lengths"].sum())

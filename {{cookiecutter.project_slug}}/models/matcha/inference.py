@@ -1,0 +1,135 @@
+"""Matcha-TTS at inference: text -> phoneme ids -> mel by ``n_timesteps`` Euler steps from seeded noise -> wav (a
+``--vocoder`` checkpoint, or Griffin-Lim)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Callable, Optional
+
+import librosa
+import numpy as np
+import torch
+from torch import nn
+
+from models.matcha.network import MatchaTTS
+from models.matcha.text import PhonemizerMissing, text_to_ids
+from utils.checkpoint.files import CheckpointError
+from utils.config import Config
+from utils.data.audio import AudioConfig, check_wav_output, save_wav
+
+
+def add_inference_args(parser: argparse.ArgumentParser) -> None:
+    """Matcha-TTS's ``inference.py`` options (``inference.py`` adds ``--vocoder`` where the project registers one)."""
+    parser.add_argument("--text", help="the sentence to speak")
+    parser.add_argument("--speaker", help="the voice: a speaker's name in the run's speakers.json (a multi-speaker "
+                                          "model needs one)")
+    parser.add_argument("--n-timesteps", type=int, help="Euler steps of the decoder (default: matcha.n_timesteps)")
+    parser.add_argument("--temperature", type=float, help="the noise's scale (default: matcha.temperature)")
+    parser.add_argument("--length-scale", type=float, help="durations times this (default: matcha.length_scale)")
+
+
+def speaker_index(model: MatchaTTS, cfg: Config, args: argparse.Namespace) -> Optional[torch.Tensor]:
+    """``--speaker``'s index in the checkpoint's map (``data.speakers``) as a ``(1,)`` long tensor; ``None`` for a
+    one-speaker model (where ``--speaker``, if given, must be its speaker).
+
+    Raises:
+        ValueError: a multi-speaker model without ``--speaker``, or a name not in the map (a few of its names said).
+    """
+    names, name = cfg.data.speakers, args.speaker
+    shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+    if model.speakers is None:
+        if name is not None and name not in names[:1]:
+            raise ValueError(f"--speaker {name}: {args.checkpoint} has one voice (trained on {shown or 'one speaker'})")
+        return None
+    if name is None:
+        raise ValueError(f"{args.checkpoint} speaks {len(names)} voices: give --speaker NAME ({shown})")
+    if name not in names:
+        raise ValueError(f"--speaker {name} is not a speaker of {args.checkpoint}; its speakers: {shown}")
+    return torch.tensor([names.index(name)], dtype=torch.long)
+
+
+def settings(cfg: Config, args: argparse.Namespace) -> tuple[int, float, float]:
+    """``(n_timesteps, temperature, length_scale)``: the options given, else the checkpoint's ``matcha`` section.
+
+    Raises:
+        ValueError: ``--n-timesteps`` under 1, a negative ``--temperature``, a ``--length-scale`` not above 0.
+    """
+    section = cfg.matcha
+    steps = section.n_timesteps if args.n_timesteps is None else args.n_timesteps
+    temperature = section.temperature if args.temperature is None else args.temperature
+    scale = section.length_scale if args.length_scale is None else args.length_scale
+    if steps < 1:
+        raise ValueError(f"--n-timesteps {steps}: the decoder needs at least 1 Euler step (the authors use 10)")
+    if temperature < 0 or not scale > 0:
+        raise ValueError(f"--temperature {temperature} must be >= 0 and --length-scale {scale} > 0")
+    return steps, temperature, scale
+
+
+def griffin_lim(log_mel: torch.Tensor, audio_cfg: AudioConfig, n_iter: int = 60) -> torch.Tensor:
+    """A rough waveform ``(samples,)`` float32 in [-1, 1] of a log-mel ``(n_mels, frames)`` made with ``audio_cfg``,
+    without a vocoder: ``librosa.feature.inverse.mel_to_audio`` (``exp``, the Slaney filters' pseudo-inverse,
+    ``n_iter`` Griffin-Lim iterations from the phases NumPy's seeded global stream draws)."""
+    audio = librosa.feature.inverse.mel_to_audio(
+        np.exp(log_mel.double().numpy()), sr=audio_cfg.sampling_rate, n_fft=audio_cfg.n_fft,
+        hop_length=audio_cfg.hop_length, win_length=audio_cfg.win_length, power=1.0, n_iter=n_iter,
+        fmin=audio_cfg.fmin, fmax=audio_cfg.fmax, htk=False)
+    return torch.from_numpy(audio.astype(np.float32)).clamp(-1.0, 1.0)
+
+
+def load_vocoder(args: argparse.Namespace, cfg: Config) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
+    """The ``mel (n_mels, frames) -> audio (samples,)`` of the ``--vocoder`` checkpoint, or ``None`` without one.
+
+    Raises:
+        CheckpointError: its model cannot vocode, or its audio settings differ from ``cfg`` (``--checkpoint``'s).
+    """
+    if not getattr(args, "vocoder", None):
+        return None
+    vocode, voc_cfg = args.load_vocoder(args.vocoder)
+    same = {"exclude": {"mel_framing"}}
+    if voc_cfg.audio.model_dump(**same) != cfg.audio.model_dump(**same):
+        raise CheckpointError(f"--vocoder {args.vocoder} was trained with other audio settings than "
+                              f"{args.checkpoint}: {voc_cfg.audio} vs {cfg.audio}")
+    return vocode
+
+
+def synthesise(model: MatchaTTS, cfg: Config, text: str, speaker: Optional[torch.Tensor],
+               how: tuple[int, float, float]) -> torch.Tensor:
+    """The log-mel ``(n_mels, frames)`` on the CPU of ``text`` in the voice ``speaker`` (``(1,)`` long or None), with
+    ``how`` = ``(n_timesteps, temperature, length_scale)``; the noise from torch's seeded global stream.
+
+    Raises:
+        ValueError: the text phonemizes to nothing, or no phonemizer (what to install).
+    """
+    try:
+        ids = torch.tensor([text_to_ids(text)], dtype=torch.long)
+    except PhonemizerMissing as err:
+        raise ValueError(str(err)) from None
+    device = next(model.parameters()).device
+    steps, temperature, scale = how
+    speaker = None if speaker is None else speaker.to(device)
+    out = model.synthesise(ids.to(device), torch.tensor([ids.shape[1]], device=device), steps, temperature, speaker,
+                           scale)
+    mel = out["decoder_out"][0, :, :int(out["mel_lengths"][0])].float().cpu()
+    return mel * cfg.matcha.mel_std + cfg.matcha.mel_mean
+
+
+def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch.device) -> list[Path]:
+    """``inference.py`` for Matcha-TTS: ``--text`` -> mel -> audio (the ``--vocoder`` checkpoint's, or Griffin-Lim)
+    -> the wav ``--output``.
+
+    Raises:
+        ValueError: no or empty ``--text``, see :func:`speaker_index`, :func:`settings` and :func:`synthesise`.
+        CheckpointError: see :func:`load_vocoder`.
+    """
+    if args.text is None or not args.text.strip():
+        raise ValueError(f"{args.checkpoint} is a Matcha-TTS checkpoint: give --text, the sentence to speak")
+    how = settings(cfg, args)
+    speaker = speaker_index(model, cfg, args)
+    output = check_wav_output(args.output)
+    vocode = load_vocoder(args, cfg)
+    mel = synthesise(model.eval(), cfg, args.text, speaker, how)
+    audio = vocode(mel) if vocode is not None else griffin_lim(mel, cfg.audio)
+    save_wav(output, audio, cfg.audio.sampling_rate)
+    print(f"wrote {output} ({audio.numel() / cfg.audio.sampling_rate:.2f} s)")
+    return [output]
