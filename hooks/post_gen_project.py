@@ -36,9 +36,10 @@ FILES = {
                   "tests/test_parity_tacotron2.py", "tests/test_benchmark_tacotron2.py", REF + "net_tacotron2_tf.npz",
                   REF + "net_tacotron2_fr.npz", REF + "text_nvidia.json"],
     "matcha": ["models/matcha", "modules/matcha.py", "modules/matcha_decoder.py", "tests/test_matcha.py",
-               "tests/test_matcha_text.py", "tests/test_parity_matcha.py", REF + "make_fixtures_matcha.py",
-               REF + "make_fixtures_matcha_text.py", REF + "mas_matcha.npz", REF + "net_matcha_ljspeech.npz",
-               REF + "net_matcha_vctk.npz", REF + "provenance_matcha.json", REF + "text_matcha.json"],
+               "tests/test_matcha_text.py", "tests/test_matcha_run.py", "tests/test_parity_matcha.py",
+               REF + "make_fixtures_matcha.py", REF + "make_fixtures_matcha_text.py", REF + "mas_matcha.npz",
+               REF + "net_matcha_ljspeech.npz", REF + "net_matcha_vctk.npz", REF + "provenance_matcha.json",
+               REF + "text_matcha.json"],
 }
 TOGETHER = {
     "scripts/dump_gta_mels.py": [{"tacotron2"}, {"waveglow", "hifigan"}],

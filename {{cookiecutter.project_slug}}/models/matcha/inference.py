@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -53,9 +54,13 @@ def settings(cfg: Config, args: argparse.Namespace) -> tuple[int, float, float]:
     """``(n_timesteps, temperature, length_scale)``: the options given, else the checkpoint's ``matcha`` section.
 
     Raises:
-        ValueError: ``--n-timesteps`` under 1, a negative ``--temperature``, a ``--length-scale`` not above 0.
+        ValueError: ``--n-timesteps`` under 1, a negative ``--temperature``, a ``--length-scale`` not above 0; a
+            checkpoint that records no ``matcha.mel_mean`` or ``mel_std`` (the mels' scale is unknown).
     """
     section = cfg.matcha
+    if section.mel_mean is None or section.mel_std is None:
+        raise ValueError(f"{args.checkpoint} records no matcha.mel_mean or mel_std (a training run sets them): the "
+                         "scale of its mels is unknown")
     steps = section.n_timesteps if args.n_timesteps is None else args.n_timesteps
     temperature = section.temperature if args.temperature is None else args.temperature
     scale = section.length_scale if args.length_scale is None else args.length_scale
@@ -66,14 +71,17 @@ def settings(cfg: Config, args: argparse.Namespace) -> tuple[int, float, float]:
     return steps, temperature, scale
 
 
-def griffin_lim(log_mel: torch.Tensor, audio_cfg: AudioConfig, n_iter: int = 60) -> torch.Tensor:
+def griffin_lim(log_mel: torch.Tensor, audio_cfg: AudioConfig, seed: int, n_iter: int = 60) -> torch.Tensor:
     """A rough waveform ``(samples,)`` float32 in [-1, 1] of a log-mel ``(n_mels, frames)`` made with ``audio_cfg``,
-    without a vocoder: ``librosa.feature.inverse.mel_to_audio`` (``exp``, the Slaney filters' pseudo-inverse,
-    ``n_iter`` Griffin-Lim iterations from the phases NumPy's seeded global stream draws)."""
-    audio = librosa.feature.inverse.mel_to_audio(
-        np.exp(log_mel.double().numpy()), sr=audio_cfg.sampling_rate, n_fft=audio_cfg.n_fft,
-        hop_length=audio_cfg.hop_length, win_length=audio_cfg.win_length, power=1.0, n_iter=n_iter,
-        fmin=audio_cfg.fmin, fmax=audio_cfg.fmax, htk=False)
+    without a vocoder: ``exp``, magnitudes by ``librosa.feature.inverse.mel_to_stft`` (the Slaney filters), ``n_iter``
+    iterations of ``librosa.griffinlim`` from random phases drawn from ``seed``."""
+    magnitude = librosa.feature.inverse.mel_to_stft(np.exp(log_mel.double().numpy()), sr=audio_cfg.sampling_rate,
+                                                    n_fft=audio_cfg.n_fft, power=1.0, fmin=audio_cfg.fmin,
+                                                    fmax=audio_cfg.fmax, htk=False)
+    # the seed's keyword: random_state until librosa 1.0 renamed it rng
+    seed_key = "rng" if "rng" in inspect.signature(librosa.griffinlim).parameters else "random_state"
+    audio = librosa.griffinlim(magnitude, n_iter=n_iter, hop_length=audio_cfg.hop_length, n_fft=audio_cfg.n_fft,
+                               win_length=audio_cfg.win_length, window="hann", **{seed_key: seed})
     return torch.from_numpy(audio.astype(np.float32)).clamp(-1.0, 1.0)
 
 
@@ -129,7 +137,7 @@ def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch
     output = check_wav_output(args.output)
     vocode = load_vocoder(args, cfg)
     mel = synthesise(model.eval(), cfg, args.text, speaker, how)
-    audio = vocode(mel) if vocode is not None else griffin_lim(mel, cfg.audio)
+    audio = vocode(mel) if vocode is not None else griffin_lim(mel, cfg.audio, args.seed)
     save_wav(output, audio, cfg.audio.sampling_rate)
     print(f"wrote {output} ({audio.numel() / cfg.audio.sampling_rate:.2f} s)")
     return [output]

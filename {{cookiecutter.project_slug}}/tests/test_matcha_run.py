@@ -1,0 +1,178 @@
+"""Matcha-TTS as the project runs it: its data and collate, its mel statistics, training on 2 gloo ranks (the three
+losses logged, the statistics recorded), and ``inference.py`` (a wav in a speaker's voice from seeded noise, and each
+mistake one ``ERROR:`` line)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from conftest import ROOT, check_recipe, demo_corpus, made_once, run_main, tiny_checkpoint, train_on_ranks
+
+import inference
+from models import MODELS
+from models.matcha import text
+from models.matcha.data import MatchaCollate, MatchaDataset, mel_statistics
+from models.matcha.inference import synthesise
+from parts import config_schemas
+from utils.config import load_config
+from utils.data.corpora import load_splits
+from utils.training.recipe import apply_recipe
+
+SPEAKERS = ["p225", "p226", "p227"]
+
+
+def tiny_cfg(speakers=(), stats=(-6.0, 2.5)):
+    cfg = apply_recipe(MODELS["matcha"], load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True))
+    cfg.data.speakers = list(speakers)
+    cfg.matcha.mel_mean, cfg.matcha.mel_std = stats
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def voices(tmp_path_factory):
+    """An untrained tiny checkpoint of :data:`SPEAKERS`, as train.py saves one (its config records the statistics)."""
+    cfg = tiny_cfg(SPEAKERS)
+    torch.manual_seed(0)
+    model = MODELS["matcha"].build_model(cfg)
+    path = tmp_path_factory.mktemp("matcha") / "voices.pt"
+    torch.save({"model": model.state_dict(), "model_name": "matcha", "config": cfg.to_dict(), "step": 0}, path)
+    return path
+
+
+def test_settings_left_null_take_the_recipe():
+    """The authors' HiFi-GAN (jik876) frames, gradient_clip_val 5.0, Adam 1e-4 without weight decay."""
+    check_recipe("matcha", *("jik876", 5.0, False), optimizer=(1e-4, 0.0))
+
+
+def test_items_are_phoneme_ids_and_normalised_mels_padded_to_frames_the_unet_halves(tmp_path_factory):
+    corpus = demo_corpus(tmp_path_factory, "vctk", speakers=2, n=4)
+    cfg = tiny_cfg(["p225", "p226"])
+    cfg.data.dataset_path = str(corpus)
+    train, _ = load_splits(cfg.data)
+    raw = MatchaDataset(train, cfg.audio, None, "training", cfg.data.speakers)
+    mean, std = mel_statistics(raw)
+    values = torch.cat([raw.mel(i).flatten() for i in range(len(raw))]).double()
+    assert mean == pytest.approx(float(values.mean()), abs=1e-6) and std == pytest.approx(float(values.std(correction=0)), 1e-6)
+    normal = MatchaDataset(train, cfg.audio, (mean, std), "training", cfg.data.speakers)
+    items = [normal[i] for i in range(len(normal))]
+    assert items[0]["text"].tolist() == text.text_to_ids(train[0].text)
+    torch.testing.assert_close(items[0]["mel"], (raw.mel(0) - mean) / std)
+    assert [item["mel"].shape[1] for item in items] == normal.lengths()
+    batch = MatchaCollate()(items)
+    frames = max(normal.lengths())
+    assert batch["mel"].shape == (len(items), 40, -(-frames // 4) * 4) and batch["speaker"].tolist() == [
+        SPEAKERS.index(name) for name in train.speaker.tolist()]
+    for i, item in enumerate(items):
+        assert batch["mel"][i, :, item["mel"].shape[1]:].abs().sum() == 0
+        assert batch["text"][i, :batch["text_lengths"][i]].tolist() == item["text"].tolist()
+
+
+@pytest.fixture(scope="module")
+def matcha_run(tmp_path_factory):
+    """Tiny Matcha-TTS trained 2 steps on 2 gloo ranks on a 4-voice demo corpus, its statistics left null (made once
+    per session): ``(output folder, each rank's output)``."""
+    corpus = demo_corpus(tmp_path_factory, "vctk", speakers=4, n=8)
+
+    def make(folder):
+        argv = ["--config", os.path.join(ROOT, "config.json"), "--model", "matcha", "--tiny", "--max-steps", "2",
+                "--dataset-path", str(corpus), "--output-dir", str(folder / "out"), "--set", "data.num_workers=0",
+                "--set", "data.val_size=2", "--set", "train.val_interval=2", "--set", "train.log_interval=1"]
+        return train_on_ranks(argv, folder / "ranks")
+    folder, said = made_once(tmp_path_factory, "matcha_run", make)
+    return folder / "out", said
+
+
+@pytest.mark.slow
+def test_training_on_two_ranks_logs_the_three_losses_and_records_the_statistics(matcha_run, tmp_path):
+    out, said = matcha_run
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2] and all(set(row["losses"]) == {"prior", "duration", "flow"}
+                                                            for row in rows)
+    for row in rows:
+        assert row["loss"] == pytest.approx(sum(row["losses"].values()), rel=1e-5)
+    config = torch.load(out / "checkpoint_last.pt", weights_only=True)["config"]
+    assert config["matcha"]["mel_std"] > 0 and -12 < config["matcha"]["mel_mean"] < 0, config["matcha"]
+    assert json.loads((out / "speakers.json").read_text()) == {f"p22{i}": i - 5 for i in range(5, 9)}
+    run_main("inference", "--checkpoint", str(out / "checkpoint_last.pt"), "--device", "cpu", "--text",
+             "Hello world.", "--speaker", "p227", "--output", str(tmp_path / "hello.wav"))
+    assert sf.info(str(tmp_path / "hello.wav")).frames > 0
+
+
+def test_inference_speaks_a_speaker_from_seeded_noise(voices, tmp_path):
+    """Same ``--seed``: the same wav; another seed or speaker: another."""
+    def speak(name, *options):
+        run_main("inference", "--checkpoint", str(voices), "--device", "cpu", "--text", "Hello world.",
+                 "--output", str(tmp_path / name), "--n-timesteps", "2", *options)
+        audio, rate = sf.read(str(tmp_path / name))
+        assert rate == 22050 and audio.size > 0
+        return audio
+
+    first = speak("a.wav", "--speaker", "p226", "--seed", "1")
+    assert np.array_equal(first, speak("b.wav", "--speaker", "p226", "--seed", "1"))
+    assert not np.array_equal(first, speak("c.wav", "--speaker", "p226", "--seed", "2"))
+    assert not np.array_equal(first, speak("d.wav", "--speaker", "p225", "--seed", "1"))
+
+
+def test_the_noise_scales_with_the_temperature_and_the_frames_with_the_length_scale():
+    """Temperature 0: no noise, the same mel whatever the seed; the durations times ``length_scale``; the mel
+    de-normalised by the recorded statistics."""
+    cfg = tiny_cfg(SPEAKERS, stats=(-6.0, 2.5))
+    torch.manual_seed(0)
+    model = MODELS["matcha"].build_model(cfg).eval()
+    speaker = torch.tensor([1])
+
+    def mel(seed, how):
+        torch.manual_seed(seed)
+        return synthesise(model, cfg, "Hello world.", speaker, how)
+
+    cold = mel(1, (2, 0.0, 1.0))
+    assert torch.equal(cold, mel(2, (2, 0.0, 1.0))) and not torch.equal(mel(1, (2, 0.667, 1.0)), cold)
+    assert not torch.equal(mel(1, (3, 0.0, 1.0)), cold) and mel(1, (2, 0.0, 2.0)).shape[1] == 2 * cold.shape[1]
+    ids = torch.tensor([text.text_to_ids("Hello world.")])
+    out = model.synthesise(ids, torch.tensor([ids.shape[1]]), 2, 0.0, speaker)
+    torch.testing.assert_close(cold, out["decoder_out"][0, :, :cold.shape[1]] * 2.5 - 6.0)
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--speaker", "nobody"], "--speaker nobody is not a speaker of {ckpt}; its speakers: p225, p226, p227"),
+    ([], "{ckpt} speaks 3 voices: give --speaker NAME (p225, p226, p227)"),
+    (["--speaker", "p225", "--n-timesteps", "0"], "--n-timesteps 0: the decoder needs at least 1 Euler step"),
+    (["--speaker", "p225", "--text", "..."], "the text '...' phonemizes to nothing"),
+    (["--speaker", "p225", "--text", "   "], "is a Matcha-TTS checkpoint: give --text, the sentence to speak"),
+    (["--speaker", "p225", "--no-phonemizer"], "needs phonemizer and espeak-ng: pip install phonemizer"),
+])
+def test_inference_mistakes_are_one_error_line(capsys, monkeypatch, voices, tmp_path, options, message):
+    if "--no-phonemizer" in options:
+        options = [option for option in options if option != "--no-phonemizer"]
+        monkeypatch.setattr(text, "phonemizer", None)
+        monkeypatch.setattr(text, "_BACKEND", [])
+    argv = ["--checkpoint", str(voices), "--device", "cpu", "--text", "Hello.", "--output", str(tmp_path / "x.wav")]
+    code = inference.main([*argv, *options])
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
+    assert code == 1 and len(errors) == 1 and "Traceback" not in err, err
+    assert message.format(ckpt=voices) in errors[0], errors[0]
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_a_checkpoint_without_the_statistics_is_one_error_line(capsys, tmp_path):
+    checkpoint = tiny_checkpoint("matcha", tmp_path / "bare.pt")
+    code = inference.main(["--checkpoint", str(checkpoint), "--device", "cpu", "--text", "Hello.", "--output",
+                           str(tmp_path / "x.wav")])
+    err = capsys.readouterr().err
+    assert code == 1 and f"ERROR: {checkpoint} records no matcha.mel_mean or mel_std" in err and "Traceback" not in err
+
+
+def test_text_to_speech_through_a_hifigan_checkpoint(voices, tmp_path):
+    """``matcha_hifigan``: ``inference.py --text ... --speaker ... --vocoder HIFIGAN.pt``, Matcha's mel vocoded by the
+    other checkpoint."""
+    if "hifigan" not in MODELS:
+        pytest.skip("this project has no hifigan model to chain")
+    vocoder = tiny_checkpoint("hifigan", tmp_path / "hifigan.pt")
+    run_main("inference", "--checkpoint", str(voices), "--text", "Hello there.", "--speaker", "p225", "--vocoder",
+             str(vocoder), "--output", str(tmp_path / "t.wav"), "--device", "cpu", "--n-timesteps", "2")
+    info = sf.info(str(tmp_path / "t.wav"))
+    assert info.samplerate == 22050 and info.frames > 0 and info.frames % 256 == 0
