@@ -20,7 +20,7 @@ from cookiecutter.generate import is_copy_only_path
 
 from conftest import PY, ROOT
 
-MODELS = ["waveglow", "tacotron2", "both", "hifigan", "tacotron2_hifigan"]
+MODELS = ["waveglow", "tacotron2", "both", "hifigan", "tacotron2_hifigan", "matcha", "matcha_hifigan"]
 TEMPLATE = ROOT / "{{cookiecutter.project_slug}}"
 WORKFLOW = Path(".github/workflows/tests.yml")
 IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")

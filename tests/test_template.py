@@ -9,7 +9,7 @@ import pytest
 
 from conftest import PY, ROOT, run
 
-MODELS = ["waveglow", "tacotron2", "both", "hifigan", "tacotron2_hifigan"]
+MODELS = ["waveglow", "tacotron2", "both", "hifigan", "tacotron2_hifigan", "matcha", "matcha_hifigan"]
 LICENSES = ["MIT", "BSD-3-Clause", "Apache-2.0", "Proprietary"]
 COMMON = ["train.py", "model.py", "inference.py", "config.json", "distributed.py", "multiproc.py",
           "models/__init__.py", "modules/__init__.py", "utils/data/audio.py", "utils/data/corpus.py",
@@ -26,15 +26,18 @@ ONLY = {
                   "tests/test_tacotron2.py", "tests/test_parity_tacotron2.py",
                   "tests/data/reference/text_nvidia.json"],
     "matcha": ["models/matcha/__init__.py", "models/matcha/network.py", "models/matcha/monotonic_align.py",
-               "modules/matcha.py", "modules/matcha_decoder.py", "tests/test_parity_matcha.py",
-               "tests/data/reference/net_matcha_vctk.npz"],  # not a choice yet: in no project
+               "models/matcha/text.py", "models/matcha/data.py", "models/matcha/inference.py", "modules/matcha.py",
+               "modules/matcha_decoder.py", "tests/test_matcha.py", "tests/test_matcha_text.py",
+               "tests/test_matcha_run.py", "tests/test_parity_matcha.py", "tests/data/reference/net_matcha_vctk.npz",
+               "tests/data/reference/text_matcha.json"],
 }
 JINJA = re.compile(r"(?<!\$)\{\{|\{%|\{#")  # not ${{ }}: GitHub's and Azure ML's expressions, written on purpose
 MARKER = re.compile(r"^\s*(#|<!--)\s*(>>>|<<<)", re.MULTILINE)
 
 
 def chosen(model):
-    return {"both": {"waveglow", "tacotron2"}, "tacotron2_hifigan": {"tacotron2", "hifigan"}}.get(model, {model})
+    return {"both": {"waveglow", "tacotron2"}, "tacotron2_hifigan": {"tacotron2", "hifigan"},
+            "matcha_hifigan": {"matcha", "hifigan"}}.get(model, {model})
 
 
 # Every model and every licence (the licence text does not depend on the model: each licence once, beside WaveGlow).
@@ -64,12 +67,13 @@ def test_every_option_generates_a_clean_project(bake, model, license_):
     assert registry == sorted(chosen(model)), f"models/__init__.py registers {registry} for example_model={model}"
 
     config = json.loads((project / "config.json").read_text())
-    for name in ("waveglow", "tacotron2"):
+    for name in ("waveglow", "tacotron2", "hifigan", "matcha"):
         assert (name in config) == (name in chosen(model))
         assert (name in config["tiny"]) == (name in chosen(model))
     assert len((project / "model.py").read_text().splitlines()) < 150, "model.py reads on one screen"
     requirements = (project / "requirements.txt").read_text()
     assert ("inflect" in requirements) == ("tacotron2" in chosen(model))
+    assert ("numba" in requirements) == ("phonemizer" in requirements) == ("matcha" in chosen(model))
 
     licence = (project / "LICENSE").read_text()
     assert "Ada Lovelace" in licence
@@ -192,9 +196,11 @@ def test_a_vocoder_alone_has_no_tacotron2_option_anywhere(bake, vocoder, other):
     assert "--wav" in help_text and "--text" not in help_text and "--vocoder" not in help_text
 
 
-OWN_WORDS = {"waveglow": ["waveglow"], "tacotron2": ["tacotron2"], "hifigan": ["hifigan", "hifi-gan"]}
+OWN_WORDS = {"waveglow": ["waveglow"], "tacotron2": ["tacotron2"], "hifigan": ["hifigan", "hifi-gan"],
+             "matcha": ["matcha"]}
 """How each example model is named; a project of one names no other (NVIDIA's ``TacotronSTFT`` and the framings
-``nvidia``/``jik876`` are other words)."""
+``nvidia``/``jik876`` are other words). Matcha-TTS also names a filelist layout every project reads: a project of
+another model may name it."""
 PART_ANSWERS = [name for name, choices in json.loads((ROOT / "cookiecutter.json").read_text()).items()
                 if choices == ["yes", "no"]]
 
@@ -205,7 +211,7 @@ def test_a_single_model_project_names_no_other_example_model(bake, model, parts)
     """Outside ``tests/`` (whose reference fixtures name the repositories they came from), with every part or
     none, case-insensitive, as whole words."""
     project = bake(example_model=model, project_slug=f"{model}_{parts}", **dict.fromkeys(PART_ANSWERS, parts))
-    others = [word for name, words in OWN_WORDS.items() if name != model for word in words]
+    others = [word for name, words in OWN_WORDS.items() if name not in (model, "matcha") for word in words]
     pattern = re.compile(rf"(?<![\w])({'|'.join(map(re.escape, others))})(?![\w])", re.IGNORECASE)
     found = [f"{path.relative_to(project)}:{number}: {line.strip()}" for path in sorted(project.rglob("*"))
              if path.is_file() and path.relative_to(project).parts[0] != "tests"

@@ -21,7 +21,7 @@ SPEC = ModelSpec(
         speaker_rows=("speakers.weight",),
     ),
     inference=Inference(infer=infer, add_args=add_inference_args, takes_vocoder=True),
-    # shivammehta25/Matcha-TTS: HiFi-GAN's (jik876's) frames, configs/trainer/default.yaml's gradient_clip_val,
+    # shivammehta25/Matcha-TTS: jik876's frames (its mel_spectrogram), configs/trainer/default.yaml's gradient_clip_val,
     # configs/model/optimizer/adam.yaml's lr and weight_decay
     recipe={"audio.mel_framing": "jik876", "train.grad_clip": 5.0, "train.cudnn_benchmark": False,
             "optimizer.lr": 1e-4, "optimizer.weight_decay": 0.0},

@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> None:
                          "unidecode": importlib.metadata.version("unidecode"), "espeak-ng": espeak_version()}}
     args.output.mkdir(parents=True, exist_ok=True)
     out = args.output / "text_matcha.json"
-    rows = ",\n  ".join(json.dumps(case, ensure_ascii=False) for case in cases)
-    out.write_text(f'{{"meta": {json.dumps(meta, ensure_ascii=False)},\n "cases": [\n  {rows}]}}\n')
+    rows = ",\n  ".join(json.dumps(case, ensure_ascii=False) for case in cases)  # a case a line
+    out.write_text('{"meta": ' + json.dumps(meta, ensure_ascii=False) + ',\n "cases": [\n  ' + rows + "]}\n")
     print(f"wrote {out}")
 
 
