@@ -70,6 +70,20 @@ def test_items_are_phoneme_ids_and_normalised_mels_padded_to_frames_the_unet_hal
         assert batch["text"][i, :batch["text_lengths"][i]].tolist() == item["text"].tolist()
 
 
+def test_the_statistics_script_prints_the_training_splits_and_names_a_missing_corpus(tmp_path_factory, tmp_path):
+    corpus = demo_corpus(tmp_path_factory, "vctk", speakers=2, n=4)
+    config = os.path.join(ROOT, "config.json")
+    said = run_main("scripts.mel_statistics", "--config", config, "--dataset-path", str(corpus), "--tiny")
+    cfg = tiny_cfg()
+    cfg.data.dataset_path = str(corpus)
+    expected = mel_statistics(MatchaDataset(load_splits(cfg.data)[0], cfg.audio))
+    assert json.loads(said.stdout) == pytest.approx(dict(zip(("mel_mean", "mel_std"), expected)), abs=1e-6)
+    missing = run_main("scripts.mel_statistics", "--config", config, "--dataset-path", str(tmp_path / "nowhere"),
+                       check=False)
+    assert missing.returncode == 1 and missing.stderr.startswith("ERROR: ") and len(missing.stderr.splitlines()) == 1
+    assert str(tmp_path / "nowhere") in missing.stderr and "Traceback" not in missing.stderr
+
+
 @pytest.fixture(scope="module")
 def matcha_run(tmp_path_factory):
     """Tiny Matcha-TTS trained 2 steps on 2 gloo ranks on a 4-voice demo corpus, its statistics left null (made once

@@ -41,7 +41,7 @@ class MatchaConfig(ModelSection):
     path width at ``t = 1``. Synthesis: ``n_timesteps`` Euler steps from noise times ``temperature``, durations times
     ``length_scale``. ``mel_mean`` / ``mel_std``: the corpus's log-mel statistics the mels are normalised by (null:
     computed over the training split when a run starts, and recorded in its checkpoints' config;
-    ``python -m scripts.mel_statistics`` prints them). ``batch_size`` is per process.
+    ``python -m scripts.mel_statistics`` prints them to set here). ``batch_size`` is per process.
     """
 
     spk_emb_dim: int = Field(64, ge=1)
