@@ -9,7 +9,7 @@ frames the U-Net can halve (:func:`models.matcha.network.fix_length`).
 from __future__ import annotations
 
 import math
-import warnings
+import sys
 from typing import Optional, Sequence
 
 import numpy as np
@@ -146,7 +146,7 @@ class MatchaCollate:
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     """Train and validation :class:`MatchaDataset` of the ``cfg.data`` splits, normalised by ``matcha.mel_mean`` and
     ``matcha.mel_std``; where either is null both are computed over the training split (:func:`mel_statistics`, said in a
-    warning line) and set in ``cfg``, so that the run's checkpoints record them. A multi-speaker model's
+    ``note:`` line on stderr) and set in ``cfg``, so that the run's checkpoints record them. A multi-speaker model's
     items carry their speaker's index in ``data.speakers``.
 
     Raises:
@@ -157,8 +157,9 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     train = MatchaDataset(train_utts, cfg.audio, None, "training", speakers)
     if section.mel_mean is None or section.mel_std is None:
         section.mel_mean, section.mel_std = mel_statistics(train)
-        warnings.warn(f"matcha.mel_mean {section.mel_mean:.6f}, matcha.mel_std {section.mel_std:.6f}: computed over "
-                      f"the {len(train)} training utterances (set them in config.json to skip this)", stacklevel=2)
+        print(f"note: matcha.mel_mean {section.mel_mean:.6f}, matcha.mel_std {section.mel_std:.6f}: computed over the "
+              f"{len(train)} training utterances (python -m scripts.mel_statistics prints them for config.json, which "
+              "skips this)", file=sys.stderr, flush=True)
     train.stats = (section.mel_mean, section.mel_std)
     val = MatchaDataset(val_utts, cfg.audio, train.stats, "validation", speakers)
     return train, val

@@ -45,8 +45,8 @@ def maximum_path(value: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     ``value``'s dtype and device: each frame of the corner goes to one token, the first frame to the first token, the
     last to the last, and the token index never falls. An item needs ``text_length <= mel_length``; with fewer frames
     than tokens the path is not surjective (as the reference's). Runs on the CPU: the scores are copied there."""
-    scores = (value * mask).detach().cpu().numpy().astype(np.float32)
-    lengths = mask.detach().cpu().numpy()
+    scores = (value * mask).detach().float().cpu().numpy()  # float32 (NumPy has no bfloat16: autocast's scores)
+    lengths = mask.detach().float().cpu().numpy()
     t_xs = lengths.sum(1)[:, 0].astype(np.int32)
     t_ys = lengths.sum(2)[:, 0].astype(np.int32)
     paths = np.zeros(scores.shape, dtype=np.int32)
