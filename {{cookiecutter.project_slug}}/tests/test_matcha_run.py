@@ -109,6 +109,8 @@ def test_training_on_two_ranks_logs_the_three_losses_and_records_the_statistics(
         assert row["loss"] == pytest.approx(sum(row["losses"].values()), rel=1e-5)
     config = torch.load(out / "checkpoint_last.pt", weights_only=True)["config"]
     assert config["matcha"]["mel_std"] > 0 and -12 < config["matcha"]["mel_mean"] < 0, config["matcha"]
+    found = text.versions()
+    assert (config["matcha"]["phonemizer"], config["matcha"]["espeak_ng"]) == (found["phonemizer"], found["espeak-ng"])
     assert json.loads((out / "speakers.json").read_text()) == {f"p22{i}": i - 5 for i in range(5, 9)}
     run_main("inference", "--checkpoint", str(out / "checkpoint_last.pt"), "--device", "cpu", "--text",
              "Hello world.", "--speaker", "p227", "--output", str(tmp_path / "hello.wav"))
@@ -170,6 +172,22 @@ def test_inference_mistakes_are_one_error_line(capsys, monkeypatch, voices, tmp_
     assert code == 1 and len(errors) == 1 and "Traceback" not in err, err
     assert message.format(ckpt=voices) in errors[0], errors[0]
     assert not (tmp_path / "x.wav").exists()
+
+
+def test_a_checkpoint_phonemized_by_other_versions_is_said_in_one_warning_line(tmp_path):
+    cfg = tiny_cfg(SPEAKERS)
+    cfg.matcha.phonemizer, cfg.matcha.espeak_ng = "0.1", "1.0"
+    torch.manual_seed(0)
+    path = tmp_path / "old.pt"
+    torch.save({"model": MODELS["matcha"].build_model(cfg).state_dict(), "model_name": "matcha",
+                "config": cfg.to_dict(), "step": 0}, path)
+    found = text.versions()
+    line = (f"the model was trained on the phonemes of phonemizer 0.1 and espeak-ng 1.0, these are of "
+            f"{found['phonemizer']} and {found['espeak-ng']}: they may differ")
+    with pytest.warns(UserWarning) as said:
+        run_main("inference", "--checkpoint", str(path), "--device", "cpu", "--text", "Hello.", "--speaker", "p225",
+                 "--n-timesteps", "1", "--output", str(tmp_path / "x.wav"))
+    assert [str(warning.message) for warning in said if "phonemes of" in str(warning.message)] == [line]
 
 
 def test_a_checkpoint_without_the_statistics_is_one_error_line(capsys, tmp_path):

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from model import Batch
 from models.matcha.network import fix_length
-from models.matcha.text import PhonemizerMissing, text_to_ids
+from models.matcha.text import PhonemizerMissing, text_to_ids, versions
 from utils.config import Config
 from utils.data.audio import AudioConfig, MelSpectrogram
 from utils.data.corpora import load_splits
@@ -145,8 +145,9 @@ class MatchaCollate:
 
 def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     """Train and validation :class:`MatchaDataset` of the ``cfg.data`` splits, normalised by ``matcha.mel_mean`` and
-    ``matcha.mel_std``; where either is null both are computed over the training split (:func:`mel_statistics`, said in a
-    ``note:`` line on stderr) and set in ``cfg``, so that the run's checkpoints record them. A multi-speaker model's
+    ``matcha.mel_std``; where either is null both are computed over the training split (:func:`mel_statistics`, said
+    in a ``note:`` line on stderr) and set in ``cfg``, so that the run's checkpoints record them, as they record the
+    phonemizer's and espeak-ng's versions (``matcha.phonemizer``, ``matcha.espeak_ng``). A multi-speaker model's
     items carry their speaker's index in ``data.speakers``.
 
     Raises:
@@ -161,6 +162,8 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
               f"{len(train)} training utterances (python -m scripts.mel_statistics prints them for config.json, which "
               "skips this)", file=sys.stderr, flush=True)
     train.stats = (section.mel_mean, section.mel_std)
+    found = versions()  # the programs the corpus was phonemized with, recorded in the checkpoints' config
+    section.phonemizer, section.espeak_ng = found["phonemizer"], found["espeak-ng"]
     val = MatchaDataset(val_utts, cfg.audio, train.stats, "validation", speakers)
     return train, val
 

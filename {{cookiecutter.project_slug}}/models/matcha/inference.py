@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import warnings
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from models.matcha.network import MatchaTTS
-from models.matcha.text import PhonemizerMissing, text_to_ids
+from models.matcha.text import PhonemizerMissing, text_to_ids, versions
 from utils.checkpoint.files import CheckpointError
 from utils.config import Config
 from utils.data.audio import AudioConfig, check_wav_output, save_wav
@@ -104,7 +105,8 @@ def load_vocoder(args: argparse.Namespace, cfg: Config) -> Optional[Callable[[to
 def synthesise(model: MatchaTTS, cfg: Config, text: str, speaker: Optional[torch.Tensor],
                how: tuple[int, float, float]) -> torch.Tensor:
     """The log-mel ``(n_mels, frames)`` on the CPU of ``text`` in the voice ``speaker`` (``(1,)`` long or None), with
-    ``how`` = ``(n_timesteps, temperature, length_scale)``; the noise from torch's seeded global stream.
+    ``how`` = ``(n_timesteps, temperature, length_scale)``; the noise from torch's seeded global stream. Warns (one
+    line) where the checkpoint records other phonemizer or espeak-ng versions than these.
 
     Raises:
         ValueError: the text phonemizes to nothing, or no phonemizer (what to install).
@@ -113,6 +115,10 @@ def synthesise(model: MatchaTTS, cfg: Config, text: str, speaker: Optional[torch
         ids = torch.tensor([text_to_ids(text)], dtype=torch.long)
     except PhonemizerMissing as err:
         raise ValueError(str(err)) from None
+    recorded, found = (cfg.matcha.phonemizer, cfg.matcha.espeak_ng), tuple(versions().values())
+    if recorded != (None, None) and recorded != found:
+        warnings.warn(f"the model was trained on the phonemes of phonemizer {recorded[0]} and espeak-ng {recorded[1]}, "
+                      f"these are of {found[0]} and {found[1]}: they may differ", stacklevel=2)
     device = next(model.parameters()).device
     steps, temperature, scale = how
     speaker = None if speaker is None else speaker.to(device)

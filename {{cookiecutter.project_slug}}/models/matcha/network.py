@@ -41,7 +41,9 @@ class MatchaConfig(ModelSection):
     path width at ``t = 1``. Synthesis: ``n_timesteps`` Euler steps from noise times ``temperature``, durations times
     ``length_scale``. ``mel_mean`` / ``mel_std``: the corpus's log-mel statistics the mels are normalised by (null:
     computed over the training split when a run starts, and recorded in its checkpoints' config;
-    ``python -m scripts.mel_statistics`` prints them to set here). ``batch_size`` is per process.
+    ``python -m scripts.mel_statistics`` prints them to set here). ``phonemizer`` / ``espeak_ng``: the versions of the
+    text front end's programs a run phonemized its corpus with, recorded by the run (a value given is replaced), which
+    inference compares with its own. ``batch_size`` is per process.
     """
 
     spk_emb_dim: int = Field(64, ge=1)
@@ -64,6 +66,8 @@ class MatchaConfig(ModelSection):
     length_scale: float = Field(1.0, gt=0)
     mel_mean: Optional[float] = None
     mel_std: Optional[float] = Field(None, gt=0)
+    phonemizer: Optional[str] = None
+    espeak_ng: Optional[str] = None
     batch_size: int = Field(32, ge=1)
 
 
