@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import ROOT, check_recipe, demo_corpus, made_once, run_main, tiny_checkpoint, train_on_ranks
+from conftest import (ROOT, check_recipe, demo_corpus, made_once, run_main, run_train_main, tiny_checkpoint,
+                      train_on_ranks)
 
 import inference
 from models import MODELS
@@ -82,6 +83,20 @@ def test_the_statistics_script_prints_the_training_splits_and_names_a_missing_co
                        check=False)
     assert missing.returncode == 1 and missing.stderr.startswith("ERROR: ") and len(missing.stderr.splitlines()) == 1
     assert str(tmp_path / "nowhere") in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_training_without_the_phonemizer_is_one_error_line_before_the_run_starts(tmp_path_factory, tmp_path,
+                                                                               monkeypatch):
+    corpus = demo_corpus(tmp_path_factory, "vctk", speakers=2, n=4)
+    monkeypatch.setattr(text, "phonemizer", None)
+    monkeypatch.setattr(text, "_BACKEND", [])
+    code, out, err = run_train_main(["--config", os.path.join(ROOT, "config.json"), "--model", "matcha", "--tiny",
+                                     "--dataset-path", str(corpus), "--output-dir", str(tmp_path / "out"), "--set",
+                                     "data.num_workers=0"])
+    errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
+    assert code == 1 and "Traceback" not in err and errors == [
+        f"ERROR: rank 0: the Matcha-TTS text front end needs phonemizer and espeak-ng: {text.INSTALL}"], err
+    assert not list((tmp_path / "out").glob("checkpoint_*"))
 
 
 @pytest.fixture(scope="module")
