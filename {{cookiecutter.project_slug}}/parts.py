@@ -86,6 +86,10 @@ TABLE = {
         "keys": ["train.trackers", "train.tracker_project", "train.tracker_run_name", "train.tracker_start_timeout_s",
                  "train.tracker_finish_timeout_s", "train.tracker_log_checkpoint"],
     },
+    "large_corpora": {
+        "files": ["scripts/make_shards.py", "tests/test_shards.py"],
+        "keys": [],
+    },
 }
 """The parts a project may leave out at generation (cookiecutter's yes/no questions, in their order): each is whole
 files and folders (its modules, tools, tests and launch files; the code keeps no line of it but its lines here) and the
