@@ -8,6 +8,7 @@ import importlib
 import io
 import math
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from utils.data.corpus import DataConfig
 from utils.data.sources import header, read_audio
 
 pytestmark = pytest.mark.slow
+PROJECT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -36,23 +38,37 @@ def run_tool(tool, *argv) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def corpora(tmp_path_factory):
-    """``corpora[name]``: ``vctk``, the demo corpus of 8 utterances of 2 speakers (48 kHz FLAC); ``spans``, a lhotse
-    manifest whose cuts are spans of longer 16 kHz recordings (conftest's :func:`layout_corpus`)."""
-    spans = tmp_path_factory.mktemp("spans") / "lhotse"
-    layout_corpus(spans, "lhotse")
-    return {"vctk": demo_corpus(tmp_path_factory, "vctk", speakers=2, n=8), "spans": spans}
+    """``corpora[name]``, made when first asked for: ``vctk``, the demo corpus of 8 utterances of 2 speakers (48 kHz
+    FLAC); ``lhotse``, a manifest whose cuts are spans of longer 16 kHz recordings; ``parquet``, rows of encoded audio
+    (conftest's :func:`layout_corpus`)."""
+    root = tmp_path_factory.mktemp("layouts")
+
+    class Made(dict):
+        def __missing__(self, name: str):
+            if name == "vctk":
+                self[name] = demo_corpus(tmp_path_factory, "vctk", speakers=2, n=8)
+            else:
+                layout_corpus(root / name, name)
+                self[name] = root / name
+            return self[name]
+
+    return Made()
 
 
-@pytest.mark.parametrize("name, audio", [("vctk", "flac"), ("spans", "original")])
+@pytest.mark.parametrize("name, audio", [("vctk", "flac"), ("lhotse", "original"), ("parquet", "flac")])
 def test_shards_read_back_as_the_corpus_utterances(tool, corpora, tmp_path, name, audio):
     """Each split's cuts, read by ``CutSet.from_shar``, in corpus order: the utterance's id, transcript, speaker,
     language, duration (the manifest's, else the header's) and every sample at the clip's own rate, as the project's
-    reader decodes them; ``--shard-size 3`` cuts 7 training utterances into 3 shards."""
+    reader decodes them (a file, a span of a recording, a parquet row's bytes); ``--shard-size 3`` cuts the training
+    split into shards of 3. The parquet corpus is read with ``--config`` and ``--format``."""
     from lhotse import CutSet  # only these tests' (3 s)
 
     root, out = corpora[name], tmp_path / "shards"
-    code, said, errors = run_tool(tool, "--dataset-path", root, "--output", out, "--shard-size", 3, "--audio", audio)
+    config = ["--config", PROJECT / "config.json", "--format", "parquet"] if name == "parquet" else []
+    code, said, errors = run_tool(tool, "--dataset-path", root, "--output", out, "--shard-size", 3, "--audio", audio,
+                                  *config)
     assert code == 0, errors
+    assert ("found the parquet layout" not in errors) if config else ("data.format=auto: found" in errors)
     splits = dict(zip(("train", "val"), load_splits(DataConfig(dataset_path=str(root)))))
     assert said.startswith(f"train: {len(splits['train'])} cuts in {math.ceil(len(splits['train']) / 3)} shard(s)")
     for split, corpus in splits.items():
@@ -66,7 +82,7 @@ def test_shards_read_back_as_the_corpus_utterances(tool, corpora, tmp_path, name
                 (utt.text, utt.speaker, utt.language)
             frames, rate = header(utt.audio)
             assert cut.sampling_rate == rate
-            assert cut.duration == pytest.approx(utt.duration if name == "spans" else frames / rate, abs=1 / rate)
+            assert cut.duration == pytest.approx(utt.duration if name == "lhotse" else frames / rate, abs=1 / rate)
             samples = cut.load_audio()
             assert samples.shape[0] == 1
             np.testing.assert_array_equal(samples[0], read_audio(utt.audio, rate).numpy(), err_msg=utt.id)
