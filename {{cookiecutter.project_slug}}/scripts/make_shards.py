@@ -87,7 +87,7 @@ def make_shards(data: DataConfig, output: Path, shard_size: int = 1000, audio: s
     """Write the training and validation splits of ``data`` as Shar shards in ``output/train`` and ``output/val``
     (see the module); ``{split: (cuts, shards)}``. Raises DataError: the corpus cannot be read (what
     :func:`~utils.data.corpora.load_splits` raises), a clip cannot be written, or ``output/train`` or ``output/val``
-    exists; the partial folders are removed then."""
+    exists; the partial folders are removed then (and ``output``, where this call made it)."""
     for split in SPLITS:
         if (output / split).exists():
             raise DataError(f"{output / split} exists; remove it or give another --output (shards are not overwritten)")
@@ -95,7 +95,7 @@ def make_shards(data: DataConfig, output: Path, shard_size: int = 1000, audio: s
     splits = dict(zip(SPLITS, load_splits(data, notes=notes)))
     for note in notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
-    partials, done = {split: output / f".{split}.partial" for split in SPLITS}, {}
+    partials, done, made = {split: output / f".{split}.partial" for split in SPLITS}, {}, not output.exists()
     try:
         with tqdm(total=sum(map(len, splits.values())), unit="cut", desc=f"shards -> {output}",
                   disable=not progress) as bar:
@@ -105,6 +105,8 @@ def make_shards(data: DataConfig, output: Path, shard_size: int = 1000, audio: s
     except BaseException:
         for partial in partials.values():
             shutil.rmtree(partial, ignore_errors=True)
+        if made and output.is_dir() and not any(output.iterdir()):
+            output.rmdir()  # the folder this run made, empty again
         raise
     for split, partial in partials.items():
         partial.rename(output / split)
