@@ -1,18 +1,21 @@
 """Tests of ``scripts/make_shards.py``: a corpus written as lhotse Shar shards reads back, with lhotse's own reader, as
 the utterances the project's readers give (ids, transcripts, speakers, languages, durations, every sample), and bad
-input is one ``ERROR:`` line that leaves no shard behind. lhotse takes seconds to import: every test is in the slow
+input is one ``ERROR:`` line that leaves no shard behind; and of training from them (``data.format=shar``): a resume
+on as many processes goes on bit for bit, on another number it is one ``ERROR:`` line. lhotse takes seconds to import: every test is in the slow
 tier, the tool loaded when a test first asks for it (not when the tests are collected)."""
 
 import contextlib
 import importlib
 import io
+import json
 import math
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import demo_corpus, layout_corpus
+import torch
+from conftest import TEST_MODEL, bound, demo_corpus, layout_corpus, run_ranks, run_train_main
 
 from utils.data.corpora import load_splits
 from utils.data.corpus import DataConfig
@@ -124,3 +127,73 @@ def test_bad_arguments_are_one_error_line_and_change_nothing(tool, corpora, tmp_
         assert (out / "train" / "cuts.000000.jsonl.gz").read_bytes() == b"mine" and not (out / "val").exists()
     else:
         assert not out.exists()
+
+
+SHARD_RANK = """
+import json, os, signal, sys
+import train
+read, seen = train.next_micro_batches, []
+
+def reading(*args, **kwargs):  # the utterance ids of every step, as the loop receives them
+    micro = read(*args, **kwargs)
+    seen.append(micro[2])
+    if len(seen) == STOP_AT and os.environ["RANK"] == "0":
+        os.kill(os.getpid(), signal.SIGTERM)  # inside step STOP_AT: the run stops after it, on every rank
+    return micro
+
+train.next_micro_batches = reading
+code = train.main(ARGV)
+with open(os.path.join(sys.argv[1], "ids" + os.environ["RANK"] + ".json"), "w") as file:
+    json.dump(seen, file)
+sys.exit(code)
+"""
+"""A rank of :func:`test_shards_train_and_resume_bit_exactly_on_as_many_processes_and_refuse_another_number`
+(``STOP_AT``, ``ARGV`` put in front): ``train.main(ARGV)`` recording the ids of every step in ``ids<RANK>.json``; rank
+0 sends itself SIGTERM while it reads step ``STOP_AT`` (0: never)."""
+
+
+def test_shards_train_and_resume_bit_exactly_on_as_many_processes_and_refuse_another_number(tool, tmp_path_factory,
+                                                                                              tmp_path):
+    """``data.format=shar`` on 2 gloo ranks: 11 training cuts of 2 to 3.5 s in budgets of 4 s (5 steps an epoch): a run
+    stopped by SIGTERM at step 2 resumes on 2 processes to the same batches, losses and weights as the run that went on
+    into the second epoch; resumed on 1 process, one ``ERROR:`` line naming ``data.shar_restart_epoch``, exit status
+    1, the checkpoints as they were; with it set, the epoch is read again from its start."""
+    corpus, shards = demo_corpus(tmp_path_factory, "ljspeech", speakers=1, n=12), tmp_path / "shards"
+    assert run_tool(tool, "--dataset-path", corpus, "--output", shards)[0] == 0
+    common = ["--config", str(PROJECT / "config.json"), "--model", TEST_MODEL, "--tiny", "--dataset-path", str(shards),
+              "--set", "data.format=shar", "--set", "data.max_duration=4", "--set", "train.log_interval=1",
+              "--set", "train.val_interval=100", "--max-steps", "6"]
+
+    def on_two(out, stop_at=0):
+        folder = tmp_path / f"{out.name}_ranks"
+        folder.mkdir()
+        argv = [*common, "--output-dir", str(out)]
+        said = run_ranks(f"STOP_AT = {stop_at}\nARGV = {argv!r}\n{SHARD_RANK}", folder, timeout=bound(300))[0]
+        ranks = [json.loads((folder / f"ids{rank}.json").read_text()) for rank in (0, 1)]
+        losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return said, [step0 + step1 for step0, step1 in zip(*ranks)], losses
+
+    _, whole_ids, whole_losses = on_two(tmp_path / "whole")
+    said, stopped_ids, _ = on_two(tmp_path / "stopped", stop_at=2)
+    assert "stopped at step 2 on SIGTERM" in said and stopped_ids == whole_ids[:2], said[-2000:]
+    shutil.copytree(tmp_path / "stopped", tmp_path / "resumed", symlinks=True)
+    said, resumed_ids, resumed_losses = on_two(tmp_path / "resumed")
+    assert resumed_ids == whole_ids[2:] and resumed_losses == whole_losses, said[-2000:]
+    assert len({utt for step in whole_ids[:5] for utt in step}) == len([utt for step in whole_ids[:5] for utt in step])
+    final = [torch.load(tmp_path / name / "checkpoint_last.pt", map_location="cpu", weights_only=True)["model"]
+             for name in ("whole", "resumed")]
+    assert all(torch.equal(final[0][key], final[1][key]) for key in final[0])
+
+    before = {path.name: path.read_bytes() for path in (tmp_path / "stopped").glob("checkpoint_*.pt")}
+    code, out, err = run_train_main([*common, "--output-dir", str(tmp_path / "stopped"), "--set",
+                                     "data.num_workers=0"])
+    lines = [line for line in err.splitlines() if line.startswith("ERROR:")]
+    assert code == 1 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    assert "written by 2 process(es)" in lines[0] and "data.shar_restart_epoch=true" in lines[0], lines[0]
+    assert {path.name: path.read_bytes() for path in (tmp_path / "stopped").glob("checkpoint_*.pt")} == before
+    code, out, err = run_train_main([*common, "--output-dir", str(tmp_path / "stopped"), "--set",
+                                     "data.num_workers=0", "--set", "data.shar_restart_epoch=true", "--max-steps", "3"])
+    assert code == 0 and "data.shar_restart_epoch=true reads the epoch again from its start" in err, err[-2000:]
+    saved = torch.load(tmp_path / "stopped" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    # the global batch kept: 2 micro-batches a step on 1 process, the epoch's first two
+    assert (saved["step"], saved["epoch"], saved["samples_in_epoch"], saved["grad_accumulation"]) == (3, 0, 2, 2)
