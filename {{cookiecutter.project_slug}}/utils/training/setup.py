@@ -76,7 +76,7 @@ class RunParts:
     datasets: Optional[Callable[[ModelSpec, Config], Optional[tuple]]] = None  # (train, val) in place of the model's
     writer: Optional[Callable[..., Any]] = None  # rank 0's run-log writer in place of TensorBoard's alone
     tensorboard_dir: Optional[Callable[[Mapping[str, str], str], str]] = None  # (environ, output_dir) -> the folder
-    corpus: Optional[OwnCorpus] = None  # a corpus read in place of the layout readers' (data.format=shar)
+    corpus: Optional[OwnCorpus] = None  # a corpus read in place of the layout readers' (shards)
 
 
 @dataclasses.dataclass(kw_only=True)
