@@ -152,14 +152,20 @@ sys.exit(code)
 0 sends itself SIGTERM while it reads step ``STOP_AT`` (0: never)."""
 
 
-def test_shards_train_and_resume_bit_exactly_on_as_many_processes_and_refuse_another_number(tool, tmp_path_factory,
-                                                                                              tmp_path):
+@pytest.fixture(scope="module")
+def shards(tool, tmp_path_factory) -> Path:
+    """Shards of the demo corpus of 12 utterances (``ljspeech``, 22050 Hz, 2 to 3.5 s): 11 training cuts, 1 to
+    validate. No test may change them."""
+    corpus, out = demo_corpus(tmp_path_factory, "ljspeech", speakers=1, n=12), tmp_path_factory.mktemp("s") / "shards"
+    assert run_tool(tool, "--dataset-path", corpus, "--output", out)[0] == 0
+    return out
+
+
+def test_shards_train_and_resume_bit_exactly_on_as_many_processes_and_refuse_another_number(shards, tmp_path):
     """``data.format=shar`` on 2 gloo ranks: 11 training cuts of 2 to 3.5 s in budgets of 4 s (5 steps an epoch): a run
     stopped by SIGTERM at step 2 resumes on 2 processes to the same batches, losses and weights as the run that went on
     into the second epoch; resumed on 1 process, one ``ERROR:`` line naming ``data.shar_restart_epoch``, exit status
     1, the checkpoints as they were; with it set, the epoch is read again from its start."""
-    corpus, shards = demo_corpus(tmp_path_factory, "ljspeech", speakers=1, n=12), tmp_path / "shards"
-    assert run_tool(tool, "--dataset-path", corpus, "--output", shards)[0] == 0
     common = ["--config", str(PROJECT / "config.json"), "--model", TEST_MODEL, "--tiny", "--dataset-path", str(shards),
               "--set", "data.format=shar", "--set", "data.max_duration=4", "--set", "train.log_interval=1",
               "--set", "train.val_interval=100", "--max-steps", "6"]
@@ -197,3 +203,21 @@ def test_shards_train_and_resume_bit_exactly_on_as_many_processes_and_refuse_ano
     saved = torch.load(tmp_path / "stopped" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     # the global batch kept: 2 micro-batches a step on 1 process, the epoch's first two
     assert (saved["step"], saved["epoch"], saved["samples_in_epoch"], saved["grad_accumulation"]) == (3, 0, 2, 2)
+
+
+@pytest.mark.parametrize("case", ["no folder", "a corpus", "no budget", "short budget"])
+def test_bad_shard_settings_are_one_error_line_before_any_work(corpora, shards, tmp_path, case):
+    """``data.format=shar`` with a ``--dataset-path`` that does not exist, a corpus folder that holds no shards, no
+    ``data.max_duration``, or one shorter than the longest training cut: one ``ERROR:`` line naming it, exit status 1,
+    no checkpoint."""
+    path = {"no folder": tmp_path / "nowhere", "a corpus": corpora["vctk"]}.get(case, shards)
+    budget = {"no budget": "0", "short budget": "1"}.get(case, "4")
+    code, out, err = run_train_main(["--config", str(PROJECT / "config.json"), "--model", TEST_MODEL, "--tiny",
+                                     "--dataset-path", str(path), "--output-dir", str(tmp_path / "out"), "--set",
+                                     "data.format=shar", "--set", f"data.max_duration={budget}"])
+    lines = [line for line in err.splitlines() if line.startswith("ERROR:")]
+    assert code == 1 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    named = {"no folder": str(path), "a corpus": f"{path}/train: no cuts.*.jsonl.gz",
+             "short budget": "data.max_duration=1 is shorter than the longest training cut"}.get(case, "data.max_duration")
+    assert named in lines[0], lines[0]
+    assert not list((tmp_path / "out").glob("checkpoint_*"))

@@ -30,7 +30,7 @@ from distributed import DistInfo
 from model import ModelSpec
 from utils.config import Config, ConfigError, Section, cross_check_error
 from utils.data.audio import read_clip
-from utils.data.corpus import Corpus, DataError, Layout, Utterance
+from utils.data.corpus import SINGLE_SPEAKER, Corpus, DataError, Layout, Utterance
 from utils.data.loader import make_loader
 from utils.data.speakers import data_speakers
 from utils.run import check_output_dir, ignore_stop_signals
@@ -68,8 +68,8 @@ def _lhotse() -> Any:
 
 def split_corpus(folder: Path) -> Corpus:
     """The utterances of the Shar split ``folder`` from its cuts' metadata alone (``cuts.*.jsonl.gz``, in order; no
-    audio read): id, transcript, speaker and language of each cut's first supervision, its duration (seconds); the
-    audio source ``FOLDER#ID`` names the cut. DataError naming the folder or cut: no cuts files, a file lhotse cannot
+    audio read): id, transcript, speaker (a corpus's one speaker where none) and language of each cut's first
+    supervision, its duration (seconds); the audio source ``FOLDER#ID`` names the cut. DataError naming the folder or cut: no cuts files, a file lhotse cannot
     read, a cut without a transcript."""
     files = sorted(folder.glob("cuts.*.jsonl.gz"))
     if not files:
@@ -81,8 +81,8 @@ def split_corpus(folder: Path) -> Corpus:
             said = cut.supervisions[0] if cut.supervisions else None
             if said is None or not (said.text or "").strip():
                 raise DataError(f"{folder}: cut '{cut.id}' has no transcript (a supervision with text)")
-            rows.append(Utterance(cut.id, f"{folder}#{cut.id}", said.text, said.speaker or "", said.language or "",
-                                  float(cut.duration)))
+            rows.append(Utterance(cut.id, f"{folder}#{cut.id}", said.text, said.speaker or SINGLE_SPEAKER,
+                                  said.language or "", float(cut.duration)))
     except (OSError, EOFError, ValueError, KeyError) as err:
         if isinstance(err, DataError):
             raise
@@ -183,13 +183,14 @@ class ShardOrder:
     (``max_duration`` seconds a batch, shuffled by ``seed`` and the epoch, ``drop_last``, rank ``dist.rank`` of
     ``dist.world_size``), built afresh at each pass. The batch stream's :class:`~utils.data.loader.OwnOrder`: a
     micro-batch of every rank is ``world_size`` samples; ``set_epoch(epoch, start=k)`` passes over this rank's first
-    ``k // world_size`` batches (read, not decoded). ``restart``: ``data.shar_restart_epoch``."""
+    ``k // world_size`` batches (read, not decoded). ``restart``: ``data.shar_restart_epoch``; ``buckets``: lhotse's
+    duration buckets (10, its default; at most the cuts)."""
 
     def __init__(self, cuts: Any, max_duration: float, dist: DistInfo, seed: int, restart: bool):
         self.cuts, self.max_duration, self.seed, self.restart = cuts, max_duration, seed, restart
         self.num_replicas, self.rank = dist.world_size, dist.rank
         self.step_samples = dist.world_size
-        self.epoch, self.skip = 0, 0
+        self.epoch, self.skip, self.buckets = 0, 0, 10  # lhotse's number of duration buckets
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """The pass of ``epoch`` from micro-batch ``start // world_size`` of each rank."""
@@ -218,8 +219,8 @@ class ShardOrder:
 
     def __iter__(self) -> Iterator[Any]:
         sampler = _lhotse().dataset.DynamicBucketingSampler(
-            self.cuts, max_duration=self.max_duration, shuffle=True, drop_last=True, world_size=self.num_replicas,
-            rank=self.rank, seed=self.seed)
+            self.cuts, max_duration=self.max_duration, num_buckets=self.buckets, shuffle=True, drop_last=True,
+            world_size=self.num_replicas, rank=self.rank, seed=self.seed)
         sampler.set_epoch(self.epoch)
         skip, self.skip = self.skip, 0
         for done, batch in enumerate(sampler):
@@ -230,6 +231,17 @@ class ShardOrder:
 def as_is(batch: dict) -> dict:
     """The DataLoader's collate of a batch :class:`CutBatches` made whole."""
     return batch
+
+
+def check_budget(corpus: Corpus, max_duration: float, world_size: int) -> None:
+    """ConfigError: the longest cut of the training ``corpus`` is over ``max_duration`` seconds (it would make no
+    batch); DataError: fewer cuts than ``world_size`` processes (no batch for each)."""
+    longest = float(corpus.duration.max(initial=0.0))
+    if longest > max_duration:
+        raise ConfigError(f"data.max_duration={max_duration:g} is shorter than the longest training cut ({longest:.2f} "
+                          f"s): raise it to at least {longest:.2f}, or leave the longest cuts out")
+    if len(corpus) < world_size:
+        raise DataError(f"{len(corpus)} training cuts are too few for one each of {world_size} processes; add data")
 
 
 class SharCorpus:
@@ -255,7 +267,9 @@ class SharCorpus:
         cuts = lhotse.CutSet.from_shar(in_dir=str(root / "train"))
         if len(train_set) < len(splits[0]):  # the model left some out (too long), said in its line
             cuts = cuts.filter(KeptIds(set(train_set.corpus.ids.tolist())))
+        check_budget(train_set.corpus, cfg.data.max_duration, dist.world_size)
         order = ShardOrder(cuts, cfg.data.max_duration, dist, cfg.train.seed, cfg.data.shar_restart_epoch)
+        order.buckets = min(order.buckets, len(train_set))  # lhotse's estimate needs a cut a bucket
         workers = cfg.data.num_workers
         train = DataLoader(CutBatches(train_set, spec.training.collate_fn, rate), sampler=order, batch_size=None,
                            collate_fn=as_is, num_workers=workers, pin_memory=dist.device.type == "cuda",
