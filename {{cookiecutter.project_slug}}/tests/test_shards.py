@@ -17,6 +17,10 @@ import pytest
 import torch
 from conftest import TEST_MODEL, bound, demo_corpus, layout_corpus, run_ranks, run_train_main
 
+from models import MODELS
+from parts import config_schemas
+from utils.config import load_config
+from utils.data import shar
 from utils.data.corpora import load_splits
 from utils.data.corpus import DataConfig
 from utils.data.sources import header, read_audio
@@ -159,6 +163,29 @@ def shards(tool, tmp_path_factory) -> Path:
     corpus, out = demo_corpus(tmp_path_factory, "ljspeech", speakers=1, n=12), tmp_path_factory.mktemp("s") / "shards"
     assert run_tool(tool, "--dataset-path", corpus, "--output", out)[0] == 0
     return out
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_each_model_makes_the_same_items_of_the_shards_as_of_the_corpus(shards, tmp_path_factory, name):
+    """Each model's datasets (``Training.datasets_of``) over the shards' metadata, each item made of its cut's audio
+    (``item(index, cut_audio(...))``, training and validation), equal, tensor for tensor, those ``build_datasets``
+    reads from the corpus's files: the same utterances in the same order, decoded alike."""
+    from lhotse import CutSet  # only these tests' (3 s)
+
+    corpus = demo_corpus(tmp_path_factory, "ljspeech", speakers=1, n=12)
+    cfg = load_config(str(PROJECT / "config.json"), config_schemas(), tiny=True)
+    cfg.data.dataset_path = str(corpus)
+    from_files = MODELS[name].training.build_datasets(cfg)
+    from_shards = shar.model_items(MODELS[name], cfg, shar.read_splits(shards))
+    for split, files, cuts in zip(("train", "val"), from_files, from_shards):
+        cut_of = {cut.id: cut for cut in CutSet.from_shar(in_dir=shards / split)}
+        assert len(files) == len(cuts) > 0
+        for index in range(len(files)):
+            item = cuts.item(index, shar.cut_audio(cut_of[cuts.corpus[index].id], cfg.audio.sampling_rate))
+            expected = files[index]
+            assert item.keys() == expected.keys()
+            assert all(torch.equal(item[key], expected[key]) if torch.is_tensor(item[key]) else
+                       item[key] == expected[key] for key in item), (split, index)
 
 
 def test_shards_train_and_resume_bit_exactly_on_as_many_processes_and_refuse_another_number(shards, tmp_path):
