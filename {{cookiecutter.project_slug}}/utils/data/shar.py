@@ -18,6 +18,7 @@ wrote: ``train/`` and ``val/``), for corpora bigger than a disk. One of the larg
 from __future__ import annotations
 
 import io
+from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Optional, get_args
 
@@ -178,19 +179,31 @@ class KeptIds:
         return cut.id in self.ids
 
 
-class ShardOrder:
-    """This rank's batches (CutSets) of an epoch of the training ``cuts``: lhotse's ``DynamicBucketingSampler``
-    (``max_duration`` seconds a batch, shuffled by ``seed`` and the epoch, ``drop_last``, rank ``dist.rank`` of
-    ``dist.world_size``), built afresh at each pass. The batch stream's :class:`~utils.data.loader.OwnOrder`: a
-    micro-batch of every rank is ``world_size`` samples; ``set_epoch(epoch, start=k)`` passes over this rank's first
-    ``k // world_size`` batches (read, not decoded). ``restart``: ``data.shar_restart_epoch``; ``buckets``: lhotse's
-    duration buckets (10, its default; at most the cuts)."""
+BUCKETS, BINS_FROM = 10, 10000
+"""lhotse's defaults: duration buckets (at most the cuts), and the first cuts their bins are estimated from."""
 
-    def __init__(self, cuts: Any, max_duration: float, dist: DistInfo, seed: int, restart: bool):
-        self.cuts, self.max_duration, self.seed, self.restart = cuts, max_duration, seed, restart
+
+class ShardOrder:
+    """This rank's batches (CutSets) of an epoch of the training split in ``folder``, its cuts of ``kept`` (the
+    model dataset's utterances): lhotse's ``DynamicBucketingSampler`` (``max_duration`` seconds a batch, shuffled by
+    ``seed`` and the epoch, ``drop_last``, rank ``dist.rank`` of ``dist.world_size``), built afresh at each pass with
+    the duration bins lhotse estimates, estimated once from the cuts' metadata (no audio read). The batch stream's
+    :class:`~utils.data.loader.OwnOrder`: a micro-batch of every rank is ``world_size`` samples; ``set_epoch(epoch,
+    start=k)`` passes over this rank's first ``k // world_size`` batches (read, not decoded). ``restart``:
+    ``data.shar_restart_epoch`` (False)."""
+
+    def __init__(self, folder: Path, kept: Corpus, max_duration: float, dist: DistInfo, seed: int):
+        lhotse, keep = _lhotse(), KeptIds(set(kept.ids.tolist()))
+        self.cuts = lhotse.CutSet.from_shar(in_dir=str(folder)).filter(keep)
+        files = [str(path) for path in sorted(folder.glob("cuts.*.jsonl.gz"))]
+        first = islice(lhotse.CutSet.from_shar(fields={"cuts": files}).filter(keep), BINS_FROM)
+        buckets = min(BUCKETS, len(kept))  # lhotse's estimate needs a cut a bucket
+        self.bins = lhotse.dataset.sampling.dynamic_bucketing.estimate_duration_buckets(first, buckets) \
+            if buckets > 1 else []
+        self.max_duration, self.seed, self.restart = max_duration, seed, False
         self.num_replicas, self.rank = dist.world_size, dist.rank
         self.step_samples = dist.world_size
-        self.epoch, self.skip, self.buckets = 0, 0, 10  # lhotse's number of duration buckets
+        self.epoch, self.skip = 0, 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """The pass of ``epoch`` from micro-batch ``start // world_size`` of each rank."""
@@ -219,7 +232,7 @@ class ShardOrder:
 
     def __iter__(self) -> Iterator[Any]:
         sampler = _lhotse().dataset.DynamicBucketingSampler(
-            self.cuts, max_duration=self.max_duration, num_buckets=self.buckets, shuffle=True, drop_last=True,
+            self.cuts, max_duration=self.max_duration, duration_bins=self.bins, shuffle=True, drop_last=True,
             world_size=self.num_replicas, rank=self.rank, seed=self.seed)
         sampler.set_epoch(self.epoch)
         skip, self.skip = self.skip, 0
@@ -264,12 +277,9 @@ class SharCorpus:
         root, rate, lhotse = Path(cfg.data.dataset_path), cfg.audio.sampling_rate, _lhotse()
         splits = read_splits(root)
         train_set, val_set = model_items(spec, cfg, splits)
-        cuts = lhotse.CutSet.from_shar(in_dir=str(root / "train"))
-        if len(train_set) < len(splits[0]):  # the model left some out (too long), said in its line
-            cuts = cuts.filter(KeptIds(set(train_set.corpus.ids.tolist())))
         check_budget(train_set.corpus, cfg.data.max_duration, dist.world_size)
-        order = ShardOrder(cuts, cfg.data.max_duration, dist, cfg.train.seed, cfg.data.shar_restart_epoch)
-        order.buckets = min(order.buckets, len(train_set))  # lhotse's estimate needs a cut a bucket
+        order = ShardOrder(root / "train", train_set.corpus, cfg.data.max_duration, dist, cfg.train.seed)
+        order.restart = cfg.data.shar_restart_epoch
         workers = cfg.data.num_workers
         train = DataLoader(CutBatches(train_set, spec.training.collate_fn, rate), sampler=order, batch_size=None,
                            collate_fn=as_is, num_workers=workers, pin_memory=dist.device.type == "cuda",
