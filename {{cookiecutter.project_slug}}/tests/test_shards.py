@@ -232,19 +232,21 @@ def test_shards_train_and_resume_bit_exactly_on_as_many_processes_and_refuse_ano
     assert (saved["step"], saved["epoch"], saved["samples_in_epoch"], saved["grad_accumulation"]) == (3, 0, 2, 2)
 
 
-@pytest.mark.parametrize("case", ["no folder", "a corpus", "no budget", "short budget"])
+@pytest.mark.parametrize("case", ["no folder", "a corpus", "no budget", "short budget", "batching"])
 def test_bad_shard_settings_are_one_error_line_before_any_work(corpora, shards, tmp_path, case):
     """``data.format=shar`` with a ``--dataset-path`` that does not exist, a corpus folder that holds no shards, no
-    ``data.max_duration``, or one shorter than the longest training cut: one ``ERROR:`` line naming it, exit status 1,
-    no checkpoint."""
+    ``data.max_duration``, one shorter than the longest training cut, or batches by length (``data.batching``): one
+    ``ERROR:`` line naming it, exit status 1, no checkpoint."""
     path = {"no folder": tmp_path / "nowhere", "a corpus": corpora["vctk"]}.get(case, shards)
     budget = {"no budget": "0", "short budget": "1"}.get(case, "4")
     code, out, err = run_train_main(["--config", str(PROJECT / "config.json"), "--model", TEST_MODEL, "--tiny",
                                      "--dataset-path", str(path), "--output-dir", str(tmp_path / "out"), "--set",
-                                     "data.format=shar", "--set", f"data.max_duration={budget}"])
+                                     "data.format=shar", "--set", f"data.max_duration={budget}",
+                                     *(["--set", "data.batching=buckets"] if case == "batching" else [])])
     lines = [line for line in err.splitlines() if line.startswith("ERROR:")]
     assert code == 1 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
     named = {"no folder": str(path), "a corpus": f"{path}/train: no cuts.*.jsonl.gz",
-             "short budget": "data.max_duration=1 is shorter than the longest training cut"}.get(case, "data.max_duration")
+             "short budget": "data.max_duration=1 is shorter than the longest training cut",
+             "batching": "data.batching=buckets does not apply"}.get(case, "data.max_duration")
     assert named in lines[0], lines[0]
     assert not list((tmp_path / "out").glob("checkpoint_*"))

@@ -50,13 +50,17 @@ class SharSettings(Section):
 
     @model_validator(mode="after")
     def budget_given(self) -> "SharSettings":
-        """``format=shar`` has a ``max_duration`` and ``data.batching=random`` (the shards are batched by duration)."""
+        """``format=shar`` has a ``max_duration``, ``data.batching=random`` (the shards are batched by duration) and no
+        ``data.mel_dir`` (where the project has it)."""
         if self.format == SHAR and not self.max_duration:
             raise cross_check_error("config key 'data.max_duration' must be > 0 with data.format=shar: the seconds of "
                                     "audio a GPU takes per micro-batch", "format", "max_duration")
         if self.format == SHAR and getattr(self, "batching", "random") != "random":
             raise cross_check_error(f"data.batching={self.batching} does not apply to data.format=shar, batched by "
                                     "data.max_duration: leave data.batching at random", "format", "batching")
+        if self.format == SHAR and getattr(self, "mel_dir", ""):  # the after-training tools' key, where it is
+            raise cross_check_error("data.mel_dir does not apply to data.format=shar, whose items are made of the "
+                                    "shards' audio: leave data.mel_dir empty", "format", "mel_dir")
         return self
 
 
