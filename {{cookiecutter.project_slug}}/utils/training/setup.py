@@ -132,8 +132,7 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     ema = build_ema(spec, model, cfg.train.ema_decay)
     optimizers = build_optimizers(spec, model, cfg, dist.device)
     schedulers = {name: build_scheduler(spec, name, optimizer, cfg) for name, optimizer in optimizers.items()}
-    train_loader, val_loader = (parts.corpus is not None and parts.corpus.loaders(spec, cfg, dist)) or \
-        build_loaders(spec, cfg, dist, parts.datasets)
+    train_loader, val_loader = build_loaders(spec, cfg, dist, parts.datasets, parts.corpus)
     train_utterances = len(train_loader.dataset)
     state, accumulation, run_ids = TrainState(), cfg.train.grad_accumulation, {}
     states = {"model": model, **checkpoint_parts(spec, optimizers, schedulers, precision.scaler), "position": state,
@@ -307,11 +306,14 @@ def build_ema(spec: ModelSpec, model, decay: float) -> Optional[EMA]:
         raise ConfigError(f"train.ema_decay={decay} with model '{spec.name}': {err}") from None
 
 
-def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo,
-                  datasets: Optional[Callable[..., Optional[tuple]]] = None) -> tuple[DataLoader, DataLoader]:
+def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo, datasets: Optional[Callable[..., Optional[tuple]]] = None,
+                  corpus: Optional[OwnCorpus] = None) -> tuple[DataLoader, DataLoader]:
     """The training and the validation loader of this rank's shard (each loader's ``dataset``: the whole split) of
-    :func:`model_datasets`; a :class:`DataError` for too few training utterances for one batch of every rank."""
+    :func:`model_datasets`, or ``corpus``'s where it reads the corpus; a :class:`DataError` for too few training
+    utterances for one batch of every rank."""
     with model_config_errors(spec.name):
+        if corpus is not None and (own := corpus.loaders(spec, cfg, dist)) is not None:
+            return own
         train_set, val_set = model_datasets(spec, cfg, datasets)
     batch_size = cfg.section(spec.name).batch_size
     train_loader = make_loader(train_set, spec, cfg, dist, train=True)
