@@ -88,7 +88,8 @@ TABLE = {
                  "train.tracker_finish_timeout_s", "train.tracker_log_checkpoint"],
     },
     "large_corpora": {
-        "files": ["scripts/make_shards.py", "utils/data/shar.py", "tests/test_shards.py"],
+        "files": ["scripts/make_shards.py", "utils/data/shar.py", "utils/data/shar_store.py",
+                  "tests/test_shards.py"],
         "keys": ["data.max_duration", "data.shar_restart_epoch"],
     },
 }

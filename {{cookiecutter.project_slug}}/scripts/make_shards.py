@@ -1,6 +1,7 @@
 """Write a corpus as lhotse Shar shards, for corpora bigger than a disk: read in sequence, a shard at a time.
 
     python -m scripts.make_shards --dataset-path CORPUS --output FOLDER [--shard-size N] [--audio flac|original]
+    python -m scripts.make_shards --dataset-path CORPUS --output s3://BUCKET/PREFIX ...
 
 Reads the corpus as training does (``utils.data.corpora.load_splits``: ``data.format``, ``auto`` detection, the
 layout's splits, ``data.exclude``; ``--config`` gives its ``data`` section, else the defaults) and writes each split
@@ -18,6 +19,10 @@ rate stay as stored, a span of a longer recording (a lhotse cut, a NeMo offset) 
 Each split is written to ``FOLDER/.SPLIT.partial``, both renamed when both are whole, so a ``FOLDER/train`` is never
 half written; an existing ``FOLDER/train`` or ``FOLDER/val`` is refused, not overwritten. Bad input (no corpus, a clip that
 cannot be read, an output that exists): one ``ERROR:`` line, exit status 1, the partial folder removed.
+
+An ``s3://BUCKET/PREFIX`` output: the bucket is checked first (``utils.data.shar_store``: endpoint and credentials
+from the environment alone, ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...), the shards written to a temporary
+folder, then uploaded to ``PREFIX/train`` and ``PREFIX/val`` (refused where either holds files already).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional, Sequence, get_args
 
@@ -41,6 +47,7 @@ from parts import LEFT_OUT, config_schemas
 from utils.config import ConfigError, load_config
 from utils.data.corpora import load_splits, parquet
 from utils.data.corpus import Corpus, DataConfig, DataError, Layout, Utterance
+from utils.data.shar_store import check_bucket, is_url, listed, upload
 from utils.data.sources import header, parse
 
 SPLITS = ("train", "val")
@@ -113,6 +120,22 @@ def make_shards(data: DataConfig, output: Path, shard_size: int = 1000, audio: s
     return done
 
 
+def make_shards_to(data: DataConfig, url: str, shard_size: int = 1000, audio: str = "flac",
+                   progress: bool = True) -> dict[str, tuple[int, int]]:
+    """:func:`make_shards` into the S3 prefix ``url``: its bucket checked and ``url/train``, ``url/val`` found empty
+    first, the shards written to a temporary folder (removed after), then uploaded. Raises DataError: what
+    :func:`make_shards` and ``shar_store.upload`` raise, the bucket missing, shards under ``url`` already."""
+    check_bucket(url)
+    for split in SPLITS:
+        if listed(f"{url.rstrip('/')}/{split}"):
+            raise DataError(f"{url.rstrip('/')}/{split} holds files; remove them or give another --output (shards "
+                            "are not overwritten)")
+    with tempfile.TemporaryDirectory(prefix="shards-") as folder:
+        done = make_shards(data, Path(folder), shard_size, audio, progress)
+        upload(Path(folder), url)
+    return done
+
+
 def data_section(args: argparse.Namespace) -> DataConfig:
     """The ``data`` section the command line names: ``--config``'s (``--dataset-path`` and ``--format`` override
     it), else the defaults with those two. Raises ConfigError: a format no reader has, a config that cannot be read or
@@ -129,7 +152,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Write the shards the command line names. Returns the exit status."""
     parser = argparse.ArgumentParser(description="Write a corpus as lhotse Shar shards (FOLDER/train, FOLDER/val).")
     parser.add_argument("--dataset-path", required=True, help="the corpus's root folder (any layout data.format reads)")
-    parser.add_argument("--output", required=True, help="the folder the shards go to (its train/ and val/ are made)")
+    parser.add_argument("--output", required=True,
+                        help="the folder or s3://BUCKET/PREFIX the shards go to (its train/ and val/ are made)")
     parser.add_argument("--shard-size", type=int, default=1000, help="cuts per shard (default: 1000)")
     parser.add_argument("--audio", choices=AUDIO_FORMATS, default="flac",
                         help="flac: every clip as FLAC (lossless); original: each in its own format")
@@ -140,9 +164,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.shard_size < 1:
             raise ConfigError(f"--shard-size must be at least 1, not {args.shard_size}")
-        if "://" in args.output:
-            raise ConfigError(f"--output {args.output} is a URL; give a folder (copy it to the bucket afterwards)")
-        done = make_shards(data_section(args), Path(args.output), args.shard_size, args.audio, not args.no_progress)
+        if "://" in args.output and not is_url(args.output):
+            raise ConfigError(f"--output {args.output} is a URL S3 does not serve: give a folder or s3://BUCKET/PREFIX")
+        write = make_shards_to if is_url(args.output) else make_shards
+        output = args.output if is_url(args.output) else Path(args.output)
+        done = write(data_section(args), output, args.shard_size, args.audio, not args.no_progress)
     except (ConfigError, DataError) as err:
         print(f"ERROR: {err}", file=sys.stderr)
         return 1

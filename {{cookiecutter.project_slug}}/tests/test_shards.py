@@ -1,8 +1,10 @@
 """Tests of ``scripts/make_shards.py``: a corpus written as lhotse Shar shards reads back, with lhotse's own reader, as
 the utterances the project's readers give (ids, transcripts, speakers, languages, durations, every sample), and bad
-input is one ``ERROR:`` line that leaves no shard behind; and of training from them (``data.format=shar``): a resume
-on as many processes goes on bit for bit, on another number it is one ``ERROR:`` line. lhotse takes seconds to import: every test is in the slow
-tier, the tool loaded when a test first asks for it (not when the tests are collected)."""
+input is one ``ERROR:`` line that leaves no shard behind; and of training from them (``data.format=shar``, from a
+folder or from ``s3://`` on an S3-compatible server, moto's, on 127.0.0.1): a resume on as many processes goes on bit
+for bit, on another number it is one ``ERROR:`` line; a shard cut short is read again, then skipped in one line.
+lhotse takes seconds to import: every test is in the slow tier, the tool loaded when a test first asks for it (not
+when the tests are collected)."""
 
 import contextlib
 import importlib
@@ -20,7 +22,7 @@ from conftest import TEST_MODEL, bound, demo_corpus, layout_corpus, run_ranks, r
 from models import MODELS
 from parts import config_schemas
 from utils.config import load_config
-from utils.data import shar
+from utils.data import shar, shar_store
 from utils.data.corpora import load_splits
 from utils.data.corpus import DataConfig
 from utils.data.sources import header, read_audio
@@ -41,6 +43,48 @@ def run_tool(tool, *argv) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = tool.main([*map(str, argv), "--no-progress"])
     return code, out.getvalue(), err.getvalue()
+
+
+AWS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+       "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION")
+
+
+def aws_env(patch: pytest.MonkeyPatch, folder: Path, **given: str) -> None:
+    """The S3 settings of the environment: ``given`` alone (the others removed, no AWS config file of this machine
+    read, no instance metadata asked for)."""
+    for name in AWS:
+        patch.delenv(name, raising=False)
+    patch.setenv("AWS_CONFIG_FILE", str(folder / "no-aws-config"))
+    patch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(folder / "no-aws-credentials"))
+    patch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for name, value in given.items():
+        patch.setenv(name, value)
+
+
+@pytest.fixture(scope="module")
+def s3(tool, tmp_path_factory):
+    """``s3://shards/demo``: the shards of :func:`shards`' corpus, written there by the tool, on an S3-compatible
+    server (moto's, a thread of this process) on 127.0.0.1 at a port the OS chose; its endpoint and credentials in the
+    environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...) while this module's tests run, which the ranks
+    inherit."""
+    import boto3  # only these tests'
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            aws_env(patch, tmp_path_factory.mktemp("aws"), AWS_ENDPOINT_URL=f"http://{host}:{port}",
+                    AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1")
+            boto3.client("s3").create_bucket(Bucket="shards")
+            corpus = demo_corpus(tmp_path_factory, "ljspeech", speakers=1, n=12)
+            code, said, errors = run_tool(tool, "--dataset-path", corpus, "--output", "s3://shards/demo",
+                                          "--shard-size", 4)
+            assert code == 0 and said.endswith("written to s3://shards/demo (flac)\n"), errors
+            yield "s3://shards/demo"
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -111,12 +155,20 @@ def test_a_clip_that_cannot_be_read_is_one_error_line_and_leaves_no_shard(tool, 
     assert not out.exists(), sorted(out.rglob("*"))
 
 
-@pytest.mark.parametrize("case", ["no corpus", "shards exist", "shard size", "url", "format"])
-def test_bad_arguments_are_one_error_line_and_change_nothing(tool, corpora, tmp_path, case):
-    """A folder in no layout, an output whose ``train/`` exists (left as it was), ``--shard-size 0``, an ``s3://``
-    output, a ``--format`` no reader has: one ``ERROR:`` line naming what is wrong, exit status 1."""
+@pytest.mark.parametrize("case", ["no corpus", "shards exist", "shard size", "url", "no credentials", "no bucket",
+                                  "s3 shards exist", "format"])
+def test_bad_arguments_are_one_error_line_and_change_nothing(tool, corpora, tmp_path, case, request, monkeypatch):
+    """A folder in no layout, an output whose ``train/`` exists (left as it was), ``--shard-size 0``, a URL S3 does
+    not serve, an ``s3://`` output without credentials in the environment, in a bucket that does not exist, or where
+    shards are already, a ``--format`` no reader has: one ``ERROR:`` line naming what is wrong, exit status 1."""
     out = tmp_path / "shards"
-    argv = {"no corpus": ["--dataset-path", tmp_path], "url": ["--output", "s3://bucket/prefix"],
+    if case in ("no bucket", "s3 shards exist"):
+        request.getfixturevalue("s3")
+    if case == "no credentials":
+        aws_env(monkeypatch, tmp_path, AWS_ENDPOINT_URL="http://127.0.0.1:9")
+    argv = {"no corpus": ["--dataset-path", tmp_path], "url": ["--output", "gs://bucket/prefix"],
+            "no credentials": ["--output", "s3://bucket/prefix"], "no bucket": ["--output", "s3://nobucket/prefix"],
+            "s3 shards exist": ["--output", "s3://shards/demo"],
             "shard size": ["--shard-size", 0], "format": ["--format", "wav"]}.get(case, [])
     if case == "shards exist":
         (out / "train").mkdir(parents=True)
@@ -125,7 +177,9 @@ def test_bad_arguments_are_one_error_line_and_change_nothing(tool, corpora, tmp_
     lines = [line for line in errors.splitlines() if line.startswith("ERROR:")]
     assert code == 1 and not said and "Traceback" not in errors and len(lines) == 1, errors
     named = {"no corpus": str(tmp_path), "shards exist": str(out / "train"), "shard size": "--shard-size",
-             "url": "s3://bucket/prefix", "format": "--format wav"}[case]
+             "url": "gs://bucket/prefix", "no credentials": "s3://bucket/prefix: no S3 credentials",
+             "no bucket": "the bucket 'nobucket' does not exist", "s3 shards exist": "s3://shards/demo/train holds",
+             "format": "--format wav"}[case]
     assert named in lines[0], lines[0]
     if case == "shards exist":
         assert (out / "train" / "cuts.000000.jsonl.gz").read_bytes() == b"mine" and not (out / "val").exists()
@@ -158,10 +212,10 @@ sys.exit(code)
 
 @pytest.fixture(scope="module")
 def shards(tool, tmp_path_factory) -> Path:
-    """Shards of the demo corpus of 12 utterances (``ljspeech``, 22050 Hz, 2 to 3.5 s): 11 training cuts, 1 to
-    validate. No test may change them."""
+    """Shards of the demo corpus of 12 utterances (``ljspeech``, 22050 Hz, 2 to 3.5 s): 11 training cuts in 3 shards
+    of 4, 1 to validate. No test may change them."""
     corpus, out = demo_corpus(tmp_path_factory, "ljspeech", speakers=1, n=12), tmp_path_factory.mktemp("s") / "shards"
-    assert run_tool(tool, "--dataset-path", corpus, "--output", out)[0] == 0
+    assert run_tool(tool, "--dataset-path", corpus, "--output", out, "--shard-size", 4)[0] == 0
     return out
 
 
@@ -188,12 +242,12 @@ def test_each_model_makes_the_same_items_of_the_shards_as_of_the_corpus(shards, 
                        item[key] == expected[key] for key in item), (split, index)
 
 
-def test_shards_train_and_resume_bit_exactly_on_as_many_processes_and_refuse_another_number(shards, tmp_path):
-    """``data.format=shar`` on 2 gloo ranks: 11 training cuts of 2 to 3.5 s in budgets of 4 s (5 steps an epoch): a run
+def test_shards_train_and_resume_bit_exactly_on_as_many_processes_and_refuse_another_number(s3, tmp_path):
+    """``data.format=shar`` from ``s3://`` (moto's server) on 2 gloo ranks: 11 training cuts of 2 to 3.5 s in budgets of 4 s (5 steps an epoch): a run
     stopped by SIGTERM at step 2 resumes on 2 processes to the same batches, losses and weights as the run that went on
     into the second epoch; resumed on 1 process, one ``ERROR:`` line naming ``data.shar_restart_epoch``, exit status
     1, the checkpoints as they were; with it set, the epoch is read again from its start."""
-    common = ["--config", str(PROJECT / "config.json"), "--model", TEST_MODEL, "--tiny", "--dataset-path", str(shards),
+    common = ["--config", str(PROJECT / "config.json"), "--model", TEST_MODEL, "--tiny", "--dataset-path", s3,
               "--set", "data.format=shar", "--set", "data.max_duration=4", "--set", "train.log_interval=1",
               "--set", "train.val_interval=100", "--max-steps", "6"]
 
@@ -232,12 +286,69 @@ def test_shards_train_and_resume_bit_exactly_on_as_many_processes_and_refuse_ano
     assert (saved["step"], saved["epoch"], saved["samples_in_epoch"], saved["grad_accumulation"]) == (3, 0, 2, 2)
 
 
-@pytest.mark.parametrize("case", ["no folder", "a corpus", "no budget", "short budget", "batching"])
-def test_bad_shard_settings_are_one_error_line_before_any_work(corpora, shards, tmp_path, case):
+def test_shards_on_s3_read_back_as_in_a_folder(shards, s3):
+    """The tool's upload under ``s3://shards/demo``: each split's shards (3 and 1), their cuts' metadata and audio,
+    read through lhotse's readers from the URLs, equal those of the same corpus written to a folder."""
+    from lhotse import CutSet  # only these tests' (3 s)
+
+    for split, count in (("train", 3), ("val", 1)):
+        remote, local = (shar_store.split_shards(f"{root}/{split}") for root in (s3, shards))
+        assert [tuple(name.rsplit("/", 1)[1] for name in pair) for pair in remote] == \
+            [tuple(Path(name).name for name in pair) for pair in local] and len(remote) == count
+        assert remote[0][0] == f"{s3}/{split}/cuts.000000.jsonl.gz"
+        read = [list(shar_store.ReadShards(pairs, shar.KeptIds(set(shar.split_corpus(f"{root}/{split}").ids.tolist())),
+                                           CutSet.from_shar)) for root, pairs in ((s3, remote), (shards, local))]
+        assert [cut.id for cut in read[0]] == [cut.id for cut in read[1]] and read[0]
+        assert all(a.recording.sources[0].source == b.recording.sources[0].source and a.supervisions == b.supervisions
+                   for a, b in zip(*read))
+
+
+def test_a_shard_cut_short_is_read_again_then_skipped_in_one_line(shards, tmp_path, monkeypatch):
+    """The second training shard's tar cut in half: lhotse's reader is asked for it 3 times, then its cuts are left
+    out, one line naming it and the count (the others' cuts given in order); training goes on with the rest, that line
+    once in its log."""
+    from lhotse import CutSet  # only these tests' (3 s)
+
+    root = tmp_path / "shards"
+    shutil.copytree(shards, root)
+    tar = root / "train" / "recording.000001.tar"
+    tar.write_bytes(tar.read_bytes()[:tar.stat().st_size // 2])
+    monkeypatch.setattr(shar_store, "PAUSE_S", 0.0)
+    asked, said = [], []
+
+    def from_shar(**fields):
+        asked.append(fields["fields"]["recording"][0])
+        return CutSet.from_shar(**fields)
+
+    pairs = shar_store.split_shards(str(root / "train"))
+    ids = shar.split_corpus(str(root / "train")).ids.tolist()
+    cuts = list(shar_store.ReadShards(pairs, shar.KeptIds(set(ids)), from_shar, said.append))
+    assert [cut.id for cut in cuts] == ids[:4] + ids[8:] and asked.count(str(tar)) == 3, asked
+    assert said == [said[0]] and said[0].startswith(f"warning: shard {tar} could not be read in 3 tries (") and \
+        said[0].endswith("its cuts skipped (1 shard(s) skipped so far)"), said
+    code, out, err = run_train_main(["--config", str(PROJECT / "config.json"), "--model", TEST_MODEL, "--tiny",
+                                     "--dataset-path", str(root), "--output-dir", str(tmp_path / "out"), "--set",
+                                     "data.format=shar", "--set", "data.max_duration=4", "--set", "data.num_workers=0",
+                                     "--max-steps", "1"])
+    lines = [line for line in err.splitlines() if str(tar) in line]
+    assert code == 0 and "Traceback" not in err and len(lines) == 1, err[-2000:]
+    assert lines[0].startswith("warning: shard") and "(1 shard(s) skipped so far)" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("case", ["no folder", "a corpus", "no budget", "short budget", "batching", "no credentials",
+                                  "no endpoint", "no bucket", "empty prefix"])
+def test_bad_shard_settings_are_one_error_line_before_any_work(corpora, shards, tmp_path, case, request, monkeypatch):
     """``data.format=shar`` with a ``--dataset-path`` that does not exist, a corpus folder that holds no shards, no
-    ``data.max_duration``, one shorter than the longest training cut, or batches by length (``data.batching``): one
-    ``ERROR:`` line naming it, exit status 1, no checkpoint."""
+    ``data.max_duration``, one shorter than the longest training cut, or batches by length (``data.batching``); an
+    ``s3://`` path without credentials or endpoint in the environment, in a bucket that does not exist, or a prefix
+    without shards: one ``ERROR:`` line naming it, exit status 1, no checkpoint."""
     path = {"no folder": tmp_path / "nowhere", "a corpus": corpora["vctk"]}.get(case, shards)
+    if case in ("no credentials", "no endpoint", "no bucket", "empty prefix"):
+        path = {"no bucket": "s3://nobucket/demo", "empty prefix": "s3://shards/nothing"}.get(
+            case, request.getfixturevalue("s3"))
+        for name in {"no credentials": ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"],
+                     "no endpoint": ["AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION"]}.get(case, []):
+            monkeypatch.delenv(name)
     budget = {"no budget": "0", "short budget": "1"}.get(case, "4")
     code, out, err = run_train_main(["--config", str(PROJECT / "config.json"), "--model", TEST_MODEL, "--tiny",
                                      "--dataset-path", str(path), "--output-dir", str(tmp_path / "out"), "--set",
@@ -247,6 +358,8 @@ def test_bad_shard_settings_are_one_error_line_before_any_work(corpora, shards, 
     assert code == 1 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
     named = {"no folder": str(path), "a corpus": f"{path}/train: no cuts.*.jsonl.gz",
              "short budget": "data.max_duration=1 is shorter than the longest training cut",
-             "batching": "data.batching=buckets does not apply"}.get(case, "data.max_duration")
+             "batching": "data.batching=buckets does not apply", "no credentials": f"{path}/train: no S3 credentials",
+             "no endpoint": f"{path}/train: no S3 endpoint", "no bucket": "the bucket 'nobucket' does not exist",
+             "empty prefix": "s3://shards/nothing/train: no cuts.*.jsonl.gz"}.get(case, "data.max_duration")
     assert named in lines[0], lines[0]
     assert not list((tmp_path / "out").glob("checkpoint_*"))

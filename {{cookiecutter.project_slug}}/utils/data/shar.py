@@ -1,11 +1,13 @@
 """Training from lhotse Shar shards (``data.format=shar``, ``--dataset-path`` the folder ``scripts/make_shards.py``
-wrote: ``train/`` and ``val/``), for corpora bigger than a disk. One of the large corpora part's modules.
+wrote: ``train/`` and ``val/``, in a folder or under an ``s3://bucket/prefix``: ``utils.data.shar_store``), for
+corpora bigger than a disk. One of the large corpora part's modules.
 
 * The corpus check reads the cuts' metadata alone (``cuts.*.jsonl.gz``: ids, transcripts, speakers, durations), no
   audio: the model's datasets are built over it (``Training.datasets_of``), each item made of its cut's audio
   (``item(index, audio)``), decoded as the project decodes a file (:func:`cut_audio`).
-* Training batches come from lhotse's own readers and sampler: ``CutSet.from_shar(in_dir=FOLDER/train)`` read
-  lazily, shard after shard, and ``DynamicBucketingSampler`` (``data.max_duration`` seconds of audio per GPU per
+* Training batches come from lhotse's own readers and sampler: ``CutSet.from_shar`` of each shard of the training
+  split, read lazily, shard after shard (one that cannot be read: retried, then skipped with a warning line,
+  ``shar_store.ReadShards``), and ``DynamicBucketingSampler`` (``data.max_duration`` seconds of audio per GPU per
   micro-batch, buckets of similar durations, shuffled by ``train.seed`` and the epoch, ``drop_last``, each rank its
   ``world_size``-th batch). The validation split is read whole into memory (it is small).
 * Position: each micro-batch of every rank is one sample of the epoch's position (``samples_in_epoch``, as the
@@ -33,6 +35,7 @@ from utils.config import Config, ConfigError, Section, cross_check_error
 from utils.data.audio import read_clip
 from utils.data.corpus import SINGLE_SPEAKER, Corpus, DataError, Layout, Utterance
 from utils.data.loader import make_loader
+from utils.data.shar_store import READ_ERRORS, ReadShards, is_url, split_shards, warn
 from utils.data.speakers import data_speakers
 from utils.run import check_output_dir, ignore_stop_signals
 
@@ -71,36 +74,40 @@ def _lhotse() -> Any:
     return lhotse
 
 
-def split_corpus(folder: Path) -> Corpus:
-    """The utterances of the Shar split ``folder`` from its cuts' metadata alone (``cuts.*.jsonl.gz``, in order; no
-    audio read): id, transcript, speaker (a corpus's one speaker where none) and language of each cut's first
-    supervision, its duration (seconds); the audio source ``FOLDER#ID`` names the cut. DataError naming the folder or cut: no cuts files, a file lhotse cannot
+def split_corpus(folder: str) -> Corpus:
+    """The utterances of the Shar split ``folder`` (a folder or an S3 prefix) from its cuts' metadata alone
+    (``cuts.*.jsonl.gz``, in order; no audio read): id, transcript, speaker (a corpus's one speaker where none) and
+    language of each cut's first supervision, its duration (seconds); the audio source ``FOLDER#ID`` names the cut.
+    DataError naming the folder or cut: no shards (what ``shar_store.split_shards`` raises), a file lhotse cannot
     read, a cut without a transcript."""
-    files = sorted(folder.glob("cuts.*.jsonl.gz"))
-    if not files:
-        raise DataError(f"{folder}: no cuts.*.jsonl.gz: not a Shar split (python -m scripts.make_shards writes "
-                        "FOLDER/train and FOLDER/val; --dataset-path FOLDER)")
+    files = [cuts for cuts, _ in split_shards(folder)]
     rows = []
     try:
-        for cut in _lhotse().CutSet.from_shar(fields={"cuts": [str(path) for path in files]}):
+        for cut in _lhotse().CutSet.from_shar(fields={"cuts": files}):
             said = cut.supervisions[0] if cut.supervisions else None
             if said is None or not (said.text or "").strip():
                 raise DataError(f"{folder}: cut '{cut.id}' has no transcript (a supervision with text)")
             rows.append(Utterance(cut.id, f"{folder}#{cut.id}", said.text, said.speaker or SINGLE_SPEAKER,
                                   said.language or "", float(cut.duration)))
-    except (OSError, EOFError, ValueError, KeyError) as err:
+    except READ_ERRORS as err:
         if isinstance(err, DataError):
             raise
         raise DataError(f"{folder}: cannot read its cuts: {type(err).__name__}: {err}") from None
     return Corpus.of(rows)
 
 
-def read_splits(root: Path) -> tuple[Corpus, Corpus]:
-    """``(train, val)`` of the Shar folder ``root`` (:func:`split_corpus` of ``root/train``, ``root/val``)."""
-    if not root.is_dir():
-        raise DataError(f"--dataset-path {root}: no such folder (data.format=shar reads the folder "
+def split_of(root: str, split: str) -> str:
+    """The location of ``split`` (``train``, ``val``) under the Shar folder or S3 prefix ``root``."""
+    return f"{str(root).rstrip('/')}/{split}"
+
+
+def read_splits(root: str) -> tuple[Corpus, Corpus]:
+    """``(train, val)`` of the Shar folder or S3 prefix ``root`` (:func:`split_corpus` of ``root/train``,
+    ``root/val``). DataError: a folder that does not exist, and what :func:`split_corpus` raises."""
+    if not is_url(root) and not Path(root).is_dir():
+        raise DataError(f"--dataset-path {root}: no such folder (data.format=shar reads the folder or s3:// prefix "
                         "python -m scripts.make_shards --output wrote)")
-    train, val = (split_corpus(root / split) for split in SPLITS)
+    train, val = (split_corpus(split_of(root, split)) for split in SPLITS)
     return train, val
 
 
@@ -188,7 +195,8 @@ BUCKETS, BINS_FROM = 10, 10000
 
 
 class ShardOrder:
-    """This rank's batches (CutSets) of an epoch of the training split in ``folder``, its cuts of ``kept`` (the
+    """This rank's batches (CutSets) of an epoch of the training split at ``folder`` (a folder or an S3 prefix, its
+    shards read by :class:`~utils.data.shar_store.ReadShards`, rank 0 saying a shard skipped), its cuts of ``kept`` (the
     model dataset's utterances): lhotse's ``DynamicBucketingSampler`` (``max_duration`` seconds a batch, shuffled by
     ``seed`` and the epoch, ``drop_last``, rank ``dist.rank`` of ``dist.world_size``), built afresh at each pass with
     the duration bins lhotse estimates, estimated once from the cuts' metadata (no audio read). The batch stream's
@@ -196,11 +204,11 @@ class ShardOrder:
     start=k)`` passes over this rank's first ``k // world_size`` batches (read, not decoded). ``restart``:
     ``data.shar_restart_epoch`` (False)."""
 
-    def __init__(self, folder: Path, kept: Corpus, max_duration: float, dist: DistInfo, seed: int):
-        lhotse, keep = _lhotse(), KeptIds(set(kept.ids.tolist()))
-        self.cuts = lhotse.CutSet.from_shar(in_dir=str(folder)).filter(keep)
-        files = [str(path) for path in sorted(folder.glob("cuts.*.jsonl.gz"))]
-        first = islice(lhotse.CutSet.from_shar(fields={"cuts": files}).filter(keep), BINS_FROM)
+    def __init__(self, folder: str, kept: Corpus, max_duration: float, dist: DistInfo, seed: int):
+        lhotse, keep, shards = _lhotse(), KeptIds(set(kept.ids.tolist())), split_shards(folder)
+        self.shards = ReadShards(shards, keep, lhotse.CutSet.from_shar, warn if dist.rank == 0 else None)
+        self.cuts = lhotse.CutSet(self.shards)
+        first = islice(lhotse.CutSet.from_shar(fields={"cuts": [cuts for cuts, _ in shards]}).filter(keep), BINS_FROM)
         buckets = min(BUCKETS, len(kept))  # lhotse's estimate needs a cut a bucket
         self.bins = lhotse.dataset.sampling.dynamic_bucketing.estimate_duration_buckets(first, buckets) \
             if buckets > 1 else []
@@ -270,7 +278,7 @@ class SharCorpus:
         if cfg.data.format != SHAR:
             return None
         check_output_dir(output_dir)
-        return [], data_speakers(read_splits(Path(cfg.data.dataset_path))[0])
+        return [], data_speakers(read_splits(cfg.data.dataset_path)[0])
 
     def loaders(self, spec: ModelSpec, cfg: Config, dist: DistInfo) -> Optional[tuple[DataLoader, DataLoader]]:
         """This rank's training loader (:class:`CutBatches` over :class:`ShardOrder`'s batches of the lazy training
@@ -278,11 +286,11 @@ class SharCorpus:
         whole, batched as ``utils.data.loader.make_loader`` batches validation). None for another ``data.format``."""
         if cfg.data.format != SHAR:
             return None
-        root, rate, lhotse = Path(cfg.data.dataset_path), cfg.audio.sampling_rate, _lhotse()
+        root, rate, lhotse = cfg.data.dataset_path, cfg.audio.sampling_rate, _lhotse()
         splits = read_splits(root)
         train_set, val_set = model_items(spec, cfg, splits)
         check_budget(train_set.corpus, cfg.data.max_duration, dist.world_size)
-        order = ShardOrder(root / "train", train_set.corpus, cfg.data.max_duration, dist, cfg.train.seed)
+        order = ShardOrder(split_of(root, "train"), train_set.corpus, cfg.data.max_duration, dist, cfg.train.seed)
         order.restart = cfg.data.shar_restart_epoch
         workers = cfg.data.num_workers
         train = DataLoader(CutBatches(train_set, spec.training.collate_fn, rate), sampler=order, batch_size=None,
@@ -291,7 +299,9 @@ class SharCorpus:
                            generator=torch.Generator().manual_seed(cfg.train.seed + dist.rank),
                            worker_init_fn=ignore_stop_signals if workers else None,
                            persistent_workers=bool(workers) and cfg.data.persistent_workers)
-        val_cuts = {cut.id: cut for cut in lhotse.CutSet.from_shar(in_dir=str(root / "val"))}
+        val_shards = ReadShards(split_shards(split_of(root, "val")), KeptIds(set(val_set.corpus.ids.tolist())),
+                                lhotse.CutSet.from_shar, warn if dist.rank == 0 else None)
+        val_cuts = {cut.id: cut for cut in val_shards}
         return train, make_loader(CutItems(val_set, val_cuts, rate), spec, cfg, dist, train=False)
 
 
