@@ -10,6 +10,7 @@ import contextlib
 import importlib
 import io
 import json
+import logging
 import math
 import shutil
 from pathlib import Path
@@ -70,6 +71,7 @@ def s3(tool, tmp_path_factory):
     import boto3  # only these tests'
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # the server's line per request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
