@@ -45,9 +45,27 @@ def _boto3() -> Any:
     return boto3
 
 
+def _smart_open() -> Any:
+    """lhotse's ``SmartOpen`` (how its readers open a URL), imported on first use (lhotse takes seconds)."""
+    from lhotse.utils import SmartOpen  # only shards on S3 need it
+
+    return SmartOpen
+
+
+CLIENT_KEYS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+               "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION")
+"""The environment's S3 settings a client is made of (another value: another client)."""
+_clients: dict[tuple, Any] = {}
+
+
 def s3_client(url: str) -> Any:
-    """A boto3 S3 client configured from the environment alone. DataError naming ``url``: no credentials, or neither
-    an endpoint (``AWS_ENDPOINT_URL``, ``AWS_ENDPOINT_URL_S3``) nor a region (``AWS_REGION``, a profile's)."""
+    """The boto3 S3 client of the environment's settings (one per process and settings, made on first use; lhotse's
+    readers open ``s3://`` shards with it: ``SmartOpen.setup``, as lhotse advises, not a client per file). DataError
+    naming ``url``: no credentials, or neither an endpoint (``AWS_ENDPOINT_URL``, ``AWS_ENDPOINT_URL_S3``) nor a
+    region (``AWS_REGION``, a profile's)."""
+    key = tuple(os.environ.get(name) for name in CLIENT_KEYS)
+    if key in _clients:
+        return _clients[key]
     session = _boto3().Session()
     if session.get_credentials() is None:
         raise DataError(f"{url}: no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) "
@@ -55,7 +73,9 @@ def s3_client(url: str) -> Any:
     if not (os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") or session.region_name):
         raise DataError(f"{url}: no S3 endpoint: set AWS_ENDPOINT_URL (an S3-compatible server) or AWS_REGION (Amazon "
                         "S3) in the environment of every process")
-    return session.client("s3")
+    _clients[key] = client = session.client("s3")
+    _smart_open().setup(transport_params={"client": client})
+    return client
 
 
 def bucket_key(url: str) -> tuple[str, str]:
