@@ -365,3 +365,23 @@ def test_bad_shard_settings_are_one_error_line_before_any_work(corpora, shards, 
              "empty prefix": "s3://shards/nothing/train: no cuts.*.jsonl.gz"}.get(case, "data.max_duration")
     assert named in lines[0], lines[0]
     assert not list((tmp_path / "out").glob("checkpoint_*"))
+
+
+def test_benchmark_data_puts_the_folder_the_local_shards_and_the_s3_shards_side_by_side(shards, s3, tmp_path_factory,
+                                                                                         capsys):
+    """``python -m scripts.benchmark_data --sources`` (the benchmarks part, where the project has it): the training
+    loader from the corpus folder, its shards in a folder and on S3, each feeding 2 train steps: a row each
+    (utterances/s, the data wait a step and its share, the step) and a table of the three side by side."""
+    benchmark_data = pytest.importorskip("scripts.benchmark_data", reason="the project has no benchmarks part")
+    corpus = demo_corpus(tmp_path_factory, "ljspeech", speakers=1, n=12)
+    code = benchmark_data.main(["--sources", "--dataset-path", str(corpus), "--shards", str(shards), s3, "--model",
+                                TEST_MODEL, "--device", "cpu", "--steps", "2", "--set", "data.max_duration=4", "--set",
+                                "data.num_workers=0", "--no-progress"])
+    said = capsys.readouterr()
+    assert code == 0, said.err[-2000:]
+    rows = [json.loads(line) for line in said.out.splitlines() if line.startswith("{")]
+    assert [(row["case"], row["source"]) for row in rows] == [(f"source_{TEST_MODEL}_{kind}", str(where)) for kind, where
+                                                            in (("folder", corpus), ("shards", shards), ("s3", s3))]
+    assert all(row["utterances_per_s"] > 0 and 0 <= row["data_wait_share"] < 1 and row["steps"] == 2 for row in rows)
+    assert "| source | folder | shards | s3 |" in said.out and "| utterances/s |" in said.out, said.out
+
