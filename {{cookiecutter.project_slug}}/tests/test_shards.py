@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TEST_MODEL, bound, demo_corpus, layout_corpus, run_ranks, run_train_main
+from conftest import RECORDED_RANK, TEST_MODEL, bound, demo_corpus, layout_corpus, run_ranks, run_train_main
 
 from models import MODELS
 from parts import config_schemas
@@ -189,29 +189,6 @@ def test_bad_arguments_are_one_error_line_and_change_nothing(tool, corpora, tmp_
         assert not out.exists()
 
 
-SHARD_RANK = """
-import json, os, signal, sys
-import train
-read, seen = train.next_micro_batches, []
-
-def reading(*args, **kwargs):  # the utterance ids of every step, as the loop receives them
-    micro = read(*args, **kwargs)
-    seen.append(micro[2])
-    if len(seen) == STOP_AT and os.environ["RANK"] == "0":
-        os.kill(os.getpid(), signal.SIGTERM)  # inside step STOP_AT: the run stops after it, on every rank
-    return micro
-
-train.next_micro_batches = reading
-code = train.main(ARGV)
-with open(os.path.join(sys.argv[1], "ids" + os.environ["RANK"] + ".json"), "w") as file:
-    json.dump(seen, file)
-sys.exit(code)
-"""
-"""A rank of :func:`test_shards_train_and_resume_bit_exactly_on_as_many_processes_and_refuse_another_number`
-(``STOP_AT``, ``ARGV`` put in front): ``train.main(ARGV)`` recording the ids of every step in ``ids<RANK>.json``; rank
-0 sends itself SIGTERM while it reads step ``STOP_AT`` (0: never)."""
-
-
 @pytest.fixture(scope="module")
 def shards(tool, tmp_path_factory) -> Path:
     """Shards of the demo corpus of 12 utterances (``ljspeech``, 22050 Hz, 2 to 3.5 s): 11 training cuts in 3 shards
@@ -257,7 +234,7 @@ def test_shards_train_and_resume_bit_exactly_on_as_many_processes_and_refuse_ano
         folder = tmp_path / f"{out.name}_ranks"
         folder.mkdir()
         argv = [*common, "--output-dir", str(out)]
-        said = run_ranks(f"STOP_AT = {stop_at}\nARGV = {argv!r}\n{SHARD_RANK}", folder, timeout=bound(300))[0]
+        said = run_ranks(f"STOP_AT = {stop_at}\nARGV = {argv!r}\n{RECORDED_RANK}", folder, timeout=bound(300))[0]
         ranks = [json.loads((folder / f"ids{rank}.json").read_text()) for rank in (0, 1)]
         losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
         return said, [step0 + step1 for step0, step1 in zip(*ranks)], losses

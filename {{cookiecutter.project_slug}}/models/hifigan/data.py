@@ -28,7 +28,7 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
 
 
 def datasets_of(cfg: Config, splits: tuple[Corpus, Corpus]) -> tuple[Dataset, Dataset]:
-    """:func:`build_datasets` of the ``(train, val)`` corpora ``splits`` (a corpus of shards: audio handed to each
+    """:func:`build_datasets` of the ``(train, val)`` corpora ``splits`` (a corpus a part reads: audio handed to each
     dataset's ``item``). Raises ValueError as :func:`build_datasets`."""
     seg = cfg.hifigan.segment_length
     if seg % cfg.audio.hop_length:

@@ -280,7 +280,7 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
 
 
 def datasets_of(cfg: Config, splits: tuple[Corpus, Corpus]) -> tuple[Dataset, Dataset]:
-    """:func:`build_datasets` of the ``(train, val)`` corpora ``splits`` (a corpus of shards: durations given, audio
+    """:func:`build_datasets` of the ``(train, val)`` corpora ``splits`` (a corpus a part reads: durations given, audio
     handed to each dataset's ``item``). Raises DataError as :func:`build_datasets`."""
     train_utts, val_utts = splits
     model_cfg = cfg.tacotron2

@@ -21,7 +21,7 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
 
 
 def datasets_of(cfg: Config, splits: tuple[Corpus, Corpus]) -> tuple[Dataset, Dataset]:
-    """:func:`build_datasets` of the ``(train, val)`` corpora ``splits`` (a corpus of shards: audio handed to each
+    """:func:`build_datasets` of the ``(train, val)`` corpora ``splits`` (a corpus a part reads: audio handed to each
     dataset's ``item``)."""
     seg, with_mel = cfg.waveglow.segment_length, not cfg.waveglow.mel_on_device
     return (AudioMelDataset(splits[0], cfg.audio, Crop(seg, seed=cfg.train.seed), with_mel=with_mel),

@@ -48,7 +48,7 @@ class BatchingConfig(Section):
 
 @runtime_checkable
 class OwnOrder(Protocol):
-    """A loader's sampler that plans its own batches (a part's: the shards' duration budgets), which the batch stream
+    """A loader's sampler that plans its own batches (a part's), which the batch stream
     keeps the position of as it keeps the core's: ``set_epoch(epoch, start=k)`` leaves out the epoch's first ``k``
     samples, ``step_samples`` of them read by all ranks at each micro-batch."""
 

@@ -56,7 +56,7 @@ class Sharding(Protocol):
 
 
 class OwnCorpus(Protocol):
-    """A corpus the core does not read (a part's: shards), checked and batched in place of its layout readers' where
+    """A corpus the core does not read (a part's), checked and batched in place of its layout readers' where
     the ``data`` section names it; each method None where it does not."""
 
     def checked(self, cfg: Config, spec: ModelSpec, output_dir: Path) -> Optional[tuple[list[str], list[str]]]:
@@ -76,7 +76,7 @@ class RunParts:
     datasets: Optional[Callable[[ModelSpec, Config], Optional[tuple]]] = None  # (train, val) in place of the model's
     writer: Optional[Callable[..., Any]] = None  # rank 0's run-log writer in place of TensorBoard's alone
     tensorboard_dir: Optional[Callable[[Mapping[str, str], str], str]] = None  # (environ, output_dir) -> the folder
-    corpus: Optional[OwnCorpus] = None  # a corpus read in place of the layout readers' (shards)
+    corpus: Optional[OwnCorpus] = None  # a corpus read in place of the layout readers'
 
 
 @dataclasses.dataclass(kw_only=True)

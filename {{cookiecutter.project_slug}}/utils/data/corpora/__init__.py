@@ -24,7 +24,7 @@ def detect(data: DataConfig) -> tuple[str, Optional[str]]:
     ``data.training_files`` is set, else the first of :data:`READERS` whose ``matches`` the root (``filelist`` last); and the line that
     says what ``auto`` found (None where ``data.format`` named it). DataError: no root folder (but for filelists,
     whose paths may be absolute), a root in no layout, or not in the one named, a format no reader here has (a part's
-    that training reads: shards)."""
+    that training reads)."""
     root = Path(data.dataset_path)
     if data.format not in READERS and data.format != "auto":
         raise DataError(f"data.format={data.format}: {root} is read by train.py alone; this reads a corpus layout "
