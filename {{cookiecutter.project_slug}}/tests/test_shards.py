@@ -13,6 +13,8 @@ import json
 import logging
 import math
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -280,6 +282,36 @@ def test_shards_on_s3_read_back_as_in_a_folder(shards, s3):
         assert [cut.id for cut in read[0]] == [cut.id for cut in read[1]] and read[0]
         assert all(a.recording.sources[0].source == b.recording.sources[0].source and a.supervisions == b.supervisions
                    for a, b in zip(*read))
+
+
+def test_the_shards_are_read_by_a_thread_a_bounded_number_of_batches_ahead_its_error_raised_in_order():
+    """``read_ahead``: the items are drawn in a thread other than the caller's, at most ``size`` waiting (plus the one
+    the thread holds), in their order; an error of the items is raised in its place; closing stops the thread."""
+    drawn: list[bool] = []  # per item drawn: whether it was drawn in the caller's thread
+
+    def batches():
+        for i in range(8):
+            drawn.append(threading.current_thread() is threading.main_thread())
+            yield i
+        raise OSError("shard 8 cannot be read")
+
+    ahead = shar_store.read_ahead(batches(), 3)
+    assert next(ahead) == 0
+    deadline = time.monotonic() + 120  # generous: a busy machine
+    while len(drawn) < 5 and time.monotonic() < deadline:  # 3 waiting, the thread holding a 5th
+        time.sleep(0.01)
+    time.sleep(0.2)  # time to draw more, were it unbounded
+    assert len(drawn) == 5 and not any(drawn), drawn
+    assert [next(ahead) for _ in range(7)] == list(range(1, 8))
+    with pytest.raises(OSError, match="shard 8"):
+        next(ahead)
+    endless = shar_store.read_ahead(iter(int, 1), 2)  # zeros, for ever
+    assert next(endless) == 0
+    endless.close()
+    deadline = time.monotonic() + 120  # generous: a busy machine
+    while any(t.name == "shard-read-ahead" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name == "shard-read-ahead" for t in threading.enumerate())
 
 
 def test_a_shard_cut_short_is_read_again_then_skipped_in_one_line(shards, tmp_path, monkeypatch):

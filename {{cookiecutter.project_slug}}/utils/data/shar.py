@@ -35,7 +35,7 @@ from utils.config import Config, ConfigError, Section, cross_check_error
 from utils.data.audio import read_clip
 from utils.data.corpus import SINGLE_SPEAKER, Corpus, DataError, Layout, Utterance
 from utils.data.loader import make_loader
-from utils.data.shar_store import READ_ERRORS, ReadShards, is_url, split_shards, warn
+from utils.data.shar_store import ReadShards, is_url, read_ahead, read_errors, split_shards, warn
 from utils.data.speakers import data_speakers
 from utils.run import check_output_dir, ignore_stop_signals
 
@@ -52,7 +52,7 @@ class SharSettings(Section):
     shar_restart_epoch: bool = False  # shar: a resume on another number of processes reads its epoch from the start
 
     @model_validator(mode="after")
-    def budget_given(self) -> "SharSettings":
+    def shards_settings_agree(self) -> "SharSettings":
         """``format=shar`` has a ``max_duration``, ``data.batching=random`` (the shards are batched by duration) and no
         ``data.mel_dir`` (where the project has it)."""
         if self.format == SHAR and not self.max_duration:
@@ -89,7 +89,7 @@ def split_corpus(folder: str) -> Corpus:
                 raise DataError(f"{folder}: cut '{cut.id}' has no transcript (a supervision with text)")
             rows.append(Utterance(cut.id, f"{folder}#{cut.id}", said.text, said.speaker or SINGLE_SPEAKER,
                                   said.language or "", float(cut.duration)))
-    except READ_ERRORS as err:
+    except read_errors() as err:
         if isinstance(err, DataError):
             raise
         raise DataError(f"{folder}: cannot read its cuts: {type(err).__name__}: {err}") from None
@@ -201,10 +201,11 @@ class ShardOrder:
     ``seed`` and the epoch, ``drop_last``, rank ``dist.rank`` of ``dist.world_size``), built afresh at each pass with
     the duration bins lhotse estimates, estimated once from the cuts' metadata (no audio read). The batch stream's
     :class:`~utils.data.loader.OwnOrder`: a micro-batch of every rank is ``world_size`` samples; ``set_epoch(epoch,
-    start=k)`` passes over this rank's first ``k // world_size`` batches (read, not decoded). ``restart``:
-    ``data.shar_restart_epoch`` (False)."""
+    start=k)`` passes over this rank's first ``k // world_size`` batches (read, not decoded). The sampler, and with it
+    the shards' reads, runs in a thread ``ahead`` batches ahead of the loader (:func:`~utils.data.shar_store.read_ahead`).
+    ``restart``: ``data.shar_restart_epoch`` (False)."""
 
-    def __init__(self, folder: str, kept: Corpus, max_duration: float, dist: DistInfo, seed: int):
+    def __init__(self, folder: str, kept: Corpus, max_duration: float, dist: DistInfo, seed: int, ahead: int = 2):
         lhotse, keep, shards = _lhotse(), KeptIds(set(kept.ids.tolist())), split_shards(folder)
         self.shards = ReadShards(shards, keep, lhotse.CutSet.from_shar, warn if dist.rank == 0 else None)
         self.cuts = lhotse.CutSet(self.shards)
@@ -215,7 +216,7 @@ class ShardOrder:
         self.max_duration, self.seed, self.restart = max_duration, seed, False
         self.num_replicas, self.rank = dist.world_size, dist.rank
         self.step_samples = dist.world_size
-        self.epoch, self.skip = 0, 0
+        self.epoch, self.skip, self.ahead = 0, 0, ahead
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """The pass of ``epoch`` from micro-batch ``start // world_size`` of each rank."""
@@ -248,9 +249,7 @@ class ShardOrder:
             world_size=self.num_replicas, rank=self.rank, seed=self.seed)
         sampler.set_epoch(self.epoch)
         skip, self.skip = self.skip, 0
-        for done, batch in enumerate(sampler):
-            if done >= skip:
-                yield batch
+        return read_ahead(islice(sampler, skip, None), self.ahead)
 
 
 def as_is(batch: dict) -> dict:
@@ -290,9 +289,10 @@ class SharCorpus:
         splits = read_splits(root)
         train_set, val_set = model_items(spec, cfg, splits)
         check_budget(train_set.corpus, cfg.data.max_duration, dist.world_size)
-        order = ShardOrder(split_of(root, "train"), train_set.corpus, cfg.data.max_duration, dist, cfg.train.seed)
-        order.restart = cfg.data.shar_restart_epoch
         workers = cfg.data.num_workers
+        order = ShardOrder(split_of(root, "train"), train_set.corpus, cfg.data.max_duration, dist, cfg.train.seed,
+                           ahead=cfg.data.prefetch_factor * max(1, workers))  # as many as the loader keeps ready
+        order.restart = cfg.data.shar_restart_epoch
         train = DataLoader(CutBatches(train_set, spec.training.collate_fn, rate), sampler=order, batch_size=None,
                            collate_fn=as_is, num_workers=workers, pin_memory=dist.device.type == "cuda",
                            prefetch_factor=cfg.data.prefetch_factor if workers else None,

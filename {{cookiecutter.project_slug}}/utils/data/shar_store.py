@@ -14,14 +14,15 @@ One of the large corpora part's modules.
 from __future__ import annotations
 
 import os
+import queue
 import re
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
-from botocore.exceptions import BotoCoreError, ClientError
 
 from utils.data.corpus import DataError
 
@@ -29,13 +30,25 @@ URL = "s3://"
 SHARD = re.compile(r"(cuts|recording)\.(\d{6})\.(jsonl\.gz|tar)$")
 TRIES, PAUSE_S = 3, 0.5
 """A shard is read at most ``TRIES`` times, ``PAUSE_S * try`` seconds apart, before it is skipped."""
-READ_ERRORS = (OSError, EOFError, ValueError, KeyError, tarfile.TarError, BotoCoreError, ClientError)
+READ_ERRORS = (OSError, EOFError, ValueError, KeyError, tarfile.TarError)
 """What a shard that cannot be read raises in lhotse's readers (a local file, or S3 through smart_open and boto3)."""
 
 
 def is_url(location: str) -> bool:
     """``location`` is an ``s3://`` URL (else a local folder)."""
     return str(location).startswith(URL)
+
+
+def s3_errors() -> tuple[type[Exception], ...]:
+    """botocore's errors (``BotoCoreError``, ``ClientError``), imported on first use as :func:`_boto3` is."""
+    from botocore.exceptions import BotoCoreError, ClientError  # with boto3: only shards on S3 need it
+
+    return BotoCoreError, ClientError
+
+
+def read_errors() -> tuple[type[Exception], ...]:
+    """What reading a shard may raise: :data:`READ_ERRORS`, and botocore's where S3 is in use (imported)."""
+    return READ_ERRORS + (s3_errors() if "botocore.exceptions" in sys.modules else ())
 
 
 def _boto3() -> Any:
@@ -89,7 +102,7 @@ def bucket_key(url: str) -> tuple[str, str]:
 
 def s3_failure(url: str, err: Exception) -> DataError:
     """The one-line DataError of a failed S3 request on ``url``: the bucket missing, access refused, no endpoint."""
-    code = err.response.get("Error", {}).get("Code", "") if isinstance(err, ClientError) else ""
+    code = err.response.get("Error", {}).get("Code", "") if isinstance(err, s3_errors()[1]) else ""
     if code in ("NoSuchBucket", "404"):
         return DataError(f"{url}: the bucket '{bucket_key(url)[0]}' does not exist (at the endpoint of "
                          "AWS_ENDPOINT_URL, else Amazon S3)")
@@ -107,7 +120,7 @@ def listed(location: str) -> list[str]:
     try:
         pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/")
         return sorted(item["Key"][len(prefix):] for page in pages for item in page.get("Contents", []))
-    except (BotoCoreError, ClientError) as err:
+    except s3_errors() as err:
         raise s3_failure(location, err) from None
 
 
@@ -136,7 +149,7 @@ def upload(folder: Path, url: str) -> int:
     try:
         for path in files:
             client.upload_file(str(path), bucket, "/".join(filter(None, [key, *path.relative_to(folder).parts])))
-    except (BotoCoreError, ClientError) as err:
+    except s3_errors() as err:
         raise s3_failure(url, err) from None
     except _boto3().exceptions.S3UploadFailedError as err:  # boto3's wrapper of a refused upload
         raise DataError(f"{url}: {err}") from None
@@ -148,14 +161,14 @@ def check_bucket(url: str) -> None:
     client, (bucket, _) = s3_client(url), bucket_key(url)
     try:
         client.head_bucket(Bucket=bucket)
-    except (BotoCoreError, ClientError) as err:
+    except s3_errors() as err:
         raise s3_failure(url, err) from None
 
 
 class ReadShards:
     """The cuts of ``shards`` (:func:`split_shards`' pairs), shard after shard, those ``keep`` accepts: each shard read
     whole by lhotse's ``CutSet.from_shar(fields=...)``, its audio in memory, before its cuts are given. A shard that
-    raises one of :data:`READ_ERRORS` is read again, :data:`TRIES` times in all, then skipped: ``say`` (where given)
+    raises one of :func:`read_errors` is read again, :data:`TRIES` times in all, then skipped: ``say`` (where given)
     receives one line naming its tar and the shards skipped so far (``skipped``). Iterable again (lhotse's lazy
     ``CutSet`` of it is read at each epoch)."""
 
@@ -170,7 +183,7 @@ class ReadShards:
             try:
                 return [cut for cut in self.from_shar(fields={"cuts": [cuts], "recording": [recording]})
                         if self.keep(cut)]
-            except READ_ERRORS as err:
+            except read_errors() as err:
                 error = err
                 if attempt < TRIES:
                     time.sleep(PAUSE_S * attempt)
@@ -183,6 +196,53 @@ class ReadShards:
     def __iter__(self) -> Iterator[Any]:
         for cuts, recording in self.shards:
             yield from self.read(cuts, recording) or []
+
+
+T = TypeVar("T")
+_END = object()
+
+
+def _hand(ready: queue.Queue, stop: threading.Event, entry: tuple) -> bool:
+    """Put ``entry`` in ``ready`` once there is room; False once ``stop`` is set (the caller is gone)."""
+    while not stop.is_set():
+        try:
+            ready.put(entry, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _draw(items: Iterable[Any], ready: queue.Queue, stop: threading.Event) -> None:
+    """``(item, None)`` for each of ``items``, then ``(_END, the exception they raised or None)``, into ``ready``."""
+    try:
+        for item in items:
+            if not _hand(ready, stop, (item, None)):
+                return
+    except Exception as err:  # raised in the caller's thread, in its place among the items
+        _hand(ready, stop, (_END, err))
+        return
+    _hand(ready, stop, (_END, None))
+
+
+def read_ahead(items: Iterable[T], size: int) -> Iterator[T]:
+    """``items`` in their order, drawn by a thread of their own (``shard-read-ahead``) at most ``size`` ahead of the
+    caller: the shards' reads (their tars, from a disk or an S3 store) overlap the training steps instead of stalling
+    the loop that asks the sampler for its next batch. An exception ``items`` raise is raised here, where it falls in
+    their order; closing the generator (an epoch left early) stops the thread at its next item."""
+    ready: queue.Queue = queue.Queue(maxsize=max(1, size))
+    stop = threading.Event()
+    threading.Thread(target=_draw, args=(items, ready, stop), name="shard-read-ahead", daemon=True).start()
+    try:
+        while True:
+            item, err = ready.get()
+            if item is _END:
+                if err is not None:
+                    raise err
+                return
+            yield item
+    finally:
+        stop.set()
 
 
 def warn(line: str) -> None:
