@@ -376,4 +376,3 @@ def print_source_table(rows: list[dict]) -> None:
     for label, key, shown in (("utterances/s", "utterances_per_s", "{:,}"), ("data wait s a step", "data_wait_s", "{}"),
                               ("data wait share", "data_wait_share", "{:.1%}"), ("step s", "step_s", "{}")):
         print(f"| {label} | " + " | ".join(shown.format(r[key]) for r in rows) + " |")
-

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import RECORDED_RANK, TEST_MODEL, bound, demo_corpus, layout_corpus, run_ranks, run_train_main
+from conftest import (RECORDED_RANK, TEST_MODEL, bound, demo_corpus, layout_corpus, run_ranks, run_train_main,
+                      vocoders_first)
 
 from models import MODELS
 from parts import config_schemas
@@ -30,7 +31,14 @@ from utils.data.corpora import load_splits
 from utils.data.corpus import DataConfig
 from utils.data.sources import header, read_audio
 
+SHARD_MODELS = sorted(name for name, spec in MODELS.items() if spec.training.datasets_of is not None)
+"""The project's models that train from shards (their ``Training.datasets_of``; a model of one's own may have none)."""
+SHARD_MODEL = TEST_MODEL if TEST_MODEL in SHARD_MODELS else min(SHARD_MODELS, key=vocoders_first, default=None)
+"""The model the training tests run: the tests' model where it trains from shards, else the first of those that do
+(:func:`conftest.vocoders_first`)."""
 pytestmark = pytest.mark.slow
+trains = pytest.mark.skipif(SHARD_MODEL is None, reason="no model of this project trains from shards (none gives "
+                            "Training.datasets_of)")
 PROJECT = Path(__file__).resolve().parents[1]
 
 
@@ -200,7 +208,7 @@ def shards(tool, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", SHARD_MODELS)
 def test_each_model_makes_the_same_items_of_the_shards_as_of_the_corpus(shards, tmp_path_factory, name):
     """Each model's datasets (``Training.datasets_of``) over the shards' metadata, each item made of its cut's audio
     (``item(index, cut_audio(...))``, training and validation), equal, tensor for tensor, those ``build_datasets``
@@ -223,12 +231,13 @@ def test_each_model_makes_the_same_items_of_the_shards_as_of_the_corpus(shards, 
                        item[key] == expected[key] for key in item), (split, index)
 
 
+@trains
 def test_shards_train_and_resume_bit_exactly_on_as_many_processes_and_refuse_another_number(s3, tmp_path):
     """``data.format=shar`` from ``s3://`` (moto's server) on 2 gloo ranks: 11 training cuts of 2 to 3.5 s in budgets of 4 s (5 steps an epoch): a run
     stopped by SIGTERM at step 2 resumes on 2 processes to the same batches, losses and weights as the run that went on
     into the second epoch; resumed on 1 process, one ``ERROR:`` line naming ``data.shar_restart_epoch``, exit status
     1, the checkpoints as they were; with it set, the epoch is read again from its start."""
-    common = ["--config", str(PROJECT / "config.json"), "--model", TEST_MODEL, "--tiny", "--dataset-path", s3,
+    common = ["--config", str(PROJECT / "config.json"), "--model", SHARD_MODEL, "--tiny", "--dataset-path", s3,
               "--set", "data.format=shar", "--set", "data.max_duration=4", "--set", "train.log_interval=1",
               "--set", "train.val_interval=100", "--max-steps", "6"]
 
@@ -314,6 +323,7 @@ def test_the_shards_are_read_by_a_thread_a_bounded_number_of_batches_ahead_its_e
     assert not any(t.name == "shard-read-ahead" for t in threading.enumerate())
 
 
+@trains
 def test_a_shard_cut_short_is_read_again_then_skipped_in_one_line(shards, tmp_path, monkeypatch):
     """The second training shard's tar cut in half: lhotse's reader is asked for it 3 times, then its cuts are left
     out, one line naming it and the count (the others' cuts given in order); training goes on with the rest, that line
@@ -337,7 +347,7 @@ def test_a_shard_cut_short_is_read_again_then_skipped_in_one_line(shards, tmp_pa
     assert [cut.id for cut in cuts] == ids[:4] + ids[8:] and asked.count(str(tar)) == 3, asked
     assert said == [said[0]] and said[0].startswith(f"warning: shard {tar} could not be read in 3 tries (") and \
         said[0].endswith("its cuts skipped (1 shard(s) skipped so far)"), said
-    code, out, err = run_train_main(["--config", str(PROJECT / "config.json"), "--model", TEST_MODEL, "--tiny",
+    code, out, err = run_train_main(["--config", str(PROJECT / "config.json"), "--model", SHARD_MODEL, "--tiny",
                                      "--dataset-path", str(root), "--output-dir", str(tmp_path / "out"), "--set",
                                      "data.format=shar", "--set", "data.max_duration=4", "--set", "data.num_workers=0",
                                      "--max-steps", "1"])
@@ -348,6 +358,7 @@ def test_a_shard_cut_short_is_read_again_then_skipped_in_one_line(shards, tmp_pa
 
 @pytest.mark.parametrize("case", ["no folder", "a corpus", "no budget", "short budget", "batching", "no credentials",
                                   "no endpoint", "no bucket", "empty prefix"])
+@trains
 def test_bad_shard_settings_are_one_error_line_before_any_work(corpora, shards, tmp_path, case, request, monkeypatch):
     """``data.format=shar`` with a ``--dataset-path`` that does not exist, a corpus folder that holds no shards, no
     ``data.max_duration``, one shorter than the longest training cut, or batches by length (``data.batching``); an
@@ -361,7 +372,7 @@ def test_bad_shard_settings_are_one_error_line_before_any_work(corpora, shards, 
                      "no endpoint": ["AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION"]}.get(case, []):
             monkeypatch.delenv(name)
     budget = {"no budget": "0", "short budget": "1"}.get(case, "4")
-    code, out, err = run_train_main(["--config", str(PROJECT / "config.json"), "--model", TEST_MODEL, "--tiny",
+    code, out, err = run_train_main(["--config", str(PROJECT / "config.json"), "--model", SHARD_MODEL, "--tiny",
                                      "--dataset-path", str(path), "--output-dir", str(tmp_path / "out"), "--set",
                                      "data.format=shar", "--set", f"data.max_duration={budget}",
                                      *(["--set", "data.batching=buckets"] if case == "batching" else [])])
@@ -376,6 +387,20 @@ def test_bad_shard_settings_are_one_error_line_before_any_work(corpora, shards, 
     assert not list((tmp_path / "out").glob("checkpoint_*"))
 
 
+@pytest.mark.parametrize("name", [name for name in sorted(MODELS) if name not in SHARD_MODELS])
+def test_a_model_that_makes_no_items_of_given_audio_is_one_error_line_with_shards(shards, tmp_path, name):
+    """A model of one's own whose ``Training`` gives no ``datasets_of``: ``data.format=shar`` is one ``ERROR:`` line
+    naming it and what to give, before any work (its corpus layouts still train it)."""
+    code, out, err = run_train_main(["--config", str(PROJECT / "config.json"), "--model", name, "--tiny",
+                                     "--dataset-path", str(shards), "--output-dir", str(tmp_path / "out"), "--set",
+                                     "data.format=shar", "--set", "data.max_duration=4"])
+    lines = [line for line in err.splitlines() if line.startswith("ERROR:")]
+    assert code == 1 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    assert f"model '{name}' gives no Training.datasets_of" in lines[0], lines[0]
+    assert not list((tmp_path / "out").glob("checkpoint_*"))
+
+
+@trains
 def test_benchmark_data_puts_the_folder_the_local_shards_and_the_s3_shards_side_by_side(shards, s3, tmp_path_factory,
                                                                                          capsys):
     """``python -m scripts.benchmark_data --sources`` (the benchmarks part, where the project has it): the training
@@ -384,13 +409,12 @@ def test_benchmark_data_puts_the_folder_the_local_shards_and_the_s3_shards_side_
     benchmark_data = pytest.importorskip("scripts.benchmark_data", reason="the project has no benchmarks part")
     corpus = demo_corpus(tmp_path_factory, "ljspeech", speakers=1, n=12)
     code = benchmark_data.main(["--sources", "--dataset-path", str(corpus), "--shards", str(shards), s3, "--model",
-                                TEST_MODEL, "--device", "cpu", "--steps", "2", "--set", "data.max_duration=4", "--set",
+                                SHARD_MODEL, "--device", "cpu", "--steps", "2", "--set", "data.max_duration=4", "--set",
                                 "data.num_workers=0", "--no-progress"])
     said = capsys.readouterr()
     assert code == 0, said.err[-2000:]
     rows = [json.loads(line) for line in said.out.splitlines() if line.startswith("{")]
-    assert [(row["case"], row["source"]) for row in rows] == [(f"source_{TEST_MODEL}_{kind}", str(where)) for kind, where
+    assert [(row["case"], row["source"]) for row in rows] == [(f"source_{SHARD_MODEL}_{kind}", str(where)) for kind, where
                                                             in (("folder", corpus), ("shards", shards), ("s3", s3))]
     assert all(row["utterances_per_s"] > 0 and 0 <= row["data_wait_share"] < 1 and row["steps"] == 2 for row in rows)
     assert "| source | folder | shards | s3 |" in said.out and "| utterances/s |" in said.out, said.out
-

@@ -249,7 +249,7 @@ class ShardOrder:
             world_size=self.num_replicas, rank=self.rank, seed=self.seed)
         sampler.set_epoch(self.epoch)
         skip, self.skip = self.skip, 0
-        return read_ahead(islice(sampler, skip, None), self.ahead)
+        yield from read_ahead(islice(sampler, skip, None), self.ahead)  # from the first batch asked for
 
 
 def as_is(batch: dict) -> dict:
