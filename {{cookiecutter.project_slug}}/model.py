@@ -66,6 +66,9 @@ class Training:
     # state-dict keys of tables with a row per speaker of data.speakers: from --init-from, new speakers' rows are added
     speaker_rows: tuple[str, ...] = ()
     phases: Optional[Phases] = None  # several optimizers; None: one network, one loss, one optimizer
+    # (cfg, (train, val) corpora) -> (train_dataset, val_dataset) whose item(index, audio) makes item index of its
+    # utterance's sound (float32 (T,) at audio.sampling_rate): what a corpus a part reads (not a file each) trains
+    datasets_of: Optional[Callable[[Config, tuple], tuple]] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,7 @@ from utils.data import mel_dir  # part: after_training_tools
 from utils.data.audio import AudioConfig
 from utils.data.corpus import DataConfig
 from utils.data.loader import BatchingConfig
+from utils.data.shar import SHAR_CORPUS, SharSettings  # part: large_corpora
 from utils.tracking import mlflow_tracker, tensorboard, wandb_tracker  # part: experiment_trackers
 from utils.training import fsdp  # part: sharding
 from utils.training.optim import OptimizerConfig
@@ -86,6 +87,11 @@ TABLE = {
         "keys": ["train.trackers", "train.tracker_project", "train.tracker_run_name", "train.tracker_start_timeout_s",
                  "train.tracker_finish_timeout_s", "train.tracker_log_checkpoint"],
     },
+    "large_corpora": {
+        "files": ["scripts/make_shards.py", "utils/data/shar.py", "utils/data/shar_store.py",
+                  "tests/test_shards.py"],
+        "keys": ["data.max_duration", "data.shar_restart_epoch"],
+    },
 }
 """The parts a project may leave out at generation (cookiecutter's yes/no questions, in their order): each is whole
 files and folders (its modules, tools, tests and launch files; the code keeps no line of it but its lines here) and the
@@ -103,6 +109,7 @@ class TrainConfig(
 
 class DataSettings(
         mel_dir.MelDirSettings,  # part: after_training_tools
+        SharSettings,  # part: large_corpora
         BatchingConfig,
         DataConfig):
     """The ``data`` section: the corpus's keys, the batches', and those of each part the project has."""
@@ -155,6 +162,7 @@ PARTS = Parts(
             "mlflow": mlflow_tracker.start,  # part: experiment_trackers
         }).open,  # part: experiment_trackers
         tensorboard_dir=platforms.tensorboard_dir,  # part: cloud_platforms
+        corpus=SHAR_CORPUS,  # part: large_corpora
     ),
     checks=(
         fsdp.check_activation_checkpointing,  # part: sharding

@@ -4,6 +4,7 @@
     python -m scripts.benchmark_data --plan 1000000                    # an epoch planned over a million lengths
     python -m scripts.benchmark_data --plan-corpus --dataset-path DIR  # a corpus read, measured and planned
     python -m scripts.benchmark_data --loader --dataset-path DIR       # input pipeline items/s
+    python -m scripts.benchmark_data --sources --dataset-path DIR --shards SHARDS s3://BUCKET/PREFIX
 
 It is ``python -m scripts.benchmark`` with one of these modes and takes the same options (``--help``); that module's
 docstring says what each row holds. Exit status as there; 2 where no data mode is given.
@@ -20,7 +21,7 @@ if not __package__:  # run by its path, not as python -m scripts.NAME: the proje
 
 from scripts import benchmark
 
-DATA_MODES = ("--loader", "--padding", "--plan", "--plan-corpus")
+DATA_MODES = ("--loader", "--padding", "--plan", "--plan-corpus", "--sources")
 """The options of ``scripts.benchmark`` that choose a data benchmark."""
 
 

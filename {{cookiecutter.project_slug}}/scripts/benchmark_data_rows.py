@@ -1,5 +1,5 @@
-"""The rows of the data benchmarks, ``--loader``, ``--padding``, ``--plan`` and ``--plan-corpus`` of ``python -m
-scripts.benchmark`` (its docstring says what each holds; ``python -m scripts.benchmark_data`` runs them alone)."""
+"""The rows of the data benchmarks, ``--loader``, ``--padding``, ``--plan``, ``--plan-corpus`` and ``--sources`` of
+``python -m scripts.benchmark`` (its docstring says what each holds; ``python -m scripts.benchmark_data`` runs them alone)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import itertools
 import os
 import resource
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -28,7 +29,7 @@ from utils.data.loader import batch_stream, epoch_order, make_loader, to_device
 from utils.data.samplers import FrameBudgetSampler, LengthBucketSampler, padding_fraction, random_batches
 from utils.data.sources import clip_samples
 from utils.train_state import TrainState
-from utils.training.setup import model_datasets
+from utils.training.setup import build_loaders, checked_corpus, model_datasets
 
 
 def run_config(args: argparse.Namespace, name: str, tiny: bool, extra: tuple[str, ...] = ()) -> Config:
@@ -310,3 +311,68 @@ def time_loader(spec: ModelSpec, cfg: Config, train_set, label: str, batches: in
             "batch_size": cfg.section(spec.name).batch_size, "batches": batches, "items_per_s": round(items / seconds),
             "batches_per_s": round(batches / seconds, 2), "first_batch_s": round(first, 3),
             "utterances": len(train_set)}
+
+
+def source_kind(location: str) -> str:
+    """``s3`` for an ``s3://`` prefix, else ``shards`` (a local folder of them)."""
+    return "s3" if str(location).startswith("s3://") else "shards"
+
+
+def source_rows(args: argparse.Namespace, device: torch.device, models: list[str],
+                emit: Callable[[dict], None]) -> list[dict]:
+    """``source_<model>_<kind>`` rows (``--sources``), each passed to ``emit``: ``train.py``'s training loader of the
+    first of ``models`` (its config, ``data.num_workers`` workers) read from each source in turn, ``--dataset-path``
+    (the corpus in its layout: ``folder``), then each ``--shards`` location (``data.format=shar``: a folder,
+    ``shards``; an ``s3://`` prefix, ``s3``), feeding the train step (eager, ``train.precision``) as training does
+    (:func:`time_source`). Raises ConfigError, DataError: what ``train.py`` raises
+    for that source (a ``data.max_duration`` missing for shards, a bucket that does not exist, ...)."""
+    rows, spec = [], MODELS[models[0]]
+    for kind, location in [("folder", args.dataset_path), *((source_kind(path), path) for path in args.shards)]:
+        extra = () if kind == "folder" else ("data.format=shar",)
+        cfg = load_run_config(argparse.Namespace(config=args.config, model=spec.name, tiny=args.tiny,
+                                                 set=[*args.set, *extra], dataset_path=location, max_steps=None))
+        with tempfile.TemporaryDirectory(prefix="sources-") as out:  # the corpus check's output folder
+            cfg.data.speakers = checked_corpus(cfg, spec, Path(out), PARTS.run.corpus)[1]
+        dist = DistInfo(rank=0, local_rank=0, world_size=1, device=device, backend=None)
+        loader = build_loaders(spec, cfg, dist, PARTS.run.datasets, PARTS.run.corpus)[0]
+        rows.append({"case": f"source_{spec.name}_{kind}", "mode": "source", "source": str(location),
+                     "workers": cfg.data.num_workers, **time_source(spec, cfg, loader, args, device)})
+        emit(rows[-1])
+    return rows
+
+
+def time_source(spec: ModelSpec, cfg: Config, loader, args: argparse.Namespace, device: torch.device) -> dict:
+    """The train step of a model of seed 0 on ``loader``'s batches (:func:`utils.data.loader.batch_stream`),
+    ``--warmup`` untimed steps on the first, then ``--steps``: ``steps``, ``utterances_per_s`` (utterances through the loader and the step a second),
+    ``data_wait_s`` (mean seconds a step waited for its batch), ``step_s`` (mean seconds of the step) and
+    ``data_wait_share`` (the wait's share of both, as the run log measures it)."""
+    stream = batch_stream(loader, TrainState())
+    first = to_device(next(stream), device)
+    torch.manual_seed(0)
+    step = make_train_step(spec.build_model(cfg).to(device), spec.training.build_criterion(cfg), first, cfg, spec,
+                           cfg.train.precision, device)
+    for _ in range(args.warmup):
+        step(first)
+    wait = busy = 0.0
+    utterances = 0
+    with progress_bar(args.steps, f"source {cfg.data.dataset_path}", "step", args.progress) as bar:
+        for _ in range(args.steps):
+            begin = time.perf_counter()
+            batch = to_device(next(stream), device)
+            wait += time.perf_counter() - begin
+            busy += timed_call(lambda: step(batch), device)
+            utterances += len(batch.get("ids", []))
+            bar.update()
+    release(device)
+    return {"steps": args.steps, "utterances_per_s": round(utterances / (wait + busy), 2),
+            "data_wait_s": round(wait / args.steps, 4), "step_s": round(busy / args.steps, 4),
+            "data_wait_share": round(wait / (wait + busy), 4)}
+
+
+def print_source_table(rows: list[dict]) -> None:
+    """The sources side by side: utterances/s and the data wait, per step and as a share of it."""
+    print("\n| source | " + " | ".join(r["case"].rsplit("_", 1)[1] for r in rows) + " |\n" + "|---" * (len(rows) + 1)
+          + "|")
+    for label, key, shown in (("utterances/s", "utterances_per_s", "{:,}"), ("data wait s a step", "data_wait_s", "{}"),
+                              ("data wait share", "data_wait_share", "{:.1%}"), ("step s", "step_s", "{}")):
+        print(f"| {label} | " + " | ".join(shown.format(r[key]) for r in rows) + " |")

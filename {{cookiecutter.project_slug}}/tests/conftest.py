@@ -198,8 +198,13 @@ def quick_start_run(tmp_path_factory) -> tuple[Path, int, str]:
     return folder, code, output
 
 
-TEST_MODEL = os.environ.get("TEST_MODEL") or min(
-    MODELS, key=lambda name: (bool(MODELS[name].inference and MODELS[name].inference.takes_vocoder), name), default=None)
+def vocoders_first(name: str) -> tuple[bool, str]:
+    """The order the tests pick a model in: those that take no vocoder at inference (the quickest to train) first,
+    then by name."""
+    return bool(MODELS[name].inference and MODELS[name].inference.takes_vocoder), name
+
+
+TEST_MODEL = os.environ.get("TEST_MODEL") or min(MODELS, key=vocoders_first, default=None)
 if TEST_MODEL is not None and TEST_MODEL not in MODELS:
     raise pytest.UsageError(f"TEST_MODEL={TEST_MODEL} is not registered in models/__init__.py ({', '.join(MODELS)})")
 
@@ -1073,3 +1078,26 @@ def check_recipe(name: str, framing: str, clip: float, tune: bool, optimizer: tu
                                                   f"audio.mel_framing={other}", "--set", "train.grad_clip=0"]))
     assert (cfg.audio.mel_framing, cfg.train.grad_clip) == (other, 0.0)  # given values keep their meaning
     assert (cfg.optimizer.lr, cfg.optimizer.weight_decay) == optimizer
+
+
+RECORDED_RANK = """
+import json, os, signal, sys
+import train
+read, seen = train.next_micro_batches, []
+
+def reading(*args, **kwargs):  # the utterance ids of every step, as the loop receives them
+    micro = read(*args, **kwargs)
+    seen.append(micro[2])
+    if len(seen) == STOP_AT and os.environ["RANK"] == "0":
+        os.kill(os.getpid(), signal.SIGTERM)  # inside step STOP_AT: the run stops after it, on every rank
+    return micro
+
+train.next_micro_batches = reading
+code = train.main(ARGV)
+with open(os.path.join(sys.argv[1], "ids" + os.environ["RANK"] + ".json"), "w") as file:
+    json.dump(seen, file)
+sys.exit(code)
+"""
+"""A rank's script for :func:`run_ranks` (``STOP_AT = N`` and ``ARGV = [...]`` put in front): ``train.main(ARGV)``,
+recording the utterance ids of every step it trains in ``ids<RANK>.json`` in the folder given as its first argument;
+rank 0 sends itself SIGTERM while it reads step ``STOP_AT`` (0: never), so the run stops after that step."""

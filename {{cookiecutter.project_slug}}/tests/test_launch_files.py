@@ -531,6 +531,14 @@ def test_skypilot_output_dir_is_in_a_bucket_mounted_on_every_node():
 
 
 TRACKER_SECRET = "tracker-credentials"
+STORE_SECRET = "object-store-credentials"
+"""The Secret of the S3 endpoint and credentials of shards on ``s3://`` (the large corpora part)."""
+STORE_NAMES = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION"}
+
+
+def secret_refs(container: dict, secret: str) -> list:
+    """The ``envFrom`` entries of a container that name the Secret ``secret``."""
+    return [ref for ref in container.get("envFrom") or [] if ref["secretRef"]["name"] == secret]
 """The Kubernetes Secret the manifests read the experiment trackers' credentials from (``utils/tracking``)."""
 
 
@@ -538,14 +546,34 @@ def test_tracker_credentials_reach_every_node_from_an_optional_secret_and_none_i
     """With the experiment trackers: the TrainJob's trainer and every PyTorchJob container take their credentials
     from the Secret, optional (a job starts without it); SkyPilot's are empty until given at launch (``--secret``,
     ``--env``). Without the trackers, no launch file names them."""
-    trainer_env = load(TRAINJOB)["spec"]["trainer"].get("env", [])
-    env_from = [container.get("envFrom") for _, _, container in kubernetes_pods(PYTORCHJOB)]
+    trainer_env = [item for item in load(TRAINJOB)["spec"]["trainer"].get("env", [])
+                   if item["valueFrom"]["secretKeyRef"]["name"] == TRACKER_SECRET]
+    env_from = [secret_refs(container, TRACKER_SECRET) for _, _, container in kubernetes_pods(PYTORCHJOB)]
     sky = load(SKYPILOT)
+    sky["secrets"] = {name: value for name, value in sky.get("secrets", {}).items() if not name.startswith("AWS_")}
     if not (PROJECT / "utils" / "tracking").is_dir():
-        assert (trainer_env, env_from, sky.get("secrets"), sky.get("envs")) == ([], [None, None], None, None)
+        assert (trainer_env, env_from, sky["secrets"], sky.get("envs")) == ([], [[], []], {}, None)
         return
     refs = {item["name"]: item["valueFrom"]["secretKeyRef"] for item in trainer_env}
     assert set(refs) == {"WANDB_API_KEY", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN"}
     assert all(ref == {"name": TRACKER_SECRET, "key": name, "optional": True} for name, ref in refs.items())
     assert env_from == [[{"secretRef": {"name": TRACKER_SECRET, "optional": True}}]] * 2  # Master and Worker
     assert sky["secrets"] == {"WANDB_API_KEY": ""} and sky["envs"] == {"MLFLOW_TRACKING_URI": ""}
+
+
+def test_object_store_credentials_reach_every_node_from_an_optional_secret_and_none_is_written():
+    """With the large corpora part (shards on ``s3://``): the TrainJob's trainer takes the S3 endpoint, region and
+    credentials from the Secret, each optional, and every PyTorchJob container all its keys (optional: a job starts
+    without it); SkyPilot's credentials are empty until given at launch (``--secret``). Without the part, no launch
+    file names them."""
+    trainer = {item["name"]: item["valueFrom"]["secretKeyRef"]
+               for item in load(TRAINJOB)["spec"]["trainer"].get("env", []) if item["name"].startswith("AWS_")}
+    env_from = [secret_refs(container, STORE_SECRET) for _, _, container in kubernetes_pods(PYTORCHJOB)]
+    sky = {name: value for name, value in (load(SKYPILOT).get("secrets") or {}).items() if name.startswith("AWS_")}
+    if not (PROJECT / "utils" / "data" / "shar_store.py").is_file():
+        assert (trainer, env_from, sky) == ({}, [[], []], {})
+        assert not any("AWS_" in path.read_text() for path in LAUNCH_FILES)
+        return
+    assert trainer == {name: {"name": STORE_SECRET, "key": name, "optional": True} for name in STORE_NAMES}
+    assert env_from == [[{"secretRef": {"name": STORE_SECRET, "optional": True}}]] * 2  # Master and Worker
+    assert sky == {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import (check_recipe, demo_corpus, read_ljspeech, run_train_main, synth_corpus, tiny_checkpoint,
+from conftest import (RECORDED_RANK, check_recipe, demo_corpus, read_ljspeech, run_train_main, synth_corpus, tiny_checkpoint,
                       train_in_process, train_on_ranks)
 from test_checkpoint_safety import LARGER, crafted_outcomes, larger_refused
 from torch._dynamo.utils import counters
@@ -681,29 +681,6 @@ def test_length_buckets_train_two_ranks_and_a_mid_epoch_resume_repeats_the_run(t
     final = [torch.load(folder / "checkpoint_last.pt", map_location="cpu", weights_only=True)["model"]
              for folder in (tmp_path / "whole", resumed)]
     assert all(torch.equal(final[0][key], final[1][key]) for key in final[0])
-
-
-RECORDED_RANK = """
-import json, os, signal, sys
-import train
-read, seen = train.next_micro_batches, []
-
-def reading(*args, **kwargs):  # the utterance ids of every step, as the loop receives them
-    micro = read(*args, **kwargs)
-    seen.append(micro[2])
-    if len(seen) == STOP_AT and os.environ["RANK"] == "0":
-        os.kill(os.getpid(), signal.SIGTERM)  # inside step STOP_AT: the run stops after it, on every rank
-    return micro
-
-train.next_micro_batches = reading
-code = train.main(ARGV)
-with open(os.path.join(sys.argv[1], "ids" + os.environ["RANK"] + ".json"), "w") as file:
-    json.dump(seen, file)
-sys.exit(code)
-"""
-"""A rank of :func:`test_frame_budgets_resume_bit_exactly_after_sigterm_and_read_each_utterance_once_through_2_1_2`
-(``STOP_AT``, ``ARGV`` put in front): ``train.main(ARGV)`` recording the ids of every step it trains in
-``ids<RANK>.json``; rank 0 sends itself SIGTERM while it reads step ``STOP_AT`` (0: never)."""
 
 
 @pytest.mark.slow

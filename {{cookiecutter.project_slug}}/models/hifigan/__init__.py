@@ -3,7 +3,7 @@ Networks for Efficient and High Fidelity Speech Synthesis" (NeurIPS 2020), with 
 (layers: ``modules/hifigan.py``)."""
 
 from model import Inference, ModelSpec, Phases, Training
-from models.hifigan.data import build_datasets, mel_on_device
+from models.hifigan.data import build_datasets, datasets_of, mel_on_device
 from models.hifigan.inference import add_inference_args, infer, log_validation, vocode
 from models.hifigan.network import (PHASES, HiFiGAN, HiFiGANConfig, MelL1Loss, blocks, build_optimizer, build_scheduler,
                                     loss_audio, networks, train_step)
@@ -16,6 +16,7 @@ SPEC = ModelSpec(
     training=Training(
         build_criterion=lambda cfg: MelL1Loss(loss_audio(cfg.hifigan, cfg.audio)),
         build_datasets=build_datasets,
+        datasets_of=datasets_of,
         collate_fn=collate_audio_mel,
         count_items=lambda batch: batch["audio"].numel(),
         build_optimizer=build_optimizer,

@@ -9,6 +9,7 @@ from model import Batch
 from models.hifigan.network import mel_function
 from utils.config import Config
 from utils.data.corpora import load_splits
+from utils.data.corpus import Corpus
 from utils.data.datasets import AudioMelDataset, Crop
 
 
@@ -23,11 +24,16 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
         ValueError: ``segment_length`` not a multiple of ``audio.hop_length`` (the output would not line up).
         DataError: see :class:`AudioMelDataset`.
     """
+    return datasets_of(cfg, load_splits(cfg.data))
+
+
+def datasets_of(cfg: Config, splits: tuple[Corpus, Corpus]) -> tuple[Dataset, Dataset]:
+    """:func:`build_datasets` of the ``(train, val)`` corpora ``splits`` (a corpus a part reads: audio handed to each
+    dataset's ``item``). Raises ValueError as :func:`build_datasets`."""
     seg = cfg.hifigan.segment_length
     if seg % cfg.audio.hop_length:
         raise ValueError(f"hifigan.segment_length ({seg}) must be a multiple of audio.hop_length "
                          f"({cfg.audio.hop_length})")
-    splits = load_splits(cfg.data)
     kwargs = {"with_mel": not cfg.hifigan.mel_on_device, "peak": cfg.hifigan.peak_normalize}
     return (AudioMelDataset(splits[0], cfg.audio, Crop(seg, seed=cfg.train.seed), **kwargs),
             AudioMelDataset(splits[1], cfg.audio, Crop(seg, random=False), **kwargs))

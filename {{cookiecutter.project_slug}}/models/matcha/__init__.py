@@ -4,7 +4,7 @@ shivammehta25/Matcha-TTS's sizes and defaults (layers: ``modules/matcha.py``, ``
 ``models/matcha/text.py``)."""
 
 from model import Inference, ModelSpec, Training
-from models.matcha.data import MatchaCollate, build_datasets, count_items
+from models.matcha.data import MatchaCollate, build_datasets, count_items, datasets_of
 from models.matcha.inference import add_inference_args, infer
 from models.matcha.network import MatchaConfig, MatchaLoss, build_matcha
 
@@ -15,6 +15,7 @@ SPEC = ModelSpec(
     training=Training(
         build_criterion=lambda cfg: MatchaLoss(),
         build_datasets=build_datasets,
+        datasets_of=datasets_of,
         collate_fn=MatchaCollate(),
         count_items=count_items,
         variable_length=True,

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 from model import Batch
 from models.matcha.network import fix_length
 from models.matcha.text import PhonemizerMissing, text_to_ids, versions
-from utils.config import Config
+from utils.config import Config, ConfigError
 from utils.data.audio import AudioConfig, MelSpectrogram
 from utils.data.corpora import load_splits
 from utils.data.corpus import Corpus, DataError
@@ -63,10 +63,13 @@ class MatchaDataset(Dataset):
         self._ids = encode(corpus)
         self._speaker = None if speakers is None else speaker_indices(corpus, speakers)
 
-    def mel(self, index: int) -> torch.Tensor:
-        """The log-mel ``(n_mels, T)`` of item ``index``, normalised by :attr:`stats` where given."""
+    def mel(self, index: int, audio: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The log-mel ``(n_mels, T)`` of item ``index``, normalised by :attr:`stats` where given: of ``audio``
+        (float32 ``(T,)`` at ``audio.sampling_rate`` Hz) where given, else of its utterance's audio source."""
+        if audio is None:
+            audio = read_audio(self.corpus[index].audio, self.audio_cfg.sampling_rate)
         with torch.no_grad():
-            mel = self.mel_transform(read_audio(self.corpus[index].audio, self.audio_cfg.sampling_rate))
+            mel = self.mel_transform(audio)
         return mel if self.stats is None else (mel - self.stats[0]) / self.stats[1]
 
     def lengths(self) -> list[int]:
@@ -77,7 +80,13 @@ class MatchaDataset(Dataset):
         return len(self.corpus)
 
     def __getitem__(self, index: int) -> dict:
-        item = {"text": torch.tensor(self._ids[index], dtype=torch.long), "mel": self.mel(index),
+        return self.item(index)
+
+    def item(self, index: int, audio: Optional[torch.Tensor] = None) -> dict:
+        """Item ``index``, its mel made of ``audio`` (its utterance's sound, float32 ``(T,)`` at
+        ``audio.sampling_rate`` Hz, wherever it was read from: a shard; None: read from its audio source). Raises
+        DataError: an unreadable clip."""
+        item = {"text": torch.tensor(self._ids[index], dtype=torch.long), "mel": self.mel(index, audio),
                 "id": self.corpus[index].id}
         if self._speaker is not None:
             item["speaker"] = int(self._speaker[index])
@@ -153,10 +162,32 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     Raises:
         DataError: the splits cannot be read (:func:`utils.data.corpus.load_splits`), see :class:`MatchaDataset`.
     """
-    train_utts, val_utts = load_splits(cfg.data)
+    return _datasets(cfg, load_splits(cfg.data), computes_statistics=True)
+
+
+def datasets_of(cfg: Config, splits: tuple[Corpus, Corpus]) -> tuple[Dataset, Dataset]:
+    """:func:`build_datasets` of the ``(train, val)`` corpora ``splits`` (a corpus of shards: audio handed to each
+    dataset's ``item``), normalised by ``matcha.mel_mean`` and ``matcha.mel_std`` as given: such a corpus is not read
+    whole at the start, so they are not computed.
+
+    Raises:
+        ConfigError: ``matcha.mel_mean`` or ``matcha.mel_std`` null (what prints them named).
+        DataError: see :class:`MatchaDataset`.
+    """
+    return _datasets(cfg, splits, computes_statistics=False)
+
+
+def _datasets(cfg: Config, splits: tuple[Corpus, Corpus], computes_statistics: bool) -> tuple[Dataset, Dataset]:
+    """:func:`build_datasets` of ``splits``; null statistics computed over the training split where
+    ``computes_statistics``, else a ConfigError before any transcript is phonemized."""
     section, speakers = cfg.matcha, cfg.data.speakers if len(cfg.data.speakers) > 1 else None
-    train = MatchaDataset(train_utts, cfg.audio, None, "training", speakers)
-    if section.mel_mean is None or section.mel_std is None:
+    unset = section.mel_mean is None or section.mel_std is None
+    if unset and not computes_statistics:
+        raise ConfigError("matcha.mel_mean and matcha.mel_std must be set to train from a corpus that is not read "
+                          "whole at the start (shards): python -m scripts.mel_statistics --config config.json "
+                          "--dataset-path DIR prints them for the corpus the shards were made from")
+    train = MatchaDataset(splits[0], cfg.audio, None, "training", speakers)
+    if unset:
         section.mel_mean, section.mel_std = mel_statistics(train)
         print(f"note: matcha.mel_mean {section.mel_mean:.6f}, matcha.mel_std {section.mel_std:.6f}: computed over the "
               f"{len(train)} training utterances (python -m scripts.mel_statistics prints them for config.json, which "
@@ -164,7 +195,7 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     train.stats = (section.mel_mean, section.mel_std)
     found = versions()  # the programs the corpus was phonemized with, recorded in the checkpoints' config
     section.phonemizer, section.espeak_ng = found["phonemizer"], found["espeak-ng"]
-    val = MatchaDataset(val_utts, cfg.audio, train.stats, "validation", speakers)
+    val = MatchaDataset(splits[1], cfg.audio, train.stats, "validation", speakers)
     return train, val
 
 

@@ -2,7 +2,7 @@
 Spectrogram Predictions" (ICASSP 2018), with NVIDIA's sizes and defaults (layers: ``modules/tacotron2.py``)."""
 
 from model import Inference, ModelSpec, Training
-from models.tacotron2.data import TextMelCollate, build_datasets, check_text, count_items
+from models.tacotron2.data import TextMelCollate, build_datasets, check_text, count_items, datasets_of
 from models.tacotron2.inference import add_inference_args, infer, log_validation
 from models.tacotron2.network import Tacotron2, Tacotron2Config, Tacotron2Loss, optimize_for_training
 
@@ -13,6 +13,7 @@ SPEC = ModelSpec(
     training=Training(
         build_criterion=lambda cfg: Tacotron2Loss(),
         build_datasets=build_datasets,
+        datasets_of=datasets_of,
         collate_fn=TextMelCollate(),
         count_items=count_items,
         check_text=check_text,

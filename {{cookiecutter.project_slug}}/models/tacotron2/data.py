@@ -134,8 +134,9 @@ class TextMelDataset(Dataset):
             raise DataError(f"utterance '{utt.id}': no symbol of the transcript {utt.text!r} is in the symbol table")
         return sequence
 
-    def load_mel(self, utt: Utterance) -> torch.Tensor:
-        """The log-mel ``(n_mels, T)`` float32 of ``utt``: from the cache if present, else from its audio.
+    def load_mel(self, utt: Utterance, audio: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The log-mel ``(n_mels, T)`` float32 of ``utt``: from the cache if present, else from ``audio`` (float32
+        ``(T,)`` at ``audio.sampling_rate`` Hz), else from its audio source.
 
         Raises:
             DataError: the cached file cannot be loaded or is not a 2-D float tensor with ``n_mels`` rows.
@@ -152,7 +153,8 @@ class TextMelDataset(Dataset):
                 raise DataError(f"cached mel of '{utt.id}' ({cached}) should be a float tensor "
                                 f"({self.audio_cfg.n_mels}, T), got {got}")
             return mel.float()
-        audio = read_audio(utt.audio, self.audio_cfg.sampling_rate)
+        if audio is None:
+            audio = read_audio(utt.audio, self.audio_cfg.sampling_rate)
         with torch.no_grad():
             return self.mel_transform(audio)
 
@@ -170,9 +172,15 @@ class TextMelDataset(Dataset):
         return len(self.corpus)
 
     def __getitem__(self, index: int) -> dict:
+        return self.item(index)
+
+    def item(self, index: int, audio: Optional[torch.Tensor] = None) -> dict:
+        """Item ``index``, its mel made of ``audio`` (its utterance's sound, float32 ``(T,)`` at
+        ``audio.sampling_rate`` Hz, wherever it was read from: a shard) where no cached mel is found (None: read from
+        its audio source). Raises DataError as :meth:`load_mel`."""
         utt = self.corpus[index]
         symbols = self._symbols[self._text_at[index]:self._text_at[index + 1]]
-        item = {"text": torch.tensor(symbols, dtype=torch.long), "mel": self.load_mel(utt), "id": utt.id}
+        item = {"text": torch.tensor(symbols, dtype=torch.long), "mel": self.load_mel(utt, audio), "id": utt.id}
         if self._speaker is not None:
             item["speaker"] = int(self._speaker[index])
         return item
@@ -268,7 +276,13 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
         DataError: the splits cannot be read (:func:`utils.data.corpus.load_splits`), or the setting leaves no training
             or no validation utterance.
     """
-    train_utts, val_utts = load_splits(cfg.data)
+    return datasets_of(cfg, load_splits(cfg.data))
+
+
+def datasets_of(cfg: Config, splits: tuple[Corpus, Corpus]) -> tuple[Dataset, Dataset]:
+    """:func:`build_datasets` of the ``(train, val)`` corpora ``splits`` (a corpus a part reads: durations given, audio
+    handed to each dataset's ``item``). Raises DataError as :func:`build_datasets`."""
+    train_utts, val_utts = splits
     model_cfg = cfg.tacotron2
     max_frames = model_cfg.max_mel_frames if model_cfg.max_mel_frames > 0 else None
     cache = mel_cache_path(cfg.data.dataset_path, model_cfg.mel_cache_dir)

@@ -1,7 +1,7 @@
 """WaveGlow (mel -> audio), the model's spec: Prenger et al., ICASSP 2019, with NVIDIA's sizes and defaults."""
 
 from model import Inference, ModelSpec, Training
-from models.waveglow.data import build_datasets, mel_on_device
+from models.waveglow.data import build_datasets, datasets_of, mel_on_device
 from models.waveglow.inference import add_inference_args, infer, log_validation, vocode
 from models.waveglow.network import WaveGlow, WaveGlowConfig, WaveGlowLoss, optimize_for_training
 from utils.data.datasets import collate_audio_mel
@@ -13,6 +13,7 @@ SPEC = ModelSpec(
     training=Training(
         build_criterion=lambda cfg: WaveGlowLoss(cfg.waveglow.sigma),
         build_datasets=build_datasets,
+        datasets_of=datasets_of,
         collate_fn=collate_audio_mel,
         count_items=lambda batch: batch["audio"].numel(),
         on_device=mel_on_device,

@@ -9,6 +9,7 @@ from model import Batch
 from utils.config import Config
 from utils.data.audio import MelSpectrogram
 from utils.data.corpora import load_splits
+from utils.data.corpus import Corpus
 from utils.data.datasets import AudioMelDataset, Crop
 
 
@@ -16,7 +17,13 @@ def build_datasets(cfg: Config) -> tuple[Dataset, Dataset]:
     """Train and validation :class:`AudioMelDataset` (random crops for training, first crop for validation; the mels in
     ``audio.mel_framing``, NVIDIA's by the recipe: ``1 + segment_length // hop_length`` frames, as ``Mel2Samp``).
     Raises DataError (see :class:`AudioMelDataset`)."""
-    splits, seg, with_mel = load_splits(cfg.data), cfg.waveglow.segment_length, not cfg.waveglow.mel_on_device
+    return datasets_of(cfg, load_splits(cfg.data))
+
+
+def datasets_of(cfg: Config, splits: tuple[Corpus, Corpus]) -> tuple[Dataset, Dataset]:
+    """:func:`build_datasets` of the ``(train, val)`` corpora ``splits`` (a corpus a part reads: audio handed to each
+    dataset's ``item``)."""
+    seg, with_mel = cfg.waveglow.segment_length, not cfg.waveglow.mel_on_device
     return (AudioMelDataset(splits[0], cfg.audio, Crop(seg, seed=cfg.train.seed), with_mel=with_mel),
             AudioMelDataset(splits[1], cfg.audio, Crop(seg, random=False), with_mel=with_mel))
 

@@ -77,8 +77,12 @@ class AudioMelDataset(Dataset):
         self._epoch.value = epoch
 
     def __getitem__(self, index: int) -> dict:
+        return self.item(index, read_audio(self.corpus[index].audio, self.audio_cfg.sampling_rate))
+
+    def item(self, index: int, audio: torch.Tensor) -> dict:
+        """Item ``index`` made of ``audio``, its utterance's sound (float32 ``(T,)`` at ``audio.sampling_rate`` Hz, as
+        :func:`~utils.data.sources.read_audio` gives it, wherever it was read from: a file, a shard)."""
         utt = self.corpus[index]
-        audio = read_audio(utt.audio, self.audio_cfg.sampling_rate)
         if self.peak:  # jik876's order and precision: librosa's normalize of the float64 clip, times the peak
             audio64 = audio.double()
             audio = (audio64 / audio64.abs().max().clamp_min(torch.finfo(torch.float64).tiny) * self.peak).float()

@@ -8,7 +8,7 @@ import itertools
 import math
 import time
 import zlib
-from typing import Any, Callable, Iterable, Literal, Optional
+from typing import Any, Callable, Iterable, Literal, Optional, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -44,6 +44,27 @@ class BatchingConfig(Section):
                                     "mel frames a GPU takes per micro-batch (the manual's \"Frame budgets\" says how "
                                     "to choose them)", "batching", "max_frames")
         return self
+
+
+@runtime_checkable
+class OwnOrder(Protocol):
+    """A loader's sampler that plans its own batches (a part's), which the batch stream
+    keeps the position of as it keeps the core's: ``set_epoch(epoch, start=k)`` leaves out the epoch's first ``k``
+    samples, ``step_samples`` of them read by all ranks at each micro-batch."""
+
+    step_samples: int  # samples of a micro-batch of every rank, in the unit of set_epoch's start
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None: ...
+
+    def epoch_read(self, samples: int) -> bool:
+        """Whether the epoch is read to its end once ``samples`` of it are."""
+
+    def batch_line(self, micro_batches: int) -> str:
+        """What ``micro_batches`` of every rank hold together, for the run's first line: ``up to 8 s of audio``."""
+
+    def resume_note(self, samples: int, written_by: int) -> Optional[str]:
+        """The line a resume ``samples`` into the epoch from a checkpoint of ``written_by`` processes says, or None;
+        ConfigError where it cannot go on."""
 
 
 def to_device(batch: dict, device: torch.device, prepare: Optional[Callable[[dict], dict]] = None) -> dict:
@@ -129,7 +150,13 @@ def batching_line(loader: DataLoader, batch_size: int, seed: int) -> Optional[st
 
 def replan_note(loader: DataLoader, state: TrainState, written_by: int) -> Optional[str]:
     """The line a resume by another number of processes than the ``written_by`` of its checkpoint says when frame
-    budgets plan the epoch it resumes inside: the rest is planned afresh. None otherwise."""
+    budgets plan the epoch it resumes inside: the rest is planned afresh; an :class:`OwnOrder`'s (ConfigError where it
+    cannot go on), whose line sets ``state`` to the epoch's start. None otherwise. Every rank calls it."""
+    if isinstance(loader.sampler, OwnOrder):  # its line means the epoch starts afresh: the position goes to its start
+        note = loader.sampler.resume_note(state.samples_in_epoch, written_by)
+        if note is not None:
+            state.batch_in_epoch = state.samples_in_epoch = 0
+        return note
     sampler = loader.batch_sampler
     if not isinstance(sampler, FrameBudgetSampler) or written_by == sampler.num_replicas or not state.samples_in_epoch:
         return None
@@ -140,7 +167,9 @@ def replan_note(loader: DataLoader, state: TrainState, written_by: int) -> Optio
 
 def epoch_order(loader: DataLoader) -> tuple[Any, int]:
     """The loader's sampler (``set_epoch(epoch, start=k)``) and the fewest samples one step of all ranks reads: a
-    global batch; with frame budgets, an utterance a rank."""
+    global batch; with frame budgets, an utterance a rank; an :class:`OwnOrder`'s ``step_samples``."""
+    if isinstance(loader.sampler, OwnOrder):
+        return loader.sampler, loader.sampler.step_samples
     if isinstance(loader.batch_sampler, FrameBudgetSampler):
         return loader.batch_sampler, loader.batch_sampler.num_replicas
     if isinstance(loader.batch_sampler, LengthBucketSampler):
@@ -181,5 +210,8 @@ def next_micro_batches(batches, spec: ModelSpec, accum: int, device: torch.devic
 
 
 def epochs_done(state: TrainState, loader: DataLoader) -> int:
-    """Epochs read to the end: the current one counts once fewer samples than one global batch are left of it."""
+    """Epochs read to the end: the current one counts once fewer samples than one global batch are left of it (as
+    an :class:`OwnOrder` says)."""
+    if isinstance(loader.sampler, OwnOrder):
+        return state.epoch + loader.sampler.epoch_read(state.samples_in_epoch)
     return state.epoch + (len(loader.dataset) - state.samples_in_epoch < epoch_order(loader)[1])

@@ -30,7 +30,7 @@ from utils.data.audio import decoding
 from utils.data.check import prepare_run
 from utils.data.corpus import DataError
 from utils.data import speakers
-from utils.data.loader import batch_stream, batching_line, make_loader, on_device_hook, replan_note
+from utils.data.loader import OwnOrder, batch_stream, batching_line, make_loader, on_device_hook, replan_note
 from utils.errors import TrainingError
 from utils.run_log import BalanceMonitor, RunLog, tensorboard_writer
 from utils.train_state import TrainState
@@ -55,6 +55,17 @@ class Sharding(Protocol):
                        is_main: bool) -> Optional[torch.nn.Module]: ...
 
 
+class OwnCorpus(Protocol):
+    """A corpus the core does not read (a part's), checked and batched in place of its layout readers' where
+    the ``data`` section names it; each method None where it does not."""
+
+    def checked(self, cfg: Config, spec: ModelSpec, output_dir: Path) -> Optional[tuple[list[str], list[str]]]:
+        """Rank 0's check in place of :func:`prepare_run`: the ids to leave out, and the training split's speakers."""
+
+    def loaders(self, spec: ModelSpec, cfg: Config, dist: DistInfo) -> Optional[tuple[DataLoader, DataLoader]]:
+        """This rank's training and validation loaders (each ``dataset``: the whole split)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RunParts:
     """What a run takes of the project's optional parts, each None where the project left its part out: ``parts.py``
@@ -65,6 +76,7 @@ class RunParts:
     datasets: Optional[Callable[[ModelSpec, Config], Optional[tuple]]] = None  # (train, val) in place of the model's
     writer: Optional[Callable[..., Any]] = None  # rank 0's run-log writer in place of TensorBoard's alone
     tensorboard_dir: Optional[Callable[[Mapping[str, str], str], str]] = None  # (environ, output_dir) -> the folder
+    corpus: Optional[OwnCorpus] = None  # a corpus read in place of the layout readers'
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -105,7 +117,8 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     ``None`` (said) when the checkpoint is at ``train.max_steps``. Raises :class:`DataError`, :class:`ConfigError`,
     :class:`CheckpointError`, :class:`TrainingError`."""
     spec, output_dir = models[args.model], Path(args.output_dir)
-    found, cfg.data.speakers = from_rank0(lambda: checked_corpus(cfg, spec, output_dir), ConfigError, DataError)
+    found, cfg.data.speakers = from_rank0(lambda: checked_corpus(cfg, spec, output_dir, parts.corpus), ConfigError,
+                                          DataError)
     cfg.data.exclude = sorted({*cfg.data.exclude, *found})  # load_splits leaves these out
     checkpoint_path = agreed_resume_path(args.resume, output_dir, parts.formats)
     saved = None if checkpoint_path is None else \
@@ -119,7 +132,7 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     ema = build_ema(spec, model, cfg.train.ema_decay)
     optimizers = build_optimizers(spec, model, cfg, dist.device)
     schedulers = {name: build_scheduler(spec, name, optimizer, cfg) for name, optimizer in optimizers.items()}
-    train_loader, val_loader = build_loaders(spec, cfg, dist, parts.datasets)
+    train_loader, val_loader = build_loaders(spec, cfg, dist, parts.datasets, parts.corpus)
     train_utterances = len(train_loader.dataset)
     state, accumulation, run_ids = TrainState(), cfg.train.grad_accumulation, {}
     states = {"model": model, **checkpoint_parts(spec, optimizers, schedulers, precision.scaler), "position": state,
@@ -128,7 +141,7 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     if saved is not None:  # every part's state, the position too; its tensors go now, not after DDP's buckets are made
         resumed = checkpointer.resume(checkpoint_path, saved, cfg, spec.name, train_utterances)
         accumulation, run_ids, saved = resumed.grad_accumulation, resumed.tracker_runs, None
-        if dist.is_main and (note := replan_note(train_loader, state, resumed.world_size)) is not None:
+        if (note := replan_note(train_loader, state, resumed.world_size)) is not None and dist.is_main:
             print(note, file=sys.stderr, flush=True)
     if state.step >= cfg.train.max_steps:
         if dist.is_main:
@@ -163,8 +176,12 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
                                       clock="cpu" if dist.device.type == "cpu" else "wall"))
 
 
-def checked_corpus(cfg: Config, spec: ModelSpec, output_dir: Path) -> tuple[list[str], list[str]]:
-    """Rank 0's :func:`prepare_run`: the bad clips' ids left out, and the training split's speakers, sorted."""
+def checked_corpus(cfg: Config, spec: ModelSpec, output_dir: Path,
+                   corpus: Optional[OwnCorpus] = None) -> tuple[list[str], list[str]]:
+    """Rank 0's :func:`prepare_run` (``corpus``'s check where it reads the corpus): the bad clips' ids left out, and
+    the training split's speakers, sorted."""
+    if corpus is not None and (found := corpus.checked(cfg, spec, output_dir)) is not None:
+        return found
     speakers: list[str] = []
     return prepare_run(cfg, spec, output_dir, speakers), speakers
 
@@ -289,11 +306,14 @@ def build_ema(spec: ModelSpec, model, decay: float) -> Optional[EMA]:
         raise ConfigError(f"train.ema_decay={decay} with model '{spec.name}': {err}") from None
 
 
-def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo,
-                  datasets: Optional[Callable[..., Optional[tuple]]] = None) -> tuple[DataLoader, DataLoader]:
+def build_loaders(spec: ModelSpec, cfg: Config, dist: DistInfo, datasets: Optional[Callable[..., Optional[tuple]]] = None,
+                  corpus: Optional[OwnCorpus] = None) -> tuple[DataLoader, DataLoader]:
     """The training and the validation loader of this rank's shard (each loader's ``dataset``: the whole split) of
-    :func:`model_datasets`; a :class:`DataError` for too few training utterances for one batch of every rank."""
+    :func:`model_datasets`, or ``corpus``'s where it reads the corpus; a :class:`DataError` for too few training
+    utterances for one batch of every rank."""
     with model_config_errors(spec.name):
+        if corpus is not None and (own := corpus.loaders(spec, cfg, dist)) is not None:
+            return own
         train_set, val_set = model_datasets(spec, cfg, datasets)
     batch_size = cfg.section(spec.name).batch_size
     train_loader = make_loader(train_set, spec, cfg, dist, train=True)
@@ -357,8 +377,8 @@ def announce(spec: ModelSpec, cfg: Config, dist: DistInfo, log: RunLog, data: Tr
     device, batch_size, train_loader = dist.device, cfg.section(spec.name).batch_size, data.loader
     threads = f" ({torch.get_num_threads()} threads)" if device.type == "cpu" else ""
     steps = data.accumulation * dist.world_size  # micro-batches a step
-    batch = f"up to {cfg.data.max_frames * steps} padded mel frames" if cfg.data.batching == "frames" else \
-        batch_size * steps
+    batch = train_loader.sampler.batch_line(steps) if isinstance(train_loader.sampler, OwnOrder) else \
+        f"up to {cfg.data.max_frames * steps} padded mel frames" if cfg.data.batching == "frames" else batch_size * steps
     log.print(f"training {spec.name} on {dist.world_size} process(es), device {device}{threads}, precision "
               f"{cfg.train.precision}; {len(train_loader.dataset)} train / {val_utterances} val utterances; "
               f"global batch {batch}"

@@ -23,8 +23,13 @@ def detect(data: DataConfig) -> tuple[str, Optional[str]]:
     """The layout ``data.format`` names, or ``auto``'s: ``filelist`` (or ``nemo`` for JSON lines) where
     ``data.training_files`` is set, else the first of :data:`READERS` whose ``matches`` the root (``filelist`` last); and the line that
     says what ``auto`` found (None where ``data.format`` named it). DataError: no root folder (but for filelists,
-    whose paths may be absolute), a root in no layout, or not in the one named."""
+    whose paths may be absolute), a root in no layout, or not in the one named, a format no reader here has (a part's
+    that training reads)."""
     root = Path(data.dataset_path)
+    if data.format not in READERS and data.format != "auto":
+        raise DataError(f"data.format={data.format}: {root} is read by train.py alone; this reads a corpus layout "
+                        f"({', '.join(READERS)}): point --dataset-path at the corpus the {data.format} folder was made "
+                        "from")
     if data.format == "filelist" or (data.format == "auto" and data.training_files):
         given = next((path for path in (Path(data.training_files), root / data.training_files) if path.is_file()), None)
         name = "nemo" if data.format == "auto" and given is not None and nemo.is_manifest(given) else "filelist"

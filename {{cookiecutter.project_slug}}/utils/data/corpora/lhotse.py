@@ -1,4 +1,4 @@
-"""lhotse manifests (icefall's and NeMo's recipes; lhotse Shar is a later part): CutSet JSON lines, possibly
+"""lhotse manifests (icefall's and NeMo's recipes): CutSet JSON lines, possibly
 gzipped, each cut a span of one recording with its supervisions (transcript, speaker, language), read with lhotse::
 
     libritts/libritts_cuts_train-clean-100.jsonl.gz    {"id": ..., "start": 0, "duration": 5.1, "recording":
