@@ -83,6 +83,17 @@ class Inference:
 
 
 @dataclasses.dataclass(frozen=True)
+class BatchFrames:
+    """A recipe's ``data.max_frames``: the padded mel frames of the model's fixed batch, its section's ``batch_size``
+    times ``frames`` (the longest clip's: 870 for LJSpeech's 10.1 s at hop 256), so ``--tiny``'s batch sizes it too."""
+
+    frames: int
+
+    def __str__(self) -> str:
+        return f"batch_size x {self.frames}"
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """One model: its name (``--model NAME``, its ``config.json`` section), the section's class, ``build_model`` (``cfg
     -> nn.Module``; ``forward(batch)`` returns what the criterion reads), and the groups above."""
@@ -92,7 +103,8 @@ class ModelSpec:
     build_model: Callable[[Config], nn.Module]
     training: Training
     inference: Optional[Inference] = None
-    # its reference's values of shared settings a config leaves null ({"train.grad_clip": 1.0}); else the project's
+    # its reference's values of shared settings a config leaves null ({"train.grad_clip": 1.0}, a BatchFrames for
+    # data.max_frames); else the project's
     recipe: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property

@@ -142,8 +142,9 @@ def demo_corpus(tmp_path_factory, layout: str, speakers: int = 2, n: int = 4) ->
 
 
 QUICK_BATCH, QUICK_CLIPS, QUICK_EPOCHS, QUICK_CLIP = 2, 8, 3, 1e-3
-"""The shared quick-start run (:func:`quick_start_run`): per-rank batch, training clips (2 steps an epoch on 2 ranks),
-epochs, and ``train.grad_clip`` (far below any tiny model's gradient norm, so every update is clipped)."""
+"""The shared quick-start run (:func:`quick_start_run`): per-rank batch (fixed: ``data.batching=random``, whatever
+the model's recipe), training clips (2 steps an epoch on 2 ranks), epochs, and ``train.grad_clip`` (far below any tiny
+model's gradient norm, so every update is clipped)."""
 QUICK_STEPS = QUICK_EPOCHS * QUICK_CLIPS // (2 * QUICK_BATCH)
 
 QUICK_RECORDER = '''
@@ -190,7 +191,8 @@ def quick_start_run(tmp_path_factory) -> tuple[Path, int, str]:
                 "train.py", "--config", "config.json", "--model", TEST_MODEL, "--tiny", "--max-steps",
                 str(QUICK_STEPS), "--dataset-path", str(corpus), "--output-dir", str(folder / "out")]
         for setting in ("data.val_size=1", "data.num_workers=0", f"{TEST_MODEL}.batch_size={QUICK_BATCH}",
-                        "train.log_interval=1", "train.val_interval=3", f"train.grad_clip={QUICK_CLIP}"):
+                        "data.batching=random", "train.log_interval=1", "train.val_interval=3",
+                        f"train.grad_clip={QUICK_CLIP}"):  # batches of QUICK_BATCH, whatever the model's recipe
             argv += ["--set", setting]
         plant = QUICK_RECORDER.replace("FOLDER", repr(str(folder)))
         return finish(start_job(argv, folder, nproc=2, plant=plant), timeout=bound(180))
@@ -1057,12 +1059,14 @@ def import_published(tmp_path, weights, sets: dict) -> tuple[dict, str]:
     return torch.load(tmp_path / "imported.pt", weights_only=True), out.getvalue()
 
 
-def check_recipe(name: str, framing: str, clip: float, tune: bool, optimizer: tuple[float, float]) -> None:
+def check_recipe(name: str, framing: str, clip: float, tune: bool, optimizer: tuple[float, float],
+                 batching: Optional[dict] = None) -> None:
     """The settings config.json leaves null take model ``name``'s recipe (its mel framing, gradient clipping, cuDNN's
-    autotuner, and ``optimizer``: its learning rate and weight decay), checkpoints record them, and given values keep
-    their meaning (the tiny block's learning rate too)."""
+    autotuner, and ``optimizer``: its learning rate and weight decay; ``batching``: its ``data`` keys, where it names
+    them), checkpoints record them, and given values keep their meaning (the tiny block's learning rate too)."""
     assert MODELS[name].recipe == {"audio.mel_framing": framing, "train.grad_clip": clip, "train.cudnn_benchmark": tune,
-                                   "optimizer.lr": optimizer[0], "optimizer.weight_decay": optimizer[1]}
+                                   "optimizer.lr": optimizer[0], "optimizer.weight_decay": optimizer[1],
+                                   **(batching or {})}
     with open(f"{ROOT}/config.json") as file:
         raw = json.load(file)
     assert raw["audio"]["mel_framing"] is raw["train"]["grad_clip"] is raw["train"]["cudnn_benchmark"] is None

@@ -21,6 +21,7 @@ from parts import PARTS, config_schemas
 from scripts import benchmark, benchmark_data, benchmark_step
 from utils.benchmark import BenchmarkCase
 from utils.config import load_config
+from utils.training.recipe import apply_recipe
 
 CPU = torch.device("cpu")
 FAST_MODELS = [name for name, spec in MODELS.items() if spec.training.optimize_for_training is not None]
@@ -149,11 +150,13 @@ def test_plan_times_an_epoch_of_synthetic_lengths_for_each_batching_side_by_side
     assert benchmark.main(["--plan", "5000", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     rows = {row["batching"]: row for row in map(json.loads, (line for line in out.splitlines() if line[:1] == "{"))}
-    cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas())
+    cfg = apply_recipe(MODELS[variable[0]], load_config(os.path.join(ROOT, "config.json"), config_schemas()))
     batch = cfg.section(variable[0]).batch_size
     assert list(rows) == ["frames", "buckets", "random"] and {r["utterances"] for r in rows.values()} == {5000}
     assert rows["random"]["items_per_batch"] == rows["buckets"]["items_per_batch"] == batch
-    assert rows["frames"]["max_frames"] == batch * 868 and rows["frames"]["items_per_batch"] > batch  # 10.1 s clips
+    # the recipe's budget, else as many frames as the fullest batch: batch_size 10.1 s clips
+    assert rows["frames"]["max_frames"] == (cfg.data.max_frames or batch * 868)
+    assert rows["frames"]["items_per_batch"] > batch
     assert rows["frames"]["padding_fraction"] < 0.05 < 0.25 < rows["random"]["padding_fraction"]
     assert all(r["plan_s"] >= 0 and r["plan_items_per_s"] > 0 and r["peak_rss_mib"] > 0 for r in rows.values())
     assert "| plan_5000 | frames | 5,000 |" in out

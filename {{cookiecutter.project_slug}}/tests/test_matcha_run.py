@@ -13,6 +13,8 @@ from conftest import (ROOT, check_recipe, demo_corpus, made_once, run_main, run_
                       train_on_ranks)
 
 import inference
+import train
+from model import BatchFrames
 from models import MODELS
 from models.matcha import text
 from models.matcha.data import MatchaCollate, MatchaDataset, mel_statistics
@@ -44,8 +46,25 @@ def voices(tmp_path_factory):
 
 
 def test_settings_left_null_take_the_recipe():
-    """The authors' HiFi-GAN (jik876) frames, gradient_clip_val 5.0, Adam 1e-4 without weight decay."""
-    check_recipe("matcha", *("jik876", 5.0, False), optimizer=(1e-4, 0.0))
+    """The authors' HiFi-GAN (jik876) frames, gradient_clip_val 5.0, Adam 1e-4 without weight decay; frame budgets."""
+    check_recipe("matcha", *("jik876", 5.0, False), optimizer=(1e-4, 0.0),
+                 batching={"data.batching": "frames", "data.max_frames": BatchFrames(870)})
+
+
+def test_the_default_config_batches_by_frame_budgets_of_its_batch_size_full_size_and_tiny():
+    """config.json as it ships: Matcha-TTS batches by padded mel frames, as many as its ``batch_size`` clips of
+    LJSpeech's longest (870 frames: 27,840 at full size, 1,740 tiny); the project's other models keep batches of
+    ``batch_size``; a value given keeps its meaning."""
+    config = os.path.join(ROOT, "config.json")
+    for tiny, frames in ((False, 32 * 870), (True, 2 * 870)):
+        cfg = train.load_run_config(train.parse_args(["--config", config, "--model", "matcha", *(["--tiny"] if tiny else [])]))
+        assert (cfg.data.batching, cfg.data.max_frames) == ("frames", frames) == ("frames", 870 * cfg.matcha.batch_size)
+    for name in set(MODELS) - {"matcha"}:
+        cfg = train.load_run_config(train.parse_args(["--config", config, "--model", name]))
+        assert (cfg.data.batching, cfg.data.max_frames) == ("random", 0), name
+    cfg = train.load_run_config(train.parse_args(["--config", config, "--model", "matcha", "--set",
+                                                  "data.batching=buckets", "--set", "data.max_frames=5000"]))
+    assert (cfg.data.batching, cfg.data.max_frames) == ("buckets", 5000)
 
 
 def test_items_are_phoneme_ids_and_normalised_mels_padded_to_frames_the_unet_halves(tmp_path_factory):
@@ -117,6 +136,7 @@ def matcha_run(tmp_path_factory):
 @pytest.mark.slow
 def test_training_on_two_ranks_logs_the_three_losses_and_records_the_statistics(matcha_run, tmp_path):
     out, said = matcha_run
+    assert "batches of up to 1740 padded mel frames (data.batching=frames)" in said[0], said[0][-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2] and all(set(row["losses"]) == {"prior", "duration", "flow"}
                                                             for row in rows)

@@ -3,7 +3,7 @@ Székely and Henter, "Matcha-TTS: A fast TTS architecture with conditional flow 
 shivammehta25/Matcha-TTS's sizes and defaults (layers: ``modules/matcha.py``, ``modules/matcha_decoder.py``; text:
 ``models/matcha/text.py``)."""
 
-from model import Inference, ModelSpec, Training
+from model import BatchFrames, Inference, ModelSpec, Training
 from models.matcha.data import MatchaCollate, build_datasets, count_items, datasets_of
 from models.matcha.inference import add_inference_args, infer
 from models.matcha.network import MatchaConfig, MatchaLoss, build_matcha
@@ -23,7 +23,9 @@ SPEC = ModelSpec(
     ),
     inference=Inference(infer=infer, add_args=add_inference_args, takes_vocoder=True),
     # shivammehta25/Matcha-TTS: jik876's frames (its mel_spectrogram), configs/trainer/default.yaml's gradient_clip_val,
-    # configs/model/optimizer/adam.yaml's lr and weight_decay
+    # configs/model/optimizer/adam.yaml's lr and weight_decay; frame budgets in place of its fixed batches: the padded
+    # frames of batch_size clips of LJSpeech's longest (10.1 s: 870 frames)
     recipe={"audio.mel_framing": "jik876", "train.grad_clip": 5.0, "train.cudnn_benchmark": False,
-            "optimizer.lr": 1e-4, "optimizer.weight_decay": 0.0},
+            "optimizer.lr": 1e-4, "optimizer.weight_decay": 0.0, "data.batching": "frames",
+            "data.max_frames": BatchFrames(870)},
 )

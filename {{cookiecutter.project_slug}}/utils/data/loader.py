@@ -29,10 +29,10 @@ class BatchingConfig(Section):
     """The ``data`` section's keys of how training batches are made (:func:`make_loader`)."""
 
     # random: batch_size utterances; buckets: of similar lengths (LengthBucketSampler); frames: a budget of padded mel
-    # frames, not a count (FrameBudgetSampler)
-    batching: Literal["random", "buckets", "frames"] = "random"
+    # frames, not a count (FrameBudgetSampler); None: the recipe's
+    batching: Optional[Literal["random", "buckets", "frames"]] = None
     bucket_pool: int = Field(64, ge=1)  # batches sorted by length together (buckets, frames)
-    max_frames: int = Field(0, ge=0)  # frames: padded mel frames per GPU per micro-batch (items x the longest)
+    max_frames: Optional[int] = Field(None, ge=0)  # frames: padded mel frames a GPU a micro-batch; None: the recipe's
     max_items: int = Field(0, ge=0)  # frames: utterances per micro-batch at most (0: no limit)
     quadratic_frames: int = Field(0, ge=0)  # frames: an item of L frames costs L + L**2 / this (0: L)
 

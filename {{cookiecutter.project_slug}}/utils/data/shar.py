@@ -53,11 +53,13 @@ class SharSettings(Section):
 
     @model_validator(mode="after")
     def shards_settings_agree(self) -> "SharSettings":
-        """``format=shar`` has a ``max_duration``, ``data.batching=random`` (the shards are batched by duration) and no
-        ``data.mel_dir`` (where the project has it)."""
+        """``format=shar`` has a ``max_duration``, ``data.batching=random`` (the shards are batched by duration; null:
+        random, whatever the model's recipe) and no ``data.mel_dir`` (where the project has it)."""
         if self.format == SHAR and not self.max_duration:
             raise cross_check_error("config key 'data.max_duration' must be > 0 with data.format=shar: the seconds of "
                                     "audio a GPU takes per micro-batch", "format", "max_duration")
+        if self.format == SHAR and getattr(self, "batching", None) is None:
+            self.batching = "random"
         if self.format == SHAR and getattr(self, "batching", "random") != "random":
             raise cross_check_error(f"data.batching={self.batching} does not apply to data.format=shar, batched by "
                                     "data.max_duration: leave data.batching at random", "format", "batching")

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from distributed import DistInfo, apply_gradient_allreduce, from_rank0
-from model import ModelSpec
+from model import BatchFrames, ModelSpec
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.checkpointer import Checkpointer
 from utils.checkpoint.names import last_checkpoint_path
@@ -365,7 +365,8 @@ def recipe_line(spec: ModelSpec) -> str:
     else:
         whose = f"{spec.name}'s ModelSpec.recipe, the project's defaults for the rest"
     values = {**PROJECT_RECIPE, **spec.recipe}
-    shown = ", ".join(f"{name}={value if isinstance(value, str) else json.dumps(value)}" for name, value in values.items())
+    shown = ", ".join(f"{name}={value if isinstance(value, (str, BatchFrames)) else json.dumps(value)}"
+                      for name, value in values.items())
     return f"recipe ({whose}) for the settings config.json leaves null: {shown}"
 
 
