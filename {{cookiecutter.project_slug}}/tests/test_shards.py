@@ -7,6 +7,7 @@ lhotse takes seconds to import: every test is in the slow tier, the tool loaded 
 when the tests are collected)."""
 
 import contextlib
+import gzip
 import importlib
 import io
 import json
@@ -19,17 +20,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile as sf
 import torch
 from conftest import (RECORDED_RANK, TEST_MODEL, bound, demo_corpus, layout_corpus, run_ranks, run_train_main,
                       vocoders_first)
 
+from distributed import DistInfo
 from models import MODELS
 from parts import config_schemas
 from utils.config import load_config
 from utils.data import shar, shar_store
-from utils.data.corpora import load_splits
+from utils.data.corpora import load_splits, parquet
 from utils.data.corpus import DataConfig
-from utils.data.sources import header, read_audio
+from utils.data.sources import header, parse, read_audio
 
 SHARD_MODELS = sorted(name for name, spec in MODELS.items() if spec.training.datasets_of is not None)
 """The project's models that train from shards (their ``Training.datasets_of``; a model of one's own may have none)."""
@@ -167,6 +170,44 @@ def test_a_clip_that_cannot_be_read_is_one_error_line_and_leaves_no_shard(tool, 
     assert not out.exists(), sorted(out.rglob("*"))
 
 
+def test_each_clip_header_is_read_once_and_the_shards_are_those_of_lhotses_own_reading(tool, corpora, tmp_path,
+                                                                                       monkeypatch):
+    """A clip's cut opens it once (libsndfile's ``SoundFile``: a file, a span of a longer recording, a parquet row's
+    bytes), and the shards of the recordings made of that header (cuts' metadata, decompressed, and recording tars)
+    are byte for byte those of lhotse's ``Recording.from_file`` and ``from_bytes``, which read the header again."""
+    from lhotse import Recording  # only these tests' (3 s)
+
+    opens, opening = [], sf.SoundFile.__init__
+
+    def counted(clip, file, *args, **kwargs):
+        opens.append(file)
+        opening(clip, file, *args, **kwargs)
+
+    monkeypatch.setattr(sf.SoundFile, "__init__", counted)
+
+    def by_lhotse(utt):  # the recording as the tool made it before: lhotse reads the header itself
+        path, row, _ = parse(utt.audio)
+        return Recording.from_bytes(parquet.audio_bytes(path, row), utt.id) if row is not None else \
+            Recording.from_file(path, recording_id=utt.id)
+
+    for name in ("vctk", "lhotse", "parquet"):
+        data = DataConfig(dataset_path=str(corpora[name]))
+        for utt in load_splits(data)[0]:
+            opens.clear()
+            tool.utterance_cut(utt)
+            assert len(opens) == 1, (utt.audio, opens)
+        written = {}
+        for way in ("header", "lhotse"):
+            with monkeypatch.context() as patch:
+                if way == "lhotse":
+                    patch.setattr(tool, "recording_of", by_lhotse)
+                tool.make_shards(data, tmp_path / name / way, shard_size=3, progress=False)
+            written[way] = {path.relative_to(tmp_path / name / way): gzip.decompress(path.read_bytes())
+                            if path.name.endswith(".gz") else path.read_bytes()
+                            for path in sorted((tmp_path / name / way).rglob("*.*"))}
+        assert written["header"] == written["lhotse"] and len(written["header"]) >= 4, name
+
+
 @pytest.mark.parametrize("case", ["no corpus", "shards exist", "shard size", "url", "no credentials", "no bucket",
                                   "s3 shards exist", "format"])
 def test_bad_arguments_are_one_error_line_and_change_nothing(tool, corpora, tmp_path, case, request, monkeypatch):
@@ -291,6 +332,35 @@ def test_shards_on_s3_read_back_as_in_a_folder(shards, s3):
         assert [cut.id for cut in read[0]] == [cut.id for cut in read[1]] and read[0]
         assert all(a.recording.sources[0].source == b.recording.sources[0].source and a.supervisions == b.supervisions
                    for a, b in zip(*read))
+
+
+def test_the_duration_bins_are_lhotses_estimate_of_the_kept_cuts_from_their_durations_the_shards_not_read(shards,
+                                                                                                          monkeypatch):
+    """``ShardOrder``'s duration bins, of the training split less its 3rd and 8th cut (9 kept: 9 buckets), equal
+    exactly lhotse's ``estimate_duration_buckets`` of the shards' cuts the filter keeps, in the shards' order; built
+    from the kept utterances' durations, no reader of the shards (``CutSet.from_shar``) asked while it is made."""
+    from lhotse import CutSet  # only these tests' (3 s)
+    from lhotse.dataset.sampling.dynamic_bucketing import estimate_duration_buckets
+
+    folder = str(shards / "train")
+    split = shar.split_corpus(folder)
+    kept = split.take([i for i in range(len(split)) if i not in (2, 7)])
+    cuts = CutSet.from_shar(fields={"cuts": [cuts for cuts, _ in shar_store.split_shards(folder)]})
+    expected = estimate_duration_buckets(cuts.filter(shar.KeptIds(set(kept.ids.tolist()))), len(kept))
+    reads, reader = [], CutSet.from_shar
+    monkeypatch.setattr(CutSet, "from_shar", staticmethod(lambda **fields: reads.append(fields) or reader(**fields)))
+    order = shar.ShardOrder(folder, kept, 4.0, DistInfo(0, 0, 1, torch.device("cpu"), None), seed=0)
+    assert order.bins == expected and len(expected) > 1 and not reads, (order.bins, expected, reads)
+
+
+def test_a_split_and_a_shard_are_named_under_their_location_by_one_join(shards):
+    """``shar_store.joined``: a name under a folder or an S3 prefix, one ``/`` between (a trailing one dropped); the
+    splits (``shar.split_of``) and the shards' files (``split_shards``) are named by it."""
+    assert [shar_store.joined(root, "train") for root in ("s3://b/p", "s3://b/p/", "s3://b", "/data/shards//")] == \
+        ["s3://b/p/train", "s3://b/p/train", "s3://b/train", "/data/shards/train"]
+    assert shar.split_of(f"{shards}/", "train") == shar_store.joined(shards, "train") == f"{shards}/train"
+    assert shar_store.split_shards(f"{shards}/train/")[0] == \
+        (f"{shards}/train/cuts.000000.jsonl.gz", f"{shards}/train/recording.000000.tar")
 
 
 def test_the_shards_are_read_by_a_thread_a_bounded_number_of_batches_ahead_its_error_raised_in_order():

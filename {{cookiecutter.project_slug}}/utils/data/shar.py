@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Optional, get_args
+from typing import Any, Callable, Iterator, Literal, NamedTuple, Optional, get_args
 
 import soundfile as sf
 import torch
@@ -35,7 +35,7 @@ from utils.config import Config, ConfigError, Section, cross_check_error
 from utils.data.audio import read_clip
 from utils.data.corpus import SINGLE_SPEAKER, Corpus, DataError, Layout, Utterance
 from utils.data.loader import make_loader
-from utils.data.shar_store import ReadShards, is_url, read_ahead, read_errors, split_shards, warn
+from utils.data.shar_store import ReadShards, is_url, joined, read_ahead, read_errors, split_shards, warn
 from utils.data.speakers import data_speakers
 from utils.run import check_output_dir, ignore_stop_signals
 
@@ -97,8 +97,9 @@ def split_corpus(folder: str) -> Corpus:
 
 
 def split_of(root: str, split: str) -> str:
-    """The location of ``split`` (``train``, ``val``) under the Shar folder or S3 prefix ``root``."""
-    return f"{str(root).rstrip('/')}/{split}"
+    """The location of ``split`` (``train``, ``val``) under the Shar folder or S3 prefix ``root``
+    (:func:`~utils.data.shar_store.joined`)."""
+    return joined(root, split)
 
 
 def read_splits(root: str) -> tuple[Corpus, Corpus]:
@@ -194,25 +195,41 @@ BUCKETS, BINS_FROM = 10, 10000
 """lhotse's defaults: duration buckets (at most the cuts), and the first cuts their bins are estimated from."""
 
 
+class Length(NamedTuple):
+    """What lhotse's ``estimate_duration_buckets`` reads of a cut (``TimeConstraint.measure_length``): its
+    ``duration``, seconds."""
+
+    duration: float
+
+
+def duration_bins(kept: Corpus) -> list[float]:
+    """The duration bins (seconds, ascending) lhotse's ``estimate_duration_buckets`` gives for ``min(BUCKETS,
+    len(kept))`` buckets from the durations of the first :data:`BINS_FROM` utterances of ``kept``, which are those of
+    the first kept cuts of the shards (``kept`` is in the shards' order); ``[]`` (one bucket) for fewer than 2
+    utterances. From the metadata already read (:func:`split_corpus`): the shards are not read again for them."""
+    buckets = min(BUCKETS, len(kept))  # lhotse's estimate needs a cut a bucket
+    if buckets < 2:
+        return []
+    first = [Length(duration) for duration in kept.duration[:BINS_FROM].tolist()]
+    return _lhotse().dataset.sampling.dynamic_bucketing.estimate_duration_buckets(first, buckets)
+
+
 class ShardOrder:
     """This rank's batches (CutSets) of an epoch of the training split at ``folder`` (a folder or an S3 prefix, its
     shards read by :class:`~utils.data.shar_store.ReadShards`, rank 0 saying a shard skipped), its cuts of ``kept`` (the
-    model dataset's utterances): lhotse's ``DynamicBucketingSampler`` (``max_duration`` seconds a batch, shuffled by
-    ``seed`` and the epoch, ``drop_last``, rank ``dist.rank`` of ``dist.world_size``), built afresh at each pass with
-    the duration bins lhotse estimates, estimated once from the cuts' metadata (no audio read). The batch stream's
-    :class:`~utils.data.loader.OwnOrder`: a micro-batch of every rank is ``world_size`` samples; ``set_epoch(epoch,
-    start=k)`` passes over this rank's first ``k // world_size`` batches (read, not decoded). The sampler, and with it
-    the shards' reads, runs in a thread ``ahead`` batches ahead of the loader (:func:`~utils.data.shar_store.read_ahead`).
-    ``restart``: ``data.shar_restart_epoch`` (False)."""
+    model dataset's utterances, in the shards' order: the model datasets leave utterances out, never reorder them):
+    lhotse's ``DynamicBucketingSampler`` (``max_duration`` seconds a batch, shuffled by ``seed`` and the epoch,
+    ``drop_last``, rank ``dist.rank`` of ``dist.world_size``), built afresh at each pass with the duration bins lhotse
+    estimates, estimated once from ``kept``'s durations (:func:`duration_bins`; the shards not read for them). The
+    batch stream's :class:`~utils.data.loader.OwnOrder`: a micro-batch of every rank is ``world_size`` samples;
+    ``set_epoch(epoch, start=k)`` passes over this rank's first ``k // world_size`` batches (read, not decoded). The
+    sampler, and with it the shards' reads, runs in a thread ``ahead`` batches ahead of the loader
+    (:func:`~utils.data.shar_store.read_ahead`). ``restart``: ``data.shar_restart_epoch`` (False)."""
 
     def __init__(self, folder: str, kept: Corpus, max_duration: float, dist: DistInfo, seed: int, ahead: int = 2):
         lhotse, keep, shards = _lhotse(), KeptIds(set(kept.ids.tolist())), split_shards(folder)
         self.shards = ReadShards(shards, keep, lhotse.CutSet.from_shar, warn if dist.rank == 0 else None)
-        self.cuts = lhotse.CutSet(self.shards)
-        first = islice(lhotse.CutSet.from_shar(fields={"cuts": [cuts for cuts, _ in shards]}).filter(keep), BINS_FROM)
-        buckets = min(BUCKETS, len(kept))  # lhotse's estimate needs a cut a bucket
-        self.bins = lhotse.dataset.sampling.dynamic_bucketing.estimate_duration_buckets(first, buckets) \
-            if buckets > 1 else []
+        self.cuts, self.bins = lhotse.CutSet(self.shards), duration_bins(kept)
         self.max_duration, self.seed, self.restart = max_duration, seed, False
         self.num_replicas, self.rank = dist.world_size, dist.rank
         self.step_samples = dist.world_size
