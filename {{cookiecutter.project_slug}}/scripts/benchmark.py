@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="each data.batching's padded share over one epoch, and the train step's items/s on "
                         "--steps of its batches")
     parser.add_argument("--plan", type=int, metavar="N",
-                        help="plan an epoch of N synthetic lengths with each data.batching: seconds, memory, padding")
+                        help="plan an epoch of N synthetic lengths (at least the batch size) with each data.batching: "
+                             "seconds, memory, padding")
     parser.add_argument("--plan-corpus", action="store_true",
                         help="read, measure and plan the training split of --dataset-path: seconds, memory")
     parser.add_argument("--dataset-path",
