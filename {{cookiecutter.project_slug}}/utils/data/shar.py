@@ -9,7 +9,9 @@ corpora bigger than a disk. One of the large corpora part's modules.
   split, read lazily, shard after shard (one that cannot be read: retried, then skipped with a warning line,
   ``shar_store.ReadShards``), and ``DynamicBucketingSampler`` (``data.max_duration`` seconds of audio per GPU per
   micro-batch, buckets of similar durations, shuffled by ``train.seed`` and the epoch, ``drop_last``, each rank its
-  ``world_size``-th batch). The validation split is read whole into memory (it is small).
+  ``world_size``-th batch). The model's validation utterances are read whole into memory (they are few): the val
+  split's cuts, and those of training utterances where the model validates on them, from the train split's last
+  shards (:func:`validation_cuts`).
 * Position: each micro-batch of every rank is one sample of the epoch's position (``samples_in_epoch``, as the
   checkpoints keep it): a resume on as many processes builds the epoch's sampler afresh and passes over the batches
   read, their cuts' metadata and audio bytes read again but not decoded (lhotse 1.33 restores its own sampler state
@@ -164,15 +166,15 @@ class CutBatches(Dataset):
 
 
 class CutItems(Dataset):
-    """Item ``i`` of the model dataset ``items`` made of the audio of its cut in ``cuts`` (id -> cut, read whole):
-    the validation split. DataError: an utterance of ``items`` without its cut."""
+    """Item ``i`` of the model dataset ``items`` made of the audio of its cut in ``cuts`` (id -> cut, read whole:
+    :func:`validation_cuts`). DataError: an utterance of ``items`` without its cut."""
 
     def __init__(self, items: Any, cuts: dict[str, Any], sampling_rate: int):
         self.items, self.cuts, self.sampling_rate = items, cuts, sampling_rate
         missing = [utt for utt in items.corpus.ids.tolist() if utt not in cuts]
         if missing:
             raise DataError(f"data.format=shar: {len(missing)} validation utterance(s) have no cut in the val split "
-                            f"(the first: '{missing[0]}')")
+                            f"nor the train split (the first: '{missing[0]}')")
 
     def __len__(self) -> int:
         return len(self.items)
@@ -189,6 +191,24 @@ class KeptIds:
 
     def __call__(self, cut: Any) -> bool:
         return cut.id in self.ids
+
+
+def validation_cuts(root: str, ids: list[str], say: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
+    """The cuts of the validation utterances ``ids`` (id -> cut, its audio in memory) under the Shar folder or S3
+    prefix ``root``: those of its val split's shards, then any it lacks from the train split's, its last shard first,
+    until each is found: a model may validate on training utterances (a multi-speaker model's, where no validation
+    speaker trains: the last ones). Shards read as :class:`~utils.data.shar_store.ReadShards` reads them (``say``: a
+    shard skipped); an id found in neither is left out (:class:`CutItems` names it). DataError: what ``split_shards``
+    raises."""
+    from_shar, wanted = _lhotse().CutSet.from_shar, set(ids)
+    cuts = {cut.id: cut for cut in ReadShards(split_shards(split_of(root, "val")), KeptIds(wanted), from_shar, say)}
+    missing = wanted - cuts.keys()
+    for shard in reversed(split_shards(split_of(root, "train")) if missing else []):
+        cuts.update((cut.id, cut) for cut in ReadShards([shard], KeptIds(missing), from_shar, say))
+        missing -= cuts.keys()
+        if not missing:
+            break
+    return cuts
 
 
 BUCKETS, BINS_FROM = 10, 10000
@@ -298,11 +318,12 @@ class SharCorpus:
 
     def loaders(self, spec: ModelSpec, cfg: Config, dist: DistInfo) -> Optional[tuple[DataLoader, DataLoader]]:
         """This rank's training loader (:class:`CutBatches` over :class:`ShardOrder`'s batches of the lazy training
-        split, those of the model's dataset kept) and validation loader (:class:`CutItems` of the val split, read
-        whole, batched as ``utils.data.loader.make_loader`` batches validation). None for another ``data.format``."""
+        split, those of the model's dataset kept) and validation loader (:class:`CutItems` of the model's validation
+        utterances, their cuts read whole by :func:`validation_cuts`, batched as ``utils.data.loader.make_loader``
+        batches validation). None for another ``data.format``."""
         if cfg.data.format != SHAR:
             return None
-        root, rate, lhotse = cfg.data.dataset_path, cfg.audio.sampling_rate, _lhotse()
+        root, rate = cfg.data.dataset_path, cfg.audio.sampling_rate
         splits = read_splits(root)
         train_set, val_set = model_items(spec, cfg, splits)
         check_budget(train_set.corpus, cfg.data.max_duration, dist.world_size)
@@ -316,9 +337,7 @@ class SharCorpus:
                            generator=torch.Generator().manual_seed(cfg.train.seed + dist.rank),
                            worker_init_fn=ignore_stop_signals if workers else None,
                            persistent_workers=bool(workers) and cfg.data.persistent_workers)
-        val_shards = ReadShards(split_shards(split_of(root, "val")), KeptIds(set(val_set.corpus.ids.tolist())),
-                                lhotse.CutSet.from_shar, warn if dist.rank == 0 else None)
-        val_cuts = {cut.id: cut for cut in val_shards}
+        val_cuts = validation_cuts(root, val_set.corpus.ids.tolist(), warn if dist.rank == 0 else None)
         return train, make_loader(CutItems(val_set, val_cuts, rate), spec, cfg, dist, train=False)
 
 
