@@ -283,8 +283,7 @@ def test_a_model_validating_on_training_utterances_reads_their_cuts_from_the_tra
     assert run_tool(tool, "--dataset-path", corpus, "--output", out, "--shard-size", 2)[0] == 0
     cfg = load_config(str(PROJECT / "config.json"), config_schemas(), tiny=True)
     cfg.data.dataset_path, cfg.data.format, cfg.data.max_duration, cfg.data.num_workers = str(out), "shar", 1.0, 0
-    train_split = shar.read_splits(str(out))[0]
-    cfg.data.speakers = data_speakers(train_split)
+    cfg.data.speakers = data_speakers(train_split := shar.read_splits(str(out))[0])
     assert cfg.data.speakers == ["1034", "2911"]
     dist = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend=None)
     with pytest.warns(UserWarning, match=r"\(theirs: 3000\): the last 1 training utterances validate instead"):
@@ -358,9 +357,8 @@ def test_shards_on_s3_read_back_as_in_a_folder(shards, s3):
 
 def test_the_duration_bins_are_lhotses_estimate_of_the_kept_cuts_from_their_durations_the_shards_not_read(shards,
                                                                                                           monkeypatch):
-    """``ShardOrder``'s duration bins, of the training split less its 3rd and 8th cut (9 kept: 9 buckets), equal
-    exactly lhotse's ``estimate_duration_buckets`` of the shards' cuts the filter keeps, in the shards' order; built
-    from the kept utterances' durations, no reader of the shards (``CutSet.from_shar``) asked while it is made."""
+    """``ShardOrder``'s duration bins, of the training split less its 3rd and 8th cut (9 kept: 9 buckets), equal lhotse's
+    ``estimate_duration_buckets`` of the cuts kept; made of the kept durations, no ``CutSet.from_shar`` asked."""
     from lhotse import CutSet  # only these tests' (3 s)
     from lhotse.dataset.sampling.dynamic_bucketing import estimate_duration_buckets
 
@@ -373,16 +371,6 @@ def test_the_duration_bins_are_lhotses_estimate_of_the_kept_cuts_from_their_dura
     monkeypatch.setattr(CutSet, "from_shar", staticmethod(lambda **fields: reads.append(fields) or reader(**fields)))
     order = shar.ShardOrder(folder, kept, 4.0, DistInfo(0, 0, 1, torch.device("cpu"), None), seed=0)
     assert order.bins == expected and len(expected) > 1 and not reads, (order.bins, expected, reads)
-
-
-def test_a_split_and_a_shard_are_named_under_their_location_by_one_join(shards):
-    """``shar_store.joined``: a name under a folder or an S3 prefix, one ``/`` between (a trailing one dropped); the
-    splits (``shar.split_of``) and the shards' files (``split_shards``) are named by it."""
-    assert [shar_store.joined(root, "train") for root in ("s3://b/p", "s3://b/p/", "s3://b", "/data/shards//")] == \
-        ["s3://b/p/train", "s3://b/p/train", "s3://b/train", "/data/shards/train"]
-    assert shar.split_of(f"{shards}/", "train") == shar_store.joined(shards, "train") == f"{shards}/train"
-    assert shar_store.split_shards(f"{shards}/train/")[0] == \
-        (f"{shards}/train/cuts.000000.jsonl.gz", f"{shards}/train/recording.000000.tar")
 
 
 def test_the_shards_are_read_by_a_thread_a_bounded_number_of_batches_ahead_its_error_raised_in_order():
