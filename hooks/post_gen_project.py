@@ -32,7 +32,8 @@ FILES = {
                 *(f"{REF}net_hifigan_v{n}.npz" for n in (1, 2, 3))],
     "tacotron2": ["models/tacotron2", "modules/layers.py", "modules/attention.py", "modules/tacotron2.py",
                   "scripts/preprocess.py", "tests/test_tacotron2.py", "tests/test_text.py",
-                  "tests/test_parity_tacotron2.py", "tests/test_benchmark_tacotron2.py", REF + "net_tacotron2_tf.npz",
+                  "tests/test_parity_tacotron2.py", "tests/test_benchmark_tacotron2.py", "tests/test_shards_tacotron2.py",
+                  REF + "net_tacotron2_tf.npz",
                   REF + "net_tacotron2_fr.npz", REF + "text_nvidia.json"],
 }
 TOGETHER = {
