@@ -89,7 +89,7 @@ TABLE = {
     },
     "large_corpora": {
         "files": ["scripts/make_shards.py", "utils/data/shar.py", "utils/data/shar_store.py",
-                  "tests/test_shards.py"],
+                  "tests/test_shards.py", "tests/test_shards_tacotron2.py", "tests/test_shards_matcha.py"],
         "keys": ["data.max_duration", "data.shar_restart_epoch"],
     },
 }

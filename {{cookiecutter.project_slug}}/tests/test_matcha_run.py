@@ -2,9 +2,6 @@
 losses logged, the statistics recorded), and ``inference.py`` (a wav in a speaker's voice from seeded noise, and each
 mistake one ``ERROR:`` line)."""
 
-import contextlib
-import importlib
-import io
 import json
 import os
 
@@ -153,32 +150,6 @@ def test_training_on_two_ranks_logs_the_three_losses_and_records_the_statistics(
     run_main("inference", "--checkpoint", str(out / "checkpoint_last.pt"), "--device", "cpu", "--text",
              "Hello world.", "--speaker", "p227", "--output", str(tmp_path / "hello.wav"))
     assert sf.info(str(tmp_path / "hello.wav")).frames > 0
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("utils.data.shar") is None, reason="the large_corpora part is left out")
-def test_training_from_shards_takes_the_mel_statistics_given_and_names_them_when_null(tmp_path_factory, tmp_path):
-    """Shards of a 4-utterance corpus (``scripts.make_shards``): its ``matcha.mel_mean`` and ``matcha.mel_std`` left
-    null (a corpus of shards is not read whole at the start) is one ``ERROR:`` line naming them and the tool that prints
-    them, before any work; given, a step trains and the checkpoint's config records them."""
-    make_shards = importlib.import_module("scripts.make_shards")  # lhotse: seconds, imported by this test alone
-    corpus, shards = demo_corpus(tmp_path_factory, "vctk", speakers=2, n=4), tmp_path / "shards"
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        assert make_shards.main(["--dataset-path", str(corpus), "--output", str(shards), "--no-progress"]) == 0
-    argv = ["--config", os.path.join(ROOT, "config.json"), "--model", "matcha", "--tiny", "--dataset-path", str(shards),
-            "--set", "data.format=shar", "--set", "data.max_duration=4", "--set", "data.num_workers=0",
-            "--max-steps", "1"]
-    code, out, err = run_train_main([*argv, "--output-dir", str(tmp_path / "null")])
-    lines = [line for line in err.splitlines() if line.startswith("ERROR:")]
-    assert code == 1 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
-    assert "matcha.mel_mean and matcha.mel_std must be set" in lines[0] and "scripts.mel_statistics" in lines[0], lines
-    assert not list((tmp_path / "null").glob("checkpoint_*"))
-    code, out, err = run_train_main([*argv, "--output-dir", str(tmp_path / "given"), "--set", "matcha.mel_mean=-6.0",
-                                     "--set", "matcha.mel_std=2.5"])
-    assert code == 0 and "Traceback" not in err, err[-2000:]
-    saved = torch.load(tmp_path / "given" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
-    assert saved["step"] == 1 and (saved["config"]["matcha"]["mel_mean"], saved["config"]["matcha"]["mel_std"]) == \
-        (-6.0, 2.5)
 
 
 def test_inference_speaks_a_speaker_from_seeded_noise(voices, tmp_path):

@@ -33,7 +33,6 @@ from utils.data import shar, shar_store
 from utils.data.corpora import load_splits, parquet
 from utils.data.corpus import DataConfig
 from utils.data.sources import header, parse, read_audio
-from utils.data.speakers import data_speakers
 
 SHARD_MODELS = sorted(name for name, spec in MODELS.items() if spec.training.datasets_of is not None)
 """The project's models that train from shards (their ``Training.datasets_of``; a model of one's own may have none)."""
@@ -272,26 +271,6 @@ def test_each_model_makes_the_same_items_of_the_shards_as_of_the_corpus(shards, 
             assert all(torch.equal(item[key], expected[key]) if torch.is_tensor(item[key]) else
                        item[key] == expected[key] for key in item), (split, index)
 
-
-@pytest.mark.skipif("tacotron2" not in MODELS, reason="the case is Tacotron2's (a multi-speaker model's validation)")
-def test_a_model_validating_on_training_utterances_reads_their_cuts_from_the_training_shards(tool, tmp_path):
-    """Shards of a corpus none of whose validation speakers trains (LibriTTS's ``dev-*``): a two-speaker Tacotron2
-    validates on the last training utterance instead (said in one line), its cut read from the train split's shards
-    (not in the val split's); the training loader leaves it out."""
-    corpus, out = tmp_path / "corpus", tmp_path / "shards"
-    layout_corpus(corpus, "libritts", speakers=("1034", "2911", "3000"), per_speaker=3)
-    assert run_tool(tool, "--dataset-path", corpus, "--output", out, "--shard-size", 2)[0] == 0
-    cfg = load_config(str(PROJECT / "config.json"), config_schemas(), tiny=True)
-    cfg.data.dataset_path, cfg.data.format, cfg.data.max_duration, cfg.data.num_workers = str(out), "shar", 1.0, 0
-    cfg.data.speakers = data_speakers(train_split := shar.read_splits(str(out))[0])
-    assert cfg.data.speakers == ["1034", "2911"]
-    dist = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend=None)
-    with pytest.warns(UserWarning, match=r"\(theirs: 3000\): the last 1 training utterances validate instead"):
-        train, val = shar.SHAR_CORPUS.loaders(MODELS["tacotron2"], cfg, dist)
-    *others, last = train_split.ids.tolist()
-    assert [batch["ids"] for batch in val] == [[last]]
-    trained = [utt for batch in train for utt in batch["ids"]]
-    assert trained and set(trained) <= set(others), trained
 
 @trains
 def test_shards_train_and_resume_bit_exactly_on_as_many_processes_and_refuse_another_number(s3, tmp_path):
