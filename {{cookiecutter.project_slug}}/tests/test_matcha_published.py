@@ -89,6 +89,7 @@ def test_a_run_from_the_authors_checkpoint_trains_its_speakers_on_its_statistics
                              "--init-from", str(FIXTURE), "--set", "data.num_workers=0", "--set", "data.val_size=2",
                              "--set", "train.val_interval=1000"])
     assert f"initialised matcha from {FIXTURE}, shivammehta25/Matcha-TTS's Lightning checkpoint (3 speakers)" in said
+    assert "computed over the" not in said  # the file's statistics normalise the corpus: none computed
     saved = torch.load(out / "checkpoint_last.pt", weights_only=True)
     assert {key: saved["config"]["matcha"][key] for key in SETTINGS} == SETTINGS
     recorded = saved["weights_settings"]["matcha"]  # those that differ from the tiny config's
