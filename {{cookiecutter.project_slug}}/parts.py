@@ -61,7 +61,7 @@ TABLE = {
     "cloud_platforms": {
         "files": ["utils/platforms.py", "scripts/kubeflow", "scripts/skypilot", "scripts/grace_period.py",
                   "requirements-launch.txt", "tests/test_platforms.py", "tests/test_launch_files.py",
-                  "tests/test_grace_period.py"],
+                  "tests/test_launch_settings.py", "tests/test_grace_period.py"],
         "keys": [],
     },
     "after_training_tools": {

@@ -10,7 +10,7 @@
     python -m scripts.benchmark --padding --dataset-path DIR      # random, buckets, frames: padding, train items/s
     python -m scripts.benchmark --plan 1000000                    # an epoch planned over a million lengths
     python -m scripts.benchmark --plan-corpus --dataset-path DIR  # a corpus read, measured and planned
-    python -m scripts.benchmark --sources --dataset-path DIR --shards SHARDS [s3://BUCKET/PREFIX]  # side by side
+    python -m scripts.benchmark --sources --dataset-path DIR --shards SHARDS [s3://BUCKET/PREFIX]  # with shards
 
 Everything about a model comes from its ``ModelSpec``; a model that lacks what a mode needs is skipped with a line
 saying so. Progress bars go to stderr (``--no-progress``), rows and tables to stdout.
@@ -36,11 +36,11 @@ spends planning an epoch of a corpus that size. **Plan a corpus** (``--plan-corp
 rank does at start-up with the training split of ``--dataset-path``, metadata only: reader, lengths and frame-budget
 plan timed apart (``read_s``, ``lengths_s``, ``plan_s``, ``total_s``), ``peak_rss_mib``, and ``worker_own_mib``, the
 memory a forked loader worker makes its own reading every utterance's fields (``corpus_<N>``). **Sources**
-(``--sources``): ``train.py``'s training loader of the first model read from the corpus of ``--dataset-path``, then
-from each ``--shards`` location (``data.format=shar``; a folder, or an ``s3://`` prefix whose endpoint and credentials
-are in the environment), each feeding the train step: rows ``source_<model>_folder``, ``_shards``, ``_s3`` with
-``utterances_per_s``, ``data_wait_s`` (a step's mean wait for its batch), ``data_wait_share`` and ``step_s``, then a
-table of them side by side.
+(``--sources``, where the project reads shards: ``PARTS.run.corpus``): ``train.py``'s training loader of the first
+model read from the corpus of ``--dataset-path``, then from each ``--shards`` location (``data.format=shar``; a
+folder, or an ``s3://`` prefix whose endpoint and credentials are in the environment), each feeding the train step:
+rows ``source_<model>_folder``, ``_shards``, ``_s3`` with ``utterances_per_s``, ``data_wait_s`` (a step's mean wait
+for its batch), ``data_wait_share`` and ``step_s``, then a table of them side by side.
 
 Exit status 0; 2 for a bad argument; 1 for a bad config or corpus, or a failed check.
 """
@@ -59,6 +59,7 @@ if not __package__:  # run by its path, not as python -m scripts.NAME: the proje
 import torch
 
 from models import MODELS
+from parts import PARTS
 from scripts.benchmark_data_rows import (corpus_plan_row, loader_rows, padding_rows, plan_rows, print_batching_table,
                                          print_loader_table, print_source_table, source_rows)
 from scripts.benchmark_step import (PRECISION_MODES, BenchmarkError, bench_case, case_config, case_name, cases_for,
@@ -111,15 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="each data.batching's padded share over one epoch, and the train step's items/s on "
                         "--steps of its batches")
     parser.add_argument("--plan", type=int, metavar="N",
-                        help="plan an epoch of N synthetic lengths with each data.batching: seconds, memory, padding")
+                        help="plan an epoch of N synthetic lengths (at least the batch size) with each data.batching: "
+                             "seconds, memory, padding")
     parser.add_argument("--plan-corpus", action="store_true",
                         help="read, measure and plan the training split of --dataset-path: seconds, memory")
     parser.add_argument("--dataset-path",
                         help="corpus for --loader, --padding and --plan-corpus (overrides data.dataset_path)")
-    parser.add_argument("--sources", action="store_true",
-                        help="the training loader from --dataset-path and each --shards location side by side")
-    parser.add_argument("--shards", nargs="+", default=[], metavar="LOCATION",
-                        help="--sources: folders or s3://BUCKET/PREFIX of the same corpus's shards")
+    add_source_options(parser)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8],
                         help="--loader: DataLoader worker counts to time (default 1 2 4 8)")
     parser.add_argument("--config", default=str(PROJECT_ROOT / "config.json"),
@@ -128,6 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="override one config value; repeatable")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars on stderr")
     return parser
+
+
+def add_source_options(parser: argparse.ArgumentParser) -> None:
+    """``--sources`` and ``--shards`` where the project reads a corpus of its own (``PARTS.run.corpus``: shards);
+    elsewhere neither is an option, and ``args.sources`` is False, ``args.shards`` empty."""
+    if PARTS.run.corpus is None:
+        parser.set_defaults(sources=False, shards=[])
+        return
+    parser.add_argument("--sources", action="store_true",
+                        help="the training loader from --dataset-path and each --shards location side by side")
+    parser.add_argument("--shards", nargs="+", default=[], metavar="LOCATION",
+                        help="--sources: folders or s3://BUCKET/PREFIX of the same corpus's shards")
 
 
 def settle_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -168,7 +179,8 @@ def check_modes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         if getattr(args, mode) and not args.dataset_path:
             parser.error(f"--{mode.replace('_', '-')} needs --dataset-path")
     if sum(map(bool, (args.loader, args.padding, args.plan is not None, args.plan_corpus, args.sources))) > 1:
-        parser.error("--loader, --padding, --plan and --plan-corpus are separate runs (--sources too): give one")
+        parser.error("--loader, --padding, --plan and --plan-corpus are separate runs"
+                     + (" (--sources too)" if PARTS.run.corpus else "") + ": give one")
     if args.plan is not None and args.plan < 1:
         parser.error(f"--plan {args.plan}: plan at least 1 length")
     mode = "--padding" if args.padding else "--plan" if args.plan else "--plan-corpus" if args.plan_corpus else None

@@ -4,7 +4,7 @@
     python -m scripts.benchmark_data --plan 1000000                    # an epoch planned over a million lengths
     python -m scripts.benchmark_data --plan-corpus --dataset-path DIR  # a corpus read, measured and planned
     python -m scripts.benchmark_data --loader --dataset-path DIR       # input pipeline items/s
-    python -m scripts.benchmark_data --sources --dataset-path DIR --shards SHARDS s3://BUCKET/PREFIX
+    python -m scripts.benchmark_data --sources --dataset-path DIR --shards SHARDS s3://BUCKET/PREFIX  # with shards
 
 It is ``python -m scripts.benchmark`` with one of these modes and takes the same options (``--help``); that module's
 docstring says what each row holds. Exit status as there; 2 where no data mode is given.
@@ -19,10 +19,11 @@ from typing import Optional
 if not __package__:  # run by its path, not as python -m scripts.NAME: the project's modules would not import
     sys.exit(f"ERROR: run this tool from the project folder as: python -m scripts.{Path(__file__).stem} ...")
 
+from parts import PARTS
 from scripts import benchmark
 
-DATA_MODES = ("--loader", "--padding", "--plan", "--plan-corpus", "--sources")
-"""The options of ``scripts.benchmark`` that choose a data benchmark."""
+DATA_MODES = ("--loader", "--padding", "--plan", "--plan-corpus", *(("--sources",) if PARTS.run.corpus else ()))
+"""The options of ``scripts.benchmark`` that choose a data benchmark (``--sources`` where the project reads shards)."""
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -126,10 +126,16 @@ def trained_fields(spec: ModelSpec, cfg: Config, train_set, args: argparse.Names
 def plan_rows(args: argparse.Namespace, models: list[str], emit: Callable[[dict], None]) -> list[dict]:
     """``plan_<count>`` rows (:func:`batching_rows`) of ``--plan`` lengths drawn as :func:`ljspeech_like_lengths`, with
     the full-size config (``--tiny``: its tiny block) of the first of ``models`` with ``Training.variable_length``;
-    what a rank does at each epoch's start, with the corpus's metadata only."""
+    what a rank does at each epoch's start, with the corpus's metadata only. Raises BenchmarkError: ``--plan`` is
+    fewer lengths than one batch of the model's ``batch_size`` (``buckets`` and ``random`` keep full batches only)."""
     name = next(name for name in models if MODELS[name].training.variable_length)
-    return batching_rows((f"plan_{args.plan}", "plan"), ljspeech_like_lengths(args.plan),
-                         run_config(args, name, args.explicit_tiny), name, emit)
+    cfg = run_config(args, name, args.explicit_tiny)
+    batch_size = cfg.section(name).batch_size
+    if args.plan < batch_size:
+        raise BenchmarkError(f"--plan {args.plan}: fewer lengths than one batch of {batch_size} ({name}.batch_size; "
+                             f"data.batching buckets and random keep full batches only): plan at least {batch_size}, "
+                             f"or use --set {name}.batch_size=N")
+    return batching_rows((f"plan_{args.plan}", "plan"), ljspeech_like_lengths(args.plan), cfg, name, emit)
 
 
 def corpus_plan_row(args: argparse.Namespace, models: list[str], emit: Callable[[dict], None]) -> dict:
@@ -203,7 +209,8 @@ def batching_rows(case: tuple[str, str], lengths: Sequence[int], cfg: Config, na
     0 within model ``name``'s ``batch_size`` x the longest length, what a fixed batch may pad to): ``batches``,
     ``items_per_batch``, ``padding_fraction``, ``plan_s`` (seconds to plan the epoch for all ranks, as every rank
     does), ``plan_items_per_s`` (utterances planned a second, not trained), ``peak_rss_mib`` (this process's peak
-    resident memory so far, imports included), then the fields ``more(batching, max_frames)`` gives."""
+    resident memory so far, imports included), then the fields ``more(batching, max_frames)`` gives. ``lengths``: at
+    least one ``batch_size`` of them (the callers check), else ``buckets`` and ``random`` make no batch."""
     data, batch_size, seed = cfg.data, cfg.section(name).batch_size, cfg.train.seed
     max_frames = data.max_frames or batch_size * int(max(lengths))
     plans = {"frames": lambda: FrameBudgetSampler(lengths, max_frames, seed=seed, pool=data.bucket_pool,

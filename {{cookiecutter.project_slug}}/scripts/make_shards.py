@@ -28,6 +28,7 @@ folder, then uploaded to ``PREFIX/train`` and ``PREFIX/val`` (refused where eith
 from __future__ import annotations
 
 import argparse
+import io
 import shutil
 import sys
 import tempfile
@@ -38,7 +39,7 @@ if not __package__:  # run by its path, not as python -m scripts.NAME: the proje
     sys.exit(f"ERROR: run this tool from the project folder as: python -m scripts.{Path(__file__).stem} ...")
 
 import soundfile as sf
-from lhotse import Recording, SupervisionSegment
+from lhotse import AudioSource, Recording, SupervisionSegment
 from lhotse.cut import Cut
 from lhotse.shar import SharWriter
 from tqdm import tqdm
@@ -47,22 +48,44 @@ from parts import LEFT_OUT, config_schemas
 from utils.config import ConfigError, load_config
 from utils.data.corpora import load_splits, parquet
 from utils.data.corpus import Corpus, DataConfig, DataError, Layout, Utterance
-from utils.data.shar_store import check_bucket, is_url, listed, upload
-from utils.data.sources import header, parse
+from utils.data.shar_store import check_bucket, is_url, joined, listed, upload
+from utils.data.sources import opened, parse
 
 SPLITS = ("train", "val")
 AUDIO_FORMATS = ("flac", "original")
 
 
+def clip_recording(recording_id: str, clip: sf.SoundFile, kind: str, source: str | bytes) -> Recording:
+    """The lhotse recording of the open ``clip`` (all of it, from its header: rate, samples, channels; duration
+    ``samples / rate`` seconds, as ``soundfile.info`` gives it), its source ``kind`` ``file`` (a path) or ``memory``
+    (the encoded bytes): the recording lhotse 1.33's ``Recording.from_file`` and ``Recording.from_bytes`` make, without
+    their second read of the header."""
+    return Recording(id=recording_id, sampling_rate=clip.samplerate, num_samples=clip.frames,
+                     duration=clip.frames / clip.samplerate,
+                     sources=[AudioSource(type=kind, channels=list(range(clip.channels)), source=source)])
+
+
+def recording_of(utt: Utterance) -> Recording:
+    """The lhotse recording of one utterance's audio (:func:`clip_recording`, its id the utterance's): a file whole
+    (``utils.data.sources.opened``'s checks first: a file missing, a wav cut short), or a parquet row's bytes (none:
+    DataError), each header read once. Raises DataError; ``soundfile.LibsndfileError``, ``RuntimeError`` or
+    ``OSError``: unreadable."""
+    path, row, _ = parse(utt.audio)
+    if row is None:
+        with opened(str(path)) as (clip, _):
+            return clip_recording(utt.id, clip, "file", str(path))
+    data = parquet.audio_bytes(path, row)
+    with sf.SoundFile(io.BytesIO(data)) as clip:
+        return clip_recording(utt.id, clip, "memory", data)
+
+
 def utterance_cut(utt: Utterance) -> Cut:
-    """The lhotse cut of one utterance: its recording (a file, a span of one, or a parquet row's bytes, whose id is the
-    utterance's), its duration (seconds, from the audio's header) and one supervision over all of it (text, speaker,
+    """The lhotse cut of one utterance: its recording (:func:`recording_of`: a file, a span of one, or a parquet row's
+    bytes), its duration (seconds, from the audio's header) and one supervision over all of it (text, speaker,
     language: None where unknown). DataError naming the utterance and its audio: missing, cut short or unreadable."""
-    path, row, span = parse(utt.audio)
+    span = parse(utt.audio)[2]
     try:
-        header(utt.audio)  # the project's checks first: a file missing, a wav cut short, a parquet row without audio
-        recording = (Recording.from_bytes(parquet.audio_bytes(path, row), utt.id) if row is not None
-                     else Recording.from_file(path, recording_id=utt.id))
+        recording = recording_of(utt)
     except (DataError, sf.LibsndfileError, RuntimeError, OSError, ValueError) as err:
         raise DataError(f"cannot read the audio of utterance '{utt.id}': {utt.audio}: {err}") from None
     cut = recording.to_cut()
@@ -127,8 +150,8 @@ def make_shards_to(data: DataConfig, url: str, shard_size: int = 1000, audio: st
     :func:`make_shards` and ``shar_store.upload`` raise, the bucket missing, shards under ``url`` already."""
     check_bucket(url)
     for split in SPLITS:
-        if listed(f"{url.rstrip('/')}/{split}"):
-            raise DataError(f"{url.rstrip('/')}/{split} holds files; remove them or give another --output (shards "
+        if listed(joined(url, split)):
+            raise DataError(f"{joined(url, split)} holds files; remove them or give another --output (shards "
                             "are not overwritten)")
     with tempfile.TemporaryDirectory(prefix="shards-") as folder:
         done = make_shards(data, Path(folder), shard_size, audio, progress)

@@ -256,6 +256,12 @@ def bound(work_s: float, starts: int = 2) -> float:
     return work_s + 2 * starts * process_start_s()
 
 
+def start_up_wait() -> int:
+    """A ``train.tracker_start_timeout_s`` (seconds) for a job whose trackers start, or give up early on their own: W&B's
+    and MLflow's imports side by side in threads, and their starts, on this machine under the load of a whole suite.
+    Generous (10 s and 6 process starts, each counted twice), since only a tracker that fails to start spends it."""
+    return round(bound(10, starts=6))
+
 def visible_gpus() -> int:
     """GPUs this process sees (0 without CUDA)."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -182,6 +182,39 @@ def test_benchmark_data_runs_a_data_mode_alone_and_refuses_none(capsys):
     assert exit_info.value.code == 2 and "give one of --loader, --padding, --plan, --plan-corpus" in said, said
 
 
+def test_the_sources_mode_is_an_option_only_where_the_project_reads_shards(capsys):
+    """``--sources`` and ``--shards`` (the loader from the corpus folder and from its shards side by side) are options,
+    in the help and the data modes, of a project that reads shards (``PARTS.run.corpus``) alone; elsewhere each is an
+    unknown argument."""
+    shards = PARTS.run.corpus is not None
+    with pytest.raises(SystemExit) as exit_:
+        benchmark_data.main(["--help"])
+    helped = capsys.readouterr().out
+    assert exit_.value.code == 0 and ("--sources" in helped) == ("--shards" in helped) == shards, helped
+    assert ("--sources" in benchmark_data.DATA_MODES) == shards
+    for option in ([] if shards else ["--sources", "--shards"]):
+        with pytest.raises(SystemExit) as exit_:
+            benchmark.parse_args([option, "x", "--dataset-path", "x", "--device", "cpu"])
+        assert exit_.value.code == 2 and f"unrecognized arguments: {option}" in capsys.readouterr().err
+
+@pytest.mark.skipif(not any(spec.training.variable_length for spec in MODELS.values()),
+                    reason="no registered model has items of different lengths to batch by length")
+def test_plan_of_fewer_lengths_than_one_batch_is_one_error_line(capsys):
+    """``--plan N`` with ``N`` below the batch size: fixed batches keep full ones only, so there is no epoch to plan:
+    one error line naming the batch size and the way out, no row, exit 1 (not a division by zero)."""
+    name = next(name for name in MODELS if MODELS[name].training.variable_length)
+    batch = load_config(os.path.join(ROOT, "config.json"), config_schemas()).section(name).batch_size
+    assert benchmark_data.main(["--plan", str(batch - 1), "--device", "cpu", "--no-progress"]) == 1
+    said = capsys.readouterr()
+    assert not [line for line in said.out.splitlines() if line[:1] == "{"], said.out
+    assert said.err == (f"ERROR: --plan {batch - 1}: fewer lengths than one batch of {batch} ({name}.batch_size; "
+                        f"data.batching buckets and random keep full batches only): plan at least {batch}, or use "
+                        f"--set {name}.batch_size=N\n")
+    assert benchmark_data.main(["--plan", str(batch), "--device", "cpu", "--no-progress"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line[:1] == "{"]
+    assert [(row["batching"], row["batches"]) for row in rows] == [("frames", 1), ("buckets", 1), ("random", 1)]
+
+
 @pytest.mark.skipif(not any(spec.training.variable_length for spec in MODELS.values()),
                     reason="no registered model has items of different lengths to batch by length")
 def test_plan_corpus_times_reading_measuring_and_planning_a_corpus_and_a_worker_shares_it(capsys, tmp_path):

@@ -29,7 +29,8 @@ from matplotlib.figure import Figure
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
-from conftest import ROOT, TEST_MODEL, bound, clean_env, finish, free_port, made_once, planted, shared_corpus
+from conftest import (ROOT, TEST_MODEL, bound, clean_env, finish, free_port, made_once, planted, shared_corpus,
+                      start_up_wait)
 from models import MODELS
 from test_train import SLOW_STEPS, wait_for_step
 from tracker_readers import READERS, flat
@@ -150,7 +151,7 @@ def stop_and_resume(folder, corpus, model: str) -> dict:
     snapshot after the stop, "resumed": snapshot at the end (:func:`snapshot`), "wait", "took": the resume's seconds,
     "output": the resume's}``."""
     env = {key: value for make_env, _ in READERS.values() for key, value in make_env(folder).items()}
-    wait = round(bound(2, starts=2))  # W&B's import (a process start), its online attempt and its offline start
+    wait = start_up_wait()  # W&B's import, its refused online attempt and its offline start: seconds, not all of it
     sets = (f"train.trackers={json.dumps(TRACKERS)}", "train.val_interval=2", "train.checkpoint_interval=1",
             "train.keep_last=0", "train.tracker_log_checkpoint=true", f"train.tracker_start_timeout_s={wait}",
             *settings(model))
@@ -250,7 +251,7 @@ def test_a_tracking_server_that_does_not_answer_costs_the_bounded_start_up_wait_
     """MLflow at a server that accepts and never answers, with a request timeout of 10 minutes (as a user may set):
     the run waits ``train.tracker_start_timeout_s``, says so in one line, and logs to TensorBoard as ever."""
     pytest.importorskip("mlflow")
-    wait = round(bound(1, starts=1))  # TensorBoard starts within it, beside MLflow's import
+    wait = round(bound(2, starts=2))  # all of it spent: TensorBoard starts within it, beside MLflow's import
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()

@@ -21,7 +21,7 @@ from typing import Iterator, Optional
 
 import pytest
 
-from conftest import TEST_MODEL, alive, bound, shared_corpus
+from conftest import TEST_MODEL, alive, bound, shared_corpus, start_up_wait
 from test_trackers import job, warnings_of
 from test_train import wait_for_step
 from tracker_readers import mlflow_env, wandb_env
@@ -147,7 +147,7 @@ def test_a_wandb_server_that_never_answers_or_fails_costs_the_start_up_wait_and_
     warning and logs offline, the job exits 0 within that and its own time, and none of its processes is left, W&B's
     service included."""
     pytest.importorskip("wandb")
-    wait = round(bound(2, starts=2))  # W&B's import (a process start), its server check and its offline start
+    wait = start_up_wait()  # W&B's import, its server check (at most 5 s) and its offline start
     with server(kind) as url:
         env = {**wandb_env(tmp_path), "WANDB_MODE": "online", "WANDB_BASE_URL": url, "WANDB_API_KEY": "x" * 40,
                MARKER: marker}
@@ -171,7 +171,7 @@ def test_a_service_that_stops_answering_is_abandoned_after_the_finish_timeout(co
     ``finish`` would wait for ever): the run ends ``train.tracker_finish_timeout_s`` after its last step, with one
     warning line, and W&B's service is killed, not left behind."""
     pytest.importorskip("wandb")
-    wait, finish_s = round(bound(2, starts=2)), 2
+    wait, finish_s = start_up_wait(), 2
     proc = job(tmp_path, corpus, TEST_MODEL, 'train.trackers=["tensorboard", "wandb"]',
                f"train.tracker_start_timeout_s={wait}", f"train.tracker_finish_timeout_s={finish_s}", nproc=1,
                env={**wandb_env(tmp_path), MARKER: marker}, plant=SLOW_OPTIMIZER_STEPS, args=["--max-steps", "4"])
@@ -196,7 +196,7 @@ def test_a_tracker_killed_or_out_of_disk_mid_run_costs_one_console_line(corpus, 
     and no process is left."""
     for library in ("wandb", "mlflow"):
         pytest.importorskip(library)
-    sets = ('train.trackers=["tensorboard", "wandb", "mlflow"]', f"train.tracker_start_timeout_s={round(bound(2))}")
+    sets = ('train.trackers=["tensorboard", "wandb", "mlflow"]', f"train.tracker_start_timeout_s={start_up_wait()}")
     proc = job(tmp_path, corpus, TEST_MODEL, *sets, nproc=1, env={**wandb_env(tmp_path), **mlflow_env(tmp_path),
                                                                  MARKER: marker},
                plant=SLOW_OPTIMIZER_STEPS, args=["--max-steps", "12"])

@@ -9,7 +9,9 @@ corpora bigger than a disk. One of the large corpora part's modules.
   split, read lazily, shard after shard (one that cannot be read: retried, then skipped with a warning line,
   ``shar_store.ReadShards``), and ``DynamicBucketingSampler`` (``data.max_duration`` seconds of audio per GPU per
   micro-batch, buckets of similar durations, shuffled by ``train.seed`` and the epoch, ``drop_last``, each rank its
-  ``world_size``-th batch). The validation split is read whole into memory (it is small).
+  ``world_size``-th batch). The model's validation utterances are read whole into memory (they are few): the val
+  split's cuts, and those of training utterances where the model validates on them, from the train split's last
+  shards (:func:`validation_cuts`).
 * Position: each micro-batch of every rank is one sample of the epoch's position (``samples_in_epoch``, as the
   checkpoints keep it): a resume on as many processes builds the epoch's sampler afresh and passes over the batches
   read, their cuts' metadata and audio bytes read again but not decoded (lhotse 1.33 restores its own sampler state
@@ -22,7 +24,7 @@ from __future__ import annotations
 import io
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Optional, get_args
+from typing import Any, Callable, Iterator, Literal, NamedTuple, Optional, get_args
 
 import soundfile as sf
 import torch
@@ -35,7 +37,7 @@ from utils.config import Config, ConfigError, Section, cross_check_error
 from utils.data.audio import read_clip
 from utils.data.corpus import SINGLE_SPEAKER, Corpus, DataError, Layout, Utterance
 from utils.data.loader import make_loader
-from utils.data.shar_store import ReadShards, is_url, read_ahead, read_errors, split_shards, warn
+from utils.data.shar_store import ReadShards, is_url, joined, read_ahead, read_errors, split_shards, warn
 from utils.data.speakers import data_speakers
 from utils.run import check_output_dir, ignore_stop_signals
 
@@ -97,8 +99,9 @@ def split_corpus(folder: str) -> Corpus:
 
 
 def split_of(root: str, split: str) -> str:
-    """The location of ``split`` (``train``, ``val``) under the Shar folder or S3 prefix ``root``."""
-    return f"{str(root).rstrip('/')}/{split}"
+    """The location of ``split`` (``train``, ``val``) under the Shar folder or S3 prefix ``root``
+    (:func:`~utils.data.shar_store.joined`)."""
+    return joined(root, split)
 
 
 def read_splits(root: str) -> tuple[Corpus, Corpus]:
@@ -163,15 +166,15 @@ class CutBatches(Dataset):
 
 
 class CutItems(Dataset):
-    """Item ``i`` of the model dataset ``items`` made of the audio of its cut in ``cuts`` (id -> cut, read whole):
-    the validation split. DataError: an utterance of ``items`` without its cut."""
+    """Item ``i`` of the model dataset ``items`` made of the audio of its cut in ``cuts`` (id -> cut, read whole:
+    :func:`validation_cuts`). DataError: an utterance of ``items`` without its cut."""
 
     def __init__(self, items: Any, cuts: dict[str, Any], sampling_rate: int):
         self.items, self.cuts, self.sampling_rate = items, cuts, sampling_rate
         missing = [utt for utt in items.corpus.ids.tolist() if utt not in cuts]
         if missing:
             raise DataError(f"data.format=shar: {len(missing)} validation utterance(s) have no cut in the val split "
-                            f"(the first: '{missing[0]}')")
+                            f"nor the train split (the first: '{missing[0]}')")
 
     def __len__(self) -> int:
         return len(self.items)
@@ -190,29 +193,63 @@ class KeptIds:
         return cut.id in self.ids
 
 
+def validation_cuts(root: str, ids: list[str], say: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
+    """The cuts of the validation utterances ``ids`` (id -> cut, its audio in memory) under the Shar folder or S3
+    prefix ``root``: those of its val split's shards, then any it lacks from the train split's, its last shard first,
+    until each is found: a model may validate on training utterances (a multi-speaker model's, where no validation
+    speaker trains: the last ones). Shards read as :class:`~utils.data.shar_store.ReadShards` reads them (``say``: a
+    shard skipped); an id found in neither is left out (:class:`CutItems` names it). DataError: what ``split_shards``
+    raises."""
+    from_shar, wanted = _lhotse().CutSet.from_shar, set(ids)
+    cuts = {cut.id: cut for cut in ReadShards(split_shards(split_of(root, "val")), KeptIds(wanted), from_shar, say)}
+    missing = wanted - cuts.keys()
+    for shard in reversed(split_shards(split_of(root, "train")) if missing else []):
+        cuts.update((cut.id, cut) for cut in ReadShards([shard], KeptIds(missing), from_shar, say))
+        missing -= cuts.keys()
+        if not missing:
+            break
+    return cuts
+
+
 BUCKETS, BINS_FROM = 10, 10000
 """lhotse's defaults: duration buckets (at most the cuts), and the first cuts their bins are estimated from."""
+
+
+class Length(NamedTuple):
+    """What lhotse's ``estimate_duration_buckets`` reads of a cut (``TimeConstraint.measure_length``): its
+    ``duration``, seconds."""
+
+    duration: float
+
+
+def duration_bins(kept: Corpus) -> list[float]:
+    """The duration bins (seconds, ascending) lhotse's ``estimate_duration_buckets`` gives for ``min(BUCKETS,
+    len(kept))`` buckets from the durations of the first :data:`BINS_FROM` utterances of ``kept``, which are those of
+    the first kept cuts of the shards (``kept`` is in the shards' order); ``[]`` (one bucket) for fewer than 2
+    utterances. From the metadata already read (:func:`split_corpus`): the shards are not read again for them."""
+    buckets = min(BUCKETS, len(kept))  # lhotse's estimate needs a cut a bucket
+    if buckets < 2:
+        return []
+    first = [Length(duration) for duration in kept.duration[:BINS_FROM].tolist()]
+    return _lhotse().dataset.sampling.dynamic_bucketing.estimate_duration_buckets(first, buckets)
 
 
 class ShardOrder:
     """This rank's batches (CutSets) of an epoch of the training split at ``folder`` (a folder or an S3 prefix, its
     shards read by :class:`~utils.data.shar_store.ReadShards`, rank 0 saying a shard skipped), its cuts of ``kept`` (the
-    model dataset's utterances): lhotse's ``DynamicBucketingSampler`` (``max_duration`` seconds a batch, shuffled by
-    ``seed`` and the epoch, ``drop_last``, rank ``dist.rank`` of ``dist.world_size``), built afresh at each pass with
-    the duration bins lhotse estimates, estimated once from the cuts' metadata (no audio read). The batch stream's
-    :class:`~utils.data.loader.OwnOrder`: a micro-batch of every rank is ``world_size`` samples; ``set_epoch(epoch,
-    start=k)`` passes over this rank's first ``k // world_size`` batches (read, not decoded). The sampler, and with it
-    the shards' reads, runs in a thread ``ahead`` batches ahead of the loader (:func:`~utils.data.shar_store.read_ahead`).
-    ``restart``: ``data.shar_restart_epoch`` (False)."""
+    model dataset's utterances, in the shards' order: the model datasets leave utterances out, never reorder them):
+    lhotse's ``DynamicBucketingSampler`` (``max_duration`` seconds a batch, shuffled by ``seed`` and the epoch,
+    ``drop_last``, rank ``dist.rank`` of ``dist.world_size``), built afresh at each pass with the duration bins lhotse
+    estimates, estimated once from ``kept``'s durations (:func:`duration_bins`; the shards not read for them). The
+    batch stream's :class:`~utils.data.loader.OwnOrder`: a micro-batch of every rank is ``world_size`` samples;
+    ``set_epoch(epoch, start=k)`` passes over this rank's first ``k // world_size`` batches (read, not decoded). The
+    sampler, and with it the shards' reads, runs in a thread ``ahead`` batches ahead of the loader
+    (:func:`~utils.data.shar_store.read_ahead`). ``restart``: ``data.shar_restart_epoch`` (False)."""
 
     def __init__(self, folder: str, kept: Corpus, max_duration: float, dist: DistInfo, seed: int, ahead: int = 2):
         lhotse, keep, shards = _lhotse(), KeptIds(set(kept.ids.tolist())), split_shards(folder)
         self.shards = ReadShards(shards, keep, lhotse.CutSet.from_shar, warn if dist.rank == 0 else None)
-        self.cuts = lhotse.CutSet(self.shards)
-        first = islice(lhotse.CutSet.from_shar(fields={"cuts": [cuts for cuts, _ in shards]}).filter(keep), BINS_FROM)
-        buckets = min(BUCKETS, len(kept))  # lhotse's estimate needs a cut a bucket
-        self.bins = lhotse.dataset.sampling.dynamic_bucketing.estimate_duration_buckets(first, buckets) \
-            if buckets > 1 else []
+        self.cuts, self.bins = lhotse.CutSet(self.shards), duration_bins(kept)
         self.max_duration, self.seed, self.restart = max_duration, seed, False
         self.num_replicas, self.rank = dist.world_size, dist.rank
         self.step_samples = dist.world_size
@@ -281,11 +318,12 @@ class SharCorpus:
 
     def loaders(self, spec: ModelSpec, cfg: Config, dist: DistInfo) -> Optional[tuple[DataLoader, DataLoader]]:
         """This rank's training loader (:class:`CutBatches` over :class:`ShardOrder`'s batches of the lazy training
-        split, those of the model's dataset kept) and validation loader (:class:`CutItems` of the val split, read
-        whole, batched as ``utils.data.loader.make_loader`` batches validation). None for another ``data.format``."""
+        split, those of the model's dataset kept) and validation loader (:class:`CutItems` of the model's validation
+        utterances, their cuts read whole by :func:`validation_cuts`, batched as ``utils.data.loader.make_loader``
+        batches validation). None for another ``data.format``."""
         if cfg.data.format != SHAR:
             return None
-        root, rate, lhotse = cfg.data.dataset_path, cfg.audio.sampling_rate, _lhotse()
+        root, rate = cfg.data.dataset_path, cfg.audio.sampling_rate
         splits = read_splits(root)
         train_set, val_set = model_items(spec, cfg, splits)
         check_budget(train_set.corpus, cfg.data.max_duration, dist.world_size)
@@ -299,9 +337,7 @@ class SharCorpus:
                            generator=torch.Generator().manual_seed(cfg.train.seed + dist.rank),
                            worker_init_fn=ignore_stop_signals if workers else None,
                            persistent_workers=bool(workers) and cfg.data.persistent_workers)
-        val_shards = ReadShards(split_shards(split_of(root, "val")), KeptIds(set(val_set.corpus.ids.tolist())),
-                                lhotse.CutSet.from_shar, warn if dist.rank == 0 else None)
-        val_cuts = {cut.id: cut for cut in val_shards}
+        val_cuts = validation_cuts(root, val_set.corpus.ids.tolist(), warn if dist.rank == 0 else None)
         return train, make_loader(CutItems(val_set, val_cuts, rate), spec, cfg, dist, train=False)
 
 

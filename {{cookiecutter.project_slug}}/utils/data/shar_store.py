@@ -39,6 +39,12 @@ def is_url(location: str) -> bool:
     return str(location).startswith(URL)
 
 
+def joined(location: str, name: str) -> str:
+    """``name`` under the folder or S3 prefix ``location`` (``location/name``, one ``/`` between them): the one join of
+    a location and a name in this part (a split under a Shar root, a shard in a split)."""
+    return f"{str(location).rstrip('/')}/{name}"
+
+
 def s3_errors() -> tuple[type[Exception], ...]:
     """botocore's errors (``BotoCoreError``, ``ClientError``), imported on first use as :func:`_boto3` is."""
     from botocore.exceptions import BotoCoreError, ClientError  # with boto3: only shards on S3 need it
@@ -131,7 +137,7 @@ def split_shards(location: str) -> list[tuple[str, str]]:
     found: dict[str, dict[str, str]] = {}
     for name in listed(location):
         if match := SHARD.fullmatch(name):
-            found.setdefault(match.group(2), {})[match.group(1)] = f"{str(location).rstrip('/')}/{name}"
+            found.setdefault(match.group(2), {})[match.group(1)] = joined(location, name)
     if not any("cuts" in shard for shard in found.values()):
         raise DataError(f"{location}: no cuts.*.jsonl.gz: not a Shar split (python -m scripts.make_shards writes "
                         "FOLDER/train and FOLDER/val; --dataset-path FOLDER or s3://BUCKET/PREFIX)")
