@@ -25,6 +25,7 @@ from models import MODELS
 from models.hifigan import benchmark as hifigan_benchmark  # part: benchmarks
 from models.hifigan import export as hifigan_export  # part: after_training_tools
 from models.hifigan import published as hifigan_published  # part: after_training_tools
+from models.matcha import export as matcha_export  # part: after_training_tools
 from models.matcha import published as matcha_published  # part: after_training_tools
 from models.tacotron2 import benchmark as tacotron2_benchmark  # part: benchmarks
 from models.tacotron2 import export as tacotron2_export  # part: after_training_tools
@@ -73,7 +74,8 @@ TABLE = {
                   "tests/test_published.py", "tests/test_gta.py", "tests/test_tools_sharded.py", "scripts/plot_run.py",
                   "tests/test_plot_run.py", "tests/test_parity_waveglow.py", "tests/test_parity_hifigan.py",
                   "tests/test_parity_tacotron2.py", "models/matcha/published.py",
-                  "tests/test_matcha_published.py"],
+                  "tests/test_matcha_published.py", "models/matcha/export.py",
+                  "tests/test_matcha_export.py"],
         "keys": ["data.mel_dir"],
     },
     "benchmarks": {
@@ -178,6 +180,7 @@ PARTS = Parts(
     check_environ=platforms.check_process_rank,  # part: cloud_platforms
     exports={
         "hifigan": hifigan_export.EXPORT,  # part: after_training_tools
+        "matcha": matcha_export.EXPORT,  # part: after_training_tools
         "tacotron2": tacotron2_export.EXPORT,  # part: after_training_tools
         "waveglow": waveglow_export.EXPORT,  # part: after_training_tools
     },
