@@ -23,7 +23,7 @@ class TextToMelExport(nn.Module):
     speaker table, and ``noise`` ``(B, n_feats, N)`` float32 standard normal: the sampler starts at ``temperature`` times
     its first ``T`` frames (``T``: the longest item's frames rounded up to a multiple of 4; frames past ``N`` start at
     0, the mean: give ``N >= T``). Outputs: ``mel`` ``(B, n_feats, max(mel_lengths))`` float32 natural-log mel
-    (HiFi-GAN's ``generator.onnx`` reads it; frames past an item's length are not silence), ``mel_lengths`` ``(B,)``
+    (a vocoder's ONNX file reads it; frames past an item's length are not silence), ``mel_lengths`` ``(B,)``
     int64 frames.
     """
 
