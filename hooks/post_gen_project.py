@@ -41,7 +41,8 @@ FILES = {
                "tests/test_parity_matcha.py", "tests/test_shards_matcha.py",
                REF + "make_fixtures_matcha.py", REF + "make_fixtures_matcha_text.py", REF + "mas_matcha.npz",
                REF + "net_matcha_ljspeech.npz", REF + "net_matcha_vctk.npz", REF + "provenance_matcha.json",
-               REF + "text_matcha.json"],
+               REF + "text_matcha.json", "tests/test_matcha_published.py", REF + "make_fixture_matcha_lightning.py",
+               REF + "matcha_tiny_lightning.ckpt", REF + "matcha_tiny_expected.npz", "tests/test_matcha_export.py"],
 }
 TOGETHER = {
     "scripts/dump_gta_mels.py": [{"tacotron2"}, {"waveglow", "hifigan"}],

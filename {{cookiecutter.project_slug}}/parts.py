@@ -25,6 +25,8 @@ from models import MODELS
 from models.hifigan import benchmark as hifigan_benchmark  # part: benchmarks
 from models.hifigan import export as hifigan_export  # part: after_training_tools
 from models.hifigan import published as hifigan_published  # part: after_training_tools
+from models.matcha import export as matcha_export  # part: after_training_tools
+from models.matcha import published as matcha_published  # part: after_training_tools
 from models.tacotron2 import benchmark as tacotron2_benchmark  # part: benchmarks
 from models.tacotron2 import export as tacotron2_export  # part: after_training_tools
 from models.tacotron2 import published as tacotron2_published  # part: after_training_tools
@@ -71,7 +73,9 @@ TABLE = {
                   "models/tacotron2/published.py", "tests/test_export.py", "tests/test_onnx_export.py",
                   "tests/test_published.py", "tests/test_gta.py", "tests/test_tools_sharded.py", "scripts/plot_run.py",
                   "tests/test_plot_run.py", "tests/test_parity_waveglow.py", "tests/test_parity_hifigan.py",
-                  "tests/test_parity_tacotron2.py"],
+                  "tests/test_parity_tacotron2.py", "models/matcha/published.py",
+                  "tests/test_matcha_published.py", "models/matcha/export.py",
+                  "tests/test_matcha_export.py"],
         "keys": ["data.mel_dir"],
     },
     "benchmarks": {
@@ -146,6 +150,7 @@ FORMATS = Formats(
     folder=sharded.FOLDER,  # part: sharding
     published=published.Readers({  # part: after_training_tools
         "hifigan": hifigan_published.PUBLISHED,  # part: after_training_tools
+        "matcha": matcha_published.PUBLISHED,  # part: after_training_tools
         "tacotron2": tacotron2_published.PUBLISHED,  # part: after_training_tools
         "waveglow": waveglow_published.PUBLISHED,  # part: after_training_tools
     }),  # part: after_training_tools
@@ -175,6 +180,7 @@ PARTS = Parts(
     check_environ=platforms.check_process_rank,  # part: cloud_platforms
     exports={
         "hifigan": hifigan_export.EXPORT,  # part: after_training_tools
+        "matcha": matcha_export.EXPORT,  # part: after_training_tools
         "tacotron2": tacotron2_export.EXPORT,  # part: after_training_tools
         "waveglow": waveglow_export.EXPORT,  # part: after_training_tools
     },

@@ -6,8 +6,10 @@
 
 ``release``: one ``torch.load(weights_only=True)`` file of the weights inference uses (EMA weights when the run kept
 them), the model's name and config. ``onnx``: each ``Export.parts`` as ``<output>/<part>.onnx``, checked with
-onnxruntime (:mod:`utils.onnx_export`). Exit status 1 with one ``ERROR:`` line for an unreadable checkpoint, an
-existing output (``--force`` replaces it) or a model that cannot be exported; nothing is left half-written.
+onnxruntime (:mod:`utils.onnx_export`); ``--n-timesteps N``: the sampler steps fixed in the graph of a model that
+integrates one (a flow-matching decoder's Euler steps; default: its config's ``n_timesteps``). Exit status 1 with one ``ERROR:``
+line for an unreadable checkpoint, an existing output (``--force`` replaces it), a bad ``--n-timesteps`` or a model
+that cannot be exported; nothing is left half-written.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from models import MODELS
 from parts import PARTS
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.published import release_checkpoint
-from utils.config import ConfigError
+from utils.config import Config, ConfigError
 from utils.onnx_export import ExportError, export_model, onnx_runtime
 from utils.run_log import one_line
 
@@ -35,6 +37,20 @@ from utils.run_log import one_line
 def size_of(path: Path) -> int:
     """Bytes of a file, or of every file in a folder (a sharded checkpoint)."""
     return path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def set_n_timesteps(steps: int | None, name: str, cfg: Config) -> None:
+    """Set model ``name``'s ``n_timesteps`` in ``cfg`` to ``steps`` (None: leave it). Raises ExportError: ``steps`` under
+    1, or a model whose config has no ``n_timesteps`` (it runs no sampler)."""
+    if steps is None:
+        return
+    if steps < 1:
+        raise ExportError(f"--n-timesteps {steps}: a sampler's graph needs at least 1 step")
+    section = getattr(cfg, name, None)
+    if not hasattr(section, "n_timesteps"):
+        raise ExportError(f"--n-timesteps {steps}: model {name!r} runs no sampler (its config has no "
+                          f"{name}.n_timesteps); leave the option out")
+    section.n_timesteps = steps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,9 +63,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="release: one file for inference; onnx: the inference path as ONNX files, checked")
     parser.add_argument("--output", type=Path, required=True, help="release: the file; onnx: the folder")
     parser.add_argument("--force", action="store_true", help="replace an existing output")
+    parser.add_argument("--n-timesteps", type=int, help="onnx: the sampler steps fixed in the graph of a model that "
+                                                        "integrates one (default: its config's n_timesteps)")
     args = parser.parse_args(argv)
     output, release_format = args.output, args.format == "release"
     try:
+        if release_format and args.n_timesteps is not None:
+            raise ExportError("--n-timesteps is an option of --format onnx (a release keeps the run's config; "
+                              "inference.py takes --n-timesteps)")
         if not output.parent.is_dir():
             raise CheckpointError(f"--output {output}: the folder {output.parent} does not exist")
         if output.exists() and not args.force and (release_format or any(output.glob("*.onnx"))):
@@ -61,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             onnx_runtime()  # before anything is read or created
         name, model, cfg = load_trained(args.checkpoint, torch.device("cpu"))
         if not release_format:
+            set_n_timesteps(args.n_timesteps, name, cfg)
             # creates the folder once the model passes its checks
             rows = export_model(name, PARTS.exports.get(name), model, cfg, output)
             print(f"wrote {len(rows)} ONNX file(s) to {output}; the largest difference to PyTorch: "

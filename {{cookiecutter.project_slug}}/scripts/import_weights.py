@@ -5,8 +5,9 @@ training, or to share them in this project's format.
     python inference.py --checkpoint model.pt --output out.wav ...
 
 Reads a file in a registered model's reference format (``Published.read``; nothing in it runs), or a checkpoint of
-this project, into the model of ``--config`` and writes ``{"model", "model_name", "config", "step": 0, "source"}``;
-``train.py --init-from`` fine-tunes from it. The config records the mel framing the weights were trained on
+this project, into the model of ``--config`` and writes ``{"model", "model_name", "config", "step": 0, "source"}``
+(and the file's speaker map, ``speakers``, where it has one: ``data.speakers``); ``train.py --init-from`` fine-tunes
+from it. The config records the mel framing the weights were trained on
 (:func:`settle_framing`), which ``inference.py --wav`` and ``scripts.dump_gta_mels`` frame with.
 Exit status 1 with one ``ERROR:`` line for a file of no known format, weights that do not fit the config, or an
 ``--output`` that exists (``--force`` replaces it) or whose folder does not.
@@ -29,6 +30,7 @@ from parts import LEFT_OUT, PARTS, config_schemas
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.weights import Weights, load_into, read_weights
 from utils.config import Config, ConfigError, load_config
+from utils.data import speakers
 from utils.training.recipe import apply_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, config_schemas(), tiny=args.tiny, overrides=args.set, left_out=LEFT_OUT)
         weights = read_weights(args.weights, MODELS, cfg, label="the weights file", formats=PARTS.formats)
         framing = settle_framing(cfg, weights)
+        if weights.speakers:  # the file's speaker map: the model's table, and the run that starts from the output
+            cfg.data.speakers = speakers.saved_map({speakers.ENTRY: weights.speakers}, str(args.weights))[0]
         model = MODELS[weights.model_name].build_model(cfg)
         kept = load_into(model, weights, str(args.weights))
     except (CheckpointError, ConfigError, ValueError) as err:
@@ -75,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     buffer = io.BytesIO()
     torch.save({"model": model.state_dict(), "model_name": weights.model_name, "config": cfg.to_dict(), "step": 0,
-                "source": str(args.weights)}, buffer)
+                "source": str(args.weights), **({speakers.ENTRY: weights.speakers} if weights.speakers else {})},
+               buffer)
     try:
         atomic_write_bytes(args.output, buffer.getvalue())
     except OSError as err:  # a read-only folder, a full disk

@@ -779,8 +779,12 @@ def finish_all(procs: list, timeout: float) -> list[str]:
 
 def perturbed_tiny_model(name: str):
     """``(model, cfg)``: model ``name`` in the tiny config, every weight moved off its initial value (a layer that
-    starts at zero included): a stand-in for trained weights, for tests of weights in other formats."""
+    starts at zero included): a stand-in for trained weights, for tests of weights in other formats. Mel statistics
+    a run records where the config leaves them null (``mel_mean``, ``mel_std`` of its section) are set, as a log-mel's."""
     cfg = load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True)
+    section = getattr(cfg, name)
+    if getattr(section, "mel_mean", 0.0) is None and getattr(section, "mel_std", 1.0) is None:
+        section.mel_mean, section.mel_std = -6.0, 2.2
     torch.manual_seed(0)
     model = MODELS[name].build_model(cfg)
     with torch.no_grad():

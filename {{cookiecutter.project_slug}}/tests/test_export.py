@@ -96,3 +96,17 @@ def test_an_export_to_a_place_that_cannot_be_written_names_it_and_onnx_needs_its
                         str(target)]) == 1
     assert capsys.readouterr().err.startswith("ERROR: ONNX export needs the onnx and onnxruntime packages")
     assert not target.exists(), "nothing is created"
+
+
+def test_n_timesteps_is_refused_in_one_line_for_a_model_without_a_sampler_and_below_1_step(tmp_path, capsys):
+    """``--n-timesteps`` fixes the steps of a sampler in the ONNX graph (a flow-matching decoder's Euler steps): on a model whose
+    config has no ``n_timesteps``, or 0 on one that has, one ``ERROR:`` line naming it and nothing written."""
+    for name in NAMES:
+        sampler = "n_timesteps" in MODELS[name].config_cls.model_fields
+        path, output = tiny_checkpoint(name, tmp_path / f"{name}.pt"), tmp_path / f"{name}_onnx"
+        assert export.main(["--checkpoint", str(path), "--format", "onnx", "--output", str(output),
+                            "--n-timesteps", "0" if sampler else "3"]) == 1
+        err = capsys.readouterr().err
+        expected = ("ERROR: --n-timesteps 0: a sampler's graph needs at least 1 step" if sampler else
+                    f"ERROR: --n-timesteps 3: model '{name}' runs no sampler (its config has no {name}.n_timesteps)")
+        assert err.startswith(expected) and err.count("\n") == 1 and not output.exists(), err

@@ -161,6 +161,7 @@ def _export(part: ExportPart, path: Path) -> None:
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             warnings.filterwarnings("ignore", message="Exporting a model to ONNX with a batch_size other than 1")
+            warnings.filterwarnings("ignore", message="Constant folding - Only steps=1")  # a strided slice: kept as is
             # torch < 2.5 has no dynamo argument: its export is the traced one.
             legacy = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
             torch.onnx.export(part.module, part.inputs, str(path), opset_version=OPSET,

@@ -84,10 +84,12 @@ def build_matcha(cfg: Config) -> MatchaTTS:
                      decoder, sigma_min=section.sigma_min)
 
 
-def fix_length(frames: int, downsamplings: int = 2) -> int:
-    """``frames`` rounded up to a multiple of ``2^downsamplings`` (the authors' ``fix_len_compatibility``; the U-Net
-    halves the frames ``len(channels) - 1`` times, and 2 is their default)."""
-    return int(math.ceil(frames / 2 ** downsamplings) * 2 ** downsamplings)
+def fix_length(frames: int | torch.Tensor, downsamplings: int = 2) -> int | torch.Tensor:
+    """``frames`` (>= 0; an int, or an integer tensor: traced into an exported graph) rounded up to a multiple of
+    ``2^downsamplings`` (the authors' ``fix_len_compatibility``; the U-Net halves the frames ``len(channels) - 1``
+    times, and 2 is their default)."""
+    factor = 2 ** downsamplings
+    return (frames + factor - 1) // factor * factor
 
 
 class MatchaTTS(nn.Module):
@@ -140,22 +142,28 @@ class MatchaTTS(nn.Module):
         return x
 
     @torch.no_grad()
-    def synthesise(self, ids: torch.Tensor, lengths: torch.Tensor, n_timesteps: int, temperature: float = 1.0,
-                   speakers: torch.Tensor | None = None, length_scale: float = 1.0,
-                   noise: torch.Tensor | None = None, steps: list | None = None) -> dict:
+    def synthesise(self, ids: torch.Tensor, lengths: torch.Tensor, n_timesteps: int,
+                   temperature: float | torch.Tensor = 1.0, speakers: torch.Tensor | None = None,
+                   length_scale: float | torch.Tensor = 1.0, noise: torch.Tensor | None = None,
+                   steps: list | None = None) -> dict:
         """Normalised mel of ``ids`` ``(B, T_text)``: each token lasts ``ceil(exp(logw)) * length_scale`` frames, the
         aligned ``mu`` conditions the sampler, started at ``temperature * noise`` (``(B, n_feats, T)``, ``T`` the
-        longest item's frames rounded up by :func:`fix_length`; drawn from a standard normal when None); ``steps``: as
-        :meth:`euler`'s. Returns
+        longest item's frames rounded up by :func:`fix_length`; drawn from a standard normal when None; a longer
+        ``noise`` gives its first ``T`` frames, a shorter one zeros after its own: the mean); ``steps``: as
+        :meth:`euler`'s. ``temperature`` and ``length_scale``: floats or 0-d tensors (an exported graph's inputs: no
+        size here is read into Python, so a trace keeps them variable). Returns
         ``mu_y`` and ``decoder_out`` ``(B, n_feats, T)`` (unpadded to the longest item: ``[..., :max(mel_lengths)]``),
         ``durations`` ``(B, 1, T_text)`` (the rounded ones), ``attn`` ``(B, T_text, T)``, ``mel_lengths`` ``(B,)``."""
         mu_x, logw, x_mask, vectors = self.encode(ids, lengths, speakers)
         durations = torch.ceil(torch.exp(logw) * x_mask) * length_scale
         mel_lengths = torch.clamp_min(torch.sum(durations, [1, 2]), 1).long()
-        y_mask = sequence_mask(mel_lengths, fix_length(int(mel_lengths.max()))).unsqueeze(1).to(x_mask.dtype)
+        y_mask = sequence_mask(mel_lengths, fix_length(mel_lengths.max())).unsqueeze(1).to(x_mask.dtype)
         attn = generate_path(durations.squeeze(1), (x_mask.unsqueeze(-1) * y_mask.unsqueeze(2)).squeeze(1))
         mu_y = torch.matmul(attn.transpose(1, 2), mu_x.transpose(1, 2)).transpose(1, 2)
-        noise = torch.randn_like(mu_y) if noise is None else noise
+        if noise is None:
+            noise = torch.randn_like(mu_y)
+        else:  # T frames of it, zeros past its own
+            noise = torch.cat([noise, torch.zeros_like(mu_y)], dim=2)[:, :, :mu_y.shape[2]]
         out = self.euler(noise * temperature, mu_y, y_mask, n_timesteps, vectors, steps)
         return {"mu_y": mu_y, "decoder_out": out, "durations": durations, "attn": attn, "mel_lengths": mel_lengths}
 

@@ -2,7 +2,8 @@
 published, for ``train.py --init-from`` and ``scripts/import_weights.py`` (:class:`Readers`, asked by
 :func:`utils.checkpoint.weights.read_weights` for a file that is not a checkpoint of ``train.py``), which a model's
 :class:`Published` reader renames (its ``source``: the example models' references). Nothing in a file runs: a pickled
-module (one of NVIDIA's files) is read as a :class:`Record` of attributes, from a zip archive (``torch.save`` since
+module (one of NVIDIA's files) is read as a :class:`Record` of attributes (a pickled call, as a Lightning
+checkpoint's ``functools.partial``, as a :class:`Call` of its arguments), from a zip archive (``torch.save`` since
 PyTorch 1.6) or from PyTorch's legacy format (before 1.6, as NVIDIA published some), which :class:`_LegacyUnpickler`
 reads, once :func:`legacy_problem` (every loader's first check) found its sizes sound."""
 
@@ -36,10 +37,25 @@ class Published:
     read: Callable[[Any, Any], Optional[Weights]]  # (loaded file, cfg) -> Weights, or None for another format
     source: str  # what such a file is, for --help (whose checkpoint or generator)
     pickled_classes: tuple[str, ...] = ()  # "module.Class" names such a file pickles, read as inert records
+    pickled_calls: tuple[str, ...] = ()  # "module.name" s such a file calls to build an object, read as inert Calls
 
 
 class Record:
     """What a pickled module of a published file becomes: its attributes (``__dict__``), no behaviour."""
+
+
+class Call(Record):
+    """What a call a published file pickles (``functools.partial(...)``, ``collections.defaultdict(...)``) becomes,
+    nothing called: its arguments (``args``), its state (``state``, a non-dict one included) and items (``items``)."""
+
+    def __init__(self, *args: Any) -> None:
+        self.args, self.state, self.items = args, None, {}
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.items[key] = value
 
 
 def record_parameters(record: Record, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -201,11 +217,13 @@ def legacy_problem(path: Path) -> Optional[str]:
     return None
 
 
-def _load(path: Path, pickled_classes: tuple[str, ...], label: str) -> Any:
+def _load(path: Path, pickled_classes: tuple[str, ...], label: str, pickled_calls: tuple[str, ...] = ()) -> Any:
     """``torch.load(weights_only=True)`` (a zip archive) or :func:`_read_legacy` (the legacy format), with
-    ``pickled_classes`` (``module.Class``) read as :class:`Record` s; a :class:`CheckpointError` for anything else that
-    is not plain data (named), or a damaged file (``label``: the option that named it)."""
-    records = {name: type(name.rsplit(".", 1)[1], (Record,), {}) for name in pickled_classes}
+    ``pickled_classes`` (``module.Class``) read as :class:`Record` s and ``pickled_calls`` as :class:`Call` s; a
+    :class:`CheckpointError` for anything else that is not plain data (named), or a damaged file (``label``: the option
+    that named it)."""
+    records = {**{name: type(name.rsplit(".", 1)[1], (Record,), {}) for name in pickled_classes},
+               **{name: type(name.rsplit(".", 1)[1], (Call,), {}) for name in pickled_calls}}
     try:
         if path.is_file() and not zipfile.is_zipfile(path):
             with open(path, "rb") as file:
@@ -237,12 +255,17 @@ class Readers:
         file and ``cfg``, whose sizes it may set), in this project's key names; ``label`` names the file in errors.
 
         Raises:
-            CheckpointError: an unsafe or damaged file, or a format no model reads.
+            CheckpointError: an unsafe or damaged file, a format no model reads, or what a reader refuses in it.
         """
         readers = self.readers
-        loaded = _load(path, tuple(name for published in readers.values() for name in published.pickled_classes), label)
+        loaded = _load(path, tuple(name for published in readers.values() for name in published.pickled_classes), label,
+                       tuple(name for published in readers.values() for name in published.pickled_calls))
         for published in readers.values():
-            if (weights := published.read(loaded, cfg)) is not None:
+            try:
+                weights = published.read(loaded, cfg)
+            except CheckpointError as err:  # the reader says what is wrong with the file, not which file
+                raise CheckpointError(f"{label} {path}: {err}") from None
+            if weights is not None:
                 return weights
         raise CheckpointError(f"{label} {path}: not a checkpoint of this project, nor a published checkpoint a model "
                               f"of models/ reads ({', '.join(sorted(readers)) or 'none reads any'}: Published.read)")
