@@ -134,12 +134,16 @@ class Level(nn.Module):
         self.transformers = nn.ModuleList(TransformerBlock(channels, *attention) for _ in range(blocks))
         self.resample = resample
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
-        """The level before its resampling: ``(B, C_in, T) -> (B, C, T)``."""
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, time: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(B, C_in, T)`` -> the level's output ``(B, C, T)`` and its masked output resampled (``(B, C, T / 2)`` down,
+        ``(B, C, 2 T)`` up, ``T`` at the last down and up levels; the output itself at a middle level). The
+        resampling runs inside ``forward``: a level sharded or recomputed on its own holds all its weights when its
+        resampling runs."""
         x = self.resnet(x, mask, time).transpose(1, 2)
         for block in self.transformers:
             x = block(x, mask[:, 0])
-        return x.transpose(1, 2)
+        x = x.transpose(1, 2).clone()  # not a view (its memory is laid out so already): FSDP's backward hook holds
+        return x, x if self.resample is None else self.resample(x * mask)
 
 
 class UNetDecoder(nn.Module):
@@ -187,14 +191,13 @@ class UNetDecoder(nn.Module):
             x = torch.cat([x, speakers.unsqueeze(-1).expand(-1, -1, x.shape[-1])], dim=1)
         skips, masks = [], [mask]
         for level in self.down:
-            x = level(x, masks[-1], time)
-            skips.append(x)
-            x = level.resample(x * masks[-1])
+            skip, x = level(x, masks[-1], time)
+            skips.append(skip)
             masks.append(masks[-1][:, :, ::2])
         masks.pop()
         for level in self.mid:
-            x = level(x, masks[-1], time)
+            x, _ = level(x, masks[-1], time)
         for level in self.up:
             up_mask = masks.pop()
-            x = level.resample(level(torch.cat([x, skips.pop()], dim=1), up_mask, time) * up_mask)
+            _, x = level(torch.cat([x, skips.pop()], dim=1), up_mask, time)
         return self.final_proj(self.final_block(x, up_mask) * up_mask) * mask

@@ -6,7 +6,7 @@ shivammehta25/Matcha-TTS's sizes and defaults (layers: ``modules/matcha.py``, ``
 from model import BatchFrames, Inference, ModelSpec, Training
 from models.matcha.data import MatchaCollate, build_datasets, count_items, datasets_of
 from models.matcha.inference import add_inference_args, infer
-from models.matcha.network import MatchaConfig, MatchaLoss, build_matcha
+from models.matcha.network import MatchaConfig, MatchaLoss, blocks, build_matcha
 
 SPEC = ModelSpec(
     name="matcha",
@@ -19,6 +19,7 @@ SPEC = ModelSpec(
         collate_fn=MatchaCollate(),
         count_items=count_items,
         variable_length=True,
+        blocks=blocks,  # the encoder's layers, the duration predictor, the decoder's levels (network.blocks)
         speaker_rows=("speakers.weight",),
     ),
     inference=Inference(infer=infer, add_args=add_inference_args, takes_vocoder=True),

@@ -39,11 +39,12 @@ class MatchaConfig(ModelSection):
     decoder: U-Net ``decoder_channels`` per level, ``n_blocks`` transformer blocks per level of ``num_heads`` x
     ``attention_head_dim``, ``num_mid_blocks`` middle levels, dropout ``decoder_dropout``. ``sigma_min``: OT-CFM's
     path width at ``t = 1``. Synthesis: ``n_timesteps`` Euler steps from noise times ``temperature``, durations times
-    ``length_scale``. ``mel_mean`` / ``mel_std``: the corpus's log-mel statistics the mels are normalised by (null:
-    computed over the training split when a run starts, and recorded in its checkpoints' config;
-    ``python -m scripts.mel_statistics`` prints them to set here). ``phonemizer`` / ``espeak_ng``: the versions of the
-    text front end's programs a run phonemized its corpus with, recorded by the run (a value given is replaced), which
-    inference compares with its own. ``batch_size`` is per process.
+    ``length_scale``. ``out_size``: the flow matching and prior losses of a random segment of that many frames per
+    item (a multiple of 4; null: the whole mels). ``mel_mean`` / ``mel_std``: the corpus's log-mel statistics the mels
+    are normalised by (null: computed over the training split when a run starts, and recorded in its checkpoints'
+    config; ``python -m scripts.mel_statistics`` prints them to set here). ``phonemizer`` / ``espeak_ng``: the
+    versions of the text front end's programs a run phonemized its corpus with, recorded by the run (a value given is
+    replaced), which inference compares with its own. ``batch_size`` is per process.
     """
 
     spk_emb_dim: int = Field(64, ge=1)
@@ -64,6 +65,7 @@ class MatchaConfig(ModelSection):
     n_timesteps: int = Field(10, ge=1)
     temperature: float = Field(0.667, ge=0)
     length_scale: float = Field(1.0, gt=0)
+    out_size: Optional[int] = Field(None, ge=4, multiple_of=4)
     mel_mean: Optional[float] = None
     mel_std: Optional[float] = Field(None, gt=0)
     phonemizer: Optional[str] = None
@@ -81,7 +83,7 @@ def build_matcha(cfg: Config) -> MatchaTTS:
                "attention_head_dim": section.attention_head_dim, "n_blocks": section.n_blocks,
                "num_mid_blocks": section.num_mid_blocks, "num_heads": section.num_heads}
     return MatchaTTS(len(SYMBOLS), max(1, len(cfg.data.speakers)), section.spk_emb_dim, cfg.audio.n_mels, encoder,
-                     decoder, sigma_min=section.sigma_min)
+                     decoder, sigma_min=section.sigma_min, out_size=section.out_size)
 
 
 def fix_length(frames: int | torch.Tensor, downsamplings: int = 2) -> int | torch.Tensor:
@@ -92,6 +94,31 @@ def fix_length(frames: int | torch.Tensor, downsamplings: int = 2) -> int | torc
     return (frames + factor - 1) // factor * factor
 
 
+def segment_offsets(mel_lengths: torch.Tensor, out_size: int) -> torch.Tensor:
+    """Each item's first frame of its ``out_size``-frame segment, ``(B,)`` long on the CPU: uniform over ``0 .. length
+    - out_size - 1`` (the authors' ``random.choice(range(0, length - out_size))``, which never starts at the last
+    frame that fits), 0 for an item of at most ``out_size + 1`` frames. Drawn from torch's CPU generator: the same
+    offsets wherever the same seed is set."""
+    room = (mel_lengths.cpu() - out_size).clamp_min(0)
+    return (torch.rand(room.shape) * room).long()
+
+
+def cut_segments(mel: torch.Tensor, attn: torch.Tensor, mel_lengths: torch.Tensor, out_size: int,
+                 offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The segments of ``out_size`` frames from ``offsets`` ``(B,)``: of ``mel`` ``(B, n_feats, T)`` and of the
+    alignment ``attn`` ``(B, T_text, T)``, each item's ``min(out_size, length)`` frames then zeros, and those
+    lengths ``(B,)``. Returns ``(mel (B, n_feats, out_size), attn (B, T_text, out_size), lengths)``. Source: the authors'
+    ``MatchaTTS.forward`` (Grad-TTS's cut); ``T`` may be shorter than ``out_size``."""
+    lengths = mel_lengths.clamp_max(out_size)
+    steps = torch.arange(out_size, device=mel.device)
+    keep = steps < lengths.unsqueeze(1)  # (B, out_size)
+    frames = (offsets.to(mel.device).unsqueeze(1) + steps).clamp_max(mel.shape[-1] - 1) * keep
+
+    def cut(x: torch.Tensor) -> torch.Tensor:
+        return torch.gather(x, 2, frames.unsqueeze(1).expand(-1, x.shape[1], -1)) * keep.unsqueeze(1).to(x.dtype)
+    return cut(mel), cut(attn), lengths
+
+
 class MatchaTTS(nn.Module):
     """Text -> normalised mel. ``n_vocab`` token ids; ``n_spks`` speakers (more than 1: a table of ``spk_emb_dim``
     vectors, joined to the encoder's channels and to the decoder's input); ``n_feats`` mel bands. The encoder:
@@ -99,12 +126,13 @@ class MatchaTTS(nn.Module):
     ``kernel_size``, dropout ``p_dropout``, a duration predictor of ``filter_channels_dp``. The decoder: U-Net
     ``channels`` per level, ``n_blocks`` transformer blocks per level of ``num_heads`` x ``attention_head_dim``,
     ``num_mid_blocks`` middle levels, dropout ``dropout``. Defaults: the authors' LJSpeech model (about 18 M
-    parameters); ``sigma_min``: OT-CFM's (Eq. 3)."""
+    parameters); ``sigma_min``: OT-CFM's (Eq. 3); ``out_size``: the training segment's frames (None: whole mels)."""
 
     def __init__(self, n_vocab: int = 178, n_spks: int = 1, spk_emb_dim: int = 64, n_feats: int = 80,
-                 encoder: dict | None = None, decoder: dict | None = None, sigma_min: float = SIGMA_MIN):
+                 encoder: dict | None = None, decoder: dict | None = None, sigma_min: float = SIGMA_MIN,
+                 out_size: int | None = None):
         super().__init__()
-        self.sigma_min = sigma_min
+        self.sigma_min, self.out_size = sigma_min, out_size
         enc = {"n_channels": 192, "filter_channels": 768, "filter_channels_dp": 256, "n_heads": 2, "n_layers": 6,
                "kernel_size": 3, "p_dropout": 0.1, **(encoder or {})}
         dec = {"channels": (256, 256), "dropout": 0.05, "attention_head_dim": 64, "n_blocks": 1,
@@ -176,8 +204,11 @@ class MatchaTTS(nn.Module):
         per token)``, summed, over the number of tokens. Prior: the Gaussian negative log-likelihood of the frames
         under the aligned ``mu``, over the real frames times ``n_feats``. Flow matching (Eq. 4): squared error of the
         vector field at ``y = (1 - (1 - sigma_min) t) noise + t mel`` to ``mel - (1 - sigma_min) noise``, summed over
-        the real frames (the field is masked; the target is not), over real frames times ``n_feats``. ``t`` ``(B, 1,
-        1)`` uniform and ``noise`` like ``mel`` standard normal are drawn when None."""
+        the real frames (the field is masked; the target is not), over real frames times ``n_feats``. With ``out_size``
+        set, the prior and flow matching read each item's segment of :func:`cut_segments` at offsets
+        :func:`segment_offsets` draws (first, before ``t`` and ``noise``), and ``attn`` is the segment's ``(B, T_text,
+        out_size)``. ``t`` ``(B, 1, 1)`` uniform and ``noise`` like ``mel`` (its segment) standard normal are drawn
+        when None."""
         mu_x, logw, x_mask, vectors = self.encode(ids, lengths, speakers)
         y_mask = sequence_mask(mel_lengths, mel.shape[-1]).unsqueeze(1).to(x_mask)
         attn_mask = (x_mask.unsqueeze(-1) * y_mask.unsqueeze(2)).squeeze(1)
@@ -188,6 +219,10 @@ class MatchaTTS(nn.Module):
             attn = maximum_path(log_prior, attn_mask).detach()
         target_logw = torch.log(1e-8 + torch.sum(attn.unsqueeze(1), -1)) * x_mask
         duration = torch.sum((logw - target_logw) ** 2) / torch.sum(lengths)
+        if self.out_size is not None:  # the decoder and prior losses on a segment: a bigger batch fits
+            offsets = segment_offsets(mel_lengths, self.out_size)
+            mel, attn, mel_lengths = cut_segments(mel, attn, mel_lengths, self.out_size, offsets)
+            y_mask = sequence_mask(mel_lengths, self.out_size).unsqueeze(1).to(x_mask)
         mu_y = torch.matmul(attn.transpose(1, 2), mu_x.transpose(1, 2)).transpose(1, 2)
         t = torch.rand(mel.shape[0], 1, 1, device=mel.device, dtype=mel.dtype) if t is None else t
         noise = torch.randn_like(mel) if noise is None else noise
@@ -205,6 +240,17 @@ class MatchaTTS(nn.Module):
         duration, prior, flow, attn = self.losses(batch["text"], batch["text_lengths"], batch["mel"],
                                                   batch["mel_lengths"], batch.get("speaker"))
         return {"duration": duration, "prior": prior, "flow": flow, "attn": attn}
+
+
+def blocks(model: MatchaTTS) -> list[nn.Module]:
+    """``Training.blocks``: what FSDP shards and checkpointing recomputes one by one, in forward order. Each text
+    encoder layer, the duration predictor, then each U-Net level of the decoder (down, middle, up: a resnet block, its
+    transformer blocks and its resampling convolution, the resampling inside the level's ``forward``). At the default
+    sizes they hold 16.1 of the 18.2 M weights, and nearly all activations: the levels run over the mel's frames (the
+    decoder's attention is over frames), the encoder layers over the tokens. Left with the root: the time MLP (1.2 M,
+    run once per forward on the ``(B,)`` times), the prenet (0.6 M), the embedding and speaker tables, the last conv
+    block and the 1x1 projections, and the alignment search (no weights, nothing kept for the backward)."""
+    return [*model.encoder.layers, model.encoder.durations, *model.decoder.down, *model.decoder.mid, *model.decoder.up]
 
 
 class MatchaLoss:

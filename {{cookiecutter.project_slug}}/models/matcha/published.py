@@ -101,7 +101,7 @@ def read_published(loaded: Any, cfg: Config) -> Weights | None:
     and keeps on a restart; its ``n_spks`` speakers (more than one) become the speaker map ``"0"`` .. ``"n_spks - 1"``
     (its speaker ids, as its filelists and ``--spk`` give them). Its ``state_dict`` is renamed by
     :func:`models.matcha.network.from_reference`, less its ``mel_mean`` / ``mel_std`` buffers (its statistics again).
-    ``out_size`` (the authors' training crop) is said in ``source``: this model trains on whole mels.
+    ``out_size`` (the authors' training crop) is said in ``source``, not set: ``matcha.out_size`` is the run's choice.
 
     Raises:
         CheckpointError: no ``hyper_parameters``, or nested without end; a setting this model cannot honour, a value
@@ -131,7 +131,8 @@ def read_published(loaded: Any, cfg: Config) -> Weights | None:
     except KeyError as err:
         raise CheckpointError(f"its state_dict: {err.args[0]}") from None
     said = ", ".join(f"{key}={value}" for key, _, value in changed) or "the config's, unchanged"
-    crop = f"; its out_size {hparams['out_size']} (a training crop) is not used" if hparams.get("out_size") else ""
+    crop = (f"; its out_size {hparams['out_size']} (a training crop) is not set: --set "
+            f"matcha.out_size={hparams['out_size']} trains on such segments" if hparams.get("out_size") else "")
     source = (f"shivammehta25/Matcha-TTS's Lightning checkpoint ({n_spks} speaker{'s' if n_spks != 1 else ''}); its "
               f"settings: {said}{crop}")
     speakers = {str(index): index for index in range(n_spks)} if n_spks > 1 else None
