@@ -616,20 +616,23 @@ def test_the_start_up_line_names_the_recipe_a_model_gets_its_own_or_the_projects
     mine = dataclasses.replace(next(iter(MODELS.values())), name="mine", recipe={})
     assert recipe_line(mine) == ("recipe (the project's defaults: mine's ModelSpec has none) for the settings "
                                  "config.json leaves null: audio.mel_framing=jik876, train.grad_clip=0.0, "
-                                 "train.cudnn_benchmark=true, optimizer.lr=0.001, optimizer.weight_decay=0.0")
+                                 "train.cudnn_benchmark=true, optimizer.lr=0.001, optimizer.weight_decay=0.0, "
+                                 "train.ema_decay=0.0")
     cfg = apply_recipe(mine, load_config(f"{ROOT}/config.json", config_schemas()))
     assert (cfg.audio.mel_framing, cfg.train.grad_clip, cfg.train.cudnn_benchmark) == ("jik876", 0.0, True)
-    assert (cfg.optimizer.lr, cfg.optimizer.weight_decay) == (1e-3, 0.0)
+    assert (cfg.optimizer.lr, cfg.optimizer.weight_decay, cfg.train.ema_decay) == (1e-3, 0.0, 0.0)
     some = dataclasses.replace(mine, recipe={"train.grad_clip": 1.0, "optimizer.lr": 3e-3})
     assert recipe_line(some) == ("recipe (mine's ModelSpec.recipe, the project's defaults for the rest) for the "
                                  "settings config.json leaves null: audio.mel_framing=jik876, train.grad_clip=1.0, "
-                                 "train.cudnn_benchmark=true, optimizer.lr=0.003, optimizer.weight_decay=0.0")
+                                 "train.cudnn_benchmark=true, optimizer.lr=0.003, optimizer.weight_decay=0.0, "
+                                 "train.ema_decay=0.0")
     own = dataclasses.replace(mine, recipe={"audio.mel_framing": "nvidia", "train.grad_clip": 1.0,
                                             "train.cudnn_benchmark": False, "optimizer.lr": 1e-4,
-                                            "optimizer.weight_decay": 1e-6})
+                                            "optimizer.weight_decay": 1e-6, "train.ema_decay": 0.999})
     assert recipe_line(own) == ("recipe (mine's ModelSpec.recipe) for the settings config.json leaves null: "
                                 "audio.mel_framing=nvidia, train.grad_clip=1.0, train.cudnn_benchmark=false, "
-                                "optimizer.lr=0.0001, optimizer.weight_decay=1e-06")
+                                "optimizer.lr=0.0001, optimizer.weight_decay=1e-06, train.ema_decay=0.999")
+    assert apply_recipe(own, load_config(f"{ROOT}/config.json", config_schemas())).train.ema_decay == 0.999
 
 
 def test_the_registry_refuses_a_model_section_without_what_every_model_has():

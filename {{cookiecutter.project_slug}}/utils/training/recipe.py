@@ -9,7 +9,8 @@ from utils.config import Config
 from utils.framing import UNRESOLVED_FRAMING
 
 PROJECT_RECIPE: dict[str, Any] = {"audio.mel_framing": UNRESOLVED_FRAMING, "train.grad_clip": 0.0,
-                                  "train.cudnn_benchmark": True, "optimizer.lr": 1e-3, "optimizer.weight_decay": 0.0}
+                                  "train.cudnn_benchmark": True, "optimizer.lr": 1e-3, "optimizer.weight_decay": 0.0,
+                                  "train.ema_decay": 0.0}
 """What a shared setting left null takes when the model's ``ModelSpec.recipe`` does not name it."""
 
 
