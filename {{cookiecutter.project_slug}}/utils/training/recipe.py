@@ -19,9 +19,7 @@ def apply_recipe(spec: ModelSpec, cfg: Config, data_framing: Optional[str] = Non
     ``audio.mel_framing`` from ``data_framing``, the framing the training data records of its mels (a vocoder on a text
     model's mels frames as they were made: ``parts.PARTS.data_framing``), else ``spec.recipe`` (its reference's
     values), else :data:`PROJECT_RECIPE`. Returns ``cfg``."""
-    recipe = {**PROJECT_RECIPE, **spec.recipe}
-    if data_framing:
-        recipe["audio.mel_framing"] = data_framing
+    recipe = {**PROJECT_RECIPE, **spec.recipe, **({"audio.mel_framing": data_framing} if data_framing else {})}
     for name, value in recipe.items():
         section, key = name.split(".")
         if getattr(cfg.section(section), key) is None:
