@@ -1070,27 +1070,30 @@ def import_published(tmp_path, weights, sets: dict) -> tuple[dict, str]:
 
 
 def check_recipe(name: str, framing: str, clip: float, tune: bool, optimizer: tuple[float, float],
-                 batching: Optional[dict] = None) -> None:
+                 batching: Optional[dict] = None, ema: float = 0.0) -> None:
     """The settings config.json leaves null take model ``name``'s recipe (its mel framing, gradient clipping, cuDNN's
-    autotuner, and ``optimizer``: its learning rate and weight decay; ``batching``: its ``data`` keys, where it names
-    them), checkpoints record them, and given values keep their meaning (the tiny block's learning rate too)."""
+    autotuner, ``optimizer``: its learning rate and weight decay; ``batching``: its ``data`` keys, where it names them;
+    ``ema``: its EMA's decay, the project's 0 where the recipe names none), checkpoints record them, and given values
+    keep their meaning (the tiny block's learning rate too)."""
     assert MODELS[name].recipe == {"audio.mel_framing": framing, "train.grad_clip": clip, "train.cudnn_benchmark": tune,
                                    "optimizer.lr": optimizer[0], "optimizer.weight_decay": optimizer[1],
-                                   **(batching or {})}
+                                   **(batching or {}), **({"train.ema_decay": ema} if ema else {})}
     with open(f"{ROOT}/config.json") as file:
         raw = json.load(file)
     assert raw["audio"]["mel_framing"] is raw["train"]["grad_clip"] is raw["train"]["cudnn_benchmark"] is None
-    assert raw["optimizer"]["lr"] is raw["optimizer"]["weight_decay"] is None
+    assert raw["optimizer"]["lr"] is raw["optimizer"]["weight_decay"] is raw["train"]["ema_decay"] is None
     cfg = train.load_run_config(train.parse_args(["--config", f"{ROOT}/config.json", "--model", name, "--tiny"]))
     assert (cfg.audio.mel_framing, cfg.train.grad_clip, cfg.train.cudnn_benchmark) == (framing, clip, tune)
+    assert cfg.train.ema_decay == ema
     assert (cfg.optimizer.lr, cfg.optimizer.weight_decay) == (raw["tiny"]["optimizer"]["lr"], optimizer[1])
     saved = cfg.to_dict()  # what a checkpoint records
     assert (saved["audio"]["mel_framing"], saved["train"]["grad_clip"], saved["train"]["cudnn_benchmark"]) == (
         framing, clip, tune)
     other = {"nvidia": "jik876", "jik876": "nvidia"}[framing]
     cfg = train.load_run_config(train.parse_args(["--config", f"{ROOT}/config.json", "--model", name, "--set",
-                                                  f"audio.mel_framing={other}", "--set", "train.grad_clip=0"]))
-    assert (cfg.audio.mel_framing, cfg.train.grad_clip) == (other, 0.0)  # given values keep their meaning
+                                                  f"audio.mel_framing={other}", "--set", "train.grad_clip=0",
+                                                  "--set", "train.ema_decay=0"]))
+    assert (cfg.audio.mel_framing, cfg.train.grad_clip, cfg.train.ema_decay) == (other, 0.0, 0.0)  # as given
     assert (cfg.optimizer.lr, cfg.optimizer.weight_decay) == optimizer
 
 

@@ -618,27 +618,29 @@ def test_the_start_up_line_names_the_recipe_a_model_gets_its_own_or_the_projects
     assert recipe_line(mine) == ("recipe (the project's defaults: mine's ModelSpec has none) for the settings "
                                  "config.json leaves null: audio.mel_framing=jik876, train.grad_clip=0.0, "
                                  "train.cudnn_benchmark=true, optimizer.lr=0.001, optimizer.weight_decay=0.0, "
-                                 "data.batching=random, data.max_frames=0")
+                                 "data.batching=random, data.max_frames=0, train.ema_decay=0.0")
     cfg = apply_recipe(mine, load_config(f"{ROOT}/config.json", config_schemas()))
     assert (cfg.audio.mel_framing, cfg.train.grad_clip, cfg.train.cudnn_benchmark) == ("jik876", 0.0, True)
     assert (cfg.optimizer.lr, cfg.optimizer.weight_decay, cfg.data.batching, cfg.data.max_frames) == (
         1e-3, 0.0, "random", 0)
+    assert cfg.train.ema_decay == 0.0
     some = dataclasses.replace(mine, recipe={"train.grad_clip": 1.0, "optimizer.lr": 3e-3})
     assert recipe_line(some) == ("recipe (mine's ModelSpec.recipe, the project's defaults for the rest) for the "
                                  "settings config.json leaves null: audio.mel_framing=jik876, train.grad_clip=1.0, "
                                  "train.cudnn_benchmark=true, optimizer.lr=0.003, optimizer.weight_decay=0.0, "
-                                 "data.batching=random, data.max_frames=0")
+                                 "data.batching=random, data.max_frames=0, train.ema_decay=0.0")
     own = dataclasses.replace(mine, recipe={"audio.mel_framing": "nvidia", "train.grad_clip": 1.0,
                                             "train.cudnn_benchmark": False, "optimizer.lr": 1e-4,
                                             "optimizer.weight_decay": 1e-6, "data.batching": "frames",
-                                            "data.max_frames": BatchFrames(500)})
+                                            "data.max_frames": BatchFrames(500), "train.ema_decay": 0.999})
     assert recipe_line(own) == ("recipe (mine's ModelSpec.recipe) for the settings config.json leaves null: "
                                 "audio.mel_framing=nvidia, train.grad_clip=1.0, train.cudnn_benchmark=false, "
                                 "optimizer.lr=0.0001, optimizer.weight_decay=1e-06, data.batching=frames, "
-                                "data.max_frames=batch_size x 500")
+                                "data.max_frames=batch_size x 500, train.ema_decay=0.999")
     framed = dataclasses.replace(own, name=next(iter(MODELS)))  # a model the config has a section of: its batch_size
     cfg = apply_recipe(framed, load_config(f"{ROOT}/config.json", config_schemas(), tiny=True))
     assert (cfg.data.batching, cfg.data.max_frames) == ("frames", 500 * cfg.section(framed.name).batch_size)
+    assert cfg.train.ema_decay == 0.999
 
 
 def test_the_registry_refuses_a_model_section_without_what_every_model_has():

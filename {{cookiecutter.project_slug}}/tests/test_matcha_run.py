@@ -2,6 +2,7 @@
 losses logged, the statistics recorded), and ``inference.py`` (a wav in a speaker's voice from seeded noise, and each
 mistake one ``ERROR:`` line)."""
 
+import io
 import json
 import os
 
@@ -9,6 +10,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.tensorboard import SummaryWriter
 from conftest import (ROOT, check_recipe, demo_corpus, made_once, run_main, run_train_main, tiny_checkpoint,
                       train_on_ranks)
 
@@ -19,6 +22,7 @@ from models import MODELS
 from models.matcha import text
 from models.matcha.data import MatchaCollate, MatchaDataset, mel_statistics
 from models.matcha.inference import synthesise
+from models.matcha.validation import synthesised_mel
 from parts import config_schemas
 from utils.config import load_config
 from utils.data.corpora import load_splits
@@ -46,9 +50,10 @@ def voices(tmp_path_factory):
 
 
 def test_settings_left_null_take_the_recipe():
-    """The authors' HiFi-GAN (jik876) frames, gradient_clip_val 5.0, Adam 1e-4 without weight decay; frame budgets."""
+    """The authors' HiFi-GAN (jik876) frames, gradient_clip_val 5.0, Adam 1e-4 without weight decay; frame budgets;
+    ours: an EMA of the weights at 0.999 (the authors' recipe, ``train.ema_decay=0``, keeps none)."""
     check_recipe("matcha", *("jik876", 5.0, False), optimizer=(1e-4, 0.0),
-                 batching={"data.batching": "frames", "data.max_frames": BatchFrames(870)})
+                 batching={"data.batching": "frames", "data.max_frames": BatchFrames(870)}, ema=0.999)
 
 
 def test_the_default_config_batches_by_frame_budgets_of_its_batch_size_full_size_and_tiny():
@@ -120,35 +125,43 @@ def test_training_without_the_phonemizer_is_one_error_line_before_the_run_starts
 
 @pytest.fixture(scope="module")
 def matcha_run(tmp_path_factory):
-    """Tiny Matcha-TTS trained 2 steps on 2 gloo ranks on a 4-voice demo corpus, its statistics left null (made once
-    per session): ``(output folder, each rank's output)``."""
+    """Tiny Matcha-TTS trained 2 steps on 2 gloo ranks on a 4-voice demo corpus in bf16, its statistics and EMA decay
+    left null (the recipe's), made once per session: ``(output folder, each rank's output)``."""
     corpus = demo_corpus(tmp_path_factory, "vctk", speakers=4, n=8)
 
     def make(folder):
         argv = ["--config", os.path.join(ROOT, "config.json"), "--model", "matcha", "--tiny", "--max-steps", "2",
                 "--dataset-path", str(corpus), "--output-dir", str(folder / "out"), "--set", "data.num_workers=0",
-                "--set", "data.val_size=2", "--set", "train.val_interval=2", "--set", "train.log_interval=1"]
+                "--set", "data.val_size=2", "--set", "train.val_interval=2", "--set", "train.log_interval=1",
+                "--set", "train.precision=bf16"]
         return train_on_ranks(argv, folder / "ranks")
     folder, said = made_once(tmp_path_factory, "matcha_run", make)
     return folder / "out", said
 
 
 @pytest.mark.slow
-def test_training_on_two_ranks_logs_the_three_losses_and_records_the_statistics(matcha_run, tmp_path):
+def test_training_on_two_ranks_in_bf16_logs_the_three_losses_keeps_an_ema_and_records_the_statistics(matcha_run,
+                                                                                                     tmp_path):
+    """bf16 on the CPU: finite losses; the recipe's EMA saved, validated with (its alignment drawn) and spoken with."""
     out, said = matcha_run
     assert "batches of up to 1740 padded mel frames (data.batching=frames)" in said[0], said[0][-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2] and all(set(row["losses"]) == {"prior", "duration", "flow"}
                                                             for row in rows)
     for row in rows:
+        assert np.isfinite([row["loss"], *row["losses"].values()]).all()
         assert row["loss"] == pytest.approx(sum(row["losses"].values()), rel=1e-5)
-    config = torch.load(out / "checkpoint_last.pt", weights_only=True)["config"]
+    saved = torch.load(out / "checkpoint_last.pt", weights_only=True)
+    config = saved["config"]
+    assert (config["train"]["precision"], config["train"]["ema_decay"]) == ("bf16", 0.999)
+    assert saved["ema"] and set(saved["ema"]) <= set(saved["model"]) and (out / "alignment_2.png").is_file()
     assert config["matcha"]["mel_std"] > 0 and -12 < config["matcha"]["mel_mean"] < 0, config["matcha"]
     found = text.versions()
     assert (config["matcha"]["phonemizer"], config["matcha"]["espeak_ng"]) == (found["phonemizer"], found["espeak-ng"])
     assert json.loads((out / "speakers.json").read_text()) == {f"p22{i}": i - 5 for i in range(5, 9)}
-    run_main("inference", "--checkpoint", str(out / "checkpoint_last.pt"), "--device", "cpu", "--text",
-             "Hello world.", "--speaker", "p227", "--output", str(tmp_path / "hello.wav"))
+    spoken = run_main("inference", "--checkpoint", str(out / "checkpoint_last.pt"), "--device", "cpu", "--text",
+                      "Hello world.", "--speaker", "p227", "--output", str(tmp_path / "hello.wav"))
+    assert "is run with the EMA weights of step 2 (train.ema_decay=0.999)" in spoken.stderr
     assert sf.info(str(tmp_path / "hello.wav")).frames > 0
 
 
@@ -243,3 +256,36 @@ def test_text_to_speech_through_a_hifigan_checkpoint(voices, tmp_path):
              str(vocoder), "--output", str(tmp_path / "t.wav"), "--device", "cpu", "--n-timesteps", "2")
     info = sf.info(str(tmp_path / "t.wav"))
     assert info.samplerate == 22050 and info.frames > 0 and info.frames % 256 == 0
+
+
+def test_validation_draws_the_alignment_and_the_synthesised_mel_beside_its_target_and_adds_their_audio(tmp_path):
+    """Rank 0's validation media (``models.matcha.validation``), read back from TensorBoard: the MAS path and the mels
+    as figures at every validation, Griffin-Lim clips of ``matcha.val_audio_seconds`` (the target's once), the
+    sampler's mel the same at every call and the run's random stream left as it was."""
+    cfg = tiny_cfg()
+    cfg.matcha.val_audio_seconds = 0.1  # 8 frames of 256 samples
+    model = MODELS["matcha"].build_model(cfg).eval()
+    generator = torch.Generator().manual_seed(0)
+    items = [{"text": torch.randint(1, 100, (n,), generator=generator), "mel": torch.randn(40, 24 - n, generator=generator),
+              "id": f"utt{n}"} for n in (9, 7)]
+    batch = MatchaCollate()(items)
+    with torch.no_grad():
+        outputs = model(batch)
+    writer = SummaryWriter(str(tmp_path / "tensorboard"))
+    state = torch.random.get_rng_state()
+    for step in (2, 4):
+        MODELS["matcha"].training.log_validation(model, batch, outputs, step, writer, tmp_path, cfg=cfg)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert torch.equal(synthesised_mel(model, batch, cfg), synthesised_mel(model, batch, cfg))
+    writer.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"images": 0, "audio": 0})
+    events.Reload()
+    assert {tag: [event.step for event in events.Images(tag)] for tag in events.Tags()["images"]} == {
+        "alignment": [2, 4], "mel": [2, 4]}
+    assert {tag: [event.step for event in events.Audio(tag)] for tag in events.Tags()["audio"]} == {
+        "audio/target_griffin_lim": [2], "audio/synthesised_griffin_lim": [2, 4]}
+    assert (tmp_path / "alignment_2.png").is_file() and (tmp_path / "alignment_4.png").is_file()
+    frames = min(8, synthesised_mel(model, batch, cfg).shape[1])
+    for tag, length in (("audio/target_griffin_lim", 8 * 256), ("audio/synthesised_griffin_lim", frames * 256)):
+        clip, _ = sf.read(io.BytesIO(events.Audio(tag)[0].encoded_audio_string))
+        assert len(clip) == length and np.abs(clip).max() > 0, tag

@@ -44,7 +44,8 @@ class MatchaConfig(ModelSection):
     are normalised by (null: computed over the training split when a run starts, and recorded in its checkpoints'
     config; ``python -m scripts.mel_statistics`` prints them to set here). ``phonemizer`` / ``espeak_ng``: the
     versions of the text front end's programs a run phonemized its corpus with, recorded by the run (a value given is
-    replaced), which inference compares with its own. ``batch_size`` is per process.
+    replaced), which inference compares with its own. ``val_audio_seconds``: the longest validation clip rank 0 turns
+    into Griffin-Lim audio (0: none; ``models.matcha.validation``). ``batch_size`` is per process.
     """
 
     spk_emb_dim: int = Field(64, ge=1)
@@ -70,6 +71,7 @@ class MatchaConfig(ModelSection):
     mel_std: Optional[float] = Field(None, gt=0)
     phonemizer: Optional[str] = None
     espeak_ng: Optional[str] = None
+    val_audio_seconds: float = Field(3.0, ge=0)
     batch_size: int = Field(32, ge=1)
 
 

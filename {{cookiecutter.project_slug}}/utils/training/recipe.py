@@ -10,7 +10,7 @@ from utils.framing import UNRESOLVED_FRAMING
 
 PROJECT_RECIPE: dict[str, Any] = {"audio.mel_framing": UNRESOLVED_FRAMING, "train.grad_clip": 0.0,
                                   "train.cudnn_benchmark": True, "optimizer.lr": 1e-3, "optimizer.weight_decay": 0.0,
-                                  "data.batching": "random", "data.max_frames": 0}
+                                  "data.batching": "random", "data.max_frames": 0, "train.ema_decay": 0.0}
 """What a shared setting left null takes when the model's ``ModelSpec.recipe`` does not name it."""
 
 
@@ -20,9 +20,7 @@ def apply_recipe(spec: ModelSpec, cfg: Config, data_framing: Optional[str] = Non
     model's mels frames as they were made: ``parts.PARTS.data_framing``), else ``spec.recipe`` (its reference's
     values), else :data:`PROJECT_RECIPE`; a :class:`BatchFrames` is its frames times the model section's ``batch_size``.
     Returns ``cfg``."""
-    recipe = {**PROJECT_RECIPE, **spec.recipe}
-    if data_framing:
-        recipe["audio.mel_framing"] = data_framing
+    recipe = {**PROJECT_RECIPE, **spec.recipe, **({"audio.mel_framing": data_framing} if data_framing else {})}
     for name, value in recipe.items():
         section, key = name.split(".")
         if getattr(cfg.section(section), key) is None:

@@ -40,8 +40,8 @@ class LoopSettings(Section):
     # the same mathematics as eager; the first steps include compilation (tens of seconds on a GPU)
     compile: bool = False
     # an average of the weights inference uses (Inference.modules), ema = decay * ema + (1 - decay) * weights after
-    # every real update (training.ema.EMA), for validation and inference; 0: none; typical 0.999 to 0.9999
-    ema_decay: float = Field(0.0, ge=0, lt=1)
+    # every real update (training.ema.EMA), for validation and inference; 0: none; typical 0.999; None: the recipe's
+    ema_decay: Optional[float] = Field(None, ge=0, lt=1)
 
     @property
     def sharded(self) -> bool:
