@@ -142,7 +142,7 @@ class Level(nn.Module):
         x = self.resnet(x, mask, time).transpose(1, 2)
         for block in self.transformers:
             x = block(x, mask[:, 0])
-        x = x.transpose(1, 2).clone()  # not a view (its memory is laid out so already): FSDP's backward hook holds
+        x = x.transpose(1, 2).clone()  # not a view (laid out so already): a split model's backward hook holds it
         return x, x if self.resample is None else self.resample(x * mask)
 
 

@@ -245,13 +245,14 @@ class MatchaTTS(nn.Module):
 
 
 def blocks(model: MatchaTTS) -> list[nn.Module]:
-    """``Training.blocks``: what FSDP shards and checkpointing recomputes one by one, in forward order. Each text
-    encoder layer, the duration predictor, then each U-Net level of the decoder (down, middle, up: a resnet block, its
-    transformer blocks and its resampling convolution, the resampling inside the level's ``forward``). At the default
-    sizes they hold 16.1 of the 18.2 M weights, and nearly all activations: the levels run over the mel's frames (the
-    decoder's attention is over frames), the encoder layers over the tokens. Left with the root: the time MLP (1.2 M,
-    run once per forward on the ``(B,)`` times), the prenet (0.6 M), the embedding and speaker tables, the last conv
-    block and the 1x1 projections, and the alignment search (no weights, nothing kept for the backward)."""
+    """``Training.blocks``: what a model split over the ranks splits and activation checkpointing recomputes one by one,
+    in forward order. Each text encoder layer, the duration predictor, then each U-Net level of the decoder (down,
+    middle, up: a resnet block, its transformer blocks and its resampling convolution, the resampling inside the level's
+    ``forward``). At the default sizes they hold 16.1 of the 18.2 M weights, and nearly all activations: the levels run
+    over the mel's frames (the decoder's attention is over frames), the encoder layers over the tokens. Left with the
+    root: the time MLP (1.2 M, run once per forward on the ``(B,)`` times), the prenet (0.6 M), the embedding and
+    speaker tables, the last conv block and the 1x1 projections, and the alignment search (no weights, nothing kept for
+    the backward)."""
     return [*model.encoder.layers, model.encoder.durations, *model.decoder.down, *model.decoder.mid, *model.decoder.up]
 
 
