@@ -42,7 +42,8 @@ FILES = {
                REF + "make_fixtures_matcha.py", REF + "make_fixtures_matcha_text.py", REF + "mas_matcha.npz",
                REF + "net_matcha_ljspeech.npz", REF + "net_matcha_vctk.npz", REF + "provenance_matcha.json",
                REF + "text_matcha.json", "tests/test_matcha_published.py", REF + "make_fixture_matcha_lightning.py",
-               REF + "matcha_tiny_lightning.ckpt", REF + "matcha_tiny_expected.npz", "tests/test_matcha_export.py"],
+               REF + "matcha_tiny_lightning.ckpt", REF + "matcha_tiny_expected.npz", "tests/test_matcha_export.py",
+               "tests/test_benchmark_matcha.py"],
 }
 TOGETHER = {
     "scripts/dump_gta_mels.py": [{"tacotron2"}, {"waveglow", "hifigan"}],

@@ -25,6 +25,7 @@ from models import MODELS
 from models.hifigan import benchmark as hifigan_benchmark  # part: benchmarks
 from models.hifigan import export as hifigan_export  # part: after_training_tools
 from models.hifigan import published as hifigan_published  # part: after_training_tools
+from models.matcha import benchmark as matcha_benchmark  # part: benchmarks
 from models.matcha import export as matcha_export  # part: after_training_tools
 from models.matcha import published as matcha_published  # part: after_training_tools
 from models.tacotron2 import benchmark as tacotron2_benchmark  # part: benchmarks
@@ -82,7 +83,8 @@ TABLE = {
         "files": ["utils/benchmark.py", "scripts/benchmark.py", "scripts/benchmark_step.py",
                   "scripts/benchmark_data.py", "scripts/benchmark_data_rows.py", "scripts/scaling.py",
                   "tests/test_benchmark.py", "tests/test_benchmark_hifigan.py", "tests/test_benchmark_tacotron2.py",
-                  "models/waveglow/benchmark.py", "models/hifigan/benchmark.py", "models/tacotron2/benchmark.py"],
+                  "models/waveglow/benchmark.py", "models/hifigan/benchmark.py", "models/tacotron2/benchmark.py",
+                  "models/matcha/benchmark.py", "tests/test_benchmark_matcha.py"],
         "keys": [],
     },
     "experiment_trackers": {
@@ -186,6 +188,7 @@ PARTS = Parts(
     },
     benchmarks={
         "hifigan": hifigan_benchmark.BENCHMARK,  # part: benchmarks
+        "matcha": matcha_benchmark.BENCHMARK,  # part: benchmarks
         "tacotron2": tacotron2_benchmark.BENCHMARK,  # part: benchmarks
         "waveglow": waveglow_benchmark.BENCHMARK,  # part: benchmarks
     },

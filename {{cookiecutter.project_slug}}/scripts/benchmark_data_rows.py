@@ -95,9 +95,9 @@ def trained_fields(spec: ModelSpec, cfg: Config, train_set, args: argparse.Names
     all read before the first step (data loading excluded, the copy to ``device`` included), each stepped once and
     timed; ``--warmup`` untimed steps on the first batch before. Fields: ``train_batches``,
     ``train_padding_fraction`` (padded mel frames' share of those batches), ``train_step_s`` (mean seconds a step),
-    ``train_items_per_s`` (utterances a second through forward, backward and optimizer step) and
-    ``train_frames_per_s`` (their mel frames a second, padding excluded). Raises BenchmarkError: the dataset is too
-    small for one batch."""
+    ``train_items_per_s`` (utterances a second through forward, backward and optimizer step, to 4 significant
+    digits: a slow step's fraction of one too) and ``train_frames_per_s`` (their mel frames a second, padding
+    excluded). Raises BenchmarkError: the dataset is too small for one batch."""
     loader, lengths = training_loader(spec, cfg, train_set, device), train_set.lengths()
     sampler, indices, epoch = epoch_order(loader)[0], [], 0
     while len(indices) < args.steps:
@@ -119,7 +119,7 @@ def trained_fields(spec: ModelSpec, cfg: Config, train_set, args: argparse.Names
     release(device)
     items = [i for batch in indices for i in batch]
     return {"train_batches": len(batches), "train_padding_fraction": round(padding_fraction(indices, lengths), 4),
-            "train_step_s": round(seconds / len(batches), 4), "train_items_per_s": round(len(items) / seconds, 2),
+            "train_step_s": round(seconds / len(batches), 4), "train_items_per_s": float(f"{len(items) / seconds:.4g}"),
             "train_frames_per_s": round(sum(lengths[i] for i in items) / seconds)}
 
 
