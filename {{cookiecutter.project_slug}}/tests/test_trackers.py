@@ -13,6 +13,7 @@ Outages (a server that never answers, a service that stops, a store that fills):
 The fan-out's skipping, dropping and bounded end, MLflow's artifact location in a SQLite store, and the config's
 refusals, are tested in this process."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -337,6 +338,18 @@ class Recorder:
                 raise OSError(f"{self.name} is unreachable")
             self.calls.append((method, *args))
         return call
+
+
+def test_the_http_clients_import_says_nothing_of_socks_support_the_run_does_not_use():
+    """urllib3's SOCKS module, imported by W&B's and MLflow's HTTP client (requests) in a tracker's start thread, warns
+    when PySocks is missing (the first process: it does); in a process that has imported the trackers' package, as
+    every run with trackers has before its trackers start, it says nothing (the second)."""
+    if importlib.util.find_spec("socks") is not None:
+        pytest.skip("PySocks is installed: urllib3 has nothing to warn of")
+    socks = "try:\n    import urllib3.contrib.socks\nexcept ImportError:\n    pass\n"
+    said = [subprocess.run([sys.executable, "-c", first + socks], cwd=ROOT, env=clean_env(1), capture_output=True,
+                           text=True, check=True).stderr for first in ("", "import utils.tracking\n")]
+    assert "SOCKS support in urllib3" in said[0] and said[1] == "", said
 
 
 def test_the_fan_out_skips_the_steps_a_resumed_run_holds_and_drops_a_failing_tracker(capsys):

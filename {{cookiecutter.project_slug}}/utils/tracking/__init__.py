@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Optional, Protocol
 
@@ -35,6 +36,11 @@ from utils.config import Config, ConfigError, Section
 from utils.launch import detect_launcher_env
 from utils.run import git_commit
 from utils.run_log import one_line
+
+# W&B's and MLflow's HTTP client (requests) imports urllib3's SOCKS support whether or not a proxy is set, and without
+# PySocks urllib3 warns then: a line about nothing the run uses, shown or not by when a tracker's thread imports it. A
+# SOCKS proxy in the environment still fails the tracker's start in one line. Set here, before any tracker's thread.
+warnings.filterwarnings("ignore", message="SOCKS support in urllib3 requires")
 
 LIBRARIES = {"tensorboard": None, "wandb": "wandb", "mlflow": "mlflow"}
 """Tracker -> the library it needs beyond ``requirements.txt`` (its backend imports it in ``start``)."""
