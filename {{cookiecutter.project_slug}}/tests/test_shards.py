@@ -16,6 +16,7 @@ import math
 import shutil
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +81,9 @@ def s3(tool, tmp_path_factory):
     """``s3://shards/demo``: the shards of :func:`shards`' corpus, written there by the tool, on an S3-compatible
     server (moto's, a thread of this process) on 127.0.0.1 at a port the OS chose; its endpoint and credentials in the
     environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...) while this module's tests run, which the ranks
-    inherit."""
+    inherit. moto keeps its buckets in the process, not in the server: a store left by an earlier set-up in this
+    process (pytest sets a module's fixture up again when another module's tests came between, as under xdist) is
+    emptied first through moto's reset endpoint."""
     import boto3  # only these tests'
     from moto.server import ThreadedMotoServer
 
@@ -89,6 +92,7 @@ def s3(tool, tmp_path_factory):
     server.start()
     host, port = server.get_host_and_port()
     try:
+        urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")).close()
         with pytest.MonkeyPatch.context() as patch:
             aws_env(patch, tmp_path_factory.mktemp("aws"), AWS_ENDPOINT_URL=f"http://{host}:{port}",
                     AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1")
