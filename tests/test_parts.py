@@ -326,9 +326,12 @@ def test_a_config_of_a_project_with_every_part_is_refused_in_one_line_naming_eac
 COPIED = {"tacotron2_hifigan": TWO_OPTIMIZERS}
 """The example model copied into a smallest project before its fast tier runs (``TEST_MODEL``: its generic tests train
 it): the fast tests of ``test_own_model``'s variant of it but the parts' files, which that variant runs itself."""
+TRAINED = {"matcha_hifigan": "matcha"}
+"""The example model a smallest project's generic tests train (``TEST_MODEL``) where it is not the one they pick
+(a model that takes no vocoder: HiFi-GAN): Matcha-TTS, whose project no other suite runs."""
 
 
-@pytest.mark.parametrize("model", ["waveglow", "tacotron2_hifigan"])
+@pytest.mark.parametrize("model", ["waveglow", "tacotron2_hifigan", "matcha_hifigan"])
 @pytest.mark.timeout(0)  # minutes: a nested suite is bounded by its silence (conftest.SILENCE_S)
 @pytest.mark.nested
 def test_the_smallest_project_passes_its_fast_tier(bake_once, model, request):
@@ -336,6 +339,8 @@ def test_the_smallest_project_passes_its_fast_tier(bake_once, model, request):
     if model in COPIED:
         add_own_model(project, COPIED[model])
         env["TEST_MODEL"] = COPIED[model].name
+    elif model in TRAINED:
+        env["TEST_MODEL"] = TRAINED[model]
     seed = random.randrange(2**32)
     code, said = stream([PY, "-m", "pytest", "-v", "-n", "2", "--dist", "worksteal", "-p", "no:cacheprovider",
                          f"--randomly-seed={seed}",
