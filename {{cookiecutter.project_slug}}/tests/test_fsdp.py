@@ -28,6 +28,7 @@ from parts import PARTS, config_schemas
 from utils.checkpoint.sharded import FOLDER, read_train_state
 from utils.config import ConfigError, load_config
 from utils.training.checks import check_settings
+from utils.training.recipe import apply_recipe
 
 # Real multi-process jobs are marked slow: python -m pytest -m "not slow" leaves them out.
 FSDP = ["--set", "train.parallelism=fsdp"]
@@ -309,7 +310,7 @@ def test_a_full_disk_during_a_sharded_save_ends_every_rank_with_one_line_and_kee
 
 
 def test_fsdp_of_a_model_with_several_optimizers_is_refused_with_a_reason():
-    cfg = toy_config()
+    cfg = apply_recipe(TOY_SPEC, toy_config())  # the nulls filled, as train.py's config is before its checks
     cfg.train.parallelism = "fsdp"
     with pytest.raises(ConfigError, match="trains several optimizers \\(discriminator, generator\\).*use "
                                           "train.parallelism=ddp"):
