@@ -14,11 +14,11 @@ import argparse
 import gc
 import sys
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 
+from model import Vocoder
 from models import MODELS
 from parts import LEFT_OUT, PARTS, config_schemas
 from utils.checkpoint.budget import build_recorded
@@ -118,14 +118,16 @@ def build_parser(model_names: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
-def load_vocoder(path: str, device: torch.device) -> tuple[Callable[[torch.Tensor], torch.Tensor], Config]:
-    """The ``mel (n_mels, frames) -> audio (samples,)`` of the vocoder checkpoint ``path``, and its config
-    (``args.load_vocoder`` of ``--vocoder``). Raises :class:`CheckpointError` also for a model that cannot vocode."""
+def load_vocoder(path: str, device: torch.device, label: str = "--vocoder ") -> Vocoder:
+    """The vocoder checkpoint ``path`` on ``device`` (:func:`load_trained`): its model's name, its ``mel (n_mels,
+    frames) -> audio (samples,)`` and its config (``args.load_vocoder`` of ``--vocoder``; a run's validation vocoder).
+    Raises :class:`CheckpointError` as :func:`load_trained` does, and naming ``label`` and ``path`` for a model that
+    cannot vocode; :class:`ConfigError` as :func:`load_trained` does."""
     name, vocoder, cfg = load_trained(path, device)
     spec = MODELS[name].inference
     if spec is None or spec.vocode is None:
-        raise CheckpointError(f"--vocoder {path} holds a '{name}' model, which is not a vocoder")
-    return (lambda mel: spec.vocode(vocoder, mel, cfg)), cfg
+        raise CheckpointError(f"{label}{path} holds a '{name}' model, which is not a vocoder")
+    return Vocoder(name, lambda mel: spec.vocode(vocoder, mel, cfg), cfg)
 
 
 def unknown_options(unknown: list[str], name: str, checkpoint: str) -> str:

@@ -14,7 +14,7 @@ registered in ``parts.py``. Several optimizers (:class:`Phases`: a GAN) and a mo
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Union
 
 import torch
 from torch import nn
@@ -60,6 +60,9 @@ class Training:
     data_advice: str = "raise data.num_workers"  # what to do when the GPU waits for this model's data
     variable_length: bool = False  # items differ in length; its train dataset has lengths(): batching by length
     log_validation: Optional[Callable[..., None]] = None  # rank 0: (model, batch, outputs, step, writer, dir, cfg=)
+    # the key of its section that names a vocoder checkpoint for log_validation's audio (null: none, its own way): the
+    # run loads it once at its start, on rank 0, and passes log_validation vocoder= that Vocoder
+    val_vocoder: Optional[str] = None
     optimize_for_training: Optional[Callable[..., nn.Module]] = None  # (model, cfg, **compile_kwargs): train.compile
     # model -> its repeated units in forward order: what a model split over the ranks splits and recomputes one by one
     blocks: Optional[Callable[[nn.Module], list[nn.Module]]] = None
@@ -80,6 +83,16 @@ class Inference:
     vocode: Optional[Callable[..., torch.Tensor]] = None  # (model, mel (n_mels, frames), cfg) -> audio (samples,)
     takes_vocoder: bool = False  # the model makes mels (its options offer --vocoder); the tests run it last
     modules: tuple[str, ...] = ()  # sub-modules inference uses (empty: all): kept by releases, averaged by EMA
+
+
+class Vocoder(NamedTuple):
+    """A vocoder checkpoint loaded to vocode another model's mels (``inference.load_vocoder``, in eval mode): its
+    model's name, its ``log-mel (n_mels, frames) -> audio (frames * hop_length,)`` (float32 on the CPU, in [-1, 1], no
+    gradient) and its config."""
+
+    name: str
+    vocode: Callable[[torch.Tensor], torch.Tensor]
+    cfg: Any
 
 
 @dataclasses.dataclass(frozen=True)

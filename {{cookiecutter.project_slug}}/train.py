@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 from distributed import CollectiveError, all_gather_object, cleanup, from_rank0, init_distributed
+from inference import load_vocoder
 from models import MODELS
 from parts import LEFT_OUT, PARTS, config_schemas
 from utils.checkpoint.files import CheckpointError
@@ -38,10 +39,14 @@ from utils.launch import cpu_threads, record_failure
 from utils.run import RunLock, StopRequest, end_dataloader_workers, take_output_dir
 from utils.run_log import StepWindow, one_line, one_line_warnings
 from utils.training.guards import StepCounts, StepOutcome, all_reduce_numbers
-from utils.training.checks import check_settings
+from utils.training.checks import check_settings, check_val_vocoder
 from utils.training.recipe import apply_recipe
 from utils.training.setup import Run, build_run
 from utils.training.step import forward_backward, step_schedulers
+
+CHECKS = (*PARTS.checks, lambda spec, cfg: check_val_vocoder(spec, cfg, MODELS))
+"""The settings refused before any rank starts, beside :func:`check_settings`'s own: the parts', a validation vocoder
+in a project without one."""
 
 
 def train_loop(run: Run, stop: StopRequest) -> bool:
@@ -123,7 +128,7 @@ def check_command_line(argv: list[str]) -> Optional[str]:
     try:
         args = parse_args(argv)
         cfg = load_run_config(args)
-        check_settings(MODELS[args.model], cfg, PARTS.checks)
+        check_settings(MODELS[args.model], cfg, CHECKS)
         load_splits(cfg.data, bad=[])  # the corpus is there and has utterances (its clips are checked by rank 0)
     except (CommandLineError, ConfigError, DataError) as err:
         return one_line(err)
@@ -134,7 +139,7 @@ def run_training(args: argparse.Namespace, stop: StopRequest) -> int:
     """:func:`main` once the arguments are read: config, process group, training, and the exit status."""
     try:
         cfg = load_run_config(args)  # before the process group: a bad config fails alone, fast
-        check_settings(MODELS[args.model], cfg, PARTS.checks)
+        check_settings(MODELS[args.model], cfg, CHECKS)
     except ConfigError as err:
         print(f"ERROR: {one_line(err)}", file=sys.stderr)
         return 1
@@ -191,7 +196,7 @@ def train(args: argparse.Namespace, cfg: Config, dist, stop: StopRequest) -> Non
     created = dist.is_main and not output_dir.exists()
     try:
         from_rank0(lambda: take_output_dir(output_dir, lock), ConfigError, CheckpointError)
-        run = build_run(MODELS, args, cfg, dist, PARTS.run)
+        run = build_run(MODELS, args, cfg, dist, PARTS.run, load_vocoder)
         if run is None:
             return
         try:

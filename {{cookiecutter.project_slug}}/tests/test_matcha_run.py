@@ -12,8 +12,8 @@ import soundfile as sf
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
-from conftest import (ROOT, check_recipe, demo_corpus, made_once, run_main, run_train_main, tiny_checkpoint,
-                      train_on_ranks)
+from conftest import (ROOT, check_recipe, demo_corpus, made_once, run_main, run_train_main, tensorboard_audio,
+                      tiny_checkpoint, train_on_ranks)
 
 import inference
 import train
@@ -123,17 +123,25 @@ def test_training_without_the_phonemizer_is_one_error_line_before_the_run_starts
     assert not list((tmp_path / "out").glob("checkpoint_*"))
 
 
+VAL_SECONDS = 0.1
+"""``matcha.val_audio_seconds`` of the validation tests: 8 frames of 256 samples at 22050 Hz."""
+
+
 @pytest.fixture(scope="module")
 def matcha_run(tmp_path_factory):
     """Tiny Matcha-TTS trained 2 steps on 2 gloo ranks on a 4-voice demo corpus in bf16, its statistics and EMA decay
-    left null (the recipe's), made once per session: ``(output folder, each rank's output)``."""
+    left null (the recipe's), its validation audio (:data:`VAL_SECONDS`) through a tiny HiFi-GAN checkpoint
+    (``matcha.val_vocoder``) where the project has the model, made once per session: ``(output folder, each rank's
+    output)``."""
     corpus = demo_corpus(tmp_path_factory, "vctk", speakers=4, n=8)
 
     def make(folder):
         argv = ["--config", os.path.join(ROOT, "config.json"), "--model", "matcha", "--tiny", "--max-steps", "2",
                 "--dataset-path", str(corpus), "--output-dir", str(folder / "out"), "--set", "data.num_workers=0",
                 "--set", "data.val_size=2", "--set", "train.val_interval=2", "--set", "train.log_interval=1",
-                "--set", "train.precision=bf16"]
+                "--set", "train.precision=bf16", "--set", f"matcha.val_audio_seconds={VAL_SECONDS}"]
+        if "hifigan" in MODELS:  # its validation audio through a HiFi-GAN checkpoint
+            argv += ["--set", f"matcha.val_vocoder={tiny_checkpoint('hifigan', folder / 'hifigan.pt')}"]
         return train_on_ranks(argv, folder / "ranks")
     folder, said = made_once(tmp_path_factory, "matcha_run", make)
     return folder / "out", said
@@ -258,19 +266,25 @@ def test_text_to_speech_through_a_hifigan_checkpoint(voices, tmp_path):
     assert info.samplerate == 22050 and info.frames > 0 and info.frames % 256 == 0
 
 
-def test_validation_draws_the_alignment_and_the_synthesised_mel_beside_its_target_and_adds_their_audio(tmp_path):
-    """Rank 0's validation media (``models.matcha.validation``), read back from TensorBoard: the MAS path and the mels
-    as figures at every validation, Griffin-Lim clips of ``matcha.val_audio_seconds`` (the target's once), the
-    sampler's mel the same at every call and the run's random stream left as it was."""
+def validation_inputs():
+    """``(cfg, model, batch, outputs)``: the tiny config with :data:`VAL_SECONDS` of validation audio, an untrained
+    tiny Matcha-TTS in eval mode, a batch of two utterances of random text and mels, and the model's outputs for it."""
     cfg = tiny_cfg()
-    cfg.matcha.val_audio_seconds = 0.1  # 8 frames of 256 samples
+    cfg.matcha.val_audio_seconds = VAL_SECONDS
     model = MODELS["matcha"].build_model(cfg).eval()
     generator = torch.Generator().manual_seed(0)
     items = [{"text": torch.randint(1, 100, (n,), generator=generator), "mel": torch.randn(40, 24 - n, generator=generator),
               "id": f"utt{n}"} for n in (9, 7)]
     batch = MatchaCollate()(items)
     with torch.no_grad():
-        outputs = model(batch)
+        return cfg, model, batch, model(batch)
+
+
+def test_validation_draws_the_alignment_and_the_synthesised_mel_beside_its_target_and_adds_their_audio(tmp_path):
+    """Rank 0's validation media (``models.matcha.validation``), read back from TensorBoard: the MAS path and the mels
+    as figures at every validation, Griffin-Lim clips of ``matcha.val_audio_seconds`` (the target's once), the
+    sampler's mel the same at every call and the run's random stream left as it was."""
+    cfg, model, batch, outputs = validation_inputs()
     writer = SummaryWriter(str(tmp_path / "tensorboard"))
     state = torch.random.get_rng_state()
     for step in (2, 4):
@@ -289,3 +303,99 @@ def test_validation_draws_the_alignment_and_the_synthesised_mel_beside_its_targe
     for tag, length in (("audio/target_griffin_lim", 8 * 256), ("audio/synthesised_griffin_lim", frames * 256)):
         clip, _ = sf.read(io.BytesIO(events.Audio(tag)[0].encoded_audio_string))
         assert len(clip) == length and np.abs(clip).max() > 0, tag
+
+
+def test_validation_audio_through_a_vocoder_checkpoint_is_its_generator_on_the_same_mels(tmp_path):
+    """``matcha.val_vocoder``'s vocoder, loaded as a run loads it (``inference.load_vocoder``), makes the validation
+    clips in Griffin-Lim's place, tagged with its name: each the HiFi-GAN generator's audio of the same crop of the
+    target's and the sampler's de-normalised mels (16-bit PCM in TensorBoard: within 2 steps of 1/32767)."""
+    if "hifigan" not in MODELS:
+        pytest.skip("this project has no hifigan model to vocode with")
+    cfg, model, batch, outputs = validation_inputs()
+    path = tiny_checkpoint("hifigan", tmp_path / "hifigan.pt")
+    writer = SummaryWriter(str(tmp_path / "tensorboard"))
+    vocoder = inference.load_vocoder(str(path), torch.device("cpu"))
+    for step in (2, 4):
+        MODELS["matcha"].training.log_validation(model, batch, outputs, step, writer, tmp_path, cfg=cfg,
+                                                 vocoder=vocoder)
+    writer.close()
+    clips = tensorboard_audio(tmp_path)
+    assert {tag: [step for step, _, _ in found] for tag, found in clips.items()} == {
+        "audio/target_hifigan": [2], "audio/synthesised_hifigan": [2, 4]}
+    _, hifigan, _ = inference.load_trained(path, torch.device("cpu"))
+    mean, std, frames = cfg.matcha.mel_mean, cfg.matcha.mel_std, int(batch["mel_lengths"][0])
+    mels = {"audio/target_hifigan": batch["mel"][0, :, :frames] * std + mean,
+            "audio/synthesised_hifigan": synthesised_mel(model, batch, cfg) * std + mean}
+    for tag, mel in mels.items():
+        with torch.no_grad():
+            expected = hifigan.generator(mel[None, :, :8])[0, 0].clamp(-1, 1).numpy()
+        for _, rate, clip in clips[tag]:
+            assert rate == 22050 and clip.shape == expected.shape == (min(8, mel.shape[1]) * 256,), tag
+            np.testing.assert_allclose(clip, expected, atol=2 / 32767, rtol=0, err_msg=tag)
+        assert np.abs(expected).max() > 100 / 32767, tag  # audible: not a comparison of near-silences
+
+
+def bad_vocoder(case, tmp_path):
+    """``(path, what the line says of it)``: a file ``matcha.val_vocoder`` cannot name, of each kind."""
+    path = tmp_path / f"{case}.pt"
+    if case == "missing":
+        return path, f"checkpoint not found: {path}"
+    if case == "not a vocoder":
+        return tiny_checkpoint("matcha", path), f"{path} holds a 'matcha' model, which is not a vocoder"
+    if case == "a bare generator":  # jik876's g_ file, not imported: no model entry
+        torch.save({"generator": {"conv_pre.bias": torch.zeros(4)}}, path)
+        return path, f"{path} is not a checkpoint of this project (no 'model' entry)"
+    cfg = apply_recipe(MODELS["hifigan"], load_config(os.path.join(ROOT, "config.json"), config_schemas(), tiny=True))
+    cfg.audio.sampling_rate, cfg.audio.n_mels = 16000, 80  # a vocoder of other mels than the tiny run's
+    torch.save({"model": MODELS["hifigan"].build_model(cfg).state_dict(), "model_name": "hifigan",
+                "config": cfg.to_dict(), "step": 0}, path)
+    return path, (f"{path} is a vocoder of other audio settings than the run's: sampling_rate 16000, the mels' 22050; "
+                  "n_mels 80, the mels' 40")
+
+
+@pytest.mark.parametrize("case", ["missing", "not a vocoder", "a bare generator", "other audio settings"])
+def test_a_bad_validation_vocoder_is_one_error_line_at_the_start_before_any_step(tmp_path_factory, tmp_path, case):
+    """Rank 0 loads ``matcha.val_vocoder`` first thing in the run (``build_run``): a file it cannot vocode with stops
+    the run there, one ``ERROR:`` line naming the key, the file and what is wrong; no step, no checkpoint."""
+    if "hifigan" not in MODELS:
+        pytest.skip("this project has no vocoder model: the key is refused before any file is read (test below)")
+    path, what = bad_vocoder(case, tmp_path)
+    out = tmp_path / "out"
+    code, _, err = run_train_main(["--config", os.path.join(ROOT, "config.json"), "--model", "matcha", "--tiny",
+                                   "--dataset-path", str(demo_corpus(tmp_path_factory, "vctk", speakers=2, n=4)),
+                                   "--output-dir", str(out), "--set", "data.num_workers=0", "--set",
+                                   f"matcha.val_vocoder={path}"])
+    errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
+    assert code == 1 and errors == [f"ERROR: rank 0: matcha.val_vocoder: {what}"] and "Traceback" not in err, err
+    assert not out.exists() or not list(out.iterdir()), list(out.iterdir())
+
+
+def test_a_validation_vocoder_in_a_project_without_a_vocoder_model_is_refused_before_any_rank_starts(
+        monkeypatch, tmp_path_factory, tmp_path):
+    """``example_model=matcha``: ``matcha.val_vocoder`` names a file no model of the registry can load, one line
+    from ``multiproc.py``'s preflight (``check_command_line``) and from ``train.py`` before its process group."""
+    registry = {name: spec for name, spec in MODELS.items() if not (spec.inference and spec.inference.vocode)}
+    monkeypatch.setattr(train, "MODELS", registry)
+    path = tiny_checkpoint("hifigan", tmp_path / "hifigan.pt") if "hifigan" in MODELS else tmp_path / "hifigan.pt"
+    argv = ["--config", os.path.join(ROOT, "config.json"), "--model", "matcha", "--tiny", "--dataset-path",
+            str(demo_corpus(tmp_path_factory, "vctk", speakers=2, n=4)), "--output-dir", str(tmp_path / "out"),
+            "--set", f"matcha.val_vocoder={path}"]
+    line = (f"matcha.val_vocoder={path}: this project has no vocoder model to load it as (models: "
+            f"{', '.join(registry)}); leave it null for Griffin-Lim's validation audio")
+    assert train.check_command_line(argv) == line
+    code, _, err = run_train_main(argv)
+    assert code == 1 and err.splitlines() == [f"ERROR: {line}"] and not (tmp_path / "out").exists(), err
+
+
+@pytest.mark.slow
+def test_the_run_on_two_ranks_vocodes_its_validation_audio_with_the_vocoder_it_names(matcha_run):
+    """``matcha.val_vocoder`` through the run's wiring (rank 0 loads it at the start, its validator hands it to the
+    model's hook): the clips of the shared run are the HiFi-GAN checkpoint's, tagged with its name (Griffin-Lim's
+    where the project has no vocoder model), :data:`VAL_SECONDS` long at most."""
+    out, _ = matcha_run
+    name = "hifigan" if "hifigan" in MODELS else "griffin_lim"
+    clips = tensorboard_audio(out)
+    assert {tag: [step for step, _, _ in found] for tag, found in clips.items()} == {
+        f"audio/target_{name}": [2], f"audio/synthesised_{name}": [2]}
+    for tag, [(_, rate, clip)] in clips.items():
+        assert rate == 22050 and 0 < len(clip) <= 8 * 256 and len(clip) % 256 == 0 and np.isfinite(clip).all(), tag

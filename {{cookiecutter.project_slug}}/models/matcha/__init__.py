@@ -23,6 +23,7 @@ SPEC = ModelSpec(
         blocks=blocks,  # the encoder's layers, the duration predictor, the decoder's levels (network.blocks)
         speaker_rows=("speakers.weight",),
         log_validation=log_validation,
+        val_vocoder="val_vocoder",  # its audio through a vocoder checkpoint (matcha.val_vocoder), else Griffin-Lim's
     ),
     inference=Inference(infer=infer, add_args=add_inference_args, takes_vocoder=True),
     # shivammehta25/Matcha-TTS: jik876's frames (its mel_spectrogram), configs/trainer/default.yaml's gradient_clip_val,

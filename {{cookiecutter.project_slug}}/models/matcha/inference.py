@@ -18,7 +18,7 @@ from models.matcha.network import MatchaTTS
 from models.matcha.text import PhonemizerMissing, text_to_ids, versions
 from utils.checkpoint.files import CheckpointError
 from utils.config import Config
-from utils.data.audio import AudioConfig, check_wav_output, save_wav
+from utils.data.audio import AudioConfig, check_wav_output, save_wav, vocoder_mismatch
 
 
 def add_inference_args(parser: argparse.ArgumentParser) -> None:
@@ -94,12 +94,11 @@ def load_vocoder(args: argparse.Namespace, cfg: Config) -> Optional[Callable[[to
     """
     if not getattr(args, "vocoder", None):
         return None
-    vocode, voc_cfg = args.load_vocoder(args.vocoder)
-    same = {"exclude": {"mel_framing"}}
-    if voc_cfg.audio.model_dump(**same) != cfg.audio.model_dump(**same):
+    vocoder = args.load_vocoder(args.vocoder)
+    if differing := vocoder_mismatch(vocoder.cfg.audio, cfg.audio):  # the framing aside
         raise CheckpointError(f"--vocoder {args.vocoder} was trained with other audio settings than "
-                              f"{args.checkpoint}: {voc_cfg.audio} vs {cfg.audio}")
-    return vocode
+                              f"{args.checkpoint}: {differing}")
+    return vocoder.vocode
 
 
 def synthesise(model: MatchaTTS, cfg: Config, text: str, speaker: Optional[torch.Tensor],

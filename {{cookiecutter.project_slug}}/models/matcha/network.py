@@ -45,7 +45,9 @@ class MatchaConfig(ModelSection):
     config; ``python -m scripts.mel_statistics`` prints them to set here). ``phonemizer`` / ``espeak_ng``: the
     versions of the text front end's programs a run phonemized its corpus with, recorded by the run (a value given is
     replaced), which inference compares with its own. ``val_audio_seconds``: the longest validation clip rank 0 turns
-    into Griffin-Lim audio (0: none; ``models.matcha.validation``). ``batch_size`` is per process.
+    into audio (0: none; ``models.matcha.validation``); ``val_vocoder``: the vocoder checkpoint that makes it, as
+    ``inference.py --vocoder`` takes one (HiFi-GAN's, where the project has the model; refused where it has no
+    vocoder), loaded once at the run's start (null: Griffin-Lim). ``batch_size`` is per process.
     """
 
     spk_emb_dim: int = Field(64, ge=1)
@@ -72,6 +74,7 @@ class MatchaConfig(ModelSection):
     phonemizer: Optional[str] = None
     espeak_ng: Optional[str] = None
     val_audio_seconds: float = Field(3.0, ge=0)
+    val_vocoder: Optional[str] = Field(None, min_length=1)
     batch_size: int = Field(32, ge=1)
 
 

@@ -1,6 +1,7 @@
 """Matcha-TTS's validation media for TensorBoard and the trackers: the mel the sampler makes of the first utterance's
-text beside its target, the monotonic alignment search's path, and audio (Griffin-Lim). Figures are plain
-:class:`matplotlib.figure.Figure` objects on the Agg canvas: no GUI backend, no pyplot state."""
+text beside its target, the monotonic alignment search's path, and audio (a vocoder checkpoint's,
+``matcha.val_vocoder``, else Griffin-Lim's). Figures are plain :class:`matplotlib.figure.Figure` objects on the Agg
+canvas: no GUI backend, no pyplot state."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model import Batch
+from model import Batch, Vocoder
 from models.matcha.inference import griffin_lim
 from utils.config import Config
 from utils.data.audio import AudioConfig
@@ -98,15 +99,17 @@ def synthesised_mel(model: nn.Module, batch: Batch, cfg: Config) -> torch.Tensor
 
 
 def log_validation(model: nn.Module, batch: Batch, outputs: dict[str, torch.Tensor], step: int, writer: Any,
-                   output_dir: Any, cfg: Optional[Config] = None) -> None:
+                   output_dir: Any, cfg: Optional[Config] = None, vocoder: Optional[Vocoder] = None) -> None:
     """Pictures and audio of the first utterance of a validation batch (the loader does not shuffle: the same one at
     every validation), padding cut off. ``batch``: :class:`models.matcha.data.MatchaCollate`'s; ``outputs``: the
     unwrapped ``model``'s (in eval mode, the EMA's weights where the run keeps them) for it, ``{"attn": (B, T_text,
     T), ...}``. Always saves ``output_dir/alignment_<step>.png``; with a ``writer`` (TensorBoard, or the trackers'
     fan-out) and the run's ``cfg`` also adds the figures ``alignment`` (the MAS path) and ``mel`` (the target above,
-    :func:`synthesised_mel` below, both de-normalised to log-mels), and Griffin-Lim's audio of at most
-    ``matcha.val_audio_seconds`` of each (0: none) at ``audio.sampling_rate`` Hz: ``audio/synthesised_griffin_lim``,
-    and at the run's first validation ``audio/target_griffin_lim`` and the text ``audio/utterance`` (its id)."""
+    :func:`synthesised_mel` below, both de-normalised to log-mels), and the audio of at most
+    ``matcha.val_audio_seconds`` of each (0: none) at ``audio.sampling_rate`` Hz, made by ``vocoder`` (the run's
+    ``matcha.val_vocoder``, loaded at its start) or else Griffin-Lim (:func:`clip`), whose name ends each tag:
+    ``audio/synthesised_<name>`` (``audio/synthesised_hifigan``, ``audio/synthesised_griffin_lim``), and at the run's
+    first validation ``audio/target_<name>`` and the text ``audio/utterance`` (its id)."""
     text_len, frames = int(batch["text_lengths"][0]), int(batch["mel_lengths"][0])
     utt = batch["ids"][0] if "ids" in batch else "utterance 0"
     figure = plot_alignment(outputs["attn"][0, :text_len, :frames].float(), f"{utt}, step {step}")
@@ -123,12 +126,12 @@ def log_validation(model: nn.Module, batch: Batch, outputs: dict[str, torch.Tens
     if seconds == 0:
         return
     crop = max(2, int(seconds * audio_cfg.sampling_rate / audio_cfg.hop_length))
-    if first_time(writer, "audio/target_griffin_lim"):
+    name, make = (vocoder.name, vocoder.vocode) if vocoder is not None else \
+        ("griffin_lim", lambda mel: clip(mel, audio_cfg))
+    if first_time(writer, f"audio/target_{name}"):
         writer.add_text("audio/utterance", str(utt), step)
-        add_audio(writer, "audio/target_griffin_lim", clip(target[:, :crop], audio_cfg), step,
-                  audio_cfg.sampling_rate)
+        add_audio(writer, f"audio/target_{name}", make(target[:, :crop]), step, audio_cfg.sampling_rate)
     if not torch.isfinite(synthesised).all():  # a diverged model
         warnings.warn(f"step {step}: the synthesised mel holds NaN or infinite values; no audio")
         return
-    add_audio(writer, "audio/synthesised_griffin_lim", clip(synthesised[:, :crop], audio_cfg), step,
-              audio_cfg.sampling_rate)
+    add_audio(writer, f"audio/synthesised_{name}", make(synthesised[:, :crop]), step, audio_cfg.sampling_rate)

@@ -22,7 +22,7 @@ from models.tacotron2.network import Tacotron2
 from models.tacotron2.text import sequence_to_text, text_to_sequence
 from utils.checkpoint.files import CheckpointError
 from utils.config import Config
-from utils.data.audio import ArrayLike, AudioConfig, check_wav_output, save_wav
+from utils.data.audio import ArrayLike, AudioConfig, check_wav_output, save_wav, vocoder_mismatch
 from utils.data.corpus import DataError
 from models.tacotron2.plots import plot_alignment, plot_gate, plot_spectrogram
 from utils.plotting import add_audio, first_time, fixed_random_state
@@ -196,12 +196,11 @@ def load_vocoder(args: argparse.Namespace, cfg: Config) -> Optional[Callable[[to
     """
     if not getattr(args, "vocoder", None):
         return None
-    vocode, voc_cfg = args.load_vocoder(args.vocoder)
-    same = {"exclude": {"mel_framing"}}  # another framing shifts the frames by half a hop: a vocoder does not mind
-    if voc_cfg.audio.model_dump(**same) != cfg.audio.model_dump(**same):
+    vocoder = args.load_vocoder(args.vocoder)
+    if differing := vocoder_mismatch(vocoder.cfg.audio, cfg.audio):  # the framing aside
         raise CheckpointError(f"--vocoder {args.vocoder} was trained with other audio settings than "
-                              f"{args.checkpoint}: {voc_cfg.audio} vs {cfg.audio}")
-    return vocode
+                              f"{args.checkpoint}: {differing}")
+    return vocoder.vocode
 
 
 def read_lines(args: argparse.Namespace) -> tuple[list[str], list[Path]]:

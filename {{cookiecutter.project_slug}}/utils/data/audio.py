@@ -141,6 +141,14 @@ def slaney_mel_filters(sampling_rate: int, n_fft: int, n_mels: int, fmin: float,
     return weights
 
 
+def vocoder_mismatch(vocoder: AudioConfig, mels: AudioConfig) -> str:
+    """The audio settings in which a vocoder's ``audio`` section differs from that of the mels it is to vocode, as
+    ``"sampling_rate 16000, the mels' 22050; ..."`` (empty: none); the mel framing aside, as another framing shifts the
+    frames by half a hop, which a vocoder does not notice."""
+    theirs, ours = (audio.model_dump(exclude={"mel_framing"}) for audio in (vocoder, mels))
+    return "; ".join(f"{key} {theirs[key]}, the mels' {value}" for key, value in ours.items() if theirs[key] != value)
+
+
 def check_wav_output(path: Union[str, Path]) -> Path:
     """``path`` as a Path if :func:`save_wav` can write a wav there (checked before any work is done). Raises ValueError
     if ``path`` is an existing folder, or its name does not end in ``.wav``."""

@@ -4,7 +4,7 @@ exists (:func:`check_settings`), and while the model and datasets are built (:fu
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from model import ModelSpec, adam
 from utils.config import MOVED, Config, ConfigError
@@ -47,6 +47,18 @@ def check_rate_not_in_section(spec: ModelSpec) -> None:
         raise ConfigError(f"{', '.join(unread)}: model '{spec.name}' declares it in its section, which the default "
                           "optimizer does not read since it moved (see CHANGELOG); take it out of the section and give "
                           "the model's own value in its ModelSpec.recipe")
+
+
+def check_val_vocoder(spec: ModelSpec, cfg: Config, models: Mapping[str, ModelSpec]) -> None:
+    """Refuse a vocoder checkpoint for the validation audio (the key of the model's section ``Training.val_vocoder``
+    names) where the registry ``models`` holds no vocoder (``Inference.vocode``) to load it as: a
+    :class:`ConfigError`."""
+    key = spec.training.val_vocoder
+    path = getattr(cfg.section(spec.name), key) if key else None
+    if path is not None and not any(other.inference is not None and other.inference.vocode is not None
+                                    for other in models.values()):
+        raise ConfigError(f"{spec.name}.{key}={path}: this project has no vocoder model to load it as (models: "
+                          f"{', '.join(models)}); leave it null for Griffin-Lim's validation audio")
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from distributed import DistInfo, apply_gradient_allreduce, from_rank0
-from model import BatchFrames, ModelSpec
+from model import BatchFrames, ModelSpec, Vocoder
 from utils.checkpoint.files import CheckpointError, atomic_write_bytes
 from utils.checkpoint.checkpointer import Checkpointer
 from utils.checkpoint.names import last_checkpoint_path
@@ -26,7 +26,7 @@ from utils.checkpoint.resume import Formats, agreed_resume_path
 from utils.checkpoint.state import RngStates
 from utils.checkpoint.weights import load_into, read_weights
 from utils.config import Config, ConfigError
-from utils.data.audio import decoding
+from utils.data.audio import decoding, vocoder_mismatch
 from utils.data.check import prepare_run
 from utils.data.corpus import DataError
 from utils.data import speakers
@@ -112,11 +112,13 @@ class Run:
 
 
 def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Config, dist: DistInfo,
-              parts: RunParts) -> Optional[Run]:
+              parts: RunParts, load_vocoder: Callable[..., Vocoder]) -> Optional[Run]:
     """The run of ``models[args.model]`` with what the optional ``parts`` add, once rank 0 holds the output folder;
-    ``None`` (said) when the checkpoint is at ``train.max_steps``. Raises :class:`DataError`, :class:`ConfigError`,
+    ``None`` (said) when the checkpoint is at ``train.max_steps``. ``load_vocoder``: ``inference.load_vocoder``, for
+    the model's validation vocoder (:func:`validation_vocoder`). Raises :class:`DataError`, :class:`ConfigError`,
     :class:`CheckpointError`, :class:`TrainingError`."""
     spec, output_dir = models[args.model], Path(args.output_dir)
+    vocoder = validation_vocoder(spec, cfg, dist, load_vocoder)  # first: a bad one stops the run before any work
     found, cfg.data.speakers = from_rank0(lambda: checked_corpus(cfg, spec, output_dir, parts.corpus), ConfigError,
                                           DataError)
     cfg.data.exclude = sorted({*cfg.data.exclude, *found})  # load_splits leaves these out
@@ -167,13 +169,40 @@ def build_run(models: dict[str, ModelSpec], args: argparse.Namespace, cfg: Confi
     validator = Validator(model=phases[0].wrapped if len(phases) == 1 else model,  # a one-loss model's DDP-wrapped network
                           criterion=criterion, loader=val_loader, spec=spec, cfg=cfg, dist=dist,
                           autocast=precision.autocast, prepare=data.prepare, writer=log.writer, output_dir=output_dir,
-                          ema=ema, gather=parts.sharding.gathered_model if parts.sharding is not None else None)
+                          ema=ema, gather=parts.sharding.gathered_model if parts.sharding is not None else None,
+                          vocoder=vocoder)
     return Run(spec=spec, train=cfg.train, dist=dist, output_dir=output_dir, state=state, phases=phases,
                step_fn=spec.training.phases.train_step if spec.training.phases is not None else one_loss_step(criterion),
                precision=precision, data=data, ema=ema, log=log, validator=validator, checkpointer=checkpointer,
                anomalies=Anomalies(cfg.train, precision.scaler, state, log, len(phases), checkpointer.suspect),
                balance=BalanceMonitor(cfg.train.memory_imbalance, cfg.train.straggler_share,  # forward_backward's clock:
                                       clock="cpu" if dist.device.type == "cpu" else "wall"))
+
+
+def validation_vocoder(spec: ModelSpec, cfg: Config, dist: DistInfo, load: Callable[..., Vocoder]) -> Optional[Vocoder]:
+    """Rank 0's vocoder of the validation audio: the checkpoint the key ``Training.val_vocoder`` of the model's section
+    names, read by ``load`` (``inference.load_vocoder``) onto the run's device, the random streams left as they were;
+    ``None`` on the other ranks and where the key is null. Raises, on every rank, a :class:`CheckpointError` naming
+    the key: a file that does not load or holds no vocoder, a vocoder of other audio settings than the run's
+    (:func:`vocoder_mismatch`)."""
+    key = spec.training.val_vocoder
+    path = getattr(cfg.section(spec.name), key) if key else None
+    if path is None:
+        return None
+    setting, loaded = f"{spec.name}.{key}", []
+
+    def load_on_rank0() -> None:
+        try:
+            with torch.random.fork_rng(devices=[]):  # its layers draw their initial weights: not from the run's stream
+                vocoder = load(path, dist.device, label="")
+        except (CheckpointError, ConfigError) as err:
+            raise CheckpointError(f"{setting}: {err}") from None
+        if differing := vocoder_mismatch(vocoder.cfg.audio, cfg.audio):
+            raise CheckpointError(f"{setting}: {path} is a vocoder of other audio settings than the run's: "
+                                  f"{differing}")
+        loaded.append(vocoder)
+    from_rank0(load_on_rank0, CheckpointError)
+    return loaded[0] if loaded else None
 
 
 def checked_corpus(cfg: Config, spec: ModelSpec, output_dir: Path,

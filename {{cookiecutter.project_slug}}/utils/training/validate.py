@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from distributed import DistInfo, reduce_tensor, split_over_ranks, unwrap_model
-from model import ModelSpec
+from model import ModelSpec, Vocoder
 from utils.config import Config
 from utils.data.loader import to_device
 from utils.errors import TrainingError
@@ -34,7 +34,8 @@ class Validator:
     one-loss model's DDP-wrapped network, or the whole model of several phases; ``criterion``: the training loss;
     ``loader``: this rank's shard of the validation set; ``prepare``: the model's ``on_device`` hook or None;
     ``writer``: rank 0's TensorBoard writer (None elsewhere); ``ema``: validated in place of the weights if kept;
-    ``gather``: a model split over the ranks, whole on rank 0 for its pictures (``Sharding.gathered_model``)."""
+    ``gather``: a model split over the ranks, whole on rank 0 for its pictures (``Sharding.gathered_model``);
+    ``vocoder``: rank 0's of the model's validation audio (``Training.val_vocoder``), passed to its hook where set."""
 
     model: torch.nn.Module
     criterion: Callable
@@ -48,6 +49,7 @@ class Validator:
     output_dir: Path
     ema: Optional[EMA] = None
     gather: Optional[Callable[..., Optional[torch.nn.Module]]] = None
+    vocoder: Optional[Vocoder] = None
 
     def validate(self, step: int) -> Validation:
         """The mean batch loss and terms at ``step`` over all ranks' shards (all ranks call it); rank 0 draws the first
@@ -81,7 +83,9 @@ class Validator:
                 if split_over_ranks(plain):  # rank 0 gets a copy from the gathered weights (every rank calls)
                     plain = self.gather(plain, spec, self.cfg, device, is_main)
                 if is_main:
-                    spec.training.log_validation(plain, batch, outputs, step, self.writer, self.output_dir, cfg=self.cfg)
+                    vocoder = {"vocoder": self.vocoder} if self.vocoder is not None else {}
+                    spec.training.log_validation(plain, batch, outputs, step, self.writer, self.output_dir, cfg=self.cfg,
+                                                 **vocoder)
         total = reduce_tensor(total, op="sum")
         model.train()
         means = (total[[0, *range(2, len(total))]] / total[1].clamp(min=1)).tolist()
