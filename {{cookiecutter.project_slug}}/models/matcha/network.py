@@ -46,8 +46,8 @@ class MatchaConfig(ModelSection):
     versions of the text front end's programs a run phonemized its corpus with, recorded by the run (a value given is
     replaced), which inference compares with its own. ``val_audio_seconds``: the longest validation clip rank 0 turns
     into audio (0: none; ``models.matcha.validation``); ``val_vocoder``: the vocoder checkpoint that makes it, as
-    ``inference.py --vocoder`` takes one (HiFi-GAN's, where the project has the model; refused where it has no
-    vocoder), loaded once at the run's start (null: Griffin-Lim). ``batch_size`` is per process.
+    ``inference.py --vocoder`` takes one (refused where the project has no vocoder model), loaded once at the run's
+    start (null: Griffin-Lim). ``batch_size`` is per process.
     """
 
     spk_emb_dim: int = Field(64, ge=1)
