@@ -2,8 +2,9 @@
 root's ``TABLE`` (``parts.py``, which the hook reads) name them (sharding, cloud platforms, after-training tools,
 benchmarks, experiment trackers, ...); every test here reads them from there, and their words from :data:`WORDS`.
 
-* Every combination of answers, with every example model, generates a project that passes ruff and keeps its import
-  contracts (both static: nothing of the project is imported, torch neither). Cheap enough for 2 ** len(PARTS)
+* Every combination of answers, with every two-model answer, generates a project that passes ruff and keeps its
+  import contracts (both static: nothing of the project is imported, torch neither); with a model alone, the answers
+  that give every two parts each pair of answers (:func:`answers_linted`). Cheap enough for 2 ** len(PARTS)
   combinations: cookiecutter's Python API in two interpreters side by side, one ruff over all, one interpreter
   running lint-imports in each project.
 * A part answered no is gone whole: every path the post-generation hook lists for it (each one present when it is
@@ -12,7 +13,8 @@ benchmarks, experiment trackers, ...); every test here reads them from there, an
   with every part is refused in one run, one line naming every such key and its part.
 * A project of any example model with every part left out names none of them anywhere outside ``tests/``
   (:data:`CAPABILITIES`), and WaveGlow's has at most :data:`SMALLEST_LINES` lines of code.
-* The smallest projects (WaveGlow alone and Tacotron2 with HiFi-GAN, every part left out) pass their own fast tier,
+* The smallest projects (WaveGlow alone, Tacotron2 with HiFi-GAN and Matcha-TTS with HiFi-GAN, every part left out:
+  :data:`SELECTED`, Matcha-TTS the generic tests' model in its own, :data:`TRAINED`) pass their own fast tier,
   which runs every tool's ``--help`` (``tests/test_docs.py``); less the test files of code no part and no model changes
   (``test_own_model.SAME_IN_EVERY_VARIANT``: the same files testing the same code, run by the whole project's suite);
   Tacotron2 with HiFi-GAN's less the launch's too (``test_own_model.SAME_FOR_EVERY_MODEL``: WaveGlow's runs them on
@@ -22,6 +24,7 @@ benchmarks, experiment trackers, ...); every test here reads them from there, an
   outside the parts' files run here, once (:data:`COPIED`).
 """
 
+import ast
 import concurrent.futures
 import itertools
 import json
@@ -70,6 +73,36 @@ def hook_parts() -> dict:
 def combinations():
     """Every answer of every part: 2 ** len(PARTS) dicts."""
     return [dict(zip(PARTS, answers)) for answers in itertools.product(("yes", "no"), repeat=len(PARTS))]
+
+
+TWO_MODELS = ("both", "tacotron2_hifigan", "matcha_hifigan")
+"""The example-model answers of two models: each model of one is in one of them."""
+
+
+def pairs() -> list[dict]:
+    """Answers in which every two parts take each of their four pairs of answers: every part yes, every part no, and
+    each part alone answered the other way from either (2 + 2 * len(PARTS) dicts, where :func:`combinations` gives
+    2 ** len(PARTS))."""
+    every = [dict.fromkeys(PARTS, "yes"), dict.fromkeys(PARTS, "no")]
+    return every + [{**base, part: "no" if base[part] == "yes" else "yes"} for base in every for part in PARTS]
+
+
+def test_each_model_alone_is_in_a_project_of_two_models_linted_with_every_combination():
+    """:data:`TWO_MODELS` are the hook's answers of two models (its ``CHOSEN``), and they hold every model alone."""
+    tree = ast.parse((ROOT / "hooks" / "post_gen_project.py").read_text())
+    chosen = next(node.value for node in tree.body if isinstance(node, ast.Assign) and node.targets[0].id == "CHOSEN")
+    two = ast.literal_eval(chosen.func.value)  # CHOSEN = {answer: its models}.get(CHOICE, {CHOICE})
+    assert sorted(two) == sorted(TWO_MODELS)
+    assert {model for model in MODELS if model not in two} <= set().union(*two.values())
+
+
+def answers_linted(model: str) -> list[dict]:
+    """The part answers :func:`test_every_combination_of_parts_passes_ruff_and_the_import_contracts` lints with
+    ``model``: every combination for a project of two models; for a project of one, :func:`pairs`. A project of one
+    model holds the ``.py`` files of a project of two (copied verbatim, pruned alike) but the hook's edits of
+    ``parts.py`` and ``models/__init__.py``: every part with each answer beside each other part's, with this model's
+    edits, and every combination of the parts among the same files in the two-model project."""
+    return combinations() if model in TWO_MODELS else pairs()
 
 
 def test_the_hook_and_the_questions_name_the_same_parts():
@@ -144,8 +177,9 @@ interpreter (importlinter imported once); prints ``[[exit status, output], ...]`
 
 @pytest.mark.parametrize("model", MODELS)
 def test_every_combination_of_parts_passes_ruff_and_the_import_contracts(tmp_path, model):
+    linted = answers_linted(model)
     projects = generate([{"example_model": model, "project_slug": f"p{n}", **answers}
-                         for n, answers in enumerate(combinations())], tmp_path)
+                         for n, answers in enumerate(linted)], tmp_path)
     ruff = call([*tool("ruff", "ruff"), "check", "--no-cache", "--output-format", "concise", *projects],
                 cwd=tmp_path)
     if ruff.returncode != 0:
@@ -154,7 +188,7 @@ def test_every_combination_of_parts_passes_ruff_and_the_import_contracts(tmp_pat
     lint = call([PY, "-c", LINT, json.dumps([str(project) for project in projects])], cwd=tmp_path)
     if lint.returncode != 0:
         pytest.fail(f"lint-imports did not run\n{output(lint)}")
-    for (code, said), answers in zip(json.loads(lint.stdout.splitlines()[-1]), combinations()):
+    for (code, said), answers in zip(json.loads(lint.stdout.splitlines()[-1]), linted):
         if code != 0 or " BROKEN" in said:
             pytest.fail(f"the import contracts fail with {model} and {answers}\n{said[-6000:]}")
 
