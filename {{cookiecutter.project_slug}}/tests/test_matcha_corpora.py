@@ -1,11 +1,12 @@
 """Matcha-TTS on the corpora a run reads: its frame budgets resumed bit for bit after SIGTERM and through 2 -> 1 -> 2
-processes, and a 4-voice corpus in each layout the readers know (``data.format=auto``), each voice its own."""
+processes, a run resumed past a validation at its last step, and a 4-voice corpus in each layout the readers know
+(``data.format=auto``), each voice its own."""
 
 import os
 
 import pytest
-from conftest import (ROOT, assert_four_voices, assert_speaks_each_voice, demo_corpus, four_voice_argv,
-                      frame_budgets_resume_through_2_1_2, synth_corpus, train_in_process)
+from conftest import (ROOT, assert_four_voices, assert_same_weights, assert_speaks_each_voice, demo_corpus,
+                      four_voice_argv, frame_budgets_resume_through_2_1_2, metrics_rows, synth_corpus, train_in_process)
 from test_matcha_run import two_rank_run
 
 
@@ -22,6 +23,22 @@ def test_frame_budgets_resume_bit_exactly_after_sigterm_and_read_each_utterance_
               str(corpus), "--set", "data.max_frames=350", "--set", "train.log_interval=1"]
     frame_budgets_resume_through_2_1_2(tmp_path, monkeypatch, common, [f"SYN-{i:04d}" for i in range(1, 22)])
 
+
+@pytest.mark.slow
+def test_a_run_that_validated_at_its_last_step_resumed_with_more_steps_repeats_the_run_that_went_on(tmp_path):
+    """Matcha-TTS's validation loss draws ``t`` and noise: from a fork of the random streams, so a run that ended
+    (and validated) at step 2, resumed with ``--max-steps 4``, trains steps 3 and 4 to the same losses, weights and
+    EMA as the run of 4 steps (in this process: what is proven is the run's stream, not the ranks')."""
+    corpus = synth_corpus(tmp_path / "corpus", n=12, seconds=1.0)
+    common = ["--config", os.path.join(ROOT, "config.json"), "--model", "matcha", "--tiny", "--dataset-path",
+              str(corpus), "--set", "data.num_workers=0", "--set", "train.log_interval=1"]
+    train_in_process([*common, "--output-dir", str(tmp_path / "whole"), "--max-steps", "4"])
+    said = [train_in_process([*common, "--output-dir", str(tmp_path / "extended"), "--max-steps", str(steps)])
+            for steps in (2, 4)]
+    assert "resumed from" in said[1], said[1][-2000:]
+    assert [(row["loss"], row["losses"]) for row in metrics_rows(tmp_path / "extended")] == \
+        [(row["loss"], row["losses"]) for row in metrics_rows(tmp_path / "whole")]
+    assert_same_weights([tmp_path / "whole", tmp_path / "extended"])
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["vctk", "libritts", "filelist", "nemo", "parquet", "lhotse"])
