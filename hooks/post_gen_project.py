@@ -38,7 +38,7 @@ FILES = {
                   REF + "net_tacotron2_fr.npz", REF + "text_nvidia.json"],
     "matcha": ["models/matcha", "modules/matcha.py", "modules/matcha_decoder.py", "tests/test_matcha.py",
                "scripts/mel_statistics.py", "tests/test_matcha_text.py", "tests/test_matcha_run.py",
-               "tests/test_parity_matcha.py", "tests/test_shards_matcha.py",
+               "tests/test_matcha_corpora.py", "tests/test_parity_matcha.py", "tests/test_shards_matcha.py",
                REF + "make_fixtures_matcha.py", REF + "make_fixtures_matcha_text.py", REF + "mas_matcha.npz",
                REF + "net_matcha_ljspeech.npz", REF + "net_matcha_vctk.npz", REF + "provenance_matcha.json",
                REF + "text_matcha.json", "tests/test_matcha_published.py", REF + "make_fixture_matcha_lightning.py",

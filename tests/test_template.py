@@ -28,8 +28,8 @@ ONLY = {
     "matcha": ["models/matcha/__init__.py", "models/matcha/network.py", "models/matcha/monotonic_align.py",
                "models/matcha/text.py", "models/matcha/data.py", "models/matcha/inference.py", "modules/matcha.py",
                "modules/matcha_decoder.py", "tests/test_matcha.py", "tests/test_matcha_text.py",
-               "tests/test_matcha_run.py", "tests/test_parity_matcha.py", "tests/data/reference/net_matcha_vctk.npz",
-               "tests/data/reference/text_matcha.json"],
+               "tests/test_matcha_run.py", "tests/test_matcha_corpora.py", "tests/test_parity_matcha.py",
+               "tests/data/reference/net_matcha_vctk.npz", "tests/data/reference/text_matcha.json"],
 }
 JINJA = re.compile(r"(?<!\$)\{\{|\{%|\{#")  # not ${{ }}: GitHub's and Azure ML's expressions, written on purpose
 MARKER = re.compile(r"^\s*(#|<!--)\s*(>>>|<<<)", re.MULTILINE)

@@ -23,6 +23,11 @@
 * :func:`run_train_main`, :func:`train_in_process`: ``train.py`` inside the test's process, where what is proven is not
   the launch; :func:`run_main`: another command line of the project (``inference``, ``scripts.NAME``) likewise;
   :func:`mains_within`: several of them in one fresh process of bounded memory (what they allocate is tested).
+* :func:`recorded_steps`: a run on 2 gloo ranks recording each step's utterances (SIGTERM inside a step, if asked);
+  :func:`frame_budgets_resume_through_2_1_2`: a model's frame budgets resumed bit for bit and through 2 -> 1 -> 2
+  processes (:func:`assert_same_weights`, :func:`metrics_rows`).
+* :func:`four_voice_argv`, :func:`assert_four_voices`, :func:`assert_speaks_each_voice`: a model of several speakers
+  trained on a 4-voice demo corpus in a layout (:data:`FOUR_VOICES`), and its voices spoken.
 
 Time limits follow the machine, not a fast laptop. A GPU host starts every process slowly (CUDA and NCCL
 initialisation take seconds) and ``pytest -n auto`` runs many jobs at once; so every bound on a job's wall time
@@ -71,7 +76,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import train
 from models import MODELS
-from parts import config_schemas
+from parts import LEFT_OUT, config_schemas
 from scripts import make_demo_corpus
 from utils.checkpoint.state import RngStates, TrainState
 from utils.checkpoint.weights import load_into
@@ -1118,3 +1123,117 @@ sys.exit(code)
 """A rank's script for :func:`run_ranks` (``STOP_AT = N`` and ``ARGV = [...]`` put in front): ``train.main(ARGV)``,
 recording the utterance ids of every step it trains in ``ids<RANK>.json`` in the folder given as its first argument;
 rank 0 sends itself SIGTERM while it reads step ``STOP_AT`` (0: never), so the run stops after that step."""
+
+
+def recorded_steps(argv: list, folder, stop_at: int = 0) -> tuple[str, list[list[str]]]:
+    """``train.main(argv)`` on 2 gloo ranks (:func:`run_ranks` of :data:`RECORDED_RANK`, its script in ``folder``, made
+    here, absent before), rank 0 sending itself SIGTERM inside step ``stop_at`` (0: never): rank 0's output and the
+    utterance ids of each step it trained, both ranks' together. Fails the test when a rank fails."""
+    Path(folder).mkdir()
+    said = run_ranks(f"STOP_AT = {stop_at}\nARGV = {argv!r}\n{RECORDED_RANK}", folder, timeout=bound(300))[0]
+    ranks = [json.loads((Path(folder) / f"ids{rank}.json").read_text()) for rank in (0, 1)]
+    return said, [step0 + step1 for step0, step1 in zip(*ranks)]
+
+
+def metrics_rows(out) -> list[dict]:
+    """The rows of a run's ``metrics.jsonl`` (one a logged step) in output folder ``out``."""
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_weights(runs: list) -> None:
+    """The ``checkpoint_last.pt`` of each output folder of ``runs`` holds the same weights, bit for bit: its model's
+    and, where the run keeps one, its EMA's (``train.ema_decay``)."""
+    saved = [torch.load(Path(out) / "checkpoint_last.pt", map_location="cpu", weights_only=True) for out in runs]
+    for entry in ("model", "ema"):
+        first = saved[0].get(entry) or {}
+        for other in saved[1:]:
+            assert (other.get(entry) or {}).keys() == first.keys(), entry
+            assert all(torch.equal(first[key], other[entry][key]) for key in first), entry
+
+
+def frame_budgets_resume_through_2_1_2(tmp_path, monkeypatch, common: list, utterances: list, last: int = 6) -> None:
+    """The resumes of a run of frame budgets (``common``: train.py's arguments less ``--output-dir`` and
+    ``--max-steps``; ``utterances``: the training split's ids, its first epoch 4 to ``last - 1`` steps on 2 processes),
+    on 2 gloo ranks (:func:`recorded_steps`) in folders of ``tmp_path``:
+
+    * 4 steps; the same stopped by SIGTERM inside step 2, then resumed on 2 processes: the same utterances at each
+      step, the same losses (each of a model's several too) and the same weights (:func:`assert_same_weights`).
+    * the stopped run resumed on 1 process in this one for a step (2 micro-batches; the loop's reads recorded by
+      ``monkeypatch``-ing ``train.next_micro_batches``), then on 2 again to step ``last`` (in the second epoch): the
+      first epoch reads each of ``utterances`` once, and each resume on another number of processes says the rest
+      of its epoch was planned afresh."""
+    def run(out, steps, stop_at=0):
+        return recorded_steps([*common, "--output-dir", str(out), "--max-steps", str(steps)],
+                              tmp_path / f"{out.name}_{steps}_ranks", stop_at)
+
+    def losses(out):
+        return [(row["loss"], row.get("losses")) for row in metrics_rows(out)]
+
+    _, whole_ids = run(tmp_path / "whole", 4)
+    said, stopped_ids = run(tmp_path / "stopped", 4, stop_at=2)
+    assert "stopped at step 2 on SIGTERM" in said and stopped_ids == whole_ids[:2], said[-2000:]
+    shutil.copytree(tmp_path / "stopped", tmp_path / "resumed", symlinks=True)
+    assert run(tmp_path / "resumed", 4)[1] == whole_ids[2:]
+    assert losses(tmp_path / "resumed") == losses(tmp_path / "whole")
+    assert_same_weights([tmp_path / "whole", tmp_path / "resumed"])
+
+    one, one_ids, read = tmp_path / "one", [], train.next_micro_batches
+    shutil.copytree(tmp_path / "stopped", one, symlinks=True)
+
+    def reading(*args):
+        micro = read(*args)
+        one_ids.append(micro[2])
+        return micro
+    monkeypatch.setattr(train, "next_micro_batches", reading)
+    said = train_in_process([*common, "--output-dir", str(one), "--max-steps", "3", "--set", "data.num_workers=0"])
+    assert "written by 2 process(es), this run has 1" in said and "planned afresh for 1" in said, said[-2000:]
+    said, two_ids = run(one, last)
+    assert "planned afresh for 2" in said, said[-2000:]
+    epochs = [row["epoch"] for row in metrics_rows(one)]
+    assert epochs[:3] == [0, 0, 0] and epochs[-1] == 1, epochs  # the last step reads the next epoch
+    first_epoch = [i for step in stopped_ids[:2] + one_ids + two_ids[:epochs.count(0) - 3] for i in step]
+    assert sorted(first_epoch) == sorted(utterances)
+
+
+FOUR_VOICES = {"vctk": ["p225", "p226", "p227", "p228"], "libritts": ["19", "26", "27", "32"]}
+"""The speakers of a 4-voice demo corpus (``scripts.make_demo_corpus --speakers 4``) in each layout: VCTK's names,
+elsewhere LibriVox reader ids (sorted as strings)."""
+
+
+def four_voice_argv(name: str, corpus, out, layout: str) -> list[str]:
+    """train.py's arguments for 1 tiny step of model ``name`` on ``corpus``, a 4-voice demo corpus in ``layout``
+    (:func:`demo_corpus`), read by ``data.format=auto`` (a filelist's lists named), into ``out``; no data workers, no
+    trackers (no validation pictures nor audio) where the project has the key (the experiment trackers' part)."""
+    argv = ["--config", os.path.join(ROOT, "config.json"), "--model", name, "--tiny", "--dataset-path", str(corpus),
+            "--max-steps", "1", "--output-dir", str(out), "--set", "data.num_workers=0"]
+    if "train.trackers" not in {key for keys in LEFT_OUT.values() for key in keys}:
+        argv += ["--set", "train.trackers=[]"]
+    if layout == "filelist":
+        argv += ["--set", "data.training_files=filelists/train.txt", "--set", "data.validation_files=filelists/val.txt"]
+    return argv
+
+
+def assert_four_voices(name: str, layout: str, out, said: str) -> list[str]:
+    """A run of model ``name`` into ``out`` on a 4-voice demo corpus in ``layout`` found the layout (its output
+    ``said``), and its ``speakers.json`` and checkpoint hold the 4 voices sorted, its model a 4-row speaker table
+    (``Training.speaker_rows``); returns the voices in their order."""
+    assert f"data.format=auto: found the {layout} layout" in said, said[-3000:]
+    voices = FOUR_VOICES.get(layout, FOUR_VOICES["libritts"])
+    assert json.loads((Path(out) / "speakers.json").read_text()) == {voice: i for i, voice in enumerate(voices)}
+    saved = torch.load(Path(out) / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    assert saved["speakers"] == {voice: i for i, voice in enumerate(voices)}
+    assert [saved["model"][key].shape[0] for key in MODELS[name].training.speaker_rows] == [4], saved["model"].keys()
+    return voices
+
+
+def assert_speaks_each_voice(checkpoint, voices: list, folder, *options: str) -> None:
+    """``inference.py --checkpoint checkpoint --speaker VOICE OPTIONS`` (in this process, :func:`run_main`;
+    ``options``: what to speak and how) for each of ``voices``, each wav written in ``folder``: every voice's audio
+    differs from the others'."""
+    spoken = []
+    for voice in voices:
+        wav = Path(folder) / f"{voice}.wav"
+        run_main("inference", "--checkpoint", str(checkpoint), "--output", str(wav), "--speaker", voice, "--device",
+                 "cpu", *options)
+        spoken.append(sf.read(wav)[0].tobytes())
+    assert len(set(spoken)) == len(voices), "two voices gave the same audio"

@@ -5,6 +5,7 @@ mistake one ``ERROR:`` line)."""
 import io
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -127,12 +128,11 @@ VAL_SECONDS = 0.1
 """``matcha.val_audio_seconds`` of the validation tests: 8 frames of 256 samples at 22050 Hz."""
 
 
-@pytest.fixture(scope="module")
-def matcha_run(tmp_path_factory):
-    """Tiny Matcha-TTS trained 2 steps on 2 gloo ranks on a 4-voice demo corpus in bf16, its statistics and EMA decay
-    left null (the recipe's), its validation audio (:data:`VAL_SECONDS`) through a tiny HiFi-GAN checkpoint
-    (``matcha.val_vocoder``) where the project has the model, made once per session: ``(output folder, each rank's
-    output)``."""
+def two_rank_run(tmp_path_factory) -> tuple[Path, list[str]]:
+    """Tiny Matcha-TTS trained 2 steps on 2 gloo ranks on a 4-voice demo corpus in bf16 (VCTK's layout, read by
+    ``data.format=auto``), its statistics and EMA decay left null (the recipe's), its validation audio
+    (:data:`VAL_SECONDS`) through a tiny HiFi-GAN checkpoint (``matcha.val_vocoder``) where the project has the model,
+    made once per session: ``(output folder, each rank's output)``; no caller may change it."""
     corpus = demo_corpus(tmp_path_factory, "vctk", speakers=4, n=8)
 
     def make(folder):
@@ -145,6 +145,12 @@ def matcha_run(tmp_path_factory):
         return train_on_ranks(argv, folder / "ranks")
     folder, said = made_once(tmp_path_factory, "matcha_run", make)
     return folder / "out", said
+
+
+@pytest.fixture(scope="module")
+def matcha_run(tmp_path_factory):
+    """:func:`two_rank_run`."""
+    return two_rank_run(tmp_path_factory)
 
 
 @pytest.mark.slow

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import (RECORDED_RANK, check_recipe, demo_corpus, read_ljspeech, run_train_main, synth_corpus, tiny_checkpoint,
+from conftest import (ROOT, assert_four_voices, assert_speaks_each_voice, check_recipe, demo_corpus, four_voice_argv,
+                      frame_budgets_resume_through_2_1_2, read_ljspeech, run_train_main, synth_corpus, tiny_checkpoint,
                       train_in_process, train_on_ranks)
 from test_checkpoint_safety import LARGER, crafted_outcomes, larger_refused
 from torch._dynamo.utils import counters
 
 import inference
-import train
 from models import MODELS
 from models.tacotron2.data import TextMelCollate, TextMelDataset, build_datasets, count_items
 from models.tacotron2.inference import dynamic_range_decompression, griffin_lim, log_validation
@@ -687,58 +687,15 @@ def test_length_buckets_train_two_ranks_and_a_mid_epoch_resume_repeats_the_run(t
 def test_frame_budgets_resume_bit_exactly_after_sigterm_and_read_each_utterance_once_through_2_1_2(tmp_path,
                                                                                               monkeypatch):
     """``data.batching=frames`` on 2 gloo ranks (``train.py``'s ``main`` in each, started by hand), 21 training clips
-    of 0.3 to 2 s: a run stopped by SIGTERM inside its first epoch resumes on 2 processes to the same losses, batches
-    and weights as the run that went on; resumed on 1 process for a step (2 micro-batches), then on 2 again, the epoch
-    reads each training utterance once, and each resume on another number of processes says the rest was planned
-    afresh."""
-    import shutil
-
-    from conftest import ROOT, bound, run_ranks, synth_corpus, train_in_process
-
+    of 0.3 to 2 s (9 batches of 350 frames: 5 steps of 2 ranks): a run stopped by SIGTERM inside its first epoch
+    resumes on 2 processes to the same losses, batches and weights as the run that went on; resumed on 1 process for
+    a step (2 micro-batches), then on 2 again, the epoch reads each training utterance once, and each resume on
+    another number of processes says the rest was planned afresh (:func:`conftest.frame_budgets_resume_through_2_1_2`)."""
     corpus = synth_corpus(tmp_path / "corpus", n=23, seconds=1.0, spread=(0.3, 2.0))  # 21 train, 2 val: uneven
     common = ["--config", os.path.join(ROOT, "config.json"), "--model", "tacotron2", "--tiny", "--dataset-path",
               str(corpus), "--set", "data.batching=frames", "--set", "data.max_frames=350",
               "--set", "train.log_interval=1"]
-
-    def on_two(out, steps, stop_at=0):
-        argv = [*common, "--output-dir", str(out), "--max-steps", str(steps)]
-        folder = tmp_path / f"{out.name}_{steps}_ranks"
-        folder.mkdir()
-        said = run_ranks(f"STOP_AT = {stop_at}\nARGV = {argv!r}\n{RECORDED_RANK}", folder, timeout=bound(300))[0]
-        ranks = [json.loads((folder / f"ids{rank}.json").read_text()) for rank in (0, 1)]
-        return said, [step0 + step1 for step0, step1 in zip(*ranks)]  # the ids of each step, both ranks
-
-    def rows(out):
-        return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-    _, whole_ids = on_two(tmp_path / "whole", 4)
-    said, stopped_ids = on_two(tmp_path / "stopped", 4, stop_at=2)
-    assert "stopped at step 2 on SIGTERM" in said and stopped_ids == whole_ids[:2], said[-2000:]
-    shutil.copytree(tmp_path / "stopped", tmp_path / "resumed", symlinks=True)
-    _, resumed_ids = on_two(tmp_path / "resumed", 4)
-    assert resumed_ids == whole_ids[2:]
-    assert [row["loss"] for row in rows(tmp_path / "resumed")] == [row["loss"] for row in rows(tmp_path / "whole")]
-    final = [torch.load(tmp_path / name / "checkpoint_last.pt", map_location="cpu", weights_only=True)["model"]
-             for name in ("whole", "resumed")]
-    assert all(torch.equal(final[0][key], final[1][key]) for key in final[0])
-
-    # 2 -> 1 -> 2 inside the first epoch (its 21 utterances in 9 batches: 5 steps of 2 ranks)
-    one, one_ids, read = tmp_path / "one", [], train.next_micro_batches
-    shutil.copytree(tmp_path / "stopped", one, symlinks=True)
-
-    def reading(*args):
-        micro = read(*args)
-        one_ids.append(micro[2])
-        return micro
-    monkeypatch.setattr(train, "next_micro_batches", reading)
-    said = train_in_process([*common, "--output-dir", str(one), "--max-steps", "3", "--set", "data.num_workers=0"])
-    assert "written by 2 process(es), this run has 1" in said and "planned afresh for 1" in said, said[-2000:]
-    said, two_ids = on_two(one, 6)
-    assert "planned afresh for 2" in said, said[-2000:]
-    epochs = [row["epoch"] for row in rows(one)]
-    assert epochs[:3] == [0, 0, 0] and epochs[-1] == 1, epochs  # the last step reads the next epoch
-    first_epoch = [i for step in stopped_ids[:2] + one_ids + two_ids[:epochs.count(0) - 3] for i in step]
-    assert sorted(first_epoch) == [f"SYN-{i:04d}" for i in range(1, 22)]
+    frame_budgets_resume_through_2_1_2(tmp_path, monkeypatch, common, [f"SYN-{i:04d}" for i in range(1, 22)])
 
 
 def test_a_frame_budget_below_the_longest_utterance_is_one_line_before_any_work(tmp_path):
@@ -974,11 +931,6 @@ def test_a_validation_split_of_no_training_speaker_validates_on_the_last_trainin
     assert (len(train), len(val)) == (12, 1)
 
 
-FOUR_VOICES = {"vctk": ["p225", "p226", "p227", "p228"], "libritts": ["19", "26", "27", "32"]}
-"""The speakers of a 4-voice demo corpus (``scripts.make_demo_corpus --speakers 4``) in each layout: VCTK's names,
-elsewhere LibriVox reader ids (sorted as strings)."""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["vctk", "libritts", "filelist", "nemo", "parquet", "lhotse"])
 def test_a_four_speaker_tacotron2_trains_on_each_layout_and_speaks_each_voice(layout, tmp_path, tmp_path_factory):
@@ -990,25 +942,9 @@ def test_a_four_speaker_tacotron2_trains_on_each_layout_and_speaks_each_voice(la
     every voice runs ``max_decoder_steps`` frames, where the default lets some stop at the first frame, which is
     silence whatever the voice.)"""
     corpus, out = demo_corpus(tmp_path_factory, layout, speakers=4, n=8), tmp_path / "run"
-    argv = ["--config", "config.json", "--model", "tacotron2", "--tiny", "--dataset-path", str(corpus), "--max-steps",
-            "1", "--output-dir", str(out), "--set", "data.num_workers=0", "--set", "tacotron2.gate_threshold=0.999999",
-            "--set", "tacotron2.max_decoder_steps=16", "--set", "audio.hop_length=1024",  # a quarter of the frames
-            "--set", "train.trackers=[]"]  # no validation pictures nor audio
-    if layout == "filelist":
-        argv += ["--set", "data.training_files=filelists/train.txt", "--set", "data.validation_files=filelists/val.txt"]
+    argv = [*four_voice_argv("tacotron2", corpus, out, layout), "--set", "tacotron2.gate_threshold=0.999999",
+            "--set", "tacotron2.max_decoder_steps=16", "--set", "audio.hop_length=1024"]  # a quarter of the frames
     said = "".join(train_on_ranks(argv, tmp_path / "ranks")) if layout == "vctk" else train_in_process(argv)
-    assert f"data.format=auto: found the {layout} layout" in said, said[-3000:]
-    voices = FOUR_VOICES.get(layout, FOUR_VOICES["libritts"])
-    assert json.loads((out / "speakers.json").read_text()) == {name: i for i, name in enumerate(voices)}
-    saved = torch.load(out / "checkpoint_last.pt", weights_only=True)
-    assert saved["speakers"] == {name: i for i, name in enumerate(voices)}
-    assert saved["model"]["speaker_embedding.weight"].shape[0] == 4
-    if layout != "vctk":
-        return
-    spoken = []
-    for name in voices:
-        wav = tmp_path / f"{name}.wav"
-        assert inference.main(["--checkpoint", str(out / "checkpoint_last.pt"), "--text", "The quick fox.",
-                               "--output", str(wav), "--speaker", name, "--device", "cpu"]) == 0
-        spoken.append(sf.read(wav)[0].tobytes())
-    assert len(set(spoken)) == 4, "two voices gave the same audio"
+    voices = assert_four_voices("tacotron2", layout, out, said)
+    if layout == "vctk":
+        assert_speaks_each_voice(out / "checkpoint_last.pt", voices, tmp_path, "--text", "The quick fox.")

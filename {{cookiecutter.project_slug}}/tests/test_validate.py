@@ -86,6 +86,21 @@ def test_validation_is_the_mean_batch_loss_of_the_ema_weights_and_leaves_the_mod
     assert [step for step, _ in drawn] == [7] and torch.equal(drawn[0][1]["x"], shard(0)[0]["x"])  # the first batch
 
 
+
+def test_validation_draws_from_a_fork_of_the_random_stream_and_leaves_training_its_own():
+    """A model that draws at random in eval mode (noise, a dropout kept on): each validation draws from where the
+    stream stands (another state, another loss), and training then continues the stream as it was before it."""
+    validator, model, _ = toy_validator(0, 1, [])
+    plain = model.forward
+    model.forward = lambda batch: plain(batch) + torch.randn(len(batch["x"]), 2)
+    losses = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        state = torch.random.get_rng_state()
+        losses.append(validator.validate(step=1).loss)
+        assert torch.equal(torch.random.get_rng_state(), state)
+    assert losses[0] != losses[1]
+
 WORKER = textwrap.dedent('''
     import json, sys
     import distributed as D

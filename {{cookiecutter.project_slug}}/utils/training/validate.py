@@ -53,9 +53,11 @@ class Validator:
 
     def validate(self, step: int) -> Validation:
         """The mean batch loss and terms at ``step`` over all ranks' shards (all ranks call it); rank 0 draws the first
-        batch's pictures and audio (``Training.log_validation``). The model ends in train mode, with its own weights.
-        Raises TrainingError: the criterion returned neither a loss nor ``(loss, terms)``."""
-        with self.ema.applied() if self.ema is not None else contextlib.nullcontext():  # the weights inference uses
+        batch's pictures and audio (``Training.log_validation``). The model ends in train mode, with its own weights;
+        what it draws (noise, a dropout kept in eval mode) is a fork of the random streams, which training continues
+        as they were. Raises TrainingError: the criterion returned neither a loss nor ``(loss, terms)``."""
+        with torch.random.fork_rng(devices=[self.dist.device] if self.dist.device.type == "cuda" else []), \
+                self.ema.applied() if self.ema is not None else contextlib.nullcontext():  # the weights inference uses
             return self._mean_loss(step)
 
     @torch.no_grad()
