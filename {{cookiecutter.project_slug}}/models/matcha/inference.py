@@ -19,6 +19,7 @@ from models.matcha.text import PhonemizerMissing, text_to_ids, versions
 from utils.checkpoint.files import CheckpointError
 from utils.config import Config
 from utils.data.audio import AudioConfig, check_wav_output, save_wav, vocoder_mismatch
+from utils.data.speakers import chosen_index
 
 
 def add_inference_args(parser: argparse.ArgumentParser) -> None:
@@ -38,17 +39,8 @@ def speaker_index(model: MatchaTTS, cfg: Config, args: argparse.Namespace) -> Op
     Raises:
         ValueError: a multi-speaker model without ``--speaker``, or a name not in the map (a few of its names said).
     """
-    names, name = cfg.data.speakers, args.speaker
-    shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
-    if model.speakers is None:
-        if name is not None and name not in names[:1]:
-            raise ValueError(f"--speaker {name}: {args.checkpoint} has one voice (trained on {shown or 'one speaker'})")
-        return None
-    if name is None:
-        raise ValueError(f"{args.checkpoint} speaks {len(names)} voices: give --speaker NAME ({shown})")
-    if name not in names:
-        raise ValueError(f"--speaker {name} is not a speaker of {args.checkpoint}; its speakers: {shown}")
-    return torch.tensor([names.index(name)], dtype=torch.long)
+    index = chosen_index(cfg.data.speakers, args.speaker, args.checkpoint, model.speakers is None)
+    return None if index is None else torch.tensor([index], dtype=torch.long)
 
 
 def settings(cfg: Config, args: argparse.Namespace) -> tuple[int, float, float]:

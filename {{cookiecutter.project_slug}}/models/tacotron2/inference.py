@@ -24,6 +24,7 @@ from utils.checkpoint.files import CheckpointError
 from utils.config import Config
 from utils.data.audio import ArrayLike, AudioConfig, check_wav_output, save_wav, vocoder_mismatch
 from utils.data.corpus import DataError
+from utils.data.speakers import chosen_index
 from models.tacotron2.plots import plot_alignment, plot_gate, plot_spectrogram
 from utils.plotting import add_audio, first_time, fixed_random_state
 
@@ -174,17 +175,8 @@ def speaker_index(model: Tacotron2, cfg: Config, args: argparse.Namespace) -> Op
     Raises:
         ValueError: a multi-speaker model without ``--speaker``, or a name not in the map (a few of its names said).
     """
-    names, name = cfg.data.speakers, getattr(args, "speaker", None)
-    shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
-    if model.speaker_embedding is None:
-        if name is not None and name not in names[:1]:
-            raise ValueError(f"--speaker {name}: {args.checkpoint} has one voice (trained on {shown or 'one speaker'})")
-        return None
-    if name is None:
-        raise ValueError(f"{args.checkpoint} speaks {len(names)} voices: give --speaker NAME ({shown})")
-    if name not in names:
-        raise ValueError(f"--speaker {name} is not a speaker of {args.checkpoint}; its speakers: {shown}")
-    return torch.tensor([names.index(name)], dtype=torch.long)
+    index = chosen_index(cfg.data.speakers, getattr(args, "speaker", None), args.checkpoint, model.speaker_embedding is None)
+    return None if index is None else torch.tensor([index], dtype=torch.long)
 
 
 def load_vocoder(args: argparse.Namespace, cfg: Config) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:

@@ -89,3 +89,19 @@ def as_entry(names: Sequence[str]) -> dict[str, int]:
 def map_bytes(names: Sequence[str]) -> bytes:
     """``speakers.json``'s bytes for ``names`` (in index order)."""
     return json.dumps(as_entry(names), indent=2).encode()
+
+
+def chosen_index(names: Sequence[str], name: Optional[str], checkpoint: str, one_voice: bool) -> Optional[int]:
+    """Inference's ``--speaker`` ``name``: its index in ``checkpoint``'s map ``names``; ``None`` for a model of one
+    voice (``one_voice``: no speaker table), where ``name``, if given, must be its speaker. Raises ValueError: a model
+    of several voices without a name, or a name not in the map (a few of its names said)."""
+    shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+    if one_voice:
+        if name is not None and name not in names[:1]:
+            raise ValueError(f"--speaker {name}: {checkpoint} has one voice (trained on {shown or 'one speaker'})")
+        return None
+    if name is None:
+        raise ValueError(f"{checkpoint} speaks {len(names)} voices: give --speaker NAME ({shown})")
+    if name not in names:
+        raise ValueError(f"--speaker {name} is not a speaker of {checkpoint}; its speakers: {shown}")
+    return list(names).index(name)
