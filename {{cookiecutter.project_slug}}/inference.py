@@ -14,6 +14,7 @@ import argparse
 import gc
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from utils.checkpoint.budget import build_recorded
 from utils.checkpoint.files import CheckpointError, load_model_state
 from utils.checkpoint.state import RELEASE_FORMAT, in_modules
 from utils.config import Config, ConfigError, config_from_dict
+from utils.data.audio import vocoder_mismatch
 from utils.data.corpus import DataError
 from utils.framing import saved_framing
 from utils.run_log import one_line, one_line_warnings
@@ -130,6 +132,18 @@ def load_vocoder(path: str, device: torch.device, label: str = "--vocoder ") -> 
     return Vocoder(name, lambda mel: spec.vocode(vocoder, mel, cfg), cfg)
 
 
+def vocoder_for(path: str, cfg: Config, checkpoint: str, device: torch.device) -> Callable[[torch.Tensor],
+                                                                                       torch.Tensor]:
+    """``--vocoder`` ``path``'s ``log-mel (n_mels, frames) -> audio (samples,)`` (:func:`load_vocoder`) for the mels
+    of ``checkpoint`` (its config ``cfg``; ``args.load_vocoder`` of a mel-making model's inference). Raises
+    :class:`CheckpointError` as :func:`load_vocoder` does, and naming both files where the vocoder's audio settings
+    differ from ``cfg``'s (:func:`vocoder_mismatch`: the mel framing aside)."""
+    vocoder = load_vocoder(path, device)
+    if differing := vocoder_mismatch(vocoder.cfg.audio, cfg.audio):
+        raise CheckpointError(f"--vocoder {path} was trained with other audio settings than {checkpoint}: {differing}")
+    return vocoder.vocode
+
+
 def unknown_options(unknown: list[str], name: str, checkpoint: str) -> str:
     """The line for options the checkpoint's model does not take: which model takes them, and what this one takes."""
     options = [action.option_strings[0] for action in build_parser([name])._actions if action.option_strings
@@ -173,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         device = parse_device(args.device)
         _, model, cfg = load_trained(args.checkpoint, device)
         args.load_trained = lambda path: load_trained(path, device)  # another checkpoint of this project
-        args.load_vocoder = lambda path: load_vocoder(path, device)  # a mel-making model's --vocoder
+        args.load_vocoder = lambda path: vocoder_for(path, cfg, args.checkpoint, device)  # a mel model's --vocoder
         torch.manual_seed(args.seed)  # every device's generator
         np.random.seed(args.seed)  # Griffin-Lim's random initial phases (librosa)
         with one_line_warnings():

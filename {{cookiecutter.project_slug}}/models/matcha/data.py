@@ -12,7 +12,6 @@ import math
 import sys
 from typing import Optional, Sequence
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -24,6 +23,7 @@ from utils.data.audio import AudioConfig, MelSpectrogram
 from utils.data.corpora import load_splits
 from utils.data.corpus import Corpus, DataError
 from utils.data.sources import clip_samples, read_audio
+from utils.data.speakers import speaker_indices
 
 
 def encode(corpus: Corpus) -> list[list[int]]:
@@ -91,20 +91,6 @@ class MatchaDataset(Dataset):
         if self._speaker is not None:
             item["speaker"] = int(self._speaker[index])
         return item
-
-
-def speaker_indices(corpus: Corpus, speakers: Sequence[str]) -> np.ndarray:
-    """The index in ``speakers`` (``data.speakers``) of each utterance's speaker: int64 ``(N,)``.
-
-    Raises:
-        DataError: a speaker the map lacks (named, with its first utterance).
-    """
-    index = {name: i for i, name in enumerate(speakers)}
-    names = corpus.speaker.tolist()
-    if (unknown := next((i for i, name in enumerate(names) if name not in index), None)) is not None:
-        raise DataError(f"utterance '{corpus.ids[unknown]}': its speaker {names[unknown]!r} is not in the run's "
-                        f"speaker map ({len(speakers)} speakers, made from the training split)")
-    return np.asarray([index[name] for name in names], dtype=np.int64)
 
 
 def mel_statistics(dataset: MatchaDataset) -> tuple[float, float]:

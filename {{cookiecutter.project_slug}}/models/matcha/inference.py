@@ -7,7 +7,7 @@ import argparse
 import inspect
 import warnings
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import librosa
 import numpy as np
@@ -16,9 +16,8 @@ from torch import nn
 
 from models.matcha.network import MatchaTTS
 from models.matcha.text import PhonemizerMissing, text_to_ids, versions
-from utils.checkpoint.files import CheckpointError
 from utils.config import Config
-from utils.data.audio import AudioConfig, check_wav_output, save_wav, vocoder_mismatch
+from utils.data.audio import AudioConfig, check_wav_output, save_wav
 from utils.data.speakers import chosen_index
 
 
@@ -78,21 +77,6 @@ def griffin_lim(log_mel: torch.Tensor, audio_cfg: AudioConfig, seed: int, n_iter
     return torch.from_numpy(audio.astype(np.float32)).clamp(-1.0, 1.0)
 
 
-def load_vocoder(args: argparse.Namespace, cfg: Config) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
-    """The ``mel (n_mels, frames) -> audio (samples,)`` of the ``--vocoder`` checkpoint, or ``None`` without one.
-
-    Raises:
-        CheckpointError: its model cannot vocode, or its audio settings differ from ``cfg`` (``--checkpoint``'s).
-    """
-    if not getattr(args, "vocoder", None):
-        return None
-    vocoder = args.load_vocoder(args.vocoder)
-    if differing := vocoder_mismatch(vocoder.cfg.audio, cfg.audio):  # the framing aside
-        raise CheckpointError(f"--vocoder {args.vocoder} was trained with other audio settings than "
-                              f"{args.checkpoint}: {differing}")
-    return vocoder.vocode
-
-
 def synthesise(model: MatchaTTS, cfg: Config, text: str, speaker: Optional[torch.Tensor],
                how: tuple[int, float, float]) -> torch.Tensor:
     """The log-mel ``(n_mels, frames)`` on the CPU of ``text`` in the voice ``speaker`` (``(1,)`` long or None), with
@@ -125,14 +109,14 @@ def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch
 
     Raises:
         ValueError: no or empty ``--text``, see :func:`speaker_index`, :func:`settings` and :func:`synthesise`.
-        CheckpointError: see :func:`load_vocoder`.
+        CheckpointError: the ``--vocoder`` checkpoint's (``args.load_vocoder``: no vocoder, other audio settings).
     """
     if args.text is None or not args.text.strip():
         raise ValueError(f"{args.checkpoint} is a Matcha-TTS checkpoint: give --text, the sentence to speak")
     how = settings(cfg, args)
     speaker = speaker_index(model, cfg, args)
     output = check_wav_output(args.output)
-    vocode = load_vocoder(args, cfg)
+    vocode = args.load_vocoder(args.vocoder) if getattr(args, "vocoder", None) else None
     mel = synthesise(model.eval(), cfg, args.text, speaker, how)
     audio = vocode(mel) if vocode is not None else griffin_lim(mel, cfg.audio, args.seed)
     save_wav(output, audio, cfg.audio.sampling_rate)

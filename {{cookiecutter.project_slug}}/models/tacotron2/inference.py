@@ -9,7 +9,7 @@ import inspect
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import librosa
 import numpy as np
@@ -20,9 +20,8 @@ from torch import nn
 from model import Batch
 from models.tacotron2.network import Tacotron2
 from models.tacotron2.text import sequence_to_text, text_to_sequence
-from utils.checkpoint.files import CheckpointError
 from utils.config import Config
-from utils.data.audio import ArrayLike, AudioConfig, check_wav_output, save_wav, vocoder_mismatch
+from utils.data.audio import ArrayLike, AudioConfig, check_wav_output, save_wav
 from utils.data.corpus import DataError
 from utils.data.speakers import chosen_index
 from models.tacotron2.plots import plot_alignment, plot_gate, plot_spectrogram
@@ -179,22 +178,6 @@ def speaker_index(model: Tacotron2, cfg: Config, args: argparse.Namespace) -> Op
     return None if index is None else torch.tensor([index], dtype=torch.long)
 
 
-def load_vocoder(args: argparse.Namespace, cfg: Config) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
-    """The ``mel (n_mels, frames) -> audio (samples,)`` of the ``--vocoder`` checkpoint (read by inference.py's
-    ``args.load_vocoder``), or ``None`` without one (Griffin-Lim).
-
-    Raises:
-        CheckpointError: its model cannot vocode, or its audio settings differ from ``cfg`` (``--checkpoint``'s).
-    """
-    if not getattr(args, "vocoder", None):
-        return None
-    vocoder = args.load_vocoder(args.vocoder)
-    if differing := vocoder_mismatch(vocoder.cfg.audio, cfg.audio):  # the framing aside
-        raise CheckpointError(f"--vocoder {args.vocoder} was trained with other audio settings than "
-                              f"{args.checkpoint}: {differing}")
-    return vocoder.vocode
-
-
 def read_lines(args: argparse.Namespace) -> tuple[list[str], list[Path]]:
     """The sentences to speak and the wav each goes to (``--text`` -> ``--output``; ``--text-file`` -> one wav a line in
     the folder ``--output``).
@@ -236,7 +219,7 @@ def infer(model: nn.Module, cfg: Config, args: argparse.Namespace, device: torch
     speaker = speaker_index(model, cfg, args)
     speaker = speaker.to(device) if speaker is not None else None
     lines, outputs = read_lines(args)
-    vocode = load_vocoder(args, cfg)
+    vocode = args.load_vocoder(args.vocoder) if getattr(args, "vocoder", None) else None
     for text, out in zip(lines, outputs):
         ids = torch.tensor(text_to_sequence(text, cfg.tacotron2.text_cleaners), dtype=torch.long)
         if ids.numel() == 0:

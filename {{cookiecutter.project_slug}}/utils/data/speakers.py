@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Optional, Sequence
 
+import numpy as np
+
 from utils.data.corpus import Corpus, DataError
 
 SPEAKERS_FILE = "speakers.json"
@@ -105,3 +107,14 @@ def chosen_index(names: Sequence[str], name: Optional[str], checkpoint: str, one
     if name not in names:
         raise ValueError(f"--speaker {name} is not a speaker of {checkpoint}; its speakers: {shown}")
     return list(names).index(name)
+
+
+def speaker_indices(corpus: Corpus, speakers: Sequence[str]) -> np.ndarray:
+    """The index in ``speakers`` (the run's map, ``data.speakers``) of each utterance's speaker: int64 ``(N,)``, a
+    multi-speaker model's items' ``speaker``. DataError: a speaker the map lacks (named, with its first utterance)."""
+    index = {name: i for i, name in enumerate(speakers)}
+    names = corpus.speaker.tolist()
+    if (unknown := next((i for i, name in enumerate(names) if name not in index), None)) is not None:
+        raise DataError(f"utterance '{corpus.ids[unknown]}': its speaker {names[unknown]!r} is not in the run's "
+                        f"speaker map ({len(speakers)} speakers, made from the training split)")
+    return np.asarray([index[name] for name in names], dtype=np.int64)
