@@ -117,8 +117,8 @@ class Variant:
     selection: tuple[str, ...]
 
 
-SAME_IN_EVERY_VARIANT = ("test_audio_processing.py", "test_data_utils.py", "test_parity_mel.py", "test_run_log.py",
-                         "test_text.py")
+SAME_IN_EVERY_VARIANT = ("test_audio_processing.py", "test_data_utils.py", "test_demo_corpus.py", "test_parity_mel.py",
+                         "test_run_log.py", "test_text.py", "test_validate.py")
 """The project's test files that read neither the registry nor ``config.json`` nor ``TEST_MODEL``: the same tests of
 the same code in every project that has them, run by ``beside-both``'s whole suite and left out of the others'."""
 SAME_FOR_EVERY_MODEL = ("test_distributed.py", "test_multiproc.py")
