@@ -54,7 +54,7 @@ TOGETHER = {
 ANSWERS = {"sharding": "{{ cookiecutter.sharding }}", "cloud_platforms": "{{ cookiecutter.cloud_platforms }}",
            "after_training_tools": "{{ cookiecutter.after_training_tools }}", "benchmarks": "{{ cookiecutter.benchmarks }}",
            "experiment_trackers": "{{ cookiecutter.experiment_trackers }}",
-           "large_corpora": "{{ cookiecutter.large_corpora }}"}
+           "corpora": "{{ cookiecutter.corpora }}"}
 """The answers to the parts' yes/no questions (the parts of the project's ``parts.TABLE``, in its order)."""
 LEFT_OUT = [part for part, answer in ANSWERS.items() if answer == "no"]
 EXECUTABLE = ["scripts/dataset.sh", "scripts/mpirun.sh", "scripts/slurm/train.sbatch"]

@@ -18,7 +18,7 @@ PARTS = {"sharding": {{ cookiecutter.sharding | tojson }}, "cloud_platforms": {{
          "after_training_tools": {{ cookiecutter.after_training_tools | tojson }},
          "benchmarks": {{ cookiecutter.benchmarks | tojson }},
          "experiment_trackers": {{ cookiecutter.experiment_trackers | tojson }},
-         "large_corpora": {{ cookiecutter.large_corpora | tojson }}}
+         "corpora": {{ cookiecutter.corpora | tojson }}}
 
 # Modules the generated project imports or holds: a folder of the same name on sys.path would shadow them.
 SHADOWED = {

@@ -59,7 +59,7 @@ WORDS = {  # what a project without the part must not mention (case-insensitive,
                              "scripts.plot_run"],
     "benchmarks": ["scripts.benchmark", "benchmark_step", "benchmark_data", "benchmark_data_rows", "scripts.scaling"],
     "experiment_trackers": ["wandb", "mlflow", "requirements-trackers", "tracker_project"],
-    "large_corpora": ["make_shards", "shar"],
+    "corpora": ["make_shards", "shar"],
 }
 """Words of each part: a project without it names none of them in its README, manual, config or ``--help`` texts."""
 
@@ -405,7 +405,7 @@ core's data loading holds in every project, and for the corpus layouts a project
 (the readers in ``utils/data/corpora/``, the layouts' writers in ``scripts/make_demo_corpus.py``); from 8170 for the
 NeMo reader's columnar path (a manifest of a million lines read with Arrow in seconds, not a minute) and filelists
 found in ``filelists/``; from 8311 for the line of ``parts.LEFT_OUT`` that names a sixth part left out
-(``large_corpora``); from 8312 for the seam a corpus the core does not read (shards) trains through: a model's
+(``corpora``); from 8312 for the seam a corpus the core does not read (shards) trains through: a model's
 datasets of given corpora (``Training.datasets_of``) with items made of given audio (``item``), the run's
 ``RunParts.corpus`` and the batch stream's ``OwnOrder``, and the one line of a format no reader has; from 8384 for
 the batching a model's recipe gives (``data.batching`` and ``data.max_frames`` left null, ``model.BatchFrames``: a

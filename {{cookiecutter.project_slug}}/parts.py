@@ -44,7 +44,7 @@ from utils.data import mel_dir  # part: after_training_tools
 from utils.data.audio import AudioConfig
 from utils.data.corpus import DataConfig
 from utils.data.loader import BatchingConfig
-from utils.data.shar import SHAR_CORPUS, SharSettings  # part: large_corpora
+from utils.data.shar import SHAR_CORPUS, SharSettings  # part: corpora
 from utils.tracking import mlflow_tracker, tensorboard, wandb_tracker  # part: experiment_trackers
 from utils.training import fsdp  # part: sharding
 from utils.training.optim import OptimizerConfig
@@ -93,7 +93,7 @@ TABLE = {
         "keys": ["train.trackers", "train.tracker_project", "train.tracker_run_name", "train.tracker_start_timeout_s",
                  "train.tracker_finish_timeout_s", "train.tracker_log_checkpoint"],
     },
-    "large_corpora": {
+    "corpora": {
         "files": ["scripts/make_shards.py", "utils/data/shar.py", "utils/data/shar_store.py",
                   "tests/test_shards.py", "tests/test_shards_tacotron2.py", "tests/test_shards_matcha.py"],
         "keys": ["data.max_duration", "data.shar_restart_epoch"],
@@ -115,7 +115,7 @@ class TrainConfig(
 
 class DataSettings(
         mel_dir.MelDirSettings,  # part: after_training_tools
-        SharSettings,  # part: large_corpora
+        SharSettings,  # part: corpora
         BatchingConfig,
         DataConfig):
     """The ``data`` section: the corpus's keys, the batches', and those of each part the project has."""
@@ -169,7 +169,7 @@ PARTS = Parts(
             "mlflow": mlflow_tracker.start,  # part: experiment_trackers
         }).open,  # part: experiment_trackers
         tensorboard_dir=platforms.tensorboard_dir,  # part: cloud_platforms
-        corpus=SHAR_CORPUS,  # part: large_corpora
+        corpus=SHAR_CORPUS,  # part: corpora
     ),
     checks=(
         fsdp.check_activation_checkpointing,  # part: sharding

@@ -165,7 +165,7 @@ def test_skypilot_output_dir_is_in_a_bucket_mounted_on_every_node():
 TRACKER_SECRET = "tracker-credentials"
 """The Kubernetes Secret the manifests read the experiment trackers' credentials from (``utils/tracking``)."""
 STORE_SECRET = "object-store-credentials"
-"""The Secret of the S3 endpoint and credentials of shards on ``s3://`` (the large corpora part)."""
+"""The Secret of the S3 endpoint and credentials of shards on ``s3://`` (the corpora part)."""
 STORE_NAMES = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION"}
 
 
@@ -194,7 +194,7 @@ def test_tracker_credentials_reach_every_node_from_an_optional_secret_and_none_i
 
 
 def test_object_store_credentials_reach_every_node_from_an_optional_secret_and_none_is_written():
-    """With the large corpora part (shards on ``s3://``): the TrainJob's trainer takes the S3 endpoint, region and
+    """With the corpora part (shards on ``s3://``): the TrainJob's trainer takes the S3 endpoint, region and
     credentials from the Secret, each optional, and every PyTorchJob container all its keys (optional: a job starts
     without it); SkyPilot's credentials are empty until given at launch (``--secret``). Without the part, no launch
     file names them."""

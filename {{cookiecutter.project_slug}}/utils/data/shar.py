@@ -1,6 +1,6 @@
 """Training from lhotse Shar shards (``data.format=shar``, ``--dataset-path`` the folder ``scripts/make_shards.py``
 wrote: ``train/`` and ``val/``, in a folder or under an ``s3://bucket/prefix``: ``utils.data.shar_store``), for
-corpora bigger than a disk. One of the large corpora part's modules.
+corpora bigger than a disk. One of the corpora part's modules.
 
 * The corpus check reads the cuts' metadata alone (``cuts.*.jsonl.gz``: ids, transcripts, speakers, durations), no
   audio: the model's datasets are built over it (``Training.datasets_of``), each item made of its cut's audio

@@ -1,6 +1,6 @@
 """Where Shar shards are: a local folder or an S3 prefix (``s3://bucket/prefix``), listed here and read by lhotse's
 own readers (``CutSet.from_shar(fields=...)``; an ``s3://`` shard opened through ``smart_open``, boto3 underneath).
-One of the large corpora part's modules.
+One of the corpora part's modules.
 
 * S3: the endpoint and credentials come from the environment only, as boto3 reads them (``AWS_ENDPOINT_URL`` or
   ``AWS_ENDPOINT_URL_S3`` for an S3-compatible server, ``AWS_REGION`` for Amazon S3; ``AWS_ACCESS_KEY_ID`` and
