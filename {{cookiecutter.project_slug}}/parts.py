@@ -95,8 +95,11 @@ TABLE = {
     },
     "corpora": {
         "files": ["scripts/make_shards.py", "utils/data/shar.py", "utils/data/shar_store.py",
-                  "tests/test_shards.py", "tests/test_shards_tacotron2.py", "tests/test_shards_matcha.py"],
-        "keys": ["data.max_duration", "data.shar_restart_epoch"],
+                  "utils/data/corpora/vctk.py", "utils/data/corpora/libritts.py", "utils/data/corpora/nemo.py",
+                  "utils/data/corpora/parquet.py", "utils/data/corpora/lhotse.py", "utils/data/corpora/manifests.py",
+                  "tests/test_corpus_layouts.py", "tests/test_shards.py", "tests/test_shards_tacotron2.py",
+                  "tests/test_shards_matcha.py"],
+        "keys": ["data.vctk_mic", "data.max_duration", "data.shar_restart_epoch"],
     },
 }
 """The parts a project may leave out at generation (cookiecutter's yes/no questions, in their order): each is whole

@@ -33,7 +33,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional, Sequence, get_args
+from typing import Optional, Sequence
 
 if not __package__:  # run by its path, not as python -m scripts.NAME: the project's modules would not import
     sys.exit(f"ERROR: run this tool from the project folder as: python -m scripts.{Path(__file__).stem} ...")
@@ -44,12 +44,12 @@ from lhotse.cut import Cut
 from lhotse.shar import SharWriter
 from tqdm import tqdm
 
-from parts import LEFT_OUT, config_schemas
+from parts import LEFT_OUT, DataSettings, config_schemas
 from utils.config import ConfigError, load_config
-from utils.data.corpora import load_splits, parquet
-from utils.data.corpus import Corpus, DataConfig, DataError, Layout, Utterance
+from utils.data.corpora import load_splits, readers
+from utils.data.corpus import Corpus, DataConfig, DataError, Utterance
 from utils.data.shar_store import check_bucket, is_url, joined, listed, upload
-from utils.data.sources import opened, parse
+from utils.data.sources import opened, parse, row_bytes
 
 SPLITS = ("train", "val")
 AUDIO_FORMATS = ("flac", "original")
@@ -74,7 +74,7 @@ def recording_of(utt: Utterance) -> Recording:
     if row is None:
         with opened(str(path)) as (clip, _):
             return clip_recording(utt.id, clip, "file", str(path))
-    data = parquet.audio_bytes(path, row)
+    data = row_bytes(path, row)
     with sf.SoundFile(io.BytesIO(data)) as clip:
         return clip_recording(utt.id, clip, "memory", data)
 
@@ -164,11 +164,12 @@ def data_section(args: argparse.Namespace) -> DataConfig:
     it), else the defaults with those two. Raises ConfigError: a format no reader has, a config that cannot be read or
     is refused."""
     overrides = [f"data.dataset_path={args.dataset_path}"] + ([f"data.format={args.format}"] if args.format else [])
-    if args.format and args.format not in get_args(Layout):
-        raise ConfigError(f"--format {args.format} is not a layout: give one of {', '.join(get_args(Layout))}")
+    layouts = ["auto", *readers(DataSettings())]
+    if args.format and args.format not in layouts:
+        raise ConfigError(f"--format {args.format} is not a layout: give one of {', '.join(layouts)}")
     if args.config:
         return load_config(args.config, config_schemas(), overrides=overrides, left_out=LEFT_OUT).data
-    return DataConfig(dataset_path=args.dataset_path, format=args.format or "auto")
+    return DataSettings(dataset_path=args.dataset_path, format=args.format or "auto")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

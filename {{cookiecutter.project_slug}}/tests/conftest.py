@@ -76,7 +76,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import train
 from models import MODELS
-from parts import LEFT_OUT, config_schemas
+from parts import LEFT_OUT, DataSettings, config_schemas
 from scripts import make_demo_corpus
 from utils.checkpoint.state import RngStates, TrainState
 from utils.checkpoint.weights import load_into
@@ -1195,6 +1195,9 @@ def frame_budgets_resume_through_2_1_2(tmp_path, monkeypatch, common: list, utte
     assert sorted(first_epoch) == sorted(utterances)
 
 
+VOICE_LAYOUTS = [name for name in corpora.readers(DataSettings()) if name != "ljspeech"]
+"""The layouts of several speakers this project reads (its parts' and filelists), in the order ``auto`` tries them:
+the four-voice tests train on a demo corpus in each."""
 FOUR_VOICES = {"vctk": ["p225", "p226", "p227", "p228"], "libritts": ["19", "26", "27", "32"]}
 """The speakers of a 4-voice demo corpus (``scripts.make_demo_corpus --speakers 4``) in each layout: VCTK's names,
 elsewhere LibriVox reader ids (sorted as strings)."""

@@ -33,9 +33,10 @@ import multiproc
 import train
 from model import adam
 from models import MODELS
-from parts import PARTS
+from parts import PARTS, DataSettings
 from utils.config import ConfigError
 from utils.data import check as data_check
+from utils.data.corpora import readers
 from utils.data.corpus import DataError
 from utils.training.checks import check_settings
 
@@ -304,14 +305,17 @@ def test_a_bad_argument_of_train_py_is_one_line_and_exit_2(capsys):
 
 
 def test_an_empty_dataset_folder_names_the_layouts_it_is_not_in(capsys, tmp_path, precious):
-    """A folder in no layout ``data.format=auto`` knows (here an empty one) is one line naming each layout; a
-    ``metadata.csv`` makes it LJSpeech's, whose reader names what is wrong with it."""
+    """A folder in no layout ``data.format=auto`` knows (here an empty one) is one line naming each layout the project
+    reads, in the order ``auto`` tries them; a ``metadata.csv`` makes it LJSpeech's, whose reader names what is wrong
+    with it."""
     empty = tmp_path / "empty_corpus"
     empty.mkdir()
     before = snapshot(precious)
     code, out, err = run_train(capsys, "--dataset-path", str(empty), "--output-dir", str(precious))
+    trees = "; ".join(f"{name}: {reader.TREE}" for name, reader in readers(DataSettings()).items())
+    assert trees.startswith("ljspeech: metadata.csv + wavs/<id>.wav; ") and "; filelist: " in trees
     assert the_error(code, err, out).startswith(f"ERROR: rank 0: {empty} is in no layout data.format=auto knows "
-                                                "(ljspeech: metadata.csv + wavs/<id>.wav; filelist: ")
+                                                f"({trees}); ")
     code, out, err = run_train(capsys, "--dataset-path", str(empty), "--output-dir", str(precious), "--set",
                                "data.format=ljspeech")
     assert the_error(code, err, out) == f"ERROR: rank 0: metadata file not found: {empty / 'metadata.csv'}"

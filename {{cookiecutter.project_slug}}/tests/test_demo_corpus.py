@@ -17,9 +17,10 @@ import torch
 from conftest import demo_corpus, read_ljspeech
 
 from scripts import make_demo_corpus as demo
+from parts import DataSettings
 from utils.data.audio import load_wav
 from utils.data.corpora import load_splits
-from utils.data.corpus import Corpus, DataConfig
+from utils.data.corpus import Corpus
 from utils.data.sources import clip_samples, read_audio
 
 SR = 22050
@@ -89,7 +90,7 @@ def test_data_format_auto_reads_each_layout_as_written(tmp_path_factory, layout)
     clip decodes, at the model's rate, to the length its metadata gives (headers exactly, manifests to the sample)."""
     root = built(tmp_path_factory, layout)
     notes = []
-    train, val = load_splits(DataConfig(dataset_path=str(root)), notes=notes)  # filelists/train.txt and val.txt
+    train, val = load_splits(DataSettings(dataset_path=str(root)), notes=notes)  # filelists/train.txt and val.txt
     assert notes[0].startswith(f"data.format=auto: found the {layout} layout in {root} (")
     names = {"ljspeech": ("LJ", "LJ"), "vctk": ("p225", "p226")}.get(layout, ("19", "26"))
     assert (len(train), len(val)) == (3, 1)

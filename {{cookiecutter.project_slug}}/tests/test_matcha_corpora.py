@@ -1,12 +1,13 @@
 """Matcha-TTS on the corpora a run reads: its frame budgets resumed bit for bit after SIGTERM and through 2 -> 1 -> 2
-processes, a run resumed past a validation at its last step, and a 4-voice corpus in each layout the readers know
+processes, a run resumed past a validation at its last step, and a 4-voice corpus in each layout the project reads
 (``data.format=auto``), each voice its own."""
 
 import os
 
 import pytest
-from conftest import (ROOT, assert_four_voices, assert_same_weights, assert_speaks_each_voice, demo_corpus,
-                      four_voice_argv, frame_budgets_resume_through_2_1_2, metrics_rows, synth_corpus, train_in_process)
+from conftest import (ROOT, VOICE_LAYOUTS, assert_four_voices, assert_same_weights, assert_speaks_each_voice,
+                      demo_corpus, four_voice_argv, frame_budgets_resume_through_2_1_2, metrics_rows, synth_corpus,
+                      train_in_process)
 from test_matcha_run import two_rank_run
 
 
@@ -41,14 +42,14 @@ def test_a_run_that_validated_at_its_last_step_resumed_with_more_steps_repeats_t
     assert_same_weights([tmp_path / "whole", tmp_path / "extended"])
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["vctk", "libritts", "filelist", "nemo", "parquet", "lhotse"])
+@pytest.mark.parametrize("layout", VOICE_LAYOUTS)
 def test_a_four_speaker_matcha_trains_on_each_layout_and_speaks_each_voice(layout, tmp_path, tmp_path_factory):
     """A 4-voice demo corpus in each layout, read by ``data.format=auto`` (8 utterances, 2 a voice), then tiny
-    Matcha-TTS on it: for VCTK the shared run of 2 steps on 2 gloo ranks (:func:`test_matcha_run.two_rank_run`), for
-    the others 1 step in this process (the ranks' path proven once, each reader on its own). ``speakers.json`` and the
-    checkpoint hold the 4 voices, sorted, and the model a 4-row speaker table; for VCTK, ``inference.py --speaker``
-    speaks each voice differently from the same seeded noise."""
-    if layout == "vctk":
+    Matcha-TTS on it: for filelists the shared run of 2 steps on 2 gloo ranks (:func:`test_matcha_run.two_rank_run`),
+    for the others 1 step in this process (the ranks' path proven once, each reader on its own). ``speakers.json`` and
+    the checkpoint hold the 4 voices, sorted, and the model a 4-row speaker table; for filelists,
+    ``inference.py --speaker`` speaks each voice differently from the same seeded noise."""
+    if layout == "filelist":
         out, said = two_rank_run(tmp_path_factory)
         said = "".join(said)
     else:
@@ -56,6 +57,6 @@ def test_a_four_speaker_matcha_trains_on_each_layout_and_speaks_each_voice(layou
         said = train_in_process(four_voice_argv("matcha", demo_corpus(tmp_path_factory, layout, speakers=4, n=8), out,
                                                 layout))
     voices = assert_four_voices("matcha", layout, out, said)
-    if layout == "vctk":
-        assert_speaks_each_voice(out / "checkpoint_last.pt", voices, tmp_path, "--text", "The quick fox.", "--seed", "1",
-                                 "--n-timesteps", "2")
+    if layout == "filelist":
+        assert_speaks_each_voice(out / "checkpoint_last.pt", voices, tmp_path, "--text", "The quick fox.", "--seed",
+                                 "1", "--n-timesteps", "2")

@@ -74,8 +74,9 @@ def test_the_default_config_batches_by_frame_budgets_of_its_batch_size_full_size
 
 
 def test_items_are_phoneme_ids_and_normalised_mels_padded_to_frames_the_unet_halves(tmp_path_factory):
-    corpus = demo_corpus(tmp_path_factory, "vctk", speakers=2, n=4)
-    cfg = tiny_cfg(["p225", "p226"])
+    corpus = demo_corpus(tmp_path_factory, "filelist", speakers=2, n=4)
+    names = ["19", "26"]  # the demo filelists' first two speakers
+    cfg = tiny_cfg(names)
     cfg.data.dataset_path = str(corpus)
     train, _ = load_splits(cfg.data)
     raw = MatchaDataset(train, cfg.audio, None, "training", cfg.data.speakers)
@@ -90,14 +91,14 @@ def test_items_are_phoneme_ids_and_normalised_mels_padded_to_frames_the_unet_hal
     batch = MatchaCollate()(items)
     frames = max(normal.lengths())
     assert batch["mel"].shape == (len(items), 40, -(-frames // 4) * 4) and batch["speaker"].tolist() == [
-        SPEAKERS.index(name) for name in train.speaker.tolist()]
+        names.index(name) for name in train.speaker.tolist()]
     for i, item in enumerate(items):
         assert batch["mel"][i, :, item["mel"].shape[1]:].abs().sum() == 0
         assert batch["text"][i, :batch["text_lengths"][i]].tolist() == item["text"].tolist()
 
 
 def test_the_statistics_script_prints_the_training_splits_and_names_a_missing_corpus(tmp_path_factory, tmp_path):
-    corpus = demo_corpus(tmp_path_factory, "vctk", speakers=2, n=4)
+    corpus = demo_corpus(tmp_path_factory, "filelist", speakers=2, n=4)
     config = os.path.join(ROOT, "config.json")
     said = run_main("scripts.mel_statistics", "--config", config, "--dataset-path", str(corpus), "--tiny")
     cfg = tiny_cfg()
@@ -112,7 +113,7 @@ def test_the_statistics_script_prints_the_training_splits_and_names_a_missing_co
 
 def test_training_without_the_phonemizer_is_one_error_line_before_the_run_starts(tmp_path_factory, tmp_path,
                                                                                monkeypatch):
-    corpus = demo_corpus(tmp_path_factory, "vctk", speakers=2, n=4)
+    corpus = demo_corpus(tmp_path_factory, "filelist", speakers=2, n=4)
     monkeypatch.setattr(text, "phonemizer", None)
     monkeypatch.setattr(text, "_BACKEND", [])
     code, out, err = run_train_main(["--config", os.path.join(ROOT, "config.json"), "--model", "matcha", "--tiny",
@@ -129,11 +130,11 @@ VAL_SECONDS = 0.1
 
 
 def two_rank_run(tmp_path_factory) -> tuple[Path, list[str]]:
-    """Tiny Matcha-TTS trained 2 steps on 2 gloo ranks on a 4-voice demo corpus in bf16 (VCTK's layout, read by
-    ``data.format=auto``), its statistics and EMA decay left null (the recipe's), its validation audio
+    """Tiny Matcha-TTS trained 2 steps on 2 gloo ranks on a 4-voice demo corpus in bf16 (filelists of
+    ``path|speaker|text``, found by ``data.format=auto``), its statistics and EMA decay left null (the recipe's), its validation audio
     (:data:`VAL_SECONDS`) through a tiny HiFi-GAN checkpoint (``matcha.val_vocoder``) where the project has the model,
     made once per session: ``(output folder, each rank's output)``; no caller may change it."""
-    corpus = demo_corpus(tmp_path_factory, "vctk", speakers=4, n=8)
+    corpus = demo_corpus(tmp_path_factory, "filelist", speakers=4, n=8)
 
     def make(folder):
         argv = ["--config", os.path.join(ROOT, "config.json"), "--model", "matcha", "--tiny", "--max-steps", "2",
@@ -172,9 +173,9 @@ def test_training_on_two_ranks_in_bf16_logs_the_three_losses_keeps_an_ema_and_re
     assert config["matcha"]["mel_std"] > 0 and -12 < config["matcha"]["mel_mean"] < 0, config["matcha"]
     found = text.versions()
     assert (config["matcha"]["phonemizer"], config["matcha"]["espeak_ng"]) == (found["phonemizer"], found["espeak-ng"])
-    assert json.loads((out / "speakers.json").read_text()) == {f"p22{i}": i - 5 for i in range(5, 9)}
+    assert json.loads((out / "speakers.json").read_text()) == {"19": 0, "26": 1, "27": 2, "32": 3}
     spoken = run_main("inference", "--checkpoint", str(out / "checkpoint_last.pt"), "--device", "cpu", "--text",
-                      "Hello world.", "--speaker", "p227", "--output", str(tmp_path / "hello.wav"))
+                      "Hello world.", "--speaker", "27", "--output", str(tmp_path / "hello.wav"))
     assert "is run with the EMA weights of step 2 (train.ema_decay=0.999)" in spoken.stderr
     assert sf.info(str(tmp_path / "hello.wav")).frames > 0
 
@@ -368,7 +369,7 @@ def test_a_bad_validation_vocoder_is_one_error_line_at_the_start_before_any_step
     path, what = bad_vocoder(case, tmp_path)
     out = tmp_path / "out"
     code, _, err = run_train_main(["--config", os.path.join(ROOT, "config.json"), "--model", "matcha", "--tiny",
-                                   "--dataset-path", str(demo_corpus(tmp_path_factory, "vctk", speakers=2, n=4)),
+                                   "--dataset-path", str(demo_corpus(tmp_path_factory, "filelist", speakers=2, n=4)),
                                    "--output-dir", str(out), "--set", "data.num_workers=0", "--set",
                                    f"matcha.val_vocoder={path}"])
     errors = [line for line in err.splitlines() if line.startswith("ERROR:")]
@@ -384,7 +385,7 @@ def test_a_validation_vocoder_in_a_project_without_a_vocoder_model_is_refused_be
     monkeypatch.setattr(train, "MODELS", registry)
     path = tiny_checkpoint("hifigan", tmp_path / "hifigan.pt") if "hifigan" in MODELS else tmp_path / "hifigan.pt"
     argv = ["--config", os.path.join(ROOT, "config.json"), "--model", "matcha", "--tiny", "--dataset-path",
-            str(demo_corpus(tmp_path_factory, "vctk", speakers=2, n=4)), "--output-dir", str(tmp_path / "out"),
+            str(demo_corpus(tmp_path_factory, "filelist", speakers=2, n=4)), "--output-dir", str(tmp_path / "out"),
             "--set", f"matcha.val_vocoder={path}"]
     line = (f"matcha.val_vocoder={path}: this project has no vocoder model to load it as (models: "
             f"{', '.join(registry)}); leave it null for Griffin-Lim's validation audio")

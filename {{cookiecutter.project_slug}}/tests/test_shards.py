@@ -28,12 +28,11 @@ from conftest import (RECORDED_RANK, TEST_MODEL, bound, demo_corpus, layout_corp
 
 from distributed import DistInfo
 from models import MODELS
-from parts import config_schemas
+from parts import DataSettings, config_schemas
 from utils.config import load_config
 from utils.data import shar, shar_store
-from utils.data.corpora import load_splits, parquet
-from utils.data.corpus import DataConfig
-from utils.data.sources import header, parse, read_audio
+from utils.data.corpora import load_splits
+from utils.data.sources import header, parse, read_audio, row_bytes
 
 SHARD_MODELS = sorted(name for name, spec in MODELS.items() if spec.training.datasets_of is not None)
 """The project's models that train from shards (their ``Training.datasets_of``; a model of one's own may have none)."""
@@ -139,7 +138,7 @@ def test_shards_read_back_as_the_corpus_utterances(tool, corpora, tmp_path, name
                                   *config)
     assert code == 0, errors
     assert ("found the parquet layout" not in errors) if config else ("data.format=auto: found" in errors)
-    splits = dict(zip(("train", "val"), load_splits(DataConfig(dataset_path=str(root)))))
+    splits = dict(zip(("train", "val"), load_splits(DataSettings(dataset_path=str(root)))))
     assert said.startswith(f"train: {len(splits['train'])} cuts in {math.ceil(len(splits['train']) / 3)} shard(s)")
     for split, corpus in splits.items():
         assert sorted(path.name for path in (out / split).glob("cuts.*")) == \
@@ -164,7 +163,7 @@ def test_a_clip_that_cannot_be_read_is_one_error_line_and_leaves_no_shard(tool, 
     output folder the run made is removed)."""
     root, out = tmp_path / "corpus", tmp_path / "shards"
     shutil.copytree(corpora["vctk"], root)
-    utt = load_splits(DataConfig(dataset_path=str(root)))[0][5]
+    utt = load_splits(DataSettings(dataset_path=str(root)))[0][5]
     with open(utt.audio, "wb") as broken:
         broken.write(b"not audio")
     code, said, errors = run_tool(tool, "--dataset-path", root, "--output", out)
@@ -191,11 +190,11 @@ def test_each_clip_header_is_read_once_and_the_shards_are_those_of_lhotses_own_r
 
     def by_lhotse(utt):  # the recording as the tool made it before: lhotse reads the header itself
         path, row, _ = parse(utt.audio)
-        return Recording.from_bytes(parquet.audio_bytes(path, row), utt.id) if row is not None else \
+        return Recording.from_bytes(row_bytes(path, row), utt.id) if row is not None else \
             Recording.from_file(path, recording_id=utt.id)
 
     for name in ("vctk", "lhotse", "parquet"):
-        data = DataConfig(dataset_path=str(corpora[name]))
+        data = DataSettings(dataset_path=str(corpora[name]))
         for utt in load_splits(data)[0]:
             opens.clear()
             tool.utterance_cut(utt)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import (ROOT, assert_four_voices, assert_speaks_each_voice, check_recipe, demo_corpus, four_voice_argv,
+from conftest import (ROOT, VOICE_LAYOUTS, assert_four_voices, assert_speaks_each_voice, check_recipe, demo_corpus, four_voice_argv,
                       frame_budgets_resume_through_2_1_2, read_ljspeech, run_train_main, synth_corpus, tiny_checkpoint,
                       train_in_process, train_on_ranks)
 from test_checkpoint_safety import LARGER, crafted_outcomes, larger_refused
@@ -932,19 +932,19 @@ def test_a_validation_split_of_no_training_speaker_validates_on_the_last_trainin
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["vctk", "libritts", "filelist", "nemo", "parquet", "lhotse"])
+@pytest.mark.parametrize("layout", VOICE_LAYOUTS)
 def test_a_four_speaker_tacotron2_trains_on_each_layout_and_speaks_each_voice(layout, tmp_path, tmp_path_factory):
     """A 4-voice demo corpus in each layout, read by ``data.format=auto`` (8 utterances, 2 a voice: a layout that
     validates on its last utterance keeps every voice in training), then 1 step of Tacotron2 on it: on 2 gloo ranks
-    for VCTK, in this process for the others (the ranks' path proven once, each reader on its own).
-    ``speakers.json`` and the checkpoint hold the 4 voices, sorted, and the model a 4-row speaker table; for VCTK,
+    for filelists, in this process for the others (the ranks' path proven once, each reader on its own).
+    ``speakers.json`` and the checkpoint hold the 4 voices, sorted, and the model a 4-row speaker table; for filelists,
     ``inference.py --speaker`` speaks each voice differently. (The gate threshold is one no untrained gate reaches:
     every voice runs ``max_decoder_steps`` frames, where the default lets some stop at the first frame, which is
     silence whatever the voice.)"""
     corpus, out = demo_corpus(tmp_path_factory, layout, speakers=4, n=8), tmp_path / "run"
     argv = [*four_voice_argv("tacotron2", corpus, out, layout), "--set", "tacotron2.gate_threshold=0.999999",
             "--set", "tacotron2.max_decoder_steps=16", "--set", "audio.hop_length=1024"]  # a quarter of the frames
-    said = "".join(train_on_ranks(argv, tmp_path / "ranks")) if layout == "vctk" else train_in_process(argv)
+    said = "".join(train_on_ranks(argv, tmp_path / "ranks")) if layout == "filelist" else train_in_process(argv)
     voices = assert_four_voices("tacotron2", layout, out, said)
-    if layout == "vctk":
+    if layout == "filelist":
         assert_speaks_each_voice(out / "checkpoint_last.pt", voices, tmp_path, "--text", "The quick fox.")

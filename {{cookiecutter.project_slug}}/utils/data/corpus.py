@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Iterable, Literal, NamedTuple, Sequence, Union
+from types import ModuleType
+from typing import ClassVar, Iterable, Literal, Mapping, NamedTuple, Sequence, Union
 
 import numpy as np
 from pydantic import Field
@@ -17,11 +18,16 @@ from utils.config import Section
 
 PathLike = Union[str, Path]
 
-Layout = Literal["auto", "ljspeech", "filelist", "vctk", "libritts", "nemo", "parquet", "lhotse"]
+Layout = Literal["auto", "ljspeech", "filelist"]
+"""The core's ``data.format`` values: detected, or one of its two readers' (a part widens it with the layouts it
+adds)."""
 
 
 class DataConfig(Section):
-    """The ``data`` section: where the corpus is and how it is loaded."""
+    """The ``data`` section: where the corpus is and how it is loaded. ``layouts``: the layouts a part adds, name ->
+    reader module (``utils.data.corpora``'s interface), in the order ``auto`` tries them; the core's class has none."""
+
+    layouts: ClassVar[Mapping[str, ModuleType]] = {}
 
     dataset_path: str = "data/LJSpeech-1.1"  # the corpus's root folder, in the layout data.format names
     format: Layout = "auto"  # the corpus's layout; auto: detected (the run's first lines say which)
@@ -29,7 +35,6 @@ class DataConfig(Section):
     training_files: str = ""
     validation_files: str = ""
     val_size: int = Field(100, ge=1)  # where the layout has no validation split: its last ones validate
-    vctk_mic: Literal["mic1", "mic2"] = "mic1"  # VCTK 0.92's microphone (an omni-directional DPA 4035, or a Sennheiser)
     num_workers: int = Field(4, ge=0)  # DataLoader workers per rank, each keeping prefetch_factor batches ready
     prefetch_factor: int = Field(2, ge=1)
     persistent_workers: bool = True  # the epoch reaches them in shared memory (AudioMelDataset)
@@ -53,7 +58,7 @@ SINGLE_SPEAKER = "LJ"
 
 class Utterance(NamedTuple):
     """One recording, as :class:`Corpus` gives it: its id, audio source (a file path, ``PATH#t=START,END`` seconds of
-    one, or ``FILE.parquet#row=N``: ``utils.data.corpora.sources``), transcript, speaker, language (``""``: unknown)
+    one, or ``FILE#row=N``, a table's row: ``utils.data.sources``), transcript, speaker, language (``""``: unknown)
     and duration (seconds; NaN where the layout gives none: its header says)."""
 
     id: str
@@ -118,7 +123,7 @@ class Corpus:
     """``N`` utterances as columns of equal length: ``ids``, ``audio``, ``text``, ``speaker``, ``language``
     (:class:`Strings`) and ``duration`` (float64 ``(N,)`` seconds, NaN where the layout gives none). ``corpus[i]`` is
     utterance ``i`` as an :class:`Utterance`; iterating gives them in corpus order. Lengths in samples or mel frames,
-    read from durations and headers without decoding audio: ``utils.data.corpora.sources.clip_samples``."""
+    read from durations and headers without decoding audio: ``utils.data.sources.clip_samples``."""
 
     ids: Strings
     audio: Strings

@@ -24,7 +24,8 @@ from __future__ import annotations
 import io
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, NamedTuple, Optional, get_args
+from types import ModuleType
+from typing import Any, Callable, ClassVar, Iterator, Literal, Mapping, NamedTuple, Optional, get_args
 
 import soundfile as sf
 import torch
@@ -35,6 +36,8 @@ from distributed import DistInfo
 from model import ModelSpec
 from utils.config import Config, ConfigError, Section, cross_check_error
 from utils.data.audio import read_clip
+from utils.data.corpora import lhotse as lhotse_layout
+from utils.data.corpora import libritts, nemo, parquet, vctk
 from utils.data.corpus import SINGLE_SPEAKER, Corpus, DataError, Layout, Utterance
 from utils.data.loader import make_loader
 from utils.data.shar_store import ReadShards, is_url, joined, read_ahead, read_errors, split_shards, warn
@@ -45,11 +48,19 @@ SHAR = "shar"
 SPLITS = ("train", "val")
 
 
-class SharSettings(Section):
-    """The ``data`` section's keys of this part (one of the bases of ``parts.DataSettings``)."""
+LAYOUTS = {"vctk": vctk, "nemo": nemo, "lhotse": lhotse_layout, "libritts": libritts, "parquet": parquet}
+"""The layouts this part reads besides the core's (``utils/data/corpora/``), in the order ``auto`` tries them."""
 
+
+class SharSettings(Section):
+    """The ``data`` section's keys of this part (one of the bases of ``parts.DataSettings``): the layouts it reads
+    (``layouts``: :data:`LAYOUTS`, which ``utils.data.corpora.readers`` merges with the core's), VCTK's microphone, and
+    the shards'."""
+
+    layouts: ClassVar[Mapping[str, ModuleType]] = LAYOUTS
     # the corpus's layout; auto: detected (the run's first lines say which); shar: lhotse Shar shards (train/, val/)
-    format: Literal[(*get_args(Layout), SHAR)] = "auto"
+    format: Literal[(*get_args(Layout), *LAYOUTS, SHAR)] = "auto"
+    vctk_mic: Literal["mic1", "mic2"] = "mic1"  # VCTK 0.92's microphone (an omni-directional DPA 4035, or a Sennheiser)
     max_duration: float = Field(0.0, ge=0)  # shar: seconds of audio per GPU per micro-batch
     shar_restart_epoch: bool = False  # shar: a resume on another number of processes reads its epoch from the start
 

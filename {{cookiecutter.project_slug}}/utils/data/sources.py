@@ -1,24 +1,25 @@
 """An utterance's audio, whatever its layout (``Utterance.audio``): a file's path, ``PATH#t=START,END`` (seconds of
-it, W3C's media-fragment form: a lhotse cut or a NeMo line with an offset), or ``FILE.parquet#row=N`` (a parquet
-row's encoded bytes). Every one is decoded by soundfile (:func:`utils.data.audio.read_clip`); lengths come from
+it, W3C's media-fragment form: a span of a recording), or ``FILE#row=N`` (the encoded bytes of a row of a Hugging
+Face dataset's table file: :func:`row_bytes`). Every one is decoded by soundfile (:func:`utils.data.audio.read_clip`); lengths come from
 durations and headers, never from decoded audio (:func:`clip_samples`)."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
+import json
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import soundfile as sf
 import torch
 
 from utils.data.audio import check_wav_not_truncated, read_clip, resampled_length
-from utils.data.corpora import parquet
 from utils.data.corpus import Corpus, DataError
 
 _FRAGMENT = re.compile(r"row=(\d+)|t=([0-9.eE+-]+),([0-9.eE+-]+)")
@@ -36,6 +37,49 @@ def parse(source: str) -> tuple[Path, Optional[int], Optional[tuple[float, float
     return Path(head), None, (float(match[2]), float(match[3]))
 
 
+@functools.lru_cache(maxsize=64)
+def table_columns(path: Path) -> tuple[str, list[str]]:
+    """``(audio column, every column)`` of a parquet file, from its schema alone: the column its Hugging Face features
+    call ``Audio``, else one named ``audio``. DataError: not a parquet file, or no audio column."""
+    import pyarrow  # only the tables' (0.5 s): imported where it is used
+    import pyarrow.parquet as pq
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, pyarrow.ArrowException) as err:
+        raise DataError(f"cannot read the parquet file {path}: {err}") from None
+    try:
+        features = json.loads((schema.metadata or {}).get(b"huggingface", b"{}")).get("info", {}).get("features", {})
+    except (json.JSONDecodeError, AttributeError):
+        features = {}
+    names = list(schema.names)
+    audio = next((name for name, feature in features.items() if isinstance(feature, dict)
+                  and feature.get("_type") == "Audio"), "audio" if "audio" in names else None)
+    if audio is None:
+        raise DataError(f"{path} has no audio column (a Hugging Face Audio feature, or a column named 'audio'); its "
+                        f"columns: {', '.join(names)}")
+    return audio, names
+
+
+@functools.lru_cache(maxsize=64)
+def table(path: Path) -> Any:
+    """The ``datasets.Dataset`` of one parquet file (its memory-mapped Arrow copy, made once in the cache), once per
+    process; forked loader workers inherit it."""
+    import datasets  # heavy (4 s): imported where it is used
+
+    datasets.disable_progress_bars()
+    return datasets.Dataset.from_parquet(str(path))
+
+
+def row_bytes(path: Path, row: int) -> bytes:
+    """The encoded audio of row ``row`` of the parquet file ``path`` (its column: :func:`table_columns`). DataError:
+    the row holds no audio bytes."""
+    column, _ = table_columns(path)
+    value = table(path).data.column(column)[row].as_py()
+    if not isinstance(value, dict) or not value.get("bytes"):
+        raise DataError(f"{path}#row={row}: no audio bytes in column '{column}' (a path alone is not read)")
+    return value["bytes"]
+
+
 @contextlib.contextmanager
 def opened(source: str) -> Iterator[tuple[sf.SoundFile, int]]:
     """``(clip, frames)``: the sound of ``source`` open at its first sample, and how many samples it has (at the
@@ -46,7 +90,7 @@ def opened(source: str) -> Iterator[tuple[sf.SoundFile, int]]:
         raise DataError("is a folder, not a wav file" if path.is_dir() else "wav not found")
     if row is None:
         check_wav_not_truncated(path)
-    with sf.SoundFile(io.BytesIO(parquet.audio_bytes(path, row)) if row is not None else str(path)) as clip:
+    with sf.SoundFile(io.BytesIO(row_bytes(path, row)) if row is not None else str(path)) as clip:
         frames = clip.frames
         if span is not None:
             first = round(span[0] * clip.samplerate)

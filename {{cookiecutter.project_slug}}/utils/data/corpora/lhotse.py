@@ -16,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from utils.data.corpora.common import Found, LineIssue, Part, audio_issue, manifests_of, repeated_id
+from utils.data.corpora.common import Found, LineIssue, Part, audio_issue, repeated_id
+from utils.data.corpora.manifests import manifests_of
 from utils.data.corpus import SINGLE_SPEAKER, BadClip, DataConfig, DataError, Utterance
 
 TREE = "*cuts*.jsonl[.gz]: lhotse CutSet manifests"

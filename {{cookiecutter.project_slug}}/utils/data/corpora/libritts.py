@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from utils.data.corpora.common import Found, LineIssue, Part, apart, audio_issue, text_issue
+from utils.data.corpora.common import Found, LineIssue, Part, audio_issue, text_issue
+from utils.data.corpora.manifests import apart
 from utils.data.corpus import BadClip, DataConfig, DataError, Utterance
 
 TREE = "<subset>/<speaker>/<chapter>/<id>.wav + <id>.normalized.txt"

@@ -26,19 +26,20 @@ from utils.data.corpora.common import (
     Part,
     audio_issue,
     malformed,
-    manifests_of,
     read_lines,
     repeated_id,
     text_issue,
 )
+from utils.data.corpora.manifests import manifests_of
 from utils.data.corpus import SINGLE_SPEAKER, Corpus, DataConfig, Strings, Utterance
 
 TREE = "*.json or *.jsonl manifests: audio_filepath, duration, text, speaker"
 TEXT_KEYS = ("text_normalized", "normalized_text", "text")  # the first a line has is its transcript
 
 
-def is_manifest(path: Path) -> bool:
-    """Whether the first non-blank line of ``path`` is a JSON object with an ``audio_filepath``."""
+def takes_filelist(path: Path) -> bool:
+    """Whether ``path`` is a NeMo manifest (its first non-blank line a JSON object with an ``audio_filepath``): a
+    ``data.training_files`` that ``auto`` reads as one (``utils.data.corpora.detect``), not as a filelist."""
     try:
         with open(path, encoding="utf-8-sig") as file:
             first = next((line for line in file if line.strip()), "")
@@ -48,7 +49,7 @@ def is_manifest(path: Path) -> bool:
 
 
 def _manifests(root: Path) -> list[Path]:
-    return [path for suffix in ("*.json", "*.jsonl") for path in root.glob(suffix) if is_manifest(path)]
+    return [path for suffix in ("*.json", "*.jsonl") for path in root.glob(suffix) if takes_filelist(path)]
 
 
 def matches(root: Path) -> bool:

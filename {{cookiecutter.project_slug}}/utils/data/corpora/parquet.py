@@ -12,14 +12,14 @@ Every ``*.parquet`` below ``--dataset-path`` is read, split by its path's words 
 
 from __future__ import annotations
 
-import functools
-import json
 import math
 from pathlib import Path
 from typing import Any, Optional
 
-from utils.data.corpora.common import Found, LineIssue, Part, apart, repeated_id, text_issue
+from utils.data.corpora.common import Found, LineIssue, Part, repeated_id, text_issue
+from utils.data.corpora.manifests import apart
 from utils.data.corpus import SINGLE_SPEAKER, BadClip, DataConfig, DataError, Utterance
+from utils.data import sources
 
 TREE = "*.parquet of a Hugging Face dataset: audio (Audio), text_normalized, speaker_id"
 TEXT = ("text_normalized", "normalized_text", "text")  # the first column present is the transcript
@@ -35,48 +35,11 @@ def matches(root: Path) -> bool:
     return next(root.rglob("*.parquet"), None) is not None
 
 
-@functools.lru_cache(maxsize=64)
 def columns(path: Path) -> tuple[str, Optional[str], list[str]]:
-    """``(audio column, transcript column or None, every column)`` of a parquet file, from its schema alone: the
-    audio column is the one its Hugging Face features call ``Audio``, else one named ``audio``. DataError: not a
-    parquet file, or no audio column."""
-    import pyarrow  # only this layout's (0.5 s): imported where it is used
-    import pyarrow.parquet as pq
-    try:
-        schema = pq.read_schema(path)
-    except (OSError, pyarrow.ArrowException) as err:
-        raise DataError(f"cannot read the parquet file {path}: {err}") from None
-    try:
-        features = json.loads((schema.metadata or {}).get(b"huggingface", b"{}")).get("info", {}).get("features", {})
-    except (json.JSONDecodeError, AttributeError):
-        features = {}
-    names = list(schema.names)
-    audio = next((name for name, feature in features.items() if isinstance(feature, dict)
-                  and feature.get("_type") == "Audio"), "audio" if "audio" in names else None)
-    if audio is None:
-        raise DataError(f"{path} has no audio column (a Hugging Face Audio feature, or a column named 'audio'); its "
-                        f"columns: {', '.join(names)}")
+    """``(audio column, transcript column or None, every column)`` of a parquet file, from its schema alone
+    (``utils.data.sources.table_columns``). DataError: not a parquet file, or no audio column."""
+    audio, names = sources.table_columns(path)
     return audio, next((name for name in TEXT if name in names), None), names
-
-
-@functools.lru_cache(maxsize=64)
-def dataset(path: Path) -> Any:
-    """The ``datasets.Dataset`` of one parquet file (its memory-mapped Arrow copy, made once in the cache), once per
-    process; forked loader workers inherit it."""
-    import datasets  # heavy (4 s): imported where it is used
-
-    datasets.disable_progress_bars()
-    return datasets.Dataset.from_parquet(str(path))
-
-
-def audio_bytes(path: Path, row: int) -> bytes:
-    """The encoded audio of row ``row`` of the parquet file ``path`` (as :func:`columns` finds its column).
-    DataError: the row holds no audio bytes."""
-    column, _, _ = columns(path)
-    value = dataset(path).data.column(column)[row].as_py()
-    if not isinstance(value, dict) or not value.get("bytes"):
-        raise DataError(f"{path}#row={row}: no audio bytes in column '{column}' (a path alone is not read)")
-    return value["bytes"]
 
 
 def _column(table: Any, names: tuple[str, ...], default: Any) -> list:
@@ -88,7 +51,7 @@ def _scan(path: Path, first: dict[str, str]) -> tuple[list[Utterance], list[Line
     audio, text, _ = columns(path)
     if text is None:
         raise DataError(f"{path} has no transcript column (one of {', '.join(TEXT)})")
-    table = dataset(path).data
+    table = sources.table(path).data
     ids = [f"{path.stem}-{row}" if value is None else str(value) for row, value in enumerate(_column(table, ID, None))]
     rows, issues = [], []
     has_audio = table.column(audio).is_valid().to_pylist()
