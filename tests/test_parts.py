@@ -59,7 +59,7 @@ WORDS = {  # what a project without the part must not mention (case-insensitive,
                              "scripts.plot_run"],
     "benchmarks": ["scripts.benchmark", "benchmark_step", "benchmark_data", "benchmark_data_rows", "scripts.scaling"],
     "experiment_trackers": ["wandb", "mlflow", "requirements-trackers", "tracker_project"],
-    "corpora": ["make_shards", "shar", "vctk_mic", "hifi-tts"],
+    "corpora": ["make_shards", "shar", "vctk_mic"],
 }
 """Words of each part: a project without it names none of them in its README, manual, config or ``--help`` texts."""
 

@@ -1,7 +1,8 @@
 """An utterance's audio, whatever its layout (``Utterance.audio``): a file's path, ``PATH#t=START,END`` (seconds of
 it, W3C's media-fragment form: a span of a recording), or ``FILE#row=N`` (the encoded bytes of a row of a Hugging
-Face dataset's table file: :func:`row_bytes`). Every one is decoded by soundfile (:func:`utils.data.audio.read_clip`); lengths come from
-durations and headers, never from decoded audio (:func:`clip_samples`)."""
+Face dataset's parquet file: :func:`row_bytes`). Every one is decoded by soundfile
+(:func:`utils.data.audio.read_clip`); lengths come from durations and headers, never from decoded audio
+(:func:`clip_samples`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""What the readers of manifests and subsets share (the corpora part's NeMo, lhotse, LibriTTS and parquet readers): which
-split a file's or folder's name means (:func:`split_of`), and the manifests a ``data`` section names or a root holds
-(:func:`manifests_of`)."""
+"""What the readers of manifests and subsets share (the corpora part's NeMo, lhotse, LibriTTS and parquet
+readers): which split a file's or folder's name means (:func:`split_of`), and the manifests a ``data`` section names
+or a root holds (:func:`manifests_of`)."""
 
 from __future__ import annotations
 

@@ -16,10 +16,10 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
+from utils.data import sources
 from utils.data.corpora.common import Found, LineIssue, Part, repeated_id, text_issue
 from utils.data.corpora.manifests import apart
 from utils.data.corpus import SINGLE_SPEAKER, BadClip, DataConfig, DataError, Utterance
-from utils.data import sources
 
 TREE = "*.parquet of a Hugging Face dataset: audio (Audio), text_normalized, speaker_id"
 TEXT = ("text_normalized", "normalized_text", "text")  # the first column present is the transcript
