@@ -95,7 +95,8 @@ TABLE = {
     },
     "corpora": {
         "files": ["scripts/make_shards.py", "utils/data/shar.py", "utils/data/shar_store.py",
-                  "tests/test_shards.py", "tests/test_shards_tacotron2.py", "tests/test_shards_matcha.py"],
+                  "tests/test_shards.py", "tests/test_shards_tacotron2.py", "tests/test_shards_matcha.py",
+                  "tests/test_demo_layouts.py"],
         "keys": ["data.max_duration", "data.shar_restart_epoch"],
     },
 }

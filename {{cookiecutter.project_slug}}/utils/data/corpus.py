@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Iterable, Literal, NamedTuple, Sequence, Union
+from types import ModuleType
+from typing import ClassVar, Iterable, Literal, Mapping, NamedTuple, Sequence, Union
 
 import numpy as np
 from pydantic import Field
@@ -23,6 +24,7 @@ Layout = Literal["auto", "ljspeech", "filelist", "vctk", "libritts", "nemo", "pa
 class DataConfig(Section):
     """The ``data`` section: where the corpus is and how it is loaded."""
 
+    layouts: ClassVar[Mapping[str, ModuleType]] = {}  # the layouts a part adds: name -> reader module
     dataset_path: str = "data/LJSpeech-1.1"  # the corpus's root folder, in the layout data.format names
     format: Layout = "auto"  # the corpus's layout; auto: detected (the run's first lines say which)
     # filelists (path|text or path|speaker|text), or NeMo manifests; empty: the layout's own split

@@ -24,7 +24,8 @@ from __future__ import annotations
 import io
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, NamedTuple, Optional, get_args
+from types import ModuleType
+from typing import Any, Callable, ClassVar, Iterator, Literal, Mapping, NamedTuple, Optional, get_args
 
 import soundfile as sf
 import torch
@@ -35,6 +36,7 @@ from distributed import DistInfo
 from model import ModelSpec
 from utils.config import Config, ConfigError, Section, cross_check_error
 from utils.data.audio import read_clip
+from utils.data.corpora import lhotse, libritts, nemo, parquet, vctk
 from utils.data.corpus import SINGLE_SPEAKER, Corpus, DataError, Layout, Utterance
 from utils.data.loader import make_loader
 from utils.data.shar_store import ReadShards, is_url, joined, read_ahead, read_errors, split_shards, warn
@@ -48,6 +50,8 @@ SPLITS = ("train", "val")
 class SharSettings(Section):
     """The ``data`` section's keys of this part (one of the bases of ``parts.DataSettings``)."""
 
+    layouts: ClassVar[Mapping[str, ModuleType]] = {"vctk": vctk, "nemo": nemo, "lhotse": lhotse, "libritts": libritts,
+                                                   "parquet": parquet}  # the layouts this part reads, in auto's order
     # the corpus's layout; auto: detected (the run's first lines say which); shar: lhotse Shar shards (train/, val/)
     format: Literal[(*get_args(Layout), SHAR)] = "auto"
     max_duration: float = Field(0.0, ge=0)  # shar: seconds of audio per GPU per micro-batch
