@@ -98,7 +98,7 @@ TABLE = {
                   "utils/data/corpora/vctk.py", "utils/data/corpora/libritts.py", "utils/data/corpora/nemo.py",
                   "utils/data/corpora/parquet.py", "utils/data/corpora/lhotse.py", "utils/data/corpora/manifests.py",
                   "tests/test_corpus_layouts.py", "tests/test_shards.py", "tests/test_shards_tacotron2.py",
-                  "tests/test_shards_matcha.py"],
+                  "tests/test_shards_matcha.py", "tests/test_demo_layouts.py"],
         "keys": ["data.vctk_mic", "data.max_duration", "data.shar_restart_epoch"],
     },
 }

@@ -1,13 +1,13 @@
 """Build a small speech corpus offline with local text-to-speech engines (flite, espeak-ng), laid out as a real one.
 
     python -m scripts.make_demo_corpus --output data/demo --num-utterances 60
-    python -m scripts.make_demo_corpus --output data/vctk --layout vctk --speakers 4 --num-utterances 16
+    python -m scripts.make_demo_corpus --output data/voices --layout filelist --speakers 4 --num-utterances 16
 
-``--layout`` writes the tree of LJSpeech-1.1 (the default: ``metadata.csv`` ``id|text|text``, ``wavs/LJ_DEMO_*.wav``),
-VITS-style filelists, VCTK 0.92, LibriTTS, HiFi-TTS's NeMo manifests, a Hugging Face parquet (LibriTTS-R's columns) or
-a lhotse CutSet, at that corpus's sampling rate (:data:`LAYOUTS`; the manual's "Corpora" shows each tree). Utterance
-``i`` speaks sentence ``i % 40``, each pass over the sentences slower or faster, ``--seed`` jittering the rate (+-5%).
-``--speakers N`` gives it to speaker ``i % N``, speaker ``k`` always in the ``k``-th installed voice of
+``--layout`` writes the tree of a layout the project reads, at its corpus's sampling rate (:data:`LAYOUTS`, each
+reader module's ``DEMO``; the manual's "Corpora" shows each tree): LJSpeech-1.1 (the default: ``metadata.csv``
+``id|text|text``, ``wavs/LJ_DEMO_*.wav``), VITS-style filelists (``path|speaker|text``), or a layout of a part.
+Utterance ``i`` speaks sentence ``i % 40``, each pass over the sentences slower or faster, ``--seed`` jittering the rate
+(+-5%). ``--speakers N`` gives it to speaker ``i % N``, speaker ``k`` always in the ``k``-th installed voice of
 :data:`SPEAKER_VOICES`; one speaker (the default) reads each pass in the next voice, as this tool always did.
 """
 
@@ -16,25 +16,26 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import random
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 if not __package__:  # run by its path, not as python -m scripts.NAME: the project's modules would not import
     sys.exit(f"ERROR: run this tool from the project folder as: python -m scripts.{Path(__file__).stem} ...")
 
 import librosa
 import numpy as np
-import soundfile as sf
 import torch
 from tqdm import tqdm
 
-from utils.data.audio import load_wav, save_wav
+from parts import DataSettings
+from utils.data.audio import load_wav
+from utils.data.corpora import READERS
+from utils.data.corpora.demo import DemoLayout, Line, Speaker, validating, write_audio
 from utils.data.corpus import DataError
 
 ENGINES = ("flite", "espeak-ng")
@@ -90,8 +91,8 @@ class Voice:
 
 
 class SpeakerVoice(NamedTuple):
-    """A voice one speaker of ``--speakers`` keeps, and what VCTK's ``speaker-info.txt`` and LibriTTS's
-    ``speakers.tsv`` say of it: ``gender`` (F or M) and ``accent``."""
+    """A voice one speaker of ``--speakers`` keeps, and what a layout's speaker table says of it: ``gender`` (F or M)
+    and ``accent``."""
 
     voice: Voice
     gender: str
@@ -107,29 +108,6 @@ SPEAKER_VOICES = tuple(SpeakerVoice(Voice(engine, name), gender, accent) for eng
     ("espeak-ng", "en-029", "M", "Caribbean")))
 """Speaker ``k``'s voice: the ``k``-th of these whose engine (and flite voice) is installed, so at most 4 speakers with
 flite alone, 8 with espeak-ng alone, 12 with both."""
-
-READERS = (("19", "198"), ("26", "495"), ("27", "123349"), ("32", "21625"), ("39", "121914"), ("40", "121026"),
-           ("60", "121082"), ("78", "368"), ("83", "3054"), ("87", "121553"), ("89", "218"), ("103", "1240"))
-"""LibriVox ``(reader, chapter)`` ids as LibriTTS (and HiFi-TTS) name speakers: speaker ``k`` of the layouts not VCTK's
-(which names speaker ``k`` ``p{225 + k}``)."""
-
-
-class Speaker(NamedTuple):
-    """One speaker of the corpus: its ``name`` in the layout (``p225``, ``19``), LibriTTS's ``chapter``, its voice."""
-
-    name: str
-    chapter: str
-    voice: SpeakerVoice
-
-
-class Line(NamedTuple):
-    """One utterance as the layout names it: ``id``, ``speaker``, ``text``, and ``audio``, its file's path relative to
-    the corpus folder (the parquet's: to a scratch folder, the table holding its bytes)."""
-
-    id: str
-    speaker: Speaker
-    text: str
-    audio: str
 
 
 def find_engine() -> str:
@@ -187,157 +165,9 @@ def _speak(voice: Voice, text: str, utt_id: str, scratch: Path, sampling_rate: i
     return audio
 
 
-def _write_audio(path: Path, audio: np.ndarray, sampling_rate: int) -> None:
-    """``audio`` ``(T,)`` as mono 16-bit PCM at ``sampling_rate`` Hz: FLAC for a ``.flac`` path, else wav."""
-    if path.suffix == ".flac":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        sf.write(str(path), np.clip(audio, -1.0, 1.0), sampling_rate, format="FLAC", subtype="PCM_16")
-    else:
-        save_wav(path, audio, sampling_rate)
-
-
-def _write_text(path: Path, text: str) -> None:
-    """``text`` as the UTF-8 file ``path``, creating its folders."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-
-
-def _validating(count: int) -> int:
-    """How many of the last of ``count`` utterances validate where a layout has two lists: ``max(1, count // 10)``."""
-    return max(1, count // 10)
-
-
-# --- the layouts: each names its utterances and writes its index (what marks the corpus: written last) ---------------
-
-def _index_ljspeech(output: Path, lines: list[Line], _: Path) -> None:
-    """LJSpeech-1.1: ``metadata.csv``, ``id|text|normalized text`` (the same text twice)."""
-    _write_text(output / "metadata.csv", "".join(f"{line.id}|{line.text}|{line.text}\n" for line in lines))
-
-
-def _index_filelist(output: Path, lines: list[Line], _: Path) -> None:
-    """VITS-style filelists ``filelists/train.txt`` and ``val.txt``: ``path|speaker|text``, paths relative to the
-    corpus folder."""
-    cut = len(lines) - _validating(len(lines))
-    for name, part in (("train.txt", lines[:cut]), ("val.txt", lines[cut:])):
-        _write_text(output / "filelists" / name, "".join(f"{ln.audio}|{ln.speaker.name}|{ln.text}\n" for ln in part))
-
-
-def _index_vctk(output: Path, lines: list[Line], _: Path) -> None:
-    """VCTK 0.92: ``txt/<spk>/<id>.txt``, a second microphone (``_mic2.flac``: mic1 at half the amplitude, so a test
-    can tell which was read) and ``speaker-info.txt``."""
-    for line in lines:
-        _write_text(output / "txt" / line.speaker.name / f"{line.id}.txt", line.text + "\n")
-        mic1 = output / line.audio
-        audio, rate = sf.read(str(mic1), dtype="float32")
-        _write_audio(mic1.with_name(f"{line.id}_mic2.flac"), 0.5 * audio, rate)
-    speakers = dict.fromkeys(line.speaker for line in lines)
-    _write_text(output / "speaker-info.txt", "ID  AGE  GENDER  ACCENTS  REGION COMMENTS \n" + "".join(
-        f"{s.name}  23  {s.voice.gender}    {s.voice.accent}  Demo  ({s.voice.voice.engine} {s.voice.voice.name})\n"
-        for s in speakers))
-
-
-def _index_libritts(output: Path, lines: list[Line], _: Path) -> None:
-    """LibriTTS: ``<id>.normalized.txt`` and ``.original.txt`` beside each wav, ``<spk>_<chapter>.trans.tsv`` in each
-    chapter's folder, ``speakers.tsv`` at the top."""
-    chapters: dict[Path, list[str]] = {}
-    for line in lines:
-        wav = output / line.audio
-        for kind in ("normalized", "original"):
-            _write_text(wav.with_name(f"{line.id}.{kind}.txt"), line.text)
-        chapters.setdefault(wav.parent, []).append(f"{line.id}\t{line.text}\t{line.text}\n")
-    for folder, rows in chapters.items():
-        _write_text(folder / f"{folder.parent.name}_{folder.name}.trans.tsv", "".join(rows))
-    speakers = dict.fromkeys(line.speaker for line in lines)
-    _write_text(output / "speakers.tsv", "READER\tGENDER\tSUBSET\tNAME\n" + "".join(
-        f"{s.name}\t{s.voice.gender}\ttrain-clean-100\t{s.voice.voice.engine} {s.voice.voice.name}\n"
-        for s in speakers))
-
-
-def _index_nemo(output: Path, lines: list[Line], _: Path) -> None:
-    """HiFi-TTS's NeMo manifests, a speaker's split each (``<spk>_manifest_clean_train.json``, ``..._dev.json``), one
-    JSON object a line: ``audio_filepath`` (relative to the corpus folder), ``duration`` (seconds), ``text`` and
-    ``text_normalized``, and the ``speaker`` NeMo's multi-speaker recipes add (the reader's id, an integer)."""
-    cut = len(lines) - _validating(len(lines))
-    manifests: dict[str, list[str]] = {}
-    for number, line in enumerate(lines):
-        name = f"{line.speaker.name}_manifest_clean_{'train' if number < cut else 'dev'}.json"
-        manifests.setdefault(name, []).append(json.dumps({
-            "audio_filepath": line.audio, "duration": sf.info(str(output / line.audio)).duration, "text": line.text,
-            "text_normalized": line.text, "speaker": int(line.speaker.name)}) + "\n")
-    for name, rows in manifests.items():
-        _write_text(output / name, "".join(rows))
-
-
-def _index_parquet(output: Path, lines: list[Line], scratch: Path) -> None:
-    """A Hugging Face ``datasets`` parquet as LibriTTS-R's on the Hub (``clean/train.clean.100/0000.parquet``): columns
-    ``audio`` (``Audio(sampling_rate=...)``, the wav's bytes and file name), ``text_normalized``, ``text_original``,
-    ``speaker_id``, ``path``, ``chapter_id``, ``id`` (strings)."""
-    from datasets import Audio, Dataset, Features, Value  # ~5 s to import: this layout alone needs it
-
-    rate = sf.info(str(scratch / lines[0].audio)).samplerate
-    columns = {"audio": [{"bytes": (scratch / line.audio).read_bytes(), "path": line.audio} for line in lines],
-               "text_normalized": [line.text for line in lines], "text_original": [line.text for line in lines],
-               "speaker_id": [line.speaker.name for line in lines], "path": [line.audio for line in lines],
-               "chapter_id": [line.speaker.chapter for line in lines], "id": [line.id for line in lines]}
-    features = Features({name: Value("string") for name in columns} | {
-        "audio": {"bytes": Value("binary"), "path": Value("string")}})
-    table = Dataset.from_dict(columns, features=features).cast_column("audio", Audio(sampling_rate=rate))
-    (output / "clean" / "train.clean.100").mkdir(parents=True, exist_ok=True)
-    table.to_parquet(str(output / "clean" / "train.clean.100" / "0000.parquet"))
-
-
-def _index_lhotse(output: Path, lines: list[Line], _: Path) -> None:
-    """A lhotse CutSet (``cuts.jsonl.gz``): a recording (its path relative to the corpus folder) and one supervision
-    (``text``, ``speaker``, ``language`` English) an utterance, written by lhotse itself."""
-    from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet  # ~5 s to import
-
-    recordings = [Recording.from_file(output / line.audio, recording_id=line.id, relative_path_depth=3)
-                  for line in lines]
-    supervisions = [SupervisionSegment(id=line.id, recording_id=line.id, start=0.0, duration=recording.duration,
-                                       channel=0, text=line.text, speaker=line.speaker.name, language="English")
-                    for line, recording in zip(lines, recordings)]
-    CutSet.from_manifests(recordings=RecordingSet.from_recordings(recordings),
-                          supervisions=SupervisionSet.from_segments(supervisions)).to_file(output / "cuts.jsonl.gz")
-
-
-class Layout(NamedTuple):
-    """How a corpus ships: its sampling ``rate`` (Hz); the ``id`` and ``audio`` path (relative to the corpus folder) of
-    an utterance, as formats of ``spk`` (the speaker's name), ``chapter``, ``i`` (the utterance's number in the corpus,
-    from 1), ``n`` (in the speaker's, from 1) and ``para`` (``n - 1``); its index writer ``(folder, lines, scratch)``;
-    the globs of its ``index`` (a corpus is there: refused without --overwrite; removed first) and ``data`` (removed
-    before writing); the package it ``needs``; what the closing line ``shows``."""
-
-    rate: int
-    id: str
-    audio: str
-    write_index: Callable[[Path, list[Line], Path], None]
-    index: tuple[str, ...]
-    data: tuple[str, ...] = ()
-    needs: str = ""
-    shows: str = ""
-
-
-LIBRITTS_ID = "{spk}_{chapter}_{para:06d}_000000"
-LAYOUTS = {
-    "ljspeech": Layout(22050, "LJ_DEMO_{i:04d}", "wavs/{id}.wav", _index_ljspeech, ("metadata.csv",),
-                       ("wavs/LJ_DEMO_*.wav",), shows="metadata.csv + wavs/"),
-    "filelist": Layout(22050, "{spk}_{n:04d}", "wavs/{spk}/{id}.wav", _index_filelist,
-                       ("filelists/train.txt", "filelists/val.txt"), ("wavs/*/*.wav",),
-                       shows="filelists/train.txt and val.txt, path|speaker|text, + wavs/"),
-    "vctk": Layout(48000, "{spk}_{n:03d}", "wav48_silence_trimmed/{spk}/{id}_mic1.flac", _index_vctk,
-                   ("speaker-info.txt",), ("txt/*/*.txt", "wav48_silence_trimmed/*/*.flac"),
-                   shows="speaker-info.txt + txt/ + wav48_silence_trimmed/"),
-    "libritts": Layout(24000, LIBRITTS_ID, "train-clean-100/{spk}/{chapter}/{id}.wav", _index_libritts,
-                       ("speakers.tsv",), ("train-clean-100/*/*/*",), shows="speakers.tsv + train-clean-100/"),
-    "nemo": Layout(44100, "{spk}_{n:04d}", "audio/{spk}_clean/{chapter}/{id}.flac", _index_nemo,
-                   ("*_manifest_clean_*.json",), ("audio/*/*/*.flac",),
-                   shows="<speaker>_manifest_clean_train.json and _dev.json + audio/"),
-    "parquet": Layout(24000, LIBRITTS_ID, "{id}.wav", _index_parquet, ("clean/train.clean.100/*.parquet",),
-                      needs="datasets", shows="clean/train.clean.100/0000.parquet"),
-    "lhotse": Layout(24000, LIBRITTS_ID, "recordings/{spk}/{id}.wav", _index_lhotse, ("cuts.jsonl.gz",),
-                     ("recordings/*/*.wav",), needs="lhotse", shows="cuts.jsonl.gz + recordings/"),
-}
-"""Each ``--layout``: its real corpus's sampling rate, names and files (the manual's "Corpora" shows each tree)."""
+LAYOUTS = {name: reader.DEMO for name, reader in {**READERS, **DataSettings.layouts}.items()}
+"""Each ``--layout``, the layouts this project reads: its real corpus's sampling rate, names and files (each reader
+module's ``DEMO``; the manual's "Corpora" shows each tree)."""
 
 
 def _remove(output: Path, patterns: Sequence[str]) -> None:
@@ -353,7 +183,7 @@ def _remove(output: Path, patterns: Sequence[str]) -> None:
             folder.rmdir()
 
 
-def _prepare_output(output: Path, layout: Layout, overwrite: bool) -> None:
+def _prepare_output(output: Path, layout: DemoLayout, overwrite: bool) -> None:
     """Create ``output``; refuse a folder that already holds a corpus of ``layout`` unless ``overwrite``; remove its
     index (first: a failed rebuild never leaves an index naming deleted files), then its files."""
     if output.exists() and not output.is_dir():
@@ -367,7 +197,7 @@ def _prepare_output(output: Path, layout: Layout, overwrite: bool) -> None:
     output.mkdir(parents=True, exist_ok=True)
 
 
-def _check_arguments(args: argparse.Namespace, layout: Layout) -> None:
+def _check_arguments(args: argparse.Namespace, layout: DemoLayout) -> None:
     """Raise :class:`DemoCorpusError` for arguments that cannot make a corpus of ``layout``."""
     count, speakers = args.num_utterances, args.speakers
     if count < 1:
@@ -376,10 +206,10 @@ def _check_arguments(args: argparse.Namespace, layout: Layout) -> None:
         raise DemoCorpusError(f"--sampling-rate must be positive, got {args.sampling_rate}")
     if not 1 <= speakers <= count:
         raise DemoCorpusError(f"--speakers must be between 1 and --num-utterances ({count}), got {speakers}")
-    if args.layout == "ljspeech" and speakers > 1:
-        raise DemoCorpusError(f"--layout ljspeech has one speaker (metadata.csv names none); --speakers {speakers} "
-                              "needs another layout: " + ", ".join(name for name in LAYOUTS if name != "ljspeech"))
-    if args.layout in ("filelist", "nemo") and count - _validating(count) < speakers:
+    if layout.single and speakers > 1:
+        raise DemoCorpusError(f"--layout {args.layout} has one speaker ({layout.single}); --speakers {speakers} needs "
+                              "another layout: " + ", ".join(name for name, each in LAYOUTS.items() if not each.single))
+    if layout.validates and count - validating(count) < speakers:
         raise DemoCorpusError(f"--layout {args.layout} validates on the last max(1, N // 10) utterances: "
                               f"--num-utterances {count} leaves a speaker of {speakers} none to train on")
     if layout.needs and importlib.util.find_spec(layout.needs) is None:
@@ -387,20 +217,22 @@ def _check_arguments(args: argparse.Namespace, layout: Layout) -> None:
                               "requirements.txt")
 
 
-def plan_lines(args: argparse.Namespace, layout: Layout) -> list[Line]:
+def plan_lines(args: argparse.Namespace, layout: DemoLayout) -> tuple[list[Line], dict[str, Voice]]:
     """The ``args.num_utterances`` lines of the corpus: utterance ``i`` speaks sentence ``i % len(DEMO_SENTENCES)``,
-    given to speaker ``i % args.speakers`` (named as ``layout`` names speakers). Raises :class:`DemoCorpusError` when
-    fewer voices than speakers are installed."""
+    given to speaker ``i % args.speakers`` (named as ``layout.speakers`` name them); and each speaker's voice, by
+    name. Raises :class:`DemoCorpusError` when fewer voices than speakers are installed, or the layout names fewer."""
     voices = speaker_voices(args.speakers)
-    speakers = [Speaker(f"p{225 + k}", "", voice) if args.layout == "vctk" else Speaker(*READERS[k], voice)
-                for k, voice in enumerate(voices)]
+    if len(voices) > len(layout.speakers):
+        raise DemoCorpusError(f"--layout {args.layout} names {len(layout.speakers)} speakers, not {len(voices)}")
+    speakers = [Speaker(name, chapter, each.gender, each.accent, f"{each.voice.engine} {each.voice.name}")
+                for (name, chapter), each in zip(layout.speakers, voices)]
     lines = []
     for i in range(args.num_utterances):
         speaker, n = speakers[i % len(speakers)], i // len(speakers) + 1
         names = {"spk": speaker.name, "chapter": speaker.chapter, "i": i + 1, "n": n, "para": n - 1}
         utt_id, text = layout.id.format(**names), DEMO_SENTENCES[i % len(DEMO_SENTENCES)]
         lines.append(Line(utt_id, speaker, text, layout.audio.format(id=utt_id, **names)))
-    return lines
+    return lines, {speaker.name: each.voice for speaker, each in zip(speakers, voices)}
 
 
 def make_corpus(args: argparse.Namespace) -> Path:
@@ -414,7 +246,7 @@ def make_corpus(args: argparse.Namespace) -> Path:
     output, layout = Path(args.output), LAYOUTS[args.layout]
     _check_arguments(args, layout)
     sampling_rate, engine = args.sampling_rate or layout.rate, find_engine()
-    lines = plan_lines(args, layout)
+    lines, speaking = plan_lines(args, layout)
     names = _flite_voices() if engine == "flite" else list(ESPEAK_VOICES)
     voices = [Voice(engine, name, speed) for speed in SPEEDS for name in names]  # each at speed 1, slower, faster
     rng = random.Random(args.seed)
@@ -427,10 +259,10 @@ def make_corpus(args: argparse.Namespace) -> Path:
         for i, line in enumerate(tqdm(lines, desc=f"speaking with {engine}", unit="utt")):
             passed = i // len(DEMO_SENTENCES)
             voice = (voices[passed % len(voices)] if args.speakers == 1 else
-                     dataclasses.replace(line.speaker.voice.voice, speed=SPEEDS[passed % len(SPEEDS)]))
+                     dataclasses.replace(speaking[line.speaker.name], speed=SPEEDS[passed % len(SPEEDS)]))
             voice = dataclasses.replace(voice, speed=voice.speed * rng.uniform(1.0 - RATE_JITTER, 1.0 + RATE_JITTER))
             audio = _speak(voice, line.text, line.id, scratch, sampling_rate)
-            _write_audio((table if args.layout == "parquet" else output) / line.audio, audio.numpy(), sampling_rate)
+            write_audio((table if layout.packed else output) / line.audio, audio.numpy(), sampling_rate)
         layout.write_index(output, lines, table)
     return output
 
@@ -445,8 +277,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="how the corpus ships (default: ljspeech)")
     parser.add_argument("--speakers", type=int, default=1, help="number of speakers, each its own voice (default: 1)")
     parser.add_argument("--sampling-rate", type=int, default=None,
-                        help="Hz of the written audio (default: the layout's corpus's: LJSpeech 22050, VCTK 48000, "
-                             "LibriTTS 24000, HiFi-TTS 44100)")
+                        help="Hz of the written audio (default: the layout's corpus's: " + ", ".join(
+                            dict.fromkeys(f"{layout.corpus} {layout.rate}" for layout in LAYOUTS.values())) + ")")
     parser.add_argument("--seed", type=int, default=1234, help="seed of the speaking-rate jitter")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing corpus in --output")
     args = parser.parse_args(argv)

@@ -29,6 +29,7 @@ class DataConfig(Section):
 
     layouts: ClassVar[Mapping[str, ModuleType]] = {}
 
+    layouts: ClassVar[Mapping[str, ModuleType]] = {}  # the layouts a part adds: name -> reader module
     dataset_path: str = "data/LJSpeech-1.1"  # the corpus's root folder, in the layout data.format names
     format: Layout = "auto"  # the corpus's layout; auto: detected (the run's first lines say which)
     # filelists (path|text or path|speaker|text), or NeMo manifests; empty: the layout's own split

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from utils.data.corpora.common import Found, Part, audio_issue, malformed, read_lines
+from utils.data.corpora.demo import DemoLayout, Line, validating, write_text
 from utils.data.corpus import SINGLE_SPEAKER, DataConfig, DataError, Utterance
 
 TREE = ("data.training_files and data.validation_files, or filelists/*train*.txt and *val*.txt: path|text or "
@@ -73,3 +74,17 @@ def read(root: Path, data: DataConfig) -> Found:
                         "data.training_files is set but data.validation_files is empty: give both filelists")
     return Found(scan(find(data.training_files, root, "training_files"), root),
                  scan(find(data.validation_files, root, "validation_files"), root), [])
+
+
+def write_demo(output: Path, lines: list[Line], _: Path) -> None:
+    """The demo corpus's index: VITS-style filelists ``filelists/train.txt`` and ``val.txt`` (the last
+    :func:`~utils.data.corpora.demo.validating` lines), ``path|speaker|text``, paths relative to the corpus folder."""
+    cut = len(lines) - validating(len(lines))
+    for name, part in (("train.txt", lines[:cut]), ("val.txt", lines[cut:])):
+        write_text(output / "filelists" / name, "".join(f"{ln.audio}|{ln.speaker.name}|{ln.text}\n" for ln in part))
+
+
+DEMO = DemoLayout(22050, "{spk}_{n:04d}", "wavs/{spk}/{id}.wav", write_demo,
+                  ("filelists/train.txt", "filelists/val.txt"), ("wavs/*/*.wav",),
+                  shows="filelists/train.txt and val.txt, path|speaker|text, + wavs/", corpus="LJSpeech", validates=True)
+"""Filelists of a wav folder per speaker, at LJSpeech's 22.05 kHz."""

@@ -18,6 +18,8 @@ from typing import Any, Iterator, Optional
 
 from utils.data.corpora.common import Found, LineIssue, Part, audio_issue, repeated_id
 from utils.data.corpora.manifests import manifests_of
+from utils.data.corpora.demo import DemoLayout, Line
+from utils.data.corpora.libritts import DEMO_ID
 from utils.data.corpus import SINGLE_SPEAKER, BadClip, DataConfig, DataError, Utterance
 
 TREE = "*cuts*.jsonl[.gz]: lhotse CutSet manifests"
@@ -104,3 +106,22 @@ def read(root: Path, data: DataConfig) -> Found:
     train, val, notes = manifests_of(data, root, _manifests, "no lhotse cuts manifest to train on (*cuts*.jsonl[.gz])")
     first: dict[str, str] = {}
     return Found(_scan(train, first), _scan(val, first) if val else None, notes)
+
+
+def write_demo(output: Path, lines: list[Line], _: Path) -> None:
+    """The demo corpus's index: a lhotse CutSet (``cuts.jsonl.gz``), a recording (its path relative to the corpus
+    folder) and one supervision (``text``, ``speaker``, ``language`` English) an utterance, written by lhotse itself."""
+    from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet  # heavy (3 s)
+
+    recordings = [Recording.from_file(output / line.audio, recording_id=line.id, relative_path_depth=3)
+                  for line in lines]
+    supervisions = [SupervisionSegment(id=line.id, recording_id=line.id, start=0.0, duration=recording.duration,
+                                       channel=0, text=line.text, speaker=line.speaker.name, language="English")
+                    for line, recording in zip(lines, recordings)]
+    CutSet.from_manifests(recordings=RecordingSet.from_recordings(recordings),
+                          supervisions=SupervisionSet.from_segments(supervisions)).to_file(output / "cuts.jsonl.gz")
+
+
+DEMO = DemoLayout(24000, DEMO_ID, "recordings/{spk}/{id}.wav", write_demo, ("cuts.jsonl.gz",), ("recordings/*/*.wav",),
+                  needs="lhotse", shows="cuts.jsonl.gz + recordings/", corpus="LibriTTS")
+"""A lhotse CutSet of LibriTTS's utterances, 24 kHz wavs."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from utils.data.corpora.common import Found, LineIssue, Part, audio_issue, text_issue
 from utils.data.corpora.manifests import apart
+from utils.data.corpora.demo import DemoLayout, Line, write_text
 from utils.data.corpus import BadClip, DataConfig, DataError, Utterance
 
 TREE = "<subset>/<speaker>/<chapter>/<id>.wav + <id>.normalized.txt"
@@ -84,3 +85,26 @@ def read(root: Path, data: DataConfig) -> Found:
                         "--dataset-path at the folder that holds train-clean-100/ (or such)")
     return Found(_joined([_subset(folder) for folder in train], root),
                  _joined([_subset(folder) for folder in val], root) if val else None, notes)
+
+
+def write_demo(output: Path, lines: list[Line], _: Path) -> None:
+    """The demo corpus's index: ``<id>.normalized.txt`` and ``.original.txt`` beside each wav,
+    ``<spk>_<chapter>.trans.tsv`` in each chapter's folder, ``speakers.tsv`` at the top."""
+    chapters: dict[Path, list[str]] = {}
+    for line in lines:
+        wav = output / line.audio
+        for kind in ("normalized", "original"):
+            write_text(wav.with_name(f"{line.id}.{kind}.txt"), line.text)
+        chapters.setdefault(wav.parent, []).append(f"{line.id}\t{line.text}\t{line.text}\n")
+    for folder, rows in chapters.items():
+        write_text(folder / f"{folder.parent.name}_{folder.name}.trans.tsv", "".join(rows))
+    speakers = dict.fromkeys(line.speaker for line in lines)
+    write_text(output / "speakers.tsv", "READER\tGENDER\tSUBSET\tNAME\n" + "".join(
+        f"{s.name}\t{s.gender}\ttrain-clean-100\t{s.voice}\n" for s in speakers))
+
+
+DEMO_ID = "{spk}_{chapter}_{para:06d}_000000"
+"""An utterance's id as LibriTTS names it (the LibriVox reader, chapter and paragraph), in the demo corpus."""
+DEMO = DemoLayout(24000, DEMO_ID, "train-clean-100/{spk}/{chapter}/{id}.wav", write_demo, ("speakers.tsv",),
+                  ("train-clean-100/*/*/*",), shows="speakers.tsv + train-clean-100/", corpus="LibriTTS")
+"""LibriTTS's ``train-clean-100`` subset, 24 kHz wavs."""

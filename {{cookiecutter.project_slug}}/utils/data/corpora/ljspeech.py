@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from utils.data.corpora.common import Found, Part, audio_issue, malformed, read_lines, repeated_id, text_issue
+from utils.data.corpora.demo import DemoLayout, Line, write_text
 from utils.data.corpus import DataConfig, Utterance
 
 TREE = "metadata.csv + wavs/<id>.wav"
@@ -44,3 +45,13 @@ def read(root: Path, data: DataConfig) -> Found:
             continue
         rows.append(Utterance(utt_id, str(wav), text))
     return Found(Part(rows, issues, str(metadata)), None, [])
+
+
+def write_demo(output: Path, lines: list[Line], _: Path) -> None:
+    """The demo corpus's index: ``metadata.csv``, ``id|text|normalized text`` (the same text twice)."""
+    write_text(output / "metadata.csv", "".join(f"{line.id}|{line.text}|{line.text}\n" for line in lines))
+
+
+DEMO = DemoLayout(22050, "LJ_DEMO_{i:04d}", "wavs/{id}.wav", write_demo, ("metadata.csv",), ("wavs/LJ_DEMO_*.wav",),
+                  shows="metadata.csv + wavs/", corpus="LJSpeech", single="metadata.csv names none")
+"""LJSpeech-1.1's tree, one speaker, 22.05 kHz wavs."""

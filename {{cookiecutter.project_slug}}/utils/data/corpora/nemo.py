@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import soundfile as sf
 
 from utils.data.corpora.common import (
     Found,
@@ -31,6 +32,7 @@ from utils.data.corpora.common import (
     text_issue,
 )
 from utils.data.corpora.manifests import manifests_of
+from utils.data.corpora.demo import DemoLayout, Line, validating, write_text
 from utils.data.corpus import SINGLE_SPEAKER, Corpus, DataConfig, Strings, Utterance
 
 TREE = "*.json or *.jsonl manifests: audio_filepath, duration, text, speaker"
@@ -206,3 +208,25 @@ def read(root: Path, data: DataConfig) -> Found:
     train, val, notes = manifests_of(data, root, _manifests, "no NeMo training manifest (*.json or *.jsonl lines with an audio_filepath)")
     first: dict[str, str] = {}
     return Found(_scan(train, first), _scan(val, first) if val else None, notes)
+
+
+def write_demo(output: Path, lines: list[Line], _: Path) -> None:
+    """The demo corpus's index: HiFi-TTS's manifests, a speaker's split each (``<spk>_manifest_clean_train.json``,
+    ``..._dev.json``: the last :func:`~utils.data.corpora.demo.validating` lines), one JSON object a line:
+    ``audio_filepath`` (relative to the corpus folder), ``duration`` (seconds), ``text`` and ``text_normalized``, and
+    the ``speaker`` NeMo's multi-speaker recipes add (the reader's id, an integer)."""
+    cut = len(lines) - validating(len(lines))
+    manifests: dict[str, list[str]] = {}
+    for number, line in enumerate(lines):
+        name = f"{line.speaker.name}_manifest_clean_{'train' if number < cut else 'dev'}.json"
+        manifests.setdefault(name, []).append(json.dumps({
+            "audio_filepath": line.audio, "duration": sf.info(str(output / line.audio)).duration, "text": line.text,
+            "text_normalized": line.text, "speaker": int(line.speaker.name)}) + "\n")
+    for name, rows in manifests.items():
+        write_text(output / name, "".join(rows))
+
+
+DEMO = DemoLayout(44100, "{spk}_{n:04d}", "audio/{spk}_clean/{chapter}/{id}.flac", write_demo,
+                  ("*_manifest_clean_*.json",), ("audio/*/*/*.flac",),
+                  shows="<speaker>_manifest_clean_train.json and _dev.json + audio/", corpus="HiFi-TTS", validates=True)
+"""HiFi-TTS's tree, NeMo manifests, 44.1 kHz FLAC."""

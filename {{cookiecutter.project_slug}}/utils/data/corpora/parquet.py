@@ -19,6 +19,9 @@ from typing import Any, Optional
 from utils.data import sources
 from utils.data.corpora.common import Found, LineIssue, Part, repeated_id, text_issue
 from utils.data.corpora.manifests import apart
+import soundfile as sf
+from utils.data.corpora.demo import DemoLayout, Line
+from utils.data.corpora.libritts import DEMO_ID
 from utils.data.corpus import SINGLE_SPEAKER, BadClip, DataConfig, DataError, Utterance
 
 TREE = "*.parquet of a Hugging Face dataset: audio (Audio), text_normalized, speaker_id"
@@ -95,3 +98,27 @@ def read(root: Path, data: DataConfig) -> Found:
         raise DataError(f"{root}: no parquet file to train on")
     first: dict[str, str] = {}
     return Found(_part(train, root, first), _part(val, root, first) if val else None, notes)
+
+
+def write_demo(output: Path, lines: list[Line], scratch: Path) -> None:
+    """The demo corpus's index, holding its audio (the wavs in ``scratch``): a Hugging Face ``datasets`` parquet as
+    LibriTTS-R's on the Hub (``clean/train.clean.100/0000.parquet``): columns ``audio`` (``Audio(sampling_rate=...)``,
+    the wav's bytes and file name), ``text_normalized``, ``text_original``, ``speaker_id``, ``path``, ``chapter_id``,
+    ``id`` (strings)."""
+    from datasets import Audio, Dataset, Features, Value  # heavy (5 s): imported where it is used
+
+    rate = sf.info(str(scratch / lines[0].audio)).samplerate
+    columns = {"audio": [{"bytes": (scratch / line.audio).read_bytes(), "path": line.audio} for line in lines],
+               "text_normalized": [line.text for line in lines], "text_original": [line.text for line in lines],
+               "speaker_id": [line.speaker.name for line in lines], "path": [line.audio for line in lines],
+               "chapter_id": [line.speaker.chapter for line in lines], "id": [line.id for line in lines]}
+    features = Features({name: Value("string") for name in columns} | {
+        "audio": {"bytes": Value("binary"), "path": Value("string")}})
+    table = Dataset.from_dict(columns, features=features).cast_column("audio", Audio(sampling_rate=rate))
+    (output / "clean" / "train.clean.100").mkdir(parents=True, exist_ok=True)
+    table.to_parquet(str(output / "clean" / "train.clean.100" / "0000.parquet"))
+
+
+DEMO = DemoLayout(24000, DEMO_ID, "{id}.wav", write_demo, ("clean/train.clean.100/*.parquet",), needs="datasets",
+                  shows="clean/train.clean.100/0000.parquet", corpus="LibriTTS", packed=True)
+"""LibriTTS-R's parquet on the Hub, its audio 24 kHz wavs in the table."""

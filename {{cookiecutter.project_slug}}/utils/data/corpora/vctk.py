@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import soundfile as sf
+
 from utils.data.corpora.common import Found, LineIssue, Part, audio_issue, text_issue
+from utils.data.corpora.demo import DemoLayout, Line, write_audio, write_text
 from utils.data.corpus import DataConfig, DataError, Utterance
 
 TREE = "txt/<speaker>/<id>.txt + wav48_silence_trimmed/<speaker>/<id>_mic1.flac"
@@ -55,3 +58,22 @@ def read(root: Path, data: DataConfig) -> Found:
     notes = [f"VCTK: not read: the audio of {len(untold)} speaker(s) without transcripts ({', '.join(untold)}: "
              "VCTK 0.92 ships p315 so)"] if untold else []
     return Found(Part(rows, issues, str(root / "txt")), None, notes)
+
+
+def write_demo(output: Path, lines: list[Line], _: Path) -> None:
+    """The demo corpus's index: ``txt/<spk>/<id>.txt``, a second microphone (``_mic2.flac``: mic1 at half the
+    amplitude, so a test can tell which was read) and ``speaker-info.txt``."""
+    for line in lines:
+        write_text(output / "txt" / line.speaker.name / f"{line.id}.txt", line.text + "\n")
+        mic1 = output / line.audio
+        audio, rate = sf.read(str(mic1), dtype="float32")
+        write_audio(mic1.with_name(f"{line.id}_mic2.flac"), 0.5 * audio, rate)
+    speakers = dict.fromkeys(line.speaker for line in lines)
+    write_text(output / "speaker-info.txt", "ID  AGE  GENDER  ACCENTS  REGION COMMENTS \n" + "".join(
+        f"{s.name}  23  {s.gender}    {s.accent}  Demo  ({s.voice})\n" for s in speakers))
+
+
+DEMO = DemoLayout(48000, "{spk}_{n:03d}", AUDIO + "/{spk}/{id}_mic1.flac", write_demo, ("speaker-info.txt",),
+                  ("txt/*/*.txt", AUDIO + "/*/*.flac"), shows="speaker-info.txt + txt/ + wav48_silence_trimmed/",
+                  corpus="VCTK", speakers=tuple((f"p{225 + k}", "") for k in range(12)))
+"""VCTK 0.92's tree, its speakers ``p225``, ``p226``, ..., 48 kHz FLAC."""
