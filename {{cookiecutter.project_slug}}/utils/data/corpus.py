@@ -28,11 +28,9 @@ class DataConfig(Section):
     reader module (``utils.data.corpora``'s interface), in the order ``auto`` tries them; the core's class has none."""
 
     layouts: ClassVar[Mapping[str, ModuleType]] = {}
-
-    layouts: ClassVar[Mapping[str, ModuleType]] = {}  # the layouts a part adds: name -> reader module
     dataset_path: str = "data/LJSpeech-1.1"  # the corpus's root folder, in the layout data.format names
     format: Layout = "auto"  # the corpus's layout; auto: detected (the run's first lines say which)
-    # filelists (path|text or path|speaker|text), or NeMo manifests; empty: the layout's own split
+    # filelists (path|text or path|speaker|text), or a part layout's lists; empty: the layout's own split
     training_files: str = ""
     validation_files: str = ""
     val_size: int = Field(100, ge=1)  # where the layout has no validation split: its last ones validate
