@@ -430,4 +430,3 @@ def test_leaving_every_part_out_makes_a_smaller_project(all_off, bake):
     print(f"WaveGlow code lines: {whole} with every part, {small} with none")
     assert small < whole * 0.8, (small, whole)
     assert small <= SMALLEST_LINES, f"the smallest WaveGlow project has {small} lines of code, over {SMALLEST_LINES}"
-

@@ -152,5 +152,3 @@ def test_a_tiny_training_on_two_ranks_reads_a_vctk_layout_and_records_its_decode
     assert "(p315: VCTK 0.92 ships p315 so)" in said[0]
     saved = torch.load(out / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert saved["audio_decoding"] == decoding() and saved["train_utterances"] == 5
-
-
