@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from utils.data.corpora.common import Found, LineIssue, Part, audio_issue, repeated_id
-from utils.data.corpora.manifests import manifests_of
 from utils.data.corpora.demo import DemoLayout, Line
 from utils.data.corpora.libritts import DEMO_ID
+from utils.data.corpora.manifests import manifests_of
 from utils.data.corpus import SINGLE_SPEAKER, BadClip, DataConfig, DataError, Utterance
 
 TREE = "*cuts*.jsonl[.gz]: lhotse CutSet manifests"

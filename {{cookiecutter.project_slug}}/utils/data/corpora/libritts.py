@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from utils.data.corpora.common import Found, LineIssue, Part, audio_issue, text_issue
-from utils.data.corpora.manifests import apart
 from utils.data.corpora.demo import DemoLayout, Line, write_text
+from utils.data.corpora.manifests import apart
 from utils.data.corpus import BadClip, DataConfig, DataError, Utterance
 
 TREE = "<subset>/<speaker>/<chapter>/<id>.wav + <id>.normalized.txt"

@@ -31,8 +31,8 @@ from utils.data.corpora.common import (
     repeated_id,
     text_issue,
 )
-from utils.data.corpora.manifests import manifests_of
 from utils.data.corpora.demo import DemoLayout, Line, validating, write_text
+from utils.data.corpora.manifests import manifests_of
 from utils.data.corpus import SINGLE_SPEAKER, Corpus, DataConfig, Strings, Utterance
 
 TREE = "*.json or *.jsonl manifests: audio_filepath, duration, text, speaker"

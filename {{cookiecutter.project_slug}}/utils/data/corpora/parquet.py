@@ -16,12 +16,13 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
+import soundfile as sf
+
 from utils.data import sources
 from utils.data.corpora.common import Found, LineIssue, Part, repeated_id, text_issue
-from utils.data.corpora.manifests import apart
-import soundfile as sf
 from utils.data.corpora.demo import DemoLayout, Line
 from utils.data.corpora.libritts import DEMO_ID
+from utils.data.corpora.manifests import apart
 from utils.data.corpus import SINGLE_SPEAKER, BadClip, DataConfig, DataError, Utterance
 
 TREE = "*.parquet of a Hugging Face dataset: audio (Audio), text_normalized, speaker_id"
@@ -108,13 +109,13 @@ def write_demo(output: Path, lines: list[Line], scratch: Path) -> None:
     from datasets import Audio, Dataset, Features, Value  # heavy (5 s): imported where it is used
 
     rate = sf.info(str(scratch / lines[0].audio)).samplerate
-    columns = {"audio": [{"bytes": (scratch / line.audio).read_bytes(), "path": line.audio} for line in lines],
-               "text_normalized": [line.text for line in lines], "text_original": [line.text for line in lines],
-               "speaker_id": [line.speaker.name for line in lines], "path": [line.audio for line in lines],
-               "chapter_id": [line.speaker.chapter for line in lines], "id": [line.id for line in lines]}
-    features = Features({name: Value("string") for name in columns} | {
+    values = {"audio": [{"bytes": (scratch / line.audio).read_bytes(), "path": line.audio} for line in lines],
+              "text_normalized": [line.text for line in lines], "text_original": [line.text for line in lines],
+              "speaker_id": [line.speaker.name for line in lines], "path": [line.audio for line in lines],
+              "chapter_id": [line.speaker.chapter for line in lines], "id": [line.id for line in lines]}
+    features = Features({name: Value("string") for name in values} | {
         "audio": {"bytes": Value("binary"), "path": Value("string")}})
-    table = Dataset.from_dict(columns, features=features).cast_column("audio", Audio(sampling_rate=rate))
+    table = Dataset.from_dict(values, features=features).cast_column("audio", Audio(sampling_rate=rate))
     (output / "clean" / "train.clean.100").mkdir(parents=True, exist_ok=True)
     table.to_parquet(str(output / "clean" / "train.clean.100" / "0000.parquet"))
 
